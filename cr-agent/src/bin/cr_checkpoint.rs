@@ -1,0 +1,100 @@
+//! `cr_checkpoint`: checkpoint a running process into an image directory.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use cr_agent::{checkpoint, Action, Options};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Checkpoint a running process. By default it keeps running.
+#[derive(Parser)]
+#[command(name = "cr_checkpoint", version)]
+struct Cli {
+    /// Image directory (created if missing) [default: ./ckpt.PID].
+    #[arg(long, short = 'd')]
+    dir: Option<PathBuf>,
+    /// Kill the process after a successful checkpoint.
+    #[arg(long, conflicts_with = "stop")]
+    kill: bool,
+    /// Leave the process stopped (SIGSTOP) after a successful checkpoint.
+    #[arg(long)]
+    stop: bool,
+    /// Do not fsync the image (faster, not crash-safe).
+    #[arg(long)]
+    no_fsync: bool,
+    /// Threads copying memory [default: number of CPUs].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Print nothing on success.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    /// Process to checkpoint.
+    pid: i32,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CR_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let opts = Options {
+        dir: cli
+            .dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("ckpt.{}", cli.pid))),
+        action: if cli.kill {
+            Action::Kill
+        } else if cli.stop {
+            Action::Stop
+        } else {
+            Action::Continue
+        },
+        fsync: !cli.no_fsync,
+        workers: cli.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+        show_progress: std::io::stderr().is_terminal() && !cli.quiet,
+    };
+    match checkpoint(cli.pid, &opts) {
+        Ok(s) => {
+            if !cli.quiet {
+                let secs = s.elapsed.as_secs_f64();
+                println!(
+                    "checkpointed pid {} into {}: {:.1} MiB of pages, {} vmas, {} fds in {:.3} s ({:.2} GB/s), frozen {:.3} s",
+                    s.pid,
+                    opts.dir.display(),
+                    s.page_bytes as f64 / (1 << 20) as f64,
+                    s.vmas,
+                    s.fds,
+                    secs,
+                    s.page_bytes as f64 / secs / 1e9,
+                    s.frozen.as_secs_f64()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cr_checkpoint: error: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its sources on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !msg.ends_with(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        src = s.source();
+    }
+    msg
+}

@@ -1,0 +1,284 @@
+//! The checkpoint of one process, start to finish.
+
+use crate::{fault, fds, memory, target, CheckpointError};
+use cr_image::{proto, ImageDir, PageWriter};
+use cr_sys::ptrace::{OnDrop, RseqConfig, Tracee};
+use cr_sys::remote::{find_syscall_insn, Injector};
+use cr_sys::{mem, proc, regs, PAGE_SIZE};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tracing::{debug, info};
+
+/// What happens to the process after a successful dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Action {
+    /// It runs on (the default).
+    #[default]
+    Continue,
+    /// It is left stopped (SIGSTOP).
+    Stop,
+    /// It is killed (SIGKILL).
+    Kill,
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub dir: PathBuf,
+    pub action: Action,
+    /// fsync the image before it is committed.
+    pub fsync: bool,
+    /// Threads copying pages.
+    pub workers: usize,
+    /// Called with (bytes copied, bytes to copy) while memory is copied.
+    pub show_progress: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub pid: i32,
+    pub page_bytes: u64,
+    pub vmas: usize,
+    pub fds: usize,
+    /// How long the process was frozen.
+    pub frozen: Duration,
+    /// Whole checkpoint.
+    pub elapsed: Duration,
+}
+
+const NSIG: u32 = 64;
+
+/// Checkpoint process `pid` into `opts.dir`.
+pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> {
+    let t0 = Instant::now();
+    target::validate(pid)?;
+    // Pre-flight: refuse unsupported fds before the process is touched.
+    fds::collect(pid)?;
+    let dir = ImageDir::create(&opts.dir)?;
+    let result = checkpoint_frozen(pid, opts, &dir, t0);
+    if result.is_err() {
+        dir.discard_tmp();
+    }
+    result
+}
+
+fn checkpoint_frozen(
+    pid: i32,
+    opts: &Options,
+    dir: &ImageDir,
+    t0: Instant,
+) -> Result<Summary, CheckpointError> {
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    let mut tracee =
+        Tracee::seize(pid, libc::PTRACE_O_TRACESYSGOOD as u64, OnDrop::Detach).map_err(sys)?;
+    let frozen_at = Instant::now();
+    debug!(pid, "seized and stopped");
+    fault::check("after-seize")?;
+    // The process may have changed between the checks and the freeze.
+    target::check_shape(pid)?;
+
+    let regs = tracee.get_regs().map_err(sys)?;
+    let xstate = tracee.get_xstate().map_err(sys)?;
+    let sigmask = tracee.get_sigmask().map_err(sys)?;
+    let rseq = tracee.get_rseq().map_err(sys)?;
+    fault::check("after-registers")?;
+
+    let (brk, sigactions) = inject_queries(&mut tracee).map_err(sys)?;
+
+    let stat = proc::read_stat(pid).map_err(sys)?;
+    let status = proc::read_status(pid).map_err(sys)?;
+    let personality = proc::read_string(&format!("/proc/{pid}/personality"))
+        .ok()
+        .and_then(|s| u32::from_str_radix(s.trim(), 16).ok())
+        .unwrap_or(0);
+    let fds = fds::collect(pid)?;
+    let maps = proc::read_smaps(pid).map_err(sys)?;
+    let vmas = maps
+        .iter()
+        .map(|m| memory::classify(pid, m))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let writer = PageWriter::create(dir, pid as u32)?;
+    let total: u64 = vmas
+        .iter()
+        .filter(|v| !v.shared)
+        .map(|v| v.end - v.start)
+        .sum();
+    let bar = cr_image::progress::bar(opts.show_progress, total, "dumping memory (upper bound)");
+    let (size, extents) = memory::dump(pid, &vmas, &writer, opts.workers, &|done| {
+        if let Some(b) = &bar {
+            b.set_position(done)
+        }
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let pages = writer.finish(size, extents, opts.fsync)?;
+
+    let process = proto::Process {
+        pid: pid as u32,
+        ppid: stat.ppid() as u32,
+        comm: stat.comm.clone(),
+        exe: proc::read_link(&format!("/proc/{pid}/exe")).map_err(sys)?,
+        cwd: proc::read_link(&format!("/proc/{pid}/cwd")).map_err(sys)?,
+        umask: status.umask().unwrap_or(0o022),
+        personality,
+        mm: Some(proto::MmFields {
+            start_code: stat.field(26),
+            end_code: stat.field(27),
+            start_stack: stat.field(28),
+            start_data: stat.field(45),
+            end_data: stat.field(46),
+            start_brk: stat.field(47),
+            brk,
+            arg_start: stat.field(48),
+            arg_end: stat.field(49),
+            env_start: stat.field(50),
+            env_end: stat.field(51),
+        }),
+        auxv: proc::read_bytes(&format!("/proc/{pid}/auxv")).map_err(sys)?,
+        vmas,
+        threads: vec![proto::Thread {
+            tid: pid as u32,
+            regs: Some(gpregs_to_proto(&regs)),
+            xstate: xstate.clone(),
+            sigmask,
+            rseq: (rseq != RseqConfig::default()).then_some(proto::Rseq {
+                addr: rseq.addr,
+                len: rseq.len,
+                signature: rseq.signature,
+            }),
+        }],
+        fds,
+        pages: Some(pages),
+        sigactions,
+        cmdline: proc::read_bytes(&format!("/proc/{pid}/cmdline")).unwrap_or_default(),
+    };
+    let ck = proto::Checkpoint {
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        created_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        hostname: proc::read_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        kernel_release: proc::read_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        root_pid: pid as u32,
+        cpu_xfeatures: regs::xstate_xfeatures(&xstate).unwrap_or(0),
+        processes: vec![process],
+    };
+    fault::check("before-commit")?;
+    dir.commit(&ck, opts.fsync)?;
+    let summary = Summary {
+        pid,
+        page_bytes: size,
+        vmas: ck.processes[0].vmas.len(),
+        fds: ck.processes[0].fds.len(),
+        frozen: frozen_at.elapsed(),
+        elapsed: t0.elapsed(),
+    };
+    match opts.action {
+        Action::Continue => tracee.detach(0).map_err(sys)?,
+        Action::Stop => tracee.detach(libc::SIGSTOP).map_err(sys)?,
+        Action::Kill => tracee.kill_and_reap(),
+    }
+    info!(
+        pid,
+        bytes = size,
+        frozen_ms = summary.frozen.as_millis() as u64,
+        "checkpoint committed"
+    );
+    Ok(summary)
+}
+
+/// State only the process itself can tell: its brk and its signal handlers.
+fn inject_queries(tracee: &mut Tracee) -> cr_sys::error::Result<(u64, Vec<proto::SigAction>)> {
+    let pid = tracee.tid();
+    let ip = find_syscall_insn(pid)?;
+    let mut inj = Injector::new(tracee, ip)?;
+    let brk = inj.call("brk", libc::SYS_brk, [0; 6])?;
+    let scratch = inj.call(
+        "mmap",
+        libc::SYS_mmap,
+        [
+            0,
+            PAGE_SIZE,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    let mut actions = Vec::new();
+    let result = (|| {
+        for sig in 1..=NSIG {
+            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
+                continue;
+            }
+            inj.call(
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                [sig as u64, 0, scratch + (sig as u64 - 1) * 32, 8, 0, 0],
+            )?;
+        }
+        let mut raw = vec![0u8; NSIG as usize * 32];
+        mem::read_vm(pid, scratch, &mut raw)?;
+        for sig in 1..=NSIG {
+            let o = (sig as usize - 1) * 32;
+            let f = |i: usize| {
+                u64::from_le_bytes(raw[o + i * 8..o + i * 8 + 8].try_into().expect("8 bytes"))
+            };
+            let (handler, flags, restorer, mask) = (f(0), f(1), f(2), f(3));
+            if handler != 0 || flags != 0 || mask != 0 {
+                actions.push(proto::SigAction {
+                    signo: sig,
+                    handler,
+                    flags,
+                    restorer,
+                    mask,
+                });
+            }
+        }
+        Ok(())
+    })();
+    let unmapped = inj.call("munmap", libc::SYS_munmap, [scratch, PAGE_SIZE, 0, 0, 0, 0]);
+    result?;
+    unmapped?;
+    inj.finish()?;
+    Ok((brk, actions))
+}
+
+/// Registers in their image form.
+pub fn gpregs_to_proto(r: &regs::UserRegs) -> proto::GpRegs {
+    proto::GpRegs {
+        r15: r.r15,
+        r14: r.r14,
+        r13: r.r13,
+        r12: r.r12,
+        rbp: r.rbp,
+        rbx: r.rbx,
+        r11: r.r11,
+        r10: r.r10,
+        r9: r.r9,
+        r8: r.r8,
+        rax: r.rax,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        orig_rax: r.orig_rax,
+        rip: r.rip,
+        cs: r.cs,
+        eflags: r.eflags,
+        rsp: r.rsp,
+        ss: r.ss,
+        fs_base: r.fs_base,
+        gs_base: r.gs_base,
+        ds: r.ds,
+        es: r.es,
+        fs: r.fs,
+        gs: r.gs,
+    }
+}

@@ -1,0 +1,245 @@
+//! Memory capture: classify each VMA, decide page by page (pagemap) what
+//! must be stored, and copy those pages into the page file with several
+//! threads.
+//!
+//! Stored: pages a private mapping owns (present or swapped, and not the
+//! file's own page), and pages of shared anonymous memory. Not stored:
+//! untouched pages, file pages of private file mappings (the file has
+//! them), shared file mappings (the file is the memory), and the kernel's
+//! special mappings ([vdso], [vvar], [vsyscall]), which restore takes from
+//! the new kernel.
+
+use crate::{fault, CheckpointError};
+use cr_image::{proto, PageWriter};
+use cr_sys::mem::{read_vm, ProcMem};
+use cr_sys::pagemap::{Pagemap, PM_FILE, PM_PRESENT, PM_SWAP};
+use cr_sys::proc::MapEntry;
+use cr_sys::PAGE_SIZE;
+use proto::VmaKind;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Largest run of pages copied (and checksummed) as one unit.
+pub const MAX_RUN_PAGES: u64 = 256;
+/// Pagemap entries read at once.
+const PAGEMAP_CHUNK: u64 = 32 * 1024;
+
+/// Classify a mapping, refusing the kinds this build cannot restore.
+pub fn classify(pid: i32, m: &MapEntry) -> Result<proto::Vma, CheckpointError> {
+    let unsupported = |what: String| CheckpointError::Unsupported { pid, what };
+    let mut anon_name = String::new();
+    let kind = match m.path.as_str() {
+        "[vdso]" => VmaKind::Vdso,
+        "[vvar]" => VmaKind::Vvar,
+        "[vvar_vclock]" => VmaKind::VvarVclock,
+        "[vsyscall]" => VmaKind::Vsyscall,
+        "[heap]" => VmaKind::Heap,
+        "[stack]" => VmaKind::Stack,
+        "" if m.shared => VmaKind::AnonShared,
+        "" => VmaKind::AnonPrivate,
+        p if p.starts_with("[anon:") => {
+            anon_name = p
+                .trim_start_matches("[anon:")
+                .trim_end_matches(']')
+                .to_string();
+            VmaKind::AnonPrivate
+        }
+        p if p.starts_with("[anon_shmem:") => {
+            anon_name = p
+                .trim_start_matches("[anon_shmem:")
+                .trim_end_matches(']')
+                .to_string();
+            VmaKind::AnonShared
+        }
+        "/dev/zero (deleted)" if m.shared => VmaKind::AnonShared,
+        p if p.starts_with("/SYSV") => {
+            return Err(unsupported(format!(
+                "System V shared memory mapping at {:#x}",
+                m.start
+            )))
+        }
+        p if p.starts_with("/memfd:") => {
+            return Err(unsupported(format!("memfd mapping {p} at {:#x}", m.start)))
+        }
+        p if p.ends_with(" (deleted)") => {
+            return Err(unsupported(format!(
+                "mapping of deleted file {p} at {:#x}",
+                m.start
+            )))
+        }
+        p if p.starts_with('/') && m.shared => VmaKind::FileShared,
+        p if p.starts_with('/') => VmaKind::FilePrivate,
+        p => {
+            return Err(unsupported(format!(
+                "special mapping {p} at {:#x}",
+                m.start
+            )))
+        }
+    };
+    Ok(proto::Vma {
+        start: m.start,
+        end: m.end,
+        prot: m.prot,
+        shared: m.shared,
+        kind: kind as i32,
+        pgoff: m.offset,
+        path: if matches!(kind, VmaKind::FilePrivate | VmaKind::FileShared) {
+            m.path.clone()
+        } else {
+            String::new()
+        },
+        dev: ((m.dev_major as u64) << 32) | m.dev_minor as u64,
+        inode: m.inode,
+        vm_flags: m.vm_flags.clone(),
+        anon_name,
+    })
+}
+
+/// Whether the page with pagemap entry `pm` of a VMA of `kind` is stored.
+fn stored(kind: VmaKind, pm: u64) -> bool {
+    match kind {
+        VmaKind::AnonPrivate | VmaKind::Heap | VmaKind::Stack => pm & (PM_PRESENT | PM_SWAP) != 0,
+        // A present page still marked as a file page is the file's own.
+        VmaKind::FilePrivate => (pm & PM_PRESENT != 0 && pm & PM_FILE == 0) || pm & PM_SWAP != 0,
+        VmaKind::AnonShared => pm & (PM_PRESENT | PM_SWAP) != 0,
+        _ => false,
+    }
+}
+
+/// A run of pages to copy, with its place in the page file.
+struct Run {
+    vaddr: u64,
+    pages: u64,
+    offset: u64,
+    /// Read through /proc/PID/mem (VMA not readable by the process itself).
+    forced: bool,
+}
+
+/// Plan the runs of all stored pages; returns them and the page file size.
+fn plan(pid: i32, vmas: &[proto::Vma]) -> Result<(Vec<Run>, u64), CheckpointError> {
+    let pagemap = Pagemap::open(pid).map_err(|e| CheckpointError::from_sys(pid, e))?;
+    let mut runs: Vec<Run> = Vec::new();
+    let mut offset = 0u64;
+    let mut buf = vec![0u64; PAGEMAP_CHUNK as usize];
+    for v in vmas {
+        let kind = VmaKind::try_from(v.kind).unwrap_or(VmaKind::Unspecified);
+        if !matches!(
+            kind,
+            VmaKind::AnonPrivate
+                | VmaKind::Heap
+                | VmaKind::Stack
+                | VmaKind::FilePrivate
+                | VmaKind::AnonShared
+        ) {
+            continue;
+        }
+        let forced = v.prot & libc::PROT_READ as u32 == 0;
+        let mut addr = v.start;
+        while addr < v.end {
+            let n = ((v.end - addr) / PAGE_SIZE).min(PAGEMAP_CHUNK);
+            let entries = &mut buf[..n as usize];
+            pagemap
+                .read(addr, entries)
+                .map_err(|e| CheckpointError::from_sys(pid, e))?;
+            for (i, &pm) in entries.iter().enumerate() {
+                if !stored(kind, pm) {
+                    continue;
+                }
+                let page = addr + i as u64 * PAGE_SIZE;
+                match runs.last_mut() {
+                    Some(r)
+                        if r.vaddr + r.pages * PAGE_SIZE == page
+                            && r.pages < MAX_RUN_PAGES
+                            && r.forced == forced =>
+                    {
+                        r.pages += 1
+                    }
+                    _ => runs.push(Run {
+                        vaddr: page,
+                        pages: 1,
+                        offset,
+                        forced,
+                    }),
+                }
+                offset += PAGE_SIZE;
+            }
+            addr += n * PAGE_SIZE;
+        }
+    }
+    Ok((runs, offset))
+}
+
+/// Progress callback: bytes copied so far.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// Copy every stored page of `vmas` into `writer`; returns the page file
+/// description parts (size and runs).
+pub fn dump(
+    pid: i32,
+    vmas: &[proto::Vma],
+    writer: &PageWriter,
+    workers: usize,
+    progress: Progress<'_>,
+) -> Result<(u64, Vec<proto::PageExtent>), CheckpointError> {
+    let (runs, size) = plan(pid, vmas)?;
+    let hashes: Vec<AtomicU64> = runs.iter().map(|_| AtomicU64::new(0)).collect();
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let copied = AtomicU64::new(0);
+    let first_error: Mutex<Option<CheckpointError>> = Mutex::new(None);
+    let procmem = if runs.iter().any(|r| r.forced) {
+        Some(ProcMem::open(pid, false).map_err(|e| CheckpointError::from_sys(pid, e))?)
+    } else {
+        None
+    };
+    let half = runs.len() / 2;
+    let workers = workers.clamp(1, 64).min(runs.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                let mut buf = vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize];
+                let result = (|| -> Result<(), CheckpointError> {
+                    loop {
+                        if failed.load(Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(r) = runs.get(i) else { return Ok(()) };
+                        if i == half {
+                            fault::check("mid-memory")?;
+                        }
+                        let b = &mut buf[..(r.pages * PAGE_SIZE) as usize];
+                        match (&procmem, r.forced) {
+                            (Some(pm), true) => pm.read(r.vaddr, b),
+                            _ => read_vm(pid, r.vaddr, b),
+                        }
+                        .map_err(|e| CheckpointError::from_sys(pid, e))?;
+                        hashes[i].store(cr_image::checksum(b), Ordering::Relaxed);
+                        writer.write_at(r.offset, b)?;
+                        let done =
+                            copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
+                        progress(done);
+                    }
+                })();
+                if let Err(e) = result {
+                    failed.store(true, Ordering::Relaxed);
+                    first_error.lock().expect("error slot").get_or_insert(e);
+                }
+            });
+        }
+    });
+    if let Some(e) = first_error.into_inner().expect("error slot") {
+        return Err(e);
+    }
+    let extents = runs
+        .iter()
+        .zip(&hashes)
+        .map(|(r, h)| proto::PageExtent {
+            vaddr: r.vaddr,
+            nr_pages: r.pages as u32,
+            offset: r.offset,
+            xxh3: h.load(Ordering::Relaxed),
+        })
+        .collect();
+    Ok((size, extents))
+}

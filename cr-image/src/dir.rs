@@ -1,0 +1,107 @@
+//! An image directory: where its files live and how a checkpoint is
+//! committed (page files first, `checkpoint.img` last, each renamed into
+//! place), so a directory holds either a complete image or none.
+
+use crate::{header, io_err, proto, ImageError, Result};
+use prost::Message;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub const CHECKPOINT_FILE: &str = "checkpoint.img";
+pub const TMP_SUFFIX: &str = ".tmp";
+
+#[derive(Debug, Clone)]
+pub struct ImageDir {
+    path: PathBuf,
+}
+
+impl ImageDir {
+    /// Use (and create if needed) `path` as the directory of a new image.
+    pub fn create(path: &Path) -> Result<Self> {
+        std::fs::create_dir_all(path).map_err(io_err(path))?;
+        let d = ImageDir { path: path.into() };
+        d.discard_tmp();
+        Ok(d)
+    }
+
+    /// Open an existing image directory.
+    pub fn open(path: &Path) -> Result<Self> {
+        if !path.is_dir() {
+            return Err(ImageError::MissingDir(path.into()));
+        }
+        if !path.join(CHECKPOINT_FILE).exists() {
+            return Err(ImageError::NotAnImage(path.into()));
+        }
+        Ok(ImageDir { path: path.into() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Name of the page file of process `pid`.
+    pub fn pages_name(pid: u32) -> String {
+        format!("pages-{pid}.img")
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    pub fn read_checkpoint(&self) -> Result<proto::Checkpoint> {
+        let path = self.file(CHECKPOINT_FILE);
+        let data = std::fs::read(&path).map_err(io_err(&path))?;
+        let payload = header::decode(&path, header::KIND_CHECKPOINT, &data)?;
+        proto::Checkpoint::decode(payload).map_err(|source| ImageError::Decode { path, source })
+    }
+
+    /// Make the checkpoint durable and visible: rename every page file
+    /// written as `NAME.tmp`, then write `checkpoint.img` atomically.
+    pub fn commit(&self, ck: &proto::Checkpoint, fsync: bool) -> Result<()> {
+        let meta = self.file(CHECKPOINT_FILE);
+        // An older image in the same directory stops being valid first.
+        match std::fs::remove_file(&meta) {
+            Ok(()) => self.sync_dir(fsync)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&meta)(e)),
+        }
+        for p in &ck.processes {
+            if let Some(pf) = &p.pages {
+                let fin = self.file(&pf.name);
+                let tmp = self.file(&format!("{}{TMP_SUFFIX}", pf.name));
+                std::fs::rename(&tmp, &fin).map_err(io_err(&tmp))?;
+            }
+        }
+        let tmp = self.file(&format!("{CHECKPOINT_FILE}{TMP_SUFFIX}"));
+        let framed = header::encode(header::KIND_CHECKPOINT, &ck.encode_to_vec());
+        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(&framed).map_err(io_err(&tmp))?;
+        if fsync {
+            f.sync_all().map_err(io_err(&tmp))?;
+        }
+        drop(f);
+        std::fs::rename(&tmp, &meta).map_err(io_err(&tmp))?;
+        self.sync_dir(fsync)
+    }
+
+    /// Remove files of an unfinished checkpoint.
+    pub fn discard_tmp(&self) {
+        if let Ok(rd) = std::fs::read_dir(&self.path) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().ends_with(TMP_SUFFIX) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+
+    fn sync_dir(&self, fsync: bool) -> Result<()> {
+        if fsync {
+            File::open(&self.path)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(&self.path))?;
+        }
+        Ok(())
+    }
+}

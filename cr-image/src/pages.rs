@@ -1,0 +1,97 @@
+//! Page files: raw page data, written by several threads at offsets chosen
+//! in advance, read back run by run with each run's checksum verified.
+
+use crate::dir::{ImageDir, TMP_SUFFIX};
+use crate::{checksum, io_err, proto, ImageError, Result};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+/// Writer of `pages-PID.img.tmp`; renamed by [`ImageDir::commit`].
+pub struct PageWriter {
+    file: File,
+    path: PathBuf,
+    name: String,
+}
+
+impl PageWriter {
+    pub fn create(dir: &ImageDir, pid: u32) -> Result<Self> {
+        let name = ImageDir::pages_name(pid);
+        let path = dir.file(&format!("{name}{TMP_SUFFIX}"));
+        let file = File::create(&path).map_err(io_err(&path))?;
+        Ok(PageWriter { file, path, name })
+    }
+
+    /// Write `data` at byte `offset` (safe to call from several threads).
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(data, offset)
+            .map_err(io_err(&self.path))
+    }
+
+    /// Flush to stable storage if asked, and describe the file.
+    pub fn finish(
+        self,
+        size: u64,
+        extents: Vec<proto::PageExtent>,
+        fsync: bool,
+    ) -> Result<proto::PageFile> {
+        if fsync {
+            self.file.sync_all().map_err(io_err(&self.path))?;
+        }
+        Ok(proto::PageFile {
+            name: self.name,
+            size,
+            extents,
+        })
+    }
+}
+
+/// Reader of a committed page file.
+pub struct PageReader {
+    file: File,
+    path: PathBuf,
+}
+
+impl PageReader {
+    /// Open a page file and check it has the recorded size.
+    pub fn open(dir: &ImageDir, pf: &proto::PageFile) -> Result<Self> {
+        if pf.name.contains('/') || pf.name.starts_with('.') {
+            return Err(ImageError::Invalid {
+                path: dir.path().into(),
+                what: format!("bad page file name {:?}", pf.name),
+            });
+        }
+        let path = dir.file(&pf.name);
+        let file = File::open(&path).map_err(io_err(&path))?;
+        let actual = file.metadata().map_err(io_err(&path))?.len();
+        if actual != pf.size {
+            return Err(ImageError::Truncated {
+                path,
+                expected: pf.size,
+                actual,
+            });
+        }
+        Ok(PageReader { file, path })
+    }
+
+    /// Read one run into `buf` (resized to fit) and verify its checksum.
+    pub fn read_extent(&self, ext: &proto::PageExtent, buf: &mut Vec<u8>) -> Result<()> {
+        let len = ext.nr_pages as usize * 4096;
+        buf.resize(len, 0);
+        self.file
+            .read_exact_at(&mut buf[..len], ext.offset)
+            .map_err(io_err(&self.path))?;
+        if checksum(&buf[..len]) != ext.xxh3 {
+            return Err(ImageError::Checksum {
+                path: self.path.clone(),
+                context: format!(
+                    " in the pages of {:#x}..{:#x}",
+                    ext.vaddr,
+                    ext.vaddr + len as u64
+                ),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,165 @@
+//! A readable dump of an image (like `crit show`): text for people, JSON
+//! for tests and scripts.
+
+use crate::proto;
+use serde_json::{json, Value};
+
+fn vma_kind(k: i32) -> &'static str {
+    proto::VmaKind::try_from(k)
+        .map(|k| k.as_str_name())
+        .unwrap_or("UNKNOWN")
+}
+
+fn fd_kind(k: i32) -> &'static str {
+    proto::FdKind::try_from(k)
+        .map(|k| k.as_str_name())
+        .unwrap_or("UNKNOWN")
+}
+
+fn prot_str(p: u32) -> String {
+    let b = |bit: u32, c: char| if p & bit != 0 { c } else { '-' };
+    format!("{}{}{}", b(1, 'r'), b(2, 'w'), b(4, 'x'))
+}
+
+/// The whole image as JSON.
+pub fn to_json(ck: &proto::Checkpoint) -> Value {
+    let procs: Vec<Value> = ck
+        .processes
+        .iter()
+        .map(|p| {
+            let pages = p.pages.clone().unwrap_or_default();
+            json!({
+                "pid": p.pid,
+                "ppid": p.ppid,
+                "comm": p.comm,
+                "exe": p.exe,
+                "cwd": p.cwd,
+                "umask": format!("{:04o}", p.umask),
+                "personality": p.personality,
+                "cmdline": String::from_utf8_lossy(&p.cmdline).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>(),
+                "mm": p.mm.as_ref().map(|m| json!({
+                    "start_code": m.start_code, "end_code": m.end_code,
+                    "start_data": m.start_data, "end_data": m.end_data,
+                    "start_brk": m.start_brk, "brk": m.brk, "start_stack": m.start_stack,
+                    "arg_start": m.arg_start, "arg_end": m.arg_end,
+                    "env_start": m.env_start, "env_end": m.env_end,
+                })),
+                "auxv_bytes": p.auxv.len(),
+                "vmas": p.vmas.iter().map(|v| json!({
+                    "start": format!("{:#x}", v.start),
+                    "end": format!("{:#x}", v.end),
+                    "prot": prot_str(v.prot),
+                    "shared": v.shared,
+                    "kind": vma_kind(v.kind),
+                    "pgoff": v.pgoff,
+                    "path": v.path,
+                    "vm_flags": v.vm_flags,
+                })).collect::<Vec<_>>(),
+                "threads": p.threads.iter().map(|t| {
+                    let r = t.regs.clone().unwrap_or_default();
+                    json!({
+                        "tid": t.tid,
+                        "rip": format!("{:#x}", r.rip),
+                        "rsp": format!("{:#x}", r.rsp),
+                        "rax": format!("{:#x}", r.rax),
+                        "orig_rax": r.orig_rax as i64,
+                        "fs_base": format!("{:#x}", r.fs_base),
+                        "xstate_bytes": t.xstate.len(),
+                        "sigmask": format!("{:#x}", t.sigmask),
+                        "rseq": t.rseq.as_ref().map(|s| json!({"addr": format!("{:#x}", s.addr), "len": s.len, "signature": format!("{:#x}", s.signature)})),
+                    })
+                }).collect::<Vec<_>>(),
+                "fds": p.fds.iter().map(|f| json!({
+                    "fd": f.fd,
+                    "kind": fd_kind(f.kind),
+                    "path": f.path,
+                    "flags": format!("{:#o}", f.flags),
+                    "pos": f.pos,
+                    "size": f.size,
+                })).collect::<Vec<_>>(),
+                "sigactions": p.sigactions.iter().map(|s| json!({
+                    "signo": s.signo,
+                    "handler": format!("{:#x}", s.handler),
+                    "flags": format!("{:#x}", s.flags),
+                    "mask": format!("{:#x}", s.mask),
+                })).collect::<Vec<_>>(),
+                "pages": {
+                    "file": pages.name,
+                    "bytes": pages.size,
+                    "extents": pages.extents.len(),
+                },
+            })
+        })
+        .collect();
+    json!({
+        "tool_version": ck.tool_version,
+        "created_unix_ms": ck.created_unix_ms,
+        "hostname": ck.hostname,
+        "kernel_release": ck.kernel_release,
+        "root_pid": ck.root_pid,
+        "cpu_xfeatures": format!("{:#x}", ck.cpu_xfeatures),
+        "processes": procs,
+    })
+}
+
+/// The image as text.
+pub fn to_text(ck: &proto::Checkpoint) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "checkpoint of pid {} taken on {} (kernel {}) by cr {}",
+        ck.root_pid, ck.hostname, ck.kernel_release, ck.tool_version
+    );
+    for p in &ck.processes {
+        let pages = p.pages.clone().unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "\nprocess {} ({}) ppid {} exe {}",
+            p.pid, p.comm, p.ppid, p.exe
+        );
+        let _ = writeln!(s, "  cwd {}  umask {:04o}", p.cwd, p.umask);
+        let _ = writeln!(
+            s,
+            "  pages: {} bytes in {} runs ({})",
+            pages.size,
+            pages.extents.len(),
+            pages.name
+        );
+        let _ = writeln!(s, "  memory ({} vmas):", p.vmas.len());
+        for v in &p.vmas {
+            let _ = writeln!(
+                s,
+                "    {:012x}-{:012x} {}{} {:<12} {} {}",
+                v.start,
+                v.end,
+                prot_str(v.prot),
+                if v.shared { 's' } else { 'p' },
+                vma_kind(v.kind),
+                v.path,
+                v.vm_flags.join(" ")
+            );
+        }
+        for t in &p.threads {
+            let r = t.regs.clone().unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "  thread {}: rip {:#x} rsp {:#x} rax {:#x} orig_rax {} fs_base {:#x} xstate {} bytes",
+                t.tid, r.rip, r.rsp, r.rax, r.orig_rax as i64, r.fs_base, t.xstate.len()
+            );
+        }
+        let _ = writeln!(s, "  fds:");
+        for f in &p.fds {
+            let _ = writeln!(
+                s,
+                "    {:>4} {:<12} flags {:#o} pos {} {}",
+                f.fd,
+                fd_kind(f.kind),
+                f.flags,
+                f.pos,
+                f.path
+            );
+        }
+    }
+    s
+}

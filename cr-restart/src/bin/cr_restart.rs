@@ -1,0 +1,69 @@
+//! `cr_restart`: restore a process from an image directory.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use cr_restart::restore::wait_exit;
+use cr_restart::{restore, Options};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Restore a checkpointed process with its original PID. Without --detach,
+/// cr_restart waits for it and exits with its status.
+#[derive(Parser)]
+#[command(name = "cr_restart", version)]
+struct Cli {
+    /// Print the restored PID and return at once; the process runs on.
+    #[arg(long)]
+    detach: bool,
+    /// Threads filling memory [default: number of CPUs].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Image directory written by cr_checkpoint.
+    dir: PathBuf,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CR_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let opts = Options {
+        workers: cli.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+        show_progress: true,
+    };
+    let result = restore(&cli.dir, &opts).and_then(|pid| {
+        if cli.detach {
+            println!("{pid}");
+            Ok(0)
+        } else {
+            wait_exit(pid)
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("cr_restart: error: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its sources on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !msg.ends_with(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        src = s.source();
+    }
+    msg
+}

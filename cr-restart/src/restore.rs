@@ -1,0 +1,456 @@
+//! The restore of one process, start to finish, and [`Stub`]: the process
+//! being rebuilt, driven by injected syscalls.
+
+use crate::error::{RestoreError, StepContext};
+use crate::{fds, memory, regs};
+use cr_image::{proto, ImageDir, PageReader};
+use cr_sys::clone::{pid_exists, spawn_stub, CloneError};
+use cr_sys::proc::{self, MapEntry};
+use cr_sys::ptrace::{wait_raw, OnDrop, Tracee};
+use cr_sys::remote::{find_syscall_insn, Injector};
+use cr_sys::{mem, PAGE_SIZE};
+use std::path::Path;
+use tracing::{debug, info};
+
+/// Scratch memory for syscall arguments inside the stub.
+const SCRATCH: u64 = 64 * 1024;
+/// Room after the scratch area where the vDSO pages are parked while moving.
+const PARK: u64 = 64 * 1024;
+const TASK_TOP: u64 = 0x7fff_ffff_f000;
+const RSEQ_FLAG_UNREGISTER: u64 = 1;
+const PR_SET_MM: u64 = 35;
+const PR_SET_MM_MAP: u64 = 14;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Threads filling memory.
+    pub workers: usize,
+    pub show_progress: bool,
+}
+
+/// A stub process being rebuilt: injected syscalls plus a scratch area for
+/// their memory arguments.
+pub struct Stub<'a> {
+    inj: Injector<'a>,
+    pid: i32,
+    scratch: u64,
+    cursor: u64,
+}
+
+impl Stub<'_> {
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn call(
+        &mut self,
+        name: &'static str,
+        nr: i64,
+        args: [u64; 6],
+    ) -> cr_sys::error::Result<u64> {
+        self.inj.call(name, nr, args)
+    }
+
+    /// Copy bytes into the scratch area; returns their address in the stub.
+    pub fn put(&mut self, data: &[u8]) -> cr_sys::error::Result<u64> {
+        let len = (data.len() as u64 + 15) & !15;
+        assert!(
+            len <= SCRATCH,
+            "argument of {} bytes exceeds the scratch area",
+            data.len()
+        );
+        if self.cursor + len > SCRATCH {
+            self.cursor = 0;
+        }
+        let addr = self.scratch + self.cursor;
+        mem::write_vm(self.pid, addr, data)?;
+        self.cursor += len;
+        Ok(addr)
+    }
+
+    pub fn put_str(&mut self, s: &str) -> cr_sys::error::Result<u64> {
+        self.put(&mem::cstring_bytes(s))
+    }
+
+    /// openat(AT_FDCWD, path, flags) inside the stub.
+    pub fn open(&mut self, path: &str, flags: i32) -> cr_sys::error::Result<u64> {
+        let p = self.put_str(path)?;
+        self.call(
+            "openat",
+            libc::SYS_openat,
+            [libc::AT_FDCWD as u64, p, flags as u64, 0, 0, 0],
+        )
+    }
+}
+
+/// Kills and reaps a freshly cloned stub until it is seized.
+struct StubGuard(i32);
+
+impl Drop for StubGuard {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            let _ = cr_sys::ptrace::kill(self.0, libc::SIGKILL);
+            let _ = wait_raw(self.0, 0);
+        }
+    }
+}
+
+/// Restore the image in `dir`. The process runs again as a child of the
+/// caller when this returns its PID.
+pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
+    let img = ImageDir::open(dir)?;
+    let ck = img.read_checkpoint()?;
+    let [p] = ck.processes.as_slice() else {
+        return Err(RestoreError::Unsupported(format!(
+            "{} processes in one image",
+            ck.processes.len()
+        )));
+    };
+    if p.threads.len() != 1 {
+        return Err(RestoreError::Unsupported(format!(
+            "{} threads",
+            p.threads.len()
+        )));
+    }
+    let pf = p
+        .pages
+        .as_ref()
+        .ok_or_else(|| RestoreError::Unsupported("process without a page file".into()))?;
+    // Damage found now costs nothing; the rest is checked run by run.
+    PageReader::open(&img, pf)?;
+    let pid = p.pid as i32;
+    if pid_exists(pid) {
+        return Err(CloneError::PidInUse(pid).into());
+    }
+    let mut guard = StubGuard(spawn_stub(pid)?);
+    let options = (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_EXITKILL) as u64;
+    let mut tracee = Tracee::seize(pid, options, OnDrop::Kill)?;
+    guard.0 = 0;
+    debug!(pid, "stub created and seized");
+    rebuild(&mut tracee, &img, &ck, p, pf, opts)?;
+    tracee.detach(0)?;
+    info!(pid, "restored process released");
+    Ok(pid)
+}
+
+fn rebuild(
+    tracee: &mut Tracee,
+    img: &ImageDir,
+    ck: &proto::Checkpoint,
+    p: &proto::Process,
+    pf: &proto::PageFile,
+    opts: &Options,
+) -> Result<(), RestoreError> {
+    let pid = tracee.tid();
+    let thread = &p.threads[0];
+    let here = cr_sys::regs::xstate_xfeatures(&tracee.get_xstate()?).unwrap_or(0);
+    let missing = ck.cpu_xfeatures & !here;
+    if missing != 0 {
+        return Err(RestoreError::CpuFeatures { missing });
+    }
+    let own_rseq = tracee.get_rseq()?;
+    let stub_maps = proc::read_maps(pid)?;
+    let ip = find_syscall_insn(pid)?;
+    {
+        let inj = Injector::new(tracee, ip)?;
+        let mut stub = Stub {
+            inj,
+            pid,
+            scratch: 0,
+            cursor: 0,
+        };
+        // Our glibc registered rseq for the stub; the kernel would write to
+        // that area (about to be unmapped) on every preemption.
+        if own_rseq.addr != 0 {
+            stub.call(
+                "rseq",
+                libc::SYS_rseq,
+                [
+                    own_rseq.addr,
+                    own_rseq.len as u64,
+                    RSEQ_FLAG_UNREGISTER,
+                    own_rseq.signature as u64,
+                    0,
+                    0,
+                ],
+            )
+            .step(|| "cannot unregister the stub's rseq area".into())?;
+        }
+        let scratch = choose_scratch(&p.vmas, &stub_maps)?;
+        stub.call(
+            "mmap",
+            libc::SYS_mmap,
+            [
+                scratch,
+                SCRATCH,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
+                u64::MAX,
+                0,
+            ],
+        )
+        .step(|| format!("cannot map scratch memory at {scratch:#x}"))?;
+        stub.scratch = scratch;
+        stub.call(
+            "close_range",
+            libc::SYS_close_range,
+            [0, u32::MAX as u64, 0, 0, 0, 0],
+        )?;
+        unmap_stub(&mut stub, &stub_maps, scratch)?;
+        move_vdso(&mut stub, &stub_maps, &p.vmas, scratch + SCRATCH, ip)?;
+
+        let filled = memory::map_all(&mut stub, p)?;
+        let bar = cr_image::progress::bar(opts.show_progress, pf.size, "restoring memory");
+        memory::fill(pid, img, pf, opts.workers, &|d| {
+            if let Some(b) = &bar {
+                b.set_position(d)
+            }
+        })?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        memory::finish(&mut stub, p, &filled)?;
+        identity(&mut stub, p)?;
+        fds::restore(&mut stub, &p.fds)?;
+        mm_fields(&mut stub, p)?;
+        signals(&mut stub, p)?;
+        if let Some(r) = &thread.rseq {
+            stub.call(
+                "rseq",
+                libc::SYS_rseq,
+                [r.addr, r.len as u64, 0, r.signature as u64, 0, 0],
+            )
+            .step(|| format!("cannot register rseq at {:#x}", r.addr))?;
+        }
+        stub.call("munmap", libc::SYS_munmap, [scratch, SCRATCH, 0, 0, 0, 0])?;
+        stub.inj.finish_with_mask(thread.sigmask)?;
+    }
+    let mut r = regs::from_proto(
+        thread
+            .regs
+            .as_ref()
+            .ok_or_else(|| RestoreError::Unsupported("thread without registers".into()))?,
+    );
+    regs::fix_syscall_restart(&mut r);
+    tracee.set_regs(&r)?;
+    tracee.set_xstate(&thread.xstate)?;
+    Ok(())
+}
+
+/// A free range for scratch + parking, outside both the saved VMAs and the
+/// stub's current mappings.
+fn choose_scratch(saved: &[proto::Vma], stub: &[MapEntry]) -> Result<u64, RestoreError> {
+    let need = SCRATCH + PARK;
+    let mut used: Vec<(u64, u64)> = saved.iter().map(|v| (v.start, v.end)).collect();
+    used.extend(stub.iter().map(|m| (m.start, m.end)));
+    used.sort();
+    let mut cand: u64 = 1 << 32;
+    for (s, e) in used {
+        if e <= cand {
+            continue;
+        }
+        if s >= cand + need {
+            break;
+        }
+        cand = (e + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    }
+    if cand + need > TASK_TOP {
+        return Err(RestoreError::Unsupported(
+            "no free address range for the restorer".into(),
+        ));
+    }
+    Ok(cand)
+}
+
+fn is_special(path: &str) -> bool {
+    matches!(path, "[vdso]" | "[vvar]" | "[vvar_vclock]" | "[vsyscall]")
+}
+
+/// Unmap everything of the stub except the kernel's special mappings and the scratch area.
+fn unmap_stub(stub: &mut Stub<'_>, maps: &[MapEntry], scratch: u64) -> Result<(), RestoreError> {
+    let mut keep: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| is_special(&m.path))
+        .map(|m| (m.start, m.end))
+        .collect();
+    keep.push((scratch, scratch + SCRATCH + PARK));
+    keep.sort();
+    let mut from = PAGE_SIZE;
+    for (s, e) in keep.into_iter().chain([(TASK_TOP, TASK_TOP)]) {
+        let s = s.min(TASK_TOP);
+        if s > from {
+            stub.call("munmap", libc::SYS_munmap, [from, s - from, 0, 0, 0, 0])
+                .step(|| format!("cannot unmap the stub's memory {from:#x}-{s:#x}"))?;
+        }
+        from = from.max(e);
+    }
+    Ok(())
+}
+
+/// Move [vvar], [vvar_vclock] and [vdso] to where the image had them.
+fn move_vdso(
+    stub: &mut Stub<'_>,
+    maps: &[MapEntry],
+    saved: &[proto::Vma],
+    park: u64,
+    ip: u64,
+) -> Result<(), RestoreError> {
+    use proto::VmaKind as K;
+    let names = [
+        ("[vvar]", K::Vvar),
+        ("[vvar_vclock]", K::VvarVclock),
+        ("[vdso]", K::Vdso),
+    ];
+    let mut moves = Vec::new();
+    for (name, kind) in names {
+        let here = maps.iter().find(|m| m.path == name);
+        let there = saved.iter().find(|v| v.kind == kind as i32);
+        match (here, there) {
+            (None, None) => {}
+            (Some(h), Some(t)) if h.len() == t.end - t.start => {
+                moves.push((name, h.start, t.start, h.len()))
+            }
+            (h, t) => {
+                return Err(RestoreError::VdsoLayout(format!(
+                    "{name}: {} pages here, {} in the image",
+                    h.map_or(0, |m| m.len() / PAGE_SIZE),
+                    t.map_or(0, |v| (v.end - v.start) / PAGE_SIZE)
+                )))
+            }
+        }
+    }
+    let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
+    let vdso_here = moves.iter().find(|m| m.0 == "[vdso]").map(|m| m.1);
+    // Park first, so a target may overlap where another one is now.
+    let mut parked = Vec::new();
+    let mut at = park;
+    for &(name, from, to, len) in &moves {
+        if from == to {
+            continue;
+        }
+        stub.call("mremap", libc::SYS_mremap, [from, len, len, flags, at, 0])
+            .step(|| format!("cannot move {name}"))?;
+        if name == "[vdso]" {
+            stub.inj.set_syscall_ip(ip - from + at);
+        }
+        parked.push((name, at, to, len));
+        at += len;
+    }
+    for (name, from, to, len) in parked {
+        stub.call("mremap", libc::SYS_mremap, [from, len, len, flags, to, 0])
+            .step(|| format!("cannot move {name} to {to:#x}"))?;
+        if name == "[vdso]" {
+            stub.inj.set_syscall_ip(ip - vdso_here.unwrap_or(0) + to);
+        }
+    }
+    Ok(())
+}
+
+fn identity(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
+    let cwd = stub.put_str(&p.cwd)?;
+    stub.call("chdir", libc::SYS_chdir, [cwd, 0, 0, 0, 0, 0])
+        .step(|| format!("cannot change directory to {}", p.cwd))?;
+    stub.call("umask", libc::SYS_umask, [p.umask as u64, 0, 0, 0, 0, 0])?;
+    stub.call(
+        "personality",
+        libc::SYS_personality,
+        [p.personality as u64, 0, 0, 0, 0, 0],
+    )
+    .step(|| format!("cannot set personality {:#x}", p.personality))?;
+    let comm = stub.put_str(&p.comm)?;
+    stub.call(
+        "prctl(PR_SET_NAME)",
+        libc::SYS_prctl,
+        [libc::PR_SET_NAME as u64, comm, 0, 0, 0, 0],
+    )?;
+    stub.call(
+        "prctl(PR_SET_PDEATHSIG)",
+        libc::SYS_prctl,
+        [libc::PR_SET_PDEATHSIG as u64, 0, 0, 0, 0, 0],
+    )?;
+    Ok(())
+}
+
+/// PR_SET_MM_MAP: code/data/brk/stack/arg/env bounds, auxv and the exe link.
+fn mm_fields(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
+    let m = p.mm.clone().unwrap_or_default();
+    let auxv = stub.put(&p.auxv)?;
+    let exe_fd = if p.exe.ends_with(" (deleted)") {
+        None
+    } else {
+        Some(
+            stub.open(&p.exe, libc::O_RDONLY | libc::O_CLOEXEC)
+                .step(|| format!("cannot open the executable {}", p.exe))?,
+        )
+    };
+    let mut map = Vec::with_capacity(104);
+    for v in [
+        m.start_code,
+        m.end_code,
+        m.start_data,
+        m.end_data,
+        m.start_brk,
+        m.brk,
+        m.start_stack,
+        m.arg_start,
+        m.arg_end,
+        m.env_start,
+        m.env_end,
+        auxv,
+    ] {
+        map.extend_from_slice(&v.to_le_bytes());
+    }
+    map.extend_from_slice(&(p.auxv.len() as u32).to_le_bytes());
+    map.extend_from_slice(&exe_fd.map_or(u32::MAX, |fd| fd as u32).to_le_bytes());
+    let addr = stub.put(&map)?;
+    let r = stub
+        .call(
+            "prctl(PR_SET_MM_MAP)",
+            libc::SYS_prctl,
+            [PR_SET_MM, PR_SET_MM_MAP, addr, map.len() as u64, 0, 0],
+        )
+        .step(|| format!("cannot set the mm fields (brk {:#x}, exe {})", m.brk, p.exe));
+    if let Some(fd) = exe_fd {
+        stub.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+    }
+    r.map(|_| ())
+}
+
+/// Every signal's disposition as saved (the stub inherited ours).
+fn signals(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
+    for sig in 1..=64u32 {
+        if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
+            continue;
+        }
+        let a = p.sigactions.iter().find(|a| a.signo == sig);
+        let mut act = Vec::with_capacity(32);
+        for v in [
+            a.map_or(0, |a| a.handler),
+            a.map_or(0, |a| a.flags),
+            a.map_or(0, |a| a.restorer),
+            a.map_or(0, |a| a.mask),
+        ] {
+            act.extend_from_slice(&v.to_le_bytes());
+        }
+        let addr = stub.put(&act)?;
+        stub.call(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            [sig as u64, addr, 0, 8, 0, 0],
+        )
+        .step(|| format!("cannot restore the action of signal {sig}"))?;
+    }
+    Ok(())
+}
+
+/// Wait for a restored child to end; returns a shell-style exit code.
+pub fn wait_exit(pid: i32) -> Result<i32, RestoreError> {
+    let (_, status) = wait_raw(pid, 0).map_err(|source| RestoreError::Wait { pid, source })?;
+    Ok(if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        1
+    })
+}

@@ -1,0 +1,92 @@
+//! Creating a process with a chosen PID: clone3 with `set_tid`.
+
+use crate::error::{Errno, Result};
+
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// Why a stub could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CloneError {
+    #[error("pid {0} is already in use")]
+    PidInUse(i32),
+    #[error("creating a process with pid {pid} is not permitted (needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN)")]
+    NotPermitted {
+        pid: i32,
+        #[source]
+        source: Errno,
+    },
+    #[error("clone3 with set_tid={pid} failed")]
+    Other {
+        pid: i32,
+        #[source]
+        source: Errno,
+    },
+}
+
+/// Fork a child of the calling process with PID `pid` (in the caller's PID
+/// namespace). The child only asks to be killed with its parent and then
+/// waits in pause(); the caller is expected to seize it and rebuild it.
+pub fn spawn_stub(pid: i32) -> Result<i32, CloneError> {
+    let tids = [pid];
+    let args = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: tids.as_ptr() as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of our
+    // address space. The child only makes raw syscalls (async-signal-safe)
+    // and never returns from this function.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if r == 0 {
+        // Child.
+        // SAFETY: raw syscalls with integer arguments only.
+        unsafe {
+            libc::syscall(
+                libc::SYS_prctl,
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL,
+                0,
+                0,
+                0,
+            );
+            loop {
+                libc::syscall(libc::SYS_pause);
+            }
+        }
+    }
+    if r < 0 {
+        let e = Errno::last();
+        return Err(match e.0 {
+            libc::EEXIST => CloneError::PidInUse(pid),
+            libc::EPERM => CloneError::NotPermitted { pid, source: e },
+            _ => CloneError::Other { pid, source: e },
+        });
+    }
+    Ok(r as i32)
+}
+
+/// Whether a PID currently names a process or thread (any state, zombies included).
+pub fn pid_exists(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}

@@ -1,0 +1,104 @@
+//! Errors of the low-level layer; each names the operation and the resource.
+
+use std::fmt;
+
+/// An errno value with its symbolic description.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    /// The calling thread's current errno.
+    pub fn last() -> Self {
+        Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+impl fmt::Debug for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let e = std::io::Error::from_raw_os_error(self.0);
+        // io::Error's Display appends " (os error N)"; keep the description only.
+        let s = e.to_string();
+        let s = s.split(" (os error").next().unwrap_or(&s).to_lowercase();
+        write!(f, "{s}")
+    }
+}
+
+impl std::error::Error for Errno {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    #[error("ptrace {op} on thread {tid} failed")]
+    Ptrace {
+        op: &'static str,
+        tid: i32,
+        #[source]
+        source: Errno,
+    },
+    #[error("waiting for thread {tid} failed")]
+    Wait {
+        tid: i32,
+        #[source]
+        source: Errno,
+    },
+    #[error("thread {tid} exited while being traced (status {status:#x})")]
+    Exited { tid: i32, status: i32 },
+    #[error("thread {tid} stopped unexpectedly (status {status:#x}) during {during}")]
+    UnexpectedStop {
+        tid: i32,
+        status: i32,
+        during: &'static str,
+    },
+    #[error("remote {name} in process {pid} failed")]
+    Remote {
+        name: &'static str,
+        pid: i32,
+        #[source]
+        source: Errno,
+    },
+    #[error("{op} of {len} bytes at {addr:#x} in process {pid} failed")]
+    Memory {
+        op: &'static str,
+        pid: i32,
+        addr: u64,
+        len: usize,
+        #[source]
+        source: Errno,
+    },
+    #[error("short {op} at {addr:#x} in process {pid}: {done} of {len} bytes")]
+    ShortMemory {
+        op: &'static str,
+        pid: i32,
+        addr: u64,
+        done: usize,
+        len: usize,
+    },
+    #[error("cannot read {path}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}: {what}")]
+    Parse { path: String, what: String },
+    #[error("{what} failed")]
+    Syscall {
+        what: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("no syscall instruction found in the executable mappings of process {pid}")]
+    NoSyscallInsn { pid: i32 },
+}
+
+pub type Result<T, E = SysError> = std::result::Result<T, E>;
+
+pub(crate) fn io_err(path: impl Into<String>) -> impl FnOnce(std::io::Error) -> SysError {
+    let path = path.into();
+    move |source| SysError::Io { path, source }
+}

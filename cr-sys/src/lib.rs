@@ -1,0 +1,24 @@
+//! The low-level layer of the checkpoint/restart engines, and the only crate
+//! of the workspace allowed to use `unsafe`.
+//!
+//! - [`ptrace`]: a seized thread as a value whose `Drop` detaches it.
+//! - [`remote`]: running system calls inside a stopped tracee.
+//! - [`mem`]: reading and writing another process's memory.
+//! - [`pagemap`]: which pages of a range are present, swapped or file pages.
+//! - [`proc`]: parsers of `/proc/PID/*` files.
+//! - [`clone`]: creating a process with a chosen PID (clone3 `set_tid`).
+//! - [`regs`]: the x86_64 register layouts ptrace uses.
+
+pub mod clone;
+pub mod error;
+pub mod mem;
+pub mod pagemap;
+pub mod proc;
+pub mod ptrace;
+pub mod regs;
+pub mod remote;
+
+pub use error::{Errno, SysError};
+
+/// Size of a page on x86_64.
+pub const PAGE_SIZE: u64 = 4096;

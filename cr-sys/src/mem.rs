@@ -1,0 +1,132 @@
+//! Reading and writing another process's memory: process_vm_readv/writev
+//! (fast, but only for pages the target may access itself) and
+//! /proc/PID/mem (slower, but reaches PROT_NONE and read-only pages).
+
+use crate::error::{io_err, Errno, Result, SysError};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// Read `buf.len()` bytes at `addr` of process `pid` with process_vm_readv.
+pub fn read_vm(pid: i32, addr: u64, buf: &mut [u8]) -> Result<()> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let local = libc::iovec {
+            iov_base: buf[done..].as_mut_ptr().cast(),
+            iov_len: buf.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr + done as u64) as *mut libc::c_void,
+            iov_len: buf.len() - done,
+        };
+        // SAFETY: `local` describes memory we own and may write; `remote` is
+        // only interpreted in the other process by the kernel.
+        let r = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if r < 0 {
+            return Err(SysError::Memory {
+                op: "process_vm_readv",
+                pid,
+                addr: addr + done as u64,
+                len: buf.len() - done,
+                source: Errno::last(),
+            });
+        }
+        if r == 0 {
+            return Err(SysError::ShortMemory {
+                op: "process_vm_readv",
+                pid,
+                addr,
+                done,
+                len: buf.len(),
+            });
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// Write `buf` at `addr` of process `pid` with process_vm_writev.
+pub fn write_vm(pid: i32, addr: u64, buf: &[u8]) -> Result<()> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let local = libc::iovec {
+            iov_base: buf[done..].as_ptr() as *mut libc::c_void,
+            iov_len: buf.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr + done as u64) as *mut libc::c_void,
+            iov_len: buf.len() - done,
+        };
+        // SAFETY: `local` describes memory we own (only read by the kernel);
+        // `remote` is only interpreted in the other process by the kernel.
+        let r = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+        if r < 0 {
+            return Err(SysError::Memory {
+                op: "process_vm_writev",
+                pid,
+                addr: addr + done as u64,
+                len: buf.len() - done,
+                source: Errno::last(),
+            });
+        }
+        if r == 0 {
+            return Err(SysError::ShortMemory {
+                op: "process_vm_writev",
+                pid,
+                addr,
+                done,
+                len: buf.len(),
+            });
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// /proc/PID/mem, which reads and writes regardless of page protection.
+pub struct ProcMem {
+    pid: i32,
+    file: File,
+}
+
+impl ProcMem {
+    pub fn open(pid: i32, write: bool) -> Result<Self> {
+        let path = format!("/proc/{pid}/mem");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        Ok(ProcMem { pid, file })
+    }
+
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        self.file
+            .read_exact_at(buf, addr)
+            .map_err(|e| SysError::Memory {
+                op: "read of /proc/PID/mem",
+                pid: self.pid,
+                addr,
+                len: buf.len(),
+                source: Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+            })
+    }
+
+    pub fn write(&self, addr: u64, buf: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(buf, addr)
+            .map_err(|e| SysError::Memory {
+                op: "write of /proc/PID/mem",
+                pid: self.pid,
+                addr,
+                len: buf.len(),
+                source: Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+            })
+    }
+}
+
+/// Copy a string into a NUL-terminated byte vector.
+pub fn cstring_bytes(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}

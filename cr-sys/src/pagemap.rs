@@ -1,0 +1,41 @@
+//! /proc/PID/pagemap: one 64-bit entry per virtual page.
+//!
+//! Bits we use: 63 present, 62 swapped, 61 file page or shared anonymous,
+//! 56 exclusively mapped, 55 soft-dirty. A private file mapping's page with
+//! bit 61 set is still the file's own page (not stored); a present or
+//! swapped page without it is the process's private copy (stored).
+
+use crate::error::{io_err, Result};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+pub const PM_PRESENT: u64 = 1 << 63;
+pub const PM_SWAP: u64 = 1 << 62;
+pub const PM_FILE: u64 = 1 << 61;
+pub const PM_EXCLUSIVE: u64 = 1 << 56;
+pub const PM_SOFT_DIRTY: u64 = 1 << 55;
+
+pub struct Pagemap {
+    path: String,
+    file: File,
+}
+
+impl Pagemap {
+    pub fn open(pid: i32) -> Result<Self> {
+        let path = format!("/proc/{pid}/pagemap");
+        let file = File::open(&path).map_err(io_err(&path))?;
+        Ok(Pagemap { path, file })
+    }
+
+    /// Entries for `out.len()` pages starting at virtual address `start`.
+    pub fn read(&self, start: u64, out: &mut [u64]) -> Result<()> {
+        let mut bytes = vec![0u8; out.len() * 8];
+        self.file
+            .read_exact_at(&mut bytes, start / crate::PAGE_SIZE * 8)
+            .map_err(io_err(&self.path))?;
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+            *o = u64::from_le_bytes(b.try_into().expect("8-byte chunk"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,392 @@
+//! A seized thread as a value: [`Tracee`] detaches (or, for restore stubs,
+//! kills) on drop, so an early return or a panic can never leave an
+//! application frozen or traced.
+
+use crate::error::{Errno, Result, SysError};
+use crate::regs::UserRegs;
+use tracing::{debug, warn};
+
+const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
+const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
+const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+const NT_X86_XSTATE: libc::c_int = 0x202;
+/// Big enough for every XSAVE layout (AMX tiles included).
+const XSTATE_BUF: usize = 64 * 1024;
+
+pub const PTRACE_EVENT_STOP: i32 = 128;
+
+/// What a ptrace-stop was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// PTRACE_EVENT_* stop (`event`), with the stop signal.
+    Event { event: i32, sig: i32 },
+    /// Syscall-enter or -exit stop (PTRACE_O_TRACESYSGOOD).
+    Syscall,
+    /// Signal-delivery stop: `sig` is about to be delivered.
+    Signal(i32),
+}
+
+/// rseq registration of a thread (PTRACE_GET_RSEQ_CONFIGURATION).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RseqConfig {
+    pub addr: u64,
+    pub len: u32,
+    pub signature: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct PtraceRseqConfiguration {
+    rseq_abi_pointer: u64,
+    rseq_abi_size: u32,
+    signature: u32,
+    flags: u32,
+    pad: u32,
+}
+
+/// What happens to a tracee when its [`Tracee`] is dropped without an explicit release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDrop {
+    /// Detach and let it run on (an application being checkpointed).
+    Detach,
+    /// Kill it and reap it (a half-built restore stub).
+    Kill,
+}
+
+/// A thread attached with PTRACE_SEIZE.
+#[derive(Debug)]
+pub struct Tracee {
+    tid: i32,
+    stopped: bool,
+    attached: bool,
+    on_drop: OnDrop,
+}
+
+fn ptrace_raw(
+    req: libc::c_uint,
+    tid: i32,
+    addr: usize,
+    data: usize,
+) -> std::result::Result<i64, Errno> {
+    // SAFETY: every caller passes addr/data that are valid for `req` (pointers to
+    // live, correctly sized buffers, or plain integers).
+    let r = unsafe {
+        libc::ptrace(
+            req,
+            tid,
+            addr as *mut libc::c_void,
+            data as *mut libc::c_void,
+        )
+    };
+    if r == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(r)
+    }
+}
+
+/// waitpid(tid, __WALL) returning the raw status.
+pub fn wait_raw(tid: i32, flags: i32) -> std::result::Result<(i32, i32), Errno> {
+    let mut status = 0;
+    loop {
+        // SAFETY: status is a valid out pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, flags | libc::__WALL) };
+        if r == -1 {
+            let e = Errno::last();
+            if e.0 == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok((r, status));
+    }
+}
+
+/// Send a signal to a process.
+pub fn kill(pid: i32, sig: i32) -> std::result::Result<(), Errno> {
+    // SAFETY: kill has no memory-safety preconditions.
+    if unsafe { libc::kill(pid, sig) } == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+impl Tracee {
+    /// PTRACE_SEIZE `tid` with `options` (PTRACE_O_*), then stop it with
+    /// PTRACE_INTERRUPT and wait for the stop. Signals that arrive first are
+    /// delivered as usual, so nothing the application expects is lost.
+    pub fn seize(tid: i32, options: u64, on_drop: OnDrop) -> Result<Self> {
+        ptrace_raw(libc::PTRACE_SEIZE, tid, 0, options as usize).map_err(|source| {
+            SysError::Ptrace {
+                op: "seize",
+                tid,
+                source,
+            }
+        })?;
+        let mut t = Tracee {
+            tid,
+            stopped: false,
+            attached: true,
+            on_drop,
+        };
+        t.interrupt()?;
+        Ok(t)
+    }
+
+    /// Adopt a thread that is already traced and in a ptrace-stop (e.g. a
+    /// thread created under PTRACE_O_TRACECLONE).
+    pub fn adopt_stopped(tid: i32, on_drop: OnDrop) -> Self {
+        Tracee {
+            tid,
+            stopped: true,
+            attached: true,
+            on_drop,
+        }
+    }
+
+    pub fn tid(&self) -> i32 {
+        self.tid
+    }
+
+    /// Stop a running tracee (PTRACE_INTERRUPT) and wait until it is in a
+    /// ptrace-stop.
+    pub fn interrupt(&mut self) -> Result<()> {
+        ptrace_raw(libc::PTRACE_INTERRUPT, self.tid, 0, 0).map_err(|source| SysError::Ptrace {
+            op: "interrupt",
+            tid: self.tid,
+            source,
+        })?;
+        loop {
+            match self.wait_stop()? {
+                Stop::Event { .. } => return Ok(()),
+                Stop::Signal(sig) => {
+                    // Deliver it as if we were not here; the interrupt stays pending.
+                    debug!(
+                        tid = self.tid,
+                        sig, "delivering signal that arrived before the stop"
+                    );
+                    self.resume(libc::PTRACE_CONT, sig)?;
+                }
+                Stop::Syscall => self.resume(libc::PTRACE_CONT, 0)?,
+            }
+        }
+    }
+
+    /// Wait for the next ptrace-stop of this tracee.
+    pub fn wait_stop(&mut self) -> Result<Stop> {
+        let (_, status) = wait_raw(self.tid, 0).map_err(|source| SysError::Wait {
+            tid: self.tid,
+            source,
+        })?;
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            self.attached = false;
+            self.stopped = false;
+            return Err(SysError::Exited {
+                tid: self.tid,
+                status,
+            });
+        }
+        if !libc::WIFSTOPPED(status) {
+            return Err(SysError::UnexpectedStop {
+                tid: self.tid,
+                status,
+                during: "wait",
+            });
+        }
+        self.stopped = true;
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        Ok(if event != 0 {
+            Stop::Event { event, sig }
+        } else if sig == libc::SIGTRAP | 0x80 {
+            Stop::Syscall
+        } else {
+            Stop::Signal(sig)
+        })
+    }
+
+    /// Resume with a ptrace request (PTRACE_CONT, PTRACE_SYSCALL) and signal.
+    pub fn resume(&mut self, req: libc::c_uint, sig: i32) -> Result<()> {
+        ptrace_raw(req, self.tid, 0, sig as usize).map_err(|source| SysError::Ptrace {
+            op: "resume",
+            tid: self.tid,
+            source,
+        })?;
+        self.stopped = false;
+        Ok(())
+    }
+
+    pub fn get_regs(&self) -> Result<UserRegs> {
+        let mut regs = crate::regs::zeroed();
+        ptrace_raw(
+            libc::PTRACE_GETREGS,
+            self.tid,
+            0,
+            &mut regs as *mut _ as usize,
+        )
+        .map_err(|source| SysError::Ptrace {
+            op: "getregs",
+            tid: self.tid,
+            source,
+        })?;
+        Ok(regs)
+    }
+
+    pub fn set_regs(&self, regs: &UserRegs) -> Result<()> {
+        ptrace_raw(libc::PTRACE_SETREGS, self.tid, 0, regs as *const _ as usize).map_err(
+            |source| SysError::Ptrace {
+                op: "setregs",
+                tid: self.tid,
+                source,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// The whole XSAVE area (NT_X86_XSTATE).
+    pub fn get_xstate(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; XSTATE_BUF];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        ptrace_raw(
+            libc::PTRACE_GETREGSET,
+            self.tid,
+            NT_X86_XSTATE as usize,
+            &mut iov as *mut _ as usize,
+        )
+        .map_err(|source| SysError::Ptrace {
+            op: "getregset(NT_X86_XSTATE)",
+            tid: self.tid,
+            source,
+        })?;
+        buf.truncate(iov.iov_len);
+        Ok(buf)
+    }
+
+    pub fn set_xstate(&self, xstate: &[u8]) -> Result<()> {
+        let mut buf = xstate.to_vec();
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        ptrace_raw(
+            libc::PTRACE_SETREGSET,
+            self.tid,
+            NT_X86_XSTATE as usize,
+            &mut iov as *mut _ as usize,
+        )
+        .map_err(|source| SysError::Ptrace {
+            op: "setregset(NT_X86_XSTATE)",
+            tid: self.tid,
+            source,
+        })?;
+        Ok(())
+    }
+
+    pub fn get_sigmask(&self) -> Result<u64> {
+        let mut mask: u64 = 0;
+        ptrace_raw(
+            PTRACE_GETSIGMASK,
+            self.tid,
+            8,
+            &mut mask as *mut u64 as usize,
+        )
+        .map_err(|source| SysError::Ptrace {
+            op: "getsigmask",
+            tid: self.tid,
+            source,
+        })?;
+        Ok(mask)
+    }
+
+    pub fn set_sigmask(&self, mask: u64) -> Result<()> {
+        ptrace_raw(PTRACE_SETSIGMASK, self.tid, 8, &mask as *const u64 as usize).map_err(
+            |source| SysError::Ptrace {
+                op: "setsigmask",
+                tid: self.tid,
+                source,
+            },
+        )?;
+        Ok(())
+    }
+
+    pub fn get_rseq(&self) -> Result<RseqConfig> {
+        let mut conf = PtraceRseqConfiguration::default();
+        ptrace_raw(
+            PTRACE_GET_RSEQ_CONFIGURATION,
+            self.tid,
+            std::mem::size_of::<PtraceRseqConfiguration>(),
+            &mut conf as *mut _ as usize,
+        )
+        .map_err(|source| SysError::Ptrace {
+            op: "get_rseq_configuration",
+            tid: self.tid,
+            source,
+        })?;
+        Ok(RseqConfig {
+            addr: conf.rseq_abi_pointer,
+            len: conf.rseq_abi_size,
+            signature: conf.signature,
+        })
+    }
+
+    /// Detach, delivering `sig` (0 for none). The thread runs on.
+    pub fn detach(mut self, sig: i32) -> Result<()> {
+        self.detach_inner(sig)
+    }
+
+    fn detach_inner(&mut self, sig: i32) -> Result<()> {
+        if !self.attached {
+            return Ok(());
+        }
+        if !self.stopped {
+            // PTRACE_DETACH needs a ptrace-stop.
+            self.interrupt()?;
+        }
+        let r = ptrace_raw(libc::PTRACE_DETACH, self.tid, 0, sig as usize).map_err(|source| {
+            SysError::Ptrace {
+                op: "detach",
+                tid: self.tid,
+                source,
+            }
+        });
+        self.attached = false;
+        self.stopped = false;
+        r.map(|_| ())
+    }
+
+    /// Kill the tracee (SIGKILL) and reap it if it is our child.
+    pub fn kill_and_reap(mut self) {
+        self.kill_inner();
+    }
+
+    fn kill_inner(&mut self) {
+        if !self.attached {
+            return;
+        }
+        let _ = kill(self.tid, libc::SIGKILL);
+        // Reap it if it is our child; a tracee that is not our child is
+        // reaped by its parent, we only wait for its exit notification.
+        let _ = wait_raw(self.tid, 0);
+        self.attached = false;
+    }
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        if !self.attached {
+            return;
+        }
+        match self.on_drop {
+            OnDrop::Detach => {
+                if let Err(e) = self.detach_inner(0) {
+                    warn!(tid = self.tid, error = %e, "could not detach from thread");
+                }
+            }
+            OnDrop::Kill => self.kill_inner(),
+        }
+    }
+}

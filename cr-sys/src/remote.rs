@@ -1,0 +1,162 @@
+//! Running system calls inside a stopped tracee.
+//!
+//! The tracee's registers are pointed at an existing `syscall` instruction
+//! (two bytes `0f 05` found in its vDSO or another executable mapping, so
+//! nothing in its memory is modified) and it is resumed with PTRACE_SYSCALL
+//! twice: the syscall-entry stop, then the syscall-exit stop where `rax`
+//! holds the result. It never executes a user-space instruction of its own.
+//!
+//! While an [`Injector`] lives, every signal is blocked in the tracee (so no
+//! signal is dequeued by our syscalls); its mask and registers come back
+//! when the injector is finished or dropped.
+
+use crate::error::{Errno, Result, SysError};
+use crate::ptrace::{Stop, Tracee};
+use crate::regs::UserRegs;
+use std::os::unix::fs::FileExt;
+
+pub struct Injector<'a> {
+    t: &'a mut Tracee,
+    ip: u64,
+    saved: UserRegs,
+    saved_mask: u64,
+    done: bool,
+}
+
+impl<'a> Injector<'a> {
+    /// Prepare to inject syscalls into a stopped tracee, executing the
+    /// `syscall` instruction at `syscall_ip`.
+    pub fn new(t: &'a mut Tracee, syscall_ip: u64) -> Result<Self> {
+        let saved = t.get_regs()?;
+        let saved_mask = t.get_sigmask()?;
+        t.set_sigmask(!0u64)?;
+        Ok(Injector {
+            t,
+            ip: syscall_ip,
+            saved,
+            saved_mask,
+            done: false,
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.t.tid()
+    }
+
+    pub fn tracee(&self) -> &Tracee {
+        self.t
+    }
+
+    /// Use another `syscall` instruction from now on (e.g. after the vDSO moved).
+    pub fn set_syscall_ip(&mut self, ip: u64) {
+        self.ip = ip;
+    }
+
+    /// The registers the tracee had when the injector was created.
+    pub fn saved_regs(&self) -> &UserRegs {
+        &self.saved
+    }
+
+    /// Run syscall `nr` with `args`; returns the raw result (`-errno` on failure).
+    pub fn syscall_raw(&mut self, nr: i64, args: [u64; 6]) -> Result<i64> {
+        let mut regs = self.saved;
+        regs.rip = self.ip;
+        regs.rax = nr as u64;
+        // Without this, a thread stopped inside an interrupted syscall would
+        // have its rip/rax rewritten by the kernel's restart logic on resume.
+        regs.orig_rax = u64::MAX;
+        regs.rdi = args[0];
+        regs.rsi = args[1];
+        regs.rdx = args[2];
+        regs.r10 = args[3];
+        regs.r8 = args[4];
+        regs.r9 = args[5];
+        self.t.set_regs(&regs)?;
+        for phase in ["syscall entry", "syscall exit"] {
+            self.t.resume(libc::PTRACE_SYSCALL, 0)?;
+            match self.t.wait_stop()? {
+                Stop::Syscall => {}
+                other => {
+                    return Err(SysError::UnexpectedStop {
+                        tid: self.t.tid(),
+                        status: match other {
+                            Stop::Signal(s) => s,
+                            Stop::Event { event, sig } => (event << 16) | sig,
+                            Stop::Syscall => 0,
+                        },
+                        during: phase,
+                    })
+                }
+            }
+        }
+        let out = self.t.get_regs()?;
+        Ok(out.rax as i64)
+    }
+
+    /// Run a syscall and turn `-errno` into an error naming it.
+    pub fn call(&mut self, name: &'static str, nr: i64, args: [u64; 6]) -> Result<u64> {
+        let r = self.syscall_raw(nr, args)?;
+        if (-4095..0).contains(&r) {
+            return Err(SysError::Remote {
+                name,
+                pid: self.t.tid(),
+                source: Errno(-r as i32),
+            });
+        }
+        Ok(r as u64)
+    }
+
+    /// Put the registers and signal mask back as they were.
+    pub fn finish(mut self) -> Result<()> {
+        self.restore()
+    }
+
+    /// Finish, leaving `mask` as the tracee's signal mask instead of the original.
+    pub fn finish_with_mask(mut self, mask: u64) -> Result<()> {
+        self.saved_mask = mask;
+        self.restore()
+    }
+
+    fn restore(&mut self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        self.done = true;
+        self.t.set_regs(&self.saved)?;
+        self.t.set_sigmask(self.saved_mask)
+    }
+}
+
+impl Drop for Injector<'_> {
+    fn drop(&mut self) {
+        let _ = self.restore();
+    }
+}
+
+/// Find the address of a `syscall` instruction (bytes 0f 05) in the
+/// executable mappings of `pid`, preferring the vDSO.
+pub fn find_syscall_insn(pid: i32) -> Result<u64> {
+    let maps = crate::proc::read_maps(pid)?;
+    let mem_path = format!("/proc/{pid}/mem");
+    let mem = std::fs::File::open(&mem_path).map_err(crate::error::io_err(&mem_path))?;
+    let mut candidates: Vec<&crate::proc::MapEntry> =
+        maps.iter().filter(|m| m.path == "[vdso]").collect();
+    candidates.extend(
+        maps.iter()
+            .filter(|m| m.prot & libc::PROT_EXEC as u32 != 0 && m.path != "[vdso]"),
+    );
+    for m in candidates {
+        if m.prot & libc::PROT_EXEC as u32 == 0 || m.path == "[vsyscall]" {
+            continue;
+        }
+        let len = (m.end - m.start).min(1 << 20) as usize;
+        let mut buf = vec![0u8; len];
+        if mem.read_exact_at(&mut buf, m.start).is_err() {
+            continue;
+        }
+        if let Some(off) = buf.windows(2).position(|w| w == [0x0f, 0x05]) {
+            return Ok(m.start + off as u64);
+        }
+    }
+    Err(SysError::NoSyscallInsn { pid })
+}
