@@ -68,6 +68,7 @@ fn checkpoint_frozen(
     t0: Instant,
 ) -> Result<Summary, CheckpointError> {
     let sys = |e| CheckpointError::from_sys(pid, e);
+    let stopped = proc::read_stat(pid).map(|s| s.state == 'T').unwrap_or(false);
     let mut tracee =
         Tracee::seize(pid, libc::PTRACE_O_TRACESYSGOOD as u64, OnDrop::Detach).map_err(sys)?;
     let frozen_at = Instant::now();
@@ -152,6 +153,7 @@ fn checkpoint_frozen(
         pages: Some(pages),
         sigactions,
         cmdline: proc::read_bytes(&format!("/proc/{pid}/cmdline")).unwrap_or_default(),
+        stopped,
     };
     let ck = proto::Checkpoint {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -36,6 +36,7 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
                 "cwd": p.cwd,
                 "umask": format!("{:04o}", p.umask),
                 "personality": p.personality,
+                "stopped": p.stopped,
                 "cmdline": String::from_utf8_lossy(&p.cmdline).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>(),
                 "mm": p.mm.as_ref().map(|m| json!({
                     "start_code": m.start_code, "end_code": m.end_code,
@@ -56,7 +57,7 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
                     "vm_flags": v.vm_flags,
                 })).collect::<Vec<_>>(),
                 "threads": p.threads.iter().map(|t| {
-                    let r = t.regs.clone().unwrap_or_default();
+                    let r = t.regs.unwrap_or_default();
                     json!({
                         "tid": t.tid,
                         "rip": format!("{:#x}", r.rip),
@@ -141,7 +142,7 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
             );
         }
         for t in &p.threads {
-            let r = t.regs.clone().unwrap_or_default();
+            let r = t.regs.unwrap_or_default();
             let _ = writeln!(
                 s,
                 "  thread {}: rip {:#x} rsp {:#x} rax {:#x} orig_rax {} fs_base {:#x} xstate {} bytes",

@@ -128,8 +128,8 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
     guard.0 = 0;
     debug!(pid, "stub created and seized");
     rebuild(&mut tracee, &img, &ck, p, pf, opts)?;
-    tracee.detach(0)?;
-    info!(pid, "restored process released");
+    tracee.detach(if p.stopped { libc::SIGSTOP } else { 0 })?;
+    info!(pid, stopped = p.stopped, "restored process released");
     Ok(pid)
 }
 
@@ -373,7 +373,7 @@ fn identity(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError>
 
 /// PR_SET_MM_MAP: code/data/brk/stack/arg/env bounds, auxv and the exe link.
 fn mm_fields(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
-    let m = p.mm.clone().unwrap_or_default();
+    let m = p.mm.unwrap_or_default();
     let auxv = stub.put(&p.auxv)?;
     let exe_fd = if p.exe.ends_with(" (deleted)") {
         None

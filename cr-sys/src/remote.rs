@@ -11,7 +11,7 @@
 //! when the injector is finished or dropped.
 
 use crate::error::{Errno, Result, SysError};
-use crate::ptrace::{Stop, Tracee};
+use crate::ptrace::{Stop, Tracee, PTRACE_EVENT_STOP};
 use crate::regs::UserRegs;
 use std::os::unix::fs::FileExt;
 
@@ -74,18 +74,28 @@ impl<'a> Injector<'a> {
         self.t.set_regs(&regs)?;
         for phase in ["syscall entry", "syscall exit"] {
             self.t.resume(libc::PTRACE_SYSCALL, 0)?;
-            match self.t.wait_stop()? {
-                Stop::Syscall => {}
-                other => {
-                    return Err(SysError::UnexpectedStop {
-                        tid: self.t.tid(),
-                        status: match other {
-                            Stop::Signal(s) => s,
-                            Stop::Event { event, sig } => (event << 16) | sig,
-                            Stop::Syscall => 0,
-                        },
-                        during: phase,
-                    })
+            let mut group_stops = 0;
+            loop {
+                match self.t.wait_stop()? {
+                    Stop::Syscall => break,
+                    // A process that was stopped (SIGSTOP) when seized reports
+                    // its group-stop again once resumed; it stays stopped for
+                    // its parent, we just go on.
+                    Stop::Event { event, sig } if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 => {
+                        group_stops += 1;
+                        self.t.resume(libc::PTRACE_SYSCALL, 0)?;
+                    }
+                    other => {
+                        return Err(SysError::UnexpectedStop {
+                            tid: self.t.tid(),
+                            status: match other {
+                                Stop::Signal(s) => s,
+                                Stop::Event { event, sig } => (event << 16) | sig,
+                                Stop::Syscall => 0,
+                            },
+                            during: phase,
+                        })
+                    }
                 }
             }
         }
@@ -159,4 +169,8 @@ pub fn find_syscall_insn(pid: i32) -> Result<u64> {
         }
     }
     Err(SysError::NoSyscallInsn { pid })
+}
+
+fn is_stop_signal(sig: i32) -> bool {
+    matches!(sig, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU)
 }
