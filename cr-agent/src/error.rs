@@ -14,7 +14,7 @@ pub enum CheckpointError {
     Zombie(i32),
     #[error("cr_checkpoint cannot checkpoint itself")]
     SelfCheckpoint,
-    #[error("permission denied to trace process {pid}")]
+    #[error("permission denied to checkpoint process {pid} (it belongs to another user, or ptrace is restricted)")]
     PermissionDenied {
         pid: i32,
         #[source]
@@ -46,6 +46,15 @@ impl CheckpointError {
                 CheckpointError::NoSuchProcess(pid)
             }
             SysError::Exited { .. } => CheckpointError::Exited { pid },
+            SysError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                CheckpointError::PermissionDenied {
+                    pid,
+                    source: Errno(libc::EACCES),
+                }
+            }
+            SysError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                CheckpointError::NoSuchProcess(pid)
+            }
             _ => CheckpointError::Sys(e),
         }
     }

@@ -1,6 +1,6 @@
 //! Memory of a restored process: map every saved VMA at its address, fill
 //! the stored pages from the page file, then set the final protections,
-//! madvise flags and anonymous names.
+//! madvise flags, memory locks and anonymous names.
 
 use crate::error::{RestoreError, StepContext};
 use crate::restore::Stub;
@@ -170,6 +170,7 @@ pub fn finish(
         ("hg", libc::MADV_HUGEPAGE),
         ("nh", libc::MADV_NOHUGEPAGE),
         ("wf", libc::MADV_WIPEONFORK),
+        ("mg", libc::MADV_MERGEABLE),
     ];
     for (v, &filled) in p.vmas.iter().zip(filled) {
         if !is_mapped_by_us(v) {
@@ -193,6 +194,10 @@ pub fn finish(
                 )
                 .step(|| format!("cannot madvise({flag}) {:#x}-{:#x}", v.start, v.end))?;
             }
+        }
+        if v.vm_flags.iter().any(|f| f == "lo") {
+            stub.call("mlock", libc::SYS_mlock, [v.start, len, 0, 0, 0, 0])
+                .step(|| format!("cannot lock {:#x}-{:#x} in memory", v.start, v.end))?;
         }
         if !v.anon_name.is_empty() {
             let name = stub.put_str(&v.anon_name)?;

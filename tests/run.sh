@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit tests of every crate and the end-to-end
+# tests that checkpoint and restore real processes (needs root: ptrace,
+# clone3 set_tid, PR_SET_MM_MAP). Installs what it needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "tests/run.sh: the end-to-end tests need root (ptrace, CAP_CHECKPOINT_RESTORE)" >&2
+    exit 1
+fi
+if ! command -v python3 >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq python3
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+    cargo install --locked cargo-nextest
+fi
+cargo build -j2 --workspace --all-targets
+# One process per test (nextest), so fork/ptrace/signals of one test cannot
+# disturb another.
+exec cargo nextest run -j2 --workspace --no-fail-fast "$@"
