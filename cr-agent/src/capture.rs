@@ -1,8 +1,8 @@
 //! The checkpoint of one process, start to finish.
 
-use crate::{fault, fds, memory, target, CheckpointError};
+use crate::{fault, fds, memory, target, threads, CheckpointError};
 use cr_image::{proto, ImageDir, PageWriter};
-use cr_sys::ptrace::{OnDrop, RseqConfig, Tracee};
+use cr_sys::ptrace::Tracee;
 use cr_sys::remote::{find_syscall_insn, Injector};
 use cr_sys::{mem, proc, regs, PAGE_SIZE};
 use std::path::PathBuf;
@@ -68,22 +68,24 @@ fn checkpoint_frozen(
     t0: Instant,
 ) -> Result<Summary, CheckpointError> {
     let sys = |e| CheckpointError::from_sys(pid, e);
-    let stopped = proc::read_stat(pid).map(|s| s.state == 'T').unwrap_or(false);
-    let mut tracee =
-        Tracee::seize(pid, libc::PTRACE_O_TRACESYSGOOD as u64, OnDrop::Detach).map_err(sys)?;
+    let stopped = proc::read_stat(pid)
+        .map(|s| s.state == 'T')
+        .unwrap_or(false);
+    let mut tracees = threads::seize_all(pid)?;
     let frozen_at = Instant::now();
-    debug!(pid, "seized and stopped");
+    debug!(pid, threads = tracees.len(), "seized and stopped");
     fault::check("after-seize")?;
     // The process may have changed between the checks and the freeze.
     target::check_shape(pid)?;
 
-    let regs = tracee.get_regs().map_err(sys)?;
-    let xstate = tracee.get_xstate().map_err(sys)?;
-    let sigmask = tracee.get_sigmask().map_err(sys)?;
-    let rseq = tracee.get_rseq().map_err(sys)?;
+    let mut thread_states = tracees
+        .iter()
+        .map(threads::read)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(sys)?;
     fault::check("after-registers")?;
 
-    let (brk, sigactions) = inject_queries(&mut tracee).map_err(sys)?;
+    let (brk, sigactions) = inject_queries(&mut tracees, &mut thread_states).map_err(sys)?;
 
     let stat = proc::read_stat(pid).map_err(sys)?;
     let status = proc::read_status(pid).map_err(sys)?;
@@ -115,6 +117,7 @@ fn checkpoint_frozen(
     }
     let pages = writer.finish(size, extents, opts.fsync)?;
 
+    let ck_xstate = thread_states[0].xstate.clone();
     let process = proto::Process {
         pid: pid as u32,
         ppid: stat.ppid() as u32,
@@ -138,17 +141,7 @@ fn checkpoint_frozen(
         }),
         auxv: proc::read_bytes(&format!("/proc/{pid}/auxv")).map_err(sys)?,
         vmas,
-        threads: vec![proto::Thread {
-            tid: pid as u32,
-            regs: Some(gpregs_to_proto(&regs)),
-            xstate: xstate.clone(),
-            sigmask,
-            rseq: (rseq != RseqConfig::default()).then_some(proto::Rseq {
-                addr: rseq.addr,
-                len: rseq.len,
-                signature: rseq.signature,
-            }),
-        }],
+        threads: thread_states,
         fds,
         pages: Some(pages),
         sigactions,
@@ -168,7 +161,7 @@ fn checkpoint_frozen(
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
         root_pid: pid as u32,
-        cpu_xfeatures: regs::xstate_xfeatures(&xstate).unwrap_or(0),
+        cpu_xfeatures: regs::xstate_xfeatures(&ck_xstate).unwrap_or(0),
         processes: vec![process],
     };
     fault::check("before-commit")?;
@@ -182,9 +175,23 @@ fn checkpoint_frozen(
         elapsed: t0.elapsed(),
     };
     match opts.action {
-        Action::Continue => tracee.detach(0).map_err(sys)?,
-        Action::Stop => tracee.detach(libc::SIGSTOP).map_err(sys)?,
-        Action::Kill => tracee.kill_and_reap(),
+        Action::Continue => {
+            for t in tracees {
+                t.detach(0).map_err(sys)?;
+            }
+        }
+        Action::Stop => {
+            for t in tracees {
+                let sig = if t.tid() == pid { libc::SIGSTOP } else { 0 };
+                t.detach(sig).map_err(sys)?;
+            }
+        }
+        // The main thread is reported last, after all the others are gone.
+        Action::Kill => {
+            for t in tracees.into_iter().rev() {
+                t.kill_and_reap();
+            }
+        }
     }
     info!(
         pid,
@@ -195,61 +202,110 @@ fn checkpoint_frozen(
     Ok(summary)
 }
 
-/// State only the process itself can tell: its brk and its signal handlers.
-fn inject_queries(tracee: &mut Tracee) -> cr_sys::error::Result<(u64, Vec<proto::SigAction>)> {
-    let pid = tracee.tid();
+/// State only the process itself can tell: its brk and signal handlers,
+/// and per thread the clear-child-tid address and the alternate signal stack.
+fn inject_queries(
+    tracees: &mut [Tracee],
+    threads: &mut [proto::Thread],
+) -> cr_sys::error::Result<(u64, Vec<proto::SigAction>)> {
+    let pid = tracees[0].tid();
     let ip = find_syscall_insn(pid)?;
-    let mut inj = Injector::new(tracee, ip)?;
-    let brk = inj.call("brk", libc::SYS_brk, [0; 6])?;
-    let scratch = inj.call(
-        "mmap",
-        libc::SYS_mmap,
-        [
-            0,
-            PAGE_SIZE,
-            (libc::PROT_READ | libc::PROT_WRITE) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-            u64::MAX,
-            0,
-        ],
-    )?;
-    let mut actions = Vec::new();
+    let (brk, scratch) = {
+        let mut inj = Injector::new(&mut tracees[0], ip)?;
+        let brk = inj.call("brk", libc::SYS_brk, [0; 6])?;
+        let scratch = inj.call(
+            "mmap",
+            libc::SYS_mmap,
+            [
+                0,
+                PAGE_SIZE,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        inj.finish()?;
+        (brk, scratch)
+    };
     let result = (|| {
-        for sig in 1..=NSIG {
-            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
-                continue;
-            }
+        let actions = query_sigactions(&mut tracees[0], ip, scratch)?;
+        for (t, state) in tracees.iter_mut().zip(threads.iter_mut()) {
+            let mut inj = Injector::new(t, ip)?;
             inj.call(
-                "rt_sigaction",
-                libc::SYS_rt_sigaction,
-                [sig as u64, 0, scratch + (sig as u64 - 1) * 32, 8, 0, 0],
+                "prctl(PR_GET_TID_ADDRESS)",
+                libc::SYS_prctl,
+                [PR_GET_TID_ADDRESS, scratch, 0, 0, 0, 0],
             )?;
+            inj.call(
+                "sigaltstack",
+                libc::SYS_sigaltstack,
+                [0, scratch + 8, 0, 0, 0, 0],
+            )?;
+            inj.finish()?;
+            let mut raw = [0u8; 32];
+            mem::read_vm(pid, scratch, &mut raw)?;
+            let word =
+                |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            state.clear_child_tid = word(0);
+            state.sigaltstack = Some(proto::AltStack {
+                sp: word(1),
+                flags: word(2) as u32 as i32,
+                size: word(3),
+            });
         }
-        let mut raw = vec![0u8; NSIG as usize * 32];
-        mem::read_vm(pid, scratch, &mut raw)?;
-        for sig in 1..=NSIG {
-            let o = (sig as usize - 1) * 32;
-            let f = |i: usize| {
-                u64::from_le_bytes(raw[o + i * 8..o + i * 8 + 8].try_into().expect("8 bytes"))
-            };
-            let (handler, flags, restorer, mask) = (f(0), f(1), f(2), f(3));
-            if handler != 0 || flags != 0 || mask != 0 {
-                actions.push(proto::SigAction {
-                    signo: sig,
-                    handler,
-                    flags,
-                    restorer,
-                    mask,
-                });
-            }
-        }
-        Ok(())
+        Ok(actions)
     })();
-    let unmapped = inj.call("munmap", libc::SYS_munmap, [scratch, PAGE_SIZE, 0, 0, 0, 0]);
-    result?;
+    let unmapped = Injector::new(&mut tracees[0], ip).and_then(|mut inj| {
+        inj.call("munmap", libc::SYS_munmap, [scratch, PAGE_SIZE, 0, 0, 0, 0])?;
+        inj.finish()
+    });
+    let actions = result?;
     unmapped?;
-    inj.finish()?;
     Ok((brk, actions))
+}
+
+const PR_GET_TID_ADDRESS: u64 = 40;
+
+/// Every signal's disposition, read with rt_sigaction(sig, NULL, &old).
+fn query_sigactions(
+    t: &mut Tracee,
+    ip: u64,
+    scratch: u64,
+) -> cr_sys::error::Result<Vec<proto::SigAction>> {
+    let pid = t.tid();
+    let mut inj = Injector::new(t, ip)?;
+    for sig in 1..=NSIG {
+        if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
+            continue;
+        }
+        inj.call(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            [sig as u64, 0, scratch + (sig as u64 - 1) * 32, 8, 0, 0],
+        )?;
+    }
+    inj.finish()?;
+    let mut raw = vec![0u8; NSIG as usize * 32];
+    mem::read_vm(pid, scratch, &mut raw)?;
+    let mut actions = Vec::new();
+    for sig in 1..=NSIG {
+        let o = (sig as usize - 1) * 32;
+        let f = |i: usize| {
+            u64::from_le_bytes(raw[o + i * 8..o + i * 8 + 8].try_into().expect("8 bytes"))
+        };
+        let (handler, flags, restorer, mask) = (f(0), f(1), f(2), f(3));
+        if handler != 0 || flags != 0 || mask != 0 {
+            actions.push(proto::SigAction {
+                signo: sig,
+                handler,
+                flags,
+                restorer,
+                mask,
+            });
+        }
+    }
+    Ok(actions)
 }
 
 /// Registers in their image form.

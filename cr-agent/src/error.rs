@@ -46,7 +46,9 @@ impl CheckpointError {
                 CheckpointError::NoSuchProcess(pid)
             }
             SysError::Exited { .. } => CheckpointError::Exited { pid },
-            SysError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            SysError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
                 CheckpointError::PermissionDenied {
                     pid,
                     source: Errno(libc::EACCES),

@@ -3,12 +3,14 @@
 //! Data flow of a checkpoint (module of each step):
 //! 1. [`target`]: check the PID names a user process we can capture.
 //! 2. [`fds`]: pre-flight of the open fds (refuse before freezing anything).
-//! 3. [`capture`]: seize and interrupt (`cr_sys::ptrace`), registers, XSAVE,
-//!    signal mask, rseq; signal handlers and brk by injected syscalls
-//!    (`cr_sys::remote`); mm fields, cwd, umask, auxv from /proc.
-//! 4. [`memory`]: classify the VMAs, find stored pages with pagemap, copy
+//! 3. [`threads`]: seize and interrupt every thread (`cr_sys::ptrace`);
+//!    registers, XSAVE, signal mask, rseq per thread.
+//! 4. [`capture`]: signal handlers, brk, and per thread the clear-child-tid
+//!    address and sigaltstack by injected syscalls (`cr_sys::remote`); mm
+//!    fields, cwd, umask, auxv from /proc.
+//! 5. [`memory`]: classify the VMAs, find stored pages with pagemap, copy
 //!    them in parallel into the page file.
-//! 5. `cr_image::ImageDir::commit`, then continue, stop or kill the target.
+//! 6. `cr_image::ImageDir::commit`, then continue, stop or kill the target.
 //!
 //! Any error before the end drops the seized thread, which detaches it: the
 //! application runs on exactly as before.
@@ -20,6 +22,7 @@ pub mod fault;
 pub mod fds;
 pub mod memory;
 pub mod target;
+pub mod threads;
 
 pub use capture::{checkpoint, Action, Options, Summary};
 pub use error::CheckpointError;

@@ -30,15 +30,8 @@ pub fn validate(pid: i32) -> Result<(), CheckpointError> {
     check_shape(pid)
 }
 
-/// Threads and children are for a later stage of this project: refuse them clearly.
+/// Children are for a later stage of this project: refuse them clearly.
 pub fn check_shape(pid: i32) -> Result<(), CheckpointError> {
-    let tasks = proc::list_tasks(pid).map_err(|_| CheckpointError::NoSuchProcess(pid))?;
-    if tasks.len() > 1 {
-        return Err(CheckpointError::Unsupported {
-            pid,
-            what: format!("multi-threaded process ({} threads)", tasks.len()),
-        });
-    }
     let kids = proc::children(pid).map_err(|_| CheckpointError::NoSuchProcess(pid))?;
     if !kids.is_empty() {
         return Err(CheckpointError::Unsupported {

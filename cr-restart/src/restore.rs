@@ -14,6 +14,8 @@ use tracing::{debug, info};
 
 /// Scratch memory for syscall arguments inside the stub.
 const SCRATCH: u64 = 64 * 1024;
+/// The last bytes of the scratch area hold per-thread arguments.
+const THREAD_ARGS: u64 = 64;
 /// Room after the scratch area where the vDSO pages are parked while moving.
 const PARK: u64 = 64 * 1024;
 const TASK_TOP: u64 = 0x7fff_ffff_f000;
@@ -106,11 +108,10 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
             ck.processes.len()
         )));
     };
-    if p.threads.len() != 1 {
-        return Err(RestoreError::Unsupported(format!(
-            "{} threads",
-            p.threads.len()
-        )));
+    if p.threads.first().map(|t| t.tid) != Some(p.pid) {
+        return Err(RestoreError::Unsupported(
+            "the first thread is not the main thread".into(),
+        ));
     }
     let pf = p
         .pages
@@ -123,11 +124,16 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         return Err(CloneError::PidInUse(pid).into());
     }
     let mut guard = StubGuard(spawn_stub(pid)?);
-    let options = (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_EXITKILL) as u64;
+    let options =
+        (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_EXITKILL | libc::PTRACE_O_TRACECLONE) as u64;
     let mut tracee = Tracee::seize(pid, options, OnDrop::Kill)?;
     guard.0 = 0;
     debug!(pid, "stub created and seized");
-    rebuild(&mut tracee, &img, &ck, p, pf, opts)?;
+    let threads = rebuild(&mut tracee, &img, &ck, p, pf, opts)?;
+    // Release: every thread is ready; nothing of the process has run yet.
+    for t in threads {
+        t.detach(0)?;
+    }
     tracee.detach(if p.stopped { libc::SIGSTOP } else { 0 })?;
     info!(pid, stopped = p.stopped, "restored process released");
     Ok(pid)
@@ -140,7 +146,7 @@ fn rebuild(
     p: &proto::Process,
     pf: &proto::PageFile,
     opts: &Options,
-) -> Result<(), RestoreError> {
+) -> Result<Vec<Tracee>, RestoreError> {
     let pid = tracee.tid();
     let thread = &p.threads[0];
     let here = cr_sys::regs::xstate_xfeatures(&tracee.get_xstate()?).unwrap_or(0);
@@ -151,7 +157,7 @@ fn rebuild(
     let own_rseq = tracee.get_rseq()?;
     let stub_maps = proc::read_maps(pid)?;
     let ip = find_syscall_insn(pid)?;
-    {
+    let others = {
         let inj = Injector::new(tracee, ip)?;
         let mut stub = Stub {
             inj,
@@ -214,26 +220,114 @@ fn rebuild(
         fds::restore(&mut stub, &p.fds)?;
         mm_fields(&mut stub, p)?;
         signals(&mut stub, p)?;
-        if let Some(r) = &thread.rseq {
-            stub.call(
-                "rseq",
-                libc::SYS_rseq,
-                [r.addr, r.len as u64, 0, r.signature as u64, 0, 0],
-            )
-            .step(|| format!("cannot register rseq at {:#x}", r.addr))?;
+        let mut others = create_threads(&mut stub, &p.threads[1..])?;
+        let ip = stub.inj.syscall_ip();
+        let args = scratch + SCRATCH - THREAD_ARGS;
+        for (t, th) in others.iter_mut().zip(&p.threads[1..]) {
+            let mut inj = Injector::new(t, ip)?;
+            thread_state(&mut inj, pid, args, th)?;
+            inj.finish_with_mask(th.sigmask)?;
+            set_registers(t, th)?;
         }
+        thread_state(&mut stub.inj, pid, args, thread)?;
         stub.call("munmap", libc::SYS_munmap, [scratch, SCRATCH, 0, 0, 0, 0])?;
         stub.inj.finish_with_mask(thread.sigmask)?;
-    }
-    let mut r = regs::from_proto(
-        thread
-            .regs
-            .as_ref()
-            .ok_or_else(|| RestoreError::Unsupported("thread without registers".into()))?,
-    );
+        others
+    };
+    set_registers(tracee, thread)?;
+    Ok(others)
+}
+
+/// Registers (with the syscall-restart fix-ups) and XSAVE area of a thread.
+fn set_registers(t: &Tracee, th: &proto::Thread) -> Result<(), RestoreError> {
+    let saved = th
+        .regs
+        .as_ref()
+        .ok_or_else(|| RestoreError::Unsupported(format!("thread {} without registers", th.tid)))?;
+    let mut r = regs::from_proto(saved);
     regs::fix_syscall_restart(&mut r);
-    tracee.set_regs(&r)?;
-    tracee.set_xstate(&thread.xstate)?;
+    t.set_regs(&r)?;
+    t.set_xstate(&th.xstate)?;
+    Ok(())
+}
+
+/// Create the threads after the main one, each with its TID; they arrive
+/// stopped (PTRACE_O_TRACECLONE) and never run before the release.
+fn create_threads(
+    stub: &mut Stub<'_>,
+    threads: &[proto::Thread],
+) -> Result<Vec<Tracee>, RestoreError> {
+    let flags = (libc::CLONE_VM
+        | libc::CLONE_FS
+        | libc::CLONE_FILES
+        | libc::CLONE_SIGHAND
+        | libc::CLONE_THREAD
+        | libc::CLONE_SYSVSEM) as u64;
+    let mut out = Vec::with_capacity(threads.len());
+    for th in threads {
+        let tid = th.tid as i32;
+        if pid_exists(tid) {
+            return Err(CloneError::PidInUse(tid).into());
+        }
+        let tids = stub.put(&tid.to_le_bytes())?;
+        // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
+        // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
+        let fields = [flags, 0, 0, 0, 0, 0, 0, 0, tids, 1, 0];
+        let bytes: Vec<u8> = fields.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let args = stub.put(&bytes)?;
+        let got = stub
+            .call(
+                "clone3",
+                libc::SYS_clone3,
+                [args, bytes.len() as u64, 0, 0, 0, 0],
+            )
+            .step(|| format!("cannot create thread {tid}"))?;
+        out.push(Tracee::attach_new(got as i32, OnDrop::Kill)?);
+    }
+    Ok(out)
+}
+
+/// Per-thread state only the thread itself can set: clear-child-tid
+/// address, alternate signal stack, rseq area. `args` is scratch memory.
+fn thread_state(
+    inj: &mut Injector<'_>,
+    pid: i32,
+    args: u64,
+    th: &proto::Thread,
+) -> Result<(), RestoreError> {
+    let tid = th.tid;
+    inj.call(
+        "set_tid_address",
+        libc::SYS_set_tid_address,
+        [th.clear_child_tid, 0, 0, 0, 0, 0],
+    )?;
+    // The stub inherited the restorer's alternate stack: always replace it.
+    let ss = th.sigaltstack.unwrap_or(proto::AltStack {
+        sp: 0,
+        flags: libc::SS_DISABLE,
+        size: 0,
+    });
+    let flags = if ss.flags & libc::SS_DISABLE != 0 {
+        libc::SS_DISABLE
+    } else {
+        // SS_ONSTACK is a state, not a setting.
+        ss.flags & !libc::SS_ONSTACK
+    };
+    let mut stack_t = Vec::with_capacity(24);
+    stack_t.extend_from_slice(&ss.sp.to_le_bytes());
+    stack_t.extend_from_slice(&(flags as u32 as u64).to_le_bytes());
+    stack_t.extend_from_slice(&ss.size.to_le_bytes());
+    mem::write_vm(pid, args, &stack_t)?;
+    inj.call("sigaltstack", libc::SYS_sigaltstack, [args, 0, 0, 0, 0, 0])
+        .step(|| format!("cannot set the alternate signal stack of thread {tid}"))?;
+    if let Some(r) = &th.rseq {
+        inj.call(
+            "rseq",
+            libc::SYS_rseq,
+            [r.addr, r.len as u64, 0, r.signature as u64, 0, 0],
+        )
+        .step(|| format!("cannot register rseq at {:#x} for thread {tid}", r.addr))?;
+    }
     Ok(())
 }
 

@@ -14,6 +14,7 @@ const NT_X86_XSTATE: libc::c_int = 0x202;
 const XSTATE_BUF: usize = 64 * 1024;
 
 pub const PTRACE_EVENT_STOP: i32 = 128;
+pub const PTRACE_EVENT_CLONE: i32 = 3;
 
 /// What a ptrace-stop was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,14 +135,21 @@ impl Tracee {
         Ok(t)
     }
 
-    /// Adopt a thread that is already traced and in a ptrace-stop (e.g. a
-    /// thread created under PTRACE_O_TRACECLONE).
-    pub fn adopt_stopped(tid: i32, on_drop: OnDrop) -> Self {
-        Tracee {
+    /// Take over a thread that was attached automatically (PTRACE_O_TRACECLONE)
+    /// and wait for its first stop.
+    pub fn attach_new(tid: i32, on_drop: OnDrop) -> Result<Self> {
+        let mut t = Tracee {
             tid,
-            stopped: true,
+            stopped: false,
             attached: true,
             on_drop,
+        };
+        loop {
+            match t.wait_stop()? {
+                Stop::Event { .. } => return Ok(t),
+                Stop::Signal(sig) => t.resume(libc::PTRACE_CONT, sig)?,
+                Stop::Syscall => t.resume(libc::PTRACE_CONT, 0)?,
+            }
         }
     }
 

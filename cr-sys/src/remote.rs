@@ -11,7 +11,7 @@
 //! when the injector is finished or dropped.
 
 use crate::error::{Errno, Result, SysError};
-use crate::ptrace::{Stop, Tracee, PTRACE_EVENT_STOP};
+use crate::ptrace::{Stop, Tracee, PTRACE_EVENT_CLONE, PTRACE_EVENT_STOP};
 use crate::regs::UserRegs;
 use std::os::unix::fs::FileExt;
 
@@ -52,6 +52,11 @@ impl<'a> Injector<'a> {
         self.ip = ip;
     }
 
+    /// Address of the `syscall` instruction in use.
+    pub fn syscall_ip(&self) -> u64 {
+        self.ip
+    }
+
     /// The registers the tracee had when the injector was created.
     pub fn saved_regs(&self) -> &UserRegs {
         &self.saved
@@ -78,10 +83,16 @@ impl<'a> Injector<'a> {
             loop {
                 match self.t.wait_stop()? {
                     Stop::Syscall => break,
+                    // An injected clone3 reports the new thread first.
+                    Stop::Event { event, .. } if event == PTRACE_EVENT_CLONE => {
+                        self.t.resume(libc::PTRACE_SYSCALL, 0)?;
+                    }
                     // A process that was stopped (SIGSTOP) when seized reports
                     // its group-stop again once resumed; it stays stopped for
                     // its parent, we just go on.
-                    Stop::Event { event, sig } if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 => {
+                    Stop::Event { event, sig }
+                        if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 =>
+                    {
                         group_stops += 1;
                         self.t.resume(libc::PTRACE_SYSCALL, 0)?;
                     }
@@ -172,5 +183,8 @@ pub fn find_syscall_insn(pid: i32) -> Result<u64> {
 }
 
 fn is_stop_signal(sig: i32) -> bool {
-    matches!(sig, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU)
+    matches!(
+        sig,
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+    )
 }
