@@ -71,7 +71,9 @@ pub fn fix_syscall_restart(r: &mut UserRegs) {
                 }
                 again(r)
             }
-            libc::SYS_poll => again(r),
+            // poll restarts with its full timeout; a timed futex wait re-checks
+            // the futex word (absolute timeouts are exact, relative ones restart).
+            libc::SYS_poll | libc::SYS_futex => again(r),
             _ => r.rax = (-libc::EINTR) as u64,
         },
         _ => {}
@@ -116,7 +118,7 @@ mod tests {
 
     #[test]
     fn other_restart_block_gets_eintr() {
-        let mut r = regs(libc::SYS_futex, -ERESTART_RESTARTBLOCK);
+        let mut r = regs(libc::SYS_ppoll, -ERESTART_RESTARTBLOCK);
         fix_syscall_restart(&mut r);
         assert_eq!((r.rax as i64, r.rip), (-libc::EINTR as i64, 0x1002));
     }
