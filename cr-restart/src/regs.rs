@@ -6,8 +6,8 @@
 //! `rip` back at the `syscall` instruction with `rax` = the syscall number.
 //! -ERESTART_RESTARTBLOCK (relative sleeps, poll with timeout) has kernel
 //! state we cannot carry over: relative nanosleeps resume with the time
-//! that was left (the kernel wrote it to the caller's `rem`), poll restarts
-//! with its timeout, everything else returns -EINTR.
+//! that was left (the kernel wrote it to the caller's `rem`), poll and timed
+//! futex waits restart, everything else returns -EINTR.
 
 use cr_image::proto::GpRegs;
 use cr_sys::regs::{UserRegs, ERESTARTNOHAND, ERESTARTNOINTR, ERESTARTSYS, ERESTART_RESTARTBLOCK};
