@@ -85,7 +85,12 @@ fn checkpoint_frozen(
         .map_err(sys)?;
     fault::check("after-registers")?;
 
-    let (brk, sigactions) = inject_queries(&mut tracees, &mut thread_states).map_err(sys)?;
+    let shared_pending = tracees[0].pending_signals(true).map_err(sys)?;
+    let Injected {
+        brk,
+        sigactions,
+        itimers,
+    } = inject_queries(&mut tracees, &mut thread_states).map_err(sys)?;
 
     let stat = proc::read_stat(pid).map_err(sys)?;
     let status = proc::read_status(pid).map_err(sys)?;
@@ -147,6 +152,8 @@ fn checkpoint_frozen(
         sigactions,
         cmdline: proc::read_bytes(&format!("/proc/{pid}/cmdline")).unwrap_or_default(),
         stopped,
+        shared_pending,
+        itimers,
     };
     let ck = proto::Checkpoint {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -202,12 +209,20 @@ fn checkpoint_frozen(
     Ok(summary)
 }
 
-/// State only the process itself can tell: its brk and signal handlers,
-/// and per thread the clear-child-tid address and the alternate signal stack.
+/// What the process told us through injected syscalls.
+struct Injected {
+    brk: u64,
+    sigactions: Vec<proto::SigAction>,
+    itimers: Vec<proto::ITimer>,
+}
+
+/// State only the process itself can tell: its brk, signal handlers and
+/// interval timers, and per thread the clear-child-tid address and the
+/// alternate signal stack.
 fn inject_queries(
     tracees: &mut [Tracee],
     threads: &mut [proto::Thread],
-) -> cr_sys::error::Result<(u64, Vec<proto::SigAction>)> {
+) -> cr_sys::error::Result<Injected> {
     let pid = tracees[0].tid();
     let ip = find_syscall_insn(pid)?;
     let (brk, scratch) = {
@@ -230,6 +245,7 @@ fn inject_queries(
     };
     let result = (|| {
         let actions = query_sigactions(&mut tracees[0], ip, scratch)?;
+        let itimers = query_itimers(&mut tracees[0], ip, scratch)?;
         for (t, state) in tracees.iter_mut().zip(threads.iter_mut()) {
             let mut inj = Injector::new(t, ip)?;
             inj.call(
@@ -254,15 +270,53 @@ fn inject_queries(
                 size: word(3),
             });
         }
-        Ok(actions)
+        Ok(Injected {
+            brk,
+            sigactions: actions,
+            itimers,
+        })
     })();
     let unmapped = Injector::new(&mut tracees[0], ip).and_then(|mut inj| {
         inj.call("munmap", libc::SYS_munmap, [scratch, PAGE_SIZE, 0, 0, 0, 0])?;
         inj.finish()
     });
-    let actions = result?;
+    let injected = result?;
     unmapped?;
-    Ok((brk, actions))
+    Ok(injected)
+}
+
+/// Armed interval timers, read with getitimer (the remaining time goes on
+/// counting while the image waits; it is restored as it was read).
+fn query_itimers(
+    t: &mut Tracee,
+    ip: u64,
+    scratch: u64,
+) -> cr_sys::error::Result<Vec<proto::ITimer>> {
+    let pid = t.tid();
+    let mut inj = Injector::new(t, ip)?;
+    for which in 0..3u64 {
+        inj.call(
+            "getitimer",
+            libc::SYS_getitimer,
+            [which, scratch + which * 32, 0, 0, 0, 0],
+        )?;
+    }
+    inj.finish()?;
+    let mut raw = [0u8; 96];
+    mem::read_vm(pid, scratch, &mut raw)?;
+    let word = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    Ok((0..3)
+        .filter_map(|w| {
+            let b = w * 4;
+            let interval_us = word(b) * 1_000_000 + word(b + 1);
+            let value_us = word(b + 2) * 1_000_000 + word(b + 3);
+            (value_us != 0).then_some(proto::ITimer {
+                which: w as i32,
+                interval_us,
+                value_us,
+            })
+        })
+        .collect())
 }
 
 const PR_GET_TID_ADDRESS: u64 = 40;

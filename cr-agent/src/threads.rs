@@ -45,7 +45,7 @@ pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
     Ok(tracees)
 }
 
-/// Registers, XSAVE area, signal mask and rseq of a stopped thread.
+/// Registers, XSAVE area, signal mask, pending signals and rseq of a stopped thread.
 pub fn read(t: &Tracee) -> Result<proto::Thread, SysError> {
     let regs = t.get_regs()?;
     let rseq = t.get_rseq()?;
@@ -59,6 +59,7 @@ pub fn read(t: &Tracee) -> Result<proto::Thread, SysError> {
             len: rseq.len,
             signature: rseq.signature,
         }),
+        pending: t.pending_signals(false)?,
         // Filled in by injected syscalls.
         clear_child_tid: 0,
         sigaltstack: None,

@@ -37,6 +37,8 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
                 "umask": format!("{:04o}", p.umask),
                 "personality": p.personality,
                 "stopped": p.stopped,
+                "shared_pending": p.shared_pending.iter().map(|i| i.get(0..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect::<Vec<_>>(),
+                "itimers": p.itimers.iter().map(|t| json!({"which": t.which, "interval_us": t.interval_us, "value_us": t.value_us})).collect::<Vec<_>>(),
                 "cmdline": String::from_utf8_lossy(&p.cmdline).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>(),
                 "mm": p.mm.as_ref().map(|m| json!({
                     "start_code": m.start_code, "end_code": m.end_code,
@@ -67,6 +69,8 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
                         "fs_base": format!("{:#x}", r.fs_base),
                         "xstate_bytes": t.xstate.len(),
                         "sigmask": format!("{:#x}", t.sigmask),
+                        "pending": t.pending.iter().map(|i| i.get(0..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect::<Vec<_>>(),
+                        "clear_child_tid": format!("{:#x}", t.clear_child_tid),
                         "rseq": t.rseq.as_ref().map(|s| json!({"addr": format!("{:#x}", s.addr), "len": s.len, "signature": format!("{:#x}", s.signature)})),
                     })
                 }).collect::<Vec<_>>(),

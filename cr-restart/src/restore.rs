@@ -230,12 +230,68 @@ fn rebuild(
             set_registers(t, th)?;
         }
         thread_state(&mut stub.inj, pid, args, thread)?;
+        pending_signals(&mut stub, p)?;
+        itimers(&mut stub, p)?;
         stub.call("munmap", libc::SYS_munmap, [scratch, SCRATCH, 0, 0, 0, 0])?;
         stub.inj.finish_with_mask(thread.sigmask)?;
         others
     };
     set_registers(tracee, thread)?;
     Ok(others)
+}
+
+/// Queue again every signal that was pending, with its siginfo. Queued from
+/// the main thread, which the kernel lets send any si_code to its own process;
+/// they stay pending (blocked) until the release.
+fn pending_signals(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
+    let pid = p.pid as u64;
+    let signo = |info: &[u8]| {
+        info.get(0..4).map_or(0, |b| {
+            u32::from_le_bytes(b.try_into().expect("4 bytes")) as u64
+        })
+    };
+    for info in &p.shared_pending {
+        let sig = signo(info);
+        let addr = stub.put(info)?;
+        stub.call(
+            "rt_sigqueueinfo",
+            libc::SYS_rt_sigqueueinfo,
+            [pid, sig, addr, 0, 0, 0],
+        )
+        .step(|| format!("cannot queue pending signal {sig}"))?;
+    }
+    for th in &p.threads {
+        for info in &th.pending {
+            let sig = signo(info);
+            let addr = stub.put(info)?;
+            stub.call(
+                "rt_tgsigqueueinfo",
+                libc::SYS_rt_tgsigqueueinfo,
+                [pid, th.tid as u64, sig, addr, 0, 0],
+            )
+            .step(|| format!("cannot queue pending signal {sig} of thread {}", th.tid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Arm the interval timers again with what they had left.
+fn itimers(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
+    for t in &p.itimers {
+        let mut v = Vec::with_capacity(32);
+        for us in [t.interval_us, t.value_us] {
+            v.extend_from_slice(&(us / 1_000_000).to_le_bytes());
+            v.extend_from_slice(&(us % 1_000_000).to_le_bytes());
+        }
+        let addr = stub.put(&v)?;
+        stub.call(
+            "setitimer",
+            libc::SYS_setitimer,
+            [t.which as u64, addr, 0, 0, 0, 0],
+        )
+        .step(|| format!("cannot arm interval timer {}", t.which))?;
+    }
+    Ok(())
 }
 
 /// Registers (with the syscall-restart fix-ups) and XSAVE area of a thread.

@@ -9,6 +9,17 @@ use tracing::{debug, warn};
 const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
 const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
 const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+const PTRACE_PEEKSIGINFO: libc::c_uint = 0x4209;
+const PTRACE_PEEKSIGINFO_SHARED: u32 = 1;
+/// sizeof(siginfo_t).
+pub const SIGINFO_SIZE: usize = 128;
+
+#[repr(C)]
+struct PeekSiginfoArgs {
+    off: u64,
+    flags: u32,
+    nr: i32,
+}
 const NT_X86_XSTATE: libc::c_int = 0x202;
 /// Big enough for every XSAVE layout (AMX tiles included).
 const XSTATE_BUF: usize = 64 * 1024;
@@ -339,6 +350,39 @@ impl Tracee {
             len: conf.rseq_abi_size,
             signature: conf.signature,
         })
+    }
+
+    /// Pending signals without dequeuing them: the thread's own queue, or
+    /// the process-wide one (`shared`). Each entry is a raw siginfo_t.
+    pub fn pending_signals(&self, shared: bool) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; SIGINFO_SIZE * 32];
+        loop {
+            let args = PeekSiginfoArgs {
+                off: out.len() as u64,
+                flags: if shared { PTRACE_PEEKSIGINFO_SHARED } else { 0 },
+                nr: 32,
+            };
+            let n = ptrace_raw(
+                PTRACE_PEEKSIGINFO,
+                self.tid,
+                &args as *const _ as usize,
+                buf.as_mut_ptr() as usize,
+            )
+            .map_err(|source| SysError::Ptrace {
+                op: "peeksiginfo",
+                tid: self.tid,
+                source,
+            })? as usize;
+            out.extend(
+                buf[..n * SIGINFO_SIZE]
+                    .chunks_exact(SIGINFO_SIZE)
+                    .map(<[u8]>::to_vec),
+            );
+            if n < 32 {
+                return Ok(out);
+            }
+        }
     }
 
     /// Detach, delivering `sig` (0 for none). The thread runs on.
