@@ -1,10 +1,12 @@
-//! The checkpoint of one process, start to finish.
+//! The checkpoint of a process tree, start to finish.
 
+use crate::tree::{self, Frozen};
 use crate::{fault, fds, memory, target, threads, CheckpointError};
 use cr_image::{proto, ImageDir, PageWriter};
 use cr_sys::ptrace::Tracee;
 use cr_sys::remote::{find_syscall_insn, Injector};
 use cr_sys::{mem, proc, regs, PAGE_SIZE};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
@@ -36,6 +38,8 @@ pub struct Options {
 #[derive(Debug, Clone)]
 pub struct Summary {
     pub pid: i32,
+    pub processes: usize,
+    pub threads: usize,
     pub page_bytes: u64,
     pub vmas: usize,
     pub fds: usize,
@@ -47,12 +51,19 @@ pub struct Summary {
 
 const NSIG: u32 = 64;
 
-/// Checkpoint process `pid` into `opts.dir`.
+/// Checkpoint process `pid` and all its descendants into `opts.dir`.
 pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> {
     let t0 = Instant::now();
     target::validate(pid)?;
-    // Pre-flight: refuse unsupported fds before the process is touched.
-    fds::collect(pid)?;
+    // Pre-flight: refuse unsupported fds before anything is touched.
+    for p in tree::walk(pid)? {
+        match proc::read_stat(p) {
+            Ok(s) if s.state != 'Z' => {
+                fds::collect(p)?;
+            }
+            _ => {}
+        }
+    }
     let dir = ImageDir::create(&opts.dir)?;
     let result = checkpoint_frozen(pid, opts, &dir, t0);
     if result.is_err() {
@@ -61,49 +72,182 @@ pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> 
     result
 }
 
+/// Resources shared between processes (or fds of one process): the first
+/// one seen owns it, later ones refer to it.
+#[derive(Default)]
+struct Shared {
+    /// (dev, inode) of shared anonymous memory -> (owner pid, start, end).
+    shm: HashMap<(u64, u64), (u32, u64, u64)>,
+    /// fds seen so far: (pid, fd, path).
+    fds: Vec<(i32, i32, String)>,
+}
+
 fn checkpoint_frozen(
-    pid: i32,
+    root: i32,
     opts: &Options,
     dir: &ImageDir,
     t0: Instant,
 ) -> Result<Summary, CheckpointError> {
-    let sys = |e| CheckpointError::from_sys(pid, e);
-    let stopped = proc::read_stat(pid)
-        .map(|s| s.state == 'T')
-        .unwrap_or(false);
-    let mut tracees = threads::seize_all(pid)?;
+    let mut procs = tree::freeze(root)?;
     let frozen_at = Instant::now();
-    debug!(pid, threads = tracees.len(), "seized and stopped");
+    debug!(root, processes = procs.len(), "tree frozen");
     fault::check("after-seize")?;
-    // The process may have changed between the checks and the freeze.
-    target::check_shape(pid)?;
+    let mut shared = Shared::default();
+    let mut images = Vec::with_capacity(procs.len());
+    for f in procs.iter_mut() {
+        images.push(capture_process(f, dir, opts, &mut shared)?);
+    }
+    let cpu_xfeatures = images
+        .iter()
+        .flat_map(|p| p.threads.iter())
+        .map(|t| regs::xstate_xfeatures(&t.xstate).unwrap_or(0))
+        .fold(0, |a, b| a | b);
+    let page_bytes = images
+        .iter()
+        .filter_map(|p| p.pages.as_ref())
+        .map(|p| p.size)
+        .sum();
+    let ck = proto::Checkpoint {
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        created_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        hostname: proc::read_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        kernel_release: proc::read_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        root_pid: root as u32,
+        cpu_xfeatures,
+        processes: images,
+    };
+    fault::check("before-commit")?;
+    dir.commit(&ck, opts.fsync)?;
+    let summary = Summary {
+        pid: root,
+        processes: ck.processes.len(),
+        threads: ck.processes.iter().map(|p| p.threads.len()).sum(),
+        page_bytes,
+        vmas: ck.processes.iter().map(|p| p.vmas.len()).sum(),
+        fds: ck.processes.iter().map(|p| p.fds.len()).sum(),
+        frozen: frozen_at.elapsed(),
+        elapsed: t0.elapsed(),
+    };
+    // Children first, so a killed parent is never reaped before its child is gone.
+    for f in procs.into_iter().rev() {
+        let pid = f.pid;
+        let sys = |e| CheckpointError::from_sys(pid, e);
+        match opts.action {
+            Action::Continue => {
+                for t in f.tracees {
+                    t.detach(0).map_err(sys)?;
+                }
+            }
+            Action::Stop => {
+                for t in f.tracees {
+                    let sig = if t.tid() == pid { libc::SIGSTOP } else { 0 };
+                    t.detach(sig).map_err(sys)?;
+                }
+            }
+            // The main thread is reported last, after all the others are gone.
+            Action::Kill => {
+                for t in f.tracees.into_iter().rev() {
+                    t.kill_and_reap();
+                }
+            }
+        }
+    }
+    info!(
+        root,
+        processes = summary.processes,
+        bytes = summary.page_bytes,
+        frozen_ms = summary.frozen.as_millis() as u64,
+        "checkpoint committed"
+    );
+    Ok(summary)
+}
 
-    let mut thread_states = tracees
+/// Everything about one frozen process; its pages go to its page file.
+fn capture_process(
+    f: &mut Frozen,
+    dir: &ImageDir,
+    opts: &Options,
+    shared: &mut Shared,
+) -> Result<proto::Process, CheckpointError> {
+    let pid = f.pid;
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    let stat = proc::read_stat(pid).map_err(sys)?;
+    let ids = (
+        stat.ppid() as u32,
+        stat.field(5) as u32,
+        stat.field(6) as u32,
+    );
+    if let Some(status) = f.zombie {
+        return Ok(proto::Process {
+            pid: pid as u32,
+            ppid: ids.0,
+            pgid: ids.1,
+            sid: ids.2,
+            comm: stat.comm.clone(),
+            zombie: true,
+            exit_status: status,
+            ..Default::default()
+        });
+    }
+    let mut thread_states = f
+        .tracees
         .iter()
         .map(threads::read)
         .collect::<Result<Vec<_>, _>>()
         .map_err(sys)?;
     fault::check("after-registers")?;
-
-    let shared_pending = tracees[0].pending_signals(true).map_err(sys)?;
+    let shared_pending = f.tracees[0].pending_signals(true).map_err(sys)?;
     let Injected {
         brk,
         sigactions,
         itimers,
-    } = inject_queries(&mut tracees, &mut thread_states).map_err(sys)?;
+    } = inject_queries(&mut f.tracees, &mut thread_states).map_err(sys)?;
 
-    let stat = proc::read_stat(pid).map_err(sys)?;
     let status = proc::read_status(pid).map_err(sys)?;
     let personality = proc::read_string(&format!("/proc/{pid}/personality"))
         .ok()
         .and_then(|s| u32::from_str_radix(s.trim(), 16).ok())
         .unwrap_or(0);
-    let fds = fds::collect(pid)?;
+    let mut fds = fds::collect(pid)?;
+    for fd in fds.iter_mut() {
+        if let Some(&(opid, ofd, _)) = shared.fds.iter().find(|(opid, ofd, path)| {
+            *path == fd.path && cr_sys::mem::same_file(pid, fd.fd, *opid, *ofd).unwrap_or(false)
+        }) {
+            fd.shared_pid = opid as u32;
+            fd.shared_fd = ofd;
+        } else {
+            shared.fds.push((pid, fd.fd, fd.path.clone()));
+        }
+    }
     let maps = proc::read_smaps(pid).map_err(sys)?;
-    let vmas = maps
+    let mut vmas = maps
         .iter()
         .map(|m| memory::classify(pid, m))
         .collect::<Result<Vec<_>, _>>()?;
+    for v in vmas
+        .iter_mut()
+        .filter(|v| v.kind == proto::VmaKind::AnonShared as i32)
+    {
+        match shared.shm.get(&(v.dev, v.inode)) {
+            Some(&(opid, start, end)) => {
+                v.shm_owner_pid = opid;
+                v.shm_owner_start = start;
+                v.shm_owner_end = end;
+            }
+            None => {
+                shared
+                    .shm
+                    .insert((v.dev, v.inode), (pid as u32, v.start, v.end));
+            }
+        }
+    }
 
     let writer = PageWriter::create(dir, pid as u32)?;
     let total: u64 = vmas
@@ -121,11 +265,11 @@ fn checkpoint_frozen(
         b.finish_and_clear();
     }
     let pages = writer.finish(size, extents, opts.fsync)?;
-
-    let ck_xstate = thread_states[0].xstate.clone();
-    let process = proto::Process {
+    Ok(proto::Process {
         pid: pid as u32,
-        ppid: stat.ppid() as u32,
+        ppid: ids.0,
+        pgid: ids.1,
+        sid: ids.2,
         comm: stat.comm.clone(),
         exe: proc::read_link(&format!("/proc/{pid}/exe")).map_err(sys)?,
         cwd: proc::read_link(&format!("/proc/{pid}/cwd")).map_err(sys)?,
@@ -151,62 +295,12 @@ fn checkpoint_frozen(
         pages: Some(pages),
         sigactions,
         cmdline: proc::read_bytes(&format!("/proc/{pid}/cmdline")).unwrap_or_default(),
-        stopped,
+        stopped: f.stopped,
         shared_pending,
         itimers,
-    };
-    let ck = proto::Checkpoint {
-        tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        created_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        hostname: proc::read_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
-        kernel_release: proc::read_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
-        root_pid: pid as u32,
-        cpu_xfeatures: regs::xstate_xfeatures(&ck_xstate).unwrap_or(0),
-        processes: vec![process],
-    };
-    fault::check("before-commit")?;
-    dir.commit(&ck, opts.fsync)?;
-    let summary = Summary {
-        pid,
-        page_bytes: size,
-        vmas: ck.processes[0].vmas.len(),
-        fds: ck.processes[0].fds.len(),
-        frozen: frozen_at.elapsed(),
-        elapsed: t0.elapsed(),
-    };
-    match opts.action {
-        Action::Continue => {
-            for t in tracees {
-                t.detach(0).map_err(sys)?;
-            }
-        }
-        Action::Stop => {
-            for t in tracees {
-                let sig = if t.tid() == pid { libc::SIGSTOP } else { 0 };
-                t.detach(sig).map_err(sys)?;
-            }
-        }
-        // The main thread is reported last, after all the others are gone.
-        Action::Kill => {
-            for t in tracees.into_iter().rev() {
-                t.kill_and_reap();
-            }
-        }
-    }
-    info!(
-        pid,
-        bytes = size,
-        frozen_ms = summary.frozen.as_millis() as u64,
-        "checkpoint committed"
-    );
-    Ok(summary)
+        zombie: false,
+        exit_status: 0,
+    })
 }
 
 /// What the process told us through injected syscalls.

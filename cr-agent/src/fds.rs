@@ -98,6 +98,8 @@ pub fn collect(pid: i32) -> Result<Vec<proto::Fd>, CheckpointError> {
             pos: info.pos,
             size,
             rdev,
+            shared_pid: 0,
+            shared_fd: 0,
         });
     }
     Ok(out)

@@ -23,6 +23,7 @@ pub mod fds;
 pub mod memory;
 pub mod target;
 pub mod threads;
+pub mod tree;
 
 pub use capture::{checkpoint, Action, Options, Summary};
 pub use error::CheckpointError;

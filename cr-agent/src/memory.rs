@@ -3,7 +3,9 @@
 //! threads.
 //!
 //! Stored: pages a private mapping owns (present or swapped, and not the
-//! file's own page), and pages of shared anonymous memory. Not stored:
+//! file's own page), and the written pages of shared anonymous memory, read
+//! from the shared object itself (/proc/PID/map_files, SEEK_DATA) once per
+//! object: other processes mapping it refer to its first ("owner") mapping. Not stored:
 //! untouched pages, file pages of private file mappings (the file has
 //! them), shared file mappings (the file is the memory), and the kernel's
 //! special mappings ([vdso], [vvar], [vsyscall]), which restore takes from
@@ -16,6 +18,8 @@ use cr_sys::pagemap::{Pagemap, PM_FILE, PM_PRESENT, PM_SWAP};
 use cr_sys::proc::MapEntry;
 use cr_sys::PAGE_SIZE;
 use proto::VmaKind;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -92,6 +96,9 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<proto::Vma, CheckpointError> {
         inode: m.inode,
         vm_flags: m.vm_flags.clone(),
         anon_name,
+        shm_owner_pid: 0,
+        shm_owner_start: 0,
+        shm_owner_end: 0,
     })
 }
 
@@ -101,9 +108,20 @@ fn stored(kind: VmaKind, pm: u64) -> bool {
         VmaKind::AnonPrivate | VmaKind::Heap | VmaKind::Stack => pm & (PM_PRESENT | PM_SWAP) != 0,
         // A present page still marked as a file page is the file's own.
         VmaKind::FilePrivate => (pm & PM_PRESENT != 0 && pm & PM_FILE == 0) || pm & PM_SWAP != 0,
-        VmaKind::AnonShared => pm & (PM_PRESENT | PM_SWAP) != 0,
         _ => false,
     }
+}
+
+/// Where the bytes of a run are read from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Src {
+    /// process_vm_readv at the run's address.
+    Vm,
+    /// /proc/PID/mem (VMA not readable by the process itself).
+    Forced,
+    /// The shared memory object opened through /proc/PID/map_files (index
+    /// into the open files), at object offset `src_off`.
+    Shm(usize),
 }
 
 /// A run of pages to copy, with its place in the page file.
@@ -111,62 +129,94 @@ struct Run {
     vaddr: u64,
     pages: u64,
     offset: u64,
-    /// Read through /proc/PID/mem (VMA not readable by the process itself).
-    forced: bool,
+    src: Src,
+    src_off: u64,
 }
 
-/// Plan the runs of all stored pages; returns them and the page file size.
-fn plan(pid: i32, vmas: &[proto::Vma]) -> Result<(Vec<Run>, u64), CheckpointError> {
-    let pagemap = Pagemap::open(pid).map_err(|e| CheckpointError::from_sys(pid, e))?;
+/// Append page `vaddr` (read from `src` at `src_off`) to the runs.
+fn push_page(runs: &mut Vec<Run>, offset: &mut u64, vaddr: u64, src: Src, src_off: u64) {
+    match runs.last_mut() {
+        Some(r)
+            if r.vaddr + r.pages * PAGE_SIZE == vaddr
+                && r.src_off + r.pages * PAGE_SIZE == src_off
+                && r.pages < MAX_RUN_PAGES
+                && r.src == src =>
+        {
+            r.pages += 1
+        }
+        _ => runs.push(Run {
+            vaddr,
+            pages: 1,
+            offset: *offset,
+            src,
+            src_off,
+        }),
+    }
+    *offset += PAGE_SIZE;
+}
+
+/// Plan the runs of all stored pages; returns them, the page file size and
+/// the shared memory objects they read from.
+fn plan(pid: i32, vmas: &[proto::Vma]) -> Result<(Vec<Run>, u64, Vec<File>), CheckpointError> {
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    let pagemap = Pagemap::open(pid).map_err(sys)?;
     let mut runs: Vec<Run> = Vec::new();
+    let mut files: Vec<File> = Vec::new();
     let mut offset = 0u64;
     let mut buf = vec![0u64; PAGEMAP_CHUNK as usize];
     for v in vmas {
         let kind = VmaKind::try_from(v.kind).unwrap_or(VmaKind::Unspecified);
+        if kind == VmaKind::AnonShared {
+            if v.shm_owner_pid != 0 {
+                continue; // an earlier process holds these pages
+            }
+            // Read the object itself: it may hold pages this process never
+            // touched (written by another process sharing it).
+            let path = format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end);
+            let f =
+                File::open(&path).map_err(|source| sys(cr_sys::SysError::Io { path, source }))?;
+            let len = v.end - v.start;
+            for (a, b) in cr_sys::mem::data_ranges(&f, v.pgoff, v.pgoff + len).map_err(sys)? {
+                let a = a & !(PAGE_SIZE - 1);
+                for off in (a..b).step_by(PAGE_SIZE as usize) {
+                    push_page(
+                        &mut runs,
+                        &mut offset,
+                        v.start + off - v.pgoff,
+                        Src::Shm(files.len()),
+                        off,
+                    );
+                }
+            }
+            files.push(f);
+            continue;
+        }
         if !matches!(
             kind,
-            VmaKind::AnonPrivate
-                | VmaKind::Heap
-                | VmaKind::Stack
-                | VmaKind::FilePrivate
-                | VmaKind::AnonShared
+            VmaKind::AnonPrivate | VmaKind::Heap | VmaKind::Stack | VmaKind::FilePrivate
         ) {
             continue;
         }
-        let forced = v.prot & libc::PROT_READ as u32 == 0;
+        let src = if v.prot & libc::PROT_READ as u32 == 0 {
+            Src::Forced
+        } else {
+            Src::Vm
+        };
         let mut addr = v.start;
         while addr < v.end {
             let n = ((v.end - addr) / PAGE_SIZE).min(PAGEMAP_CHUNK);
             let entries = &mut buf[..n as usize];
-            pagemap
-                .read(addr, entries)
-                .map_err(|e| CheckpointError::from_sys(pid, e))?;
+            pagemap.read(addr, entries).map_err(sys)?;
             for (i, &pm) in entries.iter().enumerate() {
-                if !stored(kind, pm) {
-                    continue;
+                if stored(kind, pm) {
+                    let page = addr + i as u64 * PAGE_SIZE;
+                    push_page(&mut runs, &mut offset, page, src, page);
                 }
-                let page = addr + i as u64 * PAGE_SIZE;
-                match runs.last_mut() {
-                    Some(r)
-                        if r.vaddr + r.pages * PAGE_SIZE == page
-                            && r.pages < MAX_RUN_PAGES
-                            && r.forced == forced =>
-                    {
-                        r.pages += 1
-                    }
-                    _ => runs.push(Run {
-                        vaddr: page,
-                        pages: 1,
-                        offset,
-                        forced,
-                    }),
-                }
-                offset += PAGE_SIZE;
             }
             addr += n * PAGE_SIZE;
         }
     }
-    Ok((runs, offset))
+    Ok((runs, offset, files))
 }
 
 /// Progress callback: bytes copied so far.
@@ -181,13 +231,13 @@ pub fn dump(
     workers: usize,
     progress: Progress<'_>,
 ) -> Result<(u64, Vec<proto::PageExtent>), CheckpointError> {
-    let (runs, size) = plan(pid, vmas)?;
+    let (runs, size, files) = plan(pid, vmas)?;
     let hashes: Vec<AtomicU64> = runs.iter().map(|_| AtomicU64::new(0)).collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let copied = AtomicU64::new(0);
     let first_error: Mutex<Option<CheckpointError>> = Mutex::new(None);
-    let procmem = if runs.iter().any(|r| r.forced) {
+    let procmem = if runs.iter().any(|r| r.src == Src::Forced) {
         Some(ProcMem::open(pid, false).map_err(|e| CheckpointError::from_sys(pid, e))?)
     } else {
         None
@@ -209,8 +259,19 @@ pub fn dump(
                             fault::check("mid-memory")?;
                         }
                         let b = &mut buf[..(r.pages * PAGE_SIZE) as usize];
-                        match (&procmem, r.forced) {
-                            (Some(pm), true) => pm.read(r.vaddr, b),
+                        match (r.src, &procmem) {
+                            (Src::Forced, Some(pm)) => pm.read(r.vaddr, b),
+                            (Src::Shm(i), _) => {
+                                files[i].read_exact_at(b, r.src_off).map_err(|source| {
+                                    cr_sys::SysError::Io {
+                                        path: format!(
+                                            "shared memory at {:#x} of process {pid}",
+                                            r.vaddr
+                                        ),
+                                        source,
+                                    }
+                                })
+                            }
                             _ => read_vm(pid, r.vaddr, b),
                         }
                         .map_err(|e| CheckpointError::from_sys(pid, e))?;

@@ -27,17 +27,5 @@ pub fn validate(pid: i32) -> Result<(), CheckpointError> {
     if stat.state == 'Z' || stat.state == 'X' {
         return Err(CheckpointError::Zombie(pid));
     }
-    check_shape(pid)
-}
-
-/// Children are for a later stage of this project: refuse them clearly.
-pub fn check_shape(pid: i32) -> Result<(), CheckpointError> {
-    let kids = proc::children(pid).map_err(|_| CheckpointError::NoSuchProcess(pid))?;
-    if !kids.is_empty() {
-        return Err(CheckpointError::Unsupported {
-            pid,
-            what: format!("process with child processes ({kids:?})"),
-        });
-    }
     Ok(())
 }

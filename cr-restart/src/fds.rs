@@ -1,5 +1,7 @@
 //! File descriptors of a restored process: each file reopened inside the
-//! process at its number, with its flags and offset.
+//! process at its number, with its flags and offset; an open file
+//! description shared with an earlier fd (dup, or inherited across fork) is
+//! shared again.
 
 use crate::error::{RestoreError, StepContext};
 use crate::restore::Stub;
@@ -25,17 +27,17 @@ pub fn restore(stub: &mut Stub<'_>, fds: &[proto::Fd]) -> Result<(), RestoreErro
             }
         }
         let flags = (f.flags as i32) & !OPEN_ONLY;
+        let cloexec = (flags & libc::O_CLOEXEC) as u64;
+        if f.shared_pid != 0 {
+            share(stub, f, cloexec)?;
+            continue;
+        }
         let got = stub
             .open(&f.path, flags)
             .step(|| format!("cannot reopen {} as fd {}", f.path, f.fd))?;
         if got != f.fd as u64 {
-            let cloexec = flags & libc::O_CLOEXEC;
-            stub.call(
-                "dup3",
-                libc::SYS_dup3,
-                [got, f.fd as u64, cloexec as u64, 0, 0, 0],
-            )
-            .step(|| format!("cannot move {} to fd {}", f.path, f.fd))?;
+            stub.call("dup3", libc::SYS_dup3, [got, f.fd as u64, cloexec, 0, 0, 0])
+                .step(|| format!("cannot move {} to fd {}", f.path, f.fd))?;
             stub.call("close", libc::SYS_close, [got, 0, 0, 0, 0, 0])?;
         }
         if kind == proto::FdKind::Regular || (kind == proto::FdKind::Directory && f.pos != 0) {
@@ -46,6 +48,47 @@ pub fn restore(stub: &mut Stub<'_>, fds: &[proto::Fd]) -> Result<(), RestoreErro
             )
             .step(|| format!("cannot seek fd {} ({}) to {}", f.fd, f.path, f.pos))?;
         }
+    }
+    Ok(())
+}
+
+/// An fd sharing its open file description with an fd restored before it:
+/// dup'ed in the same process, or taken from the other process with
+/// pidfd_getfd (the same description, so the offset stays shared).
+fn share(stub: &mut Stub<'_>, f: &proto::Fd, cloexec: u64) -> Result<(), RestoreError> {
+    let what = || {
+        format!(
+            "cannot share fd {} of process {} as fd {}",
+            f.shared_fd, f.shared_pid, f.fd
+        )
+    };
+    if f.shared_pid as i32 == stub.pid() {
+        stub.call(
+            "dup3",
+            libc::SYS_dup3,
+            [f.shared_fd as u64, f.fd as u64, cloexec, 0, 0, 0],
+        )
+        .step(what)?;
+        return Ok(());
+    }
+    let pidfd = stub
+        .call(
+            "pidfd_open",
+            libc::SYS_pidfd_open,
+            [f.shared_pid as u64, 0, 0, 0, 0, 0],
+        )
+        .step(what)?;
+    let got = stub.call(
+        "pidfd_getfd",
+        libc::SYS_pidfd_getfd,
+        [pidfd, f.shared_fd as u64, 0, 0, 0, 0],
+    );
+    stub.call("close", libc::SYS_close, [pidfd, 0, 0, 0, 0, 0])?;
+    let got = got.step(what)?;
+    if got != f.fd as u64 {
+        stub.call("dup3", libc::SYS_dup3, [got, f.fd as u64, cloexec, 0, 0, 0])
+            .step(what)?;
+        stub.call("close", libc::SYS_close, [got, 0, 0, 0, 0, 0])?;
     }
     Ok(())
 }

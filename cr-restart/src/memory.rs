@@ -49,6 +49,7 @@ pub fn map_all(stub: &mut Stub<'_>, p: &proto::Process) -> Result<Vec<bool>, Res
         .unwrap_or(&[]);
     let fill = vmas_with_pages(&p.vmas, extents);
     let mut files: HashMap<(String, bool), u64> = HashMap::new();
+    let mut shm_fds = Vec::new();
     for (v, &fill) in p.vmas.iter().zip(&fill) {
         if !is_mapped_by_us(v) {
             continue;
@@ -88,6 +89,21 @@ pub fn map_all(stub: &mut Stub<'_>, p: &proto::Process) -> Result<Vec<bool>, Res
                 };
                 (fd, v.pgoff)
             }
+            // Shared memory of an earlier process: map that very object.
+            VmaKind::AnonShared if v.shm_owner_pid != 0 => {
+                let path = format!(
+                    "/proc/{}/map_files/{:x}-{:x}",
+                    v.shm_owner_pid, v.shm_owner_start, v.shm_owner_end
+                );
+                let fd = stub.open(&path, libc::O_RDWR | libc::O_CLOEXEC).step(|| {
+                    format!(
+                        "cannot open the shared memory of process {} ({path})",
+                        v.shm_owner_pid
+                    )
+                })?;
+                shm_fds.push(fd);
+                (fd, v.pgoff)
+            }
             _ => {
                 flags |= libc::MAP_ANONYMOUS as u64;
                 (u64::MAX, 0)
@@ -107,7 +123,7 @@ pub fn map_all(stub: &mut Stub<'_>, p: &proto::Process) -> Result<Vec<bool>, Res
             )));
         }
     }
-    for (_, fd) in files {
+    for fd in files.into_values().chain(shm_fds) {
         stub.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
     }
     Ok(fill)

@@ -10,7 +10,7 @@ use cr_sys::ptrace::{wait_raw, OnDrop, Tracee};
 use cr_sys::remote::{find_syscall_insn, Injector};
 use cr_sys::{mem, PAGE_SIZE};
 use std::path::Path;
-use tracing::{debug, info};
+use tracing::info;
 
 /// Scratch memory for syscall arguments inside the stub.
 const SCRATCH: u64 = 64 * 1024;
@@ -97,46 +97,218 @@ impl Drop for StubGuard {
     }
 }
 
-/// Restore the image in `dir`. The process runs again as a child of the
-/// caller when this returns its PID.
+/// Restore the image in `dir`: the whole process tree, every process with
+/// its PID and every thread with its TID. The root runs again as a child of
+/// the caller when this returns its PID.
 pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
     let img = ImageDir::open(dir)?;
     let ck = img.read_checkpoint()?;
-    let [p] = ck.processes.as_slice() else {
-        return Err(RestoreError::Unsupported(format!(
-            "{} processes in one image",
-            ck.processes.len()
-        )));
-    };
-    if p.threads.first().map(|t| t.tid) != Some(p.pid) {
-        return Err(RestoreError::Unsupported(
-            "the first thread is not the main thread".into(),
-        ));
+    let procs = &ck.processes;
+    let root = procs
+        .first()
+        .filter(|p| p.pid == ck.root_pid && !p.zombie)
+        .ok_or_else(|| RestoreError::Unsupported("the image has no live root process".into()))?;
+    for p in procs.iter().filter(|p| !p.zombie) {
+        if p.threads.first().map(|t| t.tid) != Some(p.pid) {
+            return Err(RestoreError::Unsupported(format!(
+                "process {}: the first thread is not the main thread",
+                p.pid
+            )));
+        }
+        let pf = p.pages.as_ref().ok_or_else(|| {
+            RestoreError::Unsupported(format!("process {} has no page file", p.pid))
+        })?;
+        // Damage found now costs nothing; the rest is checked run by run.
+        PageReader::open(&img, pf)?;
     }
-    let pf = p
-        .pages
-        .as_ref()
-        .ok_or_else(|| RestoreError::Unsupported("process without a page file".into()))?;
-    // Damage found now costs nothing; the rest is checked run by run.
-    PageReader::open(&img, pf)?;
-    let pid = p.pid as i32;
-    if pid_exists(pid) {
-        return Err(CloneError::PidInUse(pid).into());
+    for id in procs
+        .iter()
+        .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
+    {
+        if pid_exists(id as i32) {
+            return Err(CloneError::PidInUse(id as i32).into());
+        }
     }
-    let mut guard = StubGuard(spawn_stub(pid)?);
-    let options =
-        (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_EXITKILL | libc::PTRACE_O_TRACECLONE) as u64;
-    let mut tracee = Tracee::seize(pid, options, OnDrop::Kill)?;
+
+    // Stubs, parents before children: each child is forked by its parent's
+    // stub, so the parent links are real.
+    let mut guard = StubGuard(spawn_stub(root.pid as i32)?);
+    let mut stubs: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
+    stubs[0] = Some(Tracee::seize(root.pid as i32, STUB_OPTIONS, OnDrop::Kill)?);
     guard.0 = 0;
-    debug!(pid, "stub created and seized");
-    let threads = rebuild(&mut tracee, &img, &ck, p, pf, opts)?;
-    // Release: every thread is ready; nothing of the process has run yet.
-    for t in threads {
-        t.detach(0)?;
+    for i in 0..procs.len() {
+        let p = &procs[i];
+        let mut t = stubs[i].take().ok_or_else(|| {
+            RestoreError::Unsupported(format!("process {} has no parent in the image", p.pid))
+        })?;
+        // A session leader creates its session before forking: children inherit it.
+        if p.sid == p.pid && !p.zombie {
+            inject_once(&mut t, "setsid", libc::SYS_setsid, [0; 6])?;
+        }
+        for (j, c) in procs.iter().enumerate().skip(1) {
+            if c.ppid == p.pid {
+                stubs[j] = Some(fork_stub(&mut t, c.pid as i32)?);
+            }
+        }
+        stubs[i] = Some(t);
     }
-    tracee.detach(if p.stopped { libc::SIGSTOP } else { 0 })?;
-    info!(pid, stopped = p.stopped, "restored process released");
-    Ok(pid)
+    let mut stubs: Vec<Tracee> = stubs
+        .into_iter()
+        .map(|s| s.expect("every stub created"))
+        .collect();
+    set_process_groups(procs, &mut stubs)?;
+
+    let mut threads = Vec::with_capacity(procs.len());
+    for (p, t) in procs.iter().zip(stubs.iter_mut()) {
+        threads.push(if p.zombie {
+            Vec::new()
+        } else {
+            let pf = p.pages.as_ref().expect("checked above");
+            rebuild(t, &img, &ck, p, pf, opts)?
+        });
+    }
+    // Release: every thread of every process is ready and nothing of the
+    // tree has run yet. Zombies die now, then children go before parents.
+    let mut live = Vec::new();
+    for ((p, t), th) in procs.iter().zip(stubs).zip(threads) {
+        if p.zombie {
+            make_zombie(t, p.exit_status)?;
+        } else {
+            live.push((p, t, th));
+        }
+    }
+    for (p, t, th) in live.into_iter().rev() {
+        for t in th {
+            t.detach(0)?;
+        }
+        t.detach(if p.stopped { libc::SIGSTOP } else { 0 })?;
+    }
+    info!(
+        root = root.pid,
+        processes = procs.len(),
+        "restored tree released"
+    );
+    Ok(root.pid as i32)
+}
+
+const STUB_OPTIONS: u64 = (libc::PTRACE_O_TRACESYSGOOD
+    | libc::PTRACE_O_EXITKILL
+    | libc::PTRACE_O_TRACECLONE
+    | libc::PTRACE_O_TRACEFORK) as u64;
+
+/// Run one syscall in a stub that has no scratch memory yet.
+fn inject_once(
+    t: &mut Tracee,
+    name: &'static str,
+    nr: i64,
+    args: [u64; 6],
+) -> Result<u64, RestoreError> {
+    let ip = find_syscall_insn(t.tid())?;
+    let mut inj = Injector::new(t, ip)?;
+    let r = inj
+        .call(name, nr, args)
+        .step(|| format!("{name} in process {}", inj.pid()))?;
+    inj.finish()?;
+    Ok(r)
+}
+
+/// Fork a child stub with PID `pid` from stub `t` (clone3 with set_tid);
+/// it arrives stopped and traced (PTRACE_O_TRACEFORK).
+fn fork_stub(t: &mut Tracee, pid: i32) -> Result<Tracee, RestoreError> {
+    let parent = t.tid();
+    let ip = find_syscall_insn(parent)?;
+    let mut inj = Injector::new(t, ip)?;
+    let page = inj.call(
+        "mmap",
+        libc::SYS_mmap,
+        [
+            0,
+            PAGE_SIZE,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    let mut bytes = (pid as u32 as u64).to_le_bytes().to_vec();
+    // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
+    // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
+    let fields = [0, 0, 0, 0, libc::SIGCHLD as u64, 0, 0, 0, page, 1, 0];
+    bytes.extend(fields.iter().flat_map(|v| v.to_le_bytes()));
+    mem::write_vm(parent, page, &bytes)?;
+    let r = inj
+        .call(
+            "clone3",
+            libc::SYS_clone3,
+            [page + 8, (bytes.len() - 8) as u64, 0, 0, 0, 0],
+        )
+        .step(|| format!("cannot create process {pid} as a child of {parent}"));
+    inj.call("munmap", libc::SYS_munmap, [page, PAGE_SIZE, 0, 0, 0, 0])?;
+    inj.finish()?;
+    let got = r?;
+    Ok(Tracee::attach_new(got as i32, OnDrop::Kill)?)
+}
+
+/// Process groups: leaders first, then members (a group must exist before
+/// it is joined). Session leaders already lead their group.
+fn set_process_groups(procs: &[proto::Process], stubs: &mut [Tracee]) -> Result<(), RestoreError> {
+    let in_tree = |pgid: u32| procs.iter().any(|p| p.pid == pgid && !p.zombie);
+    for leaders in [true, false] {
+        for (p, t) in procs.iter().zip(stubs.iter_mut()) {
+            if p.zombie || p.sid == p.pid || (p.pgid == p.pid) != leaders || !in_tree(p.pgid) {
+                continue;
+            }
+            inject_once(
+                t,
+                "setpgid",
+                libc::SYS_setpgid,
+                [0, p.pgid as u64, 0, 0, 0, 0],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Turn a stub into a zombie with the saved wait status.
+fn make_zombie(mut t: Tracee, status: i32) -> Result<(), RestoreError> {
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        if sig != libc::SIGKILL {
+            // The stub inherited our dispositions; the signal must kill it.
+            let ip = find_syscall_insn(t.tid())?;
+            let mut inj = Injector::new(&mut t, ip)?;
+            let act = inj.call(
+                "mmap",
+                libc::SYS_mmap,
+                [
+                    0,
+                    PAGE_SIZE,
+                    (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                    u64::MAX,
+                    0,
+                ],
+            )?;
+            inj.call(
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                [sig as u64, act, 0, 8, 0, 0],
+            )?;
+            inj.finish_with_mask(0)?;
+        }
+        t.detach(sig)?;
+        return Ok(());
+    }
+    let ip = find_syscall_insn(t.tid())?;
+    let mut inj = Injector::new(&mut t, ip)?;
+    match inj.syscall_raw(
+        libc::SYS_exit_group,
+        [libc::WEXITSTATUS(status) as u64, 0, 0, 0, 0, 0],
+    ) {
+        Err(cr_sys::SysError::Exited { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+        Ok(_) => Err(RestoreError::Unsupported("exit_group returned".into())),
+    }
 }
 
 fn rebuild(

@@ -130,3 +130,68 @@ pub fn cstring_bytes(s: &str) -> Vec<u8> {
     v.push(0);
     v
 }
+
+/// The data ranges (byte offsets) of a file within `[start, end)`, found with
+/// SEEK_DATA/SEEK_HOLE; used on shared memory objects (tmpfs/shmem), where
+/// holes are pages nobody ever wrote.
+pub fn data_ranges(file: &File, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let seek = |off: u64, whence: i32| -> std::result::Result<u64, Errno> {
+        // SAFETY: lseek on an fd we own; no memory is touched.
+        let r = unsafe { libc::lseek(fd, off as i64, whence) };
+        if r < 0 {
+            Err(Errno::last())
+        } else {
+            Ok(r as u64)
+        }
+    };
+    let mut out = Vec::new();
+    let mut off = start;
+    while off < end {
+        let data = match seek(off, libc::SEEK_DATA) {
+            Ok(d) => d,
+            Err(e) if e.0 == libc::ENXIO => break,
+            Err(source) => {
+                return Err(SysError::Syscall {
+                    what: "lseek(SEEK_DATA)".into(),
+                    source,
+                })
+            }
+        };
+        if data >= end {
+            break;
+        }
+        let hole = seek(data, libc::SEEK_HOLE).map_err(|source| SysError::Syscall {
+            what: "lseek(SEEK_HOLE)".into(),
+            source,
+        })?;
+        out.push((data, hole.min(end)));
+        off = hole;
+    }
+    Ok(out)
+}
+
+/// Whether fd `fd1` of `pid1` and fd `fd2` of `pid2` are the same open file
+/// description (kcmp KCMP_FILE).
+pub fn same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<bool> {
+    const KCMP_FILE: i64 = 0;
+    // SAFETY: kcmp takes only integers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1,
+            pid2,
+            KCMP_FILE,
+            fd1 as i64,
+            fd2 as i64,
+        )
+    };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: format!("kcmp of fd {fd1} of {pid1} and fd {fd2} of {pid2}"),
+            source: Errno::last(),
+        });
+    }
+    Ok(r == 0)
+}

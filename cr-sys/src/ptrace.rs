@@ -26,6 +26,7 @@ const XSTATE_BUF: usize = 64 * 1024;
 
 pub const PTRACE_EVENT_STOP: i32 = 128;
 pub const PTRACE_EVENT_CLONE: i32 = 3;
+pub const PTRACE_EVENT_FORK: i32 = 1;
 
 /// What a ptrace-stop was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

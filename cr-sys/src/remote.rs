@@ -11,7 +11,7 @@
 //! when the injector is finished or dropped.
 
 use crate::error::{Errno, Result, SysError};
-use crate::ptrace::{Stop, Tracee, PTRACE_EVENT_CLONE, PTRACE_EVENT_STOP};
+use crate::ptrace::{Stop, Tracee, PTRACE_EVENT_CLONE, PTRACE_EVENT_FORK, PTRACE_EVENT_STOP};
 use crate::regs::UserRegs;
 use std::os::unix::fs::FileExt;
 
@@ -83,8 +83,10 @@ impl<'a> Injector<'a> {
             loop {
                 match self.t.wait_stop()? {
                     Stop::Syscall => break,
-                    // An injected clone3 reports the new thread first.
-                    Stop::Event { event, .. } if event == PTRACE_EVENT_CLONE => {
+                    // An injected clone3 reports the new thread or process first.
+                    Stop::Event { event, .. }
+                        if event == PTRACE_EVENT_CLONE || event == PTRACE_EVENT_FORK =>
+                    {
                         self.t.resume(libc::PTRACE_SYSCALL, 0)?;
                     }
                     // A process that was stopped (SIGSTOP) when seized reports

@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Checkpoint a running process. By default it keeps running.
+/// Checkpoint a running process and all its descendants. By default they keep running.
 #[derive(Parser)]
 #[command(name = "cr_checkpoint", version)]
 struct Cli {
@@ -64,8 +64,10 @@ fn main() -> ExitCode {
             if !cli.quiet {
                 let secs = s.elapsed.as_secs_f64();
                 println!(
-                    "checkpointed pid {} into {}: {:.1} MiB of pages, {} vmas, {} fds in {:.3} s ({:.2} GB/s), frozen {:.3} s",
+                    "checkpointed pid {} ({} processes, {} threads) into {}: {:.1} MiB of pages, {} vmas, {} fds in {:.3} s ({:.2} GB/s), frozen {:.3} s",
                     s.pid,
+                    s.processes,
+                    s.threads,
                     opts.dir.display(),
                     s.page_bytes as f64 / (1 << 20) as f64,
                     s.vmas,
