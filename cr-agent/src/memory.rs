@@ -133,11 +133,21 @@ struct Run {
     src_off: u64,
 }
 
-/// Append page `vaddr` (read from `src` at `src_off`) to the runs.
-fn push_page(runs: &mut Vec<Run>, offset: &mut u64, vaddr: u64, src: Src, src_off: u64) {
+/// Append page `vaddr` (read from `src` at `src_off`) to the runs. A run
+/// never crosses a VMA boundary (`vma_start`): restore makes each VMA
+/// writable only while it fills that VMA.
+fn push_page(
+    runs: &mut Vec<Run>,
+    offset: &mut u64,
+    vma_start: u64,
+    vaddr: u64,
+    src: Src,
+    src_off: u64,
+) {
     match runs.last_mut() {
         Some(r)
             if r.vaddr + r.pages * PAGE_SIZE == vaddr
+                && r.vaddr >= vma_start
                 && r.src_off + r.pages * PAGE_SIZE == src_off
                 && r.pages < MAX_RUN_PAGES
                 && r.src == src =>
@@ -179,10 +189,12 @@ fn plan(pid: i32, vmas: &[proto::Vma]) -> Result<(Vec<Run>, u64, Vec<File>), Che
             for (a, b) in cr_sys::mem::data_ranges(&f, v.pgoff, v.pgoff + len).map_err(sys)? {
                 let a = a & !(PAGE_SIZE - 1);
                 for off in (a..b).step_by(PAGE_SIZE as usize) {
+                    let vaddr = v.start + off - v.pgoff;
                     push_page(
                         &mut runs,
                         &mut offset,
-                        v.start + off - v.pgoff,
+                        v.start,
+                        vaddr,
                         Src::Shm(files.len()),
                         off,
                     );
@@ -210,7 +222,7 @@ fn plan(pid: i32, vmas: &[proto::Vma]) -> Result<(Vec<Run>, u64, Vec<File>), Che
             for (i, &pm) in entries.iter().enumerate() {
                 if stored(kind, pm) {
                     let page = addr + i as u64 * PAGE_SIZE;
-                    push_page(&mut runs, &mut offset, page, src, page);
+                    push_page(&mut runs, &mut offset, v.start, page, src, page);
                 }
             }
             addr += n * PAGE_SIZE;

@@ -26,15 +26,17 @@ pub fn is_mapped_by_us(v: &proto::Vma) -> bool {
     )
 }
 
-/// Indices of VMAs that have stored pages (they are mapped writable until filled).
+/// Which VMAs have stored pages (they are mapped writable until filled).
 fn vmas_with_pages(vmas: &[proto::Vma], extents: &[proto::PageExtent]) -> Vec<bool> {
     let mut has = vec![false; vmas.len()];
     for e in extents {
-        let i = vmas.partition_point(|v| v.end <= e.vaddr);
-        if let Some(v) = vmas.get(i) {
-            if v.start <= e.vaddr {
-                has[i] = true;
+        let end = e.vaddr + e.nr_pages as u64 * 4096;
+        let first = vmas.partition_point(|v| v.end <= e.vaddr);
+        for (i, v) in vmas.iter().enumerate().skip(first) {
+            if v.start >= end {
+                break;
             }
+            has[i] = true;
         }
     }
     has
