@@ -1,0 +1,297 @@
+//! Refusals and corrupted input: one error line on stderr, non-zero exit, and
+//! the target (if any) unharmed: still running, not traced, later verifies OK.
+
+use cr_tests::*;
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+const CK_ERR: &str = "cr_checkpoint: error: ";
+const RS_ERR: &str = "cr_restart: error: ";
+
+/// The target is fine after a failed checkpoint: running, not traced, makes
+/// progress, and verifies OK at go.
+fn assert_unharmed(wl: &mut Workload, ctx: &str) {
+    assert_running_untraced(wl.pid(), ctx);
+    let at = last_count(&wl.output());
+    let target = format!("count {}", at + 10);
+    wl.wait_line(&target, |l| l == target);
+    wl.go_and_expect_ok();
+    check_consecutive_counts(&wl.output()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+}
+
+#[test]
+fn checkpoint_nonexistent_pid() {
+    let h = Harness::new("nopid");
+    let pid_max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768);
+    let pid = (2..pid_max)
+        .rev()
+        .find(|p| proc_status(*p).is_none())
+        .expect("a free pid");
+    let img = h.image_dir("img");
+    let out = h.checkpoint(&img, &[], pid);
+    out.assert_error("nonexistent pid", CK_ERR, &["no such process"]);
+}
+
+#[test]
+fn checkpoint_kernel_thread() {
+    let h = Harness::new("kthread");
+    // kthreadd is pid 2 unless we are in a pid namespace; find a kernel thread.
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let is_kthread = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let after = s[s.rfind(')')? + 1..].to_string();
+                after.split_whitespace().nth(6)?.parse::<u64>().ok()
+            })
+            .is_some_and(|f| f & PF_KTHREAD != 0)
+    };
+    let pid = if is_kthread(2) {
+        2
+    } else {
+        match (3..4096).find(|&p| is_kthread(p)) {
+            Some(p) => p,
+            None => {
+                eprintln!("SKIP: no kernel thread visible in this pid namespace");
+                return;
+            }
+        }
+    };
+    let img = h.image_dir("img");
+    let out = h.checkpoint(&img, &[], pid);
+    out.assert_error("kernel thread", CK_ERR, &["kernel thread"]);
+    let st = proc_status(pid).expect("kernel thread still exists");
+    assert_eq!(st.tracer_pid, 0, "{}", describe(pid));
+}
+
+#[test]
+fn checkpoint_permission_denied_as_nobody() {
+    let h = Harness::new("nobody");
+    let mut wl = h.spawn_wl("wl_counter", &["5"]);
+    wl.wait_ready();
+    // nobody must be able to run the binary and write the image directory, so the
+    // only thing it lacks is the right to trace a root process.
+    let bin = h.dir.join("bin");
+    std::fs::create_dir(&bin).expect("mkdir bin");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let exe = bin.join("cr_checkpoint");
+    std::fs::copy(tool_path("cr_checkpoint"), &exe).expect("copy cr_checkpoint");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let open = h.dir.join("open");
+    std::fs::create_dir(&open).expect("mkdir open");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let img = open.join("img");
+    let run = RunOpts {
+        as_user: Some((65534, 65534)),
+        exe: Some(exe),
+        ..Default::default()
+    };
+    let out = h.checkpoint_with(&img, &[], wl.pid(), &run);
+    out.assert_error(
+        "checkpoint of a root process as nobody",
+        CK_ERR,
+        &["permission denied"],
+    );
+    assert_unharmed(&mut wl, "after a refused checkpoint as nobody");
+}
+
+#[test]
+fn restore_missing_image_dir() {
+    let h = Harness::new("missingdir");
+    let img = h.dir.join("does-not-exist");
+    let out = h.restore_sync(&img, 0x7fff_fff0);
+    let line = out.assert_error("restore of a missing dir", RS_ERR, &[]);
+    assert_mentions_any(
+        &line,
+        &["does-not-exist", "no such file", "not found", "missing"],
+        "missing dir",
+    );
+}
+
+/// Checkpoints a small counter with --kill into `img` and returns the workload
+/// (dead, reaped) so that its pid is free for a restore.
+fn killed_image(h: &Harness, img: &Path) -> Workload {
+    let mut wl = h.spawn_wl("wl_counter", &["5"]);
+    wl.wait_ready();
+    checkpoint_kill(h, &mut wl, img);
+    wl
+}
+
+/// cr_image verify and cr_restart must both reject the image; no process left.
+fn assert_rejected(h: &Harness, img: &Path, wl: &Workload, ctx: &str, any_of: &[&str]) {
+    let v = h.cr_image(&[OsStr::new("verify"), img.as_os_str()]);
+    assert!(
+        !v.status.success(),
+        "{ctx}: cr_image verify accepted it\n{}",
+        v.show()
+    );
+    let out = h.restore_sync(img, wl.pid());
+    let line = out.assert_error(ctx, RS_ERR, &[]);
+    assert_mentions_any(&line, any_of, ctx);
+    assert_no_restored(wl.pid(), &wl.exe, ctx);
+    assert!(
+        !wl.output()
+            .lines()
+            .any(|l| l == "OK" || l.starts_with("FAIL")),
+        "{ctx}: something ran the workload to the end\n{}",
+        wl.diag()
+    );
+}
+
+fn pages_file(img: &Path, pid: i32) -> std::path::PathBuf {
+    let p = img.join(format!("pages-{pid}.img"));
+    assert!(p.is_file(), "no {}", p.display());
+    p
+}
+
+#[test]
+fn restore_truncated_pages_file() {
+    let h = Harness::new("truncated");
+    let img = h.image_dir("img");
+    let wl = killed_image(&h, &img);
+    let pages = pages_file(&img, wl.pid());
+    let len = std::fs::metadata(&pages).expect("stat").len();
+    assert!(len > 8192, "pages file is only {len} bytes");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pages)
+        .expect("open");
+    f.set_len(len / 2).expect("truncate");
+    drop(f);
+    wl.go();
+    assert_rejected(
+        &h,
+        &img,
+        &wl,
+        "truncated pages file",
+        &[
+            "truncat",
+            "short",
+            "size",
+            "checksum",
+            "eof",
+            "end of file",
+            "corrupt",
+        ],
+    );
+}
+
+#[test]
+fn restore_flipped_byte_in_pages_file() {
+    let h = Harness::new("flippages");
+    let img = h.image_dir("img");
+    let wl = killed_image(&h, &img);
+    let pages = pages_file(&img, wl.pid());
+    let len = std::fs::metadata(&pages).expect("stat").len();
+    flip_byte(&pages, len / 2 + 123);
+    wl.go();
+    assert_rejected(
+        &h,
+        &img,
+        &wl,
+        "one flipped byte in the pages file",
+        &["checksum"],
+    );
+}
+
+#[test]
+fn restore_flipped_byte_in_checkpoint_img() {
+    let h = Harness::new("flipmeta");
+    let img = h.image_dir("img");
+    let wl = killed_image(&h, &img);
+    let meta = img.join("checkpoint.img");
+    let len = std::fs::metadata(&meta).expect("stat checkpoint.img").len();
+    assert!(len > 64, "checkpoint.img is only {len} bytes");
+    flip_byte(&meta, len / 2);
+    wl.go();
+    assert_rejected(
+        &h,
+        &img,
+        &wl,
+        "one flipped byte in checkpoint.img",
+        &["checksum", "corrupt"],
+    );
+}
+
+#[test]
+fn restore_while_pid_in_use() {
+    let h = Harness::new("pidinuse");
+    let mut wl = h.spawn_wl("wl_counter", &["5"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &[], pid)
+        .assert_success("cr_checkpoint (continue)");
+    assert_running_untraced(pid, "after checkpoint");
+    let out = h.restore_sync(&img, pid);
+    let line = out.assert_error("restore while the pid is in use", RS_ERR, &["in use"]);
+    assert!(
+        line.contains(&pid.to_string()),
+        "error should name pid {pid}: {line:?}"
+    );
+    assert_unharmed(&mut wl, "original after a refused restore");
+}
+
+/// `kind`: a word the error line must contain (None: only `fd N` is required).
+fn unsupported_fd(mode: &str, kind: Option<&str>) {
+    let h = Harness::new(&format!("unsupported-{mode}"));
+    let mut wl = h.spawn_wl("wl_pipe", &[mode]);
+    let ready = wl.wait_line("READY fds", |l| l.starts_with("READY fds "));
+    let fds: Vec<i32> = ready
+        .trim_start_matches("READY fds ")
+        .split_whitespace()
+        .map(|v| v.parse().expect("fd number"))
+        .collect();
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    let out = h.checkpoint(&img, &["--kill"], pid);
+    let line = out.assert_error(
+        &format!("checkpoint of a process holding a {mode}"),
+        CK_ERR,
+        kind.as_slice(),
+    );
+    let names_fd = fds.iter().any(|fd| {
+        let pat = format!("fd {fd}");
+        line.match_indices(&pat).any(|(i, _)| {
+            !line[i + pat.len()..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit())
+        })
+    });
+    assert!(
+        names_fd,
+        "error should name one of fds {fds:?} as `fd N`: {line:?}"
+    );
+    assert_running_untraced(pid, "after a refused checkpoint");
+    wl.go_and_expect_ok();
+    // Nothing restorable was left behind.
+    let r = h.restore_sync(&img, pid);
+    assert!(
+        !r.status.success(),
+        "an image was left behind\n{}",
+        r.show()
+    );
+    assert_no_restored(pid, &wl.exe, "after restoring a refused image");
+}
+
+#[test]
+fn checkpoint_refuses_pipe_fd() {
+    unsupported_fd("pipe", Some("pipe"));
+}
+
+#[test]
+fn checkpoint_refuses_socket_fd() {
+    unsupported_fd("socket", Some("socket"));
+}
+
+#[test]
+fn checkpoint_refuses_eventfd() {
+    unsupported_fd("eventfd", None);
+}

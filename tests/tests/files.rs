@@ -1,0 +1,123 @@
+//! Regular-file fds (O_APPEND and plain writers, offsets), a directory fd and
+//! device fds survive checkpoint --kill and restore.
+
+use cr_tests::*;
+use std::path::Path;
+
+const REC: u64 = 64;
+
+fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Checks that a record file holds records 0..n exactly once, in order.
+fn check_records(p: &Path) -> Result<u64, String> {
+    let data = read_bytes(p);
+    if !(data.len() as u64).is_multiple_of(REC) {
+        return Err(format!(
+            "{}: size {} is not a multiple of {REC}",
+            p.display(),
+            data.len()
+        ));
+    }
+    for (i, rec) in data.chunks(REC as usize).enumerate() {
+        let want = format!("rec {i:010} ");
+        if !rec.starts_with(want.as_bytes()) || rec[REC as usize - 1] != b'\n' {
+            return Err(format!(
+                "{}: record #{i} is {:?}",
+                p.display(),
+                String::from_utf8_lossy(rec)
+            ));
+        }
+    }
+    Ok(data.len() as u64 / REC)
+}
+
+#[test]
+fn append_and_plain_writers_kill_restore() {
+    let h = Harness::new("append");
+    let mut wl = h.spawn_wl("wl_append", &["5"]);
+    wl.wait_ready();
+    let app = wl.workdir.join("files/append.dat");
+    let plain = wl.workdir.join("files/plain.dat");
+    wait_until(
+        "50 records",
+        LINE_TIMEOUT,
+        || file_len(&app) >= 50 * REC,
+        || wl.diag(),
+    );
+    let pid = wl.pid();
+    let fds_before = fd_list(pid);
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+
+    let n0 = check_records(&app).unwrap_or_else(|e| panic!("after checkpoint: {e}"));
+    assert_eq!(check_records(&plain), Ok(n0), "plain.dat at checkpoint");
+
+    let mut r = h.restore_bg(&img, pid);
+    wait_until(
+        "30 more records after restore",
+        LINE_TIMEOUT,
+        || file_len(&app) >= (n0 + 30) * REC,
+        || format!("{}\n{}", r.cmdline, wl.diag()),
+    );
+    assert!(r.running(), "cr_restart exited early\n{}", r.diag());
+    assert_eq!(
+        fd_list(pid),
+        fds_before,
+        "restored fds differ from the original's"
+    );
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "append restore");
+
+    let n = check_records(&app).unwrap_or_else(|e| panic!("{e}\n{}", wl.diag()));
+    assert_eq!(check_records(&plain), Ok(n), "plain.dat after the run");
+    assert!(
+        n >= n0 + 30,
+        "only {n} records after restore (had {n0} at checkpoint)"
+    );
+    assert_eq!(
+        read_bytes(&app),
+        read_bytes(&plain),
+        "append.dat and plain.dat differ"
+    );
+    assert!(
+        wl.lines().iter().any(|l| *l == format!("records {n}")),
+        "workload's own count differs from the files' {n} records\n{}",
+        wl.diag()
+    );
+}
+
+/// Work files (stdout, mapped files, record files) in a directory whose name
+/// has spaces and non-ASCII characters.
+#[test]
+fn paths_with_spaces_and_unicode() {
+    let h = Harness::new("paths");
+    let mut wl = h.spawn_wl_in("work dir ü ✓ (1)", "wl_memory", &["8", "fileoff"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_blocked_in(&wl, POLL_SLEEP_SYSCALLS, std::time::Duration::from_secs(60));
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "paths with spaces and unicode");
+}
+
+/// A newline in the directory name (shown escaped in /proc/PID/maps).
+#[test]
+fn paths_with_newline() {
+    let h = Harness::new("newline");
+    let mut wl = h.spawn_wl_in("work\ndir", "wl_memory", &["8"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_blocked_in(&wl, POLL_SLEEP_SYSCALLS, std::time::Duration::from_secs(60));
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "paths with a newline");
+}

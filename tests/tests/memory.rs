@@ -1,0 +1,103 @@
+//! Memory of every kind survives checkpoint --kill and restore.
+
+use cr_tests::*;
+use std::time::Duration;
+
+/// Checkpoints a workload of `size_mib` MiB with --kill, restores it with
+/// `cr_restart DIR` in the background, triggers the check.
+fn memory_kill_restore(name: &str, size_mib: u32, extra: &[&str]) {
+    let h = Harness::new(name);
+    let size = size_mib.to_string();
+    let mut args = vec![size.as_str()];
+    args.extend_from_slice(extra);
+    let mut wl = h.spawn_wl("wl_memory", &args);
+    wl.wait_ready();
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+    let pid = wl.pid();
+    let fds_before = fd_list(pid);
+    let img = h.image_dir("img");
+
+    let ck = checkpoint_kill(&h, &mut wl, &img);
+    eprintln!("checkpoint of {size_mib} MiB took {:?}", ck.elapsed);
+    assert!(
+        img.join("checkpoint.img").is_file(),
+        "no checkpoint.img in {}",
+        img.display()
+    );
+    assert!(
+        img.join(format!("pages-{pid}.img")).is_file(),
+        "no pages-{pid}.img in {}",
+        img.display()
+    );
+
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_blocked_in(&wl, POLL_SLEEP_SYSCALLS, Duration::from_secs(120));
+    assert_eq!(
+        fd_list(pid),
+        fds_before,
+        "restored fds differ from the original's"
+    );
+    assert_eq!(
+        wl.output(),
+        "READY\n",
+        "restored process printed something before go"
+    );
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "memory restore");
+    assert_eq!(wl.lines(), ["READY", "OK"], "whole stdout of the workload");
+}
+
+#[test]
+fn memory_300mib_kill_restore() {
+    memory_kill_restore("memory300", 300, &[]);
+}
+
+#[test]
+fn memory_small_kill_restore() {
+    memory_kill_restore("memory8", 8, &[]);
+}
+
+/// VMA attributes: a PR_SET_VMA_ANON_NAME name (if the kernel has them),
+/// MADV_DONTFORK/MADV_DONTDUMP.
+#[test]
+fn memory_vma_name_and_madvise_flags() {
+    memory_kill_restore("memory-attrs", 8, &["named,advised"]);
+}
+
+/// A 1 TiB PROT_NONE reservation with a few read-write chunks inside.
+#[test]
+fn memory_huge_prot_none_reservation() {
+    memory_kill_restore("memory-reserve", 8, &["reserve"]);
+}
+
+/// Four adjacent anonymous VMAs with alternating protections (rw-p, r--p,
+/// rw-p, r--p): the smallest case of the one below.
+#[test]
+fn memory_adjacent_vmas_alternating_protection() {
+    memory_kill_restore("memory-split4", 8, &["split4"]);
+}
+
+/// 10000 VMAs (one region, alternating rw-/r-- page by page).
+#[test]
+fn memory_10000_vmas() {
+    memory_kill_restore("memory-split", 8, &["split"]);
+}
+
+/// A region grown and moved with mremap.
+#[test]
+fn memory_mremap_grown_region() {
+    memory_kill_restore("memory-mremap", 8, &["mremap"]);
+}
+
+/// A MADV_HUGEPAGE region (transparent huge pages where the kernel gives them).
+#[test]
+fn memory_transparent_huge_pages() {
+    memory_kill_restore("memory-thp", 8, &["thp"]);
+}
+
+/// A private file mapping that starts at a non-zero file offset.
+#[test]
+fn memory_file_mapping_at_offset() {
+    memory_kill_restore("memory-fileoff", 8, &["fileoff"]);
+}

@@ -1,0 +1,224 @@
+//! Threads, signals and process trees: multi-threaded programs (Rust and
+//! python3), pending signals with payloads and interval timers, a fork tree
+//! with shared memory, sessions, groups and a zombie, and a bash loop with
+//! its child process — each checkpointed, killed and restored, and checked
+//! by the program itself.
+
+use cr_tests::*;
+use std::time::{Duration, Instant};
+
+/// `pid` and all its descendants, parents first.
+fn tree_pids(pid: i32) -> Vec<i32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let path = t.path().join("children");
+                for c in std::fs::read_to_string(path)
+                    .unwrap_or_default()
+                    .split_whitespace()
+                {
+                    if let Ok(c) = c.parse::<i32>() {
+                        if !out.contains(&c) {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// After `cr_checkpoint --kill` of a tree: the descendants were reparented
+/// to us (the tests run as a child subreaper); reap them so every PID is
+/// free again before the restore.
+fn reap_descendants(pids: &[i32]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for &p in pids {
+        loop {
+            let mut st = 0;
+            // SAFETY: waitpid with a valid out pointer; WNOHANG never blocks.
+            let r = unsafe { libc::waitpid(p, &mut st, libc::WNOHANG | libc::__WALL) };
+            if r == p || !std::path::Path::new(&format!("/proc/{p}")).exists() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process {p} did not go away after the kill"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn last_total(out: &str) -> u64 {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("total "))
+        .filter_map(|v| v.parse().ok())
+        .next_back()
+        .unwrap_or(0)
+}
+
+/// Checkpoint --kill a workload tree, restore it, wait until it prints a
+/// larger `total` (it runs again), let it finish, and expect OK.
+fn kill_restore_with_progress(h: &Harness, wl: &mut Workload, ctx: &str) {
+    wl.wait_line("a total line", |l| l.starts_with("total "));
+    let pid = wl.pid();
+    let pids = tree_pids(pid);
+    let img = h.image_dir("img");
+    checkpoint_kill(h, wl, &img);
+    reap_descendants(&pids[1..]);
+    let at = last_total(&wl.output());
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_line(wl, "progress after restore", |l| {
+        l.strip_prefix("total ")
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|v| v > at)
+    });
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, wl);
+    assert_restored_ok(&out, wl, ctx);
+}
+
+#[test]
+fn sixteen_threads_with_shared_state_under_a_mutex() {
+    let h = Harness::new("threads16");
+    let mut wl = h.spawn_wl("wl_threads", &["16"]);
+    wl.wait_ready();
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", wl.pid()))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(tasks, 18, "16 workers + a waiter + main\n{}", wl.diag());
+    kill_restore_with_progress(&h, &mut wl, "16-thread restore");
+}
+
+#[test]
+fn threads_survive_checkpoint_with_continue() {
+    let h = Harness::new("threads-cont");
+    let mut wl = h.spawn_wl("wl_threads", &["8"]);
+    wl.wait_ready();
+    wl.wait_line("a total line", |l| l.starts_with("total "));
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &[], wl.pid())
+        .assert_success("cr_checkpoint (continue)");
+    assert_running_untraced(wl.pid(), "threads after checkpoint");
+    for t in std::fs::read_dir(format!("/proc/{}/task", wl.pid()))
+        .expect("task dir")
+        .flatten()
+    {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        assert!(
+            status.contains("TracerPid:\t0"),
+            "thread {:?} still traced",
+            t.file_name()
+        );
+    }
+    wl.go_and_expect_ok();
+}
+
+#[test]
+fn python3_with_threads() {
+    let h = Harness::new("py-threads");
+    let mut wl = h.spawn_python("py_threads.py", &[]);
+    wl.wait_ready();
+    kill_restore_with_progress(&h, &mut wl, "python3 threads restore");
+}
+
+#[test]
+fn pending_signals_altstack_and_itimer() {
+    let h = Harness::new("signals");
+    // ITIMER_REAL armed for 3 s; the image waits longer than that before the
+    // restore, so a timer that kept running (or fired) would be caught.
+    let mut wl = h.spawn_wl("wl_signals", &["3000"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    let shown = h.cr_image(&["show".as_ref(), "--json".as_ref(), img.as_os_str()]);
+    shown.assert_success("cr_image show --json");
+    assert!(shown.stdout.contains("\"itimers\""), "{}", shown.show());
+    let t0 = Instant::now();
+    wait_until(
+        "the image to age past the timer",
+        Duration::from_secs(5),
+        || t0.elapsed() > Duration::from_millis(3500),
+        String::new,
+    );
+    let mut r = h.restore_bg(&img, pid);
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "signals restore");
+}
+
+#[test]
+fn fork_tree_with_shared_memory_sessions_groups_and_a_zombie() {
+    let h = Harness::new("tree");
+    let mut wl = h.spawn_wl("wl_tree", &[]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let pids = tree_pids(pid);
+    assert_eq!(
+        pids.len(),
+        4,
+        "root, zombie, child, grandchild: {pids:?}\n{}",
+        wl.diag()
+    );
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    reap_descendants(&pids[1..]);
+    let mut r = h.restore_bg(&img, pid);
+    wait_until(
+        "the restored tree",
+        Duration::from_secs(30),
+        || tree_pids(pid).len() == 4,
+        || wl.diag(),
+    );
+    assert_eq!(tree_pids(pid), pids, "restored tree has other PIDs");
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "tree restore");
+}
+
+#[test]
+fn bash_loop_with_a_child_keeps_complete_ordered_output() {
+    let h = Harness::new("bash-loop");
+    let script = "for i in $(seq 1 80); do echo line $i; sleep 0.05; done; echo DONE";
+    let bash = std::path::Path::new("/bin/bash");
+    let mut wl = h.spawn_program("bash", bash, &["-c".as_ref(), script.as_ref()], &[]);
+    wl.wait_line("line 20", |l| l == "line 20");
+    let pid = wl.pid();
+    // Catch it while it waits for its `sleep` child.
+    wait_until(
+        "bash with a child",
+        Duration::from_secs(10),
+        || tree_pids(pid).len() > 1,
+        || wl.diag(),
+    );
+    let pids = tree_pids(pid);
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    reap_descendants(&pids[1..]);
+    let out = h.restore_sync(&img, pid);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", out.show(), wl.diag());
+    let lines = wl.lines();
+    let numbers: Vec<u32> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("line ")?.parse().ok())
+        .collect();
+    assert_eq!(
+        numbers,
+        (1..=80).collect::<Vec<_>>(),
+        "output lost, doubled or reordered\n{}",
+        wl.diag()
+    );
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("DONE"),
+        "{}",
+        wl.diag()
+    );
+}
