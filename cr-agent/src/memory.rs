@@ -15,7 +15,7 @@ use crate::{fault, CheckpointError};
 use cr_image::{proto, PageWriter};
 use cr_sys::mem::{read_vm, ProcMem};
 use cr_sys::pagemap::{Pagemap, PM_FILE, PM_PRESENT, PM_SWAP};
-use cr_sys::proc::MapEntry;
+use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
 use proto::VmaKind;
 use std::fs::File;
@@ -32,7 +32,15 @@ const PAGEMAP_CHUNK: u64 = 32 * 1024;
 pub fn classify(pid: i32, m: &MapEntry) -> Result<proto::Vma, CheckpointError> {
     let unsupported = |what: String| CheckpointError::Unsupported { pid, what };
     let mut anon_name = String::new();
-    let kind = match m.path.as_str() {
+    // /proc/PID/maps escapes a newline in a path as "\012"; the map_files
+    // link gives the exact path.
+    let path = if m.path.starts_with('/') {
+        proc::read_link(&format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            .unwrap_or_else(|_| m.path.replace("\\012", "\n"))
+    } else {
+        m.path.clone()
+    };
+    let kind = match path.as_str() {
         "[vdso]" => VmaKind::Vdso,
         "[vvar]" => VmaKind::Vvar,
         "[vvar_vclock]" => VmaKind::VvarVclock,
@@ -88,7 +96,7 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<proto::Vma, CheckpointError> {
         kind: kind as i32,
         pgoff: m.offset,
         path: if matches!(kind, VmaKind::FilePrivate | VmaKind::FileShared) {
-            m.path.clone()
+            path
         } else {
             String::new()
         },

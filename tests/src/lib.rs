@@ -284,6 +284,9 @@ pub struct Proc {
 impl Proc {
     fn from_child(child: Child, label: &str) -> Proc {
         let pid = child.id() as i32;
+        if let Ok(mut v) = STD_CHILDREN.lock() {
+            v.push(pid);
+        }
         Proc {
             pid,
             label: label.to_string(),
@@ -570,6 +573,52 @@ pub struct RunOpts {
 // ---------------------------------------------------------------------------
 
 static HARNESS_SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Pids owned by a std::process::Child (reaped through it, never by `reap_orphans`).
+static STD_CHILDREN: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// True if a child of ours that no Child handle owns is still alive (not a zombie).
+fn orphans_alive() -> bool {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let owned = STD_CHILDREN.lock().map(|v| v.clone()).unwrap_or_default();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    rd.flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .parse::<i32>()
+            .is_ok_and(|pid| {
+                !owned.contains(&pid)
+                    && matches!(proc_status(pid), Some(s) if s.ppid == me && s.state != 'Z')
+            })
+    })
+}
+
+/// Reaps zombies that were reparented to us (we are a subreaper), e.g. the child
+/// of a workload killed by `cr_checkpoint --kill`, so they do not hold their pid.
+pub fn reap_orphans() {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let owned = STD_CHILDREN.lock().map(|v| v.clone()).unwrap_or_default();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if owned.contains(&pid) {
+            continue;
+        }
+        if matches!(proc_status(pid), Some(s) if s.ppid == me && s.state == 'Z') {
+            let mut st = 0;
+            // SAFETY: reaping a zombie child of ours that no Child handle owns.
+            unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+        }
+    }
+}
 
 /// One test's world: a fresh temp directory (kept if the test panics, removed
 /// otherwise) and helpers to start workloads and tools inside it.
@@ -1023,6 +1072,14 @@ impl Workload {
             status_str(Some(st)),
             self.diag_static()
         );
+        // Children of the workload (if the engine took a tree) were reparented
+        // to us: reap them once they die, so that their pids are free.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while orphans_alive() && Instant::now() < deadline {
+            reap_orphans();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        reap_orphans();
     }
 
     fn diag_static(&self) -> String {

@@ -35,8 +35,18 @@ fn check_records(p: &Path) -> Result<u64, String> {
 
 #[test]
 fn append_and_plain_writers_kill_restore() {
+    append_kill_restore("5");
+}
+
+/// The same with a writer that never pauses (frozen mid-stream).
+#[test]
+fn busy_append_writer_kill_restore() {
+    append_kill_restore("0");
+}
+
+fn append_kill_restore(sleep_ms: &str) {
     let h = Harness::new("append");
-    let mut wl = h.spawn_wl("wl_append", &["5"]);
+    let mut wl = h.spawn_wl("wl_append", &[sleep_ms]);
     wl.wait_ready();
     let app = wl.workdir.join("files/append.dat");
     let plain = wl.workdir.join("files/plain.dat");

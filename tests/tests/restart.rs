@@ -401,3 +401,69 @@ fn restart_reports_signal_as_128_plus_signo() {
         out.show()
     );
 }
+
+/// One image restored twice in a row (the pid is free again in between): both
+/// copies start from the checkpoint and reach OK.
+#[test]
+fn image_restored_twice() {
+    let h = Harness::new("twice");
+    let mut wl = h.spawn_wl("wl_memory", &["8"]);
+    wl.wait_ready();
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    let saved = wl.stdout_len();
+    for round in 1..=2 {
+        let mut r = h.restore_bg(&img, pid);
+        r.wait_blocked_in(&wl, POLL_SLEEP_SYSCALLS, Duration::from_secs(60));
+        let before = if round == 1 { "READY\n" } else { "READY\n__\n" };
+        assert_eq!(wl.output(), before, "round {round}: printed before go");
+        wl.go();
+        let out = r.wait(EXIT_TIMEOUT, &wl);
+        assert_restored_ok(&out, &wl, &format!("restore number {round}"));
+        assert_eq!(wl.output(), "READY\nOK\n", "round {round}");
+        wl.remove_go();
+        wl.scribble_stdout(saved, b"__\n");
+    }
+}
+
+/// A counter that never pauses, checkpointed with --kill while printing.
+#[test]
+fn busy_counter_kill_restore_is_consecutive() {
+    let h = Harness::new("busycounter");
+    let mut wl = h.spawn_wl("wl_counter", &["0"]);
+    wl.wait_ready();
+    wl.wait_line("count 2000", |l| l == "count 2000");
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    let at = check_consecutive_counts(&wl.output()).unwrap_or_else(|e| panic!("{e}"));
+    let mut r = h.restore_bg(&img, pid);
+    let target = format!("count {}", at + 2000);
+    r.wait_line(&wl, &target, |l| l == target);
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "busy counter restore");
+    check_consecutive_counts(&wl.output()).unwrap_or_else(|e| panic!("{e}\n{}", wl.diag()));
+}
+
+/// Ten checkpoints (continue) of a busy counter in a row: it must not notice.
+#[test]
+fn ten_checkpoints_in_place_of_a_busy_process() {
+    let h = Harness::new("tenckpt");
+    let mut wl = h.spawn_wl("wl_counter", &["0"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    for i in 0..10 {
+        let img = h.image_dir(&format!("img{i}"));
+        h.checkpoint(&img, &[], pid)
+            .assert_success(&format!("checkpoint {i}"));
+        assert_running_untraced(pid, &format!("after checkpoint {i}"));
+    }
+    let at = last_count(&wl.output());
+    let target = format!("count {}", at + 1000);
+    wl.wait_line(&target, |l| l == target);
+    wl.go_and_expect_ok();
+    check_consecutive_counts(&wl.output()).unwrap_or_else(|e| panic!("{e}\n{}", wl.diag()));
+}

@@ -3,7 +3,8 @@
 //! Writes numbered fixed-size records in a loop (short sleeps between) to two
 //! files: `append.dat` opened O_WRONLY|O_APPEND and `plain.dat` opened O_WRONLY.
 //! Also holds fds of other supported kinds: a read-only file at a known offset,
-//! a directory, /dev/null, /dev/zero, /dev/urandom.
+//! a directory, /dev/null, /dev/zero, /dev/urandom, a read-write fd 200 without
+//! FD_CLOEXEC, and a sparse file positioned beyond 4 GiB.
 //!
 //! At `go`: the offsets of both writers match its own count of bytes written,
 //! both files hold every record exactly once and in order, the other fds still
@@ -140,8 +141,17 @@ fn main() {
         libc::close(tmp);
         libc::lseek(FD_RW, 500, libc::SEEK_SET);
     }
+    // A sparse file read at an offset beyond 4 GiB.
+    let big_path = dir.join("sparse-big.dat");
+    let fd_big = open(&big_path, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC);
+    const BIG_OFF: i64 = (5 << 30) + 12_345;
+    // SAFETY: our fd and a valid 8-byte buffer.
+    unsafe {
+        libc::pwrite(fd_big, b"far away".as_ptr().cast(), 8, BIG_OFF);
+        libc::lseek(fd_big, BIG_OFF, libc::SEEK_SET);
+    }
     let all = [
-        fd_app, fd_plain, fd_ro, fd_dir, fd_null, fd_zero, fd_rand, FD_RW,
+        fd_app, fd_plain, fd_ro, fd_dir, fd_null, fd_zero, fd_rand, FD_RW, fd_big,
     ];
     let flags_before: Vec<i32> = all.iter().map(|&fd| getfl(fd)).collect();
     // SAFETY: fcntl F_GETFD on fd numbers.
@@ -211,6 +221,15 @@ fn main() {
         }
         if let Err(e) = wl::write_all_fd(FD_RW, b"written after restore") {
             problems.push(format!("readwrite.dat: {e}"));
+        }
+    }
+    let pos = lseek_cur(fd_big);
+    if pos != BIG_OFF {
+        problems.push(format!("sparse-big.dat: offset {pos}, expected {BIG_OFF}"));
+    } else {
+        match read_fd(fd_big, 8) {
+            Ok(b) if b == b"far away" => {}
+            other => problems.push(format!("sparse-big.dat: read at 5 GiB gave {other:?}")),
         }
     }
     if getfl(fd_app) & libc::O_APPEND == 0 {

@@ -2,8 +2,9 @@
 //!
 //! Holds an fd of a kind the checkpointer refuses, so that cr_checkpoint must fail
 //! and name it. MODE `pipe`: both ends of a pipe (some data in it); MODE `socket`:
-//! a unix socketpair; MODE `eventfd`: an eventfd (read and written as a counter). Prints `READY fds A B`, waits for `go`, then checks that the
-//! fds still work (the failed checkpoint did not harm them) and prints OK or FAIL.
+//! a unix socketpair; MODE `eventfd`: an eventfd (read and written as a
+//! counter). Prints `READY fds A B`, waits for `go`, then checks that the fds
+//! still work (the failed checkpoint did not harm them) and prints OK or FAIL.
 
 use cr_tests::wl;
 
