@@ -352,12 +352,18 @@ fn inject_queries(
                 libc::SYS_sigaltstack,
                 [0, scratch + 8, 0, 0, 0, 0],
             )?;
+            inj.call(
+                "prctl(PR_GET_PDEATHSIG)",
+                libc::SYS_prctl,
+                [libc::PR_GET_PDEATHSIG as u64, scratch + 32, 0, 0, 0, 0],
+            )?;
             inj.finish()?;
-            let mut raw = [0u8; 32];
+            let mut raw = [0u8; 36];
             mem::read_vm(pid, scratch, &mut raw)?;
             let word =
                 |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
             state.clear_child_tid = word(0);
+            state.pdeathsig = i32::from_le_bytes(raw[32..36].try_into().expect("4 bytes"));
             state.sigaltstack = Some(proto::AltStack {
                 sp: word(1),
                 flags: word(2) as u32 as i32,

@@ -63,5 +63,6 @@ pub fn read(t: &Tracee) -> Result<proto::Thread, SysError> {
         // Filled in by injected syscalls.
         clear_child_tid: 0,
         sigaltstack: None,
+        pdeathsig: 0,
     })
 }

@@ -320,6 +320,7 @@ fn rebuild(
     opts: &Options,
 ) -> Result<Vec<Tracee>, RestoreError> {
     let pid = tracee.tid();
+    let is_root = p.pid == ck.root_pid;
     let thread = &p.threads[0];
     let here = cr_sys::regs::xstate_xfeatures(&tracee.get_xstate()?).unwrap_or(0);
     let missing = ck.cpu_xfeatures & !here;
@@ -397,11 +398,11 @@ fn rebuild(
         let args = scratch + SCRATCH - THREAD_ARGS;
         for (t, th) in others.iter_mut().zip(&p.threads[1..]) {
             let mut inj = Injector::new(t, ip)?;
-            thread_state(&mut inj, pid, args, th)?;
+            thread_state(&mut inj, pid, args, th, is_root)?;
             inj.finish_with_mask(th.sigmask)?;
             set_registers(t, th)?;
         }
-        thread_state(&mut stub.inj, pid, args, thread)?;
+        thread_state(&mut stub.inj, pid, args, thread, is_root)?;
         pending_signals(&mut stub, p)?;
         itimers(&mut stub, p)?;
         stub.call("munmap", libc::SYS_munmap, [scratch, SCRATCH, 0, 0, 0, 0])?;
@@ -516,12 +517,14 @@ fn create_threads(
 }
 
 /// Per-thread state only the thread itself can set: clear-child-tid
-/// address, alternate signal stack, rseq area. `args` is scratch memory.
+/// address, parent-death signal, alternate signal stack, rseq area. `args`
+/// is scratch memory.
 fn thread_state(
     inj: &mut Injector<'_>,
     pid: i32,
     args: u64,
     th: &proto::Thread,
+    is_root: bool,
 ) -> Result<(), RestoreError> {
     let tid = th.tid;
     inj.call(
@@ -529,6 +532,23 @@ fn thread_state(
         libc::SYS_set_tid_address,
         [th.clear_child_tid, 0, 0, 0, 0, 0],
     )?;
+    // The root's parent is now the restorer, which may exit at once
+    // (--detach): its parent-death signal would fire, so it is not restored.
+    if th.pdeathsig != 0 && !is_root {
+        inj.call(
+            "prctl(PR_SET_PDEATHSIG)",
+            libc::SYS_prctl,
+            [
+                libc::PR_SET_PDEATHSIG as u64,
+                th.pdeathsig as u64,
+                0,
+                0,
+                0,
+                0,
+            ],
+        )
+        .step(|| format!("cannot set the parent-death signal of thread {tid}"))?;
+    }
     // The stub inherited the restorer's alternate stack: always replace it.
     let ss = th.sigaltstack.unwrap_or(proto::AltStack {
         sp: 0,

@@ -6,7 +6,8 @@
 //! three count in their own slot of the shared memory while they wait for
 //! `<workdir>/go`. Then the root writes a token into the shared memory;
 //! A and B must see it and answer (proving the memory is still shared
-//! between processes); everyone checks its session, group and counters;
+//! between processes); everyone checks its session, group and counters,
+//! A its parent-death signal;
 //! the root reaps the zombie (status 7) and its child, and prints OK or
 //! FAIL: reason.
 //!
@@ -114,8 +115,20 @@ fn main() {
         // SAFETY: as above.
         let b = unsafe { libc::fork() };
         let (slot, mut private) = (if b == 0 { 2 } else { 1 }, 0u64);
+        if slot == 1 {
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) };
+        }
         wait_go(&dir, sh, slot, &mut private);
         let mut fails = check_self(sh, slot, private, sid, pgid);
+        if slot == 1 {
+            let mut sig = 0i32;
+            // SAFETY: prctl writes an int through the pointer.
+            unsafe { libc::prctl(libc::PR_GET_PDEATHSIG, &mut sig as *mut i32, 0, 0, 0) };
+            if sig != libc::SIGTERM {
+                fails.push(format!("parent-death signal {sig}, expected SIGTERM"));
+            }
+        }
         if !answer(sh, slot) {
             fails.push(format!("slot {slot}: never saw the root's token"));
         }
