@@ -102,3 +102,19 @@ pub(crate) fn io_err(path: impl Into<String>) -> impl FnOnce(std::io::Error) -> 
     let path = path.into();
     move |source| SysError::Io { path, source }
 }
+
+/// An error and its chain of sources on one line ("a: b: c"), skipping a
+/// source whose text the message already ends with.
+pub fn one_line(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !msg.ends_with(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        src = s.source();
+    }
+    msg
+}

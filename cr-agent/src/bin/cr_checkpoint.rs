@@ -80,23 +80,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("cr_checkpoint: error: {}", error_chain(&e));
+            eprintln!("cr_checkpoint: error: {}", cr_sys::error::one_line(&e));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its sources on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let t = s.to_string();
-        if !msg.ends_with(&t) {
-            msg.push_str(": ");
-            msg.push_str(&t);
-        }
-        src = s.source();
-    }
-    msg
 }

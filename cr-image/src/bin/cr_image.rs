@@ -79,14 +79,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let mut msg = e.to_string();
-            let mut src = e.source();
-            while let Some(s) = src {
-                msg.push_str(": ");
-                msg.push_str(&s.to_string());
-                src = s.source();
-            }
-            eprintln!("cr_image: error: {msg}");
+            eprintln!("cr_image: error: {}", cr_sys::error::one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }
