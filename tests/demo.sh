@@ -28,12 +28,20 @@ ok = ok and ref.hexdigest() == h.hexdigest()
 print("OK: state intact after restart" if ok else "FAIL: state damaged", flush=True)
 sys.exit(0 if ok else 1)
 PY
-python3 "$work/demo.py" </dev/null >"$work/out.txt" 2>&1 &
+# Only stdin/out/err: an fd inherited from the calling shell (a pipe, say)
+# would rightly be refused by cr_checkpoint.
+(
+    for fd in /proc/self/fd/*; do
+        n=${fd##*/}
+        [ "$n" -gt 2 ] && eval "exec $n>&-"
+    done
+    exec python3 "$work/demo.py"
+) </dev/null >"$work/out.txt" 2>&1 &
 pid=$!
 for _ in $(seq 200); do grep -q '^tick 20$' "$work/out.txt" && break; sleep 0.05; done
 echo "== python3 (pid $pid) is at: $(tail -1 "$work/out.txt")"
 cr_checkpoint --dir "$work/image" --kill "$pid"
-wait "$pid" 2>/dev/null || true
+{ wait "$pid"; } 2>/dev/null || true
 echo "== killed; the image:"
 cr_image show "$work/image" | head -8
 echo "== restoring pid $pid"
