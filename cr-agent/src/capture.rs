@@ -1,7 +1,7 @@
 //! The checkpoint of a process tree, start to finish.
 
 use crate::tree::{self, Frozen};
-use crate::{fault, fds, memory, target, threads, CheckpointError};
+use crate::{fault, fds, identity, memory, target, threads, CheckpointError};
 use cr_image::{proto, ImageDir, PageWriter};
 use cr_sys::ptrace::Tracee;
 use cr_sys::remote::{find_syscall_insn, Injector};
@@ -59,6 +59,7 @@ pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> 
     for p in tree::walk(pid)? {
         match proc::read_stat(p) {
             Ok(s) if s.state != 'Z' => {
+                identity::check(p)?;
                 fds::collect(p)?;
             }
             _ => {}
@@ -196,6 +197,8 @@ fn capture_process(
             ..Default::default()
         });
     }
+    // The state may have changed between the pre-flight and the freeze.
+    identity::check(pid)?;
     let mut thread_states = f
         .tracees
         .iter()
@@ -208,9 +211,17 @@ fn capture_process(
         brk,
         sigactions,
         itimers,
+        keep_caps,
     } = inject_queries(&mut f.tracees, &mut thread_states).map_err(sys)?;
 
     let status = proc::read_status(pid).map_err(sys)?;
+    let mut creds = identity::creds(&status);
+    creds.keep_caps = keep_caps;
+    let rlimits = cr_sys::limits::get_all(pid)
+        .map_err(sys)?
+        .into_iter()
+        .map(|(soft, hard)| proto::RLimit { soft, hard })
+        .collect();
     let personality = proc::read_string(&format!("/proc/{pid}/personality"))
         .ok()
         .and_then(|s| u32::from_str_radix(s.trim(), 16).ok())
@@ -300,12 +311,15 @@ fn capture_process(
         itimers,
         zombie: false,
         exit_status: 0,
+        creds: Some(creds),
+        rlimits,
     })
 }
 
 /// What the process told us through injected syscalls.
 struct Injected {
     brk: u64,
+    keep_caps: bool,
     sigactions: Vec<proto::SigAction>,
     itimers: Vec<proto::ITimer>,
 }
@@ -319,9 +333,14 @@ fn inject_queries(
 ) -> cr_sys::error::Result<Injected> {
     let pid = tracees[0].tid();
     let ip = find_syscall_insn(pid)?;
-    let (brk, scratch) = {
+    let (brk, keep_caps, scratch) = {
         let mut inj = Injector::new(&mut tracees[0], ip)?;
         let brk = inj.call("brk", libc::SYS_brk, [0; 6])?;
+        let keep_caps = inj.call(
+            "prctl(PR_GET_KEEPCAPS)",
+            libc::SYS_prctl,
+            [libc::PR_GET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
+        )? == 1;
         let scratch = inj.call(
             "mmap",
             libc::SYS_mmap,
@@ -335,7 +354,7 @@ fn inject_queries(
             ],
         )?;
         inj.finish()?;
-        (brk, scratch)
+        (brk, keep_caps, scratch)
     };
     let result = (|| {
         let actions = query_sigactions(&mut tracees[0], ip, scratch)?;
@@ -372,6 +391,7 @@ fn inject_queries(
         }
         Ok(Injected {
             brk,
+            keep_caps,
             sigactions: actions,
             itimers,
         })

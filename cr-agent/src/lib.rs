@@ -20,6 +20,7 @@ pub mod capture;
 pub mod error;
 pub mod fault;
 pub mod fds;
+pub mod identity;
 pub mod memory;
 pub mod target;
 pub mod threads;

@@ -20,6 +20,8 @@ pub enum RestoreError {
     CpuFeatures { missing: u64 },
     #[error("the vDSO layout of this kernel differs from the image's: {0}")]
     VdsoLayout(String),
+    #[error("process {pid} of the image runs as uid {uid} or holds capabilities; only root or that user may restore it (you are uid {caller})")]
+    NotYours { pid: u32, uid: u32, caller: u32 },
     #[error("image is not supported by this build: {0}")]
     Unsupported(String),
     #[error("restored process {pid} could not be waited for")]

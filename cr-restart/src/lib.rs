@@ -12,13 +12,16 @@
 //! 4. [`fds`]: reopen files at their numbers, flags and offsets.
 //! 5. [`restore`]: cwd, umask, personality, PR_SET_MM_MAP (mm fields, auxv,
 //!    exe), comm, signal handlers, rseq, signal mask.
-//! 6. [`regs`]: registers with syscall-restart fix-ups and the XSAVE area;
+//! 6. [`identity`]: resource limits, then credentials and capabilities of
+//!    every thread, after every privileged step.
+//! 7. [`regs`]: registers with syscall-restart fix-ups and the XSAVE area;
 //!    then detach. Nothing of the process ran before this last step, so a
 //!    failure anywhere kills the stub and leaves nothing behind.
 #![forbid(unsafe_code)]
 
 pub mod error;
 pub mod fds;
+pub mod identity;
 pub mod memory;
 pub mod regs;
 pub mod restore;

@@ -14,8 +14,9 @@ use tracing::info;
 
 /// Scratch memory for syscall arguments inside the stub.
 const SCRATCH: u64 = 64 * 1024;
-/// The last bytes of the scratch area hold per-thread arguments.
-const THREAD_ARGS: u64 = 64;
+/// The last bytes of the scratch area hold per-thread arguments (the largest:
+/// supplementary groups).
+const THREAD_ARGS: u64 = 12 * 1024;
 /// Room after the scratch area where the vDSO pages are parked while moving.
 const PARK: u64 = 64 * 1024;
 const TASK_TOP: u64 = 0x7fff_ffff_f000;
@@ -104,6 +105,7 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
     let img = ImageDir::open(dir)?;
     let ck = img.read_checkpoint()?;
     let procs = &ck.processes;
+    crate::identity::check_caller(procs)?;
     let root = procs
         .first()
         .filter(|p| p.pid == ck.root_pid && !p.zombie)
@@ -389,7 +391,7 @@ fn rebuild(
             b.finish_and_clear();
         }
         memory::finish(&mut stub, p, &filled)?;
-        identity(&mut stub, p)?;
+        process_state(&mut stub, p)?;
         fds::restore(&mut stub, &p.fds)?;
         mm_fields(&mut stub, p)?;
         signals(&mut stub, p)?;
@@ -399,12 +401,19 @@ fn rebuild(
         for (t, th) in others.iter_mut().zip(&p.threads[1..]) {
             let mut inj = Injector::new(t, ip)?;
             thread_state(&mut inj, pid, args, th, is_root)?;
+            if let Some(c) = &p.creds {
+                crate::identity::set_creds(&mut inj, args, th.tid, c)?;
+            }
             inj.finish_with_mask(th.sigmask)?;
             set_registers(t, th)?;
         }
         thread_state(&mut stub.inj, pid, args, thread, is_root)?;
         pending_signals(&mut stub, p)?;
         itimers(&mut stub, p)?;
+        crate::identity::set_rlimits(pid, &p.rlimits)?;
+        if let Some(c) = &p.creds {
+            crate::identity::set_creds(&mut stub.inj, args, thread.tid, c)?;
+        }
         stub.call("munmap", libc::SYS_munmap, [scratch, SCRATCH, 0, 0, 0, 0])?;
         stub.inj.finish_with_mask(thread.sigmask)?;
         others
@@ -688,7 +697,7 @@ fn move_vdso(
     Ok(())
 }
 
-fn identity(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
+fn process_state(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
     let cwd = stub.put_str(&p.cwd)?;
     stub.call("chdir", libc::SYS_chdir, [cwd, 0, 0, 0, 0, 0])
         .step(|| format!("cannot change directory to {}", p.cwd))?;

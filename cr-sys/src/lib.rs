@@ -8,9 +8,11 @@
 //! - [`proc`]: parsers of `/proc/PID/*` files.
 //! - [`clone`]: creating a process with a chosen PID (clone3 `set_tid`).
 //! - [`regs`]: the x86_64 register layouts ptrace uses.
+//! - [`limits`]: resource limits of another process.
 
 pub mod clone;
 pub mod error;
+pub mod limits;
 pub mod mem;
 pub mod pagemap;
 pub mod proc;

@@ -295,6 +295,27 @@ pub fn children(pid: i32) -> Result<Vec<i32>> {
     Ok(out)
 }
 
+/// Real and effective uid and gid of the calling process: (uid, euid, gid, egid).
+pub fn own_ids() -> (u32, u32, u32, u32) {
+    // SAFETY: these calls cannot fail and touch no memory.
+    unsafe {
+        (
+            libc::getuid(),
+            libc::geteuid(),
+            libc::getgid(),
+            libc::getegid(),
+        )
+    }
+}
+
+/// Highest capability number this kernel knows.
+pub fn cap_last_cap() -> u32 {
+    read_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
