@@ -73,6 +73,38 @@ pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> 
     result
 }
 
+/// Whether `root` is PID 1 of a PID namespace below ours (started by
+/// cr_run), so the tree is restored into a new namespace.
+fn pidns_root(root: i32) -> Result<bool, CheckpointError> {
+    let sys = |e| CheckpointError::from_sys(root, e);
+    let own = proc::read_status(std::process::id() as i32).map_err(sys)?;
+    let st = proc::read_status(root).map_err(sys)?;
+    Ok(st.ns_depth("NSpid") > own.ns_depth("NSpid") && st.ns_last("NSpid") == Some(1))
+}
+
+/// The process to checkpoint when the user names `pid`: for a `cr_run`
+/// launcher, the job it runs (its only child, PID 1 of the job's namespace).
+pub fn job_root(pid: i32) -> i32 {
+    let is_cr_run = proc::read_link(&format!("/proc/{pid}/exe"))
+        .map(|e| e.rsplit('/').next() == Some("cr_run"))
+        .unwrap_or(false);
+    match proc::children(pid) {
+        Ok(kids) if is_cr_run && kids.len() == 1 => kids[0],
+        _ => pid,
+    }
+}
+
+/// The image directory a job was started with (`cr_run --dir`), from its environment.
+pub fn job_dir(pid: i32) -> Option<PathBuf> {
+    let env = proc::read_bytes(&format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(JOB_DIR_ENV.as_bytes())?.strip_prefix(b"="))
+        .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
+}
+
+/// Environment variable cr_run sets to the job's default image directory.
+pub const JOB_DIR_ENV: &str = "CR_CHECKPOINT_DIR";
+
 /// Resources shared between processes (or fds of one process): the first
 /// one seen owns it, later ones refer to it.
 #[derive(Default)]
@@ -108,6 +140,7 @@ fn checkpoint_frozen(
         .filter_map(|p| p.pages.as_ref())
         .map(|p| p.size)
         .sum();
+    let pidns = pidns_root(root)?;
     let ck = proto::Checkpoint {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         created_unix_ms: std::time::SystemTime::now()
@@ -123,6 +156,7 @@ fn checkpoint_frozen(
         root_pid: root as u32,
         cpu_xfeatures,
         processes: images,
+        pidns,
     };
     fault::check("before-commit")?;
     dir.commit(&ck, opts.fsync)?;
@@ -185,15 +219,24 @@ fn capture_process(
         stat.field(5) as u32,
         stat.field(6) as u32,
     );
-    if let Some(status) = f.zombie {
+    let status = proc::read_status(pid).map_err(sys)?;
+    let ns = (
+        status.ns_last("NSpid").unwrap_or(pid as u32),
+        status.ns_last("NSpgid").unwrap_or(ids.1),
+        status.ns_last("NSsid").unwrap_or(ids.2),
+    );
+    if let Some(exit) = f.zombie {
         return Ok(proto::Process {
             pid: pid as u32,
             ppid: ids.0,
             pgid: ids.1,
             sid: ids.2,
+            ns_pid: ns.0,
+            ns_pgid: ns.1,
+            ns_sid: ns.2,
             comm: stat.comm.clone(),
             zombie: true,
-            exit_status: status,
+            exit_status: exit,
             ..Default::default()
         });
     }
@@ -214,7 +257,6 @@ fn capture_process(
         keep_caps,
     } = inject_queries(&mut f.tracees, &mut thread_states).map_err(sys)?;
 
-    let status = proc::read_status(pid).map_err(sys)?;
     let mut creds = identity::creds(&status);
     creds.keep_caps = keep_caps;
     let rlimits = cr_sys::limits::get_all(pid)
@@ -313,6 +355,9 @@ fn capture_process(
         exit_status: 0,
         creds: Some(creds),
         rlimits,
+        ns_pid: ns.0,
+        ns_pgid: ns.1,
+        ns_sid: ns.2,
     })
 }
 

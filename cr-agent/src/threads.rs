@@ -49,6 +49,7 @@ pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
 pub fn read(t: &Tracee) -> Result<proto::Thread, SysError> {
     let regs = t.get_regs()?;
     let rseq = t.get_rseq()?;
+    let status = proc::Status::parse(&proc::read_string(&format!("/proc/{}/status", t.tid()))?);
     Ok(proto::Thread {
         tid: t.tid() as u32,
         regs: Some(crate::capture::gpregs_to_proto(&regs)),
@@ -64,5 +65,6 @@ pub fn read(t: &Tracee) -> Result<proto::Thread, SysError> {
         clear_child_tid: 0,
         sigaltstack: None,
         pdeathsig: 0,
+        ns_tid: status.ns_last("NSpid").unwrap_or(t.tid() as u32),
     })
 }

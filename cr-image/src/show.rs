@@ -30,7 +30,11 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
             let pages = p.pages.clone().unwrap_or_default();
             json!({
                 "pid": p.pid,
+                "ns_pid": p.ns_pid,
                 "ppid": p.ppid,
+                "pgid": p.pgid,
+                "sid": p.sid,
+                "zombie": p.zombie,
                 "comm": p.comm,
                 "exe": p.exe,
                 "cwd": p.cwd,
@@ -102,6 +106,7 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
         "hostname": ck.hostname,
         "kernel_release": ck.kernel_release,
         "root_pid": ck.root_pid,
+        "pidns": ck.pidns,
         "cpu_xfeatures": format!("{:#x}", ck.cpu_xfeatures),
         "processes": procs,
     })

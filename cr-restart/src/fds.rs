@@ -4,14 +4,20 @@
 //! shared again.
 
 use crate::error::{RestoreError, StepContext};
-use crate::restore::Stub;
+use crate::restore::{Ids, Stub};
 use cr_image::proto;
 use tracing::warn;
 
 /// Open flags that must not be replayed (they act only at open time).
 const OPEN_ONLY: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY;
 
-pub fn restore(stub: &mut Stub<'_>, fds: &[proto::Fd]) -> Result<(), RestoreError> {
+/// Reopen `fds` of image process `pid` inside its stub.
+pub fn restore(
+    stub: &mut Stub<'_>,
+    pid: u32,
+    fds: &[proto::Fd],
+    ids: &Ids,
+) -> Result<(), RestoreError> {
     for f in fds {
         let kind = proto::FdKind::try_from(f.kind).unwrap_or(proto::FdKind::Unspecified);
         if kind == proto::FdKind::Regular {
@@ -29,7 +35,7 @@ pub fn restore(stub: &mut Stub<'_>, fds: &[proto::Fd]) -> Result<(), RestoreErro
         let flags = (f.flags as i32) & !OPEN_ONLY;
         let cloexec = (flags & libc::O_CLOEXEC) as u64;
         if f.shared_pid != 0 {
-            share(stub, f, cloexec)?;
+            share(stub, pid, f, cloexec, ids)?;
             continue;
         }
         let got = stub
@@ -55,14 +61,20 @@ pub fn restore(stub: &mut Stub<'_>, fds: &[proto::Fd]) -> Result<(), RestoreErro
 /// An fd sharing its open file description with an fd restored before it:
 /// dup'ed in the same process, or taken from the other process with
 /// pidfd_getfd (the same description, so the offset stays shared).
-fn share(stub: &mut Stub<'_>, f: &proto::Fd, cloexec: u64) -> Result<(), RestoreError> {
+fn share(
+    stub: &mut Stub<'_>,
+    pid: u32,
+    f: &proto::Fd,
+    cloexec: u64,
+    ids: &Ids,
+) -> Result<(), RestoreError> {
     let what = || {
         format!(
             "cannot share fd {} of process {} as fd {}",
             f.shared_fd, f.shared_pid, f.fd
         )
     };
-    if f.shared_pid as i32 == stub.pid() {
+    if f.shared_pid == pid {
         stub.call(
             "dup3",
             libc::SYS_dup3,
@@ -71,12 +83,10 @@ fn share(stub: &mut Stub<'_>, f: &proto::Fd, cloexec: u64) -> Result<(), Restore
         .step(what)?;
         return Ok(());
     }
+    // pidfd_open runs inside the stub: the owner's PID as the stub sees it.
+    let owner = ids.inner(f.shared_pid) as u64;
     let pidfd = stub
-        .call(
-            "pidfd_open",
-            libc::SYS_pidfd_open,
-            [f.shared_pid as u64, 0, 0, 0, 0, 0],
-        )
+        .call("pidfd_open", libc::SYS_pidfd_open, [owner, 0, 0, 0, 0, 0])
         .step(what)?;
     let got = stub.call(
         "pidfd_getfd",

@@ -3,7 +3,7 @@
 //! madvise flags, memory locks and anonymous names.
 
 use crate::error::{RestoreError, StepContext};
-use crate::restore::Stub;
+use crate::restore::{Ids, Stub};
 use cr_image::{proto, ImageDir, PageReader};
 use cr_sys::mem::write_vm;
 use proto::VmaKind;
@@ -43,7 +43,11 @@ fn vmas_with_pages(vmas: &[proto::Vma], extents: &[proto::PageExtent]) -> Vec<bo
 }
 
 /// Map every VMA (writable where pages must be filled).
-pub fn map_all(stub: &mut Stub<'_>, p: &proto::Process) -> Result<Vec<bool>, RestoreError> {
+pub fn map_all(
+    stub: &mut Stub<'_>,
+    p: &proto::Process,
+    ids: &Ids,
+) -> Result<Vec<bool>, RestoreError> {
     let extents = p
         .pages
         .as_ref()
@@ -95,7 +99,9 @@ pub fn map_all(stub: &mut Stub<'_>, p: &proto::Process) -> Result<Vec<bool>, Res
             VmaKind::AnonShared if v.shm_owner_pid != 0 => {
                 let path = format!(
                     "/proc/{}/map_files/{:x}-{:x}",
-                    v.shm_owner_pid, v.shm_owner_start, v.shm_owner_end
+                    ids.outer(v.shm_owner_pid),
+                    v.shm_owner_start,
+                    v.shm_owner_end
                 );
                 let fd = stub.open(&path, libc::O_RDWR | libc::O_CLOEXEC).step(|| {
                     format!(

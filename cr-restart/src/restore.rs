@@ -4,13 +4,14 @@
 use crate::error::{RestoreError, StepContext};
 use crate::{fds, memory, regs};
 use cr_image::{proto, ImageDir, PageReader};
-use cr_sys::clone::{pid_exists, spawn_stub, CloneError};
+use cr_sys::clone::{pid_exists, spawn_stub, spawn_stub_in_new_pidns, CloneError};
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::ptrace::{wait_raw, OnDrop, Tracee};
 use cr_sys::remote::{find_syscall_insn, Injector};
 use cr_sys::{mem, PAGE_SIZE};
+use std::collections::HashMap;
 use std::path::Path;
-use tracing::info;
+use tracing::{debug, info};
 
 /// Scratch memory for syscall arguments inside the stub.
 const SCRATCH: u64 = 64 * 1024;
@@ -86,6 +87,58 @@ impl Stub<'_> {
     }
 }
 
+/// PIDs of the image's processes at restore time. Images taken from a job
+/// in its own PID namespace (cr_run) are restored into a new namespace:
+/// there the processes see their saved ids ("inner"), while the restorer
+/// traces them under new ones ("outer"). Otherwise both are the saved PIDs.
+pub struct Ids {
+    pub pidns: bool,
+    outer: HashMap<u32, i32>,
+    inner: HashMap<u32, u32>,
+}
+
+impl Ids {
+    fn new(ck: &proto::Checkpoint) -> Ids {
+        Ids {
+            pidns: ck.pidns,
+            outer: HashMap::new(),
+            inner: ck
+                .processes
+                .iter()
+                .map(|p| (p.pid, if ck.pidns { p.ns_pid } else { p.pid }))
+                .collect(),
+        }
+    }
+
+    /// The PID of image process `pid` as the restorer sees it.
+    pub fn outer(&self, pid: u32) -> i32 {
+        self.outer.get(&pid).copied().unwrap_or(pid as i32)
+    }
+
+    /// The PID of image process `pid` as the restored processes see it.
+    pub fn inner(&self, pid: u32) -> u32 {
+        self.inner.get(&pid).copied().unwrap_or(pid)
+    }
+
+    /// The TID of a thread as the restored process sees it.
+    pub fn inner_tid(&self, th: &proto::Thread) -> u32 {
+        if self.pidns {
+            th.ns_tid
+        } else {
+            th.tid
+        }
+    }
+
+    /// Session and group of a process as it sees them (0: outside the image's namespace).
+    fn sid_pgid(&self, p: &proto::Process) -> (u32, u32) {
+        if self.pidns {
+            (p.ns_sid, p.ns_pgid)
+        } else {
+            (p.sid, p.pgid)
+        }
+    }
+}
+
 /// Kills and reaps a freshly cloned stub until it is seized.
 struct StubGuard(i32);
 
@@ -123,33 +176,52 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         // Damage found now costs nothing; the rest is checked run by run.
         PageReader::open(&img, pf)?;
     }
-    for id in procs
-        .iter()
-        .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
-    {
-        if pid_exists(id as i32) {
-            return Err(CloneError::PidInUse(id as i32).into());
+    let mut ids = Ids::new(&ck);
+    // In a new PID namespace every id is free; here they must be.
+    if !ids.pidns {
+        for id in procs
+            .iter()
+            .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
+        {
+            if pid_exists(id as i32) {
+                return Err(CloneError::PidInUse(id as i32).into());
+            }
         }
     }
 
     // Stubs, parents before children: each child is forked by its parent's
     // stub, so the parent links are real.
-    let mut guard = StubGuard(spawn_stub(root.pid as i32)?);
+    let root_pid = if ids.pidns {
+        spawn_stub_in_new_pidns()?
+    } else {
+        spawn_stub(root.pid as i32)?
+    };
+    let mut guard = StubGuard(root_pid);
     let mut stubs: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
-    stubs[0] = Some(Tracee::seize(root.pid as i32, STUB_OPTIONS, OnDrop::Kill)?);
+    stubs[0] = Some(Tracee::seize(root_pid, STUB_OPTIONS, OnDrop::Kill)?);
     guard.0 = 0;
+    ids.outer.insert(root.pid, root_pid);
+    debug!(root_pid, pidns = ids.pidns, "root stub seized");
     for i in 0..procs.len() {
         let p = &procs[i];
         let mut t = stubs[i].take().ok_or_else(|| {
             RestoreError::Unsupported(format!("process {} has no parent in the image", p.pid))
         })?;
         // A session leader creates its session before forking: children inherit it.
-        if p.sid == p.pid && !p.zombie {
+        if ids.sid_pgid(p).0 == ids.inner(p.pid) && !p.zombie {
             inject_once(&mut t, "setsid", libc::SYS_setsid, [0; 6])?;
         }
         for (j, c) in procs.iter().enumerate().skip(1) {
             if c.ppid == p.pid {
-                stubs[j] = Some(fork_stub(&mut t, c.pid as i32)?);
+                let child = fork_stub(&mut t, ids.inner(c.pid) as i32)?;
+                debug!(
+                    parent = t.tid(),
+                    child = child.tid(),
+                    inner = ids.inner(c.pid),
+                    "stub forked"
+                );
+                ids.outer.insert(c.pid, child.tid());
+                stubs[j] = Some(child);
             }
         }
         stubs[i] = Some(t);
@@ -158,7 +230,7 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         .into_iter()
         .map(|s| s.expect("every stub created"))
         .collect();
-    set_process_groups(procs, &mut stubs)?;
+    set_process_groups(procs, &mut stubs, &ids)?;
 
     let mut threads = Vec::with_capacity(procs.len());
     for (p, t) in procs.iter().zip(stubs.iter_mut()) {
@@ -166,7 +238,8 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
             Vec::new()
         } else {
             let pf = p.pages.as_ref().expect("checked above");
-            rebuild(t, &img, &ck, p, pf, opts)?
+            debug!(pid = t.tid(), "rebuilding");
+            rebuild(t, &img, &ck, p, pf, opts, &ids)?
         });
     }
     // Release: every thread of every process is ready and nothing of the
@@ -186,11 +259,12 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         t.detach(if p.stopped { libc::SIGSTOP } else { 0 })?;
     }
     info!(
-        root = root.pid,
+        root = root_pid,
         processes = procs.len(),
+        pidns = ids.pidns,
         "restored tree released"
     );
-    Ok(root.pid as i32)
+    Ok(root_pid)
 }
 
 const STUB_OPTIONS: u64 = (libc::PTRACE_O_TRACESYSGOOD
@@ -245,26 +319,40 @@ fn fork_stub(t: &mut Tracee, pid: i32) -> Result<Tracee, RestoreError> {
             [page + 8, (bytes.len() - 8) as u64, 0, 0, 0, 0],
         )
         .step(|| format!("cannot create process {pid} as a child of {parent}"));
+    let inj_new_task = inj.take_new_task();
     inj.call("munmap", libc::SYS_munmap, [page, PAGE_SIZE, 0, 0, 0, 0])?;
     inj.finish()?;
     let got = r?;
-    Ok(Tracee::attach_new(got as i32, OnDrop::Kill)?)
+    debug!(parent, inner = got, outer = ?inj_new_task, "clone3 done");
+    // Inside a new PID namespace clone3 answers the inner PID; ptrace told us
+    // ours (never use the inner one here: it names another process).
+    let outer = inj_new_task.ok_or_else(|| {
+        RestoreError::Unsupported(format!("no fork event for process {pid} from {parent}"))
+    })?;
+    Ok(Tracee::attach_new(outer, OnDrop::Kill)?)
 }
 
 /// Process groups: leaders first, then members (a group must exist before
 /// it is joined). Session leaders already lead their group.
-fn set_process_groups(procs: &[proto::Process], stubs: &mut [Tracee]) -> Result<(), RestoreError> {
-    let in_tree = |pgid: u32| procs.iter().any(|p| p.pid == pgid && !p.zombie);
+fn set_process_groups(
+    procs: &[proto::Process],
+    stubs: &mut [Tracee],
+    ids: &Ids,
+) -> Result<(), RestoreError> {
+    let in_tree =
+        |pgid: u32| pgid != 0 && procs.iter().any(|p| ids.inner(p.pid) == pgid && !p.zombie);
     for leaders in [true, false] {
         for (p, t) in procs.iter().zip(stubs.iter_mut()) {
-            if p.zombie || p.sid == p.pid || (p.pgid == p.pid) != leaders || !in_tree(p.pgid) {
+            let (sid, pgid) = ids.sid_pgid(p);
+            let me = ids.inner(p.pid);
+            if p.zombie || sid == me || (pgid == me) != leaders || !in_tree(pgid) {
                 continue;
             }
             inject_once(
                 t,
                 "setpgid",
                 libc::SYS_setpgid,
-                [0, p.pgid as u64, 0, 0, 0, 0],
+                [0, pgid as u64, 0, 0, 0, 0],
             )?;
         }
     }
@@ -320,6 +408,7 @@ fn rebuild(
     p: &proto::Process,
     pf: &proto::PageFile,
     opts: &Options,
+    ids: &Ids,
 ) -> Result<Vec<Tracee>, RestoreError> {
     let pid = tracee.tid();
     let is_root = p.pid == ck.root_pid;
@@ -380,7 +469,7 @@ fn rebuild(
         unmap_stub(&mut stub, &stub_maps, scratch)?;
         move_vdso(&mut stub, &stub_maps, &p.vmas, scratch + SCRATCH, ip)?;
 
-        let filled = memory::map_all(&mut stub, p)?;
+        let filled = memory::map_all(&mut stub, p, ids)?;
         let bar = cr_image::progress::bar(opts.show_progress, pf.size, "restoring memory");
         memory::fill(pid, img, pf, opts.workers, &|d| {
             if let Some(b) = &bar {
@@ -392,10 +481,10 @@ fn rebuild(
         }
         memory::finish(&mut stub, p, &filled)?;
         process_state(&mut stub, p)?;
-        fds::restore(&mut stub, &p.fds)?;
+        fds::restore(&mut stub, p.pid, &p.fds, ids)?;
         mm_fields(&mut stub, p)?;
         signals(&mut stub, p)?;
-        let mut others = create_threads(&mut stub, &p.threads[1..])?;
+        let mut others = create_threads(&mut stub, &p.threads[1..], ids)?;
         let ip = stub.inj.syscall_ip();
         let args = scratch + SCRATCH - THREAD_ARGS;
         for (t, th) in others.iter_mut().zip(&p.threads[1..]) {
@@ -408,7 +497,7 @@ fn rebuild(
             set_registers(t, th)?;
         }
         thread_state(&mut stub.inj, pid, args, thread, is_root)?;
-        pending_signals(&mut stub, p)?;
+        pending_signals(&mut stub, p, ids)?;
         itimers(&mut stub, p)?;
         crate::identity::set_rlimits(pid, &p.rlimits)?;
         if let Some(c) = &p.creds {
@@ -425,8 +514,8 @@ fn rebuild(
 /// Queue again every signal that was pending, with its siginfo. Queued from
 /// the main thread, which the kernel lets send any si_code to its own process;
 /// they stay pending (blocked) until the release.
-fn pending_signals(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> {
-    let pid = p.pid as u64;
+fn pending_signals(stub: &mut Stub<'_>, p: &proto::Process, ids: &Ids) -> Result<(), RestoreError> {
+    let pid = ids.inner(p.pid) as u64;
     let signo = |info: &[u8]| {
         info.get(0..4).map_or(0, |b| {
             u32::from_le_bytes(b.try_into().expect("4 bytes")) as u64
@@ -449,7 +538,7 @@ fn pending_signals(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), Restor
             stub.call(
                 "rt_tgsigqueueinfo",
                 libc::SYS_rt_tgsigqueueinfo,
-                [pid, th.tid as u64, sig, addr, 0, 0],
+                [pid, ids.inner_tid(th) as u64, sig, addr, 0, 0],
             )
             .step(|| format!("cannot queue pending signal {sig} of thread {}", th.tid))?;
         }
@@ -494,6 +583,7 @@ fn set_registers(t: &Tracee, th: &proto::Thread) -> Result<(), RestoreError> {
 fn create_threads(
     stub: &mut Stub<'_>,
     threads: &[proto::Thread],
+    ids: &Ids,
 ) -> Result<Vec<Tracee>, RestoreError> {
     let flags = (libc::CLONE_VM
         | libc::CLONE_FS
@@ -503,8 +593,8 @@ fn create_threads(
         | libc::CLONE_SYSVSEM) as u64;
     let mut out = Vec::with_capacity(threads.len());
     for th in threads {
-        let tid = th.tid as i32;
-        if pid_exists(tid) {
+        let tid = ids.inner_tid(th) as i32;
+        if !ids.pidns && pid_exists(tid) {
             return Err(CloneError::PidInUse(tid).into());
         }
         let tids = stub.put(&tid.to_le_bytes())?;
@@ -520,7 +610,12 @@ fn create_threads(
                 [args, bytes.len() as u64, 0, 0, 0, 0],
             )
             .step(|| format!("cannot create thread {tid}"))?;
-        out.push(Tracee::attach_new(got as i32, OnDrop::Kill)?);
+        // Inside a new PID namespace clone3 answers the inner TID; ptrace told
+        // us ours (never use the inner one here: it names another task).
+        let outer = stub.inj.take_new_task().ok_or_else(|| {
+            RestoreError::Unsupported(format!("no clone event for thread {tid} ({got})"))
+        })?;
+        out.push(Tracee::attach_new(outer, OnDrop::Kill)?);
     }
     Ok(out)
 }

@@ -41,8 +41,19 @@ pub enum CloneError {
 /// namespace). The child only asks to be killed with its parent and then
 /// waits in pause(); the caller is expected to seize it and rebuild it.
 pub fn spawn_stub(pid: i32) -> Result<i32, CloneError> {
+    spawn(pid, 0)
+}
+
+/// Like [`spawn_stub`], but the child is PID 1 of a new PID namespace;
+/// returns its PID in ours.
+pub fn spawn_stub_in_new_pidns() -> Result<i32, CloneError> {
+    spawn(1, libc::CLONE_NEWPID as u64)
+}
+
+fn spawn(pid: i32, flags: u64) -> Result<i32, CloneError> {
     let tids = [pid];
     let args = CloneArgs {
+        flags,
         exit_signal: libc::SIGCHLD as u64,
         set_tid: tids.as_ptr() as u64,
         set_tid_size: 1,
@@ -89,4 +100,29 @@ pub fn spawn_stub(pid: i32) -> Result<i32, CloneError> {
 /// Whether a PID currently names a process or thread (any state, zombies included).
 pub fn pid_exists(pid: i32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Move the caller's future children into a new PID namespace (the first
+/// child becomes its PID 1). Used by cr_run.
+pub fn unshare_pidns() -> Result<(), Errno> {
+    // SAFETY: unshare takes only flags.
+    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Make the child of `cmd` receive `sig` when its parent dies.
+pub fn kill_with_parent(cmd: &mut std::process::Command, sig: i32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs in the child between fork and exec and only
+    // makes a raw prctl syscall (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }

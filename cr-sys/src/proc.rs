@@ -204,6 +204,17 @@ impl Status {
         self.get(k)?.split_whitespace().next()?.parse().ok()
     }
 
+    /// The innermost value of a per-namespace list ("NSpid", "NSpgid",
+    /// "NSsid"): the id as the process's own PID namespace sees it.
+    pub fn ns_last(&self, k: &str) -> Option<u32> {
+        self.get(k)?.split_whitespace().last()?.parse().ok()
+    }
+
+    /// How many PID namespace levels a "NS*" list has.
+    pub fn ns_depth(&self, k: &str) -> usize {
+        self.get(k).map_or(0, |v| v.split_whitespace().count())
+    }
+
     /// Umask (octal).
     pub fn umask(&self) -> Option<u32> {
         u32::from_str_radix(self.get("Umask")?, 8).ok()

@@ -353,6 +353,24 @@ impl Tracee {
         })
     }
 
+    /// PTRACE_GETEVENTMSG: after a fork/clone event, the new task's PID in
+    /// the tracer's PID namespace.
+    pub fn event_msg(&self) -> Result<u64> {
+        let mut msg: u64 = 0;
+        ptrace_raw(
+            libc::PTRACE_GETEVENTMSG,
+            self.tid,
+            0,
+            &mut msg as *mut u64 as usize,
+        )
+        .map_err(|source| SysError::Ptrace {
+            op: "geteventmsg",
+            tid: self.tid,
+            source,
+        })?;
+        Ok(msg)
+    }
+
     /// Pending signals without dequeuing them: the thread's own queue, or
     /// the process-wide one (`shared`). Each entry is a raw siginfo_t.
     pub fn pending_signals(&self, shared: bool) -> Result<Vec<Vec<u8>>> {
@@ -413,17 +431,35 @@ impl Tracee {
 
     /// Kill the tracee (SIGKILL) and reap it if it is our child.
     pub fn kill_and_reap(mut self) {
-        self.kill_inner();
+        self.kill_inner(false);
     }
 
-    fn kill_inner(&mut self) {
+    /// `reap_others`: every child of ours is a stub we may reap (restore).
+    fn kill_inner(&mut self, reap_others: bool) {
         if !self.attached {
             return;
         }
         let _ = kill(self.tid, libc::SIGKILL);
-        // Reap it if it is our child; a tracee that is not our child is
-        // reaped by its parent, we only wait for its exit notification.
-        let _ = wait_raw(self.tid, 0);
+        if !reap_others {
+            // Reap it if it is our child; a tracee that is not our child is
+            // reaped by its parent, we only wait for its exit notification.
+            let _ = wait_raw(self.tid, 0);
+            self.attached = false;
+            return;
+        }
+        // PID 1 of a PID namespace only finishes dying once its (traced)
+        // children are reaped, so reap whatever of ours exits meanwhile.
+        loop {
+            match wait_raw(-1, 0) {
+                Ok((pid, _)) if pid == self.tid => break,
+                Ok(_) => continue,
+                Err(_) => {
+                    // Not our child (or already gone): wait for it directly.
+                    let _ = wait_raw(self.tid, 0);
+                    break;
+                }
+            }
+        }
         self.attached = false;
     }
 }
@@ -439,7 +475,7 @@ impl Drop for Tracee {
                     warn!(tid = self.tid, error = %e, "could not detach from thread");
                 }
             }
-            OnDrop::Kill => self.kill_inner(),
+            OnDrop::Kill => self.kill_inner(true),
         }
     }
 }

@@ -21,6 +21,7 @@ pub struct Injector<'a> {
     saved: UserRegs,
     saved_mask: u64,
     done: bool,
+    new_task: Option<i32>,
 }
 
 impl<'a> Injector<'a> {
@@ -36,6 +37,7 @@ impl<'a> Injector<'a> {
             saved,
             saved_mask,
             done: false,
+            new_task: None,
         })
     }
 
@@ -50,6 +52,12 @@ impl<'a> Injector<'a> {
     /// Use another `syscall` instruction from now on (e.g. after the vDSO moved).
     pub fn set_syscall_ip(&mut self, ip: u64) {
         self.ip = ip;
+    }
+
+    /// The PID (in our namespace) of the task the last injected clone3
+    /// created; it differs from clone3's result inside a child PID namespace.
+    pub fn take_new_task(&mut self) -> Option<i32> {
+        self.new_task.take()
     }
 
     /// Address of the `syscall` instruction in use.
@@ -81,12 +89,15 @@ impl<'a> Injector<'a> {
             self.t.resume(libc::PTRACE_SYSCALL, 0)?;
             let mut group_stops = 0;
             loop {
-                match self.t.wait_stop()? {
+                let stop = self.t.wait_stop()?;
+                tracing::trace!(tid = self.t.tid(), nr, phase, ?stop, "stop while injecting");
+                match stop {
                     Stop::Syscall => break,
                     // An injected clone3 reports the new thread or process first.
                     Stop::Event { event, .. }
                         if event == PTRACE_EVENT_CLONE || event == PTRACE_EVENT_FORK =>
                     {
+                        self.new_task = Some(self.t.event_msg()? as i32);
                         self.t.resume(libc::PTRACE_SYSCALL, 0)?;
                     }
                     // A process that was stopped (SIGSTOP) when seized reports

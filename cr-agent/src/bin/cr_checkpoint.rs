@@ -11,7 +11,7 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "cr_checkpoint", version)]
 struct Cli {
-    /// Image directory (created if missing) [default: ./ckpt.PID].
+    /// Image directory (created if missing) [default: the job's `cr_run --dir`, else ./ckpt.PID].
     #[arg(long, short = 'd')]
     dir: Option<PathBuf>,
     /// Kill the process after a successful checkpoint.
@@ -29,7 +29,8 @@ struct Cli {
     /// Print nothing on success.
     #[arg(long, short = 'q')]
     quiet: bool,
-    /// Process to checkpoint.
+    /// Process to checkpoint, with all its descendants (for a job started with
+    /// cr_run, the PID of cr_run or of the job).
     pid: i32,
 }
 
@@ -39,11 +40,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let pid = cr_agent::capture::job_root(cli.pid);
     let opts = Options {
         dir: cli
             .dir
             .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("ckpt.{}", cli.pid))),
+            .or_else(|| cr_agent::capture::job_dir(pid))
+            .unwrap_or_else(|| PathBuf::from(format!("ckpt.{pid}"))),
         action: if cli.kill {
             Action::Kill
         } else if cli.stop {
@@ -59,7 +62,7 @@ fn main() -> ExitCode {
         }),
         show_progress: std::io::stderr().is_terminal() && !cli.quiet,
     };
-    match checkpoint(cli.pid, &opts) {
+    match checkpoint(pid, &opts) {
         Ok(s) => {
             if !cli.quiet {
                 let secs = s.elapsed.as_secs_f64();

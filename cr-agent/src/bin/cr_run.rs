@@ -1,0 +1,77 @@
+//! `cr_run`: start a command under checkpoint control.
+//!
+//! The command runs as PID 1 of a new PID namespace, so its whole tree can
+//! later be restored anywhere (even twice side by side) without PID clashes;
+//! `cr_checkpoint` accepts the PID of cr_run or of the job. cr_run waits for
+//! the command and exits with its status; if cr_run dies (Ctrl-C, SIGTERM),
+//! the job is killed with it.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use cr_agent::capture::JOB_DIR_ENV;
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+/// Run a command under checkpoint control, in a new PID namespace.
+#[derive(Parser)]
+#[command(name = "cr_run", version)]
+struct Cli {
+    /// Default image directory for `cr_checkpoint` of this job.
+    #[arg(long, short = 'd')]
+    dir: Option<PathBuf>,
+    /// Stay in the current PID namespace (a restore then needs the same PIDs free).
+    #[arg(long)]
+    no_pidns: bool,
+    /// Write the job's PID (as seen from here) to this file.
+    #[arg(long)]
+    pid_file: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<OsString>,
+}
+
+fn run(cli: Cli) -> Result<u8, String> {
+    if !cli.no_pidns {
+        cr_sys::clone::unshare_pidns()
+            .map_err(|e| format!("cannot create a PID namespace: {e}"))?;
+    }
+    let mut cmd = Command::new(&cli.command[0]);
+    cmd.args(&cli.command[1..]);
+    if let Some(d) = &cli.dir {
+        let abs = std::path::absolute(d).map_err(|e| format!("bad --dir {}: {e}", d.display()))?;
+        cmd.env(JOB_DIR_ENV, abs);
+    }
+    cr_sys::clone::kill_with_parent(&mut cmd, libc::SIGKILL);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", cli.command[0].to_string_lossy()))?;
+    if let Some(f) = &cli.pid_file {
+        std::fs::write(f, format!("{}\n", child.id()))
+            .map_err(|e| format!("cannot write {}: {e}", f.display()))?;
+    }
+    tracing::info!(pid = child.id(), "job started");
+    let st = child
+        .wait()
+        .map_err(|e| format!("waiting for the job: {e}"))?;
+    Ok(match (st.code(), st.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => (128 + s) as u8,
+        _ => 1,
+    })
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CR_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("cr_run: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

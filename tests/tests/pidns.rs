@@ -1,0 +1,141 @@
+//! cr_run and PID namespaces: a job runs as PID 1 of its own namespace, is
+//! checkpointed through the PID of cr_run (into the job's `--dir`), and is
+//! restored into a fresh namespace with every PID as it was — twice from
+//! one image, both copies side by side.
+
+use cr_tests::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn status_field(pid: i32, key: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
+        .unwrap_or_default()
+}
+
+fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+fn wait_child(c: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = c.try_wait().expect("try_wait") {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            panic!("process {} did not finish in {timeout:?}", c.id());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn cr_run_job_is_pid_1_and_its_status_is_returned() {
+    let h = Harness::new("cr-run-status");
+    let out = h.dir.join("out");
+    let st = Command::new(tool_path("cr_run"))
+        .args(["--", "/bin/sh", "-c", "echo pid $$; exit 7"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("out"))
+        .status()
+        .expect("run cr_run");
+    assert_eq!(st.code(), Some(7));
+    assert_eq!(read_text(&out).trim(), "pid 1");
+}
+
+#[test]
+fn job_tree_restored_twice_side_by_side_in_new_pid_namespaces() {
+    let h = Harness::new("pidns-twice");
+    let img = h.image_dir("img");
+    let wl_tree = workload_path("wl_tree");
+    let mut wl = h.spawn_program(
+        "cr_run",
+        &tool_path("cr_run"),
+        &[
+            "--dir".as_ref(),
+            img.as_os_str(),
+            "--".as_ref(),
+            wl_tree.as_os_str(),
+        ],
+        &[],
+    );
+    wl.wait_ready();
+    let job = children(wl.pid());
+    assert_eq!(job.len(), 1, "cr_run runs one job\n{}", wl.diag());
+    assert!(
+        status_field(job[0], "NSpid:").ends_with("\t1")
+            || status_field(job[0], "NSpid:").ends_with(" 1"),
+        "the job is PID 1 of its namespace: {}",
+        status_field(job[0], "NSpid:")
+    );
+
+    // Through cr_run's PID, into the job's --dir.
+    let out = h.run_tool(
+        "cr_checkpoint",
+        &["--kill".as_ref(), wl.pid().to_string().as_ref()],
+        &RunOpts::default(),
+    );
+    out.assert_success("cr_checkpoint --kill <cr_run pid>");
+    assert!(
+        Path::new(&img).join("checkpoint.img").exists(),
+        "image not in the job's --dir"
+    );
+    let st = wl
+        .proc
+        .wait_exit(Duration::from_secs(20), String::new)
+        .expect("cr_run is our child");
+    assert_eq!(
+        st.code(),
+        Some(128 + libc::SIGKILL),
+        "cr_run returns the killed job's status"
+    );
+    wl.remove_go();
+
+    let restore = |n: u32| {
+        Command::new(tool_path("cr_restart"))
+            .arg(&img)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(h.dir.join(format!("restore-{n}.err"))).expect("err"))
+            .spawn()
+            .expect("spawn cr_restart")
+    };
+    let mut a = restore(1);
+    let mut b = restore(2);
+    // Both copies run at once, each as PID 1 of its own namespace, with the
+    // child and grandchild at their saved PIDs inside.
+    for r in [&a, &b] {
+        let pid = r.id() as i32;
+        wait_until(
+            "a restored job",
+            Duration::from_secs(30),
+            || !children(pid).is_empty(),
+            || wl.diag(),
+        );
+        let root = children(pid)[0];
+        let ns = status_field(root, "NSpid:");
+        assert!(
+            ns.split_whitespace().last() == Some("1"),
+            "restored root is not PID 1 inside: {ns}"
+        );
+    }
+    wl.go();
+    for r in [&mut a, &mut b] {
+        let st = wait_child(r, EXIT_TIMEOUT);
+        assert_eq!(
+            st.code(),
+            Some(0),
+            "a restored copy failed its own checks\n{}",
+            wl.diag()
+        );
+    }
+}
