@@ -125,8 +125,13 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
         let pages = p.pages.clone().unwrap_or_default();
         let _ = writeln!(
             s,
-            "\nprocess {} ({}) ppid {} exe {}",
-            p.pid, p.comm, p.ppid, p.exe
+            "\nprocess {} (pid {} in its namespace) ({}) ppid {} exe {}{}",
+            p.pid,
+            p.ns_pid,
+            p.comm,
+            p.ppid,
+            p.exe,
+            if p.zombie { " [zombie]" } else { "" }
         );
         let _ = writeln!(s, "  cwd {}  umask {:04o}", p.cwd, p.umask);
         let _ = writeln!(
