@@ -386,18 +386,7 @@ fn inject_queries(
             libc::SYS_prctl,
             [libc::PR_GET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
         )? == 1;
-        let scratch = inj.call(
-            "mmap",
-            libc::SYS_mmap,
-            [
-                0,
-                PAGE_SIZE,
-                (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                u64::MAX,
-                0,
-            ],
-        )?;
+        let scratch = inj.mmap_anon(0, PAGE_SIZE)?;
         inj.finish()?;
         (brk, keep_caps, scratch)
     };

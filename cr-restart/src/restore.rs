@@ -294,18 +294,7 @@ fn fork_stub(t: &mut Tracee, pid: i32) -> Result<Tracee, RestoreError> {
     let parent = t.tid();
     let ip = find_syscall_insn(parent)?;
     let mut inj = Injector::new(t, ip)?;
-    let page = inj.call(
-        "mmap",
-        libc::SYS_mmap,
-        [
-            0,
-            PAGE_SIZE,
-            (libc::PROT_READ | libc::PROT_WRITE) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-            u64::MAX,
-            0,
-        ],
-    )?;
+    let page = inj.mmap_anon(0, PAGE_SIZE)?;
     let mut bytes = (pid as u32 as u64).to_le_bytes().to_vec();
     // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
     // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
@@ -367,18 +356,7 @@ fn make_zombie(mut t: Tracee, status: i32) -> Result<(), RestoreError> {
             // The stub inherited our dispositions; the signal must kill it.
             let ip = find_syscall_insn(t.tid())?;
             let mut inj = Injector::new(&mut t, ip)?;
-            let act = inj.call(
-                "mmap",
-                libc::SYS_mmap,
-                [
-                    0,
-                    PAGE_SIZE,
-                    (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                    u64::MAX,
-                    0,
-                ],
-            )?;
+            let act = inj.mmap_anon(0, PAGE_SIZE)?;
             inj.call(
                 "rt_sigaction",
                 libc::SYS_rt_sigaction,
@@ -447,19 +425,9 @@ fn rebuild(
             .step(|| "cannot unregister the stub's rseq area".into())?;
         }
         let scratch = choose_scratch(&p.vmas, &stub_maps)?;
-        stub.call(
-            "mmap",
-            libc::SYS_mmap,
-            [
-                scratch,
-                SCRATCH,
-                (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
-                u64::MAX,
-                0,
-            ],
-        )
-        .step(|| format!("cannot map scratch memory at {scratch:#x}"))?;
+        stub.inj
+            .mmap_anon(scratch, SCRATCH)
+            .step(|| format!("cannot map scratch memory at {scratch:#x}"))?;
         stub.scratch = scratch;
         stub.call(
             "close_range",

@@ -140,6 +140,22 @@ impl<'a> Injector<'a> {
         Ok(r as u64)
     }
 
+    /// Map `len` bytes of private anonymous read-write memory in the tracee
+    /// (exactly at `addr` with MAP_FIXED_NOREPLACE, or anywhere if 0);
+    /// returns its address.
+    pub fn mmap_anon(&mut self, addr: u64, len: u64) -> Result<u64> {
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        if addr != 0 {
+            flags |= libc::MAP_FIXED_NOREPLACE;
+        }
+        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        self.call(
+            "mmap",
+            libc::SYS_mmap,
+            [addr, len, prot, flags as u64, u64::MAX, 0],
+        )
+    }
+
     /// Put the registers and signal mask back as they were.
     pub fn finish(mut self) -> Result<()> {
         self.restore()
