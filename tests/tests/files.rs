@@ -62,7 +62,13 @@ fn append_kill_restore(sleep_ms: &str) {
     checkpoint_kill(&h, &mut wl, &img);
 
     let n0 = check_records(&app).unwrap_or_else(|e| panic!("after checkpoint: {e}"));
-    assert_eq!(check_records(&plain), Ok(n0), "plain.dat at checkpoint");
+    // Each record goes to append.dat, then to plain.dat: a busy writer may
+    // be frozen between the two writes.
+    let p0 = check_records(&plain).unwrap_or_else(|e| panic!("plain.dat after checkpoint: {e}"));
+    assert!(
+        p0 == n0 || p0 + 1 == n0,
+        "plain.dat has {p0} records at checkpoint, append.dat {n0}"
+    );
 
     let mut r = h.restore_bg(&img, pid);
     wait_until(
