@@ -1,5 +1,6 @@
 //! The checkpoint of a process tree, start to finish.
 
+use crate::objects::Objects;
 use crate::tree::{self, Frozen};
 use crate::{fault, fds, identity, memory, target, threads, CheckpointError};
 use cr_image::{proto, ImageDir, PageWriter};
@@ -55,12 +56,14 @@ const NSIG: u32 = 64;
 pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> {
     let t0 = Instant::now();
     target::validate(pid)?;
-    // Pre-flight: refuse unsupported fds before anything is touched.
-    for p in tree::walk(pid)? {
+    // Pre-flight: refuse unsupported resources before anything is touched.
+    let pids = tree::walk(pid)?;
+    let mut scan = fds::Scan::new(&pids);
+    for &p in &pids {
         match proc::read_stat(p) {
             Ok(s) if s.state != 'Z' => {
                 identity::check(p)?;
-                fds::collect(p)?;
+                fds::collect(p, &mut scan, None)?;
             }
             _ => {}
         }
@@ -71,6 +74,68 @@ pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> 
         dir.discard_tmp();
     }
     result
+}
+
+/// One line of the pre-flight report (`cr_checkpoint --check`).
+#[derive(Debug, Clone)]
+pub struct CheckItem {
+    pub pid: i32,
+    /// "fd 3", "memory", "process".
+    pub resource: String,
+    pub what: String,
+    /// Why it cannot be saved.
+    pub refused: Option<String>,
+}
+
+/// List every resource of the tree under `pid` and whether it can be saved,
+/// without touching the processes.
+pub fn check(pid: i32) -> Result<Vec<CheckItem>, CheckpointError> {
+    target::validate(pid)?;
+    let pids = tree::walk(pid)?;
+    let mut scan = fds::Scan::new(&pids);
+    let mut out = Vec::new();
+    for &p in &pids {
+        let Ok(stat) = proc::read_stat(p) else {
+            continue;
+        };
+        let item = |resource: &str, what: String, refused: Option<String>| CheckItem {
+            pid: p,
+            resource: resource.to_string(),
+            what,
+            refused,
+        };
+        if stat.state == 'Z' {
+            out.push(item("process", format!("{} (zombie)", stat.comm), None));
+            continue;
+        }
+        let threads = proc::list_tasks(p).map(|t| t.len()).unwrap_or(0);
+        let refused = identity::check(p)
+            .err()
+            .map(|e| cr_sys::error::one_line(&e));
+        out.push(item(
+            "process",
+            format!(
+                "{} ({threads} threads, credentials, signals, timers)",
+                stat.comm
+            ),
+            refused,
+        ));
+        let maps = proc::read_maps(p).map_err(|e| CheckpointError::from_sys(p, e))?;
+        let bad: Vec<String> = maps
+            .iter()
+            .filter_map(|m| memory::classify(p, m).err())
+            .map(|e| cr_sys::error::one_line(&e))
+            .collect();
+        out.push(item(
+            "memory",
+            format!("{} mappings", maps.len()),
+            (!bad.is_empty()).then(|| bad.join("; ")),
+        ));
+        for r in fds::report(p, &mut scan) {
+            out.push(item(&format!("fd {}", r.fd), r.what, r.refused));
+        }
+    }
+    Ok(out)
 }
 
 /// Whether `root` is PID 1 of a PID namespace below ours (started by
@@ -111,8 +176,8 @@ pub const JOB_DIR_ENV: &str = "CR_CHECKPOINT_DIR";
 struct Shared {
     /// (dev, inode) of shared anonymous memory -> (owner pid, start, end).
     shm: HashMap<(u64, u64), (u32, u64, u64)>,
-    /// fds seen so far: (pid, fd, path).
-    fds: Vec<(i32, i32, String)>,
+    /// fds seen so far, by link target: (pid, fd).
+    fds: HashMap<String, Vec<(i32, i32)>>,
 }
 
 fn checkpoint_frozen(
@@ -126,10 +191,22 @@ fn checkpoint_frozen(
     debug!(root, processes = procs.len(), "tree frozen");
     fault::check("after-seize")?;
     let mut shared = Shared::default();
+    let pids: Vec<i32> = procs.iter().map(|f| f.pid).collect();
+    // Scanned again now that nothing moves: sockets and pipes as they are.
+    let mut scan = fds::Scan::new(&pids);
+    let mut objects = Objects::new(dir, opts.fsync);
     let mut images = Vec::with_capacity(procs.len());
     for f in procs.iter_mut() {
-        images.push(capture_process(f, dir, opts, &mut shared)?);
+        images.push(capture_process(
+            f,
+            dir,
+            opts,
+            &mut shared,
+            &mut scan,
+            &mut objects,
+        )?);
     }
+    let objects = objects.into_vec();
     let cpu_xfeatures = images
         .iter()
         .flat_map(|p| p.threads.iter())
@@ -157,6 +234,7 @@ fn checkpoint_frozen(
         cpu_xfeatures,
         processes: images,
         pidns,
+        objects,
     };
     fault::check("before-commit")?;
     dir.commit(&ck, opts.fsync)?;
@@ -210,6 +288,8 @@ fn capture_process(
     dir: &ImageDir,
     opts: &Options,
     shared: &mut Shared,
+    scan: &mut fds::Scan,
+    objects: &mut Objects,
 ) -> Result<proto::Process, CheckpointError> {
     let pid = f.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
@@ -268,15 +348,17 @@ fn capture_process(
         .ok()
         .and_then(|s| u32::from_str_radix(s.trim(), 16).ok())
         .unwrap_or(0);
-    let mut fds = fds::collect(pid)?;
+    let mut fds = fds::collect(pid, scan, Some(objects))?;
     for fd in fds.iter_mut() {
-        if let Some(&(opid, ofd, _)) = shared.fds.iter().find(|(opid, ofd, path)| {
-            *path == fd.path && cr_sys::mem::same_file(pid, fd.fd, *opid, *ofd).unwrap_or(false)
-        }) {
+        let seen = shared.fds.entry(fd.path.clone()).or_default();
+        if let Some(&(opid, ofd)) = seen
+            .iter()
+            .find(|(opid, ofd)| cr_sys::mem::same_file(pid, fd.fd, *opid, *ofd).unwrap_or(false))
+        {
             fd.shared_pid = opid as u32;
             fd.shared_fd = ofd;
         } else {
-            shared.fds.push((pid, fd.fd, fd.path.clone()));
+            seen.push((pid, fd.fd));
         }
     }
     let maps = proc::read_smaps(pid).map_err(sys)?;
@@ -284,6 +366,27 @@ fn capture_process(
         .iter()
         .map(|m| memory::classify(pid, m))
         .collect::<Result<Vec<_>, _>>()?;
+    for v in vmas
+        .iter_mut()
+        .filter(|v| v.path.starts_with("/memfd:") || v.path.ends_with(" (deleted)"))
+    {
+        let link = format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end);
+        // A file really named "x (deleted)" still has a link.
+        let gone = std::fs::metadata(&link).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.nlink() == 0
+        });
+        if gone.unwrap_or(false) {
+            let memfd = v.path.starts_with("/memfd:");
+            objects
+                .content_from(&link, v.inode, &v.path, memfd)
+                .map_err(|what| CheckpointError::Unsupported {
+                    pid,
+                    what: format!("mapping at {:#x} of {what}", v.start),
+                })?;
+            v.object = v.inode;
+        }
+    }
     for v in vmas
         .iter_mut()
         .filter(|v| v.kind == proto::VmaKind::AnonShared as i32)

@@ -2,7 +2,9 @@
 //!
 //! Data flow of a checkpoint (module of each step):
 //! 1. [`target`]: check the PID names a user process we can capture.
-//! 2. [`fds`]: pre-flight of the open fds (refuse before freezing anything).
+//! 2. [`fds`]: pre-flight of the open fds (refuse before freezing anything);
+//!    on the frozen tree, their state: [`objects`] (pipes, memfds, deleted
+//!    files), [`unix`] (unix sockets), [`locks`].
 //! 3. [`threads`]: seize and interrupt every thread (`cr_sys::ptrace`);
 //!    registers, XSAVE, signal mask, rseq per thread.
 //! 4. [`capture`]: signal handlers, brk, and per thread the clear-child-tid
@@ -21,10 +23,13 @@ pub mod error;
 pub mod fault;
 pub mod fds;
 pub mod identity;
+pub mod locks;
 pub mod memory;
+pub mod objects;
 pub mod target;
 pub mod threads;
 pub mod tree;
+pub mod unix;
 
 pub use capture::{checkpoint, Action, Options, Summary};
 pub use error::CheckpointError;

@@ -70,14 +70,14 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<proto::Vma, CheckpointError> {
                 m.start
             )))
         }
-        p if p.starts_with("/memfd:") => {
-            return Err(unsupported(format!("memfd mapping {p} at {:#x}", m.start)))
-        }
-        p if p.ends_with(" (deleted)") => {
-            return Err(unsupported(format!(
-                "mapping of deleted file {p} at {:#x}",
-                m.start
-            )))
+        // memfds and deleted files: their content becomes an object of the
+        // image (see capture), mapped again from the restored copy.
+        p if p.starts_with("/memfd:") || p.ends_with(" (deleted)") => {
+            if m.shared {
+                VmaKind::FileShared
+            } else {
+                VmaKind::FilePrivate
+            }
         }
         p if p.starts_with('/') && m.shared => VmaKind::FileShared,
         p if p.starts_with('/') => VmaKind::FilePrivate,
@@ -107,6 +107,7 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<proto::Vma, CheckpointError> {
         shm_owner_pid: 0,
         shm_owner_start: 0,
         shm_owner_end: 0,
+        object: 0,
     })
 }
 

@@ -66,12 +66,16 @@ impl ImageDir {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(&meta)(e)),
         }
-        for p in &ck.processes {
-            if let Some(pf) = &p.pages {
-                let fin = self.file(&pf.name);
-                let tmp = self.file(&format!("{}{TMP_SUFFIX}", pf.name));
-                std::fs::rename(&tmp, &fin).map_err(io_err(&tmp))?;
-            }
+        let contents = ck.objects.iter().filter_map(|o| o.content.as_ref());
+        for pf in ck
+            .processes
+            .iter()
+            .filter_map(|p| p.pages.as_ref())
+            .chain(contents)
+        {
+            let fin = self.file(&pf.name);
+            let tmp = self.file(&format!("{}{TMP_SUFFIX}", pf.name));
+            std::fs::rename(&tmp, &fin).map_err(io_err(&tmp))?;
         }
         let tmp = self.file(&format!("{CHECKPOINT_FILE}{TMP_SUFFIX}"));
         let framed = header::encode(header::KIND_CHECKPOINT, &ck.encode_to_vec());

@@ -16,7 +16,12 @@ pub struct PageWriter {
 
 impl PageWriter {
     pub fn create(dir: &ImageDir, pid: u32) -> Result<Self> {
-        let name = ImageDir::pages_name(pid);
+        Self::create_named(dir, &ImageDir::pages_name(pid))
+    }
+
+    /// A page-structured file of another name (file content objects).
+    pub fn create_named(dir: &ImageDir, name: &str) -> Result<Self> {
+        let name = name.to_string();
         let path = dir.file(&format!("{name}{TMP_SUFFIX}"));
         let file = File::create(&path).map_err(io_err(&path))?;
         Ok(PageWriter { file, path, name })

@@ -47,6 +47,7 @@ pub fn map_all(
     stub: &mut Stub<'_>,
     p: &proto::Process,
     ids: &Ids,
+    objects: &crate::objects::Objects,
 ) -> Result<Vec<bool>, RestoreError> {
     let extents = p
         .pages
@@ -82,14 +83,25 @@ pub fn map_all(
             VmaKind::FilePrivate | VmaKind::FileShared => {
                 // A shared mapping that may become writable needs a writable fd.
                 let rw = k == VmaKind::FileShared && has("mw");
-                let fd = match files.get(&(v.path.clone(), rw)) {
+                // memfds and deleted files: the restorer's copy.
+                let path = if v.object != 0 {
+                    objects.map_path(v).ok_or_else(|| {
+                        RestoreError::Unsupported(format!(
+                            "mapping at {:#x} refers to object {} missing from the image",
+                            v.start, v.object
+                        ))
+                    })?
+                } else {
+                    v.path.clone()
+                };
+                let fd = match files.get(&(path.clone(), rw)) {
                     Some(fd) => *fd,
                     None => {
                         let o = if rw { libc::O_RDWR } else { libc::O_RDONLY };
-                        let fd = stub.open(&v.path, o | libc::O_CLOEXEC).step(|| {
+                        let fd = stub.open(&path, o | libc::O_CLOEXEC).step(|| {
                             format!("cannot open {} to map it at {:#x}", v.path, v.start)
                         })?;
-                        files.insert((v.path.clone(), rw), fd);
+                        files.insert((path.clone(), rw), fd);
                         fd
                     }
                 };

@@ -2,6 +2,7 @@
 //! being rebuilt, driven by injected syscalls.
 
 use crate::error::{RestoreError, StepContext};
+use crate::objects::Objects;
 use crate::{fds, memory, regs};
 use cr_image::{proto, ImageDir, PageReader};
 use cr_sys::clone::{pid_exists, spawn_stub, spawn_stub_in_new_pidns, CloneError};
@@ -10,6 +11,7 @@ use cr_sys::ptrace::{wait_raw, OnDrop, Tracee};
 use cr_sys::remote::{find_syscall_insn, Injector};
 use cr_sys::{mem, PAGE_SIZE};
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use tracing::{debug, info};
 
@@ -30,6 +32,10 @@ pub struct Options {
     /// Threads filling memory.
     pub workers: usize,
     pub show_progress: bool,
+    /// The job was started from an interactive shell: it joins our session
+    /// and becomes the foreground job of our terminal, and inherited
+    /// terminals get their saved settings.
+    pub shell_job: bool,
 }
 
 /// A stub process being rebuilt: injected syscalls plus a scratch area for
@@ -39,9 +45,44 @@ pub struct Stub<'a> {
     pid: i32,
     scratch: u64,
     cursor: u64,
+    /// The stub's fd number of a pidfd of the restorer (see [`Stub::grab`]).
+    grab_pidfd: Option<u64>,
 }
 
 impl Stub<'_> {
+    /// Take the restorer's fd `ours` into the stub as fd `want` (the same
+    /// open file description, through pidfd_getfd on the restorer's pidfd
+    /// the stub inherited).
+    pub fn grab(&mut self, ours: i32, want: i32, cloexec: bool) -> cr_sys::error::Result<()> {
+        let pidfd = self
+            .grab_pidfd
+            .expect("grab pidfd set up before any fd is restored");
+        let got = self.call(
+            "pidfd_getfd",
+            libc::SYS_pidfd_getfd,
+            [pidfd, ours as u64, 0, 0, 0, 0],
+        )?;
+        self.place(got, want, cloexec)
+    }
+
+    /// Move the new fd `got` (close-on-exec, as pidfd_getfd makes it) to number `want`.
+    pub fn place(&mut self, got: u64, want: i32, cloexec: bool) -> cr_sys::error::Result<()> {
+        let flag = if cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+        if got == want as u64 {
+            if !cloexec {
+                self.call(
+                    "fcntl(F_SETFD)",
+                    libc::SYS_fcntl,
+                    [got, libc::F_SETFD as u64, 0, 0, 0, 0],
+                )?;
+            }
+            return Ok(());
+        }
+        self.call("dup3", libc::SYS_dup3, [got, want as u64, flag, 0, 0, 0])?;
+        self.call("close", libc::SYS_close, [got, 0, 0, 0, 0, 0])?;
+        Ok(())
+    }
+
     pub fn pid(&self) -> i32 {
         self.pid
     }
@@ -189,6 +230,12 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         }
     }
 
+    // Pipes, sockets and file contents first, in the restorer; the pidfd of
+    // the restorer every stub inherits is how they take their fds.
+    let objects = Objects::prepare(&img, &ck)?;
+    let me = cr_sys::fdio::pidfd_open(std::process::id() as i32)?;
+    let mut handoff = fds::Handoff::default();
+
     // Stubs, parents before children: each child is forked by its parent's
     // stub, so the parent links are real.
     let root_pid = if ids.pidns {
@@ -230,8 +277,16 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         .into_iter()
         .map(|s| s.expect("every stub created"))
         .collect();
-    set_process_groups(procs, &mut stubs, &ids)?;
+    set_process_groups(procs, &mut stubs, &ids, opts.shell_job)?;
 
+    let ctx = Ctx {
+        img: &img,
+        ck: &ck,
+        opts,
+        ids: &ids,
+        objects: &objects,
+        grab_pidfd: me.as_raw_fd(),
+    };
     let mut threads = Vec::with_capacity(procs.len());
     for (p, t) in procs.iter().zip(stubs.iter_mut()) {
         threads.push(if p.zombie {
@@ -239,11 +294,16 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         } else {
             let pf = p.pages.as_ref().expect("checked above");
             debug!(pid = t.tid(), "rebuilding");
-            rebuild(t, &img, &ck, p, pf, opts, &ids)?
+            rebuild(t, &ctx, p, pf, &mut handoff)?
         });
     }
     // Release: every thread of every process is ready and nothing of the
-    // tree has run yet. Zombies die now, then children go before parents.
+    // tree has run yet. Timers start now; a shell job takes the terminal;
+    // zombies die, then children go before parents.
+    handoff.arm_timers()?;
+    if opts.shell_job {
+        take_terminal(root_pid);
+    }
     let mut live = Vec::new();
     for ((p, t), th) in procs.iter().zip(stubs).zip(threads) {
         if p.zombie {
@@ -265,6 +325,77 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         "restored tree released"
     );
     Ok(root_pid)
+}
+
+/// Make the restored job (its process group) the foreground job of our
+/// terminal, as the shell had made it before the checkpoint.
+fn take_terminal(root: i32) {
+    use std::os::fd::AsFd;
+    let Some(tty) = [0, 1, 2]
+        .into_iter()
+        .filter_map(|fd| cr_sys::fdio::dup_own(fd).ok())
+        .find(|fd| cr_sys::fdio::is_tty(fd.as_fd()))
+    else {
+        tracing::warn!("--shell-job: cr_restart has no terminal to hand over");
+        return;
+    };
+    let pgrp = proc::read_stat(root)
+        .map(|s| s.field(5) as i32)
+        .unwrap_or(root);
+    if let Err(e) = cr_sys::fdio::set_foreground(tty.as_fd(), pgrp) {
+        tracing::warn!(error = %cr_sys::error::one_line(&e), "--shell-job: cannot make the job the foreground job");
+    }
+}
+
+/// Close every fd the stub inherited except our pidfd, which moves to a
+/// number the image does not use; raise its fd limit so high fd numbers can
+/// be restored (the saved limits come back at the end).
+fn keep_only_grab_fd(
+    stub: &mut Stub<'_>,
+    p: &proto::Process,
+    ours: i32,
+) -> Result<(), RestoreError> {
+    let ours = ours as u64;
+    if ours > 0 {
+        stub.call(
+            "close_range",
+            libc::SYS_close_range,
+            [0, ours - 1, 0, 0, 0, 0],
+        )?;
+    }
+    stub.call(
+        "close_range",
+        libc::SYS_close_range,
+        [ours + 1, u32::MAX as u64, 0, 0, 0, 0],
+    )?;
+    if let Some(&(_, hard)) = cr_sys::limits::get_all(stub.pid())?.get(libc::RLIMIT_NOFILE as usize)
+    {
+        cr_sys::limits::set(stub.pid(), libc::RLIMIT_NOFILE, hard, hard)?;
+    }
+    let used: std::collections::HashSet<i32> = p.fds.iter().map(|f| f.fd).collect();
+    let free = (0..).find(|n| !used.contains(n)).expect("a free fd number") as u64;
+    if free != ours {
+        stub.call(
+            "dup3",
+            libc::SYS_dup3,
+            [ours, free, libc::O_CLOEXEC as u64, 0, 0, 0],
+        )
+        .step(|| "cannot move the restorer's pidfd in the stub".into())?;
+        stub.call("close", libc::SYS_close, [ours, 0, 0, 0, 0, 0])?;
+    }
+    stub.grab_pidfd = Some(free);
+    Ok(())
+}
+
+/// What every process's rebuild needs.
+struct Ctx<'a> {
+    img: &'a ImageDir,
+    ck: &'a proto::Checkpoint,
+    opts: &'a Options,
+    ids: &'a Ids,
+    objects: &'a Objects,
+    /// Our pidfd's number, inherited by every stub.
+    grab_pidfd: i32,
 }
 
 const STUB_OPTIONS: u64 = (libc::PTRACE_O_TRACESYSGOOD
@@ -327,16 +458,21 @@ fn set_process_groups(
     procs: &[proto::Process],
     stubs: &mut [Tracee],
     ids: &Ids,
+    shell_job: bool,
 ) -> Result<(), RestoreError> {
     let in_tree =
         |pgid: u32| pgid != 0 && procs.iter().any(|p| ids.inner(p.pid) == pgid && !p.zombie);
+    let i_am_root = |p: &proto::Process| procs.first().is_some_and(|r| r.pid == p.pid);
     for leaders in [true, false] {
         for (p, t) in procs.iter().zip(stubs.iter_mut()) {
             let (sid, pgid) = ids.sid_pgid(p);
             let me = ids.inner(p.pid);
-            if p.zombie || sid == me || (pgid == me) != leaders || !in_tree(pgid) {
+            // A shell job's root led its own group in the shell's session.
+            let own_group = shell_job && leaders && i_am_root(p) && !in_tree(sid) && sid != me;
+            if !own_group && (p.zombie || sid == me || (pgid == me) != leaders || !in_tree(pgid)) {
                 continue;
             }
+            let pgid = if own_group { 0 } else { pgid };
             inject_once(
                 t,
                 "setpgid",
@@ -381,13 +517,12 @@ fn make_zombie(mut t: Tracee, status: i32) -> Result<(), RestoreError> {
 
 fn rebuild(
     tracee: &mut Tracee,
-    img: &ImageDir,
-    ck: &proto::Checkpoint,
+    ctx: &Ctx<'_>,
     p: &proto::Process,
     pf: &proto::PageFile,
-    opts: &Options,
-    ids: &Ids,
+    handoff: &mut fds::Handoff,
 ) -> Result<Vec<Tracee>, RestoreError> {
+    let (img, ck, opts, ids) = (ctx.img, ctx.ck, ctx.opts, ctx.ids);
     let pid = tracee.tid();
     let is_root = p.pid == ck.root_pid;
     let thread = &p.threads[0];
@@ -406,6 +541,7 @@ fn rebuild(
             pid,
             scratch: 0,
             cursor: 0,
+            grab_pidfd: None,
         };
         // Our glibc registered rseq for the stub; the kernel would write to
         // that area (about to be unmapped) on every preemption.
@@ -429,15 +565,11 @@ fn rebuild(
             .mmap_anon(scratch, SCRATCH)
             .step(|| format!("cannot map scratch memory at {scratch:#x}"))?;
         stub.scratch = scratch;
-        stub.call(
-            "close_range",
-            libc::SYS_close_range,
-            [0, u32::MAX as u64, 0, 0, 0, 0],
-        )?;
+        keep_only_grab_fd(&mut stub, p, ctx.grab_pidfd)?;
         unmap_stub(&mut stub, &stub_maps, scratch)?;
         move_vdso(&mut stub, &stub_maps, &p.vmas, scratch + SCRATCH, ip)?;
 
-        let filled = memory::map_all(&mut stub, p, ids)?;
+        let filled = memory::map_all(&mut stub, p, ids, ctx.objects)?;
         let bar = cr_image::progress::bar(opts.show_progress, pf.size, "restoring memory");
         memory::fill(pid, img, pf, opts.workers, &|d| {
             if let Some(b) = &bar {
@@ -449,7 +581,13 @@ fn rebuild(
         }
         memory::finish(&mut stub, p, &filled)?;
         process_state(&mut stub, p)?;
-        fds::restore(&mut stub, p.pid, &p.fds, ids)?;
+        let fd_opts = fds::FdOptions {
+            shell_job: opts.shell_job,
+        };
+        fds::restore(&mut stub, p.pid, &p.fds, ids, ctx.objects, handoff, fd_opts)?;
+        if let Some(h) = stub.grab_pidfd.take() {
+            stub.call("close", libc::SYS_close, [h, 0, 0, 0, 0, 0])?;
+        }
         mm_fields(&mut stub, p)?;
         signals(&mut stub, p)?;
         let mut others = create_threads(&mut stub, &p.threads[1..], ids)?;

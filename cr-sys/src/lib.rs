@@ -9,9 +9,11 @@
 //! - [`clone`]: creating a process with a chosen PID (clone3 `set_tid`).
 //! - [`regs`]: the x86_64 register layouts ptrace uses.
 //! - [`limits`]: resource limits of another process.
+//! - [`fdio`]: pipes, sockets and other fd objects the engines hold themselves.
 
 pub mod clone;
 pub mod error;
+pub mod fdio;
 pub mod limits;
 pub mod mem;
 pub mod pagemap;
@@ -19,6 +21,7 @@ pub mod proc;
 pub mod ptrace;
 pub mod regs;
 pub mod remote;
+pub mod unix_diag;
 
 pub use error::{Errno, SysError};
 

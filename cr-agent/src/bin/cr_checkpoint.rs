@@ -26,6 +26,14 @@ struct Cli {
     /// Threads copying memory [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
+    /// Only list every resource of the tree and whether it can be saved;
+    /// exit 1 if any cannot. Nothing is frozen or written.
+    #[arg(long)]
+    check: bool,
+    /// Accepted for compatibility with CRIU: a job attached to a terminal
+    /// outside the tree is always allowed (use `cr_restart --shell-job`).
+    #[arg(long)]
+    shell_job: bool,
     /// Print nothing on success.
     #[arg(long, short = 'q')]
     quiet: bool,
@@ -41,6 +49,9 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let pid = cr_agent::capture::job_root(cli.pid);
+    if cli.check {
+        return check(pid, cli.quiet);
+    }
     let opts = Options {
         dir: cli
             .dir
@@ -87,4 +98,44 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--check`: the pre-flight report.
+fn check(pid: i32, quiet: bool) -> ExitCode {
+    let items = match cr_agent::capture::check(pid) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("cr_checkpoint: error: {}", cr_sys::error::one_line(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    if !quiet {
+        for i in &items {
+            let verdict = match &i.refused {
+                None => "ok".to_string(),
+                Some(why) => format!("CANNOT BE SAVED: {why}"),
+            };
+            println!("pid {:<7} {:<8} {}: {verdict}", i.pid, i.resource, i.what);
+        }
+    }
+    let refused: Vec<_> = items.iter().filter(|i| i.refused.is_some()).collect();
+    if let Some(first) = refused.first() {
+        eprintln!(
+            "cr_checkpoint: error: process {}: {} is {}",
+            first.pid,
+            first.resource,
+            first.refused.as_deref().unwrap_or_default()
+        );
+        if refused.len() > 1 {
+            eprintln!(
+                "cr_checkpoint: {} more resources cannot be saved (listed above)",
+                refused.len() - 1
+            );
+        }
+        return ExitCode::FAILURE;
+    }
+    if !quiet {
+        println!("all {} resources of the tree can be saved", items.len());
+    }
+    ExitCode::SUCCESS
 }

@@ -15,6 +15,11 @@ struct Cli {
     /// Print the restored PID and return at once; the process runs on.
     #[arg(long)]
     detach: bool,
+    /// The job was started from an interactive shell: it joins cr_restart's
+    /// session, becomes the foreground job of its terminal, and its
+    /// terminal settings come back.
+    #[arg(long)]
+    shell_job: bool,
     /// Threads filling memory [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
@@ -35,6 +40,7 @@ fn main() -> ExitCode {
                 .unwrap_or(1)
         }),
         show_progress: true,
+        shell_job: cli.shell_job,
     };
     let result = restore(&cli.dir, &opts).and_then(|pid| {
         if cli.detach {

@@ -1,0 +1,181 @@
+//! Unix domain sockets: what sock_diag tells about each (type, state, name,
+//! peer, queued connections, shutdown), and the receive queue read without
+//! consuming it (MSG_PEEK with SO_PEEK_OFF on a copy of the fd taken with
+//! pidfd_getfd).
+//!
+//! A socket whose peer is outside the tree can only be kept when it is a
+//! datagram socket connected to a named peer (reconnected by name, like
+//! /dev/log), or when it is fd 0, 1 or 2 (taken from cr_restart). Other
+//! socket families are refused by name.
+
+use crate::fds::{inherited, Scan};
+use crate::objects::Objects;
+use cr_image::proto;
+use cr_sys::fdio;
+
+const TCP_LISTEN: u8 = 10;
+
+pub fn describe(
+    mut f: proto::Fd,
+    pid: i32,
+    fd: i32,
+    ino: u64,
+    scan: &mut Scan,
+    objects: Option<&mut Objects>,
+) -> Result<Option<proto::Fd>, String> {
+    let all = scan.unix()?;
+    let Some(u) = all.get(&ino).cloned() else {
+        return Err(other_family(pid, fd));
+    };
+    let kind = match u.sock_type as i32 {
+        libc::SOCK_STREAM => "stream",
+        libc::SOCK_DGRAM => "datagram",
+        libc::SOCK_SEQPACKET => "seqpacket",
+        _ => {
+            return Err(format!(
+                "a unix socket of type {} (not supported)",
+                u.sock_type
+            ))
+        }
+    };
+    let mut s = proto::UnixSocket {
+        sock_type: u.sock_type as u32,
+        state: u.state as u32,
+        name: u.name.clone().unwrap_or_default(),
+        shutdown: u.shutdown as u32,
+        peek_off: -1,
+        ..Default::default()
+    };
+    if u.state == TCP_LISTEN {
+        s.backlog = u.wqlen;
+        let outside: Vec<u64> = u
+            .icons
+            .iter()
+            .copied()
+            .filter(|c| !scan.socket_in_tree(*c))
+            .collect();
+        if !outside.is_empty() {
+            tracing::warn!(
+                pid,
+                fd,
+                queued = outside.len(),
+                "connections from outside the tree queued on a listening unix socket are dropped"
+            );
+        }
+    } else if u.peer != 0 && !scan.socket_in_tree(u.peer) {
+        let peer_name = scan.unix()?.get(&u.peer).and_then(|p| p.name.clone());
+        match peer_name {
+            Some(n) if u.sock_type as i32 == libc::SOCK_DGRAM && !n.is_empty() => s.peer_name = n,
+            _ if fd <= 2 => {
+                return inherited(
+                    f,
+                    pid,
+                    fd,
+                    format!("a unix {kind} socket connected outside the tree"),
+                );
+            }
+            _ => return Err(format!(
+                "a unix {kind} socket connected to socket:[{}] outside the tree (not supported)",
+                u.peer
+            )),
+        }
+    } else if u.peer != 0 {
+        s.peer = u.peer;
+    } else if u.state == 1 && u.sock_type as i32 != libc::SOCK_DGRAM {
+        // Connected, peer 0: either queued on a listener (not accepted yet)
+        // or its peer is gone.
+        let listener = scan
+            .unix()?
+            .values()
+            .find(|l| l.state == TCP_LISTEN && l.icons.contains(&ino))
+            .map(|l| l.ino);
+        match listener {
+            Some(l) if scan.socket_in_tree(l) => s.listener = l,
+            Some(l) if fd > 2 => {
+                return Err(format!(
+                    "a unix {kind} socket waiting to be accepted by socket:[{l}] outside the tree (not supported)"
+                ))
+            }
+            Some(_) => return inherited(f, pid, fd, format!("a unix {kind} socket connected outside the tree")),
+            None => {} // the peer closed; the queue still holds its last data
+        }
+    }
+    if !s.name.is_empty() && s.name[0] != 0 {
+        s.name_unlinked = match std::fs::metadata(String::from_utf8_lossy(&s.name).as_ref()) {
+            Ok(md) => {
+                use std::os::unix::fs::MetadataExt;
+                u.vfs.map(|(_, i)| i & 0xffff_ffff) != Some(md.ino() & 0xffff_ffff)
+            }
+            Err(_) => true,
+        };
+    }
+    f.kind = proto::FdKind::UnixSocket as i32;
+    f.object = ino;
+    let Some(objs) = objects else {
+        return Ok(Some(f));
+    };
+    if objs.contains(proto::ObjectKind::UnixSocketObject, ino) {
+        return Ok(Some(f));
+    }
+    let err = |e: cr_sys::SysError| {
+        format!(
+            "a unix {kind} socket that cannot be read: {}",
+            cr_sys::error::one_line(&e)
+        )
+    };
+    let sock = fdio::steal_fd(pid, fd).map_err(err)?;
+    if u.state != TCP_LISTEN {
+        s.queue = match fdio::peek_queue(&sock, u.sock_type as i32 == libc::SOCK_STREAM)
+            .map_err(err)?
+        {
+            Ok(q) => q,
+            Err(fdio::PeekProblem::FdsInFlight) => return Err(format!(
+                "a unix {kind} socket with file descriptors in flight (SCM_RIGHTS, not supported)"
+            )),
+        };
+    }
+    s.sndbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF).unwrap_or(0);
+    s.rcvbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF).unwrap_or(0);
+    s.passcred = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PASSCRED).unwrap_or(0) != 0;
+    s.peek_off = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF).unwrap_or(-1);
+    objs.insert(proto::FileObject {
+        id: ino,
+        kind: proto::ObjectKind::UnixSocketObject as i32,
+        unix: Some(s),
+        ..Default::default()
+    });
+    Ok(Some(f))
+}
+
+/// Name the family (and protocol) of a socket that is not AF_UNIX.
+fn other_family(pid: i32, fd: i32) -> String {
+    let Ok(sock) = fdio::steal_fd(pid, fd) else {
+        return "a socket that cannot be inspected (not supported)".into();
+    };
+    let get = |opt| fdio::getsockopt_int(&sock, libc::SOL_SOCKET, opt).unwrap_or(-1);
+    let (domain, ty, proto) = (
+        get(libc::SO_DOMAIN),
+        get(libc::SO_TYPE),
+        get(libc::SO_PROTOCOL),
+    );
+    let what = match domain {
+        libc::AF_INET | libc::AF_INET6 => {
+            let v = if domain == libc::AF_INET {
+                "IPv4"
+            } else {
+                "IPv6"
+            };
+            match (ty, proto) {
+                (libc::SOCK_STREAM, libc::IPPROTO_TCP) => format!("a TCP ({v}) socket"),
+                (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => format!("a UDP ({v}) socket"),
+                (libc::SOCK_RAW, _) => format!("a raw {v} socket"),
+                _ => format!("an {v} socket (type {ty}, protocol {proto})"),
+            }
+        }
+        libc::AF_NETLINK => format!("a netlink socket (protocol {proto})"),
+        libc::AF_PACKET => "a packet socket".into(),
+        libc::AF_UNIX => "a unix socket sock_diag does not know".into(),
+        d => format!("a socket of family {d}"),
+    };
+    format!("{what} (not supported)")
+}

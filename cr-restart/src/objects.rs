@@ -1,0 +1,176 @@
+//! The shared objects of an image, created first inside the restorer
+//! itself: pipes and FIFOs refilled with their buffered bytes, memfds and
+//! deleted files with their content, unix sockets connected again
+//! ([`crate::unix`]). The rebuilt processes then take descriptions of them
+//! (pidfd_getfd from the restorer, see [`crate::fds`]), or map them through
+//! /proc/RESTORER/fd/N.
+
+use crate::error::RestoreError;
+use cr_image::{proto, ImageDir, PageReader};
+use cr_sys::fdio;
+use proto::ObjectKind;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+
+/// Objects held by the restorer, by (kind, id).
+#[derive(Default)]
+pub struct Objects {
+    /// Pipes and FIFOs: (read side, write side) — a FIFO is one O_RDWR fd twice.
+    pipes: HashMap<(i32, u64), (OwnedFd, Option<OwnedFd>)>,
+    /// memfds and deleted files, open read-write.
+    files: HashMap<(i32, u64), OwnedFd>,
+    /// Unix sockets.
+    pub(crate) sockets: HashMap<u64, OwnedFd>,
+}
+
+fn sys(what: String) -> impl FnOnce(cr_sys::SysError) -> RestoreError {
+    move |e| RestoreError::Unsupported(format!("{what}: {}", cr_sys::error::one_line(&e)))
+}
+
+impl Objects {
+    /// Create every object of the image.
+    pub fn prepare(img: &ImageDir, ck: &proto::Checkpoint) -> Result<Objects, RestoreError> {
+        let mut o = Objects::default();
+        for obj in &ck.objects {
+            let kind = ObjectKind::try_from(obj.kind).unwrap_or(ObjectKind::Unspecified);
+            match kind {
+                ObjectKind::PipeObject => {
+                    let (r, w) = fdio::pipe(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                        .map_err(sys(format!("cannot create pipe:[{}]", obj.id)))?;
+                    fill_pipe(&w, obj)?;
+                    o.pipes.insert((obj.kind, obj.id), (r, Some(w)));
+                }
+                ObjectKind::FifoObject => {
+                    let rw = fdio::open(&obj.path, libc::O_RDWR | libc::O_NONBLOCK)
+                        .map_err(sys(format!("cannot open the FIFO {}", obj.path)))?;
+                    fill_pipe(&rw, obj)?;
+                    o.pipes.insert((obj.kind, obj.id), (rw, None));
+                }
+                ObjectKind::MemfdObject | ObjectKind::DeletedFileObject => {
+                    let f = file_object(img, obj, kind == ObjectKind::MemfdObject)?;
+                    o.files.insert((obj.kind, obj.id), f);
+                }
+                ObjectKind::UnixSocketObject => {}
+                ObjectKind::PtyObject | ObjectKind::Unspecified => {
+                    return Err(RestoreError::Unsupported(format!(
+                        "object {} of kind {} is not supported by this version",
+                        obj.id, obj.kind
+                    )))
+                }
+            }
+        }
+        o.sockets = crate::unix::prepare(ck)?;
+        Ok(o)
+    }
+
+    /// A new open file description of the object behind `f` with `f`'s
+    /// access mode, for the process to take.
+    pub fn description(&self, f: &proto::Fd) -> Result<OwnedFd, RestoreError> {
+        let kind = proto::FdKind::try_from(f.kind).unwrap_or(proto::FdKind::Unspecified);
+        let accmode = f.flags as i32 & libc::O_ACCMODE;
+        let missing = || {
+            RestoreError::Unsupported(format!(
+                "fd {} refers to object {} missing from the image",
+                f.fd, f.object
+            ))
+        };
+        let what = || format!("cannot open {} again as fd {}", f.path, f.fd);
+        match kind {
+            proto::FdKind::Pipe | proto::FdKind::Fifo => {
+                let ok = if kind == proto::FdKind::Pipe {
+                    ObjectKind::PipeObject
+                } else {
+                    ObjectKind::FifoObject
+                };
+                let (r, _) = self.pipes.get(&(ok as i32, f.object)).ok_or_else(missing)?;
+                fdio::reopen(r, accmode).map_err(sys(what()))
+            }
+            proto::FdKind::Memfd | proto::FdKind::DeletedFile => {
+                let ok = if kind == proto::FdKind::Memfd {
+                    ObjectKind::MemfdObject
+                } else {
+                    ObjectKind::DeletedFileObject
+                };
+                let file = self.files.get(&(ok as i32, f.object)).ok_or_else(missing)?;
+                fdio::reopen(file, accmode).map_err(sys(what()))
+            }
+            proto::FdKind::UnixSocket => {
+                let s = self.sockets.get(&f.object).ok_or_else(missing)?;
+                s.try_clone()
+                    .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())))
+            }
+            _ => Err(missing()),
+        }
+    }
+
+    /// Path through which a process maps the content object `id`.
+    pub fn map_path(&self, v: &proto::Vma) -> Option<String> {
+        let f = self
+            .files
+            .get(&(ObjectKind::MemfdObject as i32, v.object))
+            .or_else(|| {
+                self.files
+                    .get(&(ObjectKind::DeletedFileObject as i32, v.object))
+            })?;
+        Some(format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()))
+    }
+}
+
+fn fill_pipe(w: &OwnedFd, obj: &proto::FileObject) -> Result<(), RestoreError> {
+    let what = || format!("cannot refill pipe:[{}]", obj.id);
+    if obj.pipe_size != 0 {
+        let size = obj.pipe_size.max(obj.pipe_data.len() as u32);
+        if let Err(e) = fdio::set_pipe_size(w, size) {
+            tracing::warn!(pipe = obj.id, size, error = %cr_sys::error::one_line(&e), "pipe capacity not restored");
+        }
+    }
+    fdio::write_all(w, &obj.pipe_data).map_err(sys(what()))
+}
+
+/// A memfd, or an unnamed file in the directory of a deleted one, holding
+/// the saved content.
+fn file_object(
+    img: &ImageDir,
+    obj: &proto::FileObject,
+    memfd: bool,
+) -> Result<OwnedFd, RestoreError> {
+    let fd = if memfd {
+        fdio::memfd_create(&obj.path, libc::MFD_ALLOW_SEALING)
+            .map_err(sys(format!("cannot create memfd {}", obj.path)))?
+    } else {
+        let dir = std::path::Path::new(&obj.path)
+            .parent()
+            .filter(|d| d.is_dir())
+            .map(|d| d.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/tmp".into());
+        fdio::open(&dir, libc::O_TMPFILE | libc::O_RDWR).map_err(sys(format!(
+            "cannot create an unnamed file in {dir} for the deleted {}",
+            obj.path
+        )))?
+    };
+    let file = std::fs::File::from(fd);
+    let what =
+        |e: std::io::Error| RestoreError::Unsupported(format!("cannot refill {}: {e}", obj.path));
+    if let Some(pf) = &obj.content {
+        let reader = PageReader::open(img, pf)?;
+        let mut buf = Vec::new();
+        for ext in &pf.extents {
+            reader.read_extent(ext, &mut buf)?;
+            let end = (ext.vaddr + buf.len() as u64).min(obj.size);
+            let n = end.saturating_sub(ext.vaddr) as usize;
+            file.write_all_at(&buf[..n], ext.vaddr).map_err(what)?;
+        }
+    }
+    file.set_len(obj.size).map_err(what)?;
+    if !memfd {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(obj.mode))
+            .map_err(what)?;
+    }
+    let fd = OwnedFd::from(file);
+    if memfd && obj.seals != 0 {
+        fdio::add_seals(&fd, obj.seals).map_err(sys(format!("cannot seal memfd {}", obj.path)))?;
+    }
+    Ok(fd)
+}

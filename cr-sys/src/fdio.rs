@@ -1,0 +1,669 @@
+//! System calls on file descriptors the engines hold themselves: taking a
+//! target's fd (pidfd_getfd), looking into pipes and sockets without
+//! consuming their data, and creating the kernel objects a restore hands
+//! over to the rebuilt processes (pipes, sockets, eventfd, timerfd,
+//! signalfd, epoll, inotify, memfd) plus terminal ioctls.
+//!
+//! Every function returns owned fds, so nothing leaks on an error path.
+
+use crate::error::{Errno, Result, SysError};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+fn fail(what: impl Into<String>) -> SysError {
+    SysError::Syscall {
+        what: what.into(),
+        source: Errno::last(),
+    }
+}
+
+fn cvt(r: i64, what: impl FnOnce() -> String) -> Result<i64> {
+    if r < 0 {
+        Err(fail(what()))
+    } else {
+        Ok(r)
+    }
+}
+
+/// Wrap a new fd returned by the kernel.
+fn own(r: i64, what: impl FnOnce() -> String) -> Result<OwnedFd> {
+    let fd = cvt(r, what)?;
+    // SAFETY: the kernel just returned this fd to us; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A pidfd for process `pid`.
+pub fn pidfd_open(pid: i32) -> Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    own(r, || format!("pidfd_open of process {pid}"))
+}
+
+/// A copy of fd `fd` of the process behind `pidfd`: the same open file
+/// description (sharing offset and flags), close-on-exec in our table.
+pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, pid: i32, fd: i32) -> Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    own(r, || format!("pidfd_getfd of fd {fd} of process {pid}"))
+}
+
+/// Take fd `fd` of process `pid` (see [`pidfd_getfd`]).
+pub fn steal_fd(pid: i32, fd: i32) -> Result<OwnedFd> {
+    let pidfd = pidfd_open(pid)?;
+    pidfd_getfd(pidfd.as_fd_ref(), pid, fd)
+}
+
+/// `as_fd` without importing the trait at every call site.
+pub trait AsFdRef {
+    fn as_fd_ref(&self) -> BorrowedFd<'_>;
+}
+
+impl AsFdRef for OwnedFd {
+    fn as_fd_ref(&self) -> BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(self)
+    }
+}
+
+fn fcntl(fd: RawFd, cmd: i32, arg: i64, what: impl FnOnce() -> String) -> Result<i64> {
+    // SAFETY: fcntl commands used here take an integer argument.
+    let r = unsafe { libc::fcntl(fd, cmd, arg) };
+    cvt(r as i64, what)
+}
+
+/// A close-on-exec duplicate of our own fd `fd` (fails if it is not open).
+pub fn dup_own(fd: RawFd) -> Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes an integer and returns a new fd.
+    let r = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    own(r as i64, || format!("dup of our fd {fd}"))
+}
+
+/// F_GETFL.
+pub fn get_flags(fd: &OwnedFd) -> Result<i32> {
+    fcntl(fd.as_raw_fd(), libc::F_GETFL, 0, || "fcntl(F_GETFL)".into()).map(|v| v as i32)
+}
+
+/// F_SETFL (only O_APPEND, O_ASYNC, O_DIRECT, O_NOATIME, O_NONBLOCK change).
+pub fn set_flags(fd: &OwnedFd, flags: i32) -> Result<()> {
+    fcntl(fd.as_raw_fd(), libc::F_SETFL, flags as i64, || {
+        format!("fcntl(F_SETFL, {flags:#o})")
+    })
+    .map(drop)
+}
+
+/// Capacity of a pipe (F_GETPIPE_SZ).
+pub fn pipe_size(fd: &OwnedFd) -> Result<u32> {
+    fcntl(fd.as_raw_fd(), libc::F_GETPIPE_SZ, 0, || {
+        "fcntl(F_GETPIPE_SZ)".into()
+    })
+    .map(|v| v as u32)
+}
+
+/// Set the capacity of a pipe (F_SETPIPE_SZ).
+pub fn set_pipe_size(fd: &OwnedFd, size: u32) -> Result<()> {
+    fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, size as i64, || {
+        format!("fcntl(F_SETPIPE_SZ, {size})")
+    })
+    .map(drop)
+}
+
+/// F_GET_SEALS of a memfd.
+pub fn seals(fd: &OwnedFd) -> Result<u32> {
+    fcntl(fd.as_raw_fd(), libc::F_GET_SEALS, 0, || {
+        "fcntl(F_GET_SEALS)".into()
+    })
+    .map(|v| v as u32)
+}
+
+/// F_ADD_SEALS.
+pub fn add_seals(fd: &OwnedFd, seals: u32) -> Result<()> {
+    fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals as i64, || {
+        format!("fcntl(F_ADD_SEALS, {seals:#x})")
+    })
+    .map(drop)
+}
+
+/// Bytes waiting to be read (FIONREAD).
+pub fn bytes_queued(fd: &OwnedFd) -> Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int to the pointer we pass.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut n) };
+    cvt(r as i64, || "ioctl(FIONREAD)".into())?;
+    Ok(n as usize)
+}
+
+/// pipe2 with `flags`: (read end, write end).
+pub fn pipe(flags: i32) -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), flags) };
+    cvt(r as i64, || "pipe2".into())?;
+    // SAFETY: both fds were just created for us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The bytes buffered in a pipe, without consuming them: tee(2) duplicates
+/// the pipe's buffers into a pipe of our own, which we then drain.
+/// `src` must be a readable description of the pipe.
+pub fn peek_pipe(src: &OwnedFd) -> Result<Vec<u8>> {
+    let queued = bytes_queued(src)?;
+    if queued == 0 {
+        return Ok(Vec::new());
+    }
+    let (r, w) = pipe(libc::O_CLOEXEC | libc::O_NONBLOCK)?;
+    // tee always starts at the head of the source: our pipe must take every
+    // buffer in one call, so it gets the source's capacity.
+    set_pipe_size(&w, pipe_size(src)?.max(4096))?;
+    // SAFETY: tee on two pipe fds we hold; no memory is passed.
+    let n = unsafe {
+        libc::tee(
+            src.as_raw_fd(),
+            w.as_raw_fd(),
+            queued,
+            libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    let n = cvt(n as i64, || "tee from the pipe".into())? as usize;
+    drop(w);
+    let mut out = vec![0u8; n];
+    let mut done = 0;
+    while done < n {
+        // SAFETY: reading into the unfilled tail of our own buffer.
+        let got = unsafe { libc::read(r.as_raw_fd(), out[done..].as_mut_ptr().cast(), n - done) };
+        let got = cvt(got as i64, || "read of the pipe copy".into())?;
+        if got == 0 {
+            break;
+        }
+        done += got as usize;
+    }
+    out.truncate(done);
+    if done != queued {
+        return Err(SysError::Syscall {
+            what: format!("tee copied {done} of the {queued} bytes in the pipe"),
+            source: Errno(libc::EIO),
+        });
+    }
+    Ok(out)
+}
+
+/// Write all of `data` to `fd` (which must not block: a pipe or socket with
+/// room for it).
+pub fn write_all(fd: &OwnedFd, data: &[u8]) -> Result<()> {
+    let mut done = 0;
+    while done < data.len() {
+        // SAFETY: writing from our own buffer.
+        let n = unsafe {
+            libc::write(
+                fd.as_raw_fd(),
+                data[done..].as_ptr().cast(),
+                data.len() - done,
+            )
+        };
+        let n = cvt(n as i64, || format!("write of {} bytes", data.len() - done))?;
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// send(2) one message (datagram sockets keep its boundary).
+pub fn send(fd: &OwnedFd, data: &[u8]) -> Result<()> {
+    // SAFETY: sending from our own buffer.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            data.as_ptr().cast(),
+            data.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    let n = cvt(n as i64, || format!("send of {} bytes", data.len()))?;
+    if n as usize != data.len() {
+        return Err(SysError::Syscall {
+            what: format!("send of {} bytes sent {n}", data.len()),
+            source: Errno(libc::EIO),
+        });
+    }
+    Ok(())
+}
+
+pub fn getsockopt_int(fd: &OwnedFd, level: i32, opt: i32) -> Result<i32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `v`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    cvt(r as i64, || format!("getsockopt({level}, {opt})"))?;
+    Ok(v)
+}
+
+pub fn setsockopt_int(fd: &OwnedFd, level: i32, opt: i32, v: i32) -> Result<()> {
+    // SAFETY: the kernel reads one int from `v`.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    cvt(r as i64, || format!("setsockopt({level}, {opt}, {v})")).map(drop)
+}
+
+/// Why a socket queue could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PeekProblem {
+    /// A message carries file descriptors (SCM_RIGHTS) in flight.
+    FdsInFlight,
+}
+
+/// The receive queue of a socket, without consuming it: MSG_PEEK with
+/// SO_PEEK_OFF walking forward, then SO_PEEK_OFF put back. Datagram and
+/// seqpacket sockets give one entry per message; stream sockets one entry.
+pub fn peek_queue(
+    fd: &OwnedFd,
+    stream: bool,
+) -> Result<std::result::Result<Vec<Vec<u8>>, PeekProblem>> {
+    let old = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
+    let out = peek_loop(fd, stream);
+    let restored = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, old);
+    let out = out?;
+    restored?;
+    Ok(out)
+}
+
+fn peek_loop(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Vec<Vec<u8>>, PeekProblem>> {
+    let mut msgs: Vec<Vec<u8>> = Vec::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    // Room for a few fds and credentials.
+    let mut cbuf = [0u64; 64];
+    loop {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: msghdr is plain data; zero is a valid "no name" value.
+        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+        mh.msg_iov = &mut iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.as_mut_ptr().cast();
+        mh.msg_controllen = std::mem::size_of_val(&cbuf);
+        // SAFETY: every pointer in `mh` refers to our own live buffers.
+        let n = unsafe {
+            libc::recvmsg(
+                fd.as_raw_fd(),
+                &mut mh,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        if n < 0 {
+            let e = Errno::last();
+            if e.0 == libc::EAGAIN {
+                break;
+            }
+            return Err(SysError::Syscall {
+                what: "recvmsg(MSG_PEEK) of the socket queue".into(),
+                source: e,
+            });
+        }
+        if close_passed_fds(&mh) {
+            return Ok(Err(PeekProblem::FdsInFlight));
+        }
+        let n = n as usize;
+        if stream {
+            if n == 0 {
+                break;
+            }
+            if msgs.is_empty() {
+                msgs.push(Vec::new());
+            }
+            msgs[0].extend_from_slice(&buf[..n]);
+        } else {
+            if mh.msg_flags & libc::MSG_TRUNC != 0 {
+                buf.resize(buf.len() * 4, 0);
+                // Peek offset moved past the truncated message: start over.
+                setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
+                msgs.clear();
+                continue;
+            }
+            msgs.push(buf[..n].to_vec());
+            // The peek offset moves past empty datagrams too; a kernel that
+            // did not would loop here forever.
+            if msgs.len() > 4 << 20 {
+                return Err(SysError::Syscall {
+                    what: "peeking the socket queue (no end in sight)".into(),
+                    source: Errno(libc::EOVERFLOW),
+                });
+            }
+        }
+    }
+    Ok(Ok(msgs))
+}
+
+/// Close any fds a peeked message installed in our table; true if there were.
+fn close_passed_fds(mh: &libc::msghdr) -> bool {
+    let mut found = false;
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel filled,
+    // bounded by msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(mh);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                found = true;
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<RawFd>();
+                for i in 0..n {
+                    libc::close(data.add(i).read_unaligned());
+                }
+            }
+            c = libc::CMSG_NXTHDR(mh, c);
+        }
+    }
+    found
+}
+
+/// A sockaddr_un for `name` (raw: a leading 0 byte makes it abstract).
+fn sockaddr_un(name: &[u8]) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if name.len() > sa.sun_path.len() {
+        return Err(SysError::Syscall {
+            what: format!("unix socket name of {} bytes", name.len()),
+            source: Errno(libc::ENAMETOOLONG),
+        });
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in sa.sun_path.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + name.len();
+    Ok((sa, len as libc::socklen_t))
+}
+
+/// A printable unix socket name.
+pub fn show_name(name: &[u8]) -> String {
+    match name.split_first() {
+        Some((0, rest)) => format!("@{}", String::from_utf8_lossy(rest)),
+        _ => String::from_utf8_lossy(name).into_owned(),
+    }
+}
+
+pub fn unix_socket(sock_type: i32) -> Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::socket(libc::AF_UNIX, sock_type | libc::SOCK_CLOEXEC, 0) };
+    own(r as i64, || format!("socket(AF_UNIX, {sock_type})"))
+}
+
+pub fn unix_socketpair(sock_type: i32) -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: socketpair writes two fds into the array.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            sock_type | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    cvt(r as i64, || format!("socketpair(AF_UNIX, {sock_type})"))?;
+    // SAFETY: both fds were just created for us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub fn bind_unix(fd: &OwnedFd, name: &[u8]) -> Result<()> {
+    let (sa, len) = sockaddr_un(name)?;
+    // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    cvt(r as i64, || format!("bind to {}", show_name(name))).map(drop)
+}
+
+pub fn connect_unix(fd: &OwnedFd, name: &[u8]) -> Result<()> {
+    let (sa, len) = sockaddr_un(name)?;
+    // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    cvt(r as i64, || format!("connect to {}", show_name(name))).map(drop)
+}
+
+pub fn listen(fd: &OwnedFd, backlog: i32) -> Result<()> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::listen(fd.as_raw_fd(), backlog) };
+    cvt(r as i64, || format!("listen({backlog})")).map(drop)
+}
+
+pub fn accept(fd: &OwnedFd) -> Result<OwnedFd> {
+    // SAFETY: no address is asked for.
+    let r = unsafe {
+        libc::accept4(
+            fd.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    own(r as i64, || "accept".into())
+}
+
+pub fn shutdown(fd: &OwnedFd, how: i32) -> Result<()> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::shutdown(fd.as_raw_fd(), how) };
+    cvt(r as i64, || format!("shutdown({how})")).map(drop)
+}
+
+pub fn eventfd(count: u64, flags: i32) -> Result<OwnedFd> {
+    if count > u32::MAX as u64 {
+        // eventfd2 takes an unsigned int; larger counts are written after.
+        let fd = eventfd(0, flags)?;
+        write_all(&fd, &count.to_ne_bytes())?;
+        return Ok(fd);
+    }
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::eventfd(count as u32, flags | libc::EFD_CLOEXEC) };
+    own(r as i64, || format!("eventfd({count})"))
+}
+
+pub fn signalfd(mask: u64, flags: i32) -> Result<OwnedFd> {
+    // SAFETY: the kernel reads 8 bytes of mask.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_signalfd4,
+            -1,
+            &mask as *const u64,
+            8usize,
+            flags | libc::SFD_CLOEXEC,
+        )
+    };
+    own(r, || format!("signalfd({mask:#x})"))
+}
+
+pub fn timerfd(clockid: i32, flags: i32) -> Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::timerfd_create(clockid, flags | libc::TFD_CLOEXEC) };
+    own(r as i64, || format!("timerfd_create(clock {clockid})"))
+}
+
+fn timespec(ns: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    }
+}
+
+/// Arm a timerfd: first expiration `value_ns` from now (or at that absolute
+/// time with TFD_TIMER_ABSTIME in `flags`), then every `interval_ns`.
+pub fn timerfd_settime(fd: &OwnedFd, flags: i32, value_ns: u64, interval_ns: u64) -> Result<()> {
+    let spec = libc::itimerspec {
+        it_interval: timespec(interval_ns),
+        it_value: timespec(value_ns),
+    };
+    // SAFETY: the kernel reads one itimerspec; no old value is asked for.
+    let r = unsafe { libc::timerfd_settime(fd.as_raw_fd(), flags, &spec, std::ptr::null_mut()) };
+    cvt(r as i64, || "timerfd_settime".into()).map(drop)
+}
+
+/// Set the expiration count of a timerfd (TFD_IOC_SET_TICKS).
+pub fn timerfd_set_ticks(fd: &OwnedFd, ticks: u64) -> Result<()> {
+    const TFD_IOC_SET_TICKS: libc::c_ulong = 0x4008_5400;
+    // SAFETY: the ioctl reads one u64.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TFD_IOC_SET_TICKS, &ticks as *const u64) };
+    cvt(r as i64, || "ioctl(TFD_IOC_SET_TICKS)".into()).map(drop)
+}
+
+/// Now on clock `clockid`, in nanoseconds.
+pub fn clock_now_ns(clockid: i32) -> Result<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: the kernel writes one timespec.
+    let r = unsafe { libc::clock_gettime(clockid, &mut ts) };
+    cvt(r as i64, || format!("clock_gettime({clockid})"))?;
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+pub fn epoll_create() -> Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    own(r as i64, || "epoll_create1".into())
+}
+
+pub fn inotify_init(flags: i32) -> Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::inotify_init1(flags | libc::IN_CLOEXEC) };
+    own(r as i64, || "inotify_init1".into())
+}
+
+pub fn inotify_add_watch(fd: &OwnedFd, path: &str, mask: u32) -> Result<i32> {
+    let c = std::ffi::CString::new(path).map_err(|_| SysError::Syscall {
+        what: format!("inotify watch on {path:?}"),
+        source: Errno(libc::EINVAL),
+    })?;
+    // SAFETY: `c` is a valid NUL-terminated path.
+    let r = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), mask) };
+    cvt(r as i64, || format!("inotify_add_watch on {path}")).map(|v| v as i32)
+}
+
+pub fn inotify_rm_watch(fd: &OwnedFd, wd: i32) -> Result<()> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::inotify_rm_watch(fd.as_raw_fd(), wd) };
+    cvt(r as i64, || format!("inotify_rm_watch({wd})")).map(drop)
+}
+
+/// The path of the file behind an inotify watch's file handle, found by
+/// opening the handle on the mount `mount_fd` and reading the fd's link.
+pub fn path_of_handle(mount_fd: &OwnedFd, handle_type: i32, handle: &[u8]) -> Result<String> {
+    let mut raw = Vec::with_capacity(8 + handle.len());
+    raw.extend_from_slice(&(handle.len() as u32).to_ne_bytes());
+    raw.extend_from_slice(&handle_type.to_ne_bytes());
+    raw.extend_from_slice(handle);
+    // SAFETY: `raw` is a struct file_handle (bytes, type, then the handle).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            raw.as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC,
+        )
+    };
+    let fd = own(r, || "open_by_handle_at".into())?;
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    std::fs::read_link(&link)
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(|source| SysError::Io { path: link, source })
+}
+
+pub fn memfd_create(name: &str, flags: u32) -> Result<OwnedFd> {
+    let c = std::ffi::CString::new(name.replace('\0', "")).expect("no NUL left");
+    // SAFETY: `c` is a valid NUL-terminated name.
+    let r = unsafe { libc::memfd_create(c.as_ptr(), flags | libc::MFD_CLOEXEC) };
+    own(r as i64, || format!("memfd_create({name})"))
+}
+
+/// Raw struct termios of a terminal (TCGETS).
+pub fn tcgets(fd: &OwnedFd) -> Result<Vec<u8>> {
+    // SAFETY: termios is plain data.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: TCGETS writes one struct termios.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TCGETS, &mut t) };
+    cvt(r as i64, || "ioctl(TCGETS)".into())?;
+    // SAFETY: viewing a plain-data struct as bytes.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&t as *const libc::termios).cast::<u8>(),
+            std::mem::size_of::<libc::termios>(),
+        )
+    };
+    Ok(bytes.to_vec())
+}
+
+/// Apply raw struct termios bytes from [`tcgets`] (TCSETS).
+pub fn tcsets(fd: BorrowedFd<'_>, raw: &[u8]) -> Result<()> {
+    // SAFETY: termios is plain data.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    let n = raw.len().min(std::mem::size_of::<libc::termios>());
+    // SAFETY: copying at most size_of::<termios>() bytes into it.
+    unsafe {
+        std::ptr::copy_nonoverlapping(raw.as_ptr(), (&mut t as *mut libc::termios).cast(), n)
+    };
+    // SAFETY: TCSETS reads one struct termios.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TCSETS, &t) };
+    cvt(r as i64, || "ioctl(TCSETS)".into()).map(drop)
+}
+
+/// Raw struct winsize (TIOCGWINSZ).
+pub fn get_winsize(fd: &OwnedFd) -> Result<Vec<u8>> {
+    let mut w = [0u16; 4];
+    // SAFETY: TIOCGWINSZ writes one struct winsize (four u16).
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, w.as_mut_ptr()) };
+    cvt(r as i64, || "ioctl(TIOCGWINSZ)".into())?;
+    Ok(w.iter().flat_map(|v| v.to_ne_bytes()).collect())
+}
+
+/// Make process group `pgrp` the foreground group of terminal `fd`.
+pub fn set_foreground(fd: BorrowedFd<'_>, pgrp: i32) -> Result<()> {
+    // SAFETY: TIOCSPGRP reads one pid_t.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSPGRP, &pgrp) };
+    cvt(r as i64, || format!("ioctl(TIOCSPGRP, {pgrp})")).map(drop)
+}
+
+/// Whether `fd` is a terminal.
+pub fn is_tty(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: isatty only inspects the fd.
+    unsafe { libc::isatty(fd.as_raw_fd()) == 1 }
+}
+
+/// Open a new description of the pipe, FIFO, memfd or file behind `fd`
+/// through /proc/self/fd (a FIFO open never blocks here: O_NONBLOCK).
+pub fn reopen(fd: &OwnedFd, accmode: i32) -> Result<OwnedFd> {
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    open(&path, accmode | libc::O_NONBLOCK)
+}
+
+/// open(2) with raw flags (close-on-exec added).
+pub fn open(path: &str, flags: i32) -> Result<OwnedFd> {
+    let c = std::ffi::CString::new(path).map_err(|_| SysError::Syscall {
+        what: format!("open of {path:?}"),
+        source: Errno(libc::EINVAL),
+    })?;
+    // SAFETY: `c` is a valid NUL-terminated path.
+    let r = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) };
+    own(r as i64, || format!("open of {path}"))
+}
