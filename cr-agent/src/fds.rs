@@ -54,6 +54,8 @@ pub struct Scan {
     unix: Option<HashMap<u64, cr_sys::unix_diag::UnixSock>>,
     /// Pipe inode -> whether a process outside the tree holds it (cached).
     outside: HashMap<u64, Option<i32>>,
+    /// Indexes of the pty pairs whose master the tree holds.
+    pub pty_masters: HashSet<u32>,
 }
 
 impl Scan {
@@ -74,6 +76,15 @@ impl Scan {
                     e.1 |= acc != libc::O_RDONLY;
                 } else if let Some(ino) = inode_of(&link, "socket:[") {
                     s.sockets.insert(ino);
+                } else if link == "/dev/ptmx" || link == "/dev/pts/ptmx" {
+                    if let Some(i) = proc::read_fdinfo(pid, fd).ok().and_then(|i| {
+                        i.extra
+                            .iter()
+                            .find(|(k, _)| k == "tty-index")
+                            .and_then(|(_, v)| v.trim().parse().ok())
+                    }) {
+                        s.pty_masters.insert(i);
+                    }
                 }
             }
         }
@@ -308,9 +319,25 @@ pub fn describe(
             return Ok(Some(f));
         }
         if is_tty_dev(r) {
-            if major(r) == 5 && minor(r) == 2 {
+            let master = major(r) == 5 && minor(r) == 2;
+            let index = if master {
+                extra("tty-index").and_then(|v| v.trim().parse::<u32>().ok())
+            } else if (136..=143).contains(&major(r)) {
+                Some(((major(r) - 136) << 8 | minor(r)) as u32)
+            } else {
+                None
+            };
+            if let Some(index) = index.filter(|i| scan.pty_masters.contains(i)) {
+                f.kind = proto::FdKind::Pty as i32;
+                f.object = index as u64;
+                if let Some(objs) = objects {
+                    objs.pty(pid, fd, index, master)?;
+                }
+                return Ok(Some(f));
+            }
+            if master {
                 return Err(format!(
-                    "the master of pseudo-terminal {} (ptys inside the tree: not supported yet)",
+                    "the master of pseudo-terminal {} (not supported)",
                     extra("tty-index").unwrap_or("?")
                 ));
             }

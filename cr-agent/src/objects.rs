@@ -89,6 +89,48 @@ impl<'a> Objects<'a> {
         Ok(())
     }
 
+    /// The pty pair `index` (fd `fd` of `pid` is its master or a slave):
+    /// terminal settings, window size and foreground group. Bytes in flight
+    /// in the pair's buffers are not saved.
+    pub fn pty(&mut self, pid: i32, fd: i32, index: u32, master: bool) -> Result<(), String> {
+        if self.contains(proto::ObjectKind::PtyObject, index as u64) {
+            return Ok(());
+        }
+        let err = |e: cr_sys::SysError| {
+            format!(
+                "pseudo-terminal {index}, whose state cannot be read: {}",
+                cr_sys::error::one_line(&e)
+            )
+        };
+        let fd = fdio::steal_fd(pid, fd).map_err(err)?;
+        if master && fdio::pty_locked(&fd).map_err(err)? {
+            self.insert(proto::FileObject {
+                id: index as u64,
+                kind: proto::ObjectKind::PtyObject as i32,
+                pty_index: index,
+                pty_locked: true,
+                ..Default::default()
+            });
+            return Ok(());
+        }
+        let slave = if master {
+            fdio::pty_peer(&fd, libc::O_RDONLY).map_err(err)?
+        } else {
+            fd
+        };
+        let fg = fdio::foreground(&slave).unwrap_or(0);
+        self.insert(proto::FileObject {
+            id: index as u64,
+            kind: proto::ObjectKind::PtyObject as i32,
+            pty_index: index,
+            pty_fg_pgrp: fg.max(0) as u32,
+            termios: fdio::tcgets(&slave).map_err(err)?,
+            winsize: fdio::get_winsize(&slave).unwrap_or_default(),
+            ..Default::default()
+        });
+        Ok(())
+    }
+
     /// The content of a memfd or deleted file open as fd `fd` of `pid`.
     pub fn file_content(
         &mut self,

@@ -74,10 +74,12 @@ pub fn describe(
                     format!("a unix {kind} socket connected outside the tree"),
                 );
             }
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "a unix {kind} socket connected to socket:[{}] outside the tree (not supported)",
                 u.peer
-            )),
+            ))
+            }
         }
     } else if u.peer != 0 {
         s.peer = u.peer;
@@ -125,14 +127,15 @@ pub fn describe(
     };
     let sock = fdio::steal_fd(pid, fd).map_err(err)?;
     if u.state != TCP_LISTEN {
-        s.queue = match fdio::peek_queue(&sock, u.sock_type as i32 == libc::SOCK_STREAM)
-            .map_err(err)?
-        {
-            Ok(q) => q,
-            Err(fdio::PeekProblem::FdsInFlight) => return Err(format!(
+        s.queue =
+            match fdio::peek_queue(&sock, u.sock_type as i32 == libc::SOCK_STREAM).map_err(err)? {
+                Ok(q) => q,
+                Err(fdio::PeekProblem::FdsInFlight) => {
+                    return Err(format!(
                 "a unix {kind} socket with file descriptors in flight (SCM_RIGHTS, not supported)"
-            )),
-        };
+            ))
+                }
+            };
     }
     s.sndbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF).unwrap_or(0);
     s.rcvbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF).unwrap_or(0);

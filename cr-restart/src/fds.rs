@@ -93,6 +93,7 @@ pub fn restore(
                 continue;
             }
             FdKind::Pipe
+            | FdKind::Pty
             | FdKind::Fifo
             | FdKind::Memfd
             | FdKind::DeletedFile
@@ -125,7 +126,7 @@ pub fn restore(
             }
             FdKind::Inotify => inotify(f)?,
             FdKind::Inherited => inherited(f, opts)?,
-            FdKind::Pty | FdKind::Unspecified => {
+            FdKind::Unspecified => {
                 return Err(RestoreError::Unsupported(format!(
                     "fd {} of process {pid} is of kind {} (not supported by this version)",
                     f.fd, f.kind
@@ -391,5 +392,50 @@ fn share(
     stub.call("close", libc::SYS_close, [pidfd, 0, 0, 0, 0, 0])?;
     let got = got.step(what)?;
     stub.place(got, f.fd, cloexec != 0).step(what)?;
+    Ok(())
+}
+
+/// A session leader whose controlling terminal was a pty of the image takes
+/// it again (TIOCSCTTY on one of its slave fds) and gives it its foreground
+/// process group.
+pub fn controlling_tty(
+    stub: &mut Stub<'_>,
+    p: &proto::Process,
+    ids: &Ids,
+    fg_pgrp: u32,
+) -> Result<(), RestoreError> {
+    let index = p.ctty_pty as u64 - 1;
+    let Some(slave) = p.fds.iter().find(|f| {
+        f.kind == FdKind::Pty as i32 && f.object == index && !crate::objects::is_pty_master(f.rdev)
+    }) else {
+        warn!(
+            pid = p.pid,
+            pty = index,
+            "no slave fd left to make the controlling terminal again"
+        );
+        return Ok(());
+    };
+    stub.call(
+        "ioctl(TIOCSCTTY)",
+        libc::SYS_ioctl,
+        [slave.fd as u64, libc::TIOCSCTTY, 0, 0, 0, 0],
+    )
+    .step(|| {
+        format!(
+            "cannot make /dev/pts/{index} the controlling terminal of process {}",
+            p.pid
+        )
+    })?;
+    if fg_pgrp != 0 {
+        let pg = ids.inner(fg_pgrp);
+        let addr = stub.put(&pg.to_le_bytes())?;
+        if let Err(e) = stub.call(
+            "ioctl(TIOCSPGRP)",
+            libc::SYS_ioctl,
+            [slave.fd as u64, libc::TIOCSPGRP, addr, 0, 0, 0],
+        ) {
+            warn!(pid = p.pid, pgrp = pg, error = %cr_sys::error::one_line(&e), "foreground group of the terminal not restored");
+        }
+    }
     Ok(())
 }

@@ -22,6 +22,8 @@ pub struct Objects {
     files: HashMap<(i32, u64), OwnedFd>,
     /// Unix sockets.
     pub(crate) sockets: HashMap<u64, OwnedFd>,
+    /// Pty pairs by index: the master.
+    ptys: HashMap<u64, OwnedFd>,
 }
 
 fn sys(what: String) -> impl FnOnce(cr_sys::SysError) -> RestoreError {
@@ -52,7 +54,23 @@ impl Objects {
                     o.files.insert((obj.kind, obj.id), f);
                 }
                 ObjectKind::UnixSocketObject => {}
-                ObjectKind::PtyObject | ObjectKind::Unspecified => {
+                ObjectKind::PtyObject => {
+                    let what = format!("cannot recreate pseudo-terminal {}", obj.pty_index);
+                    let m = fdio::open_pty_index(obj.pty_index).map_err(sys(what.clone()))?;
+                    let slave = fdio::pty_peer(&m, libc::O_RDWR).map_err(sys(what.clone()))?;
+                    if !obj.termios.is_empty() {
+                        fdio::tcsets(std::os::fd::AsFd::as_fd(&slave), &obj.termios)
+                            .map_err(sys(what.clone()))?;
+                    }
+                    if !obj.winsize.is_empty() {
+                        fdio::set_winsize(&slave, &obj.winsize).map_err(sys(what.clone()))?;
+                    }
+                    if obj.pty_locked {
+                        fdio::set_pty_locked(&m, true).map_err(sys(what))?;
+                    }
+                    o.ptys.insert(obj.id, m);
+                }
+                ObjectKind::Unspecified => {
                     return Err(RestoreError::Unsupported(format!(
                         "object {} of kind {} is not supported by this version",
                         obj.id, obj.kind
@@ -95,6 +113,15 @@ impl Objects {
                 let file = self.files.get(&(ok as i32, f.object)).ok_or_else(missing)?;
                 fdio::reopen(file, accmode).map_err(sys(what()))
             }
+            proto::FdKind::Pty => {
+                let m = self.ptys.get(&f.object).ok_or_else(missing)?;
+                if is_pty_master(f.rdev) {
+                    m.try_clone()
+                        .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())))
+                } else {
+                    fdio::pty_peer(m, accmode).map_err(sys(what()))
+                }
+            }
             proto::FdKind::UnixSocket => {
                 let s = self.sockets.get(&f.object).ok_or_else(missing)?;
                 s.try_clone()
@@ -115,6 +142,13 @@ impl Objects {
             })?;
         Some(format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()))
     }
+}
+
+/// /dev/ptmx (5:2) rather than a /dev/pts/N slave.
+pub fn is_pty_master(rdev: u64) -> bool {
+    let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff);
+    let minor = ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff);
+    (major, minor) == (5, 2)
 }
 
 fn fill_pipe(w: &OwnedFd, obj: &proto::FileObject) -> Result<(), RestoreError> {

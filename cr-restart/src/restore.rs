@@ -585,6 +585,16 @@ fn rebuild(
             shell_job: opts.shell_job,
         };
         fds::restore(&mut stub, p.pid, &p.fds, ids, ctx.objects, handoff, fd_opts)?;
+        if p.ctty_pty != 0 && ids.sid_pgid(p).0 == ids.inner(p.pid) {
+            let fg = ck
+                .objects
+                .iter()
+                .find(|o| {
+                    o.kind == proto::ObjectKind::PtyObject as i32 && o.id == p.ctty_pty as u64 - 1
+                })
+                .map_or(0, |o| o.pty_fg_pgrp);
+            fds::controlling_tty(&mut stub, p, ids, fg)?;
+        }
         if let Some(h) = stub.grab_pidfd.take() {
             stub.call("close", libc::SYS_close, [h, 0, 0, 0, 0, 0])?;
         }

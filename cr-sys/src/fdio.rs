@@ -667,3 +667,90 @@ pub fn open(path: &str, flags: i32) -> Result<OwnedFd> {
     let r = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) };
     own(r as i64, || format!("open of {path}"))
 }
+
+const TIOCGPTN: libc::c_ulong = 0x8004_5430;
+const TIOCSPTLCK: libc::c_ulong = 0x4004_5431;
+const TIOCGPTPEER: libc::c_ulong = 0x5441;
+
+/// Index of the pty pair whose master is `fd` (TIOCGPTN).
+pub fn pty_index(fd: &OwnedFd) -> Result<u32> {
+    let mut n: libc::c_uint = 0;
+    // SAFETY: TIOCGPTN writes one unsigned int.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TIOCGPTN, &mut n) };
+    cvt(r as i64, || "ioctl(TIOCGPTN)".into())?;
+    Ok(n)
+}
+
+/// Whether the pty whose master is `fd` is still locked (TIOCGPTLCK).
+pub fn pty_locked(fd: &OwnedFd) -> Result<bool> {
+    const TIOCGPTLCK: libc::c_ulong = 0x8004_5439;
+    let mut v: libc::c_int = 0;
+    // SAFETY: TIOCGPTLCK writes one int.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TIOCGPTLCK, &mut v) };
+    cvt(r as i64, || "ioctl(TIOCGPTLCK)".into())?;
+    Ok(v != 0)
+}
+
+/// Lock or unlock the slave side of a pty (TIOCSPTLCK).
+pub fn set_pty_locked(fd: &OwnedFd, locked: bool) -> Result<()> {
+    let v: libc::c_int = locked as libc::c_int;
+    // SAFETY: TIOCSPTLCK reads one int.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TIOCSPTLCK, &v) };
+    cvt(r as i64, || "ioctl(TIOCSPTLCK)".into()).map(drop)
+}
+
+/// A new description of the slave of the pty whose master is `master`
+/// (TIOCGPTPEER: no path lookup, never becomes a controlling terminal).
+pub fn pty_peer(master: &OwnedFd, accmode: i32) -> Result<OwnedFd> {
+    // SAFETY: TIOCGPTPEER takes open flags as an integer and returns an fd.
+    let r = unsafe {
+        libc::ioctl(
+            master.as_raw_fd(),
+            TIOCGPTPEER,
+            accmode | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    own(r as i64, || "ioctl(TIOCGPTPEER)".into())
+}
+
+/// Open a new pty pair with index `want`: devpts hands out the lowest free
+/// index, so the pairs below it are opened and held until we get there.
+pub fn open_pty_index(want: u32) -> Result<OwnedFd> {
+    let mut below = Vec::new();
+    loop {
+        let m = open("/dev/ptmx", libc::O_RDWR | libc::O_NOCTTY)?;
+        let idx = pty_index(&m)?;
+        if idx == want {
+            set_pty_locked(&m, false)?;
+            return Ok(m);
+        }
+        if idx > want || below.len() > 4096 {
+            return Err(SysError::Syscall {
+                what: format!("opening pseudo-terminal {want} (/dev/pts/{want} is in use)"),
+                source: Errno(libc::EBUSY),
+            });
+        }
+        below.push(m);
+    }
+}
+
+/// Foreground process group of the terminal (TIOCGPGRP; works on a pty
+/// master without being its session).
+pub fn foreground(fd: &OwnedFd) -> Result<i32> {
+    let mut pg: libc::pid_t = 0;
+    // SAFETY: TIOCGPGRP writes one pid_t.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGPGRP, &mut pg) };
+    cvt(r as i64, || "ioctl(TIOCGPGRP)".into())?;
+    Ok(pg)
+}
+
+/// Apply raw struct winsize bytes (TIOCSWINSZ).
+pub fn set_winsize(fd: &OwnedFd, raw: &[u8]) -> Result<()> {
+    let mut w = [0u16; 4];
+    for (i, c) in raw.chunks_exact(2).take(4).enumerate() {
+        w[i] = u16::from_ne_bytes([c[0], c[1]]);
+    }
+    // SAFETY: TIOCSWINSZ reads one struct winsize (four u16).
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, w.as_ptr()) };
+    cvt(r as i64, || "ioctl(TIOCSWINSZ)".into()).map(drop)
+}

@@ -293,23 +293,88 @@ fn unsupported_fd_in(bin: &str, mode: &str, kind: Option<&str>) {
 }
 
 #[test]
-fn checkpoint_refuses_pipe_fd() {
-    unsupported_fd("pipe", Some("pipe"));
+fn checkpoint_refuses_netlink_socket() {
+    unsupported_fd("netlink", Some("netlink"));
 }
 
 #[test]
-fn checkpoint_refuses_socket_fd() {
-    unsupported_fd("socket", Some("socket"));
+fn checkpoint_refuses_tcp_socket() {
+    unsupported_fd("tcp", Some("TCP"));
+}
+
+/// `cr_checkpoint --check` names the refused fd in one line, exits 1, and
+/// the process is untouched.
+#[test]
+fn check_names_unsupported_fd() {
+    let h = Harness::new("check-netlink");
+    let mut wl = h.spawn_wl("wl_pipe", &["netlink"]);
+    let ready = wl.wait_line("READY fds", |l| l.starts_with("READY fds "));
+    let fd = ready.trim_start_matches("READY fds ").trim().to_string();
+    let pid = wl.pid();
+    let out = h.run_tool(
+        "cr_checkpoint",
+        &[OsStr::new("--check"), OsStr::new(&pid.to_string())],
+        &RunOpts::default(),
+    );
+    let line = out.assert_error("--check of a netlink holder", CK_ERR, &["netlink"]);
+    assert!(
+        line.contains(&format!("fd {fd}")),
+        "--check should name fd {fd}: {line:?}"
+    );
+    assert!(
+        out.stdout.contains("CANNOT BE SAVED"),
+        "--check lists the refused fd\n{}",
+        out.show()
+    );
+    assert_running_untraced(pid, "after --check");
+    wl.go_and_expect_ok();
+}
+
+/// Pipes, unix socketpairs and eventfds, once refused, are now saved:
+/// checkpoint --kill and restore, and the workload checks them.
+fn supported_fd(mode: &str) {
+    supported_fd_in("wl_pipe", mode);
+}
+
+fn supported_fd_in(bin: &str, mode: &str) {
+    let h = Harness::new(&format!("supported-{mode}"));
+    let mut wl = h.spawn_wl(bin, &[mode]);
+    wl.wait_line("READY fds", |l| l.starts_with("READY fds "));
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    let out = h.run_tool(
+        "cr_checkpoint",
+        &[OsStr::new("--check"), OsStr::new(&pid.to_string())],
+        &RunOpts::default(),
+    );
+    out.assert_success(&format!("--check of a {mode} holder"));
+    checkpoint_kill(&h, &mut wl, &img);
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_blocked_in(&wl, POLL_SLEEP_SYSCALLS, Duration::from_secs(60));
+    wl.go();
+    let res = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&res, &wl, &format!("restore of a {mode} holder"));
 }
 
 #[test]
-fn checkpoint_refuses_eventfd() {
-    unsupported_fd("eventfd", None);
+fn pipe_fd_restored() {
+    supported_fd("pipe");
 }
 
 #[test]
-fn checkpoint_refuses_tty_fd() {
-    unsupported_fd_in("wl_unsupported", "tty", None);
+fn socketpair_fd_restored() {
+    supported_fd("socket");
+}
+
+#[test]
+fn eventfd_restored() {
+    supported_fd("eventfd");
+}
+
+#[test]
+fn pty_master_restored() {
+    supported_fd_in("wl_unsupported", "tty");
 }
 
 /// A process with a second thread, or with a child: checkpointed with --kill

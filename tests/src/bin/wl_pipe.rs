@@ -1,10 +1,12 @@
 //! wl_pipe WORKDIR MODE
 //!
-//! Holds an fd of a kind the checkpointer refuses, so that cr_checkpoint must fail
-//! and name it. MODE `pipe`: both ends of a pipe (some data in it); MODE `socket`:
-//! a unix socketpair; MODE `eventfd`: an eventfd (read and written as a
-//! counter). Prints `READY fds A B`, waits for `go`, then checks that the fds
-//! still work (the failed checkpoint did not harm them) and prints OK or FAIL.
+//! Holds one fd object and checks it after `go`. MODE `pipe`: both ends of a
+//! pipe (some data in it); `socket`: a unix socketpair (data queued);
+//! `eventfd`: an eventfd (read and written as a counter) — all three are
+//! saved and restored. `netlink`: a netlink socket and `tcp`: a listening
+//! TCP socket on 127.0.0.1 — both refused by the checkpointer, which must
+//! name them and leave the process unharmed. Prints `READY fds A B`, waits
+//! for `go`, then checks that the fds still work and prints OK or FAIL.
 
 use cr_tests::wl;
 
@@ -36,12 +38,56 @@ fn main() {
                 0
             }
         }
+        // SAFETY: socket has no pointer arguments.
+        "netlink" => unsafe {
+            let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0);
+            fds = [fd, fd];
+            if fd < 0 {
+                -1
+            } else {
+                0
+            }
+        },
+        "tcp" => {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap_or_else(|e| wl::fail(&format!("bind: {e}")));
+            let fd = std::os::fd::IntoRawFd::into_raw_fd(l);
+            fds = [fd, fd];
+            0
+        }
         other => wl::fail(&format!("unknown mode {other:?}")),
     };
     if r != 0 {
         wl::fail(&format!("{mode}: {}", std::io::Error::last_os_error()));
     }
     let (rd, wr) = (fds[0], fds[1]);
+    if mode == "netlink" || mode == "tcp" {
+        wl::say(&format!("READY fds {rd}"));
+        go.wait();
+        let mut problems = Vec::new();
+        let mut ty: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: the kernel writes at most len bytes into ty.
+        let r = unsafe {
+            libc::getsockopt(
+                rd,
+                libc::SOL_SOCKET,
+                libc::SO_DOMAIN,
+                (&mut ty as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        let want = if mode == "tcp" {
+            libc::AF_INET
+        } else {
+            libc::AF_NETLINK
+        };
+        if r != 0 || ty != want {
+            problems.push(format!("{mode} socket fd {rd}: domain {ty} (r {r})"));
+        }
+        state.verify(&mut problems);
+        wl::finish(&problems);
+    }
     if mode == "eventfd" {
         if let Err(e) = wl::write_all_fd(wr, &5u64.to_ne_bytes()) {
             wl::fail(&e);

@@ -1,6 +1,7 @@
 //! wl_unsupported WORKDIR tty|thread|child
 //!
-//! A process the checkpointer must refuse (the only workload with a tty, a
+//! A process with a pseudo-terminal master, a second thread or a child (once
+//! refused by the checkpointer, now all saved; the only workload with a tty, a
 //! second thread or a child, on purpose): `tty` holds a pseudo-terminal master
 //! (prints `READY fds N`); `thread` runs a second thread (`READY tid N`);
 //! `child` has a child process (`READY child N`). All wait for `go`, then check
