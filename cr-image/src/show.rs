@@ -109,7 +109,60 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
         "pidns": ck.pidns,
         "cpu_xfeatures": format!("{:#x}", ck.cpu_xfeatures),
         "processes": procs,
+        "objects": ck.objects.iter().map(object_json).collect::<Vec<_>>(),
     })
+}
+
+fn object_json(o: &proto::FileObject) -> Value {
+    let kind = proto::ObjectKind::try_from(o.kind)
+        .map(|k| k.as_str_name().trim_end_matches("_OBJECT").to_lowercase())
+        .unwrap_or_else(|_| o.kind.to_string());
+    let mut v = json!({ "id": o.id, "kind": kind, "summary": object_summary(o) });
+    if let Some(u) = &o.unix {
+        v["unix"] = json!({
+            "type": u.sock_type,
+            "state": u.state,
+            "name": String::from_utf8_lossy(&u.name).replace('\0', "@"),
+            "peer": u.peer,
+            "listener": u.listener,
+            "queued_messages": u.queue.len(),
+            "queued_bytes": u.queue.iter().map(Vec::len).sum::<usize>(),
+            "shutdown": u.shutdown,
+        });
+    }
+    v
+}
+
+/// One line about an object: what it is and what it holds.
+fn object_summary(o: &proto::FileObject) -> String {
+    use proto::ObjectKind as K;
+    match proto::ObjectKind::try_from(o.kind).unwrap_or(K::Unspecified) {
+        K::PipeObject => format!("pipe:[{}] {} bytes buffered, capacity {}", o.id, o.pipe_data.len(), o.pipe_size),
+        K::FifoObject => format!("fifo {} {} bytes buffered", o.path, o.pipe_data.len()),
+        K::MemfdObject => format!("memfd:{} {} bytes, seals {:#x}", o.path, o.size, o.seals),
+        K::DeletedFileObject => format!("deleted file {} {} bytes", o.path, o.size),
+        K::PtyObject => format!("pty /dev/pts/{}{}", o.pty_index, if o.pty_locked { " (locked)" } else { "" }),
+        K::UnixSocketObject => {
+            let u = o.unix.clone().unwrap_or_default();
+            let ty = match u.sock_type {
+                1 => "stream",
+                2 => "dgram",
+                5 => "seqpacket",
+                _ => "?",
+            };
+            let name = String::from_utf8_lossy(&u.name).replace('\0', "@");
+            format!(
+                "unix {ty} socket:[{}] state {} name {:?} peer {} {} queued messages ({} bytes)",
+                o.id,
+                u.state,
+                name,
+                u.peer,
+                u.queue.len(),
+                u.queue.iter().map(Vec::len).sum::<usize>()
+            )
+        }
+        K::Unspecified => format!("object {} of kind {}", o.id, o.kind),
+    }
 }
 
 /// The image as text.
@@ -174,6 +227,12 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
                 f.pos,
                 f.path
             );
+        }
+    }
+    if !ck.objects.is_empty() {
+        let _ = writeln!(s, "\nobjects ({}):", ck.objects.len());
+        for o in &ck.objects {
+            let _ = writeln!(s, "  {}", object_summary(o));
         }
     }
     s

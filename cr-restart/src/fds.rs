@@ -241,20 +241,26 @@ fn inotify(f: &proto::Fd) -> Result<OwnedFd, RestoreError> {
 /// terminal, our terminal), or /dev/null if we have none.
 fn inherited(f: &proto::Fd, opts: FdOptions) -> Result<OwnedFd, RestoreError> {
     let tty = !f.termios.is_empty();
-    let mut candidates: Vec<i32> = Vec::new();
-    if f.fd <= 2 {
-        candidates.push(f.fd);
-    }
+    // A terminal prefers our terminal (the same number first, then any of
+    // 0, 1, 2); otherwise, or if we have none, our fd of the same number (a
+    // file or pipe we were given).
+    let mut candidates: Vec<(i32, bool)> = Vec::new();
     if tty {
-        candidates.extend([0, 1, 2]);
+        candidates.extend([(f.fd, true), (0, true), (1, true), (2, true)]);
     }
-    for c in candidates {
-        let Ok(dup) = fdio::dup_own(c) else { continue };
-        let ours_tty = fdio::is_tty(std::os::fd::AsFd::as_fd(&dup));
-        if tty && !ours_tty {
+    if f.fd <= 2 {
+        candidates.push((f.fd, false));
+    }
+    for (c, want_tty) in candidates {
+        if c > 2 {
             continue;
         }
-        if tty && opts.shell_job {
+        let Ok(dup) = fdio::dup_own(c) else { continue };
+        let ours_tty = fdio::is_tty(std::os::fd::AsFd::as_fd(&dup));
+        if want_tty && !ours_tty {
+            continue;
+        }
+        if ours_tty && tty && opts.shell_job {
             if let Err(e) = fdio::tcsets(std::os::fd::AsFd::as_fd(&dup), &f.termios) {
                 warn!(fd = f.fd, error = %cr_sys::error::one_line(&e), "terminal settings not restored");
             }
