@@ -12,6 +12,14 @@ fi
 if ! command -v python3 >/dev/null; then
     apt-get update -qq && apt-get install -y -qq python3
 fi
+# Real programs the end-to-end tests run (tests/tests/real_programs.rs).
+for tool in tmux sqlite3 bc less; do
+    if ! command -v "$tool" >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux sqlite3 bc less
+        break
+    fi
+done
 if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked cargo-nextest
 fi

@@ -319,6 +319,23 @@ pub fn describe(
             return Ok(Some(f));
         }
         if is_tty_dev(r) {
+            // /dev/tty of a process whose controlling terminal is a pty of
+            // the tree: opened again by path once that pty is its terminal.
+            if (major(r), minor(r)) == (5, 0) {
+                let ctty = proc::read_stat(pid).map(|s| s.field(7)).unwrap_or(0);
+                let (cmaj, cmin) = (
+                    (ctty >> 8) & 0xfff,
+                    (ctty & 0xff) | ((ctty >> 12) & 0xfff00),
+                );
+                if (136..=143).contains(&cmaj)
+                    && scan
+                        .pty_masters
+                        .contains(&(((cmaj - 136) << 8 | cmin) as u32))
+                {
+                    f.kind = proto::FdKind::CharDevice as i32;
+                    return Ok(Some(f));
+                }
+            }
             let master = major(r) == 5 && minor(r) == 2;
             let index = if master {
                 extra("tty-index").and_then(|v| v.trim().parse::<u32>().ok())

@@ -102,8 +102,24 @@ pub fn describe(
             None => {} // the peer closed; the queue still holds its last data
         }
     }
+    let relative = |n: &[u8]| !n.is_empty() && n[0] != 0 && n[0] != b'/';
+    if relative(&s.name) || relative(&s.peer_name) {
+        s.cwd = cr_sys::proc::read_link(&format!("/proc/{pid}/cwd")).unwrap_or_default();
+    }
+    if s.listener != 0 && u.wqlen > 0 {
+        return Err(format!(
+            "a unix {kind} socket not yet accepted by socket:[{}] that already sent data (the data waits where it cannot be read; not supported)",
+            s.listener
+        ));
+    }
     if !s.name.is_empty() && s.name[0] != 0 {
-        s.name_unlinked = match std::fs::metadata(String::from_utf8_lossy(&s.name).as_ref()) {
+        let path = String::from_utf8_lossy(&s.name).into_owned();
+        let path = if path.starts_with('/') {
+            path
+        } else {
+            format!("{}/{path}", s.cwd)
+        };
+        s.name_unlinked = match std::fs::metadata(&path) {
             Ok(md) => {
                 use std::os::unix::fs::MetadataExt;
                 u.vfs.map(|(_, i)| i & 0xffff_ffff) != Some(md.ino() & 0xffff_ffff)
@@ -129,7 +145,14 @@ pub fn describe(
     if u.state != TCP_LISTEN {
         s.queue =
             match fdio::peek_queue(&sock, u.sock_type as i32 == libc::SOCK_STREAM).map_err(err)? {
-                Ok(q) => q,
+                Ok(q) => {
+                    if u.sock_type as i32 != libc::SOCK_STREAM
+                        && q.iter().any(|(_, from)| !from.is_empty())
+                    {
+                        s.queue_from = q.iter().map(|(_, from)| from.clone()).collect();
+                    }
+                    q.into_iter().map(|(m, _)| m).collect()
+                }
                 Err(fdio::PeekProblem::FdsInFlight) => {
                     return Err(format!(
                 "a unix {kind} socket with file descriptors in flight (SCM_RIGHTS, not supported)"

@@ -84,10 +84,15 @@ pub fn restore(
         let flags = (f.flags as i32) & !OPEN_ONLY;
         let cloexec = (flags & libc::O_CLOEXEC) as u64;
         if f.shared_pid != 0 {
+            if f.shared_pid == pid && deferred_tty(fds, f.shared_fd) {
+                continue; // dup'ed after /dev/tty is opened again
+            }
             share(stub, pid, f, cloexec, ids)?;
             continue;
         }
         let ours = match kind {
+            // /dev/tty waits until the controlling terminal is back.
+            FdKind::CharDevice if is_dev_tty(f.rdev) => continue,
             FdKind::Regular | FdKind::Directory | FdKind::CharDevice => {
                 reopen(stub, f, kind, flags, cloexec)?;
                 continue;
@@ -444,4 +449,47 @@ pub fn controlling_tty(
         }
     }
     Ok(())
+}
+
+/// /dev/tty (5:0): the caller's controlling terminal.
+fn is_dev_tty(rdev: u64) -> bool {
+    let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff);
+    let minor = ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff);
+    (major, minor) == (5, 0)
+}
+
+/// The /dev/tty fds, opened again now that the process's session has its
+/// controlling terminal back.
+pub fn reopen_dev_tty(
+    stub: &mut Stub<'_>,
+    pid: u32,
+    fds: &[proto::Fd],
+) -> Result<(), RestoreError> {
+    for f in fds
+        .iter()
+        .filter(|f| f.shared_pid == 0 && f.kind == FdKind::CharDevice as i32 && is_dev_tty(f.rdev))
+    {
+        let flags = (f.flags as i32) & !OPEN_ONLY;
+        let cloexec = (flags & libc::O_CLOEXEC) as u64;
+        reopen(stub, f, FdKind::CharDevice, flags | libc::O_NOCTTY, cloexec)?;
+        for d in fds.iter().filter(|d| {
+            d.shared_pid == pid && d.shared_fd == f.fd && deferred_tty(fds, d.shared_fd)
+        }) {
+            let cloexec = ((d.flags as i32) & libc::O_CLOEXEC) as u64;
+            stub.call(
+                "dup3",
+                libc::SYS_dup3,
+                [f.fd as u64, d.fd as u64, cloexec, 0, 0, 0],
+            )
+            .step(|| format!("cannot share /dev/tty as fd {}", d.fd))?;
+        }
+    }
+    Ok(())
+}
+
+/// Fd `fd` of this process is a /dev/tty opened again only at the end.
+fn deferred_tty(fds: &[proto::Fd], fd: i32) -> bool {
+    fds.iter().any(|f| {
+        f.fd == fd && f.shared_pid == 0 && f.kind == FdKind::CharDevice as i32 && is_dev_tty(f.rdev)
+    })
 }

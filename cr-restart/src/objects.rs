@@ -20,6 +20,8 @@ pub struct Objects {
     pipes: HashMap<(i32, u64), (OwnedFd, Option<OwnedFd>)>,
     /// memfds and deleted files, open read-write.
     files: HashMap<(i32, u64), OwnedFd>,
+    /// Deleted files whose O_TMPFILE description was handed out already.
+    tmpfile_taken: std::cell::RefCell<std::collections::HashSet<u64>>,
     /// Unix sockets.
     pub(crate) sockets: HashMap<u64, OwnedFd>,
     /// Pty pairs by index: the master.
@@ -111,6 +113,16 @@ impl Objects {
                     ObjectKind::DeletedFileObject
                 };
                 let file = self.files.get(&(ok as i32, f.object)).ok_or_else(missing)?;
+                // A file made with O_TMPFILE keeps that in its flags; our own
+                // description was made the same way, so the first such fd gets it.
+                if f.flags as i32 & O_TMPFILE_BIT != 0
+                    && accmode == libc::O_RDWR
+                    && self.tmpfile_taken.borrow_mut().insert(f.object)
+                {
+                    return file
+                        .try_clone()
+                        .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())));
+                }
                 fdio::reopen(file, accmode).map_err(sys(what()))
             }
             proto::FdKind::Pty => {
@@ -144,6 +156,9 @@ impl Objects {
     }
 }
 
+/// __O_TMPFILE (O_TMPFILE without O_DIRECTORY).
+const O_TMPFILE_BIT: i32 = 0o20000000;
+
 /// /dev/ptmx (5:2) rather than a /dev/pts/N slave.
 pub fn is_pty_master(rdev: u64) -> bool {
     let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff);
@@ -173,15 +188,31 @@ fn file_object(
         fdio::memfd_create(&obj.path, libc::MFD_ALLOW_SEALING)
             .map_err(sys(format!("cannot create memfd {}", obj.path)))?
     } else {
-        let dir = std::path::Path::new(&obj.path)
+        let path = std::path::Path::new(&obj.path);
+        let dir = path
             .parent()
             .filter(|d| d.is_dir())
             .map(|d| d.to_string_lossy().into_owned())
             .unwrap_or_else(|| "/tmp".into());
-        fdio::open(&dir, libc::O_TMPFILE | libc::O_RDWR).map_err(sys(format!(
-            "cannot create an unnamed file in {dir} for the deleted {}",
-            obj.path
-        )))?
+        let was_tmpfile = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('#'));
+        // Made again at its old path and unlinked at once, so /proc shows
+        // the same "PATH (deleted)"; an O_TMPFILE file (or a path taken
+        // meanwhile) becomes an unnamed file of the same directory.
+        let named = (!was_tmpfile)
+            .then(|| fdio::open(&obj.path, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR).ok())
+            .flatten();
+        match named {
+            Some(fd) => {
+                let _ = std::fs::remove_file(&obj.path);
+                fd
+            }
+            None => fdio::open(&dir, libc::O_TMPFILE | libc::O_RDWR).map_err(sys(format!(
+                "cannot create an unnamed file in {dir} for the deleted {}",
+                obj.path
+            )))?,
+        }
     };
     let file = std::fs::File::from(fd);
     let what =

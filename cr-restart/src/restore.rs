@@ -595,6 +595,7 @@ fn rebuild(
                 .map_or(0, |o| o.pty_fg_pgrp);
             fds::controlling_tty(&mut stub, p, ids, fg)?;
         }
+        fds::reopen_dev_tty(&mut stub, p.pid, &p.fds)?;
         if let Some(h) = stub.grab_pidfd.take() {
             stub.call("close", libc::SYS_close, [h, 0, 0, 0, 0, 0])?;
         }

@@ -39,15 +39,52 @@ fn unlink_socket_file(name: &[u8]) {
     }
 }
 
-fn bind(fd: &OwnedFd, id: u64, s: &proto::UnixSocket) -> Result<(), RestoreError> {
+/// Run `f` from directory `cwd` when `name` is a relative path (names are
+/// resolved by the kernel against the caller's cwd).
+fn from_dir<T>(cwd: &str, name: &[u8], f: impl FnOnce() -> T) -> T {
+    if !is_path(name) || name[0] == b'/' || cwd.is_empty() {
+        return f();
+    }
+    let back = std::env::current_dir().ok();
+    let _ = std::env::set_current_dir(cwd);
+    let r = f();
+    if let Some(b) = back {
+        let _ = std::env::set_current_dir(b);
+    }
+    r
+}
+
+/// Absolute path of a path name.
+fn abs_path(cwd: &str, name: &[u8]) -> String {
+    let p = String::from_utf8_lossy(name).into_owned();
+    if p.starts_with('/') || cwd.is_empty() {
+        p
+    } else {
+        format!("{cwd}/{p}")
+    }
+}
+
+/// Bind a socket to its saved name; a name that no longer named it is
+/// remembered in `unlink`, removed once every connection is made.
+fn bind(
+    fd: &OwnedFd,
+    id: u64,
+    s: &proto::UnixSocket,
+    unlink: &mut Vec<String>,
+) -> Result<(), RestoreError> {
     if s.name.is_empty() {
         return Ok(());
     }
-    fdio::bind_unix(fd, &s.name).map_err(sys(format!("cannot bind socket:[{id}]")))?;
+    from_dir(&s.cwd, &s.name, || fdio::bind_unix(fd, &s.name))
+        .map_err(sys(format!("cannot bind socket:[{id}]")))?;
     if s.name_unlinked && is_path(&s.name) {
-        let _ = std::fs::remove_file(String::from_utf8_lossy(&s.name).as_ref());
+        unlink.push(abs_path(&s.cwd, &s.name));
     }
     Ok(())
+}
+
+fn connect(fd: &OwnedFd, cwd: &str, name: &[u8]) -> cr_sys::error::Result<()> {
+    from_dir(cwd, name, || fdio::connect_unix(fd, name))
 }
 
 /// Every unix socket of the image, by id.
@@ -62,9 +99,10 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
     let mut orphans: HashMap<u64, OwnedFd> = HashMap::new();
     let mut ids: Vec<u64> = socks.keys().copied().collect();
     ids.sort();
+    let mut unlink = Vec::new();
     for s in socks.values() {
         if is_path(&s.name) {
-            unlink_socket_file(&s.name);
+            unlink_socket_file(abs_path(&s.cwd, &s.name).as_bytes());
         }
     }
     let ty = |s: &proto::UnixSocket| s.sock_type as i32;
@@ -87,15 +125,16 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
                 (b, a, sb, sa)
             };
             let l = fdio::unix_socket(ty(s_srv)).map_err(sys(what.clone()))?;
-            fdio::bind_unix(&l, &s_srv.name).map_err(sys(what.clone()))?;
+            from_dir(&s_srv.cwd, &s_srv.name, || fdio::bind_unix(&l, &s_srv.name))
+                .map_err(sys(what.clone()))?;
             fdio::listen(&l, 1).map_err(sys(what.clone()))?;
             let c = fdio::unix_socket(ty(s_cli)).map_err(sys(what.clone()))?;
-            bind(&c, cli, s_cli)?;
-            fdio::connect_unix(&c, &s_srv.name).map_err(sys(what.clone()))?;
+            bind(&c, cli, s_cli, &mut unlink)?;
+            connect(&c, &s_srv.cwd, &s_srv.name).map_err(sys(what.clone()))?;
             let s = fdio::accept(&l).map_err(sys(what.clone()))?;
             drop(l);
             if is_path(&s_srv.name) {
-                unlink_socket_file(&s_srv.name);
+                unlink_socket_file(abs_path(&s_srv.cwd, &s_srv.name).as_bytes());
             }
             if srv == a {
                 (s, c)
@@ -104,8 +143,8 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             }
         } else {
             let (x, y) = fdio::unix_socketpair(ty(sa)).map_err(sys(what.clone()))?;
-            bind(&x, a, sa)?;
-            bind(&y, b, sb)?;
+            bind(&x, a, sa, &mut unlink)?;
+            bind(&y, b, sb, &mut unlink)?;
             (x, y)
         };
         out.insert(a, fa);
@@ -126,7 +165,7 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             }
             let fd =
                 fdio::unix_socket(ty(s)).map_err(sys(format!("cannot create socket:[{id}]")))?;
-            bind(&fd, id, s)?;
+            bind(&fd, id, s, &mut unlink)?;
             if listening {
                 fdio::listen(&fd, s.backlog as i32)
                     .map_err(sys(format!("cannot listen on socket:[{id}]")))?;
@@ -141,22 +180,24 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             continue;
         }
         let target = if s.listener != 0 {
-            socks.get(&s.listener).map(|l| l.name.clone())
+            socks
+                .get(&s.listener)
+                .map(|l| (l.name.clone(), l.cwd.clone()))
         } else if s.peer != 0 {
-            socks.get(&s.peer).map(|p| p.name.clone())
+            socks.get(&s.peer).map(|p| (p.name.clone(), p.cwd.clone()))
         } else if !s.peer_name.is_empty() {
-            Some(s.peer_name.clone())
+            Some((s.peer_name.clone(), s.cwd.clone()))
         } else {
             continue;
         };
-        let target = target.filter(|n| !n.is_empty()).ok_or_else(|| {
+        let (target, tcwd) = target.filter(|(n, _)| !n.is_empty()).ok_or_else(|| {
             RestoreError::Unsupported(format!(
                 "socket:[{id}] was connected to a socket without a name, which cannot be reached again"
             ))
         })?;
         let fd = fdio::unix_socket(ty(s)).map_err(sys(format!("cannot create socket:[{id}]")))?;
-        bind(&fd, id, s)?;
-        fdio::connect_unix(&fd, &target).map_err(sys(format!(
+        bind(&fd, id, s, &mut unlink)?;
+        connect(&fd, &tcwd, &target).map_err(sys(format!(
             "cannot connect socket:[{id}] to {} again",
             fdio::show_name(&target)
         )))?;
@@ -170,7 +211,7 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
         }
         let (x, y) =
             fdio::unix_socketpair(ty(s)).map_err(sys(format!("cannot create socket:[{id}]")))?;
-        bind(&x, id, s)?;
+        bind(&x, id, s, &mut unlink)?;
         out.insert(id, x);
         orphans.insert(id, y);
     }
@@ -194,8 +235,7 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
         } else if !s.name.is_empty() && ty(s) == libc::SOCK_DGRAM {
             temp = fdio::unix_socket(libc::SOCK_DGRAM)
                 .map_err(sys("cannot create a socket".into()))?;
-            fdio::connect_unix(&temp, &s.name)
-                .map_err(sys(format!("cannot reach socket:[{id}]")))?;
+            connect(&temp, &s.cwd, &s.name).map_err(sys(format!("cannot reach socket:[{id}]")))?;
             &temp
         } else {
             return Err(RestoreError::Unsupported(format!(
@@ -210,15 +250,31 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             (total as i32).saturating_mul(4).max(1 << 20),
         );
         let what = format!("cannot queue {total} bytes on socket:[{id}] again");
-        for m in &s.queue {
+        for (i, m) in s.queue.iter().enumerate() {
+            // A datagram from a named socket of the image is sent again by
+            // that socket, so recvfrom() names the same sender.
+            let from = s.queue_from.get(i).filter(|f| !f.is_empty());
+            let named_sender = from.and_then(|f| {
+                socks
+                    .iter()
+                    .find(|(_, o)| &o.name == f)
+                    .and_then(|(oid, _)| out.get(oid))
+            });
             if ty(s) == libc::SOCK_STREAM {
                 fdio::write_all(sender, m).map_err(sys(what.clone()))?;
+            } else if let (Some(snd), false) = (named_sender, s.name.is_empty()) {
+                let _ = fdio::setsockopt_int(snd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 1 << 20);
+                from_dir(&s.cwd, &s.name, || fdio::send_to(snd, m, &s.name))
+                    .map_err(sys(what.clone()))?;
             } else {
                 fdio::send(sender, m).map_err(sys(what.clone()))?;
             }
         }
     }
     drop(orphans);
+    for p in unlink {
+        let _ = std::fs::remove_file(p);
+    }
     for &id in &ids {
         let s = socks[&id];
         let Some(fd) = out.get(&id) else { continue };

@@ -255,6 +255,9 @@ pub fn setsockopt_int(fd: &OwnedFd, level: i32, opt: i32, v: i32) -> Result<()> 
     cvt(r as i64, || format!("setsockopt({level}, {opt}, {v})")).map(drop)
 }
 
+/// A socket's receive queue: (data, sender's unix name or empty) per message.
+pub type Queue = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Why a socket queue could not be read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PeekProblem {
@@ -265,10 +268,7 @@ pub enum PeekProblem {
 /// The receive queue of a socket, without consuming it: MSG_PEEK with
 /// SO_PEEK_OFF walking forward, then SO_PEEK_OFF put back. Datagram and
 /// seqpacket sockets give one entry per message; stream sockets one entry.
-pub fn peek_queue(
-    fd: &OwnedFd,
-    stream: bool,
-) -> Result<std::result::Result<Vec<Vec<u8>>, PeekProblem>> {
+pub fn peek_queue(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Queue, PeekProblem>> {
     let old = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
     let out = peek_loop(fd, stream);
@@ -278,8 +278,9 @@ pub fn peek_queue(
     Ok(out)
 }
 
-fn peek_loop(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Vec<Vec<u8>>, PeekProblem>> {
-    let mut msgs: Vec<Vec<u8>> = Vec::new();
+/// Each entry: (data, sender's unix name, empty if unnamed).
+fn peek_loop(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Queue, PeekProblem>> {
+    let mut msgs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut buf = vec![0u8; 256 * 1024];
     // Room for a few fds and credentials.
     let mut cbuf = [0u64; 64];
@@ -288,8 +289,12 @@ fn peek_loop(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Vec<Vec<u
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
         };
-        // SAFETY: msghdr is plain data; zero is a valid "no name" value.
+        // SAFETY: msghdr and sockaddr_un are plain data; zero is valid.
         let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        mh.msg_name = (&mut from as *mut libc::sockaddr_un).cast();
+        mh.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
         mh.msg_iov = &mut iov;
         mh.msg_iovlen = 1;
         mh.msg_control = cbuf.as_mut_ptr().cast();
@@ -321,9 +326,9 @@ fn peek_loop(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Vec<Vec<u
                 break;
             }
             if msgs.is_empty() {
-                msgs.push(Vec::new());
+                msgs.push((Vec::new(), Vec::new()));
             }
-            msgs[0].extend_from_slice(&buf[..n]);
+            msgs[0].0.extend_from_slice(&buf[..n]);
         } else {
             if mh.msg_flags & libc::MSG_TRUNC != 0 {
                 buf.resize(buf.len() * 4, 0);
@@ -332,7 +337,18 @@ fn peek_loop(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Vec<Vec<u
                 msgs.clear();
                 continue;
             }
-            msgs.push(buf[..n].to_vec());
+            let off = std::mem::size_of::<libc::sa_family_t>();
+            let len = (mh.msg_namelen as usize)
+                .saturating_sub(off)
+                .min(from.sun_path.len());
+            let mut name: Vec<u8> = from.sun_path[..len].iter().map(|&c| c as u8).collect();
+            // A path name ends with its NUL; an abstract one starts with 0.
+            if name.first().is_some_and(|&c| c != 0) {
+                if let Some(end) = name.iter().position(|&c| c == 0) {
+                    name.truncate(end);
+                }
+            }
+            msgs.push((buf[..n].to_vec(), name));
             // The peek offset moves past empty datagrams too; a kernel that
             // did not would loop here forever.
             if msgs.len() > 4 << 20 {
@@ -415,6 +431,26 @@ pub fn unix_socketpair(sock_type: i32) -> Result<(OwnedFd, OwnedFd)> {
     cvt(r as i64, || format!("socketpair(AF_UNIX, {sock_type})"))?;
     // SAFETY: both fds were just created for us.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// sendto(2) one datagram to the socket named `name`.
+pub fn send_to(fd: &OwnedFd, data: &[u8], name: &[u8]) -> Result<()> {
+    let (sa, len) = sockaddr_un(name)?;
+    // SAFETY: sending from our own buffer to a valid sockaddr_un.
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            data.as_ptr().cast(),
+            data.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            (&sa as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    cvt(n as i64, || {
+        format!("sendto {} of {} bytes", show_name(name), data.len())
+    })
+    .map(drop)
 }
 
 pub fn bind_unix(fd: &OwnedFd, name: &[u8]) -> Result<()> {
