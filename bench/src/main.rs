@@ -2,7 +2,10 @@
 //! can do at best with the plainest means (process_vm_readv + write + fsync for
 //! dumping, pread into fresh anonymous memory for restoring).
 //!
-//! See bench/README.md for the meaning of every column.
+//! See bench/README.md for the meaning of every column. `cr-bench fds ...`
+//! is the open-fd benchmark (module [`fds`]).
+
+mod fds;
 
 use std::ffi::{CString, OsStr};
 use std::fmt::Write as _;
@@ -75,6 +78,8 @@ usage: cr-bench [--sizes MIB,MIB,...] [--fs tmpfs,disk] [--reps N] [--json]
   --bin-dir     where cr_checkpoint, cr_restart and bench_mem live (default:
                 the directory of this executable)
   --disk-base   parent of the on-disk image directory (default /var/tmp)
+
+       cr-bench fds [...]   the open-fd benchmark (`cr-bench fds --help`)
 ";
 
 fn parse_opts() -> Res<Opts> {
@@ -1480,7 +1485,12 @@ fn real_main() -> Res<()> {
 }
 
 fn main() {
-    let code = match real_main() {
+    let res = if std::env::args().nth(1).as_deref() == Some("fds") {
+        fds::main()
+    } else {
+        real_main()
+    };
+    let code = match res {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("cr-bench: {e}");

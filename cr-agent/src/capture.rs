@@ -93,6 +93,7 @@ pub fn check(pid: i32) -> Result<Vec<CheckItem>, CheckpointError> {
     target::validate(pid)?;
     let pids = tree::walk(pid)?;
     let mut scan = fds::Scan::new(&pids);
+    scan.deep = true;
     let mut out = Vec::new();
     for &p in &pids {
         let Ok(stat) = proc::read_stat(p) else {
@@ -349,16 +350,20 @@ fn capture_process(
         .and_then(|s| u32::from_str_radix(s.trim(), 16).ok())
         .unwrap_or(0);
     let mut fds = fds::collect(pid, scan, Some(objects))?;
+    // Open file descriptions seen so far, per link text, kept in kcmp's
+    // order: one binary search per fd instead of a comparison with every
+    // earlier fd of the same name (all eventfds share one name).
     for fd in fds.iter_mut() {
         let seen = shared.fds.entry(fd.path.clone()).or_default();
-        if let Some(&(opid, ofd)) = seen
-            .iter()
-            .find(|(opid, ofd)| cr_sys::mem::same_file(pid, fd.fd, *opid, *ofd).unwrap_or(false))
-        {
-            fd.shared_pid = opid as u32;
-            fd.shared_fd = ofd;
-        } else {
-            seen.push((pid, fd.fd));
+        let at = seen.binary_search_by(|&(opid, ofd)| {
+            cr_sys::mem::file_order(opid, ofd, pid, fd.fd).unwrap_or(std::cmp::Ordering::Less)
+        });
+        match at {
+            Ok(i) => {
+                fd.shared_pid = seen[i].0 as u32;
+                fd.shared_fd = seen[i].1;
+            }
+            Err(i) => seen.insert(i, (pid, fd.fd)),
         }
     }
     let maps = proc::read_smaps(pid).map_err(sys)?;

@@ -56,6 +56,8 @@ pub struct Scan {
     outside: HashMap<u64, Option<i32>>,
     /// Indexes of the pty pairs whose master the tree holds.
     pub pty_masters: HashSet<u32>,
+    /// `--check`: also look into socket queues (see [`crate::unix`]).
+    pub deep: bool,
 }
 
 impl Scan {
@@ -465,13 +467,18 @@ fn timerfd(info: &proc::FdInfo) -> Option<proto::TimerFd> {
         let (s, ns) = v.split_once(',')?;
         Some(s.trim().parse::<u64>().ok()? * 1_000_000_000 + ns.trim().parse::<u64>().ok()?)
     };
-    Some(proto::TimerFd {
+    let mut t = proto::TimerFd {
         clockid: get("clockid")?.parse().ok()?,
         ticks: get("ticks")?.parse().ok()?,
         settime_flags: u32::from_str_radix(get("settime flags")?, 8).ok()?,
         value_ns: pair("it_value")?,
         interval_ns: pair("it_interval")?,
-    })
+    };
+    // fdinfo shows the time left; an absolute timer keeps its deadline.
+    if t.settime_flags as i32 & libc::TFD_TIMER_ABSTIME != 0 && t.value_ns != 0 {
+        t.value_ns += cr_sys::fdio::clock_now_ns(t.clockid).ok()?;
+    }
+    Some(t)
 }
 
 /// One "tfd: 6 events: 80000019 data: 6 pos:0 ino:40e sdev:10" line (the

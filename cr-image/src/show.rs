@@ -137,11 +137,20 @@ fn object_json(o: &proto::FileObject) -> Value {
 fn object_summary(o: &proto::FileObject) -> String {
     use proto::ObjectKind as K;
     match proto::ObjectKind::try_from(o.kind).unwrap_or(K::Unspecified) {
-        K::PipeObject => format!("pipe:[{}] {} bytes buffered, capacity {}", o.id, o.pipe_data.len(), o.pipe_size),
+        K::PipeObject => format!(
+            "pipe:[{}] {} bytes buffered, capacity {}",
+            o.id,
+            o.pipe_data.len(),
+            o.pipe_size
+        ),
         K::FifoObject => format!("fifo {} {} bytes buffered", o.path, o.pipe_data.len()),
         K::MemfdObject => format!("memfd:{} {} bytes, seals {:#x}", o.path, o.size, o.seals),
         K::DeletedFileObject => format!("deleted file {} {} bytes", o.path, o.size),
-        K::PtyObject => format!("pty /dev/pts/{}{}", o.pty_index, if o.pty_locked { " (locked)" } else { "" }),
+        K::PtyObject => format!(
+            "pty /dev/pts/{}{}",
+            o.pty_index,
+            if o.pty_locked { " (locked)" } else { "" }
+        ),
         K::UnixSocketObject => {
             let u = o.unix.clone().unwrap_or_default();
             let ty = match u.sock_type {

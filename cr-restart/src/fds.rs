@@ -25,11 +25,10 @@ use tracing::warn;
 /// Open flags that must not be replayed (they act only at open time).
 const OPEN_ONLY: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY;
 
-/// What the restorer must keep until the release: the fds it created
-/// (shared with the processes), and the timerfds to arm at the very end.
+/// What the restorer must keep until the release: the timerfds to arm at
+/// the very end.
 #[derive(Default)]
 pub struct Handoff {
-    held: Vec<OwnedFd>,
     timers: Vec<(OwnedFd, proto::TimerFd)>,
 }
 
@@ -38,22 +37,31 @@ impl Handoff {
     pub fn arm_timers(&mut self) -> Result<(), RestoreError> {
         for (fd, t) in self.timers.drain(..) {
             let what = || format!("cannot arm a timerfd (clock {})", t.clockid);
+            // A periodic timer that expired and was not read since is not
+            // re-armed by the kernel until it is read: its time left shows
+            // 0 but it still runs, one period from now.
+            let value = match (t.value_ns, t.interval_ns) {
+                (0, 0) => {
+                    if t.ticks != 0 {
+                        fdio::timerfd_set_ticks(&fd, t.ticks).map_err(step_err(what()))?;
+                    }
+                    continue;
+                }
+                (0, period) => period,
+                (v, _) => v,
+            };
+            let abs = t.settime_flags as i32 & libc::TFD_TIMER_ABSTIME != 0;
+            let flags = if abs && t.value_ns == 0 {
+                t.settime_flags as i32 & !libc::TFD_TIMER_ABSTIME
+            } else {
+                t.settime_flags as i32
+            };
+            fdio::timerfd_settime(&fd, flags, value, t.interval_ns).map_err(step_err(what()))?;
+            // After settime, which clears them.
             if t.ticks != 0 {
                 fdio::timerfd_set_ticks(&fd, t.ticks).map_err(step_err(what()))?;
             }
-            if t.value_ns == 0 {
-                continue;
-            }
-            let abs = t.settime_flags as i32 & libc::TFD_TIMER_ABSTIME != 0;
-            let value = if abs {
-                fdio::clock_now_ns(t.clockid).map_err(step_err(what()))? + t.value_ns
-            } else {
-                t.value_ns
-            };
-            fdio::timerfd_settime(&fd, t.settime_flags as i32, value, t.interval_ns)
-                .map_err(step_err(what()))?;
         }
-        self.held.clear();
         Ok(())
     }
 }
@@ -158,7 +166,8 @@ pub fn restore(
         if matches!(kind, FdKind::Memfd | FdKind::DeletedFile) && f.pos != 0 {
             seek(stub, f)?;
         }
-        handoff.held.push(ours);
+        // The process holds it now; ours would only cost an fd.
+        drop(ours);
     }
     for f in fds {
         if !f.epoll.is_empty() && f.shared_pid == 0 {
@@ -219,7 +228,8 @@ fn reopen(
 /// descriptors are handed out cyclically, so a watch that came out too low
 /// is removed and added again until it gets its number.
 fn inotify(f: &proto::Fd) -> Result<OwnedFd, RestoreError> {
-    let fd = fdio::inotify_init(0).map_err(step_err(format!("cannot create inotify {}", f.fd)))?;
+    let fd = fdio::inotify_init(libc::IN_NONBLOCK)
+        .map_err(step_err(format!("cannot create inotify {}", f.fd)))?;
     let mut watches = f.inotify.clone();
     watches.sort_by_key(|w| w.wd);
     for w in &watches {
@@ -239,6 +249,9 @@ fn inotify(f: &proto::Fd) -> Result<OwnedFd, RestoreError> {
             fdio::inotify_rm_watch(&fd, got).map_err(step_err(what()))?;
         }
     }
+    // Each removed stand-in queued an IN_IGNORED event: drop them.
+    let mut buf = [0u8; 4096];
+    while fdio::read_nonblock(&fd, &mut buf).is_ok_and(|n| n > 0) {}
     Ok(fd)
 }
 

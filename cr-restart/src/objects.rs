@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 #[derive(Default)]
 pub struct Objects {
     /// Pipes and FIFOs: (read side, write side) — a FIFO is one O_RDWR fd twice.
-    pipes: HashMap<(i32, u64), (OwnedFd, Option<OwnedFd>)>,
+    pipes: HashMap<(i32, u64), PipeEnds>,
     /// memfds and deleted files, open read-write.
     files: HashMap<(i32, u64), OwnedFd>,
     /// Deleted files whose O_TMPFILE description was handed out already.
@@ -43,13 +43,14 @@ impl Objects {
                     let (r, w) = fdio::pipe(libc::O_NONBLOCK | libc::O_CLOEXEC)
                         .map_err(sys(format!("cannot create pipe:[{}]", obj.id)))?;
                     fill_pipe(&w, obj)?;
-                    o.pipes.insert((obj.kind, obj.id), (r, Some(w)));
+                    o.pipes
+                        .insert((obj.kind, obj.id), PipeEnds::new(r, Some(w)));
                 }
                 ObjectKind::FifoObject => {
                     let rw = fdio::open(&obj.path, libc::O_RDWR | libc::O_NONBLOCK)
                         .map_err(sys(format!("cannot open the FIFO {}", obj.path)))?;
                     fill_pipe(&rw, obj)?;
-                    o.pipes.insert((obj.kind, obj.id), (rw, None));
+                    o.pipes.insert((obj.kind, obj.id), PipeEnds::new(rw, None));
                 }
                 ObjectKind::MemfdObject | ObjectKind::DeletedFileObject => {
                     let f = file_object(img, obj, kind == ObjectKind::MemfdObject)?;
@@ -103,8 +104,15 @@ impl Objects {
                 } else {
                     ObjectKind::FifoObject
                 };
-                let (r, _) = self.pipes.get(&(ok as i32, f.object)).ok_or_else(missing)?;
-                fdio::reopen(r, accmode).map_err(sys(what()))
+                let ends = self.pipes.get(&(ok as i32, f.object)).ok_or_else(missing)?;
+                // The ends pipe2 made carry no O_LARGEFILE, unlike any open():
+                // a description that had none gets one of them.
+                if f.flags as i32 & KERNEL_O_LARGEFILE == 0 {
+                    if let Some(end) = ends.take_original(accmode) {
+                        return Ok(end);
+                    }
+                }
+                fdio::reopen(&ends.anchor, accmode).map_err(sys(what()))
             }
             proto::FdKind::Memfd | proto::FdKind::DeletedFile => {
                 let ok = if kind == proto::FdKind::Memfd {
@@ -155,6 +163,37 @@ impl Objects {
         Some(format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()))
     }
 }
+
+/// A pipe held by the restorer: its read end (through which new
+/// descriptions of either end are opened) and the original ends, each
+/// handed to the first fd that needs exactly it.
+struct PipeEnds {
+    anchor: OwnedFd,
+    read_taken: std::cell::Cell<bool>,
+    write: std::cell::RefCell<Option<OwnedFd>>,
+}
+
+impl PipeEnds {
+    fn new(anchor: OwnedFd, write: Option<OwnedFd>) -> Self {
+        PipeEnds {
+            anchor,
+            read_taken: std::cell::Cell::new(write.is_none()),
+            write: std::cell::RefCell::new(write),
+        }
+    }
+
+    fn take_original(&self, accmode: i32) -> Option<OwnedFd> {
+        match accmode {
+            libc::O_RDONLY if !self.read_taken.replace(true) => self.anchor.try_clone().ok(),
+            libc::O_WRONLY => self.write.borrow_mut().take(),
+            _ => None,
+        }
+    }
+}
+
+/// O_LARGEFILE as the kernel reports it in f_flags (libc defines it as 0 on
+/// 64-bit targets, where open() sets it anyway).
+const KERNEL_O_LARGEFILE: i32 = 0o100000;
 
 /// __O_TMPFILE (O_TMPFILE without O_DIRECTORY).
 const O_TMPFILE_BIT: i32 = 0o20000000;

@@ -230,6 +230,15 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         }
     }
 
+    // One fd of ours per pipe, socket and file object, for a moment: as
+    // many as the process may have.
+    if let Some(&(soft, hard)) =
+        cr_sys::limits::get_all(std::process::id() as i32)?.get(libc::RLIMIT_NOFILE as usize)
+    {
+        if soft < hard {
+            let _ = cr_sys::limits::set(std::process::id() as i32, libc::RLIMIT_NOFILE, hard, hard);
+        }
+    }
     // Pipes, sockets and file contents first, in the restorer; the pidfd of
     // the restorer every stub inherits is how they take their fds.
     let objects = Objects::prepare(&img, &ck)?;

@@ -203,6 +203,13 @@ pub fn write_all(fd: &OwnedFd, data: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// read(2) once into `buf` (the fd should be non-blocking).
+pub fn read_nonblock(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize> {
+    // SAFETY: reading into our own buffer.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    cvt(n as i64, || "read".into()).map(|n| n as usize)
+}
+
 /// send(2) one message (datagram sockets keep its boundary).
 pub fn send(fd: &OwnedFd, data: &[u8]) -> Result<()> {
     // SAFETY: sending from our own buffer.

@@ -172,9 +172,29 @@ pub fn data_ranges(file: &File, start: u64, end: u64) -> Result<Vec<(u64, u64)>>
     Ok(out)
 }
 
+/// How fd `fd1` of `pid1` orders against fd `fd2` of `pid2` (kcmp
+/// KCMP_FILE: Equal when they are the same open file description; the
+/// kernel's order of the others is arbitrary but total, so descriptions can
+/// be kept sorted and found by binary search).
+pub fn file_order(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<std::cmp::Ordering> {
+    match kcmp_file(pid1, fd1, pid2, fd2)? {
+        0 => Ok(std::cmp::Ordering::Equal),
+        1 => Ok(std::cmp::Ordering::Less),
+        2 => Ok(std::cmp::Ordering::Greater),
+        r => Err(SysError::Syscall {
+            what: format!("kcmp of fd {fd1} of {pid1} and fd {fd2} of {pid2} gave no order ({r})"),
+            source: Errno(libc::EINVAL),
+        }),
+    }
+}
+
 /// Whether fd `fd1` of `pid1` and fd `fd2` of `pid2` are the same open file
 /// description (kcmp KCMP_FILE).
 pub fn same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<bool> {
+    Ok(kcmp_file(pid1, fd1, pid2, fd2)? == 0)
+}
+
+fn kcmp_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<i64> {
     const KCMP_FILE: i64 = 0;
     // SAFETY: kcmp takes only integers.
     let r = unsafe {
@@ -193,5 +213,5 @@ pub fn same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<bool> {
             source: Errno::last(),
         });
     }
-    Ok(r == 0)
+    Ok(r)
 }
