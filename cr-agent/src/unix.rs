@@ -38,6 +38,9 @@ pub fn describe(
             ))
         }
     };
+    // A seqpacket socket whose peer is gone reads 0 at the end of its queue.
+    let zero_ends =
+        u.sock_type as i32 == libc::SOCK_SEQPACKET && (u.peer == 0 || u.shutdown & 1 != 0);
     let mut s = proto::UnixSocket {
         sock_type: u.sock_type as u32,
         state: u.state as u32,
@@ -136,7 +139,9 @@ pub fn describe(
         if scan.deep && u.state != TCP_LISTEN {
             if let Ok(sock) = fdio::steal_fd(pid, fd) {
                 let stream = u.sock_type as i32 == libc::SOCK_STREAM;
-                if let Ok(Err(fdio::PeekProblem::FdsInFlight)) = fdio::peek_queue(&sock, stream) {
+                if let Ok(Err(fdio::PeekProblem::FdsInFlight)) =
+                    fdio::peek_queue(&sock, stream, zero_ends)
+                {
                     return Err(format!(
                         "a unix {kind} socket with file descriptors in flight (SCM_RIGHTS, not supported)"
                     ));
@@ -156,22 +161,23 @@ pub fn describe(
     };
     let sock = fdio::steal_fd(pid, fd).map_err(err)?;
     if u.state != TCP_LISTEN {
-        s.queue =
-            match fdio::peek_queue(&sock, u.sock_type as i32 == libc::SOCK_STREAM).map_err(err)? {
-                Ok(q) => {
-                    if u.sock_type as i32 != libc::SOCK_STREAM
-                        && q.iter().any(|(_, from)| !from.is_empty())
-                    {
-                        s.queue_from = q.iter().map(|(_, from)| from.clone()).collect();
-                    }
-                    q.into_iter().map(|(m, _)| m).collect()
+        s.queue = match fdio::peek_queue(&sock, u.sock_type as i32 == libc::SOCK_STREAM, zero_ends)
+            .map_err(err)?
+        {
+            Ok(q) => {
+                if u.sock_type as i32 != libc::SOCK_STREAM
+                    && q.iter().any(|(_, from)| !from.is_empty())
+                {
+                    s.queue_from = q.iter().map(|(_, from)| from.clone()).collect();
                 }
-                Err(fdio::PeekProblem::FdsInFlight) => {
-                    return Err(format!(
+                q.into_iter().map(|(m, _)| m).collect()
+            }
+            Err(fdio::PeekProblem::FdsInFlight) => {
+                return Err(format!(
                 "a unix {kind} socket with file descriptors in flight (SCM_RIGHTS, not supported)"
             ))
-                }
-            };
+            }
+        };
     }
     s.sndbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF).unwrap_or(0);
     s.rcvbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF).unwrap_or(0);

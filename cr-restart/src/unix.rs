@@ -163,6 +163,9 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             if !listening && s.state == TCP_ESTABLISHED && ty(s) != libc::SOCK_DGRAM {
                 continue; // peer closed: step 5
             }
+            if !listening && s.name.is_empty() && !s.queue.is_empty() {
+                continue; // data from a peer now gone: step 5
+            }
             let fd =
                 fdio::unix_socket(ty(s)).map_err(sys(format!("cannot create socket:[{id}]")))?;
             bind(&fd, id, s, &mut unlink)?;
@@ -214,6 +217,13 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
         bind(&x, id, s, &mut unlink)?;
         out.insert(id, x);
         orphans.insert(id, y);
+    }
+    // SO_PASSCRED first: queued datagrams then carry credentials (the
+    // restorer's; the original senders' are not kept).
+    for &id in &ids {
+        if let (true, Some(fd)) = (socks[&id].passcred, out.get(&id)) {
+            let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, 1);
+        }
     }
     // 6. Queues, shutdowns, options.
     for &id in &ids {
@@ -292,9 +302,6 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             if v > 0 {
                 let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, opt, v / 2);
             }
-        }
-        if s.passcred {
-            let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, 1);
         }
         if s.peek_off >= 0 {
             let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, s.peek_off);

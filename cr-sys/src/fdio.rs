@@ -275,10 +275,16 @@ pub enum PeekProblem {
 /// The receive queue of a socket, without consuming it: MSG_PEEK with
 /// SO_PEEK_OFF walking forward, then SO_PEEK_OFF put back. Datagram and
 /// seqpacket sockets give one entry per message; stream sockets one entry.
-pub fn peek_queue(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Queue, PeekProblem>> {
+/// `zero_ends`: a zero-length read ends the queue (a seqpacket socket
+/// whose peer is gone reads 0 at its end, like a stream, forever).
+pub fn peek_queue(
+    fd: &OwnedFd,
+    stream: bool,
+    zero_ends: bool,
+) -> Result<std::result::Result<Queue, PeekProblem>> {
     let old = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
-    let out = peek_loop(fd, stream);
+    let out = peek_loop(fd, stream, zero_ends);
     let restored = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, old);
     let out = out?;
     restored?;
@@ -286,7 +292,11 @@ pub fn peek_queue(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Queu
 }
 
 /// Each entry: (data, sender's unix name, empty if unnamed).
-fn peek_loop(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Queue, PeekProblem>> {
+fn peek_loop(
+    fd: &OwnedFd,
+    stream: bool,
+    zero_ends: bool,
+) -> Result<std::result::Result<Queue, PeekProblem>> {
     let mut msgs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut buf = vec![0u8; 256 * 1024];
     // Room for a few fds and credentials.
@@ -337,6 +347,9 @@ fn peek_loop(fd: &OwnedFd, stream: bool) -> Result<std::result::Result<Queue, Pe
             }
             msgs[0].0.extend_from_slice(&buf[..n]);
         } else {
+            if n == 0 && zero_ends {
+                break;
+            }
             if mh.msg_flags & libc::MSG_TRUNC != 0 {
                 buf.resize(buf.len() * 4, 0);
                 // Peek offset moved past the truncated message: start over.

@@ -427,12 +427,14 @@ const UNIX_PARTS: &[&str] = &[
     "dgram_path",
     "unlinked",
     "shutdown",
+    "stream_peer_closed",
 ];
 
 /// socketpairs of every type with data queued both ways (an empty
 /// datagram too), named and abstract listeners with accepted and
 /// still-queued connections (in one process and across a fork), bound
-/// datagram sockets, an unlinked name, a shutdown.
+/// datagram sockets, an unlinked name, a shutdown, a stream whose peer wrote
+/// and closed.
 #[test]
 fn unix_sockets_kill_restore() {
     let h = Harness::new("ipc-unix");
@@ -531,6 +533,36 @@ fn unix_dgram_connected_to_unlinked_name() {
         "py_ipc_unix.py",
         &["unlinked_peer"],
         "datagram connection to an unlinked name",
+        false,
+        false,
+    );
+}
+
+/// A datagram socketpair whose sending end wrote and was closed: the
+/// datagrams still queued on the other end arrive after the restore (the
+/// image must be restorable, or the checkpoint refused).
+#[test]
+fn unix_dgram_peer_closed_with_queued_data() {
+    let h = Harness::new("ipc-dgram-closed");
+    parts_kill_restore(
+        &h,
+        "py_ipc_unix.py",
+        &["dgram_peer_closed"],
+        "datagrams of a closed peer",
+        false,
+        false,
+    );
+}
+
+/// The same for SOCK_SEQPACKET: the records, then EOF.
+#[test]
+fn unix_seqpacket_peer_closed_with_queued_data() {
+    let h = Harness::new("ipc-seqpacket-closed");
+    parts_kill_restore(
+        &h,
+        "py_ipc_unix.py",
+        &["seqpacket_peer_closed"],
+        "records of a closed seqpacket peer",
         false,
         false,
     );

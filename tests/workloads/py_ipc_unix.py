@@ -48,7 +48,7 @@ import struct
 import sys
 
 from py_ipc_common import (child_main, child_status_problems, close_all_but, eq,
-                           expect_errno, out, run, wait_go)
+                           expect_errno, run, wait_go)
 
 EAGAIN = (errno.EAGAIN,)
 AF_UNIX = socket.AF_UNIX
@@ -75,15 +75,22 @@ def drain_stream(s):
 
 
 def drain_msgs(s):
-    """All messages readable now (non-blocking), each as its own bytes."""
+    """All messages readable now (non-blocking), each as its own bytes. On a
+    SOCK_SEQPACKET socket an empty read is EOF (its peer is gone): it ends
+    the list as None."""
+    seqpacket = s.type == socket.SOCK_SEQPACKET
     s.setblocking(False)
     msgs = []
     try:
-        while True:
+        while len(msgs) < 10000:
             try:
-                msgs.append(s.recv(65536))
+                m = s.recv(65536)
             except BlockingIOError:
                 break
+            if seqpacket and not m:
+                msgs.append(None)
+                break
+            msgs.append(m)
     finally:
         s.setblocking(True)
     return msgs
@@ -480,6 +487,9 @@ def peer_closed_part(ctx, kind):
             eq(p, "bytes of the closed peer", got, b"sent-then-closed-1sent-then-closed-2")
             if not eof:
                 p.append("no EOF after the data of the closed peer")
+        elif kind == socket.SOCK_SEQPACKET:
+            eq(p, "records of the closed peer, then EOF", drain_msgs(b),
+               [b"sent-then-closed-1", b"sent-then-closed-2", None])
         else:
             eq(p, "datagrams of the closed peer", drain_msgs(b),
                [b"sent-then-closed-1", b"sent-then-closed-2"])
