@@ -672,7 +672,8 @@ fn timerfd_absolute_realtime_kill_restore() {
     let pid = wl.pid();
     let img = h.image_dir("img");
     checkpoint_kill(&h, &mut wl, &img);
-    // Downtime on purpose: an absolute timer must not move with it.
+    // Downtime is the point of this test, not a wait for something: an
+    // absolute timer must not move with it.
     std::thread::sleep(Duration::from_millis(1500));
     let mut r = h.restore_bg(&img, pid);
     wl.go();
