@@ -4,8 +4,8 @@
 
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
-    kernel_release, only_std_fds, proc_comm, proc_exists, proc_state, reap_strays, run_timed,
-    settle, wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, GIB, INTERRUPTED,
+    kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
+    wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, GIB, INTERRUPTED,
 };
 use std::fmt::Write as _;
 use std::fs::{self, File};
@@ -568,43 +568,9 @@ fn run_one(
 
     // --- restore ---
     check_interrupted()?;
-    let rs_out = run_dir.join("cr_restart.out");
-    let rs_err = run_dir.join("cr_restart.err");
     let mut cmd = tool_cmd(&bins.restart, o);
     cmd.arg("--detach").arg(&img);
-    let t = run_timed(cmd, &rs_out, &rs_err)?;
-    let printed = file_tail(&rs_out, 4000);
-    let new_pid = printed
-        .lines()
-        .find_map(|l| l.trim().parse::<i32>().ok())
-        .filter(|&p| p > 1);
-    // Only a pid that is the original one, or that runs bench_fds, is ours.
-    let mut restored = match new_pid {
-        Some(p) if p == pid || proc_comm(p).as_deref() == Some("bench_fds") => {
-            Some(ProcGuard::new(p))
-        }
-        _ => None,
-    };
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "cr_restart failed ({}): {} {}",
-            describe_status(t.status),
-            file_tail(&rs_err, 1500),
-            printed
-        ));
-    }
-    let Some(new_pid) = new_pid else {
-        return Err(format!("cr_restart printed no pid: {printed:?}"));
-    };
-    let Some(guard) = restored.as_mut() else {
-        return Err(format!(
-            "cr_restart printed pid {new_pid}, which is neither the original pid {pid} nor a \
-             bench_fds process; not touching it"
-        ));
-    };
-    if !proc_exists(new_pid) || proc_state(new_pid) == Some('Z') {
-        return Err(format!("restored pid {new_pid} is not running"));
-    }
+    let (t, mut guard, new_pid) = crate::restore_detached(cmd, &run_dir, pid, "bench_fds")?;
     s.restore_rss_kib = Some(t.maxrss_kib);
     s.same_pid = Some(new_pid == pid);
 

@@ -473,7 +473,57 @@ fn only_std_fds(cmd: &mut Command) {
     }
 }
 
-struct Timed {
+/// Runs `cmd` (`cr_restart --detach IMG`, output into `run_dir`) and takes
+/// charge of the PID it prints, before anything else can fail: only the
+/// original `pid`, or a process named `comm`, is ever killed. Fails unless
+/// cr_restart succeeded and that process runs.
+pub(crate) fn restore_detached(
+    cmd: Command,
+    run_dir: &Path,
+    pid: i32,
+    comm: &str,
+) -> Res<(Timed, ProcGuard, i32)> {
+    let rs_out = run_dir.join("cr_restart.out");
+    let rs_err = run_dir.join("cr_restart.err");
+    let t = run_timed(cmd, &rs_out, &rs_err)?;
+    let printed = file_tail(&rs_out, 4000);
+    let new_pid = printed
+        .lines()
+        .find_map(|l| l.trim().parse::<i32>().ok())
+        .or_else(|| {
+            printed
+                .split_whitespace()
+                .find_map(|w| w.parse::<i32>().ok())
+        })
+        .filter(|&p| p > 1);
+    let restored = match new_pid {
+        Some(p) if p == pid || proc_comm(p).as_deref() == Some(comm) => Some(ProcGuard::new(p)),
+        _ => None,
+    };
+    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
+        return Err(format!(
+            "cr_restart failed ({}): {} {}",
+            describe_status(t.status),
+            file_tail(&rs_err, 1500),
+            printed
+        ));
+    }
+    let Some(new_pid) = new_pid else {
+        return Err(format!("cr_restart printed no pid: {printed:?}"));
+    };
+    let Some(guard) = restored else {
+        return Err(format!(
+            "cr_restart printed pid {new_pid}, which is neither the original pid {pid} nor a \
+             {comm} process; not touching it"
+        ));
+    };
+    if !proc_exists(new_pid) || proc_state(new_pid) == Some('Z') {
+        return Err(format!("restored pid {new_pid} is not running"));
+    }
+    Ok((t, guard, new_pid))
+}
+
+pub(crate) struct Timed {
     secs: f64,
     maxrss_kib: u64,
     status: i32,
@@ -975,49 +1025,10 @@ fn run_one(
     // --- restore ---
     check_interrupted()?;
     prewarm(opts, len)?;
-    let rs_out = run_dir.join("cr_restart.out");
-    let rs_err = run_dir.join("cr_restart.err");
     let mut cmd = Command::new(&bins.restart);
     cmd.arg("--detach").arg(&img);
-    let t = run_timed(cmd, &rs_out, &rs_err)?;
-    let printed = file_tail(&rs_out, 4000);
-    let new_pid = printed
-        .lines()
-        .find_map(|l| l.trim().parse::<i32>().ok())
-        .or_else(|| {
-            printed
-                .split_whitespace()
-                .find_map(|w| w.parse::<i32>().ok())
-        })
-        .filter(|&p| p > 1);
-    // Take charge of the restored process before anything else can fail.
-    // Only a pid that is the original one, or that runs bench_mem, is killed.
-    let mut restored = match new_pid {
-        Some(p) if p == pid || proc_comm(p).as_deref() == Some("bench_mem") => {
-            Some(ProcGuard::new(p))
-        }
-        _ => None,
-    };
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "cr_restart failed ({}): {} {}",
-            describe_status(t.status),
-            file_tail(&rs_err, 1500),
-            printed
-        ));
-    }
-    let Some(new_pid) = new_pid else {
-        return Err(format!("cr_restart printed no pid: {printed:?}"));
-    };
-    if restored.is_none() {
-        return Err(format!(
-            "cr_restart printed pid {new_pid}, which is neither the original pid {pid} nor a \
-             bench_mem process; not touching it"
-        ));
-    }
-    if !proc_exists(new_pid) || proc_state(new_pid) == Some('Z') {
-        return Err(format!("restored pid {new_pid} is not running"));
-    }
+    let (t, guard, new_pid) = restore_detached(cmd, &run_dir, pid, "bench_mem")?;
+    let mut restored = Some(guard);
     s.restore_s = Some(t.secs);
     s.restore_rss_kib = Some(t.maxrss_kib);
     s.same_pid = Some(new_pid == pid);

@@ -466,26 +466,8 @@ fn capture_process(
         ns_pid: ns.0,
         ns_pgid: ns.1,
         ns_sid: ns.2,
-        ctty_pty: ctty_pty(stat.field(7), &scan.pty_masters),
+        ctty_pty: fds::ctty_pty(stat.field(7), &scan.pty_masters).map_or(0, |i| i + 1),
     })
-}
-
-/// index + 1 of the pty pair (held by the tree) that is the process's
-/// controlling terminal; `tty_nr` is field 7 of /proc/PID/stat.
-fn ctty_pty(tty_nr: u64, masters: &std::collections::HashSet<u32>) -> u32 {
-    let (major, minor) = (
-        (tty_nr >> 8) & 0xfff,
-        (tty_nr & 0xff) | ((tty_nr >> 12) & 0xfff00),
-    );
-    if !(136..=143).contains(&major) {
-        return 0;
-    }
-    let index = ((major - 136) << 8 | minor) as u32;
-    if masters.contains(&index) {
-        index + 1
-    } else {
-        0
-    }
 }
 
 /// What the process told us through injected syscalls.

@@ -15,7 +15,7 @@
 
 use crate::objects::Objects;
 use cr_image::proto;
-use cr_sys::proc;
+use cr_sys::proc::{self, dev_major as major, dev_minor as minor};
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
@@ -28,18 +28,16 @@ const SAFE_CHAR_DEVICES: &[(u64, u64, &str)] = &[
     (1, 9, "/dev/urandom"),
 ];
 
-pub fn major(rdev: u64) -> u64 {
-    ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff)
-}
-
-pub fn minor(rdev: u64) -> u64 {
-    ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff)
-}
-
 /// Terminal devices: the console and virtual terminals (4), /dev/tty,
 /// console and ptmx (5), pty slaves (136-143).
 fn is_tty_dev(rdev: u64) -> bool {
     matches!(major(rdev), 4 | 5 | 136..=143)
+}
+
+/// The index of the pty pair held by the tree that is the controlling
+/// terminal `tty_nr` (field 7 of /proc/PID/stat), if it is one.
+pub fn ctty_pty(tty_nr: u64, masters: &HashSet<u32>) -> Option<u32> {
+    proc::pty_slave_index(tty_nr).filter(|i| masters.contains(i))
 }
 
 /// What the whole tree holds, gathered before any fd is described.
@@ -325,15 +323,7 @@ pub fn describe(
             // the tree: opened again by path once that pty is its terminal.
             if (major(r), minor(r)) == (5, 0) {
                 let ctty = proc::read_stat(pid).map(|s| s.field(7)).unwrap_or(0);
-                let (cmaj, cmin) = (
-                    (ctty >> 8) & 0xfff,
-                    (ctty & 0xff) | ((ctty >> 12) & 0xfff00),
-                );
-                if (136..=143).contains(&cmaj)
-                    && scan
-                        .pty_masters
-                        .contains(&(((cmaj - 136) << 8 | cmin) as u32))
-                {
+                if ctty_pty(ctty, &scan.pty_masters).is_some() {
                     f.kind = proto::FdKind::CharDevice as i32;
                     return Ok(Some(f));
                 }
@@ -341,10 +331,8 @@ pub fn describe(
             let master = major(r) == 5 && minor(r) == 2;
             let index = if master {
                 extra("tty-index").and_then(|v| v.trim().parse::<u32>().ok())
-            } else if (136..=143).contains(&major(r)) {
-                Some(((major(r) - 136) << 8 | minor(r)) as u32)
             } else {
-                None
+                proc::pty_slave_index(r)
             };
             if let Some(index) = index.filter(|i| scan.pty_masters.contains(i)) {
                 f.kind = proto::FdKind::Pty as i32;

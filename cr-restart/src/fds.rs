@@ -43,7 +43,7 @@ impl Handoff {
             let value = match (t.value_ns, t.interval_ns) {
                 (0, 0) => {
                     if t.ticks != 0 {
-                        fdio::timerfd_set_ticks(&fd, t.ticks).map_err(step_err(what()))?;
+                        fdio::timerfd_set_ticks(&fd, t.ticks).step(what)?;
                     }
                     continue;
                 }
@@ -56,18 +56,14 @@ impl Handoff {
             } else {
                 t.settime_flags as i32
             };
-            fdio::timerfd_settime(&fd, flags, value, t.interval_ns).map_err(step_err(what()))?;
+            fdio::timerfd_settime(&fd, flags, value, t.interval_ns).step(what)?;
             // After settime, which clears them.
             if t.ticks != 0 {
-                fdio::timerfd_set_ticks(&fd, t.ticks).map_err(step_err(what()))?;
+                fdio::timerfd_set_ticks(&fd, t.ticks).step(what)?;
             }
         }
         Ok(())
     }
-}
-
-fn step_err(what: String) -> impl FnOnce(cr_sys::SysError) -> RestoreError {
-    move |e| RestoreError::Unsupported(format!("{what}: {}", cr_sys::error::one_line(&e)))
 }
 
 /// Options of the fds restore.
@@ -118,16 +114,15 @@ pub fn restore(
                     0
                 };
                 fdio::eventfd(f.eventfd_count, sem)
-                    .map_err(step_err(format!("cannot create eventfd {}", f.fd)))?
+                    .step(|| format!("cannot create eventfd {}", f.fd))?
             }
-            FdKind::Signalfd => fdio::signalfd(f.sigmask, 0)
-                .map_err(step_err(format!("cannot create signalfd {}", f.fd)))?,
+            FdKind::Signalfd => {
+                fdio::signalfd(f.sigmask, 0).step(|| format!("cannot create signalfd {}", f.fd))?
+            }
             FdKind::Timerfd => {
                 let t = f.timerfd.unwrap_or_default();
-                let fd = fdio::timerfd(t.clockid, 0).map_err(step_err(format!(
-                    "cannot create timerfd {} (clock {})",
-                    f.fd, t.clockid
-                )))?;
+                let fd = fdio::timerfd(t.clockid, 0)
+                    .step(|| format!("cannot create timerfd {} (clock {})", f.fd, t.clockid))?;
                 let copy = fd
                     .try_clone()
                     .map_err(|e| RestoreError::Unsupported(e.to_string()))?;
@@ -135,7 +130,7 @@ pub fn restore(
                 fd
             }
             FdKind::Epoll => {
-                fdio::epoll_create().map_err(step_err(format!("cannot create epoll {}", f.fd)))?
+                fdio::epoll_create().step(|| format!("cannot create epoll {}", f.fd))?
             }
             FdKind::Inotify => inotify(f)?,
             FdKind::Inherited => inherited(f, opts)?,
@@ -228,14 +223,14 @@ fn reopen(
 /// descriptors are handed out cyclically, so a watch that came out too low
 /// is removed and added again until it gets its number.
 fn inotify(f: &proto::Fd) -> Result<OwnedFd, RestoreError> {
-    let fd = fdio::inotify_init(libc::IN_NONBLOCK)
-        .map_err(step_err(format!("cannot create inotify {}", f.fd)))?;
+    let fd =
+        fdio::inotify_init(libc::IN_NONBLOCK).step(|| format!("cannot create inotify {}", f.fd))?;
     let mut watches = f.inotify.clone();
     watches.sort_by_key(|w| w.wd);
     for w in &watches {
         let what = || format!("cannot watch {} again (inotify fd {})", w.path, f.fd);
         loop {
-            let got = fdio::inotify_add_watch(&fd, &w.path, w.mask).map_err(step_err(what()))?;
+            let got = fdio::inotify_add_watch(&fd, &w.path, w.mask).step(what)?;
             if got == w.wd {
                 break;
             }
@@ -246,7 +241,7 @@ fn inotify(f: &proto::Fd) -> Result<OwnedFd, RestoreError> {
                     w.wd
                 )));
             }
-            fdio::inotify_rm_watch(&fd, got).map_err(step_err(what()))?;
+            fdio::inotify_rm_watch(&fd, got).step(what)?;
         }
     }
     // Each removed stand-in queued an IN_IGNORED event: drop them.
@@ -291,7 +286,7 @@ fn inherited(f: &proto::Fd, opts: FdOptions) -> Result<OwnedFd, RestoreError> {
         "no fd of ours to give in its place: /dev/null"
     );
     let accmode = f.flags as i32 & libc::O_ACCMODE;
-    fdio::open("/dev/null", accmode).map_err(step_err("cannot open /dev/null".into()))
+    fdio::open("/dev/null", accmode).step(|| "cannot open /dev/null".into())
 }
 
 /// The epoll interest list, registered inside the process so each item
@@ -466,9 +461,7 @@ pub fn controlling_tty(
 
 /// /dev/tty (5:0): the caller's controlling terminal.
 fn is_dev_tty(rdev: u64) -> bool {
-    let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff);
-    let minor = ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff);
-    (major, minor) == (5, 0)
+    cr_sys::proc::is_dev(rdev, 5, 0)
 }
 
 /// The /dev/tty fds, opened again now that the process's session has its

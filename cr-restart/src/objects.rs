@@ -5,7 +5,7 @@
 //! (pidfd_getfd from the restorer, see [`crate::fds`]), or map them through
 //! /proc/RESTORER/fd/N.
 
-use crate::error::RestoreError;
+use crate::error::{RestoreError, StepContext};
 use cr_image::{proto, ImageDir, PageReader};
 use cr_sys::fdio;
 use proto::ObjectKind;
@@ -28,10 +28,6 @@ pub struct Objects {
     ptys: HashMap<u64, OwnedFd>,
 }
 
-fn sys(what: String) -> impl FnOnce(cr_sys::SysError) -> RestoreError {
-    move |e| RestoreError::Unsupported(format!("{what}: {}", cr_sys::error::one_line(&e)))
-}
-
 impl Objects {
     /// Create every object of the image.
     pub fn prepare(img: &ImageDir, ck: &proto::Checkpoint) -> Result<Objects, RestoreError> {
@@ -41,14 +37,14 @@ impl Objects {
             match kind {
                 ObjectKind::PipeObject => {
                     let (r, w) = fdio::pipe(libc::O_NONBLOCK | libc::O_CLOEXEC)
-                        .map_err(sys(format!("cannot create pipe:[{}]", obj.id)))?;
+                        .step(|| format!("cannot create pipe:[{}]", obj.id))?;
                     fill_pipe(&w, obj)?;
                     o.pipes
                         .insert((obj.kind, obj.id), PipeEnds::new(r, Some(w)));
                 }
                 ObjectKind::FifoObject => {
                     let rw = fdio::open(&obj.path, libc::O_RDWR | libc::O_NONBLOCK)
-                        .map_err(sys(format!("cannot open the FIFO {}", obj.path)))?;
+                        .step(|| format!("cannot open the FIFO {}", obj.path))?;
                     fill_pipe(&rw, obj)?;
                     o.pipes.insert((obj.kind, obj.id), PipeEnds::new(rw, None));
                 }
@@ -59,17 +55,17 @@ impl Objects {
                 ObjectKind::UnixSocketObject => {}
                 ObjectKind::PtyObject => {
                     let what = format!("cannot recreate pseudo-terminal {}", obj.pty_index);
-                    let m = fdio::open_pty_index(obj.pty_index).map_err(sys(what.clone()))?;
-                    let slave = fdio::pty_peer(&m, libc::O_RDWR).map_err(sys(what.clone()))?;
+                    let m = fdio::open_pty_index(obj.pty_index).step(|| what.clone())?;
+                    let slave = fdio::pty_peer(&m, libc::O_RDWR).step(|| what.clone())?;
                     if !obj.termios.is_empty() {
                         fdio::tcsets(std::os::fd::AsFd::as_fd(&slave), &obj.termios)
-                            .map_err(sys(what.clone()))?;
+                            .step(|| what.clone())?;
                     }
                     if !obj.winsize.is_empty() {
-                        fdio::set_winsize(&slave, &obj.winsize).map_err(sys(what.clone()))?;
+                        fdio::set_winsize(&slave, &obj.winsize).step(|| what.clone())?;
                     }
                     if obj.pty_locked {
-                        fdio::set_pty_locked(&m, true).map_err(sys(what))?;
+                        fdio::set_pty_locked(&m, true).step(|| what)?;
                     }
                     o.ptys.insert(obj.id, m);
                 }
@@ -112,7 +108,7 @@ impl Objects {
                         return Ok(end);
                     }
                 }
-                fdio::reopen(&ends.anchor, accmode).map_err(sys(what()))
+                fdio::reopen(&ends.anchor, accmode).step(what)
             }
             proto::FdKind::Memfd | proto::FdKind::DeletedFile => {
                 let ok = if kind == proto::FdKind::Memfd {
@@ -131,7 +127,7 @@ impl Objects {
                         .try_clone()
                         .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())));
                 }
-                fdio::reopen(file, accmode).map_err(sys(what()))
+                fdio::reopen(file, accmode).step(what)
             }
             proto::FdKind::Pty => {
                 let m = self.ptys.get(&f.object).ok_or_else(missing)?;
@@ -139,7 +135,7 @@ impl Objects {
                     m.try_clone()
                         .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())))
                 } else {
-                    fdio::pty_peer(m, accmode).map_err(sys(what()))
+                    fdio::pty_peer(m, accmode).step(what)
                 }
             }
             proto::FdKind::UnixSocket => {
@@ -200,9 +196,7 @@ const O_TMPFILE_BIT: i32 = 0o20000000;
 
 /// /dev/ptmx (5:2) rather than a /dev/pts/N slave.
 pub fn is_pty_master(rdev: u64) -> bool {
-    let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff);
-    let minor = ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff);
-    (major, minor) == (5, 2)
+    cr_sys::proc::is_dev(rdev, 5, 2)
 }
 
 fn fill_pipe(w: &OwnedFd, obj: &proto::FileObject) -> Result<(), RestoreError> {
@@ -213,7 +207,7 @@ fn fill_pipe(w: &OwnedFd, obj: &proto::FileObject) -> Result<(), RestoreError> {
             tracing::warn!(pipe = obj.id, size, error = %cr_sys::error::one_line(&e), "pipe capacity not restored");
         }
     }
-    fdio::write_all(w, &obj.pipe_data).map_err(sys(what()))
+    fdio::write_all(w, &obj.pipe_data).step(what)
 }
 
 /// A memfd, or an unnamed file in the directory of a deleted one, holding
@@ -225,7 +219,7 @@ fn file_object(
 ) -> Result<OwnedFd, RestoreError> {
     let fd = if memfd {
         fdio::memfd_create(&obj.path, libc::MFD_ALLOW_SEALING)
-            .map_err(sys(format!("cannot create memfd {}", obj.path)))?
+            .step(|| format!("cannot create memfd {}", obj.path))?
     } else {
         let path = std::path::Path::new(&obj.path);
         let dir = path
@@ -247,10 +241,12 @@ fn file_object(
                 let _ = std::fs::remove_file(&obj.path);
                 fd
             }
-            None => fdio::open(&dir, libc::O_TMPFILE | libc::O_RDWR).map_err(sys(format!(
-                "cannot create an unnamed file in {dir} for the deleted {}",
-                obj.path
-            )))?,
+            None => fdio::open(&dir, libc::O_TMPFILE | libc::O_RDWR).step(|| {
+                format!(
+                    "cannot create an unnamed file in {dir} for the deleted {}",
+                    obj.path
+                )
+            })?,
         }
     };
     let file = std::fs::File::from(fd);
@@ -274,7 +270,7 @@ fn file_object(
     }
     let fd = OwnedFd::from(file);
     if memfd && obj.seals != 0 {
-        fdio::add_seals(&fd, obj.seals).map_err(sys(format!("cannot seal memfd {}", obj.path)))?;
+        fdio::add_seals(&fd, obj.seals).step(|| format!("cannot seal memfd {}", obj.path))?;
     }
     Ok(fd)
 }

@@ -14,7 +14,7 @@
 //! 6. the receive queues, written by each socket's peer (datagrams one by
 //!    one, keeping their boundaries), then shutdowns and options.
 
-use crate::error::RestoreError;
+use crate::error::{RestoreError, StepContext};
 use cr_image::proto;
 use cr_sys::fdio;
 use std::collections::HashMap;
@@ -22,10 +22,6 @@ use std::os::fd::OwnedFd;
 
 const TCP_LISTEN: u32 = 10;
 const TCP_ESTABLISHED: u32 = 1;
-
-fn sys(what: String) -> impl FnOnce(cr_sys::SysError) -> RestoreError {
-    move |e| RestoreError::Unsupported(format!("{what}: {}", cr_sys::error::one_line(&e)))
-}
 
 fn is_path(name: &[u8]) -> bool {
     !name.is_empty() && name[0] != 0
@@ -76,7 +72,7 @@ fn bind(
         return Ok(());
     }
     from_dir(&s.cwd, &s.name, || fdio::bind_unix(fd, &s.name))
-        .map_err(sys(format!("cannot bind socket:[{id}]")))?;
+        .step(|| format!("cannot bind socket:[{id}]"))?;
     if s.name_unlinked && is_path(&s.name) {
         unlink.push(abs_path(&s.cwd, &s.name));
     }
@@ -124,14 +120,14 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             } else {
                 (b, a, sb, sa)
             };
-            let l = fdio::unix_socket(ty(s_srv)).map_err(sys(what.clone()))?;
+            let l = fdio::unix_socket(ty(s_srv)).step(|| what.clone())?;
             from_dir(&s_srv.cwd, &s_srv.name, || fdio::bind_unix(&l, &s_srv.name))
-                .map_err(sys(what.clone()))?;
-            fdio::listen(&l, 1).map_err(sys(what.clone()))?;
-            let c = fdio::unix_socket(ty(s_cli)).map_err(sys(what.clone()))?;
+                .step(|| what.clone())?;
+            fdio::listen(&l, 1).step(|| what.clone())?;
+            let c = fdio::unix_socket(ty(s_cli)).step(|| what.clone())?;
             bind(&c, cli, s_cli, &mut unlink)?;
-            connect(&c, &s_srv.cwd, &s_srv.name).map_err(sys(what.clone()))?;
-            let s = fdio::accept(&l).map_err(sys(what.clone()))?;
+            connect(&c, &s_srv.cwd, &s_srv.name).step(|| what.clone())?;
+            let s = fdio::accept(&l).step(|| what.clone())?;
             drop(l);
             if is_path(&s_srv.name) {
                 unlink_socket_file(abs_path(&s_srv.cwd, &s_srv.name).as_bytes());
@@ -142,7 +138,7 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
                 (c, s)
             }
         } else {
-            let (x, y) = fdio::unix_socketpair(ty(sa)).map_err(sys(what.clone()))?;
+            let (x, y) = fdio::unix_socketpair(ty(sa)).step(|| what.clone())?;
             bind(&x, a, sa, &mut unlink)?;
             bind(&y, b, sb, &mut unlink)?;
             (x, y)
@@ -166,12 +162,11 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             if !listening && s.name.is_empty() && !s.queue.is_empty() {
                 continue; // data from a peer now gone: step 5
             }
-            let fd =
-                fdio::unix_socket(ty(s)).map_err(sys(format!("cannot create socket:[{id}]")))?;
+            let fd = fdio::unix_socket(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
             bind(&fd, id, s, &mut unlink)?;
             if listening {
                 fdio::listen(&fd, s.backlog as i32)
-                    .map_err(sys(format!("cannot listen on socket:[{id}]")))?;
+                    .step(|| format!("cannot listen on socket:[{id}]"))?;
             }
             out.insert(id, fd);
         }
@@ -198,12 +193,14 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
                 "socket:[{id}] was connected to a socket without a name, which cannot be reached again"
             ))
         })?;
-        let fd = fdio::unix_socket(ty(s)).map_err(sys(format!("cannot create socket:[{id}]")))?;
+        let fd = fdio::unix_socket(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
         bind(&fd, id, s, &mut unlink)?;
-        connect(&fd, &tcwd, &target).map_err(sys(format!(
-            "cannot connect socket:[{id}] to {} again",
-            fdio::show_name(&target)
-        )))?;
+        connect(&fd, &tcwd, &target).step(|| {
+            format!(
+                "cannot connect socket:[{id}] to {} again",
+                fdio::show_name(&target)
+            )
+        })?;
         out.insert(id, fd);
     }
     // 5. Streams whose peer had closed.
@@ -213,7 +210,7 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
             continue;
         }
         let (x, y) =
-            fdio::unix_socketpair(ty(s)).map_err(sys(format!("cannot create socket:[{id}]")))?;
+            fdio::unix_socketpair(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
         bind(&x, id, s, &mut unlink)?;
         out.insert(id, x);
         orphans.insert(id, y);
@@ -243,9 +240,8 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
         {
             p
         } else if !s.name.is_empty() && ty(s) == libc::SOCK_DGRAM {
-            temp = fdio::unix_socket(libc::SOCK_DGRAM)
-                .map_err(sys("cannot create a socket".into()))?;
-            connect(&temp, &s.cwd, &s.name).map_err(sys(format!("cannot reach socket:[{id}]")))?;
+            temp = fdio::unix_socket(libc::SOCK_DGRAM).step(|| "cannot create a socket".into())?;
+            connect(&temp, &s.cwd, &s.name).step(|| format!("cannot reach socket:[{id}]"))?;
             &temp
         } else {
             return Err(RestoreError::Unsupported(format!(
@@ -271,13 +267,13 @@ pub fn prepare(ck: &proto::Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreE
                     .and_then(|(oid, _)| out.get(oid))
             });
             if ty(s) == libc::SOCK_STREAM {
-                fdio::write_all(sender, m).map_err(sys(what.clone()))?;
+                fdio::write_all(sender, m).step(|| what.clone())?;
             } else if let (Some(snd), false) = (named_sender, s.name.is_empty()) {
                 let _ = fdio::setsockopt_int(snd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 1 << 20);
                 from_dir(&s.cwd, &s.name, || fdio::send_to(snd, m, &s.name))
-                    .map_err(sys(what.clone()))?;
+                    .step(|| what.clone())?;
             } else {
-                fdio::send(sender, m).map_err(sys(what.clone()))?;
+                fdio::send(sender, m).step(|| what.clone())?;
             }
         }
     }

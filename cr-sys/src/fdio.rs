@@ -49,18 +49,7 @@ pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, pid: i32, fd: i32) -> Result<OwnedFd> 
 /// Take fd `fd` of process `pid` (see [`pidfd_getfd`]).
 pub fn steal_fd(pid: i32, fd: i32) -> Result<OwnedFd> {
     let pidfd = pidfd_open(pid)?;
-    pidfd_getfd(pidfd.as_fd_ref(), pid, fd)
-}
-
-/// `as_fd` without importing the trait at every call site.
-pub trait AsFdRef {
-    fn as_fd_ref(&self) -> BorrowedFd<'_>;
-}
-
-impl AsFdRef for OwnedFd {
-    fn as_fd_ref(&self) -> BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(self)
-    }
+    pidfd_getfd(std::os::fd::AsFd::as_fd(&pidfd), pid, fd)
 }
 
 fn fcntl(fd: RawFd, cmd: i32, arg: i64, what: impl FnOnce() -> String) -> Result<i64> {

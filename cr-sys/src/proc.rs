@@ -327,6 +327,30 @@ pub fn cap_last_cap() -> u32 {
         .unwrap_or(40)
 }
 
+/// Major number of a device number (st_rdev, or tty_nr of /proc/PID/stat,
+/// which uses the same encoding).
+pub fn dev_major(dev: u64) -> u64 {
+    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
+}
+
+/// Minor number of a device number (see [`dev_major`]).
+pub fn dev_minor(dev: u64) -> u64 {
+    ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
+}
+
+/// Index N of the pty slave /dev/pts/N with device number `dev`, if it is one.
+pub fn pty_slave_index(dev: u64) -> Option<u32> {
+    let major = dev_major(dev);
+    (136..=143)
+        .contains(&major)
+        .then(|| ((major - 136) << 8 | dev_minor(dev)) as u32)
+}
+
+/// The device `dev` is `major:minor`.
+pub fn is_dev(dev: u64, major: u64, minor: u64) -> bool {
+    (dev_major(dev), dev_minor(dev)) == (major, minor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
