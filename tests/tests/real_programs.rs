@@ -314,6 +314,37 @@ fn check_lines(path: &Path, n: u64, f: impl Fn(u64) -> u64) -> Result<(), String
     Ok(())
 }
 
+/// Start `script` under sh, wait until its output file `file` has grown
+/// past `min` bytes, check the tree has `procs` processes (`what`), then
+/// checkpoint it with --kill and wait until all are gone. Returns the
+/// workload, the output file, the image directory and the tree's pids
+/// (root first).
+fn sh_killed_mid_stream(
+    h: &Harness,
+    name: &str,
+    script: &str,
+    file: &str,
+    min: u64,
+    procs: usize,
+    what: &str,
+) -> (Workload, PathBuf, PathBuf, Vec<i32>) {
+    let mut wl = spawn_sh(h, name, script);
+    let out = wl.workdir.join(file);
+    wait_until(
+        &format!("{file} to grow past {min} bytes"),
+        LINE_TIMEOUT,
+        || file_len(&out) >= min,
+        || format!("{}\n{}", describe_tree(wl.pid()), wl.diag()),
+    );
+    let pid = wl.pid();
+    let pids = tree_pids(pid);
+    assert_eq!(pids.len(), procs, "{what}:\n{}", describe_tree(pid));
+    let img = h.image_dir("img");
+    checkpoint_kill(h, &mut wl, &img);
+    reap_descendants(&pids[1..]);
+    (wl, out, img, pids)
+}
+
 /// `seq 1 N | awk '{print $1*3}' | cat > out.txt`, started as one tree (sh
 /// and its three children), frozen while out.txt grows, restored, frozen
 /// again while it grows and restored again: the file holds every line
@@ -325,25 +356,16 @@ fn seq_awk_cat_pipeline_into_a_file_frozen_mid_stream() {
     let n: u64 = 20_000_000;
     let total = multiples_len(n);
     let script = format!("seq 1 {n} | awk '{{print $1*3}}' | cat > out.txt && echo DONE");
-    let mut wl = spawn_sh(&h, "pipeline", &script);
-    let out = wl.workdir.join("out.txt");
-    wait_until(
-        "out.txt to grow past 8 MiB",
-        LINE_TIMEOUT,
-        || file_len(&out) >= 8 << 20,
-        || format!("{}\n{}", describe_tree(wl.pid()), wl.diag()),
-    );
-    let pid = wl.pid();
-    let pids = tree_pids(pid);
-    assert_eq!(
-        pids.len(),
+    let (wl, out, img, pids) = sh_killed_mid_stream(
+        &h,
+        "pipeline",
+        &script,
+        "out.txt",
+        8 << 20,
         4,
-        "sh with seq, awk and cat:\n{}",
-        describe_tree(pid)
+        "sh with seq, awk and cat",
     );
-    let img = h.image_dir("img");
-    checkpoint_kill(&h, &mut wl, &img);
-    reap_descendants(&pids[1..]);
+    let pid = pids[0];
     let at = file_len(&out);
     assert!(
         at < total,
@@ -735,25 +757,16 @@ fn gzip_compressing_a_stream_frozen_mid_stream() {
     let h = Harness::new("real-gzip");
     let n: u64 = 6_000_000;
     let script = format!("seq 1 {n} | gzip -c > out.gz && echo DONE");
-    let mut wl = spawn_sh(&h, "gzip", &script);
-    let gz = wl.workdir.join("out.gz");
-    wait_until(
-        "out.gz to grow past 1 MiB",
-        LINE_TIMEOUT,
-        || file_len(&gz) >= 1 << 20,
-        || format!("{}\n{}", describe_tree(wl.pid()), wl.diag()),
-    );
-    let pid = wl.pid();
-    let pids = tree_pids(pid);
-    assert_eq!(
-        pids.len(),
+    let (wl, gz, img, pids) = sh_killed_mid_stream(
+        &h,
+        "gzip",
+        &script,
+        "out.gz",
+        1 << 20,
         3,
-        "sh with seq and gzip:\n{}",
-        describe_tree(pid)
+        "sh with seq and gzip",
     );
-    let img = h.image_dir("img");
-    checkpoint_kill(&h, &mut wl, &img);
-    reap_descendants(&pids[1..]);
+    let pid = pids[0];
     let at = file_len(&gz);
     assert!(
         is_gzip_unfinished(&h, &gz),
