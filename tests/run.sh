@@ -12,14 +12,18 @@ fi
 if ! command -v python3 >/dev/null; then
     apt-get update -qq && apt-get install -y -qq python3
 fi
-# Real programs the end-to-end tests run (tests/tests/real_programs.rs).
-for tool in tmux sqlite3 bc less; do
-    if ! command -v "$tool" >/dev/null; then
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux sqlite3 bc less
-        break
-    fi
+# Real programs the end-to-end tests run (tests/tests/real_programs.rs,
+# tests/tests/tcp.rs), ip(8) for the tests' network namespaces and nft(8),
+# which cr_checkpoint uses to hold TCP connections still while they are saved.
+need=()
+for pair in tmux:tmux sqlite3:sqlite3 bc:bc less:less ip:iproute2 nft:nftables \
+            redis-server:redis-server redis-cli:redis-tools; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
+if [ ${#need[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked cargo-nextest
 fi

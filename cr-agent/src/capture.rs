@@ -34,6 +34,9 @@ pub struct Options {
     pub workers: usize,
     /// Called with (bytes copied, bytes to copy) while memory is copied.
     pub show_progress: bool,
+    /// Drop TCP connections not yet accepted by a listener (they cannot be
+    /// restored into its queue) instead of refusing a --kill/--stop dump.
+    pub tcp_skip_in_flight: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -59,6 +62,8 @@ pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> 
     // Pre-flight: refuse unsupported resources before anything is touched.
     let pids = tree::walk(pid)?;
     let mut scan = fds::Scan::new(&pids);
+    scan.lock_network = opts.action != Action::Continue;
+    scan.skip_in_flight = opts.tcp_skip_in_flight;
     for &p in &pids {
         match proc::read_stat(p) {
             Ok(s) if s.state != 'Z' => {
@@ -193,8 +198,17 @@ fn checkpoint_frozen(
     fault::check("after-seize")?;
     let mut shared = Shared::default();
     let pids: Vec<i32> = procs.iter().map(|f| f.pid).collect();
+    // A dump that ends the processes holds their TCP connections still
+    // before reading any of them (see cr_sys::netlock).
+    let lock = if opts.action == Action::Continue {
+        None
+    } else {
+        NetLock::take(root, &pids)?
+    };
     // Scanned again now that nothing moves: sockets and pipes as they are.
     let mut scan = fds::Scan::new(&pids);
+    scan.lock_network = opts.action != Action::Continue;
+    scan.skip_in_flight = opts.tcp_skip_in_flight;
     let mut objects = Objects::new(dir, opts.fsync);
     let mut images = Vec::with_capacity(procs.len());
     for f in procs.iter_mut() {
@@ -207,6 +221,7 @@ fn checkpoint_frozen(
             &mut objects,
         )?);
     }
+    let repaired = std::mem::take(&mut objects.repaired);
     let objects = objects.into_vec();
     let cpu_xfeatures = images
         .iter()
@@ -236,6 +251,7 @@ fn checkpoint_frozen(
         processes: images,
         pidns,
         objects,
+        netlock: lock.as_ref().map(|l| l.name.clone()).unwrap_or_default(),
     };
     fault::check("before-commit")?;
     dir.commit(&ck, opts.fsync)?;
@@ -249,6 +265,15 @@ fn checkpoint_frozen(
         frozen: frozen_at.elapsed(),
         elapsed: t0.elapsed(),
     };
+    // The lock now belongs to the image: cr_restart removes it.
+    if let Some(l) = lock {
+        l.keep();
+    }
+    for r in repaired {
+        if opts.action == Action::Kill {
+            r.keep(); // closed in repair mode by the kill: no FIN, no RST
+        }
+    }
     // Children first, so a killed parent is never reaped before its child is gone.
     for f in procs.into_iter().rev() {
         let pid = f.pid;
@@ -281,6 +306,54 @@ fn checkpoint_frozen(
         "checkpoint committed"
     );
     Ok(summary)
+}
+
+/// The network lock of a dump (see `cr_sys::netlock`), removed again if
+/// the dump fails.
+struct NetLock {
+    name: String,
+    pid: i32,
+    armed: bool,
+}
+
+impl NetLock {
+    /// Lock the TCP sockets of `pids` (None when they have none).
+    fn take(root: i32, pids: &[i32]) -> Result<Option<NetLock>, CheckpointError> {
+        let set = crate::inet::lock_set(pids);
+        if set.is_empty() {
+            return Ok(None);
+        }
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let name = format!("cr_lock_{root}_{stamp}");
+        cr_sys::netlock::lock(root, &name, &set).map_err(|e| CheckpointError::NetLock {
+            pid: root,
+            conns: set.conns.len(),
+            source: e,
+        })?;
+        debug!(name, conns = set.conns.len(), "network locked");
+        Ok(Some(NetLock {
+            name,
+            pid: root,
+            armed: true,
+        }))
+    }
+
+    fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for NetLock {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = cr_sys::netlock::unlock(Some(self.pid), &self.name) {
+                tracing::warn!(error = %cr_sys::error::one_line(&e), "removing the network lock failed");
+            }
+        }
+    }
 }
 
 /// Everything about one frozen process; its pages go to its page file.

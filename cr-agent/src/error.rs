@@ -22,6 +22,13 @@ pub enum CheckpointError {
     },
     #[error("process {pid}: {what}: not supported yet")]
     Unsupported { pid: i32, what: String },
+    #[error("process {pid}: its {conns} TCP connection(s) cannot be held still for the dump")]
+    NetLock {
+        pid: i32,
+        conns: usize,
+        #[source]
+        source: SysError,
+    },
     #[error("process {pid} exited during the checkpoint")]
     Exited { pid: i32 },
     #[error(transparent)]

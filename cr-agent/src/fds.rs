@@ -56,6 +56,14 @@ pub struct Scan {
     pub pty_masters: HashSet<u32>,
     /// `--check`: also look into socket queues (see [`crate::unix`]).
     pub deep: bool,
+    /// The dump ends with the processes killed or stopped: TCP connections
+    /// are held by the network lock and stay in repair mode.
+    pub lock_network: bool,
+    /// Drop connections not yet accepted by a TCP listener instead of
+    /// refusing the dump (`--tcp-skip-in-flight`).
+    pub skip_in_flight: bool,
+    /// Fresh sockets whose options are the defaults (see [`crate::inet`]).
+    pub fresh: crate::inet::Fresh,
 }
 
 impl Scan {
@@ -261,7 +269,10 @@ pub fn describe(
         return Ok(Some(f));
     }
     if let Some(ino) = inode_of(link, "socket:[") {
-        return crate::unix::describe(f, pid, fd, ino, scan, objects);
+        if scan.unix()?.contains_key(&ino) {
+            return crate::unix::describe(f, pid, fd, ino, scan, objects);
+        }
+        return crate::inet::describe(f, pid, fd, ino, scan, objects);
     }
     if let Some(kind) = link.strip_prefix("anon_inode:") {
         return anon(f, pid, kind, &info, objects.is_some());

@@ -23,6 +23,7 @@ pub mod error;
 pub mod fault;
 pub mod fds;
 pub mod identity;
+pub mod inet;
 pub mod locks;
 pub mod memory;
 pub mod objects;

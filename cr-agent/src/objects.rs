@@ -19,6 +19,8 @@ pub struct Objects<'a> {
     dir: &'a ImageDir,
     fsync: bool,
     map: BTreeMap<(i32, u64), proto::FileObject>,
+    /// TCP connections left in repair mode until the dump ends.
+    pub repaired: Vec<crate::inet::Repaired>,
 }
 
 impl<'a> Objects<'a> {
@@ -27,6 +29,7 @@ impl<'a> Objects<'a> {
             dir,
             fsync,
             map: BTreeMap::new(),
+            repaired: Vec::new(),
         }
     }
 

@@ -25,7 +25,7 @@ pub fn describe(
 ) -> Result<Option<proto::Fd>, String> {
     let all = scan.unix()?;
     let Some(u) = all.get(&ino).cloned() else {
-        return Err(other_family(pid, fd));
+        return Ok(None); // gone meanwhile
     };
     let kind = match u.sock_type as i32 {
         libc::SOCK_STREAM => "stream",
@@ -190,37 +190,4 @@ pub fn describe(
         ..Default::default()
     });
     Ok(Some(f))
-}
-
-/// Name the family (and protocol) of a socket that is not AF_UNIX.
-fn other_family(pid: i32, fd: i32) -> String {
-    let Ok(sock) = fdio::steal_fd(pid, fd) else {
-        return "a socket that cannot be inspected (not supported)".into();
-    };
-    let get = |opt| fdio::getsockopt_int(&sock, libc::SOL_SOCKET, opt).unwrap_or(-1);
-    let (domain, ty, proto) = (
-        get(libc::SO_DOMAIN),
-        get(libc::SO_TYPE),
-        get(libc::SO_PROTOCOL),
-    );
-    let what = match domain {
-        libc::AF_INET | libc::AF_INET6 => {
-            let v = if domain == libc::AF_INET {
-                "IPv4"
-            } else {
-                "IPv6"
-            };
-            match (ty, proto) {
-                (libc::SOCK_STREAM, libc::IPPROTO_TCP) => format!("a TCP ({v}) socket"),
-                (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => format!("a UDP ({v}) socket"),
-                (libc::SOCK_RAW, _) => format!("a raw {v} socket"),
-                _ => format!("an {v} socket (type {ty}, protocol {proto})"),
-            }
-        }
-        libc::AF_NETLINK => format!("a netlink socket (protocol {proto})"),
-        libc::AF_PACKET => "a packet socket".into(),
-        libc::AF_UNIX => "a unix socket sock_diag does not know".into(),
-        d => format!("a socket of family {d}"),
-    };
-    format!("{what} (not supported)")
 }

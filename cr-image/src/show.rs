@@ -110,6 +110,7 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
         "cpu_xfeatures": format!("{:#x}", ck.cpu_xfeatures),
         "processes": procs,
         "objects": ck.objects.iter().map(object_json).collect::<Vec<_>>(),
+        "netlock": ck.netlock,
     })
 }
 
@@ -129,6 +130,32 @@ fn object_json(o: &proto::FileObject) -> Value {
             "queued_bytes": u.queue.iter().map(Vec::len).sum::<usize>(),
             "shutdown": u.shutdown,
         });
+    }
+    if let Some(i) = &o.inet {
+        v["inet"] = json!({
+            "family": i.family,
+            "type": i.sock_type,
+            "protocol": i.protocol,
+            "state": i.state,
+            "local": i.local,
+            "remote": i.remote,
+            "backlog": i.backlog,
+            "options": i.opts.iter().map(|o| format!("{}/{}={}", o.level, o.name,
+                o.value.iter().map(|b| format!("{b:02x}")).collect::<String>())).collect::<Vec<_>>(),
+        });
+        if let Some(t) = &i.tcp {
+            v["inet"]["tcp"] = json!({
+                "snd_una": t.snd_una,
+                "snd_nxt": t.snd_nxt,
+                "write_seq": t.write_seq,
+                "rcv_nxt": t.rcv_nxt,
+                "send_queue_bytes": t.send_queue.len(),
+                "unsent_bytes": t.unsent,
+                "recv_queue_bytes": t.recv_queue.len(),
+                "mss": t.mss,
+                "options": t.options,
+            });
+        }
     }
     v
 }
@@ -170,8 +197,48 @@ fn object_summary(o: &proto::FileObject) -> String {
                 u.queue.iter().map(Vec::len).sum::<usize>()
             )
         }
+        K::InetSocketObject => inet_summary(o.id, &o.inet.clone().unwrap_or_default()),
         K::Unspecified => format!("object {} of kind {}", o.id, o.kind),
     }
+}
+
+/// "tcp 10.0.0.1:5000 -> 10.0.0.2:40000 ESTABLISHED snd_una=... ..."
+fn inet_summary(id: u64, s: &proto::InetSocket) -> String {
+    let proto_name = if s.protocol == 6 { "tcp" } else { "udp" };
+    let family = if s.family == 10 { "v6" } else { "v4" };
+    let local = if s.local.is_empty() {
+        "(unbound)"
+    } else {
+        &s.local
+    };
+    let mut out = format!("{proto_name} socket:[{id}] ({family}) {local}");
+    if !s.remote.is_empty() {
+        out.push_str(&format!(" -> {}", s.remote));
+    }
+    if s.protocol == 6 {
+        let state = match s.state {
+            1 => "ESTABLISHED",
+            7 => "CLOSE",
+            10 => "LISTEN",
+            _ => "?",
+        };
+        out.push_str(&format!(" {state}"));
+        if s.state == 10 {
+            out.push_str(&format!(" backlog {}", s.backlog));
+        }
+    }
+    if let Some(t) = &s.tcp {
+        out.push_str(&format!(
+            " snd_una={} snd_nxt={} rcv_nxt={} send queue {} bytes ({} unsent), receive queue {} bytes",
+            t.snd_una,
+            t.snd_nxt,
+            t.rcv_nxt,
+            t.send_queue.len(),
+            t.unsent,
+            t.recv_queue.len()
+        ));
+    }
+    out
 }
 
 /// The image as text.

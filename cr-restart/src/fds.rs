@@ -106,7 +106,8 @@ pub fn restore(
             | FdKind::Fifo
             | FdKind::Memfd
             | FdKind::DeletedFile
-            | FdKind::UnixSocket => objects.description(f)?,
+            | FdKind::UnixSocket
+            | FdKind::InetSocket => objects.description(f)?,
             FdKind::Eventfd => {
                 let sem = if f.eventfd_semaphore {
                     libc::EFD_SEMAPHORE

@@ -25,6 +25,7 @@
 pub mod error;
 pub mod fds;
 pub mod identity;
+pub mod inet;
 pub mod memory;
 pub mod objects;
 pub mod regs;

@@ -26,12 +26,31 @@ pub struct Objects {
     pub(crate) sockets: HashMap<u64, OwnedFd>,
     /// Pty pairs by index: the master.
     ptys: HashMap<u64, OwnedFd>,
+    /// TCP and UDP sockets.
+    inet: HashMap<u64, OwnedFd>,
+    /// Connections in repair mode until the release.
+    inet_pending: std::cell::RefCell<Vec<crate::inet::Pending>>,
 }
 
 impl Objects {
     /// Create every object of the image.
-    pub fn prepare(img: &ImageDir, ck: &proto::Checkpoint) -> Result<Objects, RestoreError> {
+    pub fn prepare(
+        img: &ImageDir,
+        ck: &proto::Checkpoint,
+        addr_map: &crate::inet::AddrMap,
+    ) -> Result<Objects, RestoreError> {
         let mut o = Objects::default();
+        // Listeners before the connections that share their ports.
+        let inet = ck
+            .objects
+            .iter()
+            .filter(|x| x.kind == ObjectKind::InetSocketObject as i32);
+        let (listeners, others): (Vec<_>, Vec<_>) = inet.partition(|x| crate::inet::is_listener(x));
+        for obj in listeners.into_iter().chain(others) {
+            let (sock, pending) = crate::inet::create(obj, addr_map)?;
+            o.inet.insert(obj.id, sock);
+            o.inet_pending.get_mut().extend(pending);
+        }
         for obj in &ck.objects {
             let kind = ObjectKind::try_from(obj.kind).unwrap_or(ObjectKind::Unspecified);
             match kind {
@@ -52,7 +71,7 @@ impl Objects {
                     let f = file_object(img, obj, kind == ObjectKind::MemfdObject)?;
                     o.files.insert((obj.kind, obj.id), f);
                 }
-                ObjectKind::UnixSocketObject => {}
+                ObjectKind::UnixSocketObject | ObjectKind::InetSocketObject => {}
                 ObjectKind::PtyObject => {
                     let what = format!("cannot recreate pseudo-terminal {}", obj.pty_index);
                     let m = fdio::open_pty_index(obj.pty_index).step(|| what.clone())?;
@@ -138,13 +157,24 @@ impl Objects {
                     fdio::pty_peer(m, accmode).step(what)
                 }
             }
-            proto::FdKind::UnixSocket => {
-                let s = self.sockets.get(&f.object).ok_or_else(missing)?;
+            proto::FdKind::UnixSocket | proto::FdKind::InetSocket => {
+                let s = if kind == proto::FdKind::UnixSocket {
+                    self.sockets.get(&f.object)
+                } else {
+                    self.inet.get(&f.object)
+                }
+                .ok_or_else(missing)?;
                 s.try_clone()
                     .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())))
             }
             _ => Err(missing()),
         }
+    }
+
+    /// At the release: TCP connections leave repair mode (see [`crate::inet`]).
+    pub fn finish_inet(&self, guard_secs: u32) -> Result<(), RestoreError> {
+        let pending = std::mem::take(&mut *self.inet_pending.borrow_mut());
+        crate::inet::finish(&self.inet, pending, guard_secs)
     }
 
     /// Path through which a process maps the content object `id`.

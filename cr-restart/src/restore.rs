@@ -13,7 +13,7 @@ use cr_sys::{mem, PAGE_SIZE};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// Scratch memory for syscall arguments inside the stub.
 const SCRATCH: u64 = 64 * 1024;
@@ -36,6 +36,11 @@ pub struct Options {
     /// and becomes the foreground job of our terminal, and inherited
     /// terminals get their saved settings.
     pub shell_job: bool,
+    /// IP addresses of sockets rewritten OLD -> NEW.
+    pub addr_map: crate::inet::AddrMap,
+    /// Seconds during which restored TCP connections ignore resets (their
+    /// peer may be restored after them); 0: never.
+    pub reset_guard_secs: u32,
 }
 
 /// A stub process being rebuilt: injected syscalls plus a scratch area for
@@ -241,7 +246,7 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
     }
     // Pipes, sockets and file contents first, in the restorer; the pidfd of
     // the restorer every stub inherits is how they take their fds.
-    let objects = Objects::prepare(&img, &ck)?;
+    let objects = Objects::prepare(&img, &ck, &opts.addr_map)?;
     let me = cr_sys::fdio::pidfd_open(std::process::id() as i32)?;
     let mut handoff = fds::Handoff::default();
 
@@ -310,6 +315,18 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
     // tree has run yet. Timers start now; a shell job takes the terminal;
     // zombies die, then children go before parents.
     handoff.arm_timers()?;
+    // The image's network lock (same host, same namespace) goes now that
+    // every connection exists again; then they leave repair mode.
+    if !ck.netlock.is_empty() {
+        match cr_sys::netlock::unlock(None, &ck.netlock) {
+            Ok(true) => debug!(lock = ck.netlock, "network lock removed"),
+            Ok(false) => {}
+            Err(e) => {
+                warn!(error = %cr_sys::error::one_line(&e), "the image's network lock could not be removed")
+            }
+        }
+    }
+    objects.finish_inet(opts.reset_guard_secs)?;
     if opts.shell_job {
         take_terminal(root_pid);
     }

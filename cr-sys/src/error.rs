@@ -92,6 +92,8 @@ pub enum SysError {
         #[source]
         source: Errno,
     },
+    #[error("{what}: {detail}")]
+    Command { what: String, detail: String },
     #[error("no syscall instruction found in the executable mappings of process {pid}")]
     NoSyscallInsn { pid: i32 },
 }

@@ -9,14 +9,14 @@
 use crate::error::{Errno, Result, SysError};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-fn fail(what: impl Into<String>) -> SysError {
+pub(crate) fn fail(what: impl Into<String>) -> SysError {
     SysError::Syscall {
         what: what.into(),
         source: Errno::last(),
     }
 }
 
-fn cvt(r: i64, what: impl FnOnce() -> String) -> Result<i64> {
+pub(crate) fn cvt(r: i64, what: impl FnOnce() -> String) -> Result<i64> {
     if r < 0 {
         Err(fail(what()))
     } else {
@@ -25,7 +25,7 @@ fn cvt(r: i64, what: impl FnOnce() -> String) -> Result<i64> {
 }
 
 /// Wrap a new fd returned by the kernel.
-fn own(r: i64, what: impl FnOnce() -> String) -> Result<OwnedFd> {
+pub(crate) fn own(r: i64, what: impl FnOnce() -> String) -> Result<OwnedFd> {
     let fd = cvt(r, what)?;
     // SAFETY: the kernel just returned this fd to us; nobody else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
@@ -201,6 +201,19 @@ pub fn read_nonblock(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize> {
 
 /// send(2) one message (datagram sockets keep its boundary).
 pub fn send(fd: &OwnedFd, data: &[u8]) -> Result<()> {
+    let n = send_some(fd, data)?;
+    if n != data.len() {
+        return Err(SysError::Syscall {
+            what: format!("send of {} bytes sent {n}", data.len()),
+            source: Errno(if n == 0 { libc::EAGAIN } else { libc::EIO }),
+        });
+    }
+    Ok(())
+}
+
+/// send(2) as much of `data` as the socket takes now (MSG_DONTWAIT); 0
+/// when it takes nothing.
+pub fn send_some(fd: &OwnedFd, data: &[u8]) -> Result<usize> {
     // SAFETY: sending from our own buffer.
     let n = unsafe {
         libc::send(
@@ -210,14 +223,10 @@ pub fn send(fd: &OwnedFd, data: &[u8]) -> Result<()> {
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         )
     };
-    let n = cvt(n as i64, || format!("send of {} bytes", data.len()))?;
-    if n as usize != data.len() {
-        return Err(SysError::Syscall {
-            what: format!("send of {} bytes sent {n}", data.len()),
-            source: Errno(libc::EIO),
-        });
+    if n < 0 && Errno::last().0 == libc::EAGAIN {
+        return Ok(0);
     }
-    Ok(())
+    cvt(n as i64, || format!("send of {} bytes", data.len())).map(|n| n as usize)
 }
 
 pub fn getsockopt_int(fd: &OwnedFd, level: i32, opt: i32) -> Result<i32> {

@@ -10,12 +10,16 @@
 //! - [`regs`]: the x86_64 register layouts ptrace uses.
 //! - [`limits`]: resource limits of another process.
 //! - [`fdio`]: pipes, sockets and other fd objects the engines hold themselves.
+//! - [`inet`]: IPv4/IPv6 socket addresses and options, TCP repair mode.
+//! - [`netlock`]: holding TCP connections still (nft) between dump and restore.
 
 pub mod clone;
 pub mod error;
 pub mod fdio;
+pub mod inet;
 pub mod limits;
 pub mod mem;
+pub mod netlock;
 pub mod pagemap;
 pub mod proc;
 pub mod ptrace;

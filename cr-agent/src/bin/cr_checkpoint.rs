@@ -34,6 +34,11 @@ struct Cli {
     /// outside the tree is always allowed (use `cr_restart --shell-job`).
     #[arg(long)]
     shell_job: bool,
+    /// With --kill or --stop, drop TCP connections that a listening socket
+    /// has not accepted yet (they cannot be put back in its queue) instead
+    /// of refusing the checkpoint. Their clients will see a reset.
+    #[arg(long)]
+    tcp_skip_in_flight: bool,
     /// Print nothing on success.
     #[arg(long, short = 'q')]
     quiet: bool,
@@ -72,6 +77,7 @@ fn main() -> ExitCode {
                 .unwrap_or(1)
         }),
         show_progress: std::io::stderr().is_terminal() && !cli.quiet,
+        tcp_skip_in_flight: cli.tcp_skip_in_flight,
     };
     match checkpoint(pid, &opts) {
         Ok(s) => {

@@ -23,6 +23,20 @@ struct Cli {
     /// Threads filling memory [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
+    /// Rewrite an IP address of the image's TCP and UDP sockets, on both
+    /// the local and the remote end (repeatable), e.g. to restore on
+    /// another host processes that talked over TCP: OLD=NEW.
+    #[arg(long = "map-addr", value_name = "OLD=NEW")]
+    map_addr: Vec<String>,
+    /// For this many seconds after the restore, TCP connections ignore
+    /// resets from their peers, so that peers restored one after the other
+    /// (on other hosts) find each other; 0 turns the guard off.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    reset_guard: u32,
+    /// Restore into this network namespace (a name under /run/netns, or a
+    /// path such as /proc/PID/ns/net).
+    #[arg(long, value_name = "NAME|PATH")]
+    netns: Option<String>,
     /// Image directory written by cr_checkpoint.
     dir: PathBuf,
 }
@@ -33,6 +47,24 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let fail = |msg: String| {
+        eprintln!("cr_restart: error: {msg}");
+        ExitCode::FAILURE
+    };
+    let addr_map = match cr_restart::inet::AddrMap::parse(&cli.map_addr) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    if let Some(ns) = &cli.netns {
+        let path = if ns.contains('/') {
+            ns.clone()
+        } else {
+            format!("/run/netns/{ns}")
+        };
+        if let Err(e) = cr_sys::inet::enter_netns(&path) {
+            return fail(cr_sys::error::one_line(&e));
+        }
+    }
     let opts = Options {
         workers: cli.workers.unwrap_or_else(|| {
             std::thread::available_parallelism()
@@ -41,6 +73,8 @@ fn main() -> ExitCode {
         }),
         show_progress: true,
         shell_job: cli.shell_job,
+        addr_map,
+        reset_guard_secs: cli.reset_guard,
     };
     let result = restore(&cli.dir, &opts).and_then(|pid| {
         if cli.detach {

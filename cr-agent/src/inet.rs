@@ -1,0 +1,397 @@
+//! IPv4 and IPv6 sockets: TCP listening, unconnected and established
+//! sockets, and UDP sockets, bound or connected.
+//!
+//! An established connection is read in repair mode (`TCP_REPAIR`, see
+//! `cr_sys::inet`) on a copy of the process's fd: sequence numbers, the
+//! send queue (what was written and not yet acknowledged, with the part
+//! never sent), the receive queue (what arrived and was not read yet),
+//! the negotiated options (MSS, window scales, SACK, timestamps), the
+//! windows and the timestamp clock. Nothing is consumed. A dump that lets the
+//! processes continue leaves repair mode at once; one that kills or stops
+//! them keeps it until the end (a socket closed in repair mode sends no FIN
+//! or RST), with the network lock (`cr_sys::netlock`) installed before any
+//! connection is read so that nothing is acknowledged after the read.
+//!
+//! Socket options whose value differs from a fresh socket's are saved as
+//! raw bytes and set again at restore. Datagrams queued on a UDP socket are
+//! not saved (UDP may lose them anyway).
+
+use crate::fds::Scan;
+use crate::objects::Objects;
+use cr_image::proto;
+use cr_sys::inet::{self as sys, TcpQueue};
+use cr_sys::netlock::LockSet;
+use cr_sys::{fdio, SysError};
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+/// (level, option, bytes to read): the options saved when they differ from
+/// a fresh socket's. SO_SNDBUF/SO_RCVBUF are restored with the *FORCE
+/// variants, which also lock them (no more autotuning), as CRIU does.
+const OPTIONS: &[(i32, i32, usize)] = &[
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR, 4),
+    (libc::SOL_SOCKET, libc::SO_REUSEPORT, 4),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 4),
+    (libc::SOL_SOCKET, libc::SO_LINGER, 8),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO, 16),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO, 16),
+    (libc::SOL_SOCKET, libc::SO_MARK, 4),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST, 4),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE, 4),
+    (libc::SOL_SOCKET, libc::SO_BINDTODEVICE, 16),
+    (libc::SOL_SOCKET, libc::SO_SNDBUF, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF, 4),
+    (libc::IPPROTO_IP, libc::IP_TOS, 4),
+    (libc::IPPROTO_IP, libc::IP_TTL, 4),
+    (libc::IPPROTO_IP, libc::IP_FREEBIND, 4),
+    (libc::IPPROTO_IP, libc::IP_TRANSPARENT, 4),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 4),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, 4),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY, 4),
+    (libc::IPPROTO_TCP, libc::TCP_CORK, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_SYNCNT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_LINGER2, 4),
+    (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_CONGESTION, 16),
+    (libc::IPPROTO_TCP, libc::TCP_FASTOPEN, 4),
+];
+
+/// What kind of IP socket an fd is.
+struct Shape {
+    family: i32,
+    ty: i32,
+    protocol: i32,
+}
+
+fn shape(sock: &OwnedFd) -> Shape {
+    let get = |opt| fdio::getsockopt_int(sock, libc::SOL_SOCKET, opt).unwrap_or(-1);
+    Shape {
+        family: get(libc::SO_DOMAIN),
+        ty: get(libc::SO_TYPE),
+        protocol: get(libc::SO_PROTOCOL),
+    }
+}
+
+fn is_tcp(s: &Shape) -> bool {
+    matches!(s.family, libc::AF_INET | libc::AF_INET6)
+        && s.ty == libc::SOCK_STREAM
+        && s.protocol == libc::IPPROTO_TCP
+}
+
+fn is_udp(s: &Shape) -> bool {
+    matches!(s.family, libc::AF_INET | libc::AF_INET6)
+        && s.ty == libc::SOCK_DGRAM
+        && s.protocol == libc::IPPROTO_UDP
+}
+
+fn err(what: &str) -> impl Fn(SysError) -> String + '_ {
+    move |e| {
+        format!(
+            "{what} that cannot be read: {}",
+            cr_sys::error::one_line(&e)
+        )
+    }
+}
+
+/// A socket that is not a unix one: TCP and UDP are described, anything
+/// else is refused by name.
+pub fn describe(
+    mut f: proto::Fd,
+    pid: i32,
+    fd: i32,
+    ino: u64,
+    scan: &mut Scan,
+    objects: Option<&mut Objects>,
+) -> Result<Option<proto::Fd>, String> {
+    let Ok(sock) = fdio::steal_fd(pid, fd) else {
+        return Ok(None); // closed meanwhile
+    };
+    let sh = shape(&sock);
+    let (tcp, udp) = (is_tcp(&sh), is_udp(&sh));
+    if !tcp && !udp {
+        return Err(other_family(&sh));
+    }
+    let name = if tcp { "TCP" } else { "UDP" };
+    let what = format!("a {name} socket");
+    let local = sys::local_addr(&sock).map_err(err(&what))?;
+    let remote = sys::peer_addr(&sock).map_err(err(&what))?;
+    let mut s = proto::InetSocket {
+        family: sh.family as u32,
+        sock_type: sh.ty as u32,
+        protocol: sh.protocol as u32,
+        local: local
+            .filter(|a| a.port() != 0)
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        remote: remote.map(|a| a.to_string()).unwrap_or_default(),
+        state: if remote.is_some() {
+            sys::TCP_ESTABLISHED as u32
+        } else {
+            sys::TCP_CLOSE as u32
+        },
+        ..Default::default()
+    };
+    let mut info = sys::TcpInfo::default();
+    if tcp {
+        info = sys::tcp_info(&sock).map_err(err(&what))?;
+        s.state = info.state as u32;
+        match info.state {
+            sys::TCP_ESTABLISHED | sys::TCP_CLOSE => {}
+            sys::TCP_LISTEN => {
+                s.backlog = info.sacked;
+                if info.unacked > 0 && scan.lock_network && !scan.skip_in_flight {
+                    return Err(format!(
+                        "a TCP socket listening on {} with {} connection(s) not yet accepted (they cannot be put back in its queue; stop new clients first, or use --tcp-skip-in-flight to drop them)",
+                        s.local, info.unacked
+                    ));
+                }
+            }
+            st => {
+                let peer = if s.remote.is_empty() {
+                    String::new()
+                } else {
+                    format!(" -> {}", s.remote)
+                };
+                return Err(format!(
+                    "a TCP socket {}{peer} in state {} (only listening, unconnected and established TCP sockets are supported)",
+                    s.local,
+                    sys::tcp_state_name(st)
+                ));
+            }
+        }
+    }
+    f.kind = proto::FdKind::InetSocket as i32;
+    f.object = ino;
+    let Some(objs) = objects else {
+        return Ok(Some(f));
+    };
+    if objs.contains(proto::ObjectKind::InetSocketObject, ino) {
+        return Ok(Some(f));
+    }
+    s.opts = options(&sock, &sh, &mut scan.fresh);
+    if udp && fdio::bytes_queued(&sock).unwrap_or(0) > 0 {
+        tracing::warn!(pid, fd, local = %s.local, "datagrams queued on a UDP socket are not saved");
+    }
+    if tcp && info.state == sys::TCP_ESTABLISHED {
+        let reuse = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
+        sys::set_repair(&sock, sys::REPAIR_ON).map_err(|e| {
+            format!(
+                "a TCP connection {} -> {} that cannot enter repair mode: {}",
+                s.local,
+                s.remote,
+                cr_sys::error::one_line(&e)
+            )
+        })?;
+        let held = Repaired {
+            sock: Some(sock),
+            reuse,
+        };
+        let conn = connection(held.fd(), &info);
+        match conn {
+            Ok(c) => s.tcp = Some(c),
+            Err(e) => {
+                return Err(format!(
+                    "a TCP connection {} -> {} that cannot be read: {}",
+                    s.local,
+                    s.remote,
+                    cr_sys::error::one_line(&e)
+                ))
+            }
+        }
+        if scan.lock_network {
+            // Closed in repair mode when the process dies: no FIN, no RST.
+            objs.repaired.push(held);
+        }
+    }
+    objs.insert(proto::FileObject {
+        id: ino,
+        kind: proto::ObjectKind::InetSocketObject as i32,
+        inet: Some(s),
+        ..Default::default()
+    });
+    Ok(Some(f))
+}
+
+/// A socket held in repair mode by the dump. Dropping it leaves repair mode
+/// (without a window probe) and gives back the program's SO_REUSEADDR,
+/// which repair mode clobbers — unless [`Repaired::keep`] was called
+/// because the process is about to be killed.
+pub struct Repaired {
+    sock: Option<OwnedFd>,
+    reuse: i32,
+}
+
+impl Repaired {
+    fn fd(&self) -> &OwnedFd {
+        self.sock.as_ref().expect("held until dropped")
+    }
+
+    /// Close our copy, leaving the socket in repair mode.
+    pub fn keep(mut self) {
+        self.sock = None;
+    }
+}
+
+impl Drop for Repaired {
+    fn drop(&mut self) {
+        if let Some(s) = self.sock.take() {
+            if let Err(e) = sys::set_repair(&s, sys::REPAIR_OFF_NO_WP) {
+                tracing::warn!(error = %cr_sys::error::one_line(&e), "leaving TCP repair mode failed");
+            }
+            let _ = fdio::setsockopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, self.reuse);
+        }
+    }
+}
+
+/// The state of an established connection; `sock` is in repair mode.
+fn connection(sock: &OwnedFd, info: &sys::TcpInfo) -> Result<proto::TcpConnection, SysError> {
+    let mut c = proto::TcpConnection::default();
+    // Send side: the program is frozen, so write_seq is fixed; the queue
+    // only loses acknowledged bytes at its head. Whatever the peek returns
+    // ends at write_seq.
+    sys::set_repair_queue(sock, TcpQueue::Send)?;
+    c.write_seq = sys::queue_seq(sock)?;
+    let outq = sys::ioctl_int(sock, sys::SIOCOUTQ)?.max(0) as usize;
+    c.send_queue = sys::peek(sock, outq)?;
+    let unsent = sys::ioctl_int(sock, sys::SIOCOUTQNSD)?.max(0) as usize;
+    c.unsent = unsent.min(c.send_queue.len()) as u32;
+    c.snd_una = c.write_seq.wrapping_sub(c.send_queue.len() as u32);
+    c.snd_nxt = c.write_seq.wrapping_sub(c.unsent);
+    // Receive side: bytes may still arrive (no lock when the processes
+    // continue); read rcv_nxt and the queue length until they agree.
+    sys::set_repair_queue(sock, TcpQueue::Recv)?;
+    let mut tries = 0;
+    loop {
+        let rcv1 = sys::queue_seq(sock)?;
+        let inq = sys::ioctl_int(sock, sys::SIOCINQ)?.max(0) as usize;
+        let data = sys::peek(sock, inq)?;
+        let rcv2 = sys::queue_seq(sock)?;
+        let inq2 = sys::ioctl_int(sock, sys::SIOCINQ)?.max(0) as usize;
+        if rcv1 == rcv2 && inq == inq2 && data.len() == inq {
+            c.rcv_nxt = rcv1;
+            c.recv_queue = data;
+            break;
+        }
+        tries += 1;
+        if tries == 1000 {
+            return Err(SysError::Syscall {
+                what: "reading the receive queue (data kept arriving)".into(),
+                source: cr_sys::Errno(libc::EAGAIN),
+            });
+        }
+    }
+    c.mss = fdio::getsockopt_int(sock, libc::IPPROTO_TCP, libc::TCP_MAXSEG)? as u32;
+    c.options = info.options as u32;
+    c.snd_wscale = info.snd_wscale as u32;
+    c.rcv_wscale = info.rcv_wscale as u32;
+    if info.options & sys::TCPI_OPT_TIMESTAMPS != 0 {
+        c.timestamp = sys::timestamp(sock)?;
+    }
+    let w = sys::repair_window(sock)?;
+    c.snd_wl1 = w.snd_wl1;
+    c.snd_wnd = w.snd_wnd;
+    c.max_window = w.max_window;
+    c.rcv_wnd = w.rcv_wnd;
+    c.rcv_wup = w.rcv_wup;
+    Ok(c)
+}
+
+/// Fresh sockets by (family, type, protocol), whose option values are the
+/// defaults saved options are compared with.
+pub type Fresh = HashMap<(i32, i32, i32), Option<OwnedFd>>;
+
+/// The options of `sock` that differ from a fresh socket's.
+fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<proto::SockOpt> {
+    let key = (sh.family, sh.ty, sh.protocol);
+    let fresh = fresh
+        .entry(key)
+        .or_insert_with(|| sys::socket(sh.family, sh.ty, sh.protocol).ok())
+        .as_ref();
+    let mut out = Vec::new();
+    for &(level, name, max) in OPTIONS {
+        let multicast = level == libc::IPPROTO_IP
+            && matches!(name, libc::IP_MULTICAST_TTL | libc::IP_MULTICAST_LOOP);
+        if (level == libc::IPPROTO_IPV6) != (sh.family == libc::AF_INET6)
+            || (level == libc::IPPROTO_TCP) != (sh.protocol == libc::IPPROTO_TCP)
+            || (multicast && sh.protocol != libc::IPPROTO_UDP)
+        {
+            continue;
+        }
+        let Ok(v) = sys::getsockopt_bytes(sock, level, name, max) else {
+            continue;
+        };
+        let default = fresh.and_then(|f| sys::getsockopt_bytes(f, level, name, max).ok());
+        if default.as_deref() == Some(&v[..]) {
+            continue;
+        }
+        if name == libc::SO_BINDTODEVICE && level == libc::SOL_SOCKET && v.iter().all(|&b| b == 0) {
+            continue;
+        }
+        out.push(proto::SockOpt {
+            level,
+            name,
+            value: v,
+        });
+    }
+    out
+}
+
+/// The addresses the network lock must hold for the TCP sockets of `pids`.
+pub fn lock_set(pids: &[i32]) -> LockSet {
+    let mut set = LockSet::default();
+    for &pid in pids {
+        for (fd, link) in cr_sys::proc::list_fds(pid).unwrap_or_default() {
+            if !link.starts_with("socket:[") {
+                continue;
+            }
+            let Ok(sock) = fdio::steal_fd(pid, fd) else {
+                continue;
+            };
+            if !is_tcp(&shape(&sock)) {
+                continue;
+            }
+            let Ok(Some(local)) = sys::local_addr(&sock) else {
+                continue;
+            };
+            if let Ok(Some(remote)) = sys::peer_addr(&sock) {
+                set.conns.push((local, remote));
+            }
+        }
+    }
+    set.conns.sort();
+    set.conns.dedup();
+    set
+}
+
+/// Name the family (and protocol) of a socket that is not supported.
+fn other_family(sh: &Shape) -> String {
+    let what = match sh.family {
+        libc::AF_INET | libc::AF_INET6 => {
+            let v = if sh.family == libc::AF_INET {
+                "IPv4"
+            } else {
+                "IPv6"
+            };
+            match sh.ty {
+                libc::SOCK_RAW => format!("a raw {v} socket (protocol {})", sh.protocol),
+                _ => format!("an {v} socket (type {}, protocol {})", sh.ty, sh.protocol),
+            }
+        }
+        libc::AF_NETLINK => format!("a netlink socket (protocol {})", sh.protocol),
+        libc::AF_PACKET => "a packet socket".into(),
+        libc::AF_UNIX => "a unix socket sock_diag does not know".into(),
+        -1 => return "a socket that cannot be inspected (not supported)".into(),
+        d => format!("a socket of family {d}"),
+    };
+    format!("{what} (not supported)")
+}

@@ -1,0 +1,242 @@
+//! The network lock: while TCP connections are being saved for a dump that
+//! ends with the processes killed or stopped, and until they are restored,
+//! no packet of theirs may be answered. A peer's segment reaching a closed
+//! port would draw a RST and end the connection; a segment acknowledged
+//! after the dump read the sequence numbers would be lost.
+//!
+//! The lock is one nft table of the inet family in the processes' network
+//! namespace, named after the image, whose input and output chains drop the
+//! packets of the listed connections (both directions). `nft(8)` does the netlink
+//! work; it is run inside the target's namespace through `nsenter(1)` when
+//! that is not ours.
+
+use crate::error::{Result, SysError};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, Stdio};
+
+/// What one lock holds still: (local, remote) of established connections.
+/// Listening sockets are not locked: a client that connects while the
+/// server is away is refused, as with any server restart, and a lock left
+/// behind on a host the server moved away from must not block new servers
+/// on that port.
+#[derive(Debug, Default, Clone)]
+pub struct LockSet {
+    pub conns: Vec<(SocketAddr, SocketAddr)>,
+}
+
+impl LockSet {
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+}
+
+fn nft_failed(what: String, detail: &str) -> SysError {
+    SysError::Command {
+        what,
+        detail: detail.trim().to_string(),
+    }
+}
+
+/// Run `nft -f -` with `script` in the network namespace of `pid` (None: ours).
+fn run_nft(pid: Option<i32>, script: &str, what: &str) -> Result<()> {
+    let mut cmd = nft_command(pid);
+    cmd.args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| {
+        nft_failed(
+            what.to_string(),
+            &format!(
+                "cannot run nft ({e}); the network lock needs nft(8) (Debian package nftables)"
+            ),
+        )
+    })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A write error shows up as nft's own failure below.
+        let _ = stdin.write_all(script.as_bytes());
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| nft_failed(what.to_string(), &e.to_string()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let first = err
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("nft failed");
+        return Err(nft_failed(what.to_string(), first));
+    }
+    Ok(())
+}
+
+/// `nft`, run in the network namespace of `pid` (None: ours).
+fn nft_command(pid: Option<i32>) -> Command {
+    match pid {
+        Some(p) if !same_netns(p) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/proc/{p}/ns/net")).arg("nft");
+            c
+        }
+        _ => Command::new("nft"),
+    }
+}
+
+fn same_netns(pid: i32) -> bool {
+    let a = std::fs::read_link(format!("/proc/{pid}/ns/net"));
+    let b = std::fs::read_link("/proc/self/ns/net");
+    matches!((a, b), (Ok(a), Ok(b)) if a == b)
+}
+
+fn ip_words(ip: IpAddr) -> (&'static str, String) {
+    match crate::inet::canonical_ip(ip) {
+        IpAddr::V4(v4) => ("ip", v4.to_string()),
+        IpAddr::V6(v6) => ("ip6", v6.to_string()),
+    }
+}
+
+/// The nft script that creates table `name` for `set`.
+pub fn script(name: &str, set: &LockSet) -> String {
+    let mut c4 = Vec::new();
+    let mut c6 = Vec::new();
+    for (l, r) in &set.conns {
+        for (a, b) in [(l, r), (r, l)] {
+            let (fa, ia) = ip_words(a.ip());
+            let (_, ib) = ip_words(b.ip());
+            let e = format!("{ia} . {} . {ib} . {}", a.port(), b.port());
+            if fa == "ip" {
+                c4.push(e);
+            } else {
+                c6.push(e);
+            }
+        }
+    }
+    let elems = |v: &[String]| {
+        if v.is_empty() {
+            String::new()
+        } else {
+            format!(" elements = {{ {} }}", v.join(", "))
+        }
+    };
+    let mut s = format!("table inet {name} {{\n");
+    s += &format!(
+        "  set c4 {{ type ipv4_addr . inet_service . ipv4_addr . inet_service;{} }}\n",
+        elems(&c4)
+    );
+    s += &format!(
+        "  set c6 {{ type ipv6_addr . inet_service . ipv6_addr . inet_service;{} }}\n",
+        elems(&c6)
+    );
+    for (chain, hook) in [("in", "input"), ("out", "output")] {
+        s += &format!(
+            "  chain {chain} {{ type filter hook {hook} priority -160; policy accept;\n    ip saddr . tcp sport . ip daddr . tcp dport @c4 drop\n    ip6 saddr . tcp sport . ip6 daddr . tcp dport @c6 drop\n"
+        );
+        s += "  }\n";
+    }
+    s += "}\n";
+    s
+}
+
+/// Install lock `name` for `set` in the network namespace of process `pid`.
+pub fn lock(pid: i32, name: &str, set: &LockSet) -> Result<()> {
+    run_nft(
+        Some(pid),
+        &script(name, set),
+        &format!("network lock {name}"),
+    )
+}
+
+/// Remove lock `name` from the network namespace of `pid` (None: ours).
+/// Returns whether there was one.
+pub fn unlock(pid: Option<i32>, name: &str) -> Result<bool> {
+    // "add" then "delete" in one transaction: no error when it is absent.
+    let existed = table_exists(pid, name);
+    run_nft(
+        pid,
+        &format!("add table inet {name}\ndelete table inet {name}\n"),
+        &format!("removing network lock {name}"),
+    )?;
+    Ok(existed)
+}
+
+/// The table of the reset guard (see [`guard_resets`]); one per namespace.
+pub const GUARD_TABLE: &str = "cr_reset_guard";
+
+/// Drop, for `secs` seconds, TCP resets that reach the connections
+/// (local, remote) just restored in our network namespace. A peer restored
+/// after us (on another host, one `cr_restart` after the other) answers our
+/// packets with a RST until its socket exists; the guard lets our
+/// retransmissions wait for it instead of dying. The set's elements expire
+/// on their own; the table stays, empty.
+pub fn guard_resets(conns: &[(SocketAddr, SocketAddr)], secs: u32) -> Result<()> {
+    let (mut g4, mut g6) = (Vec::new(), Vec::new());
+    for (l, r) in conns {
+        let (f, ir) = ip_words(r.ip());
+        let (_, il) = ip_words(l.ip());
+        let e = format!("{ir} . {} . {il} . {} timeout {secs}s", r.port(), l.port());
+        if f == "ip" {
+            g4.push(e)
+        } else {
+            g6.push(e)
+        }
+    }
+    let t = GUARD_TABLE;
+    let mut s = format!(
+        "add table inet {t}\n\
+         add set inet {t} g4 {{ type ipv4_addr . inet_service . ipv4_addr . inet_service; flags timeout; }}\n\
+         add set inet {t} g6 {{ type ipv6_addr . inet_service . ipv6_addr . inet_service; flags timeout; }}\n\
+         add chain inet {t} in {{ type filter hook input priority -160; policy accept; }}\n\
+         flush chain inet {t} in\n\
+         add rule inet {t} in tcp flags rst ip saddr . tcp sport . ip daddr . tcp dport @g4 drop\n\
+         add rule inet {t} in tcp flags rst ip6 saddr . tcp sport . ip6 daddr . tcp dport @g6 drop\n"
+    );
+    if !g4.is_empty() {
+        s += &format!("add element inet {t} g4 {{ {} }}\n", g4.join(", "));
+    }
+    if !g6.is_empty() {
+        s += &format!("add element inet {t} g6 {{ {} }}\n", g6.join(", "));
+    }
+    run_nft(None, &s, "installing the reset guard")
+}
+
+fn table_exists(pid: Option<i32>, name: &str) -> bool {
+    nft_command(pid)
+        .args(["list", "table", "inet", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_lists_both_directions() {
+        let set = LockSet {
+            conns: vec![
+                (
+                    "10.0.0.1:5000".parse().unwrap(),
+                    "10.0.0.2:40000".parse().unwrap(),
+                ),
+                (
+                    "[::1]:6000".parse().unwrap(),
+                    "[::1]:50000".parse().unwrap(),
+                ),
+                (
+                    "[::ffff:10.0.0.1]:7000".parse().unwrap(),
+                    "[::ffff:10.0.0.3]:7001".parse().unwrap(),
+                ),
+            ],
+        };
+        let s = script("cr_lock_t", &set);
+        assert!(s.contains("10.0.0.1 . 5000 . 10.0.0.2 . 40000"));
+        assert!(s.contains("10.0.0.2 . 40000 . 10.0.0.1 . 5000"));
+        assert!(s.contains("::1 . 6000 . ::1 . 50000"));
+        // IPv4-mapped addresses are matched as the IPv4 packets they are.
+        assert!(s.contains("10.0.0.3 . 7001 . 10.0.0.1 . 7000"));
+    }
+}
