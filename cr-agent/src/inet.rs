@@ -151,7 +151,7 @@ pub fn describe(
                 s.backlog = info.sacked;
                 if info.unacked > 0 && scan.lock_network && !scan.skip_in_flight {
                     return Err(format!(
-                        "a TCP socket listening on {} with {} connection(s) not yet accepted (they cannot be put back in its queue; stop new clients first, or use --tcp-skip-in-flight to drop them)",
+                        "a TCP socket listening on {} with {} connection(s) not yet accepted (not supported: they cannot be put back in its queue; use --tcp-skip-in-flight to drop them)",
                         s.local, info.unacked
                     ));
                 }
@@ -163,7 +163,7 @@ pub fn describe(
                     format!(" -> {}", s.remote)
                 };
                 return Err(format!(
-                    "a TCP socket {}{peer} in state {} (only listening, unconnected and established TCP sockets are supported)",
+                    "a TCP socket {}{peer} in state {} (not supported; only listening, unconnected and established TCP sockets are saved)",
                     s.local,
                     sys::tcp_state_name(st)
                 ));

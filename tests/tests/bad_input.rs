@@ -298,8 +298,8 @@ fn checkpoint_refuses_netlink_socket() {
 }
 
 #[test]
-fn checkpoint_refuses_tcp_socket() {
-    unsupported_fd("tcp", Some("TCP"));
+fn checkpoint_refuses_raw_socket() {
+    unsupported_fd("raw", Some("raw IPv4 socket"));
 }
 
 /// `cr_checkpoint --check` names the refused fd in one line, exits 1, and

@@ -4,7 +4,7 @@
 //! survive checkpoint --kill and restore (and a checkpoint that leaves the
 //! process running consumes nothing); the workloads check themselves from
 //! the inside and print `PART OK` lines and a final `OK`. What the engine
-//! cannot save (netlink and TCP sockets, fds in flight, data of a connection
+//! cannot save (netlink and packet sockets, TCP connections half closed, fds in flight, data of a connection
 //! not yet accepted) is refused by name, by `--check` too, and the process is
 //! left unharmed; a restore whose lock another process took meanwhile fails
 //! cleanly.
@@ -991,8 +991,15 @@ fn netlink_socket_refused_by_name() {
 }
 
 #[test]
-fn tcp_socket_refused_by_name() {
-    refused_socket("tcp", &["TCP"]);
+fn packet_socket_refused_by_name() {
+    refused_socket("packet", &["packet"]);
+}
+
+/// A TCP connection whose peer closed (CLOSE-WAIT) is not saved: refused
+/// by name, with its state.
+#[test]
+fn tcp_close_wait_refused_by_name() {
+    refused_socket("tcp_close_wait", &["CLOSE-WAIT"]);
 }
 
 /// A unix socket with a file descriptor in flight (SCM_RIGHTS, not received

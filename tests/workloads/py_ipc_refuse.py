@@ -3,12 +3,15 @@
 Holds a socket the checkpointer refuses, next to a pipe with bytes in it
 and a unix socketpair with queued data (which a failed checkpoint must not
 consume). MODE `netlink`: socket(AF_NETLINK, SOCK_RAW, NETLINK_ROUTE),
-bound; MODE `tcp`: a TCP socket listening on 127.0.0.1; MODE `scm_rights`:
+bound; MODE `packet`: a packet socket (AF_PACKET) bound to the loopback
+device; MODE `tcp_close_wait`: a TCP connection to itself whose other end
+was closed (state CLOSE-WAIT, which the engine does not save); MODE `scm_rights`:
 a unix stream socket with a pipe's fd in flight (sent with SCM_RIGHTS, not
 received yet; the socket of SOCKFD is the receiving one). Prints
 `SOCKFD N` and `READY`, waits for WORKDIR/go, then checks that the socket
-still works (netlink: same port id, a RTM_GETLINK dump is answered; tcp: a
-connection to itself is accepted and carries data; scm_rights: the fd
+still works (netlink: same port id, a RTM_GETLINK dump is answered; packet:
+still bound to lo; tcp_close_wait: reads the end of the stream and the
+bytes before it; scm_rights: the fd
 arrives and reads the pipe's bytes), that the pipe and the
 socketpair still hold their bytes, and prints OK or FAIL.
 """
@@ -39,10 +42,19 @@ def main():
         s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         s.bind((0, 0))
         name = s.getsockname()
-    elif mode == "tcp":
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind(("127.0.0.1", 0))
-        s.listen(4)
+    elif mode == "packet":
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, 0)
+        s.bind(("lo", 0))
+        name = s.getsockname()
+    elif mode == "tcp_close_wait":
+        l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        l.bind(("127.0.0.1", 0))
+        l.listen(1)
+        s = socket.create_connection(l.getsockname(), timeout=5)
+        conn, _ = l.accept()
+        conn.sendall(b"last words")
+        conn.close()
+        l.close()
         name = s.getsockname()
     elif mode == "scm_rights":
         pr, pw = os.pipe()
@@ -90,13 +102,12 @@ def main():
                     break
         if links == 0:
             p.append("the RTM_GETLINK dump listed no link")
+    elif mode == "packet":
+        eq(p, "packet socket name", s.getsockname()[0], "lo")
     else:
-        c = socket.create_connection(name, timeout=5)
         s.settimeout(5)
-        conn, _ = s.accept()
-        c.sendall(b"tcp works")
-        conn.settimeout(5)
-        eq(p, "tcp data", conn.recv(100), b"tcp works")
+        eq(p, "data before the end", s.recv(100), b"last words")
+        eq(p, "end of stream", s.recv(100), b"")
     got, _ = read_all_nonblock(r)
     eq(p, "pipe bytes", got, b"pipe bytes survive a refused checkpoint")
     b.setblocking(False)

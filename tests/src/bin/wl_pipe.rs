@@ -3,8 +3,8 @@
 //! Holds one fd object and checks it after `go`. MODE `pipe`: both ends of a
 //! pipe (some data in it); `socket`: a unix socketpair (data queued);
 //! `eventfd`: an eventfd (read and written as a counter) — all three are
-//! saved and restored. `netlink`: a netlink socket and `tcp`: a listening
-//! TCP socket on 127.0.0.1 — both refused by the checkpointer, which must
+//! saved and restored. `netlink`: a netlink socket and `raw`: a raw IPv4
+//! socket (ICMP) — both refused by the checkpointer, which must
 //! name them and leave the process unharmed. Prints `READY fds A B`, waits
 //! for `go`, then checks that the fds still work and prints OK or FAIL.
 
@@ -48,20 +48,27 @@ fn main() {
                 0
             }
         },
-        "tcp" => {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap_or_else(|e| wl::fail(&format!("bind: {e}")));
-            let fd = std::os::fd::IntoRawFd::into_raw_fd(l);
+        // SAFETY: socket has no pointer arguments.
+        "raw" => unsafe {
+            let fd = libc::socket(
+                libc::AF_INET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::IPPROTO_ICMP,
+            );
             fds = [fd, fd];
-            0
-        }
+            if fd < 0 {
+                -1
+            } else {
+                0
+            }
+        },
         other => wl::fail(&format!("unknown mode {other:?}")),
     };
     if r != 0 {
         wl::fail(&format!("{mode}: {}", std::io::Error::last_os_error()));
     }
     let (rd, wr) = (fds[0], fds[1]);
-    if mode == "netlink" || mode == "tcp" {
+    if mode == "netlink" || mode == "raw" {
         wl::say(&format!("READY fds {rd}"));
         go.wait();
         let mut problems = Vec::new();
@@ -77,7 +84,7 @@ fn main() {
                 &mut len,
             )
         };
-        let want = if mode == "tcp" {
+        let want = if mode == "raw" {
             libc::AF_INET
         } else {
             libc::AF_NETLINK
