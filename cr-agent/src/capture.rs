@@ -251,7 +251,7 @@ fn checkpoint_frozen(
         processes: images,
         pidns,
         objects,
-        netlock: lock.as_ref().map(|l| l.name.clone()).unwrap_or_default(),
+        netlock: lock.as_ref().map(NetLock::image_name).unwrap_or_default(),
     };
     fault::check("before-commit")?;
     dir.commit(&ck, opts.fsync)?;
@@ -313,6 +313,10 @@ fn checkpoint_frozen(
 struct NetLock {
     name: String,
     pid: i32,
+    /// Connections are locked (else only listeners are held).
+    conns: bool,
+    /// The listeners' table, removed when the dump ends, whatever happens.
+    syn: Option<String>,
     armed: bool,
 }
 
@@ -320,7 +324,7 @@ impl NetLock {
     /// Lock the TCP sockets of `pids` (None when they have none).
     fn take(root: i32, pids: &[i32]) -> Result<Option<NetLock>, CheckpointError> {
         let set = crate::inet::lock_set(pids);
-        if set.is_empty() {
+        if set.conns.is_empty() && set.listeners.is_empty() {
             return Ok(None);
         }
         let stamp = std::time::SystemTime::now()
@@ -328,19 +332,46 @@ impl NetLock {
             .map(|d| d.as_millis())
             .unwrap_or(0);
         let name = format!("cr_lock_{root}_{stamp}");
-        cr_sys::netlock::lock(root, &name, &set).map_err(|e| CheckpointError::NetLock {
+        let fail = |e| CheckpointError::NetLock {
             pid: root,
             conns: set.conns.len(),
             source: e,
-        })?;
-        debug!(name, conns = set.conns.len(), "network locked");
-        Ok(Some(NetLock {
-            name,
+        };
+        let mut lock = NetLock {
+            name: name.clone(),
             pid: root,
+            conns: false,
+            syn: None,
             armed: true,
-        }))
+        };
+        if !set.listeners.is_empty() {
+            let syn = format!("{name}_syn");
+            cr_sys::netlock::hold_listeners(root, &syn, &set.listeners).map_err(fail)?;
+            lock.syn = Some(syn);
+        }
+        if !set.conns.is_empty() {
+            cr_sys::netlock::lock(root, &name, &set).map_err(fail)?;
+            lock.conns = true;
+        }
+        debug!(
+            name,
+            conns = set.conns.len(),
+            listeners = set.listeners.len(),
+            "network locked"
+        );
+        Ok(Some(lock))
     }
 
+    /// The name the image records: the connections' lock, if any.
+    fn image_name(&self) -> String {
+        if self.conns {
+            self.name.clone()
+        } else {
+            String::new()
+        }
+    }
+
+    /// The connections' lock stays for cr_restart.
     fn keep(mut self) {
         self.armed = false;
     }
@@ -348,10 +379,14 @@ impl NetLock {
 
 impl Drop for NetLock {
     fn drop(&mut self) {
-        if self.armed {
-            if let Err(e) = cr_sys::netlock::unlock(Some(self.pid), &self.name) {
-                tracing::warn!(error = %cr_sys::error::one_line(&e), "removing the network lock failed");
-            }
+        let warn = |e: cr_sys::SysError| tracing::warn!(error = %cr_sys::error::one_line(&e), "removing the network lock failed");
+        if let Some(syn) = &self.syn {
+            cr_sys::netlock::unlock(Some(self.pid), syn).err().map(warn);
+        }
+        if self.armed && self.conns {
+            cr_sys::netlock::unlock(Some(self.pid), &self.name)
+                .err()
+                .map(warn);
         }
     }
 }

@@ -363,13 +363,20 @@ pub fn lock_set(pids: &[i32]) -> LockSet {
             let Ok(Some(local)) = sys::local_addr(&sock) else {
                 continue;
             };
-            if let Ok(Some(remote)) = sys::peer_addr(&sock) {
-                set.conns.push((local, remote));
+            match sys::tcp_info(&sock).map(|i| i.state) {
+                Ok(sys::TCP_LISTEN) => set.listeners.push(local),
+                _ => {
+                    if let Ok(Some(remote)) = sys::peer_addr(&sock) {
+                        set.conns.push((local, remote));
+                    }
+                }
             }
         }
     }
     set.conns.sort();
     set.conns.dedup();
+    set.listeners.sort();
+    set.listeners.dedup();
     set
 }
 

@@ -16,13 +16,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
 
 /// What one lock holds still: (local, remote) of established connections.
-/// Listening sockets are not locked: a client that connects while the
-/// server is away is refused, as with any server restart, and a lock left
-/// behind on a host the server moved away from must not block new servers
-/// on that port.
+/// Listening sockets are held only while the dump runs
+/// ([`hold_listeners`]): a client that connects while the server is away
+/// is refused, as with any server restart, and a lock left behind on a
+/// host the server moved away from must not block new servers on that
+/// port.
 #[derive(Debug, Default, Clone)]
 pub struct LockSet {
     pub conns: Vec<(SocketAddr, SocketAddr)>,
+    pub listeners: Vec<SocketAddr>,
 }
 
 impl LockSet {
@@ -138,6 +140,53 @@ pub fn script(name: &str, set: &LockSet) -> String {
     s
 }
 
+/// The nft script of table `name` dropping new connection attempts (SYN)
+/// to the listening addresses `listeners` (an unspecified IP: any).
+pub fn syn_script(name: &str, listeners: &[SocketAddr]) -> String {
+    let (mut l4, mut l6, mut lany) = (Vec::new(), Vec::new(), Vec::new());
+    for l in listeners {
+        if l.ip().is_unspecified() {
+            lany.push(l.port().to_string());
+        } else {
+            let (f, i) = ip_words(l.ip());
+            let e = format!("{i} . {}", l.port());
+            if f == "ip" {
+                l4.push(e)
+            } else {
+                l6.push(e)
+            }
+        }
+    }
+    let elems = |v: &[String]| {
+        if v.is_empty() {
+            String::new()
+        } else {
+            format!(" elements = {{ {} }}", v.join(", "))
+        }
+    };
+    let syn = "tcp flags & (syn | ack) == syn";
+    format!(
+        "table inet {name} {{\n  set l4 {{ type ipv4_addr . inet_service;{} }}\n  set l6 {{ type ipv6_addr . inet_service;{} }}\n  set lany {{ type inet_service;{} }}\n  chain in {{ type filter hook input priority -160; policy accept;\n    {syn} ip daddr . tcp dport @l4 drop\n    {syn} ip6 daddr . tcp dport @l6 drop\n    {syn} tcp dport @lany drop\n  }}\n}}\n",
+        elems(&l4),
+        elems(&l6),
+        elems(&lany)
+    )
+}
+
+/// While a dump runs, keep new clients out of the listeners of `pid`'s
+/// tree (their SYNs are dropped and retried by the clients), so that no
+/// connection lands in an accept queue after the queues were checked.
+/// Removed with [`unlock`] when the dump ends: unlike the connections'
+/// lock it must not outlive the dump (it would block the port on a host
+/// the server moved away from).
+pub fn hold_listeners(pid: i32, name: &str, listeners: &[SocketAddr]) -> Result<()> {
+    run_nft(
+        Some(pid),
+        &syn_script(name, listeners),
+        &format!("holding new connections off {name}"),
+    )
+}
+
 /// Install lock `name` for `set` in the network namespace of process `pid`.
 pub fn lock(pid: i32, name: &str, set: &LockSet) -> Result<()> {
     run_nft(
@@ -231,6 +280,7 @@ mod tests {
                     "[::ffff:10.0.0.3]:7001".parse().unwrap(),
                 ),
             ],
+            listeners: vec![],
         };
         let s = script("cr_lock_t", &set);
         assert!(s.contains("10.0.0.1 . 5000 . 10.0.0.2 . 40000"));
@@ -238,5 +288,18 @@ mod tests {
         assert!(s.contains("::1 . 6000 . ::1 . 50000"));
         // IPv4-mapped addresses are matched as the IPv4 packets they are.
         assert!(s.contains("10.0.0.3 . 7001 . 10.0.0.1 . 7000"));
+    }
+
+    #[test]
+    fn syn_script_lists_listeners() {
+        let s = syn_script(
+            "t_syn",
+            &[
+                "0.0.0.0:5000".parse().unwrap(),
+                "[::1]:6000".parse().unwrap(),
+            ],
+        );
+        assert!(s.contains("set lany { type inet_service; elements = { 5000 } }"));
+        assert!(s.contains("set l6 { type ipv6_addr . inet_service; elements = { ::1 . 6000 } }"));
     }
 }
