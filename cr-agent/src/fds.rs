@@ -188,6 +188,9 @@ pub fn report(pid: i32, scan: &mut Scan) -> Vec<Report> {
         .filter_map(|(fd, link)| {
             let r = describe(pid, fd, &link, scan, None);
             let what = match &r {
+                Ok(Some(f)) if f.kind == proto::FdKind::InetSocket as i32 => {
+                    format!("{link} ({})", crate::inet::label(pid, fd))
+                }
                 Ok(Some(f)) => summary(f, &link),
                 Ok(None) => return None,
                 Err(_) => link.clone(),

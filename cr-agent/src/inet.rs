@@ -346,6 +346,40 @@ fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<proto::SockOpt>
     out
 }
 
+/// "TCP 127.0.0.1:5000 -> 127.0.0.1:40000 ESTABLISHED", for `--check`.
+pub fn label(pid: i32, fd: i32) -> String {
+    let Ok(sock) = fdio::steal_fd(pid, fd) else {
+        return "socket".into();
+    };
+    let sh = shape(&sock);
+    let v = if sh.family == libc::AF_INET6 {
+        "v6"
+    } else {
+        "v4"
+    };
+    let local = sys::local_addr(&sock)
+        .ok()
+        .flatten()
+        .filter(|a| a.port() != 0)
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| "unbound".into());
+    let remote = sys::peer_addr(&sock)
+        .ok()
+        .flatten()
+        .map(|a| format!(" -> {a}"))
+        .unwrap_or_default();
+    if is_tcp(&sh) {
+        let info = sys::tcp_info(&sock).unwrap_or_default();
+        let mut s = format!("TCP{v} {local}{remote} {}", sys::tcp_state_name(info.state));
+        if info.state == sys::TCP_LISTEN && info.unacked > 0 {
+            s += &format!(", {} connection(s) not accepted yet", info.unacked);
+        }
+        s
+    } else {
+        format!("UDP{v} {local}{remote}")
+    }
+}
+
 /// The addresses the network lock must hold for the TCP sockets of `pids`.
 pub fn lock_set(pids: &[i32]) -> LockSet {
     let mut set = LockSet::default();
