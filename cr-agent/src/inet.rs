@@ -321,7 +321,7 @@ fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<proto::SockOpt>
     for &(level, name, max) in OPTIONS {
         let multicast = level == libc::IPPROTO_IP
             && matches!(name, libc::IP_MULTICAST_TTL | libc::IP_MULTICAST_LOOP);
-        if (level == libc::IPPROTO_IPV6) != (sh.family == libc::AF_INET6)
+        if (level == libc::IPPROTO_IPV6 && sh.family != libc::AF_INET6)
             || (level == libc::IPPROTO_TCP && sh.protocol != libc::IPPROTO_TCP)
             || (multicast && sh.protocol != libc::IPPROTO_UDP)
         {

@@ -9,6 +9,7 @@
 //! Every wait has a deadline and panics with a message that tells what was awaited
 //! and what the process printed.
 
+pub mod netns;
 pub mod wl;
 
 use std::cell::Cell;
@@ -848,11 +849,18 @@ impl Harness {
     /// `cr_restart DIR` in the background; the restored process (pid `pid`) is
     /// tracked and killed on drop.
     pub fn restore_bg(&self, dir: &Path, pid: i32) -> Restore {
+        self.restore_bg_args(dir, pid, &[])
+    }
+
+    /// `cr_restart EXTRA... DIR` in the background, like `restore_bg` (e.g.
+    /// with `--netns NAME` or `--map-addr OLD=NEW`).
+    pub fn restore_bg_args(&self, dir: &Path, pid: i32, extra: &[&OsStr]) -> Restore {
         let exe = tool_path("cr_restart");
         // Who holds the pid now, before cr_restart can create the restored process.
         let held = proc_starttime(pid);
-        let (cr, out, err, cmdline) =
-            self.start_tool(&exe, &[dir.as_os_str()], &RunOpts::default());
+        let mut args: Vec<&OsStr> = extra.to_vec();
+        args.push(dir.as_os_str());
+        let (cr, out, err, cmdline) = self.start_tool(&exe, &args, &RunOpts::default());
         let restored = Proc::expect_restored(pid, "restored process", cr.pid, held);
         Restore {
             restored,

@@ -9,6 +9,9 @@
 //! left unharmed; a restore whose lock another process took meanwhile fails
 //! cleanly.
 
+mod common;
+
+use common::object_summaries;
 use cr_tests::*;
 use std::ffi::{CString, OsStr};
 use std::path::Path;
@@ -51,38 +54,6 @@ fn assert_check_ok(h: &Harness, pid: i32, ctx: &str) {
             "{ctx}: --check line of fd {fd} ({link}) is not ok: {line:?}\n{}",
             out.show()
         );
-    }
-}
-
-/// The summaries of the image's objects (`cr_image show --json`).
-fn object_summaries(h: &Harness, img: &Path) -> Vec<String> {
-    let out = h.cr_image(&[OsStr::new("show"), OsStr::new("--json"), img.as_os_str()]);
-    out.assert_success("cr_image show --json");
-    let v: serde_json::Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("cr_image show --json: bad JSON ({e})\n{}", out.show()));
-    let mut found = Vec::new();
-    collect_summaries(&v, &mut found);
-    found
-}
-
-fn collect_summaries(v: &serde_json::Value, out: &mut Vec<String>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            if let Some(objs) = m.get("objects").and_then(|o| o.as_array()) {
-                for o in objs {
-                    if let Some(s) = o.get("summary").and_then(|s| s.as_str()) {
-                        out.push(s.to_string());
-                    }
-                }
-            }
-            for (k, x) in m {
-                if k != "objects" {
-                    collect_summaries(x, out);
-                }
-            }
-        }
-        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_summaries(x, out)),
-        _ => {}
     }
 }
 
