@@ -252,6 +252,10 @@ fn checkpoint_frozen(
         pidns,
         objects,
         netlock: lock.as_ref().map(NetLock::image_name).unwrap_or_default(),
+        netns: proc::read_link(&format!("/proc/{root}/ns/net")).unwrap_or_default(),
+        boot_id: proc::read_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
     };
     fault::check("before-commit")?;
     dir.commit(&ck, opts.fsync)?;

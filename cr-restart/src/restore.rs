@@ -246,6 +246,7 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
     }
     // Pipes, sockets and file contents first, in the restorer; the pidfd of
     // the restorer every stub inherits is how they take their fds.
+    warn_other_netns(&ck);
     let objects = Objects::prepare(&img, &ck, &opts.addr_map)?;
     let me = cr_sys::fdio::pidfd_open(std::process::id() as i32)?;
     let mut handoff = fds::Handoff::default();
@@ -1042,4 +1043,23 @@ pub fn wait_exit(pid: i32) -> Result<i32, RestoreError> {
     } else {
         1
     })
+}
+
+/// Sockets restored on the same boot into another network namespace than
+/// the one they lived in are usually a mistake (`--netns` was forgotten).
+fn warn_other_netns(ck: &proto::Checkpoint) {
+    let has_inet = ck
+        .objects
+        .iter()
+        .any(|o| o.kind == proto::ObjectKind::InetSocketObject as i32);
+    let boot = proc::read_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let here = proc::read_link("/proc/self/ns/net").unwrap_or_default();
+    if has_inet && !ck.netns.is_empty() && ck.boot_id == boot && ck.netns != here {
+        warn!(
+            image = ck.netns,
+            here, "the image's sockets lived in another network namespace of this host; they are restored into this one (see cr_restart --netns)"
+        );
+    }
 }
