@@ -914,14 +914,7 @@ fn find_bins(o: &FdOpts) -> Res<Bins> {
         checkpoint: dir.join("cr_checkpoint"),
         restart: dir.join("cr_restart"),
     };
-    for p in [&b.workload, &b.checkpoint, &b.restart] {
-        if !p.exists() {
-            return Err(format!(
-                "{} not found (build with `cargo build --release --workspace`, or --bin-dir)",
-                p.display()
-            ));
-        }
-    }
+    crate::require_bins(&[&b.workload, &b.checkpoint, &b.restart])?;
     Ok(b)
 }
 
@@ -930,11 +923,7 @@ pub fn main() -> Res<()> {
     let o = parse_opts()?;
     let bins = find_bins(&o)?;
     install_signal_handlers();
-    // Restored processes are re-parented to us when cr_restart exits.
-    // SAFETY: prctl with integer arguments only.
-    unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    }
+    crate::become_subreaper();
     let (counts, notes) = plan_counts(&o);
     for n in &notes {
         eprintln!("cr-bench fds: {n}");

@@ -3,9 +3,11 @@
 //! dumping, pread into fresh anonymous memory for restoring).
 //!
 //! See bench/README.md for the meaning of every column. `cr-bench fds ...`
-//! is the open-fd benchmark (module [`fds`]).
+//! is the open-fd benchmark (module [`fds`]), `cr-bench tcp ...` the TCP
+//! connection benchmark (module [`tcp`]).
 
 mod fds;
+mod tcp;
 
 use std::ffi::{CString, OsStr};
 use std::fmt::Write as _;
@@ -80,6 +82,7 @@ usage: cr-bench [--sizes MIB,MIB,...] [--fs tmpfs,disk] [--reps N] [--json]
   --disk-base   parent of the on-disk image directory (default /var/tmp)
 
        cr-bench fds [...]   the open-fd benchmark (`cr-bench fds --help`)
+       cr-bench tcp [...]   the TCP connection benchmark (`cr-bench tcp --help`)
 ";
 
 fn parse_opts() -> Res<Opts> {
@@ -1495,11 +1498,32 @@ fn real_main() -> Res<()> {
     Ok(())
 }
 
+/// Fail with one line naming the first of `bins` that is missing.
+pub(crate) fn require_bins(bins: &[&PathBuf]) -> Res<()> {
+    for p in bins {
+        if !p.exists() {
+            return Err(format!(
+                "{} not found (build with `cargo build --release --workspace`, or --bin-dir)",
+                p.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Restored processes are re-parented to us when cr_restart exits.
+pub(crate) fn become_subreaper() {
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+}
+
 fn main() {
-    let res = if std::env::args().nth(1).as_deref() == Some("fds") {
-        fds::main()
-    } else {
-        real_main()
+    let res = match std::env::args().nth(1).as_deref() {
+        Some("fds") => fds::main(),
+        Some("tcp") => tcp::main(),
+        _ => real_main(),
     };
     let code = match res {
         Ok(()) => 0,
