@@ -1420,12 +1420,8 @@ fn real_main() -> Res<()> {
         }
     }
     install_signal_handlers();
-    // Restored processes get re-parented to us when cr_restart exits, so that
-    // we can reap them (PID 1 of a container may not).
-    // SAFETY: prctl with integer arguments only.
-    unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    }
+    // PID 1 of a container may not reap the restored processes; we do.
+    become_subreaper();
 
     let max_len = opts.sizes_mib.iter().max().copied().unwrap_or(0) * MIB;
     if let Some(avail) = mem_available() {
