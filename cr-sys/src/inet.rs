@@ -241,15 +241,13 @@ pub fn setsockopt_bytes(fd: &OwnedFd, level: i32, opt: i32, val: &[u8]) -> Resul
     cvt(r as i64, || format!("setsockopt({level}, {opt})")).map(drop)
 }
 
+/// An int option, with the option's name in the error.
 fn set_int(fd: &OwnedFd, level: i32, opt: i32, v: i32, what: &str) -> Result<()> {
-    setsockopt_bytes(fd, level, opt, &v.to_ne_bytes()).map_err(|e| rename(e, what))
+    crate::fdio::setsockopt_int(fd, level, opt, v).map_err(|e| rename(e, what))
 }
 
 fn get_int(fd: &OwnedFd, level: i32, opt: i32, what: &str) -> Result<i32> {
-    let b = getsockopt_bytes(fd, level, opt, 4).map_err(|e| rename(e, what))?;
-    Ok(i32::from_ne_bytes(
-        b.get(..4).and_then(|s| s.try_into().ok()).unwrap_or([0; 4]),
-    ))
+    crate::fdio::getsockopt_int(fd, level, opt).map_err(|e| rename(e, what))
 }
 
 fn rename(e: SysError, what: &str) -> SysError {

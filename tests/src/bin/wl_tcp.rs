@@ -933,25 +933,8 @@ fn tcp_main(o: &Opts, state: &wl::ProcState, go: &wl::Go) -> ! {
                 }
             }
         }
-        let (sent, recv) = conns
-            .iter()
-            .fold((0, 0), |(s, r), c| (s + c.sent, r + c.recv));
-        if ms() >= next_progress {
-            next_progress = ms() + 100;
-            let min_sent = conns.iter().map(|c| c.sent).min().unwrap_or(0);
-            let min_recv = conns.iter().map(|c| c.recv).min().unwrap_or(0);
-            wl::say(&format!(
-                "progress sent={sent} recv={recv} min_sent={min_sent} min_recv={min_recv}"
-            ));
-        }
-        if !ready
-            && conns
-                .iter()
-                .all(|c| c.sent >= READY_MSGS && c.recv >= READY_MSGS)
-        {
-            ready = true;
-            wl::say("READY");
-        }
+        let counts: Vec<(u64, u64)> = conns.iter().map(|c| (c.sent, c.recv)).collect();
+        let (sent, recv) = report(&counts, &mut next_progress, &mut ready, READY_MSGS);
         if draining {
             if conns.iter().all(Conn::done) {
                 wl::say(&format!("final sent={sent} recv={recv}"));
@@ -1318,25 +1301,8 @@ fn udp_main(o: &Opts, state: &wl::ProcState, go: &wl::Go) -> ! {
                 p.send(UDP_BUDGET);
             }
         }
-        let (sent, recv) = pairs
-            .iter()
-            .fold((0, 0), |(s, r), p| (s + p.sent, r + p.recv));
-        if ms() >= next_progress {
-            next_progress = ms() + 100;
-            let min_sent = pairs.iter().map(|p| p.sent).min().unwrap_or(0);
-            let min_recv = pairs.iter().map(|p| p.recv).min().unwrap_or(0);
-            wl::say(&format!(
-                "progress sent={sent} recv={recv} min_sent={min_sent} min_recv={min_recv}"
-            ));
-        }
-        if !ready
-            && pairs
-                .iter()
-                .all(|p| p.sent >= UDP_READY_MSGS && p.recv >= UDP_READY_MSGS)
-        {
-            ready = true;
-            wl::say("READY");
-        }
+        let counts: Vec<(u64, u64)> = pairs.iter().map(|p| (p.sent, p.recv)).collect();
+        let (sent, recv) = report(&counts, &mut next_progress, &mut ready, UDP_READY_MSGS);
         if let Some(end) = linger_end {
             if ms() >= end {
                 let lost: u64 = pairs.iter().map(|p| p.lost).sum();
@@ -1438,4 +1404,33 @@ fn main() {
         "udp-server" | "udp-client" => udp_main(&o, &state, &go),
         other => wl::fail(&format!("unknown role {other:?}; usage: {}", usage())),
     }
+}
+
+/// Totals of (sent, recv) over `counts`; prints the `progress` line every
+/// 100 ms and `READY` once every connection exchanged `ready_msgs` both ways.
+fn report(
+    counts: &[(u64, u64)],
+    next_progress: &mut u64,
+    ready: &mut bool,
+    ready_msgs: u64,
+) -> (u64, u64) {
+    let sent: u64 = counts.iter().map(|c| c.0).sum();
+    let recv: u64 = counts.iter().map(|c| c.1).sum();
+    if ms() >= *next_progress {
+        *next_progress = ms() + 100;
+        let min_sent = counts.iter().map(|c| c.0).min().unwrap_or(0);
+        let min_recv = counts.iter().map(|c| c.1).min().unwrap_or(0);
+        wl::say(&format!(
+            "progress sent={sent} recv={recv} min_sent={min_sent} min_recv={min_recv}"
+        ));
+    }
+    if !*ready
+        && counts
+            .iter()
+            .all(|&(s, r)| s >= ready_msgs && r >= ready_msgs)
+    {
+        *ready = true;
+        wl::say("READY");
+    }
+    (sent, recv)
 }
