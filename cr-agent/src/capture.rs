@@ -2,8 +2,10 @@
 
 use crate::objects::Objects;
 use crate::tree::{self, Frozen};
-use crate::{fault, fds, identity, memory, target, threads, CheckpointError};
-use cr_image::{proto, ImageDir, PageWriter};
+use crate::{fault, fds, identity, memory, target, threads, tracking, CheckpointError};
+use cr_image::chain::{self, Chain, Link, MemIndex};
+use cr_image::store::StoreWriter;
+use cr_image::{proto, ImageDir};
 use cr_sys::ptrace::Tracee;
 use cr_sys::remote::{find_syscall_insn, Injector};
 use cr_sys::{mem, proc, regs, PAGE_SIZE};
@@ -24,7 +26,7 @@ pub enum Action {
     Kill,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
     pub dir: PathBuf,
     pub action: Action,
@@ -37,6 +39,18 @@ pub struct Options {
     /// Drop TCP connections not yet accepted by a listener (they cannot be
     /// restored into its queue) instead of refusing a --kill/--stop dump.
     pub tcp_skip_in_flight: bool,
+    /// Incremental image: pages unchanged since this parent image are
+    /// referenced, not stored.
+    pub parent: Option<PathBuf>,
+    /// Copy memory only, while the processes run on (they are frozen only
+    /// to list their mappings and start dirty tracking).
+    pub pre_dump: bool,
+    /// Leave dirty-page tracking on in the processes for the next
+    /// incremental checkpoint (implied by `pre_dump`).
+    pub track_mem: bool,
+    /// How pages unchanged since the parent are found.
+    pub dirty: tracking::Choice,
+    pub compression: proto::Compression,
 }
 
 #[derive(Debug, Clone)]
@@ -44,7 +58,14 @@ pub struct Summary {
     pub pid: i32,
     pub processes: usize,
     pub threads: usize,
+    /// Bytes of pages read from the processes.
     pub page_bytes: u64,
+    /// Bytes written to the page store (after dedup and compression).
+    pub store_bytes: u64,
+    /// Pages taken from the parent image.
+    pub pages_parent: u64,
+    /// How unchanged pages were found (of the root process).
+    pub dirty: proto::DirtyMethod,
     pub vmas: usize,
     pub fds: usize,
     /// How long the process was frozen.
@@ -59,6 +80,22 @@ const NSIG: u32 = 64;
 pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> {
     let t0 = Instant::now();
     target::validate(pid)?;
+    let method = tracking::method(opts.dirty)?;
+    let parent = open_parent(opts)?;
+    chain::check_overwrite(&opts.dir)?;
+    let mem = MemCtx {
+        parent: parent.as_ref().map(|c| c.top()),
+        method,
+        image_id: cr_image::new_image_id(),
+    };
+    if opts.pre_dump {
+        let dir = ImageDir::create(&opts.dir)?;
+        let result = pre_dump(pid, opts, &dir, &mem, t0);
+        if result.is_err() {
+            dir.discard_tmp();
+        }
+        return result;
+    }
     // Pre-flight: refuse unsupported resources before anything is touched.
     let pids = tree::walk(pid)?;
     let mut scan = fds::Scan::new(&pids);
@@ -74,11 +111,254 @@ pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> 
         }
     }
     let dir = ImageDir::create(&opts.dir)?;
-    let result = checkpoint_frozen(pid, opts, &dir, t0);
+    let result = checkpoint_frozen(pid, opts, &dir, &mem, t0);
     if result.is_err() {
         dir.discard_tmp();
     }
     result
+}
+
+/// What every process's memory dump shares.
+struct MemCtx<'a> {
+    parent: Option<&'a Link>,
+    method: proto::DirtyMethod,
+    image_id: String,
+}
+
+/// The parent image, its chain checked (ids, presence) before anything is frozen.
+fn open_parent(opts: &Options) -> Result<Option<Chain>, CheckpointError> {
+    let Some(p) = &opts.parent else {
+        return Ok(None);
+    };
+    let err = |what: String| CheckpointError::Parent {
+        path: p.clone(),
+        what,
+    };
+    if let (Ok(a), Ok(b)) = (p.canonicalize(), opts.dir.canonicalize()) {
+        if a == b {
+            return Err(err(
+                "it is also the directory of the new image; choose another --dir".into(),
+            ));
+        }
+    }
+    Chain::open(p)
+        .map(Some)
+        .map_err(|e| err(cr_sys::error::one_line(&e)))
+}
+
+/// After a commit: record the trackers left running and the new image as
+/// a dependant of its parent.
+fn after_commit(dir: &ImageDir, mem: &MemCtx<'_>, kept: &[(i32, proto::DirtyMethod, i32)]) {
+    for &(pid, method, fd) in kept {
+        tracking::save(pid, method, fd, &mem.image_id);
+    }
+    if let Some(p) = mem.parent {
+        if let Err(e) = chain::add_dependant(p.dir.path(), dir.path(), &mem.image_id) {
+            tracing::warn!(error = %cr_sys::error::one_line(&e), "cannot record the new image as a dependant of its parent");
+        }
+    }
+}
+
+fn parent_ref(dir: &ImageDir, mem: &MemCtx<'_>) -> Option<proto::ParentRef> {
+    mem.parent.map(|p| proto::ParentRef {
+        path: chain::relative_path(dir.path(), p.dir.path()),
+        image_id: p.ck.image_id.clone(),
+    })
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn sys_string(path: &str) -> String {
+    proc::read_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Pre-dump: freeze the tree only to list its mappings and start dirty
+/// tracking, then copy memory while it runs.
+fn pre_dump(
+    root: i32,
+    opts: &Options,
+    dir: &ImageDir,
+    mem: &MemCtx<'_>,
+    t0: Instant,
+) -> Result<Summary, CheckpointError> {
+    let store = StoreWriter::create(dir, &mem.image_id[..16], opts.compression)?;
+    let mut procs = tree::freeze(root)?;
+    let frozen_at = Instant::now();
+    let mut shared = Shared::default();
+    struct Work {
+        pid: i32,
+        proc: proto::Process,
+        dirty: memory::Dirty,
+        prepared: memory::Prepared,
+        kept: Option<(proto::DirtyMethod, i32)>,
+    }
+    let mut work = Vec::new();
+    for f in procs.iter_mut().filter(|f| f.zombie.is_none()) {
+        let pid = f.pid;
+        let sys = |e| CheckpointError::from_sys(pid, e);
+        let stat = proc::read_stat(pid).map_err(sys)?;
+        let maps = proc::read_smaps(pid).map_err(sys)?;
+        let mut vmas = maps
+            .iter()
+            .map(|m| memory::classify(pid, m))
+            .collect::<Result<Vec<_>, _>>()?;
+        shared.assign_shm(pid, &mut vmas);
+        let begun = tracking::begin(
+            &mut f.tracees[0],
+            &maps,
+            &vmas,
+            mem.parent
+                .filter(|l| l.memory(pid as u32).is_some())
+                .map(|l| l.ck.image_id.as_str()),
+            mem.method,
+            true,
+        )?;
+        let index = mem
+            .parent
+            .and_then(|l| l.memory(pid as u32))
+            .map(MemIndex::new);
+        let prepared = memory::prepare(&memory::DumpArgs {
+            pid,
+            vmas: &vmas,
+            parent: index.as_ref(),
+            dirty: &begun.dirty,
+            store: &store,
+            workers: opts.workers,
+            tolerant: true,
+        })?;
+        if begun.clear_soft_dirty {
+            cr_sys::dirty::clear_soft_dirty(pid).map_err(sys)?;
+        }
+        work.push(Work {
+            pid,
+            proc: proto::Process {
+                pid: pid as u32,
+                ppid: stat.ppid() as u32,
+                comm: stat.comm.clone(),
+                vmas,
+                memory: Some(proto::Memory {
+                    dirty: begun.used as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            dirty: begun.dirty,
+            prepared,
+            kept: begun.kept,
+        });
+    }
+    fault::check("pre-dump-frozen")?;
+    // The processes run on from here; their memory is copied meanwhile.
+    for f in procs.into_iter().rev() {
+        drop(f);
+    }
+    let frozen = frozen_at.elapsed();
+    let mut images = Vec::with_capacity(work.len());
+    let mut kept = Vec::new();
+    let mut read = 0u64;
+    for w in work {
+        let index = mem
+            .parent
+            .and_then(|l| l.memory(w.pid as u32))
+            .map(MemIndex::new);
+        let bar =
+            cr_image::progress::bar(opts.show_progress, w.prepared.bytes(), "pre-dumping memory");
+        read += w.prepared.bytes();
+        let mut m = memory::dump(
+            &memory::DumpArgs {
+                pid: w.pid,
+                vmas: &w.proc.vmas,
+                parent: index.as_ref(),
+                dirty: &w.dirty,
+                store: &store,
+                workers: opts.workers,
+                tolerant: true,
+            },
+            w.prepared,
+            &|done| {
+                if let Some(b) = &bar {
+                    b.set_position(done)
+                }
+            },
+        )?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        let mut p = w.proc;
+        m.dirty = p.memory.as_ref().map_or(0, |x| x.dirty);
+        m.tracking = w.kept.map_or(0, |k| k.0 as i32);
+        p.memory = Some(m);
+        if let Some((method, fd)) = w.kept {
+            kept.push((w.pid, method, fd));
+        }
+        images.push(p);
+    }
+    let store = store.finish(opts.fsync)?;
+    let ck = proto::Checkpoint {
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        created_unix_ms: now_ms(),
+        hostname: sys_string("/proc/sys/kernel/hostname"),
+        kernel_release: sys_string("/proc/sys/kernel/osrelease"),
+        boot_id: sys_string("/proc/sys/kernel/random/boot_id"),
+        root_pid: root as u32,
+        image_id: mem.image_id.clone(),
+        parent: parent_ref(dir, mem),
+        pre_dump: true,
+        ..Default::default()
+    };
+    let summary = summarize(root, &images, &store, read, frozen, t0);
+    let ck = proto::Checkpoint {
+        processes: images,
+        store: Some(store),
+        ..ck
+    };
+    fault::check("before-commit")?;
+    dir.commit(&ck, opts.fsync)?;
+    after_commit(dir, mem, &kept);
+    info!(
+        root,
+        frozen_ms = frozen.as_millis() as u64,
+        "pre-dump committed"
+    );
+    Ok(summary)
+}
+
+fn summarize(
+    root: i32,
+    images: &[proto::Process],
+    store: &proto::PageStore,
+    read: u64,
+    frozen: Duration,
+    t0: Instant,
+) -> Summary {
+    let mems = || images.iter().filter_map(|p| p.memory.as_ref());
+    Summary {
+        pid: root,
+        processes: images.len(),
+        threads: images.iter().map(|p| p.threads.len()).sum(),
+        page_bytes: read,
+        store_bytes: store.size,
+        pages_parent: mems()
+            .filter_map(|m| m.stats.as_ref())
+            .map(|s| s.pages_parent)
+            .sum(),
+        dirty: images
+            .first()
+            .and_then(|p| p.memory.as_ref())
+            .and_then(|m| proto::DirtyMethod::try_from(m.dirty).ok())
+            .unwrap_or_default(),
+        vmas: images.iter().map(|p| p.vmas.len()).sum(),
+        fds: images.iter().map(|p| p.fds.len()).sum(),
+        frozen,
+        elapsed: t0.elapsed(),
+    }
 }
 
 /// One line of the pre-flight report (`cr_checkpoint --check`).
@@ -186,12 +466,36 @@ struct Shared {
     fds: HashMap<String, Vec<(i32, i32)>>,
 }
 
+impl Shared {
+    /// Shared anonymous memory seen in an earlier process refers to it.
+    fn assign_shm(&mut self, pid: i32, vmas: &mut [proto::Vma]) {
+        for v in vmas
+            .iter_mut()
+            .filter(|v| v.kind == proto::VmaKind::AnonShared as i32)
+        {
+            match self.shm.get(&(v.dev, v.inode)) {
+                Some(&(opid, start, end)) => {
+                    v.shm_owner_pid = opid;
+                    v.shm_owner_start = start;
+                    v.shm_owner_end = end;
+                }
+                None => {
+                    self.shm
+                        .insert((v.dev, v.inode), (pid as u32, v.start, v.end));
+                }
+            }
+        }
+    }
+}
+
 fn checkpoint_frozen(
     root: i32,
     opts: &Options,
     dir: &ImageDir,
+    mem: &MemCtx<'_>,
     t0: Instant,
 ) -> Result<Summary, CheckpointError> {
+    let store = StoreWriter::create(dir, &mem.image_id[..16], opts.compression)?;
     let mut procs = tree::freeze(root)?;
     let frozen_at = Instant::now();
     debug!(root, processes = procs.len(), "tree frozen");
@@ -211,16 +515,22 @@ fn checkpoint_frozen(
     scan.skip_in_flight = opts.tcp_skip_in_flight;
     let mut objects = Objects::new(dir, opts.fsync);
     let mut images = Vec::with_capacity(procs.len());
+    let mut read = 0u64;
+    let mut kept = Vec::new();
     for f in procs.iter_mut() {
         images.push(capture_process(
             f,
-            dir,
             opts,
+            mem,
+            &store,
             &mut shared,
             &mut scan,
             &mut objects,
+            &mut read,
+            &mut kept,
         )?);
     }
+    let store = store.finish(opts.fsync)?;
     let repaired = std::mem::take(&mut objects.repaired);
     let objects = objects.into_vec();
     let cpu_xfeatures = images
@@ -228,24 +538,12 @@ fn checkpoint_frozen(
         .flat_map(|p| p.threads.iter())
         .map(|t| regs::xstate_xfeatures(&t.xstate).unwrap_or(0))
         .fold(0, |a, b| a | b);
-    let page_bytes = images
-        .iter()
-        .filter_map(|p| p.pages.as_ref())
-        .map(|p| p.size)
-        .sum();
     let pidns = pidns_root(root)?;
     let ck = proto::Checkpoint {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        created_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        hostname: proc::read_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
-        kernel_release: proc::read_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
+        created_unix_ms: now_ms(),
+        hostname: sys_string("/proc/sys/kernel/hostname"),
+        kernel_release: sys_string("/proc/sys/kernel/osrelease"),
         root_pid: root as u32,
         cpu_xfeatures,
         processes: images,
@@ -253,22 +551,23 @@ fn checkpoint_frozen(
         objects,
         netlock: lock.as_ref().map(NetLock::image_name).unwrap_or_default(),
         netns: proc::read_link(&format!("/proc/{root}/ns/net")).unwrap_or_default(),
-        boot_id: proc::read_string("/proc/sys/kernel/random/boot_id")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
+        boot_id: sys_string("/proc/sys/kernel/random/boot_id"),
+        image_id: mem.image_id.clone(),
+        parent: parent_ref(dir, mem),
+        store: Some(store),
+        pre_dump: false,
     };
     fault::check("before-commit")?;
     dir.commit(&ck, opts.fsync)?;
-    let summary = Summary {
-        pid: root,
-        processes: ck.processes.len(),
-        threads: ck.processes.iter().map(|p| p.threads.len()).sum(),
-        page_bytes,
-        vmas: ck.processes.iter().map(|p| p.vmas.len()).sum(),
-        fds: ck.processes.iter().map(|p| p.fds.len()).sum(),
-        frozen: frozen_at.elapsed(),
-        elapsed: t0.elapsed(),
-    };
+    after_commit(dir, mem, &kept);
+    let summary = summarize(
+        root,
+        &ck.processes,
+        ck.store.as_ref().expect("store set above"),
+        read,
+        frozen_at.elapsed(),
+        t0,
+    );
     // The lock now belongs to the image: cr_restart removes it.
     if let Some(l) = lock {
         l.keep();
@@ -306,6 +605,7 @@ fn checkpoint_frozen(
         root,
         processes = summary.processes,
         bytes = summary.page_bytes,
+        stored = summary.store_bytes,
         frozen_ms = summary.frozen.as_millis() as u64,
         "checkpoint committed"
     );
@@ -396,13 +696,17 @@ impl Drop for NetLock {
 }
 
 /// Everything about one frozen process; its pages go to its page file.
+#[allow(clippy::too_many_arguments)]
 fn capture_process(
     f: &mut Frozen,
-    dir: &ImageDir,
     opts: &Options,
+    m: &MemCtx<'_>,
+    store: &StoreWriter,
     shared: &mut Shared,
     scan: &mut fds::Scan,
     objects: &mut Objects,
+    read: &mut u64,
+    kept: &mut Vec<(i32, proto::DirtyMethod, i32)>,
 ) -> Result<proto::Process, CheckpointError> {
     let pid = f.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
@@ -504,32 +808,39 @@ fn capture_process(
             v.object = v.inode;
         }
     }
-    for v in vmas
-        .iter_mut()
-        .filter(|v| v.kind == proto::VmaKind::AnonShared as i32)
-    {
-        match shared.shm.get(&(v.dev, v.inode)) {
-            Some(&(opid, start, end)) => {
-                v.shm_owner_pid = opid;
-                v.shm_owner_start = start;
-                v.shm_owner_end = end;
-            }
-            None => {
-                shared
-                    .shm
-                    .insert((v.dev, v.inode), (pid as u32, v.start, v.end));
-            }
-        }
-    }
+    shared.assign_shm(pid, &mut vmas);
 
-    let writer = PageWriter::create(dir, pid as u32)?;
-    let total: u64 = vmas
-        .iter()
-        .filter(|v| !v.shared)
-        .map(|v| v.end - v.start)
-        .sum();
-    let bar = cr_image::progress::bar(opts.show_progress, total, "dumping memory (upper bound)");
-    let (size, extents) = memory::dump(pid, &vmas, &writer, opts.workers, &|done| {
+    let keep = opts.track_mem && opts.action != Action::Kill;
+    let begun = tracking::begin(
+        &mut f.tracees[0],
+        &maps,
+        &vmas,
+        m.parent
+            .filter(|l| l.memory(pid as u32).is_some())
+            .map(|l| l.ck.image_id.as_str()),
+        m.method,
+        keep,
+    )?;
+    let index = m
+        .parent
+        .and_then(|l| l.memory(pid as u32))
+        .map(MemIndex::new);
+    let args = memory::DumpArgs {
+        pid,
+        vmas: &vmas,
+        parent: index.as_ref(),
+        dirty: &begun.dirty,
+        store,
+        workers: opts.workers,
+        tolerant: false,
+    };
+    let prepared = memory::prepare(&args)?;
+    if begun.clear_soft_dirty {
+        cr_sys::dirty::clear_soft_dirty(pid).map_err(sys)?;
+    }
+    *read += prepared.bytes();
+    let bar = cr_image::progress::bar(opts.show_progress, prepared.bytes(), "dumping memory");
+    let mut memory = memory::dump(&args, prepared, &|done| {
         if let Some(b) = &bar {
             b.set_position(done)
         }
@@ -537,7 +848,11 @@ fn capture_process(
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let pages = writer.finish(size, extents, opts.fsync)?;
+    memory.dirty = begun.used as i32;
+    memory.tracking = begun.kept.map_or(0, |k| k.0 as i32);
+    if let Some((method, fd)) = begun.kept {
+        kept.push((pid, method, fd));
+    }
     Ok(proto::Process {
         pid: pid as u32,
         ppid: ids.0,
@@ -565,7 +880,7 @@ fn capture_process(
         vmas,
         threads: thread_states,
         fds,
-        pages: Some(pages),
+        memory: Some(memory),
         sigactions,
         cmdline: proc::read_bytes(&format!("/proc/{pid}/cmdline")).unwrap_or_default(),
         stopped: f.stopped,

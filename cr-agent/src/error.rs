@@ -35,6 +35,13 @@ pub enum CheckpointError {
     Sys(#[from] SysError),
     #[error(transparent)]
     Image(#[from] cr_image::ImageError),
+    #[error("this kernel lacks {0}")]
+    KernelLacks(String),
+    #[error("parent image {path}: {what}")]
+    Parent {
+        path: std::path::PathBuf,
+        what: String,
+    },
     #[error("fault injected at stage {0} (CR_FAULT_INJECT)")]
     Injected(String),
 }

@@ -278,6 +278,10 @@ pub fn describe(
         return crate::inet::describe(f, pid, fd, ino, scan, objects);
     }
     if let Some(kind) = link.strip_prefix("anon_inode:") {
+        // Our own dirty-page tracker (see `tracking`): never part of an image.
+        if kind == "[userfaultfd]" && cr_sys::dirty::is_tracker_fd(pid, fd) {
+            return Ok(None);
+        }
         return anon(f, pid, kind, &info, objects.is_some());
     }
     if !link.starts_with('/') {

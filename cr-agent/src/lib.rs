@@ -10,8 +10,10 @@
 //! 4. [`capture`]: signal handlers, brk, and per thread the clear-child-tid
 //!    address and sigaltstack by injected syscalls (`cr_sys::remote`); mm
 //!    fields, cwd, umask, auxv from /proc.
-//! 5. [`memory`]: classify the VMAs, find stored pages with pagemap, copy
-//!    them in parallel into the page file.
+//! 5. [`memory`]: classify the VMAs, find stored pages with pagemap and,
+//!    for an incremental image, the pages unchanged since the parent
+//!    ([`tracking`]); read, hash and store the others in parallel into the
+//!    image's page store (`cr_image::store`).
 //! 6. `cr_image::ImageDir::commit`, then continue, stop or kill the target.
 //!
 //! Any error before the end drops the seized thread, which detaches it: the
@@ -29,6 +31,7 @@ pub mod memory;
 pub mod objects;
 pub mod target;
 pub mod threads;
+pub mod tracking;
 pub mod tree;
 pub mod unix;
 

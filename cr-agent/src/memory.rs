@@ -1,6 +1,11 @@
-//! Memory capture: classify each VMA, decide page by page (pagemap) what
-//! must be stored, and copy those pages into the page file with several
-//! threads.
+//! Memory capture: classify each VMA, decide page by page (pagemap, and
+//! the dirty tracker when there is a parent image) what must be read, and
+//! read, hash, compare and store those pages with several threads.
+//!
+//! A page goes to the image as one of: unchanged since the parent (known
+//! from the tracker without reading it, or read and found equal to the
+//! parent's by hash), all zero (anonymous: left out; over a file page:
+//! recorded as zero), or stored (once per image: see `cr_image::store`).
 //!
 //! Stored: pages a private mapping owns (present or swapped, and not the
 //! file's own page), and the written pages of shared anonymous memory, read
@@ -12,12 +17,16 @@
 //! the new kernel.
 
 use crate::{fault, CheckpointError};
-use cr_image::{proto, PageWriter};
+use cr_image::chain::{push_run, MemIndex};
+use cr_image::proto;
+use cr_image::store::{is_zero, page_hash, Loc, OpenBlock, StoreWriter};
 use cr_sys::mem::{read_vm, ProcMem};
-use cr_sys::pagemap::{Pagemap, PM_FILE, PM_PRESENT, PM_SWAP};
+use cr_sys::pagemap::{
+    is_pte_marker, Pagemap, PFN_MASK, PM_FILE, PM_PRESENT, PM_SOFT_DIRTY, PM_SWAP,
+};
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
-use proto::VmaKind;
+use proto::{PageWhere, VmaKind};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -133,11 +142,10 @@ enum Src {
     Shm(usize),
 }
 
-/// A run of pages to copy, with its place in the page file.
+/// A run of pages to read.
 struct Run {
     vaddr: u64,
     pages: u64,
-    offset: u64,
     src: Src,
     src_off: u64,
 }
@@ -145,14 +153,7 @@ struct Run {
 /// Append page `vaddr` (read from `src` at `src_off`) to the runs. A run
 /// never crosses a VMA boundary (`vma_start`): restore makes each VMA
 /// writable only while it fills that VMA.
-fn push_page(
-    runs: &mut Vec<Run>,
-    offset: &mut u64,
-    vma_start: u64,
-    vaddr: u64,
-    src: Src,
-    src_off: u64,
-) {
+fn push_page(runs: &mut Vec<Run>, vma_start: u64, vaddr: u64, src: Src, src_off: u64) {
     match runs.last_mut() {
         Some(r)
             if r.vaddr + r.pages * PAGE_SIZE == vaddr
@@ -166,23 +167,112 @@ fn push_page(
         _ => runs.push(Run {
             vaddr,
             pages: 1,
-            offset: *offset,
             src,
             src_off,
         }),
     }
-    *offset += PAGE_SIZE;
 }
 
-/// Plan the runs of all stored pages; returns them, the page file size and
-/// the shared memory objects they read from.
-fn plan(pid: i32, vmas: &[proto::Vma]) -> Result<(Vec<Run>, u64, Vec<File>), CheckpointError> {
+/// Which pages were written since the parent image, as the tracker says.
+pub enum Dirty {
+    /// No tracker: every page is read (and compared by hash when there is
+    /// a parent).
+    Unknown,
+    /// userfaultfd-wp: pages of `tracked` (sorted address ranges) outside
+    /// `written` are unchanged.
+    Uffd {
+        tracked: Vec<(u64, u64)>,
+        written: Vec<(u64, u64)>,
+    },
+    /// Soft-dirty: a page whose pagemap entry lacks bit 55 is unchanged.
+    SoftDirty,
+}
+
+/// Whether `addr` is in one of the sorted, disjoint `ranges`.
+fn in_ranges(ranges: &[(u64, u64)], addr: u64) -> bool {
+    let i = ranges.partition_point(|r| r.1 <= addr);
+    ranges.get(i).is_some_and(|r| r.0 <= addr)
+}
+
+impl Dirty {
+    /// Whether the page at `addr` (pagemap entry `pm`) is known unchanged.
+    fn clean(&self, addr: u64, pm: u64, zero_pfn: Option<u64>) -> bool {
+        // The shared zero page after MADV_DONTNEED and a read keeps the
+        // page's "clean" state while its content became zero.
+        let zero = pm & PM_PRESENT != 0 && zero_pfn.is_some_and(|z| pm & PFN_MASK == z);
+        // A swap entry whose type we cannot see (no CAP_SYS_ADMIN) may be a
+        // pte marker over a page emptied by MADV_DONTNEED: read it.
+        let known = pm & PM_PRESENT != 0 || pm & PFN_MASK != 0;
+        if zero || !known {
+            return false;
+        }
+        match self {
+            Dirty::Unknown => false,
+            Dirty::Uffd { tracked, written } => {
+                in_ranges(tracked, addr) && !in_ranges(written, addr)
+            }
+            Dirty::SoftDirty => pm & PM_SOFT_DIRTY == 0,
+        }
+    }
+}
+
+/// One step of a process's memory, in address order.
+enum Item {
+    /// Pages known unchanged since the parent, with their hashes.
+    Parent { vaddr: u64, hashes: Vec<u64> },
+    /// A run to read (index into the runs).
+    Read(usize),
+}
+
+/// What became of one page that was read.
+#[derive(Clone, Copy)]
+enum Outcome {
+    /// Not in the image: all zero in anonymous memory, or unreadable in a
+    /// pre-dump (the process changed it meanwhile).
+    Skip,
+    Zero,
+    Parent(u64),
+    Store(Loc, u64),
+}
+
+struct Plan {
+    items: Vec<Item>,
+    runs: Vec<Run>,
+    files: Vec<File>,
+    /// Bytes to read.
+    bytes: u64,
+    zero_pfn_pages: u64,
+}
+
+/// Decide what to do with every page: read it, or take it from the parent.
+fn plan(
+    pid: i32,
+    vmas: &[proto::Vma],
+    parent: Option<&MemIndex<'_>>,
+    dirty: &Dirty,
+) -> Result<Plan, CheckpointError> {
     let sys = |e| CheckpointError::from_sys(pid, e);
     let pagemap = Pagemap::open(pid).map_err(sys)?;
-    let mut runs: Vec<Run> = Vec::new();
-    let mut files: Vec<File> = Vec::new();
-    let mut offset = 0u64;
+    let zero_pfn = cr_sys::dirty::zero_pfn();
+    let mut p = Plan {
+        items: Vec::new(),
+        runs: Vec::new(),
+        files: Vec::new(),
+        bytes: 0,
+        zero_pfn_pages: 0,
+    };
     let mut buf = vec![0u64; PAGEMAP_CHUNK as usize];
+    // Appends a page to read, opening a new run (and item) when needed.
+    let read_page = |p: &mut Plan, vma_start: u64, vaddr: u64, src: Src, src_off: u64| {
+        let before = p.runs.len();
+        push_page(&mut p.runs, vma_start, vaddr, src, src_off);
+        if p.runs.len() != before
+            || !matches!(p.items.last(), Some(Item::Read(i)) if *i == p.runs.len() - 1)
+        {
+            p.items.push(Item::Read(p.runs.len() - 1));
+        }
+        p.bytes += PAGE_SIZE;
+    };
     for v in vmas {
         let kind = VmaKind::try_from(v.kind).unwrap_or(VmaKind::Unspecified);
         if kind == VmaKind::AnonShared {
@@ -195,21 +285,15 @@ fn plan(pid: i32, vmas: &[proto::Vma]) -> Result<(Vec<Run>, u64, Vec<File>), Che
             let f =
                 File::open(&path).map_err(|source| sys(cr_sys::SysError::Io { path, source }))?;
             let len = v.end - v.start;
+            let fi = p.files.len();
             for (a, b) in cr_sys::mem::data_ranges(&f, v.pgoff, v.pgoff + len).map_err(sys)? {
                 let a = a & !(PAGE_SIZE - 1);
                 for off in (a..b).step_by(PAGE_SIZE as usize) {
                     let vaddr = v.start + off - v.pgoff;
-                    push_page(
-                        &mut runs,
-                        &mut offset,
-                        v.start,
-                        vaddr,
-                        Src::Shm(files.len()),
-                        off,
-                    );
+                    read_page(&mut p, v.start, vaddr, Src::Shm(fi), off);
                 }
             }
-            files.push(f);
+            p.files.push(f);
             continue;
         }
         if !matches!(
@@ -229,80 +313,178 @@ fn plan(pid: i32, vmas: &[proto::Vma]) -> Result<(Vec<Run>, u64, Vec<File>), Che
             let entries = &mut buf[..n as usize];
             pagemap.read(addr, entries).map_err(sys)?;
             for (i, &pm) in entries.iter().enumerate() {
-                if stored(kind, pm) {
-                    let page = addr + i as u64 * PAGE_SIZE;
-                    push_page(&mut runs, &mut offset, v.start, page, src, page);
+                if !stored(kind, pm) {
+                    continue;
+                }
+                // The tracker's mark on an empty page: nothing to keep.
+                if is_pte_marker(pm) {
+                    continue;
+                }
+                let page = addr + i as u64 * PAGE_SIZE;
+                let anon = kind != VmaKind::FilePrivate;
+                if anon && pm & PM_PRESENT != 0 && zero_pfn.is_some_and(|z| pm & PFN_MASK == z) {
+                    p.zero_pfn_pages += 1;
+                    continue; // the shared zero page: nothing to keep
+                }
+                let known = parent
+                    .filter(|_| dirty.clean(page, pm, zero_pfn))
+                    .and_then(|ix| ix.hash_of(page));
+                match known {
+                    Some(h) => match p.items.last_mut() {
+                        Some(Item::Parent { vaddr, hashes })
+                            if *vaddr + hashes.len() as u64 * PAGE_SIZE == page =>
+                        {
+                            hashes.push(h)
+                        }
+                        _ => p.items.push(Item::Parent {
+                            vaddr: page,
+                            hashes: vec![h],
+                        }),
+                    },
+                    None => read_page(&mut p, v.start, page, src, page),
                 }
             }
             addr += n * PAGE_SIZE;
         }
     }
-    Ok((runs, offset, files))
+    Ok(p)
 }
 
-/// Progress callback: bytes copied so far.
+/// Progress callback: bytes read so far.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
-/// Copy every stored page of `vmas` into `writer`; returns the page file
-/// description parts (size and runs).
+/// How the pages of one process are dumped.
+pub struct DumpArgs<'a> {
+    pub pid: i32,
+    pub vmas: &'a [proto::Vma],
+    /// The process's memory in the parent image.
+    pub parent: Option<&'a MemIndex<'a>>,
+    pub dirty: &'a Dirty,
+    pub store: &'a StoreWriter,
+    pub workers: usize,
+    /// The process runs meanwhile (pre-dump): pages that cannot be read
+    /// any more are left out instead of failing the dump.
+    pub tolerant: bool,
+}
+
+/// What a dump will read, decided while the process is frozen.
+pub struct Prepared(Plan);
+
+impl Prepared {
+    /// Bytes to read.
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes
+    }
+}
+
+/// Decide, page by page, what to read and what the parent already has.
+pub fn prepare(a: &DumpArgs<'_>) -> Result<Prepared, CheckpointError> {
+    plan(a.pid, a.vmas, a.parent, a.dirty).map(Prepared)
+}
+
+/// Read what must be read and describe every page of the process.
 pub fn dump(
-    pid: i32,
-    vmas: &[proto::Vma],
-    writer: &PageWriter,
-    workers: usize,
+    a: &DumpArgs<'_>,
+    prepared: Prepared,
     progress: Progress<'_>,
-) -> Result<(u64, Vec<proto::PageExtent>), CheckpointError> {
-    let (runs, size, files) = plan(pid, vmas)?;
-    let hashes: Vec<AtomicU64> = runs.iter().map(|_| AtomicU64::new(0)).collect();
+) -> Result<proto::Memory, CheckpointError> {
+    let pid = a.pid;
+    let plan = prepared.0;
+    let outcomes: Vec<Mutex<Vec<Outcome>>> =
+        plan.runs.iter().map(|_| Mutex::new(Vec::new())).collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let copied = AtomicU64::new(0);
+    let dups = AtomicU64::new(0);
     let first_error: Mutex<Option<CheckpointError>> = Mutex::new(None);
-    let procmem = if runs.iter().any(|r| r.src == Src::Forced) {
+    let procmem = if plan.runs.iter().any(|r| r.src == Src::Forced) {
         Some(ProcMem::open(pid, false).map_err(|e| CheckpointError::from_sys(pid, e))?)
     } else {
         None
     };
-    let half = runs.len() / 2;
-    let workers = workers.clamp(1, 64).min(runs.len().max(1));
+    let half = plan.runs.len() / 2;
+    let workers = a.workers.clamp(1, 64).min(plan.runs.len().max(1));
+    let file_private = |vaddr: u64| {
+        let i = a.vmas.partition_point(|v| v.end <= vaddr);
+        a.vmas
+            .get(i)
+            .is_some_and(|v| v.kind == VmaKind::FilePrivate as i32)
+    };
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| {
                 let mut buf = vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize];
+                let mut block: Option<OpenBlock> = None;
                 let result = (|| -> Result<(), CheckpointError> {
                     loop {
                         if failed.load(Ordering::Relaxed) {
                             return Ok(());
                         }
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(r) = runs.get(i) else { return Ok(()) };
+                        let Some(r) = plan.runs.get(i) else {
+                            return Ok(());
+                        };
                         if i == half {
                             fault::check("mid-memory")?;
                         }
                         let b = &mut buf[..(r.pages * PAGE_SIZE) as usize];
-                        match (r.src, &procmem) {
-                            (Src::Forced, Some(pm)) => pm.read(r.vaddr, b),
-                            (Src::Shm(i), _) => {
-                                files[i].read_exact_at(b, r.src_off).map_err(|source| {
-                                    cr_sys::SysError::Io {
+                        let read =
+                            |b: &mut [u8], vaddr: u64, src_off: u64| match (r.src, &procmem) {
+                                (Src::Forced, Some(pm)) => pm.read(vaddr, b),
+                                (Src::Shm(f), _) => plan.files[f]
+                                    .read_exact_at(b, src_off)
+                                    .map_err(|source| cr_sys::SysError::Io {
                                         path: format!(
-                                            "shared memory at {:#x} of process {pid}",
-                                            r.vaddr
+                                            "shared memory at {vaddr:#x} of process {pid}"
                                         ),
                                         source,
-                                    }
-                                })
+                                    }),
+                                _ => read_vm(pid, vaddr, b),
+                            };
+                        let mut ok = vec![true; r.pages as usize];
+                        if let Err(e) = read(b, r.vaddr, r.src_off) {
+                            if !a.tolerant {
+                                return Err(CheckpointError::from_sys(pid, e));
                             }
-                            _ => read_vm(pid, r.vaddr, b),
+                            // The process changed its mappings meanwhile: keep
+                            // what can still be read.
+                            for (k, page) in b.chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
+                                let off = k as u64 * PAGE_SIZE;
+                                ok[k] = read(page, r.vaddr + off, r.src_off + off).is_ok();
+                            }
                         }
-                        .map_err(|e| CheckpointError::from_sys(pid, e))?;
-                        hashes[i].store(cr_image::checksum(b), Ordering::Relaxed);
-                        writer.write_at(r.offset, b)?;
+                        let mut out = Vec::with_capacity(r.pages as usize);
+                        for (k, page) in b.chunks_exact(PAGE_SIZE as usize).enumerate() {
+                            let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
+                            out.push(if !ok[k] {
+                                Outcome::Skip
+                            } else if is_zero(page) {
+                                if file_private(vaddr) {
+                                    Outcome::Zero
+                                } else {
+                                    Outcome::Skip
+                                }
+                            } else {
+                                let h = page_hash(page);
+                                let h64 = h as u64;
+                                if a.parent.and_then(|ix| ix.hash_of(vaddr)) == Some(h64) {
+                                    Outcome::Parent(h64)
+                                } else {
+                                    let (loc, dup) = a.store.add(&mut block, h, page)?;
+                                    if dup {
+                                        dups.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    Outcome::Store(loc, h64)
+                                }
+                            });
+                        }
+                        *outcomes[i].lock().expect("outcome slot") = out;
                         let done =
                             copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
                         progress(done);
                     }
-                })();
+                })()
+                .and_then(|()| a.store.close(block.take()).map_err(CheckpointError::from));
                 if let Err(e) = result {
                     failed.store(true, Ordering::Relaxed);
                     first_error.lock().expect("error slot").get_or_insert(e);
@@ -313,15 +495,69 @@ pub fn dump(
     if let Some(e) = first_error.into_inner().expect("error slot") {
         return Err(e);
     }
-    let extents = runs
-        .iter()
-        .zip(&hashes)
-        .map(|(r, h)| proto::PageExtent {
-            vaddr: r.vaddr,
-            nr_pages: r.pages as u32,
-            offset: r.offset,
-            xxh3: h.load(Ordering::Relaxed),
-        })
-        .collect();
-    Ok((size, extents))
+    // Assemble the runs in address order.
+    let mut runs = Vec::new();
+    let mut hashes = Vec::new();
+    let mut stats = proto::MemStats {
+        pages_zero: plan.zero_pfn_pages,
+        pages_read: plan.bytes / PAGE_SIZE,
+        pages_dup: dups.into_inner(),
+        ..Default::default()
+    };
+    let none = Loc { block: 0, page: 0 };
+    for item in &plan.items {
+        match item {
+            Item::Parent { vaddr, hashes: hs } => {
+                push_run(
+                    &mut runs,
+                    *vaddr,
+                    hs.len() as u32,
+                    PageWhere::WhereParent,
+                    none,
+                );
+                hashes.extend_from_slice(hs);
+                stats.pages_parent += hs.len() as u64;
+            }
+            Item::Read(i) => {
+                let r = &plan.runs[*i];
+                let out = outcomes[*i].lock().expect("outcome slot");
+                for (k, o) in out.iter().enumerate() {
+                    let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
+                    match *o {
+                        Outcome::Skip => stats.pages_zero += 1,
+                        Outcome::Zero => {
+                            stats.pages_zero += 1;
+                            push_run(&mut runs, vaddr, 1, PageWhere::WhereZero, none);
+                        }
+                        Outcome::Parent(h) => {
+                            stats.pages_parent += 1;
+                            hashes.push(h);
+                            push_run(&mut runs, vaddr, 1, PageWhere::WhereParent, none);
+                        }
+                        Outcome::Store(loc, h) => {
+                            stats.pages_stored += 1;
+                            hashes.push(h);
+                            push_run(&mut runs, vaddr, 1, PageWhere::WhereStore, loc);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Duplicates were counted as stored pages too.
+    stats.pages_stored -= stats.pages_dup.min(stats.pages_stored);
+    Ok(proto::Memory {
+        runs,
+        hashes,
+        stats: Some(stats),
+        ..Default::default()
+    })
+}
+
+/// Bytes a dump of `vmas` reads at most (for progress bars).
+pub fn upper_bound(vmas: &[proto::Vma]) -> u64 {
+    vmas.iter()
+        .filter(|v| !v.shared)
+        .map(|v| v.end - v.start)
+        .sum()
 }

@@ -40,11 +40,6 @@ impl ImageDir {
         &self.path
     }
 
-    /// Name of the page file of process `pid`.
-    pub fn pages_name(pid: u32) -> String {
-        format!("pages-{pid}.img")
-    }
-
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
@@ -56,26 +51,34 @@ impl ImageDir {
         proto::Checkpoint::decode(payload).map_err(|source| ImageError::Decode { path, source })
     }
 
-    /// Make the checkpoint durable and visible: rename every page file
-    /// written as `NAME.tmp`, then write `checkpoint.img` atomically.
+    /// Make the checkpoint durable and visible: the older image in the
+    /// directory (if any) stops being one, every file written as
+    /// `NAME.tmp` is renamed, then `checkpoint.img` is written atomically.
     pub fn commit(&self, ck: &proto::Checkpoint, fsync: bool) -> Result<()> {
         let meta = self.file(CHECKPOINT_FILE);
-        // An older image in the same directory stops being valid first.
         match std::fs::remove_file(&meta) {
             Ok(()) => self.sync_dir(fsync)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(&meta)(e)),
         }
+        self.publish(ck, fsync)
+    }
+
+    /// Rename the checkpoint's `.tmp` files into place and replace
+    /// `checkpoint.img` atomically (the old metadata stays valid until the
+    /// rename: used when the new files have names of their own).
+    pub fn publish(&self, ck: &proto::Checkpoint, fsync: bool) -> Result<()> {
+        let meta = self.file(CHECKPOINT_FILE);
         let contents = ck.objects.iter().filter_map(|o| o.content.as_ref());
-        for pf in ck
-            .processes
-            .iter()
-            .filter_map(|p| p.pages.as_ref())
-            .chain(contents)
-        {
-            let fin = self.file(&pf.name);
-            let tmp = self.file(&format!("{}{TMP_SUFFIX}", pf.name));
-            std::fs::rename(&tmp, &fin).map_err(io_err(&tmp))?;
+        let names = contents
+            .map(|pf| pf.name.clone())
+            .chain(ck.store.as_ref().map(|s| s.name.clone()));
+        for name in names {
+            let fin = self.file(&name);
+            let tmp = self.file(&format!("{name}{TMP_SUFFIX}"));
+            if tmp.exists() || !fin.exists() {
+                std::fs::rename(&tmp, &fin).map_err(io_err(&tmp))?;
+            }
         }
         let tmp = self.file(&format!("{CHECKPOINT_FILE}{TMP_SUFFIX}"));
         let framed = header::encode(header::KIND_CHECKPOINT, &ck.encode_to_vec());

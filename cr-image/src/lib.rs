@@ -3,9 +3,10 @@
 //! - `checkpoint.img`: a 32-byte header (magic, format version, payload
 //!   length, XXH3-64 of the payload) followed by the protobuf
 //!   [`Checkpoint`](proto::Checkpoint) message;
-//! - `pages-<PID>.img`: raw page data of one process, page aligned, so
-//!   restore can read runs straight into place; every run carries its own
-//!   XXH3-64 in the metadata.
+//! - `pages-<ID>.img`: the page store, the unique pages of all processes
+//!   in blocks, optionally compressed, each block with its XXH3-64 in the
+//!   metadata (see [`store`]); an incremental image refers to its parent
+//!   for unchanged pages (see [`chain`]).
 //!
 //! `checkpoint.img` is written last and renamed into place atomically: a
 //! directory without it (or with a damaged one) is not an image. See
@@ -13,11 +14,13 @@
 #![forbid(unsafe_code)]
 
 pub mod bookmarks;
+pub mod chain;
 pub mod dir;
 pub mod header;
 pub mod pages;
 pub mod progress;
 pub mod show;
+pub mod store;
 
 pub use cr_proto::image as proto;
 pub use dir::ImageDir;
@@ -26,9 +29,9 @@ pub use pages::{PageReader, PageWriter};
 use std::path::PathBuf;
 
 /// Major version of the image format: a reader refuses any other major.
-pub const FORMAT_MAJOR: u16 = 1;
+pub const FORMAT_MAJOR: u16 = 2;
 /// Minor version: a reader refuses a newer minor than its own.
-pub const FORMAT_MINOR: u16 = 1;
+pub const FORMAT_MINOR: u16 = 0;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -64,6 +67,14 @@ pub enum ImageError {
         #[source]
         source: prost::DecodeError,
     },
+    #[error("image {child} needs its parent {parent}: {what}")]
+    Parent {
+        child: PathBuf,
+        parent: PathBuf,
+        what: String,
+    },
+    #[error("image {path} is in use: {what}")]
+    InUse { path: PathBuf, what: String },
     #[error("{path} is damaged: {what}")]
     Invalid { path: PathBuf, what: String },
 }
@@ -78,4 +89,27 @@ pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) ->
 /// XXH3-64 of a byte slice (the checksum used throughout the format).
 pub fn checksum(data: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(data)
+}
+
+/// A fresh random image id (32 hex digits).
+pub fn new_image_id() -> String {
+    let mut b = [0u8; 16];
+    let got = std::fs::File::open("/dev/urandom").and_then(|mut f| {
+        use std::io::Read;
+        f.read_exact(&mut b)
+    });
+    if got.is_err() {
+        // No /dev/urandom: time and pid are unique enough on one host.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        b = (t ^ ((std::process::id() as u128) << 64)).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// An error and its causes on one line.
+pub fn one_line(e: &dyn std::error::Error) -> String {
+    cr_sys::error::one_line(e)
 }

@@ -1,5 +1,6 @@
-//! Page files: raw page data, written by several threads at offsets chosen
-//! in advance, read back run by run with each run's checksum verified.
+//! Content files of file objects (memfds, deleted files): raw page data,
+//! written at offsets chosen in advance, read back run by run with each
+//! run's checksum verified. Process memory goes to the page store instead.
 
 use crate::dir::{ImageDir, TMP_SUFFIX};
 use crate::{checksum, io_err, proto, ImageError, Result};
@@ -7,7 +8,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-/// Writer of `pages-PID.img.tmp`; renamed by [`ImageDir::commit`].
+/// Writer of `NAME.tmp`; renamed by [`ImageDir::commit`].
 pub struct PageWriter {
     file: File,
     path: PathBuf,
@@ -15,11 +16,7 @@ pub struct PageWriter {
 }
 
 impl PageWriter {
-    pub fn create(dir: &ImageDir, pid: u32) -> Result<Self> {
-        Self::create_named(dir, &ImageDir::pages_name(pid))
-    }
-
-    /// A page-structured file of another name (file content objects).
+    /// A page-structured file named `name` in `dir`.
     pub fn create_named(dir: &ImageDir, name: &str) -> Result<Self> {
         let name = name.to_string();
         let path = dir.file(&format!("{name}{TMP_SUFFIX}"));

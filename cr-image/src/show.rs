@@ -21,13 +21,64 @@ fn prot_str(p: u32) -> String {
     format!("{}{}{}", b(1, 'r'), b(2, 'w'), b(4, 'x'))
 }
 
+/// Name of a dirty-tracking method as users type it.
+pub fn dirty_name(m: i32) -> &'static str {
+    match proto::DirtyMethod::try_from(m).unwrap_or(proto::DirtyMethod::DirtyFull) {
+        proto::DirtyMethod::DirtyFull => "full",
+        proto::DirtyMethod::DirtyUffdWp => "uffd-wp",
+        proto::DirtyMethod::DirtySoftDirty => "soft-dirty",
+        proto::DirtyMethod::DirtyHash => "hash",
+    }
+}
+
+/// Name of a compression as users type it.
+pub fn compression_name(c: i32) -> &'static str {
+    match proto::Compression::try_from(c).unwrap_or(proto::Compression::None) {
+        proto::Compression::None => "none",
+        proto::Compression::Lz4 => "lz4",
+        proto::Compression::Zstd => "zstd",
+    }
+}
+
+fn memory_json(m: &proto::Memory) -> Value {
+    let st = m.stats.unwrap_or_default();
+    json!({
+        "dirty": dirty_name(m.dirty),
+        "tracking": dirty_name(m.tracking),
+        "runs": m.runs.len(),
+        "pages_stored": st.pages_stored,
+        "pages_parent": st.pages_parent,
+        "pages_zero": st.pages_zero,
+        "pages_dup": st.pages_dup,
+        "pages_read": st.pages_read,
+    })
+}
+
+/// Page statistics of an image (`cr_image stats --json`).
+pub fn stats_json(ck: &proto::Checkpoint, parent: Option<String>) -> Value {
+    let store = ck.store.clone().unwrap_or_default();
+    let raw: u64 = store.blocks.iter().map(|b| b.nr_pages as u64 * 4096).sum();
+    json!({
+        "id": ck.image_id,
+        "parent": parent,
+        "pre_dump": ck.pre_dump,
+        "compression": compression_name(store.compression),
+        "store_bytes": store.size,
+        "store_raw_bytes": raw,
+        "processes": ck.processes.iter().filter(|p| !p.zombie).map(|p| {
+            let mut v = p.memory.as_ref().map(memory_json).unwrap_or_else(|| json!({}));
+            v["pid"] = json!(p.pid);
+            v
+        }).collect::<Vec<_>>(),
+    })
+}
+
 /// The whole image as JSON.
 pub fn to_json(ck: &proto::Checkpoint) -> Value {
     let procs: Vec<Value> = ck
         .processes
         .iter()
         .map(|p| {
-            let pages = p.pages.clone().unwrap_or_default();
             json!({
                 "pid": p.pid,
                 "ns_pid": p.ns_pid,
@@ -92,11 +143,7 @@ pub fn to_json(ck: &proto::Checkpoint) -> Value {
                     "flags": format!("{:#x}", s.flags),
                     "mask": format!("{:#x}", s.mask),
                 })).collect::<Vec<_>>(),
-                "pages": {
-                    "file": pages.name,
-                    "bytes": pages.size,
-                    "extents": pages.extents.len(),
-                },
+                "memory": p.memory.as_ref().map(memory_json),
             })
         })
         .collect();
@@ -251,7 +298,6 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
         ck.root_pid, ck.hostname, ck.kernel_release, ck.tool_version
     );
     for p in &ck.processes {
-        let pages = p.pages.clone().unwrap_or_default();
         let _ = writeln!(
             s,
             "\nprocess {} (pid {} in its namespace) ({}) ppid {} exe {}{}",
@@ -263,13 +309,20 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
             if p.zombie { " [zombie]" } else { "" }
         );
         let _ = writeln!(s, "  cwd {}  umask {:04o}", p.cwd, p.umask);
-        let _ = writeln!(
-            s,
-            "  pages: {} bytes in {} runs ({})",
-            pages.size,
-            pages.extents.len(),
-            pages.name
-        );
+        if let Some(m) = &p.memory {
+            let st = m.stats.unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "  pages: {} stored, {} duplicates, {} from the parent, {} zero ({} runs); unchanged pages found by {}, tracking left: {}",
+                st.pages_stored,
+                st.pages_dup,
+                st.pages_parent,
+                st.pages_zero,
+                m.runs.len(),
+                dirty_name(m.dirty),
+                dirty_name(m.tracking),
+            );
+        }
         let _ = writeln!(s, "  memory ({} vmas):", p.vmas.len());
         for v in &p.vmas {
             let _ = writeln!(

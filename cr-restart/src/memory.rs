@@ -1,11 +1,15 @@
 //! Memory of a restored process: map every saved VMA at its address, fill
-//! the stored pages from the page file, then set the final protections,
+//! the stored pages from the page stores of the image chain (raw blocks
+//! straight from the mapped store file, compressed ones through a buffer;
+//! every block's checksum verified first), then set the final protections,
 //! madvise flags, memory locks and anonymous names.
 
 use crate::error::{RestoreError, StepContext};
 use crate::restore::{Ids, Stub};
-use cr_image::{proto, ImageDir, PageReader};
-use cr_sys::mem::write_vm;
+use cr_image::chain::{Chain, Piece, Source};
+use cr_image::proto;
+use cr_image::store::{StoreReader, PAGE};
+use cr_sys::mem::{write_vm, write_vm_many};
 use proto::VmaKind;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -26,11 +30,52 @@ pub fn is_mapped_by_us(v: &proto::Vma) -> bool {
     )
 }
 
-/// Which VMAs have stored pages (they are mapped writable until filled).
-fn vmas_with_pages(vmas: &[proto::Vma], extents: &[proto::PageExtent]) -> Vec<bool> {
+/// The page stores of an image chain, opened once for all processes.
+pub struct Pages<'a> {
+    chain: &'a Chain,
+    readers: Vec<Option<StoreReader>>,
+}
+
+impl<'a> Pages<'a> {
+    /// Open (and size-check) the store of every image of the chain.
+    pub fn open(chain: &'a Chain) -> Result<Self, RestoreError> {
+        let readers = chain
+            .links
+            .iter()
+            .map(|l| match &l.ck.store {
+                Some(s) => StoreReader::open(&l.dir, s).map(Some),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Pages { chain, readers })
+    }
+
+    /// Where every page of process `pid` lives (checks the chain covers them).
+    pub fn resolve(&self, pid: u32) -> Result<Vec<Piece>, RestoreError> {
+        Ok(self.chain.resolve(pid, usize::MAX)?)
+    }
+
+    fn reader(&self, link: usize) -> Result<&StoreReader, RestoreError> {
+        self.readers
+            .get(link)
+            .and_then(|r| r.as_ref())
+            .ok_or_else(|| {
+                RestoreError::Unsupported(format!(
+                    "image {} has pages in a store it does not describe",
+                    self.chain.links[link.min(self.chain.links.len() - 1)]
+                        .dir
+                        .path()
+                        .display()
+                ))
+            })
+    }
+}
+
+/// Which VMAs have pages to fill (they are mapped writable until filled).
+fn vmas_with_pages(vmas: &[proto::Vma], pieces: &[Piece]) -> Vec<bool> {
     let mut has = vec![false; vmas.len()];
-    for e in extents {
-        let end = e.vaddr + e.nr_pages as u64 * 4096;
+    for e in pieces {
+        let end = e.vaddr + e.pages as u64 * PAGE as u64;
         let first = vmas.partition_point(|v| v.end <= e.vaddr);
         for (i, v) in vmas.iter().enumerate().skip(first) {
             if v.start >= end {
@@ -48,13 +93,9 @@ pub fn map_all(
     p: &proto::Process,
     ids: &Ids,
     objects: &crate::objects::Objects,
+    pieces: &[Piece],
 ) -> Result<Vec<bool>, RestoreError> {
-    let extents = p
-        .pages
-        .as_ref()
-        .map(|pf| pf.extents.as_slice())
-        .unwrap_or(&[]);
-    let fill = vmas_with_pages(&p.vmas, extents);
+    let fill = vmas_with_pages(&p.vmas, pieces);
     let mut files: HashMap<(String, bool), u64> = HashMap::new();
     let mut shm_fds = Vec::new();
     for (v, &fill) in p.vmas.iter().zip(&fill) {
@@ -149,34 +190,91 @@ pub fn map_all(
     Ok(fill)
 }
 
-/// Fill stored pages from the page file with `workers` threads, checking
-/// every run's checksum.
+/// Fill every page of `pieces` into process `pid` with `workers` threads;
+/// returns the bytes written.
 pub fn fill(
     pid: i32,
-    dir: &ImageDir,
-    pf: &proto::PageFile,
+    pages: &Pages<'_>,
+    pieces: &[Piece],
     workers: usize,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<u64, RestoreError> {
-    let reader = PageReader::open(dir, pf)?;
+    /// Pieces one worker takes at a time (written with one process_vm_writev
+    /// when their blocks are raw).
+    const BATCH: usize = 256;
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let first_error: Mutex<Option<RestoreError>> = Mutex::new(None);
-    let workers = workers.clamp(1, 64).min(pf.extents.len().max(1));
+    let zero = vec![0u8; PAGE * 64];
+    let workers = workers
+        .clamp(1, 64)
+        .min(pieces.len().div_ceil(BATCH).max(1));
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| {
                 let mut buf = Vec::new();
+                // The compressed block decompressed in `buf`.
+                let mut cached: Option<(usize, u32)> = None;
                 let r = (|| -> Result<(), RestoreError> {
                     while !failed.load(Ordering::Relaxed) {
-                        let Some(e) = pf.extents.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        let start = next.fetch_add(BATCH, Ordering::Relaxed);
+                        let Some(batch) = pieces.get(start..(start + BATCH).min(pieces.len()))
+                        else {
                             return Ok(());
                         };
-                        reader.read_extent(e, &mut buf)?;
-                        write_vm(pid, e.vaddr, &buf)?;
-                        let d =
-                            done.fetch_add(buf.len() as u64, Ordering::Relaxed) + buf.len() as u64;
+                        if batch.is_empty() {
+                            return Ok(());
+                        }
+                        let mut raw: Vec<(u64, &[u8])> = Vec::with_capacity(batch.len());
+                        let mut bytes = 0u64;
+                        for piece in batch {
+                            let len = piece.pages as usize * PAGE;
+                            bytes += len as u64;
+                            match piece.src {
+                                Source::Store { link, loc } => {
+                                    let reader = pages.reader(link)?;
+                                    let at = loc.page as usize * PAGE;
+                                    if reader.is_raw(loc.block) {
+                                        // Straight from the mapped store file.
+                                        raw.push((
+                                            piece.vaddr,
+                                            reader.raw_slice(loc.block, at, len)?,
+                                        ));
+                                        continue;
+                                    }
+                                    if cached != Some((link, loc.block)) {
+                                        cached = None;
+                                        reader.block(loc.block, &mut buf)?;
+                                        cached = Some((link, loc.block));
+                                    }
+                                    let slice = buf.get(at..at + len).ok_or_else(|| {
+                                        cr_image::ImageError::Invalid {
+                                            path: reader.path().into(),
+                                            what: format!(
+                                                "pages of {:#x} lie beyond the end of block {}",
+                                                piece.vaddr, loc.block
+                                            ),
+                                        }
+                                    })?;
+                                    write_vm(pid, piece.vaddr, slice)?;
+                                }
+                                Source::Zero => {
+                                    for chunk in (0..len).step_by(zero.len()) {
+                                        let n = (len - chunk).min(zero.len());
+                                        write_vm(pid, piece.vaddr + chunk as u64, &zero[..n])?;
+                                    }
+                                }
+                                Source::Parent => {
+                                    return Err(RestoreError::Unsupported(format!(
+                                        "pages at {:#x} were not resolved",
+                                        piece.vaddr
+                                    )))
+                                }
+                            }
+                        }
+                        write_vm_many(pid, &raw)?;
+                        let d = done.fetch_add(bytes, Ordering::Relaxed) + bytes;
                         progress(d);
                     }
                     Ok(())
@@ -192,6 +290,11 @@ pub fn fill(
         return Err(e);
     }
     Ok(done.into_inner())
+}
+
+/// Bytes `pieces` fill.
+pub fn bytes(pieces: &[Piece]) -> u64 {
+    pieces.iter().map(|p| p.pages as u64 * PAGE as u64).sum()
 }
 
 /// Final protections, madvise flags and anonymous VMA names.

@@ -4,7 +4,8 @@
 use crate::error::{RestoreError, StepContext};
 use crate::objects::Objects;
 use crate::{fds, memory, regs};
-use cr_image::{proto, ImageDir, PageReader};
+use cr_image::chain::{Chain, Piece};
+use cr_image::proto;
 use cr_sys::clone::{pid_exists, spawn_stub, spawn_stub_in_new_pidns, CloneError};
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::ptrace::{wait_raw, OnDrop, Tracee};
@@ -201,8 +202,18 @@ impl Drop for StubGuard {
 /// its PID and every thread with its TID. The root runs again as a child of
 /// the caller when this returns its PID.
 pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
-    let img = ImageDir::open(dir)?;
-    let ck = img.read_checkpoint()?;
+    let chain = Chain::open(dir)?;
+    let img = chain.top().dir.clone();
+    let ck = chain.top().ck.clone();
+    if ck.pre_dump {
+        return Err(RestoreError::Unsupported(format!(
+            "{} is a pre-dump (memory only); restore the checkpoint made with --parent {}",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    let pages = memory::Pages::open(&chain)?;
+    let mut pieces: std::collections::HashMap<u32, Vec<Piece>> = Default::default();
     let procs = &ck.processes;
     crate::identity::check_caller(procs)?;
     let root = procs
@@ -216,11 +227,9 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
                 p.pid
             )));
         }
-        let pf = p.pages.as_ref().ok_or_else(|| {
-            RestoreError::Unsupported(format!("process {} has no page file", p.pid))
-        })?;
-        // Damage found now costs nothing; the rest is checked run by run.
-        PageReader::open(&img, pf)?;
+        // A broken chain found now costs nothing; blocks are checked as
+        // they are used.
+        pieces.insert(p.pid, pages.resolve(p.pid)?);
     }
     let mut ids = Ids::new(&ck);
     // In a new PID namespace every id is free; here they must be.
@@ -295,7 +304,6 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
     set_process_groups(procs, &mut stubs, &ids, opts.shell_job)?;
 
     let ctx = Ctx {
-        img: &img,
         ck: &ck,
         opts,
         ids: &ids,
@@ -307,9 +315,9 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
         threads.push(if p.zombie {
             Vec::new()
         } else {
-            let pf = p.pages.as_ref().expect("checked above");
+            let pieces = pieces.get(&p.pid).map_or(&[][..], |v| v.as_slice());
             debug!(pid = t.tid(), "rebuilding");
-            rebuild(t, &ctx, p, pf, &mut handoff)?
+            rebuild(t, &ctx, p, &pages, pieces, &mut handoff)?
         });
     }
     // Release: every thread of every process is ready and nothing of the
@@ -416,7 +424,6 @@ fn keep_only_grab_fd(
 
 /// What every process's rebuild needs.
 struct Ctx<'a> {
-    img: &'a ImageDir,
     ck: &'a proto::Checkpoint,
     opts: &'a Options,
     ids: &'a Ids,
@@ -546,10 +553,11 @@ fn rebuild(
     tracee: &mut Tracee,
     ctx: &Ctx<'_>,
     p: &proto::Process,
-    pf: &proto::PageFile,
+    pages: &memory::Pages<'_>,
+    pieces: &[Piece],
     handoff: &mut fds::Handoff,
 ) -> Result<Vec<Tracee>, RestoreError> {
-    let (img, ck, opts, ids) = (ctx.img, ctx.ck, ctx.opts, ctx.ids);
+    let (ck, opts, ids) = (ctx.ck, ctx.opts, ctx.ids);
     let pid = tracee.tid();
     let is_root = p.pid == ck.root_pid;
     let thread = &p.threads[0];
@@ -596,9 +604,13 @@ fn rebuild(
         unmap_stub(&mut stub, &stub_maps, scratch)?;
         move_vdso(&mut stub, &stub_maps, &p.vmas, scratch + SCRATCH, ip)?;
 
-        let filled = memory::map_all(&mut stub, p, ids, ctx.objects)?;
-        let bar = cr_image::progress::bar(opts.show_progress, pf.size, "restoring memory");
-        memory::fill(pid, img, pf, opts.workers, &|d| {
+        let filled = memory::map_all(&mut stub, p, ids, ctx.objects, pieces)?;
+        let bar = cr_image::progress::bar(
+            opts.show_progress,
+            memory::bytes(pieces),
+            "restoring memory",
+        );
+        memory::fill(pid, pages, pieces, opts.workers, &|d| {
             if let Some(b) = &bar {
                 b.set_position(d)
             }

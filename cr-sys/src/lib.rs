@@ -5,6 +5,8 @@
 //! - [`remote`]: running system calls inside a stopped tracee.
 //! - [`mem`]: reading and writing another process's memory.
 //! - [`pagemap`]: which pages of a range are present, swapped or file pages.
+//! - [`dirty`]: which pages a process wrote since a point in time
+//!   (userfaultfd write-protect with PAGEMAP_SCAN, soft-dirty).
 //! - [`proc`]: parsers of `/proc/PID/*` files.
 //! - [`clone`]: creating a process with a chosen PID (clone3 `set_tid`).
 //! - [`regs`]: the x86_64 register layouts ptrace uses.
@@ -14,6 +16,7 @@
 //! - [`netlock`]: holding TCP connections still (nft) between dump and restore.
 
 pub mod clone;
+pub mod dirty;
 pub mod error;
 pub mod fdio;
 pub mod inet;

@@ -215,3 +215,69 @@ fn kcmp_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<i64> {
     }
     Ok(r)
 }
+
+/// A whole file mapped read-only (page stores are read from here straight
+/// into the restored process).
+pub struct FileMap {
+    map: Option<memmap2::Mmap>,
+}
+
+impl FileMap {
+    pub fn map(file: &File, path: &str) -> Result<Self> {
+        let len = file.metadata().map_err(io_err(path))?.len();
+        if len == 0 {
+            return Ok(FileMap { map: None });
+        }
+        // SAFETY: image files are written once and then only read; a file
+        // truncated under us would raise SIGBUS, which is the documented
+        // risk of reading an image that is being deleted.
+        let map = unsafe { memmap2::Mmap::map(file) }.map_err(io_err(path))?;
+        Ok(FileMap { map: Some(map) })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+/// Write several pieces into process `pid` with as few process_vm_writev
+/// calls as possible: `(remote address, bytes)` pairs.
+pub fn write_vm_many(pid: i32, pieces: &[(u64, &[u8])]) -> Result<()> {
+    const IOV_MAX: usize = 1024;
+    for chunk in pieces.chunks(IOV_MAX) {
+        let local: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|(_, b)| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        let remote: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|(a, b)| libc::iovec {
+                iov_base: *a as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        let want: usize = chunk.iter().map(|(_, b)| b.len()).sum();
+        // SAFETY: every local iovec describes a slice we borrow (only read by
+        // the kernel); remote ones are only interpreted in the other process.
+        let r = unsafe {
+            libc::process_vm_writev(
+                pid,
+                local.as_ptr(),
+                local.len() as _,
+                remote.as_ptr(),
+                remote.len() as _,
+                0,
+            )
+        };
+        if r < 0 || (r as usize) < want {
+            // Short or failed: redo piece by piece for an exact error.
+            for (a, b) in chunk {
+                write_vm(pid, *a, b)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -14,6 +14,20 @@ pub const PM_SWAP: u64 = 1 << 62;
 pub const PM_FILE: u64 = 1 << 61;
 pub const PM_EXCLUSIVE: u64 = 1 << 56;
 pub const PM_SOFT_DIRTY: u64 = 1 << 55;
+/// The pte is write-protected by userfaultfd.
+pub const PM_UFFD_WP: u64 = 1 << 57;
+/// Swap type of pte markers (the highest of the 5-bit swap types): an
+/// empty pte that only carries a userfaultfd write-protect mark.
+const SWP_PTE_MARKER: u64 = 31;
+
+/// Whether a pagemap entry is a pte marker (visible only to readers with
+/// CAP_SYS_ADMIN, who see swap types): no page, reads as zero.
+pub fn is_pte_marker(pm: u64) -> bool {
+    pm & PM_SWAP != 0 && pm & PFN_MASK & 0x1f == SWP_PTE_MARKER
+}
+
+/// Page frame number (bits 0-54; zero unless the reader has CAP_SYS_ADMIN).
+pub const PFN_MASK: u64 = (1 << 55) - 1;
 
 pub struct Pagemap {
     path: String,

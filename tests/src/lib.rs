@@ -1373,3 +1373,24 @@ pub fn checkpoint_kill(h: &Harness, wl: &mut Workload, img: &Path) -> ToolOutput
     wl.reap_killed();
     out
 }
+
+/// The page store file (`pages-<ID>.img`) of an image directory.
+pub fn store_file(img: &Path) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(img)
+        .unwrap_or_else(|e| panic!("read {}: {e}", img.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("pages-") && n.ends_with(".img"))
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "page stores in {}: {found:?}",
+        img.display()
+    );
+    found.into_iter().next().expect("one store")
+}

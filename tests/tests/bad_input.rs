@@ -150,10 +150,8 @@ fn assert_rejected(h: &Harness, img: &Path, wl: &Workload, ctx: &str, any_of: &[
     );
 }
 
-fn pages_file(img: &Path, pid: i32) -> std::path::PathBuf {
-    let p = img.join(format!("pages-{pid}.img"));
-    assert!(p.is_file(), "no {}", p.display());
-    p
+fn pages_file(img: &Path, _pid: i32) -> std::path::PathBuf {
+    store_file(img)
 }
 
 #[test]

@@ -25,8 +25,8 @@ fn memory_kill_restore(name: &str, size_mib: u32, extra: &[&str]) {
         img.display()
     );
     assert!(
-        img.join(format!("pages-{pid}.img")).is_file(),
-        "no pages-{pid}.img in {}",
+        store_file(&img).is_file(),
+        "no page store in {}",
         img.display()
     );
 

@@ -3,6 +3,7 @@
 
 use clap::Parser;
 use cr_agent::{checkpoint, Action, Options};
+use cr_image::proto::Compression;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,29 @@ struct Cli {
     /// of refusing the checkpoint. Their clients will see a reset.
     #[arg(long)]
     tcp_skip_in_flight: bool,
+    /// Incremental checkpoint: store only the pages written since this
+    /// earlier image of the same processes, and refer to it for the rest
+    /// (`cr_restart` follows the chain).
+    #[arg(long, value_name = "DIR")]
+    parent: Option<PathBuf>,
+    /// Copy memory while the processes run on (they are frozen only to list
+    /// their mappings and start dirty-page tracking). The image cannot be
+    /// restored by itself: it is the --parent of the checkpoint that
+    /// follows, which then freezes the processes only for what changed.
+    #[arg(long, conflicts_with_all = ["kill", "stop"])]
+    pre_dump: bool,
+    /// Leave dirty-page tracking on in the processes, so that the next
+    /// checkpoint with --parent reads only what they write from now on.
+    #[arg(long)]
+    track_mem: bool,
+    /// How pages unchanged since --parent are found: uffd (userfaultfd
+    /// write-protect, Linux 6.7+), soft-dirty, hash (read every page and
+    /// compare its hash: works everywhere), or auto (the best available).
+    #[arg(long, default_value = "auto", value_name = "METHOD")]
+    dirty: cr_agent::tracking::Choice,
+    /// Compression of the page store: none, lz4 (fast) or zstd (small).
+    #[arg(long, default_value = "none", value_parser = ["none", "lz4", "zstd"])]
+    compress: String,
     /// Print nothing on success.
     #[arg(long, short = 'q')]
     quiet: bool,
@@ -78,18 +102,43 @@ fn main() -> ExitCode {
         }),
         show_progress: std::io::stderr().is_terminal() && !cli.quiet,
         tcp_skip_in_flight: cli.tcp_skip_in_flight,
+        parent: cli.parent.clone(),
+        pre_dump: cli.pre_dump,
+        track_mem: cli.track_mem || cli.pre_dump,
+        dirty: cli.dirty,
+        compression: match cli.compress.as_str() {
+            "lz4" => Compression::Lz4,
+            "zstd" => Compression::Zstd,
+            _ => Compression::None,
+        },
     };
     match checkpoint(pid, &opts) {
         Ok(s) => {
             if !cli.quiet {
                 let secs = s.elapsed.as_secs_f64();
+                let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                let what = if opts.pre_dump {
+                    "pre-dumped"
+                } else {
+                    "checkpointed"
+                };
+                let incremental = if opts.parent.is_some() {
+                    format!(
+                        ", {:.1} MiB unchanged since the parent (found by {})",
+                        mib(s.pages_parent * 4096),
+                        cr_image::show::dirty_name(s.dirty as i32)
+                    )
+                } else {
+                    String::new()
+                };
                 println!(
-                    "checkpointed pid {} ({} processes, {} threads) into {}: {:.1} MiB of pages, {} vmas, {} fds in {:.3} s ({:.2} GB/s), frozen {:.3} s",
+                    "{what} pid {} ({} processes, {} threads) into {}: {:.1} MiB of pages read, {:.1} MiB stored{incremental}; {} vmas, {} fds in {:.3} s ({:.2} GB/s), frozen {:.3} s",
                     s.pid,
                     s.processes,
                     s.threads,
                     opts.dir.display(),
-                    s.page_bytes as f64 / (1 << 20) as f64,
+                    mib(s.page_bytes),
+                    mib(s.store_bytes),
                     s.vmas,
                     s.fds,
                     secs,

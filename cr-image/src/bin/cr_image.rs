@@ -5,10 +5,16 @@
 //! - `cr_image bookmarks [--json] DIR...`: the TCP bookmarks of images.
 //! - `cr_image cut DIR...`: check that images form a consistent cut.
 //! - `cr_image unlock DIR`: remove an image's network lock here.
+//! - `cr_image stats [--json] DIR`: page statistics of an image.
+//! - `cr_image compact DIR [--out NEW]`: make an image self-contained.
+//! - `cr_image rm [--rebase] DIR`: delete an image (refused while others
+//!   depend on it, unless it is folded into them).
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
-use cr_image::{ImageDir, PageReader};
+use cr_image::chain::{self, Chain};
+use cr_image::store::StoreReader;
+use cr_image::{proto, ImageDir, PageReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -29,7 +35,7 @@ enum Cmd {
         /// Image directory.
         dir: PathBuf,
     },
-    /// Verify every checksum of an image.
+    /// Verify every checksum of an image and of the parents it needs.
     Verify {
         /// Image directory.
         dir: PathBuf,
@@ -51,6 +57,37 @@ enum Cmd {
         /// Image directories.
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
+    },
+    /// Page statistics: pages stored, taken from the parent, zero,
+    /// duplicates; store size and compression.
+    Stats {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Image directory.
+        dir: PathBuf,
+    },
+    /// Write a self-contained copy of an image (its pages merged with all
+    /// the parents it refers to), in place or into a new directory.
+    Compact {
+        /// New image directory [default: rewrite DIR in place].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Compression of the new store [default: the image's].
+        #[arg(long, value_parser = ["none", "lz4", "zstd"])]
+        compress: Option<String>,
+        /// Image directory.
+        dir: PathBuf,
+    },
+    /// Delete an image. Refused while other images have it as their parent,
+    /// unless --rebase.
+    Rm {
+        /// Fold the image's pages into each image that depends on it (they
+        /// then refer to its parent), then delete it.
+        #[arg(long)]
+        rebase: bool,
+        /// Image directory.
+        dir: PathBuf,
     },
     /// Remove the image's network lock from this network namespace (when
     /// the checkpointed processes were resumed instead of restored).
@@ -132,28 +169,75 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         Cmd::Verify { dir } => {
-            let d = ImageDir::open(&dir)?;
-            let ck = d.read_checkpoint()?;
+            let chain = Chain::open(&dir)?;
             let mut buf = Vec::new();
             let mut bytes = 0u64;
-            for p in &ck.processes {
-                if let Some(pf) = &p.pages {
-                    let r = PageReader::open(&d, pf)?;
-                    for e in &pf.extents {
-                        r.read_extent(e, &mut buf)?;
-                        bytes += buf.len() as u64;
+            for link in &chain.links {
+                if let Some(s) = &link.ck.store {
+                    let r = StoreReader::open(&link.dir, s)?;
+                    for b in 0..r.nr_blocks() {
+                        bytes += r.block(b as u32, &mut buf)?.len() as u64;
                     }
                 }
             }
+            let top = chain.top();
+            for pf in top.ck.objects.iter().filter_map(|o| o.content.as_ref()) {
+                let r = PageReader::open(&top.dir, pf)?;
+                for e in &pf.extents {
+                    r.read_extent(e, &mut buf)?;
+                }
+            }
+            for p in &top.ck.processes {
+                chain.resolve(p.pid, usize::MAX)?;
+            }
             println!(
-                "{}: intact ({} processes, {} page bytes)",
+                "{}: intact ({} processes, {} image(s) in its chain, {} page bytes)",
                 dir.display(),
-                ck.processes.len(),
+                top.ck.processes.len(),
+                chain.links.len(),
                 bytes
             );
         }
+        Cmd::Stats { json, dir } => {
+            let ck = ImageDir::open(&dir)?.read_checkpoint()?;
+            let parent = ck
+                .parent
+                .as_ref()
+                .map(|p| chain::parent_dir(&dir, p).display().to_string());
+            let v = cr_image::show::stats_json(&ck, parent);
+            if json {
+                println!("{v}");
+            } else {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+        }
+        Cmd::Compact { out, compress, dir } => {
+            let compression = compress.as_deref().map(parse_compression);
+            let ck = chain::compact(&dir, out.as_deref(), compression, true)?;
+            let size = ck.store.as_ref().map_or(0, |s| s.size);
+            println!(
+                "{} is self-contained: {} bytes of pages",
+                out.as_deref().unwrap_or(&dir).display(),
+                size
+            );
+        }
+        Cmd::Rm { rebase, dir } => {
+            let rewritten = chain::remove(&dir, rebase, true)?;
+            for d in &rewritten {
+                println!("{}: pages of {} folded in", d.display(), dir.display());
+            }
+            println!("{} removed", dir.display());
+        }
     }
     Ok(())
+}
+
+fn parse_compression(s: &str) -> proto::Compression {
+    match s {
+        "lz4" => proto::Compression::Lz4,
+        "zstd" => proto::Compression::Zstd,
+        _ => proto::Compression::None,
+    }
 }
 
 fn main() -> ExitCode {

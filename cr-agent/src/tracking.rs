@@ -1,0 +1,401 @@
+//! Dirty-page tracking of a live process between two checkpoints.
+//!
+//! A checkpoint that keeps the process running can leave tracking on
+//! (`--track-mem`, implied by `--pre-dump`), so that the next checkpoint
+//! made with `--parent` reads only the pages written since:
+//!
+//! - **uffd-wp**: a userfaultfd created inside the process by injected
+//!   syscalls, kept there at a high fd number with close-on-exec, registered
+//!   over its private anonymous VMAs (see `cr_sys::dirty`). The fd is never
+//!   saved in an image, and a restored process does not have it.
+//! - **soft-dirty**: `clear_refs` at each checkpoint.
+//!
+//! Which checkpoint last reset a process's tracker is kept in a small state
+//! file (`$CR_STATE_DIR`, default `/run/cr/tracking` for root), keyed by pid
+//! and start time. It is removed before the tracker is reset and written
+//! again only once the image is committed, so a failed checkpoint, or a
+//! checkpoint of another chain, makes the next one fall back to comparing
+//! page hashes: slower, never wrong.
+
+use crate::memory::Dirty;
+use crate::CheckpointError;
+use cr_image::proto::{self, DirtyMethod, VmaKind};
+use cr_sys::dirty as kd;
+use cr_sys::mem;
+use cr_sys::proc::{self, MapEntry};
+use cr_sys::ptrace::Tracee;
+use cr_sys::remote::{find_syscall_insn, Injector};
+use cr_sys::PAGE_SIZE;
+use std::path::PathBuf;
+use tracing::{debug, warn};
+
+/// What the user asked for (`--dirty`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Choice {
+    /// The best the kernel offers: uffd-wp, else soft-dirty, else hashes.
+    #[default]
+    Auto,
+    Uffd,
+    SoftDirty,
+    Hash,
+}
+
+impl std::str::FromStr for Choice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Choice::Auto),
+            "uffd" | "uffd-wp" => Ok(Choice::Uffd),
+            "soft-dirty" => Ok(Choice::SoftDirty),
+            "hash" => Ok(Choice::Hash),
+            _ => Err(format!(
+                "unknown dirty tracking {s:?} (auto, uffd, soft-dirty or hash)"
+            )),
+        }
+    }
+}
+
+/// The method to use, refusing one the kernel lacks.
+pub fn method(choice: Choice) -> Result<DirtyMethod, CheckpointError> {
+    let lacks = |what: &str| CheckpointError::KernelLacks(what.to_string());
+    match choice {
+        Choice::Auto if kd::uffd_wp_async_supported() => Ok(DirtyMethod::DirtyUffdWp),
+        Choice::Auto if kd::soft_dirty_supported() => Ok(DirtyMethod::DirtySoftDirty),
+        Choice::Auto | Choice::Hash => Ok(DirtyMethod::DirtyHash),
+        Choice::Uffd if kd::uffd_wp_async_supported() => Ok(DirtyMethod::DirtyUffdWp),
+        Choice::Uffd => Err(lacks(
+            "userfaultfd WP_ASYNC with PAGEMAP_SCAN (Linux 6.7 or later) for --dirty uffd",
+        )),
+        Choice::SoftDirty if kd::soft_dirty_supported() => Ok(DirtyMethod::DirtySoftDirty),
+        Choice::SoftDirty => Err(lacks(
+            "soft-dirty bits (CONFIG_MEM_SOFT_DIRTY) for --dirty soft-dirty",
+        )),
+    }
+}
+
+/// The tracker of a process as the state file records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    pub method: DirtyMethod,
+    /// The userfaultfd in the process (uffd-wp only).
+    pub fd: i32,
+    /// Id of the image whose checkpoint last reset the tracker.
+    pub epoch: String,
+}
+
+fn state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CR_STATE_DIR") {
+        return PathBuf::from(d).join("tracking");
+    }
+    let uid = proc::read_status(std::process::id() as i32)
+        .ok()
+        .and_then(|s| s.get("Uid")?.split_whitespace().nth(1)?.parse::<u32>().ok())
+        .unwrap_or(0);
+    if uid == 0 {
+        PathBuf::from("/run/cr/tracking")
+    } else {
+        std::env::temp_dir().join(format!("cr-tracking-{uid}"))
+    }
+}
+
+/// The state file of `pid` (its start time tells a reused pid apart).
+fn state_path(pid: i32) -> Option<PathBuf> {
+    let start = proc::read_stat(pid).ok()?.field(22);
+    Some(state_dir().join(format!("{pid}-{start}")))
+}
+
+fn load(pid: i32) -> Option<State> {
+    let text = std::fs::read_to_string(state_path(pid)?).ok()?;
+    let mut it = text.split_whitespace();
+    let method = match it.next()? {
+        "uffd-wp" => DirtyMethod::DirtyUffdWp,
+        "soft-dirty" => DirtyMethod::DirtySoftDirty,
+        _ => return None,
+    };
+    Some(State {
+        method,
+        fd: it.next()?.parse().ok()?,
+        epoch: it.next()?.to_string(),
+    })
+}
+
+fn forget(pid: i32) {
+    if let Some(p) = state_path(pid) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// Record that the checkpoint of image `epoch` reset the tracker of `pid`.
+pub fn save(pid: i32, method: DirtyMethod, fd: i32, epoch: &str) {
+    let Some(path) = state_path(pid) else { return };
+    let name = cr_image::show::dirty_name(method as i32);
+    let r = std::fs::create_dir_all(state_dir())
+        .and_then(|()| std::fs::write(&path, format!("{name} {fd} {epoch}\n")));
+    if let Err(e) = r {
+        warn!(pid, path = %path.display(), error = %e, "cannot record dirty tracking state; the next incremental checkpoint will compare page hashes");
+    }
+}
+
+/// A userfaultfd tracker of ours among the fds of `pid`.
+fn find_tracker_fd(pid: i32) -> Option<i32> {
+    proc::list_fds(pid)
+        .ok()?
+        .into_iter()
+        .find(|(fd, link)| link == "anon_inode:[userfaultfd]" && kd::is_tracker_fd(pid, *fd))
+        .map(|(fd, _)| fd)
+}
+
+/// Private anonymous VMAs (uffd-wp can track them).
+fn trackable(v: &proto::Vma, m: &MapEntry) -> bool {
+    let kind = VmaKind::try_from(v.kind).unwrap_or(VmaKind::Unspecified);
+    matches!(kind, VmaKind::AnonPrivate | VmaKind::Heap | VmaKind::Stack)
+        && !["ht", "io", "pf"].iter().any(|f| m.has_flag(f))
+}
+
+/// Adjacent ranges of the VMAs selected by `pick`, merged.
+fn ranges(maps: &[MapEntry], mut pick: impl FnMut(usize, &MapEntry) -> bool) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (i, m) in maps.iter().enumerate() {
+        if !pick(i, m) {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if last.1 == m.start => last.1 = m.end,
+            _ => out.push((m.start, m.end)),
+        }
+    }
+    out
+}
+
+/// The outcome of [`begin`] for one process.
+pub struct Begun {
+    /// Which pages changed since the parent, as far as the tracker knows.
+    pub dirty: Dirty,
+    /// How unchanged pages are found in this dump.
+    pub used: DirtyMethod,
+    /// Tracking left on for the next checkpoint (saved after commit).
+    pub kept: Option<(DirtyMethod, i32)>,
+    /// Soft-dirty bits must be cleared once the pages are planned.
+    pub clear_soft_dirty: bool,
+}
+
+/// For the frozen process of `tracee`: the pages written since the image
+/// `parent_id` (if the tracker has known them since then), and tracking
+/// set up again for the next checkpoint when `keep`. `maps` are its smaps
+/// entries and `vmas` their classification (same order).
+pub fn begin(
+    tracee: &mut Tracee,
+    maps: &[MapEntry],
+    vmas: &[proto::Vma],
+    parent_id: Option<&str>,
+    method: DirtyMethod,
+    keep: bool,
+) -> Result<Begun, CheckpointError> {
+    let pid = tracee.tid();
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    let st = load(pid);
+    // From here on the tracker may be reset: until this checkpoint is
+    // committed, nothing vouches for it.
+    forget(pid);
+    let live_fd = match &st {
+        Some(s) if s.method == DirtyMethod::DirtyUffdWp && kd::is_tracker_fd(pid, s.fd) => {
+            Some(s.fd)
+        }
+        _ => find_tracker_fd(pid),
+    };
+    let current = st.as_ref().filter(|s| parent_id == Some(s.epoch.as_str()));
+    let registered = |m: &MapEntry| m.has_flag("uw");
+    let mut b = Begun {
+        dirty: Dirty::Unknown,
+        used: if parent_id.is_some() {
+            DirtyMethod::DirtyHash
+        } else {
+            DirtyMethod::DirtyFull
+        },
+        kept: None,
+        clear_soft_dirty: false,
+    };
+    let pagemap = || {
+        let path = format!("/proc/{pid}/pagemap");
+        std::fs::File::open(&path).map_err(|source| sys(cr_sys::SysError::Io { path, source }))
+    };
+    let mut scanned = false;
+    match current {
+        Some(s)
+            if method == DirtyMethod::DirtyUffdWp
+                && s.method == method
+                && live_fd == Some(s.fd) =>
+        {
+            let tracked = ranges(maps, |_, m| registered(m));
+            let pm = pagemap()?;
+            let mut written = Vec::new();
+            for &(a, e) in &tracked {
+                kd::scan_written_and_reset(&pm, pid, a, e, &mut written).map_err(sys)?;
+            }
+            debug!(
+                pid,
+                tracked = tracked.len(),
+                written = written.len(),
+                "uffd-wp dirty ranges"
+            );
+            b.dirty = Dirty::Uffd { tracked, written };
+            b.used = method;
+            scanned = true;
+        }
+        Some(s) if method == DirtyMethod::DirtySoftDirty && s.method == method => {
+            b.dirty = Dirty::SoftDirty;
+            b.used = method;
+        }
+        _ => {}
+    }
+    if !keep {
+        if let Some(fd) = live_fd {
+            // Nobody will read it: stop paying for write faults.
+            close_remote(tracee, fd).map_err(sys)?;
+        }
+        return Ok(b);
+    }
+    match method {
+        DirtyMethod::DirtyUffdWp => {
+            let fresh = ranges(maps, |i, m| !registered(m) && trackable(&vmas[i], m));
+            let r = (|| -> cr_sys::error::Result<i32> {
+                let fd = match live_fd {
+                    Some(fd) => fd,
+                    None => create_remote(tracee)?,
+                };
+                let done = register_remote(tracee, fd, &fresh)?;
+                // Protect what is there now: the pages of newly registered
+                // VMAs and, when the dirty scan above did not run, of the
+                // older ones.
+                let pm = pagemap().map_err(|_| cr_sys::SysError::Syscall {
+                    what: format!("open /proc/{pid}/pagemap"),
+                    source: cr_sys::Errno(libc::ENOENT),
+                })?;
+                let mut sink = Vec::new();
+                let mut todo = done;
+                if !scanned {
+                    todo.extend(ranges(maps, |_, m| registered(m)));
+                }
+                for (a, e) in todo {
+                    kd::scan_written_and_reset(&pm, pid, a, e, &mut sink)?;
+                }
+                Ok(fd)
+            })();
+            match r {
+                Ok(fd) => b.kept = Some((method, fd)),
+                Err(e) => {
+                    warn!(pid, error = %cr_sys::error::one_line(&e), "cannot start uffd-wp tracking; the next incremental checkpoint will compare page hashes")
+                }
+            }
+        }
+        DirtyMethod::DirtySoftDirty => {
+            b.clear_soft_dirty = true;
+            b.kept = Some((method, -1));
+        }
+        _ => {}
+    }
+    Ok(b)
+}
+
+/// Create the tracker userfaultfd inside the process; returns its fd there.
+fn create_remote(tracee: &mut Tracee) -> cr_sys::error::Result<i32> {
+    let pid = tracee.tid();
+    let ip = find_syscall_insn(pid)?;
+    let mut inj = Injector::new(tracee, ip)?;
+    let scratch = inj.mmap_anon(0, PAGE_SIZE)?;
+    let r = (|| {
+        let fd = inj.call(
+            "userfaultfd",
+            libc::SYS_userfaultfd,
+            [
+                (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | kd::UFFD_USER_MODE_ONLY,
+                0,
+                0,
+                0,
+                0,
+                0,
+            ],
+        )?;
+        let api = [kd::UFFD_API, kd::TRACKER_FEATURES, 0];
+        mem::write_vm(pid, scratch, &words(&api))?;
+        inj.call(
+            "ioctl(UFFDIO_API)",
+            libc::SYS_ioctl,
+            [fd, kd::UFFDIO_API, scratch, 0, 0, 0],
+        )?;
+        // Out of the way of the fds the program numbers itself.
+        let limit = cr_sys::limits::get_all(pid)?
+            .get(libc::RLIMIT_NOFILE as usize)
+            .map_or(1024, |l| l.0);
+        let high = limit.clamp(64, 4096) - 32;
+        let moved = inj.syscall_raw(
+            libc::SYS_fcntl,
+            [fd, libc::F_DUPFD_CLOEXEC as u64, high, 0, 0, 0],
+        )?;
+        if moved >= 0 {
+            inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+            Ok(moved as i32)
+        } else {
+            Ok(fd as i32)
+        }
+    })();
+    let unmapped = inj.call("munmap", libc::SYS_munmap, [scratch, PAGE_SIZE, 0, 0, 0, 0]);
+    let fin = inj.finish();
+    let fd = r?;
+    unmapped?;
+    fin?;
+    debug!(pid, fd, "uffd-wp tracker created");
+    Ok(fd)
+}
+
+/// Register `ranges` for write-protect tracking with the tracker `fd`;
+/// returns the ranges registered (one the kernel refuses is left out: its
+/// pages are simply read every time).
+fn register_remote(
+    tracee: &mut Tracee,
+    fd: i32,
+    ranges: &[(u64, u64)],
+) -> cr_sys::error::Result<Vec<(u64, u64)>> {
+    if ranges.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pid = tracee.tid();
+    let ip = find_syscall_insn(pid)?;
+    let mut inj = Injector::new(tracee, ip)?;
+    let scratch = inj.mmap_anon(0, PAGE_SIZE)?;
+    let mut done = Vec::new();
+    let r = (|| {
+        for &(a, e) in ranges {
+            let reg = [a, e - a, kd::UFFDIO_REGISTER_MODE_WP, 0];
+            mem::write_vm(pid, scratch, &words(&reg))?;
+            let r = inj.syscall_raw(
+                libc::SYS_ioctl,
+                [fd as u64, kd::UFFDIO_REGISTER, scratch, 0, 0, 0],
+            )?;
+            if r == 0 {
+                done.push((a, e));
+            } else {
+                debug!(pid, start = a, end = e, errno = -r, "range not trackable");
+            }
+        }
+        Ok(())
+    })();
+    let unmapped = inj.call("munmap", libc::SYS_munmap, [scratch, PAGE_SIZE, 0, 0, 0, 0]);
+    let fin = inj.finish();
+    r?;
+    unmapped?;
+    fin?;
+    Ok(done)
+}
+
+/// Close fd `fd` inside the process.
+fn close_remote(tracee: &mut Tracee, fd: i32) -> cr_sys::error::Result<()> {
+    let ip = find_syscall_insn(tracee.tid())?;
+    let mut inj = Injector::new(tracee, ip)?;
+    inj.call("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])?;
+    inj.finish()
+}
+
+fn words(w: &[u64]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}

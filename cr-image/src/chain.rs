@@ -1,0 +1,606 @@
+//! Chains of incremental images: an image whose pages are partly "unchanged
+//! since the parent" refers to its parent directory (by path and image
+//! id), which may refer to its own, and so on.
+//!
+//! - [`Chain::open`] follows and checks the references (a missing parent,
+//!   or a directory now holding another image, is refused by name);
+//! - [`Chain::resolve`] says for every page of a process where its bytes
+//!   are (which image's store, which block);
+//! - [`flatten`] merges the first images of a chain into one (compaction,
+//!   and rewriting the dependants of an image that is removed);
+//! - the `dependants` file of a parent lists the images made on top of it,
+//!   so that removing or overwriting it can be refused.
+
+use crate::dir::ImageDir;
+use crate::store::{page_hash, Loc, StoreReader, StoreWriter, PAGE};
+use crate::{io_err, proto, ImageError, Result};
+use proto::PageWhere;
+use std::path::{Component, Path, PathBuf};
+
+/// Deepest chain followed (a loop of references is refused).
+const MAX_DEPTH: usize = 4096;
+/// File of a parent image listing its children: `ID<TAB>PATH` lines.
+pub const DEPENDANTS_FILE: &str = "dependants";
+
+pub struct Link {
+    pub dir: ImageDir,
+    pub ck: proto::Checkpoint,
+}
+
+impl Link {
+    /// The memory of process `pid` in this image.
+    pub fn memory(&self, pid: u32) -> Option<&proto::Memory> {
+        self.ck
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .and_then(|p| p.memory.as_ref())
+    }
+}
+
+/// An image and its ancestors: `links[0]` is the image itself.
+pub struct Chain {
+    pub links: Vec<Link>,
+}
+
+/// The directory a parent reference points to.
+pub fn parent_dir(child: &Path, p: &proto::ParentRef) -> PathBuf {
+    child.join(&p.path)
+}
+
+/// How a child at `child` names `parent`: a relative path when both are
+/// under a common root, so a tree of images can be moved as a whole.
+pub fn relative_path(child: &Path, parent: &Path) -> String {
+    let (Ok(c), Ok(p)) = (child.canonicalize(), parent.canonicalize()) else {
+        return parent.to_string_lossy().into_owned();
+    };
+    let cc: Vec<Component> = c.components().collect();
+    let pc: Vec<Component> = p.components().collect();
+    let common = cc.iter().zip(&pc).take_while(|(a, b)| a == b).count();
+    let mut rel = PathBuf::new();
+    for _ in common..cc.len() {
+        rel.push("..");
+    }
+    for comp in &pc[common..] {
+        rel.push(comp);
+    }
+    if rel.as_os_str().is_empty() {
+        ".".into()
+    } else {
+        rel.to_string_lossy().into_owned()
+    }
+}
+
+impl Chain {
+    /// Open the image at `path` and every parent it refers to.
+    pub fn open(path: &Path) -> Result<Chain> {
+        let dir = ImageDir::open(path)?;
+        let ck = dir.read_checkpoint()?;
+        let mut links = vec![Link { dir, ck }];
+        loop {
+            let last = links.last().expect("one link at least");
+            let Some(p) = last.ck.parent.clone() else {
+                break;
+            };
+            let child = last.dir.path().to_path_buf();
+            let ppath = parent_dir(&child, &p);
+            let parent_err = |what: String| ImageError::Parent {
+                child: child.clone(),
+                parent: ppath.clone(),
+                what,
+            };
+            if links.len() >= MAX_DEPTH {
+                return Err(parent_err(format!(
+                    "the chain is deeper than {MAX_DEPTH} images (a loop?)"
+                )));
+            }
+            let pdir = ImageDir::open(&ppath).map_err(|e| parent_err(crate::one_line(&e)))?;
+            let pck = pdir
+                .read_checkpoint()
+                .map_err(|e| parent_err(crate::one_line(&e)))?;
+            if pck.image_id != p.image_id {
+                return Err(parent_err(format!(
+                    "it now holds another image (id {}, expected {})",
+                    short(&pck.image_id),
+                    short(&p.image_id)
+                )));
+            }
+            links.push(Link { dir: pdir, ck: pck });
+        }
+        Ok(Chain { links })
+    }
+
+    pub fn top(&self) -> &Link {
+        &self.links[0]
+    }
+
+    /// Where every page of process `pid` of the top image lives, following
+    /// parents up to link `max_link` (pages beyond it come out as
+    /// [`Source::Parent`]).
+    pub fn resolve(&self, pid: u32, max_link: usize) -> Result<Vec<Piece>> {
+        let mut out = Vec::new();
+        let Some(mem) = self.links[0].memory(pid) else {
+            return Ok(out);
+        };
+        for r in &mem.runs {
+            self.resolve_run(0, pid, r, r.vaddr, r.nr_pages as u64, max_link, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Resolve pages `[vaddr, vaddr + pages)` of run `r` of link `k`.
+    #[allow(clippy::too_many_arguments)]
+    fn resolve_run(
+        &self,
+        k: usize,
+        pid: u32,
+        r: &proto::PageRun,
+        vaddr: u64,
+        pages: u64,
+        max_link: usize,
+        out: &mut Vec<Piece>,
+    ) -> Result<()> {
+        let skip = (vaddr - r.vaddr) / PAGE as u64;
+        match PageWhere::try_from(r.r#where).unwrap_or(PageWhere::WhereStore) {
+            PageWhere::WhereStore => out.push(Piece {
+                vaddr,
+                pages: pages as u32,
+                src: Source::Store {
+                    link: k,
+                    loc: Loc {
+                        block: r.block,
+                        page: r.page + skip as u32,
+                    },
+                },
+            }),
+            PageWhere::WhereZero => out.push(Piece {
+                vaddr,
+                pages: pages as u32,
+                src: Source::Zero,
+            }),
+            PageWhere::WhereParent if k >= max_link => out.push(Piece {
+                vaddr,
+                pages: pages as u32,
+                src: Source::Parent,
+            }),
+            PageWhere::WhereParent => self.resolve_in(k + 1, pid, vaddr, pages, max_link, out)?,
+        }
+        Ok(())
+    }
+
+    /// Resolve `[vaddr, vaddr + pages)` of process `pid` in link `k`.
+    fn resolve_in(
+        &self,
+        k: usize,
+        pid: u32,
+        vaddr: u64,
+        pages: u64,
+        max_link: usize,
+        out: &mut Vec<Piece>,
+    ) -> Result<()> {
+        let end = vaddr + pages * PAGE as u64;
+        let missing = |from: u64| {
+            let child = &self.links[k - 1];
+            match self.links.get(k) {
+                Some(p) => ImageError::Parent {
+                    child: child.dir.path().into(),
+                    parent: p.dir.path().into(),
+                    what: format!(
+                        "process {pid}'s pages {from:#x}..{end:#x} are not in it"
+                    ),
+                },
+                None => ImageError::Invalid {
+                    path: child.dir.path().into(),
+                    what: format!(
+                        "process {pid}'s pages {from:#x}..{end:#x} refer to a parent, and it has none"
+                    ),
+                },
+            }
+        };
+        let link = self.links.get(k).ok_or_else(|| missing(vaddr))?;
+        let mem = link.memory(pid).ok_or_else(|| missing(vaddr))?;
+        let mut at = vaddr;
+        let first = mem
+            .runs
+            .partition_point(|r| r.vaddr + r.nr_pages as u64 * PAGE as u64 <= at);
+        for r in &mem.runs[first..] {
+            if at >= end {
+                break;
+            }
+            if r.vaddr > at {
+                return Err(missing(at));
+            }
+            let run_end = r.vaddr + r.nr_pages as u64 * PAGE as u64;
+            let stop = run_end.min(end);
+            self.resolve_run(k, pid, r, at, (stop - at) / PAGE as u64, max_link, out)?;
+            at = stop;
+        }
+        if at < end {
+            return Err(missing(at));
+        }
+        Ok(())
+    }
+}
+
+/// Where the bytes of a resolved piece are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// In the store of link `link`, consecutive in one block from `loc`.
+    Store { link: usize, loc: Loc },
+    /// All zero.
+    Zero,
+    /// Beyond the links asked for.
+    Parent,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Piece {
+    pub vaddr: u64,
+    pub pages: u32,
+    pub src: Source,
+}
+
+/// Finds pages of one process's memory by address.
+pub struct MemIndex<'a> {
+    mem: &'a proto::Memory,
+    /// Index in `mem.hashes` of each run's first page.
+    hash_at: Vec<usize>,
+}
+
+impl<'a> MemIndex<'a> {
+    pub fn new(mem: &'a proto::Memory) -> Self {
+        let mut n = 0;
+        let hash_at = mem
+            .runs
+            .iter()
+            .map(|r| {
+                let at = n;
+                if r.r#where != PageWhere::WhereZero as i32 {
+                    n += r.nr_pages as usize;
+                }
+                at
+            })
+            .collect();
+        MemIndex { mem, hash_at }
+    }
+
+    /// The hash of the page at `vaddr`, if the image holds data for it.
+    pub fn hash_of(&self, vaddr: u64) -> Option<u64> {
+        let i = self
+            .mem
+            .runs
+            .partition_point(|r| r.vaddr + r.nr_pages as u64 * PAGE as u64 <= vaddr);
+        let r = self.mem.runs.get(i)?;
+        if r.vaddr > vaddr || r.r#where == PageWhere::WhereZero as i32 {
+            return None;
+        }
+        let idx = self.hash_at[i] + ((vaddr - r.vaddr) / PAGE as u64) as usize;
+        self.mem.hashes.get(idx).copied()
+    }
+}
+
+/// Append `pages` pages at `vaddr` to `runs`, merging with the last run
+/// when it continues it.
+pub fn push_run(runs: &mut Vec<proto::PageRun>, vaddr: u64, pages: u32, w: PageWhere, loc: Loc) {
+    if let Some(last) = runs.last_mut() {
+        let contiguous =
+            last.vaddr + last.nr_pages as u64 * PAGE as u64 == vaddr && last.r#where == w as i32;
+        let same_place = match w {
+            PageWhere::WhereStore => {
+                last.block == loc.block && last.page + last.nr_pages == loc.page
+            }
+            _ => true,
+        };
+        if contiguous && same_place {
+            last.nr_pages += pages;
+            return;
+        }
+    }
+    runs.push(proto::PageRun {
+        vaddr,
+        nr_pages: pages,
+        r#where: w as i32,
+        block: loc.block,
+        page: loc.page,
+    });
+}
+
+/// Merge the first `merge + 1` images of `chain` into one image written to
+/// `out` (its store; the caller commits the returned checkpoint): its pages
+/// are its own, except those of images further up, which stay references
+/// to `links[merge + 1]`. The image keeps its id (its content is the same).
+pub fn flatten(
+    chain: &Chain,
+    merge: usize,
+    out: &ImageDir,
+    compression: proto::Compression,
+    fsync: bool,
+) -> Result<proto::Checkpoint> {
+    let merge = merge.min(chain.links.len() - 1);
+    let readers = chain.links[..=merge]
+        .iter()
+        .map(|l| match &l.ck.store {
+            Some(s) => StoreReader::open(&l.dir, s).map(Some),
+            None => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let top = chain.top();
+    let writer = StoreWriter::create(out, &crate::new_image_id()[..16], compression)?;
+    let mut ck = top.ck.clone();
+    let mut cur = None;
+    let mut buf = Vec::new();
+    for p in ck.processes.iter_mut() {
+        let Some(mem) = p.memory.as_mut() else {
+            continue;
+        };
+        let pieces = chain.resolve(p.pid, merge)?;
+        let mut runs = Vec::with_capacity(pieces.len());
+        let mut stats = proto::MemStats::default();
+        let mut hash_i = 0usize;
+        for piece in pieces {
+            match piece.src {
+                Source::Zero => {
+                    stats.pages_zero += piece.pages as u64;
+                    push_run(
+                        &mut runs,
+                        piece.vaddr,
+                        piece.pages,
+                        PageWhere::WhereZero,
+                        Loc { block: 0, page: 0 },
+                    );
+                }
+                Source::Parent => {
+                    stats.pages_parent += piece.pages as u64;
+                    hash_i += piece.pages as usize;
+                    push_run(
+                        &mut runs,
+                        piece.vaddr,
+                        piece.pages,
+                        PageWhere::WhereParent,
+                        Loc { block: 0, page: 0 },
+                    );
+                }
+                Source::Store { link, loc } => {
+                    let reader = readers[link].as_ref().ok_or_else(|| ImageError::Invalid {
+                        path: chain.links[link].dir.path().into(),
+                        what: "pages refer to a store the image does not have".into(),
+                    })?;
+                    let data = reader.block(loc.block, &mut buf)?;
+                    for i in 0..piece.pages as usize {
+                        let at = (loc.page as usize + i) * PAGE;
+                        let page = data.get(at..at + PAGE).ok_or_else(|| ImageError::Invalid {
+                            path: reader.path().into(),
+                            what: format!(
+                                "page {} of block {} is beyond its end",
+                                loc.page as usize + i,
+                                loc.block
+                            ),
+                        })?;
+                        let h = page_hash(page);
+                        if mem.hashes.get(hash_i) != Some(&(h as u64)) {
+                            return Err(ImageError::Checksum {
+                                path: reader.path().into(),
+                                context: format!(
+                                    " (page {:#x} of process {} differs from its recorded hash)",
+                                    piece.vaddr + (i * PAGE) as u64,
+                                    p.pid
+                                ),
+                            });
+                        }
+                        hash_i += 1;
+                        let (nloc, dup) = writer.add(&mut cur, h, page)?;
+                        if dup {
+                            stats.pages_dup += 1;
+                        } else {
+                            stats.pages_stored += 1;
+                        }
+                        push_run(
+                            &mut runs,
+                            piece.vaddr + (i * PAGE) as u64,
+                            1,
+                            PageWhere::WhereStore,
+                            nloc,
+                        );
+                    }
+                }
+            }
+        }
+        mem.runs = runs;
+        stats.pages_read = mem.stats.as_ref().map_or(0, |s| s.pages_read);
+        mem.stats = Some(stats);
+    }
+    writer.close(cur)?;
+    ck.store = Some(writer.finish(fsync)?);
+    ck.parent = chain.links.get(merge + 1).map(|l| proto::ParentRef {
+        path: relative_path(out.path(), l.dir.path()),
+        image_id: l.ck.image_id.clone(),
+    });
+    Ok(ck)
+}
+
+/// Record `child` (image `child_id`) as made on top of the image at `parent`.
+pub fn add_dependant(parent: &Path, child: &Path, child_id: &str) -> Result<()> {
+    use std::io::Write;
+    let path = parent.join(DEPENDANTS_FILE);
+    let child = child.canonicalize().unwrap_or_else(|_| child.to_path_buf());
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    // One write(2) per line: concurrent appends do not interleave.
+    f.write_all(format!("{child_id}\t{}\n", child.display()).as_bytes())
+        .map_err(io_err(&path))
+}
+
+/// The images that still have the image at `dir` as their parent.
+pub fn dependants(dir: &ImageDir) -> Result<Vec<PathBuf>> {
+    let ck = dir.read_checkpoint()?;
+    let Ok(text) = std::fs::read_to_string(dir.file(DEPENDANTS_FILE)) else {
+        return Ok(Vec::new());
+    };
+    let me = dir.path().canonicalize().map_err(io_err(dir.path()))?;
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in text.lines() {
+        let Some((_, path)) = line.split_once('\t') else {
+            continue;
+        };
+        let path = PathBuf::from(path);
+        let Ok(child) = ImageDir::open(&path).and_then(|d| d.read_checkpoint()) else {
+            continue; // removed since
+        };
+        let Some(p) = child.parent else { continue };
+        let points_here = parent_dir(&path, &p).canonicalize().is_ok_and(|c| c == me);
+        if p.image_id == ck.image_id && points_here && !out.contains(&path) {
+            out.push(path);
+        }
+    }
+    Ok(out)
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// Files of the image at `dir` that belong to it: metadata, store, file
+/// contents and the dependants list.
+fn image_files(dir: &ImageDir, ck: &proto::Checkpoint) -> Vec<PathBuf> {
+    let mut v = vec![
+        dir.file(crate::dir::CHECKPOINT_FILE),
+        dir.file(DEPENDANTS_FILE),
+    ];
+    v.extend(ck.store.iter().map(|s| dir.file(&s.name)));
+    v.extend(
+        ck.objects
+            .iter()
+            .filter_map(|o| o.content.as_ref())
+            .map(|pf| dir.file(&pf.name)),
+    );
+    v
+}
+
+/// Make the image at `path` self-contained: into `out` (a new directory),
+/// or in place when `out` is None (dependants stay valid: same id, same
+/// content). Returns the new checkpoint.
+pub fn compact(
+    path: &Path,
+    out: Option<&Path>,
+    compression: Option<proto::Compression>,
+    fsync: bool,
+) -> Result<proto::Checkpoint> {
+    let chain = Chain::open(path)?;
+    let top = chain.top();
+    let compression = compression.unwrap_or_else(|| {
+        top.ck
+            .store
+            .as_ref()
+            .and_then(|s| proto::Compression::try_from(s.compression).ok())
+            .unwrap_or(proto::Compression::None)
+    });
+    match out {
+        Some(out) => {
+            if out.join(crate::dir::CHECKPOINT_FILE).exists() {
+                return Err(ImageError::Invalid {
+                    path: out.into(),
+                    what: "it already holds an image (choose a new directory)".into(),
+                });
+            }
+            let od = ImageDir::create(out)?;
+            let ck = flatten(&chain, usize::MAX, &od, compression, fsync)?;
+            for pf in top.ck.objects.iter().filter_map(|o| o.content.as_ref()) {
+                let from = top.dir.file(&pf.name);
+                let to = od.file(&format!("{}{}", pf.name, crate::dir::TMP_SUFFIX));
+                std::fs::copy(&from, &to).map_err(io_err(&from))?;
+            }
+            od.commit(&ck, fsync)?;
+            Ok(ck)
+        }
+        None => rewrite_in_place(&chain, usize::MAX, compression, fsync),
+    }
+}
+
+/// Replace the top image of `chain` by its merge with `merge` parents.
+fn rewrite_in_place(
+    chain: &Chain,
+    merge: usize,
+    compression: proto::Compression,
+    fsync: bool,
+) -> Result<proto::Checkpoint> {
+    let top = chain.top();
+    let ck = flatten(chain, merge, &top.dir, compression, fsync)?;
+    top.dir.publish(&ck, fsync)?;
+    if let Some(old) = &top.ck.store {
+        if ck.store.as_ref().is_none_or(|s| s.name != old.name) {
+            let _ = std::fs::remove_file(top.dir.file(&old.name));
+        }
+    }
+    if let (Some(_), Some(l)) = (&ck.parent, chain.links.get(merge + 1)) {
+        add_dependant(l.dir.path(), top.dir.path(), &ck.image_id)?;
+    }
+    Ok(ck)
+}
+
+/// Delete the image at `path`. An image other images depend on is refused
+/// unless `rebase`: then its pages are first folded into each dependant,
+/// which then refers to this image's own parent. Returns the dependants
+/// rewritten.
+pub fn remove(path: &Path, rebase: bool, fsync: bool) -> Result<Vec<PathBuf>> {
+    let dir = ImageDir::open(path)?;
+    let ck = dir.read_checkpoint()?;
+    let deps = dependants(&dir)?;
+    if !deps.is_empty() && !rebase {
+        let more = if deps.len() > 1 {
+            format!(" and {} more", deps.len() - 1)
+        } else {
+            String::new()
+        };
+        return Err(ImageError::InUse {
+            path: path.into(),
+            what: format!(
+                "it is the parent of {}{more}; use --rebase to fold it into its dependants, or compact them first",
+                deps[0].display()
+            ),
+        });
+    }
+    for d in &deps {
+        let chain = Chain::open(d)?;
+        let compression = chain
+            .top()
+            .ck
+            .store
+            .as_ref()
+            .and_then(|s| proto::Compression::try_from(s.compression).ok())
+            .unwrap_or(proto::Compression::None);
+        rewrite_in_place(&chain, 1, compression, fsync)?;
+    }
+    for f in image_files(&dir, &ck) {
+        match std::fs::remove_file(&f) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&f)(e)),
+        }
+    }
+    dir.discard_tmp();
+    // Other files (not ours) keep the directory.
+    let _ = std::fs::remove_dir(path);
+    Ok(deps)
+}
+
+/// Refuse to write a new image over the one at `path` while others depend
+/// on it.
+pub fn check_overwrite(path: &Path) -> Result<()> {
+    let Ok(dir) = ImageDir::open(path) else {
+        return Ok(());
+    };
+    let deps = dependants(&dir)?;
+    match deps.first() {
+        None => Ok(()),
+        Some(d) => Err(ImageError::InUse {
+            path: path.into(),
+            what: format!(
+                "it holds the parent of {}, which a new image here would break (choose another directory, or `cr_image rm --rebase` it first)",
+                d.display()
+            ),
+        }),
+    }
+}
