@@ -526,6 +526,7 @@ fn rewrite_in_place(
     compression: proto::Compression,
     fsync: bool,
 ) -> Result<proto::Checkpoint> {
+    let merge = merge.min(chain.links.len() - 1);
     let top = chain.top();
     let ck = flatten(chain, merge, &top.dir, compression, fsync)?;
     top.dir.publish(&ck, fsync)?;

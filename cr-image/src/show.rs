@@ -31,6 +31,15 @@ pub fn dirty_name(m: i32) -> &'static str {
     }
 }
 
+/// Name of the tracking left running in a process ("none" if none).
+pub fn tracking_name(m: i32) -> &'static str {
+    if m == 0 {
+        "none"
+    } else {
+        dirty_name(m)
+    }
+}
+
 /// Name of a compression as users type it.
 pub fn compression_name(c: i32) -> &'static str {
     match proto::Compression::try_from(c).unwrap_or(proto::Compression::None) {
@@ -44,7 +53,7 @@ fn memory_json(m: &proto::Memory) -> Value {
     let st = m.stats.unwrap_or_default();
     json!({
         "dirty": dirty_name(m.dirty),
-        "tracking": dirty_name(m.tracking),
+        "tracking": tracking_name(m.tracking),
         "runs": m.runs.len(),
         "pages_stored": st.pages_stored,
         "pages_parent": st.pages_parent,
@@ -320,7 +329,7 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
                 st.pages_zero,
                 m.runs.len(),
                 dirty_name(m.dirty),
-                dirty_name(m.tracking),
+                tracking_name(m.tracking),
             );
         }
         let _ = writeln!(s, "  memory ({} vmas):", p.vmas.len());

@@ -24,6 +24,8 @@ pub enum RestoreError {
     NotYours { pid: u32, uid: u32, caller: u32 },
     #[error("image is not supported by this build: {0}")]
     Unsupported(String),
+    #[error("{0} is a pre-dump (memory only, taken while the processes ran); restore the checkpoint made with --parent {0}")]
+    PreDump(std::path::PathBuf),
     #[error("restored process {pid} could not be waited for")]
     Wait {
         pid: i32,

@@ -206,11 +206,7 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
     let img = chain.top().dir.clone();
     let ck = chain.top().ck.clone();
     if ck.pre_dump {
-        return Err(RestoreError::Unsupported(format!(
-            "{} is a pre-dump (memory only); restore the checkpoint made with --parent {}",
-            dir.display(),
-            dir.display()
-        )));
+        return Err(RestoreError::PreDump(dir.to_path_buf()));
     }
     let pages = memory::Pages::open(&chain)?;
     let mut pieces: std::collections::HashMap<u32, Vec<Piece>> = Default::default();

@@ -131,11 +131,14 @@ fn main() -> ExitCode {
                 } else {
                     String::new()
                 };
+                let tree = if opts.pre_dump {
+                    format!("{} processes", s.processes)
+                } else {
+                    format!("{} processes, {} threads", s.processes, s.threads)
+                };
                 println!(
-                    "{what} pid {} ({} processes, {} threads) into {}: {:.1} MiB of pages read, {:.1} MiB stored{incremental}; {} vmas, {} fds in {:.3} s ({:.2} GB/s), frozen {:.3} s",
+                    "{what} pid {} ({tree}) into {}: {:.1} MiB of pages read, {:.1} MiB stored{incremental}; {} vmas, {} fds in {:.3} s ({:.2} GB/s), frozen {:.3} s",
                     s.pid,
-                    s.processes,
-                    s.threads,
                     opts.dir.display(),
                     mib(s.page_bytes),
                     mib(s.store_bytes),
