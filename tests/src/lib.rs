@@ -285,9 +285,7 @@ pub struct Proc {
 impl Proc {
     fn from_child(child: Child, label: &str) -> Proc {
         let pid = child.id() as i32;
-        if let Ok(mut v) = STD_CHILDREN.lock() {
-            v.push(pid);
-        }
+        own_child(pid);
         Proc {
             pid,
             label: label.to_string(),
@@ -574,6 +572,14 @@ pub struct RunOpts {
 // ---------------------------------------------------------------------------
 
 static HARNESS_SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Marks `pid` as owned by a std::process::Child of the caller, so that
+/// `reap_orphans` (run by concurrent tests) never reaps it.
+pub fn own_child(pid: i32) {
+    if let Ok(mut v) = STD_CHILDREN.lock() {
+        v.push(pid);
+    }
+}
 
 /// Pids owned by a std::process::Child (reaped through it, never by `reap_orphans`).
 static STD_CHILDREN: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());

@@ -101,13 +101,15 @@ fn job_tree_restored_twice_side_by_side_in_new_pid_namespaces() {
     wl.remove_go();
 
     let restore = |n: u32| {
-        Command::new(tool_path("cr_restart"))
+        let child = Command::new(tool_path("cr_restart"))
             .arg(&img)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(h.dir.join(format!("restore-{n}.err"))).expect("err"))
             .spawn()
-            .expect("spawn cr_restart")
+            .expect("spawn cr_restart");
+        own_child(child.id() as i32);
+        child
     };
     let mut a = restore(1);
     let mut b = restore(2);

@@ -164,6 +164,7 @@ impl Kid {
     fn spawn(mut cmd: Command, label: &str) -> Kid {
         isolate(&mut cmd);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {label}: {e}"));
+        own_child(child.id() as i32);
         Kid {
             child,
             label: label.to_string(),
