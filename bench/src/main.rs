@@ -4,9 +4,12 @@
 //!
 //! See bench/README.md for the meaning of every column. `cr-bench fds ...`
 //! is the open-fd benchmark (module [`fds`]), `cr-bench tcp ...` the TCP
-//! connection benchmark (module [`tcp`]).
+//! connection benchmark (module [`tcp`]), `cr-bench incr ...` the
+//! incremental checkpoint, pre-dump and compression benchmark (module
+//! [`incr`]).
 
 mod fds;
+mod incr;
 mod tcp;
 
 use std::ffi::{CString, OsStr};
@@ -83,6 +86,8 @@ usage: cr-bench [--sizes MIB,MIB,...] [--fs tmpfs,disk] [--reps N] [--json]
 
        cr-bench fds [...]   the open-fd benchmark (`cr-bench fds --help`)
        cr-bench tcp [...]   the TCP connection benchmark (`cr-bench tcp --help`)
+       cr-bench incr [...]  incremental checkpoints, pre-dump, compression
+                            (`cr-bench incr --help`)
 ";
 
 fn parse_opts() -> Res<Opts> {
@@ -1519,6 +1524,7 @@ fn main() {
     let res = match std::env::args().nth(1).as_deref() {
         Some("fds") => fds::main(),
         Some("tcp") => tcp::main(),
+        Some("incr") => incr::main(),
         _ => real_main(),
     };
     let code = match res {

@@ -517,6 +517,8 @@ fn checkpoint_frozen(
     let mut images = Vec::with_capacity(procs.len());
     let mut read = 0u64;
     let mut kept = Vec::new();
+    // Trackers no longer wanted: released only after the processes run on.
+    let mut released = Vec::new();
     for f in procs.iter_mut() {
         images.push(capture_process(
             f,
@@ -528,6 +530,7 @@ fn checkpoint_frozen(
             &mut objects,
             &mut read,
             &mut kept,
+            &mut released,
         )?);
     }
     let store = store.finish(opts.fsync)?;
@@ -601,6 +604,7 @@ fn checkpoint_frozen(
             }
         }
     }
+    drop(released);
     info!(
         root,
         processes = summary.processes,
@@ -707,6 +711,7 @@ fn capture_process(
     objects: &mut Objects,
     read: &mut u64,
     kept: &mut Vec<(i32, proto::DirtyMethod, i32)>,
+    released: &mut Vec<std::os::fd::OwnedFd>,
 ) -> Result<proto::Process, CheckpointError> {
     let pid = f.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
@@ -811,7 +816,7 @@ fn capture_process(
     shared.assign_shm(pid, &mut vmas);
 
     let keep = opts.track_mem && opts.action != Action::Kill;
-    let begun = tracking::begin(
+    let mut begun = tracking::begin(
         &mut f.tracees[0],
         &maps,
         &vmas,
@@ -848,6 +853,7 @@ fn capture_process(
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    released.extend(begun.released.take());
     memory.dirty = begun.used as i32;
     memory.tracking = begun.kept.map_or(0, |k| k.0 as i32);
     if let Some((method, fd)) = begun.kept {

@@ -262,6 +262,8 @@ fn plan(
         zero_pfn_pages: 0,
     };
     let mut buf = vec![0u64; PAGEMAP_CHUNK as usize];
+    // Addresses are visited in increasing order.
+    let mut cursor = parent.map(|ix| ix.cursor());
     // Appends a page to read, opening a new run (and item) when needed.
     let read_page = |p: &mut Plan, vma_start: u64, vaddr: u64, src: Src, src_off: u64| {
         let before = p.runs.len();
@@ -326,9 +328,10 @@ fn plan(
                     p.zero_pfn_pages += 1;
                     continue; // the shared zero page: nothing to keep
                 }
-                let known = parent
-                    .filter(|_| dirty.clean(page, pm, zero_pfn))
-                    .and_then(|ix| ix.hash_of(page));
+                let known = match &mut cursor {
+                    Some(c) if dirty.clean(page, pm, zero_pfn) => c.hash_of(page),
+                    _ => None,
+                };
                 match known {
                     Some(h) => match p.items.last_mut() {
                         Some(Item::Parent { vaddr, hashes })

@@ -279,6 +279,37 @@ impl<'a> MemIndex<'a> {
     }
 }
 
+/// [`MemIndex::hash_of`] for addresses asked in increasing order: walks the
+/// runs instead of searching them.
+pub struct MemCursor<'a, 'b> {
+    ix: &'b MemIndex<'a>,
+    i: usize,
+}
+
+impl MemIndex<'_> {
+    pub fn cursor(&self) -> MemCursor<'_, '_> {
+        MemCursor { ix: self, i: 0 }
+    }
+}
+
+impl MemCursor<'_, '_> {
+    pub fn hash_of(&mut self, vaddr: u64) -> Option<u64> {
+        let runs = &self.ix.mem.runs;
+        while runs
+            .get(self.i)
+            .is_some_and(|r| r.vaddr + r.nr_pages as u64 * PAGE as u64 <= vaddr)
+        {
+            self.i += 1;
+        }
+        let r = runs.get(self.i)?;
+        if r.vaddr > vaddr || r.r#where == PageWhere::WhereZero as i32 {
+            return None;
+        }
+        let idx = self.ix.hash_at[self.i] + ((vaddr - r.vaddr) / PAGE as u64) as usize;
+        self.ix.mem.hashes.get(idx).copied()
+    }
+}
+
 /// Append `pages` pages at `vaddr` to `runs`, merging with the last run
 /// when it continues it.
 pub fn push_run(runs: &mut Vec<proto::PageRun>, vaddr: u64, pages: u32, w: PageWhere, loc: Loc) {
