@@ -125,8 +125,28 @@ fn forget(pid: i32) {
     }
 }
 
+/// Remove the state files of processes that are gone (pid free, or
+/// reused by a process with another start time).
+fn sweep() {
+    let Ok(rd) = std::fs::read_dir(state_dir()) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let live = name
+            .split_once('-')
+            .and_then(|(p, _)| p.parse::<i32>().ok())
+            .and_then(state_path)
+            .is_some_and(|p| p == e.path());
+        if !live {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Record that the checkpoint of image `epoch` reset the tracker of `pid`.
 pub fn save(pid: i32, method: DirtyMethod, fd: i32, epoch: &str) {
+    sweep();
     let Some(path) = state_path(pid) else { return };
     let name = cr_image::show::dirty_name(method as i32);
     let r = std::fs::create_dir_all(state_dir())
