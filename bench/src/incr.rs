@@ -277,12 +277,7 @@ impl Drop for TrackingStates {
 // Workloads
 // ---------------------------------------------------------------------------
 
-struct Bins {
-    workload: PathBuf,
-    checkpoint: PathBuf,
-    restart: PathBuf,
-    image: PathBuf,
-}
+type Bins = crate::Tools;
 
 /// Waits for a complete line of `out` for which `want` holds. Fails when
 /// `pid` ends (or is a zombie) without printing it.
@@ -1468,22 +1463,7 @@ fn markdown(o: &IncrOpts, r: &Results, target: &Target, err: Option<&str>) -> St
 // ---------------------------------------------------------------------------
 
 fn find_bins(o: &IncrOpts) -> Res<Bins> {
-    let dir = match &o.bin_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| format!("current_exe: {e}"))?
-            .parent()
-            .ok_or("current_exe has no parent")?
-            .to_path_buf(),
-    };
-    let b = Bins {
-        workload: dir.join("bench_dirty"),
-        checkpoint: dir.join("cr_checkpoint"),
-        restart: dir.join("cr_restart"),
-        image: dir.join("cr_image"),
-    };
-    crate::require_bins(&[&b.workload, &b.checkpoint, &b.restart, &b.image])?;
-    Ok(b)
+    crate::find_tools(o.bin_dir.as_deref(), "bench_dirty")
 }
 
 /// `cr-bench incr ...`

@@ -1499,6 +1499,35 @@ fn real_main() -> Res<()> {
     Ok(())
 }
 
+/// The binaries a bench that checkpoints and restores a workload runs.
+pub(crate) struct Tools {
+    pub workload: PathBuf,
+    pub checkpoint: PathBuf,
+    pub restart: PathBuf,
+    pub image: PathBuf,
+}
+
+/// `workload` and the cr tools, in `bin_dir` or next to cr-bench; fails
+/// naming the first one missing.
+pub(crate) fn find_tools(bin_dir: Option<&std::path::Path>, workload: &str) -> Res<Tools> {
+    let dir = match bin_dir {
+        Some(d) => d.to_path_buf(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("current_exe: {e}"))?
+            .parent()
+            .ok_or("current_exe has no parent")?
+            .to_path_buf(),
+    };
+    let t = Tools {
+        workload: dir.join(workload),
+        checkpoint: dir.join("cr_checkpoint"),
+        restart: dir.join("cr_restart"),
+        image: dir.join("cr_image"),
+    };
+    require_bins(&[&t.workload, &t.checkpoint, &t.restart, &t.image])?;
+    Ok(t)
+}
+
 /// Fail with one line naming the first of `bins` that is missing.
 pub(crate) fn require_bins(bins: &[&PathBuf]) -> Res<()> {
     for p in bins {

@@ -307,12 +307,7 @@ impl Drop for Netns {
 // Workloads
 // ---------------------------------------------------------------------------
 
-struct Bins {
-    workload: PathBuf,
-    checkpoint: PathBuf,
-    restart: PathBuf,
-    image: PathBuf,
-}
+type Bins = crate::Tools;
 
 /// The client workload: commands on its stdin, replies read by a thread.
 struct Client {
@@ -1329,22 +1324,7 @@ fn markdown(rows: &[Row], o: &TcpOpts, target: &Target, ns: &Netns, notes: &[Str
 // ---------------------------------------------------------------------------
 
 fn find_bins(o: &TcpOpts) -> Res<Bins> {
-    let dir = match &o.bin_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| format!("current_exe: {e}"))?
-            .parent()
-            .ok_or("current_exe has no parent")?
-            .to_path_buf(),
-    };
-    let b = Bins {
-        workload: dir.join("bench_tcp"),
-        checkpoint: dir.join("cr_checkpoint"),
-        restart: dir.join("cr_restart"),
-        image: dir.join("cr_image"),
-    };
-    crate::require_bins(&[&b.workload, &b.checkpoint, &b.restart, &b.image])?;
-    Ok(b)
+    crate::find_tools(o.bin_dir.as_deref(), "bench_tcp")
 }
 
 /// `cr-bench tcp ...`

@@ -556,11 +556,3 @@ pub fn dump(
         ..Default::default()
     })
 }
-
-/// Bytes a dump of `vmas` reads at most (for progress bars).
-pub fn upper_bound(vmas: &[proto::Vma]) -> u64 {
-    vmas.iter()
-        .filter(|v| !v.shared)
-        .map(|v| v.end - v.start)
-        .sum()
-}

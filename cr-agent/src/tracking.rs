@@ -241,9 +241,9 @@ pub fn begin(
         clear_soft_dirty: false,
         released: None,
     };
-    let pagemap = || {
+    let pagemap = || -> cr_sys::error::Result<std::fs::File> {
         let path = format!("/proc/{pid}/pagemap");
-        std::fs::File::open(&path).map_err(|source| sys(cr_sys::SysError::Io { path, source }))
+        std::fs::File::open(&path).map_err(|source| cr_sys::SysError::Io { path, source })
     };
     let mut scanned = false;
     match current {
@@ -253,7 +253,7 @@ pub fn begin(
                 && live_fd == Some(s.fd) =>
         {
             let tracked = ranges(maps, |_, m| registered(m));
-            let pm = pagemap()?;
+            let pm = pagemap().map_err(sys)?;
             let mut written = Vec::new();
             for &(a, e) in &tracked {
                 kd::scan_written_and_reset(&pm, pid, a, e, &mut written).map_err(sys)?;
@@ -294,10 +294,7 @@ pub fn begin(
                 // Protect what is there now: the pages of newly registered
                 // VMAs and, when the dirty scan above did not run, of the
                 // older ones.
-                let pm = pagemap().map_err(|_| cr_sys::SysError::Syscall {
-                    what: format!("open /proc/{pid}/pagemap"),
-                    source: cr_sys::Errno(libc::ENOENT),
-                })?;
+                let pm = pagemap()?;
                 let mut sink = Vec::new();
                 let mut todo = done;
                 if !scanned {

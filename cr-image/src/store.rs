@@ -74,8 +74,6 @@ pub struct StoreWriter {
     end: AtomicU64,
     blocks: Mutex<Vec<(u32, proto::StoreBlock)>>,
     dedup: Vec<Mutex<HashMap<u128, Loc>>>,
-    /// Bytes of pages handed in and bytes written (after compression).
-    pub raw_bytes: AtomicU64,
 }
 
 impl StoreWriter {
@@ -93,12 +91,7 @@ impl StoreWriter {
             end: AtomicU64::new(0),
             blocks: Mutex::new(Vec::new()),
             dedup: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            raw_bytes: AtomicU64::new(0),
         })
-    }
-
-    pub fn compression(&self) -> Compression {
-        self.compression
     }
 
     /// Add one page (not all zero) with its XXH3-128 `hash`; returns where
@@ -163,8 +156,6 @@ impl StoreWriter {
         self.file
             .write_all_at(bytes, offset)
             .map_err(io_err(&self.path))?;
-        self.raw_bytes
-            .fetch_add(b.data.len() as u64, Ordering::Relaxed);
         self.blocks.lock().expect("blocks").push((
             b.id,
             proto::StoreBlock {

@@ -109,24 +109,21 @@ fn assert_nothing_left(wl: &Workload, ctx: &str) {
             })
             .collect()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        reap_orphans();
-        let left = ours();
-        if left.is_empty() {
-            return;
-        }
-        if std::time::Instant::now() > deadline {
-            panic!(
-                "{ctx}: processes of the workload were left running:\n{}",
-                left.iter()
-                    .map(|&p| describe(p))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(
+        &format!("{ctx}: the workload's processes to be gone"),
+        Duration::from_secs(20),
+        || {
+            reap_orphans();
+            ours().is_empty()
+        },
+        || {
+            ours()
+                .iter()
+                .map(|&p| describe(p))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
 }
 
 /// Removes the `verify` and `round-*` triggers of the work directory.
