@@ -79,16 +79,16 @@ const NSIG: u32 = 64;
 /// Checkpoint process `pid` and all its descendants into `opts.dir`.
 pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> {
     let t0 = Instant::now();
-    target::validate(pid)?;
-    let method = tracking::method(opts.dirty)?;
-    let parent = open_parent(opts)?;
-    chain::check_overwrite(&opts.dir)?;
-    let mem = MemCtx {
-        parent: parent.as_ref().map(|c| c.top()),
-        method,
-        image_id: cr_image::new_image_id(),
-    };
     if opts.pre_dump {
+        target::validate(pid)?;
+        let method = tracking::method(opts.dirty)?;
+        let parent = open_parent(opts)?;
+        chain::check_overwrite(&opts.dir)?;
+        let mem = MemCtx {
+            parent: parent.as_ref().map(|c| c.top()),
+            method,
+            image_id: cr_image::new_image_id(),
+        };
         let dir = ImageDir::create(&opts.dir)?;
         let result = pre_dump(pid, opts, &dir, &mem, t0);
         if result.is_err() {
@@ -96,7 +96,17 @@ pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> 
         }
         return result;
     }
-    // Pre-flight: refuse unsupported resources before anything is touched.
+    let mut held = freeze(pid, opts, opts.action != Action::Continue)?;
+    let summary = held.dump()?;
+    held.finish(opts.action)?;
+    Ok(Summary {
+        elapsed: t0.elapsed(),
+        ..summary
+    })
+}
+
+/// Refuse unsupported resources before anything is touched.
+fn preflight(pid: i32, opts: &Options) -> Result<(), CheckpointError> {
     let pids = tree::walk(pid)?;
     let mut scan = fds::Scan::new(&pids);
     scan.lock_network = opts.action != Action::Continue;
@@ -110,12 +120,225 @@ pub fn checkpoint(pid: i32, opts: &Options) -> Result<Summary, CheckpointError> 
             _ => {}
         }
     }
+    Ok(())
+}
+
+/// Freeze the tree of `pid` for a checkpoint into `opts.dir`, after the
+/// same checks as [`checkpoint`]; with `lock_network`, its TCP connections
+/// are also held still (see `cr_sys::netlock`), so that their state cannot
+/// change until [`Held::finish`] or the drop — what a coordinated
+/// checkpoint of several trees needs for a consistent cut.
+pub fn freeze(pid: i32, opts: &Options, lock_network: bool) -> Result<Held, CheckpointError> {
+    let t0 = Instant::now();
+    target::validate(pid)?;
+    let method = tracking::method(opts.dirty)?;
+    let parent = open_parent(opts)?;
+    chain::check_overwrite(&opts.dir)?;
+    preflight(pid, opts)?;
     let dir = ImageDir::create(&opts.dir)?;
-    let result = checkpoint_frozen(pid, opts, &dir, &mem, t0);
-    if result.is_err() {
-        dir.discard_tmp();
+    let mut held = Held {
+        root: pid,
+        opts: opts.clone(),
+        parent,
+        image_id: cr_image::new_image_id(),
+        method,
+        dir,
+        procs: Vec::new(),
+        lock: None,
+        frozen_at: Instant::now(),
+        t0,
+        dumped: None,
+    };
+    held.procs = tree::freeze(pid)?;
+    held.frozen_at = Instant::now();
+    debug!(root = pid, processes = held.procs.len(), "tree frozen");
+    fault::check("after-seize")?;
+    if lock_network {
+        let pids: Vec<i32> = held.procs.iter().map(|f| f.pid).collect();
+        held.lock = NetLock::take(pid, &pids)?;
     }
-    result
+    Ok(held)
+}
+
+/// A process tree frozen for a checkpoint (see [`freeze`]). Dropping it
+/// before [`Held::finish`] aborts: every thread is detached and runs on
+/// exactly as before, the network lock goes, and the image written by
+/// [`Held::dump`] (if any) is removed.
+pub struct Held {
+    root: i32,
+    opts: Options,
+    parent: Option<Chain>,
+    image_id: String,
+    method: proto::DirtyMethod,
+    dir: ImageDir,
+    procs: Vec<Frozen>,
+    lock: Option<NetLock>,
+    frozen_at: Instant,
+    t0: Instant,
+    dumped: Option<Dumped>,
+}
+
+/// What a written image leaves to do when the processes are let go.
+struct Dumped {
+    summary: Summary,
+    repaired: Vec<crate::inet::Repaired>,
+    /// Trackers left running: (pid, method, fd).
+    kept: Vec<(i32, proto::DirtyMethod, i32)>,
+    /// Trackers no longer wanted: released only after the processes run on.
+    released: Vec<std::os::fd::OwnedFd>,
+}
+
+impl Held {
+    /// PIDs of the frozen processes, root first.
+    pub fn pids(&self) -> Vec<i32> {
+        self.procs.iter().map(|f| f.pid).collect()
+    }
+
+    pub fn threads(&self) -> usize {
+        self.procs.iter().map(|f| f.tracees.len()).sum()
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Name of the network lock held (empty: none).
+    pub fn lock_name(&self) -> String {
+        self.lock
+            .as_ref()
+            .map(|l| l.name.clone())
+            .unwrap_or_default()
+    }
+
+    /// The bookmarks of every established TCP connection of the tree, read
+    /// without consuming anything.
+    pub fn bookmarks(&self) -> Vec<cr_image::bookmarks::Bookmark> {
+        crate::inet::bookmarks(&self.pids())
+    }
+
+    /// Write and commit the image; the processes stay frozen.
+    pub fn dump(&mut self) -> Result<Summary, CheckpointError> {
+        if let Some(d) = &self.dumped {
+            return Ok(d.summary.clone());
+        }
+        let mem = MemCtx {
+            parent: self.parent.as_ref().map(|c| c.top()),
+            method: self.method,
+            image_id: self.image_id.clone(),
+        };
+        let result = dump_frozen(
+            self.root,
+            &self.opts,
+            &self.dir,
+            &mem,
+            &mut self.procs,
+            self.lock.as_ref(),
+            self.frozen_at,
+            self.t0,
+        );
+        match result {
+            Ok(d) => {
+                let summary = d.summary.clone();
+                self.dumped = Some(d);
+                Ok(summary)
+            }
+            Err(e) => {
+                self.dir.discard_tmp();
+                Err(e)
+            }
+        }
+    }
+
+    /// Let the processes go after [`Held::dump`]: run on, stop or die.
+    pub fn finish(mut self, action: Action) -> Result<(), CheckpointError> {
+        let Some(d) = self.dumped.take() else {
+            return Err(CheckpointError::Unsupported {
+                pid: self.root,
+                what: "the processes cannot be let go before their image is written".into(),
+            });
+        };
+        let mem = MemCtx {
+            parent: self.parent.as_ref().map(|c| c.top()),
+            method: self.method,
+            image_id: self.image_id.clone(),
+        };
+        after_commit(&self.dir, &mem, &d.kept);
+        // A lock kept for a dump that ends the processes belongs to the
+        // image: cr_restart removes it. After a CONTINUE it goes now.
+        if let Some(l) = self.lock.take() {
+            if action != Action::Continue {
+                l.keep();
+            }
+        }
+        for r in d.repaired {
+            if action == Action::Kill {
+                r.keep(); // closed in repair mode by the kill: no FIN, no RST
+            }
+        }
+        // Children first, so a killed parent is never reaped before its child is gone.
+        for f in std::mem::take(&mut self.procs).into_iter().rev() {
+            let pid = f.pid;
+            let sys = |e| CheckpointError::from_sys(pid, e);
+            match action {
+                Action::Continue => {
+                    for t in f.tracees {
+                        t.detach(0).map_err(sys)?;
+                    }
+                }
+                Action::Stop => {
+                    for t in f.tracees {
+                        let sig = if t.tid() == pid { libc::SIGSTOP } else { 0 };
+                        t.detach(sig).map_err(sys)?;
+                    }
+                }
+                // The main thread is reported last, after all the others are gone.
+                Action::Kill => {
+                    for t in f.tracees.into_iter().rev() {
+                        t.kill_and_reap();
+                    }
+                }
+            }
+        }
+        drop(d.released);
+        info!(
+            root = self.root,
+            processes = d.summary.processes,
+            bytes = d.summary.page_bytes,
+            stored = d.summary.store_bytes,
+            frozen_ms = self.frozen_at.elapsed().as_millis() as u64,
+            "checkpoint committed"
+        );
+        // Nothing left to undo.
+        self.finished();
+        Ok(())
+    }
+
+    /// Mark as let go: the drop then undoes nothing.
+    fn finished(&mut self) {
+        self.root = 0;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.root == 0 {
+            return;
+        }
+        // Sockets leave repair mode and the lock goes before the threads are let go.
+        if let Some(d) = self.dumped.take() {
+            drop(d.repaired);
+            if let Err(e) = std::fs::remove_dir_all(self.dir.path()) {
+                tracing::warn!(dir = %self.dir.path().display(), error = %e, "cannot remove the image of an aborted checkpoint");
+            }
+        } else {
+            self.dir.discard_tmp();
+        }
+        drop(self.lock.take());
+        for f in std::mem::take(&mut self.procs).into_iter().rev() {
+            drop(f);
+        }
+        debug!(root = self.root, "checkpoint aborted; the processes run on");
+    }
 }
 
 /// What every process's memory dump shares.
@@ -488,27 +711,20 @@ impl Shared {
     }
 }
 
-fn checkpoint_frozen(
+#[allow(clippy::too_many_arguments)]
+fn dump_frozen(
     root: i32,
     opts: &Options,
     dir: &ImageDir,
     mem: &MemCtx<'_>,
+    procs: &mut [Frozen],
+    lock: Option<&NetLock>,
+    frozen_at: Instant,
     t0: Instant,
-) -> Result<Summary, CheckpointError> {
+) -> Result<Dumped, CheckpointError> {
     let store = StoreWriter::create(dir, &mem.image_id[..16], opts.compression)?;
-    let mut procs = tree::freeze(root)?;
-    let frozen_at = Instant::now();
-    debug!(root, processes = procs.len(), "tree frozen");
-    fault::check("after-seize")?;
     let mut shared = Shared::default();
     let pids: Vec<i32> = procs.iter().map(|f| f.pid).collect();
-    // A dump that ends the processes holds their TCP connections still
-    // before reading any of them (see cr_sys::netlock).
-    let lock = if opts.action == Action::Continue {
-        None
-    } else {
-        NetLock::take(root, &pids)?
-    };
     // Scanned again now that nothing moves: sockets and pipes as they are.
     let mut scan = fds::Scan::new(&pids);
     scan.lock_network = opts.action != Action::Continue;
@@ -517,7 +733,6 @@ fn checkpoint_frozen(
     let mut images = Vec::with_capacity(procs.len());
     let mut read = 0u64;
     let mut kept = Vec::new();
-    // Trackers no longer wanted: released only after the processes run on.
     let mut released = Vec::new();
     for f in procs.iter_mut() {
         images.push(capture_process(
@@ -542,6 +757,12 @@ fn checkpoint_frozen(
         .map(|t| regs::xstate_xfeatures(&t.xstate).unwrap_or(0))
         .fold(0, |a, b| a | b);
     let pidns = pidns_root(root)?;
+    // The lock is recorded only when it outlives the dump (the processes
+    // end); cr_restart removes it.
+    let netlock = match lock {
+        Some(l) if opts.action != Action::Continue => l.image_name(),
+        _ => String::new(),
+    };
     let ck = proto::Checkpoint {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         created_unix_ms: now_ms(),
@@ -552,7 +773,7 @@ fn checkpoint_frozen(
         processes: images,
         pidns,
         objects,
-        netlock: lock.as_ref().map(NetLock::image_name).unwrap_or_default(),
+        netlock,
         netns: proc::read_link(&format!("/proc/{root}/ns/net")).unwrap_or_default(),
         boot_id: sys_string("/proc/sys/kernel/random/boot_id"),
         image_id: mem.image_id.clone(),
@@ -562,7 +783,6 @@ fn checkpoint_frozen(
     };
     fault::check("before-commit")?;
     dir.commit(&ck, opts.fsync)?;
-    after_commit(dir, mem, &kept);
     let summary = summarize(
         root,
         &ck.processes,
@@ -571,49 +791,12 @@ fn checkpoint_frozen(
         frozen_at.elapsed(),
         t0,
     );
-    // The lock now belongs to the image: cr_restart removes it.
-    if let Some(l) = lock {
-        l.keep();
-    }
-    for r in repaired {
-        if opts.action == Action::Kill {
-            r.keep(); // closed in repair mode by the kill: no FIN, no RST
-        }
-    }
-    // Children first, so a killed parent is never reaped before its child is gone.
-    for f in procs.into_iter().rev() {
-        let pid = f.pid;
-        let sys = |e| CheckpointError::from_sys(pid, e);
-        match opts.action {
-            Action::Continue => {
-                for t in f.tracees {
-                    t.detach(0).map_err(sys)?;
-                }
-            }
-            Action::Stop => {
-                for t in f.tracees {
-                    let sig = if t.tid() == pid { libc::SIGSTOP } else { 0 };
-                    t.detach(sig).map_err(sys)?;
-                }
-            }
-            // The main thread is reported last, after all the others are gone.
-            Action::Kill => {
-                for t in f.tracees.into_iter().rev() {
-                    t.kill_and_reap();
-                }
-            }
-        }
-    }
-    drop(released);
-    info!(
-        root,
-        processes = summary.processes,
-        bytes = summary.page_bytes,
-        stored = summary.store_bytes,
-        frozen_ms = summary.frozen.as_millis() as u64,
-        "checkpoint committed"
-    );
-    Ok(summary)
+    Ok(Dumped {
+        summary,
+        repaired,
+        kept,
+        released,
+    })
 }
 
 /// The network lock of a dump (see `cr_sys::netlock`), removed again if

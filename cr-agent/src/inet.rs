@@ -436,3 +436,72 @@ fn other_family(sh: &Shape) -> String {
     };
     format!("{what} (not supported)")
 }
+
+/// The bookmarks of every established TCP connection of `pids` (each
+/// socket once): sequence numbers only, read in repair mode, nothing
+/// consumed. Sockets that vanish or cannot be read are left out.
+pub fn bookmarks(pids: &[i32]) -> Vec<cr_image::bookmarks::Bookmark> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for &pid in pids {
+        for (fd, link) in cr_sys::proc::list_fds(pid).unwrap_or_default() {
+            if !link.starts_with("socket:[") || !seen.insert(link) {
+                continue;
+            }
+            let Ok(sock) = fdio::steal_fd(pid, fd) else {
+                continue;
+            };
+            if !is_tcp(&shape(&sock)) {
+                continue;
+            }
+            if sys::tcp_info(&sock).map(|i| i.state).ok() != Some(sys::TCP_ESTABLISHED) {
+                continue;
+            }
+            let (Ok(Some(local)), Ok(Some(remote))) =
+                (sys::local_addr(&sock), sys::peer_addr(&sock))
+            else {
+                continue;
+            };
+            match sequence_numbers(sock) {
+                Ok((snd_una, snd_nxt, write_seq, rcv_nxt)) => {
+                    out.push(cr_image::bookmarks::Bookmark {
+                        local: local.to_string(),
+                        remote: remote.to_string(),
+                        snd_una,
+                        snd_nxt,
+                        rcv_nxt,
+                        write_seq,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(pid, fd, error = %cr_sys::error::one_line(&e), "cannot read a TCP connection's sequence numbers")
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (snd_una, snd_nxt, write_seq, rcv_nxt) of an established socket.
+fn sequence_numbers(sock: OwnedFd) -> Result<(u32, u32, u32, u32), SysError> {
+    let reuse = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
+    sys::set_repair(&sock, sys::REPAIR_ON)?;
+    // Leaves repair mode however the reads end.
+    let held = Repaired {
+        sock: Some(sock),
+        reuse,
+    };
+    let s = held.fd();
+    sys::set_repair_queue(s, TcpQueue::Send)?;
+    let write_seq = sys::queue_seq(s)?;
+    let outq = sys::ioctl_int(s, sys::SIOCOUTQ)?.max(0) as u32;
+    let unsent = (sys::ioctl_int(s, sys::SIOCOUTQNSD)?.max(0) as u32).min(outq);
+    sys::set_repair_queue(s, TcpQueue::Recv)?;
+    let rcv_nxt = sys::queue_seq(s)?;
+    Ok((
+        write_seq.wrapping_sub(outq),
+        write_seq.wrapping_sub(unsent),
+        write_seq,
+        rcv_nxt,
+    ))
+}

@@ -55,6 +55,18 @@ impl std::str::FromStr for Choice {
     }
 }
 
+impl Choice {
+    /// As users type it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Auto => "auto",
+            Choice::Uffd => "uffd",
+            Choice::SoftDirty => "soft-dirty",
+            Choice::Hash => "hash",
+        }
+    }
+}
+
 /// The method to use, refusing one the kernel lacks.
 pub fn method(choice: Choice) -> Result<DirtyMethod, CheckpointError> {
     let lacks = |what: &str| CheckpointError::KernelLacks(what.to_string());

@@ -1,9 +1,11 @@
 //! TCP bookmarks: per established connection of an image, its two
 //! addresses and the sequence numbers that tell how far each direction got
-//! (snd_una, snd_nxt, rcv_nxt). A set of images is a consistent cut when no
-//! side received a byte its peer had not sent (rcv_nxt <= peer's snd_nxt)
-//! and no byte is lost (rcv_nxt >= peer's snd_una: everything the peer
-//! forgets as acknowledged was received). The coordinator checks this
+//! (snd_una, snd_nxt, rcv_nxt, write_seq). A set of images is a consistent
+//! cut when no side received a byte its peer had not written (rcv_nxt <=
+//! peer's write_seq: bytes written but not yet sent are in the peer's
+//! image and are sent again after a restore, where the receiver drops them
+//! as duplicates) and no byte is lost (rcv_nxt >= peer's snd_una:
+//! everything the peer forgets as acknowledged was received). The coordinator checks this
 //! before committing a global checkpoint; `cr_image cut` checks it by hand.
 
 use crate::proto;
@@ -17,6 +19,8 @@ pub struct Bookmark {
     pub snd_una: u32,
     pub snd_nxt: u32,
     pub rcv_nxt: u32,
+    /// The last byte the program wrote (snd_nxt plus what is not sent yet).
+    pub write_seq: u32,
 }
 
 impl Bookmark {
@@ -28,6 +32,7 @@ impl Bookmark {
             "snd_una": self.snd_una,
             "snd_nxt": self.snd_nxt,
             "rcv_nxt": self.rcv_nxt,
+            "write_seq": self.write_seq,
         })
     }
 }
@@ -45,6 +50,7 @@ pub fn of(ck: &proto::Checkpoint) -> Vec<Bookmark> {
                 snd_una: t.snd_una,
                 snd_nxt: t.snd_nxt,
                 rcv_nxt: t.rcv_nxt,
+                write_seq: t.write_seq,
             })
         })
         .collect()
@@ -58,12 +64,12 @@ fn seq_ge(a: u32, b: u32) -> bool {
 /// Where a set of images fails to be a consistent cut.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CutError {
-    #[error("connection {local} -> {remote}: {local} received up to {rcv_nxt} but its peer sent only up to {peer_snd_nxt} (a byte received that was never sent)")]
+    #[error("connection {local} -> {remote}: {local} received up to {rcv_nxt} but its peer wrote only up to {peer_write_seq} (a byte received that was never sent)")]
     Orphan {
         local: String,
         remote: String,
         rcv_nxt: u32,
-        peer_snd_nxt: u32,
+        peer_write_seq: u32,
     },
     #[error("connection {local} -> {remote}: {local} received up to {rcv_nxt} but its peer already dropped bytes up to {peer_snd_una} as acknowledged (bytes lost)")]
     Lost {
@@ -87,12 +93,12 @@ pub fn check_cut(marks: &[Bookmark]) -> Result<usize, CutError> {
             continue;
         };
         matched += 1;
-        if !seq_ge(peer.snd_nxt, m.rcv_nxt) {
+        if !seq_ge(peer.write_seq, m.rcv_nxt) {
             return Err(CutError::Orphan {
                 local: m.local.clone(),
                 remote: m.remote.clone(),
                 rcv_nxt: m.rcv_nxt,
-                peer_snd_nxt: peer.snd_nxt,
+                peer_write_seq: peer.write_seq,
             });
         }
         if !seq_ge(m.rcv_nxt, peer.snd_una) {
@@ -107,6 +113,19 @@ pub fn check_cut(marks: &[Bookmark]) -> Result<usize, CutError> {
     Ok(matched / 2)
 }
 
+/// The connections of `marks` whose other end is not in `marks` (peers
+/// outside the set of images).
+pub fn unmatched(marks: &[Bookmark]) -> Vec<&Bookmark> {
+    let ends: std::collections::HashSet<(&str, &str)> = marks
+        .iter()
+        .map(|m| (m.local.as_str(), m.remote.as_str()))
+        .collect();
+    marks
+        .iter()
+        .filter(|m| !ends.contains(&(m.remote.as_str(), m.local.as_str())))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,7 +137,30 @@ mod tests {
             snd_una: una,
             snd_nxt: nxt,
             rcv_nxt: rcv,
+            write_seq: nxt,
         }
+    }
+
+    #[test]
+    fn bytes_written_but_not_sent_may_be_received_later() {
+        // a wrote up to 160 but had sent only up to 150 when it was read;
+        // the kernel sent the rest before b was read.
+        let mut a = bm("a:1", "b:2", 100, 150, 9);
+        a.write_seq = 160;
+        let marks = [a, bm("b:2", "a:1", 7, 9, 158)];
+        assert_eq!(check_cut(&marks), Ok(1));
+    }
+
+    #[test]
+    fn peers_outside_the_set_are_listed() {
+        let marks = [
+            bm("a:1", "b:2", 1, 1, 1),
+            bm("b:2", "a:1", 1, 1, 1),
+            bm("a:3", "x:9", 1, 1, 1),
+        ];
+        let out = unmatched(&marks);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].remote, "x:9");
     }
 
     #[test]

@@ -31,6 +31,18 @@ pub fn dirty_name(m: i32) -> &'static str {
     }
 }
 
+/// The method named by [`dirty_name`] (full if unknown).
+pub fn dirty_from_name(s: &str) -> proto::DirtyMethod {
+    [
+        proto::DirtyMethod::DirtyUffdWp,
+        proto::DirtyMethod::DirtySoftDirty,
+        proto::DirtyMethod::DirtyHash,
+    ]
+    .into_iter()
+    .find(|m| dirty_name(*m as i32) == s)
+    .unwrap_or(proto::DirtyMethod::DirtyFull)
+}
+
 /// Name of the tracking left running in a process ("none" if none).
 pub fn tracking_name(m: i32) -> &'static str {
     if m == 0 {
@@ -46,6 +58,16 @@ pub fn compression_name(c: i32) -> &'static str {
         proto::Compression::None => "none",
         proto::Compression::Lz4 => "lz4",
         proto::Compression::Zstd => "zstd",
+    }
+}
+
+/// A compression as users type it (`none`, `lz4`, `zstd`).
+pub fn parse_compression(s: &str) -> Result<proto::Compression, String> {
+    match s {
+        "none" => Ok(proto::Compression::None),
+        "lz4" => Ok(proto::Compression::Lz4),
+        "zstd" => Ok(proto::Compression::Zstd),
+        _ => Err(format!("unknown compression {s:?} (none, lz4 or zstd)")),
     }
 }
 

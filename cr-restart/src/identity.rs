@@ -23,6 +23,12 @@ pub fn check_caller(procs: &[proto::Process]) -> Result<(), RestoreError> {
     if euid == 0 {
         return Ok(());
     }
+    check_owner(procs, uid, gid)
+}
+
+/// Every live process of the image runs as `uid`/`gid` only, without
+/// capabilities: the user `uid` may restore it.
+pub fn check_owner(procs: &[proto::Process], uid: u32, gid: u32) -> Result<(), RestoreError> {
     for p in procs.iter().filter(|p| !p.zombie) {
         let c = p.creds.clone().unwrap_or_default();
         let caps = c.cap_prm | c.cap_eff | c.cap_inh | c.cap_amb;

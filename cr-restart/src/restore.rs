@@ -202,6 +202,98 @@ impl Drop for StubGuard {
 /// its PID and every thread with its TID. The root runs again as a child of
 /// the caller when this returns its PID.
 pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
+    prepare(dir, opts)?.release()
+}
+
+/// A restored tree, complete but not yet running: every thread is held by
+/// the caller's thread (ptrace), so [`Ready::release`] must be called from
+/// the same thread. Dropping it kills every process of the tree: a restore
+/// that is not released leaves nothing behind.
+pub struct Ready {
+    ck: proto::Checkpoint,
+    opts: Options,
+    root_pid: i32,
+    pidns: bool,
+    objects: Objects,
+    handoff: fds::Handoff,
+    /// One per process of the image, in its order.
+    stubs: Vec<Tracee>,
+    /// The other threads of each process.
+    threads: Vec<Vec<Tracee>>,
+    /// The restorer's pidfd the stubs took their fds through.
+    _me: std::os::fd::OwnedFd,
+}
+
+impl Ready {
+    /// PID of the root (in the caller's PID namespace).
+    pub fn pid(&self) -> i32 {
+        self.root_pid
+    }
+
+    /// The image's root PID.
+    pub fn image_pid(&self) -> i32 {
+        self.ck.root_pid as i32
+    }
+
+    /// Let every process run, all at once; the root's PID.
+    pub fn release(self) -> Result<i32, RestoreError> {
+        let Ready {
+            ck,
+            opts,
+            root_pid,
+            pidns,
+            objects,
+            mut handoff,
+            stubs,
+            threads,
+            _me,
+        } = self;
+        let procs = &ck.processes;
+        // Every thread of every process is ready and nothing of the tree
+        // has run yet. Timers start now; a shell job takes the terminal;
+        // zombies die, then children go before parents.
+        handoff.arm_timers()?;
+        // The image's network lock (same host, same namespace) goes now that
+        // every connection exists again; then they leave repair mode.
+        if !ck.netlock.is_empty() {
+            match cr_sys::netlock::unlock(None, &ck.netlock) {
+                Ok(true) => debug!(lock = ck.netlock, "network lock removed"),
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(error = %cr_sys::error::one_line(&e), "the image's network lock could not be removed")
+                }
+            }
+        }
+        objects.finish_inet(opts.reset_guard_secs)?;
+        if opts.shell_job {
+            take_terminal(root_pid);
+        }
+        let mut live = Vec::new();
+        for ((p, t), th) in procs.iter().zip(stubs).zip(threads) {
+            if p.zombie {
+                make_zombie(t, p.exit_status)?;
+            } else {
+                live.push((p, t, th));
+            }
+        }
+        for (p, t, th) in live.into_iter().rev() {
+            for t in th {
+                t.detach(0)?;
+            }
+            t.detach(if p.stopped { libc::SIGSTOP } else { 0 })?;
+        }
+        info!(
+            root = root_pid,
+            processes = procs.len(),
+            pidns,
+            "restored tree released"
+        );
+        Ok(root_pid)
+    }
+}
+
+/// Rebuild the tree of the image in `dir`, every process frozen (see [`Ready`]).
+pub fn prepare(dir: &Path, opts: &Options) -> Result<Ready, RestoreError> {
     let chain = Chain::open(dir)?;
     let img = chain.top().dir.clone();
     let ck = chain.top().ck.clone();
@@ -316,46 +408,18 @@ pub fn restore(dir: &Path, opts: &Options) -> Result<i32, RestoreError> {
             rebuild(t, &ctx, p, &pages, pieces, &mut handoff)?
         });
     }
-    // Release: every thread of every process is ready and nothing of the
-    // tree has run yet. Timers start now; a shell job takes the terminal;
-    // zombies die, then children go before parents.
-    handoff.arm_timers()?;
-    // The image's network lock (same host, same namespace) goes now that
-    // every connection exists again; then they leave repair mode.
-    if !ck.netlock.is_empty() {
-        match cr_sys::netlock::unlock(None, &ck.netlock) {
-            Ok(true) => debug!(lock = ck.netlock, "network lock removed"),
-            Ok(false) => {}
-            Err(e) => {
-                warn!(error = %cr_sys::error::one_line(&e), "the image's network lock could not be removed")
-            }
-        }
-    }
-    objects.finish_inet(opts.reset_guard_secs)?;
-    if opts.shell_job {
-        take_terminal(root_pid);
-    }
-    let mut live = Vec::new();
-    for ((p, t), th) in procs.iter().zip(stubs).zip(threads) {
-        if p.zombie {
-            make_zombie(t, p.exit_status)?;
-        } else {
-            live.push((p, t, th));
-        }
-    }
-    for (p, t, th) in live.into_iter().rev() {
-        for t in th {
-            t.detach(0)?;
-        }
-        t.detach(if p.stopped { libc::SIGSTOP } else { 0 })?;
-    }
-    info!(
-        root = root_pid,
-        processes = procs.len(),
-        pidns = ids.pidns,
-        "restored tree released"
-    );
-    Ok(root_pid)
+    drop(ctx);
+    Ok(Ready {
+        opts: opts.clone(),
+        root_pid,
+        pidns: ids.pidns,
+        objects,
+        handoff,
+        stubs,
+        threads,
+        _me: me,
+        ck,
+    })
 }
 
 /// Make the restored job (its process group) the foreground job of our
@@ -1044,13 +1108,18 @@ fn signals(stub: &mut Stub<'_>, p: &proto::Process) -> Result<(), RestoreError> 
 /// Wait for a restored child to end; returns a shell-style exit code.
 pub fn wait_exit(pid: i32) -> Result<i32, RestoreError> {
     let (_, status) = wait_raw(pid, 0).map_err(|source| RestoreError::Wait { pid, source })?;
-    Ok(if libc::WIFEXITED(status) {
+    Ok(exit_code(status))
+}
+
+/// A wait status as a shell shows it: the exit code, or 128 + the signal.
+pub fn exit_code(status: i32) -> i32 {
+    if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else if libc::WIFSIGNALED(status) {
         128 + libc::WTERMSIG(status)
     } else {
         1
-    })
+    }
 }
 
 /// Sockets restored on the same boot into another network namespace than
