@@ -202,6 +202,11 @@ impl Held {
         self.dir.path()
     }
 
+    /// How long the tree has been frozen.
+    pub fn frozen_for(&self) -> Duration {
+        self.frozen_at.elapsed()
+    }
+
     /// Name of the network lock held (empty: none).
     pub fn lock_name(&self) -> String {
         self.lock
@@ -940,10 +945,12 @@ fn capture_process(
         sigactions,
         itimers,
         keep_caps,
+        dumpable,
     } = inject_queries(&mut f.tracees, &mut thread_states).map_err(sys)?;
 
     let mut creds = identity::creds(&status);
     creds.keep_caps = keep_caps;
+    creds.dumpable = Some(dumpable);
     let rlimits = cr_sys::limits::get_all(pid)
         .map_err(sys)?
         .into_iter()
@@ -1090,6 +1097,8 @@ fn capture_process(
 struct Injected {
     brk: u64,
     keep_caps: bool,
+    /// PR_GET_DUMPABLE: 0, 1 or 2 (suid_dumpable).
+    dumpable: u32,
     sigactions: Vec<proto::SigAction>,
     itimers: Vec<proto::ITimer>,
 }
@@ -1103,7 +1112,7 @@ fn inject_queries(
 ) -> cr_sys::error::Result<Injected> {
     let pid = tracees[0].tid();
     let ip = find_syscall_insn(pid)?;
-    let (brk, keep_caps, scratch) = {
+    let (brk, keep_caps, dumpable, scratch) = {
         let mut inj = Injector::new(&mut tracees[0], ip)?;
         let brk = inj.call("brk", libc::SYS_brk, [0; 6])?;
         let keep_caps = inj.call(
@@ -1111,9 +1120,14 @@ fn inject_queries(
             libc::SYS_prctl,
             [libc::PR_GET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
         )? == 1;
+        let dumpable = inj.call(
+            "prctl(PR_GET_DUMPABLE)",
+            libc::SYS_prctl,
+            [libc::PR_GET_DUMPABLE as u64, 0, 0, 0, 0, 0],
+        )? as u32;
         let scratch = inj.mmap_anon(0, PAGE_SIZE)?;
         inj.finish()?;
-        (brk, keep_caps, scratch)
+        (brk, keep_caps, dumpable, scratch)
     };
     let result = (|| {
         let actions = query_sigactions(&mut tracees[0], ip, scratch)?;
@@ -1151,6 +1165,7 @@ fn inject_queries(
         Ok(Injected {
             brk,
             keep_caps,
+            dumpable,
             sigactions: actions,
             itimers,
         })

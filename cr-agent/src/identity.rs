@@ -33,6 +33,7 @@ pub fn creds(status: &Status) -> proto::Creds {
         cap_amb: cap("CapAmb"),
         no_new_privs: status.int("NoNewPrivs") == Some(1),
         keep_caps: false,
+        dumpable: None,
     }
 }
 

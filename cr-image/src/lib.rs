@@ -31,7 +31,7 @@ use std::path::PathBuf;
 /// Major version of the image format: a reader refuses any other major.
 pub const FORMAT_MAJOR: u16 = 2;
 /// Minor version: a reader refuses a newer minor than its own.
-pub const FORMAT_MINOR: u16 = 0;
+pub const FORMAT_MINOR: u16 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {

@@ -165,6 +165,14 @@ pub fn set_creds(
         libc::SYS_prctl,
         [libc::PR_SET_KEEPCAPS as u64, c.keep_caps as u64, 0, 0, 0, 0],
     )?;
+    // Only 0 and 1 can be set; 2 (suid_dumpable) is what the uid change left.
+    if let Some(d @ (0 | 1)) = c.dumpable {
+        inj.call(
+            "prctl(PR_SET_DUMPABLE)",
+            libc::SYS_prctl,
+            [libc::PR_SET_DUMPABLE as u64, u64::from(d), 0, 0, 0, 0],
+        )?;
+    }
     if c.no_new_privs {
         inj.call(
             "prctl(PR_SET_NO_NEW_PRIVS)",
