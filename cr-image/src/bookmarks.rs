@@ -84,12 +84,13 @@ pub enum CutError {
 /// all images of the set); returns how many connections were matched.
 /// Connections whose peer is not in the set are not judged.
 pub fn check_cut(marks: &[Bookmark]) -> Result<usize, CutError> {
+    let ends: std::collections::HashMap<(&str, &str), &Bookmark> = marks
+        .iter()
+        .map(|m| ((m.local.as_str(), m.remote.as_str()), m))
+        .collect();
     let mut matched = 0;
     for m in marks {
-        let Some(peer) = marks
-            .iter()
-            .find(|p| p.local == m.remote && p.remote == m.local)
-        else {
+        let Some(peer) = ends.get(&(m.remote.as_str(), m.local.as_str())) else {
             continue;
         };
         matched += 1;
