@@ -1,12 +1,15 @@
-//! Compiles the .proto files with protox (pure Rust), so no system `protoc` is needed.
+//! Compiles the .proto files with protox (pure Rust), so no system `protoc`
+//! is needed: the image metadata with prost, the cluster services with tonic.
 
 fn main() {
-    let files = ["image.proto"];
+    let files = ["image.proto", "cluster.proto"];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["."]).expect("compile .proto files");
-    prost_build::Config::new()
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
         .compile_fds(fds)
         .expect("generate Rust code from .proto files");
 }

@@ -1,0 +1,83 @@
+//! gRPC channels: to a daemon over TCP (TLS as configured), or to the
+//! node's agent over its Unix socket.
+
+use crate::tls::Security;
+use crate::RpcError;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+fn endpoint(
+    addr: &str,
+    sec: &Security,
+    domain: &str,
+    timeout: Duration,
+) -> Result<Endpoint, RpcError> {
+    let bad = |what: String| RpcError::Address {
+        addr: addr.to_string(),
+        what,
+    };
+    let uri = format!("{}://{addr}", sec.scheme());
+    let mut ep = Endpoint::from_shared(uri)
+        .map_err(|e| bad(e.to_string()))?
+        .connect_timeout(timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20));
+    if let Some(tls) = sec.client(domain) {
+        ep = ep.tls_config(tls).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(ep)
+}
+
+/// A connected channel to `addr` (host:port) whose certificate names `domain`.
+pub async fn connect(
+    addr: &str,
+    sec: &Security,
+    domain: &str,
+    timeout: Duration,
+) -> Result<Channel, RpcError> {
+    endpoint(addr, sec, domain, timeout)?
+        .connect()
+        .await
+        .map_err(|e| RpcError::Connect {
+            addr: addr.to_string(),
+            what: crate::error::innermost(&e),
+        })
+}
+
+/// A channel that connects on first use (and again after a failure).
+pub fn lazy(
+    addr: &str,
+    sec: &Security,
+    domain: &str,
+    timeout: Duration,
+) -> Result<Channel, RpcError> {
+    Ok(endpoint(addr, sec, domain, timeout)?.connect_lazy())
+}
+
+/// The agent's Unix socket for local clients: `CR_AGENT_SOCKET` or the default.
+pub fn agent_socket() -> PathBuf {
+    std::env::var_os(crate::AGENT_SOCKET_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(crate::AGENT_SOCKET))
+}
+
+/// A channel over the agent's Unix socket.
+pub async fn local(socket: &Path) -> Result<Channel, RpcError> {
+    let path = socket.to_path_buf();
+    // The URI is required by the API and ignored by the connector.
+    Endpoint::from_static("http://agent.local")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(&path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .map_err(|e| RpcError::Connect {
+            addr: socket.display().to_string(),
+            what: crate::error::innermost(&e),
+        })
+}

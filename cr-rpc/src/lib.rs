@@ -1,0 +1,46 @@
+//! What the cluster daemons (`cr-agent`, `cr-coordinatord`) and their
+//! clients (`crctl`, `cr_run`, `cr_checkpoint`, `cr_restart`) share.
+//!
+//! * [`tls`]: the cluster's mutual TLS (every peer holds a certificate of
+//!   the cluster CA), or plain TCP when explicitly asked for.
+//! * [`channel`]: gRPC channels to a TCP address or to the agent's Unix socket;
+//!   [`local`]: the blocking client of the agent the command-line tools use.
+//! * [`config`]: TOML configuration files.
+//! * [`shutdown`]: SIGTERM / SIGINT as a future.
+//! * [`pki`]: a cluster CA and certificates signed by it (`crctl pki`).
+#![forbid(unsafe_code)]
+
+pub mod channel;
+pub mod config;
+pub mod error;
+pub mod local;
+pub mod pki;
+pub mod shutdown;
+pub mod tls;
+
+pub use cr_proto::cluster as pb;
+pub use error::RpcError;
+
+/// Default port of cr-coordinatord.
+pub const COORDINATOR_PORT: u16 = 7170;
+/// Default port of a cr-agent's Agent service.
+pub const AGENT_PORT: u16 = 7171;
+/// Default path of a cr-agent's Unix socket for local clients.
+pub const AGENT_SOCKET: &str = "/run/cr/agent.sock";
+/// Environment variable naming the agent's Unix socket for local clients.
+pub const AGENT_SOCKET_ENV: &str = "CR_AGENT_SOCKET";
+/// TLS name of the coordinator's certificate unless configured otherwise.
+pub const COORDINATOR_NAME: &str = "cr-coordinatord";
+
+/// One readable line from a gRPC status: its message, or its code when the
+/// message is empty; transport errors are reduced to their innermost cause.
+pub fn status_line(s: &tonic::Status) -> String {
+    let msg = s.message().trim();
+    if msg.is_empty() {
+        format!("{:?}", s.code())
+    } else if s.code() == tonic::Code::Unavailable {
+        format!("unavailable: {}", error::innermost(s))
+    } else {
+        msg.to_string()
+    }
+}

@@ -1,0 +1,94 @@
+//! A blocking client of the node's agent (its Unix socket), for the
+//! command-line tools: they go through the agent when it runs and work on
+//! their own when it does not.
+
+use crate::pb;
+use crate::pb::local_client::LocalClient;
+use crate::RpcError;
+use std::path::{Path, PathBuf};
+use tonic::transport::Channel;
+
+pub struct Agent {
+    rt: tokio::runtime::Runtime,
+    client: LocalClient<Channel>,
+    pub socket: PathBuf,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, RpcError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| RpcError::Connect {
+            addr: "agent".into(),
+            what: e.to_string(),
+        })
+}
+
+impl Agent {
+    /// The agent on `socket`.
+    pub fn connect(socket: &Path) -> Result<Agent, RpcError> {
+        let rt = runtime()?;
+        let ch = rt.block_on(crate::channel::local(socket))?;
+        Ok(Agent {
+            rt,
+            client: LocalClient::new(ch),
+            socket: socket.to_path_buf(),
+        })
+    }
+
+    /// The node's agent (`CR_AGENT_SOCKET` or the default socket) if one
+    /// answers; None when no agent runs.
+    pub fn if_running() -> Option<Agent> {
+        let socket = crate::channel::agent_socket();
+        if !socket.exists() {
+            return None;
+        }
+        match Agent::connect(&socket) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::debug!(socket = %socket.display(), error = %e, "no agent: working standalone");
+                None
+            }
+        }
+    }
+
+    fn call<T, F>(&mut self, f: impl FnOnce(LocalClient<Channel>) -> F) -> Result<T, String>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = self.client.clone();
+        self.rt
+            .block_on(f(client))
+            .map(|r| r.into_inner())
+            .map_err(|s| crate::status_line(&s))
+    }
+
+    pub fn checkpoint(
+        &mut self,
+        req: pb::LocalCheckpointRequest,
+    ) -> Result<pb::LocalCheckpointReply, String> {
+        self.call(|mut c| async move { c.checkpoint(req).await })
+    }
+
+    pub fn restore(&mut self, req: pb::LocalRestoreRequest) -> Result<i32, String> {
+        self.call(|mut c| async move { c.restore(req).await })
+            .map(|r| r.pid)
+    }
+
+    /// Exit code (or 128 + signal) of a process the agent restored.
+    pub fn wait(&mut self, pid: i32) -> Result<i32, String> {
+        self.call(|mut c| async move { c.wait(pb::WaitRequest { pid }).await })
+            .map(|r| r.status)
+    }
+
+    /// Make `pid` a member of `job`.
+    pub fn join(&mut self, job: &str, pid: i32) -> Result<(), String> {
+        let m = pb::Member {
+            job: job.to_string(),
+            pid,
+            ..Default::default()
+        };
+        self.call(|mut c| async move { c.join(m).await })
+            .map(|_| ())
+    }
+}
