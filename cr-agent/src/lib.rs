@@ -18,8 +18,13 @@
 //!
 //! Any error before the end drops the seized thread, which detaches it: the
 //! application runs on exactly as before.
+//!
+//! A coordinated checkpoint splits this in steps ([`capture::freeze`] with
+//! the network lock, [`capture::Held::dump`], [`capture::Held::finish`]),
+//! driven by the node agent daemon in [`agent`].
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod capture;
 pub mod error;
 pub mod fault;

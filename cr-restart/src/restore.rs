@@ -408,7 +408,6 @@ pub fn prepare(dir: &Path, opts: &Options) -> Result<Ready, RestoreError> {
             rebuild(t, &ctx, p, &pages, pieces, &mut handoff)?
         });
     }
-    drop(ctx);
     Ok(Ready {
         opts: opts.clone(),
         root_pid,

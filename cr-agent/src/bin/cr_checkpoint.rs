@@ -63,6 +63,10 @@ struct Cli {
     /// Compression of the page store: none, lz4 (fast) or zstd (small).
     #[arg(long, default_value = "none", value_parser = ["none", "lz4", "zstd"])]
     compress: String,
+    /// Work without the node's agent even when it runs (otherwise the
+    /// checkpoint goes through it, on behalf of the caller).
+    #[arg(long)]
+    standalone: bool,
     /// Print nothing on success.
     #[arg(long, short = 'q')]
     quiet: bool,
@@ -106,13 +110,18 @@ fn main() -> ExitCode {
         pre_dump: cli.pre_dump,
         track_mem: cli.track_mem || cli.pre_dump,
         dirty: cli.dirty,
-        compression: match cli.compress.as_str() {
-            "lz4" => Compression::Lz4,
-            "zstd" => Compression::Zstd,
-            _ => Compression::None,
-        },
+        compression: cr_image::show::parse_compression(&cli.compress).unwrap_or(Compression::None),
     };
-    match checkpoint(pid, &opts) {
+    let agent = if cli.standalone {
+        None
+    } else {
+        cr_rpc::local::Agent::if_running()
+    };
+    let result = match agent {
+        Some(a) => through_agent(a, pid, &cli, &opts),
+        None => checkpoint(pid, &opts).map_err(|e| cr_sys::error::one_line(&e)),
+    };
+    match result {
         Ok(s) => {
             if !cli.quiet {
                 let secs = s.elapsed.as_secs_f64();
@@ -152,10 +161,61 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("cr_checkpoint: error: {}", cr_sys::error::one_line(&e));
+            eprintln!("cr_checkpoint: error: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The checkpoint made by the node's agent, on behalf of the caller.
+fn through_agent(
+    mut agent: cr_rpc::local::Agent,
+    pid: i32,
+    cli: &Cli,
+    opts: &Options,
+) -> Result<cr_agent::Summary, String> {
+    use cr_rpc::pb;
+    let abs = |p: &std::path::Path| {
+        std::path::absolute(p)
+            .map(|a| a.display().to_string())
+            .map_err(|e| format!("{}: {e}", p.display()))
+    };
+    tracing::debug!(socket = %agent.socket.display(), "checkpoint through the agent");
+    let r = agent.checkpoint(pb::LocalCheckpointRequest {
+        pid,
+        dir: abs(&opts.dir)?,
+        after: match opts.action {
+            Action::Continue => pb::After::Continue,
+            Action::Stop => pb::After::Stop,
+            Action::Kill => pb::After::Kill,
+        } as i32,
+        parent: opts
+            .parent
+            .as_deref()
+            .map(abs)
+            .transpose()?
+            .unwrap_or_default(),
+        pre_dump: opts.pre_dump,
+        track_mem: opts.track_mem,
+        dirty: cli.dirty.name().into(),
+        compress: cli.compress.clone(),
+        workers: cli.workers.unwrap_or(0) as u32,
+        no_fsync: cli.no_fsync,
+        tcp_skip_in_flight: cli.tcp_skip_in_flight,
+    })?;
+    Ok(cr_agent::Summary {
+        pid: r.pid,
+        processes: r.processes as usize,
+        threads: r.threads as usize,
+        page_bytes: r.page_bytes,
+        store_bytes: r.store_bytes,
+        pages_parent: r.pages_parent,
+        dirty: cr_image::show::dirty_from_name(&r.dirty),
+        vmas: r.vmas as usize,
+        fds: r.fds as usize,
+        frozen: std::time::Duration::from_micros(r.frozen_us),
+        elapsed: std::time::Duration::from_micros(r.elapsed_us),
+    })
 }
 
 /// `--check`: the pre-flight report.

@@ -5,6 +5,10 @@
 //! `cr_checkpoint` accepts the PID of cr_run or of the job. cr_run waits for
 //! the command and exits with its status; if cr_run dies (Ctrl-C, SIGTERM),
 //! the job is killed with it.
+//!
+//! With `--job NAME` the command also becomes a member of the cluster job
+//! NAME: the node's agent (cr-agent) is told about it, and the coordinator
+//! then checkpoints and restarts it together with the job's other members.
 #![forbid(unsafe_code)]
 
 use clap::Parser;
@@ -24,6 +28,9 @@ struct Cli {
     /// Stay in the current PID namespace (a restore then needs the same PIDs free).
     #[arg(long)]
     no_pidns: bool,
+    /// Make the command a member of this cluster job (needs the node's cr-agent).
+    #[arg(long, value_name = "NAME")]
+    job: Option<String>,
     /// Write the job's PID (as seen from here) to this file.
     #[arg(long)]
     pid_file: Option<PathBuf>,
@@ -33,6 +40,17 @@ struct Cli {
 }
 
 fn run(cli: Cli) -> Result<u8, String> {
+    // The agent must be there before anything is started.
+    let mut agent = match &cli.job {
+        Some(_) => {
+            let socket = cr_rpc::channel::agent_socket();
+            Some(
+                cr_rpc::local::Agent::connect(&socket)
+                    .map_err(|e| format!("--job needs the node's cr-agent: {e}"))?,
+            )
+        }
+        None => None,
+    };
     if !cli.no_pidns {
         cr_sys::clone::unshare_pidns()
             .map_err(|e| format!("cannot create a PID namespace: {e}"))?;
@@ -50,6 +68,13 @@ fn run(cli: Cli) -> Result<u8, String> {
     if let Some(f) = &cli.pid_file {
         std::fs::write(f, format!("{}\n", child.id()))
             .map_err(|e| format!("cannot write {}: {e}", f.display()))?;
+    }
+    if let (Some(a), Some(job)) = (agent.as_mut(), &cli.job) {
+        if let Err(e) = a.join(job, child.id() as i32) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("cannot join job {job}: {e}"));
+        }
     }
     tracing::info!(pid = child.id(), "job started");
     let st = child

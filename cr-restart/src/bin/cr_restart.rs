@@ -37,6 +37,11 @@ struct Cli {
     /// path such as /proc/PID/ns/net).
     #[arg(long, value_name = "NAME|PATH")]
     netns: Option<String>,
+    /// Work without the node's agent even when it runs (otherwise the
+    /// restore goes through it, on behalf of the caller, unless --shell-job
+    /// or --netns is given).
+    #[arg(long)]
+    standalone: bool,
     /// Image directory written by cr_checkpoint.
     dir: PathBuf,
 }
@@ -55,6 +60,17 @@ fn main() -> ExitCode {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
+    let agent = if cli.standalone || cli.shell_job || cli.netns.is_some() {
+        None
+    } else {
+        cr_rpc::local::Agent::if_running()
+    };
+    if let Some(agent) = agent {
+        return match through_agent(agent, &cli) {
+            Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+            Err(e) => fail(e),
+        };
+    }
     if let Some(ns) = &cli.netns {
         let path = if ns.contains('/') {
             ns.clone()
@@ -91,4 +107,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The restore made by the node's agent, on behalf of the caller; the
+/// restored root is the agent's child, so its exit status comes from it.
+fn through_agent(mut agent: cr_rpc::local::Agent, cli: &Cli) -> Result<i32, String> {
+    let dir = std::path::absolute(&cli.dir).map_err(|e| format!("{}: {e}", cli.dir.display()))?;
+    tracing::debug!(socket = %agent.socket.display(), "restore through the agent");
+    let pid = agent.restore(cr_rpc::pb::LocalRestoreRequest {
+        dir: dir.display().to_string(),
+        map_addr: cli.map_addr.clone(),
+        reset_guard_secs: cli.reset_guard,
+        workers: cli.workers.unwrap_or(0) as u32,
+    })?;
+    if cli.detach {
+        println!("{pid}");
+        return Ok(0);
+    }
+    agent.wait(pid)
 }

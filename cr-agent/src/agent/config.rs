@@ -1,0 +1,124 @@
+//! The agent's configuration: a TOML file (default `/etc/cr/agent.toml`)
+//! under command-line flags. Keys are documented in docs/CLUSTER.md.
+
+use cr_rpc::tls::TlsFiles;
+use cr_rpc::RpcError;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The file as written; every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub node: Option<String>,
+    pub listen: Option<String>,
+    pub advertise: Option<String>,
+    pub socket: Option<PathBuf>,
+    pub coordinator: Option<String>,
+    pub coordinator_name: Option<String>,
+    pub images: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub addresses: Option<Vec<String>>,
+    pub heartbeat_ms: Option<u64>,
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub insecure: Option<bool>,
+}
+
+/// Everything resolved.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node: String,
+    pub listen: SocketAddr,
+    /// host:port the coordinator dials.
+    pub advertise: String,
+    pub socket: PathBuf,
+    /// None: a standalone node (local clients only).
+    pub coordinator: Option<String>,
+    pub coordinator_name: String,
+    pub images: PathBuf,
+    pub state_dir: PathBuf,
+    pub addresses: Vec<String>,
+    pub heartbeat_ms: u64,
+    pub tls: TlsFiles,
+}
+
+fn bad(what: String) -> RpcError {
+    RpcError::Config {
+        path: PathBuf::from("cr-agent"),
+        what,
+    }
+}
+
+impl Config {
+    /// Resolve `file` (already merged with the flags) into a configuration.
+    pub fn resolve(f: FileConfig) -> Result<Config, RpcError> {
+        let node = match f.node {
+            Some(n) => n,
+            None => cr_sys::proc::read_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "localhost".into()),
+        };
+        if node.is_empty() || node.contains(['/', ' ']) {
+            return Err(bad(format!("bad node name {node:?}")));
+        }
+        let listen_s = f
+            .listen
+            .unwrap_or_else(|| format!("0.0.0.0:{}", cr_rpc::AGENT_PORT));
+        let listen: SocketAddr = listen_s.parse().map_err(|_| RpcError::Address {
+            addr: listen_s.clone(),
+            what: "expected IP:PORT".into(),
+        })?;
+        let advertise = match f.advertise {
+            Some(a) => a,
+            None if f.coordinator.is_some() && listen.ip().is_unspecified() => {
+                return Err(bad(format!(
+                    "listen = {listen} is not an address the coordinator can dial; set advertise = \"IP:PORT\""
+                )))
+            }
+            None => listen.to_string(),
+        };
+        let addresses = match f.addresses {
+            Some(a) => a,
+            None => advertise
+                .parse::<SocketAddr>()
+                .map(|a| vec![a.ip().to_string()])
+                .unwrap_or_default(),
+        };
+        for a in &addresses {
+            a.parse::<std::net::IpAddr>()
+                .map_err(|_| RpcError::Address {
+                    addr: a.clone(),
+                    what: "expected an IP address".into(),
+                })?;
+        }
+        Ok(Config {
+            node,
+            listen,
+            advertise,
+            socket: f
+                .socket
+                .unwrap_or_else(|| PathBuf::from(cr_rpc::AGENT_SOCKET)),
+            coordinator: f.coordinator,
+            coordinator_name: f
+                .coordinator_name
+                .unwrap_or_else(|| cr_rpc::COORDINATOR_NAME.into()),
+            images: f
+                .images
+                .unwrap_or_else(|| PathBuf::from("/var/lib/cr/images")),
+            state_dir: f
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from("/run/cr/agent")),
+            addresses,
+            heartbeat_ms: f.heartbeat_ms.unwrap_or(1000).max(50),
+            tls: TlsFiles {
+                ca: f.ca,
+                cert: f.cert,
+                key: f.key,
+                insecure: f.insecure.unwrap_or(false),
+            },
+        })
+    }
+}

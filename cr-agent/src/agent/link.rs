@@ -1,0 +1,101 @@
+//! The agent's link to the coordinator: register the node (address, IPs,
+//! live members), then heartbeat with the members; register again whenever
+//! the coordinator lost us (it restarted) or could not be reached. Without a
+//! coordinator (a standalone node) only the members are kept current.
+
+use super::Shared;
+use cr_rpc::pb;
+use cr_rpc::pb::coordinator_client::CoordinatorClient;
+use cr_rpc::tls::Security;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+const RPC_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub async fn run(shared: Arc<Shared>, sec: Security) {
+    let cfg = &shared.config;
+    let mut period = Duration::from_millis(cfg.heartbeat_ms);
+    let Some(addr) = cfg.coordinator.clone() else {
+        loop {
+            shared.members.sweep();
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = shared.wake.notified() => {}
+            }
+        }
+    };
+    let channel = match cr_rpc::channel::lazy(&addr, &sec, &cfg.coordinator_name, RPC_TIMEOUT) {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(error = %e, "no link to the coordinator");
+            return;
+        }
+    };
+    let mut client = CoordinatorClient::new(channel);
+    let mut registered = false;
+    let mut last_err: Option<String> = None;
+    loop {
+        shared.members.sweep();
+        let (members, generation) = shared.members.snapshot();
+        let res = if registered {
+            let mut req = tonic::Request::new(pb::HeartbeatRequest {
+                node: cfg.node.clone(),
+                members,
+                generation,
+            });
+            req.set_timeout(RPC_TIMEOUT);
+            client.heartbeat(req).await.map(|r| {
+                if r.into_inner().register_again {
+                    info!("the coordinator does not know this node: registering again");
+                    registered = false;
+                }
+            })
+        } else {
+            let mut req = tonic::Request::new(pb::RegisterRequest {
+                node: cfg.node.clone(),
+                agent_addr: cfg.advertise.clone(),
+                addresses: cfg.addresses.clone(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                members,
+                generation,
+            });
+            req.set_timeout(RPC_TIMEOUT);
+            client.register(req).await.map(|r| {
+                let hb = r.into_inner().heartbeat_ms;
+                if hb > 0 {
+                    period = Duration::from_millis(u64::from(hb));
+                }
+                info!(
+                    coordinator = addr,
+                    node = cfg.node,
+                    "registered with the coordinator"
+                );
+                registered = true;
+            })
+        };
+        match res {
+            Ok(()) => {
+                if last_err.take().is_some() {
+                    info!(coordinator = addr, "the coordinator answers again");
+                }
+            }
+            Err(s) => {
+                registered = false;
+                let msg = cr_rpc::status_line(&s);
+                if last_err.as_deref() != Some(msg.as_str()) {
+                    warn!(
+                        coordinator = addr,
+                        error = msg,
+                        "cannot reach the coordinator; retrying"
+                    );
+                    last_err = Some(msg);
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shared.wake.notified() => {}
+        }
+    }
+}

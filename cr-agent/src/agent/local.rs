@@ -1,0 +1,213 @@
+//! The `Local` service on the agent's Unix socket: `cr_run --job`,
+//! `cr_checkpoint` and `cr_restart` of this node, on behalf of the user
+//! they run as (see [`super::authz`]).
+
+use super::authz::Caller;
+use super::{members, Shared};
+use crate::capture::{self, Action, Options};
+use cr_rpc::pb;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+pub struct LocalService {
+    pub shared: Arc<Shared>,
+}
+
+fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+    req.extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|i| i.peer_cred)
+        .map(|c| Caller {
+            uid: c.uid(),
+            gid: c.gid(),
+            pid: c.pid().unwrap_or(0),
+        })
+        .ok_or_else(|| Status::permission_denied("the caller's credentials are unknown"))
+}
+
+fn denied(e: String) -> Status {
+    if e.starts_with("permission denied") {
+        Status::permission_denied(e)
+    } else {
+        Status::failed_precondition(e)
+    }
+}
+
+fn absolute(p: &str, what: &str) -> Result<PathBuf, Status> {
+    let p = PathBuf::from(p);
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(Status::invalid_argument(format!(
+            "{what} {} is not an absolute path",
+            p.display()
+        )))
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(Status::failed_precondition)
+}
+
+#[tonic::async_trait]
+impl pb::local_server::Local for LocalService {
+    async fn checkpoint(
+        &self,
+        req: Request<pb::LocalCheckpointRequest>,
+    ) -> Result<Response<pb::LocalCheckpointReply>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        let dir = absolute(&r.dir, "image directory")?;
+        let root = capture::job_root(r.pid);
+        who.check_process(root).map_err(denied)?;
+        who.check_new_image(&dir).map_err(denied)?;
+        let parent = if r.parent.is_empty() {
+            None
+        } else {
+            let p = absolute(&r.parent, "parent image")?;
+            who.check_image(&p).map_err(denied)?;
+            Some(p)
+        };
+        let opts = Options {
+            dir: dir.clone(),
+            action: match pb::After::try_from(r.after).unwrap_or(pb::After::Continue) {
+                pb::After::Continue => Action::Continue,
+                pb::After::Stop => Action::Stop,
+                pb::After::Kill => Action::Kill,
+            },
+            fsync: !r.no_fsync,
+            workers: if r.workers > 0 {
+                r.workers as usize
+            } else {
+                self.shared.workers
+            },
+            show_progress: false,
+            tcp_skip_in_flight: r.tcp_skip_in_flight,
+            parent,
+            pre_dump: r.pre_dump,
+            track_mem: r.track_mem,
+            dirty: if r.dirty.is_empty() { "auto" } else { &r.dirty }
+                .parse::<crate::tracking::Choice>()
+                .map_err(Status::invalid_argument)?,
+            compression: cr_image::show::parse_compression(if r.compress.is_empty() {
+                "none"
+            } else {
+                &r.compress
+            })
+            .map_err(Status::invalid_argument)?,
+        };
+        tracing::info!(pid = root, dir = %dir.display(), uid = who.uid, "local checkpoint");
+        let s = blocking(move || {
+            let s = capture::checkpoint(root, &opts).map_err(|e| cr_sys::error::one_line(&e))?;
+            who.give(&opts.dir);
+            Ok(s)
+        })
+        .await?;
+        Ok(Response::new(pb::LocalCheckpointReply {
+            pid: s.pid,
+            processes: s.processes as u32,
+            threads: s.threads as u32,
+            page_bytes: s.page_bytes,
+            store_bytes: s.store_bytes,
+            pages_parent: s.pages_parent,
+            dirty: cr_image::show::dirty_name(s.dirty as i32).to_string(),
+            vmas: s.vmas as u32,
+            fds: s.fds as u32,
+            frozen_us: s.frozen.as_micros() as u64,
+            elapsed_us: s.elapsed.as_micros() as u64,
+        }))
+    }
+
+    async fn restore(
+        &self,
+        req: Request<pb::LocalRestoreRequest>,
+    ) -> Result<Response<pb::LocalRestoreReply>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        let dir = absolute(&r.dir, "image directory")?;
+        who.check_image(&dir).map_err(denied)?;
+        if !who.is_root() {
+            let ck = cr_image::ImageDir::open(&dir)
+                .and_then(|d| d.read_checkpoint())
+                .map_err(|e| Status::failed_precondition(cr_sys::error::one_line(&e)))?;
+            cr_restart::identity::check_owner(&ck.processes, who.uid, who.gid)
+                .map_err(|e| Status::permission_denied(cr_sys::error::one_line(&e)))?;
+        }
+        let addr_map =
+            cr_restart::inet::AddrMap::parse(&r.map_addr).map_err(Status::invalid_argument)?;
+        let opts = cr_restart::Options {
+            workers: if r.workers > 0 {
+                r.workers as usize
+            } else {
+                self.shared.workers
+            },
+            show_progress: false,
+            shell_job: false,
+            addr_map,
+            reset_guard_secs: r.reset_guard_secs,
+        };
+        tracing::info!(dir = %dir.display(), uid = who.uid, "local restore");
+        let pid = blocking(move || {
+            cr_restart::restore(&dir, &opts).map_err(|e| cr_sys::error::one_line(&e))
+        })
+        .await?;
+        self.shared.reaper.watch(pid);
+        Ok(Response::new(pb::LocalRestoreReply { pid }))
+    }
+
+    async fn wait(&self, req: Request<pb::WaitRequest>) -> Result<Response<pb::WaitReply>, Status> {
+        let who = caller(&req)?;
+        let pid = req.into_inner().pid;
+        if !self.shared.reaper.is_watched(pid) {
+            return Err(Status::not_found(format!(
+                "process {pid} was not restored by this agent"
+            )));
+        }
+        if !who.is_root() {
+            let (uid, _) = members::describe(pid);
+            if members::start_time(pid).is_some() && uid != who.uid {
+                return Err(denied(format!(
+                    "permission denied: process {pid} belongs to uid {uid} (you are uid {})",
+                    who.uid
+                )));
+            }
+        }
+        let status = self
+            .shared
+            .reaper
+            .wait(pid)
+            .await
+            .map_err(Status::not_found)?;
+        Ok(Response::new(pb::WaitReply { status }))
+    }
+
+    async fn join(&self, req: Request<pb::Member>) -> Result<Response<pb::Empty>, Status> {
+        let who = caller(&req)?;
+        let m = req.into_inner();
+        if m.job.is_empty() || m.job.contains(['/', ' ']) {
+            return Err(Status::invalid_argument(format!(
+                "bad job name {:?}",
+                m.job
+            )));
+        }
+        who.check_process(m.pid).map_err(denied)?;
+        let start_time = members::start_time(m.pid)
+            .ok_or_else(|| Status::not_found(format!("no process {}", m.pid)))?;
+        let (uid, command) = members::describe(m.pid);
+        self.shared.members.add(pb::Member {
+            job: m.job,
+            pid: m.pid,
+            uid,
+            command,
+            start_time,
+        });
+        self.shared.wake.notify_one();
+        Ok(Response::new(pb::Empty {}))
+    }
+}

@@ -1,0 +1,143 @@
+//! The node agent daemon (`cr-agent`): serves the coordinator (the
+//! [`remote`] Agent service, TCP with mutual TLS) and the node's users (the
+//! [`local`] service on a Unix socket, callers authorized by [`authz`]),
+//! keeps the node's job members ([`members`]), runs the steps of the
+//! coordinated protocol on session threads ([`sessions`]), reaps the
+//! processes it restored ([`reaper`]) and keeps the node registered with the
+//! coordinator ([`link`]). docs/CLUSTER.md describes it for users.
+
+pub mod authz;
+pub mod config;
+pub mod link;
+pub mod local;
+pub mod members;
+pub mod reaper;
+pub mod remote;
+pub mod sessions;
+
+use config::Config;
+use cr_rpc::pb;
+use cr_rpc::tls::Security;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+/// What the services and session threads share.
+pub struct Shared {
+    pub config: Config,
+    pub members: members::Members,
+    pub sessions: sessions::Sessions,
+    pub reaper: Arc<reaper::Reaper>,
+    /// Threads copying pages in a dump or restore.
+    pub workers: usize,
+    /// Wakes the link to report a membership change at once.
+    pub wake: Notify,
+}
+
+/// Bind the Unix socket: refused if another agent answers on it; a stale
+/// file is replaced. Open to every local user (callers are authorized per
+/// request by their credentials).
+fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(format!(
+            "another cr-agent serves {} already",
+            path.display()
+        ));
+    }
+    let _ = std::fs::remove_file(path);
+    let l = tokio::net::UnixListener::bind(path)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| format!("cannot open {} to users: {e}", path.display()))?;
+    Ok(l)
+}
+
+/// Run the agent until SIGTERM or SIGINT.
+pub async fn serve(config: Config) -> Result<(), String> {
+    let sec = Security::load(&config.tls).map_err(|e| e.to_string())?;
+    for d in [&config.state_dir, &config.images] {
+        std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    }
+    sessions::sweep(&config.state_dir);
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let shared = Arc::new(Shared {
+        members: members::Members::load(&config.state_dir),
+        sessions: sessions::Sessions::default(),
+        reaper: Arc::new(reaper::Reaper::default()),
+        workers,
+        wake: Notify::new(),
+        config,
+    });
+    shared.reaper.spawn(Duration::from_millis(100));
+    let cfg = &shared.config;
+
+    let uds = bind_socket(&cfg.socket)?;
+    let tcp = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let mut remote = tonic::transport::Server::builder();
+    if let Some(tls) = sec.server() {
+        remote = remote.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
+    }
+    let remote = remote
+        .add_service(pb::agent_server::AgentServer::new(remote::AgentService {
+            shared: shared.clone(),
+        }))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(tcp),
+            stopped(stop_rx.clone()),
+        );
+    let local = tonic::transport::Server::builder()
+        .add_service(pb::local_server::LocalServer::new(local::LocalService {
+            shared: shared.clone(),
+        }))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(uds),
+            stopped(stop_rx.clone()),
+        );
+    let remote = tokio::spawn(remote);
+    let local = tokio::spawn(local);
+    let link = tokio::spawn(link::run(shared.clone(), sec.clone()));
+    info!(
+        node = cfg.node,
+        listen = %cfg.listen,
+        socket = %cfg.socket.display(),
+        coordinator = cfg.coordinator.as_deref().unwrap_or("none (standalone)"),
+        tls = sec.is_tls(),
+        "cr-agent running"
+    );
+
+    let sig = cr_rpc::shutdown::signal().await;
+    info!(signal = sig, "stopping");
+    link.abort();
+    // Sessions in progress end as an abort would: the processes run on.
+    for id in shared.sessions.ids() {
+        if let Err(e) = shared.sessions.abort(&id).await {
+            warn!(session = id, error = e, "aborting a session at shutdown");
+        }
+    }
+    let _ = stop_tx.send(true);
+    let wait = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = remote.await;
+        let _ = local.await;
+    });
+    if wait.await.is_err() {
+        warn!("requests still running after 5 s; stopping anyway");
+    }
+    let _ = std::fs::remove_file(&cfg.socket);
+    info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,167 @@
+//! The `Agent` service the coordinator calls (TCP, mutual TLS): the steps
+//! of the coordinated protocol (see [`super::sessions`]) and the removal of
+//! images and network locks.
+
+use super::{sessions, Shared};
+use cr_rpc::pb;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+pub struct AgentService {
+    pub shared: Arc<Shared>,
+}
+
+fn failed(e: String) -> Status {
+    Status::aborted(e)
+}
+
+fn ok<T>(r: Result<T, String>) -> Result<Response<T>, Status> {
+    r.map(Response::new).map_err(failed)
+}
+
+impl AgentService {
+    /// `dir` lies under the agent's image root (the only images it removes).
+    fn own_image(&self, dir: &str) -> Result<PathBuf, Status> {
+        let root = self
+            .shared
+            .config
+            .images
+            .canonicalize()
+            .unwrap_or_else(|_| self.shared.config.images.clone());
+        let d = Path::new(dir);
+        let d = d.canonicalize().unwrap_or_else(|_| d.to_path_buf());
+        if !d.starts_with(&root) || d == root {
+            return Err(Status::permission_denied(format!(
+                "{dir} is not an image under {}",
+                root.display()
+            )));
+        }
+        Ok(d)
+    }
+}
+
+/// Remove the network lock an image kept (in this node's namespace).
+fn unlock_image(dir: &Path) {
+    let Ok(ck) = cr_image::ImageDir::open(dir).and_then(|d| d.read_checkpoint()) else {
+        return;
+    };
+    if ck.netlock.is_empty() {
+        return;
+    }
+    match cr_sys::netlock::unlock(None, &ck.netlock) {
+        Ok(true) => tracing::info!(lock = ck.netlock, "network lock of a moved image removed"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(lock = ck.netlock, error = %cr_sys::error::one_line(&e), "cannot remove a network lock")
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::agent_server::Agent for AgentService {
+    async fn prepare(
+        &self,
+        req: Request<pb::PrepareRequest>,
+    ) -> Result<Response<pb::PrepareReply>, Status> {
+        ok(sessions::prepare(self.shared.clone(), req.into_inner()).await)
+    }
+
+    async fn dump(
+        &self,
+        req: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::DumpReply>, Status> {
+        ok(self.shared.sessions.dump(&req.into_inner().session).await)
+    }
+
+    async fn commit(
+        &self,
+        req: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        ok(self
+            .shared
+            .sessions
+            .commit(&req.into_inner().session)
+            .await
+            .map(|_| pb::Empty {}))
+    }
+
+    async fn abort(&self, req: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
+        ok(self
+            .shared
+            .sessions
+            .abort(&req.into_inner().session)
+            .await
+            .map(|_| pb::Empty {}))
+    }
+
+    async fn finish(
+        &self,
+        req: Request<pb::FinishRequest>,
+    ) -> Result<Response<pb::FinishReply>, Status> {
+        let r = req.into_inner();
+        let after = pb::After::try_from(r.after).unwrap_or(pb::After::Continue);
+        ok(self.shared.sessions.finish(&r.session, after).await)
+    }
+
+    async fn restore(
+        &self,
+        req: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::RestoreReply>, Status> {
+        ok(sessions::restore(self.shared.clone(), req.into_inner()).await)
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::ReleaseReply>, Status> {
+        let r = self
+            .shared
+            .sessions
+            .release(&req.into_inner().session)
+            .await;
+        self.shared.wake.notify_one();
+        ok(r)
+    }
+
+    async fn remove(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
+        let dirs = req
+            .into_inner()
+            .dirs
+            .iter()
+            .map(|d| self.own_image(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let r = tokio::task::spawn_blocking(move || {
+            for d in dirs {
+                if !d.exists() {
+                    continue;
+                }
+                unlock_image(&d);
+                // Images made incremental on this one get its pages first.
+                cr_image::chain::remove(&d, true, true)
+                    .map_err(|e| format!("{}: {}", d.display(), cr_sys::error::one_line(&e)))?;
+                // The checkpoint's directory goes with its last image.
+                if let Some(p) = d.parent() {
+                    let _ = std::fs::remove_dir(p);
+                }
+                tracing::info!(dir = %d.display(), "image removed");
+            }
+            Ok(pb::Empty {})
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        ok(r)
+    }
+
+    async fn unlock(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
+        let dirs = req.into_inner().dirs;
+        tokio::task::spawn_blocking(move || {
+            for d in dirs {
+                unlock_image(Path::new(&d));
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(pb::Empty {}))
+    }
+}

@@ -1,0 +1,573 @@
+//! Sessions of the coordinated protocol on this node.
+//!
+//! ptrace ties a stopped thread to the thread that seized it, so every
+//! session owns one OS thread that freezes (or rebuilds) the processes and
+//! carries out the later steps the coordinator asks for, received over a
+//! channel. A session that hears nothing for its timeout ends on its own:
+//! a checkpoint that was not committed is aborted (the processes run on,
+//! its images are removed), a committed one lets its processes run on, a
+//! restore that was not released kills what it built.
+//!
+//! While a checkpoint session holds the network lock or has written images,
+//! `state_dir/sessions/ID.json` names them; an agent that was killed finds
+//! them at its next start ([`sweep`]) and removes the lock and the
+//! uncommitted images, so its processes' connections flow again.
+
+use super::members;
+use super::Shared;
+use crate::capture::{self, Action, Held, Options};
+use cr_rpc::pb;
+use serde_json::json;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+type Reply<T> = oneshot::Sender<Result<T, String>>;
+
+/// A step of a session after its first.
+enum Cmd {
+    Dump(Reply<pb::DumpReply>),
+    Commit(Reply<()>),
+    Abort(Reply<()>),
+    Finish(pb::After, Reply<pb::FinishReply>),
+    Release(Reply<pb::ReleaseReply>),
+}
+
+impl Cmd {
+    fn name(&self) -> &'static str {
+        match self {
+            Cmd::Dump(_) => "DUMP",
+            Cmd::Commit(_) => "COMMIT",
+            Cmd::Abort(_) => "ABORT",
+            Cmd::Finish(..) => "FINISH",
+            Cmd::Release(_) => "RELEASE",
+        }
+    }
+}
+
+/// The sessions in progress, by id.
+#[derive(Default)]
+pub struct Sessions {
+    map: Mutex<HashMap<String, mpsc::Sender<Cmd>>>,
+}
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, mpsc::Sender<Cmd>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&self, id: &str, tx: mpsc::Sender<Cmd>) -> Result<(), String> {
+        let mut m = self.lock();
+        if m.contains_key(id) {
+            return Err(format!("session {id} exists already on this node"));
+        }
+        m.insert(id.to_string(), tx);
+        Ok(())
+    }
+
+    fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Ids of the sessions in progress.
+    pub fn ids(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    async fn send<T>(&self, id: &str, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, String> {
+        let (tx, rx) = oneshot::channel();
+        let cmd = make(tx);
+        let name = cmd.name();
+        let sender = self
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| format!("no session {id} on this node (it ended or timed out)"))?;
+        sender
+            .send(cmd)
+            .map_err(|_| format!("session {id} ended before {name}"))?;
+        rx.await
+            .map_err(|_| format!("session {id} ended during {name}"))?
+    }
+
+    pub async fn dump(&self, id: &str) -> Result<pb::DumpReply, String> {
+        self.send(id, Cmd::Dump).await
+    }
+    pub async fn commit(&self, id: &str) -> Result<(), String> {
+        self.send(id, Cmd::Commit).await
+    }
+    /// Abort; a session that no longer exists is already undone.
+    pub async fn abort(&self, id: &str) -> Result<(), String> {
+        if !self.lock().contains_key(id) {
+            return Ok(());
+        }
+        self.send(id, Cmd::Abort).await
+    }
+    pub async fn finish(&self, id: &str, after: pb::After) -> Result<pb::FinishReply, String> {
+        self.send(id, |r| Cmd::Finish(after, r)).await
+    }
+    pub async fn release(&self, id: &str) -> Result<pb::ReleaseReply, String> {
+        self.send(id, Cmd::Release).await
+    }
+}
+
+/// Fault hook for tests: `CR_AGENT_FAULT=prepare-hang`.
+fn fault_hang(stage: &str) {
+    if std::env::var("CR_AGENT_FAULT").as_deref() != Ok(stage) {
+        return;
+    }
+    warn!(stage, "fault injected: hanging here");
+    if let Some(f) = std::env::var_os("CR_AGENT_FAULT_FILE") {
+        let _ = std::fs::write(f, stage);
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+fn action(after: pb::After) -> Action {
+    match after {
+        pb::After::Continue => Action::Continue,
+        pb::After::Stop => Action::Stop,
+        pb::After::Kill => Action::Kill,
+    }
+}
+
+fn one_line(e: &dyn std::error::Error) -> String {
+    cr_sys::error::one_line(e)
+}
+
+/// The record of a checkpoint session's leftovers, for [`sweep`].
+struct Record {
+    path: PathBuf,
+}
+
+impl Record {
+    fn new(state_dir: &Path, id: &str) -> Record {
+        let dir = state_dir.join("sessions");
+        let _ = std::fs::create_dir_all(&dir);
+        Record {
+            path: dir.join(format!("{}.json", id.replace('/', "_"))),
+        }
+    }
+
+    fn write(&self, locks: &[String], dirs: &[PathBuf]) {
+        let v = json!({"locks": locks, "dirs": dirs});
+        if let Err(e) = std::fs::write(&self.path, v.to_string()) {
+            warn!(path = %self.path.display(), error = %e, "cannot record the session");
+        }
+    }
+
+    fn clear(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// At start: undo what sessions of an agent that died left behind.
+pub fn sweep(state_dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(state_dir.join("sessions")) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let path = e.path();
+        let v: serde_json::Value = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        for l in v["locks"].as_array().into_iter().flatten() {
+            if let Some(name) = l.as_str().filter(|s| !s.is_empty()) {
+                match cr_sys::netlock::unlock(None, name) {
+                    Ok(true) => info!(
+                        lock = name,
+                        "removed the network lock of a session the agent lost"
+                    ),
+                    Ok(false) => {}
+                    Err(err) => {
+                        warn!(lock = name, error = %one_line(&err), "cannot remove a lost session's network lock")
+                    }
+                }
+            }
+        }
+        for d in v["dirs"].as_array().into_iter().flatten() {
+            if let Some(d) = d.as_str() {
+                if std::fs::remove_dir_all(d).is_ok() {
+                    info!(dir = d, "removed the images of a session the agent lost");
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Start session `id` on a thread of its own running `body` (which gets
+/// the session's commands and sends its first reply); that first reply.
+async fn start<T: Send + 'static>(
+    shared: Arc<Shared>,
+    id: String,
+    step: &'static str,
+    body: impl FnOnce(&Shared, mpsc::Receiver<Cmd>, Reply<T>) + Send + 'static,
+) -> Result<T, String> {
+    let (tx, rx) = mpsc::channel();
+    shared.sessions.insert(&id, tx)?;
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let sh = shared.clone();
+    let name = id.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("session-{id}"))
+        .spawn(move || {
+            body(&sh, rx, ready_tx);
+            sh.sessions.remove(&name);
+        });
+    if let Err(e) = spawned {
+        shared.sessions.remove(&id);
+        return Err(format!("cannot start a session thread: {e}"));
+    }
+    ready_rx
+        .await
+        .map_err(|_| format!("the session ended during {step}"))?
+}
+
+/// PREPARE: freeze the targets on a session thread; the reply once they are.
+pub async fn prepare(
+    shared: Arc<Shared>,
+    req: pb::PrepareRequest,
+) -> Result<pb::PrepareReply, String> {
+    let id = req.session.clone();
+    start(shared, id, "PREPARE", move |sh, rx, ready| {
+        checkpoint_session(sh, req, rx, ready)
+    })
+    .await
+}
+
+fn checkpoint_session(
+    shared: &Shared,
+    req: pb::PrepareRequest,
+    rx: mpsc::Receiver<Cmd>,
+    ready: Reply<pb::PrepareReply>,
+) {
+    let t0 = Instant::now();
+    let timeout = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
+    let after = pb::After::try_from(req.after).unwrap_or(pb::After::Continue);
+    let record = Record::new(&shared.config.state_dir, &req.session);
+    let mut held: Vec<(i32, Held)> = Vec::new();
+    let mut locks = Vec::new();
+    let mut dirs = Vec::new();
+    for t in &req.targets {
+        let dir = shared
+            .config
+            .images
+            .join(&req.subdir)
+            .join(format!("{}-{}", shared.config.node, t.pid));
+        let opts = Options {
+            dir: dir.clone(),
+            action: action(after),
+            fsync: true,
+            workers: shared.workers,
+            parent: (!t.parent.is_empty()).then(|| PathBuf::from(&t.parent)),
+            track_mem: !t.parent.is_empty(),
+            ..Default::default()
+        };
+        if let Some(p) = dir.parent() {
+            if let Err(e) = std::fs::create_dir_all(p) {
+                let _ = ready.send(Err(format!("cannot create {}: {e}", p.display())));
+                record.clear();
+                return;
+            }
+        }
+        // Recorded before anything is locked or written.
+        dirs.push(dir.clone());
+        locks.push(format!("cr_lock_{}_", t.pid));
+        match capture::freeze(t.pid, &opts, true) {
+            Ok(h) => {
+                locks.pop();
+                locks.push(h.lock_name());
+                record.write(&locks, &dirs);
+                held.push((t.pid, h));
+            }
+            Err(e) => {
+                let msg = format!("process {}: {}", t.pid, one_line(&e));
+                drop(held);
+                let _ = std::fs::remove_dir_all(&dir);
+                record.clear();
+                let _ = ready.send(Err(msg));
+                return;
+            }
+        }
+    }
+    let freeze_ms = t0.elapsed().as_millis() as u64;
+    fault_hang("prepare-hang");
+    let mut reply = pb::PrepareReply {
+        freeze_ms,
+        ..Default::default()
+    };
+    for (pid, h) in &held {
+        reply.processes += h.pids().len() as u32;
+        reply.threads += h.threads() as u32;
+        reply
+            .bookmarks
+            .extend(h.bookmarks().into_iter().map(|b| to_pb(b, *pid)));
+    }
+    info!(
+        session = req.session,
+        job = req.job,
+        members = held.len(),
+        processes = reply.processes,
+        freeze_ms,
+        "prepared"
+    );
+    if ready.send(Ok(reply)).is_err() {
+        // The caller went away: nothing more will come.
+        drop(held);
+        record.clear();
+        return;
+    }
+    let mut committed = false;
+    let mut dumped = false;
+    loop {
+        let cmd = match rx.recv_timeout(timeout) {
+            Ok(c) => c,
+            Err(_) => {
+                warn!(
+                    session = req.session,
+                    committed, "no word from the coordinator: ending the session on my own"
+                );
+                if committed {
+                    let _ = finish_all(held, Action::Continue);
+                } else {
+                    drop(held);
+                }
+                record.clear();
+                return;
+            }
+        };
+        match cmd {
+            Cmd::Dump(r) => {
+                let res = dump_all(shared, &mut held);
+                dumped |= res.is_ok();
+                let _ = r.send(res);
+            }
+            Cmd::Commit(r) => {
+                if dumped {
+                    committed = true;
+                    // The images are final: a later sweep keeps them.
+                    record.write(&[], &[]);
+                    let _ = r.send(Ok(()));
+                } else {
+                    let _ = r.send(Err("COMMIT before DUMP".into()));
+                }
+            }
+            Cmd::Finish(after, r) => {
+                if !committed {
+                    let _ = r.send(Err("FINISH before COMMIT".into()));
+                    continue;
+                }
+                let res = finish_all(held, action(after));
+                record.clear();
+                let _ = r.send(res);
+                return;
+            }
+            Cmd::Abort(r) => {
+                if committed {
+                    // Too late to undo: the images are the committed ones.
+                    finish_all(held, Action::Continue).ok();
+                } else {
+                    drop(held);
+                }
+                record.clear();
+                info!(session = req.session, "aborted; the processes run on");
+                let _ = r.send(Ok(()));
+                return;
+            }
+            other @ Cmd::Release(_) => reply_err(other, "RELEASE of a checkpoint session".into()),
+        }
+    }
+}
+
+fn to_pb(b: cr_image::bookmarks::Bookmark, pid: i32) -> pb::Bookmark {
+    pb::Bookmark {
+        local: b.local,
+        remote: b.remote,
+        snd_una: b.snd_una,
+        snd_nxt: b.snd_nxt,
+        rcv_nxt: b.rcv_nxt,
+        write_seq: b.write_seq,
+        pid,
+    }
+}
+
+fn dump_all(shared: &Shared, held: &mut [(i32, Held)]) -> Result<pb::DumpReply, String> {
+    let mut reply = pb::DumpReply::default();
+    for (pid, h) in held.iter_mut() {
+        let s = h
+            .dump()
+            .map_err(|e| format!("process {pid}: {}", one_line(&e)))?;
+        let dir = h.dir().to_path_buf();
+        let ck = cr_image::ImageDir::open(&dir)
+            .and_then(|d| d.read_checkpoint())
+            .map_err(|e| one_line(&e))?;
+        let (uid, command) = members::describe(*pid);
+        reply.images.push(pb::ImageInfo {
+            node: shared.config.node.clone(),
+            pid: *pid,
+            dir: dir.display().to_string(),
+            processes: s.processes as u32,
+            page_bytes: s.page_bytes,
+            store_bytes: s.store_bytes,
+            frozen_ms: s.frozen.as_millis() as u64,
+            bookmarks: cr_image::bookmarks::of(&ck)
+                .into_iter()
+                .map(|b| to_pb(b, *pid))
+                .collect(),
+            command,
+            uid,
+        });
+    }
+    Ok(reply)
+}
+
+/// Let every tree go; the longest any was frozen.
+fn finish_all(held: Vec<(i32, Held)>, action: Action) -> Result<pb::FinishReply, String> {
+    let mut first_err = None;
+    let mut frozen = Duration::ZERO;
+    for (pid, h) in held {
+        frozen = frozen.max(h.frozen_for());
+        if let Err(e) = h.finish(action) {
+            warn!(pid, error = %one_line(&e), "letting a checkpointed process go failed");
+            first_err.get_or_insert(format!("process {pid}: {}", one_line(&e)));
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(pb::FinishReply {
+            frozen_ms: frozen.as_millis() as u64,
+        }),
+    }
+}
+
+/// RESTORE: rebuild the targets frozen on a session thread; their PIDs.
+pub async fn restore(
+    shared: Arc<Shared>,
+    req: pb::RestoreRequest,
+) -> Result<pb::RestoreReply, String> {
+    let addr_map = cr_restart::inet::AddrMap::parse(&req.map_addr)?;
+    let id = req.session.clone();
+    start(shared, id, "RESTORE", move |sh, rx, ready| {
+        restore_session(sh, req, addr_map, rx, ready)
+    })
+    .await
+}
+
+fn restore_session(
+    shared: &Shared,
+    req: pb::RestoreRequest,
+    addr_map: cr_restart::inet::AddrMap,
+    rx: mpsc::Receiver<Cmd>,
+    ready: Reply<pb::RestoreReply>,
+) {
+    let timeout = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
+    let opts = cr_restart::Options {
+        workers: shared.workers,
+        show_progress: false,
+        shell_job: false,
+        addr_map,
+        // Released together with their peers: a short guard is enough.
+        reset_guard_secs: 10,
+    };
+    let mut readies = Vec::new();
+    for t in &req.targets {
+        match cr_restart::restore::prepare(Path::new(&t.dir), &opts) {
+            Ok(r) => readies.push(r),
+            Err(e) => {
+                drop(readies);
+                let _ = ready.send(Err(format!("{}: {}", t.dir, one_line(&e))));
+                return;
+            }
+        }
+    }
+    let pids = readies.iter().map(|r| r.pid()).collect();
+    info!(
+        session = req.session,
+        job = req.job,
+        trees = readies.len(),
+        "restored, frozen"
+    );
+    if ready.send(Ok(pb::RestoreReply { pids })).is_err() {
+        return;
+    }
+    loop {
+        let cmd = match rx.recv_timeout(timeout) {
+            Ok(c) => c,
+            Err(_) => {
+                warn!(
+                    session = req.session,
+                    "no RELEASE from the coordinator: the restored processes are killed"
+                );
+                return;
+            }
+        };
+        match cmd {
+            Cmd::Release(r) => {
+                let res = release_all(shared, &req.job, readies);
+                let _ = r.send(res);
+                return;
+            }
+            Cmd::Abort(r) => {
+                drop(readies);
+                info!(session = req.session, "restore aborted; nothing of it runs");
+                let _ = r.send(Ok(()));
+                return;
+            }
+            other => {
+                let name = other.name();
+                reply_err(other, format!("{name} of a restore session"));
+            }
+        }
+    }
+}
+
+fn reply_err(cmd: Cmd, msg: String) {
+    match cmd {
+        Cmd::Dump(r) => drop(r.send(Err(msg))),
+        Cmd::Commit(r) | Cmd::Abort(r) => drop(r.send(Err(msg))),
+        Cmd::Finish(_, r) => drop(r.send(Err(msg))),
+        Cmd::Release(r) => drop(r.send(Err(msg))),
+    }
+}
+
+/// Let every restored tree run; they become members of `job`.
+fn release_all(
+    shared: &Shared,
+    job: &str,
+    readies: Vec<cr_restart::restore::Ready>,
+) -> Result<pb::ReleaseReply, String> {
+    let mut out = pb::ReleaseReply::default();
+    let mut first_err = None;
+    for r in readies {
+        match r.release() {
+            Ok(pid) => {
+                shared.reaper.watch(pid);
+                let (uid, command) = members::describe(pid);
+                let m = pb::Member {
+                    job: job.to_string(),
+                    pid,
+                    uid,
+                    command,
+                    start_time: members::start_time(pid).unwrap_or(0),
+                };
+                out.generation = shared.members.add(m.clone());
+                out.members.push(m);
+            }
+            Err(e) => {
+                first_err.get_or_insert(one_line(&e));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
