@@ -1,0 +1,125 @@
+//! The coordinator's view of the agents: [`AgentApi`], one method per RPC
+//! of the Agent service, addressed by node name. [`GrpcAgents`] is the real
+//! one (a lazily connected channel per node, mutual TLS with the agent's
+//! node name as its TLS name); tests and cr-bench use in-process fakes.
+//!
+//! Errors are one readable line (see [`cr_rpc::status_line`]).
+
+use crate::catalog::Catalog;
+use cr_rpc::pb;
+use cr_rpc::pb::agent_client::AgentClient;
+use cr_rpc::tls::Security;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::transport::Channel;
+
+/// An agent's reply, or why there is none (one line).
+pub type AgentResult<T> = Result<T, String>;
+
+/// The Agent service of every node, by node name.
+#[tonic::async_trait]
+pub trait AgentApi: Send + Sync {
+    async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply>;
+    async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply>;
+    async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty>;
+    async fn abort(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty>;
+    async fn finish(&self, node: &str, req: pb::FinishRequest) -> AgentResult<pb::FinishReply>;
+    async fn restore(&self, node: &str, req: pb::RestoreRequest) -> AgentResult<pb::RestoreReply>;
+    async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply>;
+    async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
+    async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
+}
+
+/// The agents over gRPC. Their addresses come from the catalog (as they
+/// registered); a channel is made on first use and again when the address
+/// changes.
+pub struct GrpcAgents {
+    catalog: Arc<Catalog>,
+    security: Security,
+    connect_timeout: Duration,
+    call_timeout: Duration,
+    channels: Mutex<HashMap<String, (String, Channel)>>,
+}
+
+impl GrpcAgents {
+    /// `call_timeout` bounds every call (the protocol applies its own,
+    /// usually shorter, deadlines as well).
+    pub fn new(
+        catalog: Arc<Catalog>,
+        security: Security,
+        connect_timeout: Duration,
+        call_timeout: Duration,
+    ) -> GrpcAgents {
+        GrpcAgents {
+            catalog,
+            security,
+            connect_timeout,
+            call_timeout,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn client(&self, node: &str) -> AgentResult<AgentClient<Channel>> {
+        let addr = self
+            .catalog
+            .read(|s| s.nodes.get(node).map(|n| n.agent_addr.clone()))
+            .ok_or_else(|| format!("node {node} is not registered"))?;
+        let mut chans = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((a, ch)) = chans.get(node) {
+            if *a == addr {
+                return Ok(AgentClient::new(ch.clone()));
+            }
+        }
+        let ch = cr_rpc::channel::lazy(&addr, &self.security, node, self.connect_timeout)
+            .map_err(|e| e.to_string())?;
+        tracing::debug!(node, addr = %addr, "agent channel");
+        chans.insert(node.to_string(), (addr, ch.clone()));
+        Ok(AgentClient::new(ch))
+    }
+}
+
+macro_rules! call {
+    ($self:ident, $node:ident, $method:ident, $req:ident) => {{
+        let mut c = $self.client($node)?;
+        match tokio::time::timeout($self.call_timeout, c.$method($req)).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(s)) => Err(cr_rpc::status_line(&s)),
+            Err(_) => Err(format!(
+                "no reply within {} ms",
+                $self.call_timeout.as_millis()
+            )),
+        }
+    }};
+}
+
+#[tonic::async_trait]
+impl AgentApi for GrpcAgents {
+    async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
+        call!(self, node, prepare, req)
+    }
+    async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
+        call!(self, node, dump, req)
+    }
+    async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        call!(self, node, commit, req)
+    }
+    async fn abort(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        call!(self, node, abort, req)
+    }
+    async fn finish(&self, node: &str, req: pb::FinishRequest) -> AgentResult<pb::FinishReply> {
+        call!(self, node, finish, req)
+    }
+    async fn restore(&self, node: &str, req: pb::RestoreRequest) -> AgentResult<pb::RestoreReply> {
+        call!(self, node, restore, req)
+    }
+    async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply> {
+        call!(self, node, release, req)
+    }
+    async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty> {
+        call!(self, node, remove, req)
+    }
+    async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty> {
+        call!(self, node, unlock, req)
+    }
+}

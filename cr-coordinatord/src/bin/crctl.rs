@@ -1,0 +1,825 @@
+//! crctl: the administration client of cr-coordinatord (docs/CLUSTER.md):
+//! nodes, jobs, checkpoints and restarts, job settings, and a small PKI for
+//! the cluster's certificates (`crctl pki`, no coordinator needed).
+//!
+//! The coordinator is found by `--coordinator`, else `CR_COORDINATOR`, else
+//! the config file (`/etc/cr/crctl.toml`, an error only when named with
+//! `--config`), else 127.0.0.1:7170. `--json` prints one JSON document
+//! whose objects are named after the proto messages' fields.
+#![forbid(unsafe_code)]
+
+use clap::{Parser, Subcommand};
+use cr_rpc::pb;
+use cr_rpc::pb::coordinator_client::CoordinatorClient;
+use cr_rpc::tls::{Security, TlsFiles};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::transport::Channel;
+
+const DEFAULT_CONFIG: &str = "/etc/cr/crctl.toml";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Parser)]
+#[command(name = "crctl", version, about = "Administer cr-coordinatord")]
+struct Cli {
+    /// ADDR:PORT of cr-coordinatord (default: $CR_COORDINATOR, the config
+    /// file, 127.0.0.1:7170).
+    #[arg(long, global = true, value_name = "ADDR:PORT")]
+    coordinator: Option<String>,
+    /// Config file (TOML; default /etc/cr/crctl.toml if it exists).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[arg(long, global = true, value_name = "FILE")]
+    ca: Option<PathBuf>,
+    #[arg(long, global = true, value_name = "FILE")]
+    cert: Option<PathBuf>,
+    #[arg(long, global = true, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// Plain TCP without authentication.
+    #[arg(long, global = true)]
+    insecure: bool,
+    /// TLS name of the coordinator's certificate (default cr-coordinatord).
+    #[arg(long, global = true, value_name = "TLSNAME")]
+    name: Option<String>,
+    /// Print one JSON document.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// The coordinator's state.
+    Status,
+    /// Registered nodes.
+    Nodes,
+    /// Jobs and their processes.
+    Jobs,
+    /// Checkpoint a job (all its members, consistently).
+    Checkpoint {
+        job: String,
+        /// Kill the processes once the checkpoint is committed.
+        #[arg(long, conflicts_with = "stop")]
+        kill: bool,
+        /// Stop (SIGSTOP) the processes once the checkpoint is committed.
+        #[arg(long)]
+        stop: bool,
+        /// Deadline of the whole protocol (default: the coordinator's).
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<u32>,
+    },
+    /// Restart a job from a checkpoint.
+    Restart {
+        job: String,
+        /// Checkpoint id (default: the latest committed).
+        #[arg(long, value_name = "ID")]
+        checkpoint: Option<String>,
+        /// Target nodes: the i-th node of the checkpoint goes to the
+        /// (i mod n)-th --on (default: the same nodes).
+        #[arg(long, value_name = "NODE")]
+        on: Vec<String>,
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<u32>,
+    },
+    /// A job's checkpoints.
+    Checkpoints {
+        job: String,
+        /// Also the aborted and removed ones.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show or change a job's settings.
+    Job {
+        job: String,
+        /// Periodic checkpoints every SECS seconds (0: none).
+        #[arg(long, value_name = "SECS")]
+        interval: Option<u32>,
+        /// Keep the last N committed checkpoints (0: all).
+        #[arg(long, value_name = "N")]
+        keep: Option<u32>,
+        /// Connections to peers outside the job: abort the checkpoint, or allow them.
+        #[arg(long, value_parser = ["abort", "allow"])]
+        external: Option<String>,
+        /// Store only what changed since the job's previous checkpoint.
+        #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+        incremental: Option<String>,
+    },
+    /// The cluster's certificates.
+    Pki {
+        #[command(subcommand)]
+        cmd: PkiCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PkiCmd {
+    /// Make a CA: DIR/ca.crt and DIR/ca.key.
+    Init {
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// Sign DIR/NAME.crt and DIR/NAME.key with the CA in DIR.
+    Issue {
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// DNS name (a node name, or the coordinator's TLS name).
+        #[arg(long)]
+        name: String,
+        /// IP addresses to name as well.
+        #[arg(long, value_name = "IP")]
+        ip: Vec<IpAddr>,
+    },
+}
+
+/// /etc/cr/crctl.toml.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CtlConfig {
+    coordinator: Option<String>,
+    coordinator_name: Option<String>,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    #[serde(default)]
+    insecure: bool,
+}
+
+type Res<T> = Result<T, String>;
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("crctl: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Res<()> {
+    if let Cmd::Pki { cmd } = &cli.cmd {
+        return pki(cmd, cli.json);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(remote(cli))
+}
+
+fn pki(cmd: &PkiCmd, as_json: bool) -> Res<()> {
+    match cmd {
+        PkiCmd::Init { dir } => {
+            let crt = cr_rpc::pki::init_ca(dir).map_err(|e| e.to_string())?;
+            let key = dir.join("ca.key");
+            if as_json {
+                print_json(&json!({"cert": crt, "key": key}));
+            } else {
+                println!("CA made: {} and {}", crt.display(), key.display());
+            }
+        }
+        PkiCmd::Issue { dir, name, ip } => {
+            let (crt, key) = cr_rpc::pki::issue(dir, name, ip).map_err(|e| e.to_string())?;
+            if as_json {
+                print_json(&json!({"cert": crt, "key": key}));
+            } else {
+                println!(
+                    "certificate of {name}: {} and {}",
+                    crt.display(),
+                    key.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect(cli: &Cli) -> Res<CoordinatorClient<Channel>> {
+    let (path, required) = match &cli.config {
+        Some(p) => (p.clone(), true),
+        None => (PathBuf::from(DEFAULT_CONFIG), false),
+    };
+    let cfg: CtlConfig = cr_rpc::config::load(&path, required).map_err(|e| e.to_string())?;
+    let addr = cli
+        .coordinator
+        .clone()
+        .or_else(|| {
+            std::env::var("CR_COORDINATOR")
+                .ok()
+                .filter(|s| !s.is_empty())
+        })
+        .or(cfg.coordinator)
+        .unwrap_or_else(|| format!("127.0.0.1:{}", cr_rpc::COORDINATOR_PORT));
+    let name = cli
+        .name
+        .clone()
+        .or(cfg.coordinator_name)
+        .unwrap_or_else(|| cr_rpc::COORDINATOR_NAME.to_string());
+    let files = TlsFiles {
+        ca: cfg.ca,
+        cert: cfg.cert,
+        key: cfg.key,
+        insecure: cfg.insecure,
+    }
+    .merge(
+        cli.ca.clone(),
+        cli.cert.clone(),
+        cli.key.clone(),
+        cli.insecure,
+    );
+    let sec = Security::load(&files).map_err(|e| e.to_string())?;
+    let ch = cr_rpc::channel::connect(&addr, &sec, &name, CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(CoordinatorClient::new(ch))
+}
+
+fn rpc<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Res<T> {
+    r.map(|r| r.into_inner()).map_err(|s| {
+        let line = cr_rpc::status_line(&s);
+        // "transport error" and the like say nothing without their cause.
+        match std::error::Error::source(&s) {
+            Some(_) if s.code() != tonic::Code::Unavailable => {
+                format!("{line}: {}", cr_rpc::error::innermost(&s))
+            }
+            _ => line,
+        }
+    })
+}
+
+async fn remote(cli: Cli) -> Res<()> {
+    let mut c = connect(&cli).await?;
+    let js = cli.json;
+    match cli.cmd {
+        Cmd::Status => {
+            let s = rpc(c.status(pb::Empty {}).await)?;
+            out(js, status_json(&s), || status_text(&s));
+        }
+        Cmd::Nodes => {
+            let n = rpc(c.nodes(pb::Empty {}).await)?;
+            out(
+                js,
+                json!({"nodes": n.nodes.iter().map(node_json).collect::<Vec<_>>()}),
+                || nodes_text(&n.nodes),
+            );
+        }
+        Cmd::Jobs => {
+            let j = rpc(c.jobs(pb::Empty {}).await)?;
+            out(
+                js,
+                json!({"jobs": j.jobs.iter().map(job_json).collect::<Vec<_>>()}),
+                || jobs_text(&j.jobs),
+            );
+        }
+        Cmd::Checkpoint {
+            job,
+            kill,
+            stop,
+            timeout,
+        } => {
+            let after = if kill {
+                pb::After::Kill
+            } else if stop {
+                pb::After::Stop
+            } else {
+                pb::After::Continue
+            };
+            let req = pb::CheckpointRequest {
+                job,
+                after: after as i32,
+                timeout_secs: timeout.unwrap_or(0),
+            };
+            let ck = rpc(c.checkpoint(req).await)?;
+            out(js, checkpoint_json(&ck), || checkpoint_text(&ck));
+        }
+        Cmd::Restart {
+            job,
+            checkpoint,
+            on,
+            timeout,
+        } => {
+            let req = pb::RestartRequest {
+                job,
+                checkpoint: checkpoint.unwrap_or_default(),
+                on,
+                timeout_secs: timeout.unwrap_or(0),
+            };
+            let r = rpc(c.restart(req).await)?;
+            out(js, restart_json(&r), || restart_text(&r));
+        }
+        Cmd::Checkpoints { job, all } => {
+            let r = rpc(c.checkpoints(pb::CheckpointsRequest { job, all }).await)?;
+            out(
+                js,
+                json!({"checkpoints": r.checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>()}),
+                || checkpoints_text(&r.checkpoints, all),
+            );
+        }
+        Cmd::Job {
+            job,
+            interval,
+            keep,
+            external,
+            incremental,
+        } => {
+            let req = pb::ConfigureRequest {
+                job,
+                interval_secs: interval,
+                keep,
+                external,
+                incremental: incremental.map(|v| v == "on"),
+            };
+            let j = rpc(c.configure(req).await)?;
+            out(js, job_json(&j), || job_text(&j));
+        }
+        Cmd::Pki { .. } => unreachable!("handled without a coordinator"),
+    }
+    Ok(())
+}
+
+fn out(as_json: bool, v: Value, text: impl FnOnce() -> String) {
+    if as_json {
+        print_json(&v);
+    } else {
+        print!("{}", text());
+    }
+}
+
+fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+// ------------------------------------------------------------------ JSON
+
+fn after_name(a: i32) -> &'static str {
+    pb::After::try_from(a).map_or("AFTER_UNKNOWN", |a| a.as_str_name())
+}
+
+fn status_json(s: &pb::StatusReply) -> Value {
+    json!({
+        "version": s.version, "uptime_ms": s.uptime_ms, "nodes": s.nodes,
+        "nodes_up": s.nodes_up, "jobs": s.jobs, "checkpoints": s.checkpoints,
+        "active": s.active, "db": s.db,
+    })
+}
+
+fn node_json(n: &pb::NodeInfo) -> Value {
+    json!({
+        "name": n.name, "agent_addr": n.agent_addr, "addresses": n.addresses,
+        "state": n.state, "last_seen_unix_ms": n.last_seen_unix_ms,
+        "members": n.members, "version": n.version,
+    })
+}
+
+fn proc_json(p: &pb::ProcInfo) -> Value {
+    json!({"node": p.node, "pid": p.pid, "uid": p.uid, "command": p.command, "alive": p.alive})
+}
+
+fn job_json(j: &pb::JobInfo) -> Value {
+    json!({
+        "name": j.name, "state": j.state,
+        "procs": j.procs.iter().map(proc_json).collect::<Vec<_>>(),
+        "interval_secs": j.interval_secs, "keep": j.keep, "external": j.external,
+        "incremental": j.incremental,
+        "last_checkpoint": j.last_checkpoint, "checkpoints": j.checkpoints,
+    })
+}
+
+fn bookmark_json(b: &pb::Bookmark) -> Value {
+    json!({
+        "local": b.local, "remote": b.remote, "snd_una": b.snd_una, "snd_nxt": b.snd_nxt,
+        "rcv_nxt": b.rcv_nxt, "write_seq": b.write_seq, "pid": b.pid,
+    })
+}
+
+fn image_json(i: &pb::ImageInfo) -> Value {
+    json!({
+        "node": i.node, "pid": i.pid, "dir": i.dir, "processes": i.processes,
+        "page_bytes": i.page_bytes, "store_bytes": i.store_bytes, "frozen_ms": i.frozen_ms,
+        "bookmarks": i.bookmarks.iter().map(bookmark_json).collect::<Vec<_>>(),
+        "command": i.command, "uid": i.uid,
+    })
+}
+
+fn checkpoint_json(c: &pb::CheckpointInfo) -> Value {
+    json!({
+        "id": c.id, "job": c.job, "state": c.state, "after": after_name(c.after),
+        "started_unix_ms": c.started_unix_ms, "duration_ms": c.duration_ms,
+        "pause_ms": c.pause_ms,
+        "images": c.images.iter().map(image_json).collect::<Vec<_>>(),
+        "error": c.error, "connections": c.connections, "external": c.external,
+        "prepare_ms": c.prepare_ms, "check_ms": c.check_ms, "dump_ms": c.dump_ms,
+        "commit_ms": c.commit_ms,
+    })
+}
+
+fn restart_json(r: &pb::RestartReply) -> Value {
+    json!({
+        "job": r.job, "checkpoint": r.checkpoint,
+        "procs": r.procs.iter().map(proc_json).collect::<Vec<_>>(),
+        "duration_ms": r.duration_ms, "map_addr": r.map_addr,
+    })
+}
+
+// ------------------------------------------------------------------ text
+
+/// Columns aligned, two spaces apart; the last column is not padded.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let mut o = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let n = cells.len();
+        let mut l = String::new();
+        for (i, c) in cells.into_iter().enumerate() {
+            if i + 1 < n {
+                let _ = write!(l, "{c:<width$}  ", width = w[i]);
+            } else {
+                l.push_str(c);
+            }
+        }
+        o.push_str(l.trim_end());
+        o.push('\n');
+    };
+    line(headers.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+    o
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn duration(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms} ms"),
+        1..60 => format!("{:.1} s", ms as f64 / 1000.0),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m{:02}s", s / 3600, s / 60 % 60, s % 60),
+    }
+}
+
+/// UTC date and time of a Unix time in ms.
+fn datetime(unix_ms: u64) -> String {
+    if unix_ms == 0 {
+        return "-".into();
+    }
+    let secs = unix_ms / 1000;
+    let (days, rem) = ((secs / 86400) as i64, secs % 86400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn status_text(s: &pb::StatusReply) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "cr-coordinatord {}, up {}",
+        s.version,
+        duration(s.uptime_ms)
+    );
+    let _ = writeln!(o, "catalog      {}", s.db);
+    let _ = writeln!(o, "nodes        {} ({} up)", s.nodes, s.nodes_up);
+    let _ = writeln!(o, "jobs         {}", s.jobs);
+    let _ = writeln!(o, "checkpoints  {} committed", s.checkpoints);
+    if s.active.is_empty() {
+        let _ = writeln!(o, "active       none");
+    }
+    for (i, a) in s.active.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "{}{a}",
+            if i == 0 {
+                "active       "
+            } else {
+                "             "
+            }
+        );
+    }
+    o
+}
+
+fn nodes_text(nodes: &[pb::NodeInfo]) -> String {
+    if nodes.is_empty() {
+        return "no node registered\n".into();
+    }
+    let rows: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.name.clone(),
+                n.state.clone(),
+                n.agent_addr.clone(),
+                if n.addresses.is_empty() {
+                    "-".into()
+                } else {
+                    n.addresses.join(",")
+                },
+                n.members.to_string(),
+                datetime(n.last_seen_unix_ms),
+                n.version.clone(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NODE",
+            "STATE",
+            "AGENT",
+            "ADDRESSES",
+            "MEMBERS",
+            "LAST SEEN (UTC)",
+            "VERSION",
+        ],
+        &rows,
+    )
+}
+
+fn interval(secs: u32) -> String {
+    if secs == 0 {
+        "-".into()
+    } else {
+        format!("{secs} s")
+    }
+}
+
+fn keep(n: u32) -> String {
+    if n == 0 {
+        "all".into()
+    } else {
+        n.to_string()
+    }
+}
+
+fn jobs_text(jobs: &[pb::JobInfo]) -> String {
+    if jobs.is_empty() {
+        return "no job\n".into();
+    }
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            let alive = j.procs.iter().filter(|p| p.alive).count();
+            let nodes: std::collections::BTreeSet<&str> = j
+                .procs
+                .iter()
+                .filter(|p| p.alive)
+                .map(|p| p.node.as_str())
+                .collect();
+            vec![
+                j.name.clone(),
+                j.state.clone(),
+                format!("{alive}/{}", j.procs.len()),
+                nodes.len().to_string(),
+                interval(j.interval_secs),
+                keep(j.keep),
+                j.external.clone(),
+                if j.last_checkpoint.is_empty() {
+                    "-".into()
+                } else {
+                    j.last_checkpoint.clone()
+                },
+                j.checkpoints.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "JOB",
+            "STATE",
+            "PROCS",
+            "NODES",
+            "INTERVAL",
+            "KEEP",
+            "EXTERNAL",
+            "LAST",
+            "CHECKPOINTS",
+        ],
+        &rows,
+    )
+}
+
+fn procs_table(procs: &[pb::ProcInfo], with_alive: bool) -> String {
+    let rows: Vec<Vec<String>> = procs
+        .iter()
+        .map(|p| {
+            let mut r = vec![p.node.clone(), p.pid.to_string(), p.uid.to_string()];
+            if with_alive {
+                r.push(if p.alive { "yes" } else { "no" }.into());
+            }
+            r.push(p.command.clone());
+            r
+        })
+        .collect();
+    if with_alive {
+        table(&["NODE", "PID", "UID", "ALIVE", "COMMAND"], &rows)
+    } else {
+        table(&["NODE", "PID", "UID", "COMMAND"], &rows)
+    }
+}
+
+fn job_text(j: &pb::JobInfo) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "job {}: {}", j.name, j.state);
+    let _ = writeln!(o, "interval   {}", interval(j.interval_secs));
+    let _ = writeln!(o, "keep       {}", keep(j.keep));
+    let _ = writeln!(o, "external   {}", j.external);
+    let _ = writeln!(
+        o,
+        "incremental {}",
+        if j.incremental { "on" } else { "off" }
+    );
+    let _ = writeln!(
+        o,
+        "last       {} ({} committed)",
+        if j.last_checkpoint.is_empty() {
+            "-"
+        } else {
+            &j.last_checkpoint
+        },
+        j.checkpoints
+    );
+    if !j.procs.is_empty() {
+        o.push_str(&procs_table(&j.procs, true));
+    }
+    o
+}
+
+fn node_count(images: &[pb::ImageInfo]) -> usize {
+    images
+        .iter()
+        .map(|i| i.node.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
+fn checkpoint_text(c: &pb::CheckpointInfo) -> String {
+    let mut o = String::new();
+    let procs: u32 = c.images.iter().map(|i| i.processes).sum();
+    let stored: u64 = c.images.iter().map(|i| i.store_bytes).sum();
+    let _ = writeln!(
+        o,
+        "checkpoint {} {}: {procs} processes on {} nodes, paused {} ms, {stored} bytes in {} ms",
+        c.id,
+        c.state,
+        node_count(&c.images),
+        c.pause_ms,
+        c.duration_ms
+    );
+    let _ = writeln!(
+        o,
+        "connections {} matched, {} external; prepare {} ms, check {} ms, dump {} ms, commit {} ms",
+        c.connections, c.external, c.prepare_ms, c.check_ms, c.dump_ms, c.commit_ms
+    );
+    let rows: Vec<Vec<String>> = c
+        .images
+        .iter()
+        .map(|i| {
+            vec![
+                i.node.clone(),
+                i.pid.to_string(),
+                i.processes.to_string(),
+                bytes(i.page_bytes),
+                bytes(i.store_bytes),
+                format!("{} ms", i.frozen_ms),
+                i.dir.clone(),
+            ]
+        })
+        .collect();
+    o.push_str(&table(
+        &["NODE", "PID", "PROCS", "MEMORY", "STORED", "FROZEN", "DIR"],
+        &rows,
+    ));
+    o
+}
+
+fn restart_text(r: &pb::RestartReply) -> String {
+    let mut o = String::new();
+    let nodes: std::collections::BTreeSet<&str> = r.procs.iter().map(|p| p.node.as_str()).collect();
+    let _ = writeln!(
+        o,
+        "job {} restarted from {}: {} processes on {} nodes in {} ms",
+        r.job,
+        r.checkpoint,
+        r.procs.len(),
+        nodes.len(),
+        r.duration_ms
+    );
+    if !r.map_addr.is_empty() {
+        let _ = writeln!(o, "addresses rewritten: {}", r.map_addr.join(", "));
+    }
+    o.push_str(&procs_table(&r.procs, false));
+    o
+}
+
+fn checkpoints_text(cks: &[pb::CheckpointInfo], all: bool) -> String {
+    if cks.is_empty() {
+        return if all {
+            "no checkpoint\n".into()
+        } else {
+            "no committed checkpoint (--all shows the others)\n".into()
+        };
+    }
+    let rows: Vec<Vec<String>> = cks
+        .iter()
+        .map(|c| {
+            let mut r = vec![
+                c.id.clone(),
+                c.state.clone(),
+                after_name(c.after)
+                    .trim_start_matches("AFTER_")
+                    .to_lowercase(),
+                datetime(c.started_unix_ms),
+                format!("{} ms", c.duration_ms),
+                format!("{} ms", c.pause_ms),
+                c.images
+                    .iter()
+                    .map(|i| i.processes)
+                    .sum::<u32>()
+                    .to_string(),
+                node_count(&c.images).to_string(),
+                bytes(c.images.iter().map(|i| i.store_bytes).sum()),
+            ];
+            if all {
+                r.push(c.error.clone());
+            }
+            r
+        })
+        .collect();
+    let mut h = vec![
+        "ID",
+        "STATE",
+        "AFTER",
+        "STARTED (UTC)",
+        "DURATION",
+        "PAUSE",
+        "PROCS",
+        "NODES",
+        "STORED",
+    ];
+    if all {
+        h.push("ERROR");
+    }
+    table(&h, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(datetime(0), "-");
+        assert_eq!(datetime(86_400_000), "1970-01-02 00:00:00");
+        assert_eq!(datetime(1_709_210_096_000), "2024-02-29 12:34:56");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(
+            &["A", "BB"],
+            &[
+                vec!["xxx".into(), "1".into()],
+                vec!["y".into(), "22".into()],
+            ],
+        );
+        assert_eq!(t, "A    BB\nxxx  1\ny    22\n");
+    }
+}

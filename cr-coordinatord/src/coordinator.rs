@@ -1,0 +1,412 @@
+//! The coordinator's state in one place: the catalog, the agents, the
+//! node registry, the operations in progress (one per job) and the stop
+//! flag; and the read-only views crctl asks for (nodes, jobs, checkpoints,
+//! status) plus job settings (Configure). The protocol itself is in
+//! [`crate::protocol`], node membership in [`crate::registry`].
+
+use crate::agents::AgentApi;
+use crate::catalog::{self, Catalog, Change, JobRecord, State};
+use crate::error::Error;
+use crate::registry::{Liveness, Registry};
+use cr_rpc::pb;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// What the coordinator is told by its configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Heartbeat period told to agents.
+    pub heartbeat_ms: u32,
+    /// No heartbeat this long: the node is down.
+    pub node_timeout: Duration,
+    /// Default deadline of a checkpoint or restart.
+    pub timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            heartbeat_ms: 1000,
+            node_timeout: Duration::from_millis(5000),
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Kinds of operation on a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    Checkpoint,
+    Restart,
+}
+
+#[derive(Debug, Clone)]
+struct Active {
+    kind: OpKind,
+    /// "checkpoint J-3", "restart of J from J-3".
+    what: String,
+    phase: String,
+}
+
+/// The coordinator.
+pub struct Coordinator {
+    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) agents: Arc<dyn AgentApi>,
+    pub(crate) settings: Settings,
+    pub(crate) registry: Registry,
+    active: Mutex<BTreeMap<String, Active>>,
+    started: Instant,
+    stopping: watch::Sender<bool>,
+}
+
+/// The job's slot for one operation; freed on drop.
+pub(crate) struct Busy<'a> {
+    coord: &'a Coordinator,
+    job: String,
+}
+
+impl Busy<'_> {
+    /// Name the operation (once its id is known) and its phase.
+    pub(crate) fn set(&self, what: &str, phase: &str) {
+        let mut a = self.coord.active.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(op) = a.get_mut(&self.job) {
+            op.what = what.to_string();
+            op.phase = phase.to_string();
+        }
+    }
+
+    pub(crate) fn phase(&self, phase: &str) {
+        let mut a = self.coord.active.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(op) = a.get_mut(&self.job) {
+            op.phase = phase.to_string();
+        }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.coord
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.job);
+    }
+}
+
+impl Coordinator {
+    pub fn new(catalog: Arc<Catalog>, agents: Arc<dyn AgentApi>, settings: Settings) -> Self {
+        Coordinator {
+            catalog,
+            agents,
+            settings,
+            registry: Registry::default(),
+            active: Mutex::new(BTreeMap::new()),
+            started: Instant::now(),
+            stopping: watch::channel(false).0,
+        }
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Take the job's slot, or say what holds it.
+    pub(crate) fn begin(&self, job: &str, kind: OpKind, what: String) -> Result<Busy<'_>, Error> {
+        if *self.stopping.borrow() {
+            return Err(Error::Stopping);
+        }
+        let mut a = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(op) = a.get(job) {
+            return Err(Error::Busy {
+                job: job.to_string(),
+                what: op.what.clone(),
+            });
+        }
+        a.insert(
+            job.to_string(),
+            Active {
+                kind,
+                what,
+                phase: "starting".into(),
+            },
+        );
+        Ok(Busy {
+            coord: self,
+            job: job.to_string(),
+        })
+    }
+
+    /// Whether an operation on `job` is in progress.
+    pub fn is_busy(&self, job: &str) -> bool {
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(job)
+    }
+
+    /// Whether the checkpoint `id` is being run right now.
+    pub(crate) fn is_active_checkpoint(&self, id: &str) -> bool {
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|op| op.kind == OpKind::Checkpoint && op.what == format!("checkpoint {id}"))
+    }
+
+    fn active_kind(&self, job: &str) -> Option<OpKind> {
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .map(|op| op.kind)
+    }
+
+    /// Resolves once [`Coordinator::shutdown`] was called.
+    pub(crate) async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
+    /// Refuse new operations, make those in progress end (they abort
+    /// unless committed, and record their decision), and wait for them
+    /// (at most `grace`).
+    pub async fn shutdown(&self, grace: Duration) {
+        self.stopping.send_replace(true);
+        let t0 = Instant::now();
+        loop {
+            let left: Vec<String> = self
+                .active
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .map(|op| format!("{} ({})", op.what, op.phase))
+                .collect();
+            if left.is_empty() {
+                return;
+            }
+            if t0.elapsed() >= grace {
+                tracing::warn!(ops = ?left, "stopping with operations still in progress");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Which nodes are up, now.
+    pub(crate) fn liveness(&self) -> Liveness {
+        self.registry.snapshot(self.settings.node_timeout)
+    }
+
+    // ------------------------------------------------------------ views
+
+    pub fn nodes(&self) -> pb::NodesReply {
+        let live = self.liveness();
+        let nodes = self.catalog.read(|s| {
+            s.nodes
+                .values()
+                .map(|n| pb::NodeInfo {
+                    name: n.name.clone(),
+                    agent_addr: n.agent_addr.clone(),
+                    addresses: n.addresses.clone(),
+                    state: if live.is_up(&n.name) { "up" } else { "down" }.into(),
+                    last_seen_unix_ms: live
+                        .last_seen_unix_ms(&n.name)
+                        .unwrap_or(n.registered_unix_ms),
+                    members: s
+                        .jobs
+                        .values()
+                        .flat_map(|j| &j.members)
+                        .filter(|m| m.alive && m.node == n.name)
+                        .count() as u32,
+                    version: n.version.clone(),
+                })
+                .collect()
+        });
+        pb::NodesReply { nodes }
+    }
+
+    fn job_info(&self, j: &JobRecord, s: &State, live: &Liveness) -> pb::JobInfo {
+        let procs: Vec<pb::ProcInfo> = j
+            .members
+            .iter()
+            .map(|m| pb::ProcInfo {
+                node: m.node.clone(),
+                pid: m.pid,
+                uid: m.uid,
+                command: m.command.clone(),
+                alive: m.alive && live.is_up(&m.node),
+            })
+            .collect();
+        let alive = procs.iter().filter(|p| p.alive).count();
+        let state = match self.active_kind(&j.name) {
+            Some(OpKind::Checkpoint) => "checkpointing",
+            Some(OpKind::Restart) => "restarting",
+            None if alive > 0 && alive == procs.len() => "running",
+            None if alive > 0 => "partial",
+            None => "stopped",
+        };
+        let committed: Vec<&catalog::CheckpointRecord> = s
+            .job_checkpoints(&j.name)
+            .filter(|c| c.state() == catalog::state::COMMITTED)
+            .collect();
+        pb::JobInfo {
+            name: j.name.clone(),
+            state: state.into(),
+            procs,
+            interval_secs: j.interval_secs,
+            keep: j.keep,
+            external: j.external.clone(),
+            incremental: j.incremental,
+            last_checkpoint: committed
+                .last()
+                .map(|c| c.id().to_string())
+                .unwrap_or_default(),
+            checkpoints: committed.len() as u32,
+        }
+    }
+
+    pub fn jobs(&self) -> pb::JobsReply {
+        let live = self.liveness();
+        let jobs = self.catalog.read(|s| {
+            s.jobs
+                .values()
+                .map(|j| self.job_info(j, s, &live))
+                .collect()
+        });
+        pb::JobsReply { jobs }
+    }
+
+    pub fn job(&self, job: &str) -> Result<pb::JobInfo, Error> {
+        let live = self.liveness();
+        self.catalog
+            .read(|s| s.jobs.get(job).map(|j| self.job_info(j, s, &live)))
+            .ok_or_else(|| Error::UnknownJob { job: job.into() })
+    }
+
+    /// The job's committed checkpoints (`all`: every one), oldest first.
+    pub fn checkpoints(&self, job: &str, all: bool) -> Result<pb::CheckpointsReply, Error> {
+        self.catalog.read(|s| {
+            if !s.jobs.contains_key(job) {
+                return Err(Error::UnknownJob { job: job.into() });
+            }
+            Ok(pb::CheckpointsReply {
+                checkpoints: s
+                    .job_checkpoints(job)
+                    .filter(|c| all || c.state() == catalog::state::COMMITTED)
+                    .map(|c| c.info().clone())
+                    .collect(),
+            })
+        })
+    }
+
+    /// One checkpoint by id.
+    pub fn checkpoint_info(&self, id: &str) -> Option<pb::CheckpointInfo> {
+        self.catalog
+            .read(|s| s.checkpoint(id).map(|c| c.info().clone()))
+    }
+
+    pub fn status(&self) -> pb::StatusReply {
+        let live = self.liveness();
+        let active = self
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(job, op)| format!("{} of {job}: {}", op.what, op.phase))
+            .collect();
+        let (nodes, nodes_up, jobs, checkpoints) = self.catalog.read(|s| {
+            (
+                s.nodes.len() as u32,
+                s.nodes.keys().filter(|n| live.is_up(n)).count() as u32,
+                s.jobs.len() as u32,
+                s.checkpoints
+                    .values()
+                    .flat_map(|m| m.values())
+                    .filter(|c| c.state() == catalog::state::COMMITTED)
+                    .count() as u32,
+            )
+        });
+        pb::StatusReply {
+            version: env!("CARGO_PKG_VERSION").into(),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            nodes,
+            nodes_up,
+            jobs,
+            checkpoints,
+            active,
+            db: self.catalog.path().display().to_string(),
+        }
+    }
+
+    /// Change a job's settings (the fields given); the job must exist.
+    pub fn configure(&self, req: &pb::ConfigureRequest) -> Result<pb::JobInfo, Error> {
+        if let Some(x) = req.external.as_deref() {
+            if x != catalog::EXTERNAL_ABORT && x != catalog::EXTERNAL_ALLOW {
+                return Err(Error::Invalid {
+                    what: format!("external policy {x:?}: expected \"abort\" or \"allow\""),
+                });
+            }
+        }
+        self.update_job(&req.job, |j| {
+            if let Some(v) = req.interval_secs {
+                j.interval_secs = v;
+            }
+            if let Some(v) = req.keep {
+                j.keep = v;
+            }
+            if let Some(v) = &req.external {
+                j.external = v.clone();
+            }
+            if let Some(v) = req.incremental {
+                j.incremental = v;
+            }
+        })
+    }
+
+    /// Turn incremental checkpoints of a job on or off.
+    pub fn set_incremental(&self, job: &str, on: bool) -> Result<pb::JobInfo, Error> {
+        self.update_job(job, |j| j.incremental = on)
+    }
+
+    fn update_job(&self, job: &str, f: impl FnOnce(&mut JobRecord)) -> Result<pb::JobInfo, Error> {
+        self.catalog.update(|s| -> Result<_, Error> {
+            let mut j = s
+                .jobs
+                .get(job)
+                .cloned()
+                .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+            let before = j.clone();
+            f(&mut j);
+            if j == before {
+                return Ok((vec![], ()));
+            }
+            tracing::info!(
+                job,
+                interval_secs = j.interval_secs,
+                keep = j.keep,
+                external = %j.external,
+                incremental = j.incremental,
+                "job settings changed"
+            );
+            Ok((vec![Change::Job(j)], ()))
+        })?;
+        self.job(job)
+    }
+}

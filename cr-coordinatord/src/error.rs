@@ -1,0 +1,75 @@
+//! Why a request to the coordinator failed: one readable message naming the
+//! job, node or checkpoint, and the gRPC status code it maps to.
+
+use crate::catalog::CatalogError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no job {job}")]
+    UnknownJob { job: String },
+    #[error("no node {node} (registered nodes: {known})")]
+    UnknownNode { node: String, known: String },
+    #[error("no checkpoint {id}")]
+    UnknownCheckpoint { id: String },
+    #[error("checkpoint {id} is not one of job {job}")]
+    OtherJob { id: String, job: String },
+    #[error("job {job} is busy: {what} in progress")]
+    Busy { job: String, what: String },
+    #[error("job {job} has no live member")]
+    NoLiveMember { job: String },
+    #[error("job {job}: node {node} is down ({why})")]
+    NodeDown {
+        job: String,
+        node: String,
+        why: String,
+    },
+    #[error(
+        "job {job} still runs {count} processes; checkpoint it with --kill or stop them first"
+    )]
+    StillRunning { job: String, count: usize },
+    #[error("job {job} has no committed checkpoint")]
+    NoCheckpoint { job: String },
+    #[error("checkpoint {id} is {state}: only committed checkpoints can be restarted")]
+    NotCommitted { id: String, state: String },
+    #[error("checkpoint {id} of job {job} aborted: {reason}")]
+    Aborted {
+        job: String,
+        id: String,
+        reason: String,
+    },
+    #[error("restart of job {job} from {id} failed: {reason}")]
+    RestartFailed {
+        job: String,
+        id: String,
+        reason: String,
+    },
+    #[error("{what}")]
+    Invalid { what: String },
+    #[error("the coordinator is stopping")]
+    Stopping,
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> tonic::Status {
+        use tonic::Code;
+        let code = match &e {
+            Error::UnknownJob { .. }
+            | Error::UnknownNode { .. }
+            | Error::UnknownCheckpoint { .. }
+            | Error::NoCheckpoint { .. } => Code::NotFound,
+            Error::OtherJob { .. } | Error::Invalid { .. } => Code::InvalidArgument,
+            Error::Busy { .. }
+            | Error::NoLiveMember { .. }
+            | Error::StillRunning { .. }
+            | Error::NotCommitted { .. }
+            // Not Unavailable: clients show that code as a transport failure.
+            | Error::NodeDown { .. }
+            | Error::Stopping => Code::FailedPrecondition,
+            Error::Aborted { .. } | Error::RestartFailed { .. } => Code::Aborted,
+            Error::Catalog(_) => Code::Internal,
+        };
+        tonic::Status::new(code, e.to_string())
+    }
+}

@@ -1,0 +1,36 @@
+//! cr-coordinatord: the coordinator of multi-node checkpoint/restart jobs
+//! (docs/CLUSTER.md), and the library behind it, its admin client crctl and
+//! `cr-bench coord`.
+//!
+//! * [`config`]: the config file and flags.
+//! * [`catalog`]: the persistent catalog (redb): nodes, jobs, checkpoints.
+//! * [`agents`]: [`AgentApi`], the agents as the protocol sees them, and
+//!   [`GrpcAgents`], the real ones.
+//! * [`coordinator`]: [`Coordinator`], its state and read-only views.
+//! * [`registry`]: node registration, heartbeats, job membership.
+//! * [`protocol`]: the coordinated checkpoint and restart.
+//! * [`schedule`]: periodic checkpoints.
+//! * [`service`]: the gRPC Coordinator service.
+//! * [`error`]: why a request failed.
+#![forbid(unsafe_code)]
+
+pub mod agents;
+pub mod catalog;
+pub mod config;
+pub mod coordinator;
+pub mod error;
+pub mod protocol;
+pub mod registry;
+pub mod schedule;
+pub mod service;
+
+#[cfg(test)]
+mod tests;
+
+pub use agents::{AgentApi, AgentResult, GrpcAgents};
+pub use catalog::{Catalog, CatalogError};
+pub use coordinator::{Coordinator, Settings};
+pub use cr_rpc::pb;
+pub use error::Error;
+/// For implementations of [`AgentApi`] outside this crate.
+pub use tonic::async_trait;

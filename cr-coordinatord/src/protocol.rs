@@ -1,0 +1,847 @@
+//! The coordinated checkpoint and restart of a job (docs/CLUSTER.md, "The
+//! protocol"), driven through [`AgentApi`](crate::AgentApi) and recorded in the catalog.
+//!
+//! Checkpoint: PREPARE (parallel) → CHECK (consistent cut, external
+//! connections) → DUMP (parallel, cut checked again on the images) →
+//! COMMIT (one catalog transaction) → Commit + FINISH (parallel) →
+//! retention. Any failure, timeout or stop before COMMIT aborts every
+//! agent that was sent PREPARE and records `aborted` with the reason.
+//!
+//! Restart: RESTORE (parallel, frozen, addresses of moved nodes rewritten)
+//! → RELEASE (parallel) → the job's members are the restored processes →
+//! Unlock on the nodes the images moved away from.
+
+use crate::agents::AgentResult;
+use crate::catalog::{state, Change, CheckpointRecord, JobRecord, MemberRecord, EXTERNAL_ALLOW};
+use crate::coordinator::{now_unix_ms, Busy, Coordinator, OpKind};
+use crate::error::Error;
+use cr_image::bookmarks::{check_cut, unmatched, Bookmark};
+use cr_rpc::pb;
+use futures_util::future::join_all;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Added to the remaining deadline in the session timeout told to agents,
+/// so that they never give up before the coordinator does.
+const SESSION_MARGIN: Duration = Duration::from_secs(5);
+/// Bound of each best-effort call (Abort, Commit, Remove, Unlock) and the
+/// least time FINISH and RELEASE get after the deadline.
+const BEST_EFFORT: Duration = Duration::from_secs(10);
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// `addr` as matched in the cut: loopback addresses are only meaningful on
+/// their node, so they are prefixed with its name.
+pub fn scoped_addr(node: &str, addr: &str) -> String {
+    let loopback = match addr.parse::<SocketAddr>() {
+        Ok(sa) => match sa.ip() {
+            std::net::IpAddr::V4(ip) => ip.is_loopback(),
+            std::net::IpAddr::V6(ip) => {
+                ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            }
+        },
+        Err(_) => {
+            let a = addr.trim_start_matches('[');
+            a.starts_with("127.") || a.starts_with("::1]") || a.starts_with("::ffff:127.")
+        }
+    };
+    if loopback {
+        format!("{node}/{addr}")
+    } else {
+        addr.to_string()
+    }
+}
+
+/// CHECK: the bookmarks of all members (with their node) are a consistent
+/// cut, and connections leading outside the job are allowed by the policy.
+/// How many connections were matched, and how many lead outside.
+pub fn check_bookmarks(
+    job: &str,
+    allow_external: bool,
+    marks: &[(&str, &pb::Bookmark)],
+) -> Result<(u32, u32), String> {
+    let mut bms = Vec::with_capacity(marks.len());
+    let mut origin: HashMap<(String, String), (&str, &pb::Bookmark)> =
+        HashMap::with_capacity(marks.len());
+    for (node, b) in marks {
+        let bm = Bookmark {
+            local: scoped_addr(node, &b.local),
+            remote: scoped_addr(node, &b.remote),
+            snd_una: b.snd_una,
+            snd_nxt: b.snd_nxt,
+            rcv_nxt: b.rcv_nxt,
+            write_seq: b.write_seq,
+        };
+        origin.insert((bm.local.clone(), bm.remote.clone()), (node, b));
+        bms.push(bm);
+    }
+    let matched = check_cut(&bms).map_err(|e| format!("inconsistent cut: {e}"))?;
+    let outside = unmatched(&bms);
+    if let Some(o) = outside.first().filter(|_| !allow_external) {
+        let (node, b) = origin[&(o.local.clone(), o.remote.clone())];
+        return Err(format!(
+            "connection {} -> {} of pid {} on node {node} leads outside the job (set `crctl job {job} --external allow` to accept it)",
+            b.local, b.remote, b.pid
+        ));
+    }
+    Ok((matched as u32, outside.len() as u32))
+}
+
+/// `fut` with the deadline; the node's name and its result.
+async fn timed<T>(
+    deadline: Instant,
+    what: &str,
+    node: &str,
+    fut: impl Future<Output = AgentResult<T>>,
+) -> (String, AgentResult<T>) {
+    let r = match tokio::time::timeout_at(deadline.into(), fut).await {
+        Ok(r) => r.map_err(|e| format!("{what}: {e}")),
+        Err(_) => Err(format!("no reply to {what} within the deadline")),
+    };
+    (node.to_string(), r)
+}
+
+/// All the replies, or the first failure as "node N: ...".
+fn all_ok<T>(results: Vec<(String, AgentResult<T>)>) -> Result<Vec<(String, T)>, String> {
+    results
+        .into_iter()
+        .map(|(n, r)| {
+            r.map(|v| (n.clone(), v))
+                .map_err(|e| format!("node {n}: {e}"))
+        })
+        .collect()
+}
+
+/// `items` grouped by node, nodes in order of first appearance.
+fn group_by_node<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
+    let mut out: Vec<(String, Vec<T>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for (node, t) in items {
+        match index.get(&node) {
+            Some(&k) => out[k].1.push(t),
+            None => {
+                index.insert(node.clone(), out.len());
+                out.push((node, vec![t]));
+            }
+        }
+    }
+    out
+}
+
+/// The placement and per-node targets of a checkpoint.
+struct Hosts {
+    /// Node → its targets, in order of first appearance.
+    nodes: Vec<(String, Vec<pb::Target>)>,
+}
+
+impl Hosts {
+    fn names(&self) -> Vec<String> {
+        self.nodes.iter().map(|(n, _)| n.clone()).collect()
+    }
+}
+
+impl Coordinator {
+    /// Run `fut` unless the coordinator stops first.
+    async fn unless_stopped<T>(&self, fut: impl Future<Output = T>) -> Result<T, String> {
+        tokio::select! {
+            r = fut => Ok(r),
+            _ = self.stopped() => Err("the coordinator is stopping".into()),
+        }
+    }
+
+    /// Best effort: send `call` to every node, log failures.
+    async fn to_all<T, F, Fut>(&self, what: &str, id: &str, nodes: &[String], call: F)
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = AgentResult<T>>,
+    {
+        let deadline = Instant::now() + BEST_EFFORT;
+        let res = join_all(
+            nodes
+                .iter()
+                .map(|n| timed(deadline, what, n, call(n.clone()))),
+        )
+        .await;
+        for (n, r) in res {
+            if let Err(e) = r {
+                tracing::warn!(id, node = %n, "{e}");
+            }
+        }
+    }
+
+    async fn abort_all(&self, session: &str, nodes: &[String]) {
+        self.to_all("ABORT", session, nodes, |n| async move {
+            let req = pb::SessionRequest {
+                session: session.to_string(),
+            };
+            self.agents.abort(&n, req).await
+        })
+        .await
+    }
+
+    /// A coordinated checkpoint of `job` (see the module doc). `timeout`:
+    /// the whole protocol's deadline (default: the configured one).
+    pub async fn checkpoint(
+        &self,
+        job: &str,
+        after: pb::After,
+        timeout: Option<Duration>,
+    ) -> Result<pb::CheckpointInfo, Error> {
+        let t0 = Instant::now();
+        let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
+        let busy = self.begin(job, OpKind::Checkpoint, format!("checkpoint of {job}"))?;
+        let live = self.liveness();
+        let (jobrec, prev) = self.catalog.read(|s| {
+            (
+                s.jobs.get(job).cloned(),
+                s.latest_committed(job).map(|c| c.info().clone()),
+            )
+        });
+        let jobrec = jobrec.ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        // Incremental: each member's image in the previous checkpoint.
+        let prev_dirs: HashMap<(&str, i32), &str> = prev
+            .iter()
+            .filter(|_| jobrec.incremental)
+            .flat_map(|p| &p.images)
+            .map(|i| ((i.node.as_str(), i.pid), i.dir.as_str()))
+            .collect();
+        let mut targets = Vec::new();
+        for m in jobrec.members.iter().filter(|m| m.alive) {
+            if !live.is_up(&m.node) {
+                return Err(Error::NodeDown {
+                    job: job.into(),
+                    node: m.node.clone(),
+                    why: live.down_reason(&m.node),
+                });
+            }
+            let parent = prev_dirs
+                .get(&(m.node.as_str(), m.pid))
+                .map(|d| d.to_string())
+                .unwrap_or_default();
+            targets.push((m.node.clone(), pb::Target { pid: m.pid, parent }));
+        }
+        let hosts = Hosts {
+            nodes: group_by_node(targets),
+        };
+        if hosts.nodes.is_empty() {
+            return Err(Error::NoLiveMember { job: job.into() });
+        }
+
+        // Its id, recorded as preparing.
+        let started = now_unix_ms();
+        let mut rec = self.catalog.update(|s| {
+            let n = s.sequence(job) + 1;
+            let rec = CheckpointRecord {
+                info: Some(pb::CheckpointInfo {
+                    id: format!("{job}-{n}"),
+                    job: job.to_string(),
+                    state: state::PREPARING.into(),
+                    after: after as i32,
+                    started_unix_ms: started,
+                    ..Default::default()
+                }),
+                seq: n,
+                ..Default::default()
+            };
+            Ok::<_, Error>((
+                vec![
+                    Change::Sequence(job.to_string(), n),
+                    Change::Checkpoint(rec.clone()),
+                ],
+                rec,
+            ))
+        })?;
+        let id = rec.id().to_string();
+        busy.set(&format!("checkpoint {id}"), "preparing");
+        tracing::info!(
+            job,
+            checkpoint = %id,
+            nodes = hosts.nodes.len(),
+            members = hosts.nodes.iter().map(|(_, t)| t.len()).sum::<usize>(),
+            after = after.as_str_name(),
+            "checkpoint started"
+        );
+
+        if let Err(reason) = self
+            .run_checkpoint(&busy, &mut rec, &jobrec, &hosts, deadline, t0)
+            .await
+        {
+            // The decision first, so that it stands whatever happens next.
+            let info = rec.info_mut();
+            info.state = state::ABORTED.into();
+            info.error = reason.clone();
+            info.duration_ms = ms(t0.elapsed());
+            if let Err(e) = self
+                .catalog
+                .update(|_| Ok::<_, Error>((vec![Change::Checkpoint(rec.clone())], ())))
+            {
+                tracing::error!(job, checkpoint = %id, "cannot record the abort: {e}");
+            }
+            self.abort_all(&id, &hosts.names()).await;
+            tracing::warn!(job, checkpoint = %id, ms = ms(t0.elapsed()), "checkpoint aborted: {reason}");
+            return Err(Error::Aborted {
+                job: job.into(),
+                id,
+                reason,
+            });
+        }
+
+        self.finish_checkpoint(&busy, &mut rec, &hosts, after, deadline, t0)
+            .await;
+        busy.phase("removing old checkpoints");
+        self.retain(job).await;
+        Ok(rec.info().clone())
+    }
+
+    /// PREPARE, CHECK, DUMP, COMMIT; the reason of a failure before the
+    /// commit is recorded.
+    async fn run_checkpoint(
+        &self,
+        busy: &Busy<'_>,
+        rec: &mut CheckpointRecord,
+        jobrec: &JobRecord,
+        hosts: &Hosts,
+        deadline: Instant,
+        t0: Instant,
+    ) -> Result<(), String> {
+        let id = rec.id().to_string();
+        let job = jobrec.name.as_str();
+        let allow = jobrec.external == EXTERNAL_ALLOW;
+        let after = rec.info().after;
+
+        // PREPARE
+        let t = Instant::now();
+        let timeout_ms = ms(deadline.saturating_duration_since(t) + SESSION_MARGIN) as u32;
+        let calls = hosts.nodes.iter().map(|(node, targets)| {
+            let req = pb::PrepareRequest {
+                session: id.clone(),
+                job: job.to_string(),
+                targets: targets.clone(),
+                after,
+                subdir: format!("{job}/{id}"),
+                timeout_ms,
+            };
+            timed(deadline, "PREPARE", node, self.agents.prepare(node, req))
+        });
+        let prepared = all_ok(self.unless_stopped(join_all(calls)).await?)?;
+        rec.info_mut().prepare_ms = ms(t.elapsed());
+        tracing::info!(job, checkpoint = %id, phase = "prepare", ms = ms(t.elapsed()), "phase done");
+
+        // CHECK
+        busy.phase("checking");
+        let t = Instant::now();
+        let marks: Vec<(&str, &pb::Bookmark)> = prepared
+            .iter()
+            .flat_map(|(n, r)| r.bookmarks.iter().map(move |b| (n.as_str(), b)))
+            .collect();
+        let (conns, external) = check_bookmarks(job, allow, &marks)?;
+        rec.info_mut().check_ms = ms(t.elapsed());
+        tracing::info!(
+            job,
+            checkpoint = %id,
+            phase = "check",
+            ms = ms(t.elapsed()),
+            connections = conns,
+            external,
+            "phase done"
+        );
+
+        // DUMP
+        busy.phase("dumping");
+        rec.info_mut().state = state::DUMPING.into();
+        self.catalog
+            .update(|_| Ok::<_, Error>((vec![Change::Checkpoint(rec.clone())], ())))
+            .map_err(|e| format!("cannot record the dump: {e}"))?;
+        let t = Instant::now();
+        let calls = hosts.nodes.iter().map(|(node, _)| {
+            let req = pb::SessionRequest {
+                session: id.clone(),
+            };
+            timed(deadline, "DUMP", node, self.agents.dump(node, req))
+        });
+        let dumped = all_ok(self.unless_stopped(join_all(calls)).await?)?;
+        let mut images = Vec::new();
+        for ((node, reply), (_, targets)) in dumped.into_iter().zip(&hosts.nodes) {
+            for t in targets {
+                if !reply.images.iter().any(|i| i.pid == t.pid) {
+                    return Err(format!(
+                        "node {node}: DUMP returned no image of pid {}",
+                        t.pid
+                    ));
+                }
+            }
+            images.extend(reply.images.into_iter().map(|mut i| {
+                i.node = node.clone();
+                i
+            }));
+        }
+        let marks: Vec<(&str, &pb::Bookmark)> = images
+            .iter()
+            .flat_map(|i| i.bookmarks.iter().map(move |b| (i.node.as_str(), b)))
+            .collect();
+        let (conns, external) =
+            check_bookmarks(job, allow, &marks).map_err(|e| format!("in the images: {e}"))?;
+        rec.info_mut().dump_ms = ms(t.elapsed());
+        tracing::info!(
+            job,
+            checkpoint = %id,
+            phase = "dump",
+            ms = ms(t.elapsed()),
+            images = images.len(),
+            bytes = images.iter().map(|i| i.store_bytes).sum::<u64>(),
+            "phase done"
+        );
+        if self.is_stopping() {
+            return Err("the coordinator is stopping".into());
+        }
+
+        // COMMIT
+        busy.phase("committing");
+        let t = Instant::now();
+        let info = rec.info_mut();
+        info.state = state::COMMITTED.into();
+        info.pause_ms = images.iter().map(|i| i.frozen_ms).max().unwrap_or(0);
+        info.images = images;
+        info.connections = conns;
+        info.external = external;
+        info.duration_ms = ms(t0.elapsed());
+        self.catalog
+            .update(|_| Ok::<_, Error>((vec![Change::Checkpoint(rec.clone())], ())))
+            .map_err(|e| {
+                // Not recorded: it is not committed, abort it.
+                rec.info_mut().state = state::DUMPING.into();
+                format!("cannot record the commit: {e}")
+            })?;
+        rec.info_mut().commit_ms = ms(t.elapsed());
+        tracing::info!(job, checkpoint = %id, phase = "commit", ms = ms(t.elapsed()), "checkpoint committed");
+        Ok(())
+    }
+
+    /// After the commit: Commit and FINISH to every agent; record who
+    /// acknowledged (and, for KILL, that the members are gone).
+    async fn finish_checkpoint(
+        &self,
+        busy: &Busy<'_>,
+        rec: &mut CheckpointRecord,
+        hosts: &Hosts,
+        after: pb::After,
+        deadline: Instant,
+        t0: Instant,
+    ) {
+        let id = rec.id().to_string();
+        let job = rec.info().job.clone();
+        let nodes = hosts.names();
+        busy.phase("finishing");
+        let t = Instant::now();
+        self.to_all("COMMIT", &id, &nodes, |n| {
+            let req = pb::SessionRequest {
+                session: id.clone(),
+            };
+            async move { self.agents.commit(&n, req).await }
+        })
+        .await;
+        rec.info_mut().commit_ms += ms(t.elapsed());
+
+        let t = Instant::now();
+        let finish_deadline = deadline.max(t + BEST_EFFORT);
+        let calls = nodes.iter().map(|n| {
+            let req = pb::FinishRequest {
+                session: id.clone(),
+                after: after as i32,
+            };
+            timed(finish_deadline, "FINISH", n, self.agents.finish(n, req))
+        });
+        let mut acked = Vec::new();
+        let mut paused = 0;
+        for (n, r) in join_all(calls).await {
+            match r {
+                Ok(reply) => {
+                    paused = paused.max(reply.frozen_ms);
+                    acked.push(n)
+                }
+                Err(e) => tracing::warn!(
+                    job = %job,
+                    checkpoint = %id,
+                    node = %n,
+                    "{e}; FINISH is sent again when the node registers"
+                ),
+            }
+        }
+        tracing::info!(job = %job, checkpoint = %id, phase = "finish", ms = ms(t.elapsed()), after = after.as_str_name(), "phase done");
+        rec.finished = acked.len() == nodes.len();
+        rec.finished_nodes = acked.clone();
+        if paused > 0 {
+            rec.info_mut().pause_ms = paused;
+        }
+        rec.info_mut().duration_ms = ms(t0.elapsed());
+        let res = self.catalog.update(|s| {
+            let mut changes = vec![Change::Checkpoint(rec.clone())];
+            if after == pb::After::Kill {
+                let acked: HashSet<&str> = acked.iter().map(String::as_str).collect();
+                let killed: HashSet<(&str, i32)> = hosts
+                    .nodes
+                    .iter()
+                    .filter(|(n, _)| acked.contains(n.as_str()))
+                    .flat_map(|(n, ts)| ts.iter().map(move |t| (n.as_str(), t.pid)))
+                    .collect();
+                if let Some(j) = s.jobs.get(&job) {
+                    let mut j = j.clone();
+                    let mut changed = false;
+                    for m in j.members.iter_mut().filter(|m| m.alive) {
+                        if killed.contains(&(m.node.as_str(), m.pid)) {
+                            m.alive = false;
+                            changed = true;
+                        }
+                    }
+                    if changed {
+                        changes.push(Change::Job(j));
+                    }
+                }
+            }
+            Ok::<_, Error>((changes, ()))
+        });
+        if let Err(e) = res {
+            tracing::error!(job = %job, checkpoint = %id, "cannot record FINISH: {e}");
+        }
+        let i = rec.info();
+        tracing::info!(
+            job = %job,
+            checkpoint = %id,
+            ms = i.duration_ms,
+            pause_ms = i.pause_ms,
+            prepare_ms = i.prepare_ms,
+            check_ms = i.check_ms,
+            dump_ms = i.dump_ms,
+            commit_ms = i.commit_ms,
+            "checkpoint done"
+        );
+    }
+
+    /// Retention: remove the committed checkpoints of `job` beyond its
+    /// newest `keep` (each image by the node that wrote it, or by any node
+    /// up when that one is down: the image root is shared).
+    async fn retain(&self, job: &str) {
+        let victims: Vec<CheckpointRecord> = self.catalog.read(|s| {
+            let keep = s.jobs.get(job).map_or(0, |j| j.keep) as usize;
+            if keep == 0 {
+                return Vec::new();
+            }
+            let committed: Vec<&CheckpointRecord> = s
+                .job_checkpoints(job)
+                .filter(|c| c.state() == state::COMMITTED)
+                .collect();
+            let n = committed.len().saturating_sub(keep);
+            committed[..n].iter().map(|c| (*c).clone()).collect()
+        });
+        if victims.is_empty() {
+            return;
+        }
+        let live = self.liveness();
+        let any_up = self
+            .catalog
+            .read(|s| s.nodes.keys().find(|n| live.is_up(n)).cloned());
+        let mut removed = Vec::new();
+        for mut c in victims {
+            let mut placed = Vec::new();
+            let mut nowhere = false;
+            for i in &c.info().images {
+                let Some(node) = Some(&i.node).filter(|n| live.is_up(n)).or(any_up.as_ref()) else {
+                    nowhere = true;
+                    break;
+                };
+                placed.push((node.clone(), i.dir.clone()));
+            }
+            let by_node = group_by_node(placed);
+            if nowhere {
+                tracing::warn!(job, checkpoint = %c.id(), "retention: no node is up to remove its images");
+                continue;
+            }
+            let deadline = Instant::now() + BEST_EFFORT;
+            let calls = by_node.iter().map(|(n, dirs)| {
+                let req = pb::RemoveRequest { dirs: dirs.clone() };
+                timed(deadline, "REMOVE", n, self.agents.remove(n, req))
+            });
+            match all_ok(join_all(calls).await) {
+                Ok(_) => {
+                    tracing::info!(job, checkpoint = %c.id(), "retention: removed");
+                    c.info_mut().state = state::REMOVED.into();
+                    removed.push(Change::Checkpoint(c));
+                }
+                Err(e) => {
+                    tracing::warn!(job, checkpoint = %c.id(), "retention: {e}; tried again after the next checkpoint")
+                }
+            }
+        }
+        if let Err(e) = self.catalog.update(|_| Ok::<_, Error>((removed, ()))) {
+            tracing::error!(job, "retention: cannot record the removal: {e}");
+        }
+    }
+
+    /// Restart `job` from `checkpoint` (default: its latest committed one)
+    /// on the nodes `on` (see RestartRequest; empty: the same nodes).
+    pub async fn restart(
+        &self,
+        job: &str,
+        checkpoint: Option<&str>,
+        on: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<pb::RestartReply, Error> {
+        let t0 = Instant::now();
+        let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
+        let busy = self.begin(job, OpKind::Restart, format!("restart of {job}"))?;
+        let live = self.liveness();
+        let (jobrec, ck, node_recs) = self.catalog.read(|s| {
+            let ck = match checkpoint {
+                Some(id) => s.checkpoint(id).cloned(),
+                None => s.latest_committed(job).cloned(),
+            };
+            (s.jobs.get(job).cloned(), ck, s.nodes.clone())
+        });
+        let jobrec = jobrec.ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        let running = jobrec
+            .members
+            .iter()
+            .filter(|m| m.alive && live.is_up(&m.node))
+            .count();
+        if running > 0 {
+            return Err(Error::StillRunning {
+                job: job.into(),
+                count: running,
+            });
+        }
+        let ck = match (ck, checkpoint) {
+            (Some(c), _) => c,
+            (None, Some(id)) => return Err(Error::UnknownCheckpoint { id: id.into() }),
+            (None, None) => return Err(Error::NoCheckpoint { job: job.into() }),
+        };
+        let id = ck.id().to_string();
+        if ck.info().job != job {
+            return Err(Error::OtherJob {
+                id,
+                job: job.into(),
+            });
+        }
+        if ck.state() != state::COMMITTED {
+            return Err(Error::NotCommitted {
+                id,
+                state: ck.state().into(),
+            });
+        }
+
+        // Placement and address map.
+        let sources = ck.sorted_nodes();
+        let place: HashMap<&str, &str> = sources
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let dst = if on.is_empty() {
+                    n.as_str()
+                } else {
+                    on[i % on.len()].as_str()
+                };
+                (n.as_str(), dst)
+            })
+            .collect();
+        let targets = group_by_node(ck.info().images.iter().map(|img| {
+            (
+                place[img.node.as_str()].to_string(),
+                pb::RestoreTarget {
+                    dir: img.dir.clone(),
+                    old_pid: img.pid,
+                },
+            )
+        }));
+        for (dst, _) in &targets {
+            if !node_recs.contains_key(dst) {
+                let mut known: Vec<&str> = node_recs.keys().map(String::as_str).take(10).collect();
+                if node_recs.len() > known.len() {
+                    known.push("...");
+                }
+                return Err(Error::UnknownNode {
+                    node: dst.clone(),
+                    known: known.join(", "),
+                });
+            }
+            if !live.is_up(dst) {
+                return Err(Error::NodeDown {
+                    job: job.into(),
+                    node: dst.clone(),
+                    why: live.down_reason(dst),
+                });
+            }
+        }
+        let mut map_addr: Vec<String> = Vec::new();
+        let mut mapped = HashSet::new();
+        for src in &sources {
+            let dst = place[src.as_str()];
+            if dst == src {
+                continue;
+            }
+            let (Some(s), Some(d)) = (node_recs.get(src), node_recs.get(dst)) else {
+                continue;
+            };
+            if s.addresses.len() > d.addresses.len() {
+                tracing::warn!(
+                    job,
+                    from = %src,
+                    to = dst,
+                    "node {src} has more addresses than {dst}: the extra ones are not rewritten"
+                );
+            }
+            for (old, new) in s.addresses.iter().zip(&d.addresses) {
+                let m = format!("{old}={new}");
+                if old != new && mapped.insert(m.clone()) {
+                    map_addr.push(m);
+                }
+            }
+        }
+
+        let session = self.catalog.update(|s| {
+            let mut j = s
+                .jobs
+                .get(job)
+                .cloned()
+                .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+            j.restarts += 1;
+            let session = format!("{job}-restart-{}", j.restarts);
+            Ok::<_, Error>((vec![Change::Job(j)], session))
+        })?;
+        busy.set(&format!("restart of {job} from {id}"), "restoring");
+        tracing::info!(job, checkpoint = %id, session = %session, on = ?targets.iter().map(|(n, _)| n).collect::<Vec<_>>(), map_addr = ?map_addr, "restart started");
+        let fail = |reason: String| Error::RestartFailed {
+            job: job.into(),
+            id: id.clone(),
+            reason,
+        };
+        let dsts: Vec<String> = targets.iter().map(|(n, _)| n.clone()).collect();
+
+        // RESTORE
+        let t = Instant::now();
+        let timeout_ms = ms(deadline.saturating_duration_since(t) + SESSION_MARGIN) as u32;
+        let calls = targets.iter().map(|(node, ts)| {
+            let req = pb::RestoreRequest {
+                session: session.clone(),
+                job: job.to_string(),
+                targets: ts.clone(),
+                map_addr: map_addr.clone(),
+                timeout_ms,
+            };
+            timed(deadline, "RESTORE", node, self.agents.restore(node, req))
+        });
+        let restored = self
+            .unless_stopped(join_all(calls))
+            .await
+            .and_then(all_ok)
+            .and_then(|r| {
+                for ((node, reply), (_, ts)) in r.iter().zip(&targets) {
+                    if reply.pids.len() != ts.len() {
+                        return Err(format!(
+                            "node {node}: RESTORE returned {} pids for {} images",
+                            reply.pids.len(),
+                            ts.len()
+                        ));
+                    }
+                }
+                Ok(r)
+            });
+        if let Err(reason) = restored {
+            self.abort_all(&session, &dsts).await;
+            tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
+            return Err(fail(reason));
+        }
+        tracing::info!(job, checkpoint = %id, phase = "restore", ms = ms(t.elapsed()), "phase done");
+
+        // RELEASE
+        busy.phase("releasing");
+        let t = Instant::now();
+        let release_deadline = deadline.max(t + BEST_EFFORT);
+        let calls = dsts.iter().map(|n| {
+            let req = pb::SessionRequest {
+                session: session.clone(),
+            };
+            timed(release_deadline, "RELEASE", n, self.agents.release(n, req))
+        });
+        let mut members = Vec::new();
+        let mut failed = Vec::new();
+        let mut reasons = Vec::new();
+        for (n, r) in join_all(calls).await {
+            match r {
+                Ok(reply) => {
+                    self.registry.raise_generation(&n, reply.generation);
+                    members.extend(
+                        reply
+                            .members
+                            .iter()
+                            .map(|m| MemberRecord::from_member(&n, m)),
+                    );
+                }
+                Err(e) => {
+                    reasons.push(format!("node {n}: {e}"));
+                    failed.push(n);
+                }
+            }
+        }
+        if !failed.is_empty() {
+            self.abort_all(&session, &failed).await;
+        }
+        tracing::info!(job, checkpoint = %id, phase = "release", ms = ms(t.elapsed()), members = members.len(), "phase done");
+        self.catalog.update(|s| {
+            let mut j = s
+                .jobs
+                .get(job)
+                .cloned()
+                .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+            j.members = members.clone();
+            Ok::<_, Error>((vec![Change::Job(j)], ()))
+        })?;
+        if !reasons.is_empty() {
+            let reason = reasons.join("; ");
+            tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
+            return Err(fail(reason));
+        }
+
+        // Unlock what the moved images left behind.
+        let unlocks = group_by_node(
+            ck.info()
+                .images
+                .iter()
+                .filter(|img| place[img.node.as_str()] != img.node && live.is_up(&img.node))
+                .map(|img| (img.node.clone(), img.dir.clone())),
+        );
+        if !unlocks.is_empty() {
+            let deadline = Instant::now() + BEST_EFFORT;
+            let calls = unlocks.iter().map(|(n, dirs)| {
+                let req = pb::RemoveRequest { dirs: dirs.clone() };
+                timed(deadline, "UNLOCK", n, self.agents.unlock(n, req))
+            });
+            for (n, r) in join_all(calls).await {
+                if let Err(e) = r {
+                    tracing::warn!(job, checkpoint = %id, node = %n, "{e}");
+                }
+            }
+        }
+
+        let duration_ms = ms(t0.elapsed());
+        tracing::info!(job, checkpoint = %id, ms = duration_ms, processes = members.len(), "restart done");
+        Ok(pb::RestartReply {
+            job: job.into(),
+            checkpoint: id,
+            procs: members
+                .iter()
+                .map(|m| pb::ProcInfo {
+                    node: m.node.clone(),
+                    pid: m.pid,
+                    uid: m.uid,
+                    command: m.command.clone(),
+                    alive: true,
+                })
+                .collect(),
+            duration_ms,
+            map_addr,
+        })
+    }
+}

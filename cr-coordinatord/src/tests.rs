@@ -1,0 +1,892 @@
+//! Tests of the protocol, the registry and the catalog against in-process
+//! fake agents.
+
+use crate::agents::{AgentApi, AgentResult};
+use crate::catalog::{self, Catalog, Change, CheckpointRecord, JobRecord};
+use crate::coordinator::{Coordinator, Settings};
+use crate::error::Error;
+use cr_rpc::pb;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Agents that do nothing but remember what they were asked.
+#[derive(Default)]
+struct Fake {
+    /// (node, method, session or first dir).
+    calls: Mutex<Vec<(String, &'static str, String)>>,
+    fail: Mutex<HashMap<(String, &'static str), String>>,
+    hang: Mutex<HashSet<(String, &'static str)>>,
+    /// Bookmarks returned by each node's PREPARE and DUMP.
+    bookmarks: Mutex<HashMap<String, Vec<pb::Bookmark>>>,
+    /// session → node → PrepareRequest.
+    prepared: Mutex<HashMap<String, HashMap<String, pb::PrepareRequest>>>,
+    restored: Mutex<HashMap<String, HashMap<String, pb::RestoreRequest>>>,
+    removed: Mutex<Vec<(String, Vec<String>)>>,
+    unlocked: Mutex<Vec<(String, Vec<String>)>>,
+}
+
+impl Fake {
+    async fn enter(&self, node: &str, method: &'static str, what: &str) -> AgentResult<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((node.into(), method, what.into()));
+        if self
+            .hang
+            .lock()
+            .unwrap()
+            .contains(&(node.to_string(), method))
+        {
+            std::future::pending::<()>().await;
+        }
+        match self.fail.lock().unwrap().get(&(node.to_string(), method)) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn nodes_called(&self, method: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.1 == method)
+            .map(|c| c.0.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn set_fail(&self, node: &str, method: &'static str, e: &str) {
+        self.fail
+            .lock()
+            .unwrap()
+            .insert((node.into(), method), e.into());
+    }
+}
+
+#[crate::async_trait]
+impl AgentApi for Fake {
+    async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
+        self.enter(node, "prepare", &req.session).await?;
+        let bookmarks = self
+            .bookmarks
+            .lock()
+            .unwrap()
+            .get(node)
+            .cloned()
+            .unwrap_or_default();
+        let n = req.targets.len() as u32;
+        self.prepared
+            .lock()
+            .unwrap()
+            .entry(req.session.clone())
+            .or_default()
+            .insert(node.into(), req);
+        Ok(pb::PrepareReply {
+            bookmarks,
+            processes: n,
+            threads: n,
+            freeze_ms: 1,
+        })
+    }
+    async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
+        self.enter(node, "dump", &req.session).await?;
+        let p = self.prepared.lock().unwrap()[&req.session][node].clone();
+        let marks = self
+            .bookmarks
+            .lock()
+            .unwrap()
+            .get(node)
+            .cloned()
+            .unwrap_or_default();
+        Ok(pb::DumpReply {
+            images: p
+                .targets
+                .iter()
+                .map(|t| pb::ImageInfo {
+                    node: node.into(),
+                    pid: t.pid,
+                    dir: format!("/img/{}/{node}-{}", p.subdir, t.pid),
+                    processes: 2,
+                    page_bytes: 4096,
+                    store_bytes: 1000,
+                    frozen_ms: 10 + t.pid as u64 % 7,
+                    bookmarks: marks.iter().filter(|b| b.pid == t.pid).cloned().collect(),
+                    command: "work".into(),
+                    uid: 1000,
+                })
+                .collect(),
+        })
+    }
+    async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        self.enter(node, "commit", &req.session).await?;
+        Ok(pb::Empty {})
+    }
+    async fn abort(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        self.enter(node, "abort", &req.session).await?;
+        Ok(pb::Empty {})
+    }
+    async fn finish(&self, node: &str, req: pb::FinishRequest) -> AgentResult<pb::FinishReply> {
+        self.enter(node, "finish", &req.session).await?;
+        Ok(pb::FinishReply::default())
+    }
+    async fn restore(&self, node: &str, req: pb::RestoreRequest) -> AgentResult<pb::RestoreReply> {
+        self.enter(node, "restore", &req.session).await?;
+        let pids = (0..req.targets.len() as i32).map(|i| 7000 + i).collect();
+        self.restored
+            .lock()
+            .unwrap()
+            .entry(req.session.clone())
+            .or_default()
+            .insert(node.into(), req);
+        Ok(pb::RestoreReply { pids })
+    }
+    async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply> {
+        self.enter(node, "release", &req.session).await?;
+        let r = self.restored.lock().unwrap()[&req.session][node].clone();
+        Ok(pb::ReleaseReply {
+            members: (0..r.targets.len() as i32)
+                .map(|i| pb::Member {
+                    job: r.job.clone(),
+                    pid: 7000 + i,
+                    uid: 1000,
+                    command: "work".into(),
+                    start_time: 99,
+                })
+                .collect(),
+            generation: 100,
+        })
+    }
+    async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty> {
+        self.enter(node, "remove", &req.dirs.join(",")).await?;
+        self.removed.lock().unwrap().push((node.into(), req.dirs));
+        Ok(pb::Empty {})
+    }
+    async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty> {
+        self.enter(node, "unlock", &req.dirs.join(",")).await?;
+        self.unlocked.lock().unwrap().push((node.into(), req.dirs));
+        Ok(pb::Empty {})
+    }
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    coord: Arc<Coordinator>,
+    fake: Arc<Fake>,
+}
+
+fn member(job: &str, pid: i32) -> pb::Member {
+    pb::Member {
+        job: job.into(),
+        pid,
+        uid: 1000,
+        command: "work".into(),
+        start_time: pid as u64 * 10,
+    }
+}
+
+fn bm(local: &str, remote: &str, pid: i32, seq: u32) -> pb::Bookmark {
+    pb::Bookmark {
+        local: local.into(),
+        remote: remote.into(),
+        snd_una: seq,
+        snd_nxt: seq,
+        rcv_nxt: seq,
+        write_seq: seq,
+        pid,
+    }
+}
+
+impl Env {
+    /// Nodes n1..=n`nodes` (address 10.0.0.i), job J with member pid 100+i on each.
+    fn new(nodes: usize) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = Arc::new(Catalog::open(&dir.path().join("cat.redb")).unwrap());
+        let fake = Arc::new(Fake::default());
+        let settings = Settings {
+            heartbeat_ms: 100,
+            node_timeout: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+        };
+        let coord = Arc::new(Coordinator::new(cat, fake.clone(), settings));
+        let env = Env {
+            _dir: dir,
+            coord,
+            fake,
+        };
+        for i in 1..=nodes {
+            env.register(i, vec![member("J", 100 + i as i32)]);
+        }
+        env
+    }
+
+    fn register(&self, i: usize, members: Vec<pb::Member>) {
+        self.coord
+            .register(pb::RegisterRequest {
+                node: format!("n{i}"),
+                agent_addr: format!("10.0.0.{i}:7171"),
+                addresses: vec![format!("10.0.0.{i}")],
+                version: "test".into(),
+                members,
+                generation: 1,
+            })
+            .unwrap();
+    }
+
+    /// A consistent connection between the members of n1 and n2.
+    fn connect_n1_n2(&self) {
+        let mut b = self.fake.bookmarks.lock().unwrap();
+        b.insert(
+            "n1".into(),
+            vec![bm("10.0.0.1:40000", "10.0.0.2:5000", 101, 1000)],
+        );
+        b.insert(
+            "n2".into(),
+            vec![bm("10.0.0.2:5000", "10.0.0.1:40000", 102, 1000)],
+        );
+    }
+
+    async fn ck(&self) -> Result<pb::CheckpointInfo, Error> {
+        self.coord.checkpoint("J", pb::After::Continue, None).await
+    }
+
+    fn stored(&self, id: &str) -> CheckpointRecord {
+        self.coord
+            .catalog()
+            .read(|s| s.checkpoint(id).cloned())
+            .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn checkpoint_commits_and_ids_increment() {
+    let env = Env::new(2);
+    env.connect_n1_n2();
+    let c = env.ck().await.unwrap();
+    assert_eq!(c.id, "J-1");
+    assert_eq!(c.state, "committed");
+    assert_eq!(c.images.len(), 2);
+    assert_eq!(c.connections, 1);
+    assert_eq!(c.external, 0);
+    assert_eq!(c.pause_ms, 14); // max(10 + 101 % 7, 10 + 102 % 7)
+    assert_eq!(c.images[0].dir, "/img/J/J-1/n1-101");
+    let rec = env.stored("J-1");
+    assert!(rec.finished);
+    assert_eq!(rec.state(), "committed");
+    for m in ["prepare", "dump", "commit", "finish"] {
+        assert_eq!(env.fake.nodes_called(m), ["n1", "n2"], "{m}");
+    }
+    assert!(env.fake.nodes_called("abort").is_empty());
+    let p = env.fake.prepared.lock().unwrap()["J-1"]["n1"].clone();
+    assert_eq!(p.subdir, "J/J-1");
+    assert_eq!(p.targets[0].pid, 101);
+    assert!(p.timeout_ms > 10_000);
+
+    let c2 = env.ck().await.unwrap();
+    assert_eq!(c2.id, "J-2");
+    let list = env.coord.checkpoints("J", false).unwrap().checkpoints;
+    assert_eq!(
+        list.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        ["J-1", "J-2"]
+    );
+    let j = env.coord.job("J").unwrap();
+    assert_eq!(j.state, "running");
+    assert_eq!(j.last_checkpoint, "J-2");
+    assert_eq!(j.checkpoints, 2);
+}
+
+#[tokio::test]
+async fn failing_prepare_aborts_every_agent() {
+    let env = Env::new(3);
+    env.fake.set_fail("n2", "prepare", "cannot freeze pid 102");
+    let e = env.ck().await.unwrap_err();
+    assert!(matches!(e, Error::Aborted { .. }), "{e}");
+    assert!(e.to_string().contains("node n2"), "{e}");
+    assert_eq!(env.fake.nodes_called("abort"), ["n1", "n2", "n3"]);
+    assert!(env.fake.nodes_called("dump").is_empty());
+    let rec = env.stored("J-1");
+    assert_eq!(rec.state(), "aborted");
+    assert!(
+        rec.info().error.starts_with("node n2: "),
+        "{}",
+        rec.info().error
+    );
+    assert!(rec.info().error.contains("cannot freeze pid 102"));
+    // Not committed: not listed, and the next one gets the next id.
+    assert!(env
+        .coord
+        .checkpoints("J", false)
+        .unwrap()
+        .checkpoints
+        .is_empty());
+    assert_eq!(
+        env.coord.checkpoints("J", true).unwrap().checkpoints.len(),
+        1
+    );
+    env.fake.fail.lock().unwrap().clear();
+    assert_eq!(env.ck().await.unwrap().id, "J-2");
+}
+
+#[tokio::test]
+async fn failing_dump_aborts() {
+    let env = Env::new(2);
+    env.fake.set_fail("n1", "dump", "disk full");
+    let e = env.ck().await.unwrap_err();
+    assert!(e.to_string().contains("node n1: DUMP: disk full"), "{e}");
+    assert_eq!(env.fake.nodes_called("abort"), ["n1", "n2"]);
+    assert_eq!(env.stored("J-1").state(), "aborted");
+}
+
+#[tokio::test]
+async fn inconsistent_cut_aborts() {
+    let env = Env::new(2);
+    {
+        let mut b = env.fake.bookmarks.lock().unwrap();
+        // n2 received up to 1200, n1 wrote only up to 1000.
+        b.insert(
+            "n1".into(),
+            vec![bm("10.0.0.1:40000", "10.0.0.2:5000", 101, 1000)],
+        );
+        b.insert(
+            "n2".into(),
+            vec![bm("10.0.0.2:5000", "10.0.0.1:40000", 102, 1200)],
+        );
+    }
+    let e = env.ck().await.unwrap_err();
+    assert!(e.to_string().contains("inconsistent cut"), "{e}");
+    assert_eq!(env.fake.nodes_called("abort"), ["n1", "n2"]);
+    assert!(env.fake.nodes_called("dump").is_empty());
+    assert_eq!(env.stored("J-1").state(), "aborted");
+}
+
+#[tokio::test]
+async fn external_connection_aborts_unless_allowed() {
+    let env = Env::new(2);
+    env.connect_n1_n2();
+    env.fake
+        .bookmarks
+        .lock()
+        .unwrap()
+        .get_mut("n2")
+        .unwrap()
+        .push(bm("10.0.0.2:41000", "192.0.2.9:80", 102, 5));
+    let e = env.ck().await.unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains(
+            "connection 10.0.0.2:41000 -> 192.0.2.9:80 of pid 102 on node n2 leads outside the job"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("crctl job J --external allow"), "{msg}");
+    assert_eq!(env.fake.nodes_called("abort"), ["n1", "n2"]);
+
+    let bad = env.coord.configure(&pb::ConfigureRequest {
+        job: "J".into(),
+        external: Some("maybe".into()),
+        ..Default::default()
+    });
+    assert!(bad.is_err());
+    env.coord
+        .configure(&pb::ConfigureRequest {
+            job: "J".into(),
+            external: Some("allow".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let c = env.ck().await.unwrap();
+    assert_eq!(c.state, "committed");
+    assert_eq!((c.connections, c.external), (1, 1));
+}
+
+#[tokio::test]
+async fn loopback_addresses_count_per_node() {
+    let env = Env::new(2);
+    // The same loopback pair on both nodes: each matches on its own node.
+    for (n, pid) in [("n1", 101), ("n2", 102)] {
+        env.fake.bookmarks.lock().unwrap().insert(
+            n.into(),
+            vec![
+                bm("127.0.0.1:5000", "127.0.0.1:40000", pid, 7),
+                bm("127.0.0.1:40000", "127.0.0.1:5000", pid, 7),
+            ],
+        );
+    }
+    let c = env.ck().await.unwrap();
+    assert_eq!((c.connections, c.external), (2, 0));
+    // One loopback end without its peer on that node leads outside.
+    env.fake
+        .bookmarks
+        .lock()
+        .unwrap()
+        .insert("n2".into(), vec![bm("[::1]:5000", "[::1]:40000", 102, 7)]);
+    let e = env.ck().await.unwrap_err();
+    assert!(e.to_string().contains("[::1]:5000 -> [::1]:40000"), "{e}");
+    assert_eq!(
+        crate::protocol::scoped_addr("n", "[::ffff:127.0.0.1]:1"),
+        "n/[::ffff:127.0.0.1]:1"
+    );
+    assert_eq!(
+        crate::protocol::scoped_addr("n", "10.1.1.1:1"),
+        "10.1.1.1:1"
+    );
+}
+
+#[tokio::test]
+async fn timeout_aborts() {
+    let env = Env::new(2);
+    env.fake
+        .hang
+        .lock()
+        .unwrap()
+        .insert(("n2".into(), "prepare"));
+    let t = std::time::Instant::now();
+    let e = env
+        .coord
+        .checkpoint("J", pb::After::Continue, Some(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(
+        e.to_string().contains("node n2: no reply to PREPARE"),
+        "{e}"
+    );
+    assert_eq!(env.fake.nodes_called("abort"), ["n1", "n2"]);
+    assert_eq!(env.stored("J-1").state(), "aborted");
+}
+
+#[tokio::test]
+async fn one_operation_at_a_time() {
+    let env = Env::new(2);
+    env.fake
+        .hang
+        .lock()
+        .unwrap()
+        .insert(("n1".into(), "prepare"));
+    let c = env.coord.clone();
+    let first = tokio::spawn(async move {
+        c.checkpoint("J", pb::After::Continue, Some(Duration::from_millis(500)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let e = env.ck().await.unwrap_err();
+    assert_eq!(e.to_string(), "job J is busy: checkpoint J-1 in progress");
+    assert_eq!(env.coord.job("J").unwrap().state, "checkpointing");
+    assert!(env.coord.status().active[0].contains("checkpoint J-1 of J: preparing"));
+    assert!(first.await.unwrap().is_err());
+    env.fake.hang.lock().unwrap().clear();
+    assert_eq!(env.ck().await.unwrap().id, "J-2");
+}
+
+#[tokio::test]
+async fn refusals() {
+    let env = Env::new(2);
+    let e = env
+        .coord
+        .checkpoint("nope", pb::After::Continue, None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "no job nope");
+    // n2 reports no member any more: J has one live member left, on n1.
+    env.coord
+        .heartbeat(pb::HeartbeatRequest {
+            node: "n2".into(),
+            members: vec![],
+            generation: 2,
+        })
+        .unwrap();
+    let j = env.coord.job("J").unwrap();
+    assert_eq!(j.state, "partial");
+    let c = env.ck().await.unwrap();
+    assert_eq!(c.images.len(), 1);
+    env.coord
+        .heartbeat(pb::HeartbeatRequest {
+            node: "n1".into(),
+            members: vec![],
+            generation: 2,
+        })
+        .unwrap();
+    let e = env.ck().await.unwrap_err();
+    assert_eq!(e.to_string(), "job J has no live member");
+}
+
+#[tokio::test]
+async fn retention_removes_the_oldest_beyond_keep() {
+    let env = Env::new(2);
+    env.coord
+        .configure(&pb::ConfigureRequest {
+            job: "J".into(),
+            keep: Some(2),
+            ..Default::default()
+        })
+        .unwrap();
+    for _ in 0..4 {
+        env.ck().await.unwrap();
+    }
+    let all = env.coord.checkpoints("J", true).unwrap().checkpoints;
+    let states: Vec<(&str, &str)> = all
+        .iter()
+        .map(|c| (c.id.as_str(), c.state.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("J-1", "removed"),
+            ("J-2", "removed"),
+            ("J-3", "committed"),
+            ("J-4", "committed")
+        ]
+    );
+    let mut removed = env.fake.removed.lock().unwrap().clone();
+    removed.sort();
+    assert_eq!(
+        removed,
+        [
+            ("n1".to_string(), vec!["/img/J/J-1/n1-101".to_string()]),
+            ("n1".to_string(), vec!["/img/J/J-2/n1-101".to_string()]),
+            ("n2".to_string(), vec!["/img/J/J-1/n2-102".to_string()]),
+            ("n2".to_string(), vec!["/img/J/J-2/n2-102".to_string()]),
+        ]
+    );
+    assert_eq!(env.coord.job("J").unwrap().checkpoints, 2);
+}
+
+#[tokio::test]
+async fn incremental_dumps_name_their_parent() {
+    let env = Env::new(2);
+    env.coord.set_incremental("J", true).unwrap();
+    env.ck().await.unwrap();
+    env.ck().await.unwrap();
+    let p = env.fake.prepared.lock().unwrap();
+    assert_eq!(p["J-1"]["n1"].targets[0].parent, "");
+    assert_eq!(p["J-2"]["n1"].targets[0].parent, "/img/J/J-1/n1-101");
+    assert_eq!(p["J-2"]["n2"].targets[0].parent, "/img/J/J-1/n2-102");
+}
+
+#[tokio::test]
+async fn restart_refused_while_members_alive() {
+    let env = Env::new(2);
+    env.ck().await.unwrap();
+    let e = env.coord.restart("J", None, &[], None).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "job J still runs 2 processes; checkpoint it with --kill or stop them first"
+    );
+    assert!(env.fake.nodes_called("restore").is_empty());
+}
+
+#[tokio::test]
+async fn restart_with_placement_and_address_map() {
+    let env = Env::new(3);
+    // Only n1 and n2 host J; n3 is spare.
+    env.coord
+        .heartbeat(pb::HeartbeatRequest {
+            node: "n3".into(),
+            members: vec![],
+            generation: 2,
+        })
+        .unwrap();
+    env.connect_n1_n2();
+    let c = env
+        .coord
+        .checkpoint("J", pb::After::Kill, None)
+        .await
+        .unwrap();
+    assert_eq!(c.after, pb::After::Kill as i32);
+    assert!(env.coord.job("J").unwrap().procs.iter().all(|p| !p.alive));
+    assert_eq!(env.coord.job("J").unwrap().state, "stopped");
+
+    // Not committed, unknown ids and nodes are refused.
+    let e = env
+        .coord
+        .restart("J", Some("J-9"), &[], None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "no checkpoint J-9");
+    let e = env
+        .coord
+        .restart("J", None, &["n7".into()], None)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().starts_with("no node n7"), "{e}");
+
+    let r = env
+        .coord
+        .restart("J", None, &["n3".into()], None)
+        .await
+        .unwrap();
+    assert_eq!(r.checkpoint, "J-1");
+    assert_eq!(r.map_addr, ["10.0.0.1=10.0.0.3", "10.0.0.2=10.0.0.3"]);
+    assert_eq!(env.fake.nodes_called("restore"), ["n3"]);
+    assert_eq!(env.fake.nodes_called("release"), ["n3"]);
+    let req = env.fake.restored.lock().unwrap()["J-restart-1"]["n3"].clone();
+    assert_eq!(
+        req.targets
+            .iter()
+            .map(|t| (t.dir.as_str(), t.old_pid))
+            .collect::<Vec<_>>(),
+        [("/img/J/J-1/n1-101", 101), ("/img/J/J-1/n2-102", 102)]
+    );
+    assert_eq!(req.map_addr, r.map_addr);
+    let mut unlocked = env.fake.unlocked.lock().unwrap().clone();
+    unlocked.sort();
+    assert_eq!(
+        unlocked,
+        [
+            ("n1".to_string(), vec!["/img/J/J-1/n1-101".to_string()]),
+            ("n2".to_string(), vec!["/img/J/J-1/n2-102".to_string()]),
+        ]
+    );
+    let j = env.coord.job("J").unwrap();
+    assert_eq!(j.state, "running");
+    assert_eq!(
+        j.procs
+            .iter()
+            .map(|p| (p.node.as_str(), p.pid))
+            .collect::<Vec<_>>(),
+        [("n3", 7000), ("n3", 7001)]
+    );
+    // An older heartbeat of n3 (generation < the release's) is ignored...
+    env.coord
+        .heartbeat(pb::HeartbeatRequest {
+            node: "n3".into(),
+            members: vec![],
+            generation: 50,
+        })
+        .unwrap();
+    assert_eq!(env.coord.job("J").unwrap().state, "running");
+    // ...a newer one is not.
+    env.coord
+        .heartbeat(pb::HeartbeatRequest {
+            node: "n3".into(),
+            members: vec![],
+            generation: 101,
+        })
+        .unwrap();
+    assert_eq!(env.coord.job("J").unwrap().state, "stopped");
+
+    // Two nodes onto n2 and n1 (swapped): every address moves.
+    let r = env
+        .coord
+        .restart("J", Some("J-1"), &["n2".into(), "n1".into()], None)
+        .await
+        .unwrap();
+    assert_eq!(r.map_addr, ["10.0.0.1=10.0.0.2", "10.0.0.2=10.0.0.1"]);
+    assert_eq!(r.procs.len(), 2);
+}
+
+#[tokio::test]
+async fn failing_restore_aborts_all() {
+    let env = Env::new(2);
+    env.coord
+        .checkpoint("J", pb::After::Kill, None)
+        .await
+        .unwrap();
+    env.fake.set_fail("n2", "restore", "no such image");
+    let e = env.coord.restart("J", None, &[], None).await.unwrap_err();
+    assert!(
+        e.to_string().contains("node n2: RESTORE: no such image"),
+        "{e}"
+    );
+    assert_eq!(env.fake.nodes_called("abort"), ["n1", "n2"]);
+    assert!(env.fake.nodes_called("release").is_empty());
+}
+
+#[tokio::test]
+async fn registry_membership() {
+    let env = Env::new(1);
+    let hb = |node: &str, members, generation| {
+        env.coord
+            .heartbeat(pb::HeartbeatRequest {
+                node: node.into(),
+                members,
+                generation,
+            })
+            .unwrap()
+    };
+    assert!(hb("stranger", vec![], 1).register_again);
+    assert!(!hb("n1", vec![member("J", 101), member("K", 500)], 2).register_again);
+    let jobs = env.coord.jobs().jobs;
+    assert_eq!(
+        jobs.iter().map(|j| j.name.as_str()).collect::<Vec<_>>(),
+        ["J", "K"]
+    );
+    assert_eq!(jobs[1].external, "abort");
+    assert_eq!(jobs[1].interval_secs, 0);
+    // Stale report ignored.
+    hb("n1", vec![], 1);
+    assert_eq!(env.coord.job("K").unwrap().state, "running");
+    hb("n1", vec![member("J", 101)], 3);
+    assert_eq!(env.coord.job("K").unwrap().state, "stopped");
+    // A new member of a stopped job starts it afresh.
+    hb("n1", vec![member("J", 101), member("K", 600)], 4);
+    let k = env.coord.job("K").unwrap();
+    assert_eq!(k.procs.len(), 1);
+    assert_eq!(k.procs[0].pid, 600);
+    assert_eq!(env.coord.nodes().nodes[0].members, 2);
+    assert_eq!(env.coord.status().nodes_up, 1);
+}
+
+#[tokio::test]
+async fn pending_finish_is_sent_again_on_register() {
+    let env = Env::new(2);
+    env.fake
+        .set_fail("n2", "finish", "unavailable: connection refused");
+    let c = env.ck().await.unwrap();
+    let rec = env.stored(&c.id);
+    assert_eq!(c.state, "committed");
+    assert!(!rec.finished);
+    assert_eq!(rec.finished_nodes, ["n1"]);
+    env.fake.fail.lock().unwrap().clear();
+    env.register(2, vec![member("J", 102)]);
+    for _ in 0..100 {
+        if env.stored(&c.id).finished {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(env.stored(&c.id).finished);
+    assert_eq!(env.fake.nodes_called("finish"), ["n1", "n2", "n2"]);
+}
+
+#[tokio::test]
+async fn stop_aborts_the_checkpoint_in_progress() {
+    let env = Env::new(2);
+    env.fake.hang.lock().unwrap().insert(("n1".into(), "dump"));
+    let c = env.coord.clone();
+    let op = tokio::spawn(async move { c.checkpoint("J", pb::After::Continue, None).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    env.coord.shutdown(Duration::from_secs(5)).await;
+    let e = op.await.unwrap().unwrap_err();
+    assert!(e.to_string().contains("the coordinator is stopping"), "{e}");
+    assert_eq!(env.stored("J-1").state(), "aborted");
+    assert_eq!(env.fake.nodes_called("abort"), ["n1", "n2"]);
+    assert!(matches!(env.ck().await, Err(Error::Stopping)));
+}
+
+#[test]
+fn catalog_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/cat.redb");
+    let ck = |id: &str, seq, st: &str, finished| CheckpointRecord {
+        info: Some(pb::CheckpointInfo {
+            id: id.into(),
+            job: "J".into(),
+            state: st.into(),
+            images: vec![pb::ImageInfo {
+                node: "n1".into(),
+                pid: 5,
+                dir: format!("/img/J/{id}/n1-5"),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        seq,
+        finished,
+        finished_nodes: vec![],
+    };
+    {
+        let cat = Catalog::open(&path).unwrap();
+        // Another open of the same file is refused while this one holds it.
+        let e = Catalog::open(&path).unwrap_err();
+        assert!(e.to_string().contains("another process"), "{e}");
+        let mut job = JobRecord::new("J");
+        job.keep = 3;
+        job.members.push(catalog::MemberRecord {
+            node: "n1".into(),
+            pid: 5,
+            alive: true,
+            ..Default::default()
+        });
+        cat.update(|_| {
+            Ok::<_, catalog::CatalogError>((
+                vec![
+                    Change::Job(job),
+                    Change::Sequence("J".into(), 3),
+                    Change::Checkpoint(ck("J-1", 1, "committed", true)),
+                    Change::Checkpoint(ck("J-2", 2, "committed", false)),
+                    Change::Checkpoint(ck("J-3", 3, "preparing", false)),
+                ],
+                (),
+            ))
+        })
+        .unwrap();
+    }
+    let cat = Catalog::open(&path).unwrap();
+    assert_eq!(cat.aborted_at_open(), ["J-3"]);
+    cat.read(|s| {
+        let j = &s.jobs["J"];
+        assert_eq!(j.keep, 3);
+        assert_eq!(j.external, "abort");
+        assert_eq!(j.members.len(), 1);
+        assert_eq!(s.sequence("J"), 3);
+        assert_eq!(s.checkpoint("J-1").unwrap().state(), "committed");
+        assert_eq!(
+            s.checkpoint("J-1").unwrap().info().images[0].dir,
+            "/img/J/J-1/n1-5"
+        );
+        let j3 = s.checkpoint("J-3").unwrap();
+        assert_eq!(j3.state(), "aborted");
+        assert_eq!(j3.info().error, catalog::RESTARTED_ERROR);
+        assert_eq!(s.latest_committed("J").unwrap().id(), "J-2");
+    });
+    let unfinished: Vec<String> = cat
+        .unfinished()
+        .iter()
+        .map(|c| c.id().to_string())
+        .collect();
+    assert_eq!(unfinished, ["J-2"]);
+    drop(cat);
+    // The abort was recorded: a third open finds nothing to do.
+    let cat = Catalog::open(&path).unwrap();
+    assert!(cat.aborted_at_open().is_empty());
+}
+
+#[tokio::test]
+async fn coordinator_restart_keeps_the_catalog() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cat.redb");
+    let fake = Arc::new(Fake::default());
+    let mk = || {
+        Arc::new(Coordinator::new(
+            Arc::new(Catalog::open(&path).unwrap()),
+            fake.clone(),
+            Settings::default(),
+        ))
+    };
+    let c = mk();
+    for i in 1..=2 {
+        c.register(pb::RegisterRequest {
+            node: format!("n{i}"),
+            agent_addr: format!("h{i}:7171"),
+            members: vec![member("J", 100 + i)],
+            generation: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    c.checkpoint("J", pb::After::Continue, None).await.unwrap();
+    drop(c);
+    let c = mk();
+    // Nodes are known but down until their agents register again.
+    let nodes = c.nodes().nodes;
+    assert_eq!(nodes.len(), 2);
+    assert!(nodes.iter().all(|n| n.state == "down"));
+    assert!(
+        c.heartbeat(pb::HeartbeatRequest {
+            node: "n1".into(),
+            ..Default::default()
+        })
+        .unwrap()
+        .register_again
+    );
+    let e = c
+        .checkpoint("J", pb::After::Continue, None)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is down"), "{e}");
+    assert_eq!(c.checkpoints("J", false).unwrap().checkpoints[0].id, "J-1");
+}

@@ -1,0 +1,289 @@
+//! The coordinator over real gRPC and mutual TLS: fake Agent servers (one
+//! per node, each with its node's certificate), the Coordinator service,
+//! and a client in the role of crctl and of the agents' registration.
+
+use cr_coordinatord::service::Service;
+use cr_coordinatord::{pb, Catalog, Coordinator, GrpcAgents, Settings};
+use cr_rpc::tls::{Security, TlsFiles};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+
+/// A fake agent: every call succeeds at once.
+struct FakeAgent {
+    node: String,
+}
+
+#[tonic::async_trait]
+impl pb::agent_server::Agent for FakeAgent {
+    async fn prepare(
+        &self,
+        r: Request<pb::PrepareRequest>,
+    ) -> Result<Response<pb::PrepareReply>, Status> {
+        let r = r.into_inner();
+        Ok(Response::new(pb::PrepareReply {
+            processes: r.targets.len() as u32,
+            ..Default::default()
+        }))
+    }
+    async fn dump(
+        &self,
+        r: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::DumpReply>, Status> {
+        // The session is JOB-N; pid 100 + node number.
+        let session = r.into_inner().session;
+        let pid = 100 + self.node[1..].parse::<i32>().unwrap();
+        let job = session.rsplit_once('-').unwrap().0;
+        Ok(Response::new(pb::DumpReply {
+            images: vec![pb::ImageInfo {
+                node: self.node.clone(),
+                pid,
+                dir: format!("/img/{job}/{session}/{}-{pid}", self.node),
+                processes: 1,
+                store_bytes: 10,
+                frozen_ms: 3,
+                ..Default::default()
+            }],
+        }))
+    }
+    async fn commit(&self, _: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
+        Ok(Response::new(pb::Empty {}))
+    }
+    async fn abort(&self, _: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
+        Ok(Response::new(pb::Empty {}))
+    }
+    async fn finish(
+        &self,
+        _: Request<pb::FinishRequest>,
+    ) -> Result<Response<pb::FinishReply>, Status> {
+        Ok(Response::new(pb::FinishReply::default()))
+    }
+    async fn restore(
+        &self,
+        r: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::RestoreReply>, Status> {
+        let n = r.into_inner().targets.len() as i32;
+        Ok(Response::new(pb::RestoreReply {
+            pids: (0..n).map(|i| 900 + i).collect(),
+        }))
+    }
+    async fn release(
+        &self,
+        _: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::ReleaseReply>, Status> {
+        Ok(Response::new(pb::ReleaseReply {
+            members: vec![pb::Member {
+                job: "J".into(),
+                pid: 900,
+                ..Default::default()
+            }],
+            generation: 10,
+        }))
+    }
+    async fn remove(&self, _: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
+        Ok(Response::new(pb::Empty {}))
+    }
+    async fn unlock(&self, _: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
+        Ok(Response::new(pb::Empty {}))
+    }
+}
+
+fn security(dir: &Path, name: &str) -> Security {
+    Security::load(&TlsFiles {
+        ca: Some(dir.join("ca.crt")),
+        cert: Some(dir.join(format!("{name}.crt"))),
+        key: Some(dir.join(format!("{name}.key"))),
+        insecure: false,
+    })
+    .unwrap()
+}
+
+async fn listener() -> (tokio::net::TcpListener, String) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = l.local_addr().unwrap().to_string();
+    (l, a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_and_restart_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    cr_rpc::pki::init_ca(&pki).unwrap();
+    let lo = ["127.0.0.1".parse().unwrap()];
+    for n in ["cr-coordinatord", "n1", "n2", "admin"] {
+        cr_rpc::pki::issue(&pki, n, &lo).unwrap();
+    }
+
+    // Agents.
+    let mut agent_addrs = Vec::new();
+    for node in ["n1", "n2"] {
+        let (l, addr) = listener().await;
+        let sec = security(&pki, node);
+        let svc = pb::agent_server::AgentServer::new(FakeAgent { node: node.into() });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .tls_config(sec.server().unwrap())
+                .unwrap()
+                .add_service(svc)
+                .serve_with_incoming(TcpListenerStream::new(l)),
+        );
+        agent_addrs.push(addr);
+    }
+
+    // Coordinator.
+    let csec = security(&pki, "cr-coordinatord");
+    let catalog = Arc::new(Catalog::open(&dir.path().join("c.redb")).unwrap());
+    let agents = Arc::new(GrpcAgents::new(
+        catalog.clone(),
+        csec.clone(),
+        Duration::from_secs(5),
+        Duration::from_secs(30),
+    ));
+    let coord = Arc::new(Coordinator::new(catalog, agents, Settings::default()));
+    let (l, caddr) = listener().await;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .tls_config(csec.server().unwrap())
+            .unwrap()
+            .add_service(Service::server(coord.clone()))
+            .serve_with_incoming(TcpListenerStream::new(l)),
+    );
+
+    // A client without a certificate of the CA is refused.
+    let other = dir.path().join("other");
+    cr_rpc::pki::init_ca(&other).unwrap();
+    cr_rpc::pki::issue(&other, "admin", &lo).unwrap();
+    let bad = Security::load(&TlsFiles {
+        ca: Some(pki.join("ca.crt")),
+        cert: Some(other.join("admin.crt")),
+        key: Some(other.join("admin.key")),
+        insecure: false,
+    })
+    .unwrap();
+    let refused = match cr_rpc::channel::connect(
+        &caddr,
+        &bad,
+        cr_rpc::COORDINATOR_NAME,
+        Duration::from_secs(5),
+    )
+    .await
+    {
+        Err(_) => true,
+        Ok(ch) => pb::coordinator_client::CoordinatorClient::new(ch)
+            .status(pb::Empty {})
+            .await
+            .is_err(),
+    };
+    assert!(refused);
+
+    let ch = cr_rpc::channel::connect(
+        &caddr,
+        &security(&pki, "admin"),
+        cr_rpc::COORDINATOR_NAME,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let mut c = pb::coordinator_client::CoordinatorClient::new(ch);
+    for (i, addr) in agent_addrs.iter().enumerate() {
+        let r = c
+            .register(pb::RegisterRequest {
+                node: format!("n{}", i + 1),
+                agent_addr: addr.clone(),
+                addresses: vec![format!("10.0.0.{}", i + 1)],
+                version: "0".into(),
+                members: vec![pb::Member {
+                    job: "J".into(),
+                    pid: 101 + i as i32,
+                    ..Default::default()
+                }],
+                generation: 1,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.heartbeat_ms, 1000);
+    }
+    let ck = c
+        .checkpoint(pb::CheckpointRequest {
+            job: "J".into(),
+            after: pb::After::Kill as i32,
+            timeout_secs: 20,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ck.id, "J-1");
+    assert_eq!(ck.state, "committed");
+    assert_eq!(ck.images.len(), 2);
+
+    let r = c
+        .restart(pb::RestartRequest {
+            job: "J".into(),
+            on: vec!["n2".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.checkpoint, "J-1");
+    assert_eq!(r.map_addr, ["10.0.0.1=10.0.0.2"]);
+    assert_eq!(r.procs.len(), 1);
+
+    let e = c
+        .restart(pb::RestartRequest {
+            job: "J".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("job J still runs 1 processes"), "{e}");
+
+    let e = c
+        .checkpoints(pb::CheckpointsRequest {
+            job: "K".into(),
+            all: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.message(), "no job K");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_is_prompt_with_idle_clients_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = Arc::new(Catalog::open(&dir.path().join("c.redb")).unwrap());
+    let agents = Arc::new(GrpcAgents::new(
+        catalog.clone(),
+        Security::Insecure,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    ));
+    let coord = Arc::new(Coordinator::new(catalog, agents, Settings::default()));
+    let (l, addr) = listener().await;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = coord.clone();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(Service::server(coord.clone()))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
+                let _ = rx.await;
+                stop.shutdown(Duration::from_secs(5)).await;
+            }),
+    );
+    let ch = cr_rpc::channel::connect(&addr, &Security::Insecure, "x", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut c = pb::coordinator_client::CoordinatorClient::new(ch);
+    c.status(pb::Empty {}).await.unwrap();
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(3), server)
+        .await
+        .expect("the server stops while a client holds its connection")
+        .unwrap()
+        .unwrap();
+    drop(c);
+}
