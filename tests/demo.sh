@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# Builds and installs cr_checkpoint, cr_restart and cr_image, then
-# checkpoints a real program (python3 keeping state in memory) in the middle
-# of its work, kills it, restores it with its PID, and lets it check itself.
+# Builds and installs the tools (cr_run, cr_checkpoint, cr_restart, cr_image,
+# cr-agent, cr-coordinatord, crctl), then checkpoints a real program
+# (python3 keeping state in memory) in the middle of its work, kills it,
+# restores it with its PID, and lets it check itself; then does the same for
+# a job of three python3 processes talking TCP across two "nodes" (network
+# namespaces) with the cluster daemons, restarting it with the nodes swapped
+# (tests/cluster-demo.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (ptrace, clone3 set_tid)" >&2; exit 1; }
-command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3; }
+need=()
+for pair in python3:python3 ip:iproute2 nft:nftables nsenter:util-linux; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
 
 cargo build -j2 --release --workspace
-install -m 755 target/release/cr_checkpoint target/release/cr_restart target/release/cr_image /usr/local/bin/
+install -m 755 target/release/cr_run target/release/cr_checkpoint target/release/cr_restart \
+    target/release/cr_image target/release/cr-agent target/release/cr-coordinatord \
+    target/release/crctl /usr/local/bin/
 
 work=$(mktemp -d /var/tmp/cr-demo.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -49,4 +62,8 @@ status=0
 cr_restart "$work/image" || status=$?
 echo "== restored process exited with status $status; its last lines:"
 tail -3 "$work/out.txt"
-grep -q '^OK' "$work/out.txt" && [ "$status" = 0 ]
+grep -q '^OK' "$work/out.txt" && [ "$status" = 0 ] || { echo "demo: FAILED" >&2; exit 1; }
+
+echo
+echo "== a job on two nodes: coordinated checkpoint, restart elsewhere"
+bash tests/cluster-demo.sh

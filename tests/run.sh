@@ -16,7 +16,7 @@ fi
 # tests/tests/tcp.rs), ip(8) for the tests' network namespaces and nft(8),
 # which cr_checkpoint uses to hold TCP connections still while they are saved.
 need=()
-for pair in tmux:tmux sqlite3:sqlite3 bc:bc less:less ip:iproute2 nft:nftables \
+for pair in tmux:tmux sqlite3:sqlite3 bc:bc less:less ip:iproute2 nft:nftables nsenter:util-linux \
             redis-server:redis-server redis-cli:redis-tools; do
     command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done

@@ -6,8 +6,12 @@
 //! is the open-fd benchmark (module [`fds`]), `cr-bench tcp ...` the TCP
 //! connection benchmark (module [`tcp`]), `cr-bench incr ...` the
 //! incremental checkpoint, pre-dump and compression benchmark (module
-//! [`incr`]).
+//! [`incr`]), `cr-bench coord ...` the coordinator's protocol cost with
+//! simulated agents (module [`coord`]), `cr-bench cluster ...` the pause of
+//! a coordinated checkpoint of a multi-node job (module [`cluster`]).
 
+mod cluster;
+mod coord;
 mod fds;
 mod incr;
 mod tcp;
@@ -88,6 +92,10 @@ usage: cr-bench [--sizes MIB,MIB,...] [--fs tmpfs,disk] [--reps N] [--json]
        cr-bench tcp [...]   the TCP connection benchmark (`cr-bench tcp --help`)
        cr-bench incr [...]  incremental checkpoints, pre-dump, compression
                             (`cr-bench incr --help`)
+       cr-bench coord [...] the coordinator's protocol cost with simulated
+                            agents (`cr-bench coord --help`)
+       cr-bench cluster [...]  pause of a coordinated checkpoint of a ring
+                            job over nodes (`cr-bench cluster --help`)
 ";
 
 fn parse_opts() -> Res<Opts> {
@@ -1554,6 +1562,8 @@ fn main() {
         Some("fds") => fds::main(),
         Some("tcp") => tcp::main(),
         Some("incr") => incr::main(),
+        Some("coord") => coord::run(&std::env::args().skip(2).collect::<Vec<_>>()),
+        Some("cluster") => cluster::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => real_main(),
     };
     let code = match res {

@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests.
 //!
 //! * [`wl`]: helpers for the workload binaries (`src/bin/wl_*.rs`).
+//! * [`netns`]: network namespaces; [`cluster`]: a cluster of agents and a
+//!   coordinator in namespaces joined by a bridge, and ring jobs on it.
 //! * Everything else: the test-side harness. A [`Harness`] owns a fresh temp
 //!   directory; every process a test starts is wrapped in a [`Proc`] whose `Drop`
 //!   kills it (by PID, and only if it is still the process we started) and reaps it,
@@ -9,6 +11,7 @@
 //! Every wait has a deadline and panics with a message that tells what was awaited
 //! and what the process printed.
 
+pub mod cluster;
 pub mod netns;
 pub mod wl;
 

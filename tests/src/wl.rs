@@ -7,6 +7,8 @@
 //! Protocol: `wl_NAME WORKDIR [ARGS...]`; the workload sets up its state, prints
 //! `READY`, waits for `WORKDIR/go` by polling with nanosleep, then checks itself
 //! and prints `OK` (exit 0) or `FAIL: reason` (exit 1).
+//!
+//! [`msg`]: the numbered, self-checking messages of the TCP workloads.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -391,5 +393,56 @@ impl ProcState {
                 self.exe.display()
             ));
         }
+    }
+}
+
+/// Numbered, self-checking 64-byte messages, as `wl_tcp` and `wl_ring`
+/// exchange them: the number, a tag naming the connection and direction, and
+/// six words derived from both, so that a gap, a duplicate, a message of
+/// another connection or a corrupted byte is noticed by the receiver.
+pub mod msg {
+    use super::mix64;
+
+    /// Size of one message.
+    pub const MSG: usize = 64;
+
+    /// The tag of direction `dir` of the connection named `id` (wl_tcp: the
+    /// client's port; wl_ring: the index of the member that connected).
+    pub fn tag(id: u16, dir: u64) -> u64 {
+        0x7c00_0000_0000_0000 | (u64::from(id) << 8) | dir
+    }
+
+    /// Word `i` of the bytes derived from the two header fields and the tag.
+    pub fn word(a: u64, b: u64, t: u64, i: u64) -> u64 {
+        mix64(a ^ b.rotate_left(17) ^ t.rotate_left(32) ^ (i << 56))
+    }
+
+    /// Writes the message with header fields `a` (the number) and `b` (the
+    /// tag, or another value such as a count) and the words of tag `t`.
+    pub fn encode(buf: &mut [u8; MSG], a: u64, b: u64, t: u64) {
+        buf[0..8].copy_from_slice(&a.to_le_bytes());
+        buf[8..16].copy_from_slice(&b.to_le_bytes());
+        for i in 0..6 {
+            let o = 16 + 8 * i;
+            buf[o..o + 8].copy_from_slice(&word(a, b, t, i as u64).to_le_bytes());
+        }
+    }
+
+    /// Field `i` (little-endian u64) of a message.
+    pub fn field(m: &[u8], i: usize) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&m[8 * i..8 * i + 8]);
+        u64::from_le_bytes(w)
+    }
+
+    /// The first payload word that does not match tag `t`, if any:
+    /// (index, expected, got).
+    pub fn bad_word(m: &[u8], t: u64) -> Option<(usize, u64, u64)> {
+        let (a, b) = (field(m, 0), field(m, 1));
+        (0..6).find_map(|i| {
+            let want = word(a, b, t, i as u64);
+            let got = field(m, 2 + i);
+            (got != want).then_some((i, want, got))
+        })
     }
 }

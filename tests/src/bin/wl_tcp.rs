@@ -65,13 +65,12 @@
 //! socket is still there and prints OK.
 
 use cr_tests::wl;
+use cr_tests::wl::msg::{bad_word, encode, field, tag, MSG};
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
-/// Size of one message.
-const MSG: usize = 64;
 /// Length of one tick of the pacing.
 const TICK_MS: u64 = 10;
 /// Bytes read per tick on a paced (even-numbered) TCP connection.
@@ -383,45 +382,6 @@ fn check_opts(fd: RawFd, opts: &[(&'static str, i32, i32, i32)], what: &str) -> 
         }
     }
     problems
-}
-
-// ---------------------------------------------------------------------------
-// Messages
-// ---------------------------------------------------------------------------
-
-/// The tag of a direction of the connection whose client port is `cport`.
-fn tag(cport: u16, dir: u64) -> u64 {
-    0x7c00_0000_0000_0000 | (u64::from(cport) << 8) | dir
-}
-
-/// Word `i` of the bytes derived from the two header fields and the tag.
-fn word(a: u64, b: u64, t: u64, i: u64) -> u64 {
-    wl::mix64(a ^ b.rotate_left(17) ^ t.rotate_left(32) ^ (i << 56))
-}
-
-fn encode(buf: &mut [u8; MSG], a: u64, b: u64, t: u64) {
-    buf[0..8].copy_from_slice(&a.to_le_bytes());
-    buf[8..16].copy_from_slice(&b.to_le_bytes());
-    for i in 0..6 {
-        let o = 16 + 8 * i;
-        buf[o..o + 8].copy_from_slice(&word(a, b, t, i as u64).to_le_bytes());
-    }
-}
-
-fn field(m: &[u8], i: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&m[8 * i..8 * i + 8]);
-    u64::from_le_bytes(w)
-}
-
-/// The first payload word that does not match, if any.
-fn bad_word(m: &[u8], t: u64) -> Option<(usize, u64, u64)> {
-    let (a, b) = (field(m, 0), field(m, 1));
-    (0..6).find_map(|i| {
-        let want = word(a, b, t, i as u64);
-        let got = field(m, 2 + i);
-        (got != want).then_some((i, want, got))
-    })
 }
 
 fn ports(fd: RawFd) -> (Option<SocketAddr>, Option<SocketAddr>) {

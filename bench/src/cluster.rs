@@ -1,0 +1,275 @@
+//! `cr-bench cluster`: the pause a coordinated checkpoint (CONTINUE) imposes
+//! on a multi-node job, against the number of members and of nodes.
+//!
+//! The cluster is the one of the end-to-end tests (`cr_tests::cluster`):
+//! nodes n1..nK and a coordinator in network namespaces joined by a bridge,
+//! one cr-agent per node, cr-coordinatord, crctl. For every (members,
+//! nodes) with members >= nodes, a ring of `wl_ring` members (member i on
+//! node i % nodes + 1, each exchanging paced, self-checked messages with
+//! both neighbours) is checkpointed `--reps` times with `crctl --json
+//! checkpoint`; between two checkpoints every member must have advanced
+//! (and none may report FAIL). The table shows the medians of the
+//! CheckpointInfo's times: `pause_ms` (longest time a process of the job
+//! was frozen), `prepare_ms`, `check_ms`, `dump_ms`, `commit_ms`,
+//! `duration_ms`. Retention keeps the last checkpoint of each ring only.
+//!
+//! Needs root and the workspace's binaries (`cargo build --release
+//! --workspace`): cr-agent, cr-coordinatord, crctl, cr_run and wl_ring next
+//! to cr-bench, or in `--bin-dir`.
+
+use crate::{require_bins, Res};
+use cr_tests::cluster::{jstr, ju64, Cluster};
+use cr_tests::Harness;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+const USAGE: &str = "\
+usage: cr-bench cluster [--members N,N,...] [--nodes N,N,...] [--reps N]
+                        [--bin-dir DIR]
+
+  --members   ring sizes (default 1,4,16,32)
+  --nodes     numbers of nodes the ring is spread over (default 1,2,3);
+              a ring is only run over at most as many nodes as it has members
+  --reps N    checkpoints per ring (default 3); the table shows medians
+  --bin-dir   where cr-agent, cr-coordinatord, crctl, cr_run and wl_ring
+              live (default: the directory of this executable)
+
+Everything runs in network namespaces created and removed by cr-bench
+(10.99.0.0/24 inside them only). Progress goes to stderr, the table to stdout.
+";
+
+/// Messages every member must carry between two checkpoints.
+const ADVANCE: u64 = 2000;
+
+struct Opts {
+    members: Vec<usize>,
+    nodes: Vec<usize>,
+    reps: usize,
+    bin_dir: Option<PathBuf>,
+}
+
+fn list(v: &str, what: &str) -> Res<Vec<usize>> {
+    let out: Vec<usize> = v
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| match s.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("bad {what} {s:?} (a positive integer)")),
+        })
+        .collect::<Res<_>>()?;
+    if out.is_empty() {
+        return Err(format!("{what} is empty"));
+    }
+    Ok(out)
+}
+
+fn parse(args: &[String]) -> Res<Option<Opts>> {
+    let mut o = Opts {
+        members: vec![1, 4, 16, 32],
+        nodes: vec![1, 2, 3],
+        reps: 3,
+        bin_dir: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (a.clone(), None),
+        };
+        let mut val = |name: &str| -> Res<String> {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(None);
+            }
+            "--members" => o.members = list(&val("--members")?, "--members")?,
+            "--nodes" => {
+                o.nodes = list(&val("--nodes")?, "--nodes")?;
+                if o.nodes.iter().any(|&n| n > 200) {
+                    return Err("--nodes: at most 200".into());
+                }
+            }
+            "--reps" => {
+                o.reps = match val("--reps")?.parse() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err("--reps needs a positive integer".into()),
+                }
+            }
+            "--bin-dir" => o.bin_dir = Some(PathBuf::from(val("--bin-dir")?)),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    if o.members.iter().any(|&m| m > 200) {
+        return Err("--members: at most 200".into());
+    }
+    Ok(Some(o))
+}
+
+/// The times of one checkpoint, from its CheckpointInfo.
+#[derive(Default, Clone, Copy)]
+struct Sample {
+    pause: u64,
+    prepare: u64,
+    check: u64,
+    dump: u64,
+    commit: u64,
+    duration: u64,
+}
+
+struct Row {
+    members: usize,
+    nodes: usize,
+    samples: Vec<Sample>,
+}
+
+fn median(mut v: Vec<u64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2] as f64
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) as f64 / 2.0
+    })
+}
+
+/// Runs every ring; panics (the harness's way) on any failure.
+fn measure(o: &Opts) -> Vec<Row> {
+    let h = Harness::new("bench-cluster");
+    let max_nodes = o.nodes.iter().copied().max().unwrap_or(1);
+    let c = Cluster::new(&h, max_nodes);
+    c.start_coordinator();
+    c.start_agents(&(1..=max_nodes).collect::<Vec<_>>());
+    let mut rows = Vec::new();
+    for &nodes in &o.nodes {
+        for &members in &o.members {
+            if members < nodes {
+                continue;
+            }
+            let job = format!("bench-{members}x{nodes}");
+            let placement: Vec<usize> = (0..members).map(|i| i % nodes + 1).collect();
+            eprintln!("cr-bench: ring of {members} members over {nodes} nodes ...");
+            let ring = c.start_ring(&job, &placement);
+            let out = c.crctl(&["job", &job, "--keep", "1"]);
+            if !out.status.success() {
+                panic!("crctl job {job} --keep 1 failed\n{}", out.show());
+            }
+            ring.wait_advanced(ADVANCE, "before the first checkpoint");
+            let mut samples = Vec::new();
+            for rep in 0..o.reps {
+                let info = c.crctl_json(&["checkpoint", &job]);
+                if jstr(&info, "state") != "committed" {
+                    panic!(
+                        "checkpoint of {job} not committed: {info:#}\n{}",
+                        ring.diag()
+                    );
+                }
+                let s = Sample {
+                    pause: ju64(&info, "pause_ms"),
+                    prepare: ju64(&info, "prepare_ms"),
+                    check: ju64(&info, "check_ms"),
+                    dump: ju64(&info, "dump_ms"),
+                    commit: ju64(&info, "commit_ms"),
+                    duration: ju64(&info, "duration_ms"),
+                };
+                eprintln!(
+                    "cr-bench:   rep {}/{}: pause {} ms, duration {} ms",
+                    rep + 1,
+                    o.reps,
+                    s.pause,
+                    s.duration
+                );
+                samples.push(s);
+                ring.wait_advanced(ADVANCE, "after a checkpoint (continue)");
+            }
+            ring.assert_no_fail();
+            rows.push(Row {
+                members,
+                nodes,
+                samples,
+            });
+        }
+    }
+    rows
+}
+
+fn table(rows: &[Row], reps: usize) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# coordinated checkpoint (CONTINUE) of a ring job: medians of {reps} checkpoints\n"
+    );
+    let _ = writeln!(
+        o,
+        "| members | nodes | pause_ms | pause min-max | prepare_ms | check_ms | dump_ms \
+         | commit_ms | duration_ms |"
+    );
+    let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let m = |f: fn(&Sample) -> u64| {
+            median(r.samples.iter().map(f).collect()).map_or("-".into(), |v| format!("{v:.1}"))
+        };
+        let pauses: Vec<u64> = r.samples.iter().map(|s| s.pause).collect();
+        let range = match (pauses.iter().min(), pauses.iter().max()) {
+            (Some(a), Some(b)) => format!("{a}-{b}"),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {range} | {} | {} | {} | {} | {} |",
+            r.members,
+            r.nodes,
+            m(|s| s.pause),
+            m(|s| s.prepare),
+            m(|s| s.check),
+            m(|s| s.dump),
+            m(|s| s.commit),
+            m(|s| s.duration),
+        );
+    }
+    o
+}
+
+/// `cr-bench cluster ARGS...`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let Some(o) = parse(args)? else {
+        return Ok(());
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("cr-bench cluster needs root (network namespaces, ptrace)".into());
+    }
+    let dir = match &o.bin_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("current_exe: {e}"))?
+            .parent()
+            .ok_or("current_exe has no parent")?
+            .to_path_buf(),
+    };
+    let bins: Vec<PathBuf> = ["cr-agent", "cr-coordinatord", "crctl", "cr_run", "wl_ring"]
+        .iter()
+        .map(|b| dir.join(b))
+        .collect();
+    require_bins(&bins.iter().collect::<Vec<_>>())?;
+    // The harness finds the binaries there.
+    std::env::set_var("CR_BIN_DIR", &dir);
+    let rows =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| measure(&o))).map_err(|p| {
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .and_then(|m| m.lines().next().map(str::to_string))
+                .map(|l| format!("{l} (details above)"))
+                .unwrap_or_else(|| "the cluster harness panicked (details above)".into())
+        })?;
+    print!("{}", table(&rows, o.reps));
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! `cr-bench coord`: the coordinator's own cost of a coordinated checkpoint
+//! with many agents. The agents are in-process fakes that do no work:
+//! agent i hosts one member whose two TCP connections go to agents i-1 and
+//! i+1 (a ring), so CHECK matches one connection per agent (two bookmarks
+//! each) on the PREPARE bookmarks and again on the images'. What is left is
+//! the protocol itself: fan-outs, the cut check, and the catalog's durable
+//! transactions (on a real disk, with fsync).
+
+use crate::{fs_type_name, mkdtemp, DirGuard, Res};
+use cr_coordinatord::{pb, AgentApi, AgentResult, Catalog, Coordinator, Settings};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "\
+usage: cr-bench coord [--agents N] [--rounds R] [--disk-base DIR]
+
+  --agents N    simulated agents, one job member each (default 1000)
+  --rounds R    measured checkpoints (default 10), after one warm-up
+  --disk-base   where the catalog goes: a fresh directory under it
+                (default /var/tmp)
+
+Phases, as seen by the agents (so with microsecond resolution):
+  prepare  round start (busy check, id, `preparing` transaction) to the
+           last PREPARE reply
+  check    to the first DUMP call: cut check, `dumping` transaction
+  dump     to the last DUMP reply
+  commit   to the first FINISH call: cut check of the images, the commit
+           transaction, Commit to every agent
+  finish   to the end: FINISH to every agent, its transaction, retention
+";
+
+struct Opts {
+    agents: usize,
+    rounds: usize,
+    disk_base: PathBuf,
+}
+
+fn parse(args: &[String]) -> Res<Opts> {
+    let mut o = Opts {
+        agents: 1000,
+        rounds: 10,
+        disk_base: PathBuf::from("/var/tmp"),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (a.clone(), None),
+        };
+        let mut val = |name: &str| -> Res<String> {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        let positive = |name: &str, v: String| -> Res<usize> {
+            match v.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("{name} needs a positive integer, not {v:?}")),
+            }
+        };
+        match flag.as_str() {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
+            "--agents" => o.agents = positive("--agents", val("--agents")?)?,
+            "--rounds" => o.rounds = positive("--rounds", val("--rounds")?)?,
+            "--disk-base" => o.disk_base = PathBuf::from(val("--disk-base")?),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(o)
+}
+
+/// When the phases of the current round started and ended, as the agents saw them.
+#[derive(Default, Clone, Copy)]
+struct Marks {
+    prepare_last: Option<Instant>,
+    dump_first: Option<Instant>,
+    dump_last: Option<Instant>,
+    finish_first: Option<Instant>,
+}
+
+/// The ring of fake agents: node `a{i}` (address ip(i)) hosts pid 1000+i.
+struct Ring {
+    n: usize,
+    marks: Mutex<Marks>,
+}
+
+fn ip(i: usize) -> String {
+    format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
+}
+
+fn index(node: &str) -> usize {
+    node[1..].parse().unwrap_or(0)
+}
+
+impl Ring {
+    fn bookmarks(&self, i: usize) -> Vec<pb::Bookmark> {
+        let next = (i + 1) % self.n;
+        let prev = (i + self.n - 1) % self.n;
+        let b = |local: String, remote: String| pb::Bookmark {
+            local,
+            remote,
+            snd_una: 1000,
+            snd_nxt: 1000,
+            rcv_nxt: 1000,
+            write_seq: 1000,
+            pid: 1000 + i as i32,
+        };
+        vec![
+            b(format!("{}:40000", ip(i)), format!("{}:5000", ip(next))),
+            b(format!("{}:5000", ip(i)), format!("{}:40000", ip(prev))),
+        ]
+    }
+
+    fn mark(&self, f: impl FnOnce(&mut Marks)) {
+        f(&mut self.marks.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+#[cr_coordinatord::async_trait]
+impl AgentApi for Ring {
+    async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
+        let reply = pb::PrepareReply {
+            bookmarks: self.bookmarks(index(node)),
+            processes: req.targets.len() as u32,
+            threads: req.targets.len() as u32,
+            freeze_ms: 0,
+        };
+        self.mark(|m| m.prepare_last = Some(Instant::now()));
+        Ok(reply)
+    }
+    async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
+        let now = Instant::now();
+        self.mark(|m| {
+            m.dump_first.get_or_insert(now);
+        });
+        let i = index(node);
+        let job = req.session.rsplit_once('-').map_or("", |(j, _)| j);
+        let reply = pb::DumpReply {
+            images: vec![pb::ImageInfo {
+                node: node.to_string(),
+                pid: 1000 + i as i32,
+                dir: format!("/images/{job}/{}/{node}-{}", req.session, 1000 + i),
+                processes: 1,
+                page_bytes: 0,
+                store_bytes: 0,
+                frozen_ms: 0,
+                bookmarks: self.bookmarks(i),
+                command: "sim".into(),
+                uid: 0,
+            }],
+        };
+        self.mark(|m| m.dump_last = Some(Instant::now()));
+        Ok(reply)
+    }
+    async fn commit(&self, _: &str, _: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        Ok(pb::Empty {})
+    }
+    async fn abort(&self, _: &str, _: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        Ok(pb::Empty {})
+    }
+    async fn finish(&self, _: &str, _: pb::FinishRequest) -> AgentResult<pb::FinishReply> {
+        let now = Instant::now();
+        self.mark(|m| {
+            m.finish_first.get_or_insert(now);
+        });
+        Ok(pb::FinishReply::default())
+    }
+    async fn restore(&self, node: &str, _: pb::RestoreRequest) -> AgentResult<pb::RestoreReply> {
+        Err(format!("{node}: restore is not simulated"))
+    }
+    async fn release(&self, node: &str, _: pb::SessionRequest) -> AgentResult<pb::ReleaseReply> {
+        Err(format!("{node}: release is not simulated"))
+    }
+    async fn remove(&self, _: &str, _: pb::RemoveRequest) -> AgentResult<pb::Empty> {
+        Ok(pb::Empty {})
+    }
+    async fn unlock(&self, _: &str, _: pb::RemoveRequest) -> AgentResult<pb::Empty> {
+        Ok(pb::Empty {})
+    }
+}
+
+/// A phase's name and where a round keeps its time.
+type Phase = (&'static str, fn(&Round) -> f64);
+
+/// Phase times of one round, in seconds.
+#[derive(Clone, Copy, Default)]
+struct Round {
+    prepare: f64,
+    check: f64,
+    dump: f64,
+    commit: f64,
+    finish: f64,
+    total: f64,
+}
+
+async fn one_round(coord: &Coordinator, ring: &Ring, agents: usize) -> Res<Round> {
+    ring.mark(|m| *m = Marks::default());
+    let t0 = Instant::now();
+    let info = coord
+        .checkpoint("bench", pb::After::Continue, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let end = Instant::now();
+    if info.images.len() != agents || info.connections as usize != agents {
+        return Err(format!(
+            "checkpoint {}: {} images and {} connections, expected {agents} of each",
+            info.id,
+            info.images.len(),
+            info.connections
+        ));
+    }
+    let m = *ring.marks.lock().unwrap_or_else(|p| p.into_inner());
+    let (Some(pl), Some(df), Some(dl), Some(ff)) =
+        (m.prepare_last, m.dump_first, m.dump_last, m.finish_first)
+    else {
+        return Err("a phase was not seen by the agents".into());
+    };
+    let s = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+    Ok(Round {
+        prepare: s(t0, pl),
+        check: s(pl, df),
+        dump: s(df, dl),
+        commit: s(dl, ff),
+        finish: s(ff, end),
+        total: s(t0, end),
+    })
+}
+
+async fn bench(o: &Opts, db: &Path) -> Res<Vec<Round>> {
+    let catalog = Arc::new(Catalog::open(db).map_err(|e| e.to_string())?);
+    let ring = Arc::new(Ring {
+        n: o.agents,
+        marks: Mutex::new(Marks::default()),
+    });
+    let settings = Settings {
+        heartbeat_ms: 1000,
+        node_timeout: Duration::from_secs(3600),
+        timeout: Duration::from_secs(600),
+    };
+    let coord = Arc::new(Coordinator::new(catalog, ring.clone(), settings));
+    eprintln!("cr-bench coord: registering {} agents ...", o.agents);
+    for i in 0..o.agents {
+        coord
+            .register(pb::RegisterRequest {
+                node: format!("a{i}"),
+                agent_addr: format!("{}:7171", ip(i)),
+                addresses: vec![ip(i)],
+                version: "sim".into(),
+                members: vec![pb::Member {
+                    job: "bench".into(),
+                    pid: 1000 + i as i32,
+                    uid: 0,
+                    command: "sim".into(),
+                    start_time: 1,
+                }],
+                generation: 1,
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    eprintln!("cr-bench coord: warm-up round ...");
+    one_round(&coord, &ring, o.agents).await?;
+    let mut rounds = Vec::with_capacity(o.rounds);
+    for r in 0..o.rounds {
+        crate::check_interrupted()?;
+        let x = one_round(&coord, &ring, o.agents).await?;
+        eprintln!(
+            "cr-bench coord: round {}/{}: {:.2} ms",
+            r + 1,
+            o.rounds,
+            x.total * 1e3
+        );
+        rounds.push(x);
+    }
+    Ok(rounds)
+}
+
+fn stats(v: impl Iterator<Item = f64>) -> (f64, f64, f64) {
+    let v: Vec<f64> = v.collect();
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(0.0, f64::max);
+    (mean * 1e3, min * 1e3, max * 1e3)
+}
+
+/// `cr-bench coord [--agents N] [--rounds R] [--disk-base DIR]` (`args`
+/// without the program name and "coord").
+pub fn run(args: &[String]) -> Res<()> {
+    let o = parse(args)?;
+    crate::install_signal_handlers();
+    let dir = mkdtemp(&o.disk_base.join("cr-bench-coord."))?;
+    let _guard = DirGuard(dir.clone());
+    let fs = fs_type_name(&dir);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let rounds = rt.block_on(bench(&o, &dir.join("catalog.redb")))?;
+
+    println!("# cr-bench coord\n");
+    println!(
+        "{} simulated agents, 1 member each, {} connections ({} bookmarks) in a ring; \
+         {} rounds after a warm-up; catalog on {} ({fs}); {} CPUs.\n",
+        o.agents,
+        o.agents,
+        2 * o.agents,
+        o.rounds,
+        o.disk_base.display(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    println!("| agents | rounds | ms/round | prepare | check | dump | commit | finish |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mean = |f: fn(&Round) -> f64| stats(rounds.iter().map(f)).0;
+    println!(
+        "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+        o.agents,
+        o.rounds,
+        mean(|r| r.total),
+        mean(|r| r.prepare),
+        mean(|r| r.check),
+        mean(|r| r.dump),
+        mean(|r| r.commit),
+        mean(|r| r.finish),
+    );
+    println!("\n| phase | mean ms | min ms | max ms |");
+    println!("|---|---:|---:|---:|");
+    let phases: [Phase; 6] = [
+        ("prepare", |r| r.prepare),
+        ("check", |r| r.check),
+        ("dump", |r| r.dump),
+        ("commit", |r| r.commit),
+        ("finish", |r| r.finish),
+        ("round", |r| r.total),
+    ];
+    for (name, f) in phases {
+        let (mean, min, max) = stats(rounds.iter().map(f));
+        println!("| {name} | {mean:.2} | {min:.2} | {max:.2} |");
+    }
+    Ok(())
+}

@@ -1,0 +1,1585 @@
+//! A cluster in network namespaces, for the tests of `cr-agent`,
+//! `cr-coordinatord` and `crctl` (docs/CLUSTER.md), and ring jobs on it.
+//!
+//! Topology (every namespace is created by the [`Cluster`] and deleted when
+//! it is dropped; nothing is configured outside them, so concurrent tests can
+//! all use the same addresses):
+//!
+//! ```text
+//!   n1 10.99.0.1/24 ─┐
+//!   n2 10.99.0.2/24 ─┤ br0 in the "switch" namespace
+//!   n3 10.99.0.3/24 ─┤
+//!   coordinator 10.99.0.254/24 ─┘
+//! ```
+//!
+//! Each namespace reaches the bridge through a veth pair (`eth0` inside,
+//! `pK` / `pc` on the bridge). Daemons and clients are started with
+//! `nsenter --net=/run/netns/NAME -- PROG ...` (only the network namespace
+//! changes; they share the test's filesystem, which stands for the storage
+//! the nodes share). Certificates come from `crctl pki` in `DIR/pki`
+//! (`ca`, `n1`..`nK`, `cr-coordinatord`, `admin`).
+//!
+//! The coordinator and the agents log to files in the harness directory
+//! (`coordinator.log`, `agent-nK.log`, appended to across restarts); their
+//! tails are part of every panic message of [`Cluster::diag`] and
+//! [`Ring::diag`]. Every process started is a [`Proc`], killed by PID and
+//! reaped on drop; when the cluster is dropped, whatever still runs in its
+//! namespaces (processes the agents restored) is killed by PID too, then the
+//! namespaces are deleted.
+//!
+//! A [`Ring`] is a job of `wl_ring` members (see `src/bin/wl_ring.rs`),
+//! member i on node placement\[i\], listening on `10.99.0.K:(7300+i)` and
+//! connected to member i+1: every member checks every message it gets and
+//! reports in a status file, which the ring's waits read.
+//!
+//! Every wait has a deadline (no fixed sleeps); polls of `crctl` are spaced
+//! by [`POLL_PERIOD`].
+
+use crate::netns::Netns;
+use crate::{
+    describe, is_alive, isolate_fds, read_text, reap_orphans, status_str, tail, tool_path,
+    wait_until, workload_path, Harness, Proc, ToolOutput, Workload,
+};
+use serde_json::Value;
+use std::cell::{Cell, RefCell};
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The first three octets of every address of the cluster.
+pub const SUBNET: &str = "10.99.0";
+/// The coordinator's address (in its own namespace).
+pub const COORDINATOR_IP: &str = "10.99.0.254";
+/// The coordinator's port.
+pub const COORDINATOR_PORT: u16 = 7170;
+/// The port of every agent's Agent service.
+pub const AGENT_PORT: u16 = 7171;
+/// Ring member i listens on this port + i.
+pub const RING_PORT_BASE: u16 = 7300;
+/// Deadline for a daemon to answer / register.
+pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(30);
+/// Deadline for one crctl command.
+pub const CRCTL_TIMEOUT: Duration = Duration::from_secs(90);
+/// Deadline for a ring to be up and for it to advance.
+pub const RING_TIMEOUT: Duration = Duration::from_secs(20);
+/// Time between two polls that run a command (crctl).
+pub const POLL_PERIOD: Duration = Duration::from_millis(200);
+
+/// IP address of node `k` (1-based).
+pub fn node_ip(k: usize) -> String {
+    format!("{SUBNET}.{k}")
+}
+
+/// Name of node `k` (1-based): `nK`.
+pub fn node_name(k: usize) -> String {
+    format!("n{k}")
+}
+
+/// nsenter(1) (util-linux).
+pub fn nsenter() -> PathBuf {
+    for p in ["/usr/bin/nsenter", "/bin/nsenter", "/usr/sbin/nsenter"] {
+        if Path::new(p).is_file() {
+            return PathBuf::from(p);
+        }
+    }
+    panic!("nsenter not found (install util-linux)");
+}
+
+/// The inode of a network namespace file (`/run/netns/NAME` or
+/// `/proc/PID/ns/net`): equal inodes, same namespace.
+pub fn netns_inode(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// The network namespace (inode) of a process.
+pub fn proc_netns(pid: i32) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
+    let s = link.to_string_lossy();
+    s.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// Like `wait_until`, but evaluates `cond` at most once per `period` (for
+/// conditions that run a command).
+pub fn poll_until(
+    what: &str,
+    timeout: Duration,
+    period: Duration,
+    mut cond: impl FnMut() -> bool,
+    diag: impl Fn() -> String,
+) {
+    let mut last: Option<Instant> = None;
+    wait_until(
+        what,
+        timeout,
+        || {
+            if last.is_some_and(|t| t.elapsed() < period) {
+                return false;
+            }
+            last = Some(Instant::now());
+            cond()
+        },
+        diag,
+    );
+}
+
+// ---------------------------------------------------------------------------
+// JSON of crctl --json
+// ---------------------------------------------------------------------------
+
+fn camel(key: &str) -> String {
+    let mut out = String::new();
+    let mut up = false;
+    for ch in key.chars() {
+        if ch == '_' {
+            up = true;
+        } else if up {
+            out.extend(ch.to_uppercase());
+            up = false;
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// Field `key` of a JSON object, under its proto name (`pause_ms`) or its
+/// proto3 JSON name (`pauseMs`).
+pub fn jget<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
+    v.get(key).or_else(|| v.get(camel(key)))
+}
+
+/// A number field (also accepted as a string, as proto3 JSON writes 64-bit
+/// integers); 0 if absent (proto3 omits zero values).
+pub fn ju64(v: &Value, key: &str) -> u64 {
+    match jget(v, key) {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .or_else(|| n.as_f64().map(|f| f as u64))
+            .unwrap_or(0),
+        Some(Value::String(s)) => s.parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// A string field; "" if absent.
+pub fn jstr(v: &Value, key: &str) -> String {
+    match jget(v, key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// A list field; a JSON document that is itself a list is that list.
+pub fn jlist<'v>(v: &'v Value, key: &str) -> Vec<&'v Value> {
+    if let Value::Array(a) = v {
+        return a.iter().collect();
+    }
+    match jget(v, key) {
+        Some(Value::Array(a)) => a.iter().collect(),
+        _ => Vec::new(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Processes in a namespace
+// ---------------------------------------------------------------------------
+
+/// A daemon: its process and its log file.
+pub struct Daemon {
+    pub proc: Proc,
+    pub log: PathBuf,
+}
+
+/// A process started by [`Cluster::spawn_in`], with its output files.
+pub struct Spawned {
+    pub proc: Proc,
+    pub cmdline: String,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+}
+
+impl Spawned {
+    /// Command line, exit status (if any) and output tails.
+    pub fn diag(&mut self) -> String {
+        let st = match self.proc.try_exit() {
+            Some(s) => status_str(s),
+            None => format!("running: {}", describe(self.proc.pid)),
+        };
+        format!(
+            "--- {} ({st})\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.cmdline,
+            tail(&read_text(&self.stdout), 20),
+            tail(&read_text(&self.stderr), 20)
+        )
+    }
+
+    /// Like `diag`, without reaping: the process as /proc shows it.
+    pub fn describe(&self) -> String {
+        format!(
+            "--- {} ({})\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.cmdline,
+            describe(self.proc.pid),
+            tail(&read_text(&self.stdout), 20),
+            tail(&read_text(&self.stderr), 20)
+        )
+    }
+
+    /// Waits for the process to exit (panics after `timeout` with `more()`)
+    /// and returns its result.
+    pub fn wait(&mut self, timeout: Duration, more: impl Fn() -> String) -> ToolOutput {
+        let t0 = Instant::now();
+        let (cmdline, out, err) = (
+            self.cmdline.clone(),
+            self.stdout.clone(),
+            self.stderr.clone(),
+        );
+        let st = self
+            .proc
+            .wait_exit(timeout, || {
+                format!(
+                    "--- {cmdline}\n--- stdout:\n{}\n--- stderr:\n{}\n{}",
+                    read_text(&out),
+                    read_text(&err),
+                    more()
+                )
+            })
+            .expect("a process we spawned is our child");
+        ToolOutput {
+            cmdline: self.cmdline.clone(),
+            status: st,
+            stdout: read_text(&self.stdout),
+            stderr: read_text(&self.stderr),
+            elapsed: t0.elapsed(),
+        }
+    }
+}
+
+/// How an agent is started.
+#[derive(Default, Clone)]
+pub struct AgentOpts {
+    /// Extra environment (e.g. `CR_AGENT_FAULT`).
+    pub env: Vec<(String, String)>,
+    /// Take the CA and the node's certificate and key from this `crctl pki`
+    /// directory instead of the cluster's.
+    pub pki: Option<PathBuf>,
+    /// Use this CA certificate (whatever `pki` says).
+    pub ca: Option<PathBuf>,
+    /// No `--coordinator`: a standalone node. Then it is ready once its
+    /// socket exists.
+    pub standalone: bool,
+    /// Do not wait for it to be ready.
+    pub no_wait: bool,
+}
+
+/// A cluster of `nodes` nodes and a coordinator in network namespaces (see
+/// the module docs). Methods take `&self`, so that a [`Ring`] can hold the
+/// cluster while agents are killed and started.
+pub struct Cluster<'h> {
+    pub h: &'h Harness,
+    /// The harness directory: pki, logs, images, sockets, rings.
+    pub dir: PathBuf,
+    pub pki: PathBuf,
+    pub nodes: usize,
+    seq: Cell<u32>,
+    // Processes are declared before the namespaces, so they are dropped first.
+    coordinator: RefCell<Option<Daemon>>,
+    agents: RefCell<Vec<Option<Daemon>>>,
+    /// Node k is `node_ns[k - 1]`.
+    pub node_ns: Vec<Netns>,
+    pub coord_ns: Netns,
+    pub switch: Netns,
+}
+
+/// Joins `ns` to the bridge of `sw` (`eth0` in ns, `port` on the bridge)
+/// with address `cidr`.
+fn attach(sw: &Netns, ns: &Netns, port: &str, cidr: &str) {
+    ns.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", port]);
+    ns.ip(&["link", "set", port, "netns", &sw.name]);
+    sw.ip(&["link", "set", port, "master", "br0"]);
+    sw.ip(&["link", "set", port, "up"]);
+    ns.add_addr("eth0", cidr);
+}
+
+impl<'h> Cluster<'h> {
+    /// The namespaces, the bridge and the certificates; no daemon yet.
+    pub fn new(h: &'h Harness, nodes: usize) -> Cluster<'h> {
+        let c = Cluster::network_only(h, nodes);
+        let mut names: Vec<(String, Option<String>)> = (1..=nodes)
+            .map(|k| (node_name(k), Some(node_ip(k))))
+            .collect();
+        names.push(("cr-coordinatord".into(), Some(COORDINATOR_IP.into())));
+        names.push(("admin".into(), None));
+        c.make_pki(&c.pki, &names);
+        c
+    }
+
+    /// The namespaces and the bridge only (no certificates: crctl is not
+    /// needed), e.g. for rings started directly.
+    pub fn network_only(h: &'h Harness, nodes: usize) -> Cluster<'h> {
+        assert!(
+            (1..=250).contains(&nodes),
+            "a cluster has 1 to 250 nodes, not {nodes}"
+        );
+        let switch = Netns::new("sw");
+        switch.ip(&["link", "add", "br0", "type", "bridge"]);
+        switch.ip(&["link", "set", "br0", "up"]);
+        let coord_ns = Netns::new("coord");
+        attach(&switch, &coord_ns, "pc", &format!("{COORDINATOR_IP}/24"));
+        let mut node_ns = Vec::new();
+        for k in 1..=nodes {
+            let ns = Netns::new(&node_name(k));
+            attach(
+                &switch,
+                &ns,
+                &format!("p{k}"),
+                &format!("{}/24", node_ip(k)),
+            );
+            node_ns.push(ns);
+        }
+        let dir = h.dir.clone();
+        for d in ["images", "cmds"] {
+            std::fs::create_dir_all(dir.join(d)).expect("mkdir in the harness dir");
+        }
+        Cluster {
+            h,
+            pki: dir.join("pki"),
+            dir,
+            nodes,
+            seq: Cell::new(0),
+            coordinator: RefCell::new(None),
+            agents: RefCell::new((0..nodes).map(|_| None).collect()),
+            node_ns,
+            coord_ns,
+            switch,
+        }
+    }
+
+    /// `crctl pki init --dir DIR` and `crctl pki issue --dir DIR --name N
+    /// [--ip IP]` for each name (a second, unrelated CA if DIR is not the
+    /// cluster's).
+    pub fn make_pki(&self, dir: &Path, names: &[(String, Option<String>)]) {
+        let d = dir.to_string_lossy().into_owned();
+        self.crctl_local(&["pki", "init", "--dir", &d])
+            .assert_success("crctl pki init");
+        for (name, ip) in names {
+            let mut args = vec!["pki", "issue", "--dir", &d, "--name", name];
+            if let Some(ip) = ip {
+                args.extend(["--ip", ip.as_str()]);
+            }
+            self.crctl_local(&args).assert_success("crctl pki issue");
+            for ext in ["crt", "key"] {
+                let f = dir.join(format!("{name}.{ext}"));
+                assert!(
+                    f.is_file(),
+                    "crctl pki issue --name {name} should write {}",
+                    f.display()
+                );
+            }
+        }
+    }
+
+    /// The network namespace of node `k` (1-based).
+    pub fn ns(&self, k: usize) -> &Netns {
+        assert!((1..=self.nodes).contains(&k), "no node {k}");
+        &self.node_ns[k - 1]
+    }
+
+    /// The inode of node `k`'s network namespace.
+    pub fn ns_inode(&self, k: usize) -> u64 {
+        netns_inode(&self.ns(k).path()).expect("node namespace exists")
+    }
+
+    /// The node (1-based) whose namespace process `pid` is in, if any.
+    pub fn node_of(&self, pid: i32) -> Option<usize> {
+        let ino = proc_netns(pid)?;
+        (1..=self.nodes).find(|&k| self.ns_inode(k) == ino)
+    }
+
+    /// The agent's Unix socket of node `k`.
+    pub fn socket(&self, k: usize) -> PathBuf {
+        self.dir.join(format!("{}.sock", node_name(k)))
+    }
+
+    /// The shared image root.
+    pub fn images(&self) -> PathBuf {
+        self.dir.join("images")
+    }
+
+    /// The agent log of node `k`.
+    pub fn agent_log(&self, k: usize) -> PathBuf {
+        self.dir.join(format!("agent-{}.log", node_name(k)))
+    }
+
+    /// The coordinator's log.
+    pub fn coordinator_log(&self) -> PathBuf {
+        self.dir.join("coordinator.log")
+    }
+
+    fn next_seq(&self) -> u32 {
+        let n = self.seq.get() + 1;
+        self.seq.set(n);
+        n
+    }
+
+    /// Starts `exe ARGS...` in namespace `ns` (through nsenter; None: here)
+    /// with `env`, stdin /dev/null, stdout and stderr appended to the files
+    /// of `output` (the same file twice is fine).
+    pub fn spawn_in(
+        &self,
+        ns: Option<&Netns>,
+        label: &str,
+        exe: &Path,
+        args: &[OsString],
+        env: &[(String, String)],
+        output: (&Path, &Path),
+    ) -> Spawned {
+        let (stdout, stderr) = output;
+        let mut cmd;
+        let mut cmdline = String::new();
+        for (k, v) in env {
+            cmdline.push_str(&format!("{k}={v} "));
+        }
+        match ns {
+            Some(ns) => {
+                let arg = format!("--net={}", ns.path().display());
+                cmd = Command::new(nsenter());
+                cmd.arg(&arg).arg("--").arg(exe);
+                cmdline.push_str(&format!("nsenter {arg} -- "));
+            }
+            None => cmd = Command::new(exe),
+        }
+        cmd.args(args);
+        cmdline.push_str(&exe.display().to_string());
+        for a in args {
+            cmdline.push(' ');
+            cmdline.push_str(&a.to_string_lossy());
+        }
+        let open = |p: &Path| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
+        };
+        let out = open(stdout);
+        let err = if stderr == stdout {
+            out.try_clone().expect("dup an output file")
+        } else {
+            open(stderr)
+        };
+        cmd.stdin(File::open("/dev/null").expect("open /dev/null"))
+            .stdout(out)
+            .stderr(err)
+            .current_dir(&self.dir);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        isolate_fds(&mut cmd);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmdline}: {e}"));
+        Spawned {
+            proc: Proc::from_child(child, label),
+            cmdline,
+            stdout: stdout.to_path_buf(),
+            stderr: stderr.to_path_buf(),
+        }
+    }
+
+    /// Appends a marked line to a log (who started what, when).
+    fn log_mark(&self, log: &Path, what: &str) {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(log) {
+            let _ = writeln!(f, "===== [test harness, unix time {secs:.3}] {what}");
+        }
+    }
+
+    fn daemon_env(&self, extra: &[(String, String)]) -> Vec<(String, String)> {
+        let level = std::env::var("CR_LOG").unwrap_or_else(|_| {
+            "info,cr_agent=debug,cr_coordinatord=debug,cr_restart=debug,cr_rpc=debug,\
+             cr_image=debug,cr_sys=debug"
+                .into()
+        });
+        let mut env = vec![("CR_LOG".to_string(), level)];
+        env.extend(extra.iter().cloned());
+        env
+    }
+
+    // -----------------------------------------------------------------------
+    // The coordinator
+    // -----------------------------------------------------------------------
+
+    /// Starts cr-coordinatord on `10.99.0.254:7170` with `DIR/coord.redb`
+    /// (kept across restarts) and waits until `crctl status` answers.
+    pub fn start_coordinator(&self) {
+        assert!(
+            self.coordinator.borrow().is_none(),
+            "the coordinator is already running"
+        );
+        let p = |n: &str| self.pki.join(n).into_os_string();
+        let args: Vec<OsString> = vec![
+            "--listen".into(),
+            format!("{COORDINATOR_IP}:{COORDINATOR_PORT}").into(),
+            "--db".into(),
+            self.dir.join("coord.redb").into_os_string(),
+            "--ca".into(),
+            p("ca.crt"),
+            "--cert".into(),
+            p("cr-coordinatord.crt"),
+            "--key".into(),
+            p("cr-coordinatord.key"),
+        ];
+        let log = self.coordinator_log();
+        self.log_mark(&log, "starting cr-coordinatord");
+        let sp = self.spawn_in(
+            Some(&self.coord_ns),
+            "cr-coordinatord",
+            &tool_path("cr-coordinatord"),
+            &args,
+            &self.daemon_env(&[]),
+            (&log, &log),
+        );
+        *self.coordinator.borrow_mut() = Some(Daemon { proc: sp.proc, log });
+        poll_until(
+            "cr-coordinatord to answer `crctl status`",
+            DAEMON_TIMEOUT,
+            POLL_PERIOD,
+            || {
+                self.check_coordinator_alive("while waiting for it to answer");
+                self.crctl_poll(&["status"]).status.success()
+            },
+            || self.diag(),
+        );
+    }
+
+    fn check_coordinator_alive(&self, ctx: &str) {
+        let mut c = self.coordinator.borrow_mut();
+        if let Some(d) = c.as_mut() {
+            if let Some(st) = d.proc.try_exit() {
+                drop(c);
+                panic!(
+                    "cr-coordinatord exited ({}) {ctx}\n{}",
+                    status_str(st),
+                    self.diag()
+                );
+            }
+        }
+    }
+
+    /// SIGKILLs the coordinator (by PID) and reaps it.
+    pub fn kill_coordinator(&self) {
+        let d = self
+            .coordinator
+            .borrow_mut()
+            .take()
+            .expect("the coordinator is not running");
+        let mut proc = d.proc;
+        proc.kill_and_reap();
+        assert!(
+            proc.has_exited(),
+            "cr-coordinatord did not die: {}",
+            describe(proc.pid)
+        );
+        self.log_mark(&d.log, "cr-coordinatord killed (SIGKILL)");
+    }
+
+    /// The coordinator's PID, if it runs.
+    pub fn coordinator_pid(&self) -> Option<i32> {
+        self.coordinator.borrow().as_ref().map(|d| d.proc.pid)
+    }
+
+    // -----------------------------------------------------------------------
+    // Agents
+    // -----------------------------------------------------------------------
+
+    /// Starts the agent of node `k` and waits until `crctl nodes` shows it up.
+    pub fn start_agent(&self, k: usize) {
+        self.start_agent_with(k, &AgentOpts::default());
+    }
+
+    /// Starts the agents of `ks`, then waits until all are up.
+    pub fn start_agents(&self, ks: &[usize]) {
+        let o = AgentOpts {
+            no_wait: true,
+            ..Default::default()
+        };
+        for &k in ks {
+            self.start_agent_with(k, &o);
+        }
+        self.wait_nodes_up(ks);
+    }
+
+    /// Starts the agent of node `k` as `o` says:
+    /// `cr-agent --node nK --listen 10.99.0.K:7171 --socket DIR/nK.sock
+    /// --coordinator 10.99.0.254:7170 --images DIR/images --state-dir
+    /// DIR/state-nK --ca --cert --key`.
+    pub fn start_agent_with(&self, k: usize, o: &AgentOpts) {
+        let node = node_name(k);
+        assert!(
+            self.agents.borrow()[k - 1].is_none(),
+            "the agent of {node} is already running"
+        );
+        let pki = o.pki.clone().unwrap_or_else(|| self.pki.clone());
+        let state = self.dir.join(format!("state-{node}"));
+        let mut args: Vec<OsString> = vec![
+            "--node".into(),
+            node.clone().into(),
+            "--listen".into(),
+            format!("{}:{AGENT_PORT}", node_ip(k)).into(),
+            "--socket".into(),
+            self.socket(k).into_os_string(),
+            "--images".into(),
+            self.images().into_os_string(),
+            "--state-dir".into(),
+            state.into_os_string(),
+            "--ca".into(),
+            o.ca.clone()
+                .unwrap_or_else(|| pki.join("ca.crt"))
+                .into_os_string(),
+            "--cert".into(),
+            pki.join(format!("{node}.crt")).into_os_string(),
+            "--key".into(),
+            pki.join(format!("{node}.key")).into_os_string(),
+        ];
+        if !o.standalone {
+            args.push("--coordinator".into());
+            args.push(format!("{COORDINATOR_IP}:{COORDINATOR_PORT}").into());
+        }
+        let log = self.agent_log(k);
+        self.log_mark(
+            &log,
+            &format!("starting cr-agent of {node} (extra env {:?})", o.env),
+        );
+        let sp = self.spawn_in(
+            Some(self.ns(k)),
+            &format!("cr-agent {node}"),
+            &tool_path("cr-agent"),
+            &args,
+            &self.daemon_env(&o.env),
+            (&log, &log),
+        );
+        self.agents.borrow_mut()[k - 1] = Some(Daemon { proc: sp.proc, log });
+        if o.no_wait {
+            return;
+        }
+        if o.standalone {
+            let sock = self.socket(k);
+            wait_until(
+                &format!(
+                    "the standalone agent of {node} to create {}",
+                    sock.display()
+                ),
+                DAEMON_TIMEOUT,
+                || {
+                    self.check_agent_alive(k, "while waiting for its socket");
+                    sock.exists()
+                },
+                || self.diag(),
+            );
+        } else {
+            self.wait_nodes_up(&[k]);
+        }
+    }
+
+    fn check_agent_alive(&self, k: usize, ctx: &str) {
+        let mut a = self.agents.borrow_mut();
+        if let Some(d) = a[k - 1].as_mut() {
+            if let Some(st) = d.proc.try_exit() {
+                drop(a);
+                panic!(
+                    "the agent of {} exited ({}) {ctx}\n{}",
+                    node_name(k),
+                    status_str(st),
+                    self.diag()
+                );
+            }
+        }
+    }
+
+    /// True if the agent of node `k` was started and has not exited.
+    pub fn agent_running(&self, k: usize) -> bool {
+        self.agents.borrow_mut()[k - 1]
+            .as_mut()
+            .is_some_and(|d| !d.proc.has_exited())
+    }
+
+    /// The PID of the agent of node `k`, if started.
+    pub fn agent_pid(&self, k: usize) -> Option<i32> {
+        self.agents.borrow()[k - 1].as_ref().map(|d| d.proc.pid)
+    }
+
+    /// SIGKILLs the agent of node `k` (by PID) and reaps it.
+    pub fn kill_agent(&self, k: usize) {
+        let d = self.agents.borrow_mut()[k - 1]
+            .take()
+            .unwrap_or_else(|| panic!("the agent of {} is not running", node_name(k)));
+        let mut proc = d.proc;
+        proc.kill_and_reap();
+        assert!(
+            proc.has_exited(),
+            "the agent of {} did not die: {}",
+            node_name(k),
+            describe(proc.pid)
+        );
+        self.log_mark(&d.log, "cr-agent killed (SIGKILL)");
+    }
+
+    /// `crctl nodes --json`: (name, state, members) of every node.
+    pub fn nodes_status(&self) -> Vec<(String, String, u64)> {
+        let v = self.crctl_json(&["nodes"]);
+        jlist(&v, "nodes")
+            .into_iter()
+            .map(|n| (jstr(n, "name"), jstr(n, "state"), ju64(n, "members")))
+            .collect()
+    }
+
+    /// Polls `crctl nodes --json` until every node of `ks` is `up` (panics
+    /// at once if one of their agents exits).
+    pub fn wait_nodes_up(&self, ks: &[usize]) {
+        self.wait_nodes(&format!("nodes {ks:?} up in `crctl nodes`"), |nodes| {
+            for &k in ks {
+                self.check_agent_alive(k, "before registering");
+            }
+            ks.iter().all(|&k| {
+                nodes
+                    .iter()
+                    .any(|(n, st, _)| *n == node_name(k) && st == "up")
+            })
+        });
+    }
+
+    /// Polls `crctl nodes --json` until `pred` holds for its list of (name,
+    /// state, members).
+    pub fn wait_nodes(&self, what: &str, mut pred: impl FnMut(&[(String, String, u64)]) -> bool) {
+        let last = RefCell::new(String::new());
+        poll_until(
+            what,
+            DAEMON_TIMEOUT,
+            POLL_PERIOD,
+            || {
+                self.check_coordinator_alive("while polling crctl nodes");
+                let out = self.crctl_poll(&["--json", "nodes"]);
+                *last.borrow_mut() = out.show();
+                if !out.status.success() {
+                    return false;
+                }
+                let Ok(v) = serde_json::from_str::<Value>(&out.stdout) else {
+                    return false;
+                };
+                let nodes: Vec<(String, String, u64)> = jlist(&v, "nodes")
+                    .into_iter()
+                    .map(|n| (jstr(n, "name"), jstr(n, "state"), ju64(n, "members")))
+                    .collect();
+                pred(&nodes)
+            },
+            || format!("--- last crctl nodes:\n{}\n{}", last.borrow(), self.diag()),
+        );
+    }
+
+    // -----------------------------------------------------------------------
+    // crctl and cr_run
+    // -----------------------------------------------------------------------
+
+    fn crctl_args(&self, args: &[&str]) -> Vec<OsString> {
+        let p = |n: &str| self.pki.join(n).into_os_string();
+        let mut v: Vec<OsString> = vec![
+            "--coordinator".into(),
+            format!("{COORDINATOR_IP}:{COORDINATOR_PORT}").into(),
+            "--ca".into(),
+            p("ca.crt"),
+            "--cert".into(),
+            p("admin.crt"),
+            "--key".into(),
+            p("admin.key"),
+        ];
+        v.extend(args.iter().map(OsString::from));
+        v
+    }
+
+    fn run_to_end(
+        &self,
+        ns: Option<&Netns>,
+        name: &str,
+        exe: &Path,
+        args: &[OsString],
+    ) -> ToolOutput {
+        let n = self.next_seq();
+        let base = self.dir.join("cmds").join(format!("{n:04}-{name}"));
+        self.run_files(ns, exe, args, &base)
+    }
+
+    fn run_files(
+        &self,
+        ns: Option<&Netns>,
+        exe: &Path,
+        args: &[OsString],
+        base: &Path,
+    ) -> ToolOutput {
+        let out = base.with_extension("out");
+        let err = base.with_extension("err");
+        let _ = std::fs::remove_file(&out);
+        let _ = std::fs::remove_file(&err);
+        let mut sp = self.spawn_in(ns, "crctl", exe, args, &[], (&out, &err));
+        sp.wait(CRCTL_TIMEOUT, || self.diag())
+    }
+
+    /// `crctl ARGS...` (with the cluster's admin certificate, in the
+    /// coordinator's namespace), run to completion.
+    pub fn crctl(&self, args: &[&str]) -> ToolOutput {
+        let word = args
+            .iter()
+            .find(|a| !a.starts_with('-'))
+            .copied()
+            .unwrap_or("crctl");
+        self.run_to_end(
+            Some(&self.coord_ns),
+            &format!("crctl-{word}"),
+            &tool_path("crctl"),
+            &self.crctl_args(args),
+        )
+    }
+
+    /// `crctl ARGS...` for polls (its output files are reused).
+    fn crctl_poll(&self, args: &[&str]) -> ToolOutput {
+        self.run_files(
+            Some(&self.coord_ns),
+            &tool_path("crctl"),
+            &self.crctl_args(args),
+            &self.dir.join("cmds").join("poll"),
+        )
+    }
+
+    /// `crctl --json ARGS...`: asserts it succeeds, returns the document.
+    pub fn crctl_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = self.crctl(&all);
+        if !out.status.success() {
+            panic!("crctl failed\n{}\n{}", out.show(), self.diag());
+        }
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "crctl --json printed no JSON document ({e})\n{}\n{}",
+                out.show(),
+                self.diag()
+            )
+        })
+    }
+
+    /// `crctl ARGS...` in the background.
+    pub fn crctl_bg(&self, args: &[&str]) -> Spawned {
+        let n = self.next_seq();
+        let base = self.dir.join("cmds").join(format!("{n:04}-crctl-bg"));
+        let (out, err) = (base.with_extension("out"), base.with_extension("err"));
+        self.spawn_in(
+            Some(&self.coord_ns),
+            "crctl (background)",
+            &tool_path("crctl"),
+            &self.crctl_args(args),
+            &[],
+            (&out, &err),
+        )
+    }
+
+    /// `crctl ARGS...` outside any namespace and without certificates
+    /// (`crctl pki`).
+    pub fn crctl_local(&self, args: &[&str]) -> ToolOutput {
+        let a: Vec<OsString> = args.iter().map(OsString::from).collect();
+        self.run_to_end(None, "crctl-local", &tool_path("crctl"), &a)
+    }
+
+    /// `cr_run --job JOB -- ARGV...` on node `k` (in its namespace, with
+    /// `CR_AGENT_SOCKET` set to its agent), stdout and stderr to
+    /// `DIR/cmds/NNNN-member-LABEL.{out,err}`.
+    pub fn run_member(&self, job: &str, k: usize, label: &str, argv: &[OsString]) -> Spawned {
+        let n = self.next_seq();
+        let base = self
+            .dir
+            .join("cmds")
+            .join(format!("{n:04}-member-{}", label.replace('/', "_")));
+        let mut args: Vec<OsString> = vec!["--job".into(), job.into(), "--".into()];
+        args.extend(argv.iter().cloned());
+        let env = vec![(
+            "CR_AGENT_SOCKET".to_string(),
+            self.socket(k).to_string_lossy().into_owned(),
+        )];
+        self.spawn_in(
+            Some(self.ns(k)),
+            &format!("cr_run {label}"),
+            &tool_path("cr_run"),
+            &args,
+            &env,
+            (&base.with_extension("out"), &base.with_extension("err")),
+        )
+    }
+
+    /// Starts a ring job (see [`Ring`]) through `cr_run --job`, and waits
+    /// until every member has carried messages both ways.
+    pub fn start_ring(&self, job: &str, placement: &[usize]) -> Ring<'_> {
+        let mut r = Ring::launch(self, job, placement, true);
+        r.wait_up();
+        r
+    }
+
+    /// A ring whose members are started directly in their nodes'
+    /// namespaces (no cr_run, no agent): for the harness's own checks.
+    pub fn start_ring_direct(&self, job: &str, placement: &[usize]) -> Ring<'_> {
+        let mut r = Ring::launch(self, job, placement, false);
+        r.wait_up();
+        r
+    }
+
+    /// `crctl --json jobs`: (node, pid, alive) of every process of `job`.
+    pub fn job_procs(&self, job: &str) -> Vec<(String, i32, bool)> {
+        let v = self.crctl_json(&["jobs"]);
+        let mut out = Vec::new();
+        for j in jlist(&v, "jobs") {
+            if jstr(j, "name") != job {
+                continue;
+            }
+            for p in jlist(j, "procs") {
+                let alive = matches!(jget(p, "alive"), Some(Value::Bool(true)));
+                out.push((jstr(p, "node"), ju64(p, "pid") as i32, alive));
+            }
+        }
+        out
+    }
+
+    /// Tails of the coordinator's and the agents' logs, and their state.
+    pub fn diag(&self) -> String {
+        let mut s = String::new();
+        let state = |p: Option<&mut Proc>| match p {
+            None => "not running".to_string(),
+            Some(p) => match p.try_exit() {
+                Some(st) => format!("exited: {}", status_str(st)),
+                None => describe(p.pid),
+            },
+        };
+        let c = state(self.coordinator.borrow_mut().as_mut().map(|d| &mut d.proc));
+        s.push_str(&format!(
+            "--- cr-coordinatord ({c}), {}:\n{}\n",
+            self.coordinator_log().display(),
+            tail(&read_text(&self.coordinator_log()), 40)
+        ));
+        for k in 1..=self.nodes {
+            let a = state(
+                self.agents.borrow_mut()[k - 1]
+                    .as_mut()
+                    .map(|d| &mut d.proc),
+            );
+            s.push_str(&format!(
+                "--- cr-agent {} ({a}), {}:\n{}\n",
+                node_name(k),
+                self.agent_log(k).display(),
+                tail(&read_text(&self.agent_log(k)), 40)
+            ));
+        }
+        s
+    }
+
+    /// `ss` and nft rules of every node's namespace.
+    pub fn net_diag(&self) -> String {
+        self.node_ns.iter().map(Netns::diag).collect()
+    }
+
+    /// Kills (by PID) every process left in the cluster's namespaces, e.g.
+    /// processes the agents restored, and reaps those that are ours.
+    pub fn kill_leftovers(&self) {
+        let inodes: Vec<u64> = self
+            .node_ns
+            .iter()
+            .chain([&self.coord_ns, &self.switch])
+            .filter_map(|ns| netns_inode(&ns.path()))
+            .collect();
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let mut procs = Vec::new();
+        for pid in all_pids() {
+            if pid != me && proc_netns(pid).is_some_and(|i| inodes.contains(&i)) && is_alive(pid) {
+                procs.push(Proc::adopt(
+                    pid,
+                    "process left in a cluster namespace",
+                    None,
+                ));
+            }
+        }
+        for p in procs.iter_mut() {
+            p.kill_and_reap();
+        }
+        reap_orphans();
+    }
+}
+
+impl Drop for Cluster<'_> {
+    fn drop(&mut self) {
+        // Daemons first (so that nothing is restored any more), then whatever
+        // still runs in the namespaces; the namespaces go with the fields.
+        if let Ok(mut a) = self.agents.try_borrow_mut() {
+            for d in a.iter_mut() {
+                if let Some(d) = d.as_mut() {
+                    d.proc.kill_and_reap();
+                }
+            }
+        }
+        if let Ok(mut c) = self.coordinator.try_borrow_mut() {
+            if let Some(d) = c.as_mut() {
+                d.proc.kill_and_reap();
+            }
+        }
+        self.kill_leftovers();
+    }
+}
+
+/// Every PID in /proc.
+fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// argv of a process (empty if gone or a kernel thread).
+fn cmdline(pid: i32) -> Vec<OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| OsStr::from_bytes(s).to_os_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The innermost PID of a process (last field of `NSpid:`): what it sees
+/// as its own PID.
+pub fn inner_pid(pid: i32) -> Option<i32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+// ---------------------------------------------------------------------------
+// Rings
+// ---------------------------------------------------------------------------
+
+/// What a member's status file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RingStatus {
+    /// Not written yet.
+    Missing,
+    Ok {
+        sent: u64,
+        recv: u64,
+        min: u64,
+        pid: i32,
+    },
+    Fail(String),
+    /// Anything else (a bug of the workload).
+    Other(String),
+}
+
+impl RingStatus {
+    /// Parses the text of a status file.
+    pub fn parse(text: &str) -> RingStatus {
+        let line = text.lines().next().unwrap_or("").trim();
+        if line.is_empty() {
+            return RingStatus::Missing;
+        }
+        if let Some(r) = line.strip_prefix("FAIL") {
+            return RingStatus::Fail(r.trim().to_string());
+        }
+        if let Some(rest) = line.strip_prefix("ok ") {
+            let mut f = std::collections::HashMap::new();
+            for kv in rest.split_whitespace() {
+                if let Some((k, v)) = kv.split_once('=') {
+                    f.insert(k, v);
+                }
+            }
+            let num = |k: &str| f.get(k).and_then(|v| v.parse::<u64>().ok());
+            if let (Some(sent), Some(recv), Some(min), Some(pid)) =
+                (num("sent"), num("recv"), num("min"), num("pid"))
+            {
+                return RingStatus::Ok {
+                    sent,
+                    recv,
+                    min,
+                    pid: pid as i32,
+                };
+            }
+        }
+        RingStatus::Other(line.to_string())
+    }
+
+    /// The smallest count, 0 unless `Ok`.
+    pub fn min(&self) -> u64 {
+        match self {
+            RingStatus::Ok { min, .. } => *min,
+            _ => 0,
+        }
+    }
+}
+
+/// One member of a ring.
+struct RingMember {
+    status: PathBuf,
+    /// cr_run (or wl_ring itself when started directly).
+    runner: Option<Spawned>,
+    /// The member's process after a restart, found in /proc.
+    adopted: Option<Proc>,
+}
+
+/// A ring job: member i runs `wl_ring STATUS i N 10.99.0.K:(7300+i)
+/// NEXT` on node K = placement\[i\]. Dropping it kills every member (by PID).
+pub struct Ring<'c> {
+    pub c: &'c Cluster<'c>,
+    pub job: String,
+    /// The nodes members were started on (1-based).
+    pub placement: Vec<usize>,
+    pub dir: PathBuf,
+    members: Vec<RingMember>,
+}
+
+impl<'c> Ring<'c> {
+    fn launch(c: &'c Cluster<'c>, job: &str, placement: &[usize], via_cr_run: bool) -> Ring<'c> {
+        let n = placement.len();
+        assert!(n > 0 && n <= 1000, "a ring has 1 to 1000 members");
+        let dir = c.dir.join(format!("ring-{job}"));
+        std::fs::create_dir_all(&dir).expect("mkdir ring dir");
+        let wl = workload_path("wl_ring");
+        let addr = |i: usize| format!("{}:{}", node_ip(placement[i]), RING_PORT_BASE + i as u16);
+        let mut members = Vec::new();
+        for (i, &k) in placement.iter().enumerate() {
+            let status = dir.join(format!("member-{i}.status"));
+            let argv: Vec<OsString> = vec![
+                status.clone().into_os_string(),
+                i.to_string().into(),
+                n.to_string().into(),
+                addr(i).into(),
+                addr((i + 1) % n).into(),
+            ];
+            let label = format!("{job}-{i}");
+            let runner = if via_cr_run {
+                let mut full = vec![wl.clone().into_os_string()];
+                full.extend(argv);
+                c.run_member(job, k, &label, &full)
+            } else {
+                let base = dir.join(format!("member-{i}"));
+                c.spawn_in(
+                    Some(c.ns(k)),
+                    &format!("wl_ring {label}"),
+                    &wl,
+                    &argv,
+                    &[],
+                    (&base.with_extension("out"), &base.with_extension("err")),
+                )
+            };
+            members.push(RingMember {
+                status,
+                runner: Some(runner),
+                adopted: None,
+            });
+        }
+        Ring {
+            c,
+            job: job.to_string(),
+            placement: placement.to_vec(),
+            dir,
+            members,
+        }
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// True if the ring has no member (never: a ring has at least one).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Every member's status file, parsed.
+    pub fn statuses(&self) -> Vec<RingStatus> {
+        self.members
+            .iter()
+            .map(|m| RingStatus::parse(&read_text(&m.status)))
+            .collect()
+    }
+
+    /// Every member's smallest count (panics on a FAIL).
+    pub fn mins(&self) -> Vec<u64> {
+        self.assert_no_fail();
+        self.statuses().iter().map(RingStatus::min).collect()
+    }
+
+    /// The PIDs the members report (as they see themselves).
+    pub fn status_pids(&self) -> Vec<Option<i32>> {
+        self.statuses()
+            .iter()
+            .map(|s| match s {
+                RingStatus::Ok { pid, .. } => Some(*pid),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Panics (with [`Ring::diag`]) if a member reported FAIL or garbage.
+    pub fn assert_no_fail(&self) {
+        let st = self.statuses();
+        if st
+            .iter()
+            .any(|s| matches!(s, RingStatus::Fail(_) | RingStatus::Other(_)))
+        {
+            panic!("a member of ring {} failed\n{}", self.job, self.diag());
+        }
+    }
+
+    /// The live processes running member `i` (normally one), found in /proc
+    /// by their command line (`wl_ring STATUS_FILE ...`).
+    pub fn find_pids(&self, i: usize) -> Vec<i32> {
+        let status = self.members[i].status.as_os_str();
+        all_pids()
+            .into_iter()
+            .filter(|&pid| {
+                let argv = cmdline(pid);
+                argv.len() >= 2
+                    && argv[1] == status
+                    && Path::new(&argv[0])
+                        .file_name()
+                        .is_some_and(|n| n == "wl_ring")
+                    && is_alive(pid)
+            })
+            .collect()
+    }
+
+    /// The PID (in our PID namespace) of every member; panics unless each
+    /// runs exactly once.
+    pub fn host_pids(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        for i in 0..self.len() {
+            let p = self.find_pids(i);
+            if p.len() != 1 {
+                panic!(
+                    "member {i} of ring {} should run exactly once, found pids {p:?}\n{}",
+                    self.job,
+                    self.diag()
+                );
+            }
+            out.push(p[0]);
+        }
+        out
+    }
+
+    /// Node (1-based) whose namespace each member runs in (None: not in one
+    /// of the cluster's nodes, or not running).
+    pub fn nodes_now(&self) -> Vec<Option<usize>> {
+        self.host_pids()
+            .into_iter()
+            .map(|p| self.c.node_of(p))
+            .collect()
+    }
+
+    /// Panics unless member i runs in the namespace of node `want[i]`.
+    pub fn assert_on_nodes(&self, want: &[usize], ctx: &str) {
+        let now = self.nodes_now();
+        let want_opt: Vec<Option<usize>> = want.iter().map(|&k| Some(k)).collect();
+        if now != want_opt {
+            let pids = self.host_pids();
+            let ns: Vec<Option<u64>> = pids.iter().map(|&p| proc_netns(p)).collect();
+            let node_ns: Vec<u64> = (1..=self.c.nodes).map(|k| self.c.ns_inode(k)).collect();
+            panic!(
+                "{ctx}: members of ring {} should run on nodes {want:?}, they run on {now:?} \
+                 (pids {pids:?}, their netns {ns:?}, nodes' netns {node_ns:?})\n{}",
+                self.job,
+                self.diag()
+            );
+        }
+    }
+
+    /// Panics unless every member reports (in its status file) the PID it
+    /// has in its own PID namespace (members started by cr_run run in a
+    /// PID namespace of their own).
+    pub fn assert_status_pids(&self, ctx: &str) {
+        let host = self.host_pids();
+        let inner: Vec<Option<i32>> = host.iter().map(|&p| inner_pid(p)).collect();
+        let reported = self.status_pids();
+        if inner != reported {
+            panic!(
+                "{ctx}: members of ring {} report pids {reported:?}, they are {inner:?} in their \
+                 PID namespaces ({host:?} here)\n{}",
+                self.job,
+                self.diag()
+            );
+        }
+    }
+
+    /// Panics unless every member runs, not stopped and not traced.
+    pub fn assert_running_untraced(&self, ctx: &str) {
+        for (i, pid) in self.host_pids().into_iter().enumerate() {
+            crate::assert_running_untraced(pid, &format!("{ctx}: member {i}"));
+        }
+    }
+
+    /// Status lines, processes, runners' output, then the cluster's logs.
+    pub fn diag(&self) -> String {
+        let mut s = format!(
+            "=== ring {} (placement {:?}), status files in {}:\n",
+            self.job,
+            self.placement,
+            self.dir.display()
+        );
+        for i in 0..self.members.len() {
+            let pids = self.find_pids(i);
+            let procs: Vec<String> = pids
+                .iter()
+                .map(|&p| {
+                    format!(
+                        "{} in node {:?} (inner pid {:?})",
+                        describe(p),
+                        self.c.node_of(p).map(node_name),
+                        inner_pid(p)
+                    )
+                })
+                .collect();
+            let m = &self.members[i];
+            s.push_str(&format!(
+                "member {i}: {:?}\n    processes: {procs:?}\n",
+                read_text(&m.status).trim()
+            ));
+            if let Some(r) = m.runner.as_ref() {
+                s.push_str(&format!("    {}\n", r.describe().replace('\n', "\n    ")));
+            }
+        }
+        s.push_str(&self.c.diag());
+        s
+    }
+
+    /// Panics at once if a runner (cr_run) exited while members are
+    /// expected to run under it.
+    fn check_runners(&mut self, ctx: &str) {
+        let mut dead = None;
+        for (i, m) in self.members.iter_mut().enumerate() {
+            if m.adopted.is_some() {
+                continue;
+            }
+            if let Some(r) = m.runner.as_mut() {
+                if let Some(st) = r.proc.try_exit() {
+                    dead = Some((i, status_str(st)));
+                    break;
+                }
+            }
+        }
+        if let Some((i, st)) = dead {
+            panic!(
+                "{ctx}: the runner of member {i} of ring {} exited ({st})\n{}",
+                self.job,
+                self.diag()
+            );
+        }
+    }
+
+    /// Waits until every member has carried messages both ways on both
+    /// connections.
+    fn wait_up(&mut self) {
+        let deadline = Instant::now() + RING_TIMEOUT;
+        loop {
+            self.assert_no_fail();
+            if self.statuses().iter().all(|s| s.min() > 0) {
+                return;
+            }
+            self.check_runners("while the ring starts");
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {RING_TIMEOUT:?} waiting for ring {} to be up\n{}",
+                    self.job,
+                    self.diag()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until every member's `min` grew by `delta` since now.
+    pub fn wait_advanced(&self, delta: u64, what: &str) {
+        let snap = self.mins();
+        self.wait_past(&snap, delta, what);
+    }
+
+    /// Waits until member i's `min` reaches `snap[i] + delta` for every i;
+    /// panics at once on a FAIL.
+    pub fn wait_past(&self, snap: &[u64], delta: u64, what: &str) {
+        let deadline = Instant::now() + RING_TIMEOUT;
+        loop {
+            self.assert_no_fail();
+            let st = self.statuses();
+            if st
+                .iter()
+                .zip(snap)
+                .all(|(s, &base)| s.min() >= base + delta)
+            {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {RING_TIMEOUT:?} waiting for every member of ring {} to \
+                     advance by {delta} messages {what} (from {snap:?})\n{}\n{}",
+                    self.job,
+                    self.diag(),
+                    self.c.net_diag()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// After a checkpoint with --kill: waits until no member runs any more
+    /// and reaps the runners.
+    pub fn wait_gone(&mut self, what: &str) {
+        let deadline = Instant::now() + RING_TIMEOUT;
+        loop {
+            let left: Vec<(usize, Vec<i32>)> = (0..self.len())
+                .map(|i| (i, self.find_pids(i)))
+                .filter(|(_, p)| !p.is_empty())
+                .collect();
+            let runners_done = self
+                .members
+                .iter_mut()
+                .all(|m| m.runner.as_mut().is_none_or(|r| r.proc.has_exited()));
+            if left.is_empty() && runners_done {
+                for m in &mut self.members {
+                    m.adopted = None;
+                }
+                reap_orphans();
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {RING_TIMEOUT:?} waiting for the members of ring {} to be \
+                     gone {what}; still running: {left:?}\n{}",
+                    self.job,
+                    self.diag()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// After a restart: finds the restored members (one process each) and
+    /// tracks them, so that they are killed on drop.
+    pub fn adopt(&mut self) {
+        let pids = self.host_pids();
+        for (m, pid) in self.members.iter_mut().zip(pids) {
+            m.adopted = Some(Proc::adopt(pid, "restored ring member", None));
+        }
+    }
+
+    /// SIGKILLs member `i` (by PID: its runner, or the process found).
+    pub fn kill_member(&mut self, i: usize) {
+        let m = &mut self.members[i];
+        if let Some(p) = m.adopted.as_mut() {
+            p.kill_and_reap();
+        }
+        if let Some(r) = m.runner.as_mut() {
+            r.proc.kill_and_reap();
+        }
+        for pid in self.find_pids(i) {
+            Proc::adopt(pid, "ring member", None).kill_and_reap();
+        }
+        reap_orphans();
+    }
+
+    /// Kills every process of the ring (restored ones too) by PID.
+    pub fn kill_all(&mut self) {
+        for m in &mut self.members {
+            if let Some(p) = m.adopted.as_mut() {
+                p.kill_and_reap();
+            }
+            if let Some(r) = m.runner.as_mut() {
+                r.proc.kill_and_reap();
+            }
+        }
+        for i in 0..self.len() {
+            for pid in self.find_pids(i) {
+                // Its command line names our status file: ours.
+                Proc::adopt(pid, "ring member", None).kill_and_reap();
+            }
+        }
+        reap_orphans();
+    }
+}
+
+impl Drop for Ring<'_> {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Workloads as another user
+// ---------------------------------------------------------------------------
+
+/// Starts workload `bin` (`wl_NAME WORKDIR ARGS...`) as `uid`/`gid`
+/// (setgroups([]), setgid, setuid), with its work directory and output
+/// files owned by that user, so that it (and a restore made with its
+/// rights) can write them.
+pub fn spawn_wl_as(h: &Harness, bin: &str, args: &[&str], uid: u32, gid: u32) -> Workload {
+    let n = h.next_seq();
+    let workdir = h.dir.join(format!("wl{n}-{bin}-uid{uid}"));
+    std::fs::create_dir_all(&workdir).expect("mkdir workdir");
+    let stdout = workdir.join("stdout.txt");
+    let stderr = workdir.join("stderr.txt");
+    for p in [&stdout, &stderr] {
+        File::create(p).expect("create output file");
+    }
+    for p in [&workdir, &stdout, &stderr] {
+        std::os::unix::fs::chown(p, Some(uid), Some(gid))
+            .unwrap_or_else(|e| panic!("chown {}: {e}", p.display()));
+    }
+    let exe = workload_path(bin);
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&workdir)
+        .args(args)
+        .current_dir(&workdir)
+        .stdin(Stdio::null())
+        .stdout(
+            OpenOptions::new()
+                .append(true)
+                .open(&stdout)
+                .expect("open stdout"),
+        )
+        .stderr(
+            OpenOptions::new()
+                .append(true)
+                .open(&stderr)
+                .expect("open stderr"),
+        );
+    isolate_fds(&mut cmd);
+    {
+        // std drops the supplementary groups (setgroups([])) when root sets a uid.
+        use std::os::unix::process::CommandExt;
+        cmd.uid(uid).gid(gid);
+    }
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {} as uid {uid}: {e}", exe.display()));
+    Workload {
+        proc: Proc::from_child(child, &format!("{bin} (uid {uid})")),
+        label: format!("{bin} (uid {uid})"),
+        exe: std::fs::canonicalize(&exe).unwrap_or(exe),
+        workdir,
+        stdout,
+        stderr,
+    }
+}

@@ -1,0 +1,567 @@
+//! End-to-end tests of multi-node jobs (docs/CLUSTER.md): cr-agent on three
+//! nodes, cr-coordinatord and crctl, each node in its own network namespace
+//! joined by a bridge (`cr_tests::cluster`). The job is a ring of `wl_ring`
+//! members started with `cr_run --job`: every member checks every message
+//! it gets from its two neighbours, so a checkpoint or restart that loses,
+//! duplicates or corrupts a byte of any connection shows as `FAIL`.
+//!
+//! * a ring whose members are started directly (no daemon): the harness and
+//!   the workload themselves;
+//! * (a) checkpoint with CONTINUE; (b) checkpoint --kill and restart on the
+//!   same nodes; (c) restart on other nodes (addresses rewritten);
+//! * (d) an agent killed during PREPARE: the checkpoint aborts, the other
+//!   nodes' members run on, the agent's restart sweeps what it left;
+//! * (e) the coordinator killed and restarted on its catalog;
+//! * (f) certificates of another CA are refused (agent registration, and a
+//!   gRPC call to an agent made by the test itself).
+
+use cr_rpc::pb::agent_client::AgentClient;
+use cr_rpc::pb::SessionRequest;
+use cr_rpc::tls::{Security, TlsFiles};
+use cr_tests::cluster::{
+    jlist, jstr, ju64, node_ip, node_name, poll_until, AgentOpts, Cluster, Ring, RingStatus,
+    AGENT_PORT, POLL_PERIOD,
+};
+use cr_tests::{assert_running_untraced, proc_status, read_text, wait_until, Harness};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Messages every member must carry (on each connection, each way) to
+/// count as advancing: 0.25 s at full pace.
+const MARGIN: u64 = 5000;
+/// The ring of the scenarios: 4 members on 3 nodes.
+const PLACEMENT: [usize; 4] = [1, 2, 3, 1];
+const JOB: &str = "ring";
+
+/// Prefix of every crctl error line.
+const CRCTL_ERR: &str = "crctl: error: ";
+
+/// A cluster of 3 nodes with its coordinator and agents up.
+fn cluster(h: &Harness) -> Cluster<'_> {
+    let c = Cluster::new(h, 3);
+    c.start_coordinator();
+    c.start_agents(&[1, 2, 3]);
+    c
+}
+
+/// Panics with the ring's diagnostics unless `cond`.
+fn ensure(ring: &Ring, cond: bool, msg: &str) {
+    if !cond {
+        panic!("{msg}\n{}", ring.diag());
+    }
+}
+
+/// `crctl --json checkpoint JOB EXTRA...`: asserts it committed with one
+/// image per member and every ring connection matched, returns the
+/// CheckpointInfo.
+fn checkpoint(c: &Cluster, ring: &Ring, extra: &[&str]) -> Value {
+    let mut args = vec!["checkpoint", JOB];
+    args.extend_from_slice(extra);
+    let info = c.crctl_json(&args);
+    let n = ring.len();
+    ensure(
+        ring,
+        jstr(&info, "state") == "committed"
+            && jlist(&info, "images").len() == n
+            && ju64(&info, "connections") == n as u64
+            && ju64(&info, "external") == 0
+            && !jstr(&info, "id").is_empty(),
+        &format!(
+            "crctl checkpoint {JOB} {extra:?}: expected a committed checkpoint with {n} images \
+             and {n} connections matched, none external; got {info:#}"
+        ),
+    );
+    info
+}
+
+/// The checkpoint `id` as `crctl checkpoints JOB [--all] --json` lists it.
+fn listed(c: &Cluster, all: bool, id: &str) -> Option<Value> {
+    let mut args = vec!["checkpoints", JOB];
+    if all {
+        args.push("--all");
+    }
+    let v = c.crctl_json(&args);
+    jlist(&v, "checkpoints")
+        .into_iter()
+        .find(|x| jstr(x, "id") == id)
+        .cloned()
+}
+
+/// Panics unless every member of the ring is a live process of the job on
+/// its node, as `crctl jobs --json` reports it.
+fn assert_jobs_list_members(c: &Cluster, ring: &Ring, nodes: &[usize]) {
+    let procs = c.job_procs(JOB);
+    let pids = ring.host_pids();
+    for (i, (&pid, &k)) in pids.iter().zip(nodes).enumerate() {
+        ensure(
+            ring,
+            procs
+                .iter()
+                .any(|(n, p, alive)| *n == node_name(k) && *p == pid && *alive),
+            &format!(
+                "member {i} (pid {pid} on {}) should be listed alive by `crctl jobs`: {procs:?}",
+                node_name(k)
+            ),
+        );
+    }
+}
+
+/// The harness and wl_ring alone: a ring started directly in the node
+/// namespaces runs (each member in its node's namespace, reporting its own
+/// pid), and when one member is killed its neighbours report FAIL.
+#[test]
+fn ring_direct_without_daemons() {
+    let h = Harness::new("cluster-direct");
+    let c = Cluster::network_only(&h, 3);
+    let mut ring = c.start_ring_direct("direct", &PLACEMENT);
+    ring.wait_advanced(MARGIN, "started directly");
+    ring.assert_on_nodes(&PLACEMENT, "started directly");
+    ring.assert_running_untraced("started directly");
+    ring.assert_status_pids("started directly");
+    let pids = ring.host_pids();
+    let reported: Vec<Option<i32>> = ring.status_pids();
+    ensure(
+        &ring,
+        reported == pids.iter().map(|&p| Some(p)).collect::<Vec<_>>(),
+        &format!("status files should report the pids {pids:?}: {reported:?}"),
+    );
+
+    ring.kill_member(1);
+    wait_until(
+        "members 0 and 2 (the neighbours of the killed member 1) to report FAIL",
+        Duration::from_secs(10),
+        || {
+            let st = ring.statuses();
+            matches!(st[0], RingStatus::Fail(_)) && matches!(st[2], RingStatus::Fail(_))
+        },
+        || ring.diag(),
+    );
+    let st = ring.statuses();
+    eprintln!("after killing member 1: {st:?}");
+    for i in [0, 2] {
+        wait_until(
+            &format!("member {i} to exit after its FAIL"),
+            Duration::from_secs(10),
+            || ring.find_pids(i).is_empty(),
+            || ring.diag(),
+        );
+    }
+}
+
+/// (a) A checkpoint with CONTINUE commits one image per member with every
+/// connection matched, and the ring runs on.
+#[test]
+fn checkpoint_continue() {
+    let h = Harness::new("cluster-continue");
+    let c = cluster(&h);
+    let ring = c.start_ring(JOB, &PLACEMENT);
+    ring.wait_advanced(MARGIN, "before the checkpoint");
+    let t0 = Instant::now();
+    let info = checkpoint(&c, &ring, &[]);
+    eprintln!(
+        "checkpoint in {:?}: pause {} ms, prepare {} ms, check {} ms, dump {} ms, commit {} ms",
+        t0.elapsed(),
+        ju64(&info, "pause_ms"),
+        ju64(&info, "prepare_ms"),
+        ju64(&info, "check_ms"),
+        ju64(&info, "dump_ms"),
+        ju64(&info, "commit_ms")
+    );
+    let id = jstr(&info, "id");
+    let l = listed(&c, false, &id);
+    ensure(
+        &ring,
+        l.as_ref().is_some_and(|x| {
+            jstr(x, "state") == "committed"
+                && jlist(x, "images").len() == PLACEMENT.len()
+                && ju64(x, "connections") == PLACEMENT.len() as u64
+        }),
+        &format!("`crctl checkpoints {JOB}` should list {id} committed with 4 images: {l:?}"),
+    );
+    ring.wait_advanced(MARGIN, "after the checkpoint (continue)");
+    ring.assert_running_untraced("after the checkpoint (continue)");
+    ring.assert_on_nodes(&PLACEMENT, "after the checkpoint (continue)");
+    ring.assert_status_pids("after the checkpoint (continue)");
+    ring.assert_no_fail();
+}
+
+/// Checkpoint --kill: every member is gone; returns the counts they had
+/// reported (the checkpointed state is at least that far).
+fn checkpoint_kill(c: &Cluster, ring: &mut Ring) -> (Value, Vec<u64>) {
+    ring.wait_advanced(MARGIN, "before the checkpoint");
+    let info = checkpoint(c, ring, &["--kill"]);
+    ring.wait_gone("after checkpoint --kill");
+    let snap = ring.mins();
+    (info, snap)
+}
+
+/// (b) Checkpoint --kill, restart on the same nodes: every member resumes
+/// from the checkpoint in its node's namespace and goes on.
+#[test]
+fn checkpoint_kill_restart_same_nodes() {
+    let h = Harness::new("cluster-restart");
+    let c = cluster(&h);
+    let mut ring = c.start_ring(JOB, &PLACEMENT);
+    let (_, snap) = checkpoint_kill(&c, &mut ring);
+    let out = c.crctl(&["restart", JOB]);
+    if !out.status.success() {
+        panic!("crctl restart failed\n{}\n{}", out.show(), ring.diag());
+    }
+    ring.adopt();
+    ring.wait_past(&snap, MARGIN, "after the restart");
+    ring.assert_on_nodes(&PLACEMENT, "after the restart");
+    ring.assert_running_untraced("after the restart");
+    ring.assert_status_pids("after the restart");
+    assert_jobs_list_members(&c, &ring, &PLACEMENT);
+    ring.assert_no_fail();
+}
+
+/// Node number of `nK`.
+fn node_num(name: &str) -> usize {
+    name.strip_prefix('n')
+        .and_then(|k| k.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected node name {name:?}"))
+}
+
+/// (c) Checkpoint --kill, restart with `--on n2 --on n3 --on n1`: every
+/// member runs in its new node's namespace, its sockets rewritten to the
+/// new addresses, and the ring goes on.
+#[test]
+fn checkpoint_kill_restart_moved() {
+    let h = Harness::new("cluster-move");
+    let c = cluster(&h);
+    let mut ring = c.start_ring(JOB, &PLACEMENT);
+    let (info, snap) = checkpoint_kill(&c, &mut ring);
+    // The i-th node of the checkpoint (in order of first appearance of its
+    // images, which follows the catalog's member list, not the order the
+    // members were started in) goes to on[i]: every node moves one further,
+    // n1 -> n2 -> n3 -> n1 (`--on n2 --on n3 --on n1` if the order is n1,
+    // n2, n3).
+    let mut order: Vec<String> = Vec::new();
+    for img in jlist(&info, "images") {
+        let n = jstr(img, "node");
+        if !order.contains(&n) {
+            order.push(n);
+        }
+    }
+    let moved = |old: usize| old % 3 + 1;
+    ensure(
+        &ring,
+        order.len() == 3,
+        &format!("the checkpoint should have images on 3 nodes: {info:#}"),
+    );
+    let on: Vec<String> = order
+        .iter()
+        .map(|n| node_name(moved(node_num(n))))
+        .collect();
+    let want: Vec<usize> = PLACEMENT.iter().map(|&k| moved(k)).collect();
+    eprintln!("nodes in the checkpoint's order: {order:?}; restart --on {on:?}");
+    let reply = c.crctl_json(&[
+        "restart", JOB, "--on", &on[0], "--on", &on[1], "--on", &on[2],
+    ]);
+    ring.adopt();
+    ring.wait_past(&snap, MARGIN, "after the restart on other nodes");
+    ring.assert_on_nodes(&want, "after the restart on other nodes");
+    ring.assert_running_untraced("after the restart on other nodes");
+    let maps: Vec<String> = jlist(&reply, "map_addr")
+        .into_iter()
+        .filter_map(|m| m.as_str().map(str::to_string))
+        .collect();
+    for k in 1..=3 {
+        let expect = format!("{}={}", node_ip(k), node_ip(moved(k)));
+        ensure(
+            &ring,
+            maps.contains(&expect),
+            &format!("the restart should rewrite {expect}: map_addr {maps:?} in {reply:#}"),
+        );
+    }
+    assert_jobs_list_members(&c, &ring, &want);
+    ring.assert_no_fail();
+}
+
+/// (d) The agent of n2 is killed while it holds its members frozen in
+/// PREPARE: crctl fails naming n2, the checkpoint is recorded aborted, the
+/// members of n1 and n3 run on untraced; once the agent is restarted (its
+/// start-up sweeps the session it left), the whole ring advances.
+#[test]
+fn agent_killed_during_prepare() {
+    let h = Harness::new("cluster-fault");
+    let c = Cluster::new(&h, 3);
+    c.start_coordinator();
+    let fault = h.dir.join("fault-reached");
+    let fault_s = fault.to_string_lossy().into_owned();
+    c.start_agent_with(
+        2,
+        &AgentOpts {
+            env: vec![
+                ("CR_AGENT_FAULT".into(), "prepare-hang".into()),
+                ("CR_AGENT_FAULT_FILE".into(), fault_s),
+            ],
+            no_wait: true,
+            ..Default::default()
+        },
+    );
+    c.start_agents(&[1, 3]);
+    c.wait_nodes_up(&[2]);
+    let ring = c.start_ring(JOB, &PLACEMENT);
+    ring.wait_advanced(MARGIN, "before the checkpoint");
+
+    let mut ck = c.crctl_bg(&["checkpoint", JOB]);
+    let (ck_out, ck_err) = (ck.stdout.clone(), ck.stderr.clone());
+    wait_until(
+        "the agent of n2 to reach the prepare-hang fault",
+        Duration::from_secs(30),
+        || fault.exists() || ck.proc.has_exited(),
+        || {
+            format!(
+                "--- crctl checkpoint stdout:\n{}\n--- stderr:\n{}\n{}",
+                read_text(&ck_out),
+                read_text(&ck_err),
+                ring.diag()
+            )
+        },
+    );
+    if !fault.exists() {
+        panic!(
+            "crctl checkpoint ended before the fault was reached\n{}\n{}",
+            ck.diag(),
+            ring.diag()
+        );
+    }
+    c.kill_agent(2);
+    let out = ck.wait(Duration::from_secs(60), || ring.diag());
+    let line = out.assert_error(
+        "crctl checkpoint with n2's agent killed",
+        CRCTL_ERR,
+        &["n2"],
+    );
+    eprintln!("crctl checkpoint: {line}");
+
+    let v = c.crctl_json(&["checkpoints", JOB, "--all"]);
+    let cks = jlist(&v, "checkpoints");
+    ensure(
+        &ring,
+        !cks.is_empty()
+            && cks.iter().all(|x| jstr(x, "state") == "aborted")
+            && cks.iter().all(|x| !jstr(x, "error").is_empty()),
+        &format!("every checkpoint of {JOB} should be aborted, with a reason: {v:#}"),
+    );
+
+    // Members on n1 and n3: resumed by the abort.
+    let pids = ring.host_pids();
+    let others: Vec<(usize, i32)> = PLACEMENT
+        .iter()
+        .zip(&pids)
+        .enumerate()
+        .filter(|(_, (&k, _))| k != 2)
+        .map(|(i, (_, &p))| (i, p))
+        .collect();
+    wait_until(
+        "the members on n1 and n3 to run untraced after the abort",
+        Duration::from_secs(15),
+        || {
+            others.iter().all(|&(_, p)| {
+                matches!(proc_status(p), Some(s) if s.tracer_pid == 0
+                    && !matches!(s.state, 't' | 'T' | 'Z' | 'X'))
+            })
+        },
+        || ring.diag(),
+    );
+    for &(i, p) in &others {
+        assert_running_untraced(p, &format!("member {i} after the abort"));
+    }
+    ring.assert_no_fail();
+
+    // The agent comes back (as systemd would restart it).
+    c.start_agent(2);
+    ring.wait_advanced(MARGIN, "after the agent of n2 was restarted");
+    ring.assert_running_untraced("after the agent of n2 was restarted");
+    ring.assert_no_fail();
+}
+
+/// (e) The coordinator is killed after a checkpoint and restarted on the
+/// same catalog: the checkpoint is still listed committed, the agents
+/// register again, a second checkpoint commits and the ring runs on.
+#[test]
+fn coordinator_restart() {
+    let h = Harness::new("cluster-coord");
+    let c = cluster(&h);
+    let ring = c.start_ring(JOB, &PLACEMENT);
+    ring.wait_advanced(MARGIN, "before the first checkpoint");
+    let first = checkpoint(&c, &ring, &[]);
+    let id1 = jstr(&first, "id");
+
+    c.kill_coordinator();
+    c.start_coordinator();
+    let l = listed(&c, false, &id1);
+    ensure(
+        &ring,
+        l.as_ref().is_some_and(|x| jstr(x, "state") == "committed"),
+        &format!("after the restart of the coordinator, {id1} should be listed committed: {l:?}"),
+    );
+    // Registered again, with their members (2 on n1, 1 on n2, 1 on n3).
+    c.wait_nodes(
+        "the 3 agents registered again with their members",
+        |nodes| {
+            [("n1", 2), ("n2", 1), ("n3", 1)].iter().all(|(n, m)| {
+                nodes
+                    .iter()
+                    .any(|(name, st, members)| name == n && st == "up" && *members == *m)
+            })
+        },
+    );
+
+    ring.wait_advanced(MARGIN, "before the second checkpoint");
+    let out = c.crctl(&["checkpoint", JOB]);
+    let first_line = out.stdout.lines().next().unwrap_or("").to_string();
+    ensure(
+        &ring,
+        out.status.success()
+            && first_line.starts_with("checkpoint ")
+            && first_line.contains("committed"),
+        &format!(
+            "the second checkpoint should commit and say so on its first line\n{}",
+            out.show()
+        ),
+    );
+    let id2 = first_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .to_string();
+    ensure(
+        &ring,
+        id2 != id1 && listed(&c, false, &id2).is_some(),
+        &format!("the second checkpoint {id2:?} should be new ({id1}) and listed"),
+    );
+    ring.wait_advanced(MARGIN, "after the second checkpoint");
+    ring.assert_no_fail();
+}
+
+/// What a gRPC call to an agent came to.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// No channel (TLS or TCP failed).
+    ConnectFailed,
+    /// The call failed in transport (no answer of the server).
+    Failed,
+    /// The server answered (OK or a status of its own).
+    Answered,
+}
+
+/// An outcome and what was said.
+type Call = (Outcome, String);
+
+/// `Agent.Abort` of an unknown session on node `k`'s agent, made from the
+/// coordinator's namespace, trusting the cluster CA and presenting the
+/// `admin` certificate of `pki`.
+fn call_agent(c: &Cluster, k: usize, pki: &Path) -> Call {
+    let files = TlsFiles {
+        ca: Some(c.pki.join("ca.crt")),
+        cert: Some(pki.join("admin.crt")),
+        key: Some(pki.join("admin.key")),
+        insecure: false,
+    };
+    let addr = format!("{}:{AGENT_PORT}", node_ip(k));
+    let node = node_name(k);
+    c.coord_ns.run(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        rt.block_on(async move {
+            let sec = match Security::load(&files) {
+                Ok(s) => s,
+                Err(e) => {
+                    return (
+                        Outcome::ConnectFailed,
+                        format!("loading the certificates: {e}"),
+                    )
+                }
+            };
+            let ch =
+                match cr_rpc::channel::connect(&addr, &sec, &node, Duration::from_secs(5)).await {
+                    Ok(ch) => ch,
+                    Err(e) => return (Outcome::ConnectFailed, e.to_string()),
+                };
+            let mut cl = AgentClient::new(ch);
+            let req = SessionRequest {
+                session: "no-such-session-of-the-test".into(),
+            };
+            match tokio::time::timeout(Duration::from_secs(10), cl.abort(req)).await {
+                Err(_) => (Outcome::Failed, "no answer within 10 s".into()),
+                Ok(Ok(_)) => (Outcome::Answered, "OK".into()),
+                Ok(Err(s)) => match s.code() {
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
+                        (Outcome::Failed, format!("{:?}: {}", s.code(), s.message()))
+                    }
+                    code => (Outcome::Answered, format!("{code:?}: {}", s.message())),
+                },
+            }
+        })
+    })
+}
+
+/// (f) Certificates of another CA: an agent holding one (and trusting the
+/// cluster's CA) never registers, and a call to an agent with one fails in
+/// the handshake, while the same call with the cluster's admin certificate
+/// is answered.
+#[test]
+fn foreign_ca_refused() {
+    let h = Harness::new("cluster-ca");
+    let c = Cluster::new(&h, 3);
+    c.start_coordinator();
+    let other: PathBuf = h.dir.join("pki-other");
+    c.make_pki(
+        &other,
+        &[
+            (node_name(3), Some(node_ip(3))),
+            ("admin".to_string(), None),
+        ],
+    );
+    // n3 trusts the cluster's CA (so only the coordinator can refuse it)
+    // but holds a certificate of the other CA.
+    c.start_agent_with(
+        3,
+        &AgentOpts {
+            pki: Some(other.clone()),
+            ca: Some(c.pki.join("ca.crt")),
+            no_wait: true,
+            ..Default::default()
+        },
+    );
+    // Started after the foreign one, the good agents register; meanwhile
+    // and for 3 s more, n3 must never appear.
+    c.start_agents(&[1, 2]);
+    let until = Instant::now() + Duration::from_secs(3);
+    poll_until(
+        "3 s in which n3 must never appear in `crctl nodes`",
+        Duration::from_secs(30),
+        POLL_PERIOD,
+        || {
+            let nodes = c.nodes_status();
+            assert!(
+                nodes.iter().all(|(n, _, _)| *n != node_name(3)),
+                "the agent with a certificate of another CA must never be listed: {nodes:?}\n{}",
+                c.diag()
+            );
+            Instant::now() > until
+        },
+        || c.diag(),
+    );
+
+    let good = call_agent(&c, 1, &c.pki);
+    assert!(
+        good.0 == Outcome::Answered,
+        "Agent.Abort with the cluster's admin certificate should be answered: {good:?}\n{}",
+        c.diag()
+    );
+    let bad = call_agent(&c, 1, &other);
+    assert!(
+        bad.0 != Outcome::Answered,
+        "Agent.Abort with a certificate of another CA should fail in the handshake: {bad:?}\n{}",
+        c.diag()
+    );
+    eprintln!("with the cluster's admin certificate: {good:?}; with another CA's: {bad:?}");
+}
