@@ -217,13 +217,6 @@ fn checkpoint_kill_restart_same_nodes() {
     ring.assert_no_fail();
 }
 
-/// Node number of `nK`.
-fn node_num(name: &str) -> usize {
-    name.strip_prefix('n')
-        .and_then(|k| k.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected node name {name:?}"))
-}
-
 /// (c) Checkpoint --kill, restart with `--on n2 --on n3 --on n1`: every
 /// member runs in its new node's namespace, its sockets rewritten to the
 /// new addresses, and the ring goes on.
@@ -233,30 +226,22 @@ fn checkpoint_kill_restart_moved() {
     let c = cluster(&h);
     let mut ring = c.start_ring(JOB, &PLACEMENT);
     let (info, snap) = checkpoint_kill(&c, &mut ring);
-    // The i-th node of the checkpoint (in order of first appearance of its
-    // images, which follows the catalog's member list, not the order the
-    // members were started in) goes to on[i]: every node moves one further,
-    // n1 -> n2 -> n3 -> n1 (`--on n2 --on n3 --on n1` if the order is n1,
-    // n2, n3).
-    let mut order: Vec<String> = Vec::new();
-    for img in jlist(&info, "images") {
-        let n = jstr(img, "node");
-        if !order.contains(&n) {
-            order.push(n);
-        }
-    }
-    let moved = |old: usize| old % 3 + 1;
+    // The checkpoint's nodes sorted by name (n1, n2, n3) go to the `--on`
+    // nodes in order: every node moves one further, n1 -> n2 -> n3 -> n1.
+    let mut nodes: Vec<String> = jlist(&info, "images")
+        .into_iter()
+        .map(|img| jstr(img, "node"))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
     ensure(
         &ring,
-        order.len() == 3,
-        &format!("the checkpoint should have images on 3 nodes: {info:#}"),
+        nodes == ["n1", "n2", "n3"],
+        &format!("the checkpoint should have images on n1, n2 and n3: {info:#}"),
     );
-    let on: Vec<String> = order
-        .iter()
-        .map(|n| node_name(moved(node_num(n))))
-        .collect();
+    let moved = |old: usize| old % 3 + 1;
+    let on: Vec<String> = (1..=3).map(|k| node_name(moved(k))).collect();
     let want: Vec<usize> = PLACEMENT.iter().map(|&k| moved(k)).collect();
-    eprintln!("nodes in the checkpoint's order: {order:?}; restart --on {on:?}");
     let reply = c.crctl_json(&[
         "restart", JOB, "--on", &on[0], "--on", &on[1], "--on", &on[2],
     ]);
@@ -564,4 +549,114 @@ fn foreign_ca_refused() {
         c.diag()
     );
     eprintln!("with the cluster's admin certificate: {good:?}; with another CA's: {bad:?}");
+}
+
+/// Periodic checkpoints with retention and incremental images: with
+/// `--interval 1 --keep 2 --incremental on` the coordinator checkpoints the
+/// running ring every second, each image of a member refers to the
+/// member's previous one, and all but the last two are removed (their
+/// pages folded into the images that need them). The last one, taken with
+/// --kill, restarts the ring from its chain.
+#[test]
+fn periodic_incremental_with_retention() {
+    let h = Harness::new("cluster-periodic");
+    let c = cluster(&h);
+    let mut ring = c.start_ring(JOB, &PLACEMENT);
+    ring.wait_advanced(MARGIN, "before the periodic checkpoints");
+    c.crctl(&[
+        "job",
+        JOB,
+        "--interval",
+        "1",
+        "--keep",
+        "2",
+        "--incremental",
+        "on",
+    ])
+    .assert_success("crctl job --interval 1 --keep 2 --incremental on");
+    let all = || {
+        jlist(&c.crctl_json(&["checkpoints", JOB, "--all"]), "checkpoints")
+            .into_iter()
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    let count = |v: &[Value], st: &str| v.iter().filter(|x| jstr(x, "state") == st).count();
+    wait_until(
+        "four periodic checkpoints, two of them removed by retention",
+        Duration::from_secs(30),
+        || {
+            let v = all();
+            count(&v, "committed") == 2 && count(&v, "removed") >= 2
+        },
+        || format!("{:#?}\n{}", all(), ring.diag()),
+    );
+    c.crctl(&["job", JOB, "--interval", "0"])
+        .assert_success("crctl job --interval 0");
+    ring.assert_no_fail();
+    // Removed checkpoints have no images left; committed ones are intact
+    // chains (the newest refers to its predecessor).
+    let v = all();
+    for ck in &v {
+        for img in jlist(ck, "images") {
+            let dir = PathBuf::from(jstr(img, "dir"));
+            match jstr(ck, "state").as_str() {
+                "removed" => ensure(
+                    &ring,
+                    !dir.exists(),
+                    &format!("{} of a removed checkpoint still exists", dir.display()),
+                ),
+                "committed" => {
+                    h.cr_image(&["verify".as_ref(), dir.as_os_str()])
+                        .assert_success("cr_image verify of a kept image");
+                }
+                _ => {}
+            }
+        }
+    }
+    // The last checkpoint (with --kill, retried while a periodic one ends)
+    // is incremental too, and the ring restarts from it.
+    let mut info = Value::Null;
+    wait_until(
+        "crctl checkpoint --kill to run (not busy)",
+        Duration::from_secs(20),
+        || {
+            let out = c.crctl(&["--json", "checkpoint", JOB, "--kill"]);
+            if out.status.success() {
+                info = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
+                return true;
+            }
+            assert!(
+                out.stderr.contains("busy"),
+                "crctl checkpoint --kill failed\n{}",
+                out.show()
+            );
+            false
+        },
+        || ring.diag(),
+    );
+    ring.wait_gone("after checkpoint --kill");
+    let snap = ring.mins();
+    let img = jlist(&info, "images")
+        .first()
+        .map(|i| jstr(i, "dir"))
+        .unwrap_or_default();
+    let stats = h.cr_image(&["stats".as_ref(), "--json".as_ref(), img.as_ref()]);
+    stats.assert_success("cr_image stats --json");
+    let st: Value = serde_json::from_str(&stats.stdout).expect("cr_image stats --json");
+    ensure(
+        &ring,
+        st["parent"].as_str().is_some_and(|p| !p.is_empty()),
+        &format!(
+            "the last image should have a parent (incremental): {}",
+            stats.stdout
+        ),
+    );
+    let out = c.crctl(&["restart", JOB]);
+    if !out.status.success() {
+        panic!("crctl restart failed\n{}\n{}", out.show(), ring.diag());
+    }
+    ring.adopt();
+    ring.wait_past(&snap, MARGIN, "after the restart from an incremental chain");
+    ring.assert_on_nodes(&PLACEMENT, "after the restart from an incremental chain");
+    ring.assert_no_fail();
 }
