@@ -70,37 +70,27 @@ fn parse(args: &[String]) -> Res<Option<Opts>> {
         reps: 3,
         bin_dir: None,
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut val = |name: &str| -> Res<String> {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+    let mut flags = crate::Flags::new(args.iter().cloned());
+    while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
             "-h" | "--help" => {
                 print!("{USAGE}");
                 return Ok(None);
             }
-            "--members" => o.members = list(&val("--members")?, "--members")?,
+            "--members" => o.members = list(&flags.value("--members")?, "--members")?,
             "--nodes" => {
-                o.nodes = list(&val("--nodes")?, "--nodes")?;
+                o.nodes = list(&flags.value("--nodes")?, "--nodes")?;
                 if o.nodes.iter().any(|&n| n > 200) {
                     return Err("--nodes: at most 200".into());
                 }
             }
             "--reps" => {
-                o.reps = match val("--reps")?.parse() {
+                o.reps = match flags.value("--reps")?.parse() {
                     Ok(n) if n > 0 => n,
                     _ => return Err("--reps needs a positive integer".into()),
                 }
             }
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(val("--bin-dir")?)),
+            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }

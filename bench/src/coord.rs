@@ -42,18 +42,8 @@ fn parse(args: &[String]) -> Res<Opts> {
         rounds: 10,
         disk_base: PathBuf::from("/var/tmp"),
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut val = |name: &str| -> Res<String> {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+    let mut flags = crate::Flags::new(args.iter().cloned());
+    while let Some(flag) = flags.next_flag() {
         let positive = |name: &str, v: String| -> Res<usize> {
             match v.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(n),
@@ -65,9 +55,9 @@ fn parse(args: &[String]) -> Res<Opts> {
                 print!("{USAGE}");
                 std::process::exit(0);
             }
-            "--agents" => o.agents = positive("--agents", val("--agents")?)?,
-            "--rounds" => o.rounds = positive("--rounds", val("--rounds")?)?,
-            "--disk-base" => o.disk_base = PathBuf::from(val("--disk-base")?),
+            "--agents" => o.agents = positive("--agents", flags.value("--agents")?)?,
+            "--rounds" => o.rounds = positive("--rounds", flags.value("--rounds")?)?,
+            "--disk-base" => o.disk_base = PathBuf::from(flags.value("--disk-base")?),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }

@@ -93,18 +93,8 @@ fn parse_opts() -> Res<FdOpts> {
         disk_base: PathBuf::from("/var/tmp"),
     };
     // argv[1] is "fds".
-    let mut args = std::env::args().skip(2);
-    while let Some(a) = args.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut val = |name: &str| -> Res<String> {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+    let mut flags = crate::Flags::new(std::env::args().skip(2));
+    while let Some(flag) = flags.next_flag() {
         let positive = |name: &str, v: String| -> Res<usize> {
             match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => Ok(n),
@@ -117,7 +107,8 @@ fn parse_opts() -> Res<FdOpts> {
                 std::process::exit(0);
             }
             "--counts" => {
-                o.counts = val("--counts")?
+                o.counts = flags
+                    .value("--counts")?
                     .split(',')
                     .filter(|s| !s.trim().is_empty())
                     .map(|s| match s.trim() {
@@ -130,7 +121,8 @@ fn parse_opts() -> Res<FdOpts> {
                 }
             }
             "--mix" => {
-                o.mixes = val("--mix")?
+                o.mixes = flags
+                    .value("--mix")?
                     .split(',')
                     .filter(|s| !s.trim().is_empty())
                     .map(|s| match s.trim() {
@@ -147,32 +139,33 @@ fn parse_opts() -> Res<FdOpts> {
                     return Err("--mix is empty".into());
                 }
             }
-            "--reps" => o.reps = positive("--reps", val("--reps")?)?,
+            "--reps" => o.reps = positive("--reps", flags.value("--reps")?)?,
             "--fs" => {
-                o.fs = match val("--fs")?.as_str() {
+                o.fs = match flags.value("--fs")?.as_str() {
                     "tmpfs" => FsKind::Tmpfs,
                     "disk" => FsKind::Disk,
                     other => return Err(format!("unknown fs {other:?} (tmpfs, disk)")),
                 }
             }
             "--margin" => {
-                o.margin = positive("--margin", val("--margin")?)?;
+                o.margin = positive("--margin", flags.value("--margin")?)?;
                 if o.margin < 8 {
                     return Err("--margin must be at least 8".into());
                 }
             }
             "--tool-nofile" => {
-                o.tool_nofile = Some(positive("--tool-nofile", val("--tool-nofile")?)? as u64)
+                o.tool_nofile =
+                    Some(positive("--tool-nofile", flags.value("--tool-nofile")?)? as u64)
             }
             "--pin-cpu" => {
-                let v = val("--pin-cpu")?;
+                let v = flags.value("--pin-cpu")?;
                 o.pin_cpu = match v.trim().parse::<usize>() {
                     Ok(c) if c < libc::CPU_SETSIZE as usize => Some(c),
                     _ => return Err(format!("--pin-cpu needs a CPU number, not {v:?}")),
                 }
             }
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(val("--bin-dir")?)),
-            "--disk-base" => o.disk_base = PathBuf::from(val("--disk-base")?),
+            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
+            "--disk-base" => o.disk_base = PathBuf::from(flags.value("--disk-base")?),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }

@@ -96,18 +96,8 @@ fn parse_opts() -> Res<IncrOpts> {
     };
     let (mut gib, mut reps, mut py) = (None, None, None);
     // argv[1] is "incr".
-    let mut args = std::env::args().skip(2);
-    while let Some(a) = args.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut val = |name: &str| -> Res<String> {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+    let mut flags = crate::Flags::new(std::env::args().skip(2));
+    while let Some(flag) = flags.next_flag() {
         let positive = |name: &str, v: String| -> Res<usize> {
             match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => Ok(n),
@@ -119,17 +109,17 @@ fn parse_opts() -> Res<IncrOpts> {
                 print!("{USAGE}");
                 std::process::exit(0);
             }
-            "--gib" => gib = Some(positive("--gib", val("--gib")?)?),
+            "--gib" => gib = Some(positive("--gib", flags.value("--gib")?)?),
             "--quick" => o.quick = true,
-            "--reps" => reps = Some(positive("--reps", val("--reps")?)?),
-            "--dirty-pct" => o.dirty_ppm = parse_pct("--dirty-pct", &val("--dirty-pct")?)?,
-            "--small-pct" => o.small_ppm = parse_pct("--small-pct", &val("--small-pct")?)?,
+            "--reps" => reps = Some(positive("--reps", flags.value("--reps")?)?),
+            "--dirty-pct" => o.dirty_ppm = parse_pct("--dirty-pct", &flags.value("--dirty-pct")?)?,
+            "--small-pct" => o.small_ppm = parse_pct("--small-pct", &flags.value("--small-pct")?)?,
             "--bg-pct-per-s" => {
-                o.bg_ppm_per_s = parse_pct("--bg-pct-per-s", &val("--bg-pct-per-s")?)?
+                o.bg_ppm_per_s = parse_pct("--bg-pct-per-s", &flags.value("--bg-pct-per-s")?)?
             }
-            "--python-mib" => py = Some(positive("--python-mib", val("--python-mib")?)?),
+            "--python-mib" => py = Some(positive("--python-mib", flags.value("--python-mib")?)?),
             "--no-prewarm" => o.prewarm = false,
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(val("--bin-dir")?)),
+            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }

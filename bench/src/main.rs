@@ -39,6 +39,42 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 type Res<T> = Result<T, String>;
 
+/// The flags of a subcommand: `--name VALUE`, `--name=VALUE` or a switch.
+pub struct Flags<I> {
+    args: I,
+    /// The `=VALUE` of the flag last returned.
+    inline: Option<String>,
+}
+
+impl<I: Iterator<Item = String>> Flags<I> {
+    pub fn new(args: I) -> Self {
+        Flags { args, inline: None }
+    }
+
+    /// The next flag (or positional argument).
+    pub fn next_flag(&mut self) -> Option<String> {
+        let a = self.args.next()?;
+        match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => {
+                self.inline = Some(v.to_string());
+                Some(f.to_string())
+            }
+            _ => {
+                self.inline = None;
+                Some(a)
+            }
+        }
+    }
+
+    /// The value of the flag `name` just returned.
+    pub fn value(&mut self, name: &str) -> Res<String> {
+        self.inline
+            .take()
+            .or_else(|| self.args.next())
+            .ok_or_else(|| format!("{name} needs a value"))
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Options
 // ---------------------------------------------------------------------------
@@ -110,25 +146,16 @@ fn parse_opts() -> Res<Opts> {
         bin_dir: None,
         disk_base: PathBuf::from("/var/tmp"),
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut val = |name: &str| -> Res<String> {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+    let mut flags = crate::Flags::new(std::env::args().skip(1));
+    while let Some(flag) = flags.next_flag() {
         match flag.as_str() {
             "-h" | "--help" => {
                 print!("{USAGE}");
                 std::process::exit(0);
             }
             "--sizes" => {
-                o.sizes_mib = val("--sizes")?
+                o.sizes_mib = flags
+                    .value("--sizes")?
                     .split(',')
                     .filter(|s| !s.trim().is_empty())
                     .map(|s| match s.trim().parse::<usize>() {
@@ -141,7 +168,8 @@ fn parse_opts() -> Res<Opts> {
                 }
             }
             "--fs" => {
-                o.fss = val("--fs")?
+                o.fss = flags
+                    .value("--fs")?
                     .split(',')
                     .filter(|s| !s.trim().is_empty())
                     .map(|s| match s.trim() {
@@ -155,7 +183,7 @@ fn parse_opts() -> Res<Opts> {
                 }
             }
             "--reps" => {
-                o.reps = match val("--reps")?.parse() {
+                o.reps = match flags.value("--reps")?.parse() {
                     Ok(n) if n > 0 => n,
                     _ => return Err("--reps needs a positive integer".into()),
                 }
@@ -164,8 +192,8 @@ fn parse_opts() -> Res<Opts> {
             "--no-verify" => o.verify = false,
             "--limits-only" => o.limits_only = true,
             "--no-prewarm" => o.prewarm = false,
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(val("--bin-dir")?)),
-            "--disk-base" => o.disk_base = PathBuf::from(val("--disk-base")?),
+            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
+            "--disk-base" => o.disk_base = PathBuf::from(flags.value("--disk-base")?),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }

@@ -76,18 +76,8 @@ fn parse_opts() -> Res<TcpOpts> {
         disk_base: PathBuf::from("/var/tmp"),
     };
     // argv[1] is "tcp".
-    let mut args = std::env::args().skip(2);
-    while let Some(a) = args.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut val = |name: &str| -> Res<String> {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+    let mut flags = crate::Flags::new(std::env::args().skip(2));
+    while let Some(flag) = flags.next_flag() {
         let positive = |name: &str, v: &str| -> Res<usize> {
             match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => Ok(n),
@@ -100,7 +90,8 @@ fn parse_opts() -> Res<TcpOpts> {
                 std::process::exit(0);
             }
             "--conns" => {
-                o.conns = val("--conns")?
+                o.conns = flags
+                    .value("--conns")?
                     .split(',')
                     .filter(|s| !s.trim().is_empty())
                     .map(|s| positive("--conns", s))
@@ -109,23 +100,23 @@ fn parse_opts() -> Res<TcpOpts> {
                     return Err("--conns is empty".into());
                 }
             }
-            "--reps" => o.reps = positive("--reps", &val("--reps")?)?,
+            "--reps" => o.reps = positive("--reps", &flags.value("--reps")?)?,
             "--fs" => {
-                o.fs = match val("--fs")?.as_str() {
+                o.fs = match flags.value("--fs")?.as_str() {
                     "tmpfs" => FsKind::Tmpfs,
                     "disk" => FsKind::Disk,
                     other => return Err(format!("unknown fs {other:?} (tmpfs, disk)")),
                 }
             }
             "--port" => {
-                let v = val("--port")?;
+                let v = flags.value("--port")?;
                 o.port = match v.trim().parse::<u16>() {
                     Ok(p) if (1..30000).contains(&p) => p,
                     _ => return Err(format!("--port needs a port below 30000, not {v:?}")),
                 }
             }
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(val("--bin-dir")?)),
-            "--disk-base" => o.disk_base = PathBuf::from(val("--disk-base")?),
+            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
+            "--disk-base" => o.disk_base = PathBuf::from(flags.value("--disk-base")?),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
