@@ -206,6 +206,7 @@ impl Coordinator {
             "node registered"
         );
         self.resend_finish(&req.node);
+        self.resend_abort(&req.node);
         Ok(pb::RegisterReply {
             heartbeat_ms: self.settings.heartbeat_ms,
         })
@@ -249,6 +250,7 @@ impl Coordinator {
         if came_back {
             tracing::info!(node = %req.node, "node is up again");
             self.resend_finish(&req.node);
+            self.resend_abort(&req.node);
         }
         Ok(pb::HeartbeatReply {
             register_again: false,
@@ -294,6 +296,38 @@ impl Coordinator {
                     }
                     Err(_) => {
                         tracing::warn!(checkpoint = %id, node = %node, "FINISH sent again: no reply")
+                    }
+                }
+            }
+        });
+    }
+
+    /// Send ABORT to `node` for the checkpoints that were in progress when
+    /// the coordinator last stopped (in the background): an agent still
+    /// holding their processes frozen lets them run at once instead of
+    /// waiting for its session timeout. Unknown sessions are a no-op.
+    pub(crate) fn resend_abort(self: &Arc<Self>, node: &str) {
+        let ids: Vec<String> = self.catalog.aborted_at_open().to_vec();
+        if ids.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        let node = node.to_string();
+        tokio::spawn(async move {
+            for id in ids {
+                let req = pb::SessionRequest {
+                    session: id.clone(),
+                };
+                match tokio::time::timeout(FINISH_RESEND_TIMEOUT, me.agents.abort(&node, req)).await
+                {
+                    Ok(Ok(_)) => {
+                        tracing::debug!(checkpoint = %id, node = %node, "ABORT sent after the restart")
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(checkpoint = %id, node = %node, "ABORT after the restart failed: {e}")
+                    }
+                    Err(_) => {
+                        tracing::warn!(checkpoint = %id, node = %node, "ABORT after the restart: no reply")
                     }
                 }
             }

@@ -890,3 +890,72 @@ async fn coordinator_restart_keeps_the_catalog() {
     assert!(e.to_string().contains("is down"), "{e}");
     assert_eq!(c.checkpoints("J", false).unwrap().checkpoints[0].id, "J-1");
 }
+
+/// A checkpoint the coordinator lost in a crash (found `dumping` in the
+/// catalog) is aborted on every agent as it registers again, so frozen
+/// processes run on at once instead of after the agents' session timeout.
+#[tokio::test]
+async fn checkpoint_lost_in_a_crash_is_aborted_when_agents_register() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cat.redb");
+    {
+        let cat = Catalog::open(&path).unwrap();
+        let rec = CheckpointRecord {
+            info: Some(pb::CheckpointInfo {
+                id: "J-1".into(),
+                job: "J".into(),
+                state: "dumping".into(),
+                ..Default::default()
+            }),
+            seq: 1,
+            finished: false,
+            finished_nodes: vec![],
+        };
+        cat.update(|_| {
+            Ok::<_, catalog::CatalogError>((
+                vec![
+                    Change::Job(JobRecord::new("J")),
+                    Change::Sequence("J".into(), 1),
+                    Change::Checkpoint(rec),
+                ],
+                (),
+            ))
+        })
+        .unwrap();
+    }
+    let fake = Arc::new(Fake::default());
+    let c = Arc::new(Coordinator::new(
+        Arc::new(Catalog::open(&path).unwrap()),
+        fake.clone(),
+        Settings::default(),
+    ));
+    c.register(pb::RegisterRequest {
+        node: "n1".into(),
+        agent_addr: "h1:7171".into(),
+        members: vec![member("J", 101)],
+        generation: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let aborted = fake
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(n, m, what)| n == "n1" && *m == "abort" && what == "J-1");
+        if aborted {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ABORT of J-1 sent to n1 after it registered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        c.checkpoints("J", true).unwrap().checkpoints[0].state,
+        "aborted"
+    );
+}
