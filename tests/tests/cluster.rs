@@ -365,6 +365,103 @@ fn agent_killed_during_prepare() {
     ring.assert_no_fail();
 }
 
+/// The coordinator killed in the middle of a checkpoint (n2's agent hangs
+/// in PREPARE, so the others hold their members frozen): the agents of n1
+/// and n3 miss three heartbeats, abort their sessions and let their
+/// members run, without waiting for the session timeout. Then n2's agent
+/// is replaced and the coordinator restarted: the lost checkpoint is
+/// listed aborted and the ring runs on.
+#[test]
+fn coordinator_killed_during_checkpoint() {
+    let h = Harness::new("cluster-coord-crash");
+    let c = Cluster::new(&h, 3);
+    c.start_coordinator();
+    let fault = h.dir.join("fault-reached");
+    c.start_agent_with(
+        2,
+        &AgentOpts {
+            env: vec![
+                ("CR_AGENT_FAULT".into(), "prepare-hang".into()),
+                (
+                    "CR_AGENT_FAULT_FILE".into(),
+                    fault.to_string_lossy().into_owned(),
+                ),
+            ],
+            no_wait: true,
+            ..Default::default()
+        },
+    );
+    c.start_agents(&[1, 3]);
+    c.wait_nodes_up(&[2]);
+    let ring = c.start_ring(JOB, &PLACEMENT);
+    ring.wait_advanced(MARGIN, "before the checkpoint");
+    let mut ck = c.crctl_bg(&["checkpoint", JOB]);
+    wait_until(
+        "the agent of n2 to reach the prepare-hang fault",
+        Duration::from_secs(30),
+        || fault.exists() || ck.proc.has_exited(),
+        || ring.diag(),
+    );
+    assert!(
+        fault.exists(),
+        "crctl ended before the fault\n{}",
+        ck.diag()
+    );
+    // The others have frozen their members by now (PREPARE runs in parallel).
+    let pids = ring.host_pids();
+    let others: Vec<i32> = PLACEMENT
+        .iter()
+        .zip(&pids)
+        .filter(|(&k, _)| k != 2)
+        .map(|(_, &p)| p)
+        .collect();
+    wait_until(
+        "the members on n1 and n3 to be frozen by PREPARE",
+        Duration::from_secs(10),
+        || {
+            others
+                .iter()
+                .all(|&p| proc_status(p).is_some_and(|s| s.tracer_pid > 0))
+        },
+        || ring.diag(),
+    );
+    c.kill_coordinator();
+    let _ = ck.wait(Duration::from_secs(30), || ring.diag());
+    let t0 = Instant::now();
+    wait_until(
+        "the members on n1 and n3 to run untraced once their agents lost the coordinator",
+        Duration::from_secs(20),
+        || {
+            others.iter().all(|&p| {
+                matches!(proc_status(p), Some(s) if s.tracer_pid == 0
+                    && !matches!(s.state, 't' | 'T' | 'Z' | 'X'))
+            })
+        },
+        || ring.diag(),
+    );
+    eprintln!(
+        "members resumed {:?} after the coordinator died",
+        t0.elapsed()
+    );
+    // n2's agent is stuck: replace it (its start sweeps the lost lock), and
+    // bring the coordinator back on its catalog.
+    c.start_coordinator();
+    c.kill_agent(2);
+    c.start_agent(2);
+    c.wait_nodes_up(&[1, 2, 3]);
+    let v = c.crctl_json(&["checkpoints", JOB, "--all"]);
+    let cks = jlist(&v, "checkpoints");
+    ensure(
+        &ring,
+        !cks.is_empty() && cks.iter().all(|x| jstr(x, "state") == "aborted"),
+        &format!("the lost checkpoint should be listed aborted: {v:#}"),
+    );
+    ring.wait_advanced(MARGIN, "after the coordinator and n2's agent came back");
+    ring.assert_running_untraced("after the coordinator and n2's agent came back");
+    ring.assert_no_fail();
+    checkpoint(&c, &ring, &[]);
+}
+
 /// (e) The coordinator is killed after a checkpoint and restarted on the
 /// same catalog: the checkpoint is still listed committed, the agents
 /// register again, a second checkpoint commits and the ring runs on.

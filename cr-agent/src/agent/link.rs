@@ -12,6 +12,10 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
+/// Heartbeats missed in a row after which the sessions in progress are
+/// aborted: the coordinator that drives them is gone, and the processes
+/// must not stay frozen until the sessions' own timeout.
+const LOST_AFTER: u32 = 3;
 
 pub async fn run(shared: Arc<Shared>, sec: Security) {
     let cfg = &shared.config;
@@ -35,6 +39,7 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
     let mut client = CoordinatorClient::new(channel);
     let mut registered = false;
     let mut last_err: Option<String> = None;
+    let mut missed = 0u32;
     loop {
         shared.members.sweep();
         let (members, generation) = shared.members.snapshot();
@@ -76,12 +81,28 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
         };
         match res {
             Ok(()) => {
+                missed = 0;
                 if last_err.take().is_some() {
                     info!(coordinator = addr, "the coordinator answers again");
                 }
             }
             Err(s) => {
                 registered = false;
+                missed += 1;
+                if missed == LOST_AFTER {
+                    for id in shared.sessions.ids() {
+                        warn!(
+                            session = id,
+                            "the coordinator is unreachable: aborting the session"
+                        );
+                        let sh = shared.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = sh.sessions.abort(&id).await {
+                                warn!(session = id, error = e, "abort failed");
+                            }
+                        });
+                    }
+                }
                 let msg = cr_rpc::status_line(&s);
                 if last_err.as_deref() != Some(msg.as_str()) {
                     warn!(
