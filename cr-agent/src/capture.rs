@@ -50,6 +50,9 @@ pub struct Options {
     pub track_mem: bool,
     /// How pages unchanged since the parent are found.
     pub dirty: tracking::Choice,
+    /// Name of the network lock (nft table), so a caller can record it
+    /// before it exists [default: `cr_lock_ROOT_MILLIS`].
+    pub lock_name: Option<String>,
     pub compression: proto::Compression,
 }
 
@@ -155,7 +158,7 @@ pub fn freeze(pid: i32, opts: &Options, lock_network: bool) -> Result<Held, Chec
     fault::check("after-seize")?;
     if lock_network {
         let pids: Vec<i32> = held.procs.iter().map(|f| f.pid).collect();
-        held.lock = NetLock::take(pid, &pids)?;
+        held.lock = NetLock::take(pid, &pids, opts.lock_name.as_deref())?;
     }
     Ok(held)
 }
@@ -205,14 +208,6 @@ impl Held {
     /// How long the tree has been frozen.
     pub fn frozen_for(&self) -> Duration {
         self.frozen_at.elapsed()
-    }
-
-    /// Name of the network lock held (empty: none).
-    pub fn lock_name(&self) -> String {
-        self.lock
-            .as_ref()
-            .map(|l| l.name.clone())
-            .unwrap_or_default()
     }
 
     /// The bookmarks of every established TCP connection of the tree, read
@@ -818,7 +813,11 @@ struct NetLock {
 
 impl NetLock {
     /// Lock the TCP sockets of `pids` (None when they have none).
-    fn take(root: i32, pids: &[i32]) -> Result<Option<NetLock>, CheckpointError> {
+    fn take(
+        root: i32,
+        pids: &[i32],
+        name: Option<&str>,
+    ) -> Result<Option<NetLock>, CheckpointError> {
         let set = crate::inet::lock_set(pids);
         if set.conns.is_empty() && set.listeners.is_empty() {
             return Ok(None);
@@ -827,7 +826,9 @@ impl NetLock {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        let name = format!("cr_lock_{root}_{stamp}");
+        let name = name
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("cr_lock_{root}_{stamp}"));
         let fail = |e| CheckpointError::NetLock {
             pid: root,
             conns: set.conns.len(),

@@ -101,6 +101,7 @@ impl pb::local_server::Local for LocalService {
                 &r.compress
             })
             .map_err(Status::invalid_argument)?,
+            lock_name: None,
         };
         tracing::info!(pid = root, dir = %dir.display(), uid = who.uid, "local checkpoint");
         let s = blocking(move || {

@@ -269,6 +269,7 @@ fn checkpoint_session(
             workers: shared.workers,
             parent: (!t.parent.is_empty()).then(|| PathBuf::from(&t.parent)),
             track_mem: !t.parent.is_empty(),
+            lock_name: Some(lock_name(&req.session, t.pid)),
             ..Default::default()
         };
         if let Some(p) = dir.parent() {
@@ -280,14 +281,10 @@ fn checkpoint_session(
         }
         // Recorded before anything is locked or written.
         dirs.push(dir.clone());
-        locks.push(format!("cr_lock_{}_", t.pid));
+        locks.push(lock_name(&req.session, t.pid));
+        record.write(&locks, &dirs);
         match capture::freeze(t.pid, &opts, true) {
-            Ok(h) => {
-                locks.pop();
-                locks.push(h.lock_name());
-                record.write(&locks, &dirs);
-                held.push((t.pid, h));
-            }
+            Ok(h) => held.push((t.pid, h)),
             Err(e) => {
                 let msg = format!("process {}: {}", t.pid, one_line(&e));
                 drop(held);
@@ -385,6 +382,16 @@ fn checkpoint_session(
             other @ Cmd::Release(_) => reply_err(other, "RELEASE of a checkpoint session".into()),
         }
     }
+}
+
+/// The network lock of a session's member: named before it exists, so an
+/// agent killed at any point finds it in the session's record.
+fn lock_name(session: &str, pid: i32) -> String {
+    let s: String = session
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("cr_lock_{s}_{pid}")
 }
 
 fn to_pb(b: cr_image::bookmarks::Bookmark, pid: i32) -> pb::Bookmark {

@@ -111,6 +111,7 @@ fn main() -> ExitCode {
         track_mem: cli.track_mem || cli.pre_dump,
         dirty: cli.dirty,
         compression: cr_image::show::parse_compression(&cli.compress).unwrap_or(Compression::None),
+        lock_name: None,
     };
     let agent = if cli.standalone {
         None
