@@ -210,6 +210,41 @@ impl Held {
         self.frozen_at.elapsed()
     }
 
+    /// For a caller locking several trees in one nft transaction
+    /// (`cr_sys::netlock::lock_many`): what this tree's network lock `name`
+    /// must hold (None: no TCP socket). From now on the tree owns the lock
+    /// as if [`freeze`] had taken it (removing an absent one is harmless).
+    pub fn plan_lock(&mut self, name: &str) -> Option<cr_sys::netlock::LockSet> {
+        let set = crate::inet::lock_set(&self.pids());
+        if set.conns.is_empty() && set.listeners.is_empty() {
+            return None;
+        }
+        self.lock = Some(NetLock {
+            name: name.to_string(),
+            pid: self.root,
+            conns: !set.conns.is_empty(),
+            syn: (!set.listeners.is_empty()).then(|| format!("{name}_syn")),
+            armed: true,
+        });
+        Some(set)
+    }
+
+    /// The tables of the network lock that [`Held::finish`] with `action`
+    /// would remove, handed to the caller, which removes them itself
+    /// (several trees' at once: see `cr_sys::netlock::unlock_many`) before
+    /// calling `finish`.
+    pub fn take_lock_tables(&mut self, action: Action) -> Vec<String> {
+        let Some(l) = self.lock.as_mut() else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = l.syn.take().into_iter().collect();
+        if action == Action::Continue && l.conns && l.armed {
+            out.push(l.name.clone());
+            l.armed = false;
+        }
+        out
+    }
+
     /// The bookmarks of every established TCP connection of the tree, read
     /// without consuming anything.
     pub fn bookmarks(&self) -> Vec<cr_image::bookmarks::Bookmark> {

@@ -235,6 +235,13 @@ impl Ready {
         self.ck.root_pid as i32
     }
 
+    /// The image's network lock, handed to the caller, which removes it
+    /// itself (several images' at once: see `cr_sys::netlock::unlock_many`)
+    /// before calling [`Ready::release`].
+    pub fn take_netlock(&mut self) -> Option<String> {
+        Some(std::mem::take(&mut self.ck.netlock)).filter(|n| !n.is_empty())
+    }
+
     /// Let every process run, all at once; the root's PID.
     pub fn release(self) -> Result<i32, RestoreError> {
         let Ready {

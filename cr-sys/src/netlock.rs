@@ -187,6 +187,25 @@ pub fn hold_listeners(pid: i32, name: &str, listeners: &[SocketAddr]) -> Result<
     )
 }
 
+/// Install several locks at once, in one nft transaction, in the network
+/// namespace of process `pid`: `(name, set)` each, as [`lock`] and
+/// [`hold_listeners`] (the listeners' table named `NAME_syn`) would.
+pub fn lock_many(pid: i32, locks: &[(String, LockSet)]) -> Result<()> {
+    let mut all = String::new();
+    for (name, set) in locks {
+        if !set.listeners.is_empty() {
+            all += &syn_script(&format!("{name}_syn"), &set.listeners);
+        }
+        if !set.conns.is_empty() {
+            all += &script(name, set);
+        }
+    }
+    if all.is_empty() {
+        return Ok(());
+    }
+    run_nft(Some(pid), &all, &format!("{} network locks", locks.len()))
+}
+
 /// Install lock `name` for `set` in the network namespace of process `pid`.
 pub fn lock(pid: i32, name: &str, set: &LockSet) -> Result<()> {
     run_nft(
@@ -207,6 +226,25 @@ pub fn unlock(pid: Option<i32>, name: &str) -> Result<bool> {
         &format!("removing network lock {name}"),
     )?;
     Ok(existed)
+}
+
+/// Remove the locks `names` from the network namespace of `pid` (None:
+/// ours) in one nft transaction. Each table deletion waits for an RCU grace
+/// period (about 25 ms here); one transaction waits once, however many
+/// tables go. Absent ones are no error.
+pub fn unlock_many(pid: Option<i32>, names: &[String]) -> Result<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let script: String = names
+        .iter()
+        .map(|n| format!("add table inet {n}\ndelete table inet {n}\n"))
+        .collect();
+    run_nft(
+        pid,
+        &script,
+        &format!("removing {} network locks", names.len()),
+    )
 }
 
 /// The table of the reset guard (see [`guard_resets`]); one per namespace.

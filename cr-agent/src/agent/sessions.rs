@@ -283,7 +283,7 @@ fn checkpoint_session(
         dirs.push(dir.clone());
         locks.push(lock_name(&req.session, t.pid));
         record.write(&locks, &dirs);
-        match capture::freeze(t.pid, &opts, true) {
+        match capture::freeze(t.pid, &opts, false) {
             Ok(h) => held.push((t.pid, h)),
             Err(e) => {
                 let msg = format!("process {}: {}", t.pid, one_line(&e));
@@ -293,6 +293,30 @@ fn checkpoint_session(
                 let _ = ready.send(Err(msg));
                 return;
             }
+        }
+    }
+    // Every tree's connections held still in one nft transaction (one per
+    // network namespace).
+    let mut plans: HashMap<String, (i32, Vec<(String, cr_sys::netlock::LockSet)>)> = HashMap::new();
+    for (pid, h) in held.iter_mut() {
+        let name = lock_name(&req.session, *pid);
+        if let Some(set) = h.plan_lock(&name) {
+            let ns = cr_sys::proc::read_link(&format!("/proc/{pid}/ns/net")).unwrap_or_default();
+            plans
+                .entry(ns)
+                .or_insert((*pid, Vec::new()))
+                .1
+                .push((name, set));
+        }
+    }
+    for (pid, locks) in plans.into_values() {
+        if let Err(e) = cr_sys::netlock::lock_many(pid, &locks) {
+            let msg = format!("network lock: {}", one_line(&e));
+            release_locks(&mut held, Action::Continue);
+            drop(held);
+            record.clear();
+            let _ = ready.send(Err(msg));
+            return;
         }
     }
     let freeze_ms = t0.elapsed().as_millis() as u64;
@@ -318,6 +342,7 @@ fn checkpoint_session(
     );
     if ready.send(Ok(reply)).is_err() {
         // The caller went away: nothing more will come.
+        release_locks(&mut held, Action::Continue);
         drop(held);
         record.clear();
         return;
@@ -335,6 +360,7 @@ fn checkpoint_session(
                 if committed {
                     let _ = finish_all(held, Action::Continue);
                 } else {
+                    release_locks(&mut held, Action::Continue);
                     drop(held);
                 }
                 record.clear();
@@ -372,6 +398,7 @@ fn checkpoint_session(
                     // Too late to undo: the images are the committed ones.
                     finish_all(held, Action::Continue).ok();
                 } else {
+                    release_locks(&mut held, Action::Continue);
                     drop(held);
                 }
                 record.clear();
@@ -436,8 +463,33 @@ fn dump_all(shared: &Shared, held: &mut [(i32, Held)]) -> Result<pb::DumpReply, 
     Ok(reply)
 }
 
+/// Remove the network locks that letting the trees go with `action` would
+/// remove, all in one nft transaction per network namespace (each table
+/// deleted on its own costs an RCU grace period, ~25 ms).
+fn release_locks(held: &mut [(i32, Held)], action: Action) {
+    let mut by_netns: HashMap<String, (i32, Vec<String>)> = HashMap::new();
+    for (pid, h) in held.iter_mut() {
+        let tables = h.take_lock_tables(action);
+        if tables.is_empty() {
+            continue;
+        }
+        let ns = cr_sys::proc::read_link(&format!("/proc/{pid}/ns/net")).unwrap_or_default();
+        by_netns
+            .entry(ns)
+            .or_insert((*pid, Vec::new()))
+            .1
+            .extend(tables);
+    }
+    for (pid, tables) in by_netns.into_values() {
+        if let Err(e) = cr_sys::netlock::unlock_many(Some(pid), &tables) {
+            warn!(error = %one_line(&e), "cannot remove the session's network locks");
+        }
+    }
+}
+
 /// Let every tree go; the longest any was frozen.
-fn finish_all(held: Vec<(i32, Held)>, action: Action) -> Result<pb::FinishReply, String> {
+fn finish_all(mut held: Vec<(i32, Held)>, action: Action) -> Result<pb::FinishReply, String> {
+    release_locks(&mut held, action);
     let mut first_err = None;
     let mut frozen = Duration::ZERO;
     for (pid, h) in held {
@@ -549,8 +601,16 @@ fn reply_err(cmd: Cmd, msg: String) {
 fn release_all(
     shared: &Shared,
     job: &str,
-    readies: Vec<cr_restart::restore::Ready>,
+    mut readies: Vec<cr_restart::restore::Ready>,
 ) -> Result<pb::ReleaseReply, String> {
+    // The images' network locks (this namespace) in one nft transaction.
+    let locks: Vec<String> = readies
+        .iter_mut()
+        .filter_map(|r| r.take_netlock())
+        .collect();
+    if let Err(e) = cr_sys::netlock::unlock_many(None, &locks) {
+        warn!(error = %one_line(&e), "cannot remove the images' network locks");
+    }
     let mut out = pb::ReleaseReply::default();
     let mut first_err = None;
     for r in readies {
