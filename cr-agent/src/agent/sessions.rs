@@ -376,8 +376,10 @@ fn checkpoint_session(
             Cmd::Commit(r) => {
                 if dumped {
                     committed = true;
-                    // The images are final: a later sweep keeps them.
-                    record.write(&[], &[]);
+                    // The images are final: a later sweep keeps them (but
+                    // still removes the locks: the processes of an agent
+                    // that dies now run on).
+                    record.write(&locks, &[]);
                     let _ = r.send(Ok(()));
                 } else {
                     let _ = r.send(Err("COMMIT before DUMP".into()));
