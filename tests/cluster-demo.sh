@@ -157,7 +157,6 @@ crctl jobs
 
 echo "== coordinated checkpoint of the whole job, then kill it"
 crctl checkpoint ring --kill
-sleep 0.5
 echo "== restart with the nodes swapped (n1 -> n2, n2 -> n1)"
 crctl restart ring --on n2 --on n1
 crctl jobs

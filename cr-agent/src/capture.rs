@@ -151,6 +151,7 @@ pub fn freeze(pid: i32, opts: &Options, lock_network: bool) -> Result<Held, Chec
         frozen_at: Instant::now(),
         t0,
         dumped: None,
+        let_go: false,
     };
     held.procs = tree::freeze(pid)?;
     held.frozen_at = Instant::now();
@@ -179,6 +180,8 @@ pub struct Held {
     frozen_at: Instant,
     t0: Instant,
     dumped: Option<Dumped>,
+    /// [`Held::finish`] ran: the drop undoes nothing.
+    let_go: bool,
 }
 
 /// What a written image leaves to do when the processes are let go.
@@ -343,20 +346,14 @@ impl Held {
             frozen_ms = self.frozen_at.elapsed().as_millis() as u64,
             "checkpoint committed"
         );
-        // Nothing left to undo.
-        self.finished();
+        self.let_go = true;
         Ok(())
-    }
-
-    /// Mark as let go: the drop then undoes nothing.
-    fn finished(&mut self) {
-        self.root = 0;
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if self.root == 0 {
+        if self.let_go {
             return;
         }
         // Sockets leave repair mode and the lock goes before the threads are let go.

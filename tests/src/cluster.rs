@@ -1420,28 +1420,21 @@ impl<'c> Ring<'c> {
     /// Waits until member i's `min` reaches `snap[i] + delta` for every i;
     /// panics at once on a FAIL.
     pub fn wait_past(&self, snap: &[u64], delta: u64, what: &str) {
-        let deadline = Instant::now() + RING_TIMEOUT;
-        loop {
-            self.assert_no_fail();
-            let st = self.statuses();
-            if st
-                .iter()
-                .zip(snap)
-                .all(|(s, &base)| s.min() >= base + delta)
-            {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "timed out after {RING_TIMEOUT:?} waiting for every member of ring {} to \
-                     advance by {delta} messages {what} (from {snap:?})\n{}\n{}",
-                    self.job,
-                    self.diag(),
-                    self.c.net_diag()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until(
+            &format!(
+                "every member of ring {} to advance by {delta} messages {what} (from {snap:?})",
+                self.job
+            ),
+            RING_TIMEOUT,
+            || {
+                self.assert_no_fail();
+                self.statuses()
+                    .iter()
+                    .zip(snap)
+                    .all(|(s, &base)| s.min() >= base + delta)
+            },
+            || format!("{}\n{}", self.diag(), self.c.net_diag()),
+        );
     }
 
     /// After a checkpoint with --kill: waits until no member runs any more

@@ -4,7 +4,7 @@
 
 use super::authz::Caller;
 use super::{members, Shared};
-use crate::capture::{self, Action, Options};
+use crate::capture::{self, Options};
 use cr_rpc::pb;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,11 +76,9 @@ impl pb::local_server::Local for LocalService {
         };
         let opts = Options {
             dir: dir.clone(),
-            action: match pb::After::try_from(r.after).unwrap_or(pb::After::Continue) {
-                pb::After::Continue => Action::Continue,
-                pb::After::Stop => Action::Stop,
-                pb::After::Kill => Action::Kill,
-            },
+            action: super::sessions::action(
+                pb::After::try_from(r.after).unwrap_or(pb::After::Continue),
+            ),
             fsync: !r.no_fsync,
             workers: if r.workers > 0 {
                 r.workers as usize

@@ -129,7 +129,7 @@ fn fault_hang(stage: &str) {
     }
 }
 
-fn action(after: pb::After) -> Action {
+pub(super) fn action(after: pb::After) -> Action {
     match after {
         pb::After::Continue => Action::Continue,
         pb::After::Stop => Action::Stop,
@@ -297,19 +297,11 @@ fn checkpoint_session(
     }
     // Every tree's connections held still in one nft transaction (one per
     // network namespace).
-    let mut plans: HashMap<String, (i32, Vec<(String, cr_sys::netlock::LockSet)>)> = HashMap::new();
-    for (pid, h) in held.iter_mut() {
+    let plans = by_netns(held.iter_mut().filter_map(|(pid, h)| {
         let name = lock_name(&req.session, *pid);
-        if let Some(set) = h.plan_lock(&name) {
-            let ns = cr_sys::proc::read_link(&format!("/proc/{pid}/ns/net")).unwrap_or_default();
-            plans
-                .entry(ns)
-                .or_insert((*pid, Vec::new()))
-                .1
-                .push((name, set));
-        }
-    }
-    for (pid, locks) in plans.into_values() {
+        h.plan_lock(&name).map(|set| (*pid, vec![(name, set)]))
+    }));
+    for (pid, locks) in plans {
         if let Err(e) = cr_sys::netlock::lock_many(pid, &locks) {
             let msg = format!("network lock: {}", one_line(&e));
             release_locks(&mut held, Action::Continue);
@@ -465,24 +457,27 @@ fn dump_all(shared: &Shared, held: &mut [(i32, Held)]) -> Result<pb::DumpReply, 
     Ok(reply)
 }
 
+/// `(pid, items)` merged per network namespace of the pid: one pid of each
+/// namespace (where nft runs) with all its items.
+fn by_netns<T>(items: impl Iterator<Item = (i32, Vec<T>)>) -> Vec<(i32, Vec<T>)> {
+    let mut out: HashMap<String, (i32, Vec<T>)> = HashMap::new();
+    for (pid, v) in items {
+        let ns = cr_sys::proc::read_link(&format!("/proc/{pid}/ns/net")).unwrap_or_default();
+        out.entry(ns).or_insert((pid, Vec::new())).1.extend(v);
+    }
+    out.into_values().collect()
+}
+
 /// Remove the network locks that letting the trees go with `action` would
 /// remove, all in one nft transaction per network namespace (each table
 /// deleted on its own costs an RCU grace period, ~25 ms).
 fn release_locks(held: &mut [(i32, Held)], action: Action) {
-    let mut by_netns: HashMap<String, (i32, Vec<String>)> = HashMap::new();
-    for (pid, h) in held.iter_mut() {
-        let tables = h.take_lock_tables(action);
-        if tables.is_empty() {
-            continue;
-        }
-        let ns = cr_sys::proc::read_link(&format!("/proc/{pid}/ns/net")).unwrap_or_default();
-        by_netns
-            .entry(ns)
-            .or_insert((*pid, Vec::new()))
-            .1
-            .extend(tables);
-    }
-    for (pid, tables) in by_netns.into_values() {
+    let tables = by_netns(
+        held.iter_mut()
+            .map(|(pid, h)| (*pid, h.take_lock_tables(action)))
+            .filter(|(_, t)| !t.is_empty()),
+    );
+    for (pid, tables) in tables {
         if let Err(e) = cr_sys::netlock::unlock_many(Some(pid), &tables) {
             warn!(error = %one_line(&e), "cannot remove the session's network locks");
         }
