@@ -1,8 +1,9 @@
-//! Compiles the .proto files with protox (pure Rust), so no system `protoc`
-//! is needed: the image metadata with prost, the cluster services with tonic.
+//! Compiles cluster.proto with protox (pure Rust), so no system `protoc` is
+//! needed. (image.proto is compiled by cr-image, which keeps its types
+//! private.)
 
 fn main() {
-    let files = ["image.proto", "cluster.proto"];
+    let files = ["cluster.proto"];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -8,11 +8,11 @@
 //! everything the peer forgets as acknowledged was received). The coordinator checks this
 //! before committing a global checkpoint; `cr_image cut` checks it by hand.
 
-use crate::proto;
-use serde_json::{json, Value};
+use crate::model::{Checkpoint, ObjectKind};
+use serde::Serialize;
 
 /// One established TCP connection of an image.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Bookmark {
     pub local: String,
     pub remote: String,
@@ -23,30 +23,18 @@ pub struct Bookmark {
     pub write_seq: u32,
 }
 
-impl Bookmark {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "local": self.local,
-            "remote": self.remote,
-            "state": "ESTABLISHED",
-            "snd_una": self.snd_una,
-            "snd_nxt": self.snd_nxt,
-            "rcv_nxt": self.rcv_nxt,
-            "write_seq": self.write_seq,
-        })
-    }
-}
-
 /// The bookmarks of every established TCP connection of `ck`.
-pub fn of(ck: &proto::Checkpoint) -> Vec<Bookmark> {
+pub fn of(ck: &Checkpoint) -> Vec<Bookmark> {
     ck.objects
         .iter()
         .filter_map(|o| {
-            let s = o.inet.as_ref()?;
+            let ObjectKind::InetSocket(s) = &o.kind else {
+                return None;
+            };
             let t = s.tcp.as_ref()?;
             Some(Bookmark {
-                local: s.local.clone(),
-                remote: s.remote.clone(),
+                local: s.local?.to_string(),
+                remote: s.remote?.to_string(),
                 snd_una: t.snd_una,
                 snd_nxt: t.snd_nxt,
                 rcv_nxt: t.rcv_nxt,

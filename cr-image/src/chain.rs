@@ -12,9 +12,9 @@
 //!   so that removing or overwriting it can be refused.
 
 use crate::dir::ImageDir;
+use crate::model::{Checkpoint, Compression, MemStats, Memory, PageAt, PageRun, ParentRef};
 use crate::store::{page_hash, Loc, StoreReader, StoreWriter, PAGE};
-use crate::{io_err, proto, ImageError, Result};
-use proto::PageWhere;
+use crate::{io_err, ImageError, Result};
 use std::path::{Component, Path, PathBuf};
 
 /// Deepest chain followed (a loop of references is refused).
@@ -24,17 +24,13 @@ pub const DEPENDANTS_FILE: &str = "dependants";
 
 pub struct Link {
     pub dir: ImageDir,
-    pub ck: proto::Checkpoint,
+    pub ck: Checkpoint,
 }
 
 impl Link {
     /// The memory of process `pid` in this image.
-    pub fn memory(&self, pid: u32) -> Option<&proto::Memory> {
-        self.ck
-            .processes
-            .iter()
-            .find(|p| p.pid == pid)
-            .and_then(|p| p.memory.as_ref())
+    pub fn memory(&self, pid: u32) -> Option<&Memory> {
+        self.ck.process(pid).map(|p| &p.memory)
     }
 }
 
@@ -44,7 +40,7 @@ pub struct Chain {
 }
 
 /// The directory a parent reference points to.
-pub fn parent_dir(child: &Path, p: &proto::ParentRef) -> PathBuf {
+pub fn parent_dir(child: &Path, p: &ParentRef) -> PathBuf {
     child.join(&p.path)
 }
 
@@ -98,10 +94,10 @@ impl Chain {
             let pck = pdir
                 .read_checkpoint()
                 .map_err(|e| parent_err(crate::one_line(&e)))?;
-            if pck.image_id != p.image_id {
+            if pck.meta.image_id != p.image_id {
                 return Err(parent_err(format!(
                     "it now holds another image (id {}, expected {})",
-                    short(&pck.image_id),
+                    short(&pck.meta.image_id),
                     short(&p.image_id)
                 )));
             }
@@ -123,7 +119,7 @@ impl Chain {
             return Ok(out);
         };
         for r in &mem.runs {
-            self.resolve_run(0, pid, r, r.vaddr, r.nr_pages as u64, max_link, &mut out)?;
+            self.resolve_run(0, pid, r, r.vaddr, r.pages as u64, max_link, &mut out)?;
         }
         Ok(out)
     }
@@ -134,36 +130,36 @@ impl Chain {
         &self,
         k: usize,
         pid: u32,
-        r: &proto::PageRun,
+        r: &PageRun,
         vaddr: u64,
         pages: u64,
         max_link: usize,
         out: &mut Vec<Piece>,
     ) -> Result<()> {
         let skip = (vaddr - r.vaddr) / PAGE as u64;
-        match PageWhere::try_from(r.r#where).unwrap_or(PageWhere::WhereStore) {
-            PageWhere::WhereStore => out.push(Piece {
+        match r.at {
+            PageAt::Store { block, page } => out.push(Piece {
                 vaddr,
                 pages: pages as u32,
                 src: Source::Store {
                     link: k,
                     loc: Loc {
-                        block: r.block,
-                        page: r.page + skip as u32,
+                        block,
+                        page: page + skip as u32,
                     },
                 },
             }),
-            PageWhere::WhereZero => out.push(Piece {
+            PageAt::Zero => out.push(Piece {
                 vaddr,
                 pages: pages as u32,
                 src: Source::Zero,
             }),
-            PageWhere::WhereParent if k >= max_link => out.push(Piece {
+            PageAt::Parent if k >= max_link => out.push(Piece {
                 vaddr,
                 pages: pages as u32,
                 src: Source::Parent,
             }),
-            PageWhere::WhereParent => self.resolve_in(k + 1, pid, vaddr, pages, max_link, out)?,
+            PageAt::Parent => self.resolve_in(k + 1, pid, vaddr, pages, max_link, out)?,
         }
         Ok(())
     }
@@ -200,9 +196,7 @@ impl Chain {
         let link = self.links.get(k).ok_or_else(|| missing(vaddr))?;
         let mem = link.memory(pid).ok_or_else(|| missing(vaddr))?;
         let mut at = vaddr;
-        let first = mem
-            .runs
-            .partition_point(|r| r.vaddr + r.nr_pages as u64 * PAGE as u64 <= at);
+        let first = mem.runs.partition_point(|r| r.end() <= at);
         for r in &mem.runs[first..] {
             if at >= end {
                 break;
@@ -210,7 +204,7 @@ impl Chain {
             if r.vaddr > at {
                 return Err(missing(at));
             }
-            let run_end = r.vaddr + r.nr_pages as u64 * PAGE as u64;
+            let run_end = r.end();
             let stop = run_end.min(end);
             self.resolve_run(k, pid, r, at, (stop - at) / PAGE as u64, max_link, out)?;
             at = stop;
@@ -242,21 +236,21 @@ pub struct Piece {
 
 /// Finds pages of one process's memory by address.
 pub struct MemIndex<'a> {
-    mem: &'a proto::Memory,
+    mem: &'a Memory,
     /// Index in `mem.hashes` of each run's first page.
     hash_at: Vec<usize>,
 }
 
 impl<'a> MemIndex<'a> {
-    pub fn new(mem: &'a proto::Memory) -> Self {
+    pub fn new(mem: &'a Memory) -> Self {
         let mut n = 0;
         let hash_at = mem
             .runs
             .iter()
             .map(|r| {
                 let at = n;
-                if r.r#where != PageWhere::WhereZero as i32 {
-                    n += r.nr_pages as usize;
+                if r.at != PageAt::Zero {
+                    n += r.pages as usize;
                 }
                 at
             })
@@ -266,12 +260,9 @@ impl<'a> MemIndex<'a> {
 
     /// The hash of the page at `vaddr`, if the image holds data for it.
     pub fn hash_of(&self, vaddr: u64) -> Option<u64> {
-        let i = self
-            .mem
-            .runs
-            .partition_point(|r| r.vaddr + r.nr_pages as u64 * PAGE as u64 <= vaddr);
+        let i = self.mem.runs.partition_point(|r| r.end() <= vaddr);
         let r = self.mem.runs.get(i)?;
-        if r.vaddr > vaddr || r.r#where == PageWhere::WhereZero as i32 {
+        if r.vaddr > vaddr || r.at == PageAt::Zero {
             return None;
         }
         let idx = self.hash_at[i] + ((vaddr - r.vaddr) / PAGE as u64) as usize;
@@ -295,14 +286,11 @@ impl MemIndex<'_> {
 impl MemCursor<'_, '_> {
     pub fn hash_of(&mut self, vaddr: u64) -> Option<u64> {
         let runs = &self.ix.mem.runs;
-        while runs
-            .get(self.i)
-            .is_some_and(|r| r.vaddr + r.nr_pages as u64 * PAGE as u64 <= vaddr)
-        {
+        while runs.get(self.i).is_some_and(|r| r.end() <= vaddr) {
             self.i += 1;
         }
         let r = runs.get(self.i)?;
-        if r.vaddr > vaddr || r.r#where == PageWhere::WhereZero as i32 {
+        if r.vaddr > vaddr || r.at == PageAt::Zero {
             return None;
         }
         let idx = self.ix.hash_at[self.i] + ((vaddr - r.vaddr) / PAGE as u64) as usize;
@@ -311,29 +299,29 @@ impl MemCursor<'_, '_> {
 }
 
 /// Append `pages` pages at `vaddr` to `runs`, merging with the last run
-/// when it continues it.
-pub fn push_run(runs: &mut Vec<proto::PageRun>, vaddr: u64, pages: u32, w: PageWhere, loc: Loc) {
+/// when it continues it (in the same block, for stored pages).
+pub fn push_run(runs: &mut Vec<PageRun>, vaddr: u64, pages: u32, at: PageAt) {
     if let Some(last) = runs.last_mut() {
-        let contiguous =
-            last.vaddr + last.nr_pages as u64 * PAGE as u64 == vaddr && last.r#where == w as i32;
-        let same_place = match w {
-            PageWhere::WhereStore => {
-                last.block == loc.block && last.page + last.nr_pages == loc.page
-            }
-            _ => true,
-        };
-        if contiguous && same_place {
-            last.nr_pages += pages;
+        let continues = last.end() == vaddr
+            && match (last.at, at) {
+                (
+                    PageAt::Store {
+                        block: b1,
+                        page: p1,
+                    },
+                    PageAt::Store {
+                        block: b2,
+                        page: p2,
+                    },
+                ) => b1 == b2 && p1 + last.pages == p2,
+                (a, b) => a == b,
+            };
+        if continues {
+            last.pages += pages;
             return;
         }
     }
-    runs.push(proto::PageRun {
-        vaddr,
-        nr_pages: pages,
-        r#where: w as i32,
-        block: loc.block,
-        page: loc.page,
-    });
+    runs.push(PageRun { vaddr, pages, at });
 }
 
 /// Merge the first `merge + 1` images of `chain` into one image written to
@@ -344,9 +332,9 @@ pub fn flatten(
     chain: &Chain,
     merge: usize,
     out: &ImageDir,
-    compression: proto::Compression,
+    compression: Compression,
     fsync: bool,
-) -> Result<proto::Checkpoint> {
+) -> Result<Checkpoint> {
     let merge = merge.min(chain.links.len() - 1);
     let readers = chain.links[..=merge]
         .iter()
@@ -360,36 +348,22 @@ pub fn flatten(
     let mut ck = top.ck.clone();
     let mut cur = None;
     let mut buf = Vec::new();
-    for p in ck.processes.iter_mut() {
-        let Some(mem) = p.memory.as_mut() else {
-            continue;
-        };
+    for p in ck.processes.iter_mut().filter(|p| !p.is_zombie()) {
         let pieces = chain.resolve(p.pid, merge)?;
+        let mem = &mut p.memory;
         let mut runs = Vec::with_capacity(pieces.len());
-        let mut stats = proto::MemStats::default();
+        let mut stats = MemStats::default();
         let mut hash_i = 0usize;
         for piece in pieces {
             match piece.src {
                 Source::Zero => {
                     stats.pages_zero += piece.pages as u64;
-                    push_run(
-                        &mut runs,
-                        piece.vaddr,
-                        piece.pages,
-                        PageWhere::WhereZero,
-                        Loc { block: 0, page: 0 },
-                    );
+                    push_run(&mut runs, piece.vaddr, piece.pages, PageAt::Zero);
                 }
                 Source::Parent => {
                     stats.pages_parent += piece.pages as u64;
                     hash_i += piece.pages as usize;
-                    push_run(
-                        &mut runs,
-                        piece.vaddr,
-                        piece.pages,
-                        PageWhere::WhereParent,
-                        Loc { block: 0, page: 0 },
-                    );
+                    push_run(&mut runs, piece.vaddr, piece.pages, PageAt::Parent);
                 }
                 Source::Store { link, loc } => {
                     let reader = readers[link].as_ref().ok_or_else(|| ImageError::Invalid {
@@ -429,22 +403,24 @@ pub fn flatten(
                             &mut runs,
                             piece.vaddr + (i * PAGE) as u64,
                             1,
-                            PageWhere::WhereStore,
-                            nloc,
+                            PageAt::Store {
+                                block: nloc.block,
+                                page: nloc.page,
+                            },
                         );
                     }
                 }
             }
         }
         mem.runs = runs;
-        stats.pages_read = mem.stats.as_ref().map_or(0, |s| s.pages_read);
-        mem.stats = Some(stats);
+        stats.pages_read = mem.stats.pages_read;
+        mem.stats = stats;
     }
     writer.close(cur)?;
     ck.store = Some(writer.finish(fsync)?);
-    ck.parent = chain.links.get(merge + 1).map(|l| proto::ParentRef {
+    ck.parent = chain.links.get(merge + 1).map(|l| ParentRef {
         path: relative_path(out.path(), l.dir.path()),
-        image_id: l.ck.image_id.clone(),
+        image_id: l.ck.meta.image_id.clone(),
     });
     Ok(ck)
 }
@@ -482,7 +458,7 @@ pub fn dependants(dir: &ImageDir) -> Result<Vec<PathBuf>> {
         };
         let Some(p) = child.parent else { continue };
         let points_here = parent_dir(&path, &p).canonicalize().is_ok_and(|c| c == me);
-        if p.image_id == ck.image_id && points_here && !out.contains(&path) {
+        if p.image_id == ck.meta.image_id && points_here && !out.contains(&path) {
             out.push(path);
         }
     }
@@ -495,19 +471,21 @@ fn short(id: &str) -> &str {
 
 /// Files of the image at `dir` that belong to it: metadata, store, file
 /// contents and the dependants list.
-fn image_files(dir: &ImageDir, ck: &proto::Checkpoint) -> Vec<PathBuf> {
+fn image_files(dir: &ImageDir, ck: &Checkpoint) -> Vec<PathBuf> {
     let mut v = vec![
         dir.file(crate::dir::CHECKPOINT_FILE),
         dir.file(DEPENDANTS_FILE),
     ];
     v.extend(ck.store.iter().map(|s| dir.file(&s.name)));
-    v.extend(
-        ck.objects
-            .iter()
-            .filter_map(|o| o.content.as_ref())
-            .map(|pf| dir.file(&pf.name)),
-    );
+    v.extend(crate::model::objects::content_files(ck).map(|pf| dir.file(&pf.name)));
     v
+}
+
+/// The compression of an image's store (none without a store).
+fn compression_of(ck: &Checkpoint) -> Compression {
+    ck.store
+        .as_ref()
+        .map_or(Compression::None, |s| s.compression)
 }
 
 /// Make the image at `path` self-contained: into `out` (a new directory),
@@ -516,18 +494,12 @@ fn image_files(dir: &ImageDir, ck: &proto::Checkpoint) -> Vec<PathBuf> {
 pub fn compact(
     path: &Path,
     out: Option<&Path>,
-    compression: Option<proto::Compression>,
+    compression: Option<Compression>,
     fsync: bool,
-) -> Result<proto::Checkpoint> {
+) -> Result<Checkpoint> {
     let chain = Chain::open(path)?;
     let top = chain.top();
-    let compression = compression.unwrap_or_else(|| {
-        top.ck
-            .store
-            .as_ref()
-            .and_then(|s| proto::Compression::try_from(s.compression).ok())
-            .unwrap_or(proto::Compression::None)
-    });
+    let compression = compression.unwrap_or_else(|| compression_of(&top.ck));
     match out {
         Some(out) => {
             if out.join(crate::dir::CHECKPOINT_FILE).exists() {
@@ -538,7 +510,7 @@ pub fn compact(
             }
             let od = ImageDir::create(out)?;
             let ck = flatten(&chain, usize::MAX, &od, compression, fsync)?;
-            for pf in top.ck.objects.iter().filter_map(|o| o.content.as_ref()) {
+            for pf in crate::model::objects::content_files(&top.ck) {
                 let from = top.dir.file(&pf.name);
                 let to = od.file(&format!("{}{}", pf.name, crate::dir::TMP_SUFFIX));
                 std::fs::copy(&from, &to).map_err(io_err(&from))?;
@@ -554,9 +526,9 @@ pub fn compact(
 fn rewrite_in_place(
     chain: &Chain,
     merge: usize,
-    compression: proto::Compression,
+    compression: Compression,
     fsync: bool,
-) -> Result<proto::Checkpoint> {
+) -> Result<Checkpoint> {
     let merge = merge.min(chain.links.len() - 1);
     let top = chain.top();
     let ck = flatten(chain, merge, &top.dir, compression, fsync)?;
@@ -567,7 +539,7 @@ fn rewrite_in_place(
         }
     }
     if let (Some(_), Some(l)) = (&ck.parent, chain.links.get(merge + 1)) {
-        add_dependant(l.dir.path(), top.dir.path(), &ck.image_id)?;
+        add_dependant(l.dir.path(), top.dir.path(), &ck.meta.image_id)?;
     }
     Ok(ck)
 }
@@ -596,13 +568,7 @@ pub fn remove(path: &Path, rebase: bool, fsync: bool) -> Result<Vec<PathBuf>> {
     }
     for d in &deps {
         let chain = Chain::open(d)?;
-        let compression = chain
-            .top()
-            .ck
-            .store
-            .as_ref()
-            .and_then(|s| proto::Compression::try_from(s.compression).ok())
-            .unwrap_or(proto::Compression::None);
+        let compression = compression_of(&chain.top().ck);
         rewrite_in_place(&chain, 1, compression, fsync)?;
     }
     for f in image_files(&dir, &ck) {

@@ -2,8 +2,7 @@
 //! committed (page files first, `checkpoint.img` last, each renamed into
 //! place), so a directory holds either a complete image or none.
 
-use crate::{header, io_err, proto, ImageError, Result};
-use prost::Message;
+use crate::{header, io_err, Checkpoint, ImageError, Result};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -44,17 +43,19 @@ impl ImageDir {
         self.path.join(name)
     }
 
-    pub fn read_checkpoint(&self) -> Result<proto::Checkpoint> {
+    /// Read, check and decode `checkpoint.img`: the typed image, every
+    /// value of it checked (see [`crate::model`]).
+    pub fn read_checkpoint(&self) -> Result<Checkpoint> {
         let path = self.file(CHECKPOINT_FILE);
         let data = std::fs::read(&path).map_err(io_err(&path))?;
         let payload = header::decode(&path, header::KIND_CHECKPOINT, &data)?;
-        proto::Checkpoint::decode(payload).map_err(|source| ImageError::Decode { path, source })
+        Checkpoint::decode(payload).map_err(|what| ImageError::Invalid { path, what })
     }
 
     /// Make the checkpoint durable and visible: the older image in the
     /// directory (if any) stops being one, every file written as
     /// `NAME.tmp` is renamed, then `checkpoint.img` is written atomically.
-    pub fn commit(&self, ck: &proto::Checkpoint, fsync: bool) -> Result<()> {
+    pub fn commit(&self, ck: &Checkpoint, fsync: bool) -> Result<()> {
         let meta = self.file(CHECKPOINT_FILE);
         match std::fs::remove_file(&meta) {
             Ok(()) => self.sync_dir(fsync)?,
@@ -67,10 +68,9 @@ impl ImageDir {
     /// Rename the checkpoint's `.tmp` files into place and replace
     /// `checkpoint.img` atomically (the old metadata stays valid until the
     /// rename: used when the new files have names of their own).
-    pub fn publish(&self, ck: &proto::Checkpoint, fsync: bool) -> Result<()> {
+    pub fn publish(&self, ck: &Checkpoint, fsync: bool) -> Result<()> {
         let meta = self.file(CHECKPOINT_FILE);
-        let contents = ck.objects.iter().filter_map(|o| o.content.as_ref());
-        let names = contents
+        let names = crate::model::objects::content_files(ck)
             .map(|pf| pf.name.clone())
             .chain(ck.store.as_ref().map(|s| s.name.clone()));
         for name in names {
@@ -81,7 +81,7 @@ impl ImageDir {
             }
         }
         let tmp = self.file(&format!("{CHECKPOINT_FILE}{TMP_SUFFIX}"));
-        let framed = header::encode(header::KIND_CHECKPOINT, &ck.encode_to_vec());
+        let framed = header::encode(header::KIND_CHECKPOINT, &ck.encode());
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
         f.write_all(&framed).map_err(io_err(&tmp))?;
         if fsync {

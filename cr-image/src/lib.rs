@@ -2,7 +2,8 @@
 //!
 //! - `checkpoint.img`: a 32-byte header (magic, format version, payload
 //!   length, XXH3-64 of the payload) followed by the protobuf
-//!   [`Checkpoint`](proto::Checkpoint) message;
+//!   `Checkpoint` message, which [`model`] turns into the typed, checked
+//!   [`Checkpoint`] (the protobuf types never leave this crate);
 //! - `pages-<ID>.img`: the page store, the unique pages of all processes
 //!   in blocks, optionally compressed, each block with its XXH3-64 in the
 //!   metadata (see [`store`]); an incremental image refers to its parent
@@ -16,22 +17,24 @@
 pub mod bookmarks;
 pub mod chain;
 pub mod dir;
+pub mod fuzz;
 pub mod header;
+pub mod model;
 pub mod pages;
 pub mod progress;
 pub mod show;
 pub mod store;
 
-pub use cr_proto::image as proto;
 pub use dir::ImageDir;
+pub use model::Checkpoint;
 pub use pages::{PageReader, PageWriter};
 
 use std::path::PathBuf;
 
 /// Major version of the image format: a reader refuses any other major.
-pub const FORMAT_MAJOR: u16 = 2;
+pub const FORMAT_MAJOR: u16 = 3;
 /// Minor version: a reader refuses a newer minor than its own.
-pub const FORMAT_MINOR: u16 = 1;
+pub const FORMAT_MINOR: u16 = 0;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -47,7 +50,7 @@ pub enum ImageError {
     },
     #[error("{path} is not a checkpoint image file (bad magic)")]
     BadMagic { path: PathBuf },
-    #[error("{path} has image format {major}.{minor}; this build reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR}")]
+    #[error("{path} has image format version {major}.{minor}; this build reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR}")]
     Version {
         path: PathBuf,
         major: u16,
@@ -61,12 +64,6 @@ pub enum ImageError {
     },
     #[error("{path} is damaged: checksum mismatch{context}")]
     Checksum { path: PathBuf, context: String },
-    #[error("{path} is damaged: cannot decode metadata")]
-    Decode {
-        path: PathBuf,
-        #[source]
-        source: prost::DecodeError,
-    },
     #[error("image {child} needs its parent {parent}: {what}")]
     Parent {
         child: PathBuf,

@@ -3,7 +3,8 @@
 //! run's checksum verified. Process memory goes to the page store instead.
 
 use crate::dir::{ImageDir, TMP_SUFFIX};
-use crate::{checksum, io_err, proto, ImageError, Result};
+use crate::model::{PageExtent, PageFile};
+use crate::{checksum, io_err, ImageError, Result};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -32,16 +33,11 @@ impl PageWriter {
     }
 
     /// Flush to stable storage if asked, and describe the file.
-    pub fn finish(
-        self,
-        size: u64,
-        extents: Vec<proto::PageExtent>,
-        fsync: bool,
-    ) -> Result<proto::PageFile> {
+    pub fn finish(self, size: u64, extents: Vec<PageExtent>, fsync: bool) -> Result<PageFile> {
         if fsync {
             self.file.sync_all().map_err(io_err(&self.path))?;
         }
-        Ok(proto::PageFile {
+        Ok(PageFile {
             name: self.name,
             size,
             extents,
@@ -57,13 +53,8 @@ pub struct PageReader {
 
 impl PageReader {
     /// Open a page file and check it has the recorded size.
-    pub fn open(dir: &ImageDir, pf: &proto::PageFile) -> Result<Self> {
-        if pf.name.contains('/') || pf.name.starts_with('.') {
-            return Err(ImageError::Invalid {
-                path: dir.path().into(),
-                what: format!("bad page file name {:?}", pf.name),
-            });
-        }
+    /// (The name was checked when the image was read.)
+    pub fn open(dir: &ImageDir, pf: &PageFile) -> Result<Self> {
         let path = dir.file(&pf.name);
         let file = File::open(&path).map_err(io_err(&path))?;
         let actual = file.metadata().map_err(io_err(&path))?.len();
@@ -78,8 +69,8 @@ impl PageReader {
     }
 
     /// Read one run into `buf` (resized to fit) and verify its checksum.
-    pub fn read_extent(&self, ext: &proto::PageExtent, buf: &mut Vec<u8>) -> Result<()> {
-        let len = ext.nr_pages as usize * 4096;
+    pub fn read_extent(&self, ext: &PageExtent, buf: &mut Vec<u8>) -> Result<()> {
+        let len = ext.len() as usize;
         buf.resize(len, 0);
         self.file
             .read_exact_at(&mut buf[..len], ext.offset)
@@ -89,8 +80,8 @@ impl PageReader {
                 path: self.path.clone(),
                 context: format!(
                     " in the pages of {:#x}..{:#x}",
-                    ext.vaddr,
-                    ext.vaddr + len as u64
+                    ext.file_offset,
+                    ext.file_offset + len as u64
                 ),
             });
         }

@@ -1,19 +1,94 @@
 //! A readable dump of an image (like `crit show`): text for people, JSON
-//! for tests and scripts.
+//! (the typed image serialized with serde, plus a one-line summary per
+//! object) for tests and scripts.
 
-use crate::proto;
-use serde_json::{json, Value};
+use crate::model::objects::{InetSocket, ObjectKind};
+use crate::model::{Checkpoint, Memory, Object, ParentRef, Process, VmaKind};
+use serde::Serialize;
 
-fn vma_kind(k: i32) -> &'static str {
-    proto::VmaKind::try_from(k)
-        .map(|k| k.as_str_name())
-        .unwrap_or("UNKNOWN")
+/// The image as `cr_image show --json` prints it.
+#[derive(Serialize)]
+pub struct ImageView<'a> {
+    #[serde(flatten)]
+    meta: &'a crate::model::Meta,
+    root_pid: u32,
+    pidns: bool,
+    pre_dump: bool,
+    netlock: &'a Option<String>,
+    parent: &'a Option<ParentRef>,
+    store: &'a Option<crate::model::PageStore>,
+    processes: &'a [Process],
+    objects: Vec<ObjectView<'a>>,
 }
 
-fn fd_kind(k: i32) -> &'static str {
-    proto::FdKind::try_from(k)
-        .map(|k| k.as_str_name())
-        .unwrap_or("UNKNOWN")
+#[derive(Serialize)]
+struct ObjectView<'a> {
+    #[serde(flatten)]
+    object: &'a Object,
+    summary: String,
+}
+
+/// The whole image, for JSON.
+pub fn view(ck: &Checkpoint) -> ImageView<'_> {
+    ImageView {
+        meta: &ck.meta,
+        root_pid: ck.root_pid,
+        pidns: ck.pidns,
+        pre_dump: ck.pre_dump,
+        netlock: &ck.netlock,
+        parent: &ck.parent,
+        store: &ck.store,
+        processes: &ck.processes,
+        objects: ck
+            .objects
+            .iter()
+            .map(|o| ObjectView {
+                object: o,
+                summary: object_summary(o),
+            })
+            .collect(),
+    }
+}
+
+/// Page statistics of an image, as `cr_image stats --json` prints them.
+#[derive(Serialize)]
+pub struct StatsView<'a> {
+    id: &'a str,
+    /// The parent's directory.
+    parent: Option<String>,
+    pre_dump: bool,
+    compression: &'static str,
+    store_bytes: u64,
+    store_raw_bytes: u64,
+    processes: Vec<ProcStats<'a>>,
+}
+
+#[derive(Serialize)]
+struct ProcStats<'a> {
+    pid: u32,
+    #[serde(flatten)]
+    memory: &'a Memory,
+}
+
+pub fn stats(ck: &Checkpoint, parent: Option<String>) -> StatsView<'_> {
+    let store = ck.store.as_ref();
+    StatsView {
+        id: &ck.meta.image_id,
+        parent,
+        pre_dump: ck.pre_dump,
+        compression: store.map_or("none", |s| s.compression.name()),
+        store_bytes: store.map_or(0, |s| s.size),
+        store_raw_bytes: store.map_or(0, |s| s.blocks.iter().map(|b| b.pages as u64 * 4096).sum()),
+        processes: ck
+            .processes
+            .iter()
+            .filter(|p| !p.is_zombie())
+            .map(|p| ProcStats {
+                pid: p.pid,
+                memory: &p.memory,
+            })
+            .collect(),
+    }
 }
 
 fn prot_str(p: u32) -> String {
@@ -21,243 +96,33 @@ fn prot_str(p: u32) -> String {
     format!("{}{}{}", b(1, 'r'), b(2, 'w'), b(4, 'x'))
 }
 
-/// Name of a dirty-tracking method as users type it.
-pub fn dirty_name(m: i32) -> &'static str {
-    match proto::DirtyMethod::try_from(m).unwrap_or(proto::DirtyMethod::DirtyFull) {
-        proto::DirtyMethod::DirtyFull => "full",
-        proto::DirtyMethod::DirtyUffdWp => "uffd-wp",
-        proto::DirtyMethod::DirtySoftDirty => "soft-dirty",
-        proto::DirtyMethod::DirtyHash => "hash",
-    }
-}
-
-/// The method named by [`dirty_name`] (full if unknown).
-pub fn dirty_from_name(s: &str) -> proto::DirtyMethod {
-    [
-        proto::DirtyMethod::DirtyUffdWp,
-        proto::DirtyMethod::DirtySoftDirty,
-        proto::DirtyMethod::DirtyHash,
-    ]
-    .into_iter()
-    .find(|m| dirty_name(*m as i32) == s)
-    .unwrap_or(proto::DirtyMethod::DirtyFull)
-}
-
-/// Name of the tracking left running in a process ("none" if none).
-pub fn tracking_name(m: i32) -> &'static str {
-    if m == 0 {
-        "none"
-    } else {
-        dirty_name(m)
-    }
-}
-
-/// Name of a compression as users type it.
-pub fn compression_name(c: i32) -> &'static str {
-    match proto::Compression::try_from(c).unwrap_or(proto::Compression::None) {
-        proto::Compression::None => "none",
-        proto::Compression::Lz4 => "lz4",
-        proto::Compression::Zstd => "zstd",
-    }
-}
-
-/// A compression as users type it (`none`, `lz4`, `zstd`).
-pub fn parse_compression(s: &str) -> Result<proto::Compression, String> {
-    match s {
-        "none" => Ok(proto::Compression::None),
-        "lz4" => Ok(proto::Compression::Lz4),
-        "zstd" => Ok(proto::Compression::Zstd),
-        _ => Err(format!("unknown compression {s:?} (none, lz4 or zstd)")),
-    }
-}
-
-fn memory_json(m: &proto::Memory) -> Value {
-    let st = m.stats.unwrap_or_default();
-    json!({
-        "dirty": dirty_name(m.dirty),
-        "tracking": tracking_name(m.tracking),
-        "runs": m.runs.len(),
-        "pages_stored": st.pages_stored,
-        "pages_parent": st.pages_parent,
-        "pages_zero": st.pages_zero,
-        "pages_dup": st.pages_dup,
-        "pages_read": st.pages_read,
-    })
-}
-
-/// Page statistics of an image (`cr_image stats --json`).
-pub fn stats_json(ck: &proto::Checkpoint, parent: Option<String>) -> Value {
-    let store = ck.store.clone().unwrap_or_default();
-    let raw: u64 = store.blocks.iter().map(|b| b.nr_pages as u64 * 4096).sum();
-    json!({
-        "id": ck.image_id,
-        "parent": parent,
-        "pre_dump": ck.pre_dump,
-        "compression": compression_name(store.compression),
-        "store_bytes": store.size,
-        "store_raw_bytes": raw,
-        "processes": ck.processes.iter().filter(|p| !p.zombie).map(|p| {
-            let mut v = p.memory.as_ref().map(memory_json).unwrap_or_else(|| json!({}));
-            v["pid"] = json!(p.pid);
-            v
-        }).collect::<Vec<_>>(),
-    })
-}
-
-/// The whole image as JSON.
-pub fn to_json(ck: &proto::Checkpoint) -> Value {
-    let procs: Vec<Value> = ck
-        .processes
-        .iter()
-        .map(|p| {
-            json!({
-                "pid": p.pid,
-                "ns_pid": p.ns_pid,
-                "ppid": p.ppid,
-                "pgid": p.pgid,
-                "sid": p.sid,
-                "zombie": p.zombie,
-                "comm": p.comm,
-                "exe": p.exe,
-                "cwd": p.cwd,
-                "umask": format!("{:04o}", p.umask),
-                "personality": p.personality,
-                "stopped": p.stopped,
-                "shared_pending": p.shared_pending.iter().map(|i| i.get(0..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect::<Vec<_>>(),
-                "itimers": p.itimers.iter().map(|t| json!({"which": t.which, "interval_us": t.interval_us, "value_us": t.value_us})).collect::<Vec<_>>(),
-                "cmdline": String::from_utf8_lossy(&p.cmdline).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>(),
-                "mm": p.mm.as_ref().map(|m| json!({
-                    "start_code": m.start_code, "end_code": m.end_code,
-                    "start_data": m.start_data, "end_data": m.end_data,
-                    "start_brk": m.start_brk, "brk": m.brk, "start_stack": m.start_stack,
-                    "arg_start": m.arg_start, "arg_end": m.arg_end,
-                    "env_start": m.env_start, "env_end": m.env_end,
-                })),
-                "auxv_bytes": p.auxv.len(),
-                "vmas": p.vmas.iter().map(|v| json!({
-                    "start": format!("{:#x}", v.start),
-                    "end": format!("{:#x}", v.end),
-                    "prot": prot_str(v.prot),
-                    "shared": v.shared,
-                    "kind": vma_kind(v.kind),
-                    "pgoff": v.pgoff,
-                    "path": v.path,
-                    "vm_flags": v.vm_flags,
-                })).collect::<Vec<_>>(),
-                "threads": p.threads.iter().map(|t| {
-                    let r = t.regs.unwrap_or_default();
-                    json!({
-                        "tid": t.tid,
-                        "rip": format!("{:#x}", r.rip),
-                        "rsp": format!("{:#x}", r.rsp),
-                        "rax": format!("{:#x}", r.rax),
-                        "orig_rax": r.orig_rax as i64,
-                        "fs_base": format!("{:#x}", r.fs_base),
-                        "xstate_bytes": t.xstate.len(),
-                        "sigmask": format!("{:#x}", t.sigmask),
-                        "pending": t.pending.iter().map(|i| i.get(0..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect::<Vec<_>>(),
-                        "clear_child_tid": format!("{:#x}", t.clear_child_tid),
-                        "rseq": t.rseq.as_ref().map(|s| json!({"addr": format!("{:#x}", s.addr), "len": s.len, "signature": format!("{:#x}", s.signature)})),
-                    })
-                }).collect::<Vec<_>>(),
-                "fds": p.fds.iter().map(|f| json!({
-                    "fd": f.fd,
-                    "kind": fd_kind(f.kind),
-                    "path": f.path,
-                    "flags": format!("{:#o}", f.flags),
-                    "pos": f.pos,
-                    "size": f.size,
-                })).collect::<Vec<_>>(),
-                "sigactions": p.sigactions.iter().map(|s| json!({
-                    "signo": s.signo,
-                    "handler": format!("{:#x}", s.handler),
-                    "flags": format!("{:#x}", s.flags),
-                    "mask": format!("{:#x}", s.mask),
-                })).collect::<Vec<_>>(),
-                "memory": p.memory.as_ref().map(memory_json),
-            })
-        })
-        .collect();
-    json!({
-        "tool_version": ck.tool_version,
-        "created_unix_ms": ck.created_unix_ms,
-        "hostname": ck.hostname,
-        "kernel_release": ck.kernel_release,
-        "root_pid": ck.root_pid,
-        "pidns": ck.pidns,
-        "cpu_xfeatures": format!("{:#x}", ck.cpu_xfeatures),
-        "processes": procs,
-        "objects": ck.objects.iter().map(object_json).collect::<Vec<_>>(),
-        "netlock": ck.netlock,
-    })
-}
-
-fn object_json(o: &proto::FileObject) -> Value {
-    let kind = proto::ObjectKind::try_from(o.kind)
-        .map(|k| k.as_str_name().trim_end_matches("_OBJECT").to_lowercase())
-        .unwrap_or_else(|_| o.kind.to_string());
-    let mut v = json!({ "id": o.id, "kind": kind, "summary": object_summary(o) });
-    if let Some(u) = &o.unix {
-        v["unix"] = json!({
-            "type": u.sock_type,
-            "state": u.state,
-            "name": String::from_utf8_lossy(&u.name).replace('\0', "@"),
-            "peer": u.peer,
-            "listener": u.listener,
-            "queued_messages": u.queue.len(),
-            "queued_bytes": u.queue.iter().map(Vec::len).sum::<usize>(),
-            "shutdown": u.shutdown,
-        });
-    }
-    if let Some(i) = &o.inet {
-        v["inet"] = json!({
-            "family": i.family,
-            "type": i.sock_type,
-            "protocol": i.protocol,
-            "state": i.state,
-            "local": i.local,
-            "remote": i.remote,
-            "backlog": i.backlog,
-            "options": i.opts.iter().map(|o| format!("{}/{}={}", o.level, o.name,
-                o.value.iter().map(|b| format!("{b:02x}")).collect::<String>())).collect::<Vec<_>>(),
-        });
-        if let Some(t) = &i.tcp {
-            v["inet"]["tcp"] = json!({
-                "snd_una": t.snd_una,
-                "snd_nxt": t.snd_nxt,
-                "write_seq": t.write_seq,
-                "rcv_nxt": t.rcv_nxt,
-                "send_queue_bytes": t.send_queue.len(),
-                "unsent_bytes": t.unsent,
-                "recv_queue_bytes": t.recv_queue.len(),
-                "mss": t.mss,
-                "options": t.options,
-            });
-        }
-    }
-    v
+fn vma_kind(k: VmaKind) -> String {
+    serde_json::to_value(k)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// One line about an object: what it is and what it holds.
-fn object_summary(o: &proto::FileObject) -> String {
-    use proto::ObjectKind as K;
-    match proto::ObjectKind::try_from(o.kind).unwrap_or(K::Unspecified) {
-        K::PipeObject => format!(
+pub fn object_summary(o: &Object) -> String {
+    match &o.kind {
+        ObjectKind::Pipe(p) => format!(
             "pipe:[{}] {} bytes buffered, capacity {}",
             o.id,
-            o.pipe_data.len(),
-            o.pipe_size
+            p.data.len(),
+            p.capacity
         ),
-        K::FifoObject => format!("fifo {} {} bytes buffered", o.path, o.pipe_data.len()),
-        K::MemfdObject => format!("memfd:{} {} bytes, seals {:#x}", o.path, o.size, o.seals),
-        K::DeletedFileObject => format!("deleted file {} {} bytes", o.path, o.size),
-        K::PtyObject => format!(
+        ObjectKind::Fifo(f) => format!("fifo {} {} bytes buffered", f.path, f.data.len()),
+        ObjectKind::Memfd(f) => {
+            format!("memfd:{} {} bytes, seals {:#x}", f.name, f.size, f.seals)
+        }
+        ObjectKind::DeletedFile(f) => format!("deleted file {} {} bytes", f.name, f.size),
+        ObjectKind::Pty(p) => format!(
             "pty /dev/pts/{}{}",
-            o.pty_index,
-            if o.pty_locked { " (locked)" } else { "" }
+            p.index,
+            if p.locked { " (locked)" } else { "" }
         ),
-        K::UnixSocketObject => {
-            let u = o.unix.clone().unwrap_or_default();
+        ObjectKind::UnixSocket(u) => {
             let ty = match u.sock_type {
                 1 => "stream",
                 2 => "dgram",
@@ -275,23 +140,20 @@ fn object_summary(o: &proto::FileObject) -> String {
                 u.queue.iter().map(Vec::len).sum::<usize>()
             )
         }
-        K::InetSocketObject => inet_summary(o.id, &o.inet.clone().unwrap_or_default()),
-        K::Unspecified => format!("object {} of kind {}", o.id, o.kind),
+        ObjectKind::InetSocket(s) => inet_summary(o.id, s),
     }
 }
 
 /// "tcp 10.0.0.1:5000 -> 10.0.0.2:40000 ESTABLISHED snd_una=... ..."
-fn inet_summary(id: u64, s: &proto::InetSocket) -> String {
+fn inet_summary(id: u64, s: &InetSocket) -> String {
     let proto_name = if s.protocol == 6 { "tcp" } else { "udp" };
     let family = if s.family == 10 { "v6" } else { "v4" };
-    let local = if s.local.is_empty() {
-        "(unbound)"
-    } else {
-        &s.local
-    };
+    let local = s
+        .local
+        .map_or_else(|| "(unbound)".to_string(), |a| a.to_string());
     let mut out = format!("{proto_name} socket:[{id}] ({family}) {local}");
-    if !s.remote.is_empty() {
-        out.push_str(&format!(" -> {}", s.remote));
+    if let Some(r) = s.remote {
+        out.push_str(&format!(" -> {r}"));
     }
     if s.protocol == 6 {
         let state = match s.state {
@@ -320,13 +182,14 @@ fn inet_summary(id: u64, s: &proto::InetSocket) -> String {
 }
 
 /// The image as text.
-pub fn to_text(ck: &proto::Checkpoint) -> String {
+pub fn to_text(ck: &Checkpoint) -> String {
     use std::fmt::Write;
     let mut s = String::new();
+    let m = &ck.meta;
     let _ = writeln!(
         s,
         "checkpoint of pid {} taken on {} (kernel {}) by cr {}",
-        ck.root_pid, ck.hostname, ck.kernel_release, ck.tool_version
+        ck.root_pid, m.hostname, m.kernel_release, m.tool_version
     );
     for p in &ck.processes {
         let _ = writeln!(
@@ -334,26 +197,25 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
             "\nprocess {} (pid {} in its namespace) ({}) ppid {} exe {}{}",
             p.pid,
             p.ns_pid,
-            p.comm,
+            p.task.comm,
             p.ppid,
-            p.exe,
-            if p.zombie { " [zombie]" } else { "" }
+            p.task.exe,
+            if p.is_zombie() { " [zombie]" } else { "" }
         );
-        let _ = writeln!(s, "  cwd {}  umask {:04o}", p.cwd, p.umask);
-        if let Some(m) = &p.memory {
-            let st = m.stats.unwrap_or_default();
-            let _ = writeln!(
-                s,
-                "  pages: {} stored, {} duplicates, {} from the parent, {} zero ({} runs); unchanged pages found by {}, tracking left: {}",
-                st.pages_stored,
-                st.pages_dup,
-                st.pages_parent,
-                st.pages_zero,
-                m.runs.len(),
-                dirty_name(m.dirty),
-                tracking_name(m.tracking),
-            );
-        }
+        let _ = writeln!(s, "  cwd {}  umask {:04o}", p.task.cwd, p.task.umask);
+        let mem = &p.memory;
+        let st = mem.stats;
+        let _ = writeln!(
+            s,
+            "  pages: {} stored, {} duplicates, {} from the parent, {} zero ({} runs); unchanged pages found by {}, tracking left: {}",
+            st.pages_stored,
+            st.pages_dup,
+            st.pages_parent,
+            st.pages_zero,
+            mem.runs.len(),
+            mem.dirty.name(),
+            mem.tracking.map_or("none", |t| t.name()),
+        );
         let _ = writeln!(s, "  memory ({} vmas):", p.vmas.len());
         for v in &p.vmas {
             let _ = writeln!(
@@ -369,7 +231,7 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
             );
         }
         for t in &p.threads {
-            let r = t.regs.unwrap_or_default();
+            let r = &t.regs;
             let _ = writeln!(
                 s,
                 "  thread {}: rip {:#x} rsp {:#x} rax {:#x} orig_rax {} fs_base {:#x} xstate {} bytes",
@@ -382,7 +244,7 @@ pub fn to_text(ck: &proto::Checkpoint) -> String {
                 s,
                 "    {:>4} {:<12} flags {:#o} pos {} {}",
                 f.fd,
-                fd_kind(f.kind),
+                f.kind.name(),
                 f.flags,
                 f.pos,
                 f.path

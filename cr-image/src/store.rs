@@ -15,8 +15,8 @@
 //! it at an offset reserved atomically when the block is full.
 
 use crate::dir::{ImageDir, TMP_SUFFIX};
-use crate::{checksum, io_err, proto, ImageError, Result};
-use proto::Compression;
+use crate::model::{Compression, PageStore, StoreBlock};
+use crate::{checksum, io_err, ImageError, Result};
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -26,7 +26,7 @@ use std::sync::Mutex;
 
 pub const PAGE: usize = 4096;
 /// Pages per block (256 KiB): the unit of compression and of verification.
-pub const BLOCK_PAGES: usize = 64;
+pub const BLOCK_PAGES: usize = crate::model::memory::BLOCK_PAGES as usize;
 const SHARDS: usize = 64;
 const ZSTD_LEVEL: i32 = 3;
 
@@ -72,7 +72,7 @@ pub struct StoreWriter {
     compression: Compression,
     next_block: AtomicU32,
     end: AtomicU64,
-    blocks: Mutex<Vec<(u32, proto::StoreBlock)>>,
+    blocks: Mutex<Vec<(u32, StoreBlock)>>,
     dedup: Vec<Mutex<HashMap<u128, Loc>>>,
 }
 
@@ -158,10 +158,10 @@ impl StoreWriter {
             .map_err(io_err(&self.path))?;
         self.blocks.lock().expect("blocks").push((
             b.id,
-            proto::StoreBlock {
+            StoreBlock {
                 offset,
                 stored_len: bytes.len() as u32,
-                nr_pages: b.pages() as u32,
+                pages: b.pages() as u32,
                 xxh3,
                 raw,
             },
@@ -170,7 +170,7 @@ impl StoreWriter {
     }
 
     /// Make the file its final size, flush it if asked, and describe it.
-    pub fn finish(self, fsync: bool) -> Result<proto::PageStore> {
+    pub fn finish(self, fsync: bool) -> Result<PageStore> {
         let size = self.end.load(Ordering::Relaxed);
         self.file.set_len(size).map_err(io_err(&self.path))?;
         if fsync {
@@ -188,10 +188,10 @@ impl StoreWriter {
                 what: "a block of the page store was never written".into(),
             });
         }
-        Ok(proto::PageStore {
+        Ok(PageStore {
             name: self.name,
             size,
-            compression: self.compression as i32,
+            compression: self.compression,
             blocks: blocks.into_iter().map(|(_, b)| b).collect(),
         })
     }
@@ -202,19 +202,14 @@ pub struct StoreReader {
     path: PathBuf,
     map: cr_sys::mem::FileMap,
     compression: Compression,
-    blocks: Vec<proto::StoreBlock>,
+    blocks: Vec<StoreBlock>,
     verified: Vec<AtomicBool>,
 }
 
 impl StoreReader {
-    /// Open a store and check its size and block table.
-    pub fn open(dir: &ImageDir, store: &proto::PageStore) -> Result<Self> {
-        if store.name.contains('/') || store.name.starts_with('.') || store.name.is_empty() {
-            return Err(ImageError::Invalid {
-                path: dir.path().into(),
-                what: format!("bad page store name {:?}", store.name),
-            });
-        }
+    /// Open a store and check its size (its name and block table were
+    /// checked when the image was read).
+    pub fn open(dir: &ImageDir, store: &PageStore) -> Result<Self> {
         let path = dir.file(&store.name);
         let file = File::open(&path).map_err(io_err(&path))?;
         let actual = file.metadata().map_err(io_err(&path))?.len();
@@ -225,18 +220,6 @@ impl StoreReader {
                 actual,
             });
         }
-        for (i, b) in store.blocks.iter().enumerate() {
-            let bad = b.offset + b.stored_len as u64 > store.size
-                || b.nr_pages == 0
-                || b.nr_pages as usize > BLOCK_PAGES
-                || (b.raw && b.stored_len as usize != b.nr_pages as usize * PAGE);
-            if bad {
-                return Err(ImageError::Invalid {
-                    path,
-                    what: format!("block {i} of the page store is out of bounds"),
-                });
-            }
-        }
         let map = cr_sys::mem::FileMap::map(&file, &path.to_string_lossy()).map_err(|e| {
             ImageError::Invalid {
                 path: path.clone(),
@@ -246,7 +229,7 @@ impl StoreReader {
         Ok(StoreReader {
             path,
             map,
-            compression: Compression::try_from(store.compression).unwrap_or(Compression::None),
+            compression: store.compression,
             verified: store
                 .blocks
                 .iter()
@@ -264,7 +247,7 @@ impl StoreReader {
         self.blocks.len()
     }
 
-    fn meta(&self, id: u32) -> Result<&proto::StoreBlock> {
+    fn meta(&self, id: u32) -> Result<&StoreBlock> {
         self.blocks
             .get(id as usize)
             .ok_or_else(|| ImageError::Invalid {
@@ -275,7 +258,7 @@ impl StoreReader {
 
     /// Check block `id`'s uncompressed `data` against its hash (a raw
     /// block only the first time).
-    fn check(&self, id: u32, b: &proto::StoreBlock, data: &[u8]) -> Result<()> {
+    fn check(&self, id: u32, b: &StoreBlock, data: &[u8]) -> Result<()> {
         let verified = &self.verified[id as usize];
         if b.raw && verified.load(Ordering::Relaxed) {
             return Ok(());
@@ -296,7 +279,7 @@ impl StoreReader {
             self.check(id, b, stored)?;
             return Ok(stored);
         }
-        let len = b.nr_pages as usize * PAGE;
+        let len = b.pages as usize * PAGE;
         buf.resize(len, 0);
         let n = match self.compression {
             Compression::Lz4 => lz4_flex::block::decompress_into(stored, buf).ok(),

@@ -14,7 +14,7 @@
 use clap::{Parser, Subcommand};
 use cr_image::chain::{self, Chain};
 use cr_image::store::StoreReader;
-use cr_image::{proto, ImageDir, PageReader};
+use cr_image::{ImageDir, PageReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -104,7 +104,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             if json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&cr_image::show::to_json(&ck))?
+                    serde_json::to_string_pretty(&cr_image::show::view(&ck))?
                 );
             } else {
                 print!("{}", cr_image::show::to_text(&ck));
@@ -119,12 +119,19 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             if json {
+                #[derive(serde::Serialize)]
+                struct Mark<'a> {
+                    image: String,
+                    state: &'static str,
+                    #[serde(flatten)]
+                    mark: &'a cr_image::bookmarks::Bookmark,
+                }
                 let v: Vec<_> = all
                     .iter()
-                    .map(|(d, b)| {
-                        let mut j = b.to_json();
-                        j["image"] = serde_json::json!(d.display().to_string());
-                        j
+                    .map(|(d, b)| Mark {
+                        image: d.display().to_string(),
+                        state: "ESTABLISHED",
+                        mark: b,
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
@@ -157,15 +164,12 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         }
         Cmd::Unlock { dir } => {
             let ck = ImageDir::open(&dir)?.read_checkpoint()?;
-            if ck.netlock.is_empty() {
-                println!("{}: the image took no network lock", dir.display());
-            } else if cr_sys::netlock::unlock(None, &ck.netlock)? {
-                println!("network lock {} removed", ck.netlock);
-            } else {
-                println!(
-                    "network lock {} is not in this network namespace",
-                    ck.netlock
-                );
+            match &ck.netlock {
+                None => println!("{}: the image took no network lock", dir.display()),
+                Some(lock) if cr_sys::netlock::unlock(None, lock)? => {
+                    println!("network lock {lock} removed")
+                }
+                Some(lock) => println!("network lock {lock} is not in this network namespace"),
             }
         }
         Cmd::Verify { dir } => {
@@ -181,7 +185,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             let top = chain.top();
-            for pf in top.ck.objects.iter().filter_map(|o| o.content.as_ref()) {
+            for pf in cr_image::model::objects::content_files(&top.ck) {
                 let r = PageReader::open(&top.dir, pf)?;
                 for e in &pf.extents {
                     r.read_extent(e, &mut buf)?;
@@ -204,15 +208,15 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 .parent
                 .as_ref()
                 .map(|p| chain::parent_dir(&dir, p).display().to_string());
-            let v = cr_image::show::stats_json(&ck, parent);
+            let v = cr_image::show::stats(&ck, parent);
             if json {
-                println!("{v}");
+                println!("{}", serde_json::to_string(&v)?);
             } else {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             }
         }
         Cmd::Compact { out, compress, dir } => {
-            let compression = compress.as_deref().map(parse_compression);
+            let compression = compress.map(|c| c.parse()).transpose()?;
             let ck = chain::compact(&dir, out.as_deref(), compression, true)?;
             let size = ck.store.as_ref().map_or(0, |s| s.size);
             println!(
@@ -230,14 +234,6 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
-}
-
-fn parse_compression(s: &str) -> proto::Compression {
-    match s {
-        "lz4" => proto::Compression::Lz4,
-        "zstd" => proto::Compression::Zstd,
-        _ => proto::Compression::None,
-    }
 }
 
 fn main() -> ExitCode {

@@ -1,0 +1,436 @@
+//! Section of kind "fds": the fd table of a process. Each fd has its
+//! number, open flags and offset, the earlier fd it shares its open file
+//! description with (if any), the locks held through it (kind "locks"),
+//! and what it is: one case per kind of open file (files, pipes, unix,
+//! inet, eventfds, tty); the state those kinds share between fds lives in
+//! the image's objects.
+
+use super::objects::ObjectTag;
+use super::pb;
+use super::{known, ser, Bad, Process};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+/// struct termios as TCGETS fills it.
+pub const TERMIOS_LEN: usize = 60;
+/// struct winsize.
+pub const WINSIZE_LEN: usize = 8;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fd {
+    pub fd: i32,
+    /// f_flags from fdinfo (O_ACCMODE, O_APPEND, O_CLOEXEC...).
+    pub flags: u32,
+    pub pos: u64,
+    /// What /proc/PID/fd/N read.
+    pub path: String,
+    /// The same open file description as this earlier fd.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedFd>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<FileLock>,
+    #[serde(flatten)]
+    pub kind: FdKind,
+}
+
+/// An fd of an earlier process of the image (or of the same process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SharedFd {
+    pub pid: u32,
+    pub fd: i32,
+}
+
+/// What an fd is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FdKind {
+    // kind "files"
+    Regular {
+        size: u64,
+    },
+    Directory,
+    CharDevice {
+        rdev: u64,
+    },
+    Memfd {
+        object: u64,
+    },
+    /// Unlinked while open, or made with O_TMPFILE.
+    DeletedFile {
+        object: u64,
+    },
+    // kind "pipes"
+    Pipe {
+        object: u64,
+    },
+    Fifo {
+        object: u64,
+    },
+    // kind "unix"
+    UnixSocket {
+        object: u64,
+    },
+    // kind "inet"
+    InetSocket {
+        object: u64,
+    },
+    // kind "eventfds"
+    Eventfd {
+        count: u64,
+        semaphore: bool,
+    },
+    Signalfd {
+        #[serde(serialize_with = "ser::hex")]
+        mask: u64,
+    },
+    Timerfd(TimerFd),
+    Epoll {
+        items: Vec<EpollItem>,
+    },
+    Inotify {
+        watches: Vec<InotifyWatch>,
+    },
+    // kind "tty"
+    Pty {
+        object: u64,
+        master: bool,
+    },
+    /// Leads outside the image: restored as cr_restart's fd of the same
+    /// number. A terminal has its settings (else both are empty).
+    Inherited {
+        #[serde(skip)]
+        termios: Vec<u8>,
+        #[serde(skip)]
+        winsize: Vec<u8>,
+    },
+}
+
+impl FdKind {
+    /// The object this fd opens, if any.
+    pub fn object(&self) -> Option<(ObjectTag, u64)> {
+        Some(match *self {
+            FdKind::Memfd { object } => (ObjectTag::Memfd, object),
+            FdKind::DeletedFile { object } => (ObjectTag::DeletedFile, object),
+            FdKind::Pipe { object } => (ObjectTag::Pipe, object),
+            FdKind::Fifo { object } => (ObjectTag::Fifo, object),
+            FdKind::UnixSocket { object } => (ObjectTag::UnixSocket, object),
+            FdKind::InetSocket { object } => (ObjectTag::InetSocket, object),
+            FdKind::Pty { object, .. } => (ObjectTag::Pty, object),
+            _ => return None,
+        })
+    }
+
+    /// A short name ("pipe", "unix_socket"...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FdKind::Regular { .. } => "regular",
+            FdKind::Directory => "directory",
+            FdKind::CharDevice { .. } => "char_device",
+            FdKind::Memfd { .. } => "memfd",
+            FdKind::DeletedFile { .. } => "deleted_file",
+            FdKind::Pipe { .. } => "pipe",
+            FdKind::Fifo { .. } => "fifo",
+            FdKind::UnixSocket { .. } => "unix_socket",
+            FdKind::InetSocket { .. } => "inet_socket",
+            FdKind::Eventfd { .. } => "eventfd",
+            FdKind::Signalfd { .. } => "signalfd",
+            FdKind::Timerfd(_) => "timerfd",
+            FdKind::Epoll { .. } => "epoll",
+            FdKind::Inotify { .. } => "inotify",
+            FdKind::Pty { .. } => "pty",
+            FdKind::Inherited { .. } => "inherited",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct TimerFd {
+    pub clockid: i32,
+    /// Expirations not yet read.
+    pub ticks: u64,
+    /// TFD_TIMER_ABSTIME / TFD_TIMER_CANCEL_ON_SET.
+    pub settime_flags: u32,
+    /// Time left (0: disarmed; an absolute timer: its deadline).
+    pub value_ns: u64,
+    pub interval_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EpollItem {
+    /// The watched fd, in the same process.
+    pub tfd: i32,
+    pub events: u32,
+    pub data: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InotifyWatch {
+    pub wd: i32,
+    pub mask: u32,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockKind {
+    Flock,
+    Posix,
+    Ofd,
+}
+
+impl LockKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LockKind::Flock => "flock",
+            LockKind::Posix => "posix",
+            LockKind::Ofd => "ofd",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FileLock {
+    pub kind: LockKind,
+    pub write: bool,
+    pub start: u64,
+    /// 0: to the end of the file and beyond.
+    pub len: u64,
+}
+
+/// Clocks a timerfd may use.
+const TIMER_CLOCKS: &[i32] = &[0, 1, 7, 8, 9];
+
+impl Fd {
+    pub(crate) fn from_pb(f: pb::Fd) -> Result<Fd, Bad> {
+        use pb::fd::Kind as K;
+        if f.fd < 0 {
+            return Err("a negative fd number".into());
+        }
+        let obj = |r: pb::ObjectRef| r.id;
+        let kind = match f.kind {
+            None => return Err("of a kind this build does not know".into()),
+            Some(K::Regular(r)) => FdKind::Regular { size: r.size },
+            Some(K::Directory(_)) => FdKind::Directory,
+            Some(K::CharDevice(c)) => FdKind::CharDevice { rdev: c.rdev },
+            Some(K::Memfd(r)) => FdKind::Memfd { object: obj(r) },
+            Some(K::DeletedFile(r)) => FdKind::DeletedFile { object: obj(r) },
+            Some(K::Pipe(r)) => FdKind::Pipe { object: obj(r) },
+            Some(K::Fifo(r)) => FdKind::Fifo { object: obj(r) },
+            Some(K::UnixSocket(r)) => FdKind::UnixSocket { object: obj(r) },
+            Some(K::InetSocket(r)) => FdKind::InetSocket { object: obj(r) },
+            Some(K::Eventfd(e)) => FdKind::Eventfd {
+                count: e.count,
+                semaphore: e.semaphore,
+            },
+            Some(K::Signalfd(s)) => FdKind::Signalfd { mask: s.mask },
+            Some(K::Timerfd(t)) => {
+                if !TIMER_CLOCKS.contains(&t.clockid) {
+                    return Err(format!("a timerfd on clock {}", t.clockid));
+                }
+                FdKind::Timerfd(TimerFd {
+                    clockid: t.clockid,
+                    ticks: t.ticks,
+                    settime_flags: t.settime_flags,
+                    value_ns: t.value_ns,
+                    interval_ns: t.interval_ns,
+                })
+            }
+            Some(K::Epoll(e)) => FdKind::Epoll {
+                items: e
+                    .items
+                    .into_iter()
+                    .map(|i| EpollItem {
+                        tfd: i.tfd,
+                        events: i.events,
+                        data: i.data,
+                    })
+                    .collect(),
+            },
+            Some(K::Inotify(i)) => FdKind::Inotify {
+                watches: i
+                    .watches
+                    .into_iter()
+                    .map(|w| InotifyWatch {
+                        wd: w.wd,
+                        mask: w.mask,
+                        path: w.path,
+                    })
+                    .collect(),
+            },
+            Some(K::Pty(p)) => FdKind::Pty {
+                object: p.id,
+                master: p.master,
+            },
+            Some(K::Inherited(i)) => {
+                let ok = (i.termios.is_empty() || i.termios.len() == TERMIOS_LEN)
+                    && (i.winsize.is_empty() || i.winsize.len() == WINSIZE_LEN);
+                if !ok {
+                    return Err("damaged terminal settings".into());
+                }
+                FdKind::Inherited {
+                    termios: i.termios,
+                    winsize: i.winsize,
+                }
+            }
+        };
+        let locks = f
+            .locks
+            .into_iter()
+            .map(|l| {
+                let kind = match known(l.kind, "a lock")? {
+                    pb::LockKind::Unspecified => return Err("a lock of unknown kind".into()),
+                    pb::LockKind::Flock => LockKind::Flock,
+                    pb::LockKind::Posix => LockKind::Posix,
+                    pb::LockKind::Ofd => LockKind::Ofd,
+                };
+                if l.start > i64::MAX as u64 || l.len > i64::MAX as u64 {
+                    return Err(format!("a lock on bytes {}+{}", l.start, l.len));
+                }
+                Ok(FileLock {
+                    kind,
+                    write: l.write,
+                    start: l.start,
+                    len: l.len,
+                })
+            })
+            .collect::<Result<_, Bad>>()?;
+        Ok(Fd {
+            fd: f.fd,
+            flags: f.flags,
+            pos: f.pos,
+            path: f.path,
+            shared: f.shared.map(|s| SharedFd {
+                pid: s.pid,
+                fd: s.fd,
+            }),
+            locks,
+            kind,
+        })
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::Fd {
+        use pb::fd::Kind as K;
+        let r = |id: u64| pb::ObjectRef { id };
+        let kind = match &self.kind {
+            FdKind::Regular { size } => K::Regular(pb::RegularFile { size: *size }),
+            FdKind::Directory => K::Directory(pb::Empty {}),
+            FdKind::CharDevice { rdev } => K::CharDevice(pb::CharDevice { rdev: *rdev }),
+            FdKind::Memfd { object } => K::Memfd(r(*object)),
+            FdKind::DeletedFile { object } => K::DeletedFile(r(*object)),
+            FdKind::Pipe { object } => K::Pipe(r(*object)),
+            FdKind::Fifo { object } => K::Fifo(r(*object)),
+            FdKind::UnixSocket { object } => K::UnixSocket(r(*object)),
+            FdKind::InetSocket { object } => K::InetSocket(r(*object)),
+            FdKind::Eventfd { count, semaphore } => K::Eventfd(pb::Eventfd {
+                count: *count,
+                semaphore: *semaphore,
+            }),
+            FdKind::Signalfd { mask } => K::Signalfd(pb::Signalfd { mask: *mask }),
+            FdKind::Timerfd(t) => K::Timerfd(pb::TimerFd {
+                clockid: t.clockid,
+                ticks: t.ticks,
+                settime_flags: t.settime_flags,
+                value_ns: t.value_ns,
+                interval_ns: t.interval_ns,
+            }),
+            FdKind::Epoll { items } => K::Epoll(pb::Epoll {
+                items: items
+                    .iter()
+                    .map(|i| pb::EpollItem {
+                        tfd: i.tfd,
+                        events: i.events,
+                        data: i.data,
+                    })
+                    .collect(),
+            }),
+            FdKind::Inotify { watches } => K::Inotify(pb::Inotify {
+                watches: watches
+                    .iter()
+                    .map(|w| pb::InotifyWatch {
+                        wd: w.wd,
+                        mask: w.mask,
+                        path: w.path.clone(),
+                    })
+                    .collect(),
+            }),
+            FdKind::Pty { object, master } => K::Pty(pb::PtyEnd {
+                id: *object,
+                master: *master,
+            }),
+            FdKind::Inherited { termios, winsize } => K::Inherited(pb::Inherited {
+                termios: termios.clone(),
+                winsize: winsize.clone(),
+            }),
+        };
+        pb::Fd {
+            fd: self.fd,
+            flags: self.flags,
+            pos: self.pos,
+            path: self.path.clone(),
+            shared: self.shared.map(|s| pb::SharedFd {
+                pid: s.pid,
+                fd: s.fd,
+            }),
+            locks: self
+                .locks
+                .iter()
+                .map(|l| pb::FileLock {
+                    kind: (match l.kind {
+                        LockKind::Flock => pb::LockKind::Flock,
+                        LockKind::Posix => pb::LockKind::Posix,
+                        LockKind::Ofd => pb::LockKind::Ofd,
+                    }) as i32,
+                    write: l.write,
+                    start: l.start,
+                    len: l.len,
+                })
+                .collect(),
+            kind: Some(kind),
+        }
+    }
+}
+
+/// The fd table of process `p` (number `i` of the image): sorted, unique
+/// numbers; every object it opens is in the image; every fd it shares was
+/// restored before it; every watched fd of an epoll is open.
+pub(crate) fn validate(
+    p: &Process,
+    i: usize,
+    pids: &HashMap<u32, usize>,
+    procs: &[Process],
+    objects: &HashSet<(ObjectTag, u64)>,
+) -> Result<(), Bad> {
+    for w in p.fds.windows(2) {
+        if w[1].fd <= w[0].fd {
+            return Err(format!("fd {} is out of order", w[1].fd));
+        }
+    }
+    for f in &p.fds {
+        let bad = |what: String| Err(format!("fd {}: {what}", f.fd));
+        if let Some((tag, id)) = f.kind.object() {
+            if !objects.contains(&(tag, id)) {
+                return bad(format!("refers to {tag:?} {id}, missing from the image"));
+            }
+        }
+        if let Some(s) = f.shared {
+            let owner = pids.get(&s.pid).map(|&j| (j, &procs[j]));
+            let ok = match owner {
+                Some((j, q)) if j < i => q.fd(s.fd).is_some(),
+                Some((j, q)) if j == i => s.fd < f.fd && q.fd(s.fd).is_some(),
+                _ => false,
+            };
+            if !ok {
+                return bad(format!(
+                    "shares fd {} of process {}, which is not restored before it",
+                    s.fd, s.pid
+                ));
+            }
+        }
+        if let FdKind::Epoll { items } = &f.kind {
+            if let Some(it) = items.iter().find(|it| p.fd(it.tfd).is_none()) {
+                return bad(format!("watches fd {}, which is not open", it.tfd));
+            }
+        }
+    }
+    Ok(())
+}

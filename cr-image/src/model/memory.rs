@@ -1,0 +1,791 @@
+//! Section of kind "memory": the mm fields and auxiliary vector, every
+//! mapping (VMA), and where each saved page is (this image's page store,
+//! the parent image, or zero); the page store itself and the content files
+//! of file objects.
+
+use super::{known, pb, ser, Bad, Checkpoint, ObjectTag, Process};
+use serde::Serialize;
+use std::collections::HashMap;
+
+pub const PAGE: u64 = 4096;
+/// Pages per block of the page store.
+pub const BLOCK_PAGES: u32 = 64;
+/// The top of user space on x86_64 (4-level paging; 5-level goes higher).
+pub const TASK_TOP: u64 = 0x00ff_ffff_ffff_f000;
+/// Where the kernel puts [vsyscall].
+pub const VSYSCALL: u64 = 0xffff_ffff_ff60_0000;
+/// The largest auxiliary vector accepted.
+const MAX_AUXV: usize = 4096;
+
+/// The mm fields PR_SET_MM_MAP restores, and the auxiliary vector.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Mm {
+    pub start_code: u64,
+    pub end_code: u64,
+    pub start_data: u64,
+    pub end_data: u64,
+    pub start_brk: u64,
+    pub brk: u64,
+    pub start_stack: u64,
+    pub arg_start: u64,
+    pub arg_end: u64,
+    pub env_start: u64,
+    pub env_end: u64,
+    /// Raw /proc/PID/auxv.
+    #[serde(rename = "auxv_bytes", serialize_with = "ser::len")]
+    pub auxv: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum VmaKind {
+    AnonPrivate,
+    AnonShared,
+    FilePrivate,
+    FileShared,
+    Heap,
+    Stack,
+    Vdso,
+    Vvar,
+    VvarVclock,
+    Vsyscall,
+}
+
+impl VmaKind {
+    /// The kernel's special mappings, moved (or left) rather than mapped.
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock | VmaKind::Vsyscall
+        )
+    }
+
+    /// Private anonymous memory (its pages are the process's own).
+    pub fn is_anon_private(self) -> bool {
+        matches!(self, VmaKind::AnonPrivate | VmaKind::Heap | VmaKind::Stack)
+    }
+
+    pub fn is_file(self) -> bool {
+        matches!(self, VmaKind::FilePrivate | VmaKind::FileShared)
+    }
+
+    /// How /proc shows a special mapping.
+    pub fn special_name(self) -> Option<&'static str> {
+        match self {
+            VmaKind::Vdso => Some("[vdso]"),
+            VmaKind::Vvar => Some("[vvar]"),
+            VmaKind::VvarVclock => Some("[vvar_vclock]"),
+            VmaKind::Vsyscall => Some("[vsyscall]"),
+            _ => None,
+        }
+    }
+
+    fn from_pb(k: pb::VmaKind) -> Result<VmaKind, Bad> {
+        use pb::VmaKind as P;
+        Ok(match k {
+            P::Unspecified => return Err("a mapping of unknown kind".into()),
+            P::AnonPrivate => VmaKind::AnonPrivate,
+            P::AnonShared => VmaKind::AnonShared,
+            P::FilePrivate => VmaKind::FilePrivate,
+            P::FileShared => VmaKind::FileShared,
+            P::Heap => VmaKind::Heap,
+            P::Stack => VmaKind::Stack,
+            P::Vdso => VmaKind::Vdso,
+            P::Vvar => VmaKind::Vvar,
+            P::VvarVclock => VmaKind::VvarVclock,
+            P::Vsyscall => VmaKind::Vsyscall,
+        })
+    }
+
+    fn to_pb(self) -> pb::VmaKind {
+        use pb::VmaKind as P;
+        match self {
+            VmaKind::AnonPrivate => P::AnonPrivate,
+            VmaKind::AnonShared => P::AnonShared,
+            VmaKind::FilePrivate => P::FilePrivate,
+            VmaKind::FileShared => P::FileShared,
+            VmaKind::Heap => P::Heap,
+            VmaKind::Stack => P::Stack,
+            VmaKind::Vdso => P::Vdso,
+            VmaKind::Vvar => P::Vvar,
+            VmaKind::VvarVclock => P::VvarVclock,
+            VmaKind::Vsyscall => P::Vsyscall,
+        }
+    }
+}
+
+/// One mapping of a process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Vma {
+    #[serde(serialize_with = "ser::hex")]
+    pub start: u64,
+    #[serde(serialize_with = "ser::hex")]
+    pub end: u64,
+    /// PROT_READ/WRITE/EXEC bits.
+    pub prot: u32,
+    pub shared: bool,
+    pub kind: VmaKind,
+    /// File offset in bytes (file mappings).
+    pub pgoff: u64,
+    pub path: String,
+    pub dev: u64,
+    pub inode: u64,
+    /// Two-letter VmFlags of /proc/PID/smaps.
+    pub vm_flags: Vec<String>,
+    pub anon_name: String,
+    /// Shared anonymous memory an earlier process of the image holds.
+    pub shm_owner: Option<ShmOwner>,
+    /// A mapping of a memfd or deleted file: its content object.
+    pub object: Option<u64>,
+}
+
+impl Vma {
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+
+    pub fn has_flag(&self, f: &str) -> bool {
+        self.vm_flags.iter().any(|x| x == f)
+    }
+
+    pub(crate) fn from_pb(v: pb::Vma) -> Result<Vma, Bad> {
+        let kind = VmaKind::from_pb(known(v.kind, "its kind")?)?;
+        if v.start >= v.end || !v.start.is_multiple_of(PAGE) || !v.end.is_multiple_of(PAGE) {
+            return Err(format!("bad range {:#x}-{:#x}", v.start, v.end));
+        }
+        let top = if kind == VmaKind::Vsyscall {
+            u64::MAX
+        } else {
+            TASK_TOP
+        };
+        if v.end > top || v.prot > 7 || !v.pgoff.is_multiple_of(PAGE) {
+            return Err(format!(
+                "bad range {:#x}-{:#x}, protection {:#x} or offset {:#x}",
+                v.start, v.end, v.prot, v.pgoff
+            ));
+        }
+        if kind.is_file() && v.path.is_empty() && v.object == 0 {
+            return Err("a file mapping without a file".into());
+        }
+        if let Some(f) = v
+            .vm_flags
+            .iter()
+            .find(|f| f.len() != 2 || !f.bytes().all(|b| b.is_ascii_lowercase()))
+        {
+            return Err(format!("bad VmFlag {f:?}"));
+        }
+        Ok(Vma {
+            start: v.start,
+            end: v.end,
+            prot: v.prot,
+            shared: v.shared,
+            kind,
+            pgoff: v.pgoff,
+            path: v.path,
+            dev: v.dev,
+            inode: v.inode,
+            vm_flags: v.vm_flags,
+            anon_name: v.anon_name,
+            shm_owner: v.shm_owner.map(|o| ShmOwner {
+                pid: o.pid,
+                start: o.start,
+                end: o.end,
+            }),
+            object: Some(v.object).filter(|&o| o != 0),
+        })
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::Vma {
+        pb::Vma {
+            start: self.start,
+            end: self.end,
+            prot: self.prot,
+            shared: self.shared,
+            kind: self.kind.to_pb() as i32,
+            pgoff: self.pgoff,
+            path: self.path.clone(),
+            dev: self.dev,
+            inode: self.inode,
+            vm_flags: self.vm_flags.clone(),
+            anon_name: self.anon_name.clone(),
+            shm_owner: self.shm_owner.map(|o| pb::ShmOwner {
+                pid: o.pid,
+                start: o.start,
+                end: o.end,
+            }),
+            object: self.object.unwrap_or(0),
+        }
+    }
+}
+
+/// The process and VMA holding the pages of shared anonymous memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ShmOwner {
+    pub pid: u32,
+    #[serde(serialize_with = "ser::hex")]
+    pub start: u64,
+    #[serde(serialize_with = "ser::hex")]
+    pub end: u64,
+}
+
+/// How pages unchanged since the parent were told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DirtyMethod {
+    /// No parent: everything stored.
+    #[default]
+    Full,
+    /// userfaultfd write-protect (WP_ASYNC) read with PAGEMAP_SCAN.
+    UffdWp,
+    /// The kernel's soft-dirty bits.
+    SoftDirty,
+    /// Every page read and its hash compared with the parent's.
+    Hash,
+}
+
+impl DirtyMethod {
+    /// As users type it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DirtyMethod::Full => "full",
+            DirtyMethod::UffdWp => "uffd-wp",
+            DirtyMethod::SoftDirty => "soft-dirty",
+            DirtyMethod::Hash => "hash",
+        }
+    }
+
+    /// The method called `s` by [`DirtyMethod::name`].
+    pub fn from_name(s: &str) -> Option<DirtyMethod> {
+        [
+            DirtyMethod::Full,
+            DirtyMethod::UffdWp,
+            DirtyMethod::SoftDirty,
+            DirtyMethod::Hash,
+        ]
+        .into_iter()
+        .find(|m| m.name() == s)
+    }
+
+    fn from_pb(v: i32, what: &str) -> Result<Option<DirtyMethod>, Bad> {
+        use pb::DirtyMethod as P;
+        Ok(match known(v, what)? {
+            P::DirtyUnspecified => None,
+            P::DirtyFull => Some(DirtyMethod::Full),
+            P::DirtyUffdWp => Some(DirtyMethod::UffdWp),
+            P::DirtySoftDirty => Some(DirtyMethod::SoftDirty),
+            P::DirtyHash => Some(DirtyMethod::Hash),
+        })
+    }
+
+    fn to_pb(m: Option<DirtyMethod>) -> i32 {
+        use pb::DirtyMethod as P;
+        (match m {
+            None => P::DirtyUnspecified,
+            Some(DirtyMethod::Full) => P::DirtyFull,
+            Some(DirtyMethod::UffdWp) => P::DirtyUffdWp,
+            Some(DirtyMethod::SoftDirty) => P::DirtySoftDirty,
+            Some(DirtyMethod::Hash) => P::DirtyHash,
+        }) as i32
+    }
+}
+
+/// Where each saved page of a process is.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Memory {
+    /// Sorted by address, not overlapping.
+    #[serde(rename = "runs", serialize_with = "runs_len")]
+    pub runs: Vec<PageRun>,
+    /// XXH3-64 of every page in the store or the parent, in run order.
+    #[serde(skip)]
+    pub hashes: Vec<u64>,
+    pub dirty: DirtyMethod,
+    /// Dirty tracking left running in the process (None: none).
+    #[serde(serialize_with = "tracking_name")]
+    pub tracking: Option<DirtyMethod>,
+    #[serde(flatten)]
+    pub stats: MemStats,
+}
+
+fn tracking_name<S: serde::Serializer>(v: &Option<DirtyMethod>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.map_or("none", DirtyMethod::name))
+}
+
+fn runs_len<S: serde::Serializer>(v: &[PageRun], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(v.len() as u64)
+}
+
+/// Consecutive pages kept in the same place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PageRun {
+    pub vaddr: u64,
+    pub pages: u32,
+    pub at: PageAt,
+}
+
+impl PageRun {
+    pub fn end(&self) -> u64 {
+        self.vaddr + self.pages as u64 * PAGE
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum PageAt {
+    /// In this image's store, from page `page` of block `block` on.
+    Store { block: u32, page: u32 },
+    /// Unchanged since the parent image (same addresses there).
+    Parent,
+    /// All zero, over a file page.
+    Zero,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct MemStats {
+    pub pages_stored: u64,
+    pub pages_parent: u64,
+    pub pages_zero: u64,
+    /// Identical to a page stored earlier in this image.
+    pub pages_dup: u64,
+    /// Read from the process (the others were known clean).
+    pub pages_read: u64,
+}
+
+impl Memory {
+    /// Pages with a hash (in the store or the parent).
+    pub fn hashed_pages(&self) -> u64 {
+        self.runs
+            .iter()
+            .filter(|r| r.at != PageAt::Zero)
+            .map(|r| r.pages as u64)
+            .sum()
+    }
+
+    pub(crate) fn from_pb(m: pb::Memory) -> Result<Memory, Bad> {
+        let mut runs = Vec::with_capacity(m.runs.len());
+        let mut end = 0u64;
+        for r in m.runs {
+            use pb::page_run::At;
+            let at = match r.at {
+                Some(At::Store(l)) => PageAt::Store {
+                    block: l.block,
+                    page: l.page,
+                },
+                Some(At::Parent(_)) => PageAt::Parent,
+                Some(At::Zero(_)) => PageAt::Zero,
+                None => return Err(format!("pages at {:#x} are of an unknown kind", r.vaddr)),
+            };
+            let run_end = (r.nr_pages as u64)
+                .checked_mul(PAGE)
+                .and_then(|l| r.vaddr.checked_add(l));
+            match run_end {
+                Some(e)
+                    if r.nr_pages > 0 && r.vaddr % PAGE == 0 && r.vaddr >= end && e <= TASK_TOP =>
+                {
+                    end = e
+                }
+                _ => {
+                    return Err(format!(
+                        "pages at {:#x} ({} pages) are out of order or out of range",
+                        r.vaddr, r.nr_pages
+                    ))
+                }
+            }
+            if let PageAt::Store { block, page } = at {
+                if page.checked_add(r.nr_pages).is_none_or(|e| e > BLOCK_PAGES) {
+                    return Err(format!("pages at {:#x} overrun block {block}", r.vaddr));
+                }
+            }
+            runs.push(PageRun {
+                vaddr: r.vaddr,
+                pages: r.nr_pages,
+                at,
+            });
+        }
+        let st = m.stats.unwrap_or_default();
+        let mem = Memory {
+            runs,
+            hashes: m.hashes,
+            dirty: DirtyMethod::from_pb(m.dirty, "its dirty method")?.unwrap_or_default(),
+            tracking: DirtyMethod::from_pb(m.tracking, "its tracking")?,
+            stats: MemStats {
+                pages_stored: st.pages_stored,
+                pages_parent: st.pages_parent,
+                pages_zero: st.pages_zero,
+                pages_dup: st.pages_dup,
+                pages_read: st.pages_read,
+            },
+        };
+        if mem.hashes.len() as u64 != mem.hashed_pages() {
+            return Err(format!(
+                "{} page hashes for {} pages",
+                mem.hashes.len(),
+                mem.hashed_pages()
+            ));
+        }
+        Ok(mem)
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::Memory {
+        use pb::page_run::At;
+        let s = &self.stats;
+        pb::Memory {
+            runs: self
+                .runs
+                .iter()
+                .map(|r| pb::PageRun {
+                    vaddr: r.vaddr,
+                    nr_pages: r.pages,
+                    at: Some(match r.at {
+                        PageAt::Store { block, page } => At::Store(pb::StoreLoc { block, page }),
+                        PageAt::Parent => At::Parent(pb::Empty {}),
+                        PageAt::Zero => At::Zero(pb::Empty {}),
+                    }),
+                })
+                .collect(),
+            hashes: self.hashes.clone(),
+            dirty: DirtyMethod::to_pb(Some(self.dirty)),
+            tracking: DirtyMethod::to_pb(self.tracking),
+            stats: Some(pb::MemStats {
+                pages_stored: s.pages_stored,
+                pages_parent: s.pages_parent,
+                pages_zero: s.pages_zero,
+                pages_dup: s.pages_dup,
+                pages_read: s.pages_read,
+            }),
+        }
+    }
+}
+
+impl Mm {
+    pub(crate) fn from_pb(m: pb::Mm) -> Result<Mm, Bad> {
+        if !m.auxv.len().is_multiple_of(16) || m.auxv.len() > MAX_AUXV {
+            return Err(format!("an auxiliary vector of {} bytes", m.auxv.len()));
+        }
+        Ok(Mm {
+            start_code: m.start_code,
+            end_code: m.end_code,
+            start_data: m.start_data,
+            end_data: m.end_data,
+            start_brk: m.start_brk,
+            brk: m.brk,
+            start_stack: m.start_stack,
+            arg_start: m.arg_start,
+            arg_end: m.arg_end,
+            env_start: m.env_start,
+            env_end: m.env_end,
+            auxv: m.auxv,
+        })
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::Mm {
+        pb::Mm {
+            start_code: self.start_code,
+            end_code: self.end_code,
+            start_data: self.start_data,
+            end_data: self.end_data,
+            start_brk: self.start_brk,
+            brk: self.brk,
+            start_stack: self.start_stack,
+            arg_start: self.arg_start,
+            arg_end: self.arg_end,
+            env_start: self.env_start,
+            env_end: self.env_end,
+            auxv: self.auxv.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    None,
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    /// As users type it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Compression::None),
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd),
+            _ => Err(format!("unknown compression {s:?} (none, lz4 or zstd)")),
+        }
+    }
+}
+
+/// The file of unique pages of an image, in blocks.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct PageStore {
+    pub name: String,
+    pub size: u64,
+    pub compression: Compression,
+    #[serde(skip)]
+    pub blocks: Vec<StoreBlock>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreBlock {
+    /// Byte offset and length in the store file.
+    pub offset: u64,
+    pub stored_len: u32,
+    pub pages: u32,
+    /// XXH3-64 of the uncompressed pages.
+    pub xxh3: u64,
+    /// Stored as is (restore copies it straight from the file).
+    pub raw: bool,
+}
+
+/// A file name inside an image directory.
+pub(crate) fn check_file_name(name: &str) -> Result<(), Bad> {
+    if name.is_empty() || name.contains('/') || name.starts_with('.') || name.contains('\0') {
+        return Err(format!("bad file name {name:?}"));
+    }
+    Ok(())
+}
+
+impl PageStore {
+    pub(crate) fn from_pb(s: pb::PageStore) -> Result<PageStore, Bad> {
+        check_file_name(&s.name)?;
+        let compression = match known(s.compression, "its compression")? {
+            pb::Compression::Unspecified => return Err("unknown compression".into()),
+            pb::Compression::None => Compression::None,
+            pb::Compression::Lz4 => Compression::Lz4,
+            pb::Compression::Zstd => Compression::Zstd,
+        };
+        let mut blocks = Vec::with_capacity(s.blocks.len());
+        for (i, b) in s.blocks.into_iter().enumerate() {
+            let fits = b
+                .offset
+                .checked_add(b.stored_len as u64)
+                .is_some_and(|e| e <= s.size);
+            let sane = fits
+                && b.nr_pages > 0
+                && b.nr_pages <= BLOCK_PAGES
+                && (!b.raw || b.stored_len as u64 == b.nr_pages as u64 * PAGE)
+                && b.stored_len as u64 <= 2 * BLOCK_PAGES as u64 * PAGE;
+            if !sane {
+                return Err(format!("block {i} is out of bounds"));
+            }
+            if !b.raw && compression == Compression::None {
+                return Err(format!("block {i} is compressed, the store is not"));
+            }
+            blocks.push(StoreBlock {
+                offset: b.offset,
+                stored_len: b.stored_len,
+                pages: b.nr_pages,
+                xxh3: b.xxh3,
+                raw: b.raw,
+            });
+        }
+        Ok(PageStore {
+            name: s.name,
+            size: s.size,
+            compression,
+            blocks,
+        })
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::PageStore {
+        pb::PageStore {
+            name: self.name.clone(),
+            size: self.size,
+            compression: (match self.compression {
+                Compression::None => pb::Compression::None,
+                Compression::Lz4 => pb::Compression::Lz4,
+                Compression::Zstd => pb::Compression::Zstd,
+            }) as i32,
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| pb::StoreBlock {
+                    offset: b.offset,
+                    stored_len: b.stored_len,
+                    nr_pages: b.pages,
+                    xxh3: b.xxh3,
+                    raw: b.raw,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A file of the image holding the content of a file object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PageFile {
+    pub name: String,
+    pub size: u64,
+    #[serde(skip)]
+    pub extents: Vec<PageExtent>,
+}
+
+/// A run of the saved file's content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageExtent {
+    /// Offset in the saved file.
+    pub file_offset: u64,
+    pub pages: u32,
+    /// Byte offset in the image's file.
+    pub offset: u64,
+    pub xxh3: u64,
+}
+
+impl PageExtent {
+    pub fn len(&self) -> u64 {
+        self.pages as u64 * PAGE
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pages == 0
+    }
+}
+
+/// Largest extent accepted (the writer makes 1 MiB runs).
+const MAX_EXTENT_PAGES: u32 = 1 << 16;
+
+impl PageFile {
+    pub(crate) fn from_pb(f: pb::PageFile) -> Result<PageFile, Bad> {
+        check_file_name(&f.name)?;
+        let mut extents = Vec::with_capacity(f.extents.len());
+        let mut next = 0u64;
+        for e in f.extents {
+            let len = e.nr_pages as u64 * PAGE;
+            let ok = e.nr_pages > 0
+                && e.nr_pages <= MAX_EXTENT_PAGES
+                && e.offset.is_multiple_of(PAGE)
+                && e.vaddr.is_multiple_of(PAGE)
+                && e.vaddr >= next
+                && e.vaddr.checked_add(len).is_some()
+                && e.offset.checked_add(len).is_some_and(|x| x <= f.size);
+            if !ok {
+                return Err(format!("{}: a run at {} is out of bounds", f.name, e.vaddr));
+            }
+            next = e.vaddr + len;
+            extents.push(PageExtent {
+                file_offset: e.vaddr,
+                pages: e.nr_pages,
+                offset: e.offset,
+                xxh3: e.xxh3,
+            });
+        }
+        Ok(PageFile {
+            name: f.name,
+            size: f.size,
+            extents,
+        })
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::PageFile {
+        pb::PageFile {
+            name: self.name.clone(),
+            size: self.size,
+            extents: self
+                .extents
+                .iter()
+                .map(|e| pb::PageExtent {
+                    vaddr: e.file_offset,
+                    nr_pages: e.pages,
+                    offset: e.offset,
+                    xxh3: e.xxh3,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The mappings of process `p` (number `i`) and where its pages are:
+/// sorted, not overlapping, every saved page inside a mapping, every
+/// reference to another process's memory or to an object resolvable.
+pub(crate) fn validate(
+    p: &Process,
+    i: usize,
+    pids: &HashMap<u32, usize>,
+    procs: &[Process],
+    blocks: usize,
+    ck: &Checkpoint,
+) -> Result<(), Bad> {
+    for w in p.vmas.windows(2) {
+        if w[1].start < w[0].end {
+            return Err(format!(
+                "mappings {:#x}-{:#x} and {:#x}-{:#x} overlap or are out of order",
+                w[0].start, w[0].end, w[1].start, w[1].end
+            ));
+        }
+    }
+    for v in &p.vmas {
+        if let Some(o) = v.shm_owner {
+            let owner = pids.get(&o.pid).filter(|&&j| j < i).map(|&j| &procs[j]);
+            let found = owner.is_some_and(|q| {
+                q.vmas
+                    .iter()
+                    .any(|w| w.start == o.start && w.end == o.end && w.kind == VmaKind::AnonShared)
+            });
+            if v.kind != VmaKind::AnonShared || !found {
+                return Err(format!(
+                    "mapping at {:#x} shares memory of process {} at {:#x}, which is not in the image",
+                    v.start, o.pid, o.start
+                ));
+            }
+        }
+        if let Some(id) = v.object {
+            let ok = ck.object(ObjectTag::Memfd, id).is_some()
+                || ck.object(ObjectTag::DeletedFile, id).is_some();
+            if !ok || !v.kind.is_file() {
+                return Err(format!(
+                    "mapping at {:#x} refers to file object {id}, missing from the image",
+                    v.start
+                ));
+            }
+        }
+    }
+    // Every page run lies in mappings (contiguous ones when it spans several).
+    let mut vi = 0;
+    for r in &p.memory.runs {
+        let mut at = r.vaddr;
+        while at < r.end() {
+            while p.vmas.get(vi).is_some_and(|v| v.end <= at) {
+                vi += 1;
+            }
+            match p.vmas.get(vi) {
+                Some(v) if v.start <= at && !v.kind.is_special() => at = v.end,
+                _ => {
+                    return Err(format!(
+                        "pages at {at:#x} lie outside the process's mappings"
+                    ))
+                }
+            }
+        }
+        match r.at {
+            PageAt::Store { block, .. } if block as usize >= blocks => {
+                return Err(format!(
+                    "pages at {:#x} refer to block {block} of a store of {blocks}",
+                    r.vaddr
+                ))
+            }
+            PageAt::Parent if ck.parent.is_none() => {
+                return Err(format!(
+                    "pages at {:#x} are in a parent image, and the image has none",
+                    r.vaddr
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,510 @@
+//! What fds (of one or several processes) and mappings share, saved once
+//! per image: pipes and FIFOs with their buffered bytes (kind "pipes"),
+//! unix sockets ("unix"), TCP/UDP sockets ("inet"), the content of memfds
+//! and deleted files ("files"), pseudo-terminal pairs ("tty").
+
+use super::fds::{TERMIOS_LEN, WINSIZE_LEN};
+use super::memory::PageFile;
+use super::{pb, ser, Bad, Checkpoint};
+use serde::Serialize;
+use std::net::SocketAddr;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Object {
+    /// Unique within its kind (an inode number, or a pty index).
+    pub id: u64,
+    #[serde(flatten)]
+    pub kind: ObjectKind,
+}
+
+/// Which kind an object is (fds and mappings refer to objects by kind and id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum ObjectTag {
+    Pipe,
+    Fifo,
+    UnixSocket,
+    InetSocket,
+    Memfd,
+    DeletedFile,
+    Pty,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ObjectKind {
+    Pipe(Pipe),
+    Fifo(Fifo),
+    UnixSocket(UnixSocket),
+    InetSocket(InetSocket),
+    Memfd(FileContent),
+    DeletedFile(FileContent),
+    Pty(Pty),
+}
+
+impl ObjectKind {
+    pub fn tag(&self) -> ObjectTag {
+        match self {
+            ObjectKind::Pipe(_) => ObjectTag::Pipe,
+            ObjectKind::Fifo(_) => ObjectTag::Fifo,
+            ObjectKind::UnixSocket(_) => ObjectTag::UnixSocket,
+            ObjectKind::InetSocket(_) => ObjectTag::InetSocket,
+            ObjectKind::Memfd(_) => ObjectTag::Memfd,
+            ObjectKind::DeletedFile(_) => ObjectTag::DeletedFile,
+            ObjectKind::Pty(_) => ObjectTag::Pty,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pipe {
+    /// Bytes buffered at checkpoint time.
+    #[serde(rename = "buffered", serialize_with = "ser::len")]
+    pub data: Vec<u8>,
+    /// F_GETPIPE_SZ.
+    pub capacity: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fifo {
+    pub path: String,
+    #[serde(rename = "buffered", serialize_with = "ser::len")]
+    pub data: Vec<u8>,
+    pub capacity: u32,
+}
+
+/// The content of a file that exists nowhere else.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileContent {
+    /// memfd: its name without "memfd:"; deleted file: the path it had.
+    pub name: String,
+    pub size: u64,
+    #[serde(serialize_with = "ser::octal")]
+    pub mode: u32,
+    /// F_SEAL_* (memfd).
+    pub seals: u32,
+    pub content: Option<PageFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pty {
+    /// /dev/pts/N.
+    pub index: u32,
+    /// Foreground process group of its terminal (an image pid, 0: none).
+    pub fg_pgrp: u32,
+    #[serde(skip)]
+    pub termios: Vec<u8>,
+    #[serde(skip)]
+    pub winsize: Vec<u8>,
+    /// Still locked (posix_openpt without unlockpt).
+    pub locked: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct UnixSocket {
+    /// SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET.
+    #[serde(rename = "type")]
+    pub sock_type: u32,
+    /// As sock_diag reports it (TCP_ESTABLISHED, TCP_LISTEN, TCP_CLOSE...).
+    pub state: u32,
+    /// Empty: unbound; a leading NUL: abstract.
+    #[serde(serialize_with = "ser::text")]
+    pub name: Vec<u8>,
+    /// The bound path no longer names it: bound again, then unlinked.
+    pub name_unlinked: bool,
+    /// Peer socket in the image (an object id), 0: none.
+    pub peer: u64,
+    /// Peer outside the image, reached again by name.
+    #[serde(serialize_with = "ser::text")]
+    pub peer_name: Vec<u8>,
+    pub backlog: u32,
+    /// Not yet accepted by this listener (an object id), 0: none.
+    pub listener: u64,
+    /// Receive queue: one entry per datagram, one for a stream.
+    #[serde(rename = "queued_bytes", serialize_with = "ser::total_len")]
+    pub queue: Vec<Vec<u8>>,
+    /// Sender of each queued datagram (empty, or as long as `queue`).
+    #[serde(skip)]
+    pub queue_from: Vec<Vec<u8>>,
+    /// 1: receive side shut, 2: send side.
+    pub shutdown: u32,
+    pub sndbuf: i32,
+    pub rcvbuf: i32,
+    pub passcred: bool,
+    /// SO_PEEK_OFF (-1: off).
+    pub peek_off: i32,
+    /// Directory a relative name is bound or connected from.
+    pub cwd: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct InetSocket {
+    pub family: u32,
+    #[serde(rename = "type")]
+    pub sock_type: u32,
+    pub protocol: u32,
+    /// TCP state (1 ESTABLISHED, 7 CLOSE, 10 LISTEN); UDP: 1 when connected.
+    pub state: u32,
+    pub local: Option<SocketAddr>,
+    pub remote: Option<SocketAddr>,
+    pub backlog: u32,
+    /// An established TCP connection, read in repair mode.
+    pub tcp: Option<TcpConnection>,
+    /// Options that differ from a fresh socket's, in order.
+    #[serde(rename = "options")]
+    pub opts: Vec<SockOpt>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct TcpConnection {
+    pub snd_una: u32,
+    pub snd_nxt: u32,
+    /// After the last byte the program wrote.
+    pub write_seq: u32,
+    pub rcv_nxt: u32,
+    /// Bytes snd_una..write_seq, of which the last `unsent` never left.
+    #[serde(rename = "send_queue_bytes", serialize_with = "ser::len")]
+    pub send_queue: Vec<u8>,
+    #[serde(rename = "unsent_bytes")]
+    pub unsent: u32,
+    /// Received, not read yet.
+    #[serde(rename = "recv_queue_bytes", serialize_with = "ser::len")]
+    pub recv_queue: Vec<u8>,
+    pub mss: u32,
+    pub snd_wscale: u32,
+    pub rcv_wscale: u32,
+    /// tcpi_options bits (1 timestamps, 2 SACK, 4 window scaling).
+    pub options: u32,
+    pub timestamp: u32,
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SockOpt {
+    pub level: i32,
+    pub name: i32,
+    #[serde(serialize_with = "ser::hex_bytes")]
+    pub value: Vec<u8>,
+}
+
+impl SockOpt {
+    /// The value as an int (options of 4 bytes or more).
+    pub fn int(&self) -> Option<i32> {
+        self.value
+            .get(..4)
+            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+impl InetSocket {
+    /// The saved int option `level`/`name`.
+    pub fn int_opt(&self, level: i32, name: i32) -> Option<i32> {
+        self.opts
+            .iter()
+            .find(|o| o.level == level && o.name == name)
+            .and_then(SockOpt::int)
+    }
+}
+
+/// Largest socket option value accepted.
+const MAX_OPT: usize = 256;
+/// TCP states as the kernel numbers them.
+const TCP_ESTABLISHED: u32 = 1;
+const TCP_CLOSE: u32 = 7;
+const TCP_LISTEN: u32 = 10;
+
+fn addr(s: &str, what: &str) -> Result<Option<SocketAddr>, Bad> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|_| format!("a damaged {what} address {s:?}"))
+}
+
+fn show_addr(a: &Option<SocketAddr>) -> String {
+    a.map(|a| a.to_string()).unwrap_or_default()
+}
+
+impl Object {
+    pub(crate) fn from_pb(o: pb::Object) -> Result<Object, Bad> {
+        use pb::object::Kind as K;
+        let kind = match o.kind {
+            None => return Err("of a kind this build does not know".into()),
+            Some(K::Pipe(p)) => ObjectKind::Pipe(Pipe {
+                data: p.data,
+                capacity: p.capacity,
+            }),
+            Some(K::Fifo(f)) => ObjectKind::Fifo(Fifo {
+                path: f.path,
+                data: f.data,
+                capacity: f.capacity,
+            }),
+            Some(K::UnixSocket(u)) => {
+                if !u.queue_from.is_empty() && u.queue_from.len() != u.queue.len() {
+                    return Err("damaged datagram senders".into());
+                }
+                if u.name.len() > 108 || u.peer_name.len() > 108 {
+                    return Err("a socket name longer than 108 bytes".into());
+                }
+                ObjectKind::UnixSocket(UnixSocket {
+                    sock_type: u.sock_type,
+                    state: u.state,
+                    name: u.name,
+                    name_unlinked: u.name_unlinked,
+                    peer: u.peer,
+                    peer_name: u.peer_name,
+                    backlog: u.backlog,
+                    listener: u.listener,
+                    queue: u.queue,
+                    queue_from: u.queue_from,
+                    shutdown: u.shutdown,
+                    sndbuf: u.sndbuf,
+                    rcvbuf: u.rcvbuf,
+                    passcred: u.passcred,
+                    peek_off: u.peek_off,
+                    cwd: u.cwd,
+                })
+            }
+            Some(K::InetSocket(s)) => ObjectKind::InetSocket(inet_from_pb(s)?),
+            Some(K::Memfd(f)) => ObjectKind::Memfd(content_from_pb(f)?),
+            Some(K::DeletedFile(f)) => ObjectKind::DeletedFile(content_from_pb(f)?),
+            Some(K::Pty(p)) => {
+                let ok = (p.termios.is_empty() || p.termios.len() == TERMIOS_LEN)
+                    && (p.winsize.is_empty() || p.winsize.len() == WINSIZE_LEN)
+                    && p.index as u64 == o.id;
+                if !ok {
+                    return Err(format!("damaged pseudo-terminal {}", p.index));
+                }
+                ObjectKind::Pty(Pty {
+                    index: p.index,
+                    fg_pgrp: p.fg_pgrp,
+                    termios: p.termios,
+                    winsize: p.winsize,
+                    locked: p.locked,
+                })
+            }
+        };
+        Ok(Object { id: o.id, kind })
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::Object {
+        use pb::object::Kind as K;
+        let kind = match &self.kind {
+            ObjectKind::Pipe(p) => K::Pipe(pb::Pipe {
+                data: p.data.clone(),
+                capacity: p.capacity,
+            }),
+            ObjectKind::Fifo(f) => K::Fifo(pb::Fifo {
+                path: f.path.clone(),
+                data: f.data.clone(),
+                capacity: f.capacity,
+            }),
+            ObjectKind::UnixSocket(u) => K::UnixSocket(pb::UnixSocket {
+                sock_type: u.sock_type,
+                state: u.state,
+                name: u.name.clone(),
+                name_unlinked: u.name_unlinked,
+                peer: u.peer,
+                peer_name: u.peer_name.clone(),
+                backlog: u.backlog,
+                listener: u.listener,
+                queue: u.queue.clone(),
+                queue_from: u.queue_from.clone(),
+                shutdown: u.shutdown,
+                sndbuf: u.sndbuf,
+                rcvbuf: u.rcvbuf,
+                passcred: u.passcred,
+                peek_off: u.peek_off,
+                cwd: u.cwd.clone(),
+            }),
+            ObjectKind::InetSocket(s) => K::InetSocket(inet_to_pb(s)),
+            ObjectKind::Memfd(f) => K::Memfd(content_to_pb(f)),
+            ObjectKind::DeletedFile(f) => K::DeletedFile(content_to_pb(f)),
+            ObjectKind::Pty(p) => K::Pty(pb::Pty {
+                index: p.index,
+                fg_pgrp: p.fg_pgrp,
+                termios: p.termios.clone(),
+                winsize: p.winsize.clone(),
+                locked: p.locked,
+            }),
+        };
+        pb::Object {
+            id: self.id,
+            kind: Some(kind),
+        }
+    }
+
+    /// References to other objects and to processes.
+    pub(crate) fn validate(&self, ck: &Checkpoint) -> Result<(), Bad> {
+        match &self.kind {
+            ObjectKind::UnixSocket(u) => {
+                for (what, id) in [("peer", u.peer), ("listener", u.listener)] {
+                    if id != 0 && ck.object(ObjectTag::UnixSocket, id).is_none() {
+                        return Err(format!(
+                            "its {what} socket:[{id}] is missing from the image"
+                        ));
+                    }
+                }
+            }
+            ObjectKind::Pty(p) if p.fg_pgrp != 0 && ck.process(p.fg_pgrp).is_none() => {
+                return Err(format!(
+                    "its foreground group {} is not in the image",
+                    p.fg_pgrp
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The content files of the image's objects.
+pub fn content_files(ck: &Checkpoint) -> impl Iterator<Item = &PageFile> {
+    ck.objects.iter().filter_map(|o| match &o.kind {
+        ObjectKind::Memfd(f) | ObjectKind::DeletedFile(f) => f.content.as_ref(),
+        _ => None,
+    })
+}
+
+fn content_from_pb(f: pb::FileContent) -> Result<FileContent, Bad> {
+    let content = f.content.map(PageFile::from_pb).transpose()?;
+    if let Some(c) = &content {
+        if c.extents.iter().any(|e| e.file_offset >= f.size) {
+            return Err(format!("content of {} lies beyond its size", f.name));
+        }
+    }
+    Ok(FileContent {
+        name: f.name,
+        size: f.size,
+        mode: f.mode & 0o7777,
+        seals: f.seals,
+        content,
+    })
+}
+
+fn content_to_pb(f: &FileContent) -> pb::FileContent {
+    pb::FileContent {
+        name: f.name.clone(),
+        size: f.size,
+        mode: f.mode,
+        seals: f.seals,
+        content: f.content.as_ref().map(PageFile::to_pb),
+    }
+}
+
+fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
+    let (tcp, udp) = (s.protocol == 6, s.protocol == 17);
+    if !(s.family == 2 || s.family == 10) || !(tcp || udp) {
+        return Err(format!(
+            "a socket of family {} and protocol {}",
+            s.family, s.protocol
+        ));
+    }
+    let local = addr(&s.local, "local")?;
+    let remote = addr(&s.remote, "remote")?;
+    let established = tcp && s.state == TCP_ESTABLISHED;
+    if tcp && ![TCP_ESTABLISHED, TCP_CLOSE, TCP_LISTEN].contains(&s.state) {
+        return Err(format!("a TCP socket in state {}", s.state));
+    }
+    if established != s.tcp.is_some() || (established && (local.is_none() || remote.is_none())) {
+        return Err("an established connection without its state or addresses".into());
+    }
+    if let Some(o) = s.opts.iter().find(|o| o.value.len() > MAX_OPT) {
+        return Err(format!(
+            "option {}/{} of {} bytes",
+            o.level,
+            o.name,
+            o.value.len()
+        ));
+    }
+    let tcp_state = match s.tcp {
+        Some(c) => {
+            if c.unsent as usize > c.send_queue.len() {
+                return Err("more unsent bytes than queued".into());
+            }
+            Some(TcpConnection {
+                snd_una: c.snd_una,
+                snd_nxt: c.snd_nxt,
+                write_seq: c.write_seq,
+                rcv_nxt: c.rcv_nxt,
+                send_queue: c.send_queue,
+                unsent: c.unsent,
+                recv_queue: c.recv_queue,
+                mss: c.mss,
+                snd_wscale: c.snd_wscale,
+                rcv_wscale: c.rcv_wscale,
+                options: c.options,
+                timestamp: c.timestamp,
+                snd_wl1: c.snd_wl1,
+                snd_wnd: c.snd_wnd,
+                max_window: c.max_window,
+                rcv_wnd: c.rcv_wnd,
+                rcv_wup: c.rcv_wup,
+            })
+        }
+        None => None,
+    };
+    Ok(InetSocket {
+        family: s.family,
+        sock_type: s.sock_type,
+        protocol: s.protocol,
+        state: s.state,
+        local,
+        remote,
+        backlog: s.backlog,
+        tcp: tcp_state,
+        opts: s
+            .opts
+            .into_iter()
+            .map(|o| SockOpt {
+                level: o.level,
+                name: o.name,
+                value: o.value,
+            })
+            .collect(),
+    })
+}
+
+fn inet_to_pb(s: &InetSocket) -> pb::InetSocket {
+    pb::InetSocket {
+        family: s.family,
+        sock_type: s.sock_type,
+        protocol: s.protocol,
+        state: s.state,
+        local: show_addr(&s.local),
+        remote: show_addr(&s.remote),
+        backlog: s.backlog,
+        tcp: s.tcp.as_ref().map(|c| pb::TcpConnection {
+            snd_una: c.snd_una,
+            snd_nxt: c.snd_nxt,
+            write_seq: c.write_seq,
+            rcv_nxt: c.rcv_nxt,
+            send_queue: c.send_queue.clone(),
+            unsent: c.unsent,
+            recv_queue: c.recv_queue.clone(),
+            mss: c.mss,
+            snd_wscale: c.snd_wscale,
+            rcv_wscale: c.rcv_wscale,
+            options: c.options,
+            timestamp: c.timestamp,
+            snd_wl1: c.snd_wl1,
+            snd_wnd: c.snd_wnd,
+            max_window: c.max_window,
+            rcv_wnd: c.rcv_wnd,
+            rcv_wup: c.rcv_wup,
+        }),
+        opts: s
+            .opts
+            .iter()
+            .map(|o| pb::SockOpt {
+                level: o.level,
+                name: o.name,
+                value: o.value.clone(),
+            })
+            .collect(),
+    }
+}

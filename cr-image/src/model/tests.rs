@@ -1,0 +1,561 @@
+//! The typed image: round trips, the checks of [`Checkpoint::decode`], and a
+//! fixed-seed fuzz pass over the whole read path.
+
+use super::fds::{EpollItem, InotifyWatch, TimerFd};
+use super::objects::{FileContent, Pipe, Pty, SockOpt, TcpConnection, UnixSocket};
+use super::*;
+use crate::dir::ImageDir;
+use crate::fuzz::{mutate, read_image, Rng};
+use crate::store::StoreWriter;
+use crate::PageWriter;
+use std::path::Path;
+
+fn thread(tid: u32) -> Thread {
+    Thread {
+        tid,
+        ns_tid: tid,
+        regs: GpRegs {
+            rip: 0x40_1000,
+            rsp: 0x7ffd_0000_1000,
+            orig_rax: u64::MAX,
+            ..Default::default()
+        },
+        xstate: vec![0; 1088],
+        rseq: Some(Rseq {
+            addr: 0x7f00_0000_0020,
+            len: 32,
+            signature: 0x5305_3053,
+        }),
+        clear_child_tid: 0x7f00_0000_1000,
+        pdeathsig: 0,
+        sigmask: 1 << 9,
+        pending: vec![SigInfo::new({
+            let mut s = [0u8; 128];
+            s[0] = 10;
+            s
+        })],
+        sigaltstack: AltStack::default(),
+    }
+}
+
+fn vma(start: u64, end: u64, kind: VmaKind) -> Vma {
+    Vma {
+        start,
+        end,
+        prot: 3,
+        shared: kind == VmaKind::AnonShared,
+        kind,
+        pgoff: 0,
+        path: if kind.is_file() {
+            "/usr/bin/x".into()
+        } else {
+            String::new()
+        },
+        dev: 0,
+        inode: 0,
+        vm_flags: vec!["rd".into(), "wr".into()],
+        anon_name: String::new(),
+        shm_owner: None,
+        object: None,
+    }
+}
+
+fn fd(n: i32, kind: FdKind) -> Fd {
+    Fd {
+        fd: n,
+        flags: 2,
+        pos: 0,
+        path: format!("fd{n}"),
+        shared: None,
+        locks: Vec::new(),
+        kind,
+    }
+}
+
+/// A process with `blocks` store blocks to refer to.
+fn process(pid: u32, ppid: u32, parent: bool) -> Process {
+    let mut runs = vec![PageRun {
+        vaddr: 0x1000_0000,
+        pages: 4,
+        at: PageAt::Store { block: 0, page: 0 },
+    }];
+    runs.push(PageRun {
+        vaddr: 0x1000_4000,
+        pages: 2,
+        at: if parent {
+            PageAt::Parent
+        } else {
+            PageAt::Store { block: 0, page: 1 }
+        },
+    });
+    runs.push(PageRun {
+        vaddr: 0x2000_0000,
+        pages: 1,
+        at: PageAt::Zero,
+    });
+    let hashed: u64 = runs
+        .iter()
+        .filter(|r| r.at != PageAt::Zero)
+        .map(|r| r.pages as u64)
+        .sum();
+    Process {
+        pid,
+        ppid,
+        pgid: pid,
+        sid: pid,
+        ns_pid: 0,
+        ns_pgid: 0,
+        ns_sid: 0,
+        state: ProcState::Running,
+        task: Task {
+            comm: "x".into(),
+            exe: "/usr/bin/x".into(),
+            cwd: "/".into(),
+            umask: 0o22,
+            personality: 0,
+            cmdline: b"x\0-v\0".to_vec(),
+            exe_build_id: vec![1, 2, 3],
+        },
+        mm: Mm {
+            auxv: vec![0; 64],
+            ..Default::default()
+        },
+        vmas: vec![
+            vma(0x1000_0000, 0x1001_0000, VmaKind::AnonPrivate),
+            vma(0x2000_0000, 0x2000_1000, VmaKind::FilePrivate),
+            vma(0x3000_0000, 0x3000_2000, VmaKind::AnonShared),
+            vma(0x7fff_0000_0000, 0x7fff_0000_2000, VmaKind::Vdso),
+        ],
+        memory: Memory {
+            runs,
+            hashes: (0..hashed).collect(),
+            dirty: if parent {
+                DirtyMethod::UffdWp
+            } else {
+                DirtyMethod::Full
+            },
+            tracking: Some(DirtyMethod::UffdWp),
+            stats: MemStats::default(),
+        },
+        threads: vec![thread(pid), thread(pid + 1)],
+        signals: Signals {
+            actions: vec![SigAction {
+                signo: 2,
+                handler: 0x40_2000,
+                flags: 0x0400_0000,
+                restorer: 0x40_3000,
+                mask: 0,
+            }],
+            shared_pending: Vec::new(),
+        },
+        timers: Timers {
+            itimers: vec![ITimer {
+                which: 0,
+                interval_us: 0,
+                value_us: 5000,
+            }],
+        },
+        identity: Identity {
+            creds: Creds {
+                cap_bnd: u64::MAX >> 23,
+                dumpable: 1,
+                ..Default::default()
+            },
+            rlimits: vec![
+                RLimit {
+                    soft: 8 << 20,
+                    hard: u64::MAX
+                };
+                16
+            ],
+        },
+        fds: vec![
+            fd(
+                0,
+                FdKind::Inherited {
+                    termios: vec![0; 60],
+                    winsize: vec![0; 8],
+                },
+            ),
+            fd(1, FdKind::Pipe { object: 11 }),
+            fd(2, FdKind::Regular { size: 10 }),
+            fd(3, FdKind::Directory),
+            fd(4, FdKind::CharDevice { rdev: 0x103 }),
+            fd(5, FdKind::Memfd { object: 21 }),
+            fd(6, FdKind::UnixSocket { object: 31 }),
+            fd(7, FdKind::UnixSocket { object: 32 }),
+            fd(8, FdKind::InetSocket { object: 41 }),
+            fd(
+                9,
+                FdKind::Eventfd {
+                    count: 3,
+                    semaphore: true,
+                },
+            ),
+            fd(10, FdKind::Signalfd { mask: 1 << 1 }),
+            fd(
+                11,
+                FdKind::Timerfd(TimerFd {
+                    clockid: 1,
+                    ticks: 2,
+                    settime_flags: 0,
+                    value_ns: 5,
+                    interval_ns: 6,
+                }),
+            ),
+            fd(
+                12,
+                FdKind::Epoll {
+                    items: vec![EpollItem {
+                        tfd: 9,
+                        events: 1,
+                        data: 9,
+                    }],
+                },
+            ),
+            fd(
+                13,
+                FdKind::Inotify {
+                    watches: vec![InotifyWatch {
+                        wd: 1,
+                        mask: 2,
+                        path: "/tmp".into(),
+                    }],
+                },
+            ),
+            fd(
+                14,
+                FdKind::Pty {
+                    object: 3,
+                    master: true,
+                },
+            ),
+            Fd {
+                shared: Some(SharedFd { pid, fd: 2 }),
+                locks: vec![FileLock {
+                    kind: LockKind::Posix,
+                    write: true,
+                    start: 0,
+                    len: 0,
+                }],
+                ..fd(15, FdKind::Regular { size: 10 })
+            },
+        ],
+        ctty_pty: Some(3),
+    }
+}
+
+fn objects() -> Vec<Object> {
+    let obj = |id, kind| Object { id, kind };
+    vec![
+        obj(
+            11,
+            ObjectKind::Pipe(Pipe {
+                data: b"hello".to_vec(),
+                capacity: 65536,
+            }),
+        ),
+        obj(
+            21,
+            ObjectKind::Memfd(FileContent {
+                name: "m".into(),
+                size: 8192,
+                mode: 0o600,
+                seals: 0,
+                content: Some(PageFile {
+                    name: "file-21.img".into(),
+                    size: 8192,
+                    extents: vec![PageExtent {
+                        file_offset: 0,
+                        pages: 2,
+                        offset: 0,
+                        xxh3: crate::checksum(&[7u8; 8192]),
+                    }],
+                }),
+            }),
+        ),
+        obj(
+            31,
+            ObjectKind::UnixSocket(UnixSocket {
+                sock_type: 1,
+                state: 1,
+                peer: 32,
+                queue: vec![b"q".to_vec()],
+                peek_off: -1,
+                ..Default::default()
+            }),
+        ),
+        obj(
+            32,
+            ObjectKind::UnixSocket(UnixSocket {
+                sock_type: 1,
+                state: 1,
+                peer: 31,
+                peek_off: -1,
+                ..Default::default()
+            }),
+        ),
+        obj(
+            41,
+            ObjectKind::InetSocket(objects::InetSocket {
+                family: 2,
+                sock_type: 1,
+                protocol: 6,
+                state: 1,
+                local: "127.0.0.1:5000".parse().ok(),
+                remote: "127.0.0.1:6000".parse().ok(),
+                backlog: 0,
+                tcp: Some(TcpConnection {
+                    send_queue: b"abc".to_vec(),
+                    unsent: 1,
+                    ..Default::default()
+                }),
+                opts: vec![SockOpt {
+                    level: 6,
+                    name: 1,
+                    value: vec![1, 0, 0, 0],
+                }],
+            }),
+        ),
+        obj(
+            3,
+            ObjectKind::Pty(Pty {
+                index: 3,
+                fg_pgrp: 100,
+                termios: vec![0; 60],
+                winsize: vec![0; 8],
+                locked: false,
+            }),
+        ),
+    ]
+}
+
+fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
+    let mut child = process(102, 100, parent.is_some());
+    child.vmas[2].shm_owner = Some(ShmOwner {
+        pid: 100,
+        start: 0x3000_0000,
+        end: 0x3000_2000,
+    });
+    child.fds[15].shared = Some(SharedFd { pid: 100, fd: 2 });
+    child.ctty_pty = None;
+    Checkpoint {
+        meta: Meta {
+            image_id: id.into(),
+            ..Default::default()
+        },
+        root_pid: 100,
+        pidns: false,
+        processes: vec![
+            process(100, 1, parent.is_some()),
+            child,
+            Process {
+                pid: 105,
+                ppid: 100,
+                state: ProcState::Zombie { exit_status: 3 },
+                ..Default::default()
+            },
+        ],
+        objects: objects(),
+        netlock: Some("cr_lock_100_1".into()),
+        parent: parent.map(|p| ParentRef {
+            path: "../parent".into(),
+            image_id: p.into(),
+        }),
+        store: Some(store),
+        pre_dump: false,
+    }
+}
+
+const PARENT_ID: &str = "0123456789abcdef0123456789abcdef";
+const CHILD_ID: &str = "fedcba9876543210fedcba9876543210";
+
+/// A real store of one block of 4 pages, and the memfd's content file.
+fn write_files(dir: &ImageDir, tag: &str) -> PageStore {
+    let w = StoreWriter::create(dir, tag, Compression::None).unwrap();
+    let mut cur = None;
+    for i in 0..4u8 {
+        let page = [i + 1; 4096];
+        w.add(&mut cur, crate::store::page_hash(&page), &page)
+            .unwrap();
+    }
+    w.close(cur).unwrap();
+    let store = w.finish(false).unwrap();
+    let pw = PageWriter::create_named(dir, "file-21.img").unwrap();
+    pw.write_at(0, &[7u8; 8192]).unwrap();
+    pw.finish(8192, Vec::new(), false).unwrap();
+    store
+}
+
+/// A parent image and a child of it, committed in `root`.
+fn images(root: &Path) -> (Checkpoint, std::path::PathBuf) {
+    let pdir = ImageDir::create(&root.join("parent")).unwrap();
+    let store = write_files(&pdir, "p");
+    pdir.commit(&checkpoint(PARENT_ID, None, store), false)
+        .unwrap();
+    let cdir = ImageDir::create(&root.join("child")).unwrap();
+    let store = write_files(&cdir, "c");
+    let ck = checkpoint(CHILD_ID, Some(PARENT_ID), store);
+    cdir.commit(&ck, false).unwrap();
+    (ck, cdir.path().to_path_buf())
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("cr-image-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn every_section_round_trips() {
+    let root = tmp("roundtrip");
+    let (ck, dir) = images(&root);
+    let back = Checkpoint::decode(&ck.encode()).unwrap();
+    assert_eq!(back, ck);
+    let read = read_image(&dir, &ck.encode()).unwrap();
+    assert_eq!(read, ck);
+    let json = serde_json::to_value(crate::show::view(&ck)).unwrap();
+    assert_eq!(json["processes"][0]["fds"][1]["kind"], "pipe");
+    assert_eq!(
+        json["objects"][0]["summary"],
+        "pipe:[11] 5 bytes buffered, capacity 65536"
+    );
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+/// Each of these is refused by name (and none panics).
+#[test]
+fn crafted_images_are_refused() {
+    type Edit = fn(&mut Checkpoint);
+    let cases: &[(&str, Edit)] = &[
+        ("missing from the image", |c| {
+            c.processes[0].fds[1].kind = FdKind::Pipe { object: 99 }
+        }),
+        ("overlap", |c| c.processes[0].vmas[1].start = 0x1000_f000),
+        ("outside the process's mappings", |c| {
+            c.processes[0].memory.runs[2].vaddr = 0x5000_0000
+        }),
+        ("page hashes", |c| {
+            c.processes[0].memory.hashes.pop();
+        }),
+        ("block 7", |c| {
+            c.processes[0].memory.runs[0].at = PageAt::Store { block: 7, page: 0 }
+        }),
+        ("not the main thread", |c| c.processes[0].threads.swap(0, 1)),
+        ("not listed before it", |c| c.processes[1].ppid = 4242),
+        ("not restored before it", |c| {
+            c.processes[0].fds[15].shared = Some(SharedFd { pid: 102, fd: 2 })
+        }),
+        ("which is not open", |c| {
+            if let FdKind::Epoll { items } = &mut c.processes[0].fds[12].kind {
+                items[0].tfd = 77;
+            }
+        }),
+        ("shares memory of process", |c| {
+            c.processes[1].vmas[2].shm_owner.as_mut().unwrap().start = 0x3100_0000
+        }),
+        ("bad image id", |c| c.meta.image_id = "../../etc".into()),
+        ("XSAVE area", |c| {
+            c.processes[0].threads[0].xstate.truncate(10)
+        }),
+        ("peer socket", |c| {
+            if let ObjectKind::UnixSocket(u) = &mut c.objects[2].kind {
+                u.peer = 5;
+            }
+        }),
+        ("bad file name", |c| {
+            c.store.as_mut().unwrap().name = "../x".into()
+        }),
+    ];
+    for (want, edit) in cases {
+        let mut ck = checkpoint(
+            CHILD_ID,
+            Some(PARENT_ID),
+            PageStore {
+                name: "pages-c.img".into(),
+                size: 16384,
+                compression: Compression::None,
+                blocks: vec![StoreBlock {
+                    offset: 0,
+                    stored_len: 16384,
+                    pages: 4,
+                    xxh3: 0,
+                    raw: true,
+                }],
+            },
+        );
+        Checkpoint::decode(&ck.encode()).expect("the unedited image is valid");
+        edit(&mut ck);
+        let err = Checkpoint::decode(&ck.encode()).expect_err(want);
+        assert!(err.contains(want), "{want:?} not in {err:?}");
+    }
+}
+
+/// Unions and enums this build does not know are refused, never defaulted.
+#[test]
+fn unknown_cases_are_refused() {
+    let root = tmp("unknown");
+    let (ck, _) = images(&root);
+    let mut p = ck.to_pb();
+    p.processes[0].fds[3].kind = None;
+    let e = Checkpoint::decode(&prost::Message::encode_to_vec(&p)).unwrap_err();
+    assert!(
+        e.contains("fd 3: of a kind this build does not know"),
+        "{e}"
+    );
+    let mut p = ck.to_pb();
+    p.processes[0].vmas[0].kind = 99;
+    let e = Checkpoint::decode(&prost::Message::encode_to_vec(&p)).unwrap_err();
+    assert!(e.contains("unknown value 99"), "{e}");
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+/// The fixed-seed fuzz pass of the suite: thousands of images damaged deep
+/// inside their protobuf go through the whole read path; none may panic.
+#[test]
+fn fuzz_pass_finds_no_panic() {
+    let root = tmp("fuzz");
+    let (ck, dir) = images(&root);
+    let good = ck.encode();
+    let iterations: u64 = std::env::var("CR_FUZZ_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4000);
+    let mut rng = Rng::new(0x5eed_cafe);
+    let (mut ok, mut refused) = (0u64, 0u64);
+    for i in 0..iterations {
+        let mut bytes = good.clone();
+        for _ in 0..=rng.below(3) {
+            bytes = mutate(&mut rng, &bytes);
+        }
+        let r = std::panic::catch_unwind(|| {
+            // Decode alone is fast; the whole path (files) every 8th time.
+            if i % 8 == 0 {
+                read_image(&dir, &bytes).map(|_| ())
+            } else {
+                Checkpoint::decode(&bytes)
+                    .map(|_| ())
+                    .map_err(|what| crate::ImageError::Invalid {
+                        path: dir.clone(),
+                        what,
+                    })
+            }
+        });
+        match r {
+            Ok(Ok(())) => ok += 1,
+            Ok(Err(_)) => refused += 1,
+            Err(_) => panic!(
+                "iteration {i}: the image reader panicked on {} bytes: {:02x?}",
+                bytes.len(),
+                bytes
+            ),
+        }
+    }
+    eprintln!("fuzz pass: {iterations} images, {ok} read, {refused} refused");
+    assert!(
+        refused > iterations / 4,
+        "the mutator hardly damages anything"
+    );
+    std::fs::remove_dir_all(root).unwrap();
+}

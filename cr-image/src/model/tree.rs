@@ -1,0 +1,109 @@
+//! Section of kind "tree": where a process stands in the tree (its ids,
+//! parent, group, session, inside and outside its PID namespace) and its
+//! state (running, stopped by job control, or a zombie not yet reaped).
+
+use super::{pb, Bad, Checkpoint};
+use serde::Serialize;
+use std::collections::HashSet;
+
+/// What a process was doing, as far as the tree is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ProcState {
+    #[default]
+    Running,
+    /// In a job-control stop: restored stopped.
+    Stopped,
+    /// Exited, not yet reaped: restored as a zombie with this wait status.
+    Zombie { exit_status: i32 },
+}
+
+pub(crate) fn state_from_pb(s: Option<pb::process::State>) -> Result<ProcState, Bad> {
+    use pb::process::State;
+    match s {
+        Some(State::Running(_)) => Ok(ProcState::Running),
+        Some(State::Stopped(_)) => Ok(ProcState::Stopped),
+        Some(State::Zombie(z)) => Ok(ProcState::Zombie {
+            exit_status: z.exit_status,
+        }),
+        None => Err("its state is of a kind this build does not know".into()),
+    }
+}
+
+pub(crate) fn state_to_pb(s: ProcState) -> pb::process::State {
+    use pb::process::State;
+    match s {
+        ProcState::Running => State::Running(pb::Running {}),
+        ProcState::Stopped => State::Stopped(pb::Stopped {}),
+        ProcState::Zombie { exit_status } => State::Zombie(pb::Zombie { exit_status }),
+    }
+}
+
+/// The tree's shape: unique ids, the root first, every parent before its
+/// children, threads only in live processes, ids inside a PID namespace.
+pub(crate) fn validate(ck: &Checkpoint) -> Result<(), Bad> {
+    let procs = &ck.processes;
+    let root = procs.first().ok_or("the image holds no process")?;
+    if root.pid != ck.root_pid || root.is_zombie() {
+        return Err(format!(
+            "the first process ({}) is not the live root {}",
+            root.pid, ck.root_pid
+        ));
+    }
+    let mut pids = HashSet::new();
+    let mut tids = HashSet::new();
+    let mut inner = HashSet::new();
+    for (i, p) in procs.iter().enumerate() {
+        let bad = |what: String| Err(format!("process {}: {what}", p.pid));
+        if p.pid == 0 || p.pid > i32::MAX as u32 {
+            return bad("bad pid".into());
+        }
+        if i > 0 && !pids.contains(&p.ppid) {
+            return bad(format!("its parent {} is not listed before it", p.ppid));
+        }
+        if !pids.insert(p.pid) {
+            return bad("listed twice".into());
+        }
+        if ck.pidns {
+            if p.ns_pid == 0 || p.ns_pid > i32::MAX as u32 || !inner.insert(p.ns_pid) {
+                return bad(format!("bad id {} in its PID namespace", p.ns_pid));
+            }
+            if i == 0 && p.ns_pid != 1 {
+                return bad("the root of a PID namespace is not its PID 1".into());
+            }
+        }
+        if p.is_zombie() {
+            if !p.threads.is_empty() || !p.vmas.is_empty() || !p.fds.is_empty() {
+                return bad("a zombie with threads, memory or fds".into());
+            }
+            continue;
+        }
+        // A pre-dump holds memory only.
+        match p.threads.first() {
+            Some(t) if t.tid == p.pid => {}
+            None if ck.pre_dump => {}
+            _ => return bad("its first thread is not the main thread".into()),
+        }
+        for t in &p.threads {
+            if t.tid == 0 || t.tid > i32::MAX as u32 {
+                return bad(format!("bad thread id {}", t.tid));
+            }
+            if !tids.insert(t.tid) {
+                return bad(format!("thread {} is listed twice", t.tid));
+            }
+            if ck.pidns && (t.ns_tid == 0 || t.ns_tid > i32::MAX as u32) {
+                return bad(format!("thread {} has no id in its PID namespace", t.tid));
+            }
+        }
+    }
+    // A thread id is never also the id of another process.
+    for p in procs {
+        if let Some(t) = p.threads.iter().skip(1).find(|t| pids.contains(&t.tid)) {
+            return Err(format!(
+                "process {}: thread {} is also a process",
+                p.pid, t.tid
+            ));
+        }
+    }
+    Ok(())
+}
