@@ -7,7 +7,8 @@
 //! - [`pagemap`]: which pages of a range are present, swapped or file pages.
 //! - [`dirty`]: which pages a process wrote since a point in time
 //!   (userfaultfd write-protect with PAGEMAP_SCAN, soft-dirty).
-//! - [`proc`]: parsers of `/proc/PID/*` files.
+//! - [`proc`]: reading `/proc/PID/*` (with the `procfs` crate).
+//! - [`elf`]: build ids of executables and of the vDSO (with `goblin`).
 //! - [`clone`]: creating a process with a chosen PID (clone3 `set_tid`).
 //! - [`regs`]: the x86_64 register layouts ptrace uses.
 //! - [`limits`]: resource limits of another process.
@@ -17,6 +18,7 @@
 
 pub mod clone;
 pub mod dirty;
+pub mod elf;
 pub mod error;
 pub mod fdio;
 pub mod inet;

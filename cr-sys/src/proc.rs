@@ -1,10 +1,36 @@
-//! Parsers of /proc/PID files: maps and smaps, stat, status, fd and fdinfo,
-//! children. Each takes the text so it can be unit tested on fixtures.
+//! Reading /proc: the one home of it in the workspace. The `procfs` crate
+//! parses stat, status, maps/smaps, the fd table and the thread list; what it
+//! lacks is parsed here (fdinfo, which has a line format per file kind).
+//! Errors keep the path they came from, and a process that is gone reads as
+//! `NotFound`, so callers can tell "exited" from "refused".
 
 use crate::error::{io_err, Result, SysError};
-use std::collections::BTreeMap;
+use procfs::process::{MMapPath, Process, VmFlags};
+use std::path::PathBuf;
 
-/// One line of /proc/PID/maps (plus VmFlags when read from smaps).
+pub use procfs::process::{FDTarget, Stat, Status};
+
+/// A `procfs` error as a `SysError` naming the file.
+fn proc_err(path: String) -> impl FnOnce(procfs::ProcError) -> SysError {
+    move |e| {
+        use procfs::ProcError as E;
+        let kind = match &e {
+            E::NotFound(_) => std::io::ErrorKind::NotFound,
+            E::PermissionDenied(_) => std::io::ErrorKind::PermissionDenied,
+            _ => std::io::ErrorKind::InvalidData,
+        };
+        SysError::Io {
+            path,
+            source: std::io::Error::new(kind, e.to_string()),
+        }
+    }
+}
+
+fn process(pid: i32) -> Result<Process> {
+    Process::new(pid).map_err(proc_err(format!("/proc/{pid}")))
+}
+
+/// One mapping of /proc/PID/maps (plus VmFlags when read from smaps).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MapEntry {
     pub start: u64,
@@ -16,7 +42,9 @@ pub struct MapEntry {
     pub dev_major: u32,
     pub dev_minor: u32,
     pub inode: u64,
+    /// As /proc shows it: "" (anonymous), "[heap]", "/usr/lib/x.so", ...
     pub path: String,
+    /// Two-letter VmFlags (smaps only).
     pub vm_flags: Vec<String>,
 }
 
@@ -34,196 +62,141 @@ impl MapEntry {
     }
 }
 
-fn parse_map_line(line: &str) -> Option<MapEntry> {
-    let mut it = line.splitn(6, ' ');
-    let range = it.next()?;
-    let perms = it.next()?;
-    let offset = it.next()?;
-    let dev = it.next()?;
-    let inode = it.next()?;
-    let path = it.next().unwrap_or("").trim_start().to_string();
-    let (s, e) = range.split_once('-')?;
-    let (maj, min) = dev.split_once(':')?;
-    let pb = perms.as_bytes();
-    if pb.len() < 4 {
-        return None;
-    }
-    let mut prot = 0u32;
-    if pb[0] == b'r' {
+/// The mnemonics of smaps' VmFlags that `procfs` knows, by bit.
+const VM_FLAG_NAMES: &[(VmFlags, &str)] = &[
+    (VmFlags::RD, "rd"),
+    (VmFlags::WR, "wr"),
+    (VmFlags::EX, "ex"),
+    (VmFlags::SH, "sh"),
+    (VmFlags::MR, "mr"),
+    (VmFlags::MW, "mw"),
+    (VmFlags::ME, "me"),
+    (VmFlags::MS, "ms"),
+    (VmFlags::GD, "gd"),
+    (VmFlags::PF, "pf"),
+    (VmFlags::DW, "dw"),
+    (VmFlags::LO, "lo"),
+    (VmFlags::IO, "io"),
+    (VmFlags::SR, "sr"),
+    (VmFlags::RR, "rr"),
+    (VmFlags::DC, "dc"),
+    (VmFlags::DE, "de"),
+    (VmFlags::AC, "ac"),
+    (VmFlags::NR, "nr"),
+    (VmFlags::HT, "ht"),
+    (VmFlags::SF, "sf"),
+    (VmFlags::NL, "nl"),
+    (VmFlags::AR, "ar"),
+    (VmFlags::WF, "wf"),
+    (VmFlags::DD, "dd"),
+    (VmFlags::SD, "sd"),
+    (VmFlags::MM, "mm"),
+    (VmFlags::HG, "hg"),
+    (VmFlags::NH, "nh"),
+    (VmFlags::MG, "mg"),
+    (VmFlags::UM, "um"),
+    (VmFlags::UW, "uw"),
+];
+
+fn map_entry(m: &procfs::process::MemoryMap) -> MapEntry {
+    use procfs::process::MMPermissions as P;
+    let mut prot = 0;
+    if m.perms.contains(P::READ) {
         prot |= libc::PROT_READ as u32;
     }
-    if pb[1] == b'w' {
+    if m.perms.contains(P::WRITE) {
         prot |= libc::PROT_WRITE as u32;
     }
-    if pb[2] == b'x' {
+    if m.perms.contains(P::EXECUTE) {
         prot |= libc::PROT_EXEC as u32;
     }
-    Some(MapEntry {
-        start: u64::from_str_radix(s, 16).ok()?,
-        end: u64::from_str_radix(e, 16).ok()?,
+    let path = match &m.pathname {
+        MMapPath::Path(p) => p.to_string_lossy().into_owned(),
+        MMapPath::Heap => "[heap]".into(),
+        MMapPath::Stack => "[stack]".into(),
+        MMapPath::TStack(t) => format!("[stack:{t}]"),
+        MMapPath::Vdso => "[vdso]".into(),
+        MMapPath::Vvar => "[vvar]".into(),
+        MMapPath::Vsyscall => "[vsyscall]".into(),
+        MMapPath::Rollup => "[rollup]".into(),
+        MMapPath::Anonymous => String::new(),
+        MMapPath::Vsys(key) => format!("/SYSV{:08x} (deleted)", *key as u32),
+        MMapPath::Other(s) => format!("[{s}]"),
+    };
+    let vm_flags = m
+        .extension
+        .vm_flags
+        .iter()
+        .filter_map(|f| VM_FLAG_NAMES.iter().find(|(b, _)| *b == f))
+        .map(|(_, n)| n.to_string())
+        .collect();
+    MapEntry {
+        start: m.address.0,
+        end: m.address.1,
         prot,
-        shared: pb[3] == b's',
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        dev_major: u32::from_str_radix(maj, 16).ok()?,
-        dev_minor: u32::from_str_radix(min, 16).ok()?,
-        inode: inode.parse().ok()?,
+        shared: m.perms.contains(P::SHARED),
+        offset: m.offset,
+        dev_major: m.dev.0 as u32,
+        dev_minor: m.dev.1 as u32,
+        inode: m.inode,
         path,
-        vm_flags: Vec::new(),
-    })
-}
-
-/// Parse /proc/PID/maps or /proc/PID/smaps text (VmFlags filled from smaps).
-pub fn parse_maps(text: &str, path: &str) -> Result<Vec<MapEntry>> {
-    let mut out: Vec<MapEntry> = Vec::new();
-    for line in text.lines() {
-        let first = line.split(' ').next().unwrap_or("");
-        if first.ends_with(':') {
-            if let (Some(rest), Some(last)) = (line.strip_prefix("VmFlags:"), out.last_mut()) {
-                last.vm_flags = rest.split_whitespace().map(str::to_string).collect();
-            }
-            continue;
-        }
-        if line.is_empty() {
-            continue;
-        }
-        out.push(parse_map_line(line).ok_or_else(|| SysError::Parse {
-            path: path.to_string(),
-            what: format!("bad maps line {line:?}"),
-        })?);
-    }
-    Ok(out)
-}
-
-pub fn read_string(path: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(io_err(path))
-}
-
-pub fn read_bytes(path: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(io_err(path))
-}
-
-pub fn read_link(path: &str) -> Result<String> {
-    std::fs::read_link(path)
-        .map(|p| p.to_string_lossy().into_owned())
-        .map_err(io_err(path))
-}
-
-pub fn read_maps(pid: i32) -> Result<Vec<MapEntry>> {
-    let path = format!("/proc/{pid}/maps");
-    parse_maps(&read_string(&path)?, &path)
-}
-
-pub fn read_smaps(pid: i32) -> Result<Vec<MapEntry>> {
-    let path = format!("/proc/{pid}/smaps");
-    parse_maps(&read_string(&path)?, &path)
-}
-
-/// /proc/PID/stat. `field(n)` uses the numbering of proc(5) (1 = pid).
-#[derive(Debug, Clone)]
-pub struct Stat {
-    pub pid: i32,
-    pub comm: String,
-    pub state: char,
-    /// Fields 3.. as text.
-    rest: Vec<String>,
-}
-
-impl Stat {
-    pub fn parse(text: &str, path: &str) -> Result<Stat> {
-        let bad = |what: &str| SysError::Parse {
-            path: path.to_string(),
-            what: what.to_string(),
-        };
-        let open = text.find('(').ok_or_else(|| bad("no '('"))?;
-        let close = text.rfind(')').ok_or_else(|| bad("no ')'"))?;
-        let pid = text[..open].trim().parse().map_err(|_| bad("bad pid"))?;
-        let comm = text[open + 1..close].to_string();
-        let rest: Vec<String> = text[close + 1..]
-            .split_whitespace()
-            .map(str::to_string)
-            .collect();
-        let state = rest
-            .first()
-            .and_then(|s| s.chars().next())
-            .ok_or_else(|| bad("no state"))?;
-        Ok(Stat {
-            pid,
-            comm,
-            state,
-            rest,
-        })
-    }
-
-    /// Numeric field `n` (proc(5) numbering, n >= 4); 0 if absent.
-    pub fn field(&self, n: usize) -> u64 {
-        self.rest
-            .get(n.wrapping_sub(3))
-            .and_then(|s| s.parse::<i64>().ok())
-            .map(|v| v as u64)
-            .unwrap_or(0)
-    }
-
-    pub fn ppid(&self) -> i32 {
-        self.field(4) as i32
-    }
-    pub fn flags(&self) -> u64 {
-        self.field(9)
-    }
-    pub fn num_threads(&self) -> u64 {
-        self.field(20)
+        vm_flags,
     }
 }
 
-pub fn read_stat(pid: i32) -> Result<Stat> {
-    let path = format!("/proc/{pid}/stat");
-    Stat::parse(&read_string(&path)?, &path)
+/// The mappings of a process (/proc/PID/maps).
+pub fn maps(pid: i32) -> Result<Vec<MapEntry>> {
+    let m = process(pid)?
+        .maps()
+        .map_err(proc_err(format!("/proc/{pid}/maps")))?;
+    Ok(m.iter().map(map_entry).collect())
+}
+
+/// The mappings of a process with their VmFlags (/proc/PID/smaps).
+pub fn smaps(pid: i32) -> Result<Vec<MapEntry>> {
+    let m = process(pid)?
+        .smaps()
+        .map_err(proc_err(format!("/proc/{pid}/smaps")))?;
+    Ok(m.iter().map(map_entry).collect())
+}
+
+/// /proc/PID/stat.
+pub fn stat(pid: i32) -> Result<Stat> {
+    process(pid)?
+        .stat()
+        .map_err(proc_err(format!("/proc/{pid}/stat")))
+}
+
+/// /proc/PID/status.
+pub fn status(pid: i32) -> Result<Status> {
+    process(pid)?
+        .status()
+        .map_err(proc_err(format!("/proc/{pid}/status")))
+}
+
+/// /proc/PID/task/TID/status: what differs per thread (ids in a PID
+/// namespace, signal state).
+pub fn task_status(pid: i32, tid: i32) -> Result<Status> {
+    let path = format!("/proc/{pid}/task/{tid}/status");
+    process(pid)?
+        .task_from_tid(tid)
+        .and_then(|t| t.status())
+        .map_err(proc_err(path))
+}
+
+/// The innermost id of a per-namespace list of status (NSpid, NSpgid,
+/// NSsid): the id as the process's own PID namespace sees it.
+pub fn ns_last(ids: &Option<Vec<i32>>) -> Option<u32> {
+    ids.as_ref()?.last().map(|&i| i as u32)
+}
+
+/// How many PID namespace levels a per-namespace list has.
+pub fn ns_depth(ids: &Option<Vec<i32>>) -> usize {
+    ids.as_ref().map_or(0, Vec::len)
 }
 
 /// PF_KTHREAD in the stat flags field.
-pub const PF_KTHREAD: u64 = 0x0020_0000;
-
-/// /proc/PID/status as key -> value.
-#[derive(Debug, Clone, Default)]
-pub struct Status(pub BTreeMap<String, String>);
-
-impl Status {
-    pub fn parse(text: &str) -> Status {
-        Status(
-            text.lines()
-                .filter_map(|l| l.split_once(':'))
-                .map(|(k, v)| (k.to_string(), v.trim().to_string()))
-                .collect(),
-        )
-    }
-
-    pub fn get(&self, k: &str) -> Option<&str> {
-        self.0.get(k).map(String::as_str)
-    }
-
-    pub fn int(&self, k: &str) -> Option<i64> {
-        self.get(k)?.split_whitespace().next()?.parse().ok()
-    }
-
-    /// The innermost value of a per-namespace list ("NSpid", "NSpgid",
-    /// "NSsid"): the id as the process's own PID namespace sees it.
-    pub fn ns_last(&self, k: &str) -> Option<u32> {
-        self.get(k)?.split_whitespace().last()?.parse().ok()
-    }
-
-    /// How many PID namespace levels a "NS*" list has.
-    pub fn ns_depth(&self, k: &str) -> usize {
-        self.get(k).map_or(0, |v| v.split_whitespace().count())
-    }
-
-    /// Umask (octal).
-    pub fn umask(&self) -> Option<u32> {
-        u32::from_str_radix(self.get("Umask")?, 8).ok()
-    }
-}
-
-pub fn read_status(pid: i32) -> Result<Status> {
-    Ok(Status::parse(&read_string(&format!("/proc/{pid}/status"))?))
-}
+pub const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// /proc/PID/fdinfo/N.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -253,38 +226,66 @@ impl FdInfo {
         }
         fi
     }
+
+    /// The value of the first line `key:`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.extra
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every line `key:`.
+    pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> {
+        self.extra
+            .iter()
+            .filter(move |(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
-pub fn read_fdinfo(pid: i32, fd: i32) -> Result<FdInfo> {
+/// /proc/PID/fdinfo/FD.
+pub fn fdinfo(pid: i32, fd: i32) -> Result<FdInfo> {
     Ok(FdInfo::parse(&read_string(&format!(
         "/proc/{pid}/fdinfo/{fd}"
     ))?))
 }
 
-/// Open fds of a process with their link targets, sorted by number.
-pub fn list_fds(pid: i32) -> Result<Vec<(i32, String)>> {
-    let dir = format!("/proc/{pid}/fd");
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(&dir).map_err(io_err(&dir))? {
-        let e = e.map_err(io_err(&dir))?;
-        let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        // An fd closed between readdir and readlink is simply gone.
-        if let Ok(target) = read_link(&format!("{dir}/{fd}")) {
-            out.push((fd, target));
-        }
-    }
-    out.sort();
+/// The open fds of a process with what they lead to, sorted by number
+/// (an fd closed while the table is read is left out).
+pub fn fds(pid: i32) -> Result<Vec<(i32, FDTarget)>> {
+    let path = format!("/proc/{pid}/fd");
+    let mut out: Vec<(i32, FDTarget)> = process(pid)?
+        .fd()
+        .map_err(proc_err(path))?
+        .filter_map(|f| f.ok())
+        .map(|f| (f.fd, f.target))
+        .collect();
+    out.sort_by_key(|(fd, _)| *fd);
     Ok(out)
 }
 
-/// Thread ids of a process.
-pub fn list_tasks(pid: i32) -> Result<Vec<i32>> {
-    let dir = format!("/proc/{pid}/task");
-    let mut out: Vec<i32> = std::fs::read_dir(&dir)
-        .map_err(io_err(&dir))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+/// The text of /proc/PID/fd/N an fd target stands for ("pipe:[12]", "/x").
+pub fn target_text(t: &FDTarget) -> String {
+    match t {
+        FDTarget::Path(p) => p.to_string_lossy().into_owned(),
+        FDTarget::Socket(i) => format!("socket:[{i}]"),
+        FDTarget::Net(i) => format!("net:[{i}]"),
+        FDTarget::Pipe(i) => format!("pipe:[{i}]"),
+        FDTarget::AnonInode(k) => format!("anon_inode:{k}"),
+        FDTarget::MemFD(n) => format!("/memfd:{n}"),
+        FDTarget::Other(k, i) => format!("{k}:[{i}]"),
+        FDTarget::Unknown(k, v) => format!("{k}:{v}"),
+    }
+}
+
+/// Thread ids of a process, sorted.
+pub fn tasks(pid: i32) -> Result<Vec<i32>> {
+    let mut out: Vec<i32> = process(pid)?
+        .tasks()
+        .map_err(proc_err(format!("/proc/{pid}/task")))?
+        .filter_map(|t| t.ok())
+        .map(|t| t.tid)
         .collect();
     out.sort();
     Ok(out)
@@ -293,30 +294,71 @@ pub fn list_tasks(pid: i32) -> Result<Vec<i32>> {
 /// Children of every thread of a process.
 pub fn children(pid: i32) -> Result<Vec<i32>> {
     let mut out = Vec::new();
-    for tid in list_tasks(pid)? {
-        let path = format!("/proc/{pid}/task/{tid}/children");
+    for t in process(pid)?
+        .tasks()
+        .map_err(proc_err(format!("/proc/{pid}/task")))?
+        .flatten()
+    {
         // Threads may exit meanwhile.
-        if let Ok(text) = std::fs::read_to_string(&path) {
-            out.extend(
-                text.split_whitespace()
-                    .filter_map(|s| s.parse::<i32>().ok()),
-            );
+        if let Ok(kids) = t.children() {
+            out.extend(kids.into_iter().map(|k| k as i32));
         }
     }
     Ok(out)
 }
 
+/// Every process of the system (of our PID namespace).
+pub fn all_pids() -> Vec<i32> {
+    procfs::process::all_processes()
+        .map(|it| it.flatten().map(|p| p.pid()).collect())
+        .unwrap_or_default()
+}
+
+/// The mount point of device `major:minor` (the root of one of its mounts,
+/// as our mount namespace sees it).
+pub fn mount_point(major: u32, minor: u32) -> Option<PathBuf> {
+    let mounts = Process::myself().ok()?.mountinfo().ok()?;
+    let on_dev = || {
+        mounts
+            .iter()
+            .filter(|m| m.majmin == format!("{major}:{minor}"))
+    };
+    on_dev()
+        .find(|m| m.root == "/")
+        .or_else(|| on_dev().next())
+        .map(|m| m.mount_point.clone())
+}
+
+pub fn read_string(path: &str) -> Result<String> {
+    std::fs::read_to_string(path).map_err(io_err(path))
+}
+
+pub fn read_bytes(path: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(io_err(path))
+}
+
+pub fn read_link(path: &str) -> Result<String> {
+    std::fs::read_link(path)
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(io_err(path))
+}
+
+/// A file of /proc/sys (or another one-line file), trimmed; empty if unreadable.
+pub fn sys_value(path: &str) -> String {
+    read_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// Real and effective uid and gid of the calling process: (uid, euid, gid, egid).
 pub fn own_ids() -> (u32, u32, u32, u32) {
-    // SAFETY: these calls cannot fail and touch no memory.
-    unsafe {
-        (
-            libc::getuid(),
-            libc::geteuid(),
-            libc::getgid(),
-            libc::getegid(),
-        )
-    }
+    use nix::unistd::{getegid, geteuid, getgid, getuid};
+    (
+        getuid().as_raw(),
+        geteuid().as_raw(),
+        getgid().as_raw(),
+        getegid().as_raw(),
+    )
 }
 
 /// Highest capability number this kernel knows.
@@ -355,65 +397,49 @@ pub fn is_dev(dev: u64, major: u64, minor: u64) -> bool {
 mod tests {
     use super::*;
 
-    const SMAPS: &str = "\
-55d6c5a3e000-55d6c5a40000 r--p 00000000 fd:01 1234                       /usr/bin/my prog
-Size:                  8 kB
-VmFlags: rd mr mw me dw sd
-7ffd1c1e0000-7ffd1c201000 rw-p 00000000 00:00 0                          [stack]
-Size:                132 kB
-VmFlags: rd wr mr mw me gd ac
-7f0000000000-7f0000001000 rw-s 00000000 00:01 42                         /dev/zero (deleted)
-VmFlags: rd wr sh mr mw me ms sd
-7f0000002000-7f0000003000 ---p 00000000 00:00 0 
-";
-
-    #[test]
-    fn smaps_entries_and_flags() {
-        let m = parse_maps(SMAPS, "smaps").unwrap();
-        assert_eq!(m.len(), 4);
-        assert_eq!(m[0].path, "/usr/bin/my prog");
-        assert_eq!(m[0].prot, libc::PROT_READ as u32);
-        assert_eq!(
-            (m[0].dev_major, m[0].dev_minor, m[0].inode),
-            (0xfd, 1, 1234)
-        );
-        assert!(m[1].has_flag("gd"));
-        assert_eq!(m[1].path, "[stack]");
-        assert!(m[2].shared);
-        assert_eq!(m[2].path, "/dev/zero (deleted)");
-        assert_eq!(m[3].prot, 0);
-        assert_eq!(m[3].path, "");
-        assert!(m[3].vm_flags.is_empty());
-    }
-
-    #[test]
-    fn stat_with_spaces_and_parens_in_comm() {
-        let s = Stat::parse(
-            "42 (a (b) c) S 1 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0",
-            "stat",
-        )
-        .unwrap();
-        assert_eq!(s.pid, 42);
-        assert_eq!(s.comm, "a (b) c");
-        assert_eq!(s.state, 'S');
-        assert_eq!(s.ppid(), 1);
-        assert_eq!(s.flags(), 4194560);
-        assert_eq!(s.num_threads(), 1);
-    }
-
     #[test]
     fn fdinfo_flags_are_octal() {
         let f = FdInfo::parse("pos:\t10\nflags:\t02102001\nmnt_id:\t25\nino:\t7\n");
         assert_eq!(f.pos, 10);
         assert_eq!(f.flags, 0o2102001);
         assert_eq!(f.mnt_id, 25);
-        assert_eq!(f.extra, vec![("ino".to_string(), "7".to_string())]);
+        assert_eq!(f.get("ino"), Some("7"));
     }
 
     #[test]
-    fn status_umask() {
-        let s = Status::parse("Name:\tx\nUmask:\t0027\nTracerPid:\t0\n");
-        assert_eq!(s.umask(), Some(0o27));
-        assert_eq!(s.int("TracerPid"), Some(0));
+    fn our_own_process() {
+        let me = std::process::id() as i32;
+        let st = stat(me).unwrap();
+        assert_eq!(st.pid, me);
+        assert!(tasks(me).unwrap().contains(&me));
+        let maps = smaps(me).unwrap();
+        assert!(maps.iter().any(|m| m.path == "[stack]" && m.has_flag("gd")));
+        assert!(maps.iter().any(|m| m.path == "[vdso]"));
+        let fds = fds(me).unwrap();
+        assert!(fds.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(status(me).unwrap().umask.is_some());
+    }
+
+    #[test]
+    fn a_process_that_is_gone_is_not_found() {
+        let e = stat(i32::MAX - 1).unwrap_err();
+        assert!(
+            matches!(&e, SysError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn targets_read_as_in_proc() {
+        for t in [
+            "pipe:[12]",
+            "socket:[7]",
+            "anon_inode:[eventfd]",
+            "/memfd:x (deleted)",
+            "/a b",
+        ] {
+            let parsed: FDTarget = t.parse().unwrap();
+            assert_eq!(target_text(&parsed), t);
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::error::{Errno, Result, SysError};
 use crate::regs::UserRegs;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
@@ -112,6 +113,67 @@ pub fn wait_raw(tid: i32, flags: i32) -> std::result::Result<(i32, i32), Errno> 
             return Err(e);
         }
         return Ok((r, status));
+    }
+}
+
+/// How long [`Tracee::kill_and_reap`] waits for the killed thread group.
+pub const KILL_REAP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Kill process `pid` (SIGKILL, the whole thread group) whose attached
+/// threads are `tracees`, and collect the exit of every one of them, in
+/// whatever order the kernel reports them. Returns the TIDs whose exit did
+/// not come within `timeout` (a thread stuck in an uninterruptible sleep);
+/// they are left as they are.
+///
+/// No single thread may be waited for (blocking) while others are left
+/// unreaped: a traced thread that exits stays a zombie until its tracer
+/// reaps it, and
+/// - the exit of the thread group leader is reported only after every other
+///   thread of the group has been reaped;
+/// - when the process is PID 1 of a PID namespace (a `cr_run` job), the last
+///   of its threads to exit, whichever it is, waits in the kernel
+///   (zap_pid_ns_processes) until every other PID of the namespace, its
+///   sibling threads included, is freed: it becomes a zombie only after we
+///   have reaped all the others. Waiting for it first never returns.
+///
+/// So every thread is polled (WNOHANG, never waitpid(-1): that would steal
+/// the stops and exits of other tracees of this process) until each has
+/// been reaped or is no longer ours (ECHILD: its real parent reaped it), or
+/// until `timeout`. A tracee that is not our child is reaped by its parent;
+/// we only collect its exit notification.
+pub fn kill_and_reap_all(pid: i32, tracees: Vec<Tracee>, timeout: Duration) -> Vec<i32> {
+    let mut left: Vec<i32> = Vec::with_capacity(tracees.len());
+    for mut t in tracees {
+        if t.attached {
+            left.push(t.tid);
+        }
+        // Dying threads are neither detached nor killed again on drop.
+        t.attached = false;
+        t.stopped = false;
+    }
+    if left.is_empty() {
+        return left;
+    }
+    let _ = kill(pid, libc::SIGKILL);
+    // The leader's exit comes last: poll the other threads first.
+    left.sort_by_key(|&tid| tid == pid);
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(100);
+    loop {
+        left.retain(|&tid| match wait_raw(tid, libc::WNOHANG) {
+            Ok((0, _)) => true,
+            Ok((_, status)) => !(libc::WIFEXITED(status) || libc::WIFSIGNALED(status)),
+            Err(_) => false,
+        });
+        if left.is_empty() {
+            return left;
+        }
+        if Instant::now() >= deadline {
+            warn!(pid, tids = ?left, ?timeout, "killed threads did not exit; not waiting for them any longer");
+            return left;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
 
@@ -429,24 +491,20 @@ impl Tracee {
         r.map(|_| ())
     }
 
-    /// Kill the tracee (SIGKILL) and reap it if it is our child.
-    pub fn kill_and_reap(mut self) {
-        self.kill_inner(false);
+    /// Kill the tracee's process (SIGKILL) and collect this thread's exit:
+    /// [`kill_and_reap_all`] with this one thread. A process with several
+    /// threads must give [`kill_and_reap_all`] all of them at once.
+    pub fn kill_and_reap(self) {
+        let pid = self.tid;
+        kill_and_reap_all(pid, vec![self], KILL_REAP_TIMEOUT);
     }
 
-    /// `reap_others`: every child of ours is a stub we may reap (restore).
-    fn kill_inner(&mut self, reap_others: bool) {
+    /// Kill a restore stub; every child of ours is a stub we may reap.
+    fn kill_inner(&mut self) {
         if !self.attached {
             return;
         }
         let _ = kill(self.tid, libc::SIGKILL);
-        if !reap_others {
-            // Reap it if it is our child; a tracee that is not our child is
-            // reaped by its parent, we only wait for its exit notification.
-            let _ = wait_raw(self.tid, 0);
-            self.attached = false;
-            return;
-        }
         // PID 1 of a PID namespace only finishes dying once its (traced)
         // children are reaped, so reap whatever of ours exits meanwhile.
         loop {
@@ -475,7 +533,7 @@ impl Drop for Tracee {
                     warn!(tid = self.tid, error = %e, "could not detach from thread");
                 }
             }
-            OnDrop::Kill => self.kill_inner(true),
+            OnDrop::Kill => self.kill_inner(),
         }
     }
 }

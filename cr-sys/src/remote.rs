@@ -186,7 +186,7 @@ impl Drop for Injector<'_> {
 /// Find the address of a `syscall` instruction (bytes 0f 05) in the
 /// executable mappings of `pid`, preferring the vDSO.
 pub fn find_syscall_insn(pid: i32) -> Result<u64> {
-    let maps = crate::proc::read_maps(pid)?;
+    let maps = crate::proc::maps(pid)?;
     let mem_path = format!("/proc/{pid}/mem");
     let mem = std::fs::File::open(&mem_path).map_err(crate::error::io_err(&mem_path))?;
     let mut candidates: Vec<&crate::proc::MapEntry> =

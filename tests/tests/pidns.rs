@@ -141,3 +141,73 @@ fn job_tree_restored_twice_side_by_side_in_new_pid_namespaces() {
         );
     }
 }
+
+/// `cr_checkpoint --kill` of a cr_run job whose PID 1 has three threads or
+/// more returns, and the whole job is gone (cr_run reports the SIGKILL). It
+/// used to hang: the last thread of the namespace's init to exit waits in
+/// the kernel (zap_pid_ns_processes) until every other PID of the
+/// namespace is freed, its sibling threads included, which are traced
+/// zombies only the checkpointer can reap, while the checkpointer waited
+/// for that very thread. Which thread exits last is a race: several rounds.
+#[test]
+fn kill_of_a_multithreaded_job_returns() {
+    let wl_threads = workload_path("wl_threads");
+    // wl_threads N runs N workers, a waiter and the main thread.
+    for (round, workers) in ["1", "1", "2", "4", "8", "16"].into_iter().enumerate() {
+        let h = Harness::new(&format!("pidns-kill-threads-{round}"));
+        let img = h.image_dir("img");
+        let mut wl = h.spawn_program(
+            "cr_run",
+            &tool_path("cr_run"),
+            &[
+                "--dir".as_ref(),
+                img.as_os_str(),
+                "--".as_ref(),
+                wl_threads.as_os_str(),
+            ],
+            &[workers],
+        );
+        wl.wait_ready();
+        let job = children(wl.pid());
+        assert_eq!(job.len(), 1, "cr_run runs one job\n{}", wl.diag());
+        let threads = std::fs::read_dir(format!("/proc/{}/task", job[0]))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(
+            threads,
+            workers.parse::<usize>().expect("workers") + 2,
+            "threads of the job\n{}",
+            wl.diag()
+        );
+        let out = h.run_tool(
+            "cr_checkpoint",
+            &["--kill".as_ref(), wl.pid().to_string().as_ref()],
+            &RunOpts {
+                timeout: Some(Duration::from_secs(30)),
+                ..RunOpts::default()
+            },
+        );
+        out.assert_success(&format!(
+            "cr_checkpoint --kill of a job with {threads} threads (round {round})"
+        ));
+        let st = wl
+            .proc
+            .wait_exit(Duration::from_secs(20), String::new)
+            .expect("cr_run is our child");
+        assert_eq!(
+            st.code(),
+            Some(128 + libc::SIGKILL),
+            "cr_run returns the killed job's status"
+        );
+        assert!(
+            !Path::new(&format!("/proc/{}", job[0])).exists(),
+            "the job ({}) is gone once cr_run has exited",
+            job[0]
+        );
+        assert!(
+            img.join("checkpoint.img").exists(),
+            "no image in {}",
+            img.display()
+        );
+    }
+}
