@@ -4,7 +4,8 @@
 //! * [`tls`]: the cluster's mutual TLS (every peer holds a certificate of
 //!   the cluster CA), or plain TCP when explicitly asked for.
 //! * [`channel`]: gRPC channels to a TCP address or to the agent's Unix socket;
-//!   [`local`]: the blocking client of the agent the command-line tools use.
+//!   [`local`]: the blocking client of the agent the command-line tools use;
+//!   [`opts`]: the engines' options to and from the Local service's messages.
 //! * [`config`]: TOML configuration files.
 //! * [`shutdown`]: SIGTERM / SIGINT as a future.
 //! * [`pki`]: a cluster CA and certificates signed by it (`crctl pki`).
@@ -14,6 +15,7 @@ pub mod channel;
 pub mod config;
 pub mod error;
 pub mod local;
+pub mod opts;
 pub mod pki;
 pub mod shutdown;
 pub mod tls;

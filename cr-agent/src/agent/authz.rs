@@ -31,18 +31,12 @@ impl Caller {
         if self.is_root() {
             return Ok(());
         }
-        let pids = crate::tree::walk(pid).map_err(|e| cr_sys::error::one_line(&e))?;
+        let pids = cr_engine::kinds::tree::walk(pid).map_err(|e| cr_sys::error::one_line(&e))?;
         for p in pids {
-            let st = cr_sys::proc::read_status(p).map_err(|e| cr_sys::error::one_line(&e))?;
-            let uids: Vec<u32> = st
-                .get("Uid")
-                .unwrap_or("")
-                .split_whitespace()
-                .take(3)
-                .filter_map(|u| u.parse().ok())
-                .collect();
-            if uids.is_empty() || uids.iter().any(|&u| u != self.uid) {
-                let owner = uids.first().copied().unwrap_or(0);
+            let st = cr_sys::proc::status(p).map_err(|e| cr_sys::error::one_line(&e))?;
+            let uids = [st.ruid, st.euid, st.suid];
+            if uids.iter().any(|&u| u != self.uid) {
+                let owner = uids[0];
                 return Err(self.denied(format!("process {p} belongs to uid {owner}")));
             }
         }

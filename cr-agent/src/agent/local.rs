@@ -4,7 +4,7 @@
 
 use super::authz::Caller;
 use super::{members, Shared};
-use crate::capture::{self, Options};
+use cr_engine::capture;
 use cr_rpc::pb;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -74,53 +74,18 @@ impl pb::local_server::Local for LocalService {
             who.check_image(&p).map_err(denied)?;
             Some(p)
         };
-        let opts = Options {
-            dir: dir.clone(),
-            action: super::sessions::action(
-                pb::After::try_from(r.after).unwrap_or(pb::After::Continue),
-            ),
-            fsync: !r.no_fsync,
-            workers: if r.workers > 0 {
-                r.workers as usize
-            } else {
-                self.shared.workers
-            },
-            show_progress: false,
-            tcp_skip_in_flight: r.tcp_skip_in_flight,
-            parent,
-            pre_dump: r.pre_dump,
-            track_mem: r.track_mem,
-            dirty: if r.dirty.is_empty() { "auto" } else { &r.dirty }
-                .parse::<crate::tracking::Choice>()
-                .map_err(Status::invalid_argument)?,
-            compression: cr_image::show::parse_compression(if r.compress.is_empty() {
-                "none"
-            } else {
-                &r.compress
-            })
-            .map_err(Status::invalid_argument)?,
-            lock_name: None,
-        };
+        let mut opts = cr_rpc::opts::checkpoint_options(&r).map_err(Status::invalid_argument)?;
+        opts.dir = Some(dir.clone());
+        opts.parent = parent;
+        opts.workers = opts.workers.or(Some(self.shared.workers));
         tracing::info!(pid = root, dir = %dir.display(), uid = who.uid, "local checkpoint");
         let s = blocking(move || {
             let s = capture::checkpoint(root, &opts).map_err(|e| cr_sys::error::one_line(&e))?;
-            who.give(&opts.dir);
+            who.give(&dir);
             Ok(s)
         })
         .await?;
-        Ok(Response::new(pb::LocalCheckpointReply {
-            pid: s.pid,
-            processes: s.processes as u32,
-            threads: s.threads as u32,
-            page_bytes: s.page_bytes,
-            store_bytes: s.store_bytes,
-            pages_parent: s.pages_parent,
-            dirty: cr_image::show::dirty_name(s.dirty as i32).to_string(),
-            vmas: s.vmas as u32,
-            fds: s.fds as u32,
-            frozen_us: s.frozen.as_micros() as u64,
-            elapsed_us: s.elapsed.as_micros() as u64,
-        }))
+        Ok(Response::new(cr_rpc::opts::summary_reply(&s)))
     }
 
     async fn restore(
@@ -135,25 +100,14 @@ impl pb::local_server::Local for LocalService {
             let ck = cr_image::ImageDir::open(&dir)
                 .and_then(|d| d.read_checkpoint())
                 .map_err(|e| Status::failed_precondition(cr_sys::error::one_line(&e)))?;
-            cr_restart::identity::check_owner(&ck.processes, who.uid, who.gid)
+            cr_engine::kinds::identity::check_owner(&ck.processes, who.uid, who.gid)
                 .map_err(|e| Status::permission_denied(cr_sys::error::one_line(&e)))?;
         }
-        let addr_map =
-            cr_restart::inet::AddrMap::parse(&r.map_addr).map_err(Status::invalid_argument)?;
-        let opts = cr_restart::Options {
-            workers: if r.workers > 0 {
-                r.workers as usize
-            } else {
-                self.shared.workers
-            },
-            show_progress: false,
-            shell_job: false,
-            addr_map,
-            reset_guard_secs: r.reset_guard_secs,
-        };
+        let mut opts = cr_rpc::opts::restore_options(&r).map_err(Status::invalid_argument)?;
+        opts.workers = opts.workers.or(Some(self.shared.workers));
         tracing::info!(dir = %dir.display(), uid = who.uid, "local restore");
         let pid = blocking(move || {
-            cr_restart::restore(&dir, &opts).map_err(|e| cr_sys::error::one_line(&e))
+            cr_engine::restore(&dir, &opts).map_err(|e| cr_sys::error::one_line(&e))
         })
         .await?;
         self.shared.reaper.watch(pid);

@@ -23,19 +23,13 @@ struct State {
 
 /// Start time of a process (clock ticks after boot), None if it is gone.
 pub fn start_time(pid: i32) -> Option<u64> {
-    let st = cr_sys::proc::read_stat(pid).ok()?;
-    (st.state != 'Z' && st.state != 'X').then(|| st.field(22))
+    let st = cr_sys::proc::stat(pid).ok()?;
+    (st.state != 'Z' && st.state != 'X').then_some(st.starttime)
 }
 
 /// Real uid of a process and its command line (for listings).
 pub fn describe(pid: i32) -> (u32, String) {
-    let uid = cr_sys::proc::read_status(pid)
-        .ok()
-        .and_then(|s| {
-            s.get("Uid")
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0);
+    let uid = cr_sys::proc::status(pid).map_or(0, |s| s.ruid);
     let cmd = cr_sys::proc::read_bytes(&format!("/proc/{pid}/cmdline"))
         .map(|b| {
             b.split(|&c| c == 0)

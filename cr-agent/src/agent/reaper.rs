@@ -55,7 +55,7 @@ impl Reaper {
         for pid in pids {
             match cr_sys::ptrace::wait_raw(pid, libc::WNOHANG) {
                 Ok((0, _)) => {}
-                Ok((_, status)) => done.push((pid, cr_restart::restore::exit_code(status))),
+                Ok((_, status)) => done.push((pid, cr_engine::restore::exit_code(status))),
                 // Not our child (any more): nothing to collect.
                 Err(_) => done.push((pid, -1)),
             }

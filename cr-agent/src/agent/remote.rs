@@ -46,14 +46,14 @@ fn unlock_image(dir: &Path) {
     let Ok(ck) = cr_image::ImageDir::open(dir).and_then(|d| d.read_checkpoint()) else {
         return;
     };
-    if ck.netlock.is_empty() {
+    let Some(lock) = ck.netlock else {
         return;
-    }
-    match cr_sys::netlock::unlock(None, &ck.netlock) {
-        Ok(true) => tracing::info!(lock = ck.netlock, "network lock of a moved image removed"),
+    };
+    match cr_sys::netlock::unlock(None, &lock) {
+        Ok(true) => tracing::info!(lock, "network lock of a moved image removed"),
         Ok(false) => {}
         Err(e) => {
-            tracing::warn!(lock = ck.netlock, error = %cr_sys::error::one_line(&e), "cannot remove a network lock")
+            tracing::warn!(lock, error = %cr_sys::error::one_line(&e), "cannot remove a network lock")
         }
     }
 }

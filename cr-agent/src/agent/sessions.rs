@@ -15,7 +15,8 @@
 
 use super::members;
 use super::Shared;
-use crate::capture::{self, Action, Held, Options};
+use cr_engine::capture::{self, Held};
+use cr_engine::options::{Action, CheckpointOptions, RestoreOptions};
 use cr_rpc::pb;
 use serde_json::json;
 use std::collections::HashMap;
@@ -129,13 +130,7 @@ fn fault_hang(stage: &str) {
     }
 }
 
-pub(super) fn action(after: pb::After) -> Action {
-    match after {
-        pb::After::Continue => Action::Continue,
-        pb::After::Stop => Action::Stop,
-        pb::After::Kill => Action::Kill,
-    }
-}
+use cr_rpc::opts::action;
 
 fn one_line(e: &dyn std::error::Error) -> String {
     cr_sys::error::one_line(e)
@@ -262,16 +257,15 @@ fn checkpoint_session(
             .images
             .join(&req.subdir)
             .join(format!("{}-{}", shared.config.node, t.pid));
-        let opts = Options {
-            dir: dir.clone(),
-            action: action(after),
-            fsync: true,
-            workers: shared.workers,
+        let mut opts = CheckpointOptions {
+            dir: Some(dir.clone()),
+            workers: Some(shared.workers),
             parent: (!t.parent.is_empty()).then(|| PathBuf::from(&t.parent)),
             track_mem: !t.parent.is_empty(),
             lock_name: Some(lock_name(&req.session, t.pid)),
             ..Default::default()
         };
+        opts.set_action(action(after));
         if let Some(p) = dir.parent() {
             if let Err(e) = std::fs::create_dir_all(p) {
                 let _ = ready.send(Err(format!("cannot create {}: {e}", p.display())));
@@ -509,10 +503,10 @@ pub async fn restore(
     shared: Arc<Shared>,
     req: pb::RestoreRequest,
 ) -> Result<pb::RestoreReply, String> {
-    let addr_map = cr_restart::inet::AddrMap::parse(&req.map_addr)?;
+    let map_addr = cr_rpc::opts::addr_rewrites(&req.map_addr)?;
     let id = req.session.clone();
     start(shared, id, "RESTORE", move |sh, rx, ready| {
-        restore_session(sh, req, addr_map, rx, ready)
+        restore_session(sh, req, map_addr, rx, ready)
     })
     .await
 }
@@ -520,22 +514,21 @@ pub async fn restore(
 fn restore_session(
     shared: &Shared,
     req: pb::RestoreRequest,
-    addr_map: cr_restart::inet::AddrMap,
+    map_addr: Vec<cr_engine::options::AddrRewrite>,
     rx: mpsc::Receiver<Cmd>,
     ready: Reply<pb::RestoreReply>,
 ) {
     let timeout = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
-    let opts = cr_restart::Options {
-        workers: shared.workers,
-        show_progress: false,
-        shell_job: false,
-        addr_map,
+    let opts = RestoreOptions {
+        workers: Some(shared.workers),
+        map_addr,
         // Released together with their peers: a short guard is enough.
-        reset_guard_secs: 10,
+        reset_guard: 10,
+        ..Default::default()
     };
     let mut readies = Vec::new();
     for t in &req.targets {
-        match cr_restart::restore::prepare(Path::new(&t.dir), &opts) {
+        match cr_engine::restore::prepare(Path::new(&t.dir), &opts) {
             Ok(r) => readies.push(r),
             Err(e) => {
                 drop(readies);
@@ -598,7 +591,7 @@ fn reply_err(cmd: Cmd, msg: String) {
 fn release_all(
     shared: &Shared,
     job: &str,
-    mut readies: Vec<cr_restart::restore::Ready>,
+    mut readies: Vec<cr_engine::restore::Ready>,
 ) -> Result<pb::ReleaseReply, String> {
     // The images' network locks (this namespace) in one nft transaction.
     let locks: Vec<String> = readies

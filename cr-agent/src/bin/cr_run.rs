@@ -12,7 +12,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use cr_agent::capture::JOB_DIR_ENV;
+use cr_engine::capture::JOB_DIR_ENV;
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;

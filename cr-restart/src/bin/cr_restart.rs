@@ -2,8 +2,9 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use cr_restart::restore::wait_exit;
-use cr_restart::{restore, Options};
+use cr_engine::restore::wait_exit;
+use cr_engine::{restore, RestoreOptions};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -12,27 +13,11 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "cr_restart", version)]
 struct Cli {
+    #[command(flatten)]
+    opts: RestoreOptions,
     /// Print the restored PID and return at once; the process runs on.
     #[arg(long)]
     detach: bool,
-    /// The job was started from an interactive shell: it joins cr_restart's
-    /// session, becomes the foreground job of its terminal, and its
-    /// terminal settings come back.
-    #[arg(long)]
-    shell_job: bool,
-    /// Threads filling memory [default: number of CPUs].
-    #[arg(long)]
-    workers: Option<usize>,
-    /// Rewrite an IP address of the image's TCP and UDP sockets, on both
-    /// the local and the remote end (repeatable), e.g. to restore on
-    /// another host processes that talked over TCP: OLD=NEW.
-    #[arg(long = "map-addr", value_name = "OLD=NEW")]
-    map_addr: Vec<String>,
-    /// For this many seconds after the restore, TCP connections ignore
-    /// resets from their peers, so that peers restored one after the other
-    /// (on other hosts) find each other; 0 turns the guard off.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
-    reset_guard: u32,
     /// Restore into this network namespace (a name under /run/netns, or a
     /// path such as /proc/PID/ns/net).
     #[arg(long, value_name = "NAME|PATH")]
@@ -50,17 +35,14 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("CR_LOG"))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     let fail = |msg: String| {
         eprintln!("cr_restart: error: {msg}");
         ExitCode::FAILURE
     };
-    let addr_map = match cr_restart::inet::AddrMap::parse(&cli.map_addr) {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    let agent = if cli.standalone || cli.shell_job || cli.netns.is_some() {
+    let agent = if cli.standalone || cli.opts.shell_job || cli.netns.is_some() {
         None
     } else {
         cr_rpc::local::Agent::if_running()
@@ -81,18 +63,12 @@ fn main() -> ExitCode {
             return fail(cr_sys::error::one_line(&e));
         }
     }
-    let opts = Options {
-        workers: cli.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        }),
-        show_progress: true,
-        shell_job: cli.shell_job,
-        addr_map,
-        reset_guard_secs: cli.reset_guard,
-    };
-    let result = restore(&cli.dir, &opts).and_then(|pid| {
+    cli.opts.show_progress = std::io::stderr().is_terminal();
+    // Ctrl-C or SIGTERM during the restore: nothing of the image runs.
+    let watch = cr_engine::interrupt::Watch::new();
+    let restored = restore(&cli.dir, &cli.opts);
+    drop(watch);
+    let result = restored.and_then(|pid| {
         if cli.detach {
             println!("{pid}");
             Ok(0)
@@ -102,10 +78,7 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-        Err(e) => {
-            eprintln!("cr_restart: error: {}", cr_sys::error::one_line(&e));
-            ExitCode::FAILURE
-        }
+        Err(e) => fail(cr_sys::error::one_line(&e)),
     }
 }
 
@@ -114,12 +87,7 @@ fn main() -> ExitCode {
 fn through_agent(mut agent: cr_rpc::local::Agent, cli: &Cli) -> Result<i32, String> {
     let dir = std::path::absolute(&cli.dir).map_err(|e| format!("{}: {e}", cli.dir.display()))?;
     tracing::debug!(socket = %agent.socket.display(), "restore through the agent");
-    let pid = agent.restore(cr_rpc::pb::LocalRestoreRequest {
-        dir: dir.display().to_string(),
-        map_addr: cli.map_addr.clone(),
-        reset_guard_secs: cli.reset_guard,
-        workers: cli.workers.unwrap_or(0) as u32,
-    })?;
+    let pid = agent.restore(cr_rpc::opts::restore_request(&dir, &cli.opts))?;
     if cli.detach {
         println!("{pid}");
         return Ok(0);

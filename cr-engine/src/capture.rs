@@ -1,0 +1,618 @@
+//! The checkpoint of a process tree, start to finish.
+//!
+//! 1. [`freeze`]: check the target, refuse what cannot be saved before
+//!    anything is touched (`kinds::identity::check`, the fd pre-flight of
+//!    `kinds::fds`), seize every thread of the tree (`kinds::tree`), and
+//!    with `lock_network` hold its TCP connections still (`kinds::netlock`).
+//! 2. [`Held::dump`]: each process in turn ([`capture_process`]) walks the
+//!    kinds in a fixed order, each filling its section of the process image;
+//!    then the page store and `checkpoint.img` are committed.
+//! 3. [`Held::finish`]: the processes run on, stop or die.
+//!
+//! A pre-dump ([`pre_dump`]) freezes the tree only for the memory kind's
+//! plan, then copies the pages while the processes run.
+//!
+//! Dropping a [`Held`] before `finish` aborts: every thread is detached and
+//! runs on exactly as before, the network lock goes, and the image is removed.
+
+use crate::error::CheckpointError;
+use crate::kinds::fds::{Objects, TreeFds};
+use crate::kinds::memory::{self, tracking};
+use crate::kinds::netlock::NetLock;
+use crate::kinds::tree::{self, Frozen};
+use crate::kinds::{self, Kind, Stash};
+use crate::options::{Action, CheckpointOptions};
+use crate::probe::Probe;
+use crate::{fault, interrupt};
+use cr_image::chain::{self, Chain, Link};
+use cr_image::model::{Checkpoint, DirtyMethod, Meta, ParentRef, Process};
+use cr_image::store::StoreWriter;
+use cr_image::ImageDir;
+use cr_sys::proc::{self, Stat, Status};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tracing::{debug, info};
+
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub pid: i32,
+    pub processes: usize,
+    pub threads: usize,
+    /// Bytes of pages read from the processes.
+    pub page_bytes: u64,
+    /// Bytes written to the page store (after dedup and compression).
+    pub store_bytes: u64,
+    /// Pages taken from the parent image.
+    pub pages_parent: u64,
+    /// How unchanged pages were found (of the root process).
+    pub dirty: DirtyMethod,
+    pub vmas: usize,
+    pub fds: usize,
+    /// How long the processes were frozen.
+    pub frozen: Duration,
+    /// Whole checkpoint.
+    pub elapsed: Duration,
+}
+
+/// Checkpoint process `pid` and all its descendants into `opts.dir`.
+pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, CheckpointError> {
+    let t0 = Instant::now();
+    if opts.pre_dump {
+        return pre_dump(pid, opts);
+    }
+    let mut held = freeze(pid, opts, opts.action() != Action::Continue)?;
+    let summary = held.dump()?;
+    held.finish(opts.action())?;
+    Ok(Summary {
+        elapsed: t0.elapsed(),
+        ..summary
+    })
+}
+
+/// What every process's capture of one dump shares.
+pub struct Dump<'a> {
+    pub opts: &'a CheckpointOptions,
+    pub dir: &'a ImageDir,
+    pub store: &'a StoreWriter,
+    /// The parent image (incremental).
+    pub parent: Option<&'a Link>,
+    /// How unchanged pages are found.
+    pub method: DirtyMethod,
+    pub image_id: &'a str,
+    /// What the tree's fds hold, gathered once.
+    pub fds: TreeFds,
+    /// Objects shared by fds and mappings.
+    pub objects: Objects,
+    /// What the kinds keep during this dump.
+    pub stash: Stash,
+    /// Bytes of pages read.
+    pub read: u64,
+}
+
+/// One frozen process being captured: what the kinds read it with.
+pub struct Proc<'p, 'd> {
+    pub pid: i32,
+    pub stat: Stat,
+    pub status: Status,
+    /// In a job-control stop before we came.
+    pub stopped: bool,
+    pub probe: Probe<'p>,
+    pub d: &'p mut Dump<'d>,
+}
+
+impl Proc<'_, '_> {
+    /// A low-level error of this process as the clearest checkpoint error.
+    pub fn sys(&self, e: cr_sys::SysError) -> CheckpointError {
+        CheckpointError::from_sys(self.pid, e)
+    }
+}
+
+/// Everything about one frozen process, kind by kind.
+pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, CheckpointError> {
+    let pid = f.pid;
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    let mut p = Process::default();
+    let stat = proc::stat(pid).map_err(sys)?;
+    let status = proc::status(pid).map_err(sys)?;
+    tree::ids(&stat, &status, f, &mut p);
+    if p.is_zombie() {
+        return Ok(p);
+    }
+    // The state may have changed between the pre-flight and the freeze.
+    kinds::identity::check(pid)?;
+    let mut cx = Proc {
+        pid,
+        stat,
+        status,
+        stopped: f.stopped,
+        probe: Probe::open(&mut f.tracees).map_err(sys)?,
+        d,
+    };
+    kinds::threads::Threads::capture(&mut cx, &mut p)?;
+    fault::check("after-registers")?;
+    kinds::signals::Signals::capture(&mut cx, &mut p)?;
+    kinds::timers::Timers::capture(&mut cx, &mut p)?;
+    kinds::identity::Identity::capture(&mut cx, &mut p)?;
+    kinds::task::Task::capture(&mut cx, &mut p)?;
+    kinds::fds::Fds::capture(&mut cx, &mut p)?;
+    kinds::memory::Memory::capture(&mut cx, &mut p)?;
+    cx.probe.close().map_err(sys)?;
+    Ok(p)
+}
+
+/// The parent image, its chain checked (ids, presence) before anything is frozen.
+fn open_parent(
+    opts: &CheckpointOptions,
+    dir: &std::path::Path,
+) -> Result<Option<Chain>, CheckpointError> {
+    let Some(p) = &opts.parent else {
+        return Ok(None);
+    };
+    let err = |what: String| CheckpointError::Parent {
+        path: p.clone(),
+        what,
+    };
+    if let (Ok(a), Ok(b)) = (p.canonicalize(), dir.canonicalize()) {
+        if a == b {
+            return Err(err(
+                "it is also the directory of the new image; choose another --dir".into(),
+            ));
+        }
+    }
+    Chain::open(p)
+        .map(Some)
+        .map_err(|e| err(cr_sys::error::one_line(&e)))
+}
+
+/// Refuse unsupported resources before anything is touched.
+fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> {
+    let pids = tree::walk(pid)?;
+    let mut fds = TreeFds::new(&pids);
+    fds.lock_network = opts.action() != Action::Continue;
+    fds.skip_in_flight = opts.tcp_skip_in_flight;
+    for &p in &pids {
+        match proc::stat(p) {
+            Ok(s) if s.state != 'Z' => {
+                kinds::identity::check(p)?;
+                kinds::fds::preflight(p, &mut fds)?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Freeze the tree of `pid` for a checkpoint into `opts.dir`, after the
+/// same checks as [`checkpoint`]; with `lock_network`, its TCP connections
+/// are also held still (see `kinds::netlock`), so that their state cannot
+/// change until [`Held::finish`] or the drop — what a coordinated
+/// checkpoint of several trees needs for a consistent cut.
+pub fn freeze(
+    pid: i32,
+    opts: &CheckpointOptions,
+    lock_network: bool,
+) -> Result<Held, CheckpointError> {
+    let t0 = Instant::now();
+    tree::validate(pid)?;
+    let path = opts.image_dir(pid);
+    let method = tracking::method(opts.dirty)?;
+    let parent = open_parent(opts, &path)?;
+    chain::check_overwrite(&path)?;
+    preflight(pid, opts)?;
+    let dir = ImageDir::create(&path)?;
+    let mut held = Held {
+        root: pid,
+        opts: opts.clone(),
+        parent,
+        image_id: cr_image::new_image_id(),
+        method,
+        dir,
+        procs: Vec::new(),
+        lock: None,
+        frozen_at: Instant::now(),
+        t0,
+        dumped: None,
+        let_go: false,
+    };
+    held.procs = tree::freeze(pid)?;
+    held.frozen_at = Instant::now();
+    debug!(root = pid, processes = held.procs.len(), "tree frozen");
+    fault::check("after-seize")?;
+    if lock_network {
+        let pids = held.pids();
+        held.lock = NetLock::take(pid, &pids, opts.lock_name.as_deref())?;
+    }
+    Ok(held)
+}
+
+/// A process tree frozen for a checkpoint (see [`freeze`]).
+pub struct Held {
+    root: i32,
+    opts: CheckpointOptions,
+    parent: Option<Chain>,
+    image_id: String,
+    method: DirtyMethod,
+    dir: ImageDir,
+    procs: Vec<Frozen>,
+    lock: Option<NetLock>,
+    frozen_at: Instant,
+    t0: Instant,
+    dumped: Option<Dumped>,
+    /// [`Held::finish`] ran: the drop undoes nothing.
+    let_go: bool,
+}
+
+/// What a written image leaves to do when the processes are let go.
+struct Dumped {
+    summary: Summary,
+    /// Sockets in repair mode and the like (see `kinds::HeldState`).
+    held: Vec<Box<dyn kinds::HeldState>>,
+    /// Trackers left running: (pid, method, fd).
+    kept: Vec<(i32, DirtyMethod, i32)>,
+    /// Trackers no longer wanted: released only after the processes run on.
+    released: Vec<std::os::fd::OwnedFd>,
+}
+
+impl Held {
+    /// PIDs of the frozen processes, root first.
+    pub fn pids(&self) -> Vec<i32> {
+        self.procs.iter().map(|f| f.pid).collect()
+    }
+
+    pub fn threads(&self) -> usize {
+        self.procs.iter().map(|f| f.tracees.len()).sum()
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// How long the tree has been frozen.
+    pub fn frozen_for(&self) -> Duration {
+        self.frozen_at.elapsed()
+    }
+
+    /// For a caller locking several trees in one nft transaction
+    /// (`cr_sys::netlock::lock_many`): what this tree's network lock `name`
+    /// must hold (None: no TCP socket). From now on the tree owns the lock
+    /// as if [`freeze`] had taken it (removing an absent one is harmless).
+    pub fn plan_lock(&mut self, name: &str) -> Option<cr_sys::netlock::LockSet> {
+        let (lock, set) = NetLock::plan(self.root, &self.pids(), name)?;
+        self.lock = Some(lock);
+        Some(set)
+    }
+
+    /// The tables of the network lock that [`Held::finish`] with `action`
+    /// would remove, handed to the caller, which removes them itself
+    /// (several trees' at once: see `cr_sys::netlock::unlock_many`) before
+    /// calling `finish`.
+    pub fn take_lock_tables(&mut self, action: Action) -> Vec<String> {
+        self.lock
+            .as_mut()
+            .map_or_else(Vec::new, |l| l.take_tables(action == Action::Continue))
+    }
+
+    /// The bookmarks of every established TCP connection of the tree, read
+    /// without consuming anything.
+    pub fn bookmarks(&self) -> Vec<cr_image::bookmarks::Bookmark> {
+        kinds::inet::bookmarks(&self.pids())
+    }
+
+    /// Write and commit the image; the processes stay frozen.
+    pub fn dump(&mut self) -> Result<Summary, CheckpointError> {
+        if let Some(d) = &self.dumped {
+            return Ok(d.summary.clone());
+        }
+        match self.dump_frozen() {
+            Ok(d) => {
+                let summary = d.summary.clone();
+                self.dumped = Some(d);
+                Ok(summary)
+            }
+            Err(e) => {
+                self.dir.discard_tmp();
+                Err(e)
+            }
+        }
+    }
+
+    fn dump_frozen(&mut self) -> Result<Dumped, CheckpointError> {
+        let opts = &self.opts;
+        let store = StoreWriter::create(&self.dir, &self.image_id[..16], opts.compress)?;
+        let pids = self.pids();
+        // Scanned again now that nothing moves: sockets and pipes as they are.
+        let mut fds = TreeFds::new(&pids);
+        fds.lock_network = opts.action() != Action::Continue;
+        fds.skip_in_flight = opts.tcp_skip_in_flight;
+        let mut d = Dump {
+            opts,
+            dir: &self.dir,
+            store: &store,
+            parent: self.parent.as_ref().map(|c| c.top()),
+            method: self.method,
+            image_id: &self.image_id,
+            fds,
+            objects: Objects::new(Some(self.dir.clone()), opts.fsync()),
+            stash: Stash::default(),
+            read: 0,
+        };
+        let mut images = Vec::with_capacity(self.procs.len());
+        for f in self.procs.iter_mut() {
+            images.push(capture_process(f, &mut d)?);
+        }
+        let read = d.read;
+        let trackers = memory::take_trackers(&mut d.stash);
+        let (objects, held) = d.objects.finish();
+        let store = store.finish(opts.fsync())?;
+        let root = self.root;
+        // The lock is recorded only when it outlives the dump (the processes
+        // end); cr_restart removes it.
+        let netlock = match &self.lock {
+            Some(l) if opts.action() != Action::Continue => l.image_name(),
+            _ => None,
+        };
+        let ck = Checkpoint {
+            meta: meta(root, &self.image_id, &images),
+            root_pid: root as u32,
+            pidns: tree::pidns_root(root)?,
+            processes: images,
+            objects,
+            netlock,
+            parent: parent_ref(&self.dir, self.parent.as_ref().map(|c| c.top())),
+            store: Some(store),
+            pre_dump: false,
+        };
+        fault::check("before-commit")?;
+        self.dir.commit(&ck, opts.fsync())?;
+        let summary = summarize(root, &ck, read, self.frozen_at.elapsed(), self.t0);
+        Ok(Dumped {
+            summary,
+            held,
+            kept: trackers.kept,
+            released: trackers.released,
+        })
+    }
+
+    /// Let the processes go after [`Held::dump`]: run on, stop or die.
+    pub fn finish(mut self, action: Action) -> Result<(), CheckpointError> {
+        let Some(d) = self.dumped.take() else {
+            return Err(CheckpointError::unsupported(
+                self.root,
+                "the processes cannot be let go before their image is written",
+            ));
+        };
+        after_commit(&self.dir, &self.image_id, self.parent.as_ref(), &d.kept);
+        // A lock kept for a dump that ends the processes belongs to the
+        // image: cr_restart removes it. After a CONTINUE it goes now.
+        if let Some(l) = self.lock.take() {
+            if action != Action::Continue {
+                l.keep();
+            }
+        }
+        for h in d.held {
+            if action == Action::Kill {
+                h.keep(); // closed in repair mode by the kill: no FIN, no RST
+            }
+        }
+        tree::let_go(std::mem::take(&mut self.procs), action)?;
+        drop(d.released);
+        info!(
+            root = self.root,
+            processes = d.summary.processes,
+            bytes = d.summary.page_bytes,
+            stored = d.summary.store_bytes,
+            frozen_ms = self.frozen_at.elapsed().as_millis() as u64,
+            "checkpoint committed"
+        );
+        self.let_go = true;
+        Ok(())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.let_go {
+            return;
+        }
+        // Sockets leave repair mode and the lock goes before the threads are let go.
+        if let Some(d) = self.dumped.take() {
+            drop(d.held);
+            if let Err(e) = std::fs::remove_dir_all(self.dir.path()) {
+                tracing::warn!(dir = %self.dir.path().display(), error = %e, "cannot remove the image of an aborted checkpoint");
+            }
+        } else {
+            self.dir.discard_tmp();
+        }
+        drop(self.lock.take());
+        for f in std::mem::take(&mut self.procs).into_iter().rev() {
+            drop(f);
+        }
+        debug!(root = self.root, "checkpoint aborted; the processes run on");
+    }
+}
+
+/// After a commit: record the trackers left running and the new image as
+/// a dependant of its parent.
+fn after_commit(
+    dir: &ImageDir,
+    image_id: &str,
+    parent: Option<&Chain>,
+    kept: &[(i32, DirtyMethod, i32)],
+) {
+    for &(pid, method, fd) in kept {
+        tracking::save(pid, method, fd, image_id);
+    }
+    if let Some(p) = parent {
+        if let Err(e) = chain::add_dependant(p.top().dir.path(), dir.path(), image_id) {
+            tracing::warn!(error = %cr_sys::error::one_line(&e), "cannot record the new image as a dependant of its parent");
+        }
+    }
+}
+
+fn parent_ref(dir: &ImageDir, parent: Option<&Link>) -> Option<ParentRef> {
+    parent.map(|p| ParentRef {
+        path: chain::relative_path(dir.path(), p.dir.path()),
+        image_id: p.ck.meta.image_id.clone(),
+    })
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Where and by what the image is taken.
+fn meta(root: i32, image_id: &str, images: &[Process]) -> Meta {
+    let cpu_xfeatures = images
+        .iter()
+        .flat_map(|p| p.threads.iter())
+        .map(|t| cr_sys::regs::xstate_xfeatures(&t.xstate).unwrap_or(0))
+        .fold(0, |a, b| a | b);
+    Meta {
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        created_unix_ms: now_ms(),
+        hostname: proc::sys_value("/proc/sys/kernel/hostname"),
+        kernel_release: proc::sys_value("/proc/sys/kernel/osrelease"),
+        boot_id: proc::sys_value("/proc/sys/kernel/random/boot_id"),
+        netns: proc::read_link(&format!("/proc/{root}/ns/net")).unwrap_or_default(),
+        cpu_xfeatures,
+        image_id: image_id.to_string(),
+        vdso_build_id: kinds::memory::vdso::build_id_of(root).unwrap_or_default(),
+    }
+}
+
+fn summarize(root: i32, ck: &Checkpoint, read: u64, frozen: Duration, t0: Instant) -> Summary {
+    let live = || ck.processes.iter().filter(|p| !p.is_zombie());
+    Summary {
+        pid: root,
+        processes: ck.processes.len(),
+        threads: ck.processes.iter().map(|p| p.threads.len()).sum(),
+        page_bytes: read,
+        store_bytes: ck.store.as_ref().map_or(0, |s| s.size),
+        pages_parent: live().map(|p| p.memory.stats.pages_parent).sum(),
+        dirty: ck
+            .processes
+            .first()
+            .map_or(DirtyMethod::Full, |p| p.memory.dirty),
+        vmas: ck.processes.iter().map(|p| p.vmas.len()).sum(),
+        fds: ck.processes.iter().map(|p| p.fds.len()).sum(),
+        frozen,
+        elapsed: t0.elapsed(),
+    }
+}
+
+/// Pre-dump: freeze the tree only to list its mappings and start dirty
+/// tracking (the memory kind's plan), then copy memory while it runs.
+pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, CheckpointError> {
+    let t0 = Instant::now();
+    tree::validate(root)?;
+    let path = opts.image_dir(root);
+    let method = tracking::method(opts.dirty)?;
+    let parent = open_parent(opts, &path)?;
+    chain::check_overwrite(&path)?;
+    let dir = ImageDir::create(&path)?;
+    let image_id = cr_image::new_image_id();
+    let result = (|| {
+        let store = StoreWriter::create(&dir, &image_id[..16], opts.compress)?;
+        let mut d = Dump {
+            opts,
+            dir: &dir,
+            store: &store,
+            parent: parent.as_ref().map(|c| c.top()),
+            method,
+            image_id: &image_id,
+            fds: TreeFds::default(),
+            objects: Objects::new(None, opts.fsync()),
+            stash: Stash::default(),
+            read: 0,
+        };
+        let mut procs = tree::freeze(root)?;
+        let frozen_at = Instant::now();
+        let mut work = Vec::new();
+        for f in procs.iter_mut().filter(|f| f.zombie.is_none()) {
+            let pid = f.pid;
+            let sys = |e| CheckpointError::from_sys(pid, e);
+            let stat = proc::stat(pid).map_err(sys)?;
+            let status = proc::status(pid).map_err(sys)?;
+            let mut p = Process::default();
+            tree::ids(&stat, &status, f, &mut p);
+            p.task.comm = stat.comm.clone();
+            let mut cx = Proc {
+                pid,
+                stat,
+                status,
+                stopped: f.stopped,
+                probe: Probe::open(&mut f.tracees).map_err(sys)?,
+                d: &mut d,
+            };
+            let plan = memory::plan_process(&mut cx, &mut p, true)?;
+            cx.probe.close().map_err(sys)?;
+            work.push((p, plan));
+        }
+        fault::check("pre-dump-frozen")?;
+        // The processes run on from here; their memory is copied meanwhile.
+        for f in procs.into_iter().rev() {
+            drop(f);
+        }
+        let frozen = frozen_at.elapsed();
+        let mut images = Vec::with_capacity(work.len());
+        for (mut p, plan) in work {
+            interrupt::check().map_err(CheckpointError::Interrupted)?;
+            memory::copy_process(&mut d, &mut p, plan)?;
+            images.push(p);
+        }
+        let read = d.read;
+        let trackers = memory::take_trackers(&mut d.stash);
+        let store = store.finish(opts.fsync())?;
+        let ck = Checkpoint {
+            meta: meta(root, &image_id, &[]),
+            root_pid: root as u32,
+            pidns: false,
+            processes: images,
+            objects: Vec::new(),
+            netlock: None,
+            parent: parent_ref(&dir, parent.as_ref().map(|c| c.top())),
+            store: Some(store),
+            pre_dump: true,
+        };
+        fault::check("before-commit")?;
+        dir.commit(&ck, opts.fsync())?;
+        after_commit(&dir, &image_id, parent.as_ref(), &trackers.kept);
+        drop(trackers.released);
+        info!(
+            root,
+            frozen_ms = frozen.as_millis() as u64,
+            "pre-dump committed"
+        );
+        Ok(summarize(root, &ck, read, frozen, t0))
+    })();
+    if result.is_err() {
+        dir.discard_tmp();
+    }
+    result
+}
+
+/// The process to checkpoint when the user names `pid`: for a `cr_run`
+/// launcher, the job it runs (its only child, PID 1 of the job's namespace).
+pub fn job_root(pid: i32) -> i32 {
+    let is_cr_run = proc::read_link(&format!("/proc/{pid}/exe"))
+        .map(|e| e.rsplit('/').next() == Some("cr_run"))
+        .unwrap_or(false);
+    match proc::children(pid) {
+        Ok(kids) if is_cr_run && kids.len() == 1 => kids[0],
+        _ => pid,
+    }
+}
+
+/// The image directory a job was started with (`cr_run --dir`), from its environment.
+pub fn job_dir(pid: i32) -> Option<PathBuf> {
+    let env = proc::read_bytes(&format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(JOB_DIR_ENV.as_bytes())?.strip_prefix(b"="))
+        .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
+}
+
+/// Environment variable cr_run sets to the job's default image directory.
+pub const JOB_DIR_ENV: &str = "CR_CHECKPOINT_DIR";

@@ -1,0 +1,18 @@
+//! Fault injection for tests: `CR_FAULT_INJECT=<stage>` makes a checkpoint
+//! fail at that stage, so tests can prove a failed checkpoint never harms
+//! the application. Stages: after-seize, after-registers, mid-memory,
+//! pre-dump-frozen, before-commit.
+
+use crate::CheckpointError;
+
+pub const ENV: &str = "CR_FAULT_INJECT";
+
+/// Fail if the environment asks for a fault at `stage`, or if a signal
+/// asked the checkpoint to stop (see [`crate::interrupt`]).
+pub fn check(stage: &str) -> Result<(), CheckpointError> {
+    crate::interrupt::check().map_err(CheckpointError::Interrupted)?;
+    match std::env::var(ENV) {
+        Ok(s) if s == stage => Err(CheckpointError::Injected(stage.to_string())),
+        _ => Ok(()),
+    }
+}

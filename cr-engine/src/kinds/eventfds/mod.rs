@@ -1,0 +1,338 @@
+//! Kind "eventfds": the anonymous-inode fds whose whole state is in
+//! /proc/PID/fdinfo — eventfd (count, semaphore mode), signalfd (mask),
+//! timerfd (clock, time left, period, unread expirations), epoll (the
+//! interest list with events and data) and inotify (the watches, found by
+//! their file handles, with their watch numbers).
+//!
+//! Restore: each is made in the restorer and taken by the process; epoll
+//! interest lists are registered inside the process once all its fds are
+//! back (each item carries the process's own fd number); timerfds are
+//! armed at the release, when the tree starts running.
+
+#[cfg(test)]
+mod tests;
+
+use crate::error::{RestoreError, StepContext};
+use crate::kinds::fds::{FdScan, OpenFd};
+use crate::kinds::{Described, FileKind, Opened};
+use crate::restore::{Rebuild, Restorer};
+use cr_image::model::fds::{EpollItem, InotifyWatch, TimerFd};
+use cr_image::model::{Fd, FdKind, Process};
+use cr_sys::fdio;
+use cr_sys::proc::{FDTarget, FdInfo};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+
+pub struct EventFds;
+
+impl FileKind for EventFds {
+    fn name(&self) -> &'static str {
+        "eventfds"
+    }
+
+    fn describe(&self, _cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
+        let FDTarget::AnonInode(kind) = f.target else {
+            return None;
+        };
+        // Our own dirty-page tracker (see `memory::tracking`): never part of an image.
+        if kind == "[userfaultfd]" && cr_sys::dirty::is_tracker_fd(f.pid, f.fd) {
+            return Some(Ok(None));
+        }
+        Some(describe(f, kind).map(Some))
+    }
+
+    fn open(
+        &self,
+        cx: &mut Rebuild<'_, '_>,
+        _p: &Process,
+        f: &Fd,
+    ) -> Option<Result<Opened, RestoreError>> {
+        let made = match &f.kind {
+            FdKind::Eventfd { count, semaphore } => {
+                let sem = if *semaphore { libc::EFD_SEMAPHORE } else { 0 };
+                fdio::eventfd(*count, sem).step(|| format!("cannot create eventfd {}", f.fd))
+            }
+            FdKind::Signalfd { mask } => {
+                fdio::signalfd(*mask, 0).step(|| format!("cannot create signalfd {}", f.fd))
+            }
+            FdKind::Timerfd(t) => timerfd(cx.r, f, t),
+            FdKind::Epoll { .. } => {
+                fdio::epoll_create().step(|| format!("cannot create epoll {}", f.fd))
+            }
+            FdKind::Inotify { watches } => inotify(f, watches),
+            _ => return None,
+        };
+        Some(made.map(Opened::Ours))
+    }
+
+    /// The epoll interest lists, registered inside the process so each item
+    /// carries the process's own fd number.
+    fn after_fds(&self, cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+        for f in p.fds.iter().filter(|f| f.shared.is_none()) {
+            let FdKind::Epoll { items } = &f.kind else {
+                continue;
+            };
+            for it in items {
+                // struct epoll_event is packed on x86_64: u32 events, u64 data.
+                let mut ev = Vec::with_capacity(12);
+                ev.extend_from_slice(&it.events.to_le_bytes());
+                ev.extend_from_slice(&it.data.to_le_bytes());
+                let addr = cx.stub.put(&ev)?;
+                cx.stub
+                    .call(
+                        "epoll_ctl",
+                        libc::SYS_epoll_ctl,
+                        [
+                            f.fd as u64,
+                            libc::EPOLL_CTL_ADD as u64,
+                            it.tfd as u64,
+                            addr,
+                            0,
+                            0,
+                        ],
+                    )
+                    .step(|| format!("cannot watch fd {} again in epoll fd {}", it.tfd, f.fd))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Arm the timerfds with the time they had left, now that the tree runs.
+    fn release(&self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
+        for (fd, t) in r.stash.get::<Timers>().0.drain(..) {
+            arm(&fd, &t)?;
+        }
+        Ok(())
+    }
+}
+
+/// Timerfds to arm at the release.
+#[derive(Default)]
+struct Timers(Vec<(OwnedFd, TimerFd)>);
+
+fn describe(f: &OpenFd<'_>, kind: &str) -> Result<FdKind, String> {
+    let info = &f.info;
+    let get = |key: &str| info.get(key).map(str::trim);
+    let hex = |key: &str| get(key).and_then(|v| u64::from_str_radix(v, 16).ok());
+    Ok(match kind {
+        "[eventfd]" => FdKind::Eventfd {
+            count: hex("eventfd-count").ok_or("an eventfd without a readable count")?,
+            semaphore: get("eventfd-semaphore") == Some("1"),
+        },
+        "[signalfd]" => FdKind::Signalfd {
+            mask: hex("sigmask").ok_or("a signalfd without a readable mask")?,
+        },
+        "[timerfd]" => {
+            FdKind::Timerfd(timer_state(info).ok_or("a timerfd whose state cannot be read")?)
+        }
+        "[eventpoll]" => FdKind::Epoll {
+            items: info
+                .all("tfd")
+                .map(|v| epoll_item(f.pid, v))
+                .collect::<Result<_, _>>()?,
+        },
+        "inotify" => FdKind::Inotify {
+            watches: info
+                .all("inotify wd")
+                .map(inotify_watch)
+                .collect::<Result<_, _>>()?,
+        },
+        other => {
+            let name = other.trim_matches(|c| c == '[' || c == ']');
+            return Err(format!("a {name} (anon_inode:{other}, not supported)"));
+        }
+    })
+}
+
+/// "clockid: 1", "ticks: 0", "settime flags: 01", "it_value: (4, 999424181)",
+/// "it_interval: (1, 0)".
+fn timer_state(info: &FdInfo) -> Option<TimerFd> {
+    let get = |key: &str| info.get(key).map(str::trim);
+    let pair = |key: &str| -> Option<u64> {
+        let v = get(key)?.trim_matches(|c| c == '(' || c == ')');
+        let (s, ns) = v.split_once(',')?;
+        Some(s.trim().parse::<u64>().ok()? * 1_000_000_000 + ns.trim().parse::<u64>().ok()?)
+    };
+    let mut t = TimerFd {
+        clockid: get("clockid")?.parse().ok()?,
+        ticks: get("ticks")?.parse().ok()?,
+        settime_flags: u32::from_str_radix(get("settime flags")?, 8).ok()?,
+        value_ns: pair("it_value")?,
+        interval_ns: pair("it_interval")?,
+    };
+    // fdinfo shows the time left; an absolute timer keeps its deadline.
+    if t.settime_flags as i32 & libc::TFD_TIMER_ABSTIME != 0 && t.value_ns != 0 {
+        t.value_ns += fdio::clock_now_ns(t.clockid).ok()?;
+    }
+    Some(t)
+}
+
+/// One "tfd: 6 events: 80000019 data: 6 pos:0 ino:40e sdev:10" line (the
+/// part after "tfd:"). The watched file must still be open at that number.
+fn epoll_item(pid: i32, v: &str) -> Result<EpollItem, String> {
+    let mut words = v.split_whitespace();
+    let tfd: i32 = words
+        .next()
+        .and_then(|w| w.parse().ok())
+        .ok_or("an epoll with an unreadable interest list")?;
+    let mut item = EpollItem {
+        tfd,
+        events: 0,
+        data: 0,
+    };
+    let mut ino = None;
+    while let Some(w) = words.next() {
+        match w {
+            "events:" => {
+                item.events = words
+                    .next()
+                    .and_then(|x| u32::from_str_radix(x, 16).ok())
+                    .unwrap_or(0)
+            }
+            "data:" => {
+                item.data = words
+                    .next()
+                    .and_then(|x| u64::from_str_radix(x, 16).ok())
+                    .unwrap_or(0)
+            }
+            _ => {
+                if let Some(i) = w.strip_prefix("ino:") {
+                    ino = u64::from_str_radix(i, 16).ok();
+                }
+            }
+        }
+    }
+    let open = std::fs::metadata(format!("/proc/{pid}/fd/{tfd}"))
+        .ok()
+        .map(|m| m.ino());
+    if ino.is_some() && open != ino {
+        return Err(format!(
+            "an epoll watching a file that is no longer open as fd {tfd} (not supported)"
+        ));
+    }
+    Ok(item)
+}
+
+/// One inotify watch from its fdinfo line (the part after "inotify wd:"):
+/// "1 ino:3c4a7 sdev:fe00000 mask:300 ignored_mask:0 fhandle-bytes:8
+/// fhandle-type:1 f_handle:a7c4030000000000". The path is found by opening
+/// the file handle on the watched file's mount.
+fn inotify_watch(v: &str) -> Result<InotifyWatch, String> {
+    let bad = || format!("an inotify watch that cannot be read ({v})");
+    let wd: i32 = v
+        .split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .ok_or_else(bad)?;
+    let field = |name: &str| -> Option<String> {
+        v.split_whitespace()
+            .find_map(|w| w.strip_prefix(name).map(str::to_string))
+    };
+    let sdev = field("sdev:")
+        .and_then(|s| u64::from_str_radix(&s, 16).ok())
+        .ok_or_else(bad)?;
+    let mask = field("mask:")
+        .and_then(|s| u32::from_str_radix(&s, 16).ok())
+        .ok_or_else(bad)?;
+    let htype = field("fhandle-type:")
+        .and_then(|s| i32::from_str_radix(&s, 16).ok())
+        .ok_or_else(bad)?;
+    let handle = field("f_handle:").ok_or_else(bad)?;
+    let handle: Vec<u8> = (0..handle.len() / 2)
+        .map(|i| u8::from_str_radix(&handle[2 * i..2 * i + 2], 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let (maj, min) = ((sdev >> 20) as u32, (sdev & 0xfffff) as u32);
+    let mount = cr_sys::proc::mount_point(maj, min).ok_or_else(|| {
+        format!("an inotify watch on device {maj}:{min}, which has no mount here")
+    })?;
+    let mount = mount.to_string_lossy();
+    let mfd = fdio::open(&mount, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| {
+        format!(
+            "an inotify watch on {mount}: {}",
+            cr_sys::error::one_line(&e)
+        )
+    })?;
+    let path = fdio::path_of_handle(&mfd, htype, &handle).map_err(|e| {
+        format!(
+            "an inotify watch whose file cannot be found ({})",
+            cr_sys::error::one_line(&e)
+        )
+    })?;
+    if path.ends_with(" (deleted)") {
+        return Err(format!("an inotify watch on the deleted file {path}"));
+    }
+    Ok(InotifyWatch { wd, mask, path })
+}
+
+/// A timerfd for `f`, armed only at the release.
+fn timerfd(r: &mut Restorer<'_>, f: &Fd, t: &TimerFd) -> Result<OwnedFd, RestoreError> {
+    let fd = fdio::timerfd(t.clockid, 0)
+        .step(|| format!("cannot create timerfd {} (clock {})", f.fd, t.clockid))?;
+    let copy = fd
+        .try_clone()
+        .map_err(|e| RestoreError::Unsupported(format!("cannot keep timerfd {}: {e}", f.fd)))?;
+    r.stash.get::<Timers>().0.push((copy, *t));
+    Ok(fd)
+}
+
+/// Arm a timerfd with the time it had left.
+fn arm(fd: &OwnedFd, t: &TimerFd) -> Result<(), RestoreError> {
+    let what = || format!("cannot arm a timerfd (clock {})", t.clockid);
+    // A periodic timer that expired and was not read since is not re-armed
+    // by the kernel until it is read: its time left shows 0 but it still
+    // runs, one period from now.
+    let value = match (t.value_ns, t.interval_ns) {
+        (0, 0) => {
+            if t.ticks != 0 {
+                fdio::timerfd_set_ticks(fd, t.ticks).step(what)?;
+            }
+            return Ok(());
+        }
+        (0, period) => period,
+        (v, _) => v,
+    };
+    let abs = t.settime_flags as i32 & libc::TFD_TIMER_ABSTIME != 0;
+    let flags = if abs && t.value_ns == 0 {
+        t.settime_flags as i32 & !libc::TFD_TIMER_ABSTIME
+    } else {
+        t.settime_flags as i32
+    };
+    fdio::timerfd_settime(fd, flags, value, t.interval_ns).step(what)?;
+    // After settime, which clears them.
+    if t.ticks != 0 {
+        fdio::timerfd_set_ticks(fd, t.ticks).step(what)?;
+    }
+    Ok(())
+}
+
+/// An inotify instance with its watches at their saved numbers: watch
+/// descriptors are handed out cyclically, so a watch that came out too low
+/// is removed and added again until it gets its number.
+fn inotify(f: &Fd, watches: &[InotifyWatch]) -> Result<OwnedFd, RestoreError> {
+    let fd =
+        fdio::inotify_init(libc::IN_NONBLOCK).step(|| format!("cannot create inotify {}", f.fd))?;
+    let mut watches = watches.to_vec();
+    watches.sort_by_key(|w| w.wd);
+    for w in &watches {
+        let what = || format!("cannot watch {} again (inotify fd {})", w.path, f.fd);
+        loop {
+            let got = fdio::inotify_add_watch(&fd, &w.path, w.mask).step(what)?;
+            if got == w.wd {
+                break;
+            }
+            if got > w.wd {
+                return Err(RestoreError::Unsupported(format!(
+                    "{}: got watch {got} instead of {}",
+                    what(),
+                    w.wd
+                )));
+            }
+            fdio::inotify_rm_watch(&fd, got).step(what)?;
+        }
+    }
+    // Each removed stand-in queued an IN_IGNORED event: drop them.
+    let mut buf = [0u8; 4096];
+    while fdio::read_nonblock(&fd, &mut buf).is_ok_and(|n| n > 0) {}
+    Ok(fd)
+}

@@ -1,0 +1,532 @@
+//! Kind "fds": the fd table of a process — which numbers are open, with
+//! which flags and offsets, which share one open file description (dup,
+//! fork), and for each what it is, which the file kinds
+//! ([`crate::kinds::FILE_KINDS`]) tell.
+//!
+//! Capture: [`TreeFds`] first gathers what the whole tree holds (pipe
+//! ends, sockets, pty masters), so a kind can tell an fd leading outside
+//! the tree; each fd is then offered to the file kinds in turn, and the
+//! objects it shares are saved once ([`Objects`]). The same code runs for
+//! the pre-flight ([`preflight`], `cr_checkpoint --check`) without reading
+//! any data, and on the frozen tree with data.
+//!
+//! Restore: the stub keeps only a pidfd of the restorer ([`keep_only_grab_fd`]);
+//! each fd is shared from an fd restored before it, or opened by its kind
+//! (in the stub, or in the restorer and taken by the stub with
+//! pidfd_getfd); then the kinds' last steps (epoll lists), the locks, and
+//! the controlling terminal.
+
+#[cfg(test)]
+mod tests;
+
+use crate::capture::Proc;
+use crate::error::{CheckpointError, RestoreError, StepContext};
+use crate::kinds::{locks, tty, HeldState, Kind, Opened, Stash, FILE_KINDS};
+use crate::restore::Rebuild;
+use crate::stub::Stub;
+use cr_image::model::{Fd, FdKind, Object, ObjectTag, Process, SharedFd};
+use cr_image::ImageDir;
+use cr_sys::fdio;
+use cr_sys::proc::{self, FDTarget, FdInfo};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::AsRawFd;
+
+pub struct Fds;
+
+/// What the whole tree's fds hold, gathered once before any fd is described.
+#[derive(Default)]
+pub struct TreeFds {
+    pids: HashSet<i32>,
+    /// Pipe inode -> (a read end is open in the tree, a write end is).
+    pub pipe_ends: HashMap<u64, (bool, bool)>,
+    /// Socket inodes open in the tree.
+    pub sockets: HashSet<u64>,
+    /// Indexes of the pty pairs whose master the tree holds.
+    pub pty_masters: HashSet<u32>,
+    /// `--check`: also look into socket queues.
+    pub deep: bool,
+    /// The dump ends with the processes killed or stopped: TCP connections
+    /// are held by the network lock and stay in repair mode.
+    pub lock_network: bool,
+    /// Drop connections not yet accepted by a TCP listener instead of
+    /// refusing the dump (`--tcp-skip-in-flight`).
+    pub skip_in_flight: bool,
+    /// What the file kinds keep during the scan.
+    pub stash: Stash,
+}
+
+impl TreeFds {
+    /// Look at every fd of `pids` (the tree).
+    pub fn new(pids: &[i32]) -> TreeFds {
+        let mut s = TreeFds {
+            pids: pids.iter().copied().collect(),
+            ..Default::default()
+        };
+        for &pid in pids {
+            for (fd, target) in proc::fds(pid).unwrap_or_default() {
+                match target {
+                    FDTarget::Pipe(ino) => {
+                        let acc = proc::fdinfo(pid, fd)
+                            .map(|i| i.flags as i32 & libc::O_ACCMODE)
+                            .unwrap_or(libc::O_RDONLY);
+                        let e = s.pipe_ends.entry(ino).or_default();
+                        e.0 |= acc != libc::O_WRONLY;
+                        e.1 |= acc != libc::O_RDONLY;
+                    }
+                    FDTarget::Socket(ino) => {
+                        s.sockets.insert(ino);
+                    }
+                    FDTarget::Path(p)
+                        if p.as_os_str() == "/dev/ptmx" || p.as_os_str() == "/dev/pts/ptmx" =>
+                    {
+                        if let Some(i) = proc::fdinfo(pid, fd)
+                            .ok()
+                            .and_then(|i| i.get("tty-index")?.trim().parse().ok())
+                        {
+                            s.pty_masters.insert(i);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        s
+    }
+
+    pub fn in_tree(&self, pid: i32) -> bool {
+        self.pids.contains(&pid)
+    }
+
+    pub fn socket_in_tree(&self, ino: u64) -> bool {
+        self.sockets.contains(&ino)
+    }
+}
+
+/// The objects of one checkpoint (by kind and id), and what the dump holds
+/// until the processes are let go.
+pub struct Objects {
+    map: BTreeMap<(ObjectTag, u64), Object>,
+    /// Where content files go (none for a pre-flight).
+    pub dir: Option<ImageDir>,
+    pub fsync: bool,
+    held: Vec<Box<dyn HeldState>>,
+}
+
+impl Objects {
+    pub fn new(dir: Option<ImageDir>, fsync: bool) -> Objects {
+        Objects {
+            map: BTreeMap::new(),
+            dir,
+            fsync,
+            held: Vec::new(),
+        }
+    }
+
+    pub fn contains(&self, tag: ObjectTag, id: u64) -> bool {
+        self.map.contains_key(&(tag, id))
+    }
+
+    pub fn insert(&mut self, o: Object) {
+        self.map.insert((o.kind.tag(), o.id), o);
+    }
+
+    pub fn get_mut(&mut self, tag: ObjectTag, id: u64) -> Option<&mut Object> {
+        self.map.get_mut(&(tag, id))
+    }
+
+    /// Keep `h` until the processes are let go (see [`HeldState`]).
+    pub fn hold(&mut self, h: Box<dyn HeldState>) {
+        self.held.push(h);
+    }
+
+    /// The objects for the image, and what is held.
+    pub fn finish(self) -> (Vec<Object>, Vec<Box<dyn HeldState>>) {
+        (self.map.into_values().collect(), self.held)
+    }
+}
+
+/// One open fd being described.
+pub struct OpenFd<'a> {
+    pub pid: i32,
+    pub fd: i32,
+    pub target: &'a FDTarget,
+    /// What /proc/PID/fd/N reads.
+    pub link: String,
+    pub info: FdInfo,
+    /// stat() through the magic link: the open file itself (for paths).
+    pub md: Option<std::fs::Metadata>,
+}
+
+/// What the file kinds describe an fd with.
+pub struct FdScan<'a> {
+    pub tree: &'a mut TreeFds,
+    /// The frozen tree's objects (None: a pre-flight, read no data).
+    pub objects: Option<&'a mut Objects>,
+}
+
+/// Describe every fd of `pid` (sorted by number). Without `objects`, only
+/// decide whether each can be saved (pre-flight).
+pub fn describe_all(
+    pid: i32,
+    tree: &mut TreeFds,
+    mut objects: Option<&mut Objects>,
+) -> Result<Vec<Fd>, CheckpointError> {
+    let list = proc::fds(pid).map_err(|e| CheckpointError::from_sys(pid, e))?;
+    let mut out = Vec::with_capacity(list.len());
+    for (fd, target) in &list {
+        let mut scan = FdScan {
+            tree,
+            objects: objects.as_deref_mut(),
+        };
+        match describe(&mut scan, pid, *fd, target) {
+            Ok(Some(f)) => out.push(f),
+            Ok(None) => {} // closed meanwhile
+            Err(why) => {
+                return Err(CheckpointError::unsupported(
+                    pid,
+                    format!("fd {fd} is {why}"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Refuse an fd of `pid` that cannot be saved, reading nothing.
+pub fn preflight(pid: i32, tree: &mut TreeFds) -> Result<(), CheckpointError> {
+    describe_all(pid, tree, None).map(|_| ())
+}
+
+/// Describe fd `fd` of `pid`, or say in words why it cannot be saved.
+/// `Ok(None)`: it was closed meanwhile.
+pub fn describe(
+    scan: &mut FdScan<'_>,
+    pid: i32,
+    fd: i32,
+    target: &FDTarget,
+) -> Result<Option<Fd>, String> {
+    let Ok(info) = proc::fdinfo(pid, fd) else {
+        return Ok(None);
+    };
+    let md = match target {
+        FDTarget::Path(_) | FDTarget::MemFD(_) => {
+            match std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) {
+                Ok(m) => Some(m),
+                Err(_) => return Ok(None),
+            }
+        }
+        _ => None,
+    };
+    let open = OpenFd {
+        pid,
+        fd,
+        target,
+        link: proc::target_text(target),
+        info,
+        md,
+    };
+    for k in FILE_KINDS {
+        if let Some(described) = k.describe(scan, &open) {
+            let Some(kind) = described? else {
+                return Ok(None); // its kind found it gone
+            };
+            return Ok(Some(Fd {
+                fd,
+                flags: open.info.flags,
+                pos: open.info.pos,
+                path: open.link.clone(),
+                shared: None,
+                locks: locks::of_fd(&open)?,
+                kind,
+            }));
+        }
+    }
+    Err(format!("a {} (not supported)", open.link))
+}
+
+/// An fd connected to something outside the tree: restored as the fd of
+/// the same number of cr_restart (a terminal: cr_restart's terminal).
+/// Only fds 0, 1 and 2 may lead outside.
+pub fn inherited(f: &OpenFd<'_>, what: String) -> crate::kinds::Described {
+    let stolen = fdio::steal_fd(f.pid, f.fd).ok();
+    let tty = stolen
+        .as_ref()
+        .is_some_and(|s| fdio::is_tty(std::os::fd::AsFd::as_fd(s)));
+    if !tty && f.fd > 2 {
+        return Err(format!(
+            "{what}; only fds 0, 1 and 2 may lead outside the tree (they are taken from cr_restart)"
+        ));
+    }
+    let (termios, winsize) = match (tty, &stolen) {
+        (true, Some(s)) => (
+            fdio::tcgets(s).unwrap_or_default(),
+            fdio::get_winsize(s).unwrap_or_default(),
+        ),
+        _ => (Vec::new(), Vec::new()),
+    };
+    Ok(Some(FdKind::Inherited { termios, winsize }))
+}
+
+impl Kind for Fds {
+    const NAME: &'static str = "fds";
+
+    fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
+        let pid = cx.pid;
+        let d = &mut *cx.d;
+        let mut fds = describe_all(pid, &mut d.fds, Some(&mut d.objects))?;
+        // Open file descriptions seen so far, per link text, kept in kcmp's
+        // order: one binary search per fd instead of a comparison with every
+        // earlier fd of the same name (all eventfds share one name).
+        let seen = d.stash.get::<SeenFds>();
+        for f in fds.iter_mut() {
+            let list = seen.0.entry(f.path.clone()).or_default();
+            let at = list.binary_search_by(|&(opid, ofd)| {
+                cr_sys::mem::file_order(opid, ofd, pid, f.fd).unwrap_or(std::cmp::Ordering::Less)
+            });
+            match at {
+                Ok(i) => {
+                    f.shared = Some(SharedFd {
+                        pid: list[i].0 as u32,
+                        fd: list[i].1,
+                    })
+                }
+                Err(i) => list.insert(i, (pid, f.fd)),
+            }
+        }
+        p.fds = fds;
+        p.ctty_pty = tty::ctty_pty(cx.stat.tty_nr as u64, &cx.d.fds.pty_masters).map(u64::from);
+        Ok(())
+    }
+
+    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+        for f in &p.fds {
+            let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
+            if let Some(s) = f.shared {
+                if s.pid == p.pid && tty::deferred(p, s.fd) {
+                    continue; // dup'ed after /dev/tty is opened again
+                }
+                share(cx, p, f, s, cloexec)?;
+                continue;
+            }
+            let opened = FILE_KINDS
+                .iter()
+                .find_map(|k| k.open(cx, p, f))
+                .unwrap_or_else(|| {
+                    Err(RestoreError::Unsupported(format!(
+                        "fd {} of process {} is of kind {} (no kind of this build opens it)",
+                        f.fd,
+                        p.pid,
+                        f.kind.name()
+                    )))
+                })?;
+            if let Opened::Ours(ours) = opened {
+                give(&mut cx.stub, p, f, ours, cloexec)?;
+            }
+        }
+        for k in FILE_KINDS {
+            k.after_fds(cx, p)?;
+        }
+        for f in &p.fds {
+            locks::take(&mut cx.stub, f)?;
+        }
+        tty::controlling_tty(cx, p)?;
+        tty::reopen_dev_tty(cx, p)?;
+        if let Some(h) = cx.stub.grab_pidfd.take() {
+            cx.stub.call("close", libc::SYS_close, [h, 0, 0, 0, 0, 0])?;
+        }
+        Ok(())
+    }
+}
+
+/// Open file descriptions seen so far in the tree, per link text, in kcmp order.
+#[derive(Default)]
+struct SeenFds(HashMap<String, Vec<(i32, i32)>>);
+
+/// Open flags that must not be replayed (they act only at open time).
+pub const OPEN_ONLY: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY;
+
+/// Hand the restorer's description `ours` to the stub as fd `f`, with its
+/// status flags (and offset, for files the restorer made).
+fn give(
+    stub: &mut Stub<'_>,
+    p: &Process,
+    f: &Fd,
+    ours: std::os::fd::OwnedFd,
+    cloexec: bool,
+) -> Result<(), RestoreError> {
+    stub.grab(ours.as_raw_fd(), f.fd, cloexec)
+        .step(|| format!("cannot hand {} to process {} as fd {}", f.path, p.pid, f.fd))?;
+    let settable =
+        libc::O_APPEND | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME | libc::O_NONBLOCK;
+    let flags = (f.flags as i32) & !OPEN_ONLY;
+    stub.call(
+        "fcntl(F_SETFL)",
+        libc::SYS_fcntl,
+        [
+            f.fd as u64,
+            libc::F_SETFL as u64,
+            (flags & settable) as u64,
+            0,
+            0,
+            0,
+        ],
+    )
+    .step(|| format!("cannot set the flags of fd {}", f.fd))?;
+    if matches!(f.kind, FdKind::Memfd { .. } | FdKind::DeletedFile { .. }) && f.pos != 0 {
+        seek(stub, f)?;
+    }
+    // The process holds it now; ours would only cost an fd.
+    drop(ours);
+    Ok(())
+}
+
+/// lseek fd `f` of the stub to its saved offset.
+pub fn seek(stub: &mut Stub<'_>, f: &Fd) -> Result<(), RestoreError> {
+    stub.call(
+        "lseek",
+        libc::SYS_lseek,
+        [f.fd as u64, f.pos, libc::SEEK_SET as u64, 0, 0, 0],
+    )
+    .step(|| format!("cannot seek fd {} ({}) to {}", f.fd, f.path, f.pos))?;
+    Ok(())
+}
+
+/// An fd sharing its open file description with an fd restored before it:
+/// dup'ed in the same process, or taken from the other process with
+/// pidfd_getfd (the same description, so the offset stays shared).
+fn share(
+    cx: &mut Rebuild<'_, '_>,
+    p: &Process,
+    f: &Fd,
+    s: SharedFd,
+    cloexec: bool,
+) -> Result<(), RestoreError> {
+    let what = || {
+        format!(
+            "cannot share fd {} of process {} as fd {}",
+            s.fd, s.pid, f.fd
+        )
+    };
+    let flag = if cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+    if s.pid == p.pid {
+        cx.stub
+            .call(
+                "dup3",
+                libc::SYS_dup3,
+                [s.fd as u64, f.fd as u64, flag, 0, 0, 0],
+            )
+            .step(what)?;
+        return Ok(());
+    }
+    // pidfd_open runs inside the stub: the owner's PID as the stub sees it.
+    let owner = cx.r.ids.inner(s.pid) as u64;
+    let stub = &mut cx.stub;
+    let pidfd = stub
+        .call("pidfd_open", libc::SYS_pidfd_open, [owner, 0, 0, 0, 0, 0])
+        .step(what)?;
+    let got = stub.call(
+        "pidfd_getfd",
+        libc::SYS_pidfd_getfd,
+        [pidfd, s.fd as u64, 0, 0, 0, 0],
+    );
+    stub.call("close", libc::SYS_close, [pidfd, 0, 0, 0, 0, 0])?;
+    let got = got.step(what)?;
+    stub.place(got, f.fd, cloexec).step(what)?;
+    Ok(())
+}
+
+/// Close every fd the stub inherited except our pidfd, which moves to a
+/// number the image does not use; raise its fd limit so high fd numbers can
+/// be restored (the saved limits come back at the end).
+pub fn keep_only_grab_fd(stub: &mut Stub<'_>, p: &Process, ours: i32) -> Result<(), RestoreError> {
+    let ours = ours as u64;
+    if ours > 0 {
+        stub.call(
+            "close_range",
+            libc::SYS_close_range,
+            [0, ours - 1, 0, 0, 0, 0],
+        )?;
+    }
+    stub.call(
+        "close_range",
+        libc::SYS_close_range,
+        [ours + 1, u32::MAX as u64, 0, 0, 0, 0],
+    )?;
+    if let Some(&(_, hard)) = cr_sys::limits::get_all(stub.pid())?.get(libc::RLIMIT_NOFILE as usize)
+    {
+        cr_sys::limits::set(stub.pid(), libc::RLIMIT_NOFILE, hard, hard)?;
+    }
+    let free = (0..).find(|&n| p.fd(n).is_none()).unwrap_or(0) as u64;
+    if free != ours {
+        stub.call(
+            "dup3",
+            libc::SYS_dup3,
+            [ours, free, libc::O_CLOEXEC as u64, 0, 0, 0],
+        )
+        .step(|| "cannot move the restorer's pidfd in the stub".into())?;
+        stub.call("close", libc::SYS_close, [ours, 0, 0, 0, 0, 0])?;
+    }
+    stub.grab_pidfd = Some(free);
+    Ok(())
+}
+
+/// One fd of a process and whether it can be saved: a line of
+/// `cr_checkpoint --check`.
+pub struct Report {
+    pub fd: i32,
+    /// What it is, in words ("pipe:[123] (read end)", "/var/log/x", ...).
+    pub what: String,
+    /// Why it cannot be saved.
+    pub refused: Option<String>,
+}
+
+/// The pre-flight report of every fd of `pid`.
+pub fn report(pid: i32, tree: &mut TreeFds) -> Vec<Report> {
+    proc::fds(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(fd, target)| {
+            let link = proc::target_text(&target);
+            let mut scan = FdScan {
+                tree: &mut *tree,
+                objects: None,
+            };
+            let r = describe(&mut scan, pid, fd, &target);
+            let what = match &r {
+                Ok(Some(f)) if matches!(f.kind, FdKind::InetSocket { .. }) => {
+                    format!("{link} ({})", crate::kinds::inet::label(pid, fd))
+                }
+                Ok(Some(f)) => summary(f, &link),
+                Ok(None) => return None,
+                Err(_) => link.clone(),
+            };
+            Some(Report {
+                fd,
+                what,
+                refused: r.err(),
+            })
+        })
+        .collect()
+}
+
+fn summary(f: &Fd, link: &str) -> String {
+    let end = match f.flags as i32 & libc::O_ACCMODE {
+        libc::O_RDONLY => "read",
+        libc::O_WRONLY => "write",
+        _ => "read/write",
+    };
+    match &f.kind {
+        FdKind::Pipe { .. } => format!("{link} ({end} end)"),
+        FdKind::Inherited { .. } => format!("{link} (outside the tree: taken from cr_restart)"),
+        FdKind::Epoll { items } => format!("{link} ({} watched fds)", items.len()),
+        FdKind::Inotify { watches } => format!("{link} ({} watches)", watches.len()),
+        k => {
+            let name = k.name().replace('_', " ");
+            if link.starts_with('/') {
+                format!("{link} ({name})")
+            } else {
+                format!("{link} ({name}, {end})")
+            }
+        }
+    }
+}

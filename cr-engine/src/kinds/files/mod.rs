@@ -1,0 +1,367 @@
+//! Kind "files": regular files and directories (reopened by path, with
+//! their flags and offset), the character devices that carry no state
+//! (/dev/null, zero, full, random, urandom), and files whose content
+//! exists nowhere else: memfds (content, seals), files deleted while open
+//! and O_TMPFILE files (content saved in the image, restored as an unnamed
+//! file in the same directory). Mappings of such files refer to the same
+//! content object.
+
+#[cfg(test)]
+mod tests;
+
+use crate::capture::Proc;
+use crate::error::{CheckpointError, RestoreError, StepContext};
+use crate::kinds::fds::{self, FdScan, Objects, OpenFd, OPEN_ONLY};
+use crate::kinds::{Described, FileKind, Opened};
+use crate::restore::{Rebuild, Restorer};
+use cr_image::model::objects::FileContent;
+use cr_image::model::{
+    Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, PageExtent, Process, Vma,
+};
+use cr_image::{PageReader, PageWriter};
+use cr_sys::proc::{dev_major as major, dev_minor as minor, FDTarget};
+use cr_sys::{fdio, PAGE_SIZE};
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use tracing::warn;
+
+pub struct Files;
+
+/// (major, minor) of the character devices that carry no state.
+const SAFE_CHAR_DEVICES: &[(u64, u64)] = &[(1, 3), (1, 5), (1, 7), (1, 8), (1, 9)];
+
+/// Largest run of file content per extent.
+const RUN: u64 = 1 << 20;
+
+impl FileKind for Files {
+    fn name(&self) -> &'static str {
+        "files"
+    }
+
+    fn describe(&self, cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
+        if !matches!(f.target, FDTarget::Path(_) | FDTarget::MemFD(_)) {
+            return None;
+        }
+        let md = f.md.as_ref()?;
+        let ft = md.file_type();
+        let content = |memfd: bool, cx: &mut FdScan<'_>| -> Described {
+            if let Some(objs) = cx.objects.as_deref_mut() {
+                let open = format!("/proc/{}/fd/{}", f.pid, f.fd);
+                content_object(objs, &open, md.ino(), &f.link, memfd)?;
+            }
+            Ok(Some(if memfd {
+                FdKind::Memfd { object: md.ino() }
+            } else {
+                FdKind::DeletedFile { object: md.ino() }
+            }))
+        };
+        Some(if f.link.starts_with("/memfd:") && md.nlink() == 0 {
+            content(true, cx)
+        } else if ft.is_file() && md.nlink() == 0 {
+            content(false, cx)
+        } else if ft.is_file() {
+            Ok(Some(FdKind::Regular { size: md.len() }))
+        } else if ft.is_dir() {
+            Ok(Some(FdKind::Directory))
+        } else if ft.is_char_device() {
+            let r = md.rdev();
+            if SAFE_CHAR_DEVICES.contains(&(major(r), minor(r))) {
+                Ok(Some(FdKind::CharDevice { rdev: r }))
+            } else {
+                Err(format!(
+                    "the character device {} ({}:{}, not supported)",
+                    f.link,
+                    major(r),
+                    minor(r)
+                ))
+            }
+        } else if ft.is_socket() {
+            Err(format!("a socket bound at {} (not supported)", f.link))
+        } else {
+            Err(format!("the block device {} (not supported)", f.link))
+        })
+    }
+
+    fn prepare(&self, r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
+        for o in &ck.objects {
+            let (c, memfd) = match &o.kind {
+                ObjectKind::Memfd(c) => (c, true),
+                ObjectKind::DeletedFile(c) => (c, false),
+                _ => continue,
+            };
+            let f = file_object(r, c, memfd)?;
+            r.stash.get::<Held>().files.insert((o.kind.tag(), o.id), f);
+        }
+        Ok(())
+    }
+
+    fn open(
+        &self,
+        cx: &mut Rebuild<'_, '_>,
+        _p: &Process,
+        f: &Fd,
+    ) -> Option<Result<Opened, RestoreError>> {
+        Some(match f.kind {
+            FdKind::Regular { .. } | FdKind::Directory | FdKind::CharDevice { .. } => {
+                reopen(cx, f, 0).map(|()| Opened::InStub)
+            }
+            FdKind::Memfd { object } => {
+                description(cx.r, f, ObjectTag::Memfd, object).map(Opened::Ours)
+            }
+            FdKind::DeletedFile { object } => {
+                description(cx.r, f, ObjectTag::DeletedFile, object).map(Opened::Ours)
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// The restorer's memfds and unnamed files, by object.
+#[derive(Default)]
+struct Held {
+    files: HashMap<(ObjectTag, u64), OwnedFd>,
+    /// Deleted files whose O_TMPFILE description was handed out already.
+    tmpfile_taken: HashSet<u64>,
+}
+
+/// The content of a memfd or deleted file reachable at `open_path` (a /proc
+/// magic link), shown to users as `link`, saved as object `ino`.
+pub fn content_object(
+    objects: &mut Objects,
+    open_path: &str,
+    ino: u64,
+    link: &str,
+    memfd: bool,
+) -> Result<(), String> {
+    let tag = if memfd {
+        ObjectTag::Memfd
+    } else {
+        ObjectTag::DeletedFile
+    };
+    if objects.contains(tag, ino) {
+        return Ok(());
+    }
+    let err = |e: String| format!("{link}, whose content cannot be saved: {e}");
+    let Some(dir) = objects.dir.clone() else {
+        return Ok(()); // a pre-flight reads no data
+    };
+    let file = File::open(open_path).map_err(|e| err(e.to_string()))?;
+    let md = file.metadata().map_err(|e| err(e.to_string()))?;
+    let name = link.strip_suffix(" (deleted)").unwrap_or(link);
+    let (name, seals) = if memfd {
+        let owned = OwnedFd::from(file.try_clone().map_err(|e| err(e.to_string()))?);
+        let seals = fdio::seals(&owned).unwrap_or(0);
+        (
+            name.strip_prefix("/memfd:").unwrap_or(name).to_string(),
+            seals,
+        )
+    } else {
+        (name.to_string(), 0)
+    };
+    let fname = format!("file-{ino}.img");
+    let writer = PageWriter::create_named(&dir, &fname).map_err(|e| err(e.to_string()))?;
+    let size = md.len();
+    let ranges =
+        cr_sys::mem::data_ranges(&file, 0, size).map_err(|e| err(cr_sys::error::one_line(&e)))?;
+    let mut extents = Vec::new();
+    let mut out_off = 0u64;
+    let mut buf = Vec::new();
+    for (a, b) in ranges {
+        let mut off = a & !(PAGE_SIZE - 1);
+        while off < b {
+            let len = (b - off).min(RUN);
+            let pages = len.div_ceil(PAGE_SIZE);
+            buf.clear();
+            buf.resize((pages * PAGE_SIZE) as usize, 0);
+            let want = len.min(size - off) as usize;
+            file.read_exact_at(&mut buf[..want], off)
+                .map_err(|e| err(e.to_string()))?;
+            writer
+                .write_at(out_off, &buf)
+                .map_err(|e| err(e.to_string()))?;
+            extents.push(PageExtent {
+                file_offset: off,
+                pages: pages as u32,
+                offset: out_off,
+                xxh3: cr_image::checksum(&buf),
+            });
+            out_off += buf.len() as u64;
+            off += pages * PAGE_SIZE;
+        }
+    }
+    let content = writer
+        .finish(out_off, extents, objects.fsync)
+        .map_err(|e| err(e.to_string()))?;
+    let c = FileContent {
+        name,
+        size,
+        mode: md.mode() & 0o7777,
+        seals,
+        content: Some(content),
+    };
+    objects.insert(Object {
+        id: ino,
+        kind: if memfd {
+            ObjectKind::Memfd(c)
+        } else {
+            ObjectKind::DeletedFile(c)
+        },
+    });
+    Ok(())
+}
+
+/// A file mapping `v` of the frozen process `cx` whose file exists nowhere
+/// else (a memfd, a deleted file): its content object.
+pub fn mapping_object(cx: &mut Proc<'_, '_>, v: &Vma) -> Result<Option<u64>, CheckpointError> {
+    if !(v.path.starts_with("/memfd:") || v.path.ends_with(" (deleted)")) {
+        return Ok(None);
+    }
+    let link = format!("/proc/{}/map_files/{:x}-{:x}", cx.pid, v.start, v.end);
+    // A file really named "x (deleted)" still has a link.
+    if !std::fs::metadata(&link).is_ok_and(|m| m.nlink() == 0) {
+        return Ok(None);
+    }
+    let memfd = v.path.starts_with("/memfd:");
+    content_object(&mut cx.d.objects, &link, v.inode, &v.path, memfd).map_err(|what| {
+        CheckpointError::unsupported(cx.pid, format!("mapping at {:#x} of {what}", v.start))
+    })?;
+    Ok(Some(v.inode))
+}
+
+/// A memfd, or an unnamed file in the directory of a deleted one, holding
+/// the saved content.
+fn file_object(r: &Restorer<'_>, obj: &FileContent, memfd: bool) -> Result<OwnedFd, RestoreError> {
+    let fd = if memfd {
+        fdio::memfd_create(&obj.name, libc::MFD_ALLOW_SEALING)
+            .step(|| format!("cannot create memfd {}", obj.name))?
+    } else {
+        let path = std::path::Path::new(&obj.name);
+        let dir = path
+            .parent()
+            .filter(|d| d.is_dir())
+            .map(|d| d.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/tmp".into());
+        let was_tmpfile = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('#'));
+        // Made again at its old path and unlinked at once, so /proc shows
+        // the same "PATH (deleted)"; an O_TMPFILE file (or a path taken
+        // meanwhile) becomes an unnamed file of the same directory.
+        let named = (!was_tmpfile)
+            .then(|| fdio::open(&obj.name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR).ok())
+            .flatten();
+        match named {
+            Some(fd) => {
+                let _ = std::fs::remove_file(&obj.name);
+                fd
+            }
+            None => fdio::open(&dir, libc::O_TMPFILE | libc::O_RDWR).step(|| {
+                format!(
+                    "cannot create an unnamed file in {dir} for the deleted {}",
+                    obj.name
+                )
+            })?,
+        }
+    };
+    let file = File::from(fd);
+    let what =
+        |e: std::io::Error| RestoreError::Unsupported(format!("cannot refill {}: {e}", obj.name));
+    if let Some(pf) = &obj.content {
+        let reader = PageReader::open(r.img, pf)?;
+        let mut buf = Vec::new();
+        for ext in &pf.extents {
+            reader.read_extent(ext, &mut buf)?;
+            let end = (ext.file_offset + buf.len() as u64).min(obj.size);
+            let n = end.saturating_sub(ext.file_offset) as usize;
+            file.write_all_at(&buf[..n], ext.file_offset)
+                .map_err(what)?;
+        }
+    }
+    file.set_len(obj.size).map_err(what)?;
+    if !memfd {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(obj.mode))
+            .map_err(what)?;
+    }
+    let fd = OwnedFd::from(file);
+    if memfd && obj.seals != 0 {
+        fdio::add_seals(&fd, obj.seals).step(|| format!("cannot seal memfd {}", obj.name))?;
+    }
+    Ok(fd)
+}
+
+/// __O_TMPFILE (O_TMPFILE without O_DIRECTORY).
+const O_TMPFILE_BIT: i32 = 0o20000000;
+
+/// A new description of the memfd or deleted file behind `f`.
+fn description(
+    r: &mut Restorer<'_>,
+    f: &Fd,
+    tag: ObjectTag,
+    id: u64,
+) -> Result<OwnedFd, RestoreError> {
+    let accmode = f.flags as i32 & libc::O_ACCMODE;
+    let what = || format!("cannot open {} again as fd {}", f.path, f.fd);
+    let held = r.stash.get::<Held>();
+    let file = held.files.get(&(tag, id)).ok_or_else(|| {
+        RestoreError::Unsupported(format!(
+            "fd {} refers to object {id} missing from the image",
+            f.fd
+        ))
+    })?;
+    // A file made with O_TMPFILE keeps that in its flags; our own
+    // description was made the same way, so the first such fd gets it.
+    if f.flags as i32 & O_TMPFILE_BIT != 0
+        && accmode == libc::O_RDWR
+        && held.tmpfile_taken.insert(id)
+    {
+        return file
+            .try_clone()
+            .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())));
+    }
+    fdio::reopen(file, accmode).step(what)
+}
+
+/// Path through which a process maps the content object `id`.
+pub fn map_path(r: &mut Restorer<'_>, id: u64) -> Option<String> {
+    let held = r.stash.get::<Held>();
+    let f = held
+        .files
+        .get(&(ObjectTag::Memfd, id))
+        .or_else(|| held.files.get(&(ObjectTag::DeletedFile, id)))?;
+    Some(format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()))
+}
+
+/// A file, directory or device opened again by path inside the stub, at
+/// its number; `extra` open flags are added.
+pub fn reopen(cx: &mut Rebuild<'_, '_>, f: &Fd, extra: i32) -> Result<(), RestoreError> {
+    let flags = ((f.flags as i32) & !OPEN_ONLY) | extra;
+    let cloexec = (flags & libc::O_CLOEXEC) as u64;
+    if let FdKind::Regular { .. } = f.kind {
+        match std::fs::metadata(&f.path) {
+            Ok(md) if md.len() < f.pos => warn!(
+                fd = f.fd,
+                path = f.path,
+                size = md.len(),
+                pos = f.pos,
+                "file is shorter than the saved offset"
+            ),
+            _ => {}
+        }
+    }
+    let stub = &mut cx.stub;
+    let got = stub
+        .open(&f.path, flags)
+        .step(|| format!("cannot reopen {} as fd {}", f.path, f.fd))?;
+    if got != f.fd as u64 {
+        stub.call("dup3", libc::SYS_dup3, [got, f.fd as u64, cloexec, 0, 0, 0])
+            .step(|| format!("cannot move {} to fd {}", f.path, f.fd))?;
+        stub.call("close", libc::SYS_close, [got, 0, 0, 0, 0, 0])?;
+    }
+    if matches!(f.kind, FdKind::Regular { .. }) || (f.kind == FdKind::Directory && f.pos != 0) {
+        fds::seek(stub, f)?;
+    }
+    Ok(())
+}

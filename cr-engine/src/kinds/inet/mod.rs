@@ -1,0 +1,553 @@
+//! Kind "inet": IPv4 and IPv6 sockets: TCP listening, unconnected and
+//! established sockets, and UDP sockets, bound or connected.
+//!
+//! An established connection is read in repair mode (`TCP_REPAIR`, see
+//! `cr_sys::inet`) on a copy of the process's fd: sequence numbers, the
+//! send queue (what was written and not yet acknowledged, with the part
+//! never sent), the receive queue (what arrived and was not read yet),
+//! the negotiated options (MSS, window scales, SACK, timestamps), the
+//! windows and the timestamp clock. Nothing is consumed. A dump that lets the
+//! processes continue leaves repair mode at once; one that kills or stops
+//! them keeps it until the end (a socket closed in repair mode sends no FIN
+//! or RST), with the network lock (`cr_sys::netlock`) installed before any
+//! connection is read so that nothing is acknowledged after the read.
+//!
+//! Socket options whose value differs from a fresh socket's are saved as
+//! raw bytes and set again at restore. Datagrams queued on a UDP socket are
+//! not saved (UDP may lose them anyway).
+//!
+//! Restore: see [`rebuild`].
+
+mod rebuild;
+#[cfg(test)]
+mod tests;
+
+pub use rebuild::{warn_other_netns, AddrMap};
+
+use crate::error::RestoreError;
+use crate::kinds::fds::{FdScan, OpenFd};
+use crate::kinds::{Described, FileKind, HeldState, Opened};
+use crate::restore::{Rebuild, Restorer};
+use cr_image::model::objects::{InetSocket, SockOpt, TcpConnection};
+use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process};
+use cr_sys::inet::{self as sys, TcpQueue};
+use cr_sys::netlock::LockSet;
+use cr_sys::proc::FDTarget;
+use cr_sys::{fdio, SysError};
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+pub struct Inet;
+
+impl FileKind for Inet {
+    fn name(&self) -> &'static str {
+        "inet"
+    }
+
+    /// Any socket the unix kind did not take: TCP and UDP are described,
+    /// anything else is refused by name.
+    fn describe(&self, cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
+        let FDTarget::Socket(ino) = *f.target else {
+            return None;
+        };
+        Some(describe(cx, f, ino))
+    }
+
+    fn prepare(&self, r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
+        rebuild::prepare(r, ck)
+    }
+
+    fn open(
+        &self,
+        cx: &mut Rebuild<'_, '_>,
+        _p: &Process,
+        f: &Fd,
+    ) -> Option<Result<Opened, RestoreError>> {
+        let FdKind::InetSocket { object } = f.kind else {
+            return None;
+        };
+        Some(rebuild::description(cx.r, object).map(Opened::Ours))
+    }
+
+    fn release(&self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
+        rebuild::finish(r)
+    }
+}
+
+/// (level, option, bytes to read): the options saved when they differ from
+/// a fresh socket's. SO_SNDBUF/SO_RCVBUF are restored with the *FORCE
+/// variants, which also lock them (no more autotuning), as CRIU does.
+const OPTIONS: &[(i32, i32, usize)] = &[
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR, 4),
+    (libc::SOL_SOCKET, libc::SO_REUSEPORT, 4),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 4),
+    (libc::SOL_SOCKET, libc::SO_LINGER, 8),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO, 16),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO, 16),
+    (libc::SOL_SOCKET, libc::SO_MARK, 4),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST, 4),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE, 4),
+    (libc::SOL_SOCKET, libc::SO_BINDTODEVICE, 16),
+    (libc::SOL_SOCKET, libc::SO_SNDBUF, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF, 4),
+    (libc::IPPROTO_IP, libc::IP_TOS, 4),
+    (libc::IPPROTO_IP, libc::IP_TTL, 4),
+    (libc::IPPROTO_IP, libc::IP_FREEBIND, 4),
+    (libc::IPPROTO_IP, libc::IP_TRANSPARENT, 4),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 4),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, 4),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY, 4),
+    (libc::IPPROTO_TCP, libc::TCP_CORK, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_SYNCNT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_LINGER2, 4),
+    (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_CONGESTION, 16),
+    (libc::IPPROTO_TCP, libc::TCP_FASTOPEN, 4),
+];
+
+/// What kind of IP socket an fd is.
+struct Shape {
+    family: i32,
+    ty: i32,
+    protocol: i32,
+}
+
+fn shape(sock: &OwnedFd) -> Shape {
+    let get = |opt| fdio::getsockopt_int(sock, libc::SOL_SOCKET, opt).unwrap_or(-1);
+    Shape {
+        family: get(libc::SO_DOMAIN),
+        ty: get(libc::SO_TYPE),
+        protocol: get(libc::SO_PROTOCOL),
+    }
+}
+
+fn is_tcp(s: &Shape) -> bool {
+    matches!(s.family, libc::AF_INET | libc::AF_INET6)
+        && s.ty == libc::SOCK_STREAM
+        && s.protocol == libc::IPPROTO_TCP
+}
+
+fn is_udp(s: &Shape) -> bool {
+    matches!(s.family, libc::AF_INET | libc::AF_INET6)
+        && s.ty == libc::SOCK_DGRAM
+        && s.protocol == libc::IPPROTO_UDP
+}
+
+fn err(what: &str) -> impl Fn(SysError) -> String + '_ {
+    move |e| {
+        format!(
+            "{what} that cannot be read: {}",
+            cr_sys::error::one_line(&e)
+        )
+    }
+}
+
+fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
+    let (pid, fd) = (f.pid, f.fd);
+    let Ok(sock) = fdio::steal_fd(pid, fd) else {
+        return Ok(None); // closed meanwhile
+    };
+    let sh = shape(&sock);
+    let (tcp, udp) = (is_tcp(&sh), is_udp(&sh));
+    if !tcp && !udp {
+        return Err(other_family(&sh));
+    }
+    let name = if tcp { "TCP" } else { "UDP" };
+    let what = format!("a {name} socket");
+    let local = sys::local_addr(&sock).map_err(err(&what))?;
+    let remote = sys::peer_addr(&sock).map_err(err(&what))?;
+    let mut s = InetSocket {
+        family: sh.family as u32,
+        sock_type: sh.ty as u32,
+        protocol: sh.protocol as u32,
+        local: local.filter(|a| a.port() != 0),
+        remote,
+        state: if remote.is_some() {
+            sys::TCP_ESTABLISHED as u32
+        } else {
+            sys::TCP_CLOSE as u32
+        },
+        ..Default::default()
+    };
+    let mut info = sys::TcpInfo::default();
+    if tcp {
+        info = sys::tcp_info(&sock).map_err(err(&what))?;
+        s.state = info.state as u32;
+        match info.state {
+            sys::TCP_ESTABLISHED | sys::TCP_CLOSE => {}
+            sys::TCP_LISTEN => {
+                s.backlog = info.sacked;
+                if info.unacked > 0 && cx.tree.lock_network && !cx.tree.skip_in_flight {
+                    return Err(format!(
+                        "a TCP socket listening on {} with {} connection(s) not yet accepted (not supported: they cannot be put back in its queue; use --tcp-skip-in-flight to drop them)",
+                        show(&s.local), info.unacked
+                    ));
+                }
+            }
+            st => {
+                let peer = s.remote.map(|r| format!(" -> {r}")).unwrap_or_default();
+                return Err(format!(
+                    "a TCP socket {}{peer} in state {} (not supported; only listening, unconnected and established TCP sockets are saved)",
+                    show(&s.local),
+                    sys::tcp_state_name(st)
+                ));
+            }
+        }
+    }
+    let kind = FdKind::InetSocket { object: ino };
+    let fresh = cx.tree.stash.get::<Fresh>();
+    let lock_network = cx.tree.lock_network;
+    let Some(objs) = cx.objects.as_deref_mut() else {
+        return Ok(Some(kind));
+    };
+    if objs.contains(ObjectTag::InetSocket, ino) {
+        return Ok(Some(kind));
+    }
+    s.opts = options(&sock, &sh, fresh);
+    if udp && fdio::bytes_queued(&sock).unwrap_or(0) > 0 {
+        tracing::warn!(pid, fd, local = %show(&s.local), "datagrams queued on a UDP socket are not saved");
+    }
+    if tcp && info.state == sys::TCP_ESTABLISHED {
+        let reuse = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
+        sys::set_repair(&sock, sys::REPAIR_ON).map_err(|e| {
+            format!(
+                "a TCP connection {} -> {} that cannot enter repair mode: {}",
+                show(&s.local),
+                show(&s.remote),
+                cr_sys::error::one_line(&e)
+            )
+        })?;
+        let held = Repaired {
+            sock: Some(sock),
+            reuse,
+        };
+        let conn = connection(held.fd(), &info);
+        match conn {
+            Ok(c) => s.tcp = Some(c),
+            Err(e) => {
+                return Err(format!(
+                    "a TCP connection {} -> {} that cannot be read: {}",
+                    show(&s.local),
+                    show(&s.remote),
+                    cr_sys::error::one_line(&e)
+                ))
+            }
+        }
+        if lock_network {
+            // Closed in repair mode when the process dies: no FIN, no RST.
+            objs.hold(Box::new(held));
+        }
+    }
+    objs.insert(Object {
+        id: ino,
+        kind: ObjectKind::InetSocket(s),
+    });
+    Ok(Some(kind))
+}
+
+/// A socket held in repair mode by the dump. Dropping it leaves repair mode
+/// (without a window probe) and gives back the program's SO_REUSEADDR,
+/// which repair mode clobbers — unless [`Repaired::keep`] was called
+/// because the process is about to be killed.
+pub struct Repaired {
+    sock: Option<OwnedFd>,
+    reuse: i32,
+}
+
+impl Repaired {
+    /// Our copy (taken away only by `keep`, which consumes it).
+    fn fd(&self) -> &OwnedFd {
+        self.sock.as_ref().expect("held until kept or dropped")
+    }
+}
+
+impl HeldState for Repaired {
+    /// Close our copy, leaving the socket in repair mode.
+    fn keep(mut self: Box<Self>) {
+        self.sock = None;
+    }
+}
+
+impl Drop for Repaired {
+    fn drop(&mut self) {
+        if let Some(s) = self.sock.take() {
+            if let Err(e) = sys::set_repair(&s, sys::REPAIR_OFF_NO_WP) {
+                tracing::warn!(error = %cr_sys::error::one_line(&e), "leaving TCP repair mode failed");
+            }
+            let _ = fdio::setsockopt_int(&s, libc::SOL_SOCKET, libc::SO_REUSEADDR, self.reuse);
+        }
+    }
+}
+
+/// The state of an established connection; `sock` is in repair mode.
+fn connection(sock: &OwnedFd, info: &sys::TcpInfo) -> Result<TcpConnection, SysError> {
+    let mut c = TcpConnection::default();
+    // Send side: the program is frozen, so write_seq is fixed; the queue
+    // only loses acknowledged bytes at its head. Whatever the peek returns
+    // ends at write_seq.
+    sys::set_repair_queue(sock, TcpQueue::Send)?;
+    c.write_seq = sys::queue_seq(sock)?;
+    let outq = sys::ioctl_int(sock, sys::SIOCOUTQ)?.max(0) as usize;
+    c.send_queue = sys::peek(sock, outq)?;
+    let unsent = sys::ioctl_int(sock, sys::SIOCOUTQNSD)?.max(0) as usize;
+    c.unsent = unsent.min(c.send_queue.len()) as u32;
+    c.snd_una = c.write_seq.wrapping_sub(c.send_queue.len() as u32);
+    c.snd_nxt = c.write_seq.wrapping_sub(c.unsent);
+    // Receive side: bytes may still arrive (no lock when the processes
+    // continue); read rcv_nxt and the queue length until they agree.
+    sys::set_repair_queue(sock, TcpQueue::Recv)?;
+    let mut tries = 0;
+    loop {
+        let rcv1 = sys::queue_seq(sock)?;
+        let inq = sys::ioctl_int(sock, sys::SIOCINQ)?.max(0) as usize;
+        let data = sys::peek(sock, inq)?;
+        let rcv2 = sys::queue_seq(sock)?;
+        let inq2 = sys::ioctl_int(sock, sys::SIOCINQ)?.max(0) as usize;
+        if rcv1 == rcv2 && inq == inq2 && data.len() == inq {
+            c.rcv_nxt = rcv1;
+            c.recv_queue = data;
+            break;
+        }
+        tries += 1;
+        if tries == 1000 {
+            return Err(SysError::Syscall {
+                what: "reading the receive queue (data kept arriving)".into(),
+                source: cr_sys::Errno(libc::EAGAIN),
+            });
+        }
+    }
+    c.mss = fdio::getsockopt_int(sock, libc::IPPROTO_TCP, libc::TCP_MAXSEG)? as u32;
+    c.options = info.options as u32;
+    c.snd_wscale = info.snd_wscale as u32;
+    c.rcv_wscale = info.rcv_wscale as u32;
+    if info.options & sys::TCPI_OPT_TIMESTAMPS != 0 {
+        c.timestamp = sys::timestamp(sock)?;
+    }
+    let w = sys::repair_window(sock)?;
+    c.snd_wl1 = w.snd_wl1;
+    c.snd_wnd = w.snd_wnd;
+    c.max_window = w.max_window;
+    c.rcv_wnd = w.rcv_wnd;
+    c.rcv_wup = w.rcv_wup;
+    Ok(c)
+}
+
+/// Fresh sockets by (family, type, protocol), whose option values are the
+/// defaults saved options are compared with.
+#[derive(Default)]
+struct Fresh(HashMap<(i32, i32, i32), Option<OwnedFd>>);
+
+/// The options of `sock` that differ from a fresh socket's.
+fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
+    let key = (sh.family, sh.ty, sh.protocol);
+    let fresh = fresh
+        .0
+        .entry(key)
+        .or_insert_with(|| sys::socket(sh.family, sh.ty, sh.protocol).ok())
+        .as_ref();
+    let mut out = Vec::new();
+    for &(level, name, max) in OPTIONS {
+        let multicast = level == libc::IPPROTO_IP
+            && matches!(name, libc::IP_MULTICAST_TTL | libc::IP_MULTICAST_LOOP);
+        if (level == libc::IPPROTO_IPV6 && sh.family != libc::AF_INET6)
+            || (level == libc::IPPROTO_TCP && sh.protocol != libc::IPPROTO_TCP)
+            || (multicast && sh.protocol != libc::IPPROTO_UDP)
+        {
+            continue;
+        }
+        let Ok(v) = sys::getsockopt_bytes(sock, level, name, max) else {
+            continue;
+        };
+        let default = fresh.and_then(|f| sys::getsockopt_bytes(f, level, name, max).ok());
+        if default.as_deref() == Some(&v[..]) {
+            continue;
+        }
+        if name == libc::SO_BINDTODEVICE && level == libc::SOL_SOCKET && v.iter().all(|&b| b == 0) {
+            continue;
+        }
+        out.push(SockOpt {
+            level,
+            name,
+            value: v,
+        });
+    }
+    out
+}
+
+/// An address as users read it ("(unbound)" when none).
+fn show(a: &Option<std::net::SocketAddr>) -> String {
+    a.map_or_else(|| "(unbound)".into(), |a| a.to_string())
+}
+
+/// "TCP 127.0.0.1:5000 -> 127.0.0.1:40000 ESTABLISHED", for `--check`.
+pub fn label(pid: i32, fd: i32) -> String {
+    let Ok(sock) = fdio::steal_fd(pid, fd) else {
+        return "socket".into();
+    };
+    let sh = shape(&sock);
+    let v = if sh.family == libc::AF_INET6 {
+        "v6"
+    } else {
+        "v4"
+    };
+    let local = sys::local_addr(&sock)
+        .ok()
+        .flatten()
+        .filter(|a| a.port() != 0)
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| "unbound".into());
+    let remote = sys::peer_addr(&sock)
+        .ok()
+        .flatten()
+        .map(|a| format!(" -> {a}"))
+        .unwrap_or_default();
+    if is_tcp(&sh) {
+        let info = sys::tcp_info(&sock).unwrap_or_default();
+        let mut s = format!("TCP{v} {local}{remote} {}", sys::tcp_state_name(info.state));
+        if info.state == sys::TCP_LISTEN && info.unacked > 0 {
+            s += &format!(", {} connection(s) not accepted yet", info.unacked);
+        }
+        s
+    } else {
+        format!("UDP{v} {local}{remote}")
+    }
+}
+
+/// The addresses the network lock must hold for the TCP sockets of `pids`.
+pub fn lock_set(pids: &[i32]) -> LockSet {
+    let mut set = LockSet::default();
+    for &pid in pids {
+        for (fd, target) in cr_sys::proc::fds(pid).unwrap_or_default() {
+            if !matches!(target, FDTarget::Socket(_)) {
+                continue;
+            }
+            let Ok(sock) = fdio::steal_fd(pid, fd) else {
+                continue;
+            };
+            if !is_tcp(&shape(&sock)) {
+                continue;
+            }
+            let Ok(Some(local)) = sys::local_addr(&sock) else {
+                continue;
+            };
+            match sys::tcp_info(&sock).map(|i| i.state) {
+                Ok(sys::TCP_LISTEN) => set.listeners.push(local),
+                _ => {
+                    if let Ok(Some(remote)) = sys::peer_addr(&sock) {
+                        set.conns.push((local, remote));
+                    }
+                }
+            }
+        }
+    }
+    set.conns.sort();
+    set.conns.dedup();
+    set.listeners.sort();
+    set.listeners.dedup();
+    set
+}
+
+/// Name the family (and protocol) of a socket that is not supported.
+fn other_family(sh: &Shape) -> String {
+    let what = match sh.family {
+        libc::AF_INET | libc::AF_INET6 => {
+            let v = if sh.family == libc::AF_INET {
+                "IPv4"
+            } else {
+                "IPv6"
+            };
+            match sh.ty {
+                libc::SOCK_RAW => format!("a raw {v} socket (protocol {})", sh.protocol),
+                _ => format!("an {v} socket (type {}, protocol {})", sh.ty, sh.protocol),
+            }
+        }
+        libc::AF_NETLINK => format!("a netlink socket (protocol {})", sh.protocol),
+        libc::AF_PACKET => "a packet socket".into(),
+        libc::AF_UNIX => "a unix socket sock_diag does not know".into(),
+        -1 => return "a socket that cannot be inspected (not supported)".into(),
+        d => format!("a socket of family {d}"),
+    };
+    format!("{what} (not supported)")
+}
+
+/// The bookmarks of every established TCP connection of `pids` (each
+/// socket once): sequence numbers only, read in repair mode, nothing
+/// consumed. Sockets that vanish or cannot be read are left out.
+pub fn bookmarks(pids: &[i32]) -> Vec<cr_image::bookmarks::Bookmark> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for &pid in pids {
+        for (fd, target) in cr_sys::proc::fds(pid).unwrap_or_default() {
+            let FDTarget::Socket(ino) = target else {
+                continue;
+            };
+            if !seen.insert(ino) {
+                continue;
+            }
+            let Ok(sock) = fdio::steal_fd(pid, fd) else {
+                continue;
+            };
+            if !is_tcp(&shape(&sock)) {
+                continue;
+            }
+            if sys::tcp_info(&sock).map(|i| i.state).ok() != Some(sys::TCP_ESTABLISHED) {
+                continue;
+            }
+            let (Ok(Some(local)), Ok(Some(remote))) =
+                (sys::local_addr(&sock), sys::peer_addr(&sock))
+            else {
+                continue;
+            };
+            match sequence_numbers(sock) {
+                Ok((snd_una, snd_nxt, write_seq, rcv_nxt)) => {
+                    out.push(cr_image::bookmarks::Bookmark {
+                        local: local.to_string(),
+                        remote: remote.to_string(),
+                        snd_una,
+                        snd_nxt,
+                        rcv_nxt,
+                        write_seq,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(pid, fd, error = %cr_sys::error::one_line(&e), "cannot read a TCP connection's sequence numbers")
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (snd_una, snd_nxt, write_seq, rcv_nxt) of an established socket.
+fn sequence_numbers(sock: OwnedFd) -> Result<(u32, u32, u32, u32), SysError> {
+    let reuse = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
+    sys::set_repair(&sock, sys::REPAIR_ON)?;
+    // Leaves repair mode however the reads end.
+    let held = Repaired {
+        sock: Some(sock),
+        reuse,
+    };
+    let s = held.fd();
+    sys::set_repair_queue(s, TcpQueue::Send)?;
+    let write_seq = sys::queue_seq(s)?;
+    let outq = sys::ioctl_int(s, sys::SIOCOUTQ)?.max(0) as u32;
+    let unsent = (sys::ioctl_int(s, sys::SIOCOUTQNSD)?.max(0) as u32).min(outq);
+    sys::set_repair_queue(s, TcpQueue::Recv)?;
+    let rcv_nxt = sys::queue_seq(s)?;
+    Ok((
+        write_seq.wrapping_sub(outq),
+        write_seq.wrapping_sub(unsent),
+        write_seq,
+        rcv_nxt,
+    ))
+}

@@ -1,0 +1,351 @@
+//! Restore of kind "inet": IPv4 and IPv6 sockets rebuilt inside the
+//! restorer: TCP listeners (bound
+//! and listening again), unconnected TCP sockets, UDP sockets (bound and
+//! connected again), and established TCP connections, built in repair mode
+//! without a handshake: sequence numbers, negotiated options, timestamp
+//! clock, windows and both queues as the dump saw them.
+//!
+//! Addresses may be rewritten (`cr_restart --map-addr OLD=NEW`), on both
+//! ends of a connection, so that processes that talked over TCP keep their
+//! connection when they are restored on other hosts.
+//!
+//! Repair mode is left at the release ([`finish`]), after the image's
+//! network lock is removed: the window probe sent then makes the peer
+//! answer at once, and the bytes that had never been sent go out as normal
+//! data.
+
+use crate::error::{RestoreError, StepContext};
+use crate::options::AddrRewrite;
+use crate::restore::Restorer;
+use cr_image::model::objects::{InetSocket, TcpConnection};
+use cr_image::model::{Checkpoint, ObjectKind};
+use cr_sys::inet::{self as sys, TcpQueue};
+use cr_sys::{proc, SysError};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// `OLD=NEW` rewrites of IP addresses.
+#[derive(Debug, Clone, Default)]
+pub struct AddrMap(Vec<(IpAddr, IpAddr)>);
+
+impl AddrMap {
+    pub fn new(rewrites: &[AddrRewrite]) -> AddrMap {
+        AddrMap(
+            rewrites
+                .iter()
+                .map(|r| (sys::canonical_ip(r.old), r.new))
+                .collect(),
+        )
+    }
+
+    /// `a` with its IP rewritten (an IPv4-mapped IPv6 address stays mapped).
+    pub fn map(&self, a: SocketAddr) -> SocketAddr {
+        let ip = sys::canonical_ip(a.ip());
+        let Some(&(_, new)) = self.0.iter().find(|(old, _)| *old == ip) else {
+            return a;
+        };
+        match (a, new) {
+            (SocketAddr::V6(v6), IpAddr::V4(n4)) => {
+                SocketAddr::new(IpAddr::V6(n4.to_ipv6_mapped()), v6.port())
+            }
+            (_, n) => SocketAddr::new(n, a.port()),
+        }
+    }
+}
+
+/// What [`finish`] does for a connection at the release.
+pub struct Pending {
+    pub id: u64,
+    local: SocketAddr,
+    remote: SocketAddr,
+    /// Bytes the program wrote that had never been sent.
+    unsent: Vec<u8>,
+    /// The program's SO_REUSEADDR (repair mode clobbers it).
+    reuse: i32,
+}
+
+/// The restorer's TCP and UDP sockets by object, and the connections to
+/// take out of repair mode at the release.
+#[derive(Default)]
+struct Held {
+    sockets: HashMap<u64, OwnedFd>,
+    pending: Vec<Pending>,
+}
+
+/// Create every TCP and UDP socket of the image, listeners first (so that
+/// sockets sharing their ports never stand in their way).
+pub fn prepare(r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
+    let map = AddrMap::new(&r.opts.map_addr);
+    let inet = ck.objects.iter().filter_map(|o| match &o.kind {
+        ObjectKind::InetSocket(s) => Some((o.id, s)),
+        _ => None,
+    });
+    let (listeners, others): (Vec<_>, Vec<_>) =
+        inet.partition(|(_, s)| s.state == sys::TCP_LISTEN as u32);
+    let held = r.stash.get::<Held>();
+    for (id, s) in listeners.into_iter().chain(others) {
+        let (sock, pending) = create(id, s, &map)?;
+        held.sockets.insert(id, sock);
+        held.pending.extend(pending);
+    }
+    Ok(())
+}
+
+/// A description of socket `id`, for a process to take.
+pub fn description(r: &mut Restorer<'_>, id: u64) -> Result<OwnedFd, RestoreError> {
+    let s = r.stash.get::<Held>().sockets.get(&id).ok_or_else(|| {
+        RestoreError::Unsupported(format!("socket:[{id}] is missing from the image"))
+    })?;
+    s.try_clone()
+        .map_err(|e| RestoreError::Unsupported(format!("cannot hand socket:[{id}] over: {e}")))
+}
+
+/// Create the socket of object `id`; established connections come back in
+/// repair mode with a [`Pending`] for the release.
+fn create(
+    id: u64,
+    s: &InetSocket,
+    map: &AddrMap,
+) -> Result<(OwnedFd, Option<Pending>), RestoreError> {
+    let local = s.local.map(|a| map.map(a));
+    let remote = s.remote.map(|a| map.map(a));
+    let proto_name = if s.protocol as i32 == libc::IPPROTO_TCP {
+        "TCP"
+    } else {
+        "UDP"
+    };
+    let what = || {
+        format!(
+            "cannot rebuild {proto_name} socket:[{id}] {}{}",
+            local
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "(unbound)".into()),
+            remote.map(|a| format!(" -> {a}")).unwrap_or_default()
+        )
+    };
+    let sock = sys::socket(s.family as i32, s.sock_type as i32, s.protocol as i32).step(what)?;
+    let reuse = s.int_opt(libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
+    if s.protocol as i32 == libc::IPPROTO_TCP && s.state == sys::TCP_ESTABLISHED as u32 {
+        let c = s.tcp.as_ref().ok_or_else(|| {
+            RestoreError::Unsupported(format!("socket:[{id}] is established but has no TCP state"))
+        })?;
+        let (Some(l), Some(r)) = (local, remote) else {
+            return Err(RestoreError::Unsupported(format!(
+                "established socket:[{id}] lacks an address"
+            )));
+        };
+        let unsent = repair(&sock, s, c, l, r).step(what)?;
+        debug!(id, local = %l, remote = %r, "TCP connection rebuilt in repair mode");
+        return Ok((
+            sock,
+            Some(Pending {
+                id,
+                local: l,
+                remote: r,
+                unsent,
+                reuse,
+            }),
+        ));
+    }
+    set_options(&sock, s).step(what)?;
+    if let Some(l) = local {
+        // Let the old port's TIME-WAIT remnants not stand in the way.
+        cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).step(what)?;
+        sys::bind(&sock, &l).step(what)?;
+        cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, reuse)
+            .step(what)?;
+    }
+    if s.state == sys::TCP_LISTEN as u32 {
+        cr_sys::fdio::listen(&sock, s.backlog as i32).step(what)?;
+    } else if let (Some(r), true) = (remote, s.protocol as i32 == libc::IPPROTO_UDP) {
+        sys::connect(&sock, &r).step(what)?;
+    }
+    Ok((sock, None))
+}
+
+/// Every saved option but SO_REUSEADDR (the caller's) and the buffer
+/// sizes (set with the FORCE variants: getsockopt shows twice what was set).
+fn set_options(sock: &OwnedFd, s: &InetSocket) -> Result<(), SysError> {
+    for o in &s.opts {
+        if o.level == libc::SOL_SOCKET {
+            match o.name {
+                libc::SO_REUSEADDR => continue,
+                libc::SO_SNDBUF | libc::SO_RCVBUF => {
+                    set_buffer(sock, o.name, o.int().unwrap_or(0).max(0) as usize)?;
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        if let Err(e) = sys::setsockopt_bytes(sock, o.level, o.name, &o.value) {
+            if o.level == libc::IPPROTO_TCP && o.name == libc::TCP_CONGESTION {
+                warn!(error = %cr_sys::error::one_line(&e), "congestion control not available here; the default is used");
+                continue;
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Make SO_SNDBUF / SO_RCVBUF read `size` (the kernel doubles what is set).
+fn set_buffer(sock: &OwnedFd, name: i32, size: usize) -> Result<(), SysError> {
+    let force = if name == libc::SO_SNDBUF {
+        libc::SO_SNDBUFFORCE
+    } else {
+        libc::SO_RCVBUFFORCE
+    };
+    cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, force, (size / 2) as i32)
+}
+
+/// Build an established connection in repair mode; returns the bytes
+/// never sent, queued normally at the release.
+fn repair(
+    sock: &OwnedFd,
+    s: &InetSocket,
+    c: &TcpConnection,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Result<Vec<u8>, SysError> {
+    sys::set_repair(sock, sys::REPAIR_ON)?;
+    set_options(sock, s)?;
+    let sent = c.send_queue.len() - (c.unsent as usize).min(c.send_queue.len());
+    sys::set_repair_queue(sock, TcpQueue::Send)?;
+    sys::set_queue_seq(sock, c.snd_una)?;
+    sys::set_repair_queue(sock, TcpQueue::Recv)?;
+    sys::set_queue_seq(sock, c.rcv_nxt.wrapping_sub(c.recv_queue.len() as u32))?;
+    sys::bind(sock, &local)?;
+    sys::connect(sock, &remote)?;
+    let mut opts = vec![(sys::TCPOPT_MSS, c.mss)];
+    if c.options as u8 & sys::TCPI_OPT_WSCALE != 0 {
+        opts.push((sys::TCPOPT_WINDOW, c.snd_wscale | (c.rcv_wscale << 16)));
+    }
+    if c.options as u8 & sys::TCPI_OPT_SACK != 0 {
+        opts.push((sys::TCPOPT_SACK_PERM, 0));
+    }
+    if c.options as u8 & sys::TCPI_OPT_TIMESTAMPS != 0 {
+        opts.push((sys::TCPOPT_TIMESTAMP, 0));
+    }
+    sys::set_repair_options(sock, &opts)?;
+    if c.options as u8 & sys::TCPI_OPT_TIMESTAMPS != 0 {
+        sys::set_timestamp(sock, c.timestamp)?;
+    }
+    // Queues: what was sent and not acknowledged, then what was received
+    // and not read. Buffers grow as needed for them (set back below).
+    sys::set_repair_queue(sock, TcpQueue::Send)?;
+    fill(sock, &c.send_queue[..sent], libc::SO_SNDBUF)?;
+    sys::set_repair_queue(sock, TcpQueue::Recv)?;
+    fill(sock, &c.recv_queue, libc::SO_RCVBUF)?;
+    sys::set_repair_queue(sock, TcpQueue::Send)?;
+    if c.max_window != 0 {
+        sys::set_repair_window(
+            sock,
+            &sys::RepairWindow {
+                snd_wl1: c.snd_wl1,
+                snd_wnd: c.snd_wnd,
+                max_window: c.max_window,
+                rcv_wnd: c.rcv_wnd,
+                rcv_wup: c.rcv_wup,
+            },
+        )?;
+    }
+    for name in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        if let Some(v) = s.int_opt(libc::SOL_SOCKET, name) {
+            set_buffer(sock, name, v.max(0) as usize)?;
+        }
+    }
+    Ok(c.send_queue[sent..].to_vec())
+}
+
+/// Queue `data` on the selected repair queue, growing buffer `buf` when the
+/// socket takes no more.
+fn fill(sock: &OwnedFd, mut data: &[u8], buf: i32) -> Result<(), SysError> {
+    let mut size = cr_sys::fdio::getsockopt_int(sock, libc::SOL_SOCKET, buf)? as usize;
+    while !data.is_empty() {
+        let n = cr_sys::fdio::send_some(sock, data).or_else(|e| match e {
+            // The receive queue answers ENOMEM when the buffer is full.
+            SysError::Syscall { source, .. } if source.0 == libc::ENOMEM => Ok(0),
+            e => Err(e),
+        })?;
+        if n == 0 {
+            size = size.max(64 << 10) * 2;
+            set_buffer(sock, buf, size)?;
+            continue;
+        }
+        data = &data[n..];
+    }
+    Ok(())
+}
+
+/// At the release: guard the rebuilt connections against resets from
+/// peers not restored yet (`cr_sys::netlock::guard_resets`, for
+/// `guard_secs`), leave repair mode on each (the window probe makes the
+/// peer answer at once), give back SO_REUSEADDR, and send the bytes that
+/// had never been sent.
+pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
+    let guard_secs = r.opts.reset_guard;
+    let held = r.stash.get::<Held>();
+    let pending = std::mem::take(&mut held.pending);
+    let sockets = &held.sockets;
+    if guard_secs > 0 && !pending.is_empty() {
+        let conns: Vec<_> = pending.iter().map(|p| (p.local, p.remote)).collect();
+        if let Err(e) = cr_sys::netlock::guard_resets(&conns, guard_secs) {
+            warn!(error = %cr_sys::error::one_line(&e), "no reset guard: a peer restored after this process may reset its connection");
+        }
+    }
+    let mut unsent = Vec::new();
+    for p in pending {
+        let Some(sock) = sockets.get(&p.id) else {
+            continue;
+        };
+        let what = || format!("cannot leave repair mode on socket:[{}]", p.id);
+        sys::set_repair(sock, sys::REPAIR_OFF).step(what)?;
+        cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, p.reuse)
+            .step(what)?;
+        if !p.unsent.is_empty() {
+            unsent.push((sock, p.id, p.unsent));
+        }
+    }
+    // The unsent bytes fit in the send buffer they came from; a slow peer
+    // may take a moment to open its window.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (sock, id, data) in unsent {
+        let mut rest = &data[..];
+        while !rest.is_empty() {
+            let n = cr_sys::fdio::send_some(sock, rest)
+                .step(|| format!("cannot queue the unsent bytes of socket:[{id}]"))?;
+            rest = &rest[n..];
+            if n == 0 {
+                if Instant::now() > deadline {
+                    return Err(RestoreError::Unsupported(format!(
+                        "socket:[{id}]: {} unsent bytes could not be queued again (the peer does not read)",
+                        rest.len()
+                    )));
+                }
+                sys::wait_writable(sock, 100).step(|| format!("waiting to write socket:[{id}]"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sockets restored on the same boot into another network namespace than
+/// the one they lived in are usually a mistake (`--netns` was forgotten).
+pub fn warn_other_netns(ck: &Checkpoint) {
+    let has_inet = ck
+        .objects
+        .iter()
+        .any(|o| matches!(o.kind, ObjectKind::InetSocket(_)));
+    let boot = proc::sys_value("/proc/sys/kernel/random/boot_id");
+    let here = proc::read_link("/proc/self/ns/net").unwrap_or_default();
+    let m = &ck.meta;
+    if has_inet && !m.netns.is_empty() && m.boot_id == boot && m.netns != here {
+        warn!(
+            image = m.netns,
+            here, "the image's sockets lived in another network namespace of this host; they are restored into this one (see cr_restart --netns)"
+        );
+    }
+}

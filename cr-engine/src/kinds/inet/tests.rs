@@ -1,0 +1,57 @@
+//! Round trip of kind "inet" (with the network lock of a --kill dump): a
+//! TCP listener, an established connection with data in flight both ways
+//! and options set, a bound UDP socket.
+
+use crate::kinds::testkit::round_trip;
+
+#[test]
+fn tcp_and_udp_round_trip() {
+    let rt = round_trip(
+        "inet",
+        r#"
+lis = socket.socket(); lis.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+lis.bind(("127.0.0.1", 0)); lis.listen(4)
+c = socket.create_connection(lis.getsockname())
+s, _ = lis.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+c.send(b"c to s" * 1000); s.send(b"s to c")
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0))
+"#,
+        r#"
+got = b""
+while len(got) < 6000:
+    got += s.recv(10000)
+expect(got == b"c to s" * 1000, "data from c")
+expect(c.recv(100) == b"s to c", "data from s")
+expect(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1, "TCP_NODELAY")
+c.send(b"again"); expect(s.recv(10) == b"again", "the connection goes on")
+n = socket.create_connection(lis.getsockname()); a2, _ = lis.accept()
+expect(a2 is not None, "the listener accepts")
+u2 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u2.sendto(b"udp", u.getsockname())
+expect(u.recv(10) == b"udp", "the UDP socket")
+"#,
+    );
+    let conns = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<_> = c
+            .objects
+            .iter()
+            .filter_map(|o| match &o.kind {
+                cr_image::model::ObjectKind::InetSocket(s) => Some((
+                    s.local,
+                    s.remote,
+                    s.state,
+                    s.tcp.as_ref().map(|t| (t.snd_una, t.rcv_nxt)),
+                )),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(conns(&rt.before).len(), 4);
+    assert_eq!(conns(&rt.before), conns(&rt.after));
+    assert!(
+        rt.before.netlock.is_some(),
+        "a --kill dump keeps its network lock"
+    );
+}

@@ -1,0 +1,498 @@
+//! Capture of memory: classify each mapping, decide page by page (pagemap,
+//! and the dirty tracker when there is a parent image) what must be read,
+//! then read, hash, compare and store those pages on the worker pool.
+//!
+//! A page goes to the image as one of: unchanged since the parent (known
+//! from the tracker without reading it, or read and found equal to the
+//! parent's by hash), all zero (anonymous: left out; over a file page:
+//! recorded as zero), or stored (once per image: see `cr_image::store`).
+//!
+//! Stored: pages a private mapping owns (present or swapped, and not the
+//! file's own page), and the written pages of shared anonymous memory, read
+//! from the shared object itself (/proc/PID/map_files, SEEK_DATA) once per
+//! object: other processes mapping it refer to its first ("owner")
+//! mapping. Not stored: untouched pages, file pages of private file
+//! mappings (the file has them), shared file mappings (the file is the
+//! memory), and the kernel's special mappings ([vdso], [vvar],
+//! [vsyscall]), which restore takes from the new kernel.
+
+use super::pool;
+use crate::{fault, CheckpointError};
+use cr_image::chain::{push_run, MemIndex};
+use cr_image::model::{MemStats, Memory, PageAt, Vma, VmaKind};
+use cr_image::store::{is_zero, page_hash, Loc, OpenBlock, StoreWriter};
+use cr_sys::mem::{read_vm, ProcMem};
+use cr_sys::pagemap::{
+    is_pte_marker, Pagemap, PFN_MASK, PM_FILE, PM_PRESENT, PM_SOFT_DIRTY, PM_SWAP,
+};
+use cr_sys::proc::{self, MapEntry};
+use cr_sys::PAGE_SIZE;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Largest run of pages copied (and checksummed) as one unit.
+pub const MAX_RUN_PAGES: u64 = 256;
+/// Pagemap entries read at once.
+const PAGEMAP_CHUNK: u64 = 32 * 1024;
+
+/// Classify a mapping, refusing the kinds this build cannot restore.
+pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
+    let unsupported = |what: String| CheckpointError::unsupported(pid, what);
+    let mut anon_name = String::new();
+    // /proc/PID/maps escapes a newline in a path as "\012"; the map_files
+    // link gives the exact path.
+    let path = if m.path.starts_with('/') {
+        proc::read_link(&format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            .unwrap_or_else(|_| m.path.replace("\\012", "\n"))
+    } else {
+        m.path.clone()
+    };
+    let kind = match path.as_str() {
+        "[vdso]" => VmaKind::Vdso,
+        "[vvar]" => VmaKind::Vvar,
+        "[vvar_vclock]" => VmaKind::VvarVclock,
+        "[vsyscall]" => VmaKind::Vsyscall,
+        "[heap]" => VmaKind::Heap,
+        "[stack]" => VmaKind::Stack,
+        "" if m.shared => VmaKind::AnonShared,
+        "" => VmaKind::AnonPrivate,
+        p if p.starts_with("[anon:") => {
+            anon_name = p
+                .trim_start_matches("[anon:")
+                .trim_end_matches(']')
+                .to_string();
+            VmaKind::AnonPrivate
+        }
+        p if p.starts_with("[anon_shmem:") => {
+            anon_name = p
+                .trim_start_matches("[anon_shmem:")
+                .trim_end_matches(']')
+                .to_string();
+            VmaKind::AnonShared
+        }
+        "/dev/zero (deleted)" if m.shared => VmaKind::AnonShared,
+        p if p.starts_with("/SYSV") => {
+            return Err(unsupported(format!(
+                "System V shared memory mapping at {:#x}",
+                m.start
+            )))
+        }
+        // memfds and deleted files: their content becomes an object of the
+        // image, mapped again from the restored copy.
+        p if p.starts_with("/memfd:") || p.ends_with(" (deleted)") => {
+            if m.shared {
+                VmaKind::FileShared
+            } else {
+                VmaKind::FilePrivate
+            }
+        }
+        p if p.starts_with('/') && m.shared => VmaKind::FileShared,
+        p if p.starts_with('/') => VmaKind::FilePrivate,
+        p => {
+            return Err(unsupported(format!(
+                "special mapping {p} at {:#x}",
+                m.start
+            )))
+        }
+    };
+    Ok(Vma {
+        start: m.start,
+        end: m.end,
+        prot: m.prot,
+        shared: m.shared,
+        kind,
+        pgoff: m.offset,
+        path: if kind.is_file() { path } else { String::new() },
+        dev: ((m.dev_major as u64) << 32) | m.dev_minor as u64,
+        inode: m.inode,
+        vm_flags: m.vm_flags.clone(),
+        anon_name,
+        shm_owner: None,
+        object: None,
+    })
+}
+
+/// Whether the page with pagemap entry `pm` of a VMA of `kind` is stored.
+fn stored(kind: VmaKind, pm: u64) -> bool {
+    match kind {
+        VmaKind::AnonPrivate | VmaKind::Heap | VmaKind::Stack => pm & (PM_PRESENT | PM_SWAP) != 0,
+        // A present page still marked as a file page is the file's own.
+        VmaKind::FilePrivate => (pm & PM_PRESENT != 0 && pm & PM_FILE == 0) || pm & PM_SWAP != 0,
+        _ => false,
+    }
+}
+
+/// Where the bytes of a run are read from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Src {
+    /// process_vm_readv at the run's address.
+    Vm,
+    /// /proc/PID/mem (VMA not readable by the process itself).
+    Forced,
+    /// The shared memory object opened through /proc/PID/map_files (index
+    /// into the open files), at object offset `src_off`.
+    Shm(usize),
+}
+
+/// A run of pages to read.
+struct Run {
+    vaddr: u64,
+    pages: u64,
+    src: Src,
+    src_off: u64,
+}
+
+/// Which pages were written since the parent image, as the tracker says.
+pub enum Dirty {
+    /// No tracker: every page is read (and compared by hash when there is
+    /// a parent).
+    Unknown,
+    /// userfaultfd-wp: pages of `tracked` (sorted address ranges) outside
+    /// `written` are unchanged.
+    Uffd {
+        tracked: Vec<(u64, u64)>,
+        written: Vec<(u64, u64)>,
+    },
+    /// Soft-dirty: a page whose pagemap entry lacks bit 55 is unchanged.
+    SoftDirty,
+}
+
+/// Whether `addr` is in one of the sorted, disjoint `ranges`.
+fn in_ranges(ranges: &[(u64, u64)], addr: u64) -> bool {
+    let i = ranges.partition_point(|r| r.1 <= addr);
+    ranges.get(i).is_some_and(|r| r.0 <= addr)
+}
+
+impl Dirty {
+    /// Whether the page at `addr` (pagemap entry `pm`) is known unchanged.
+    fn clean(&self, addr: u64, pm: u64, zero_pfn: Option<u64>) -> bool {
+        // The shared zero page after MADV_DONTNEED and a read keeps the
+        // page's "clean" state while its content became zero.
+        let zero = pm & PM_PRESENT != 0 && zero_pfn.is_some_and(|z| pm & PFN_MASK == z);
+        // A swap entry whose type we cannot see (no CAP_SYS_ADMIN) may be a
+        // pte marker over a page emptied by MADV_DONTNEED: read it.
+        let known = pm & PM_PRESENT != 0 || pm & PFN_MASK != 0;
+        if zero || !known {
+            return false;
+        }
+        match self {
+            Dirty::Unknown => false,
+            Dirty::Uffd { tracked, written } => {
+                in_ranges(tracked, addr) && !in_ranges(written, addr)
+            }
+            Dirty::SoftDirty => pm & PM_SOFT_DIRTY == 0,
+        }
+    }
+}
+
+/// One step of a process's memory, in address order.
+enum Item {
+    /// Pages known unchanged since the parent, with their hashes.
+    Parent { vaddr: u64, hashes: Vec<u64> },
+    /// A run to read (index into the runs).
+    Read(usize),
+}
+
+/// What became of one page that was read.
+#[derive(Clone, Copy)]
+enum Outcome {
+    /// Not in the image: all zero in anonymous memory, or unreadable in a
+    /// pre-dump (the process changed it meanwhile).
+    Skip,
+    Zero,
+    Parent(u64),
+    Store(Loc, u64),
+}
+
+/// What a dump of one process reads, decided while it is frozen.
+pub struct Plan {
+    items: Vec<Item>,
+    runs: Vec<Run>,
+    files: Vec<File>,
+    /// Bytes to read.
+    pub bytes: u64,
+    zero_pfn_pages: u64,
+}
+
+/// Append page `vaddr` (read from `src` at `src_off`) to the runs. A run
+/// never crosses a VMA boundary (`vma_start`): restore makes each VMA
+/// writable only while it fills that VMA.
+fn read_page(p: &mut Plan, vma_start: u64, vaddr: u64, src: Src, src_off: u64) {
+    let extends = p.runs.last().is_some_and(|r| {
+        r.vaddr + r.pages * PAGE_SIZE == vaddr
+            && r.vaddr >= vma_start
+            && r.src_off + r.pages * PAGE_SIZE == src_off
+            && r.pages < MAX_RUN_PAGES
+            && r.src == src
+    }) && matches!(p.items.last(), Some(Item::Read(i)) if *i == p.runs.len() - 1);
+    if extends {
+        if let Some(r) = p.runs.last_mut() {
+            r.pages += 1;
+        }
+    } else {
+        p.runs.push(Run {
+            vaddr,
+            pages: 1,
+            src,
+            src_off,
+        });
+        p.items.push(Item::Read(p.runs.len() - 1));
+    }
+    p.bytes += PAGE_SIZE;
+}
+
+/// Decide what to do with every page of `vmas` of `pid`: read it, or take
+/// it from the parent.
+pub fn plan(
+    pid: i32,
+    vmas: &[Vma],
+    parent: Option<&MemIndex<'_>>,
+    dirty: &Dirty,
+) -> Result<Plan, CheckpointError> {
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    let pagemap = Pagemap::open(pid).map_err(sys)?;
+    let zero_pfn = cr_sys::dirty::zero_pfn();
+    let mut p = Plan {
+        items: Vec::new(),
+        runs: Vec::new(),
+        files: Vec::new(),
+        bytes: 0,
+        zero_pfn_pages: 0,
+    };
+    let mut buf = vec![0u64; PAGEMAP_CHUNK as usize];
+    // Addresses are visited in increasing order.
+    let mut cursor = parent.map(|ix| ix.cursor());
+    for v in vmas {
+        if v.kind == VmaKind::AnonShared {
+            if v.shm_owner.is_some() {
+                continue; // an earlier process holds these pages
+            }
+            // Read the object itself: it may hold pages this process never
+            // touched (written by another process sharing it).
+            let path = format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end);
+            let f =
+                File::open(&path).map_err(|source| sys(cr_sys::SysError::Io { path, source }))?;
+            let fi = p.files.len();
+            for (a, b) in cr_sys::mem::data_ranges(&f, v.pgoff, v.pgoff + v.len()).map_err(sys)? {
+                let a = a & !(PAGE_SIZE - 1);
+                for off in (a..b).step_by(PAGE_SIZE as usize) {
+                    read_page(&mut p, v.start, v.start + off - v.pgoff, Src::Shm(fi), off);
+                }
+            }
+            p.files.push(f);
+            continue;
+        }
+        if !v.kind.is_anon_private() && v.kind != VmaKind::FilePrivate {
+            continue;
+        }
+        let src = if v.prot & libc::PROT_READ as u32 == 0 {
+            Src::Forced
+        } else {
+            Src::Vm
+        };
+        let mut addr = v.start;
+        while addr < v.end {
+            let n = ((v.end - addr) / PAGE_SIZE).min(PAGEMAP_CHUNK);
+            let entries = &mut buf[..n as usize];
+            pagemap.read(addr, entries).map_err(sys)?;
+            for (i, &pm) in entries.iter().enumerate() {
+                // The tracker's mark on an empty page: nothing to keep.
+                if !stored(v.kind, pm) || is_pte_marker(pm) {
+                    continue;
+                }
+                let page = addr + i as u64 * PAGE_SIZE;
+                let anon = v.kind != VmaKind::FilePrivate;
+                if anon && pm & PM_PRESENT != 0 && zero_pfn.is_some_and(|z| pm & PFN_MASK == z) {
+                    p.zero_pfn_pages += 1;
+                    continue; // the shared zero page: nothing to keep
+                }
+                let known = match &mut cursor {
+                    Some(c) if dirty.clean(page, pm, zero_pfn) => c.hash_of(page),
+                    _ => None,
+                };
+                match known {
+                    Some(h) => match p.items.last_mut() {
+                        Some(Item::Parent { vaddr, hashes })
+                            if *vaddr + hashes.len() as u64 * PAGE_SIZE == page =>
+                        {
+                            hashes.push(h)
+                        }
+                        _ => p.items.push(Item::Parent {
+                            vaddr: page,
+                            hashes: vec![h],
+                        }),
+                    },
+                    None => read_page(&mut p, v.start, page, src, page),
+                }
+            }
+            addr += n * PAGE_SIZE;
+        }
+    }
+    Ok(p)
+}
+
+/// How the pages of one process are copied.
+pub struct Copy<'a> {
+    pub pid: i32,
+    pub vmas: &'a [Vma],
+    /// The process's memory in the parent image.
+    pub parent: Option<&'a MemIndex<'a>>,
+    pub store: &'a StoreWriter,
+    pub workers: usize,
+    /// The process runs meanwhile (pre-dump): pages that cannot be read
+    /// any more are left out instead of failing the dump.
+    pub live: bool,
+}
+
+/// Read what `plan` says must be read and describe every page of the
+/// process. `progress` gets the bytes read so far.
+pub fn copy(
+    a: &Copy<'_>,
+    plan: Plan,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Memory, CheckpointError> {
+    let pid = a.pid;
+    let outcomes: Vec<Mutex<Vec<Outcome>>> =
+        plan.runs.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let next = AtomicUsize::new(0);
+    let copied = AtomicU64::new(0);
+    let dups = AtomicU64::new(0);
+    let procmem = if plan.runs.iter().any(|r| r.src == Src::Forced) {
+        Some(ProcMem::open(pid, false).map_err(|e| CheckpointError::from_sys(pid, e))?)
+    } else {
+        None
+    };
+    let half = plan.runs.len() / 2;
+    let file_private = |vaddr: u64| {
+        let i = a.vmas.partition_point(|v| v.end <= vaddr);
+        a.vmas
+            .get(i)
+            .is_some_and(|v| v.kind == VmaKind::FilePrivate)
+    };
+    let workers = a.workers.min(plan.runs.len().max(1));
+    pool::run(workers, |stop| {
+        let mut buf = vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize];
+        let mut block: Option<OpenBlock> = None;
+        let result = (|| -> Result<(), CheckpointError> {
+            while !stop.stopped() {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(r) = plan.runs.get(i) else {
+                    return Ok(());
+                };
+                if i == half {
+                    fault::check("mid-memory")?;
+                }
+                let b = &mut buf[..(r.pages * PAGE_SIZE) as usize];
+                let read = |b: &mut [u8], vaddr: u64, src_off: u64| match (r.src, &procmem) {
+                    (Src::Forced, Some(pm)) => pm.read(vaddr, b),
+                    (Src::Shm(f), _) => plan.files[f].read_exact_at(b, src_off).map_err(|source| {
+                        cr_sys::SysError::Io {
+                            path: format!("shared memory at {vaddr:#x} of process {pid}"),
+                            source,
+                        }
+                    }),
+                    _ => read_vm(pid, vaddr, b),
+                };
+                let mut ok = vec![true; r.pages as usize];
+                if let Err(e) = read(b, r.vaddr, r.src_off) {
+                    if !a.live {
+                        return Err(CheckpointError::from_sys(pid, e));
+                    }
+                    // The process changed its mappings meanwhile: keep what
+                    // can still be read.
+                    for (k, page) in b.chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
+                        let off = k as u64 * PAGE_SIZE;
+                        ok[k] = read(page, r.vaddr + off, r.src_off + off).is_ok();
+                    }
+                }
+                let mut out = Vec::with_capacity(r.pages as usize);
+                for (k, page) in b.chunks_exact(PAGE_SIZE as usize).enumerate() {
+                    let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
+                    out.push(if !ok[k] {
+                        Outcome::Skip
+                    } else if is_zero(page) {
+                        if file_private(vaddr) {
+                            Outcome::Zero
+                        } else {
+                            Outcome::Skip
+                        }
+                    } else {
+                        let h = page_hash(page);
+                        let h64 = h as u64;
+                        if a.parent.and_then(|ix| ix.hash_of(vaddr)) == Some(h64) {
+                            Outcome::Parent(h64)
+                        } else {
+                            let (loc, dup) = a.store.add(&mut block, h, page)?;
+                            if dup {
+                                dups.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Outcome::Store(loc, h64)
+                        }
+                    });
+                }
+                *outcomes[i].lock().unwrap_or_else(|p| p.into_inner()) = out;
+                let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
+                progress(done);
+            }
+            Ok(())
+        })();
+        result.and_then(|()| a.store.close(block.take()).map_err(CheckpointError::from))
+    })?;
+    // Assemble the runs in address order.
+    let mut mem = Memory {
+        stats: MemStats {
+            pages_zero: plan.zero_pfn_pages,
+            pages_read: plan.bytes / PAGE_SIZE,
+            pages_dup: dups.into_inner(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (runs, hashes, stats) = (&mut mem.runs, &mut mem.hashes, &mut mem.stats);
+    for item in &plan.items {
+        match item {
+            Item::Parent { vaddr, hashes: hs } => {
+                push_run(runs, *vaddr, hs.len() as u32, PageAt::Parent);
+                hashes.extend_from_slice(hs);
+                stats.pages_parent += hs.len() as u64;
+            }
+            Item::Read(i) => {
+                let r = &plan.runs[*i];
+                let out = outcomes[*i].lock().unwrap_or_else(|p| p.into_inner());
+                for (k, o) in out.iter().enumerate() {
+                    let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
+                    match *o {
+                        Outcome::Skip => stats.pages_zero += 1,
+                        Outcome::Zero => {
+                            stats.pages_zero += 1;
+                            push_run(runs, vaddr, 1, PageAt::Zero);
+                        }
+                        Outcome::Parent(h) => {
+                            stats.pages_parent += 1;
+                            hashes.push(h);
+                            push_run(runs, vaddr, 1, PageAt::Parent);
+                        }
+                        Outcome::Store(loc, h) => {
+                            stats.pages_stored += 1;
+                            hashes.push(h);
+                            push_run(
+                                runs,
+                                vaddr,
+                                1,
+                                PageAt::Store {
+                                    block: loc.block,
+                                    page: loc.page,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Duplicates were counted as stored pages too.
+    stats.pages_stored -= stats.pages_dup.min(stats.pages_stored);
+    Ok(mem)
+}

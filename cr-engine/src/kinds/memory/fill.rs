@@ -1,0 +1,315 @@
+//! Restore of memory: map every saved VMA at its address, fill the stored
+//! pages from the page stores of the image chain on the worker pool (raw
+//! blocks straight from the mapped store file, compressed ones through a
+//! buffer; every block's checksum verified before use), then set the final
+//! protections, madvise flags, memory locks and anonymous names.
+
+use super::pool;
+use crate::error::{RestoreError, StepContext};
+use crate::restore::Rebuild;
+use cr_image::chain::{Chain, Piece, Source};
+use cr_image::model::{Process, Vma, VmaKind};
+use cr_image::store::{StoreReader, PAGE};
+use cr_sys::mem::{write_vm, write_vm_many};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+const PR_SET_VMA: u64 = 0x53564d41;
+const PR_SET_VMA_ANON_NAME: u64 = 0;
+
+/// The page stores of an image chain, opened once for all processes.
+pub struct Pages<'a> {
+    chain: &'a Chain,
+    readers: Vec<Option<StoreReader>>,
+}
+
+impl<'a> Pages<'a> {
+    /// Open (and size-check) the store of every image of the chain.
+    pub fn open(chain: &'a Chain) -> Result<Self, RestoreError> {
+        let readers = chain
+            .links
+            .iter()
+            .map(|l| match &l.ck.store {
+                Some(s) => StoreReader::open(&l.dir, s).map(Some),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Pages { chain, readers })
+    }
+
+    /// Where every page of process `pid` lives (checks the chain covers them).
+    pub fn resolve(&self, pid: u32) -> Result<Vec<Piece>, RestoreError> {
+        Ok(self.chain.resolve(pid, usize::MAX)?)
+    }
+
+    fn reader(&self, link: usize) -> Result<&StoreReader, RestoreError> {
+        self.readers
+            .get(link)
+            .and_then(|r| r.as_ref())
+            .ok_or_else(|| {
+                RestoreError::Unsupported(format!(
+                    "image {} has pages in a store it does not describe",
+                    self.chain.links.get(link).map_or_else(String::new, |l| l
+                        .dir
+                        .path()
+                        .display()
+                        .to_string())
+                ))
+            })
+    }
+}
+
+/// Which VMAs have pages to fill (they are mapped writable until filled).
+fn vmas_with_pages(vmas: &[Vma], pieces: &[Piece]) -> Vec<bool> {
+    let mut has = vec![false; vmas.len()];
+    for e in pieces {
+        let end = e.vaddr + e.pages as u64 * PAGE as u64;
+        let first = vmas.partition_point(|v| v.end <= e.vaddr);
+        for (i, v) in vmas.iter().enumerate().skip(first) {
+            if v.start >= end {
+                break;
+            }
+            has[i] = true;
+        }
+    }
+    has
+}
+
+/// Map every VMA (writable where pages must be filled); returns which were.
+pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, RestoreError> {
+    let fill = vmas_with_pages(&p.vmas, cx.pieces);
+    let mut files: HashMap<(String, bool), u64> = HashMap::new();
+    let mut shm_fds = Vec::new();
+    for (v, &fill) in p.vmas.iter().zip(&fill) {
+        if v.kind.is_special() {
+            continue;
+        }
+        let mut prot = v.prot as u64;
+        if fill {
+            prot |= libc::PROT_READ as u64 | libc::PROT_WRITE as u64;
+        }
+        let mut flags = libc::MAP_FIXED_NOREPLACE as u64;
+        flags |= if v.shared {
+            libc::MAP_SHARED
+        } else {
+            libc::MAP_PRIVATE
+        } as u64;
+        if v.has_flag("gd") {
+            flags |= libc::MAP_GROWSDOWN as u64;
+        }
+        if v.has_flag("nr") {
+            flags |= libc::MAP_NORESERVE as u64;
+        }
+        let (fd, off) = match v.kind {
+            VmaKind::FilePrivate | VmaKind::FileShared => {
+                // A shared mapping that may become writable needs a writable fd.
+                let rw = v.kind == VmaKind::FileShared && v.has_flag("mw");
+                // memfds and deleted files: the restorer's copy.
+                let path = match v.object {
+                    Some(id) => crate::kinds::files::map_path(cx.r, id).ok_or_else(|| {
+                        RestoreError::Unsupported(format!(
+                            "mapping at {:#x} refers to object {id} missing from the image",
+                            v.start
+                        ))
+                    })?,
+                    None => v.path.clone(),
+                };
+                let fd = match files.get(&(path.clone(), rw)) {
+                    Some(fd) => *fd,
+                    None => {
+                        let o = if rw { libc::O_RDWR } else { libc::O_RDONLY };
+                        let fd = cx.stub.open(&path, o | libc::O_CLOEXEC).step(|| {
+                            format!("cannot open {} to map it at {:#x}", v.path, v.start)
+                        })?;
+                        files.insert((path.clone(), rw), fd);
+                        fd
+                    }
+                };
+                (fd, v.pgoff)
+            }
+            // Shared memory of an earlier process: map that very object.
+            VmaKind::AnonShared if v.shm_owner.is_some() => {
+                let o = v.shm_owner.expect("checked above");
+                let path = format!(
+                    "/proc/{}/map_files/{:x}-{:x}",
+                    cx.r.ids.outer(o.pid),
+                    o.start,
+                    o.end
+                );
+                let fd = cx
+                    .stub
+                    .open(&path, libc::O_RDWR | libc::O_CLOEXEC)
+                    .step(|| {
+                        format!(
+                            "cannot open the shared memory of process {} ({path})",
+                            o.pid
+                        )
+                    })?;
+                shm_fds.push(fd);
+                (fd, v.pgoff)
+            }
+            _ => {
+                flags |= libc::MAP_ANONYMOUS as u64;
+                (u64::MAX, 0)
+            }
+        };
+        let got = cx
+            .stub
+            .call(
+                "mmap",
+                libc::SYS_mmap,
+                [v.start, v.len(), prot, flags, fd, off],
+            )
+            .step(|| format!("cannot map {:#x}-{:#x} {}", v.start, v.end, v.path))?;
+        if got != v.start {
+            return Err(RestoreError::Unsupported(format!(
+                "mapping {:#x}-{:#x} landed at {got:#x}",
+                v.start, v.end
+            )));
+        }
+    }
+    for fd in files.into_values().chain(shm_fds) {
+        cx.stub
+            .call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+    }
+    Ok(fill)
+}
+
+/// Fill every page of `pieces` into process `pid` on `workers` workers;
+/// returns the bytes written.
+pub fn fill(
+    pid: i32,
+    pages: &Pages<'_>,
+    pieces: &[Piece],
+    workers: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<u64, RestoreError> {
+    /// Pieces one worker takes at a time (written with one process_vm_writev
+    /// when their blocks are raw).
+    const BATCH: usize = 256;
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let zero = vec![0u8; PAGE * 64];
+    let workers = workers.min(pieces.len().div_ceil(BATCH).max(1));
+    pool::run(workers, |stop| {
+        let mut buf = Vec::new();
+        // The compressed block decompressed in `buf`.
+        let mut cached: Option<(usize, u32)> = None;
+        while !stop.stopped() {
+            crate::interrupt::check().map_err(RestoreError::Interrupted)?;
+            let start = next.fetch_add(BATCH, Ordering::Relaxed);
+            let Some(batch) = pieces.get(start..(start + BATCH).min(pieces.len())) else {
+                return Ok(());
+            };
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let mut raw: Vec<(u64, &[u8])> = Vec::with_capacity(batch.len());
+            let mut bytes = 0u64;
+            for piece in batch {
+                let len = piece.pages as usize * PAGE;
+                bytes += len as u64;
+                match piece.src {
+                    Source::Store { link, loc } => {
+                        let reader = pages.reader(link)?;
+                        let at = loc.page as usize * PAGE;
+                        if reader.is_raw(loc.block) {
+                            // Straight from the mapped store file.
+                            raw.push((piece.vaddr, reader.raw_slice(loc.block, at, len)?));
+                            continue;
+                        }
+                        if cached != Some((link, loc.block)) {
+                            // Forget the old block before `buf` changes.
+                            cached.take();
+                            reader.block(loc.block, &mut buf)?;
+                            cached = Some((link, loc.block));
+                        }
+                        let slice =
+                            buf.get(at..at + len)
+                                .ok_or_else(|| cr_image::ImageError::Invalid {
+                                    path: reader.path().into(),
+                                    what: format!(
+                                        "pages of {:#x} lie beyond the end of block {}",
+                                        piece.vaddr, loc.block
+                                    ),
+                                })?;
+                        write_vm(pid, piece.vaddr, slice)?;
+                    }
+                    Source::Zero => {
+                        for chunk in (0..len).step_by(zero.len()) {
+                            let n = (len - chunk).min(zero.len());
+                            write_vm(pid, piece.vaddr + chunk as u64, &zero[..n])?;
+                        }
+                    }
+                    Source::Parent => {
+                        return Err(RestoreError::Unsupported(format!(
+                            "pages at {:#x} were not resolved",
+                            piece.vaddr
+                        )))
+                    }
+                }
+            }
+            write_vm_many(pid, &raw)?;
+            let d = done.fetch_add(bytes, Ordering::Relaxed) + bytes;
+            progress(d);
+        }
+        Ok(())
+    })?;
+    Ok(done.into_inner())
+}
+
+/// Bytes `pieces` fill.
+pub fn bytes(pieces: &[Piece]) -> u64 {
+    pieces.iter().map(|p| p.pages as u64 * PAGE as u64).sum()
+}
+
+/// Final protections, madvise flags, memory locks and anonymous VMA names.
+pub fn finish(cx: &mut Rebuild<'_, '_>, p: &Process, filled: &[bool]) -> Result<(), RestoreError> {
+    const ADVICE: &[(&str, i32)] = &[
+        ("dc", libc::MADV_DONTFORK),
+        ("dd", libc::MADV_DONTDUMP),
+        ("hg", libc::MADV_HUGEPAGE),
+        ("nh", libc::MADV_NOHUGEPAGE),
+        ("wf", libc::MADV_WIPEONFORK),
+        ("mg", libc::MADV_MERGEABLE),
+    ];
+    let stub = &mut cx.stub;
+    for (v, &filled) in p.vmas.iter().zip(filled) {
+        if v.kind.is_special() {
+            continue;
+        }
+        let len = v.len();
+        if filled && v.prot != (libc::PROT_READ | libc::PROT_WRITE) as u32 {
+            stub.call(
+                "mprotect",
+                libc::SYS_mprotect,
+                [v.start, len, v.prot as u64, 0, 0, 0],
+            )
+            .step(|| format!("cannot protect {:#x}-{:#x}", v.start, v.end))?;
+        }
+        for (flag, advice) in ADVICE {
+            if v.has_flag(flag) {
+                stub.call(
+                    "madvise",
+                    libc::SYS_madvise,
+                    [v.start, len, *advice as u64, 0, 0, 0],
+                )
+                .step(|| format!("cannot madvise({flag}) {:#x}-{:#x}", v.start, v.end))?;
+            }
+        }
+        if v.has_flag("lo") {
+            stub.call("mlock", libc::SYS_mlock, [v.start, len, 0, 0, 0, 0])
+                .step(|| format!("cannot lock {:#x}-{:#x} in memory", v.start, v.end))?;
+        }
+        if !v.anon_name.is_empty() {
+            let name = stub.put_str(&v.anon_name)?;
+            stub.call(
+                "prctl(PR_SET_VMA)",
+                libc::SYS_prctl,
+                [PR_SET_VMA, PR_SET_VMA_ANON_NAME, v.start, len, name, 0],
+            )
+            .step(|| format!("cannot name {:#x}-{:#x}", v.start, v.end))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! Kind "memory": every mapping of a process, its pages, and the mm fields
+//! (code/data/brk/stack/arg/env bounds, auxiliary vector, exe link).
+//!
+//! - [`dump`]: classify the mappings and copy the pages that must be saved
+//!   into the image's page store (on the shared [`pool`]);
+//! - [`tracking`]: which pages were written since the parent image
+//!   (userfaultfd write-protect, soft-dirty, or page hashes);
+//! - [`fill`]: map every mapping again and fill its pages;
+//! - [`vdso`]: the kernel's special mappings.
+//!
+//! Capture runs in two steps ([`plan_process`] while the process is frozen,
+//! [`copy_process`] which may run after it is let go: a pre-dump), so a
+//! checkpoint and a pre-dump share one path. Restore: the stub's own memory
+//! goes ([`unmap_stub`]), the vDSO moves, every mapping comes back and is
+//! filled, then its protections and advice; the mm fields last
+//! ([`set_mm`]), once the old executable is no longer mapped.
+
+pub mod dump;
+pub mod fill;
+pub mod pool;
+#[cfg(test)]
+mod tests;
+pub mod tracking;
+pub mod vdso;
+
+pub use fill::Pages;
+
+use crate::capture::{Dump, Proc};
+use crate::error::{CheckpointError, RestoreError, StepContext};
+use crate::kinds::{files, Kind, Stash};
+use crate::restore::Rebuild;
+use crate::stub::{Stub, SCRATCH};
+use cr_image::chain::MemIndex;
+use cr_image::model::{DirtyMethod, Mm, Process, ShmOwner, Vma, VmaKind};
+use cr_sys::proc::{self, MapEntry};
+use cr_sys::PAGE_SIZE;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+pub struct Memory;
+
+/// Room after the scratch area where the vDSO pages are parked while moving.
+pub const PARK: u64 = 64 * 1024;
+const TASK_TOP: u64 = 0x7fff_ffff_f000;
+const PR_SET_MM: u64 = 35;
+const PR_SET_MM_MAP: u64 = 14;
+
+/// Dirty trackers of one dump.
+#[derive(Default)]
+pub struct Trackers {
+    /// Left running: (pid, method, fd), recorded once the image is committed.
+    pub kept: Vec<(i32, DirtyMethod, i32)>,
+    /// No longer wanted: released only after the processes run on (the
+    /// kernel removes the write protection from every page when the last
+    /// reference goes, which must not lengthen the freeze).
+    pub released: Vec<OwnedFd>,
+}
+
+/// The trackers of a dump, for its end.
+pub fn take_trackers(stash: &mut Stash) -> Trackers {
+    stash.take().unwrap_or_default()
+}
+
+/// Shared anonymous memory seen in an earlier process: (dev, inode) ->
+/// the owner's pid and VMA.
+#[derive(Default)]
+struct ShmOwners(HashMap<(u64, u64), ShmOwner>);
+
+/// What a dump of one process will do, decided while it is frozen.
+pub struct ProcessPlan {
+    plan: dump::Plan,
+    dirty: dump::Dirty,
+}
+
+impl ProcessPlan {
+    /// Bytes of pages to read.
+    pub fn bytes(&self) -> u64 {
+        self.plan.bytes
+    }
+}
+
+/// Mappings, trackers and the reading plan of the frozen process `cx`:
+/// fills `p.vmas`. `live`: the pages will be read while the process runs
+/// (a pre-dump).
+pub fn plan_process(
+    cx: &mut Proc<'_, '_>,
+    p: &mut Process,
+    live: bool,
+) -> Result<ProcessPlan, CheckpointError> {
+    let pid = cx.pid;
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    // Our scratch page is not the process's memory.
+    cx.probe.unmap().map_err(sys)?;
+    let maps = proc::smaps(pid).map_err(sys)?;
+    let mut vmas = maps
+        .iter()
+        .map(|m| dump::classify(pid, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !live {
+        for v in vmas.iter_mut().filter(|v| v.kind.is_file()) {
+            v.object = files::mapping_object(cx, v)?;
+        }
+    }
+    let owners = cx.d.stash.get::<ShmOwners>();
+    for v in vmas.iter_mut().filter(|v| v.kind == VmaKind::AnonShared) {
+        match owners.0.get(&(v.dev, v.inode)) {
+            Some(&o) => v.shm_owner = Some(o),
+            None => {
+                owners.0.insert(
+                    (v.dev, v.inode),
+                    ShmOwner {
+                        pid: pid as u32,
+                        start: v.start,
+                        end: v.end,
+                    },
+                );
+            }
+        }
+    }
+    let keep = live || (cx.d.opts.track() && cx.d.opts.action() != crate::Action::Kill);
+    let parent = cx.d.parent.filter(|l| l.memory(pid as u32).is_some());
+    let begun = tracking::begin(
+        &mut cx.probe,
+        &maps,
+        &vmas,
+        parent.map(|l| l.ck.meta.image_id.as_str()),
+        cx.d.method,
+        keep,
+    )?;
+    let index = parent.and_then(|l| l.memory(pid as u32)).map(MemIndex::new);
+    let plan = dump::plan(pid, &vmas, index.as_ref(), &begun.dirty)?;
+    if begun.clear_soft_dirty {
+        cr_sys::dirty::clear_soft_dirty(pid).map_err(sys)?;
+    }
+    p.vmas = vmas;
+    p.memory.dirty = begun.used;
+    p.memory.tracking = begun.kept.map(|k| k.0);
+    let t = cx.d.stash.get::<Trackers>();
+    t.released.extend(begun.released);
+    if let Some((method, fd)) = begun.kept {
+        t.kept.push((pid, method, fd));
+    }
+    Ok(ProcessPlan {
+        plan,
+        dirty: begun.dirty,
+    })
+}
+
+/// Copy the pages `plan` says into the store: fills `p.memory`.
+pub fn copy_process(
+    d: &mut Dump<'_>,
+    p: &mut Process,
+    plan: ProcessPlan,
+) -> Result<(), CheckpointError> {
+    let pid = p.pid as i32;
+    drop(plan.dirty);
+    let index = d.parent.and_then(|l| l.memory(p.pid)).map(MemIndex::new);
+    let bytes = plan.plan.bytes;
+    d.read += bytes;
+    let bar = cr_image::progress::bar(d.opts.show_progress, bytes, "copying memory");
+    let mem = dump::copy(
+        &dump::Copy {
+            pid,
+            vmas: &p.vmas,
+            parent: index.as_ref(),
+            store: d.store,
+            workers: d.opts.workers(),
+            live: d.opts.pre_dump,
+        },
+        plan.plan,
+        &|done| {
+            if let Some(b) = &bar {
+                b.set_position(done)
+            }
+        },
+    )?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let (dirty, tracking) = (p.memory.dirty, p.memory.tracking);
+    p.memory = mem;
+    p.memory.dirty = dirty;
+    p.memory.tracking = tracking;
+    Ok(())
+}
+
+impl Kind for Memory {
+    const NAME: &'static str = "memory";
+
+    fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
+        let pid = cx.pid;
+        let sys = |e| CheckpointError::from_sys(pid, e);
+        let brk = cx.probe.call("brk", libc::SYS_brk, [0; 6]).map_err(sys)?;
+        let s = &cx.stat;
+        p.mm = Mm {
+            start_code: s.startcode,
+            end_code: s.endcode,
+            start_data: s.start_data.unwrap_or(0),
+            end_data: s.end_data.unwrap_or(0),
+            start_brk: s.start_brk.unwrap_or(0),
+            brk,
+            start_stack: s.startstack,
+            arg_start: s.arg_start.unwrap_or(0),
+            arg_end: s.arg_end.unwrap_or(0),
+            env_start: s.env_start.unwrap_or(0),
+            env_end: s.env_end.unwrap_or(0),
+            auxv: proc::read_bytes(&format!("/proc/{pid}/auxv")).map_err(sys)?,
+        };
+        let plan = plan_process(cx, p, false)?;
+        copy_process(cx.d, p, plan)
+    }
+
+    /// Map every saved mapping, fill its pages, then its protections.
+    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+        let filled = fill::map_all(cx, p)?;
+        let bar = cr_image::progress::bar(
+            cx.r.opts.show_progress,
+            fill::bytes(cx.pieces),
+            "restoring memory",
+        );
+        fill::fill(
+            cx.stub.pid(),
+            cx.pages,
+            cx.pieces,
+            cx.r.opts.workers(),
+            &|d| {
+                if let Some(b) = &bar {
+                    b.set_position(d)
+                }
+            },
+        )?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        fill::finish(cx, p, &filled)
+    }
+}
+
+/// Map the stub's scratch area at an address neither the saved mappings
+/// nor the stub's own use; returns where the vDSO may be parked (right
+/// after it).
+pub fn map_scratch(
+    stub: &mut Stub<'_>,
+    saved: &[Vma],
+    ours: &[MapEntry],
+) -> Result<u64, RestoreError> {
+    let need = SCRATCH + PARK;
+    let mut used: Vec<(u64, u64)> = saved.iter().map(|v| (v.start, v.end)).collect();
+    used.extend(ours.iter().map(|m| (m.start, m.end)));
+    used.sort();
+    let mut cand: u64 = 1 << 32;
+    for (s, e) in used {
+        if e <= cand {
+            continue;
+        }
+        if s >= cand + need {
+            break;
+        }
+        cand = e.next_multiple_of(PAGE_SIZE);
+    }
+    if cand + need > TASK_TOP {
+        return Err(RestoreError::Unsupported(
+            "no free address range for the restorer".into(),
+        ));
+    }
+    stub.inj
+        .mmap_anon(cand, SCRATCH)
+        .step(|| format!("cannot map scratch memory at {cand:#x}"))?;
+    stub.scratch = cand;
+    Ok(cand + SCRATCH)
+}
+
+/// Unmap everything of the stub (`maps`) except the kernel's special
+/// mappings and the scratch area with its parking room.
+pub fn unmap_stub(stub: &mut Stub<'_>, maps: &[MapEntry]) -> Result<(), RestoreError> {
+    let mut keep: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| {
+            matches!(
+                m.path.as_str(),
+                "[vdso]" | "[vvar]" | "[vvar_vclock]" | "[vsyscall]"
+            )
+        })
+        .map(|m| (m.start, m.end))
+        .collect();
+    keep.push((stub.scratch, stub.scratch + SCRATCH + PARK));
+    keep.sort();
+    let mut from = PAGE_SIZE;
+    for (s, e) in keep.into_iter().chain([(TASK_TOP, TASK_TOP)]) {
+        let s = s.min(TASK_TOP);
+        if s > from {
+            stub.call("munmap", libc::SYS_munmap, [from, s - from, 0, 0, 0, 0])
+                .step(|| format!("cannot unmap the stub's memory {from:#x}-{s:#x}"))?;
+        }
+        from = from.max(e);
+    }
+    Ok(())
+}
+
+/// PR_SET_MM_MAP: code/data/brk/stack/arg/env bounds, auxv and the exe link.
+pub fn set_mm(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    let stub = &mut cx.stub;
+    let m = &p.mm;
+    let exe = &p.task.exe;
+    let auxv = stub.put(&m.auxv)?;
+    let exe_fd = if exe.ends_with(" (deleted)") {
+        None
+    } else {
+        Some(
+            stub.open(exe, libc::O_RDONLY | libc::O_CLOEXEC)
+                .step(|| format!("cannot open the executable {exe}"))?,
+        )
+    };
+    let mut map = Vec::with_capacity(104);
+    for v in [
+        m.start_code,
+        m.end_code,
+        m.start_data,
+        m.end_data,
+        m.start_brk,
+        m.brk,
+        m.start_stack,
+        m.arg_start,
+        m.arg_end,
+        m.env_start,
+        m.env_end,
+        auxv,
+    ] {
+        map.extend_from_slice(&v.to_le_bytes());
+    }
+    map.extend_from_slice(&(m.auxv.len() as u32).to_le_bytes());
+    map.extend_from_slice(&exe_fd.map_or(u32::MAX, |fd| fd as u32).to_le_bytes());
+    let addr = stub.put(&map)?;
+    let r = stub
+        .call(
+            "prctl(PR_SET_MM_MAP)",
+            libc::SYS_prctl,
+            [PR_SET_MM, PR_SET_MM_MAP, addr, map.len() as u64, 0, 0],
+        )
+        .step(|| format!("cannot set the mm fields (brk {:#x}, exe {exe})", m.brk));
+    if let Some(fd) = exe_fd {
+        stub.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+    }
+    r.map(|_| ())
+}

@@ -1,0 +1,61 @@
+//! The one worker pool of page copies, in both directions (dump reads
+//! process memory into the page store, restore writes it back): a rayon
+//! pool of one thread per CPU, shared by every checkpoint and restore of
+//! the process (the agent runs many).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+fn pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .clamp(1, 64);
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("cr-pages-{i}"))
+            .build()
+            .unwrap_or_else(|_| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .build()
+                    .expect("a one-thread pool")
+            })
+    })
+}
+
+/// Raised when a worker fails: the others stop taking work.
+#[derive(Default)]
+pub struct Stop(AtomicBool);
+
+impl Stop {
+    pub fn stopped(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Run `work` as `n` tasks of the pool, each taking pieces of a shared
+/// list until it is empty (or another failed); the first error is returned.
+pub fn run<E: Send>(n: usize, work: impl Fn(&Stop) -> Result<(), E> + Sync) -> Result<(), E> {
+    let stop = Stop::default();
+    let first: Mutex<Option<E>> = Mutex::new(None);
+    pool().scope(|s| {
+        for _ in 0..n.clamp(1, 64) {
+            s.spawn(|_| {
+                if let Err(e) = work(&stop) {
+                    stop.0.store(true, Ordering::Relaxed);
+                    first
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                }
+            });
+        }
+    });
+    match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

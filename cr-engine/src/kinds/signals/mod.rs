@@ -1,0 +1,186 @@
+//! Kind "signals": the action of every signal, the signals pending for the
+//! whole process, and per thread its mask, its own pending signals and its
+//! alternate signal stack.
+//!
+//! Capture: masks and pending signals (with their siginfo) come from ptrace
+//! (PTRACE_GETSIGMASK, PTRACE_PEEKSIGINFO), nothing is dequeued; actions
+//! and alternate stacks from injected rt_sigaction / sigaltstack. Restore:
+//! the stub inherited our actions, so every one is set; pending signals
+//! are queued again from the process's main thread (the kernel lets a
+//! process send itself any si_code) and stay blocked until the release;
+//! each thread's mask is set when its injector finishes.
+
+#[cfg(test)]
+mod tests;
+
+use crate::capture::Proc;
+use crate::error::{CheckpointError, RestoreError, StepContext};
+use crate::kinds::Kind;
+use crate::restore::Rebuild;
+use cr_image::model::signals::NSIG;
+use cr_image::model::{AltStack, Process, SigAction, SigInfo, Thread};
+use cr_sys::mem;
+use cr_sys::remote::Injector;
+
+pub struct Signals;
+
+fn siginfos(raw: Vec<Vec<u8>>) -> Vec<SigInfo> {
+    raw.into_iter()
+        .filter_map(|b| b.try_into().ok().map(SigInfo::new))
+        .collect()
+}
+
+impl Kind for Signals {
+    const NAME: &'static str = "signals";
+
+    fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
+        let pid = cx.pid;
+        let sys = |e| CheckpointError::from_sys(pid, e);
+        let tracees = cx.probe.tracees();
+        p.signals.shared_pending = siginfos(tracees[0].pending_signals(true).map_err(sys)?);
+        for (t, th) in tracees.iter().zip(p.threads.iter_mut()) {
+            th.sigmask = t.get_sigmask().map_err(sys)?;
+            th.pending = siginfos(t.pending_signals(false).map_err(sys)?);
+        }
+        let scratch = cx.probe.scratch().map_err(sys)?;
+        for (i, th) in p.threads.iter_mut().enumerate() {
+            cx.probe
+                .on(i, |inj| {
+                    inj.call(
+                        "sigaltstack",
+                        libc::SYS_sigaltstack,
+                        [0, scratch, 0, 0, 0, 0],
+                    )
+                })
+                .map_err(sys)?;
+            let mut raw = [0u8; 24];
+            cx.probe.read(0, &mut raw).map_err(sys)?;
+            th.sigaltstack = AltStack {
+                sp: crate::probe::word(&raw, 0),
+                flags: crate::probe::word(&raw, 1) as u32 as i32,
+                size: crate::probe::word(&raw, 2),
+            };
+        }
+        p.signals.actions = actions(cx).map_err(sys)?;
+        Ok(())
+    }
+
+    /// Every signal's action (the stub inherited ours).
+    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+        let stub = &mut cx.stub;
+        for sig in 1..=NSIG {
+            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
+                continue;
+            }
+            let a = p.signals.action(sig);
+            let mut act = Vec::with_capacity(32);
+            for v in [
+                a.map_or(0, |a| a.handler),
+                a.map_or(0, |a| a.flags),
+                a.map_or(0, |a| a.restorer),
+                a.map_or(0, |a| a.mask),
+            ] {
+                act.extend_from_slice(&v.to_le_bytes());
+            }
+            let addr = stub.put(&act)?;
+            stub.call(
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                [sig as u64, addr, 0, 8, 0, 0],
+            )
+            .step(|| format!("cannot restore the action of signal {sig}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Every signal's disposition, read with rt_sigaction(sig, NULL, &old).
+fn actions(cx: &mut Proc<'_, '_>) -> cr_sys::error::Result<Vec<SigAction>> {
+    let scratch = cx.probe.scratch()?;
+    cx.probe.on(0, |inj| {
+        for sig in 1..=NSIG {
+            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
+                continue;
+            }
+            inj.call(
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                [sig as u64, 0, scratch + (sig as u64 - 1) * 32, 8, 0, 0],
+            )?;
+        }
+        Ok(())
+    })?;
+    let mut raw = vec![0u8; NSIG as usize * 32];
+    cx.probe.read(0, &mut raw)?;
+    let mut out = Vec::new();
+    for sig in 1..=NSIG {
+        let w = |i: usize| crate::probe::word(&raw, (sig as usize - 1) * 4 + i);
+        let (handler, flags, restorer, mask) = (w(0), w(1), w(2), w(3));
+        if handler != 0 || flags != 0 || mask != 0 {
+            out.push(SigAction {
+                signo: sig,
+                handler,
+                flags,
+                restorer,
+                mask,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A thread's alternate signal stack (the stub inherited ours: always
+/// replaced). `args` is scratch memory of the stub.
+pub fn restore_thread(
+    inj: &mut Injector<'_>,
+    pid: i32,
+    args: u64,
+    th: &Thread,
+) -> Result<(), RestoreError> {
+    let ss = th.sigaltstack;
+    let flags = if ss.flags & libc::SS_DISABLE != 0 {
+        libc::SS_DISABLE
+    } else {
+        // SS_ONSTACK is a state, not a setting.
+        ss.flags & !libc::SS_ONSTACK
+    };
+    let mut stack_t = Vec::with_capacity(24);
+    stack_t.extend_from_slice(&ss.sp.to_le_bytes());
+    stack_t.extend_from_slice(&(flags as u32 as u64).to_le_bytes());
+    stack_t.extend_from_slice(&ss.size.to_le_bytes());
+    mem::write_vm(pid, args, &stack_t)?;
+    inj.call("sigaltstack", libc::SYS_sigaltstack, [args, 0, 0, 0, 0, 0])
+        .step(|| format!("cannot set the alternate signal stack of thread {}", th.tid))?;
+    Ok(())
+}
+
+/// Queue again every signal that was pending, with its siginfo, from the
+/// main thread; they stay pending (blocked) until the release.
+pub fn queue_pending(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    let ids = &cx.r.ids;
+    let pid = ids.inner(p.pid) as u64;
+    let stub = &mut cx.stub;
+    for info in &p.signals.shared_pending {
+        let sig = info.signo();
+        let addr = stub.put(info.bytes())?;
+        stub.call(
+            "rt_sigqueueinfo",
+            libc::SYS_rt_sigqueueinfo,
+            [pid, sig as u64, addr, 0, 0, 0],
+        )
+        .step(|| format!("cannot queue pending signal {sig}"))?;
+    }
+    for th in &p.threads {
+        for info in &th.pending {
+            let sig = info.signo();
+            let addr = stub.put(info.bytes())?;
+            stub.call(
+                "rt_tgsigqueueinfo",
+                libc::SYS_rt_tgsigqueueinfo,
+                [pid, ids.inner_tid(th) as u64, sig as u64, addr, 0, 0],
+            )
+            .step(|| format!("cannot queue pending signal {sig} of thread {}", th.tid))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! The round-trip test of a resource kind, on a real process.
+//!
+//! A small python3 program sets up the resources of the kind and says it is
+//! ready; it is checkpointed with `--kill`, restored, captured again (the
+//! processes continue), and then asked (SIGUSR1) to check its resources from
+//! the inside and write its verdict (OK, or FAIL and why). The test gets
+//! both images to compare the kind's section of the process before and
+//! after, and asserts on the program's own verdict.
+//!
+//! Needs root (ptrace, clone3 with set_tid) and python3, like the
+//! end-to-end suite.
+
+use crate::options::{Action, CheckpointOptions, RestoreOptions};
+use cr_image::model::{Checkpoint, Process};
+use cr_image::ImageDir;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What the program runs before and around the kind's code.
+const PROLOGUE: &str = r#"
+import ctypes, errno, fcntl, os, signal, socket, struct, sys, time
+os.closerange(3, 65536)    # what the test runner leaked (its jobserver pipe...)
+DIR = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+problems = []
+def expect(cond, why):
+    if not cond:
+        problems.append(why)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+"#;
+
+const MIDDLE: &str = r#"
+open(os.path.join(DIR, "ready"), "w").close()
+signal.sigwait({signal.SIGUSR1})
+try:
+"#;
+
+const EPILOGUE: &str = r#"
+except Exception as e:
+    problems.append("exception: " + repr(e))
+with open(os.path.join(DIR, "verdict.tmp"), "w") as f:
+    f.write("OK" if not problems else "FAIL " + "; ".join(problems))
+os.rename(os.path.join(DIR, "verdict.tmp"), os.path.join(DIR, "verdict"))
+time.sleep(600)
+"#;
+
+/// Both images of a round trip.
+pub struct RoundTrip {
+    /// Of the program as it set itself up.
+    pub before: Checkpoint,
+    /// Of the restored program.
+    pub after: Checkpoint,
+}
+
+impl RoundTrip {
+    /// The root process of each image.
+    pub fn roots(&self) -> (&Process, &Process) {
+        (&self.before.processes[0], &self.after.processes[0])
+    }
+}
+
+fn indent(code: &str) -> String {
+    code.lines()
+        .map(|l| format!("    {l}\n"))
+        .collect::<String>()
+}
+
+fn wait_for(what: &str, path: &Path, timeout: Duration, log: &Path) -> String {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            return s;
+        }
+        if t0.elapsed() > timeout {
+            let out = std::fs::read_to_string(log).unwrap_or_default();
+            panic!(
+                "timed out waiting for {what} ({})\nprogram output:\n{out}",
+                path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn reap(pid: i32) {
+    let _ = cr_sys::ptrace::kill(pid, libc::SIGKILL);
+    let _ = cr_sys::ptrace::wait_raw(pid, 0);
+}
+
+fn read(dir: &Path) -> Checkpoint {
+    ImageDir::open(dir)
+        .and_then(|d| d.read_checkpoint())
+        .unwrap_or_else(|e| panic!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))
+}
+
+/// Run the round trip of the program made of `setup` (python3 code that
+/// sets up the resources) and `check` (code that checks them after the
+/// restore, calling `expect(cond, why)`).
+pub fn round_trip(name: &str, setup: &str, check: &str) -> RoundTrip {
+    let dir = std::env::temp_dir()
+        .join("cr-engine-tests")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test directory");
+    let script = format!("{PROLOGUE}{setup}{MIDDLE}{}{EPILOGUE}", indent(check));
+    let script_path = dir.join("program.py");
+    std::fs::write(&script_path, script).expect("write the program");
+    let log = dir.join("output");
+    let out = std::fs::File::create(&log).expect("output file");
+    let child = Command::new("python3")
+        .arg(&script_path)
+        .arg(&dir)
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("dup"))
+        .stderr(out)
+        .spawn()
+        .expect("python3 (the round-trip tests need it)");
+    let pid = child.id() as i32;
+    wait_for(
+        "the program to be ready",
+        &dir.join("ready"),
+        Duration::from_secs(30),
+        &log,
+    );
+
+    let img = dir.join("img");
+    let mut opts = CheckpointOptions {
+        dir: Some(img.clone()),
+        no_fsync: true,
+        ..Default::default()
+    };
+    opts.set_action(Action::Kill);
+    if let Err(e) = crate::checkpoint(pid, &opts) {
+        reap(pid);
+        panic!("checkpoint of {name}: {}", cr_sys::error::one_line(&e));
+    }
+    // Killed and reaped by the checkpoint (we are its tracer and parent).
+    drop(child);
+    let restored = crate::restore(&img, &RestoreOptions::default())
+        .unwrap_or_else(|e| panic!("restore of {name}: {}", cr_sys::error::one_line(&e)));
+    assert_eq!(restored, pid, "restored with its PID");
+
+    let img2 = dir.join("img-after");
+    let again = CheckpointOptions {
+        dir: Some(img2.clone()),
+        no_fsync: true,
+        ..Default::default()
+    };
+    if let Err(e) = crate::checkpoint(pid, &again) {
+        reap(pid);
+        panic!(
+            "checkpoint of the restored {name}: {}",
+            cr_sys::error::one_line(&e)
+        );
+    }
+    cr_sys::ptrace::kill(pid, libc::SIGUSR1).expect("ask the program to check itself");
+    let verdict = wait_for(
+        "the verdict",
+        &dir.join("verdict"),
+        Duration::from_secs(30),
+        &log,
+    );
+    reap(pid);
+    assert_eq!(
+        verdict.trim(),
+        "OK",
+        "{name}: the restored program found its resources different\noutput:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let rt = RoundTrip {
+        before: read(&img),
+        after: read(&img2),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    rt
+}

@@ -1,0 +1,261 @@
+//! Kind "threads": every thread of a process with its TID, registers (with
+//! the syscall-restart fix-ups at restore), XSAVE area, rseq registration,
+//! clear-child-tid address and parent-death signal. (A thread's signal
+//! state is kind "signals".)
+//!
+//! Capture: [`seize_all`] stops every thread (reading the thread list again
+//! until no new one appears); the registers come from ptrace, the rest
+//! from injected system calls. Restore: the other threads are created with
+//! clone3 `set_tid` from the main one and arrive stopped; each gets its
+//! state, credentials, mask and registers; the main thread's registers are
+//! set last of all.
+
+mod regs;
+#[cfg(test)]
+mod tests;
+
+pub use regs::{fix_syscall_restart, from_model, to_model};
+
+use crate::capture::Proc;
+use crate::error::{CheckpointError, RestoreError, StepContext};
+use crate::kinds::{identity, signals, Kind};
+use crate::restore::Rebuild;
+use crate::stub::Stub;
+use cr_image::model::{AltStack, Checkpoint, Process, Rseq, Thread};
+use cr_sys::clone::CloneError;
+use cr_sys::ptrace::{OnDrop, RseqConfig, Tracee};
+use cr_sys::remote::Injector;
+use cr_sys::{proc, SysError};
+use std::collections::BTreeSet;
+
+pub struct Threads;
+
+const PR_GET_TID_ADDRESS: u64 = 40;
+const RSEQ_FLAG_UNREGISTER: u64 = 1;
+
+/// Seize and stop every thread of `pid`; the main thread comes first.
+///
+/// A thread may create another while we seize the rest, so the thread list
+/// is read again until it holds no thread we have not seized. Threads that
+/// exit meanwhile are skipped.
+pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
+    let options = libc::PTRACE_O_TRACESYSGOOD as u64;
+    let mut tracees: Vec<Tracee> = Vec::new();
+    let mut seen = BTreeSet::new();
+    loop {
+        let tids = proc::tasks(pid).map_err(|e| CheckpointError::from_sys(pid, e))?;
+        let mut new = false;
+        for tid in tids {
+            if !seen.insert(tid) {
+                continue;
+            }
+            new = true;
+            match Tracee::seize(tid, options, OnDrop::Detach) {
+                Ok(t) => tracees.push(t),
+                Err(SysError::Ptrace { source, .. }) if source.0 == libc::ESRCH && tid != pid => {}
+                Err(SysError::Exited { .. }) if tid != pid => {}
+                Err(e) => return Err(CheckpointError::from_sys(pid, e)),
+            }
+        }
+        if !new {
+            break;
+        }
+    }
+    tracees.sort_by_key(|t| (t.tid() != pid, t.tid()));
+    if tracees.first().map(Tracee::tid) != Some(pid) {
+        return Err(CheckpointError::unsupported(
+            pid,
+            "process whose main thread has exited",
+        ));
+    }
+    Ok(tracees)
+}
+
+impl Kind for Threads {
+    const NAME: &'static str = "threads";
+
+    fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
+        let pid = cx.pid;
+        let sys = |e| CheckpointError::from_sys(pid, e);
+        for t in cx.probe.tracees() {
+            let rseq = t.get_rseq().map_err(sys)?;
+            let st = proc::task_status(pid, t.tid()).map_err(sys)?;
+            p.threads.push(Thread {
+                tid: t.tid() as u32,
+                ns_tid: proc::ns_last(&st.nspid).unwrap_or(t.tid() as u32),
+                regs: to_model(&t.get_regs().map_err(sys)?),
+                xstate: t.get_xstate().map_err(sys)?,
+                rseq: (rseq != RseqConfig::default()).then_some(Rseq {
+                    addr: rseq.addr,
+                    len: rseq.len,
+                    signature: rseq.signature,
+                }),
+                // Read below and by kind "signals".
+                clear_child_tid: 0,
+                pdeathsig: 0,
+                sigmask: 0,
+                pending: Vec::new(),
+                sigaltstack: AltStack::default(),
+            });
+        }
+        let scratch = cx.probe.scratch().map_err(sys)?;
+        for (i, th) in p.threads.iter_mut().enumerate() {
+            cx.probe
+                .on(i, |inj| {
+                    inj.call(
+                        "prctl(PR_GET_TID_ADDRESS)",
+                        libc::SYS_prctl,
+                        [PR_GET_TID_ADDRESS, scratch, 0, 0, 0, 0],
+                    )?;
+                    inj.call(
+                        "prctl(PR_GET_PDEATHSIG)",
+                        libc::SYS_prctl,
+                        [libc::PR_GET_PDEATHSIG as u64, scratch + 8, 0, 0, 0, 0],
+                    )
+                })
+                .map_err(sys)?;
+            let mut raw = [0u8; 12];
+            cx.probe.read(0, &mut raw).map_err(sys)?;
+            th.clear_child_tid = crate::probe::word(&raw, 0);
+            th.pdeathsig = i32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
+        }
+        Ok(())
+    }
+
+    /// The other threads, each complete (its registers set), and the main
+    /// thread's own state (its registers come last, after every other kind).
+    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+        let others = create(&mut cx.stub, &p.threads[1..], &cx.r.ids)?;
+        let ip = cx.stub.inj.syscall_ip();
+        let pid = cx.stub.pid();
+        let args = cx.stub.thread_args();
+        let is_root = cx.is_root;
+        let mut done = Vec::with_capacity(others.len());
+        for (mut t, th) in others.into_iter().zip(&p.threads[1..]) {
+            let mut inj = Injector::new(&mut t, ip)?;
+            thread_state(&mut inj, th, is_root)?;
+            signals::restore_thread(&mut inj, pid, args, th)?;
+            identity::set_creds(&mut inj, args, th.tid, &p.identity.creds)?;
+            inj.finish_with_mask(th.sigmask)?;
+            set_registers(&t, th)?;
+            done.push(t);
+        }
+        cx.threads = done;
+        let main = &p.threads[0];
+        thread_state(&mut cx.stub.inj, main, is_root)?;
+        signals::restore_thread(&mut cx.stub.inj, pid, args, main)
+    }
+}
+
+/// Refuse a CPU lacking a feature the image's XSAVE areas use (`stub`'s
+/// XSAVE area tells what this CPU has).
+pub fn check_cpu(ck: &Checkpoint, stub: &Tracee) -> Result<(), RestoreError> {
+    let here = cr_sys::regs::xstate_xfeatures(&stub.get_xstate()?).unwrap_or(0);
+    let missing = ck.meta.cpu_xfeatures & !here;
+    if missing != 0 {
+        return Err(RestoreError::CpuFeatures { missing });
+    }
+    Ok(())
+}
+
+/// Our glibc registered rseq for the stub; the kernel would write to that
+/// area (about to be unmapped) on every preemption.
+pub fn drop_stub_rseq(stub: &mut Stub<'_>, own: &RseqConfig) -> Result<(), RestoreError> {
+    if own.addr == 0 {
+        return Ok(());
+    }
+    stub.call(
+        "rseq",
+        libc::SYS_rseq,
+        [
+            own.addr,
+            own.len as u64,
+            RSEQ_FLAG_UNREGISTER,
+            own.signature as u64,
+            0,
+            0,
+        ],
+    )
+    .step(|| "cannot unregister the stub's rseq area".into())?;
+    Ok(())
+}
+
+/// Create the threads after the main one, each with its TID; they arrive
+/// stopped (PTRACE_O_TRACECLONE) and never run before the release.
+fn create(
+    stub: &mut Stub<'_>,
+    threads: &[Thread],
+    ids: &crate::kinds::tree::restore::Ids,
+) -> Result<Vec<Tracee>, RestoreError> {
+    let flags = (libc::CLONE_VM
+        | libc::CLONE_FS
+        | libc::CLONE_FILES
+        | libc::CLONE_SIGHAND
+        | libc::CLONE_THREAD
+        | libc::CLONE_SYSVSEM) as u64;
+    let mut out = Vec::with_capacity(threads.len());
+    for th in threads {
+        let tid = ids.inner_tid(th) as i32;
+        if !ids.pidns && cr_sys::clone::pid_exists(tid) {
+            return Err(CloneError::PidInUse(tid).into());
+        }
+        let tids = stub.put(&tid.to_le_bytes())?;
+        // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
+        // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
+        let fields = [flags, 0, 0, 0, 0, 0, 0, 0, tids, 1, 0];
+        let bytes: Vec<u8> = fields.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let args = stub.put(&bytes)?;
+        let got = stub
+            .call(
+                "clone3",
+                libc::SYS_clone3,
+                [args, bytes.len() as u64, 0, 0, 0, 0],
+            )
+            .step(|| format!("cannot create thread {tid}"))?;
+        // Inside a new PID namespace clone3 answers the inner TID; ptrace told
+        // us ours (never use the inner one here: it names another task).
+        let outer = stub.inj.take_new_task().ok_or_else(|| {
+            RestoreError::Unsupported(format!("no clone event for thread {tid} ({got})"))
+        })?;
+        out.push(Tracee::attach_new(outer, OnDrop::Kill)?);
+    }
+    Ok(out)
+}
+
+/// Per-thread state only the thread itself can set: clear-child-tid
+/// address, parent-death signal, rseq area.
+fn thread_state(inj: &mut Injector<'_>, th: &Thread, is_root: bool) -> Result<(), RestoreError> {
+    let tid = th.tid;
+    inj.call(
+        "set_tid_address",
+        libc::SYS_set_tid_address,
+        [th.clear_child_tid, 0, 0, 0, 0, 0],
+    )?;
+    // The root's parent is now the restorer, which may exit at once
+    // (--detach): its parent-death signal would fire, so it is not restored.
+    let pdeathsig = if is_root { 0 } else { th.pdeathsig };
+    inj.call(
+        "prctl(PR_SET_PDEATHSIG)",
+        libc::SYS_prctl,
+        [libc::PR_SET_PDEATHSIG as u64, pdeathsig as u64, 0, 0, 0, 0],
+    )
+    .step(|| format!("cannot set the parent-death signal of thread {tid}"))?;
+    if let Some(r) = &th.rseq {
+        inj.call(
+            "rseq",
+            libc::SYS_rseq,
+            [r.addr, r.len as u64, 0, r.signature as u64, 0, 0],
+        )
+        .step(|| format!("cannot register rseq at {:#x} for thread {tid}", r.addr))?;
+    }
+    Ok(())
+}
+
+/// Registers (with the syscall-restart fix-ups) and XSAVE area of a thread.
+pub fn set_registers(t: &Tracee, th: &Thread) -> Result<(), RestoreError> {
+    let mut r = from_model(&th.regs);
+    fix_syscall_restart(&mut r);
+    t.set_regs(&r)?;
+    t.set_xstate(&th.xstate)?;
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! Kind "tree": the processes of the tree and how they hang together —
+//! parent links, process groups, sessions, ids inside a PID namespace,
+//! job-control stops and zombies.
+//!
+//! Capture: [`walk`] lists the tree, [`freeze`] seizes it top-down (a
+//! frozen process cannot fork, so children that appear meanwhile are found
+//! when their frozen parent is read), [`ids`] fills a process's section,
+//! [`let_go`] lets the tree run on, stop or die. Restore ([`restore`]):
+//! stubs with the saved PIDs, each forked by its parent's stub, sessions
+//! and groups, zombies.
+
+pub mod restore;
+#[cfg(test)]
+mod tests;
+
+use crate::error::CheckpointError;
+use crate::kinds::threads;
+use crate::options::Action;
+use cr_image::model::{ProcState, Process};
+use cr_sys::proc::{self, Stat, Status};
+use cr_sys::ptrace::Tracee;
+use std::collections::{BTreeSet, VecDeque};
+
+/// A process of the tree, frozen (or a zombie, which needs no freezing).
+pub struct Frozen {
+    pub pid: i32,
+    /// Every thread, main first; empty for a zombie.
+    pub tracees: Vec<Tracee>,
+    /// Was in a job-control stop before we came.
+    pub stopped: bool,
+    /// Wait status of a zombie not yet reaped.
+    pub zombie: Option<i32>,
+}
+
+/// Check that `pid` names a user process this build can capture, before
+/// anything is frozen.
+pub fn validate(pid: i32) -> Result<(), CheckpointError> {
+    if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(CheckpointError::NoSuchProcess(pid));
+    }
+    if pid == std::process::id() as i32 {
+        return Err(CheckpointError::SelfCheckpoint);
+    }
+    let stat = proc::stat(pid).map_err(|_| CheckpointError::NoSuchProcess(pid))?;
+    if stat.flags & proc::PF_KTHREAD != 0 {
+        return Err(CheckpointError::KernelThread(pid));
+    }
+    let status = proc::status(pid).map_err(|_| CheckpointError::NoSuchProcess(pid))?;
+    if status.tgid != pid {
+        return Err(CheckpointError::NotAProcess {
+            tid: pid,
+            tgid: status.tgid,
+        });
+    }
+    if stat.state == 'Z' || stat.state == 'X' {
+        return Err(CheckpointError::Zombie(pid));
+    }
+    Ok(())
+}
+
+/// `root` and its descendants as they are now (not frozen), root first.
+pub fn walk(root: i32) -> Result<Vec<i32>, CheckpointError> {
+    let mut out = Vec::new();
+    let mut queue = VecDeque::from([root]);
+    let mut seen = BTreeSet::from([root]);
+    while let Some(pid) = queue.pop_front() {
+        out.push(pid);
+        for c in proc::children(pid).unwrap_or_default() {
+            if seen.insert(c) {
+                queue.push_back(c);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Freeze `root` and all its descendants, parents before children.
+pub fn freeze(root: i32) -> Result<Vec<Frozen>, CheckpointError> {
+    let mut out = Vec::new();
+    let mut queue = VecDeque::from([root]);
+    let mut seen = BTreeSet::from([root]);
+    while let Some(pid) = queue.pop_front() {
+        crate::fault::check("seize")?;
+        let stat = match proc::stat(pid) {
+            Ok(s) => s,
+            Err(_) if pid != root => continue, // exited and reaped meanwhile
+            Err(_) => return Err(CheckpointError::NoSuchProcess(pid)),
+        };
+        if stat.state == 'Z' && pid != root {
+            out.push(zombie(pid, &stat));
+            continue;
+        }
+        let tracees = match threads::seize_all(pid) {
+            Ok(t) => t,
+            Err(e) if pid != root => match proc::stat(pid) {
+                // It exited after we froze its parent: now a zombie.
+                Ok(s) if s.state == 'Z' => {
+                    out.push(zombie(pid, &s));
+                    continue;
+                }
+                _ => return Err(e),
+            },
+            Err(e) => return Err(e),
+        };
+        out.push(Frozen {
+            pid,
+            tracees,
+            stopped: stat.state == 'T',
+            zombie: None,
+        });
+        for c in proc::children(pid).map_err(|e| CheckpointError::from_sys(pid, e))? {
+            if seen.insert(c) {
+                queue.push_back(c);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn zombie(pid: i32, stat: &Stat) -> Frozen {
+    Frozen {
+        pid,
+        tracees: Vec::new(),
+        stopped: false,
+        zombie: Some(stat.exit_code.unwrap_or(0)),
+    }
+}
+
+/// The "tree" section of process `f`: its ids (outside and inside its PID
+/// namespace) and its state.
+pub fn ids(stat: &Stat, status: &Status, f: &Frozen, p: &mut Process) {
+    p.pid = f.pid as u32;
+    p.ppid = stat.ppid as u32;
+    p.pgid = stat.pgrp as u32;
+    p.sid = stat.session as u32;
+    p.ns_pid = proc::ns_last(&status.nspid).unwrap_or(p.pid);
+    p.ns_pgid = proc::ns_last(&status.nspgid).unwrap_or(p.pgid);
+    p.ns_sid = proc::ns_last(&status.nssid).unwrap_or(p.sid);
+    p.task.comm = stat.comm.clone();
+    p.state = match f.zombie {
+        Some(exit_status) => ProcState::Zombie { exit_status },
+        None if f.stopped => ProcState::Stopped,
+        None => ProcState::Running,
+    };
+}
+
+/// Whether `root` is PID 1 of a PID namespace below ours (started by
+/// cr_run), so the tree is restored into a new namespace.
+pub fn pidns_root(root: i32) -> Result<bool, CheckpointError> {
+    let sys = |e| CheckpointError::from_sys(root, e);
+    let own = proc::status(std::process::id() as i32).map_err(sys)?;
+    let st = proc::status(root).map_err(sys)?;
+    Ok(proc::ns_depth(&st.nspid) > proc::ns_depth(&own.nspid)
+        && proc::ns_last(&st.nspid) == Some(1))
+}
+
+/// Let the frozen tree go after its image is committed: run on, stop, or
+/// die (children first, so a parent is never reaped before its children
+/// are gone). Killed processes are gone (their PIDs free for a restore)
+/// when this returns, but for the root, which its own parent reaps.
+pub fn let_go(procs: Vec<Frozen>, action: Action) -> Result<(), CheckpointError> {
+    let pids: Vec<i32> = procs.iter().map(|f| f.pid).collect();
+    for f in procs.into_iter().rev() {
+        let pid = f.pid;
+        let sys = |e| CheckpointError::from_sys(pid, e);
+        match action {
+            Action::Continue => {
+                for t in f.tracees {
+                    t.detach(0).map_err(sys)?;
+                }
+            }
+            Action::Stop => {
+                for t in f.tracees {
+                    let sig = if t.tid() == pid { libc::SIGSTOP } else { 0 };
+                    t.detach(sig).map_err(sys)?;
+                }
+            }
+            // All the threads at once: they exit (and are reported) in no
+            // order we can choose (see kill_and_reap_all: the last thread of
+            // a PID namespace's init waits for its traced siblings to be
+            // reaped; waiting for it first never returns).
+            Action::Kill => {
+                if !f.tracees.is_empty() {
+                    cr_sys::ptrace::kill_and_reap_all(
+                        pid,
+                        f.tracees,
+                        cr_sys::ptrace::KILL_REAP_TIMEOUT,
+                    );
+                }
+            }
+        }
+    }
+    if action == Action::Kill {
+        wait_gone(&pids[1..], KILLED_GONE_TIMEOUT);
+    }
+    Ok(())
+}
+
+/// How long a kill waits for the killed processes to be reaped.
+const KILLED_GONE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Wait until the processes `pids` (killed; their parents were killed too,
+/// so init or a subreaper reaps them) no longer exist, so their PIDs are
+/// free when the checkpoint returns.
+fn wait_gone(pids: &[i32], timeout: std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_micros(200);
+    loop {
+        let left: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|p| cr_sys::clone::pid_exists(*p))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        if t0.elapsed() > timeout {
+            tracing::warn!(pids = ?left, "killed processes are not reaped yet; their PIDs stay taken until they are");
+            return;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,302 @@
+//! Restore of kind "tree": a stub per process with its saved PID (clone3
+//! `set_tid`; in a new PID namespace when the image's root was PID 1 of
+//! one), each forked by its parent's stub so the parent links are real;
+//! sessions (a session leader creates its session before it forks),
+//! process groups; at the release, zombies die with their saved status and
+//! the others run, children before parents.
+
+use crate::error::{RestoreError, StepContext};
+use cr_image::model::{Checkpoint, ProcState, Process};
+use cr_sys::clone::{pid_exists, spawn_stub, spawn_stub_in_new_pidns, CloneError};
+use cr_sys::ptrace::{wait_raw, OnDrop, Tracee};
+use cr_sys::remote::{find_syscall_insn, Injector};
+use cr_sys::{mem, PAGE_SIZE};
+use std::collections::HashMap;
+use tracing::debug;
+
+/// Options every stub is seized with: it dies with us (EXITKILL), and its
+/// forks and clones arrive traced.
+const STUB_OPTIONS: u64 = (libc::PTRACE_O_TRACESYSGOOD
+    | libc::PTRACE_O_EXITKILL
+    | libc::PTRACE_O_TRACECLONE
+    | libc::PTRACE_O_TRACEFORK) as u64;
+
+/// PIDs of the image's processes at restore time. Images taken from a job
+/// in its own PID namespace (cr_run) are restored into a new namespace:
+/// there the processes see their saved ids ("inner"), while the restorer
+/// traces them under new ones ("outer"). Otherwise both are the saved PIDs.
+pub struct Ids {
+    pub pidns: bool,
+    outer: HashMap<u32, i32>,
+    inner: HashMap<u32, u32>,
+}
+
+impl Ids {
+    pub fn new(ck: &Checkpoint) -> Ids {
+        Ids {
+            pidns: ck.pidns,
+            outer: HashMap::new(),
+            inner: ck
+                .processes
+                .iter()
+                .map(|p| (p.pid, if ck.pidns { p.ns_pid } else { p.pid }))
+                .collect(),
+        }
+    }
+
+    /// The PID of image process `pid` as the restorer sees it.
+    pub fn outer(&self, pid: u32) -> i32 {
+        self.outer.get(&pid).copied().unwrap_or(pid as i32)
+    }
+
+    /// The PID of image process `pid` as the restored processes see it.
+    pub fn inner(&self, pid: u32) -> u32 {
+        self.inner.get(&pid).copied().unwrap_or(pid)
+    }
+
+    /// The TID of a thread as the restored process sees it.
+    pub fn inner_tid(&self, th: &cr_image::model::Thread) -> u32 {
+        if self.pidns {
+            th.ns_tid
+        } else {
+            th.tid
+        }
+    }
+
+    /// Session and group of a process as it sees them (0: outside the image's namespace).
+    pub fn sid_pgid(&self, p: &Process) -> (u32, u32) {
+        if self.pidns {
+            (p.ns_sid, p.ns_pgid)
+        } else {
+            (p.sid, p.pgid)
+        }
+    }
+
+    /// In our PID namespace every saved id must be free (in a new one, all are).
+    pub fn check_free(&self, ck: &Checkpoint) -> Result<(), RestoreError> {
+        if self.pidns {
+            return Ok(());
+        }
+        for id in ck
+            .processes
+            .iter()
+            .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
+        {
+            if pid_exists(id as i32) {
+                return Err(CloneError::PidInUse(id as i32).into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Kills and reaps a freshly cloned stub until it is seized.
+struct StubGuard(i32);
+
+impl Drop for StubGuard {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            let _ = cr_sys::ptrace::kill(self.0, libc::SIGKILL);
+            let _ = wait_raw(self.0, 0);
+        }
+    }
+}
+
+/// A stub per process of the image, parents before children, each seized
+/// (and killed if we die); sessions and groups set.
+pub fn spawn(ck: &Checkpoint, ids: &mut Ids, shell_job: bool) -> Result<Vec<Tracee>, RestoreError> {
+    let procs = &ck.processes;
+    let root = &procs[0];
+    let root_pid = if ids.pidns {
+        spawn_stub_in_new_pidns()?
+    } else {
+        spawn_stub(root.pid as i32)?
+    };
+    let mut guard = StubGuard(root_pid);
+    let mut stubs: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
+    stubs[0] = Some(Tracee::seize(root_pid, STUB_OPTIONS, OnDrop::Kill)?);
+    guard.0 = 0;
+    ids.outer.insert(root.pid, root_pid);
+    debug!(root_pid, pidns = ids.pidns, "root stub seized");
+    for i in 0..procs.len() {
+        let p = &procs[i];
+        let mut t = stubs[i].take().ok_or_else(|| {
+            RestoreError::Unsupported(format!("process {} has no parent in the image", p.pid))
+        })?;
+        // A session leader creates its session before forking: children inherit it.
+        if ids.sid_pgid(p).0 == ids.inner(p.pid) && !p.is_zombie() {
+            inject_once(&mut t, "setsid", libc::SYS_setsid, [0; 6])?;
+        }
+        for (j, c) in procs.iter().enumerate().skip(1) {
+            if c.ppid == p.pid {
+                let child = fork_stub(&mut t, ids.inner(c.pid) as i32)?;
+                debug!(
+                    parent = t.tid(),
+                    child = child.tid(),
+                    inner = ids.inner(c.pid),
+                    "stub forked"
+                );
+                ids.outer.insert(c.pid, child.tid());
+                stubs[j] = Some(child);
+            }
+        }
+        stubs[i] = Some(t);
+    }
+    let mut stubs: Vec<Tracee> = stubs
+        .into_iter()
+        .map(|s| {
+            s.ok_or_else(|| {
+                RestoreError::Unsupported("a process has no parent in the image".into())
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    set_process_groups(procs, &mut stubs, ids, shell_job)?;
+    Ok(stubs)
+}
+
+/// Run one syscall in a stub that has no scratch memory yet.
+pub fn inject_once(
+    t: &mut Tracee,
+    name: &'static str,
+    nr: i64,
+    args: [u64; 6],
+) -> Result<u64, RestoreError> {
+    let ip = find_syscall_insn(t.tid())?;
+    let mut inj = Injector::new(t, ip)?;
+    let r = inj
+        .call(name, nr, args)
+        .step(|| format!("{name} in process {}", inj.pid()))?;
+    inj.finish()?;
+    Ok(r)
+}
+
+/// Fork a child stub with PID `pid` from stub `t` (clone3 with set_tid);
+/// it arrives stopped and traced (PTRACE_O_TRACEFORK).
+fn fork_stub(t: &mut Tracee, pid: i32) -> Result<Tracee, RestoreError> {
+    let parent = t.tid();
+    let ip = find_syscall_insn(parent)?;
+    let mut inj = Injector::new(t, ip)?;
+    let page = inj.mmap_anon(0, PAGE_SIZE)?;
+    let mut bytes = (pid as u32 as u64).to_le_bytes().to_vec();
+    // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
+    // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
+    let fields = [0, 0, 0, 0, libc::SIGCHLD as u64, 0, 0, 0, page, 1, 0];
+    bytes.extend(fields.iter().flat_map(|v| v.to_le_bytes()));
+    mem::write_vm(parent, page, &bytes)?;
+    let r = inj
+        .call(
+            "clone3",
+            libc::SYS_clone3,
+            [page + 8, (bytes.len() - 8) as u64, 0, 0, 0, 0],
+        )
+        .step(|| format!("cannot create process {pid} as a child of {parent}"));
+    let new_task = inj.take_new_task();
+    inj.call("munmap", libc::SYS_munmap, [page, PAGE_SIZE, 0, 0, 0, 0])?;
+    inj.finish()?;
+    let got = r?;
+    debug!(parent, inner = got, outer = ?new_task, "clone3 done");
+    // Inside a new PID namespace clone3 answers the inner PID; ptrace told us
+    // ours (never use the inner one here: it names another process).
+    let outer = new_task.ok_or_else(|| {
+        RestoreError::Unsupported(format!("no fork event for process {pid} from {parent}"))
+    })?;
+    Ok(Tracee::attach_new(outer, OnDrop::Kill)?)
+}
+
+/// Process groups: leaders first, then members (a group must exist before
+/// it is joined). Session leaders already lead their group.
+fn set_process_groups(
+    procs: &[Process],
+    stubs: &mut [Tracee],
+    ids: &Ids,
+    shell_job: bool,
+) -> Result<(), RestoreError> {
+    let in_tree = |pgid: u32| {
+        pgid != 0
+            && procs
+                .iter()
+                .any(|p| ids.inner(p.pid) == pgid && !p.is_zombie())
+    };
+    let i_am_root = |p: &Process| procs.first().is_some_and(|r| r.pid == p.pid);
+    for leaders in [true, false] {
+        for (p, t) in procs.iter().zip(stubs.iter_mut()) {
+            let (sid, pgid) = ids.sid_pgid(p);
+            let me = ids.inner(p.pid);
+            // A shell job's root led its own group in the shell's session.
+            let own_group = shell_job && leaders && i_am_root(p) && !in_tree(sid) && sid != me;
+            if !own_group
+                && (p.is_zombie() || sid == me || (pgid == me) != leaders || !in_tree(pgid))
+            {
+                continue;
+            }
+            let pgid = if own_group { 0 } else { pgid };
+            inject_once(
+                t,
+                "setpgid",
+                libc::SYS_setpgid,
+                [0, pgid as u64, 0, 0, 0, 0],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Let the tree run: zombies die first (with their saved status), then the
+/// others run, children before parents; a process that was stopped by job
+/// control is released stopped.
+pub fn release(
+    procs: &[Process],
+    stubs: Vec<Tracee>,
+    threads: Vec<Vec<Tracee>>,
+) -> Result<(), RestoreError> {
+    let mut live = Vec::new();
+    for ((p, t), th) in procs.iter().zip(stubs).zip(threads) {
+        match p.state {
+            ProcState::Zombie { exit_status } => make_zombie(t, exit_status)?,
+            _ => live.push((p, t, th)),
+        }
+    }
+    for (p, t, th) in live.into_iter().rev() {
+        for t in th {
+            t.detach(0)?;
+        }
+        let sig = if p.state == ProcState::Stopped {
+            libc::SIGSTOP
+        } else {
+            0
+        };
+        t.detach(sig)?;
+    }
+    Ok(())
+}
+
+/// Turn a stub into a zombie with the saved wait status.
+fn make_zombie(mut t: Tracee, status: i32) -> Result<(), RestoreError> {
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        if sig != libc::SIGKILL {
+            // The stub inherited our dispositions; the signal must kill it.
+            let ip = find_syscall_insn(t.tid())?;
+            let mut inj = Injector::new(&mut t, ip)?;
+            let act = inj.mmap_anon(0, PAGE_SIZE)?;
+            inj.call(
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                [sig as u64, act, 0, 8, 0, 0],
+            )?;
+            inj.finish_with_mask(0)?;
+        }
+        t.detach(sig)?;
+        return Ok(());
+    }
+    let ip = find_syscall_insn(t.tid())?;
+    let mut inj = Injector::new(&mut t, ip)?;
+    match inj.syscall_raw(
+        libc::SYS_exit_group,
+        [libc::WEXITSTATUS(status) as u64, 0, 0, 0, 0, 0],
+    ) {
+        Err(cr_sys::SysError::Exited { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+        Ok(_) => Err(RestoreError::Unsupported("exit_group returned".into())),
+    }
+}

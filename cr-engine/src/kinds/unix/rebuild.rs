@@ -1,0 +1,317 @@
+//! Unix sockets rebuilt inside the restorer, in an order that lets every
+//! connection be made again:
+//! 1. stale socket files at saved paths are removed;
+//! 2. connected pairs: a socketpair, or (for a stream pair with a name,
+//!    like an accepted connection) a temporary listener at the name, a
+//!    connect and an accept, so both ends carry their names again;
+//! 3. listeners, then unconnected sockets, bound (and unlinked again where
+//!    the saved path no longer named them);
+//! 4. one-way connections: datagram sockets connected to a named socket
+//!    (of the image or outside it, like /dev/log), and connections still
+//!    waiting in a listener's queue;
+//! 5. a stream whose peer had closed: a pair whose other end is closed
+//!    after its data is written;
+//! 6. the receive queues, written by each socket's peer (datagrams one by
+//!    one, keeping their boundaries), then shutdowns and options.
+
+use crate::error::{RestoreError, StepContext};
+use cr_image::model::objects::UnixSocket;
+use cr_image::model::{Checkpoint, ObjectKind};
+use cr_sys::fdio;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+const TCP_LISTEN: u32 = 10;
+const TCP_ESTABLISHED: u32 = 1;
+
+fn is_path(name: &[u8]) -> bool {
+    !name.is_empty() && name[0] != 0
+}
+
+fn unlink_socket_file(name: &[u8]) {
+    use std::os::unix::fs::FileTypeExt;
+    let p = String::from_utf8_lossy(name).into_owned();
+    if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(&p);
+    }
+}
+
+/// Run `f` from directory `cwd` when `name` is a relative path (names are
+/// resolved by the kernel against the caller's cwd).
+fn from_dir<T>(cwd: &str, name: &[u8], f: impl FnOnce() -> T) -> T {
+    if !is_path(name) || name[0] == b'/' || cwd.is_empty() {
+        return f();
+    }
+    let back = std::env::current_dir().ok();
+    let _ = std::env::set_current_dir(cwd);
+    let r = f();
+    if let Some(b) = back {
+        let _ = std::env::set_current_dir(b);
+    }
+    r
+}
+
+/// Absolute path of a path name.
+fn abs_path(cwd: &str, name: &[u8]) -> String {
+    let p = String::from_utf8_lossy(name).into_owned();
+    if p.starts_with('/') || cwd.is_empty() {
+        p
+    } else {
+        format!("{cwd}/{p}")
+    }
+}
+
+/// Bind a socket to its saved name; a name that no longer named it is
+/// remembered in `unlink`, removed once every connection is made.
+fn bind(
+    fd: &OwnedFd,
+    id: u64,
+    s: &UnixSocket,
+    unlink: &mut Vec<String>,
+) -> Result<(), RestoreError> {
+    if s.name.is_empty() {
+        return Ok(());
+    }
+    from_dir(&s.cwd, &s.name, || fdio::bind_unix(fd, &s.name))
+        .step(|| format!("cannot bind socket:[{id}]"))?;
+    if s.name_unlinked && is_path(&s.name) {
+        unlink.push(abs_path(&s.cwd, &s.name));
+    }
+    Ok(())
+}
+
+fn connect(fd: &OwnedFd, cwd: &str, name: &[u8]) -> cr_sys::error::Result<()> {
+    from_dir(cwd, name, || fdio::connect_unix(fd, name))
+}
+
+/// Every unix socket of the image, by id.
+pub fn all(ck: &Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreError> {
+    let socks: HashMap<u64, &UnixSocket> = ck
+        .objects
+        .iter()
+        .filter_map(|o| match &o.kind {
+            ObjectKind::UnixSocket(u) => Some((o.id, u)),
+            _ => None,
+        })
+        .collect();
+    let mut out: HashMap<u64, OwnedFd> = HashMap::new();
+    // Other end of a stream whose peer had closed: closed after its data.
+    let mut orphans: HashMap<u64, OwnedFd> = HashMap::new();
+    let mut ids: Vec<u64> = socks.keys().copied().collect();
+    ids.sort();
+    let mut unlink = Vec::new();
+    for s in socks.values() {
+        if is_path(&s.name) {
+            unlink_socket_file(abs_path(&s.cwd, &s.name).as_bytes());
+        }
+    }
+    let ty = |s: &UnixSocket| s.sock_type as i32;
+    // 2. Pairs.
+    for &a in &ids {
+        let sa = socks[&a];
+        let b = sa.peer;
+        let Some(&sb) = socks.get(&b) else { continue };
+        if sb.peer != a || b < a {
+            continue;
+        }
+        let what = format!("cannot connect socket:[{a}] and socket:[{b}] again");
+        let (fa, fb) = if ty(sa) != libc::SOCK_DGRAM && (!sa.name.is_empty() || !sb.name.is_empty())
+        {
+            // The named one plays the accepted side: the temporary listener
+            // lends it the name.
+            let (srv, cli, s_srv, s_cli) = if !sa.name.is_empty() {
+                (a, b, sa, sb)
+            } else {
+                (b, a, sb, sa)
+            };
+            let l = fdio::unix_socket(ty(s_srv)).step(|| what.clone())?;
+            from_dir(&s_srv.cwd, &s_srv.name, || fdio::bind_unix(&l, &s_srv.name))
+                .step(|| what.clone())?;
+            fdio::listen(&l, 1).step(|| what.clone())?;
+            let c = fdio::unix_socket(ty(s_cli)).step(|| what.clone())?;
+            bind(&c, cli, s_cli, &mut unlink)?;
+            connect(&c, &s_srv.cwd, &s_srv.name).step(|| what.clone())?;
+            let s = fdio::accept(&l).step(|| what.clone())?;
+            drop(l);
+            if is_path(&s_srv.name) {
+                unlink_socket_file(abs_path(&s_srv.cwd, &s_srv.name).as_bytes());
+            }
+            if srv == a {
+                (s, c)
+            } else {
+                (c, s)
+            }
+        } else {
+            let (x, y) = fdio::unix_socketpair(ty(sa)).step(|| what.clone())?;
+            bind(&x, a, sa, &mut unlink)?;
+            bind(&y, b, sb, &mut unlink)?;
+            (x, y)
+        };
+        out.insert(a, fa);
+        out.insert(b, fb);
+    }
+    // 3. Listeners, then the unconnected.
+    for listening in [true, false] {
+        for &id in &ids {
+            let s = socks[&id];
+            if out.contains_key(&id) || (s.state == TCP_LISTEN) != listening {
+                continue;
+            }
+            if !listening && (s.peer != 0 || !s.peer_name.is_empty() || s.listener != 0) {
+                continue;
+            }
+            if !listening && s.state == TCP_ESTABLISHED && ty(s) != libc::SOCK_DGRAM {
+                continue; // peer closed: step 5
+            }
+            if !listening && s.name.is_empty() && !s.queue.is_empty() {
+                continue; // data from a peer now gone: step 5
+            }
+            let fd = fdio::unix_socket(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
+            bind(&fd, id, s, &mut unlink)?;
+            if listening {
+                fdio::listen(&fd, s.backlog as i32)
+                    .step(|| format!("cannot listen on socket:[{id}]"))?;
+            }
+            out.insert(id, fd);
+        }
+    }
+    // 4. One-way connections.
+    for &id in &ids {
+        let s = socks[&id];
+        if out.contains_key(&id) {
+            continue;
+        }
+        let target = if s.listener != 0 {
+            socks
+                .get(&s.listener)
+                .map(|l| (l.name.clone(), l.cwd.clone()))
+        } else if s.peer != 0 {
+            socks.get(&s.peer).map(|p| (p.name.clone(), p.cwd.clone()))
+        } else if !s.peer_name.is_empty() {
+            Some((s.peer_name.clone(), s.cwd.clone()))
+        } else {
+            continue;
+        };
+        let (target, tcwd) = target.filter(|(n, _)| !n.is_empty()).ok_or_else(|| {
+            RestoreError::Unsupported(format!(
+                "socket:[{id}] was connected to a socket without a name, which cannot be reached again"
+            ))
+        })?;
+        let fd = fdio::unix_socket(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
+        bind(&fd, id, s, &mut unlink)?;
+        connect(&fd, &tcwd, &target).step(|| {
+            format!(
+                "cannot connect socket:[{id}] to {} again",
+                fdio::show_name(&target)
+            )
+        })?;
+        out.insert(id, fd);
+    }
+    // 5. Streams whose peer had closed.
+    for &id in &ids {
+        let s = socks[&id];
+        if out.contains_key(&id) {
+            continue;
+        }
+        let (x, y) =
+            fdio::unix_socketpair(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
+        bind(&x, id, s, &mut unlink)?;
+        out.insert(id, x);
+        orphans.insert(id, y);
+    }
+    // SO_PASSCRED first: queued datagrams then carry credentials (the
+    // restorer's; the original senders' are not kept).
+    for &id in &ids {
+        if let (true, Some(fd)) = (socks[&id].passcred, out.get(&id)) {
+            let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, 1);
+        }
+    }
+    // 6. Queues, shutdowns, options.
+    for &id in &ids {
+        let s = socks[&id];
+        if s.queue.iter().all(|m| m.is_empty()) && ty(s) != libc::SOCK_DGRAM {
+            continue;
+        }
+        if s.queue.is_empty() {
+            continue;
+        }
+        let temp;
+        // A datagram socket reached by its name from an unconnected socket
+        // of ours (connecting to it would mark it connected too).
+        let mut by_name = false;
+        let sender = if let Some(o) = orphans.get(&id) {
+            o
+        } else if let Some(p) = out
+            .get(&s.peer)
+            .filter(|_| socks.get(&s.peer).is_some_and(|p| p.peer == id))
+        {
+            p
+        } else if !s.name.is_empty() && ty(s) == libc::SOCK_DGRAM {
+            temp = fdio::unix_socket(libc::SOCK_DGRAM).step(|| "cannot create a socket".into())?;
+            by_name = true;
+            &temp
+        } else {
+            return Err(RestoreError::Unsupported(format!(
+                "socket:[{id}] has queued data but no peer to send it again"
+            )));
+        };
+        let total: usize = s.queue.iter().map(Vec::len).sum();
+        let _ = fdio::setsockopt_int(
+            sender,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            (total as i32).saturating_mul(4).max(1 << 20),
+        );
+        let what = format!("cannot queue {total} bytes on socket:[{id}] again");
+        for (i, m) in s.queue.iter().enumerate() {
+            // A datagram from a named socket of the image is sent again by
+            // that socket, so recvfrom() names the same sender.
+            let from = s.queue_from.get(i).filter(|f| !f.is_empty());
+            let named_sender = from.and_then(|f| {
+                socks
+                    .iter()
+                    .find(|(_, o)| &o.name == f)
+                    .and_then(|(oid, _)| out.get(oid))
+            });
+            if ty(s) == libc::SOCK_STREAM {
+                fdio::write_all(sender, m).step(|| what.clone())?;
+            } else if let (Some(snd), false) = (named_sender, s.name.is_empty()) {
+                let _ = fdio::setsockopt_int(snd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 1 << 20);
+                from_dir(&s.cwd, &s.name, || fdio::send_to(snd, m, &s.name))
+                    .step(|| what.clone())?;
+            } else if by_name {
+                from_dir(&s.cwd, &s.name, || fdio::send_to(sender, m, &s.name))
+                    .step(|| what.clone())?;
+            } else {
+                fdio::send(sender, m).step(|| what.clone())?;
+            }
+        }
+    }
+    drop(orphans);
+    for p in unlink {
+        let _ = std::fs::remove_file(p);
+    }
+    for &id in &ids {
+        let s = socks[&id];
+        let Some(fd) = out.get(&id) else { continue };
+        if s.shutdown & 2 != 0 {
+            let _ = fdio::shutdown(fd, libc::SHUT_WR);
+        }
+        if s.shutdown & 1 != 0 {
+            let _ = fdio::shutdown(fd, libc::SHUT_RD);
+        }
+        // The kernel doubles what is asked for and reports the doubled value.
+        for (opt, v) in [
+            (libc::SO_SNDBUFFORCE, s.sndbuf),
+            (libc::SO_RCVBUFFORCE, s.rcvbuf),
+        ] {
+            if v > 0 {
+                let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, opt, v / 2);
+            }
+        }
+        if s.peek_off >= 0 {
+            let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, s.peek_off);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,36 @@
+//! The checkpoint and restore engines.
+//!
+//! Every kind of resource a process holds has its own module under
+//! [`kinds`], holding both its capture and its restore (and its round-trip
+//! test); [`capture`] and [`restore`] are the short drivers that walk the
+//! kinds in a fixed order. docs/ARCHITECTURE.md follows a checkpoint and a
+//! restore step by step.
+//!
+//! - [`capture`]: freeze a tree, dump it kind by kind into an image, let it
+//!   run on, stop or die ([`capture::checkpoint`], or in steps for the
+//!   coordinated protocol: [`capture::freeze`] → [`capture::Held`]).
+//! - [`restore`]: rebuild a tree from an image, frozen, then release it
+//!   ([`restore::restore`], or [`restore::prepare`] → [`restore::Ready`]).
+//! - [`check`]: what `cr_checkpoint --check` reports.
+//! - [`options`]: what both are asked to do (also the tools' command lines).
+//! - [`interrupt`]: Ctrl-C and SIGTERM stop the work cleanly.
+//!
+//! The engines are safe Rust: every system call they need goes through
+//! `cr_sys`, and every image value they use was checked by `cr_image`.
+#![forbid(unsafe_code)]
+
+pub mod capture;
+pub mod check;
+pub mod error;
+pub mod fault;
+pub mod interrupt;
+pub mod kinds;
+pub mod options;
+mod probe;
+pub mod restore;
+mod stub;
+
+pub use capture::{checkpoint, Summary};
+pub use error::{CheckpointError, RestoreError};
+pub use options::{Action, CheckpointOptions, DirtyChoice, RestoreOptions};
+pub use restore::restore;

@@ -1,0 +1,241 @@
+//! What a checkpoint and a restore are asked to do. These structs are the
+//! command-line options too (`cr_checkpoint` and `cr_restart` flatten them
+//! into their clap parsers), so no option is copied from one struct to
+//! another on the way from the user to the engine.
+
+use cr_image::model::Compression;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// What happens to the processes after a successful dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Action {
+    /// They run on (the default).
+    #[default]
+    Continue,
+    /// They are left stopped (SIGSTOP).
+    Stop,
+    /// They are killed (SIGKILL).
+    Kill,
+}
+
+/// How pages unchanged since the parent image are found (`--dirty`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirtyChoice {
+    /// The best the kernel offers: uffd-wp, else soft-dirty, else hashes.
+    #[default]
+    Auto,
+    Uffd,
+    SoftDirty,
+    Hash,
+}
+
+impl std::str::FromStr for DirtyChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(DirtyChoice::Auto),
+            "uffd" | "uffd-wp" => Ok(DirtyChoice::Uffd),
+            "soft-dirty" => Ok(DirtyChoice::SoftDirty),
+            "hash" => Ok(DirtyChoice::Hash),
+            _ => Err(format!(
+                "unknown dirty tracking {s:?} (auto, uffd, soft-dirty or hash)"
+            )),
+        }
+    }
+}
+
+impl DirtyChoice {
+    /// As users type it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DirtyChoice::Auto => "auto",
+            DirtyChoice::Uffd => "uffd",
+            DirtyChoice::SoftDirty => "soft-dirty",
+            DirtyChoice::Hash => "hash",
+        }
+    }
+}
+
+/// Options of a checkpoint (`cr_checkpoint`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CheckpointOptions {
+    /// Image directory (created if missing) [default: the job's `cr_run
+    /// --dir`, else ./ckpt.PID].
+    #[arg(long, short = 'd')]
+    pub dir: Option<PathBuf>,
+    /// Kill the processes after a successful checkpoint.
+    #[arg(long, conflicts_with = "stop")]
+    pub kill: bool,
+    /// Leave the processes stopped (SIGSTOP) after a successful checkpoint.
+    #[arg(long)]
+    pub stop: bool,
+    /// Do not fsync the image (faster, not crash-safe).
+    #[arg(long)]
+    pub no_fsync: bool,
+    /// Threads copying memory [default: number of CPUs].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// With --kill or --stop, drop TCP connections that a listening socket
+    /// has not accepted yet (they cannot be put back in its queue) instead
+    /// of refusing the checkpoint. Their clients will see a reset.
+    #[arg(long)]
+    pub tcp_skip_in_flight: bool,
+    /// Incremental checkpoint: store only the pages written since this
+    /// earlier image of the same processes, and refer to it for the rest
+    /// (`cr_restart` follows the chain).
+    #[arg(long, value_name = "DIR")]
+    pub parent: Option<PathBuf>,
+    /// Copy memory while the processes run on (they are frozen only to list
+    /// their mappings and start dirty-page tracking). The image cannot be
+    /// restored by itself: it is the --parent of the checkpoint that
+    /// follows, which then freezes the processes only for what changed.
+    #[arg(long, conflicts_with_all = ["kill", "stop"])]
+    pub pre_dump: bool,
+    /// Leave dirty-page tracking on in the processes, so that the next
+    /// checkpoint with --parent reads only what they write from now on.
+    #[arg(long)]
+    pub track_mem: bool,
+    /// How pages unchanged since --parent are found: uffd (userfaultfd
+    /// write-protect, Linux 6.7+), soft-dirty, hash (read every page and
+    /// compare its hash: works everywhere), or auto (the best available).
+    #[arg(long, default_value = "auto", value_name = "METHOD")]
+    pub dirty: DirtyChoice,
+    /// Compression of the page store: none, lz4 (fast) or zstd (small).
+    #[arg(long, default_value = "none", value_name = "ALG")]
+    pub compress: Compression,
+    /// Show a progress bar (set by the tools when stderr is a terminal).
+    #[arg(skip)]
+    pub show_progress: bool,
+    /// Name of the network lock (nft table), so a caller can record it
+    /// before it exists [default: `cr_lock_ROOT_MILLIS`].
+    #[arg(skip)]
+    pub lock_name: Option<String>,
+}
+
+impl CheckpointOptions {
+    pub fn action(&self) -> Action {
+        if self.kill {
+            Action::Kill
+        } else if self.stop {
+            Action::Stop
+        } else {
+            Action::Continue
+        }
+    }
+
+    pub fn set_action(&mut self, a: Action) {
+        self.kill = a == Action::Kill;
+        self.stop = a == Action::Stop;
+    }
+
+    pub fn fsync(&self) -> bool {
+        !self.no_fsync
+    }
+
+    /// Leave dirty tracking on (asked for, or implied by a pre-dump).
+    pub fn track(&self) -> bool {
+        self.track_mem || self.pre_dump
+    }
+
+    pub fn workers(&self) -> usize {
+        workers(self.workers)
+    }
+
+    /// The image directory for a checkpoint of `pid`: `--dir`, else the
+    /// directory its `cr_run` job was started with, else ./ckpt.PID.
+    pub fn image_dir(&self, pid: i32) -> PathBuf {
+        self.dir
+            .clone()
+            .or_else(|| crate::capture::job_dir(pid))
+            .unwrap_or_else(|| PathBuf::from(format!("ckpt.{pid}")))
+    }
+}
+
+/// `OLD=NEW`: an IP address of the image rewritten at restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddrRewrite {
+    pub old: IpAddr,
+    pub new: IpAddr,
+}
+
+impl std::str::FromStr for AddrRewrite {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, b) = s
+            .split_once('=')
+            .ok_or_else(|| format!("--map-addr {s}: expected OLD=NEW"))?;
+        let parse = |x: &str| {
+            x.trim()
+                .trim_matches(|c| c == '[' || c == ']')
+                .parse::<IpAddr>()
+                .map_err(|_| format!("--map-addr {s}: {x:?} is not an IP address"))
+        };
+        let (old, new) = (parse(a)?, parse(b)?);
+        if old.is_ipv4() != new.is_ipv4() {
+            return Err(format!(
+                "--map-addr {s}: both addresses must be IPv4, or both IPv6"
+            ));
+        }
+        Ok(AddrRewrite { old, new })
+    }
+}
+
+impl std::fmt::Display for AddrRewrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.old, self.new)
+    }
+}
+
+/// Options of a restore (`cr_restart`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RestoreOptions {
+    /// The job was started from an interactive shell: it joins cr_restart's
+    /// session, becomes the foreground job of its terminal, and its
+    /// terminal settings come back.
+    #[arg(long)]
+    pub shell_job: bool,
+    /// Threads filling memory [default: number of CPUs].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Rewrite an IP address of the image's TCP and UDP sockets, on both
+    /// the local and the remote end (repeatable), e.g. to restore on
+    /// another host processes that talked over TCP: OLD=NEW.
+    #[arg(long = "map-addr", value_name = "OLD=NEW")]
+    pub map_addr: Vec<AddrRewrite>,
+    /// For this many seconds after the restore, TCP connections ignore
+    /// resets from their peers, so that peers restored one after the other
+    /// (on other hosts) find each other; 0 turns the guard off.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub reset_guard: u32,
+    /// Show a progress bar (set by the tools when stderr is a terminal).
+    #[arg(skip)]
+    pub show_progress: bool,
+}
+
+impl Default for RestoreOptions {
+    fn default() -> Self {
+        RestoreOptions {
+            shell_job: false,
+            workers: None,
+            map_addr: Vec::new(),
+            reset_guard: 60,
+            show_progress: false,
+        }
+    }
+}
+
+impl RestoreOptions {
+    pub fn workers(&self) -> usize {
+        workers(self.workers)
+    }
+}
+
+/// `n`, or one per CPU.
+fn workers(n: Option<usize>) -> usize {
+    n.filter(|&n| n > 0).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
+}

@@ -1,0 +1,295 @@
+//! The restore of an image, start to finish.
+//!
+//! 1. [`prepare`]: read the image and its chain (every value checked by
+//!    `cr_image::model`), refuse what cannot be restored here (the caller's
+//!    rights, PIDs taken, the CPU, the vDSO), let every file kind create
+//!    its objects in the restorer ([`crate::kinds::FileKind::prepare`]:
+//!    pipes, sockets, file contents, ptys), then create the stubs of the
+//!    tree (`kinds::tree::restore`) and rebuild each process ([`rebuild`]),
+//!    kind by kind, in a fixed order.
+//! 2. [`Ready::release`]: the file kinds' last steps (timers armed,
+//!    connections out of repair mode, the network lock removed), then every
+//!    thread runs at once.
+//!
+//! Nothing of the image runs before the release: a failure anywhere (or
+//! dropping the [`Ready`]) kills every stub and leaves nothing behind.
+
+use crate::error::{RestoreError, StepContext};
+use crate::kinds::memory::{self, Pages};
+use crate::kinds::tree::restore::Ids;
+use crate::kinds::{self, Kind, Stash, FILE_KINDS};
+use crate::options::RestoreOptions;
+use crate::stub::Stub;
+use cr_image::chain::{Chain, Piece};
+use cr_image::model::{Checkpoint, Process};
+use cr_image::ImageDir;
+use cr_sys::proc;
+use cr_sys::ptrace::{wait_raw, Tracee};
+use cr_sys::remote::{find_syscall_insn, Injector};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use tracing::{debug, info};
+
+/// What the rebuild of every process of one restore shares.
+pub struct Restorer<'a> {
+    pub ck: &'a Checkpoint,
+    pub opts: &'a RestoreOptions,
+    pub img: &'a ImageDir,
+    pub ids: Ids,
+    /// What the kinds hold in the restorer (objects, timers to arm...).
+    pub stash: Stash,
+    /// The restorer's pidfd, inherited by every stub, through which the
+    /// stubs take their fds (`Stub::grab`).
+    pub grab_pidfd: i32,
+}
+
+/// One process being rebuilt: its stub and what the kinds need.
+pub struct Rebuild<'s, 'r> {
+    pub stub: Stub<'s>,
+    pub r: &'s mut Restorer<'r>,
+    pub pages: &'s Pages<'s>,
+    /// Where every page of the process is.
+    pub pieces: &'s [Piece],
+    pub is_root: bool,
+    /// The process's other threads, once created (`kinds::threads`).
+    pub threads: Vec<Tracee>,
+}
+
+/// Restore the image in `dir`: the whole process tree, every process with
+/// its PID and every thread with its TID. The root runs again as a child of
+/// the caller when this returns its PID.
+pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<i32, RestoreError> {
+    prepare(dir, opts)?.release()
+}
+
+/// A restored tree, complete but not yet running: every thread is held by
+/// the caller's thread (ptrace), so [`Ready::release`] must be called from
+/// the same thread. Dropping it kills every process of the tree.
+pub struct Ready {
+    ck: Checkpoint,
+    opts: RestoreOptions,
+    img: ImageDir,
+    root_pid: i32,
+    ids: Ids,
+    stash: Stash,
+    /// One per process of the image, in its order.
+    stubs: Vec<Tracee>,
+    /// The other threads of each process.
+    threads: Vec<Vec<Tracee>>,
+    /// The restorer's pidfd the stubs took their fds through.
+    me: OwnedFd,
+}
+
+impl Ready {
+    /// PID of the root (in the caller's PID namespace).
+    pub fn pid(&self) -> i32 {
+        self.root_pid
+    }
+
+    /// The image's root PID.
+    pub fn image_pid(&self) -> i32 {
+        self.ck.root_pid as i32
+    }
+
+    /// The image's network lock, handed to the caller, which removes it
+    /// itself (several images' at once: see `cr_sys::netlock::unlock_many`)
+    /// before calling [`Ready::release`].
+    pub fn take_netlock(&mut self) -> Option<String> {
+        self.ck.netlock.take()
+    }
+
+    /// Let every process run, all at once; the root's PID.
+    pub fn release(self) -> Result<i32, RestoreError> {
+        let Ready {
+            ck,
+            opts,
+            img,
+            root_pid,
+            ids,
+            stash,
+            stubs,
+            threads,
+            me,
+        } = self;
+        let mut r = Restorer {
+            ck: &ck,
+            opts: &opts,
+            img: &img,
+            ids,
+            stash,
+            grab_pidfd: me.as_raw_fd(),
+        };
+        // Every thread of every process is ready and nothing of the tree
+        // has run yet. The image's network lock (same host, same namespace)
+        // goes now that every connection exists again; then the file kinds
+        // finish (connections leave repair mode, timers start).
+        kinds::netlock::remove(ck.netlock.as_deref());
+        for k in FILE_KINDS {
+            k.release(&mut r)?;
+        }
+        if opts.shell_job {
+            kinds::tty::take_terminal(root_pid);
+        }
+        kinds::tree::restore::release(&ck.processes, stubs, threads)?;
+        info!(
+            root = root_pid,
+            processes = ck.processes.len(),
+            pidns = r.ids.pidns,
+            "restored tree released"
+        );
+        Ok(root_pid)
+    }
+}
+
+/// Rebuild the tree of the image in `dir`, every process frozen (see [`Ready`]).
+pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError> {
+    let chain = Chain::open(dir)?;
+    let img = chain.top().dir.clone();
+    let ck = chain.top().ck.clone();
+    if ck.pre_dump {
+        return Err(RestoreError::PreDump(dir.to_path_buf()));
+    }
+    kinds::identity::check_caller(&ck.processes)?;
+    let pages = Pages::open(&chain)?;
+    let mut pieces: HashMap<u32, Vec<Piece>> = HashMap::new();
+    for p in ck.processes.iter().filter(|p| !p.is_zombie()) {
+        // A broken chain found now costs nothing; blocks are checked as
+        // they are used.
+        pieces.insert(p.pid, pages.resolve(p.pid)?);
+    }
+    let ids = Ids::new(&ck);
+    ids.check_free(&ck)?;
+    kinds::memory::vdso::check(&ck)?;
+    kinds::inet::warn_other_netns(&ck);
+    raise_fd_limit();
+    interrupt_check()?;
+    let me = cr_sys::fdio::pidfd_open(std::process::id() as i32)?;
+    let mut r = Restorer {
+        ck: &ck,
+        opts,
+        img: &img,
+        ids,
+        stash: Stash::default(),
+        grab_pidfd: me.as_raw_fd(),
+    };
+    // Pipes, sockets and file contents first, in the restorer.
+    for k in FILE_KINDS {
+        k.prepare(&mut r, &ck)?;
+    }
+    // Stubs, parents before children, with sessions and groups.
+    let mut stubs = kinds::tree::restore::spawn(&ck, &mut r.ids, opts.shell_job)?;
+    let mut threads = Vec::with_capacity(ck.processes.len());
+    for (p, t) in ck.processes.iter().zip(stubs.iter_mut()) {
+        interrupt_check()?;
+        threads.push(if p.is_zombie() {
+            Vec::new()
+        } else {
+            let pieces = pieces.get(&p.pid).map_or(&[][..], |v| v.as_slice());
+            debug!(pid = t.tid(), "rebuilding");
+            rebuild(t, &mut r, p, &pages, pieces)?
+        });
+    }
+    let Restorer { ids, stash, .. } = r;
+    Ok(Ready {
+        root_pid: stubs[0].tid(),
+        opts: opts.clone(),
+        img: img.clone(),
+        ids,
+        stash,
+        stubs,
+        threads,
+        me,
+        ck,
+    })
+}
+
+fn interrupt_check() -> Result<(), RestoreError> {
+    crate::interrupt::check().map_err(RestoreError::Interrupted)
+}
+
+/// One fd of ours per pipe, socket and file object, for a moment: as many
+/// as the processes may have.
+fn raise_fd_limit() {
+    let me = std::process::id() as i32;
+    if let Ok(limits) = cr_sys::limits::get_all(me) {
+        if let Some(&(soft, hard)) = limits.get(libc::RLIMIT_NOFILE as usize) {
+            if soft < hard {
+                let _ = cr_sys::limits::set(me, libc::RLIMIT_NOFILE, hard, hard);
+            }
+        }
+    }
+}
+
+/// Rebuild one process in its stub `tracee`, kind by kind; returns its
+/// other threads (created, stopped).
+pub fn rebuild(
+    tracee: &mut Tracee,
+    r: &mut Restorer<'_>,
+    p: &Process,
+    pages: &Pages<'_>,
+    pieces: &[Piece],
+) -> Result<Vec<Tracee>, RestoreError> {
+    let pid = tracee.tid();
+    kinds::threads::check_cpu(r.ck, tracee)?;
+    let own_rseq = tracee.get_rseq()?;
+    let stub_maps = proc::maps(pid)?;
+    let ip = find_syscall_insn(pid)?;
+    let is_root = p.pid == r.ck.root_pid;
+    let threads = {
+        let mut stub = Stub::new(Injector::new(tracee, ip)?);
+        kinds::threads::drop_stub_rseq(&mut stub, &own_rseq)?;
+        let park = memory::map_scratch(&mut stub, &p.vmas, &stub_maps)?;
+        kinds::fds::keep_only_grab_fd(&mut stub, p, r.grab_pidfd)?;
+        memory::unmap_stub(&mut stub, &stub_maps)?;
+        memory::vdso::move_to_saved(&mut stub, &stub_maps, &p.vmas, park, ip)?;
+        let mut cx = Rebuild {
+            stub,
+            r,
+            pages,
+            pieces,
+            is_root,
+            threads: Vec::new(),
+        };
+        kinds::memory::Memory::restore(&mut cx, p)?;
+        kinds::task::Task::restore(&mut cx, p)?;
+        kinds::fds::Fds::restore(&mut cx, p)?;
+        memory::set_mm(&mut cx, p)?;
+        kinds::signals::Signals::restore(&mut cx, p)?;
+        kinds::threads::Threads::restore(&mut cx, p)?;
+        kinds::signals::queue_pending(&mut cx, p)?;
+        kinds::timers::Timers::restore(&mut cx, p)?;
+        kinds::identity::Identity::restore(&mut cx, p)?;
+        let Rebuild {
+            mut stub, threads, ..
+        } = cx;
+        let scratch = stub.scratch;
+        stub.call(
+            "munmap",
+            libc::SYS_munmap,
+            [scratch, crate::stub::SCRATCH, 0, 0, 0, 0],
+        )
+        .step(|| "cannot unmap the restorer's scratch memory".into())?;
+        stub.inj.finish_with_mask(p.threads[0].sigmask)?;
+        threads
+    };
+    kinds::threads::set_registers(tracee, &p.threads[0])?;
+    Ok(threads)
+}
+
+/// Wait for a restored child to end; returns a shell-style exit code.
+pub fn wait_exit(pid: i32) -> Result<i32, RestoreError> {
+    let (_, status) = wait_raw(pid, 0).map_err(|source| RestoreError::Wait { pid, source })?;
+    Ok(exit_code(status))
+}
+
+/// A wait status as a shell shows it: the exit code, or 128 + the signal.
+pub fn exit_code(status: i32) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        1
+    }
+}

@@ -1,0 +1,136 @@
+//! The one conversion between the engines' options and results and the
+//! messages of the agent's Local service, both ways: `cr_checkpoint` and
+//! `cr_restart` send what the user asked for to the agent, which runs the
+//! engine with exactly that.
+
+use crate::pb;
+use cr_engine::options::{Action, AddrRewrite, CheckpointOptions, RestoreOptions};
+use cr_engine::Summary;
+use cr_image::model::DirtyMethod;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn after(a: Action) -> pb::After {
+    match a {
+        Action::Continue => pb::After::Continue,
+        Action::Stop => pb::After::Stop,
+        Action::Kill => pb::After::Kill,
+    }
+}
+
+/// What the protocol's After means for the processes.
+pub fn action(a: pb::After) -> Action {
+    match a {
+        pb::After::Continue => Action::Continue,
+        pb::After::Stop => Action::Stop,
+        pb::After::Kill => Action::Kill,
+    }
+}
+
+/// The request for a checkpoint of `pid` into `dir` (both made absolute by
+/// the caller).
+pub fn checkpoint_request(
+    pid: i32,
+    dir: &Path,
+    o: &CheckpointOptions,
+) -> pb::LocalCheckpointRequest {
+    pb::LocalCheckpointRequest {
+        pid,
+        dir: dir.display().to_string(),
+        after: after(o.action()) as i32,
+        parent: o
+            .parent
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        pre_dump: o.pre_dump,
+        track_mem: o.track_mem,
+        dirty: o.dirty.name().into(),
+        compress: o.compress.name().into(),
+        workers: o.workers.unwrap_or(0) as u32,
+        no_fsync: o.no_fsync,
+        tcp_skip_in_flight: o.tcp_skip_in_flight,
+    }
+}
+
+/// The engine's options from a checkpoint request (paths already checked).
+pub fn checkpoint_options(r: &pb::LocalCheckpointRequest) -> Result<CheckpointOptions, String> {
+    let mut o = CheckpointOptions {
+        dir: Some(PathBuf::from(&r.dir)),
+        no_fsync: r.no_fsync,
+        workers: (r.workers > 0).then_some(r.workers as usize),
+        tcp_skip_in_flight: r.tcp_skip_in_flight,
+        parent: (!r.parent.is_empty()).then(|| PathBuf::from(&r.parent)),
+        pre_dump: r.pre_dump,
+        track_mem: r.track_mem,
+        dirty: if r.dirty.is_empty() { "auto" } else { &r.dirty }.parse()?,
+        compress: if r.compress.is_empty() {
+            "none"
+        } else {
+            &r.compress
+        }
+        .parse()?,
+        ..Default::default()
+    };
+    o.set_action(action(
+        pb::After::try_from(r.after).map_err(|_| format!("unknown action {}", r.after))?,
+    ));
+    Ok(o)
+}
+
+pub fn summary_reply(s: &Summary) -> pb::LocalCheckpointReply {
+    pb::LocalCheckpointReply {
+        pid: s.pid,
+        processes: s.processes as u32,
+        threads: s.threads as u32,
+        page_bytes: s.page_bytes,
+        store_bytes: s.store_bytes,
+        pages_parent: s.pages_parent,
+        dirty: s.dirty.name().to_string(),
+        vmas: s.vmas as u32,
+        fds: s.fds as u32,
+        frozen_us: s.frozen.as_micros() as u64,
+        elapsed_us: s.elapsed.as_micros() as u64,
+    }
+}
+
+pub fn summary(r: &pb::LocalCheckpointReply) -> Summary {
+    Summary {
+        pid: r.pid,
+        processes: r.processes as usize,
+        threads: r.threads as usize,
+        page_bytes: r.page_bytes,
+        store_bytes: r.store_bytes,
+        pages_parent: r.pages_parent,
+        dirty: DirtyMethod::from_name(&r.dirty).unwrap_or_default(),
+        vmas: r.vmas as usize,
+        fds: r.fds as usize,
+        frozen: Duration::from_micros(r.frozen_us),
+        elapsed: Duration::from_micros(r.elapsed_us),
+    }
+}
+
+/// The request for a restore of `dir` (absolute).
+pub fn restore_request(dir: &Path, o: &RestoreOptions) -> pb::LocalRestoreRequest {
+    pb::LocalRestoreRequest {
+        dir: dir.display().to_string(),
+        map_addr: o.map_addr.iter().map(|m| m.to_string()).collect(),
+        reset_guard_secs: o.reset_guard,
+        workers: o.workers.unwrap_or(0) as u32,
+    }
+}
+
+/// `OLD=NEW` rewrites as the protocol carries them.
+pub fn addr_rewrites(specs: &[String]) -> Result<Vec<AddrRewrite>, String> {
+    specs.iter().map(|s| s.parse()).collect()
+}
+
+/// The engine's options from a restore request.
+pub fn restore_options(r: &pb::LocalRestoreRequest) -> Result<RestoreOptions, String> {
+    Ok(RestoreOptions {
+        workers: (r.workers > 0).then_some(r.workers as usize),
+        map_addr: addr_rewrites(&r.map_addr)?,
+        reset_guard: r.reset_guard_secs,
+        ..Default::default()
+    })
+}
