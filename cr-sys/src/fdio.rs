@@ -35,6 +35,8 @@ pub(crate) fn own(r: i64, what: impl FnOnce() -> String) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+// pidfd_open and pidfd_getfd are raw: nix has neither.
+
 /// A pidfd for process `pid`.
 pub fn pidfd_open(pid: i32) -> Result<OwnedFd> {
     // SAFETY: plain syscall with integer arguments.
@@ -576,6 +578,7 @@ pub fn timerfd_settime(fd: &OwnedFd, flags: i32, value_ns: u64, interval_ns: u64
 /// Set the expiration count of a timerfd (TFD_IOC_SET_TICKS).
 pub fn timerfd_set_ticks(fd: &OwnedFd, ticks: u64) -> Result<()> {
     const TFD_IOC_SET_TICKS: libc::c_ulong = 0x4008_5400;
+    // Raw: nix has no wrapper for this ioctl.
     // SAFETY: the ioctl reads one u64.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), TFD_IOC_SET_TICKS, &ticks as *const u64) };
     cvt(r as i64, || "ioctl(TFD_IOC_SET_TICKS)".into()).map(drop)
@@ -629,6 +632,7 @@ pub fn path_of_handle(mount_fd: &OwnedFd, handle_type: i32, handle: &[u8]) -> Re
     raw.extend_from_slice(&(handle.len() as u32).to_ne_bytes());
     raw.extend_from_slice(&handle_type.to_ne_bytes());
     raw.extend_from_slice(handle);
+    // Raw: nix has no open_by_handle_at.
     // SAFETY: `raw` is a struct file_handle (bytes, type, then the handle).
     let r = unsafe {
         libc::syscall(
@@ -718,6 +722,9 @@ pub fn open(path: &str, flags: i32) -> Result<OwnedFd> {
     let mode = nix::sys::stat::Mode::from_bits_retain(0o600);
     nix::fcntl::open(path, flags, mode).or_sys(|| format!("open of {path}"))
 }
+
+// The winsize and pty ioctls are raw: nix has no wrappers for them (its
+// ioctl macros only generate unsafe functions).
 
 const TIOCGPTN: u64 = 0x8004_5430;
 const TIOCSPTLCK: libc::c_ulong = 0x4004_5431;
