@@ -9,7 +9,7 @@
 use crate::error::{Errno, NixResult, Result, SysError};
 use nix::errno::Errno as NixErrno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag, SpliceFFlags};
-use nix::sys::socket::{self as sock, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{self as sock, AddressFamily, MsgFlags, SockFlag, SockType};
 use nix::unistd::Pid;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
@@ -300,6 +300,10 @@ pub fn peek_queue(
 }
 
 /// Each entry: (data, sender's unix name, empty if unnamed).
+///
+/// Raw recvmsg: nix's reads the sender's address from uninitialized memory
+/// when the sender is unnamed (the kernel then writes none and sets
+/// msg_namelen to 0), and its UnixAddr::path_len panics on that length.
 fn peek_loop(
     fd: &OwnedFd,
     stream: bool,
@@ -307,22 +311,47 @@ fn peek_loop(
 ) -> Result<std::result::Result<Queue, PeekProblem>> {
     let mut msgs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut buf = vec![0u8; 256 * 1024];
-    // Room for the most fds one message carries (SCM_MAX_FD, 253) and
-    // credentials: the control data is never truncated.
-    let mut cbuf = vec![0u8; 4096];
-    let what = || "recvmsg(MSG_PEEK) of the socket queue".to_string();
+    // Room for a few fds and credentials.
+    let mut cbuf = [0u64; 64];
     loop {
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
-        let m = match sock::recvmsg::<UnixAddr>(fd.as_raw_fd(), &mut iov, Some(&mut cbuf), flags) {
-            Err(NixErrno::EAGAIN) => break,
-            r => r.or_sys(what)?,
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
         };
-        if close_passed_fds(&m).or_sys(what)? {
+        // SAFETY: msghdr is plain data; zero is valid.
+        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+        let mut from = libc::sockaddr_un {
+            sun_family: 0,
+            sun_path: [0; 108],
+        };
+        mh.msg_name = (&mut from as *mut libc::sockaddr_un).cast();
+        mh.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        mh.msg_iov = &mut iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.as_mut_ptr().cast();
+        mh.msg_controllen = std::mem::size_of_val(&cbuf);
+        // SAFETY: every pointer in `mh` refers to our own live buffers.
+        let n = unsafe {
+            libc::recvmsg(
+                fd.as_raw_fd(),
+                &mut mh,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        if n < 0 {
+            let e = Errno::last();
+            if e.0 == libc::EAGAIN {
+                break;
+            }
+            return Err(SysError::Syscall {
+                what: "recvmsg(MSG_PEEK) of the socket queue".into(),
+                source: e,
+            });
+        }
+        if close_passed_fds(&mh) {
             return Ok(Err(PeekProblem::FdsInFlight));
         }
-        let (n, truncated) = (m.bytes, m.flags.contains(MsgFlags::MSG_TRUNC));
-        let name = m.address.as_ref().map(sender_name).unwrap_or_default();
+        let n = n as usize;
         if stream {
             if n == 0 {
                 break;
@@ -335,12 +364,23 @@ fn peek_loop(
             if n == 0 && zero_ends {
                 break;
             }
-            if truncated {
+            if mh.msg_flags & libc::MSG_TRUNC != 0 {
                 buf.resize(buf.len() * 4, 0);
                 // Peek offset moved past the truncated message: start over.
                 setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
                 msgs.clear();
                 continue;
+            }
+            let off = std::mem::size_of::<libc::sa_family_t>();
+            let len = (mh.msg_namelen as usize)
+                .saturating_sub(off)
+                .min(from.sun_path.len());
+            let mut name: Vec<u8> = from.sun_path[..len].iter().map(|&c| c as u8).collect();
+            // A path name ends with its NUL; an abstract one starts with 0.
+            if name.first().is_some_and(|&c| c != 0) {
+                if let Some(end) = name.iter().position(|&c| c == 0) {
+                    name.truncate(end);
+                }
             }
             msgs.push((buf[..n].to_vec(), name));
             // The peek offset moves past empty datagrams too; a kernel that
@@ -356,35 +396,27 @@ fn peek_loop(
     Ok(Ok(msgs))
 }
 
-/// Close any fds a peeked message installed in our table; true if there
-/// were. Fails (ENOBUFS) if the kernel truncated the control data.
-fn close_passed_fds(m: &sock::RecvMsg<'_, '_, UnixAddr>) -> nix::Result<bool> {
+/// Close any fds a peeked message installed in our table; true if there were.
+fn close_passed_fds(mh: &libc::msghdr) -> bool {
     let mut found = false;
-    for c in m.cmsgs()? {
-        if let sock::ControlMessageOwned::ScmRights(fds) = c {
-            found = true;
-            for fd in fds {
-                // The kernel installed these copies in our table for us.
-                let _ = nix::unistd::close(fd);
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel filled,
+    // bounded by msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(mh);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                found = true;
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<RawFd>();
+                for i in 0..n {
+                    libc::close(data.add(i).read_unaligned());
+                }
             }
+            c = libc::CMSG_NXTHDR(mh, c);
         }
     }
-    Ok(found)
-}
-
-/// The sender's name of a peeked datagram (raw bytes as
-/// [`sockaddr_un`] takes them; empty if unnamed).
-fn sender_name(from: &UnixAddr) -> Vec<u8> {
-    let path = &from.as_ref().sun_path;
-    let len = from.path_len().min(path.len());
-    let mut name: Vec<u8> = path[..len].iter().map(|&c| c as u8).collect();
-    // A path name ends with its NUL; an abstract one starts with 0.
-    if name.first().is_some_and(|&c| c != 0) {
-        if let Some(end) = name.iter().position(|&c| c == 0) {
-            name.truncate(end);
-        }
-    }
-    name
+    found
 }
 
 /// A sockaddr_un for `name` (raw: a leading 0 byte makes it abstract).
