@@ -59,9 +59,11 @@ fn spawn(pid: i32, flags: u64) -> Result<i32, CloneError> {
         set_tid_size: 1,
         ..Default::default()
     };
+    // Raw: nix has no clone3 (set_tid).
     // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of our
-    // address space. The child only makes raw syscalls (async-signal-safe)
-    // and never returns from this function.
+    // address space. The child only calls prctl and pause (system calls
+    // without locks or allocation, async-signal-safe) and never returns
+    // from this function.
     let r = unsafe {
         libc::syscall(
             libc::SYS_clone3,
@@ -71,19 +73,9 @@ fn spawn(pid: i32, flags: u64) -> Result<i32, CloneError> {
     };
     if r == 0 {
         // Child.
-        // SAFETY: raw syscalls with integer arguments only.
-        unsafe {
-            libc::syscall(
-                libc::SYS_prctl,
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL,
-                0,
-                0,
-                0,
-            );
-            loop {
-                libc::syscall(libc::SYS_pause);
-            }
+        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+        loop {
+            nix::unistd::pause();
         }
     }
     if r < 0 {
@@ -105,16 +97,14 @@ pub fn pid_exists(pid: i32) -> bool {
 /// Move the caller's future children into a new PID namespace (the first
 /// child becomes its PID 1). Used by cr_run.
 pub fn unshare_pidns() -> Result<(), Errno> {
-    // SAFETY: unshare takes only flags.
-    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
-        return Err(Errno::last());
-    }
-    Ok(())
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID).map_err(Errno::from)
 }
 
 /// Make the child of `cmd` receive `sig` when its parent dies.
 pub fn kill_with_parent(cmd: &mut std::process::Command, sig: i32) {
     use std::os::unix::process::CommandExt;
+    // Raw prctl: nix's set_pdeathsig takes a Signal, which cannot name a
+    // realtime `sig`; pre_exec is unsafe anyway.
     // SAFETY: the hook runs in the child between fork and exec and only
     // makes a raw prctl syscall (async-signal-safe).
     unsafe {

@@ -97,6 +97,7 @@ pub fn scan_written_and_reset(
             return_mask: PAGE_IS_WRITTEN | PAGE_IS_PFNZERO,
             ..Default::default()
         };
+        // Raw: nix has no PAGEMAP_SCAN.
         // SAFETY: `arg` is a pm_scan_arg of the size it declares; `vec`
         // points to `vec_len` page_region structs we own, which the kernel
         // fills.
@@ -146,21 +147,21 @@ pub fn pagemap_scan_supported() -> bool {
 pub fn uffd_wp_async_supported() -> bool {
     static S: OnceLock<bool> = OnceLock::new();
     *S.get_or_init(|| {
-        // SAFETY: userfaultfd takes only flags; the fd is ours.
-        let fd = unsafe {
+        // Raw: nix has neither userfaultfd nor its ioctls.
+        // SAFETY: userfaultfd takes only flags.
+        let r = unsafe {
             libc::syscall(
                 libc::SYS_userfaultfd,
                 libc::O_CLOEXEC | libc::O_NONBLOCK | UFFD_USER_MODE_ONLY as i32,
             )
         };
-        if fd < 0 {
+        // Closed when dropped.
+        let Ok(fd) = crate::fdio::own(r, String::new) else {
             return false;
-        }
+        };
         let mut api = [UFFD_API, TRACKER_FEATURES, 0u64];
         // SAFETY: `api` is a struct uffdio_api (three u64s) the kernel fills.
-        let r = unsafe { libc::ioctl(fd as i32, UFFDIO_API as _, api.as_mut_ptr()) };
-        // SAFETY: closing the fd we created above.
-        unsafe { libc::close(fd as i32) };
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, api.as_mut_ptr()) };
         r == 0 && api[1] & TRACKER_FEATURES == TRACKER_FEATURES && pagemap_scan_supported()
     })
 }
@@ -217,35 +218,24 @@ pub fn clear_soft_dirty(pid: i32) -> Result<()> {
 pub fn zero_pfn() -> Option<u64> {
     static S: OnceLock<Option<u64>> = OnceLock::new();
     *S.get_or_init(|| {
-        let len = 2 * PAGE_SIZE as usize;
-        // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
-        // SAFETY: the mapping is readable; a read maps the zero page.
-        let _ = unsafe { std::ptr::read_volatile(p as *const u8) };
+        // A fresh private anonymous mapping of our own (unmapped on drop).
+        let map = memmap2::MmapOptions::new()
+            .len(2 * PAGE_SIZE as usize)
+            .map_anon()
+            .ok()?;
+        // A read (never a write) maps the zero page; black_box keeps it.
+        std::hint::black_box(map[0]);
         let pfn = crate::pagemap::Pagemap::open(std::process::id() as i32)
             .and_then(|pm| {
                 let mut e = [0u64];
-                pm.read(p as u64, &mut e)?;
+                pm.read(map.as_ptr() as u64, &mut e)?;
                 Ok(e[0])
             })
             .ok()
             .filter(|e| e & crate::pagemap::PM_PRESENT != 0)
             .map(|e| e & crate::pagemap::PFN_MASK)
             .filter(|&pfn| pfn != 0);
-        // SAFETY: unmapping the mapping made above.
-        unsafe { libc::munmap(p, len) };
+        drop(map);
         pfn
     })
 }

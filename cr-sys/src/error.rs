@@ -31,6 +31,28 @@ impl fmt::Display for Errno {
 
 impl std::error::Error for Errno {}
 
+impl From<nix::errno::Errno> for Errno {
+    fn from(e: nix::errno::Errno) -> Self {
+        Errno(e as i32)
+    }
+}
+
+/// The result of a nix call as ours: its error becomes a
+/// [`SysError::Syscall`] naming the operation (`what` is only formatted on
+/// failure).
+pub(crate) trait NixResult<T> {
+    fn or_sys(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> NixResult<T> for nix::Result<T> {
+    fn or_sys(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| SysError::Syscall {
+            what: what(),
+            source: e.into(),
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
     #[error("ptrace {op} on thread {tid} failed")]

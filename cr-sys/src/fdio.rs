@@ -6,7 +6,11 @@
 //!
 //! Every function returns owned fds, so nothing leaks on an error path.
 
-use crate::error::{Errno, Result, SysError};
+use crate::error::{Errno, NixResult, Result, SysError};
+use nix::errno::Errno as NixErrno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag, SpliceFFlags};
+use nix::sys::socket::{self as sock, AddressFamily, MsgFlags, SockFlag, SockType};
+use nix::unistd::Pid;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub(crate) fn fail(what: impl Into<String>) -> SysError {
@@ -31,6 +35,8 @@ pub(crate) fn own(r: i64, what: impl FnOnce() -> String) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+// pidfd_open and pidfd_getfd are raw: nix has neither.
+
 /// A pidfd for process `pid`.
 pub fn pidfd_open(pid: i32) -> Result<OwnedFd> {
     // SAFETY: plain syscall with integer arguments.
@@ -52,14 +58,10 @@ pub fn steal_fd(pid: i32, fd: i32) -> Result<OwnedFd> {
     pidfd_getfd(std::os::fd::AsFd::as_fd(&pidfd), pid, fd)
 }
 
-fn fcntl(fd: RawFd, cmd: i32, arg: i64, what: impl FnOnce() -> String) -> Result<i64> {
-    // SAFETY: fcntl commands used here take an integer argument.
-    let r = unsafe { libc::fcntl(fd, cmd, arg) };
-    cvt(r as i64, what)
-}
-
 /// A close-on-exec duplicate of our own fd `fd` (fails if it is not open).
 pub fn dup_own(fd: RawFd) -> Result<OwnedFd> {
+    // Raw: `fd` is a number that may name no open file, so it cannot be
+    // borrowed as the `AsFd` that nix's fcntl wants.
     // SAFETY: F_DUPFD_CLOEXEC takes an integer and returns a new fd.
     let r = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     own(r as i64, || format!("dup of our fd {fd}"))
@@ -67,66 +69,67 @@ pub fn dup_own(fd: RawFd) -> Result<OwnedFd> {
 
 /// F_GETFL.
 pub fn get_flags(fd: &OwnedFd) -> Result<i32> {
-    fcntl(fd.as_raw_fd(), libc::F_GETFL, 0, || "fcntl(F_GETFL)".into()).map(|v| v as i32)
+    fcntl(fd, FcntlArg::F_GETFL).or_sys(|| "fcntl(F_GETFL)".into())
 }
 
 /// F_SETFL (only O_APPEND, O_ASYNC, O_DIRECT, O_NOATIME, O_NONBLOCK change).
 pub fn set_flags(fd: &OwnedFd, flags: i32) -> Result<()> {
-    fcntl(fd.as_raw_fd(), libc::F_SETFL, flags as i64, || {
-        format!("fcntl(F_SETFL, {flags:#o})")
-    })
-    .map(drop)
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_retain(flags)))
+        .map(drop)
+        .or_sys(|| format!("fcntl(F_SETFL, {flags:#o})"))
 }
 
 /// Capacity of a pipe (F_GETPIPE_SZ).
 pub fn pipe_size(fd: &OwnedFd) -> Result<u32> {
-    fcntl(fd.as_raw_fd(), libc::F_GETPIPE_SZ, 0, || {
-        "fcntl(F_GETPIPE_SZ)".into()
-    })
-    .map(|v| v as u32)
+    fcntl(fd, FcntlArg::F_GETPIPE_SZ)
+        .map(|v| v as u32)
+        .or_sys(|| "fcntl(F_GETPIPE_SZ)".into())
 }
 
 /// Set the capacity of a pipe (F_SETPIPE_SZ).
 pub fn set_pipe_size(fd: &OwnedFd, size: u32) -> Result<()> {
-    fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, size as i64, || {
-        format!("fcntl(F_SETPIPE_SZ, {size})")
-    })
-    .map(drop)
+    fcntl(fd, FcntlArg::F_SETPIPE_SZ(size as libc::c_int))
+        .map(drop)
+        .or_sys(|| format!("fcntl(F_SETPIPE_SZ, {size})"))
 }
 
 /// F_GET_SEALS of a memfd.
 pub fn seals(fd: &OwnedFd) -> Result<u32> {
-    fcntl(fd.as_raw_fd(), libc::F_GET_SEALS, 0, || {
-        "fcntl(F_GET_SEALS)".into()
-    })
-    .map(|v| v as u32)
+    fcntl(fd, FcntlArg::F_GET_SEALS)
+        .map(|v| v as u32)
+        .or_sys(|| "fcntl(F_GET_SEALS)".into())
 }
 
 /// F_ADD_SEALS.
 pub fn add_seals(fd: &OwnedFd, seals: u32) -> Result<()> {
-    fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals as i64, || {
-        format!("fcntl(F_ADD_SEALS, {seals:#x})")
-    })
-    .map(drop)
+    let flags = SealFlag::from_bits_retain(seals as libc::c_int);
+    fcntl(fd, FcntlArg::F_ADD_SEALS(flags))
+        .map(drop)
+        .or_sys(|| format!("fcntl(F_ADD_SEALS, {seals:#x})"))
+}
+
+/// An ioctl that writes one int (FIONREAD, TIOCGPTN, SIOCOUTQ...); nix has
+/// no safe wrapper for these.
+pub(crate) fn ioctl_get_int(
+    fd: &OwnedFd,
+    req: u64,
+    what: impl FnOnce() -> String,
+) -> Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: every request passed here writes one int to the pointer.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, &mut v) };
+    cvt(r as i64, what)?;
+    Ok(v)
 }
 
 /// Bytes waiting to be read (FIONREAD).
 pub fn bytes_queued(fd: &OwnedFd) -> Result<usize> {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int to the pointer we pass.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut n) };
-    cvt(r as i64, || "ioctl(FIONREAD)".into())?;
-    Ok(n as usize)
+    ioctl_get_int(fd, libc::FIONREAD, || "ioctl(FIONREAD)".into()).map(|n| n as usize)
 }
 
 /// pipe2 with `flags`: (read end, write end).
 pub fn pipe(flags: i32) -> Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: pipe2 writes two fds into the array.
-    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), flags) };
-    cvt(r as i64, || "pipe2".into())?;
-    // SAFETY: both fds were just created for us.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    nix::unistd::pipe2(OFlag::from_bits_retain(flags)).or_sys(|| "pipe2".into())
 }
 
 /// The bytes buffered in a pipe, without consuming them: tee(2) duplicates
@@ -141,27 +144,18 @@ pub fn peek_pipe(src: &OwnedFd) -> Result<Vec<u8>> {
     // tee always starts at the head of the source: our pipe must take every
     // buffer in one call, so it gets the source's capacity.
     set_pipe_size(&w, pipe_size(src)?.max(4096))?;
-    // SAFETY: tee on two pipe fds we hold; no memory is passed.
-    let n = unsafe {
-        libc::tee(
-            src.as_raw_fd(),
-            w.as_raw_fd(),
-            queued,
-            libc::SPLICE_F_NONBLOCK,
-        )
-    };
-    let n = cvt(n as i64, || "tee from the pipe".into())? as usize;
+    let n = nix::fcntl::tee(src, &w, queued, SpliceFFlags::SPLICE_F_NONBLOCK)
+        .or_sys(|| "tee from the pipe".into())?;
     drop(w);
     let mut out = vec![0u8; n];
     let mut done = 0;
     while done < n {
-        // SAFETY: reading into the unfilled tail of our own buffer.
-        let got = unsafe { libc::read(r.as_raw_fd(), out[done..].as_mut_ptr().cast(), n - done) };
-        let got = cvt(got as i64, || "read of the pipe copy".into())?;
+        let got =
+            nix::unistd::read(&r, &mut out[done..]).or_sys(|| "read of the pipe copy".into())?;
         if got == 0 {
             break;
         }
-        done += got as usize;
+        done += got;
     }
     out.truncate(done);
     if done != queued {
@@ -178,25 +172,15 @@ pub fn peek_pipe(src: &OwnedFd) -> Result<Vec<u8>> {
 pub fn write_all(fd: &OwnedFd, data: &[u8]) -> Result<()> {
     let mut done = 0;
     while done < data.len() {
-        // SAFETY: writing from our own buffer.
-        let n = unsafe {
-            libc::write(
-                fd.as_raw_fd(),
-                data[done..].as_ptr().cast(),
-                data.len() - done,
-            )
-        };
-        let n = cvt(n as i64, || format!("write of {} bytes", data.len() - done))?;
-        done += n as usize;
+        done += nix::unistd::write(fd, &data[done..])
+            .or_sys(|| format!("write of {} bytes", data.len() - done))?;
     }
     Ok(())
 }
 
 /// read(2) once into `buf` (the fd should be non-blocking).
 pub fn read_nonblock(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize> {
-    // SAFETY: reading into our own buffer.
-    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    cvt(n as i64, || "read".into()).map(|n| n as usize)
+    nix::unistd::read(fd, buf).or_sys(|| "read".into())
 }
 
 /// send(2) one message (datagram sockets keep its boundary).
@@ -214,50 +198,76 @@ pub fn send(fd: &OwnedFd, data: &[u8]) -> Result<()> {
 /// send(2) as much of `data` as the socket takes now (MSG_DONTWAIT); 0
 /// when it takes nothing.
 pub fn send_some(fd: &OwnedFd, data: &[u8]) -> Result<usize> {
-    // SAFETY: sending from our own buffer.
-    let n = unsafe {
-        libc::send(
-            fd.as_raw_fd(),
-            data.as_ptr().cast(),
-            data.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
-    if n < 0 && Errno::last().0 == libc::EAGAIN {
-        return Ok(0);
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+    match sock::send(fd.as_raw_fd(), data, flags) {
+        Err(NixErrno::EAGAIN) => Ok(0),
+        r => r.or_sys(|| format!("send of {} bytes", data.len())),
     }
-    cvt(n as i64, || format!("send of {} bytes", data.len())).map(|n| n as usize)
 }
 
-pub fn getsockopt_int(fd: &OwnedFd, level: i32, opt: i32) -> Result<i32> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: the kernel writes at most `len` bytes into `v`.
+/// getsockopt of any level and option into `buf`; returns the length the
+/// kernel wrote. Raw: nix only has typed options, one per known name, and
+/// the engines save and restore options by number.
+pub(crate) fn getsockopt_raw(
+    fd: &OwnedFd,
+    level: i32,
+    opt: i32,
+    buf: &mut [u8],
+) -> std::result::Result<usize, Errno> {
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `buf`.
     let r = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
             level,
             opt,
-            (&mut v as *mut libc::c_int).cast(),
+            buf.as_mut_ptr().cast(),
             &mut len,
         )
     };
-    cvt(r as i64, || format!("getsockopt({level}, {opt})"))?;
-    Ok(v)
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(len as usize)
 }
 
-pub fn setsockopt_int(fd: &OwnedFd, level: i32, opt: i32, v: i32) -> Result<()> {
-    // SAFETY: the kernel reads one int from `v`.
+/// setsockopt of any level and option from `val` (raw, see [`getsockopt_raw`]).
+pub(crate) fn setsockopt_raw(
+    fd: &OwnedFd,
+    level: i32,
+    opt: i32,
+    val: &[u8],
+) -> std::result::Result<(), Errno> {
+    // SAFETY: the kernel reads `val.len()` bytes from `val`.
     let r = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
             level,
             opt,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            val.as_ptr().cast(),
+            val.len() as libc::socklen_t,
         )
     };
-    cvt(r as i64, || format!("setsockopt({level}, {opt}, {v})")).map(drop)
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+pub fn getsockopt_int(fd: &OwnedFd, level: i32, opt: i32) -> Result<i32> {
+    let mut v = [0u8; 4];
+    getsockopt_raw(fd, level, opt, &mut v).map_err(|source| SysError::Syscall {
+        what: format!("getsockopt({level}, {opt})"),
+        source,
+    })?;
+    Ok(i32::from_ne_bytes(v))
+}
+
+pub fn setsockopt_int(fd: &OwnedFd, level: i32, opt: i32, v: i32) -> Result<()> {
+    setsockopt_raw(fd, level, opt, &v.to_ne_bytes()).map_err(|source| SysError::Syscall {
+        what: format!("setsockopt({level}, {opt}, {v})"),
+        source,
+    })
 }
 
 /// A socket's receive queue: (data, sender's unix name or empty) per message.
@@ -290,6 +300,10 @@ pub fn peek_queue(
 }
 
 /// Each entry: (data, sender's unix name, empty if unnamed).
+///
+/// Raw recvmsg: nix's reads the sender's address from uninitialized memory
+/// when the sender is unnamed (the kernel then writes none and sets
+/// msg_namelen to 0), and its UnixAddr::path_len panics on that length.
 fn peek_loop(
     fd: &OwnedFd,
     stream: bool,
@@ -304,10 +318,12 @@ fn peek_loop(
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
         };
-        // SAFETY: msghdr and sockaddr_un are plain data; zero is valid.
+        // SAFETY: msghdr is plain data; zero is valid.
         let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        let mut from = libc::sockaddr_un {
+            sun_family: 0,
+            sun_path: [0; 108],
+        };
         mh.msg_name = (&mut from as *mut libc::sockaddr_un).cast();
         mh.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
         mh.msg_iov = &mut iov;
@@ -404,16 +420,19 @@ fn close_passed_fds(mh: &libc::msghdr) -> bool {
 }
 
 /// A sockaddr_un for `name` (raw: a leading 0 byte makes it abstract).
+/// Not nix's `UnixAddr`, which refuses a path name of 108 bytes (filling
+/// sun_path, no NUL): Linux takes one, and a dumped socket can have one.
 fn sockaddr_un(name: &[u8]) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
-    // SAFETY: sockaddr_un is plain data.
-    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut sa = libc::sockaddr_un {
+        sun_family: libc::AF_UNIX as libc::sa_family_t,
+        sun_path: [0; 108],
+    };
     if name.len() > sa.sun_path.len() {
         return Err(SysError::Syscall {
             what: format!("unix socket name of {} bytes", name.len()),
             source: Errno(libc::ENAMETOOLONG),
         });
     }
-    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
     for (d, s) in sa.sun_path.iter_mut().zip(name) {
         *d = *s as libc::c_char;
     }
@@ -429,26 +448,25 @@ pub fn show_name(name: &[u8]) -> String {
     }
 }
 
+/// A raw socket type (SOCK_STREAM..., possibly with SOCK_NONBLOCK) as nix
+/// takes it, close-on-exec added; EINVAL for a type nix does not name
+/// (the kernel refuses those too).
+pub(crate) fn sock_type(ty: i32) -> nix::Result<(SockType, SockFlag)> {
+    let flag_bits = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    let flags = SockFlag::from_bits_retain(ty & flag_bits) | SockFlag::SOCK_CLOEXEC;
+    Ok((SockType::try_from(ty & !flag_bits)?, flags))
+}
+
 pub fn unix_socket(sock_type: i32) -> Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let r = unsafe { libc::socket(libc::AF_UNIX, sock_type | libc::SOCK_CLOEXEC, 0) };
-    own(r as i64, || format!("socket(AF_UNIX, {sock_type})"))
+    self::sock_type(sock_type)
+        .and_then(|(ty, flags)| sock::socket(AddressFamily::Unix, ty, flags, None))
+        .or_sys(|| format!("socket(AF_UNIX, {sock_type})"))
 }
 
 pub fn unix_socketpair(sock_type: i32) -> Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: socketpair writes two fds into the array.
-    let r = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            sock_type | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    cvt(r as i64, || format!("socketpair(AF_UNIX, {sock_type})"))?;
-    // SAFETY: both fds were just created for us.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    self::sock_type(sock_type)
+        .and_then(|(ty, flags)| sock::socketpair(AddressFamily::Unix, ty, None, flags))
+        .or_sys(|| format!("socketpair(AF_UNIX, {sock_type})"))
 }
 
 /// sendto(2) one datagram to the socket named `name`.
@@ -498,28 +516,26 @@ pub fn connect_unix(fd: &OwnedFd, name: &[u8]) -> Result<()> {
 }
 
 pub fn listen(fd: &OwnedFd, backlog: i32) -> Result<()> {
+    // Raw: nix's Backlog refuses more than SOMAXCONN (4096), but a listener
+    // dumped where net.core.somaxconn is higher can have a larger backlog.
     // SAFETY: plain syscall with integer arguments.
     let r = unsafe { libc::listen(fd.as_raw_fd(), backlog) };
     cvt(r as i64, || format!("listen({backlog})")).map(drop)
 }
 
 pub fn accept(fd: &OwnedFd) -> Result<OwnedFd> {
-    // SAFETY: no address is asked for.
-    let r = unsafe {
-        libc::accept4(
-            fd.as_raw_fd(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            libc::SOCK_CLOEXEC,
-        )
-    };
-    own(r as i64, || "accept".into())
+    sock::accept4(fd, SockFlag::SOCK_CLOEXEC).or_sys(|| "accept".into())
 }
 
 pub fn shutdown(fd: &OwnedFd, how: i32) -> Result<()> {
-    // SAFETY: plain syscall with integer arguments.
-    let r = unsafe { libc::shutdown(fd.as_raw_fd(), how) };
-    cvt(r as i64, || format!("shutdown({how})")).map(drop)
+    let how_ = match how {
+        libc::SHUT_RD => Ok(sock::Shutdown::Read),
+        libc::SHUT_WR => Ok(sock::Shutdown::Write),
+        libc::SHUT_RDWR => Ok(sock::Shutdown::Both),
+        _ => Err(NixErrno::EINVAL),
+    };
+    how_.and_then(|h| sock::shutdown(fd.as_raw_fd(), h))
+        .or_sys(|| format!("shutdown({how})"))
 }
 
 pub fn eventfd(count: u64, flags: i32) -> Result<OwnedFd> {
@@ -529,12 +545,16 @@ pub fn eventfd(count: u64, flags: i32) -> Result<OwnedFd> {
         write_all(&fd, &count.to_ne_bytes())?;
         return Ok(fd);
     }
-    // SAFETY: plain syscall with integer arguments.
-    let r = unsafe { libc::eventfd(count as u32, flags | libc::EFD_CLOEXEC) };
-    own(r as i64, || format!("eventfd({count})"))
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    let flags = EfdFlags::from_bits_retain(flags) | EfdFlags::EFD_CLOEXEC;
+    EventFd::from_value_and_flags(count as u32, flags)
+        .map(OwnedFd::from)
+        .or_sys(|| format!("eventfd({count})"))
 }
 
 pub fn signalfd(mask: u64, flags: i32) -> Result<OwnedFd> {
+    // Raw: nix's SigSet holds only the signals its Signal enum names, not
+    // the realtime ones a saved mask can have.
     // SAFETY: the kernel reads 8 bytes of mask.
     let r = unsafe {
         libc::syscall(
@@ -549,9 +569,21 @@ pub fn signalfd(mask: u64, flags: i32) -> Result<OwnedFd> {
 }
 
 pub fn timerfd(clockid: i32, flags: i32) -> Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let r = unsafe { libc::timerfd_create(clockid, flags | libc::TFD_CLOEXEC) };
-    own(r as i64, || format!("timerfd_create(clock {clockid})"))
+    use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
+    // The clocks timerfd_create takes; the kernel refuses the others.
+    let clock = match clockid {
+        libc::CLOCK_REALTIME => Ok(ClockId::CLOCK_REALTIME),
+        libc::CLOCK_MONOTONIC => Ok(ClockId::CLOCK_MONOTONIC),
+        libc::CLOCK_BOOTTIME => Ok(ClockId::CLOCK_BOOTTIME),
+        libc::CLOCK_REALTIME_ALARM => Ok(ClockId::CLOCK_REALTIME_ALARM),
+        libc::CLOCK_BOOTTIME_ALARM => Ok(ClockId::CLOCK_BOOTTIME_ALARM),
+        _ => Err(NixErrno::EINVAL),
+    };
+    let flags = TimerFlags::from_bits_retain(flags) | TimerFlags::TFD_CLOEXEC;
+    clock
+        .and_then(|c| TimerFd::new(c, flags))
+        .map(OwnedFd::from)
+        .or_sys(|| format!("timerfd_create(clock {clockid})"))
 }
 
 fn timespec(ns: u64) -> libc::timespec {
@@ -568,6 +600,8 @@ pub fn timerfd_settime(fd: &OwnedFd, flags: i32, value_ns: u64, interval_ns: u64
         it_interval: timespec(interval_ns),
         it_value: timespec(value_ns),
     };
+    // Raw: nix's TimerFd::set needs a TimerFd owning the fd, and ours is
+    // borrowed.
     // SAFETY: the kernel reads one itimerspec; no old value is asked for.
     let r = unsafe { libc::timerfd_settime(fd.as_raw_fd(), flags, &spec, std::ptr::null_mut()) };
     cvt(r as i64, || "timerfd_settime".into()).map(drop)
@@ -576,6 +610,7 @@ pub fn timerfd_settime(fd: &OwnedFd, flags: i32, value_ns: u64, interval_ns: u64
 /// Set the expiration count of a timerfd (TFD_IOC_SET_TICKS).
 pub fn timerfd_set_ticks(fd: &OwnedFd, ticks: u64) -> Result<()> {
     const TFD_IOC_SET_TICKS: libc::c_ulong = 0x4008_5400;
+    // Raw: nix has no wrapper for this ioctl.
     // SAFETY: the ioctl reads one u64.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), TFD_IOC_SET_TICKS, &ticks as *const u64) };
     cvt(r as i64, || "ioctl(TFD_IOC_SET_TICKS)".into()).map(drop)
@@ -583,27 +618,28 @@ pub fn timerfd_set_ticks(fd: &OwnedFd, ticks: u64) -> Result<()> {
 
 /// Now on clock `clockid`, in nanoseconds.
 pub fn clock_now_ns(clockid: i32) -> Result<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: the kernel writes one timespec.
-    let r = unsafe { libc::clock_gettime(clockid, &mut ts) };
-    cvt(r as i64, || format!("clock_gettime({clockid})"))?;
-    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    let ts = nix::time::clock_gettime(nix::time::ClockId::from_raw(clockid))
+        .or_sys(|| format!("clock_gettime({clockid})"))?;
+    Ok(ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
 }
 
 pub fn epoll_create() -> Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let r = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    own(r as i64, || "epoll_create1".into())
+    use nix::sys::epoll::{Epoll, EpollCreateFlags};
+    Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+        .map(|e| e.0)
+        .or_sys(|| "epoll_create1".into())
 }
 
 pub fn inotify_init(flags: i32) -> Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let r = unsafe { libc::inotify_init1(flags | libc::IN_CLOEXEC) };
-    own(r as i64, || "inotify_init1".into())
+    use nix::sys::inotify::{InitFlags, Inotify};
+    let flags = InitFlags::from_bits_retain(flags) | InitFlags::IN_CLOEXEC;
+    Inotify::init(flags)
+        .map(OwnedFd::from)
+        .or_sys(|| "inotify_init1".into())
 }
+
+// inotify_add_watch and inotify_rm_watch stay raw: nix's Inotify owns its
+// fd, and ours is borrowed.
 
 pub fn inotify_add_watch(fd: &OwnedFd, path: &str, mask: u32) -> Result<i32> {
     let c = std::ffi::CString::new(path).map_err(|_| SysError::Syscall {
@@ -628,6 +664,7 @@ pub fn path_of_handle(mount_fd: &OwnedFd, handle_type: i32, handle: &[u8]) -> Re
     raw.extend_from_slice(&(handle.len() as u32).to_ne_bytes());
     raw.extend_from_slice(&handle_type.to_ne_bytes());
     raw.extend_from_slice(handle);
+    // Raw: nix has no open_by_handle_at.
     // SAFETY: `raw` is a struct file_handle (bytes, type, then the handle).
     let r = unsafe {
         libc::syscall(
@@ -645,40 +682,37 @@ pub fn path_of_handle(mount_fd: &OwnedFd, handle_type: i32, handle: &[u8]) -> Re
 }
 
 pub fn memfd_create(name: &str, flags: u32) -> Result<OwnedFd> {
-    let c = std::ffi::CString::new(name.replace('\0', "")).expect("no NUL left");
-    // SAFETY: `c` is a valid NUL-terminated name.
-    let r = unsafe { libc::memfd_create(c.as_ptr(), flags | libc::MFD_CLOEXEC) };
-    own(r as i64, || format!("memfd_create({name})"))
+    use nix::sys::memfd::MFdFlags;
+    let flags = MFdFlags::from_bits_retain(flags) | MFdFlags::MFD_CLOEXEC;
+    nix::sys::memfd::memfd_create(name.replace('\0', "").as_str(), flags)
+        .or_sys(|| format!("memfd_create({name})"))
 }
+
+/// Bytes of the `struct termios` buffer TCGETS and TCSETS use.
+const TERMIOS_SIZE: usize = std::mem::size_of::<libc::termios>();
+
+// The termios ioctls stay raw: images hold the kernel's struct termios as
+// TCGETS wrote it, and nix's Termios goes through glibc's tcgetattr and
+// tcsetattr, which rewrite the struct (c_ispeed, c_ospeed and the tail of
+// c_cc), so a restore could set another line speed.
 
 /// Raw struct termios of a terminal (TCGETS).
 pub fn tcgets(fd: &OwnedFd) -> Result<Vec<u8>> {
-    // SAFETY: termios is plain data.
-    let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: TCGETS writes one struct termios.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TCGETS, &mut t) };
+    let mut t = [0u8; TERMIOS_SIZE];
+    // SAFETY: TCGETS writes one struct termios, no larger than `t` (the
+    // kernel copies bytes: alignment does not matter).
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TCGETS, t.as_mut_ptr()) };
     cvt(r as i64, || "ioctl(TCGETS)".into())?;
-    // SAFETY: viewing a plain-data struct as bytes.
-    let bytes = unsafe {
-        std::slice::from_raw_parts(
-            (&t as *const libc::termios).cast::<u8>(),
-            std::mem::size_of::<libc::termios>(),
-        )
-    };
-    Ok(bytes.to_vec())
+    Ok(t.to_vec())
 }
 
 /// Apply raw struct termios bytes from [`tcgets`] (TCSETS).
 pub fn tcsets(fd: BorrowedFd<'_>, raw: &[u8]) -> Result<()> {
-    // SAFETY: termios is plain data.
-    let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    let n = raw.len().min(std::mem::size_of::<libc::termios>());
-    // SAFETY: copying at most size_of::<termios>() bytes into it.
-    unsafe {
-        std::ptr::copy_nonoverlapping(raw.as_ptr(), (&mut t as *mut libc::termios).cast(), n)
-    };
-    // SAFETY: TCSETS reads one struct termios.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TCSETS, &t) };
+    let mut t = [0u8; TERMIOS_SIZE];
+    let n = raw.len().min(TERMIOS_SIZE);
+    t[..n].copy_from_slice(&raw[..n]);
+    // SAFETY: TCSETS reads one struct termios, no larger than `t`.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TCSETS, t.as_ptr()) };
     cvt(r as i64, || "ioctl(TCSETS)".into()).map(drop)
 }
 
@@ -693,15 +727,12 @@ pub fn get_winsize(fd: &OwnedFd) -> Result<Vec<u8>> {
 
 /// Make process group `pgrp` the foreground group of terminal `fd`.
 pub fn set_foreground(fd: BorrowedFd<'_>, pgrp: i32) -> Result<()> {
-    // SAFETY: TIOCSPGRP reads one pid_t.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSPGRP, &pgrp) };
-    cvt(r as i64, || format!("ioctl(TIOCSPGRP, {pgrp})")).map(drop)
+    nix::unistd::tcsetpgrp(fd, Pid::from_raw(pgrp)).or_sys(|| format!("ioctl(TIOCSPGRP, {pgrp})"))
 }
 
 /// Whether `fd` is a terminal.
 pub fn is_tty(fd: BorrowedFd<'_>) -> bool {
-    // SAFETY: isatty only inspects the fd.
-    unsafe { libc::isatty(fd.as_raw_fd()) == 1 }
+    nix::unistd::isatty(fd).unwrap_or(false)
 }
 
 /// Open a new description of the pipe, FIFO, memfd or file behind `fd`
@@ -713,36 +744,34 @@ pub fn reopen(fd: &OwnedFd, accmode: i32) -> Result<OwnedFd> {
 
 /// open(2) with raw flags (close-on-exec added).
 pub fn open(path: &str, flags: i32) -> Result<OwnedFd> {
-    let c = std::ffi::CString::new(path).map_err(|_| SysError::Syscall {
-        what: format!("open of {path:?}"),
-        source: Errno(libc::EINVAL),
-    })?;
-    // SAFETY: `c` is a valid NUL-terminated path.
-    let r = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) };
-    own(r as i64, || format!("open of {path}"))
+    if path.contains('\0') {
+        return Err(SysError::Syscall {
+            what: format!("open of {path:?}"),
+            source: Errno(libc::EINVAL),
+        });
+    }
+    let flags = OFlag::from_bits_retain(flags) | OFlag::O_CLOEXEC;
+    let mode = nix::sys::stat::Mode::from_bits_retain(0o600);
+    nix::fcntl::open(path, flags, mode).or_sys(|| format!("open of {path}"))
 }
 
-const TIOCGPTN: libc::c_ulong = 0x8004_5430;
+// The winsize and pty ioctls are raw: nix has no wrappers for them (its
+// ioctl macros only generate unsafe functions).
+
+const TIOCGPTN: u64 = 0x8004_5430;
 const TIOCSPTLCK: libc::c_ulong = 0x4004_5431;
 const TIOCGPTPEER: libc::c_ulong = 0x5441;
 
 /// Index of the pty pair whose master is `fd` (TIOCGPTN).
 pub fn pty_index(fd: &OwnedFd) -> Result<u32> {
-    let mut n: libc::c_uint = 0;
-    // SAFETY: TIOCGPTN writes one unsigned int.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TIOCGPTN, &mut n) };
-    cvt(r as i64, || "ioctl(TIOCGPTN)".into())?;
-    Ok(n)
+    // An unsigned int: the same four bytes.
+    ioctl_get_int(fd, TIOCGPTN, || "ioctl(TIOCGPTN)".into()).map(|n| n as u32)
 }
 
 /// Whether the pty whose master is `fd` is still locked (TIOCGPTLCK).
 pub fn pty_locked(fd: &OwnedFd) -> Result<bool> {
-    const TIOCGPTLCK: libc::c_ulong = 0x8004_5439;
-    let mut v: libc::c_int = 0;
-    // SAFETY: TIOCGPTLCK writes one int.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TIOCGPTLCK, &mut v) };
-    cvt(r as i64, || "ioctl(TIOCGPTLCK)".into())?;
-    Ok(v != 0)
+    const TIOCGPTLCK: u64 = 0x8004_5439;
+    ioctl_get_int(fd, TIOCGPTLCK, || "ioctl(TIOCGPTLCK)".into()).map(|v| v != 0)
 }
 
 /// Lock or unlock the slave side of a pty (TIOCSPTLCK).
@@ -791,11 +820,9 @@ pub fn open_pty_index(want: u32) -> Result<OwnedFd> {
 /// Foreground process group of the terminal (TIOCGPGRP; works on a pty
 /// master without being its session).
 pub fn foreground(fd: &OwnedFd) -> Result<i32> {
-    let mut pg: libc::pid_t = 0;
-    // SAFETY: TIOCGPGRP writes one pid_t.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGPGRP, &mut pg) };
-    cvt(r as i64, || "ioctl(TIOCGPGRP)".into())?;
-    Ok(pg)
+    nix::unistd::tcgetpgrp(fd)
+        .map(Pid::as_raw)
+        .or_sys(|| "ioctl(TIOCGPGRP)".into())
 }
 
 /// Apply raw struct winsize bytes (TIOCSWINSZ).

@@ -15,9 +15,11 @@
 //!   sent but not yet acknowledged (nothing leaves), and data sent with
 //!   `TCP_RECV_QUEUE` selected lands in the receive queue.
 
-use crate::error::{Errno, Result, SysError};
-use crate::fdio::{cvt, own};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use crate::error::{Errno, NixResult, Result, SysError};
+use crate::fdio::{getsockopt_raw, ioctl_get_int, setsockopt_raw};
+use nix::errno::Errno as NixErrno;
+use nix::sys::socket::{self as sock, AddressFamily, MsgFlags, SockProtocol, SockaddrStorage};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 pub const TCP_REPAIR: i32 = 19;
@@ -80,96 +82,47 @@ pub fn tcp_state_name(s: u8) -> &'static str {
 
 /// `socket(family, ty | SOCK_CLOEXEC, protocol)`.
 pub fn socket(family: i32, ty: i32, protocol: i32) -> Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let r = unsafe { libc::socket(family, ty | libc::SOCK_CLOEXEC, protocol) };
-    own(r as i64, || format!("socket({family}, {ty}, {protocol})"))
-}
-
-fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than sockaddr_in and suitably aligned.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than sockaddr_in6 and suitably aligned.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
+    let family_ = AddressFamily::from_i32(family).ok_or(NixErrno::EAFNOSUPPORT);
+    // The protocols of IP sockets nix names; 0 lets the kernel choose.
+    let protocol_ = match protocol {
+        0 => Ok(None),
+        libc::IPPROTO_TCP => Ok(Some(SockProtocol::Tcp)),
+        libc::IPPROTO_UDP => Ok(Some(SockProtocol::Udp)),
+        libc::IPPROTO_SCTP => Ok(Some(SockProtocol::Sctp)),
+        libc::IPPROTO_ICMP => Ok(Some(SockProtocol::Icmp)),
+        libc::IPPROTO_ICMPV6 => Ok(Some(SockProtocol::IcmpV6)),
+        libc::IPPROTO_RAW => Ok(Some(SockProtocol::Raw)),
+        _ => Err(NixErrno::EPROTONOSUPPORT),
     };
-    (ss, len as libc::socklen_t)
+    family_
+        .and_then(|f| {
+            let (t, flags) = crate::fdio::sock_type(ty)?;
+            sock::socket(f, t, flags, protocol_?)
+        })
+        .or_sys(|| format!("socket({family}, {ty}, {protocol})"))
 }
 
-fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match ss.ss_family as i32 {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin: libc::sockaddr_in =
-                unsafe { std::ptr::read((ss as *const libc::sockaddr_storage).cast()) };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6: libc::sockaddr_in6 =
-                unsafe { std::ptr::read((ss as *const libc::sockaddr_storage).cast()) };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
-                u16::from_be(sin6.sin6_port),
-                sin6.sin6_flowinfo,
-                sin6.sin6_scope_id,
-            )))
-        }
-        _ => None,
+fn from_storage(ss: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(sin) = ss.as_sockaddr_in() {
+        return Some(SocketAddr::V4(SocketAddrV4::from(*sin)));
     }
+    ss.as_sockaddr_in6()
+        .map(|sin6| SocketAddr::V6(SocketAddrV6::from(*sin6)))
 }
 
 fn name_of(fd: &OwnedFd, peer: bool) -> Result<Option<SocketAddr>> {
-    // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    let p = (&mut ss as *mut libc::sockaddr_storage).cast();
-    // SAFETY: the kernel writes at most `len` bytes into `ss`.
-    let r = unsafe {
-        if peer {
-            libc::getpeername(fd.as_raw_fd(), p, &mut len)
-        } else {
-            libc::getsockname(fd.as_raw_fd(), p, &mut len)
-        }
+    let raw = fd.as_raw_fd();
+    let r = if peer {
+        sock::getpeername::<SockaddrStorage>(raw)
+    } else {
+        sock::getsockname::<SockaddrStorage>(raw)
     };
-    if r < 0 {
-        let e = Errno::last();
-        if e.0 == libc::ENOTCONN {
-            return Ok(None);
-        }
-        return Err(SysError::Syscall {
-            what: if peer { "getpeername" } else { "getsockname" }.into(),
-            source: e,
-        });
+    match r {
+        Err(NixErrno::ENOTCONN) => Ok(None),
+        r => r
+            .map(|ss| from_storage(&ss))
+            .or_sys(|| if peer { "getpeername" } else { "getsockname" }.into()),
     }
-    Ok(from_raw(&ss))
 }
 
 /// The socket's own address.
@@ -183,62 +136,30 @@ pub fn peer_addr(fd: &OwnedFd) -> Result<Option<SocketAddr>> {
 }
 
 pub fn bind(fd: &OwnedFd, addr: &SocketAddr) -> Result<()> {
-    let (ss, len) = to_raw(addr);
-    // SAFETY: `ss` holds a valid address of `len` bytes.
-    let r = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    };
-    cvt(r as i64, || format!("bind to {addr}")).map(drop)
+    sock::bind(fd.as_raw_fd(), &SockaddrStorage::from(*addr)).or_sys(|| format!("bind to {addr}"))
 }
 
 pub fn connect(fd: &OwnedFd, addr: &SocketAddr) -> Result<()> {
-    let (ss, len) = to_raw(addr);
-    // SAFETY: `ss` holds a valid address of `len` bytes.
-    let r = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    };
-    cvt(r as i64, || format!("connect to {addr}")).map(drop)
+    sock::connect(fd.as_raw_fd(), &SockaddrStorage::from(*addr))
+        .or_sys(|| format!("connect to {addr}"))
 }
 
 /// getsockopt into a buffer of up to `max` bytes; returns what the kernel wrote.
 pub fn getsockopt_bytes(fd: &OwnedFd, level: i32, opt: i32, max: usize) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; max];
-    let mut len = max as libc::socklen_t;
-    // SAFETY: the kernel writes at most `len` bytes into `buf`.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            buf.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    cvt(r as i64, || format!("getsockopt({level}, {opt})"))?;
-    buf.truncate(len as usize);
+    let len = getsockopt_raw(fd, level, opt, &mut buf).map_err(|source| SysError::Syscall {
+        what: format!("getsockopt({level}, {opt})"),
+        source,
+    })?;
+    buf.truncate(len);
     Ok(buf)
 }
 
 pub fn setsockopt_bytes(fd: &OwnedFd, level: i32, opt: i32, val: &[u8]) -> Result<()> {
-    // SAFETY: the kernel reads `val.len()` bytes from `val`.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            val.as_ptr().cast(),
-            val.len() as libc::socklen_t,
-        )
-    };
-    cvt(r as i64, || format!("setsockopt({level}, {opt})")).map(drop)
+    setsockopt_raw(fd, level, opt, val).map_err(|source| SysError::Syscall {
+        what: format!("setsockopt({level}, {opt})"),
+        source,
+    })
 }
 
 /// An int option, with the option's name in the error.
@@ -262,11 +183,7 @@ fn rename(e: SysError, what: &str) -> SysError {
 
 /// An int ioctl on a socket (SIOCINQ, SIOCOUTQ, SIOCOUTQNSD).
 pub fn ioctl_int(fd: &OwnedFd, req: u64) -> Result<i32> {
-    let mut v: libc::c_int = 0;
-    // SAFETY: these ioctls write one int.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, &mut v) };
-    cvt(r as i64, || format!("ioctl({req:#x})"))?;
-    Ok(v)
+    ioctl_get_int(fd, req, || format!("ioctl({req:#x})"))
 }
 
 /// The first bytes of `struct tcp_info` that describe a socket's shape.
@@ -305,13 +222,9 @@ pub fn tcp_info(fd: &OwnedFd) -> Result<TcpInfo> {
 
 /// Enter or leave repair mode (REPAIR_ON, REPAIR_OFF, REPAIR_OFF_NO_WP).
 pub fn set_repair(fd: &OwnedFd, mode: i32) -> Result<()> {
-    set_int(
-        fd,
-        libc::IPPROTO_TCP,
-        TCP_REPAIR,
-        mode,
-        &format!("setsockopt(TCP_REPAIR, {mode})"),
-    )
+    // The kernel reads an int: REPAIR_OFF_NO_WP (-1) goes as its bits.
+    sock::setsockopt(fd, sock::sockopt::TcpRepair, &(mode as u32))
+        .or_sys(|| format!("setsockopt(TCP_REPAIR, {mode})"))
 }
 
 pub fn set_repair_queue(fd: &OwnedFd, q: TcpQueue) -> Result<()> {
@@ -423,34 +336,27 @@ pub fn peek(fd: &OwnedFd, max: usize) -> Result<Vec<u8>> {
     if max == 0 {
         return Ok(buf);
     }
-    // SAFETY: the kernel writes at most `max` bytes into `buf`.
-    let n = unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            max,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
+    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+    let n = match sock::recv(fd.as_raw_fd(), &mut buf, flags) {
+        Err(NixErrno::EAGAIN) => 0,
+        r => r.or_sys(|| format!("recv(MSG_PEEK) of {max} bytes"))?,
     };
-    if n < 0 && Errno::last().0 == libc::EAGAIN {
-        buf.clear();
-        return Ok(buf);
-    }
-    let n = cvt(n as i64, || format!("recv(MSG_PEEK) of {max} bytes"))?;
-    buf.truncate(n as usize);
+    buf.truncate(n);
     Ok(buf)
 }
 
 /// Wait until the socket is writable or `timeout_ms` passed.
 pub fn wait_writable(fd: &OwnedFd, timeout_ms: i32) -> Result<bool> {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-    cvt(r as i64, || "poll".into()).map(|r| r > 0)
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut p = [PollFd::new(
+        std::os::fd::AsFd::as_fd(fd),
+        PollFlags::POLLOUT,
+    )];
+    PollTimeout::try_from(timeout_ms)
+        .map_err(|_| NixErrno::EINVAL)
+        .and_then(|t| poll(&mut p, t))
+        .map(|r| r > 0)
+        .or_sys(|| "poll".into())
 }
 
 /// Enter the network namespace of the file `path` (/proc/PID/ns/net,
@@ -458,9 +364,8 @@ pub fn wait_writable(fd: &OwnedFd, timeout_ms: i32) -> Result<bool> {
 /// creates later start there.
 pub fn enter_netns(path: &str) -> Result<()> {
     let f = std::fs::File::open(path).map_err(crate::error::io_err(path))?;
-    // SAFETY: plain syscall on an fd we own.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    cvt(r as i64, || format!("entering network namespace {path}")).map(drop)
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+        .or_sys(|| format!("entering network namespace {path}"))
 }
 
 /// The same IP address written as IPv4 when it is an IPv4-mapped IPv6 one.

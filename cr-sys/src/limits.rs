@@ -37,6 +37,7 @@ pub fn set(pid: i32, res: u32, soft: u64, hard: u64) -> Result<()> {
         rlim_cur: soft,
         rlim_max: hard,
     };
+    // Raw: nix's setrlimit only sets the caller's own limits (no prlimit).
     // SAFETY: `new` is a valid in pointer; no old value is asked for.
     let r = unsafe { libc::prlimit64(pid, res as _, &new, std::ptr::null_mut()) };
     if r != 0 {

@@ -3,83 +3,78 @@
 //! /proc/PID/mem (slower, but reaches PROT_NONE and read-only pages).
 
 use crate::error::{io_err, Errno, Result, SysError};
+use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
+use nix::unistd::Pid;
 use std::fs::File;
+use std::io::{IoSlice, IoSliceMut};
 use std::os::unix::fs::FileExt;
 
-/// Read `buf.len()` bytes at `addr` of process `pid` with process_vm_readv.
-pub fn read_vm(pid: i32, addr: u64, buf: &mut [u8]) -> Result<()> {
+/// Move `len` bytes between us and `addr` of process `pid`, one
+/// process_vm_readv/writev (`op`) per `step(done)` until all moved; `step`
+/// returns the bytes the call moved.
+fn vm_loop(
+    op: &'static str,
+    pid: i32,
+    addr: u64,
+    len: usize,
+    mut step: impl FnMut(usize) -> nix::Result<usize>,
+) -> Result<()> {
     let mut done = 0usize;
-    while done < buf.len() {
-        let local = libc::iovec {
-            iov_base: buf[done..].as_mut_ptr().cast(),
-            iov_len: buf.len() - done,
-        };
-        let remote = libc::iovec {
-            iov_base: (addr + done as u64) as *mut libc::c_void,
-            iov_len: buf.len() - done,
-        };
-        // SAFETY: `local` describes memory we own and may write; `remote` is
-        // only interpreted in the other process by the kernel.
-        let r = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-        if r < 0 {
-            return Err(SysError::Memory {
-                op: "process_vm_readv",
-                pid,
-                addr: addr + done as u64,
-                len: buf.len() - done,
-                source: Errno::last(),
-            });
+    while done < len {
+        match step(done) {
+            Err(e) => {
+                return Err(SysError::Memory {
+                    op,
+                    pid,
+                    addr: addr + done as u64,
+                    len: len - done,
+                    source: e.into(),
+                })
+            }
+            Ok(0) => {
+                return Err(SysError::ShortMemory {
+                    op,
+                    pid,
+                    addr,
+                    done,
+                    len,
+                })
+            }
+            Ok(n) => done += n,
         }
-        if r == 0 {
-            return Err(SysError::ShortMemory {
-                op: "process_vm_readv",
-                pid,
-                addr,
-                done,
-                len: buf.len(),
-            });
-        }
-        done += r as usize;
     }
     Ok(())
 }
 
+/// The remote half of a transfer: `len` bytes at `addr` of the other process.
+fn remote(addr: u64, len: usize) -> [RemoteIoVec; 1] {
+    [RemoteIoVec {
+        base: addr as usize,
+        len,
+    }]
+}
+
+/// Read `buf.len()` bytes at `addr` of process `pid` with process_vm_readv.
+pub fn read_vm(pid: i32, addr: u64, buf: &mut [u8]) -> Result<()> {
+    let len = buf.len();
+    vm_loop("process_vm_readv", pid, addr, len, |done| {
+        process_vm_readv(
+            Pid::from_raw(pid),
+            &mut [IoSliceMut::new(&mut buf[done..])],
+            &remote(addr + done as u64, len - done),
+        )
+    })
+}
+
 /// Write `buf` at `addr` of process `pid` with process_vm_writev.
 pub fn write_vm(pid: i32, addr: u64, buf: &[u8]) -> Result<()> {
-    let mut done = 0usize;
-    while done < buf.len() {
-        let local = libc::iovec {
-            iov_base: buf[done..].as_ptr() as *mut libc::c_void,
-            iov_len: buf.len() - done,
-        };
-        let remote = libc::iovec {
-            iov_base: (addr + done as u64) as *mut libc::c_void,
-            iov_len: buf.len() - done,
-        };
-        // SAFETY: `local` describes memory we own (only read by the kernel);
-        // `remote` is only interpreted in the other process by the kernel.
-        let r = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
-        if r < 0 {
-            return Err(SysError::Memory {
-                op: "process_vm_writev",
-                pid,
-                addr: addr + done as u64,
-                len: buf.len() - done,
-                source: Errno::last(),
-            });
-        }
-        if r == 0 {
-            return Err(SysError::ShortMemory {
-                op: "process_vm_writev",
-                pid,
-                addr,
-                done,
-                len: buf.len(),
-            });
-        }
-        done += r as usize;
-    }
-    Ok(())
+    vm_loop("process_vm_writev", pid, addr, buf.len(), |done| {
+        process_vm_writev(
+            Pid::from_raw(pid),
+            &[IoSlice::new(&buf[done..])],
+            &remote(addr + done as u64, buf.len() - done),
+        )
+    })
 }
 
 /// /proc/PID/mem, which reads and writes regardless of page protection.
@@ -135,37 +130,20 @@ pub fn cstring_bytes(s: &str) -> Vec<u8> {
 /// SEEK_DATA/SEEK_HOLE; used on shared memory objects (tmpfs/shmem), where
 /// holes are pages nobody ever wrote.
 pub fn data_ranges(file: &File, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
-    use std::os::fd::AsRawFd;
-    let fd = file.as_raw_fd();
-    let seek = |off: u64, whence: i32| -> std::result::Result<u64, Errno> {
-        // SAFETY: lseek on an fd we own; no memory is touched.
-        let r = unsafe { libc::lseek(fd, off as i64, whence) };
-        if r < 0 {
-            Err(Errno::last())
-        } else {
-            Ok(r as u64)
-        }
-    };
+    use crate::error::NixResult;
+    use nix::unistd::{lseek, Whence};
+    let seek = |off: u64, whence| lseek(file, off as i64, whence).map(|o| o as u64);
     let mut out = Vec::new();
     let mut off = start;
     while off < end {
-        let data = match seek(off, libc::SEEK_DATA) {
-            Ok(d) => d,
-            Err(e) if e.0 == libc::ENXIO => break,
-            Err(source) => {
-                return Err(SysError::Syscall {
-                    what: "lseek(SEEK_DATA)".into(),
-                    source,
-                })
-            }
+        let data = match seek(off, Whence::SeekData) {
+            Err(nix::errno::Errno::ENXIO) => break,
+            r => r.or_sys(|| "lseek(SEEK_DATA)".into())?,
         };
         if data >= end {
             break;
         }
-        let hole = seek(data, libc::SEEK_HOLE).map_err(|source| SysError::Syscall {
-            what: "lseek(SEEK_HOLE)".into(),
-            source,
-        })?;
+        let hole = seek(data, Whence::SeekHole).or_sys(|| "lseek(SEEK_HOLE)".into())?;
         out.push((data, hole.min(end)));
         off = hole;
     }
@@ -196,6 +174,7 @@ pub fn same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<bool> {
 
 fn kcmp_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<i64> {
     const KCMP_FILE: i64 = 0;
+    // Raw: nix has no kcmp.
     // SAFETY: kcmp takes only integers.
     let r = unsafe {
         libc::syscall(
@@ -245,34 +224,17 @@ impl FileMap {
 pub fn write_vm_many(pid: i32, pieces: &[(u64, &[u8])]) -> Result<()> {
     const IOV_MAX: usize = 1024;
     for chunk in pieces.chunks(IOV_MAX) {
-        let local: Vec<libc::iovec> = chunk
+        let local: Vec<IoSlice> = chunk.iter().map(|(_, b)| IoSlice::new(b)).collect();
+        let remote: Vec<RemoteIoVec> = chunk
             .iter()
-            .map(|(_, b)| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
-        let remote: Vec<libc::iovec> = chunk
-            .iter()
-            .map(|(a, b)| libc::iovec {
-                iov_base: *a as *mut libc::c_void,
-                iov_len: b.len(),
+            .map(|(a, b)| RemoteIoVec {
+                base: *a as usize,
+                len: b.len(),
             })
             .collect();
         let want: usize = chunk.iter().map(|(_, b)| b.len()).sum();
-        // SAFETY: every local iovec describes a slice we borrow (only read by
-        // the kernel); remote ones are only interpreted in the other process.
-        let r = unsafe {
-            libc::process_vm_writev(
-                pid,
-                local.as_ptr(),
-                local.len() as _,
-                remote.as_ptr(),
-                remote.len() as _,
-                0,
-            )
-        };
-        if r < 0 || (r as usize) < want {
+        let r = process_vm_writev(Pid::from_raw(pid), &local, &remote);
+        if r.map_or(true, |n| n < want) {
             // Short or failed: redo piece by piece for an exact error.
             for (a, b) in chunk {
                 write_vm(pid, *a, b)?;

@@ -4,6 +4,8 @@
 
 use crate::error::{Errno, Result, SysError};
 use crate::regs::UserRegs;
+use nix::sys::ptrace;
+use nix::unistd::Pid;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -76,6 +78,10 @@ pub struct Tracee {
     on_drop: OnDrop,
 }
 
+/// The ptrace requests nix lacks (PTRACE_GETREGSET with NT_X86_XSTATE,
+/// PTRACE_GETSIGMASK, PTRACE_PEEKSIGINFO, PTRACE_GET_RSEQ_CONFIGURATION),
+/// and those that deliver a signal: nix's `Signal` cannot name the
+/// realtime ones.
 fn ptrace_raw(
     req: libc::c_uint,
     tid: i32,
@@ -99,7 +105,9 @@ fn ptrace_raw(
     }
 }
 
-/// waitpid(tid, __WALL) returning the raw status.
+/// waitpid(tid, __WALL) returning the raw status. Raw: nix's WaitStatus
+/// fails (EINVAL) on a stop by a realtime signal, and callers want the
+/// status itself.
 pub fn wait_raw(tid: i32, flags: i32) -> std::result::Result<(i32, i32), Errno> {
     let mut status = 0;
     loop {
@@ -177,7 +185,8 @@ pub fn kill_and_reap_all(pid: i32, tracees: Vec<Tracee>, timeout: Duration) -> V
     }
 }
 
-/// Send a signal to a process.
+/// Send a signal to a process (raw: any signal number, realtime ones
+/// included, which nix's `Signal` cannot name).
 pub fn kill(pid: i32, sig: i32) -> std::result::Result<(), Errno> {
     // SAFETY: kill has no memory-safety preconditions.
     if unsafe { libc::kill(pid, sig) } == -1 {
@@ -192,12 +201,11 @@ impl Tracee {
     /// PTRACE_INTERRUPT and wait for the stop. Signals that arrive first are
     /// delivered as usual, so nothing the application expects is lost.
     pub fn seize(tid: i32, options: u64, on_drop: OnDrop) -> Result<Self> {
-        ptrace_raw(libc::PTRACE_SEIZE, tid, 0, options as usize).map_err(|source| {
-            SysError::Ptrace {
-                op: "seize",
-                tid,
-                source,
-            }
+        let options = ptrace::Options::from_bits_retain(options as libc::c_int);
+        ptrace::seize(Pid::from_raw(tid), options).map_err(|e| SysError::Ptrace {
+            op: "seize",
+            tid,
+            source: e.into(),
         })?;
         let mut t = Tracee {
             tid,
@@ -231,14 +239,22 @@ impl Tracee {
         self.tid
     }
 
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.tid)
+    }
+
+    fn failed(&self, op: &'static str, source: Errno) -> SysError {
+        SysError::Ptrace {
+            op,
+            tid: self.tid,
+            source,
+        }
+    }
+
     /// Stop a running tracee (PTRACE_INTERRUPT) and wait until it is in a
     /// ptrace-stop.
     pub fn interrupt(&mut self) -> Result<()> {
-        ptrace_raw(libc::PTRACE_INTERRUPT, self.tid, 0, 0).map_err(|source| SysError::Ptrace {
-            op: "interrupt",
-            tid: self.tid,
-            source,
-        })?;
+        ptrace::interrupt(self.pid()).map_err(|e| self.failed("interrupt", e.into()))?;
         loop {
             match self.wait_stop()? {
                 Stop::Event { .. } => return Ok(()),
@@ -290,40 +306,18 @@ impl Tracee {
 
     /// Resume with a ptrace request (PTRACE_CONT, PTRACE_SYSCALL) and signal.
     pub fn resume(&mut self, req: libc::c_uint, sig: i32) -> Result<()> {
-        ptrace_raw(req, self.tid, 0, sig as usize).map_err(|source| SysError::Ptrace {
-            op: "resume",
-            tid: self.tid,
-            source,
-        })?;
+        ptrace_raw(req, self.tid, 0, sig as usize)
+            .map_err(|source| self.failed("resume", source))?;
         self.stopped = false;
         Ok(())
     }
 
     pub fn get_regs(&self) -> Result<UserRegs> {
-        let mut regs = crate::regs::zeroed();
-        ptrace_raw(
-            libc::PTRACE_GETREGS,
-            self.tid,
-            0,
-            &mut regs as *mut _ as usize,
-        )
-        .map_err(|source| SysError::Ptrace {
-            op: "getregs",
-            tid: self.tid,
-            source,
-        })?;
-        Ok(regs)
+        ptrace::getregs(self.pid()).map_err(|e| self.failed("getregs", e.into()))
     }
 
     pub fn set_regs(&self, regs: &UserRegs) -> Result<()> {
-        ptrace_raw(libc::PTRACE_SETREGS, self.tid, 0, regs as *const _ as usize).map_err(
-            |source| SysError::Ptrace {
-                op: "setregs",
-                tid: self.tid,
-                source,
-            },
-        )?;
-        Ok(())
+        ptrace::setregs(self.pid(), *regs).map_err(|e| self.failed("setregs", e.into()))
     }
 
     /// The whole XSAVE area (NT_X86_XSTATE).
@@ -339,11 +333,7 @@ impl Tracee {
             NT_X86_XSTATE as usize,
             &mut iov as *mut _ as usize,
         )
-        .map_err(|source| SysError::Ptrace {
-            op: "getregset(NT_X86_XSTATE)",
-            tid: self.tid,
-            source,
-        })?;
+        .map_err(|source| self.failed("getregset(NT_X86_XSTATE)", source))?;
         buf.truncate(iov.iov_len);
         Ok(buf)
     }
@@ -360,11 +350,7 @@ impl Tracee {
             NT_X86_XSTATE as usize,
             &mut iov as *mut _ as usize,
         )
-        .map_err(|source| SysError::Ptrace {
-            op: "setregset(NT_X86_XSTATE)",
-            tid: self.tid,
-            source,
-        })?;
+        .map_err(|source| self.failed("setregset(NT_X86_XSTATE)", source))?;
         Ok(())
     }
 
@@ -376,22 +362,13 @@ impl Tracee {
             8,
             &mut mask as *mut u64 as usize,
         )
-        .map_err(|source| SysError::Ptrace {
-            op: "getsigmask",
-            tid: self.tid,
-            source,
-        })?;
+        .map_err(|source| self.failed("getsigmask", source))?;
         Ok(mask)
     }
 
     pub fn set_sigmask(&self, mask: u64) -> Result<()> {
-        ptrace_raw(PTRACE_SETSIGMASK, self.tid, 8, &mask as *const u64 as usize).map_err(
-            |source| SysError::Ptrace {
-                op: "setsigmask",
-                tid: self.tid,
-                source,
-            },
-        )?;
+        ptrace_raw(PTRACE_SETSIGMASK, self.tid, 8, &mask as *const u64 as usize)
+            .map_err(|source| self.failed("setsigmask", source))?;
         Ok(())
     }
 
@@ -403,11 +380,7 @@ impl Tracee {
             std::mem::size_of::<PtraceRseqConfiguration>(),
             &mut conf as *mut _ as usize,
         )
-        .map_err(|source| SysError::Ptrace {
-            op: "get_rseq_configuration",
-            tid: self.tid,
-            source,
-        })?;
+        .map_err(|source| self.failed("get_rseq_configuration", source))?;
         Ok(RseqConfig {
             addr: conf.rseq_abi_pointer,
             len: conf.rseq_abi_size,
@@ -418,19 +391,9 @@ impl Tracee {
     /// PTRACE_GETEVENTMSG: after a fork/clone event, the new task's PID in
     /// the tracer's PID namespace.
     pub fn event_msg(&self) -> Result<u64> {
-        let mut msg: u64 = 0;
-        ptrace_raw(
-            libc::PTRACE_GETEVENTMSG,
-            self.tid,
-            0,
-            &mut msg as *mut u64 as usize,
-        )
-        .map_err(|source| SysError::Ptrace {
-            op: "geteventmsg",
-            tid: self.tid,
-            source,
-        })?;
-        Ok(msg)
+        ptrace::getevent(self.pid())
+            .map(|msg| msg as u64)
+            .map_err(|e| self.failed("geteventmsg", e.into()))
     }
 
     /// Pending signals without dequeuing them: the thread's own queue, or
@@ -450,11 +413,7 @@ impl Tracee {
                 &args as *const _ as usize,
                 buf.as_mut_ptr() as usize,
             )
-            .map_err(|source| SysError::Ptrace {
-                op: "peeksiginfo",
-                tid: self.tid,
-                source,
-            })? as usize;
+            .map_err(|source| self.failed("peeksiginfo", source))? as usize;
             out.extend(
                 buf[..n * SIGINFO_SIZE]
                     .chunks_exact(SIGINFO_SIZE)
@@ -479,13 +438,8 @@ impl Tracee {
             // PTRACE_DETACH needs a ptrace-stop.
             self.interrupt()?;
         }
-        let r = ptrace_raw(libc::PTRACE_DETACH, self.tid, 0, sig as usize).map_err(|source| {
-            SysError::Ptrace {
-                op: "detach",
-                tid: self.tid,
-                source,
-            }
-        });
+        let r = ptrace_raw(libc::PTRACE_DETACH, self.tid, 0, sig as usize)
+            .map_err(|source| self.failed("detach", source));
         self.attached = false;
         self.stopped = false;
         r.map(|_| ())

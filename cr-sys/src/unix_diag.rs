@@ -35,12 +35,15 @@
 //! - `UNIX_DIAG_SHUTDOWN` is sent for every socket whatever the show flags.
 
 use crate::error::{Errno, Result, SysError};
+use nix::errno::Errno as NixErrno;
+use nix::sys::socket::{
+    self as sock, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+};
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 // linux/netlink.h
-const NETLINK_SOCK_DIAG: libc::c_int = 4;
 const NLMSG_HDRLEN: usize = 16;
 const NLMSG_NOOP: u16 = 1;
 const NLMSG_ERROR: u16 = 2;
@@ -233,22 +236,10 @@ struct UnixDiagMsg {
     udiag_cookie: [u32; 2],
 }
 
-/// `struct sockaddr_nl` (libc's has a private padding field, which would
-/// make building one need `mem::zeroed`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct SockaddrNl {
-    nl_family: libc::sa_family_t,
-    nl_pad: u16,
-    nl_pid: u32,
-    nl_groups: u32,
-}
-
 const _: () = {
     assert!(std::mem::size_of::<NlMsgHdr>() == NLMSG_HDRLEN);
     assert!(std::mem::size_of::<UnixDiagReq>() == 24);
     assert!(std::mem::size_of::<UnixDiagMsg>() == 16);
-    assert!(std::mem::size_of::<SockaddrNl>() == 12);
 };
 
 fn bytes_at<const N: usize>(b: &[u8], off: usize) -> Option<[u8; N]> {
@@ -362,22 +353,13 @@ fn query(q: Query) -> QResult<Vec<UnixSock>> {
     static SEQ: AtomicU32 = AtomicU32::new(1);
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
 
-    // SAFETY: socket takes integer arguments only.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            NETLINK_SOCK_DIAG,
-        )
-    };
-    if raw < 0 {
-        return Err(QueryError::Syscall(
-            "socket(AF_NETLINK, NETLINK_SOCK_DIAG)",
-            Errno::last(),
-        ));
-    }
-    // SAFETY: `raw` is a descriptor we just opened and nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = sock::socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkSockDiag,
+    )
+    .map_err(|e| QueryError::Syscall("socket(AF_NETLINK, NETLINK_SOCK_DIAG)", e.into()))?;
 
     send(&fd, &request(q, seq))?;
 
@@ -392,72 +374,40 @@ fn query(q: Query) -> QResult<Vec<UnixSock>> {
 }
 
 fn send(fd: &OwnedFd, msg: &[u8]) -> QResult<()> {
-    let kernel = SockaddrNl {
-        nl_family: libc::AF_NETLINK as libc::sa_family_t,
-        ..Default::default()
-    };
+    // Port id 0: the kernel.
+    let kernel = NetlinkAddr::new(0, 0);
     loop {
-        // SAFETY: `msg` is a live buffer of `msg.len()` bytes the kernel only
-        // reads, and `kernel` is a sockaddr_nl of the size we pass.
-        let r = unsafe {
-            libc::sendto(
-                fd.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                0,
-                (&kernel as *const SockaddrNl).cast(),
-                std::mem::size_of::<SockaddrNl>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            let e = Errno::last();
-            if e.0 == libc::EINTR {
-                continue;
+        match sock::sendto(fd.as_raw_fd(), msg, &kernel, MsgFlags::empty()) {
+            Err(NixErrno::EINTR) => continue,
+            Err(e) => return Err(QueryError::Syscall("sendto", e.into())),
+            Ok(n) if n != msg.len() => {
+                return Err(QueryError::Syscall("sendto (short)", Errno(libc::EMSGSIZE)))
             }
-            return Err(QueryError::Syscall("sendto", e));
+            Ok(_) => return Ok(()),
         }
-        if r as usize != msg.len() {
-            return Err(QueryError::Syscall("sendto (short)", Errno(libc::EMSGSIZE)));
-        }
-        return Ok(());
     }
 }
 
 struct Received {
     len: usize,
-    flags: libc::c_int,
+    flags: MsgFlags,
     sender: u32,
 }
 
-fn recvmsg_into(fd: &OwnedFd, buf: &mut [u8], flags: libc::c_int) -> QResult<Received> {
+fn recvmsg_into(fd: &OwnedFd, buf: &mut [u8], flags: MsgFlags) -> QResult<Received> {
     loop {
-        let mut from = SockaddrNl::default();
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: msghdr is a plain C struct for which all-zero bytes (null
-        // pointers, zero lengths) is a valid value.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = (&mut from as *mut SockaddrNl).cast();
-        msg.msg_namelen = std::mem::size_of::<SockaddrNl>() as libc::socklen_t;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        // SAFETY: `msg` points at `from` and at `iov`, which describes `buf`;
-        // all three are live and writable for the sizes given.
-        let r = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, flags) };
-        if r < 0 {
-            let e = Errno::last();
-            if e.0 == libc::EINTR {
-                continue;
+        let mut iov = [std::io::IoSliceMut::new(buf)];
+        match sock::recvmsg::<NetlinkAddr>(fd.as_raw_fd(), &mut iov, None, flags) {
+            Err(NixErrno::EINTR) => continue,
+            Err(e) => return Err(QueryError::Syscall("recvmsg", e.into())),
+            Ok(m) => {
+                return Ok(Received {
+                    len: m.bytes,
+                    flags: m.flags,
+                    sender: m.address.map_or(0, |a| a.pid()),
+                })
             }
-            return Err(QueryError::Syscall("recvmsg", e));
         }
-        return Ok(Received {
-            len: r as usize,
-            flags: msg.msg_flags,
-            sender: from.nl_pid,
-        });
     }
 }
 
@@ -467,13 +417,13 @@ fn recv_from_kernel(fd: &OwnedFd, buf: &mut Vec<u8>) -> QResult<usize> {
     loop {
         // With MSG_TRUNC netlink returns the datagram's real length even when
         // it does not fit; MSG_PEEK leaves it queued for the real read.
-        let peek = recvmsg_into(fd, buf, libc::MSG_PEEK | libc::MSG_TRUNC)?;
+        let peek = recvmsg_into(fd, buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC)?;
         if peek.len > buf.len() {
             buf.resize(peek.len, 0);
             continue;
         }
-        let got = recvmsg_into(fd, buf, 0)?;
-        if got.flags & libc::MSG_TRUNC != 0 {
+        let got = recvmsg_into(fd, buf, MsgFlags::empty())?;
+        if got.flags.contains(MsgFlags::MSG_TRUNC) {
             // Only if the queue head changed between peek and read, which
             // cannot happen with a single reader; refuse partial data.
             return Err(QueryError::Malformed(format!(
@@ -661,68 +611,19 @@ mod tests {
     use super::*;
     use std::os::unix::ffi::OsStrExt;
 
+    // The crate's own wrappers make the sockets these tests look at.
+    use crate::fdio::{bind_unix as bind, connect_unix as connect, listen, write_all as write};
+
     fn socket(ty: libc::c_int) -> OwnedFd {
-        // SAFETY: socket takes integer arguments only.
-        let fd = unsafe { libc::socket(libc::AF_UNIX, ty | libc::SOCK_CLOEXEC, 0) };
-        assert!(fd >= 0, "socket: {}", Errno::last());
-        // SAFETY: `fd` was just opened and is owned by nobody else.
-        unsafe { OwnedFd::from_raw_fd(fd) }
+        crate::fdio::unix_socket(ty).unwrap()
     }
 
     fn socketpair(ty: libc::c_int) -> (OwnedFd, OwnedFd) {
-        let mut fds = [-1; 2];
-        // SAFETY: `fds` is a writable array of two ints.
-        let r = unsafe {
-            libc::socketpair(libc::AF_UNIX, ty | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr())
-        };
-        assert_eq!(r, 0, "socketpair: {}", Errno::last());
-        // SAFETY: both descriptors were just created and are owned by nobody
-        // else.
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+        crate::fdio::unix_socketpair(ty).unwrap()
     }
 
     fn inode(fd: &OwnedFd) -> u64 {
-        // SAFETY: all-zero bytes is a valid `struct stat`.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a writable struct stat.
-        let r = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
-        assert_eq!(r, 0, "fstat: {}", Errno::last());
-        st.st_ino
-    }
-
-    /// sockaddr_un for `name` (path bytes, or a leading 0 for abstract) and
-    /// the address length to pass.
-    fn sockaddr_un(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
-        // SAFETY: all-zero bytes is a valid `struct sockaddr_un`.
-        let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        assert!(name.len() < a.sun_path.len());
-        for (d, &s) in a.sun_path.iter_mut().zip(name) {
-            *d = s as libc::c_char;
-        }
-        let off = std::mem::offset_of!(libc::sockaddr_un, sun_path);
-        (a, (off + name.len()) as libc::socklen_t)
-    }
-
-    fn bind(fd: &OwnedFd, name: &[u8]) {
-        let (a, len) = sockaddr_un(name);
-        // SAFETY: `a` is a sockaddr_un of at least `len` bytes.
-        let r = unsafe { libc::bind(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) };
-        assert_eq!(r, 0, "bind: {}", Errno::last());
-    }
-
-    fn connect(fd: &OwnedFd, name: &[u8]) {
-        let (a, len) = sockaddr_un(name);
-        // SAFETY: `a` is a sockaddr_un of at least `len` bytes.
-        let r =
-            unsafe { libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) };
-        assert_eq!(r, 0, "connect: {}", Errno::last());
-    }
-
-    fn write(fd: &OwnedFd, data: &[u8]) {
-        // SAFETY: `data` is a live buffer of `data.len()` bytes.
-        let r = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
-        assert_eq!(r, data.len() as isize, "write: {}", Errno::last());
+        nix::sys::stat::fstat(fd).unwrap().st_ino
     }
 
     /// The userspace `dev_t` of a kernel-internal one (MINORBITS = 20), as
@@ -732,15 +633,14 @@ mod tests {
     }
 
     fn euid() -> u32 {
-        // SAFETY: geteuid has no arguments and cannot fail.
-        unsafe { libc::geteuid() }
+        nix::unistd::geteuid().as_raw()
     }
 
     #[test]
     fn stream_socketpair_peers() {
         let (a, b) = socketpair(libc::SOCK_STREAM);
         let (ia, ib) = (inode(&a), inode(&b));
-        write(&a, b"abc");
+        write(&a, b"abc").unwrap();
         let all = dump_all().unwrap();
         let sa = all.get(&ia).expect("first end listed");
         let sb = all.get(&ib).expect("second end listed");
@@ -765,11 +665,10 @@ mod tests {
     fn listener_with_pending_connection() {
         let name = format!("\0cr-diag-test-{}-listen", std::process::id()).into_bytes();
         let l = socket(libc::SOCK_STREAM);
-        bind(&l, &name);
-        // SAFETY: listen takes integer arguments only.
-        assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 7) }, 0);
+        bind(&l, &name).unwrap();
+        listen(&l, 7).unwrap();
         let c = socket(libc::SOCK_STREAM);
-        connect(&c, &name);
+        connect(&c, &name).unwrap();
         let (il, ic) = (inode(&l), inode(&c));
 
         let all = dump_all().unwrap();
@@ -796,7 +695,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("cr-diag-test-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let s = socket(libc::SOCK_DGRAM);
-        bind(&s, path.as_os_str().as_bytes());
+        bind(&s, path.as_os_str().as_bytes()).unwrap();
         let got = by_inode(inode(&s)).unwrap().expect("bound socket found");
         let meta = std::fs::metadata(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
@@ -813,8 +712,8 @@ mod tests {
     #[test]
     fn dgram_queue_length() {
         let (a, b) = socketpair(libc::SOCK_DGRAM);
-        write(&a, b"12345");
-        write(&a, b"xyz");
+        write(&a, b"12345").unwrap();
+        write(&a, b"xyz").unwrap();
         let got = by_inode(inode(&b)).unwrap().expect("receiver found");
         // Datagram sockets: rqueue is the length of the first queued
         // datagram only, not the total.
@@ -827,8 +726,7 @@ mod tests {
     #[test]
     fn shutdown_bits() {
         let (a, b) = socketpair(libc::SOCK_STREAM);
-        // SAFETY: shutdown takes integer arguments only.
-        assert_eq!(unsafe { libc::shutdown(a.as_raw_fd(), libc::SHUT_WR) }, 0);
+        crate::fdio::shutdown(&a, libc::SHUT_WR).unwrap();
         let sa = by_inode(inode(&a)).unwrap().unwrap();
         let sb = by_inode(inode(&b)).unwrap().unwrap();
         assert_eq!(sa.shutdown, 2, "SEND_SHUTDOWN on the shut end");
