@@ -107,27 +107,48 @@ impl Proc<'_, '_> {
     }
 }
 
+impl<'p, 'd> Proc<'p, 'd> {
+    /// The frozen, live process `f`, with its section of kind "tree" filled
+    /// in `p` (ids and state).
+    fn open(
+        f: &'p mut Frozen,
+        d: &'p mut Dump<'d>,
+        p: &mut Process,
+    ) -> Result<Self, CheckpointError> {
+        let pid = f.pid;
+        let sys = |e| CheckpointError::from_sys(pid, e);
+        let (stat, status) = (
+            proc::stat(pid).map_err(sys)?,
+            proc::status(pid).map_err(sys)?,
+        );
+        tree::ids(&stat, &status, f, p);
+        Ok(Proc {
+            pid,
+            stat,
+            status,
+            stopped: f.stopped,
+            probe: Probe::open(&mut f.tracees).map_err(sys)?,
+            d,
+        })
+    }
+}
+
 /// Everything about one frozen process, kind by kind.
 pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, CheckpointError> {
     let pid = f.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
     let mut p = Process::default();
-    let stat = proc::stat(pid).map_err(sys)?;
-    let status = proc::status(pid).map_err(sys)?;
-    tree::ids(&stat, &status, f, &mut p);
-    if p.is_zombie() {
+    if f.zombie.is_some() {
+        let (stat, status) = (
+            proc::stat(pid).map_err(sys)?,
+            proc::status(pid).map_err(sys)?,
+        );
+        tree::ids(&stat, &status, f, &mut p);
         return Ok(p);
     }
     // The state may have changed between the pre-flight and the freeze.
     kinds::identity::check(pid)?;
-    let mut cx = Proc {
-        pid,
-        stat,
-        status,
-        stopped: f.stopped,
-        probe: Probe::open(&mut f.tracees).map_err(sys)?,
-        d,
-    };
+    let mut cx = Proc::open(f, d, &mut p)?;
     kinds::threads::Threads::capture(&mut cx, &mut p)?;
     fault::check("after-registers")?;
     kinds::signals::Signals::capture(&mut cx, &mut p)?;
@@ -534,19 +555,8 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
         for f in procs.iter_mut().filter(|f| f.zombie.is_none()) {
             let pid = f.pid;
             let sys = |e| CheckpointError::from_sys(pid, e);
-            let stat = proc::stat(pid).map_err(sys)?;
-            let status = proc::status(pid).map_err(sys)?;
             let mut p = Process::default();
-            tree::ids(&stat, &status, f, &mut p);
-            p.task.comm = stat.comm.clone();
-            let mut cx = Proc {
-                pid,
-                stat,
-                status,
-                stopped: f.stopped,
-                probe: Probe::open(&mut f.tracees).map_err(sys)?,
-                d: &mut d,
-            };
+            let mut cx = Proc::open(f, &mut d, &mut p)?;
             let plan = memory::plan_process(&mut cx, &mut p, true)?;
             cx.probe.close().map_err(sys)?;
             work.push((p, plan));

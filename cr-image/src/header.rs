@@ -98,4 +98,18 @@ mod tests {
             Err(ImageError::Truncated { .. })
         ));
     }
+
+    /// An image of format 2 (before the typed model) is refused by its
+    /// version, in words.
+    #[test]
+    fn older_major_is_refused_by_name() {
+        let mut framed = encode(KIND_CHECKPOINT, b"old");
+        framed[8..10].copy_from_slice(&2u16.to_le_bytes());
+        framed[10..12].copy_from_slice(&1u16.to_le_bytes());
+        let e = decode(Path::new("img/checkpoint.img"), KIND_CHECKPOINT, &framed).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "img/checkpoint.img has image format version 2.1; this build reads 3.0 to 3.0"
+        );
+    }
 }

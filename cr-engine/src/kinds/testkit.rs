@@ -88,6 +88,19 @@ fn reap(pid: i32) {
     let _ = cr_sys::ptrace::wait_raw(pid, 0);
 }
 
+/// Checkpoint `pid` into `img` and kill it.
+pub fn checkpoint_kill(pid: i32, img: &Path) -> Result<(), String> {
+    let mut opts = CheckpointOptions {
+        dir: Some(img.to_path_buf()),
+        no_fsync: true,
+        ..Default::default()
+    };
+    opts.set_action(Action::Kill);
+    crate::checkpoint(pid, &opts)
+        .map(|_| ())
+        .map_err(|e| cr_sys::error::one_line(&e))
+}
+
 fn read(dir: &Path) -> Checkpoint {
     ImageDir::open(dir)
         .and_then(|d| d.read_checkpoint())
@@ -126,15 +139,9 @@ pub fn round_trip(name: &str, setup: &str, check: &str) -> RoundTrip {
     );
 
     let img = dir.join("img");
-    let mut opts = CheckpointOptions {
-        dir: Some(img.clone()),
-        no_fsync: true,
-        ..Default::default()
-    };
-    opts.set_action(Action::Kill);
-    if let Err(e) = crate::checkpoint(pid, &opts) {
+    if let Err(e) = checkpoint_kill(pid, &img) {
         reap(pid);
-        panic!("checkpoint of {name}: {}", cr_sys::error::one_line(&e));
+        panic!("checkpoint of {name}: {e}");
     }
     // Killed and reaped by the checkpoint (we are its tracer and parent).
     drop(child);

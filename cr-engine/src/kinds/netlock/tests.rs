@@ -1,7 +1,7 @@
 //! The network lock of a dump that kills: it holds the connections still
 //! (its nft table exists) until the restore removes it.
 
-use crate::options::{Action, CheckpointOptions, RestoreOptions};
+use crate::options::RestoreOptions;
 
 #[test]
 fn lock_is_kept_by_a_kill_dump_and_removed_by_the_restore() {
@@ -25,13 +25,7 @@ fn lock_is_kept_by_a_kill_dump_and_removed_by_the_restore() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let img = dir.join("img");
-    let mut opts = CheckpointOptions {
-        dir: Some(img.clone()),
-        no_fsync: true,
-        ..Default::default()
-    };
-    opts.set_action(Action::Kill);
-    crate::checkpoint(pid, &opts).expect("checkpoint --kill");
+    crate::kinds::testkit::checkpoint_kill(pid, &img).expect("checkpoint --kill");
     drop(child);
     let ck = cr_image::ImageDir::open(&img)
         .unwrap()
