@@ -1,7 +1,7 @@
 //! The checkpoint of a process tree, start to finish.
 //!
 //! 1. [`freeze`]: check the target, refuse what cannot be saved before
-//!    anything is touched (`kinds::identity::check`, the fd pre-flight of
+//!    anything is touched (the fd pre-flight of
 //!    `kinds::fds`), seize every thread of the tree (`kinds::tree`), and
 //!    with `lock_network` hold its TCP connections still (`kinds::netlock`).
 //! 2. [`Held::dump`]: each process in turn ([`capture_process`]) walks the
@@ -146,12 +146,11 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
         tree::ids(&stat, &status, f, &mut p);
         return Ok(p);
     }
-    // The state may have changed between the pre-flight and the freeze.
-    kinds::identity::check(pid)?;
     let mut cx = Proc::open(f, d, &mut p)?;
     kinds::threads::Threads::capture(&mut cx, &mut p)?;
     fault::check("after-registers")?;
     kinds::signals::Signals::capture(&mut cx, &mut p)?;
+    kinds::seccomp::capture(&mut cx, &mut p)?;
     kinds::timers::Timers::capture(&mut cx, &mut p)?;
     kinds::identity::Identity::capture(&mut cx, &mut p)?;
     kinds::task::Task::capture(&mut cx, &mut p)?;
@@ -193,10 +192,7 @@ fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> 
     fds.skip_in_flight = opts.tcp_skip_in_flight;
     for &p in &pids {
         match proc::stat(p) {
-            Ok(s) if s.state != 'Z' => {
-                kinds::identity::check(p)?;
-                kinds::fds::preflight(p, &mut fds)?;
-            }
+            Ok(s) if s.state != 'Z' => kinds::fds::preflight(p, &mut fds)?,
             _ => {}
         }
     }

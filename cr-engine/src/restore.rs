@@ -270,6 +270,7 @@ pub fn rebuild(
             [scratch, crate::stub::SCRATCH, 0, 0, 0, 0],
         )
         .step(|| "cannot unmap the restorer's scratch memory".into())?;
+        kinds::seccomp::restore_main(&mut stub.inj, p)?;
         stub.inj.finish_with_mask(p.threads[0].sigmask)?;
         threads
     };

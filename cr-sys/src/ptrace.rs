@@ -12,6 +12,10 @@ use tracing::{debug, warn};
 const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
 const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
 const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+const PTRACE_SECCOMP_GET_METADATA: libc::c_uint = 0x420d;
+/// Largest seccomp program (BPF_MAXINSNS instructions of 8 bytes).
+const SECCOMP_MAX_PROG: usize = 4096 * 8;
 const PTRACE_PEEKSIGINFO: libc::c_uint = 0x4209;
 const PTRACE_PEEKSIGINFO_SHARED: u32 = 1;
 /// sizeof(siginfo_t).
@@ -370,6 +374,34 @@ impl Tracee {
         ptrace_raw(PTRACE_SETSIGMASK, self.tid, 8, &mask as *const u64 as usize)
             .map_err(|source| self.failed("setsigmask", source))?;
         Ok(())
+    }
+
+    /// Seccomp filter `index` of the thread's chain (0: the oldest) as raw
+    /// `struct sock_filter` instructions and the flags it was installed
+    /// with; None past the oldest filter.
+    pub fn seccomp_filter(&self, index: u64) -> Result<Option<(Vec<u8>, u64)>> {
+        let mut prog = vec![0u8; SECCOMP_MAX_PROG];
+        let n = match ptrace_raw(
+            PTRACE_SECCOMP_GET_FILTER,
+            self.tid,
+            index as usize,
+            prog.as_mut_ptr() as usize,
+        ) {
+            Ok(n) => n,
+            Err(e) if e.0 == libc::ENOENT => return Ok(None),
+            Err(source) => return Err(self.failed("seccomp_get_filter", source)),
+        };
+        prog.truncate((n.max(0) as usize * 8).min(SECCOMP_MAX_PROG));
+        // struct seccomp_metadata { u64 filter_off; u64 flags; }
+        let mut meta = [index, 0u64];
+        ptrace_raw(
+            PTRACE_SECCOMP_GET_METADATA,
+            self.tid,
+            std::mem::size_of_val(&meta),
+            meta.as_mut_ptr() as usize,
+        )
+        .map_err(|source| self.failed("seccomp_get_metadata", source))?;
+        Ok(Some((prog, meta[1])))
     }
 
     pub fn get_rseq(&self) -> Result<RseqConfig> {

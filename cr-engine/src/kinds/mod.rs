@@ -6,7 +6,8 @@
 //! Two patterns, each behind one small trait:
 //!
 //! - [`Kind`]: a section of every process (tree, task, memory, threads,
-//!   signals, timers, identity, fds). The drivers (`capture::capture_process`
+//!   signals, timers, identity, fds). [`seccomp`] hooks in at fixed points
+//!   of the threads' restore, as the very last system calls of each thread. The drivers (`capture::capture_process`
 //!   and `restore::rebuild`) call them in a fixed order, one line each.
 //! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, eventfds,
 //!   tty). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
@@ -26,6 +27,7 @@ pub mod locks;
 pub mod memory;
 pub mod netlock;
 pub mod pipes;
+pub mod seccomp;
 pub mod signals;
 pub mod task;
 pub mod threads;

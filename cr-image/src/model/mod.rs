@@ -8,13 +8,14 @@
 //! One file per resource kind holds its section of the image, with its
 //! conversion and its checks: [`tree`] (ids and state of a process),
 //! [`task`], [`memory`], [`threads`], [`signals`], [`timers`],
-//! [`identity`], [`fds`] (the fd table and every kind of open file) and
-//! [`objects`] (what fds share: pipes, sockets, file contents, ptys).
+//! [`identity`], [`seccomp`], [`fds`] (the fd table and every kind of open
+//! file) and [`objects`] (what fds share: pipes, sockets, file contents, ptys).
 
 pub mod fds;
 pub mod identity;
 pub mod memory;
 pub mod objects;
+pub mod seccomp;
 mod ser;
 pub mod signals;
 pub mod task;
@@ -29,10 +30,11 @@ pub use memory::{
     PageStore, ShmOwner, StoreBlock, Vma, VmaKind,
 };
 pub use objects::{Object, ObjectKind, ObjectTag};
+pub use seccomp::{SeccompFilter, SeccompMode, ThreadSeccomp};
 pub use signals::{AltStack, SigAction, SigInfo, Signals};
 pub use task::Task;
 pub use threads::{GpRegs, Rseq, Thread};
-pub use timers::{ITimer, Timers};
+pub use timers::{ITimer, Notify, PosixTimer, Timers};
 pub use tree::ProcState;
 
 use prost::Message;
@@ -57,6 +59,12 @@ pub(crate) fn need<T>(v: Option<T>, what: &str) -> Result<T, Bad> {
 /// version, or is damage: never a silent default).
 pub(crate) fn known<E: TryFrom<i32>>(v: i32, what: &str) -> Result<E, Bad> {
     E::try_from(v).map_err(|_| format!("{what} has the unknown value {v}"))
+}
+
+/// A `oneof` whose case this build knows (an absent one was written by a
+/// newer version, or is damage).
+pub(crate) fn known_case<T>(v: Option<T>, what: &str) -> Result<T, Bad> {
+    v.ok_or_else(|| format!("{what} is of a kind this build does not know"))
 }
 
 /// Prefix a problem with where it was found.
@@ -147,6 +155,8 @@ pub struct Process {
     pub fds: Vec<Fd>,
     /// kind "tty": the pty object that is the controlling terminal.
     pub ctty_pty: Option<u64>,
+    /// kind "seccomp": the filters the threads' chains name.
+    pub seccomp_filters: Vec<SeccompFilter>,
 }
 
 impl Process {
@@ -315,6 +325,8 @@ impl Checkpoint {
                 place,
             )?;
             at(threads::validate(p), place)?;
+            at(seccomp::validate(p), place)?;
+            at(timers::validate(p), place)?;
             at(fds::validate(p, i, &pids, &self.processes, &objects), place)?;
             if let Some(c) = p.ctty_pty {
                 if !objects.contains(&(ObjectTag::Pty, c)) {
@@ -393,6 +405,11 @@ impl Process {
                 })
                 .collect::<Result<_, _>>()?,
             ctty_pty: p.ctty_pty.checked_sub(1),
+            seccomp_filters: p
+                .seccomp_filters
+                .into_iter()
+                .map(SeccompFilter::from_pb)
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -416,6 +433,11 @@ impl Process {
             identity: Some(self.identity.to_pb()),
             fds: self.fds.iter().map(Fd::to_pb).collect(),
             ctty_pty: self.ctty_pty.map_or(0, |i| i + 1),
+            seccomp_filters: self
+                .seccomp_filters
+                .iter()
+                .map(SeccompFilter::to_pb)
+                .collect(),
         }
     }
 }

@@ -35,6 +35,10 @@ fn thread(tid: u32) -> Thread {
             s
         })],
         sigaltstack: AltStack::default(),
+        seccomp: ThreadSeccomp {
+            mode: SeccompMode::Filter,
+            chain: vec![0, 1, 0],
+        },
     }
 }
 
@@ -154,6 +158,28 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 interval_us: 0,
                 value_us: 5000,
             }],
+            posix: vec![
+                PosixTimer {
+                    id: 0,
+                    clockid: 1,
+                    notify: Notify::Signal,
+                    signo: 14,
+                    sigval: 7,
+                    value_ns: 1_000_000,
+                    interval_ns: 0,
+                    overrun: 0,
+                },
+                PosixTimer {
+                    id: 3,
+                    clockid: 0,
+                    notify: Notify::Thread(pid as i32 + 1),
+                    signo: 34,
+                    sigval: 0,
+                    value_ns: 0,
+                    interval_ns: 5,
+                    overrun: 2,
+                },
+            ],
         },
         identity: Identity {
             creds: Creds {
@@ -242,6 +268,16 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             },
         ],
         ctty_pty: Some(3),
+        seccomp_filters: vec![
+            SeccompFilter {
+                program: vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f],
+                flags: 0,
+            },
+            SeccompFilter {
+                program: vec![0; 16],
+                flags: 2,
+            },
+        ],
     }
 }
 

@@ -2,6 +2,7 @@
 //! registration, clear-child-tid address and parent-death signal; and its
 //! share of kind "signals" (mask, pending signals, alternate stack).
 
+use super::seccomp::ThreadSeccomp;
 use super::signals::{AltStack, SigInfo};
 use super::{need, pb, ser, Bad, Process};
 use serde::Serialize;
@@ -31,6 +32,8 @@ pub struct Thread {
     /// Signals pending for this thread only.
     pub pending: Vec<SigInfo>,
     pub sigaltstack: AltStack,
+    /// kind "seccomp": its mode and filter chain.
+    pub seccomp: ThreadSeccomp,
 }
 
 /// struct user_regs_struct (x86_64).
@@ -109,6 +112,7 @@ impl Thread {
                 .map(SigInfo::from_pb)
                 .collect::<Result<_, _>>()?,
             sigaltstack: AltStack::from_pb(t.sigaltstack),
+            seccomp: ThreadSeccomp::from_pb(t.seccomp_mode, t.seccomp_chain)?,
         })
     }
 
@@ -128,6 +132,8 @@ impl Thread {
             sigmask: self.sigmask,
             pending: self.pending.iter().map(|s| s.bytes().to_vec()).collect(),
             sigaltstack: Some(self.sigaltstack.to_pb()),
+            seccomp_mode: self.seccomp.mode_pb(),
+            seccomp_chain: self.seccomp.chain.clone(),
         }
     }
 }

@@ -1,7 +1,5 @@
 //! Kind "identity": credentials (uids, gids, groups), capability sets,
-//! no_new_privs, keep-caps, dumpable, and resource limits; and the
-//! process-wide state this build refuses rather than loses (seccomp
-//! filters, POSIX timers).
+//! no_new_privs, keep-caps, dumpable, and resource limits.
 //!
 //! Restore sets the limits from outside (prlimit) and the credentials last,
 //! per thread (they are per-thread in the kernel), after every privileged
@@ -27,34 +25,6 @@ pub struct Identity;
 const CAP_V3: u32 = 0x2008_0522;
 const PR_CAP_AMBIENT: u64 = 47;
 const PR_CAP_AMBIENT_RAISE: u64 = 2;
-
-/// Refuse what would otherwise be lost silently.
-pub fn check(pid: i32) -> Result<(), CheckpointError> {
-    let status = proc::status(pid).map_err(|e| CheckpointError::from_sys(pid, e))?;
-    match status.seccomp {
-        Some(0) | None => {}
-        Some(mode) => {
-            return Err(CheckpointError::unsupported(
-                pid,
-                format!(
-                    "seccomp {}",
-                    if mode == 1 { "strict mode" } else { "filter" }
-                ),
-            ))
-        }
-    }
-    // Listed only with CONFIG_CHECKPOINT_RESTORE; absent means we cannot tell.
-    if let Ok(timers) = proc::read_string(&format!("/proc/{pid}/timers")) {
-        let n = timers.lines().filter(|l| l.starts_with("ID:")).count();
-        if n > 0 {
-            return Err(CheckpointError::unsupported(
-                pid,
-                format!("{n} POSIX timer(s) (timer_create)"),
-            ));
-        }
-    }
-    Ok(())
-}
 
 impl Kind for Identity {
     const NAME: &'static str = "identity";

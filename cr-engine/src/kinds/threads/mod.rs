@@ -18,7 +18,7 @@ pub use regs::{fix_syscall_restart, from_model, to_model};
 
 use crate::capture::Proc;
 use crate::error::{CheckpointError, RestoreError, StepContext};
-use crate::kinds::{identity, signals, Kind};
+use crate::kinds::{identity, seccomp, signals, Kind};
 use crate::restore::Rebuild;
 use crate::stub::Stub;
 use cr_image::model::{AltStack, Checkpoint, Process, Rseq, Thread};
@@ -96,6 +96,8 @@ impl Kind for Threads {
                 sigmask: 0,
                 pending: Vec::new(),
                 sigaltstack: AltStack::default(),
+                // Read by kind "seccomp".
+                seccomp: Default::default(),
             });
         }
         let scratch = cx.probe.scratch().map_err(sys)?;
@@ -129,6 +131,7 @@ impl Kind for Threads {
         let ip = cx.stub.inj.syscall_ip();
         let pid = cx.stub.pid();
         let args = cx.stub.thread_args();
+        let scratch = cx.stub.scratch;
         let is_root = cx.is_root;
         let mut done = Vec::with_capacity(others.len());
         for (mut t, th) in others.into_iter().zip(&p.threads[1..]) {
@@ -136,6 +139,7 @@ impl Kind for Threads {
             thread_state(&mut inj, th, is_root)?;
             signals::restore_thread(&mut inj, pid, args, th)?;
             identity::set_creds(&mut inj, args, th.tid, &p.identity.creds)?;
+            seccomp::restore_thread(&mut inj, p, th, scratch, crate::stub::SCRATCH)?;
             inj.finish_with_mask(th.sigmask)?;
             set_registers(&t, th)?;
             done.push(t);

@@ -1,0 +1,201 @@
+//! Kind "seccomp": the seccomp state of every thread — strict mode, or its
+//! chain of filters (each filter's BPF program and flags), read with
+//! PTRACE_SECCOMP_GET_FILTER / _METADATA (needs CAP_SYS_ADMIN).
+//!
+//! Restore installs a thread's filters (oldest first) as its very last
+//! system calls, after its credentials: a filter may forbid any of the
+//! calls a restore makes, and installing one needs no_new_privs or
+//! CAP_SYS_ADMIN, which the thread then has if it had them when it
+//! installed them. A thread that dropped CAP_SYS_ADMIN after installing
+//! filters without no_new_privs cannot get them back: refused by name.
+//! The main thread installs them after the restorer's scratch memory is
+//! gone, with the program written for a moment below its stack pointer
+//! (the bytes there are put back before it runs).
+
+#[cfg(test)]
+mod tests;
+
+use crate::capture::Proc;
+use crate::error::{CheckpointError, RestoreError, StepContext};
+use cr_image::model::{Process, SeccompFilter, SeccompMode, Thread, ThreadSeccomp};
+use cr_sys::mem;
+use cr_sys::proc;
+use cr_sys::remote::Injector;
+
+const SECCOMP_SET_MODE_FILTER: u64 = 1;
+const SECCOMP_MODE_STRICT: u64 = 1;
+const PR_SET_SECCOMP: u64 = 22;
+/// Flags that act only when a filter is installed (synchronising the other
+/// threads, asking for a listener fd): not part of the filter's state.
+const INSTALL_ONLY_FLAGS: u64 = 1 | 8 | 16;
+/// SECCOMP_FILTER_FLAG_NEW_LISTENER: a user-space supervisor gets the calls.
+const NEW_LISTENER: u64 = 8;
+const CAP_SYS_ADMIN: u64 = 1 << 21;
+
+/// Read the seccomp state of every thread of `cx` into `p`.
+pub fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
+    let pid = cx.pid;
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    for (t, th) in cx.probe.tracees().iter().zip(p.threads.iter_mut()) {
+        let mode = proc::task_status(pid, t.tid())
+            .map_err(sys)?
+            .seccomp
+            .unwrap_or(0);
+        th.seccomp = match mode {
+            0 => ThreadSeccomp::default(),
+            1 => ThreadSeccomp {
+                mode: SeccompMode::Strict,
+                chain: Vec::new(),
+            },
+            _ => {
+                // Index 0 is the oldest filter of the chain.
+                let mut chain = Vec::new();
+                while let Some((program, flags)) =
+                    t.seccomp_filter(chain.len() as u64).map_err(sys)?
+                {
+                    if flags & NEW_LISTENER != 0 {
+                        return Err(CheckpointError::unsupported(
+                            pid,
+                            format!(
+                                "thread {}: a seccomp filter that hands system calls to a user-space supervisor (SECCOMP_FILTER_FLAG_NEW_LISTENER)",
+                                t.tid()
+                            ),
+                        ));
+                    }
+                    let f = SeccompFilter {
+                        program,
+                        flags: flags & !INSTALL_ONLY_FLAGS,
+                    };
+                    let i = match p.seccomp_filters.iter().position(|x| *x == f) {
+                        Some(i) => i,
+                        None => {
+                            p.seccomp_filters.push(f);
+                            p.seccomp_filters.len() - 1
+                        }
+                    };
+                    chain.push(i as u32);
+                }
+                ThreadSeccomp {
+                    mode: SeccompMode::Filter,
+                    chain,
+                }
+            }
+        };
+    }
+    Ok(())
+}
+
+/// Whether the thread of `p` can install its filters once it has its
+/// credentials back (the kernel asks for no_new_privs or CAP_SYS_ADMIN).
+fn can_install(p: &Process, th: &Thread) -> Result<(), RestoreError> {
+    let c = &p.identity.creds;
+    if th.seccomp.mode != SeccompMode::Filter || c.no_new_privs || c.cap_eff & CAP_SYS_ADMIN != 0 {
+        return Ok(());
+    }
+    Err(RestoreError::Unsupported(format!(
+        "thread {} has seccomp filters but neither no_new_privs nor CAP_SYS_ADMIN, which installing them again needs",
+        th.tid
+    )))
+}
+
+/// Put thread `th`'s seccomp state on the thread of `inj`: its last
+/// system calls. `buf` is writable memory of the process for the programs
+/// (`len` bytes); what was there is put back.
+fn install(
+    inj: &mut Injector<'_>,
+    p: &Process,
+    th: &Thread,
+    buf: u64,
+    len: u64,
+) -> Result<(), RestoreError> {
+    let pid = inj.pid();
+    let what = || format!("cannot install the seccomp filters of thread {}", th.tid);
+    match th.seccomp.mode {
+        SeccompMode::None => Ok(()),
+        SeccompMode::Strict => {
+            inj.call(
+                "prctl(PR_SET_SECCOMP)",
+                libc::SYS_prctl,
+                [PR_SET_SECCOMP, SECCOMP_MODE_STRICT, 0, 0, 0, 0],
+            )
+            .step(what)?;
+            Ok(())
+        }
+        SeccompMode::Filter => {
+            can_install(p, th)?;
+            let mut saved = vec![0u8; len as usize];
+            mem::read_vm(pid, buf, &mut saved)?;
+            let r = (|| {
+                for &i in &th.seccomp.chain {
+                    let f = &p.seccomp_filters[i as usize];
+                    // struct sock_fprog { u16 len; (pad) struct sock_filter *filter; }
+                    let mut fprog = Vec::with_capacity(16 + f.program.len());
+                    fprog.extend_from_slice(&((f.program.len() / 8) as u64).to_le_bytes());
+                    fprog.extend_from_slice(&(buf + 16).to_le_bytes());
+                    fprog.extend_from_slice(&f.program);
+                    mem::write_vm(pid, buf, &fprog)?;
+                    inj.call(
+                        "seccomp",
+                        libc::SYS_seccomp,
+                        [SECCOMP_SET_MODE_FILTER, f.flags, buf, 0, 0, 0],
+                    )?;
+                }
+                Ok(())
+            })();
+            mem::write_vm(pid, buf, &saved)?;
+            r.step(what)
+        }
+    }
+}
+
+/// Room for the biggest chain entry: a `sock_fprog` and a program.
+fn need(p: &Process, th: &Thread) -> u64 {
+    th.seccomp
+        .chain
+        .iter()
+        .map(|&i| 16 + p.seccomp_filters[i as usize].program.len() as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// A thread other than the main one, while the restorer's scratch memory
+/// (at `args`, `room` bytes) is still mapped.
+pub fn restore_thread(
+    inj: &mut Injector<'_>,
+    p: &Process,
+    th: &Thread,
+    args: u64,
+    room: u64,
+) -> Result<(), RestoreError> {
+    let len = need(p, th);
+    if len > room {
+        return Err(RestoreError::Unsupported(format!(
+            "thread {}: a seccomp program of {len} bytes",
+            th.tid
+        )));
+    }
+    install(inj, p, th, args, len)
+}
+
+/// The main thread, after the restorer's scratch memory is gone: the
+/// programs go below its stack pointer, in its own stack mapping.
+pub fn restore_main(inj: &mut Injector<'_>, p: &Process) -> Result<(), RestoreError> {
+    let th = &p.threads[0];
+    if th.seccomp.mode == SeccompMode::None {
+        return Ok(());
+    }
+    let len = need(p, th);
+    // Past the red zone, 16-aligned.
+    let buf = th.regs.rsp.saturating_sub(512 + len) & !15;
+    let fits = p
+        .vmas
+        .iter()
+        .any(|v| v.start <= buf && th.regs.rsp <= v.end && v.prot & libc::PROT_WRITE as u32 != 0);
+    if len > 0 && !fits {
+        return Err(RestoreError::Unsupported(format!(
+            "thread {}: no room below its stack pointer for its seccomp filters",
+            th.tid
+        )));
+    }
+    install(inj, p, th, buf, len)
+}

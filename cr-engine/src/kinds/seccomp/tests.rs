@@ -1,0 +1,66 @@
+//! Round trip of kind "seccomp": a process whose threads run under a filter
+//! chain (one filter shared, one installed by a thread alone) keeps them:
+//! the filtered calls still fail the way the filters say.
+
+use crate::kinds::testkit::round_trip;
+use cr_image::model::SeccompMode;
+
+/// A filter: `uname` fails with errno `e`, everything else is allowed.
+fn filter_uname(e: u32) -> String {
+    format!(
+        r#"
+    prog = [
+        (0x20, 0, 0, 0),                       # ld [0] (nr)
+        (0x15, 0, 1, 63),                      # jeq #uname
+        (0x06, 0, 0, 0x00050000 | {e}),        # ret ERRNO(e)
+        (0x06, 0, 0, 0x7fff0000),              # ret ALLOW
+    ]"#
+    )
+}
+
+#[test]
+fn seccomp_filters_round_trip() {
+    let install = r#"
+class sock_filter(ctypes.Structure): _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class sock_fprog(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(sock_filter))]
+def install(prog):
+    arr = (sock_filter * len(prog))(*[sock_filter(*i) for i in prog])
+    fp = sock_fprog(len(prog), arr)
+    assert libc.syscall(317, 1, 0, ctypes.byref(fp)) == 0, ctypes.get_errno()   # seccomp(SET_MODE_FILTER)
+def uname_errno():
+    libc.syscall(63, ctypes.create_string_buffer(400)); return ctypes.get_errno()
+"#;
+    let setup = format!(
+        "{install}libc.prctl(38, 1, 0, 0, 0)   # no_new_privs\ndef first():{}\n    install(prog)\nfirst()\nimport threading\nseen = []\nagain = threading.Event()\ndef second():{}\n    install(prog)\n    seen.append(uname_errno())\n    again.wait()\n    seen.append(uname_errno())\n    while True: time.sleep(1)\nthreading.Thread(target=second, daemon=True).start()\nwhile not seen: time.sleep(0.01)\n",
+        filter_uname(13), filter_uname(22)
+    );
+    let rt = round_trip(
+        "seccomp",
+        &setup,
+        r#"
+expect(uname_errno() == 13, "the main thread's filter (EACCES)")
+again.set()
+while len(seen) < 2: time.sleep(0.01)
+expect(seen == [22, 22], "the thread's own filter is the newest (EINVAL): %r" % seen)
+expect(open("/proc/self/status").read().count("Seccomp:\t2") == 1, "filter mode")
+"#,
+    );
+    let (a, b) = rt.roots();
+    assert_eq!(a.seccomp_filters, b.seccomp_filters);
+    let chains = |p: &cr_image::model::Process| {
+        p.threads
+            .iter()
+            .map(|t| t.seccomp.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(chains(a), chains(b));
+    assert_eq!(
+        a.seccomp_filters.len(),
+        2,
+        "one filter shared, one the thread's own"
+    );
+    assert!(a
+        .threads
+        .iter()
+        .all(|t| t.seccomp.mode == SeccompMode::Filter));
+}
