@@ -117,3 +117,39 @@ fn blocked_in_pause_handler_on_sigaltstack() {
 fn blocked_in_pause_with_pending_signal() {
     block_case("pending", libc::SYS_pause, true);
 }
+
+/// Threads in calls that end with EINTR on any stop (epoll_wait,
+/// epoll_pwait, sigtimedwait, semtimedop, recv under SO_RCVTIMEO) never see
+/// one, through checkpoints that let the process go on and through a
+/// --kill checkpoint and restore: no signal is ever sent to the workload,
+/// so an EINTR could only come from our freeze.
+#[test]
+fn freeze_never_surfaces_eintr() {
+    let h = Harness::new("eintr");
+    let mut wl = h.spawn_wl("wl_eintr", &[]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    for i in 0..4 {
+        let img = h.image_dir(&format!("cont{i}"));
+        h.checkpoint(&img, &[], pid)
+            .assert_success("checkpoint-and-continue of threads in epoll_wait and co");
+    }
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    let mut r = h.restore_bg(&img, pid);
+    // Restored and let go: the main thread polls for `go` in nanosleep.
+    r.wait_blocked_in(
+        &wl,
+        &[libc::SYS_nanosleep, libc::SYS_clock_nanosleep],
+        Duration::from_secs(30),
+    );
+    let restored = r.restored.pid;
+    for i in 0..2 {
+        let again = h.image_dir(&format!("again{i}"));
+        h.checkpoint(&again, &[], restored)
+            .assert_success("checkpoint-and-continue of the restored process");
+    }
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "threads blocked in EINTR-prone calls");
+}

@@ -29,6 +29,7 @@ pub mod netlock;
 pub mod pipes;
 pub mod seccomp;
 pub mod signals;
+pub mod sockopts;
 pub mod task;
 pub mod threads;
 pub mod timers;

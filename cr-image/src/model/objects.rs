@@ -134,6 +134,9 @@ pub struct UnixSocket {
     pub peek_off: i32,
     /// Directory a relative name is bound or connected from.
     pub cwd: String,
+    /// SOL_SOCKET options that differ from a fresh socket's.
+    #[serde(rename = "options")]
+    pub opts: Vec<SockOpt>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -267,6 +270,7 @@ impl Object {
                     passcred: u.passcred,
                     peek_off: u.peek_off,
                     cwd: u.cwd,
+                    opts: opts_from_pb(u.opts)?,
                 })
             }
             Some(K::InetSocket(s)) => ObjectKind::InetSocket(inet_from_pb(s)?),
@@ -320,6 +324,7 @@ impl Object {
                 passcred: u.passcred,
                 peek_off: u.peek_off,
                 cwd: u.cwd.clone(),
+                opts: opts_to_pb(&u.opts),
             }),
             ObjectKind::InetSocket(s) => K::InetSocket(inet_to_pb(s)),
             ObjectKind::Memfd(f) => K::Memfd(content_to_pb(f)),
@@ -413,14 +418,6 @@ fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
     if established != s.tcp.is_some() || (established && (local.is_none() || remote.is_none())) {
         return Err("an established connection without its state or addresses".into());
     }
-    if let Some(o) = s.opts.iter().find(|o| o.value.len() > MAX_OPT) {
-        return Err(format!(
-            "option {}/{} of {} bytes",
-            o.level,
-            o.name,
-            o.value.len()
-        ));
-    }
     let tcp_state = match s.tcp {
         Some(c) => {
             if c.unsent as usize > c.send_queue.len() {
@@ -457,16 +454,39 @@ fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
         remote,
         backlog: s.backlog,
         tcp: tcp_state,
-        opts: s
-            .opts
-            .into_iter()
-            .map(|o| SockOpt {
+        opts: opts_from_pb(s.opts)?,
+    })
+}
+
+/// Socket options, each at most [`MAX_OPT`] bytes.
+fn opts_from_pb(opts: Vec<pb::SockOpt>) -> Result<Vec<SockOpt>, String> {
+    opts.into_iter()
+        .map(|o| {
+            if o.value.len() > MAX_OPT {
+                return Err(format!(
+                    "option {}/{} of {} bytes",
+                    o.level,
+                    o.name,
+                    o.value.len()
+                ));
+            }
+            Ok(SockOpt {
                 level: o.level,
                 name: o.name,
                 value: o.value,
             })
-            .collect(),
-    })
+        })
+        .collect()
+}
+
+fn opts_to_pb(opts: &[SockOpt]) -> Vec<pb::SockOpt> {
+    opts.iter()
+        .map(|o| pb::SockOpt {
+            level: o.level,
+            name: o.name,
+            value: o.value.clone(),
+        })
+        .collect()
 }
 
 fn inet_to_pb(s: &InetSocket) -> pb::InetSocket {
@@ -497,14 +517,6 @@ fn inet_to_pb(s: &InetSocket) -> pb::InetSocket {
             rcv_wnd: c.rcv_wnd,
             rcv_wup: c.rcv_wup,
         }),
-        opts: s
-            .opts
-            .iter()
-            .map(|o| pb::SockOpt {
-                level: o.level,
-                name: o.name,
-                value: o.value.clone(),
-            })
-            .collect(),
+        opts: opts_to_pb(&s.opts),
     }
 }

@@ -26,15 +26,15 @@ pub use rebuild::{warn_other_netns, AddrMap};
 
 use crate::error::RestoreError;
 use crate::kinds::fds::{FdScan, OpenFd};
+use crate::kinds::sockopts::{options, shape, Fresh, Shape};
 use crate::kinds::{Described, FileKind, HeldState, Opened};
 use crate::restore::{Rebuild, Restorer};
-use cr_image::model::objects::{InetSocket, SockOpt, TcpConnection};
+use cr_image::model::objects::{InetSocket, TcpConnection};
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process};
 use cr_sys::inet::{self as sys, TcpQueue};
 use cr_sys::netlock::LockSet;
 use cr_sys::proc::FDTarget;
 use cr_sys::{fdio, SysError};
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
 pub struct Inet;
@@ -71,63 +71,6 @@ impl FileKind for Inet {
 
     fn release(&self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
         rebuild::finish(r)
-    }
-}
-
-/// (level, option, bytes to read): the options saved when they differ from
-/// a fresh socket's. SO_SNDBUF/SO_RCVBUF are restored with the *FORCE
-/// variants, which also lock them (no more autotuning), as CRIU does.
-const OPTIONS: &[(i32, i32, usize)] = &[
-    (libc::SOL_SOCKET, libc::SO_REUSEADDR, 4),
-    (libc::SOL_SOCKET, libc::SO_REUSEPORT, 4),
-    (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 4),
-    (libc::SOL_SOCKET, libc::SO_LINGER, 8),
-    (libc::SOL_SOCKET, libc::SO_PRIORITY, 4),
-    (libc::SOL_SOCKET, libc::SO_RCVLOWAT, 4),
-    (libc::SOL_SOCKET, libc::SO_RCVTIMEO, 16),
-    (libc::SOL_SOCKET, libc::SO_SNDTIMEO, 16),
-    (libc::SOL_SOCKET, libc::SO_MARK, 4),
-    (libc::SOL_SOCKET, libc::SO_BROADCAST, 4),
-    (libc::SOL_SOCKET, libc::SO_OOBINLINE, 4),
-    (libc::SOL_SOCKET, libc::SO_BINDTODEVICE, 16),
-    (libc::SOL_SOCKET, libc::SO_SNDBUF, 4),
-    (libc::SOL_SOCKET, libc::SO_RCVBUF, 4),
-    (libc::IPPROTO_IP, libc::IP_TOS, 4),
-    (libc::IPPROTO_IP, libc::IP_TTL, 4),
-    (libc::IPPROTO_IP, libc::IP_FREEBIND, 4),
-    (libc::IPPROTO_IP, libc::IP_TRANSPARENT, 4),
-    (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 4),
-    (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 4),
-    (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 4),
-    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, 4),
-    (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, 4),
-    (libc::IPPROTO_TCP, libc::TCP_NODELAY, 4),
-    (libc::IPPROTO_TCP, libc::TCP_CORK, 4),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 4),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 4),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4),
-    (libc::IPPROTO_TCP, libc::TCP_SYNCNT, 4),
-    (libc::IPPROTO_TCP, libc::TCP_LINGER2, 4),
-    (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, 4),
-    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 4),
-    (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, 4),
-    (libc::IPPROTO_TCP, libc::TCP_CONGESTION, 16),
-    (libc::IPPROTO_TCP, libc::TCP_FASTOPEN, 4),
-];
-
-/// What kind of IP socket an fd is.
-struct Shape {
-    family: i32,
-    ty: i32,
-    protocol: i32,
-}
-
-fn shape(sock: &OwnedFd) -> Shape {
-    let get = |opt| fdio::getsockopt_int(sock, libc::SOL_SOCKET, opt).unwrap_or(-1);
-    Shape {
-        family: get(libc::SO_DOMAIN),
-        ty: get(libc::SO_TYPE),
-        protocol: get(libc::SO_PROTOCOL),
     }
 }
 
@@ -340,48 +283,6 @@ fn connection(sock: &OwnedFd, info: &sys::TcpInfo) -> Result<TcpConnection, SysE
     c.rcv_wnd = w.rcv_wnd;
     c.rcv_wup = w.rcv_wup;
     Ok(c)
-}
-
-/// Fresh sockets by (family, type, protocol), whose option values are the
-/// defaults saved options are compared with.
-#[derive(Default)]
-struct Fresh(HashMap<(i32, i32, i32), Option<OwnedFd>>);
-
-/// The options of `sock` that differ from a fresh socket's.
-fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
-    let key = (sh.family, sh.ty, sh.protocol);
-    let fresh = fresh
-        .0
-        .entry(key)
-        .or_insert_with(|| sys::socket(sh.family, sh.ty, sh.protocol).ok())
-        .as_ref();
-    let mut out = Vec::new();
-    for &(level, name, max) in OPTIONS {
-        let multicast = level == libc::IPPROTO_IP
-            && matches!(name, libc::IP_MULTICAST_TTL | libc::IP_MULTICAST_LOOP);
-        if (level == libc::IPPROTO_IPV6 && sh.family != libc::AF_INET6)
-            || (level == libc::IPPROTO_TCP && sh.protocol != libc::IPPROTO_TCP)
-            || (multicast && sh.protocol != libc::IPPROTO_UDP)
-        {
-            continue;
-        }
-        let Ok(v) = sys::getsockopt_bytes(sock, level, name, max) else {
-            continue;
-        };
-        let default = fresh.and_then(|f| sys::getsockopt_bytes(f, level, name, max).ok());
-        if default.as_deref() == Some(&v[..]) {
-            continue;
-        }
-        if name == libc::SO_BINDTODEVICE && level == libc::SOL_SOCKET && v.iter().all(|&b| b == 0) {
-            continue;
-        }
-        out.push(SockOpt {
-            level,
-            name,
-            value: v,
-        });
-    }
-    out
 }
 
 /// An address as users read it ("(unbound)" when none).

@@ -15,6 +15,7 @@
 //! data.
 
 use crate::error::{RestoreError, StepContext};
+use crate::kinds::sockopts::{set_buffer, set_options};
 use crate::options::AddrRewrite;
 use crate::restore::Restorer;
 use cr_image::model::objects::{InetSocket, TcpConnection};
@@ -150,7 +151,7 @@ fn create(
             }),
         ));
     }
-    set_options(&sock, s).step(what)?;
+    set_options(&sock, &s.opts).step(what)?;
     if let Some(l) = local {
         // Let the old port's TIME-WAIT remnants not stand in the way.
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).step(what)?;
@@ -166,41 +167,6 @@ fn create(
     Ok((sock, None))
 }
 
-/// Every saved option but SO_REUSEADDR (the caller's) and the buffer
-/// sizes (set with the FORCE variants: getsockopt shows twice what was set).
-fn set_options(sock: &OwnedFd, s: &InetSocket) -> Result<(), SysError> {
-    for o in &s.opts {
-        if o.level == libc::SOL_SOCKET {
-            match o.name {
-                libc::SO_REUSEADDR => continue,
-                libc::SO_SNDBUF | libc::SO_RCVBUF => {
-                    set_buffer(sock, o.name, o.int().unwrap_or(0).max(0) as usize)?;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        if let Err(e) = sys::setsockopt_bytes(sock, o.level, o.name, &o.value) {
-            if o.level == libc::IPPROTO_TCP && o.name == libc::TCP_CONGESTION {
-                warn!(error = %cr_sys::error::one_line(&e), "congestion control not available here; the default is used");
-                continue;
-            }
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
-/// Make SO_SNDBUF / SO_RCVBUF read `size` (the kernel doubles what is set).
-fn set_buffer(sock: &OwnedFd, name: i32, size: usize) -> Result<(), SysError> {
-    let force = if name == libc::SO_SNDBUF {
-        libc::SO_SNDBUFFORCE
-    } else {
-        libc::SO_RCVBUFFORCE
-    };
-    cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, force, (size / 2) as i32)
-}
-
 /// Build an established connection in repair mode; returns the bytes
 /// never sent, queued normally at the release.
 fn repair(
@@ -211,7 +177,7 @@ fn repair(
     remote: SocketAddr,
 ) -> Result<Vec<u8>, SysError> {
     sys::set_repair(sock, sys::REPAIR_ON)?;
-    set_options(sock, s)?;
+    set_options(sock, &s.opts)?;
     let sent = c.send_queue.len() - (c.unsent as usize).min(c.send_queue.len());
     sys::set_repair_queue(sock, TcpQueue::Send)?;
     sys::set_queue_seq(sock, c.snd_una)?;

@@ -14,7 +14,7 @@ mod regs;
 #[cfg(test)]
 mod tests;
 
-pub use regs::{fix_syscall_restart, from_model, to_model};
+pub use regs::{fix_syscall_restart, from_model, hide_stop_eintr, to_model};
 
 use crate::capture::Proc;
 use crate::error::{CheckpointError, RestoreError, StepContext};
@@ -51,7 +51,10 @@ pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
             }
             new = true;
             match Tracee::seize(tid, options, OnDrop::Detach) {
-                Ok(t) => tracees.push(t),
+                Ok(t) => {
+                    hide_our_stop(&t).map_err(|e| CheckpointError::from_sys(pid, e))?;
+                    tracees.push(t)
+                }
                 Err(SysError::Ptrace { source, .. }) if source.0 == libc::ESRCH && tid != pid => {}
                 Err(SysError::Exited { .. }) if tid != pid => {}
                 Err(e) => return Err(CheckpointError::from_sys(pid, e)),
@@ -69,6 +72,21 @@ pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
         ));
     }
     Ok(tracees)
+}
+
+/// See [`hide_stop_eintr`]: done as soon as a thread stops, so that both
+/// the image and the thread let go after the checkpoint restart the call.
+fn hide_our_stop(t: &Tracee) -> Result<(), SysError> {
+    let mut r = t.get_regs()?;
+    if hide_stop_eintr(&mut r) {
+        tracing::debug!(
+            tid = t.tid(),
+            nr = r.orig_rax,
+            "system call interrupted by our stop will run again"
+        );
+        t.set_regs(&r)?;
+    }
+    Ok(())
 }
 
 impl Kind for Threads {

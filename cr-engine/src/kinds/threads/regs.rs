@@ -32,6 +32,52 @@ convert!(
     eflags, rsp, ss, fs_base, gs_base, ds, es, fs, gs
 );
 
+/// System calls that return -EINTR when any signal — or a ptrace stop —
+/// interrupts them, SA_RESTART or not: the epoll waits, sigtimedwait,
+/// semop waits, AIO waits, and socket calls blocked under SO_RCVTIMEO /
+/// SO_SNDTIMEO (the kernel restarts them by itself only without a timeout).
+const EINTR_ON_STOP: &[i64] = &[
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_rt_sigtimedwait,
+    libc::SYS_semop,
+    libc::SYS_semtimedop,
+    libc::SYS_io_getevents,
+    333, // io_pgetevents (not in the libc crate)
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_recvmmsg,
+    libc::SYS_write,
+    libc::SYS_writev,
+    libc::SYS_sendto,
+    libc::SYS_sendmsg,
+    libc::SYS_sendmmsg,
+    libc::SYS_accept,
+    libc::SYS_accept4,
+];
+
+/// Hide our stop from a thread it pulled out of a system call.
+///
+/// PTRACE_INTERRUPT wakes a thread blocked in the calls of
+/// [`EINTR_ON_STOP`] and they end with -EINTR, which the program would see
+/// once we let it go (nginx logs one at every checkpoint). Where the
+/// registers show such a call ending with -EINTR, they are changed to
+/// -ERESTARTNOHAND: on resume the kernel runs the call again when no
+/// handler is to run and still returns EINTR when a signal handler runs
+/// first, which is what the program would have seen without us. A restore
+/// runs it again too (see [`fix_syscall_restart`]). Returns whether `r`
+/// was changed.
+pub fn hide_stop_eintr(r: &mut UserRegs) -> bool {
+    if r.rax as i64 != -(libc::EINTR as i64) || !EINTR_ON_STOP.contains(&(r.orig_rax as i64)) {
+        return false;
+    }
+    r.rax = (-ERESTARTNOHAND) as u64;
+    true
+}
+
 /// Apply the restart fix-ups to registers saved at checkpoint time.
 pub fn fix_syscall_restart(r: &mut UserRegs) {
     let nr = r.orig_rax as i64;
@@ -73,6 +119,28 @@ pub fn fix_syscall_restart(r: &mut UserRegs) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn epoll_eintr_becomes_a_restart() {
+        let mut r = regs(libc::SYS_epoll_wait, -libc::EINTR as i64);
+        assert!(hide_stop_eintr(&mut r));
+        assert_eq!(r.rax as i64, -ERESTARTNOHAND);
+        fix_syscall_restart(&mut r);
+        assert_eq!((r.rax, r.rip), (libc::SYS_epoll_wait as u64, 0x1000));
+    }
+
+    #[test]
+    fn other_results_are_left_alone() {
+        for (nr, rax) in [
+            (libc::SYS_epoll_wait, 3),
+            (libc::SYS_openat, -libc::EINTR as i64),
+            (-1, -libc::EINTR as i64),
+        ] {
+            let mut r = regs(nr, rax);
+            assert!(!hide_stop_eintr(&mut r), "{nr} {rax}");
+            assert_eq!(r.rax as i64, rax);
+        }
+    }
 
     fn regs(nr: i64, rax: i64) -> UserRegs {
         let mut r = cr_sys::regs::zeroed();

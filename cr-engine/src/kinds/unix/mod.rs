@@ -19,6 +19,7 @@ mod tests;
 
 use crate::error::RestoreError;
 use crate::kinds::fds::{self, FdScan, OpenFd};
+use crate::kinds::sockopts::{options, shape, Fresh};
 use crate::kinds::{Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::objects::UnixSocket;
@@ -207,6 +208,7 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         };
     }
     let deep = cx.tree.deep;
+    let fresh = cx.tree.stash.get::<Fresh>();
     let Some(objs) = cx.objects.as_deref_mut() else {
         // `cr_checkpoint --check` looks into the queue for fds in flight.
         // Not done before every dump: a peek marks empty datagrams, which
@@ -255,6 +257,7 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
     s.rcvbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF).unwrap_or(0);
     s.passcred = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PASSCRED).unwrap_or(0) != 0;
     s.peek_off = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF).unwrap_or(-1);
+    s.opts = options(&sock, &shape(&sock), fresh);
     objs.insert(Object {
         id: ino,
         kind: ObjectKind::UnixSocket(s),

@@ -15,6 +15,7 @@
 //!    one, keeping their boundaries), then shutdowns and options.
 
 use crate::error::{RestoreError, StepContext};
+use crate::kinds::sockopts;
 use cr_image::model::objects::UnixSocket;
 use cr_image::model::{Checkpoint, ObjectKind};
 use cr_sys::fdio;
@@ -312,6 +313,8 @@ pub fn all(ck: &Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreError> {
         if s.peek_off >= 0 {
             let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, s.peek_off);
         }
+        sockopts::set_options(fd, &s.opts)
+            .step(|| format!("cannot set the options of socket:[{id}]"))?;
     }
     Ok(out)
 }

@@ -1,0 +1,150 @@
+//! Socket options of every socket kind (inet, unix): which are saved, read
+//! as raw bytes when they differ from a fresh socket's of the same shape,
+//! and set again at restore.
+
+use cr_image::model::objects::SockOpt;
+use cr_sys::inet as sys;
+use cr_sys::{fdio, SysError};
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+/// (level, option, bytes to read): the options saved when they differ from
+/// a fresh socket's. SO_SNDBUF/SO_RCVBUF are restored with the *FORCE
+/// variants, which also lock them (no more autotuning), as CRIU does.
+const OPTIONS: &[(i32, i32, usize)] = &[
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR, 4),
+    (libc::SOL_SOCKET, libc::SO_REUSEPORT, 4),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 4),
+    (libc::SOL_SOCKET, libc::SO_LINGER, 8),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO, 16),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO, 16),
+    (libc::SOL_SOCKET, libc::SO_MARK, 4),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST, 4),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE, 4),
+    (libc::SOL_SOCKET, libc::SO_BINDTODEVICE, 16),
+    (libc::SOL_SOCKET, libc::SO_PASSSEC, 4),
+    (libc::SOL_SOCKET, libc::SO_SNDBUF, 4),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF, 4),
+    (libc::IPPROTO_IP, libc::IP_TOS, 4),
+    (libc::IPPROTO_IP, libc::IP_TTL, 4),
+    (libc::IPPROTO_IP, libc::IP_FREEBIND, 4),
+    (libc::IPPROTO_IP, libc::IP_TRANSPARENT, 4),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 4),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, 4),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY, 4),
+    (libc::IPPROTO_TCP, libc::TCP_CORK, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 4),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_SYNCNT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_LINGER2, 4),
+    (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, 4),
+    (libc::IPPROTO_TCP, libc::TCP_CONGESTION, 16),
+    (libc::IPPROTO_TCP, libc::TCP_FASTOPEN, 4),
+];
+
+/// What kind of socket an fd is.
+pub struct Shape {
+    pub family: i32,
+    pub ty: i32,
+    pub protocol: i32,
+}
+
+pub fn shape(sock: &OwnedFd) -> Shape {
+    let get = |opt| fdio::getsockopt_int(sock, libc::SOL_SOCKET, opt).unwrap_or(-1);
+    Shape {
+        family: get(libc::SO_DOMAIN),
+        ty: get(libc::SO_TYPE),
+        protocol: get(libc::SO_PROTOCOL),
+    }
+}
+
+/// Fresh sockets by (family, type, protocol), whose option values are the
+/// defaults saved options are compared with. Kept in a capture's stash.
+#[derive(Default)]
+pub struct Fresh(HashMap<(i32, i32, i32), Option<OwnedFd>>);
+
+/// The options of `sock` that differ from a fresh socket's. A unix
+/// socket's buffer sizes are left out (its own fields hold them).
+pub fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
+    let key = (sh.family, sh.ty, sh.protocol);
+    let fresh = fresh
+        .0
+        .entry(key)
+        .or_insert_with(|| sys::socket(sh.family, sh.ty, sh.protocol).ok())
+        .as_ref();
+    let ip = matches!(sh.family, libc::AF_INET | libc::AF_INET6);
+    let mut out = Vec::new();
+    for &(level, name, max) in OPTIONS {
+        let multicast = level == libc::IPPROTO_IP
+            && matches!(name, libc::IP_MULTICAST_TTL | libc::IP_MULTICAST_LOOP);
+        let buffer = level == libc::SOL_SOCKET && matches!(name, libc::SO_SNDBUF | libc::SO_RCVBUF);
+        if (!ip && (level != libc::SOL_SOCKET || buffer))
+            || (level == libc::IPPROTO_IPV6 && sh.family != libc::AF_INET6)
+            || (level == libc::IPPROTO_TCP && sh.protocol != libc::IPPROTO_TCP)
+            || (multicast && sh.protocol != libc::IPPROTO_UDP)
+        {
+            continue;
+        }
+        let Ok(v) = sys::getsockopt_bytes(sock, level, name, max) else {
+            continue;
+        };
+        let default = fresh.and_then(|f| sys::getsockopt_bytes(f, level, name, max).ok());
+        if default.as_deref() == Some(&v[..]) {
+            continue;
+        }
+        if name == libc::SO_BINDTODEVICE && level == libc::SOL_SOCKET && v.iter().all(|&b| b == 0) {
+            continue;
+        }
+        out.push(SockOpt {
+            level,
+            name,
+            value: v,
+        });
+    }
+    out
+}
+
+/// Set saved options again, but SO_REUSEADDR (the caller sets it when it
+/// is safe) and the buffer sizes (set with the FORCE variants: getsockopt
+/// shows twice what was set). A congestion control this kernel lacks is
+/// left at the default with a warning.
+pub fn set_options(sock: &OwnedFd, opts: &[SockOpt]) -> Result<(), SysError> {
+    for o in opts {
+        if o.level == libc::SOL_SOCKET {
+            match o.name {
+                libc::SO_REUSEADDR => continue,
+                libc::SO_SNDBUF | libc::SO_RCVBUF => {
+                    set_buffer(sock, o.name, o.int().unwrap_or(0).max(0) as usize)?;
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        if let Err(e) = sys::setsockopt_bytes(sock, o.level, o.name, &o.value) {
+            if o.level == libc::IPPROTO_TCP && o.name == libc::TCP_CONGESTION {
+                tracing::warn!(error = %cr_sys::error::one_line(&e), "congestion control not available here; the default is used");
+                continue;
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Make SO_SNDBUF / SO_RCVBUF read `size` (the kernel doubles what is set).
+pub fn set_buffer(sock: &OwnedFd, name: i32, size: usize) -> Result<(), SysError> {
+    let force = if name == libc::SO_SNDBUF {
+        libc::SO_SNDBUFFORCE
+    } else {
+        libc::SO_RCVBUFFORCE
+    };
+    fdio::setsockopt_int(sock, libc::SOL_SOCKET, force, (size / 2) as i32)
+}
