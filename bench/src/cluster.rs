@@ -226,3 +226,24 @@ pub fn run(o: Opts) -> Result<(), String> {
     print!("{}", table(&rows, o.reps));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<Opts>("cluster");
+        assert!(o.members == [1, 4, 16, 32] && o.nodes == [1, 2, 3] && o.reps == 3);
+        assert!(o.bin_dir.is_none());
+        let o = parsed::<Opts>("cluster --members 2,200 --nodes 2 --reps 1");
+        assert!(o.members == [2, 200] && o.nodes == [2] && o.reps == 1);
+        assert_refused(&[
+            "cluster --members 0",
+            "cluster --members 201",
+            "cluster --nodes 201",
+            "cluster --reps 0",
+        ]);
+    }
+}

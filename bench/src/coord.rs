@@ -306,3 +306,20 @@ pub fn run(o: Opts) -> Res<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<Opts>("coord");
+        assert_eq!((o.agents, o.rounds), (1000, 10));
+        assert_eq!(o.disk_base, Path::new("/var/tmp"));
+        let o = parsed::<Opts>("coord --agents 10 --rounds 2 --disk-base /srv");
+        assert_eq!((o.agents, o.rounds), (10, 2));
+        assert_eq!(o.disk_base, Path::new("/srv"));
+        assert_refused(&["coord --agents 0", "coord --rounds 0"]);
+    }
+}

@@ -905,3 +905,43 @@ pub fn main(o: FdOpts) -> Res<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<FdOpts>("fds");
+        assert!(o.counts == [10, 1000, 10000, 50000].map(Count::N));
+        assert!(o.mixes == [Mix::Files, Mix::Pipes, Mix::Mixed]);
+        assert!(o.reps == 1 && o.fs == FsKind::Tmpfs && o.margin == 100);
+        assert!(o.tool_nofile.is_none() && o.pin_cpu.is_none() && o.bin_dir.is_none());
+        assert_eq!(o.disk_base, Path::new("/var/tmp"));
+
+        let o = parsed::<FdOpts>("fds --counts 10,1000,max --reps 3");
+        assert!(o.counts == [Count::N(10), Count::N(1000), Count::Max] && o.reps == 3);
+        let o = parsed::<FdOpts>("fds --mix eventfds --counts 10,1000,10000");
+        assert!(o.mixes == [Mix::Eventfds] && o.counts == [10, 1000, 10000].map(Count::N));
+        assert_eq!(parsed::<FdOpts>("fds --pin-cpu 1").pin_cpu, Some(1));
+        assert_eq!(
+            parsed::<FdOpts>("fds --tool-nofile 1024").tool_nofile,
+            Some(1024)
+        );
+        let o = parsed::<FdOpts>("fds --fs disk --margin 8 --disk-base /srv --bin-dir b");
+        assert!(o.fs == FsKind::Disk && o.margin == 8);
+        assert_eq!(
+            (o.disk_base.as_path(), o.bin_dir.as_deref()),
+            (Path::new("/srv"), Some(Path::new("b")))
+        );
+
+        assert_refused(&[
+            "fds --counts 0",
+            "fds --mix socks",
+            "fds --fs tmpfs,disk",
+            "fds --margin 7",
+            "fds --pin-cpu -1",
+        ]);
+    }
+}

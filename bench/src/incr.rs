@@ -1491,3 +1491,39 @@ pub fn main(o: IncrOpts) -> Res<()> {
     }
     res
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<IncrOpts>("incr");
+        assert_eq!((o.size_mib(), o.reps(), o.python_mib()), (4096, 3, 1024));
+        assert_eq!(
+            (o.dirty_ppm, o.small_ppm, o.bg_ppm_per_s),
+            (50_000, 1_000, 10_000)
+        );
+        assert!(o.prewarm && o.bin_dir.is_none());
+        let o = parsed::<IncrOpts>("incr --quick");
+        assert_eq!((o.size_mib(), o.reps(), o.python_mib()), (256, 1, 128));
+        // Explicit values win over --quick, in any order.
+        let o = parsed::<IncrOpts>("incr --gib 1 --quick --reps 2 --python-mib 64");
+        assert_eq!((o.size_mib(), o.reps(), o.python_mib()), (1024, 2, 64));
+        let o = parsed::<IncrOpts>(
+            "incr --dirty-pct 0.5 --small-pct 0 --bg-pct-per-s 100 --no-prewarm",
+        );
+        assert_eq!(
+            (o.dirty_ppm, o.small_ppm, o.bg_ppm_per_s),
+            (5_000, 0, 1_000_000)
+        );
+        assert!(!o.prewarm);
+        assert_refused(&[
+            "incr --gib 0",
+            "incr --dirty-pct 101",
+            "incr --small-pct -1",
+            "incr --reps 0",
+        ]);
+    }
+}

@@ -1555,3 +1555,75 @@ fn main() {
     };
     std::process::exit(code);
 }
+
+/// Test support: `cr-bench ARGS` (split at spaces) parsed, as the options of
+/// its subcommand, or of the memory benchmark without one.
+#[cfg(test)]
+fn parsed<T: clap::FromArgMatches>(args: &str) -> T {
+    use clap::CommandFactory;
+    let m = Cli::command()
+        .try_get_matches_from(std::iter::once("cr-bench").chain(args.split_whitespace()))
+        .unwrap_or_else(|e| panic!("{args}: {e}"));
+    T::from_arg_matches(m.subcommand().map_or(&m, |(_, sub)| sub))
+        .unwrap_or_else(|e| panic!("{args}: {e}"))
+}
+
+/// Test support: asserts that every `cr-bench ARGS` of `lines` is refused.
+#[cfg(test)]
+fn assert_refused(lines: &[&str]) {
+    for args in lines {
+        let argv = std::iter::once("cr-bench").chain(args.split_whitespace());
+        assert!(Cli::try_parse_from(argv).is_err(), "{args}: accepted");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn memory_benchmark_command_lines() {
+        let o: Opts = parsed("");
+        assert_eq!(o.sizes_mib, [256, 1024, 4096]);
+        assert_eq!(o.fss, [FsKind::Tmpfs, FsKind::Disk]);
+        assert_eq!(o.reps, 1);
+        assert!(!o.json && o.verify && !o.limits_only && o.prewarm);
+        assert_eq!(o.bin_dir, None);
+        assert_eq!(o.disk_base, Path::new("/var/tmp"));
+
+        assert_eq!(parsed::<Opts>("--sizes 256").sizes_mib, [256]);
+        let o: Opts = parsed("--reps 3 --json");
+        assert!(o.reps == 3 && o.json);
+        assert!(parsed::<Opts>("--limits-only").limits_only);
+        let o: Opts =
+            parsed("--sizes=16,32 --fs=disk --no-verify --no-prewarm --bin-dir target/debug");
+        assert_eq!(o.sizes_mib, [16, 32]);
+        assert_eq!(o.fss, [FsKind::Disk]);
+        assert!(!o.verify && !o.prewarm);
+        assert_eq!(o.bin_dir.as_deref(), Some(Path::new("target/debug")));
+        assert_eq!(
+            parsed::<Opts>("--disk-base /srv").disk_base,
+            Path::new("/srv")
+        );
+        // The last occurrence of a flag counts, lists included.
+        let o: Opts = parsed("--sizes 1,2 --sizes 3 --reps 2 --reps 4");
+        assert!(o.sizes_mib == [3] && o.reps == 4);
+
+        // Top-level flags belong to the memory benchmark only.
+        assert_refused(&[
+            "--sizes 0",
+            "--sizes x",
+            "--fs nfs",
+            "--reps 0",
+            "--bogus",
+            "x",
+            "--reps 3 fds",
+        ]);
+    }
+}

@@ -1328,3 +1328,25 @@ pub fn main(o: TcpOpts) -> Res<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<TcpOpts>("tcp");
+        assert!(o.conns == [1, 100, 10000] && o.reps == 1 && o.fs == FsKind::Tmpfs);
+        assert!(o.port == 5000 && o.bin_dir.is_none());
+        assert_eq!(o.disk_base, Path::new("/var/tmp"));
+        let o = parsed::<TcpOpts>("tcp --conns 100,1000 --reps 3 --fs disk --port 29999");
+        assert!(o.conns == [100, 1000] && o.reps == 3 && o.fs == FsKind::Disk && o.port == 29999);
+        assert_refused(&[
+            "tcp --conns 0",
+            "tcp --port 0",
+            "tcp --port 30000",
+            "tcp --reps 0",
+        ]);
+    }
+}
