@@ -17,87 +17,53 @@
 //! --workspace`): cr-agent, cr-coordinatord, crctl, cr_run and wl_ring next
 //! to cr-bench, or in `--bin-dir`.
 
-use crate::{require_bins, Res};
+use crate::{int_in, require_bins};
+use clap::{ArgAction, Args};
 use cr_tests::cluster::{jstr, ju64, Cluster};
 use cr_tests::Harness;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-const USAGE: &str = "\
-usage: cr-bench cluster [--members N,N,...] [--nodes N,N,...] [--reps N]
-                        [--bin-dir DIR]
-
-  --members   ring sizes (default 1,4,16,32)
-  --nodes     numbers of nodes the ring is spread over (default 1,2,3);
-              a ring is only run over at most as many nodes as it has members
-  --reps N    checkpoints per ring (default 3); the table shows medians
-  --bin-dir   where cr-agent, cr-coordinatord, crctl, cr_run and wl_ring
-              live (default: the directory of this executable)
-
-Everything runs in network namespaces created and removed by cr-bench
-(10.99.0.0/24 inside them only). Progress goes to stderr, the table to stdout.
-";
-
 /// Messages every member must carry between two checkpoints.
 const ADVANCE: u64 = 2000;
 
-struct Opts {
+/// `cr-bench cluster`: pause of a coordinated checkpoint of a ring job over
+/// nodes.
+#[derive(Args)]
+#[command(
+    after_help = "Everything runs in network namespaces created and removed by cr-bench \
+                   (10.99.0.0/24 inside them only). Progress goes to stderr, the table \
+                   to stdout."
+)]
+pub struct Opts {
+    /// Ring sizes (at most 200).
+    #[arg(
+        long,
+        value_name = "N,N,...",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = "1,4,16,32",
+        value_parser = int_in::<usize>(1..=200),
+    )]
     members: Vec<usize>,
+    /// Numbers of nodes the ring is spread over (at most 200); a ring is only
+    /// run over at most as many nodes as it has members.
+    #[arg(
+        long,
+        value_name = "N,N,...",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = "1,2,3",
+        value_parser = int_in::<usize>(1..=200),
+    )]
     nodes: Vec<usize>,
+    /// Checkpoints per ring; the table shows medians.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = int_in::<usize>(1..))]
     reps: usize,
+    /// Where cr-agent, cr-coordinatord, crctl, cr_run and wl_ring live
+    /// (default: the directory of this executable).
+    #[arg(long, value_name = "DIR")]
     bin_dir: Option<PathBuf>,
-}
-
-fn list(v: &str, what: &str) -> Res<Vec<usize>> {
-    let out: Vec<usize> = v
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| match s.trim().parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("bad {what} {s:?} (a positive integer)")),
-        })
-        .collect::<Res<_>>()?;
-    if out.is_empty() {
-        return Err(format!("{what} is empty"));
-    }
-    Ok(out)
-}
-
-fn parse(args: &[String]) -> Res<Option<Opts>> {
-    let mut o = Opts {
-        members: vec![1, 4, 16, 32],
-        nodes: vec![1, 2, 3],
-        reps: 3,
-        bin_dir: None,
-    };
-    let mut flags = crate::Flags::new(args.iter().cloned());
-    while let Some(flag) = flags.next_flag() {
-        match flag.as_str() {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(None);
-            }
-            "--members" => o.members = list(&flags.value("--members")?, "--members")?,
-            "--nodes" => {
-                o.nodes = list(&flags.value("--nodes")?, "--nodes")?;
-                if o.nodes.iter().any(|&n| n > 200) {
-                    return Err("--nodes: at most 200".into());
-                }
-            }
-            "--reps" => {
-                o.reps = match flags.value("--reps")?.parse() {
-                    Ok(n) if n > 0 => n,
-                    _ => return Err("--reps needs a positive integer".into()),
-                }
-            }
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    if o.members.iter().any(|&m| m > 200) {
-        return Err("--members: at most 200".into());
-    }
-    Ok(Some(o))
 }
 
 /// The times of one checkpoint, from its CheckpointInfo.
@@ -228,10 +194,7 @@ fn table(rows: &[Row], reps: usize) -> String {
 }
 
 /// `cr-bench cluster ARGS...`.
-pub fn run(args: &[String]) -> Result<(), String> {
-    let Some(o) = parse(args)? else {
-        return Ok(());
-    };
+pub fn run(o: Opts) -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err("cr-bench cluster needs root (network namespaces, ptrace)".into());
@@ -262,4 +225,25 @@ pub fn run(args: &[String]) -> Result<(), String> {
         })?;
     print!("{}", table(&rows, o.reps));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<Opts>("cluster");
+        assert!(o.members == [1, 4, 16, 32] && o.nodes == [1, 2, 3] && o.reps == 3);
+        assert!(o.bin_dir.is_none());
+        let o = parsed::<Opts>("cluster --members 2,200 --nodes 2 --reps 1");
+        assert!(o.members == [2, 200] && o.nodes == [2] && o.reps == 1);
+        assert_refused(&[
+            "cluster --members 0",
+            "cluster --members 201",
+            "cluster --nodes 201",
+            "cluster --reps 0",
+        ]);
+    }
 }

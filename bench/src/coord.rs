@@ -6,20 +6,15 @@
 //! the protocol itself: fan-outs, the cut check, and the catalog's durable
 //! transactions (on a real disk, with fsync).
 
-use crate::{fs_type_name, mkdtemp, DirGuard, Res};
+use crate::{fs_type_name, int_in, mkdtemp, DirGuard, Res};
+use clap::Args;
 use cr_coordinatord::{pb, AgentApi, AgentResult, Catalog, Coordinator, Settings};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "\
-usage: cr-bench coord [--agents N] [--rounds R] [--disk-base DIR]
-
-  --agents N    simulated agents, one job member each (default 1000)
-  --rounds R    measured checkpoints (default 10), after one warm-up
-  --disk-base   where the catalog goes: a fresh directory under it
-                (default /var/tmp)
-
+/// The end of `cr-bench coord --help`: what the columns measure.
+const PHASES: &str = "\
 Phases, as seen by the agents (so with microsecond resolution):
   prepare  round start (busy check, id, `preparing` transaction) to the
            last PREPARE reply
@@ -27,41 +22,21 @@ Phases, as seen by the agents (so with microsecond resolution):
   dump     to the last DUMP reply
   commit   to the first FINISH call: cut check of the images, the commit
            transaction, Commit to every agent
-  finish   to the end: FINISH to every agent, its transaction, retention
-";
+  finish   to the end: FINISH to every agent, its transaction, retention";
 
-struct Opts {
+/// `cr-bench coord`: the coordinator's protocol cost with simulated agents.
+#[derive(Args)]
+#[command(after_help = PHASES)]
+pub struct Opts {
+    /// Simulated agents, one job member each.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = int_in::<usize>(1..))]
     agents: usize,
+    /// Measured checkpoints, after one warm-up.
+    #[arg(long, value_name = "R", default_value_t = 10, value_parser = int_in::<usize>(1..))]
     rounds: usize,
+    /// Where the catalog goes: a fresh directory under it.
+    #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     disk_base: PathBuf,
-}
-
-fn parse(args: &[String]) -> Res<Opts> {
-    let mut o = Opts {
-        agents: 1000,
-        rounds: 10,
-        disk_base: PathBuf::from("/var/tmp"),
-    };
-    let mut flags = crate::Flags::new(args.iter().cloned());
-    while let Some(flag) = flags.next_flag() {
-        let positive = |name: &str, v: String| -> Res<usize> {
-            match v.parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{name} needs a positive integer, not {v:?}")),
-            }
-        };
-        match flag.as_str() {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            "--agents" => o.agents = positive("--agents", flags.value("--agents")?)?,
-            "--rounds" => o.rounds = positive("--rounds", flags.value("--rounds")?)?,
-            "--disk-base" => o.disk_base = PathBuf::from(flags.value("--disk-base")?),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    Ok(o)
 }
 
 /// When the phases of the current round started and ended, as the agents saw them.
@@ -277,10 +252,8 @@ fn stats(v: impl Iterator<Item = f64>) -> (f64, f64, f64) {
     (mean * 1e3, min * 1e3, max * 1e3)
 }
 
-/// `cr-bench coord [--agents N] [--rounds R] [--disk-base DIR]` (`args`
-/// without the program name and "coord").
-pub fn run(args: &[String]) -> Res<()> {
-    let o = parse(args)?;
+/// `cr-bench coord [--agents N] [--rounds R] [--disk-base DIR]`.
+pub fn run(o: Opts) -> Res<()> {
     crate::install_signal_handlers();
     let dir = mkdtemp(&o.disk_base.join("cr-bench-coord."))?;
     let _guard = DirGuard(dir.clone());
@@ -332,4 +305,21 @@ pub fn run(args: &[String]) -> Res<()> {
         println!("| {name} | {mean:.2} | {min:.2} | {max:.2} |");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<Opts>("coord");
+        assert_eq!((o.agents, o.rounds), (1000, 10));
+        assert_eq!(o.disk_base, Path::new("/var/tmp"));
+        let o = parsed::<Opts>("coord --agents 10 --rounds 2 --disk-base /srv");
+        assert_eq!((o.agents, o.rounds), (10, 2));
+        assert_eq!(o.disk_base, Path::new("/srv"));
+        assert_refused(&["coord --agents 0", "coord --rounds 0"]);
+    }
 }

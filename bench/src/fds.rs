@@ -4,9 +4,10 @@
 
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
-    kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
+    int_in, kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
     wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, GIB, INTERRUPTED,
 };
+use clap::{ArgAction, Args, ValueEnum};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{self, Write as _};
@@ -16,34 +17,11 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "\
-usage: cr-bench fds [--counts N,N,...|max] [--mix files,pipes,mixed] [--reps N]
-                    [--fs tmpfs|disk] [--margin M] [--tool-nofile SOFT]
-                    [--pin-cpu CPU] [--bin-dir DIR] [--disk-base DIR]
-
-  --counts       numbers of open fds (default 10,1000,10000,50000); `max` is
-                 the largest the hard RLIMIT_NOFILE allows; larger counts are
-                 capped to it (with a note saying why)
-  --mix          kinds of fds (default files,pipes,mixed; also eventfds)
-  --reps N       repetitions (default 1); tables show the best, and the
-                 median in parentheses
-  --fs           where images and the workload's files go (default tmpfs,
-                 mounted by cr-bench; disk: a fresh dir under --disk-base)
-  --margin M     fds kept free below the hard limit for `max` (default 100)
-  --tool-nofile  soft RLIMIT_NOFILE for cr_checkpoint and cr_restart
-                 (default: inherited from cr-bench)
-  --pin-cpu CPU  run cr_checkpoint and cr_restart (and so the restored
-                 process) on this one CPU only (default: no affinity set)
-  --bin-dir      where cr_checkpoint, cr_restart and bench_fds live (default:
-                 the directory of this executable)
-  --disk-base    parent of the on-disk directory (default /var/tmp)
-";
-
 /// What the user asked for when no count is given: 50,000 is capped on
 /// machines whose hard limit is lower.
-const DEFAULT_COUNTS: &[usize] = &[10, 1000, 10000, 50000];
+const DEFAULT_COUNTS: &str = "10,1000,10000,50000";
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mix {
     Files,
     Pipes,
@@ -68,108 +46,64 @@ enum Count {
     Max,
 }
 
-struct FdOpts {
-    counts: Vec<Count>,
-    mixes: Vec<Mix>,
-    reps: usize,
-    fs: FsKind,
-    margin: usize,
-    tool_nofile: Option<u64>,
-    pin_cpu: Option<usize>,
-    bin_dir: Option<PathBuf>,
-    disk_base: PathBuf,
-}
-
-fn parse_opts() -> Res<FdOpts> {
-    let mut o = FdOpts {
-        counts: DEFAULT_COUNTS.iter().map(|&n| Count::N(n)).collect(),
-        mixes: vec![Mix::Files, Mix::Pipes, Mix::Mixed],
-        reps: 1,
-        fs: FsKind::Tmpfs,
-        margin: 100,
-        tool_nofile: None,
-        pin_cpu: None,
-        bin_dir: None,
-        disk_base: PathBuf::from("/var/tmp"),
-    };
-    // argv[1] is "fds".
-    let mut flags = crate::Flags::new(std::env::args().skip(2));
-    while let Some(flag) = flags.next_flag() {
-        let positive = |name: &str, v: String| -> Res<usize> {
-            match v.trim().parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{name} needs a positive integer, not {v:?}")),
-            }
-        };
-        match flag.as_str() {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            "--counts" => {
-                o.counts = flags
-                    .value("--counts")?
-                    .split(',')
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| match s.trim() {
-                        "max" => Ok(Count::Max),
-                        n => positive("--counts", n.to_string()).map(Count::N),
-                    })
-                    .collect::<Res<_>>()?;
-                if o.counts.is_empty() {
-                    return Err("--counts is empty".into());
-                }
-            }
-            "--mix" => {
-                o.mixes = flags
-                    .value("--mix")?
-                    .split(',')
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| match s.trim() {
-                        "files" => Ok(Mix::Files),
-                        "pipes" => Ok(Mix::Pipes),
-                        "mixed" => Ok(Mix::Mixed),
-                        "eventfds" => Ok(Mix::Eventfds),
-                        other => Err(format!(
-                            "unknown mix {other:?} (files, pipes, mixed, eventfds)"
-                        )),
-                    })
-                    .collect::<Res<_>>()?;
-                if o.mixes.is_empty() {
-                    return Err("--mix is empty".into());
-                }
-            }
-            "--reps" => o.reps = positive("--reps", flags.value("--reps")?)?,
-            "--fs" => {
-                o.fs = match flags.value("--fs")?.as_str() {
-                    "tmpfs" => FsKind::Tmpfs,
-                    "disk" => FsKind::Disk,
-                    other => return Err(format!("unknown fs {other:?} (tmpfs, disk)")),
-                }
-            }
-            "--margin" => {
-                o.margin = positive("--margin", flags.value("--margin")?)?;
-                if o.margin < 8 {
-                    return Err("--margin must be at least 8".into());
-                }
-            }
-            "--tool-nofile" => {
-                o.tool_nofile =
-                    Some(positive("--tool-nofile", flags.value("--tool-nofile")?)? as u64)
-            }
-            "--pin-cpu" => {
-                let v = flags.value("--pin-cpu")?;
-                o.pin_cpu = match v.trim().parse::<usize>() {
-                    Ok(c) if c < libc::CPU_SETSIZE as usize => Some(c),
-                    _ => return Err(format!("--pin-cpu needs a CPU number, not {v:?}")),
-                }
-            }
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
-            "--disk-base" => o.disk_base = PathBuf::from(flags.value("--disk-base")?),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+impl Count {
+    /// clap value parser of one `--counts` element: `max` or a positive integer.
+    fn parse(s: &str) -> Res<Count> {
+        match s.trim() {
+            "max" => Ok(Count::Max),
+            n => int_in::<usize>(1..)(n).map(Count::N),
         }
     }
-    Ok(o)
+}
+
+/// `cr-bench fds`: the open-fd benchmark.
+#[derive(Args)]
+pub struct FdOpts {
+    /// Numbers of open fds; `max` is the largest the hard RLIMIT_NOFILE
+    /// allows; larger counts are capped to it (with a note saying why).
+    #[arg(
+        long,
+        value_name = "N,N,...|max",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = DEFAULT_COUNTS,
+        value_parser = Count::parse,
+    )]
+    counts: Vec<Count>,
+    /// Kinds of fds (eventfds is a diagnostic mix).
+    #[arg(
+        long = "mix",
+        value_name = "files,pipes,mixed",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = "files,pipes,mixed",
+    )]
+    mixes: Vec<Mix>,
+    /// Repetitions; tables show the best, and the median in parentheses.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int_in::<usize>(1..))]
+    reps: usize,
+    /// Where images and the workload's files go (tmpfs: mounted by
+    /// cr-bench; disk: a fresh dir under --disk-base).
+    #[arg(long, value_name = "tmpfs|disk", default_value = "tmpfs")]
+    fs: FsKind,
+    /// Fds kept free below the hard limit for `max`.
+    #[arg(long, value_name = "M", default_value_t = 100, value_parser = int_in::<usize>(8..))]
+    margin: usize,
+    /// Soft RLIMIT_NOFILE for cr_checkpoint and cr_restart (default:
+    /// inherited from cr-bench).
+    #[arg(long, value_name = "SOFT", value_parser = int_in::<u64>(1..))]
+    tool_nofile: Option<u64>,
+    /// Run cr_checkpoint and cr_restart (and so the restored process) on
+    /// this one CPU only (default: no affinity set).
+    #[arg(long, value_name = "CPU", value_parser = int_in::<usize>(0..libc::CPU_SETSIZE as usize))]
+    pin_cpu: Option<usize>,
+    /// Where cr_checkpoint, cr_restart and bench_fds live (default: the
+    /// directory of this executable).
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
+    /// Parent of the on-disk directory.
+    #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
+    disk_base: PathBuf,
 }
 
 // ---------------------------------------------------------------------------
@@ -912,8 +846,7 @@ fn find_bins(o: &FdOpts) -> Res<Bins> {
 }
 
 /// `cr-bench fds ...`
-pub fn main() -> Res<()> {
-    let o = parse_opts()?;
+pub fn main(o: FdOpts) -> Res<()> {
     let bins = find_bins(&o)?;
     install_signal_handlers();
     crate::become_subreaper();
@@ -971,4 +904,44 @@ pub fn main() -> Res<()> {
         return Err("interrupted".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<FdOpts>("fds");
+        assert!(o.counts == [10, 1000, 10000, 50000].map(Count::N));
+        assert!(o.mixes == [Mix::Files, Mix::Pipes, Mix::Mixed]);
+        assert!(o.reps == 1 && o.fs == FsKind::Tmpfs && o.margin == 100);
+        assert!(o.tool_nofile.is_none() && o.pin_cpu.is_none() && o.bin_dir.is_none());
+        assert_eq!(o.disk_base, Path::new("/var/tmp"));
+
+        let o = parsed::<FdOpts>("fds --counts 10,1000,max --reps 3");
+        assert!(o.counts == [Count::N(10), Count::N(1000), Count::Max] && o.reps == 3);
+        let o = parsed::<FdOpts>("fds --mix eventfds --counts 10,1000,10000");
+        assert!(o.mixes == [Mix::Eventfds] && o.counts == [10, 1000, 10000].map(Count::N));
+        assert_eq!(parsed::<FdOpts>("fds --pin-cpu 1").pin_cpu, Some(1));
+        assert_eq!(
+            parsed::<FdOpts>("fds --tool-nofile 1024").tool_nofile,
+            Some(1024)
+        );
+        let o = parsed::<FdOpts>("fds --fs disk --margin 8 --disk-base /srv --bin-dir b");
+        assert!(o.fs == FsKind::Disk && o.margin == 8);
+        assert_eq!(
+            (o.disk_base.as_path(), o.bin_dir.as_deref()),
+            (Path::new("/srv"), Some(Path::new("b")))
+        );
+
+        assert_refused(&[
+            "fds --counts 0",
+            "fds --mix socks",
+            "fds --fs tmpfs,disk",
+            "fds --margin 7",
+            "fds --pin-cpu -1",
+        ]);
+    }
 }

@@ -23,10 +23,11 @@
 
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
-    kernel_release, limit_dump, measure_memcpy, measure_pvm_fresh, mem_available, only_std_fds,
-    proc_exists, proc_state, reap_strays, run_timed, DirGuard, Mapping, ProcGuard, Res, Target,
-    GIB, INTERRUPTED, MIB,
+    int_in, kernel_release, limit_dump, measure_memcpy, measure_pvm_fresh, mem_available,
+    only_std_fds, proc_exists, proc_state, reap_strays, run_timed, DirGuard, Mapping, ProcGuard,
+    Res, Target, GIB, INTERRUPTED, MIB,
 };
+use clap::{ArgAction, Args};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{self, Write as _};
@@ -35,109 +36,88 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "\
-usage: cr-bench incr [--gib N] [--quick] [--reps N] [--dirty-pct P]
-                     [--small-pct P] [--bg-pct-per-s P] [--python-mib M]
-                     [--no-prewarm] [--bin-dir DIR]
-
-  --gib N          workload size in GiB (default 4)
-  --quick          smoke run: 256 MiB workload, 1 rep, 128 MiB python dict
-  --reps N         repetitions of every measurement (default 3, --quick 1);
-                   cells show the best, and the median in parentheses
-  --dirty-pct P    share of pages dirtied between checkpoints (default 5)
-  --small-pct P    the \"small amount\" of the pre-dump case (default 0.1)
-  --bg-pct-per-s P rate of the background writer of the pre-dump case, in
-                   % of the pages per second (default 1)
-  --python-mib M   RSS the python3 dict is grown to (default 1024)
-  --no-prewarm     do not touch (and free) the memory a timed phase is
-                   about to fill
-  --bin-dir DIR    where cr_checkpoint, cr_restart, cr_image and
-                   bench_dirty live (default: the directory of this
-                   executable)
-
-Images go to a tmpfs mounted by cr-bench (removed at the end); every
-cr_checkpoint runs with --no-fsync.
-";
-
 const PAGE: u64 = 4096;
 /// Ids of the workload's commands: never reused, also across restores.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-struct IncrOpts {
-    size_mib: usize,
-    reps: usize,
-    dirty_ppm: u64,
-    small_ppm: u64,
-    bg_ppm_per_s: u64,
-    python_mib: usize,
-    prewarm: bool,
-    bin_dir: Option<PathBuf>,
+/// Defaults of the workload size, the repetitions and the python3 dict's
+/// RSS, and the same with --quick.
+const DEFAULT_GIB: usize = 4;
+const DEFAULT_REPS: usize = 3;
+const DEFAULT_PYTHON_MIB: usize = 1024;
+const QUICK_MIB: usize = 256;
+const QUICK_REPS: usize = 1;
+const QUICK_PYTHON_MIB: usize = 128;
+
+/// `cr-bench incr`: incremental checkpoints, pre-dump, compression.
+#[derive(Args)]
+#[command(
+    after_help = "Images go to a tmpfs mounted by cr-bench (removed at the end); every \
+                   cr_checkpoint runs with --no-fsync."
+)]
+pub struct IncrOpts {
+    /// Workload size in GiB (default 4).
+    #[arg(long, value_name = "N", value_parser = int_in::<usize>(1..))]
+    gib: Option<usize>,
+    /// Smoke run: 256 MiB workload, 1 rep, 128 MiB python dict.
+    #[arg(long)]
     quick: bool,
+    /// Repetitions of every measurement (default 3, --quick 1); cells show
+    /// the best, and the median in parentheses.
+    #[arg(long, value_name = "N", value_parser = int_in::<usize>(1..))]
+    reps: Option<usize>,
+    /// Share of pages dirtied between checkpoints, in %.
+    #[arg(long = "dirty-pct", value_name = "P", default_value = "5", value_parser = ppm)]
+    dirty_ppm: u64,
+    /// The "small amount" of the pre-dump case, in %.
+    #[arg(long = "small-pct", value_name = "P", default_value = "0.1", value_parser = ppm)]
+    small_ppm: u64,
+    /// Rate of the background writer of the pre-dump case, in % of the pages
+    /// per second.
+    #[arg(long = "bg-pct-per-s", value_name = "P", default_value = "1", value_parser = ppm)]
+    bg_ppm_per_s: u64,
+    /// RSS the python3 dict is grown to (default 1024).
+    #[arg(long, value_name = "M", value_parser = int_in::<usize>(1..))]
+    python_mib: Option<usize>,
+    /// Do not touch (and free) the memory a timed phase is about to fill.
+    #[arg(long = "no-prewarm", action = ArgAction::SetFalse)]
+    prewarm: bool,
+    /// Where cr_checkpoint, cr_restart, cr_image and bench_dirty live
+    /// (default: the directory of this executable).
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
 }
 
-fn parse_pct(name: &str, v: &str) -> Res<u64> {
-    match v.trim().parse::<f64>() {
-        Ok(p) if (0.0..=100.0).contains(&p) => Ok((p * 10_000.0).round() as u64),
-        _ => Err(format!("{name} needs a percentage (0..100), not {v:?}")),
-    }
-}
-
-fn parse_opts() -> Res<IncrOpts> {
-    let mut o = IncrOpts {
-        size_mib: 4096,
-        reps: 3,
-        dirty_ppm: 50_000,
-        small_ppm: 1_000,
-        bg_ppm_per_s: 10_000,
-        python_mib: 1024,
-        prewarm: true,
-        bin_dir: None,
-        quick: false,
-    };
-    let (mut gib, mut reps, mut py) = (None, None, None);
-    // argv[1] is "incr".
-    let mut flags = crate::Flags::new(std::env::args().skip(2));
-    while let Some(flag) = flags.next_flag() {
-        let positive = |name: &str, v: String| -> Res<usize> {
-            match v.trim().parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{name} needs a positive integer, not {v:?}")),
-            }
-        };
-        match flag.as_str() {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            "--gib" => gib = Some(positive("--gib", flags.value("--gib")?)?),
-            "--quick" => o.quick = true,
-            "--reps" => reps = Some(positive("--reps", flags.value("--reps")?)?),
-            "--dirty-pct" => o.dirty_ppm = parse_pct("--dirty-pct", &flags.value("--dirty-pct")?)?,
-            "--small-pct" => o.small_ppm = parse_pct("--small-pct", &flags.value("--small-pct")?)?,
-            "--bg-pct-per-s" => {
-                o.bg_ppm_per_s = parse_pct("--bg-pct-per-s", &flags.value("--bg-pct-per-s")?)?
-            }
-            "--python-mib" => py = Some(positive("--python-mib", flags.value("--python-mib")?)?),
-            "--no-prewarm" => o.prewarm = false,
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+impl IncrOpts {
+    fn size_mib(&self) -> usize {
+        match self.gib {
+            Some(g) => g * 1024,
+            None if self.quick => QUICK_MIB,
+            None => DEFAULT_GIB * 1024,
         }
     }
-    if o.quick {
-        o.size_mib = 256;
-        o.reps = 1;
-        o.python_mib = 128;
+
+    fn reps(&self) -> usize {
+        let default = if self.quick { QUICK_REPS } else { DEFAULT_REPS };
+        self.reps.unwrap_or(default)
     }
-    if let Some(g) = gib {
-        o.size_mib = g * 1024;
+
+    fn python_mib(&self) -> usize {
+        let default = if self.quick {
+            QUICK_PYTHON_MIB
+        } else {
+            DEFAULT_PYTHON_MIB
+        };
+        self.python_mib.unwrap_or(default)
     }
-    if let Some(r) = reps {
-        o.reps = r;
+}
+
+/// clap value parser of a percentage (0..100), as parts per million.
+fn ppm(v: &str) -> Res<u64> {
+    match v.trim().parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok((p * 10_000.0).round() as u64),
+        _ => Err("not a percentage (0..100)".into()),
     }
-    if let Some(p) = py {
-        o.python_mib = p;
-    }
-    Ok(o)
 }
 
 // ---------------------------------------------------------------------------
@@ -741,15 +721,15 @@ fn run(
     let say = |s: &str| eprintln!("cr-bench incr: {s}");
 
     // --- workload and control ---
-    say(&format!("starting bench_dirty {} MiB ...", o.size_mib));
-    let (mut w, fill_s) = Dirtier::start(bins, &run_dir, o.size_mib)?;
+    say(&format!("starting bench_dirty {} MiB ...", o.size_mib()));
+    let (mut w, fill_s) = Dirtier::start(bins, &run_dir, o.size_mib())?;
     states.add(w.pid());
     r.len = w.len as u64;
     r.pages = w.pages;
     r.fill_s = fill_s;
     let len = r.len;
     let dirty_bytes = len * o.dirty_ppm / 1_000_000;
-    for _ in 0..o.reps {
+    for _ in 0..o.reps() {
         r.dirty_untracked.push(w.dirty(o.dirty_ppm)?);
     }
     let v = w.verify("control: live workload, never checkpointed")?;
@@ -757,11 +737,11 @@ fn run(
         .push(("control (live, no checkpoint yet)".into(), v));
 
     // --- limits and full dumps: workers, compression ---
-    for rep in 0..o.reps {
+    for rep in 0..o.reps() {
         say(&format!(
             "limits and full dumps, rep {}/{} ...",
             rep + 1,
-            o.reps
+            o.reps()
         ));
         r.memcpy_s.push(measure_memcpy(w.len)?);
         check_interrupted()?;
@@ -822,12 +802,12 @@ fn run(
             written: Vec::new(),
             upper_bound: rate > 0,
         };
-        for rep in 0..o.reps {
+        for rep in 0..o.reps() {
             say(&format!(
                 "pre-dump: {}, rep {}/{} ...",
                 c.name,
                 rep + 1,
-                o.reps
+                o.reps()
             ));
             let (p, d) = (img("pre"), img("final"));
             let mut bg0 = 0;
@@ -874,11 +854,11 @@ fn run(
     // --- full --track-mem, dirty, incremental (uffd-wp, then hash) ---
     let (d1, d2, d3) = (img("d1"), img("d2"), img("d3"));
     let mut writes_at = (0, 0);
-    for rep in 0..o.reps {
+    for rep in 0..o.reps() {
         say(&format!(
             "full + incremental, rep {}/{} ...",
             rep + 1,
-            o.reps
+            o.reps()
         ));
         for d in [&d1, &d2, &d3] {
             rm_img(d)?;
@@ -927,9 +907,9 @@ fn run(
             verify_s: Vec::new(),
         });
     }
-    for rep in 0..o.reps {
+    for rep in 0..o.reps() {
         for (i, (name, dir, writes)) in rows.iter().enumerate() {
-            say(&format!("restore {name}, rep {}/{} ...", rep + 1, o.reps));
+            say(&format!("restore {name}, rep {}/{} ...", rep + 1, o.reps()));
             prewarm(o, len)?;
             let (secs, mut restored) = restore(bins, &run_dir, dir, &w, *writes)?;
             r.restore[i].secs.push(secs);
@@ -941,7 +921,7 @@ fn run(
         }
     }
     r.checks.push((
-        format!("restored, {} times (every image, every rep)", 3 * o.reps),
+        format!("restored, {} times (every image, every rep)", 3 * o.reps()),
         best(
             &r.restore
                 .iter()
@@ -955,22 +935,22 @@ fn run(
     }
 
     // --- python3 dict: compression of a realistic heap ---
-    say(&format!("python3 dict of ~{} MiB RSS ...", o.python_mib));
+    say(&format!("python3 dict of ~{} MiB RSS ...", o.python_mib()));
     let py_dir = run_dir.join("py");
     fs::create_dir(&py_dir).map_err(|e| format!("{}: {e}", py_dir.display()))?;
-    let (mut pg, entries, rss, build_s) = start_python(&py_dir, o.python_mib)?;
+    let (mut pg, entries, rss, build_s) = start_python(&py_dir, o.python_mib())?;
     let mut py = Py {
         entries,
         rss,
         build_s,
         dumps: COMPS.iter().map(|&c| (c, Vec::new())).collect(),
     };
-    for rep in 0..o.reps {
+    for rep in 0..o.reps() {
         for (comp, v) in py.dumps.iter_mut() {
             say(&format!(
                 "python3 --compress {comp}, rep {}/{} ...",
                 rep + 1,
-                o.reps
+                o.reps()
             ));
             prewarm(o, rss)?;
             let d = img("py-img");
@@ -1050,8 +1030,8 @@ fn markdown(o: &IncrOpts, r: &Results, target: &Target, err: Option<&str>) -> St
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         size,
         r.pages,
-        o.reps,
-        if o.reps > 1 {
+        o.reps(),
+        if o.reps() > 1 {
             " (cells: best (median))"
         } else {
             ""
@@ -1457,15 +1437,14 @@ fn find_bins(o: &IncrOpts) -> Res<Bins> {
 }
 
 /// `cr-bench incr ...`
-pub fn main() -> Res<()> {
-    let o = parse_opts()?;
+pub fn main(o: IncrOpts) -> Res<()> {
     let bins = find_bins(&o)?;
     install_signal_handlers();
     crate::become_subreaper();
-    let len = o.size_mib * MIB;
+    let len = o.size_mib() * MIB;
     // Live workload + full image + two incrementals + a restored copy or a
     // fresh copy (limits), + the python dict.
-    let need = 3 * len + len / 4 + o.python_mib * MIB + GIB;
+    let need = 3 * len + len / 4 + o.python_mib() * MIB + GIB;
     let mut notes = Vec::new();
     if let Some(avail) = mem_available() {
         if avail < need {
@@ -1477,7 +1456,7 @@ pub fn main() -> Res<()> {
             eprintln!("cr-bench incr: {}", notes[0]);
         }
     }
-    let target = Target::tmpfs((2 * len + len / 2 + o.python_mib * 2 * MIB).max(2 * GIB))?;
+    let target = Target::tmpfs((2 * len + len / 2 + o.python_mib() * 2 * MIB).max(2 * GIB))?;
     let mut r = Results {
         notes,
         ..Default::default()
@@ -1511,4 +1490,40 @@ pub fn main() -> Res<()> {
         return Err("interrupted".into());
     }
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<IncrOpts>("incr");
+        assert_eq!((o.size_mib(), o.reps(), o.python_mib()), (4096, 3, 1024));
+        assert_eq!(
+            (o.dirty_ppm, o.small_ppm, o.bg_ppm_per_s),
+            (50_000, 1_000, 10_000)
+        );
+        assert!(o.prewarm && o.bin_dir.is_none());
+        let o = parsed::<IncrOpts>("incr --quick");
+        assert_eq!((o.size_mib(), o.reps(), o.python_mib()), (256, 1, 128));
+        // Explicit values win over --quick, in any order.
+        let o = parsed::<IncrOpts>("incr --gib 1 --quick --reps 2 --python-mib 64");
+        assert_eq!((o.size_mib(), o.reps(), o.python_mib()), (1024, 2, 64));
+        let o = parsed::<IncrOpts>(
+            "incr --dirty-pct 0.5 --small-pct 0 --bg-pct-per-s 100 --no-prewarm",
+        );
+        assert_eq!(
+            (o.dirty_ppm, o.small_ppm, o.bg_ppm_per_s),
+            (5_000, 0, 1_000_000)
+        );
+        assert!(!o.prewarm);
+        assert_refused(&[
+            "incr --gib 0",
+            "incr --dirty-pct 101",
+            "incr --small-pct -1",
+            "incr --reps 0",
+        ]);
+    }
 }

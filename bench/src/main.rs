@@ -16,6 +16,7 @@ mod fds;
 mod incr;
 mod tcp;
 
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use std::ffi::{CString, OsStr};
 use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions};
@@ -39,39 +40,19 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 type Res<T> = Result<T, String>;
 
-/// The flags of a subcommand: `--name VALUE`, `--name=VALUE` or a switch.
-pub struct Flags<I> {
-    args: I,
-    /// The `=VALUE` of the flag last returned.
-    inline: Option<String>,
-}
-
-impl<I: Iterator<Item = String>> Flags<I> {
-    pub fn new(args: I) -> Self {
-        Flags { args, inline: None }
-    }
-
-    /// The next flag (or positional argument).
-    pub fn next_flag(&mut self) -> Option<String> {
-        let a = self.args.next()?;
-        match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => {
-                self.inline = Some(v.to_string());
-                Some(f.to_string())
-            }
-            _ => {
-                self.inline = None;
-                Some(a)
-            }
-        }
-    }
-
-    /// The value of the flag `name` just returned.
-    pub fn value(&mut self, name: &str) -> Res<String> {
-        self.inline
-            .take()
-            .or_else(|| self.args.next())
-            .ok_or_else(|| format!("{name} needs a value"))
+/// A clap value parser: an integer in `range`, spaces around it ignored
+/// (`--sizes "256, 1024"`).
+/// The type must be given (`int_in::<usize>(1..)`): clap does not infer it
+/// from the field, and a mismatch only shows when the field is read.
+pub(crate) fn int_in<T>(
+    range: impl std::ops::RangeBounds<T> + std::fmt::Debug + Clone + Send + Sync + 'static,
+) -> impl Fn(&str) -> Res<T> + Clone + Send + Sync + 'static
+where
+    T: std::str::FromStr + PartialOrd,
+{
+    move |s| match s.trim().parse::<T>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(format!("not an integer in {range:?}")),
     }
 }
 
@@ -79,7 +60,37 @@ impl<I: Iterator<Item = String>> Flags<I> {
 // Options
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// Measures cr_checkpoint and cr_restart against what the machine can do at
+/// best with the plainest means. Without a subcommand: the memory benchmark
+/// (see bench/README.md for the meaning of every column).
+#[derive(Parser)]
+#[command(
+    name = "cr-bench",
+    args_conflicts_with_subcommands = true,
+    args_override_self = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    bench: Option<Bench>,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// The open-fd benchmark.
+    Fds(fds::FdOpts),
+    /// The TCP connection benchmark.
+    Tcp(tcp::TcpOpts),
+    /// Incremental checkpoints, pre-dump, compression.
+    Incr(incr::IncrOpts),
+    /// The coordinator's protocol cost with simulated agents.
+    Coord(coord::Opts),
+    /// Pause of a coordinated checkpoint of a ring job over nodes.
+    Cluster(cluster::Opts),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
 enum FsKind {
     Tmpfs,
     Disk,
@@ -94,110 +105,51 @@ impl FsKind {
     }
 }
 
+/// The memory benchmark: `cr-bench [--sizes ...]`.
+#[derive(Args)]
 struct Opts {
+    /// Workload sizes in MiB.
+    #[arg(
+        long = "sizes",
+        value_name = "MIB,MIB,...",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = "256,1024,4096",
+        value_parser = int_in::<usize>(1..),
+    )]
     sizes_mib: Vec<usize>,
+    /// Target filesystems; tmpfs is mounted by cr-bench at a fresh temp dir,
+    /// disk is a fresh dir under --disk-base.
+    #[arg(
+        long = "fs",
+        value_name = "tmpfs,disk",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = "tmpfs,disk",
+    )]
     fss: Vec<FsKind>,
+    /// Repetitions of every measurement; best and median are reported.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int_in::<usize>(1..))]
     reps: usize,
+    /// Print the results as JSON instead of markdown tables.
+    #[arg(long)]
     json: bool,
+    /// Skip hashing the workload memory before dump / after restore.
+    #[arg(long = "no-verify", action = ArgAction::SetFalse)]
     verify: bool,
+    /// Only run the limit and context measurements (no engine needed).
+    #[arg(long)]
     limits_only: bool,
+    /// Do not touch SIZE of scratch memory before each timed phase.
+    #[arg(long = "no-prewarm", action = ArgAction::SetFalse)]
     prewarm: bool,
+    /// Where cr_checkpoint, cr_restart and bench_mem live (default: the
+    /// directory of this executable).
+    #[arg(long, value_name = "DIR")]
     bin_dir: Option<PathBuf>,
+    /// Parent of the on-disk image directory.
+    #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     disk_base: PathBuf,
-}
-
-const USAGE: &str = "\
-usage: cr-bench [--sizes MIB,MIB,...] [--fs tmpfs,disk] [--reps N] [--json]
-                [--no-verify] [--no-prewarm] [--limits-only] [--bin-dir DIR]
-                [--disk-base DIR]
-
-  --sizes       workload sizes in MiB (default 256,1024,4096)
-  --fs          target filesystems (default tmpfs,disk); tmpfs is mounted by
-                cr-bench at a fresh temp dir, disk is a fresh dir under --disk-base
-  --reps N      repetitions of every measurement (default 1); best and median
-                are reported
-  --json        print the results as JSON instead of markdown tables
-  --no-verify   skip hashing the workload memory before dump / after restore
-  --no-prewarm  do not touch SIZE of scratch memory before each timed phase
-  --limits-only only run the limit and context measurements (no engine needed)
-  --bin-dir     where cr_checkpoint, cr_restart and bench_mem live (default:
-                the directory of this executable)
-  --disk-base   parent of the on-disk image directory (default /var/tmp)
-
-       cr-bench fds [...]   the open-fd benchmark (`cr-bench fds --help`)
-       cr-bench tcp [...]   the TCP connection benchmark (`cr-bench tcp --help`)
-       cr-bench incr [...]  incremental checkpoints, pre-dump, compression
-                            (`cr-bench incr --help`)
-       cr-bench coord [...] the coordinator's protocol cost with simulated
-                            agents (`cr-bench coord --help`)
-       cr-bench cluster [...]  pause of a coordinated checkpoint of a ring
-                            job over nodes (`cr-bench cluster --help`)
-";
-
-fn parse_opts() -> Res<Opts> {
-    let mut o = Opts {
-        sizes_mib: vec![256, 1024, 4096],
-        fss: vec![FsKind::Tmpfs, FsKind::Disk],
-        reps: 1,
-        json: false,
-        verify: true,
-        limits_only: false,
-        prewarm: true,
-        bin_dir: None,
-        disk_base: PathBuf::from("/var/tmp"),
-    };
-    let mut flags = crate::Flags::new(std::env::args().skip(1));
-    while let Some(flag) = flags.next_flag() {
-        match flag.as_str() {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            "--sizes" => {
-                o.sizes_mib = flags
-                    .value("--sizes")?
-                    .split(',')
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| match s.trim().parse::<usize>() {
-                        Ok(n) if n > 0 => Ok(n),
-                        _ => Err(format!("bad size {s:?} (MiB, > 0)")),
-                    })
-                    .collect::<Res<_>>()?;
-                if o.sizes_mib.is_empty() {
-                    return Err("--sizes is empty".into());
-                }
-            }
-            "--fs" => {
-                o.fss = flags
-                    .value("--fs")?
-                    .split(',')
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| match s.trim() {
-                        "tmpfs" => Ok(FsKind::Tmpfs),
-                        "disk" => Ok(FsKind::Disk),
-                        other => Err(format!("unknown fs {other:?} (tmpfs, disk)")),
-                    })
-                    .collect::<Res<_>>()?;
-                if o.fss.is_empty() {
-                    return Err("--fs is empty".into());
-                }
-            }
-            "--reps" => {
-                o.reps = match flags.value("--reps")?.parse() {
-                    Ok(n) if n > 0 => n,
-                    _ => return Err("--reps needs a positive integer".into()),
-                }
-            }
-            "--json" => o.json = true,
-            "--no-verify" => o.verify = false,
-            "--limits-only" => o.limits_only = true,
-            "--no-prewarm" => o.prewarm = false,
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
-            "--disk-base" => o.disk_base = PathBuf::from(flags.value("--disk-base")?),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    Ok(o)
 }
 
 // ---------------------------------------------------------------------------
@@ -1440,8 +1392,7 @@ fn find_bins(opts: &Opts) -> Res<Bins> {
     })
 }
 
-fn real_main() -> Res<()> {
-    let mut opts = parse_opts()?;
+fn real_main(mut opts: Opts) -> Res<()> {
     let bins = find_bins(&opts)?;
     if !bins.workload.exists() {
         return Err(format!(
@@ -1586,13 +1537,14 @@ pub(crate) fn become_subreaper() {
 }
 
 fn main() {
-    let res = match std::env::args().nth(1).as_deref() {
-        Some("fds") => fds::main(),
-        Some("tcp") => tcp::main(),
-        Some("incr") => incr::main(),
-        Some("coord") => coord::run(&std::env::args().skip(2).collect::<Vec<_>>()),
-        Some("cluster") => cluster::run(&std::env::args().skip(2).collect::<Vec<_>>()),
-        _ => real_main(),
+    let cli = Cli::parse();
+    let res = match cli.bench {
+        Some(Bench::Fds(o)) => fds::main(o),
+        Some(Bench::Tcp(o)) => tcp::main(o),
+        Some(Bench::Incr(o)) => incr::main(o),
+        Some(Bench::Coord(o)) => coord::run(o),
+        Some(Bench::Cluster(o)) => cluster::run(o),
+        None => real_main(cli.opts),
     };
     let code = match res {
         Ok(()) => 0,
@@ -1602,4 +1554,76 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// Test support: `cr-bench ARGS` (split at spaces) parsed, as the options of
+/// its subcommand, or of the memory benchmark without one.
+#[cfg(test)]
+fn parsed<T: clap::FromArgMatches>(args: &str) -> T {
+    use clap::CommandFactory;
+    let m = Cli::command()
+        .try_get_matches_from(std::iter::once("cr-bench").chain(args.split_whitespace()))
+        .unwrap_or_else(|e| panic!("{args}: {e}"));
+    T::from_arg_matches(m.subcommand().map_or(&m, |(_, sub)| sub))
+        .unwrap_or_else(|e| panic!("{args}: {e}"))
+}
+
+/// Test support: asserts that every `cr-bench ARGS` of `lines` is refused.
+#[cfg(test)]
+fn assert_refused(lines: &[&str]) {
+    for args in lines {
+        let argv = std::iter::once("cr-bench").chain(args.split_whitespace());
+        assert!(Cli::try_parse_from(argv).is_err(), "{args}: accepted");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn memory_benchmark_command_lines() {
+        let o: Opts = parsed("");
+        assert_eq!(o.sizes_mib, [256, 1024, 4096]);
+        assert_eq!(o.fss, [FsKind::Tmpfs, FsKind::Disk]);
+        assert_eq!(o.reps, 1);
+        assert!(!o.json && o.verify && !o.limits_only && o.prewarm);
+        assert_eq!(o.bin_dir, None);
+        assert_eq!(o.disk_base, Path::new("/var/tmp"));
+
+        assert_eq!(parsed::<Opts>("--sizes 256").sizes_mib, [256]);
+        let o: Opts = parsed("--reps 3 --json");
+        assert!(o.reps == 3 && o.json);
+        assert!(parsed::<Opts>("--limits-only").limits_only);
+        let o: Opts =
+            parsed("--sizes=16,32 --fs=disk --no-verify --no-prewarm --bin-dir target/debug");
+        assert_eq!(o.sizes_mib, [16, 32]);
+        assert_eq!(o.fss, [FsKind::Disk]);
+        assert!(!o.verify && !o.prewarm);
+        assert_eq!(o.bin_dir.as_deref(), Some(Path::new("target/debug")));
+        assert_eq!(
+            parsed::<Opts>("--disk-base /srv").disk_base,
+            Path::new("/srv")
+        );
+        // The last occurrence of a flag counts, lists included.
+        let o: Opts = parsed("--sizes 1,2 --sizes 3 --reps 2 --reps 4");
+        assert!(o.sizes_mib == [3] && o.reps == 4);
+
+        // Top-level flags belong to the memory benchmark only.
+        assert_refused(&[
+            "--sizes 0",
+            "--sizes x",
+            "--fs nfs",
+            "--reps 0",
+            "--bogus",
+            "x",
+            "--reps 3 fds",
+        ]);
+    }
 }

@@ -6,9 +6,10 @@
 
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
-    kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
+    int_in, kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
     wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, Timed, GIB, INTERRUPTED,
 };
+use clap::{ArgAction, Args};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{self, BufRead as _, BufReader, Write as _};
@@ -18,27 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "\
-usage: cr-bench tcp [--conns N,N,...] [--reps N] [--fs tmpfs|disk] [--port P]
-                    [--bin-dir DIR] [--disk-base DIR]
-
-  --conns      numbers of established connections (default 1,100,10000);
-               counts above the hard RLIMIT_NOFILE minus 100 are capped
-  --reps N     repetitions (default 1); tables show the best, and the
-               median in parentheses
-  --fs         where images go (default tmpfs, mounted by cr-bench; disk: a
-               fresh dir under --disk-base)
-  --port P     first server port inside the namespace (default 5000); every
-               server of the run gets the next one
-  --bin-dir    where cr_checkpoint, cr_restart, cr_image and bench_tcp live
-               (default: the directory of this executable)
-  --disk-base  parent of the on-disk directory (default /var/tmp)
-
-Everything runs in a network namespace of its own (cr-bench-tcp-PID, lo
-only), created and removed by cr-bench.
-";
-
-const DEFAULT_CONNS: &[usize] = &[1, 100, 10000];
+const DEFAULT_CONNS: &str = "1,100,10000";
 /// fds kept free below the hard RLIMIT_NOFILE (standard fds, listener,
 /// epoll, the tools' own).
 const MARGIN: usize = 100;
@@ -57,70 +38,42 @@ const SOMAXCONN: u32 = 65535;
 /// "reset guard" once its elements expired): not a lock left behind.
 const RESET_GUARD_TABLE: &str = "cr_reset_guard";
 
-struct TcpOpts {
+/// `cr-bench tcp`: the TCP connection benchmark.
+#[derive(Args)]
+#[command(
+    after_help = "Everything runs in a network namespace of its own (cr-bench-tcp-PID, lo \
+                   only), created and removed by cr-bench."
+)]
+pub struct TcpOpts {
+    /// Numbers of established connections; counts above the hard
+    /// RLIMIT_NOFILE minus 100 are capped.
+    #[arg(
+        long,
+        value_name = "N,N,...",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = DEFAULT_CONNS,
+        value_parser = int_in::<usize>(1..),
+    )]
     conns: Vec<usize>,
+    /// Repetitions; tables show the best, and the median in parentheses.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int_in::<usize>(1..))]
     reps: usize,
+    /// Where images go (tmpfs: mounted by cr-bench; disk: a fresh dir under
+    /// --disk-base).
+    #[arg(long, value_name = "tmpfs|disk", default_value = "tmpfs")]
     fs: FsKind,
+    /// First server port inside the namespace; every server of the run gets
+    /// the next one.
+    #[arg(long, value_name = "P", default_value_t = 5000, value_parser = int_in::<u16>(1..30000))]
     port: u16,
+    /// Where cr_checkpoint, cr_restart, cr_image and bench_tcp live
+    /// (default: the directory of this executable).
+    #[arg(long, value_name = "DIR")]
     bin_dir: Option<PathBuf>,
+    /// Parent of the on-disk directory.
+    #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     disk_base: PathBuf,
-}
-
-fn parse_opts() -> Res<TcpOpts> {
-    let mut o = TcpOpts {
-        conns: DEFAULT_CONNS.to_vec(),
-        reps: 1,
-        fs: FsKind::Tmpfs,
-        port: 5000,
-        bin_dir: None,
-        disk_base: PathBuf::from("/var/tmp"),
-    };
-    // argv[1] is "tcp".
-    let mut flags = crate::Flags::new(std::env::args().skip(2));
-    while let Some(flag) = flags.next_flag() {
-        let positive = |name: &str, v: &str| -> Res<usize> {
-            match v.trim().parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{name} needs a positive integer, not {v:?}")),
-            }
-        };
-        match flag.as_str() {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            "--conns" => {
-                o.conns = flags
-                    .value("--conns")?
-                    .split(',')
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| positive("--conns", s))
-                    .collect::<Res<_>>()?;
-                if o.conns.is_empty() {
-                    return Err("--conns is empty".into());
-                }
-            }
-            "--reps" => o.reps = positive("--reps", &flags.value("--reps")?)?,
-            "--fs" => {
-                o.fs = match flags.value("--fs")?.as_str() {
-                    "tmpfs" => FsKind::Tmpfs,
-                    "disk" => FsKind::Disk,
-                    other => return Err(format!("unknown fs {other:?} (tmpfs, disk)")),
-                }
-            }
-            "--port" => {
-                let v = flags.value("--port")?;
-                o.port = match v.trim().parse::<u16>() {
-                    Ok(p) if (1..30000).contains(&p) => p,
-                    _ => return Err(format!("--port needs a port below 30000, not {v:?}")),
-                }
-            }
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(flags.value("--bin-dir")?)),
-            "--disk-base" => o.disk_base = PathBuf::from(flags.value("--disk-base")?),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    Ok(o)
 }
 
 fn nofile() -> (u64, u64) {
@@ -1294,7 +1247,7 @@ fn markdown(rows: &[Row], o: &TcpOpts, target: &Target, ns: &Netns, notes: &[Str
                 if q[0] != r.n as u64 {
                     problems.push(format!(
                         "- {at}: the --kill image holds {} established connections, the \
-                         server had {}",
+                   server had {}",
                         q[0], r.n
                     ));
                 }
@@ -1319,8 +1272,7 @@ fn find_bins(o: &TcpOpts) -> Res<Bins> {
 }
 
 /// `cr-bench tcp ...`
-pub fn main() -> Res<()> {
-    let o = parse_opts()?;
+pub fn main(o: TcpOpts) -> Res<()> {
     let bins = find_bins(&o)?;
     install_signal_handlers();
     crate::become_subreaper();
@@ -1375,4 +1327,26 @@ pub fn main() -> Res<()> {
         return Err("interrupted".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assert_refused, parsed};
+
+    #[test]
+    fn command_lines() {
+        let o = parsed::<TcpOpts>("tcp");
+        assert!(o.conns == [1, 100, 10000] && o.reps == 1 && o.fs == FsKind::Tmpfs);
+        assert!(o.port == 5000 && o.bin_dir.is_none());
+        assert_eq!(o.disk_base, Path::new("/var/tmp"));
+        let o = parsed::<TcpOpts>("tcp --conns 100,1000 --reps 3 --fs disk --port 29999");
+        assert!(o.conns == [100, 1000] && o.reps == 3 && o.fs == FsKind::Disk && o.port == 29999);
+        assert_refused(&[
+            "tcp --conns 0",
+            "tcp --port 0",
+            "tcp --port 30000",
+            "tcp --reps 0",
+        ]);
+    }
 }

@@ -31,6 +31,8 @@
 //! files (command ids are never reused, so old lines cannot be mistaken
 //! for an answer).
 
+use clap::builder::RangedU64ValueParser;
+use clap::Parser;
 use std::io::Write;
 use std::process::exit;
 use std::time::{Duration, Instant};
@@ -38,6 +40,22 @@ use std::time::{Duration, Instant};
 const PAGE: usize = 4096;
 const WORDS: usize = PAGE / 8;
 const IDLE_EXIT: Duration = Duration::from_secs(3600);
+/// Seed of the pages when none is given.
+const DEFAULT_SEED: u64 = 0x00d1_27c0_ffee;
+
+/// Benchmark workload of `cr-bench incr`: SIZE_MIB MiB of pages of their own
+/// pseudo-random data that it dirties and checks on command (commands in the
+/// file `cmd` of the working directory, answers on stdout).
+#[derive(Parser)]
+#[command(name = "bench_dirty")]
+struct Cli {
+    /// Size of the workload's memory, in MiB.
+    #[arg(value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    size_mib: usize,
+    /// Seed of the pages' pseudo-random data.
+    #[arg(default_value_t = DEFAULT_SEED)]
+    seed: u64,
+}
 
 /// wyrand: 64-bit output per step, ~1 ns per u64.
 #[inline(always)]
@@ -220,18 +238,7 @@ impl Work {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let size_mib: usize = match args.get(1).and_then(|s| s.parse().ok()) {
-        Some(n) if n > 0 => n,
-        _ => {
-            eprintln!("usage: bench_dirty SIZE_MIB [SEED]");
-            exit(2);
-        }
-    };
-    let seed: u64 = args
-        .get(2)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x00d1_27c0_ffee);
+    let Cli { size_mib, seed } = Cli::parse();
     // Keep only stdin/stdout/stderr: descriptors inherited from whoever
     // started us are not part of the workload.
     // SAFETY: closes fds we never use; nothing in this process refers to them.

@@ -39,6 +39,8 @@
 //! RLIMIT_NOFILE to the hard limit; it fails if N + 3 fds do not fit. It
 //! stays single-threaded.
 
+use clap::builder::RangedU64ValueParser;
+use clap::{Parser, ValueEnum};
 use std::ffi::CString;
 use std::io::Write;
 use std::process::exit;
@@ -51,7 +53,21 @@ const OPENS_PER_FILE: usize = 100;
 /// The workload gives up waiting for `go` after this long.
 const SELF_TIMEOUT: Duration = Duration::from_secs(3600);
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// Benchmark workload of `cr-bench fds`: opens exactly N fds of the kinds
+/// MIX, prints `READY ...`, waits for a file `go` in its working directory,
+/// then checks every fd and prints `OK ...` or `FAIL ...`.
+#[derive(Parser)]
+#[command(name = "bench_fds")]
+struct Cli {
+    /// Number of fds to open.
+    #[arg(value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    n: usize,
+    /// Kinds of the fds.
+    #[arg(value_enum)]
+    mix: Mix,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mix {
     Files,
     Pipes,
@@ -303,25 +319,7 @@ impl Builder {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: bench_fds N files|pipes|mixed|eventfds";
-    let n: usize = match args.get(1).and_then(|s| s.parse().ok()) {
-        Some(n) if n > 0 => n,
-        _ => {
-            eprintln!("{usage}");
-            exit(2);
-        }
-    };
-    let mix = match args.get(2).map(String::as_str) {
-        Some("files") => Mix::Files,
-        Some("pipes") => Mix::Pipes,
-        Some("mixed") => Mix::Mixed,
-        Some("eventfds") => Mix::Eventfds,
-        _ => {
-            eprintln!("{usage}");
-            exit(2);
-        }
-    };
+    let Cli { n, mix } = Cli::parse();
     // Keep only stdin/stdout/stderr: descriptors inherited from whoever
     // started us are not part of the workload.
     // SAFETY: closes fds we never use; nothing in this process refers to them.
@@ -423,7 +421,9 @@ fn main() {
     }
     say(&format!(
         "READY n={n} mix={} open_s={open_s:.6} files={nfiles} nofile={soft}",
-        args[2]
+        mix.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
     ));
 
     wait_go();

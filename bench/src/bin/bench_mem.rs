@@ -8,8 +8,27 @@
 //! The process stays single-threaded (no threads are ever spawned). cr-bench
 //! starts it with stdin on /dev/null and stdout/stderr on regular files.
 
+use clap::builder::RangedU64ValueParser;
+use clap::Parser;
 use std::io::Write;
 use std::process::exit;
+
+/// Seed of the data when none is given.
+const DEFAULT_SEED: u64 = 0x5eed_0fc0_ffee;
+
+/// Benchmark workload of cr-bench: fills SIZE_MIB MiB of anonymous memory
+/// with incompressible pseudo-random data, prints `READY <addr_hex> <len>`,
+/// then sleeps until it is killed.
+#[derive(Parser)]
+#[command(name = "bench_mem")]
+struct Cli {
+    /// Size of the workload's memory, in MiB.
+    #[arg(value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    size_mib: usize,
+    /// Seed of the pseudo-random data.
+    #[arg(default_value_t = DEFAULT_SEED)]
+    seed: u64,
+}
 
 /// wyrand: 64-bit output per step, passes BigCrush, ~1 ns per u64.
 #[inline(always)]
@@ -20,18 +39,7 @@ fn wyrand(state: &mut u64) -> u64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let size_mib: usize = match args.get(1).and_then(|s| s.parse().ok()) {
-        Some(n) if n > 0 => n,
-        _ => {
-            eprintln!("usage: bench_mem SIZE_MIB [SEED]");
-            exit(2);
-        }
-    };
-    let seed: u64 = args
-        .get(2)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_0fc0_ffee);
+    let Cli { size_mib, seed } = Cli::parse();
     // Keep only stdin/stdout/stderr: descriptors inherited from whoever
     // started us (pipes of a shell or CI runner) are not part of the workload.
     // SAFETY: closes fds we never use; nothing in this process refers to them.

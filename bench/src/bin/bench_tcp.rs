@@ -41,6 +41,8 @@
 //!   A connection that broke at any time since it was opened fails.
 //! - `QUIT`: exit 0. End of stdin also exits.
 
+use clap::builder::RangedU64ValueParser;
+use clap::{Parser, ValueEnum};
 use std::io::Write;
 use std::process::exit;
 
@@ -64,6 +66,32 @@ const ECHO_DEADLINE_S: u64 = 600;
 const IDLE_EXIT_S: u64 = 3600;
 const MS: u64 = 1_000_000;
 const SEC: u64 = 1_000_000_000;
+
+/// Benchmark workload of `cr-bench tcp`: one TCP server (the checkpointed
+/// process) or its client (the peers, never checkpointed), on 127.0.0.1.
+#[derive(Parser)]
+#[command(name = "bench_tcp")]
+struct Cli {
+    /// Network namespace to enter (setns) first.
+    #[arg(long, value_name = "PATH")]
+    netns: Option<String>,
+    /// Which side to run.
+    #[arg(value_enum)]
+    role: Role,
+    /// Port of the server on 127.0.0.1.
+    port: u16,
+    /// Number of connections.
+    #[arg(value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    n: usize,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Role {
+    /// Listens on 127.0.0.1:PORT, accepts N connections, then echoes.
+    Server,
+    /// Opens N connections to 127.0.0.1:PORT and reads commands on stdin.
+    Client,
+}
 
 // ---------------------------------------------------------------------------
 // Small helpers
@@ -956,31 +984,22 @@ fn client(port: u16, n: usize) {
 }
 
 fn main() {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--netns") {
-        if args.len() < 2 {
-            fail("--netns needs a path");
-        }
-        enter_netns(&args[1]);
-        args.drain(..2);
+    let Cli {
+        netns,
+        role,
+        port,
+        n,
+    } = Cli::parse();
+    if let Some(path) = &netns {
+        enter_netns(path);
     }
-    let usage = "usage: bench_tcp [--netns PATH] server|client PORT N";
-    if args.len() != 3 {
-        fail(usage);
-    }
-    let port: u16 = args[1].parse().unwrap_or_else(|_| fail(usage));
-    let n: usize = match args[2].parse() {
-        Ok(n) if n > 0 => n,
-        _ => fail(usage),
-    };
     // SAFETY: close_range on fds above 2 (nothing of ours is open yet
     // besides the standard ones).
     unsafe {
         libc::close_range(3, libc::c_uint::MAX, 0);
     }
-    match args[0].as_str() {
-        "server" => server(port, n),
-        "client" => client(port, n),
-        _ => fail(usage),
+    match role {
+        Role::Server => server(port, n),
+        Role::Client => client(port, n),
     }
 }
