@@ -199,14 +199,7 @@ pub fn run(o: Opts) -> Result<(), String> {
     if unsafe { libc::geteuid() } != 0 {
         return Err("cr-bench cluster needs root (network namespaces, ptrace)".into());
     }
-    let dir = match &o.bin_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| format!("current_exe: {e}"))?
-            .parent()
-            .ok_or("current_exe has no parent")?
-            .to_path_buf(),
-    };
+    let dir = crate::bin_dir(o.bin_dir.as_deref())?;
     let bins: Vec<PathBuf> = ["cr-agent", "cr-coordinatord", "crctl", "cr_run", "wl_ring"]
         .iter()
         .map(|b| dir.join(b))

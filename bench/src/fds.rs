@@ -828,14 +828,7 @@ fn markdown(rows: &[Row], o: &FdOpts, target: &Target, notes: &[String]) -> Stri
 // ---------------------------------------------------------------------------
 
 fn find_bins(o: &FdOpts) -> Res<Bins> {
-    let dir = match &o.bin_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| format!("current_exe: {e}"))?
-            .parent()
-            .ok_or("current_exe has no parent")?
-            .to_path_buf(),
-    };
+    let dir = crate::bin_dir(o.bin_dir.as_deref())?;
     let b = Bins {
         workload: dir.join("bench_fds"),
         checkpoint: dir.join("cr_checkpoint"),

@@ -1496,15 +1496,21 @@ pub(crate) struct Tools {
 
 /// `workload` and the cr tools, in `bin_dir` or next to cr-bench; fails
 /// naming the first one missing.
-pub(crate) fn find_tools(bin_dir: Option<&std::path::Path>, workload: &str) -> Res<Tools> {
-    let dir = match bin_dir {
-        Some(d) => d.to_path_buf(),
-        None => std::env::current_exe()
+/// Where the tools and workloads are: `--bin-dir` made absolute (the
+/// workloads start in their own run directory), or this binary's directory.
+pub(crate) fn bin_dir(given: Option<&std::path::Path>) -> Res<PathBuf> {
+    match given {
+        Some(d) => std::path::absolute(d).map_err(|e| format!("--bin-dir {}: {e}", d.display())),
+        None => Ok(std::env::current_exe()
             .map_err(|e| format!("current_exe: {e}"))?
             .parent()
             .ok_or("current_exe has no parent")?
-            .to_path_buf(),
-    };
+            .to_path_buf()),
+    }
+}
+
+pub(crate) fn find_tools(bin_dir: Option<&std::path::Path>, workload: &str) -> Res<Tools> {
+    let dir = crate::bin_dir(bin_dir)?;
     let t = Tools {
         workload: dir.join(workload),
         checkpoint: dir.join("cr_checkpoint"),
