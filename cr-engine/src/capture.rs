@@ -25,10 +25,12 @@ use crate::options::{Action, CheckpointOptions};
 use crate::probe::Probe;
 use crate::{fault, interrupt};
 use cr_image::chain::{self, Chain, Link};
+use cr_image::dir::data_files;
 use cr_image::model::{Checkpoint, DirtyMethod, Meta, ParentRef, Process};
 use cr_image::store::StoreWriter;
 use cr_image::ImageDir;
 use cr_sys::proc::{self, Stat, Status};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
@@ -268,6 +270,10 @@ struct Dumped {
     kept: Vec<(i32, DirtyMethod, i32)>,
     /// Trackers no longer wanted: released only after the processes run on.
     released: Vec<std::os::fd::OwnedFd>,
+    /// The image's data files (page store, content files): the directory
+    /// keeps them, and loses the replaced image's, once the processes
+    /// are let go; a checkpoint called off removes them.
+    files: HashSet<String>,
 }
 
 impl Held {
@@ -349,7 +355,7 @@ impl Held {
             method: self.method,
             image_id: &self.image_id,
             fds,
-            objects: Objects::new(Some(self.dir.clone()), opts.fsync()),
+            objects: Objects::new(Some(self.dir.clone()), &self.image_id, opts.fsync()),
             stash: Stash::default(),
             read: 0,
         };
@@ -387,11 +393,14 @@ impl Held {
             held,
             kept: trackers.kept,
             released: trackers.released,
+            files: data_files(&ck),
         })
     }
 
     /// Let the processes go after [`Held::dump`]: run on, stop or die.
     pub fn finish(mut self, action: Action) -> Result<(), CheckpointError> {
+        // Dropped with the image still in `dumped`: the checkpoint is undone.
+        fault::check("after-commit")?;
         let Some(d) = self.dumped.take() else {
             return Err(CheckpointError::unsupported(
                 self.root,
@@ -412,6 +421,7 @@ impl Held {
             }
         }
         tree::let_go(std::mem::take(&mut self.procs), action)?;
+        self.dir.settle(&d.files);
         drop(d.released);
         info!(
             root = self.root,
@@ -434,11 +444,9 @@ impl Drop for Held {
         // Sockets leave repair mode and the lock goes before the threads are let go.
         if let Some(d) = self.dumped.take() {
             drop(d.held);
-            if let Err(e) = std::fs::remove_dir_all(self.dir.path()) {
-                tracing::warn!(dir = %self.dir.path().display(), error = %e, "cannot remove the image of an aborted checkpoint");
-            }
+            self.dir.undo(&d.files);
         } else {
-            self.dir.discard_tmp();
+            self.dir.abandon();
         }
         drop(self.lock.take());
         for f in std::mem::take(&mut self.procs).into_iter().rev() {
@@ -541,7 +549,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             method,
             image_id: &image_id,
             fds: TreeFds::default(),
-            objects: Objects::new(None, opts.fsync()),
+            objects: Objects::new(None, &image_id, opts.fsync()),
             stash: Stash::default(),
             read: 0,
         };
@@ -585,6 +593,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
         };
         fault::check("before-commit")?;
         dir.commit(&ck, opts.fsync())?;
+        dir.settle(&data_files(&ck));
         after_commit(&dir, &image_id, parent.as_ref(), &trackers.kept);
         drop(trackers.released);
         info!(
@@ -595,7 +604,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
         Ok(summarize(root, &ck, read, frozen, t0))
     })();
     if result.is_err() {
-        dir.discard_tmp();
+        dir.abandon();
     }
     result
 }

@@ -476,8 +476,7 @@ fn image_files(dir: &ImageDir, ck: &Checkpoint) -> Vec<PathBuf> {
         dir.file(crate::dir::CHECKPOINT_FILE),
         dir.file(DEPENDANTS_FILE),
     ];
-    v.extend(ck.store.iter().map(|s| dir.file(&s.name)));
-    v.extend(crate::model::objects::content_files(ck).map(|pf| dir.file(&pf.name)));
+    v.extend(crate::dir::data_files(ck).iter().map(|n| dir.file(n)));
     v
 }
 
@@ -516,6 +515,7 @@ pub fn compact(
                 std::fs::copy(&from, &to).map_err(io_err(&from))?;
             }
             od.commit(&ck, fsync)?;
+            od.settle(&crate::dir::data_files(&ck));
             Ok(ck)
         }
         None => rewrite_in_place(&chain, usize::MAX, compression, fsync),

@@ -108,15 +108,18 @@ pub struct Objects {
     map: BTreeMap<(ObjectTag, u64), Object>,
     /// Where content files go (none for a pre-flight).
     pub dir: Option<ImageDir>,
+    /// The new image's id, part of its content files' names.
+    pub image_id: String,
     pub fsync: bool,
     held: Vec<Box<dyn HeldState>>,
 }
 
 impl Objects {
-    pub fn new(dir: Option<ImageDir>, fsync: bool) -> Objects {
+    pub fn new(dir: Option<ImageDir>, image_id: &str, fsync: bool) -> Objects {
         Objects {
             map: BTreeMap::new(),
             dir,
+            image_id: image_id.to_string(),
             fsync,
             held: Vec::new(),
         }

@@ -18,7 +18,7 @@ use cr_image::model::objects::FileContent;
 use cr_image::model::{
     Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, PageExtent, Process, Vma,
 };
-use cr_image::{PageReader, PageWriter};
+use cr_image::{ImageDir, PageReader, PageWriter};
 use cr_sys::proc::{dev_major as major, dev_minor as minor, FDTarget};
 use cr_sys::{fdio, PAGE_SIZE};
 use std::collections::{HashMap, HashSet};
@@ -160,7 +160,7 @@ pub fn content_object(
     } else {
         (name.to_string(), 0)
     };
-    let fname = format!("file-{ino}.img");
+    let fname = ImageDir::content_name(&format!("file-{ino}"), &objects.image_id);
     let writer = PageWriter::create_named(&dir, &fname).map_err(|e| err(e.to_string()))?;
     let size = md.len();
     let ranges =
