@@ -119,6 +119,8 @@ pub enum RestoreError {
     },
     #[error("interrupted by {0}; nothing of the image runs")]
     Interrupted(&'static str),
+    #[error("pid {pid} is already in use by {by}")]
+    PidTaken { pid: i32, by: String },
 }
 
 /// Attach a description of the step to a low-level error.

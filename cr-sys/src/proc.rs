@@ -443,3 +443,51 @@ mod tests {
         }
     }
 }
+
+/// Who holds a PID (or a TID) that a restore needs.
+#[derive(Debug, Clone)]
+pub struct PidHolder {
+    pub pid: i32,
+    pub comm: String,
+    pub zombie: bool,
+    /// Exiting (PF_EXITING): freeing its memory and files.
+    pub exiting: bool,
+    pub ppid: i32,
+    pub parent_comm: String,
+}
+
+impl PidHolder {
+    /// "`comm` (running)", "a zombie of `comm` that its parent 12 (`bash`)
+    /// has not reaped"...
+    pub fn describe(&self) -> String {
+        if self.zombie {
+            format!(
+                "a zombie of `{}` that its parent {} (`{}`) has not reaped",
+                self.comm, self.ppid, self.parent_comm
+            )
+        } else if self.exiting {
+            format!("`{}`, still exiting", self.comm)
+        } else {
+            format!(
+                "`{}` (running, parent {} `{}`)",
+                self.comm, self.ppid, self.parent_comm
+            )
+        }
+    }
+}
+
+/// The process or thread holding `pid`, if it still exists.
+pub fn pid_holder(pid: i32) -> Option<PidHolder> {
+    /// include/linux/sched.h
+    const PF_EXITING: u32 = 0x4;
+    let st = stat(pid).ok()?;
+    let parent_comm = stat(st.ppid).map(|p| p.comm).unwrap_or_default();
+    Some(PidHolder {
+        pid,
+        zombie: matches!(st.state, 'Z' | 'X'),
+        exiting: st.flags & PF_EXITING != 0,
+        ppid: st.ppid,
+        parent_comm,
+        comm: st.comm,
+    })
+}

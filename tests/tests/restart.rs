@@ -467,3 +467,47 @@ fn ten_checkpoints_in_place_of_a_busy_process() {
     wl.go_and_expect_ok();
     check_consecutive_counts(&wl.output()).unwrap_or_else(|e| panic!("{e}\n{}", wl.diag()));
 }
+
+/// Right after `cr_checkpoint --kill` the original may still hold its pid
+/// (a zombie its parent has not reaped yet, or a big process still
+/// freeing its memory): cr_restart waits for the pid instead of failing.
+#[test]
+fn restore_waits_for_the_killed_original_to_be_reaped() {
+    let h = Harness::new("reaped-late");
+    let mut wl = h.spawn_wl("wl_memory", &["64"]);
+    wl.wait_ready();
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &["--kill"], pid)
+        .assert_success("cr_checkpoint --kill");
+    // Its exit is over when the checkpoint returns; we, its parent, have
+    // not reaped it: the pid is still taken.
+    assert!(
+        proc_status(pid).is_some_and(|s| s.state == 'Z'),
+        "the killed original should be a zombie until reaped: {}",
+        describe(pid)
+    );
+    let mut r = h.restore_bg(&img, pid);
+    let cr = r.cr.pid;
+    wait_until(
+        "cr_restart waiting for the pid",
+        Duration::from_secs(20),
+        || {
+            blocked_syscall(cr).is_some_and(|n| POLL_SLEEP_SYSCALLS.contains(&n))
+                && proc_status(pid).is_some_and(|s| s.state == 'Z')
+        },
+        || {
+            format!(
+                "cr_restart: {}
+original: {}",
+                describe(cr),
+                describe(pid)
+            )
+        },
+    );
+    wl.reap_killed();
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "restore started while the original was a zombie");
+}

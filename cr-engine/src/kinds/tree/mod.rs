@@ -191,7 +191,22 @@ pub fn let_go(procs: Vec<Frozen>, action: Action) -> Result<(), CheckpointError>
         }
     }
     if action == Action::Kill {
-        wait_gone(&pids[1..], KILLED_GONE_TIMEOUT);
+        // Its parent reaps the root; what we wait for is its exit, which
+        // takes a while for a big process (its memory is freed first).
+        let exited = |p: i32| proc::pid_holder(p).is_none_or(|h| h.zombie);
+        wait_for(
+            &pids[..1],
+            KILLED_GONE_TIMEOUT,
+            exited,
+            "the killed root has not finished exiting",
+        );
+        let gone = |p: i32| !cr_sys::clone::pid_exists(p);
+        wait_for(
+            &pids[1..],
+            KILLED_GONE_TIMEOUT,
+            gone,
+            "killed processes are not reaped yet; their PIDs stay taken until they are",
+        );
     }
     Ok(())
 }
@@ -199,23 +214,20 @@ pub fn let_go(procs: Vec<Frozen>, action: Action) -> Result<(), CheckpointError>
 /// How long a kill waits for the killed processes to be reaped.
 const KILLED_GONE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Wait until the processes `pids` (killed; their parents were killed too,
-/// so init or a subreaper reaps them) no longer exist, so their PIDs are
-/// free when the checkpoint returns.
-fn wait_gone(pids: &[i32], timeout: std::time::Duration) {
+/// Wait until `done` holds for each of `pids` (killed processes: gone,
+/// reaped by init or a subreaper since their parents were killed too; the
+/// root: exited), so their PIDs are free, or about to be, when the
+/// checkpoint returns. After `timeout`, `late` is logged.
+fn wait_for(pids: &[i32], timeout: std::time::Duration, done: impl Fn(i32) -> bool, late: &str) {
     let t0 = std::time::Instant::now();
     let mut pause = std::time::Duration::from_micros(200);
     loop {
-        let left: Vec<i32> = pids
-            .iter()
-            .copied()
-            .filter(|p| cr_sys::clone::pid_exists(*p))
-            .collect();
+        let left: Vec<i32> = pids.iter().copied().filter(|&p| !done(p)).collect();
         if left.is_empty() {
             return;
         }
         if t0.elapsed() > timeout {
-            tracing::warn!(pids = ?left, "killed processes are not reaped yet; their PIDs stay taken until they are");
+            tracing::warn!(pids = ?left, "{late}");
             return;
         }
         std::thread::sleep(pause);

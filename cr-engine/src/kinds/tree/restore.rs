@@ -7,10 +7,10 @@
 
 use crate::error::{RestoreError, StepContext};
 use cr_image::model::{Checkpoint, ProcState, Process};
-use cr_sys::clone::{pid_exists, spawn_stub, spawn_stub_in_new_pidns, CloneError};
+use cr_sys::clone::{pid_exists, spawn_stub, spawn_stub_in_new_pidns};
 use cr_sys::ptrace::{wait_raw, OnDrop, Tracee};
 use cr_sys::remote::{find_syscall_insn, Injector};
-use cr_sys::{mem, PAGE_SIZE};
+use cr_sys::{mem, proc, PAGE_SIZE};
 use std::collections::HashMap;
 use tracing::debug;
 
@@ -72,23 +72,47 @@ impl Ids {
         }
     }
 
-    /// In our PID namespace every saved id must be free (in a new one, all are).
+    /// In our PID namespace every saved id must be free (in a new one, all
+    /// are). An id still held by a process that is exiting (a big one
+    /// takes a while to free its memory) or by a zombie its parent is
+    /// about to reap — the original, just killed by `cr_checkpoint --kill`
+    /// — is waited for a little.
     pub fn check_free(&self, ck: &Checkpoint) -> Result<(), RestoreError> {
         if self.pidns {
             return Ok(());
         }
+        let deadline = std::time::Instant::now() + DYING_HOLDER_WAIT;
         for id in ck
             .processes
             .iter()
             .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
         {
-            if pid_exists(id as i32) {
-                return Err(CloneError::PidInUse(id as i32).into());
+            let id = id as i32;
+            let mut logged = false;
+            while pid_exists(id) {
+                let holder = proc::pid_holder(id);
+                let dying = holder.as_ref().is_some_and(|h| h.exiting || h.zombie);
+                if !dying || std::time::Instant::now() > deadline {
+                    let by = holder.map_or_else(|| "another process".into(), |h| h.describe());
+                    return Err(RestoreError::PidTaken { pid: id, by });
+                }
+                if !logged {
+                    tracing::info!(
+                        pid = id,
+                        "waiting for the exiting process that holds this pid"
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
         Ok(())
     }
 }
+
+/// How long a restore waits for the pids it needs to be freed by exiting
+/// processes and zombies.
+const DYING_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Kills and reaps a freshly cloned stub until it is seized.
 struct StubGuard(i32);
