@@ -17,7 +17,7 @@
 
 use crate::error::CheckpointError;
 use crate::kinds::fds::{Objects, TreeFds};
-use crate::kinds::memory::{self, tracking};
+use crate::kinds::memory::{self, dump, tracking};
 use crate::kinds::netlock::NetLock;
 use crate::kinds::tree::{self, Frozen};
 use crate::kinds::{self, Kind, Stash};
@@ -62,13 +62,45 @@ pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpo
     if opts.pre_dump {
         return pre_dump(pid, opts);
     }
-    let mut held = freeze(pid, opts, opts.action() != Action::Continue)?;
+    let action = opts.action();
+    // Continue: the processes run on as soon as their memory is copied out
+    // (into room reserved now), and the image is written while they run.
+    let arena = (action == Action::Continue)
+        .then(|| snapshot_arena(pid))
+        .flatten();
+    let mut held = freeze(pid, opts, action != Action::Continue)?;
+    held.arena = arena;
     let summary = held.dump()?;
-    held.finish(opts.action())?;
+    held.finish(action)?;
     Ok(Summary {
         elapsed: t0.elapsed(),
         ..summary
     })
+}
+
+/// Room for the memory of the tree of `pid` (what it has resident, plus
+/// an eighth), if that leaves at least half of the machine's available
+/// memory free; reserved and faulted in before the tree is frozen.
+fn snapshot_arena(pid: i32) -> Option<dump::Arena> {
+    let resident: u64 = tree::walk(pid)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|&p| proc::status(p).ok())
+        .map(|st| (st.rssanon.unwrap_or(0) + st.rssshmem.unwrap_or(0)) * 1024)
+        .sum();
+    let available = cr_sys::proc::mem_available().unwrap_or(0);
+    let budget = available / 2;
+    let want = resident + resident / 8;
+    if want > budget {
+        info!(
+            resident,
+            available, "not enough free memory to copy the processes out: they stay frozen until their memory is stored"
+        );
+        return None;
+    }
+    dump::Arena::new(want as usize, budget as usize)
+        .inspect_err(|e| info!(error = %e, "cannot reserve memory to copy the processes out: they stay frozen until their memory is stored"))
+        .ok()
 }
 
 /// What every process's capture of one dump shares.
@@ -89,6 +121,9 @@ pub struct Dump<'a> {
     pub stash: Stash,
     /// Bytes of pages read.
     pub read: u64,
+    /// Where memory is copied while the tree is frozen, to be stored once
+    /// it runs again (checkpoint-and-continue); None: stored while frozen.
+    pub arena: Option<&'a mut dump::Arena>,
 }
 
 /// One frozen process being captured: what the kinds read it with.
@@ -232,6 +267,8 @@ pub fn freeze(
         t0,
         dumped: None,
         let_go: false,
+        arena: None,
+        thawed_after: None,
     };
     held.procs = tree::freeze(pid)?;
     held.frozen_at = Instant::now();
@@ -259,6 +296,11 @@ pub struct Held {
     dumped: Option<Dumped>,
     /// [`Held::finish`] ran: the drop undoes nothing.
     let_go: bool,
+    /// Room to copy memory into while frozen; with it the processes run on
+    /// before their pages are stored (only for a dump that continues them).
+    pub arena: Option<dump::Arena>,
+    /// How long the tree was frozen, once it runs again before the end.
+    thawed_after: Option<Duration>,
 }
 
 /// What a written image leaves to do when the processes are let go.
@@ -358,10 +400,26 @@ impl Held {
             objects: Objects::new(Some(self.dir.clone()), &self.image_id, opts.fsync()),
             stash: Stash::default(),
             read: 0,
+            arena: self.arena.as_mut(),
         };
         let mut images = Vec::with_capacity(self.procs.len());
         for f in self.procs.iter_mut() {
             images.push(capture_process(f, &mut d)?);
+        }
+        if memory::has_snapshots(&mut d) {
+            fault::check("after-snapshot")?;
+            // Everything is read: the processes run on while the copies of
+            // their memory are stored (a dump that continues them holds no
+            // lock and no socket in repair mode).
+            drop(self.lock.take());
+            tree::let_go(std::mem::take(&mut self.procs), Action::Continue)?;
+            self.thawed_after = Some(self.frozen_at.elapsed());
+            debug!(
+                root = self.root,
+                frozen_ms = self.frozen_at.elapsed().as_millis() as u64,
+                "tree runs again; storing its memory"
+            );
+            memory::store_snapshots(&mut d, &mut images)?;
         }
         let read = d.read;
         let trackers = memory::take_trackers(&mut d.stash);
@@ -387,7 +445,10 @@ impl Held {
         };
         fault::check("before-commit")?;
         self.dir.commit(&ck, opts.fsync())?;
-        let summary = summarize(root, &ck, read, self.frozen_at.elapsed(), self.t0);
+        let frozen = self
+            .thawed_after
+            .unwrap_or_else(|| self.frozen_at.elapsed());
+        let summary = summarize(root, &ck, read, frozen, self.t0);
         Ok(Dumped {
             summary,
             held,
@@ -552,6 +613,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             objects: Objects::new(None, &image_id, opts.fsync()),
             stash: Stash::default(),
             read: 0,
+            arena: None,
         };
         let mut procs = tree::freeze(root)?;
         let frozen_at = Instant::now();

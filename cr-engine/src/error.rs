@@ -119,6 +119,10 @@ pub enum RestoreError {
     },
     #[error("interrupted by {0}; nothing of the image runs")]
     Interrupted(&'static str),
+    /// An fd that led outside the tree, or an `--inherit-fd`, that cannot
+    /// be bound.
+    #[error("{0}")]
+    Unbound(String),
     #[error("pid {pid} is already in use by {by}")]
     PidTaken { pid: i32, by: String },
 }

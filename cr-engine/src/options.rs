@@ -4,6 +4,7 @@
 //! another on the way from the user to the engine.
 
 use cr_image::model::Compression;
+pub use cr_image::progress::Progress;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -104,9 +105,10 @@ pub struct CheckpointOptions {
     /// Compression of the page store: none, lz4 (fast) or zstd (small).
     #[arg(long, default_value = "none", value_name = "ALG")]
     pub compress: Compression,
-    /// Show a progress bar (set by the tools when stderr is a terminal).
+    /// How progress is shown (set by the tools: a bar on a terminal, JSON
+    /// lines with --json).
     #[arg(skip)]
-    pub show_progress: bool,
+    pub progress: Progress,
     /// Name of the network lock (nft table), so a caller can record it
     /// before it exists [default: `cr_lock_ROOT_MILLIS`].
     #[arg(skip)]
@@ -208,9 +210,23 @@ pub struct RestoreOptions {
     /// (on other hosts) find each other; 0 turns the guard off.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub reset_guard: u32,
-    /// Show a progress bar (set by the tools when stderr is a terminal).
+    /// Bind an fd that led outside the tree (a pipe or socket shared with
+    /// a process outside, a terminal) to TARGET (repeatable). FD is `N`
+    /// (fd N of every process where it led outside), `PID:N`, or the key
+    /// the error message names (`pipe:[1234]`); TARGET is a path (opened
+    /// with the fd's access mode, created if missing; a unix socket is
+    /// connected to) or `fd:M`, this command's own fd M. Unbound, fds 0-2
+    /// are cr_restart's own; others refuse the restore.
+    #[arg(long = "inherit-fd", value_name = "FD=TARGET")]
+    pub inherit_fd: Vec<InheritFd>,
+    /// Bind every fd that led outside the tree and is not bound with
+    /// --inherit-fd to /dev/null (fds 0-2 still default to cr_restart's).
+    #[arg(long)]
+    pub external_to_null: bool,
+    /// How progress is shown (set by the tools: a bar on a terminal, JSON
+    /// lines with --json).
     #[arg(skip)]
-    pub show_progress: bool,
+    pub progress: Progress,
 }
 
 impl Default for RestoreOptions {
@@ -220,7 +236,90 @@ impl Default for RestoreOptions {
             workers: None,
             map_addr: Vec::new(),
             reset_guard: 60,
-            show_progress: false,
+            inherit_fd: Vec::new(),
+            external_to_null: false,
+            progress: Progress::Off,
+        }
+    }
+}
+
+/// `FD=TARGET`: what an fd that led outside the tree is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InheritFd {
+    pub which: ExternalFd,
+    pub to: Binding,
+}
+
+/// Which external fds an `--inherit-fd` binds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExternalFd {
+    /// Fd N of any process.
+    Number(i32),
+    /// Fd N of process PID (as the image names it).
+    OfProcess(u32, i32),
+    /// Every fd that led to this (`pipe:[1234]`, `socket:[99]`, `/dev/pts/3`).
+    Key(String),
+}
+
+/// What an external fd becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Binding {
+    Path(PathBuf),
+    /// The restorer's own fd M.
+    OwnFd(i32),
+}
+
+impl InheritFd {
+    /// Whether this binds fd `fd` of process `pid`, which led to `key`.
+    pub fn binds(&self, pid: u32, fd: i32, key: &str) -> bool {
+        match &self.which {
+            ExternalFd::Number(n) => *n == fd,
+            ExternalFd::OfProcess(p, n) => *p == pid && *n == fd,
+            ExternalFd::Key(k) => k == key,
+        }
+    }
+}
+
+impl std::str::FromStr for InheritFd {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, b) = s
+            .split_once('=')
+            .ok_or_else(|| format!("--inherit-fd {s}: expected FD=TARGET"))?;
+        let num = |x: &str| x.parse::<i32>().ok().filter(|n| *n >= 0);
+        let which = if let Some(n) = num(a) {
+            ExternalFd::Number(n)
+        } else if let Some((p, n)) = a
+            .split_once(':')
+            .and_then(|(p, n)| Some((p.parse::<u32>().ok()?, num(n)?)))
+        {
+            ExternalFd::OfProcess(p, n)
+        } else if !a.is_empty() {
+            ExternalFd::Key(a.to_string())
+        } else {
+            return Err(format!("--inherit-fd {s}: no fd before `=`"));
+        };
+        let to = match b.strip_prefix("fd:") {
+            Some(m) => Binding::OwnFd(
+                num(m).ok_or_else(|| format!("--inherit-fd {s}: {m:?} is not an fd number"))?,
+            ),
+            None if b.is_empty() => return Err(format!("--inherit-fd {s}: no target after `=`")),
+            None => Binding::Path(PathBuf::from(b)),
+        };
+        Ok(InheritFd { which, to })
+    }
+}
+
+impl std::fmt::Display for InheritFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.which {
+            ExternalFd::Number(n) => write!(f, "{n}")?,
+            ExternalFd::OfProcess(p, n) => write!(f, "{p}:{n}")?,
+            ExternalFd::Key(k) => write!(f, "{k}")?,
+        }
+        match &self.to {
+            Binding::Path(p) => write!(f, "={}", p.display()),
+            Binding::OwnFd(m) => write!(f, "=fd:{m}"),
         }
     }
 }

@@ -4,7 +4,9 @@
 //! engine with exactly that.
 
 use crate::pb;
-use cr_engine::options::{Action, AddrRewrite, CheckpointOptions, RestoreOptions};
+use cr_engine::options::{
+    Action, AddrRewrite, Binding, CheckpointOptions, InheritFd, RestoreOptions,
+};
 use cr_engine::Summary;
 use cr_image::model::DirtyMethod;
 use std::path::{Path, PathBuf};
@@ -117,6 +119,8 @@ pub fn restore_request(dir: &Path, o: &RestoreOptions) -> pb::LocalRestoreReques
         map_addr: o.map_addr.iter().map(|m| m.to_string()).collect(),
         reset_guard_secs: o.reset_guard,
         workers: o.workers.unwrap_or(0) as u32,
+        inherit_fd: o.inherit_fd.iter().map(|b| b.to_string()).collect(),
+        external_to_null: o.external_to_null,
     }
 }
 
@@ -131,6 +135,20 @@ pub fn restore_options(r: &pb::LocalRestoreRequest) -> Result<RestoreOptions, St
         workers: (r.workers > 0).then_some(r.workers as usize),
         map_addr: addr_rewrites(&r.map_addr)?,
         reset_guard: r.reset_guard_secs,
+        inherit_fd: r
+            .inherit_fd
+            .iter()
+            .map(|s| {
+                let b: InheritFd = s.parse()?;
+                match b.to {
+                    Binding::OwnFd(_) => Err(format!(
+                        "--inherit-fd {s}: the agent restores with no fds of the caller; name a path"
+                    )),
+                    Binding::Path(_) => Ok(b),
+                }
+            })
+            .collect::<Result<_, String>>()?,
+        external_to_null: r.external_to_null,
         ..Default::default()
     })
 }

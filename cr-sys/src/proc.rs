@@ -491,3 +491,10 @@ pub fn pid_holder(pid: i32) -> Option<PidHolder> {
         comm: st.comm,
     })
 }
+
+/// MemAvailable of /proc/meminfo, in bytes.
+pub fn mem_available() -> Result<u64> {
+    <procfs::Meminfo as procfs::Current>::current()
+        .map_err(proc_err("/proc/meminfo".to_string()))
+        .map(|m| m.mem_available.unwrap_or(m.mem_free))
+}

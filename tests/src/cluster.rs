@@ -479,7 +479,7 @@ impl<'h> Cluster<'h> {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        isolate_fds(&mut cmd);
+        isolate_fds(&mut cmd, &[]);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {cmdline}: {e}"));
@@ -1558,7 +1558,7 @@ pub fn spawn_wl_as(h: &Harness, bin: &str, args: &[&str], uid: u32, gid: u32) ->
                 .open(&stderr)
                 .expect("open stderr"),
         );
-    isolate_fds(&mut cmd);
+    isolate_fds(&mut cmd, &[]);
     {
         // std drops the supplementary groups (setgroups([])) when root sets a uid.
         use std::os::unix::process::CommandExt;

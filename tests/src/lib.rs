@@ -252,13 +252,22 @@ pub fn become_subreaper() {
 /// Spawn setup shared by all processes the tests start: every inherited fd above
 /// 2 is made close-on-exec, so nothing of the test runner leaks into a workload
 /// (an inherited pipe would make it uncheckpointable).
-fn isolate_fds(cmd: &mut Command) {
-    // SAFETY: the closure only makes async-signal-safe raw syscalls (close_range)
-    // between fork and exec.
+fn isolate_fds(cmd: &mut Command, keep: &[(i32, i32)]) {
+    let keep = keep.to_vec();
+    // SAFETY: the closure only makes async-signal-safe raw syscalls
+    // (close_range, dup2, fcntl) between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             // CLOSE_RANGE_CLOEXEC = 4; std's own exec-error pipe is already CLOEXEC.
             libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 4u32);
+            // Then the fds the child is given: (ours, its number).
+            for &(src, dst) in &keep {
+                if src == dst {
+                    libc::fcntl(dst, libc::F_SETFD, 0);
+                } else if libc::dup2(src, dst) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
@@ -568,6 +577,8 @@ pub struct RunOpts {
     pub timeout: Option<Duration>,
     /// Use this executable instead of the one in the target directory.
     pub exe: Option<PathBuf>,
+    /// Fds the tool gets: (ours, its number).
+    pub fds: Vec<(i32, i32)>,
 }
 
 // ---------------------------------------------------------------------------
@@ -696,14 +707,29 @@ impl Harness {
     ) -> Workload {
         let n = self.next_seq();
         let workdir = self.dir.join(format!("wl{n}-{}", label.replace('/', "_")));
-        self.spawn_in(&workdir, label, exe, pre, args)
+        self.spawn_in(&workdir, label, exe, pre, args, &[])
+    }
+
+    /// Like `spawn_program`, the child also getting our fd `src` as its
+    /// fd `dst` for each `(src, dst)` of `fds`.
+    pub fn spawn_program_fds(
+        &self,
+        label: &str,
+        exe: &Path,
+        pre: &[&OsStr],
+        args: &[&str],
+        fds: &[(i32, i32)],
+    ) -> Workload {
+        let n = self.next_seq();
+        let workdir = self.dir.join(format!("wl{n}-{}", label.replace('/', "_")));
+        self.spawn_in(&workdir, label, exe, pre, args, fds)
     }
 
     /// Starts a workload binary with a work directory of the given name (inside
     /// the harness directory), e.g. one with spaces in it.
     pub fn spawn_wl_in(&self, dirname: &str, bin: &str, args: &[&str]) -> Workload {
         let exe = workload_path(bin);
-        self.spawn_in(&self.dir.join(dirname), bin, &exe, &[], args)
+        self.spawn_in(&self.dir.join(dirname), bin, &exe, &[], args, &[])
     }
 
     fn spawn_in(
@@ -713,6 +739,7 @@ impl Harness {
         exe: &Path,
         pre: &[&OsStr],
         args: &[&str],
+        fds: &[(i32, i32)],
     ) -> Workload {
         let workdir = workdir.to_path_buf();
         std::fs::create_dir_all(&workdir).expect("mkdir workdir");
@@ -728,7 +755,7 @@ impl Harness {
             .stderr(File::create(&stderr).expect("create stderr file"))
             .env("PYTHONUNBUFFERED", "1")
             .env("PYTHONDONTWRITEBYTECODE", "1");
-        isolate_fds(&mut cmd);
+        isolate_fds(&mut cmd, fds);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", exe.display()));
@@ -795,7 +822,7 @@ impl Harness {
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }
-        isolate_fds(&mut cmd);
+        isolate_fds(&mut cmd, &opts.fds);
         if let Some((uid, gid)) = opts.as_user {
             // SAFETY: only async-signal-safe raw syscalls between fork and exec.
             unsafe {
@@ -864,12 +891,23 @@ impl Harness {
     /// `cr_restart EXTRA... DIR` in the background, like `restore_bg` (e.g.
     /// with `--netns NAME` or `--map-addr OLD=NEW`).
     pub fn restore_bg_args(&self, dir: &Path, pid: i32, extra: &[&OsStr]) -> Restore {
+        self.restore_bg_with(dir, pid, extra, &RunOpts::default())
+    }
+
+    /// Like `restore_bg_args`, cr_restart run with `run` (fds, env...).
+    pub fn restore_bg_with(
+        &self,
+        dir: &Path,
+        pid: i32,
+        extra: &[&OsStr],
+        run: &RunOpts,
+    ) -> Restore {
         let exe = tool_path("cr_restart");
         // Who holds the pid now, before cr_restart can create the restored process.
         let held = proc_starttime(pid);
         let mut args: Vec<&OsStr> = extra.to_vec();
         args.push(dir.as_os_str());
-        let (cr, out, err, cmdline) = self.start_tool(&exe, &args, &RunOpts::default());
+        let (cr, out, err, cmdline) = self.start_tool(&exe, &args, run);
         let restored = Proc::expect_restored(pid, "restored process", cr.pid, held);
         Restore {
             restored,

@@ -27,6 +27,11 @@ struct Cli {
     /// Print nothing on success.
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// For programs: progress as `{"progress": {...}}` lines and the
+    /// outcome as one `{"result": {...}}` or `{"error": "..."}` line, on
+    /// stdout.
+    #[arg(long)]
+    json: bool,
     /// Process to checkpoint, with all its descendants (for a job started with
     /// cr_run, the PID of cr_run or of the job).
     pid: i32,
@@ -44,7 +49,13 @@ fn main() -> ExitCode {
         return check(pid, cli.quiet);
     }
     cli.opts.track_mem |= cli.opts.pre_dump;
-    cli.opts.show_progress = std::io::stderr().is_terminal() && !cli.quiet;
+    cli.opts.progress = if cli.json {
+        cr_engine::options::Progress::Json
+    } else if cli.quiet {
+        cr_engine::options::Progress::Off
+    } else {
+        cr_engine::options::Progress::Bar
+    };
     let dir = cli.opts.image_dir(pid);
     cli.opts.dir = Some(dir.clone());
     let agent = if cli.standalone {
@@ -62,12 +73,17 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(s) => {
-            if !cli.quiet {
+            if cli.json {
+                println!("{}", json_result(&dir, &s));
+            } else if !cli.quiet {
                 report(&cli.opts, &dir, &s);
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
+            if cli.json {
+                println!("{}", serde_json::json!({ "error": e }));
+            }
             eprintln!("cr_checkpoint: error: {e}");
             let code = cr_engine::interrupt::exit_code().unwrap_or(1);
             ExitCode::from(code.clamp(1, 255) as u8)
@@ -109,6 +125,24 @@ fn report(opts: &CheckpointOptions, dir: &std::path::Path, s: &Summary) {
         s.page_bytes as f64 / secs / 1e9,
         s.frozen.as_secs_f64()
     );
+}
+
+/// `{"result": {...}}`: the summary for programs.
+fn json_result(dir: &std::path::Path, s: &Summary) -> serde_json::Value {
+    serde_json::json!({ "result": {
+        "pid": s.pid,
+        "dir": dir.display().to_string(),
+        "processes": s.processes,
+        "threads": s.threads,
+        "page_bytes": s.page_bytes,
+        "store_bytes": s.store_bytes,
+        "pages_parent": s.pages_parent,
+        "dirty": s.dirty.name(),
+        "vmas": s.vmas,
+        "fds": s.fds,
+        "frozen_secs": s.frozen.as_secs_f64(),
+        "elapsed_secs": s.elapsed.as_secs_f64(),
+    }})
 }
 
 /// The checkpoint made by the node's agent, on behalf of the caller.

@@ -10,7 +10,7 @@
 //!   of the threads' restore, as the very last system calls of each thread. The drivers (`capture::capture_process`
 //!   and `restore::rebuild`) call them in a fixed order, one line each.
 //! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, eventfds,
-//!   tty). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
+//!   tty, external: what leads outside the tree). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
 //!   turn whether an fd is of its kind, and later which one opens it again.
 //!
 //! [`locks`] (file locks, read with the fds that hold them) and [`netlock`]
@@ -19,6 +19,7 @@
 //! `proto/image.proto`), and one line in a driver or in [`FILE_KINDS`].
 
 pub mod eventfds;
+pub mod external;
 pub mod fds;
 pub mod files;
 pub mod identity;
@@ -101,6 +102,7 @@ pub static FILE_KINDS: &[&dyn FileKind] = &[
     &inet::Inet,
     &eventfds::EventFds,
     &tty::Tty,
+    &external::External,
     &files::Files,
 ];
 

@@ -95,13 +95,16 @@ pub enum FdKind {
         object: u64,
         master: bool,
     },
-    /// Leads outside the image: restored as cr_restart's fd of the same
-    /// number. A terminal has its settings (else both are empty).
+    /// Leads outside the image ("external"): restored as what the user
+    /// binds it to (`cr_restart --inherit-fd`); fds 0-2 by default as
+    /// cr_restart's own. A terminal has its settings (else both are
+    /// empty). `outside` says what it led to.
     Inherited {
         #[serde(skip)]
         termios: Vec<u8>,
         #[serde(skip)]
         winsize: Vec<u8>,
+        outside: String,
     },
 }
 
@@ -270,6 +273,7 @@ impl Fd {
                 FdKind::Inherited {
                     termios: i.termios,
                     winsize: i.winsize,
+                    outside: i.outside,
                 }
             }
         };
@@ -357,9 +361,14 @@ impl Fd {
                 id: *object,
                 master: *master,
             }),
-            FdKind::Inherited { termios, winsize } => K::Inherited(pb::Inherited {
+            FdKind::Inherited {
+                termios,
+                winsize,
+                outside,
+            } => K::Inherited(pb::Inherited {
                 termios: termios.clone(),
                 winsize: winsize.clone(),
+                outside: outside.clone(),
             }),
         };
         pb::Fd {

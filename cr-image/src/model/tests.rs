@@ -201,6 +201,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 FdKind::Inherited {
                     termios: vec![0; 60],
                     winsize: vec![0; 8],
+                    outside: "a terminal".into(),
                 },
             ),
             fd(1, FdKind::Pipe { object: 11 }),

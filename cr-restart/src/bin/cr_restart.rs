@@ -27,6 +27,11 @@ struct Cli {
     /// or --netns is given).
     #[arg(long)]
     standalone: bool,
+    /// For programs: progress as `{"progress": {...}}` lines, then
+    /// `{"result": {"pid": N}}` once restored and `{"exit": {"status": N}}`
+    /// when it ends (or `{"error": "..."}`), on stdout.
+    #[arg(long)]
+    json: bool,
     /// Image directory written by cr_checkpoint.
     dir: PathBuf,
 }
@@ -38,7 +43,11 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let mut cli = Cli::parse();
+    let json = cli.json;
     let fail = |msg: String| {
+        if json {
+            println!("{}", serde_json::json!({ "error": msg }));
+        }
         eprintln!("cr_restart: error: {msg}");
         ExitCode::FAILURE
     };
@@ -48,10 +57,7 @@ fn main() -> ExitCode {
         cr_rpc::local::Agent::if_running()
     };
     if let Some(agent) = agent {
-        return match through_agent(agent, &cli) {
-            Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-            Err(e) => fail(e),
-        };
+        return exit_with(&cli, through_agent(agent, &cli), fail);
     }
     if let Some(ns) = &cli.netns {
         let path = if ns.contains('/') {
@@ -63,22 +69,49 @@ fn main() -> ExitCode {
             return fail(cr_sys::error::one_line(&e));
         }
     }
-    cli.opts.show_progress = std::io::stderr().is_terminal();
+    cli.opts.progress = if cli.json {
+        cr_engine::options::Progress::Json
+    } else {
+        cr_engine::options::Progress::Bar
+    };
     // Ctrl-C or SIGTERM during the restore: nothing of the image runs.
     let watch = cr_engine::interrupt::Watch::new();
     let restored = restore(&cli.dir, &cli.opts);
     drop(watch);
     let result = restored.and_then(|pid| {
+        restored_pid(&cli, pid);
         if cli.detach {
-            println!("{pid}");
             Ok(0)
         } else {
             wait_exit(pid)
         }
     });
+    exit_with(&cli, result.map_err(|e| cr_sys::error::one_line(&e)), fail)
+}
+
+/// Say the restored PID: alone on a line, or as JSON.
+fn restored_pid(cli: &Cli, pid: i32) {
+    if cli.json {
+        println!("{}", serde_json::json!({ "result": { "pid": pid } }));
+    } else if cli.detach {
+        println!("{pid}");
+    }
+}
+
+/// Exit with the restored root's status (or the error).
+fn exit_with(
+    cli: &Cli,
+    result: Result<i32, String>,
+    fail: impl Fn(String) -> ExitCode,
+) -> ExitCode {
     match result {
-        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-        Err(e) => fail(cr_sys::error::one_line(&e)),
+        Ok(code) => {
+            if cli.json && !cli.detach {
+                println!("{}", serde_json::json!({ "exit": { "status": code } }));
+            }
+            ExitCode::from(code.clamp(0, 255) as u8)
+        }
+        Err(e) => fail(e),
     }
 }
 
@@ -88,8 +121,8 @@ fn through_agent(mut agent: cr_rpc::local::Agent, cli: &Cli) -> Result<i32, Stri
     let dir = std::path::absolute(&cli.dir).map_err(|e| format!("{}: {e}", cli.dir.display()))?;
     tracing::debug!(socket = %agent.socket.display(), "restore through the agent");
     let pid = agent.restore(cr_rpc::opts::restore_request(&dir, &cli.opts))?;
+    restored_pid(cli, pid);
     if cli.detach {
-        println!("{pid}");
         return Ok(0);
     }
     agent.wait(pid)

@@ -26,7 +26,6 @@ use crate::restore::Rebuild;
 use crate::stub::Stub;
 use cr_image::model::{Fd, FdKind, Object, ObjectTag, Process, SharedFd};
 use cr_image::ImageDir;
-use cr_sys::fdio;
 use cr_sys::proc::{self, FDTarget, FdInfo};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsRawFd;
@@ -245,29 +244,6 @@ pub fn describe(
         }
     }
     Err(format!("a {} (not supported)", open.link))
-}
-
-/// An fd connected to something outside the tree: restored as the fd of
-/// the same number of cr_restart (a terminal: cr_restart's terminal).
-/// Only fds 0, 1 and 2 may lead outside.
-pub fn inherited(f: &OpenFd<'_>, what: String) -> crate::kinds::Described {
-    let stolen = fdio::steal_fd(f.pid, f.fd).ok();
-    let tty = stolen
-        .as_ref()
-        .is_some_and(|s| fdio::is_tty(std::os::fd::AsFd::as_fd(s)));
-    if !tty && f.fd > 2 {
-        return Err(format!(
-            "{what}; only fds 0, 1 and 2 may lead outside the tree (they are taken from cr_restart)"
-        ));
-    }
-    let (termios, winsize) = match (tty, &stolen) {
-        (true, Some(s)) => (
-            fdio::tcgets(s).unwrap_or_default(),
-            fdio::get_winsize(s).unwrap_or_default(),
-        ),
-        _ => (Vec::new(), Vec::new()),
-    };
-    Ok(Some(FdKind::Inherited { termios, winsize }))
 }
 
 impl Kind for Fds {
@@ -520,7 +496,9 @@ fn summary(f: &Fd, link: &str) -> String {
     };
     match &f.kind {
         FdKind::Pipe { .. } => format!("{link} ({end} end)"),
-        FdKind::Inherited { .. } => format!("{link} (outside the tree: taken from cr_restart)"),
+        FdKind::Inherited { outside, .. } => {
+            format!("{link}: {outside} (external: cr_restart gives it, see --inherit-fd)")
+        }
         FdKind::Epoll { items } => format!("{link} ({} watched fds)", items.len()),
         FdKind::Inotify { watches } => format!("{link} ({} watches)", watches.len()),
         k => {

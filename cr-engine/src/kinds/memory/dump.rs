@@ -344,10 +344,204 @@ pub struct Copy<'a> {
     /// The process runs meanwhile (pre-dump): pages that cannot be read
     /// any more are left out instead of failing the dump.
     pub live: bool,
+    /// The pages were copied out while the process was frozen (see
+    /// [`snapshot`]): they are taken from there, not from the process.
+    pub snapshot: Option<(&'a Snapshot, &'a [u8])>,
 }
 
-/// Read what `plan` says must be read and describe every page of the
-/// process. `progress` gets the bytes read so far.
+/// The process's memory a plan names, copied into our own memory while
+/// it is frozen, so it can run on while the pages are hashed, compared
+/// and written (checkpoint-and-continue: the freeze is the copy).
+pub struct Snapshot {
+    pub region: Region,
+    /// Where each run of the plan starts in the region.
+    offsets: Vec<usize>,
+}
+
+/// Room in our memory for snapshots: reserved (and faulted in) before the
+/// tree is frozen, so the freeze pays only the copy; a process that does
+/// not fit gets a mapping of its own while the budget lasts.
+pub struct Arena {
+    maps: Vec<memmap2::MmapMut>,
+    /// Bytes of `maps[0]` handed out.
+    used: usize,
+    /// Most bytes held in all.
+    budget: usize,
+    held: usize,
+}
+
+/// Bytes `len` at `start` of arena map `map`.
+#[derive(Debug, Clone, Copy)]
+pub struct Region {
+    map: usize,
+    start: usize,
+    len: usize,
+}
+
+impl Arena {
+    /// `reserve` bytes mapped and faulted in now, at most `budget` in all.
+    pub fn new(reserve: usize, budget: usize) -> std::io::Result<Arena> {
+        let mut maps = Vec::new();
+        if reserve > 0 {
+            let mut m = memmap2::MmapMut::map_anon(reserve)?;
+            let _ = m.advise(memmap2::Advice::HugePage);
+            // Fault every page in now rather than during the freeze.
+            for off in (0..reserve).step_by(PAGE_SIZE as usize) {
+                m[off] = 0;
+            }
+            maps.push(m);
+        }
+        Ok(Arena {
+            maps,
+            used: 0,
+            budget,
+            held: reserve,
+        })
+    }
+
+    /// A region of `len` bytes, or None when the budget is spent.
+    pub fn take(&mut self, len: usize) -> Option<Region> {
+        if let Some(first) = self.maps.first() {
+            if first.len() - self.used >= len {
+                let r = Region {
+                    map: 0,
+                    start: self.used,
+                    len,
+                };
+                self.used += len;
+                return Some(r);
+            }
+        }
+        if self.held + len > self.budget || len == 0 {
+            return (len == 0).then_some(Region {
+                map: 0,
+                start: 0,
+                len: 0,
+            });
+        }
+        let m = memmap2::MmapMut::map_anon(len).ok()?;
+        let _ = m.advise(memmap2::Advice::HugePage);
+        self.maps.push(m);
+        self.held += len;
+        Some(Region {
+            map: self.maps.len() - 1,
+            start: 0,
+            len,
+        })
+    }
+
+    pub fn bytes(&self, r: &Region) -> &[u8] {
+        match self.maps.get(r.map) {
+            Some(m) => &m[r.start..r.start + r.len],
+            None => &[],
+        }
+    }
+
+    fn bytes_mut(&mut self, r: &Region) -> &mut [u8] {
+        match self.maps.get_mut(r.map) {
+            Some(m) => &mut m[r.start..r.start + r.len],
+            None => &mut [],
+        }
+    }
+}
+
+/// Open /proc/PID/mem if a run of `plan` needs it.
+fn procmem_for(pid: i32, plan: &Plan) -> Result<Option<ProcMem>, CheckpointError> {
+    if plan.runs.iter().any(|r| r.src == Src::Forced) {
+        Ok(Some(
+            ProcMem::open(pid, false).map_err(|e| CheckpointError::from_sys(pid, e))?,
+        ))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Read run `r` of `plan` into `b` (its length). In a live copy, pages that
+/// cannot be read any more are cleared in `ok` instead of failing.
+fn read_run(
+    pid: i32,
+    plan: &Plan,
+    procmem: Option<&ProcMem>,
+    r: &Run,
+    b: &mut [u8],
+    live: bool,
+    ok: &mut [bool],
+) -> Result<(), CheckpointError> {
+    let read = |b: &mut [u8], vaddr: u64, src_off: u64| match (r.src, procmem) {
+        (Src::Forced, Some(pm)) => pm.read(vaddr, b),
+        (Src::Shm(f), _) => {
+            plan.files[f]
+                .read_exact_at(b, src_off)
+                .map_err(|source| cr_sys::SysError::Io {
+                    path: format!("shared memory at {vaddr:#x} of process {pid}"),
+                    source,
+                })
+        }
+        _ => read_vm(pid, vaddr, b),
+    };
+    if let Err(e) = read(b, r.vaddr, r.src_off) {
+        if !live {
+            return Err(CheckpointError::from_sys(pid, e));
+        }
+        // The process changed its mappings meanwhile: keep what can still
+        // be read.
+        for (k, page) in b.chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
+            let off = k as u64 * PAGE_SIZE;
+            ok[k] = read(page, r.vaddr + off, r.src_off + off).is_ok();
+        }
+    }
+    Ok(())
+}
+
+/// Copy what `plan` says must be read into `region` of `arena`, on the
+/// worker pool, while the process is frozen. `progress` gets the bytes
+/// copied so far.
+pub fn snapshot(
+    pid: i32,
+    plan: &Plan,
+    arena: &mut Arena,
+    region: Region,
+    workers: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Snapshot, CheckpointError> {
+    let procmem = procmem_for(pid, plan)?;
+    let mut offsets = Vec::with_capacity(plan.runs.len());
+    let mut pieces = Vec::with_capacity(plan.runs.len());
+    let mut rest = arena.bytes_mut(&region);
+    let mut off = 0;
+    for r in &plan.runs {
+        let len = (r.pages * PAGE_SIZE) as usize;
+        let (piece, tail) = rest.split_at_mut(len);
+        offsets.push(off);
+        pieces.push((r, piece));
+        off += len;
+        rest = tail;
+    }
+    let queue = Mutex::new(pieces.into_iter());
+    let copied = AtomicU64::new(0);
+    let half = plan.runs.len() / 2;
+    let taken = AtomicUsize::new(0);
+    pool::run(workers.min(plan.runs.len().max(1)), |stop| {
+        let mut ok = vec![true; MAX_RUN_PAGES as usize];
+        while !stop.stopped() {
+            let Some((r, piece)) = queue.lock().unwrap_or_else(|p| p.into_inner()).next() else {
+                return Ok::<(), CheckpointError>(());
+            };
+            if taken.fetch_add(1, Ordering::Relaxed) == half {
+                fault::check("mid-memory")?;
+            }
+            read_run(pid, plan, procmem.as_ref(), r, piece, false, &mut ok)?;
+            let done = copied.fetch_add(piece.len() as u64, Ordering::Relaxed) + piece.len() as u64;
+            progress(done);
+        }
+        Ok(())
+    })?;
+    Ok(Snapshot { region, offsets })
+}
+
+/// Hash, compare and store what `plan` says must be read (from the process,
+/// or from its snapshot) and describe every page of the process.
+/// `progress` gets the bytes done so far.
 pub fn copy(
     a: &Copy<'_>,
     plan: Plan,
@@ -359,10 +553,9 @@ pub fn copy(
     let next = AtomicUsize::new(0);
     let copied = AtomicU64::new(0);
     let dups = AtomicU64::new(0);
-    let procmem = if plan.runs.iter().any(|r| r.src == Src::Forced) {
-        Some(ProcMem::open(pid, false).map_err(|e| CheckpointError::from_sys(pid, e))?)
-    } else {
-        None
+    let procmem = match a.snapshot {
+        Some(_) => None,
+        None => procmem_for(pid, &plan)?,
     };
     let half = plan.runs.len() / 2;
     let file_private = |vaddr: u64| {
@@ -381,32 +574,22 @@ pub fn copy(
                 let Some(r) = plan.runs.get(i) else {
                     return Ok(());
                 };
-                if i == half {
-                    fault::check("mid-memory")?;
-                }
-                let b = &mut buf[..(r.pages * PAGE_SIZE) as usize];
-                let read = |b: &mut [u8], vaddr: u64, src_off: u64| match (r.src, &procmem) {
-                    (Src::Forced, Some(pm)) => pm.read(vaddr, b),
-                    (Src::Shm(f), _) => plan.files[f].read_exact_at(b, src_off).map_err(|source| {
-                        cr_sys::SysError::Io {
-                            path: format!("shared memory at {vaddr:#x} of process {pid}"),
-                            source,
-                        }
-                    }),
-                    _ => read_vm(pid, vaddr, b),
-                };
+                let len = (r.pages * PAGE_SIZE) as usize;
                 let mut ok = vec![true; r.pages as usize];
-                if let Err(e) = read(b, r.vaddr, r.src_off) {
-                    if !a.live {
-                        return Err(CheckpointError::from_sys(pid, e));
+                let b: &[u8] = match a.snapshot {
+                    Some((snap, bytes)) => {
+                        let at = snap.offsets[i];
+                        &bytes[at..at + len]
                     }
-                    // The process changed its mappings meanwhile: keep what
-                    // can still be read.
-                    for (k, page) in b.chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
-                        let off = k as u64 * PAGE_SIZE;
-                        ok[k] = read(page, r.vaddr + off, r.src_off + off).is_ok();
+                    None => {
+                        if i == half {
+                            fault::check("mid-memory")?;
+                        }
+                        let b = &mut buf[..len];
+                        read_run(pid, &plan, procmem.as_ref(), r, b, a.live, &mut ok)?;
+                        b
                     }
-                }
+                };
                 let mut out = Vec::with_capacity(r.pages as usize);
                 for (k, page) in b.chunks_exact(PAGE_SIZE as usize).enumerate() {
                     let vaddr = r.vaddr + k as u64 * PAGE_SIZE;

@@ -27,6 +27,7 @@ pub use fill::Pages;
 
 use crate::capture::{Dump, Proc};
 use crate::error::{CheckpointError, RestoreError, StepContext};
+use crate::interrupt;
 use crate::kinds::{files, Kind, Stash};
 use crate::restore::Rebuild;
 use crate::stub::{Stub, SCRATCH};
@@ -152,12 +153,31 @@ pub fn copy_process(
     p: &mut Process,
     plan: ProcessPlan,
 ) -> Result<(), CheckpointError> {
+    d.read += plan.plan.bytes;
+    store_process(d, p, plan, None)
+}
+
+/// Hash, compare and store the pages of `plan`, read from the process or
+/// from its snapshot (taken while it was frozen, in `d.arena`): fills
+/// `p.memory`.
+fn store_process(
+    d: &mut Dump<'_>,
+    p: &mut Process,
+    plan: ProcessPlan,
+    snap: Option<&dump::Snapshot>,
+) -> Result<(), CheckpointError> {
     let pid = p.pid as i32;
     drop(plan.dirty);
     let index = d.parent.and_then(|l| l.memory(p.pid)).map(MemIndex::new);
     let bytes = plan.plan.bytes;
-    d.read += bytes;
-    let bar = cr_image::progress::bar(d.opts.show_progress, bytes, "copying memory");
+    let what = if snap.is_some() {
+        "writing memory"
+    } else {
+        "copying memory"
+    };
+    let progress = d.opts.progress.start(what, bytes);
+    let arena = d.arena.as_deref();
+    let snapshot = snap.zip(arena).map(|(s, a)| (s, a.bytes(&s.region)));
     let mem = dump::copy(
         &dump::Copy {
             pid,
@@ -166,21 +186,38 @@ pub fn copy_process(
             store: d.store,
             workers: d.opts.workers(),
             live: d.opts.pre_dump,
+            snapshot,
         },
         plan.plan,
-        &|done| {
-            if let Some(b) = &bar {
-                b.set_position(done)
-            }
-        },
+        &|done| progress.set(done),
     )?;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
+    progress.finish();
     let (dirty, tracking) = (p.memory.dirty, p.memory.tracking);
     p.memory = mem;
     p.memory.dirty = dirty;
     p.memory.tracking = tracking;
+    Ok(())
+}
+
+/// Processes whose memory was copied out while frozen, to store later.
+#[derive(Default)]
+struct Snapshots(Vec<(u32, ProcessPlan, dump::Snapshot)>);
+
+/// Whether some process's pages wait in snapshots (see [`store_snapshots`]).
+pub fn has_snapshots(d: &mut Dump<'_>) -> bool {
+    !d.stash.get::<Snapshots>().0.is_empty()
+}
+
+/// Store the pages copied out of the frozen processes, now that they run
+/// again: fills the memory of `images`.
+pub fn store_snapshots(d: &mut Dump<'_>, images: &mut [Process]) -> Result<(), CheckpointError> {
+    let snaps = std::mem::take(&mut d.stash.get::<Snapshots>().0);
+    for (pid, plan, snap) in snaps {
+        interrupt::check().map_err(CheckpointError::Interrupted)?;
+        if let Some(p) = images.iter_mut().find(|p| p.pid == pid) {
+            store_process(d, p, plan, Some(&snap))?;
+        }
+    }
     Ok(())
 }
 
@@ -207,31 +244,46 @@ impl Kind for Memory {
             auxv: proc::read_bytes(&format!("/proc/{pid}/auxv")).map_err(sys)?,
         };
         let plan = plan_process(cx, p, false)?;
-        copy_process(cx.d, p, plan)
+        let bytes = plan.bytes();
+        let region =
+            cx.d.arena
+                .as_deref_mut()
+                .and_then(|a| a.take(bytes as usize));
+        let Some(region) = region else {
+            return copy_process(cx.d, p, plan);
+        };
+        // Copied out now, hashed and stored once the tree runs again.
+        let progress = cx.d.opts.progress.start("copying memory", bytes);
+        let arena = cx.d.arena.as_deref_mut().expect("the arena gave a region");
+        let snap = dump::snapshot(
+            pid,
+            &plan.plan,
+            arena,
+            region,
+            cx.d.opts.workers(),
+            &|done| progress.set(done),
+        )?;
+        progress.finish();
+        cx.d.read += bytes;
+        cx.d.stash.get::<Snapshots>().0.push((p.pid, plan, snap));
+        Ok(())
     }
 
     /// Map every saved mapping, fill its pages, then its protections.
     fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
         let filled = fill::map_all(cx, p)?;
-        let bar = cr_image::progress::bar(
-            cx.r.opts.show_progress,
-            fill::bytes(cx.pieces),
-            "restoring memory",
-        );
+        let progress =
+            cx.r.opts
+                .progress
+                .start("restoring memory", fill::bytes(cx.pieces));
         fill::fill(
             cx.stub.pid(),
             cx.pages,
             cx.pieces,
             cx.r.opts.workers(),
-            &|d| {
-                if let Some(b) = &bar {
-                    b.set_position(d)
-                }
-            },
+            &|d| progress.set(d),
         )?;
-        if let Some(b) = bar {
-            b.finish_and_clear();
-        }
+        progress.finish();
         fill::finish(cx, p, &filled)
     }
 }

@@ -1,8 +1,8 @@
 //! Kind "pipes": pipes and FIFOs with the bytes buffered in them and their
 //! capacity. The data is read with tee(2) from a description of our own,
 //! never consumed, so a checkpoint that continues loses nothing. A pipe
-//! whose other end is held only outside the tree leads outside: fds 0-2
-//! are then taken from cr_restart (see `fds::inherited`).
+//! whose other end is held only outside the tree leads outside (kind
+//! [`external`](crate::kinds::external)).
 //!
 //! Restore: each pipe is made in the restorer and refilled; the processes
 //! take descriptions of it (the original ends go to the fds that need
@@ -13,8 +13,8 @@
 mod tests;
 
 use crate::error::{RestoreError, StepContext};
-use crate::kinds::fds::{self, FdScan, OpenFd};
-use crate::kinds::{Described, FileKind, Opened};
+use crate::kinds::fds::{FdScan, OpenFd};
+use crate::kinds::{external, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::objects::{Fifo, Pipe};
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process};
@@ -64,7 +64,7 @@ impl FileKind for Pipes {
             let (r, w) = cx.tree.pipe_ends.get(&ino).copied().unwrap_or((true, true));
             if !(r && w) {
                 if let Some(other) = pipe_outside(cx, ino) {
-                    return Some(fds::inherited(
+                    return Some(external::record(
                         f,
                         format!("a pipe shared with process {other} outside the tree"),
                     ));

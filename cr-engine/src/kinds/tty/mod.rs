@@ -3,16 +3,14 @@
 //! foreground group) and made again at the same index; a session leader
 //! gets its controlling terminal back, and /dev/tty fds are opened again
 //! once it has. A terminal outside the tree (the one a job was started
-//! from) leads outside: restored as cr_restart's own (see [`open`]), which
-//! also serves every other fd that leads outside the tree (pipes and
-//! sockets of fds 0-2).
+//! from) leads outside: kind [`external`](crate::kinds::external).
 
 #[cfg(test)]
 mod tests;
 
 use crate::error::{RestoreError, StepContext};
-use crate::kinds::fds::{self, FdScan, OpenFd};
-use crate::kinds::{files, Described, FileKind, Opened};
+use crate::kinds::fds::{FdScan, OpenFd};
+use crate::kinds::{external, files, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::objects::Pty;
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, Process};
@@ -95,7 +93,7 @@ impl FileKind for Tty {
                 f.info.get("tty-index").unwrap_or("?")
             )));
         }
-        Some(fds::inherited(f, "a terminal".into()))
+        Some(external::record(f, format!("the terminal {}", f.link)))
     }
 
     fn prepare(&self, r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
@@ -130,9 +128,6 @@ impl FileKind for Tty {
             // /dev/tty waits until the controlling terminal is back.
             FdKind::CharDevice { rdev } if is_dev_tty(*rdev) => Ok(Opened::Later),
             FdKind::Pty { object, master } => pty_end(cx.r, f, *object, *master).map(Opened::Ours),
-            FdKind::Inherited { termios, .. } => {
-                inherited(f, termios, cx.r.opts.shell_job).map(Opened::Ours)
-            }
             _ => return None,
         })
     }
@@ -196,45 +191,6 @@ fn pty_end(
     } else {
         fdio::pty_peer(m, accmode).step(what)
     }
-}
-
-/// An fd that led outside the tree: our own fd of the same number (for a
-/// terminal, our terminal), or /dev/null if we have none.
-fn inherited(f: &Fd, termios: &[u8], shell_job: bool) -> Result<OwnedFd, RestoreError> {
-    let tty = !termios.is_empty();
-    // A terminal prefers our terminal (the same number first, then any of
-    // 0, 1, 2); otherwise, or if we have none, our fd of the same number (a
-    // file or pipe we were given).
-    let mut candidates: Vec<(i32, bool)> = Vec::new();
-    if tty {
-        candidates.extend([(f.fd, true), (0, true), (1, true), (2, true)]);
-    }
-    if f.fd <= 2 {
-        candidates.push((f.fd, false));
-    }
-    for (c, want_tty) in candidates {
-        if c > 2 {
-            continue;
-        }
-        let Ok(dup) = fdio::dup_own(c) else { continue };
-        let ours_tty = fdio::is_tty(dup.as_fd());
-        if want_tty && !ours_tty {
-            continue;
-        }
-        if ours_tty && tty && shell_job {
-            if let Err(e) = fdio::tcsets(dup.as_fd(), termios) {
-                warn!(fd = f.fd, error = %cr_sys::error::one_line(&e), "terminal settings not restored");
-            }
-        }
-        return Ok(dup);
-    }
-    warn!(
-        fd = f.fd,
-        was = f.path,
-        "no fd of ours to give in its place: /dev/null"
-    );
-    let accmode = f.flags as i32 & libc::O_ACCMODE;
-    fdio::open("/dev/null", accmode).step(|| "cannot open /dev/null".into())
 }
 
 /// A session leader whose controlling terminal was a pty of the image takes

@@ -6,9 +6,10 @@
 //! Capture: what sock_diag tells about each (type, state, name, peer,
 //! queued connections, shutdown), and the receive queue read without
 //! consuming it (MSG_PEEK with SO_PEEK_OFF on a copy of the fd taken with
-//! pidfd_getfd). A socket whose peer is outside the tree can only be kept
-//! when it is a datagram socket connected to a named peer (reconnected by
-//! name, like /dev/log), or when it is fd 0, 1 or 2 (taken from cr_restart).
+//! pidfd_getfd). A socket whose peer is outside the tree is kept when it
+//! is a datagram socket connected to a named peer (reconnected by name,
+//! like /dev/log); any other leads outside (kind
+//! [`external`](crate::kinds::external)).
 //!
 //! Restore, inside the restorer, in an order that lets every connection be
 //! made again: see [`rebuild`].
@@ -18,9 +19,9 @@ mod rebuild;
 mod tests;
 
 use crate::error::RestoreError;
-use crate::kinds::fds::{self, FdScan, OpenFd};
+use crate::kinds::fds::{FdScan, OpenFd};
 use crate::kinds::sockopts::{options, shape, Fresh};
-use crate::kinds::{Described, FileKind, Opened};
+use crate::kinds::{external, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::objects::UnixSocket;
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process};
@@ -147,17 +148,14 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         let peer_name = diag(cx)?.get(&u.peer).and_then(|p| p.name.clone());
         match peer_name {
             Some(n) if u.sock_type as i32 == libc::SOCK_DGRAM && !n.is_empty() => s.peer_name = n,
-            _ if fd <= 2 => {
-                return fds::inherited(
-                    f,
-                    format!("a unix {kind} socket connected outside the tree"),
-                );
-            }
             _ => {
-                return Err(format!(
-                "a unix {kind} socket connected to socket:[{}] outside the tree (not supported)",
-                u.peer
-            ))
+                return external::record(
+                    f,
+                    format!(
+                        "a unix {kind} socket connected to socket:[{}] outside the tree",
+                        u.peer
+                    ),
+                );
             }
         }
     } else if u.peer != 0 {
@@ -171,13 +169,13 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
             .map(|l| l.ino);
         match listener {
             Some(l) if cx.tree.socket_in_tree(l) => s.listener = l,
-            Some(l) if fd > 2 => {
-                return Err(format!(
-                    "a unix {kind} socket waiting to be accepted by socket:[{l}] outside the tree (not supported)"
-                ))
-            }
-            Some(_) => {
-                return fds::inherited(f, format!("a unix {kind} socket connected outside the tree"))
+            Some(l) => {
+                return external::record(
+                    f,
+                    format!(
+                    "a unix {kind} socket waiting to be accepted by socket:[{l}] outside the tree"
+                ),
+                )
             }
             None => {} // the peer closed; the queue still holds its last data
         }
