@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::Channel;
 
+/// Keepalive of the channels to agents (see `cr_rpc::channel`).
+pub const AGENT_KEEPALIVE: Duration = Duration::from_secs(1);
+
 /// An agent's reply, or why there is none (one line).
 pub type AgentResult<T> = Result<T, String>;
 
@@ -71,8 +74,16 @@ impl GrpcAgents {
                 return Ok(AgentClient::new(ch.clone()));
             }
         }
-        let ch = cr_rpc::channel::lazy(&addr, &self.security, node, self.connect_timeout)
-            .map_err(|e| e.to_string())?;
+        // A short keepalive: an agent whose link is cut fails the call in
+        // flight within seconds, so its peers are not held frozen waiting.
+        let ch = cr_rpc::channel::lazy_with_keepalive(
+            &addr,
+            &self.security,
+            node,
+            self.connect_timeout,
+            AGENT_KEEPALIVE,
+        )
+        .map_err(|e| e.to_string())?;
         tracing::debug!(node, addr = %addr, "agent channel");
         chans.insert(node.to_string(), (addr, ch.clone()));
         Ok(AgentClient::new(ch))

@@ -138,6 +138,9 @@ pub struct JobRecord {
     /// Restarts so far (restart session names).
     #[prost(uint64, tag = "7")]
     pub restarts: u64,
+    /// Freeze bound of its checkpoints (0: the coordinator's default).
+    #[prost(uint64, tag = "8")]
+    pub freeze_timeout_ms: u64,
 }
 
 impl JobRecord {

@@ -267,6 +267,8 @@ impl Coordinator {
             .filter(|c| {
                 c.nodes().iter().any(|n| n == node)
                     && !c.finished_nodes.iter().any(|n| n == node)
+                    // FINISH failed there and crctl said so: never again.
+                    && !c.info().unfinished.iter().any(|n| n == node)
                     && !self.is_active_checkpoint(c.id())
             })
             .map(|c| (c.id().to_string(), c.info().after))

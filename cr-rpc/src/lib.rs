@@ -8,12 +8,14 @@
 //!   [`opts`]: the engines' options to and from the Local service's messages.
 //! * [`config`]: TOML configuration files.
 //! * [`shutdown`]: SIGTERM / SIGINT as a future.
-//! * [`pki`]: a cluster CA and certificates signed by it (`crctl pki`).
+//! * [`pki`]: a cluster CA and certificates signed by it (`crctl pki`);
+//!   [`identity`]: who a client certificate names, and what it may call.
 #![forbid(unsafe_code)]
 
 pub mod channel;
 pub mod config;
 pub mod error;
+pub mod identity;
 pub mod local;
 pub mod opts;
 pub mod pki;

@@ -12,6 +12,23 @@ pub struct AgentService {
     pub shared: Arc<Shared>,
 }
 
+/// Only the coordinator drives an agent: a client certificate must name the
+/// coordinator's TLS name (none in insecure mode).
+fn from_coordinator<T>(shared: &Shared, req: &Request<T>) -> Result<(), Status> {
+    let name = &shared.config.coordinator_name;
+    match cr_rpc::identity::of_request(req)? {
+        None => Ok(()),
+        Some(p) if p.names(name) && !p.is_admin() => Ok(()),
+        Some(p) => {
+            tracing::warn!(peer = %p.describe(), "call refused: not the coordinator");
+            Err(Status::permission_denied(format!(
+                "only the coordinator ({name}) may call this agent; this is {}",
+                p.describe()
+            )))
+        }
+    }
+}
+
 fn failed(e: String) -> Status {
     Status::aborted(e)
 }
@@ -64,6 +81,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::PrepareRequest>,
     ) -> Result<Response<pb::PrepareReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(sessions::prepare(self.shared.clone(), req.into_inner()).await)
     }
 
@@ -71,6 +89,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::SessionRequest>,
     ) -> Result<Response<pb::DumpReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(self.shared.sessions.dump(&req.into_inner().session).await)
     }
 
@@ -78,6 +97,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::SessionRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(self
             .shared
             .sessions
@@ -87,6 +107,7 @@ impl pb::agent_server::Agent for AgentService {
     }
 
     async fn abort(&self, req: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(self
             .shared
             .sessions
@@ -99,6 +120,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::FinishRequest>,
     ) -> Result<Response<pb::FinishReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         let r = req.into_inner();
         let after = pb::After::try_from(r.after).unwrap_or(pb::After::Continue);
         ok(self.shared.sessions.finish(&r.session, after).await)
@@ -108,6 +130,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(sessions::restore(self.shared.clone(), req.into_inner()).await)
     }
 
@@ -115,6 +138,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::SessionRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         let r = self
             .shared
             .sessions
@@ -125,6 +149,7 @@ impl pb::agent_server::Agent for AgentService {
     }
 
     async fn remove(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
+        from_coordinator(&self.shared, &req)?;
         let dirs = req
             .into_inner()
             .dirs
@@ -154,6 +179,7 @@ impl pb::agent_server::Agent for AgentService {
     }
 
     async fn unlock(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
+        from_coordinator(&self.shared, &req)?;
         let dirs = req.into_inner().dirs;
         tokio::task::spawn_blocking(move || {
             for d in dirs {
