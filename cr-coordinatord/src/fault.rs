@@ -1,5 +1,6 @@
 //! Fault points for the tests (docs/CLUSTER.md, "Test hooks"):
-//! `CR_COORD_FAULT=STEP` (prepare, dump, commit, finish, restore) makes the
+//! `CR_COORD_FAULT=STEP` (prepare, dump, commit, finish, restore; or
+//! `@FILE`: the step written in FILE, read at each point) makes the
 //! coordinator stop after that step of the protocol (PREPARE and DUMP:
 //! every reply in; COMMIT: recorded in the catalog, not yet told to the
 //! agents; FINISH: before it is sent; RESTORE: every tree rebuilt, before
@@ -14,7 +15,14 @@ const HOLD: Duration = Duration::from_secs(600);
 
 /// Stop at `step` if the fault hook names it.
 pub async fn point(step: &str) {
-    if std::env::var("CR_COORD_FAULT").as_deref() != Ok(step) {
+    let v = std::env::var("CR_COORD_FAULT").unwrap_or_default();
+    let want = match v.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        None => v,
+    };
+    if want != step {
         return;
     }
     tracing::warn!(step, "fault injected: holding the operation here");

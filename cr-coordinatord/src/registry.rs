@@ -294,7 +294,12 @@ impl Coordinator {
                         }
                     }
                     Ok(Err(e)) => {
-                        tracing::warn!(checkpoint = %id, node = %node, "FINISH sent again failed: {e}")
+                        tracing::warn!(checkpoint = %id, node = %node, "FINISH sent again failed: {e}");
+                        // The agent let its processes run on: recorded, and
+                        // never sent again.
+                        if let Err(e) = me.record_finish_failure(&id, &node, &e) {
+                            tracing::error!(checkpoint = %id, "{e}");
+                        }
                     }
                     Err(_) => {
                         tracing::warn!(checkpoint = %id, node = %node, "FINISH sent again: no reply")
@@ -334,6 +339,26 @@ impl Coordinator {
                 }
             }
         });
+    }
+
+    fn record_finish_failure(&self, id: &str, node: &str, why: &str) -> Result<(), Error> {
+        self.catalog.update(|s| {
+            let Some(c) = s.checkpoint(id) else {
+                return Ok((vec![], ()));
+            };
+            let mut c = c.clone();
+            if c.info().unfinished.iter().any(|n| n == node) {
+                return Ok((vec![], ()));
+            }
+            let info = c.info_mut();
+            info.unfinished.push(node.to_string());
+            info.notes
+                .push(format!("{node} could not finish: its members run on ({why})"));
+            c.finished = c.nodes().iter().all(|n| {
+                c.finished_nodes.iter().any(|f| f == n) || c.info().unfinished.iter().any(|f| f == n)
+            });
+            Ok((vec![Change::Checkpoint(c)], ()))
+        })
     }
 
     fn record_finish_ack(&self, id: &str, node: &str) -> Result<(), Error> {

@@ -90,6 +90,7 @@ impl AgentApi for Fake {
             processes: n,
             threads: n,
             freeze_ms: 1,
+            gone: vec![],
         })
     }
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
@@ -119,6 +120,7 @@ impl AgentApi for Fake {
                     uid: 1000,
                 })
                 .collect(),
+            gone: vec![],
         })
     }
     async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
@@ -210,6 +212,7 @@ impl Env {
             heartbeat_ms: 100,
             node_timeout: Duration::from_secs(30),
             timeout: Duration::from_secs(10),
+            freeze_timeout: Duration::from_secs(10),
         };
         let coord = Arc::new(Coordinator::new(cat, fake.clone(), settings));
         let env = Env {

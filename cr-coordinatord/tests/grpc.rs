@@ -46,6 +46,7 @@ impl pb::agent_server::Agent for FakeAgent {
                 frozen_ms: 3,
                 ..Default::default()
             }],
+            gone: vec![],
         }))
     }
     async fn commit(&self, _: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
@@ -211,6 +212,7 @@ async fn checkpoint_and_restart_over_mutual_tls() {
             job: "J".into(),
             after: pb::After::Kill as i32,
             timeout_secs: 20,
+            freeze_timeout_ms: 0,
         })
         .await
         .unwrap()

@@ -103,7 +103,7 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
                         );
                         let sh = shared.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = sh.sessions.abort(&id).await {
+                            if let Err(e) = sh.sessions.let_go(&id).await {
                                 warn!(session = id, error = e, "abort failed");
                             }
                         });

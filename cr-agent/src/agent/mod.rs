@@ -149,7 +149,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let aborts = shared.sessions.ids().into_iter().map(|id| {
         let sh = shared.clone();
         async move {
-            match tokio::time::timeout(STOP_ABORT_TIMEOUT, sh.sessions.abort(&id)).await {
+            match tokio::time::timeout(STOP_ABORT_TIMEOUT, sh.sessions.let_go(&id)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => warn!(session = id, error = e, "aborting a session at shutdown"),
                 Err(_) => warn!(session = id, "a session did not end in time at shutdown"),

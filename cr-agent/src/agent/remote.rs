@@ -108,12 +108,10 @@ impl pb::agent_server::Agent for AgentService {
 
     async fn abort(&self, req: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
         from_coordinator(&self.shared, &req)?;
-        ok(self
-            .shared
-            .sessions
-            .abort(&req.into_inner().session)
-            .await
-            .map(|_| pb::Empty {}))
+        let id = req.into_inner().session;
+        let r = self.shared.sessions.abort(&id).await;
+        sessions::forget_in_doubt(&self.shared.config.state_dir, &id, true);
+        ok(r.map(|_| pb::Empty {}))
     }
 
     async fn finish(
@@ -123,7 +121,10 @@ impl pb::agent_server::Agent for AgentService {
         from_coordinator(&self.shared, &req)?;
         let r = req.into_inner();
         let after = pb::After::try_from(r.after).unwrap_or(pb::After::Continue);
-        ok(self.shared.sessions.finish(&r.session, after).await)
+        let res = self.shared.sessions.finish(&r.session, after).await;
+        // Committed: images kept in doubt by a session that ended alone stay.
+        sessions::forget_in_doubt(&self.shared.config.state_dir, &r.session, false);
+        ok(res)
     }
 
     async fn restore(

@@ -45,7 +45,11 @@ type Reply<T> = oneshot::Sender<Result<T, String>>;
 enum Cmd {
     Dump(Reply<pb::DumpReply>),
     Commit(Reply<()>),
-    Abort(Reply<()>),
+    /// ABORT: `true` when the coordinator decided it (the images go),
+    /// `false` when the agent ends it alone (at a stop, or having lost the
+    /// coordinator: images already written stay until the coordinator
+    /// decides, see [`forget_in_doubt`]).
+    Abort(bool, Reply<()>),
     Finish(pb::After, Reply<pb::FinishReply>),
     Release(Reply<pb::ReleaseReply>),
 }
@@ -55,7 +59,7 @@ impl Cmd {
         match self {
             Cmd::Dump(_) => "DUMP",
             Cmd::Commit(_) => "COMMIT",
-            Cmd::Abort(_) => "ABORT",
+            Cmd::Abort(..) => "ABORT",
             Cmd::Finish(..) => "FINISH",
             Cmd::Release(_) => "RELEASE",
         }
@@ -142,12 +146,22 @@ impl Sessions {
     pub async fn commit(&self, id: &str) -> Result<(), String> {
         self.send(id, Cmd::Commit).await
     }
-    /// Abort; a session that no longer exists is already undone.
+    /// The coordinator's ABORT; a session that no longer exists is already
+    /// undone.
     pub async fn abort(&self, id: &str) -> Result<(), String> {
         if !self.lock().contains_key(id) {
             return Ok(());
         }
-        self.send(id, Cmd::Abort).await
+        self.send(id, |r| Cmd::Abort(true, r)).await
+    }
+
+    /// End a session without the coordinator (stop, lost coordinator): the
+    /// processes run on; images already written stay, in doubt.
+    pub async fn let_go(&self, id: &str) -> Result<(), String> {
+        if !self.lock().contains_key(id) {
+            return Ok(());
+        }
+        self.send(id, |r| Cmd::Abort(false, r)).await
     }
     pub async fn finish(&self, id: &str, after: pb::After) -> Result<pb::FinishReply, String> {
         self.send(id, |r| Cmd::Finish(after, r)).await
@@ -178,9 +192,20 @@ impl Record {
     }
 
     fn write(&self, locks: &[String], dirs: &[PathBuf]) {
+        self.write_as(locks, dirs, false)
+    }
+
+    /// After a DUMP that succeeded, before COMMIT: the images may be part
+    /// of a checkpoint the coordinator commits (it may have, if it cannot
+    /// tell us): kept until an ABORT says otherwise ([`forget_in_doubt`]).
+    fn write_in_doubt(&self, locks: &[String], dirs: &[PathBuf]) {
+        self.write_as(locks, dirs, true)
+    }
+
+    fn write_as(&self, locks: &[String], dirs: &[PathBuf], in_doubt: bool) {
         let mut all: Vec<String> = locks.to_vec();
         all.extend(locks.iter().map(|l| format!("{l}_syn")));
-        let v = json!({"locks": all, "dirs": dirs});
+        let v = json!({"locks": all, "dirs": dirs, "in_doubt": in_doubt});
         if let Err(e) = std::fs::write(&self.path, v.to_string()) {
             warn!(path = %self.path.display(), error = %e, "cannot record the session");
         }
@@ -225,6 +250,14 @@ pub fn sweep(state_dir: &Path) {
                 }
             }
         }
+        if v["in_doubt"].as_bool() == Some(true) {
+            // Dumped, not known to be committed or aborted: the images stay
+            // until the coordinator's ABORT (see forget_in_doubt).
+            let kept = json!({"locks": [], "dirs": v["dirs"], "in_doubt": true});
+            let _ = std::fs::write(&path, kept.to_string());
+            info!(record = %path.display(), "kept the images of a lost session until the coordinator decides");
+            continue;
+        }
         for d in v["dirs"].as_array().into_iter().flatten() {
             if let Some(d) = d.as_str() {
                 if std::fs::remove_dir_all(d).is_ok() {
@@ -234,6 +267,30 @@ pub fn sweep(state_dir: &Path) {
         }
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// The coordinator's word on a session that ended here without it: ABORT
+/// (`aborted`: its images in doubt go) or FINISH (committed: they stay, the
+/// record goes).
+pub fn forget_in_doubt(state_dir: &Path, id: &str, aborted: bool) {
+    let record = Record::new(state_dir, id);
+    let Some(v) = std::fs::read(&record.path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    else {
+        return;
+    };
+    if v["in_doubt"].as_bool() != Some(true) {
+        return;
+    }
+    if aborted {
+        for d in v["dirs"].as_array().into_iter().flatten().filter_map(|d| d.as_str()) {
+            if std::fs::remove_dir_all(d).is_ok() {
+                info!(session = id, dir = d, "removed the images of an aborted session");
+            }
+        }
+    }
+    record.clear();
 }
 
 /// Start session `id` on a thread of its own running `body` (which gets
@@ -439,10 +496,14 @@ fn checkpoint_session(
                 );
                 if committed {
                     let _ = finish_all(frozen, Action::Continue);
+                    record.clear();
+                } else if dumped {
+                    let _ = finish_all(frozen, Action::Continue);
+                    record.write_in_doubt(&[], &dirs);
                 } else {
                     frozen.abort();
+                    record.clear();
                 }
-                record.clear();
                 return format!("it ended on its own ({why}): its processes run on");
             }
         };
@@ -469,7 +530,10 @@ fn checkpoint_session(
                         Err("the network lock's lease lapsed during the dump: the images cannot be trusted".into())
                     }
                 });
-                dumped |= res.is_ok();
+                if res.is_ok() {
+                    dumped = true;
+                    record.write_in_doubt(&locks, &dirs);
+                }
                 let _ = r.send(res);
             }
             Cmd::Commit(r) => {
@@ -502,15 +566,20 @@ fn checkpoint_session(
                 let _ = r.send(res);
                 return how;
             }
-            Cmd::Abort(r) => {
+            Cmd::Abort(decided, r) => {
                 if committed {
                     // Too late to undo: the images are the committed ones.
                     finish_all(frozen, Action::Continue).ok();
+                    record.clear();
+                } else if dumped && !decided {
+                    // Ended here alone: the coordinator may commit them.
+                    finish_all(frozen, Action::Continue).ok();
+                    record.write_in_doubt(&[], &dirs);
                 } else {
                     frozen.abort();
+                    record.clear();
                 }
-                record.clear();
-                info!(session = req.session, "aborted; the processes run on");
+                info!(session = req.session, decided, "aborted; the processes run on");
                 let _ = r.send(Ok(()));
                 return "aborted: its processes run on".into();
             }
@@ -732,7 +801,7 @@ fn restore_session(
                 let _ = r.send(res);
                 return how;
             }
-            Cmd::Abort(r) => {
+            Cmd::Abort(_, r) => {
                 drop(readies);
                 info!(session = req.session, "restore aborted; nothing of it runs");
                 let _ = r.send(Ok(()));
@@ -749,7 +818,7 @@ fn restore_session(
 fn reply_err(cmd: Cmd, msg: String) {
     match cmd {
         Cmd::Dump(r) => drop(r.send(Err(msg))),
-        Cmd::Commit(r) | Cmd::Abort(r) => drop(r.send(Err(msg))),
+        Cmd::Commit(r) | Cmd::Abort(_, r) => drop(r.send(Err(msg))),
         Cmd::Finish(_, r) => drop(r.send(Err(msg))),
         Cmd::Release(r) => drop(r.send(Err(msg))),
     }
