@@ -343,8 +343,14 @@ fn transport_line(addr: &str, tls: bool, what: &str) -> String {
 fn rpc<T>(addr: &str, tls: bool, r: Result<tonic::Response<T>, tonic::Status>) -> Res<T> {
     r.map(|r| r.into_inner()).map_err(|s| match s.code() {
         // Failures of the connection itself: the transport's cause, said plainly.
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-            if std::error::Error::source(&s).is_some() || s.message().contains("transport") =>
+        tonic::Code::Unavailable
+        | tonic::Code::Unknown
+        | tonic::Code::Cancelled
+        | tonic::Code::Internal
+            if std::error::Error::source(&s).is_some()
+                || ["transport", "h2 protocol", "http2", "connection"]
+                    .iter()
+                    .any(|w| s.message().contains(w)) =>
         {
             transport_line(
                 addr,
