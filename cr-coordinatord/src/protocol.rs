@@ -30,6 +30,8 @@ const SESSION_MARGIN: Duration = Duration::from_secs(5);
 /// Bound of each best-effort call (Abort, Commit, Remove, Unlock) and the
 /// least time FINISH and RELEASE get after the deadline.
 const BEST_EFFORT: Duration = Duration::from_secs(10);
+/// How long a reply waits for the ABORTs it sent.
+const ABORT_WAIT: Duration = Duration::from_secs(2);
 
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
@@ -223,14 +225,31 @@ impl Coordinator {
         }
     }
 
+/// ABORT to every node at once; the reply waits at most [`ABORT_WAIT`]
+    /// for them (an unreachable node's call goes on in the background, and
+    /// that node lets go on its own anyway).
     async fn abort_all(&self, session: &str, nodes: &[String]) {
-        self.to_all("ABORT", session, nodes, |n| async move {
-            let req = pb::SessionRequest {
-                session: session.to_string(),
-            };
-            self.agents.abort(&n, req).await
-        })
-        .await
+        let agents = self.agents.clone();
+        let session = session.to_string();
+        let nodes = nodes.to_vec();
+        let all = tokio::spawn(async move {
+            let deadline = Instant::now() + BEST_EFFORT;
+            let res = join_all(nodes.iter().map(|n| {
+                let req = pb::SessionRequest {
+                    session: session.clone(),
+                };
+                let a = agents.clone();
+                let n = n.clone();
+                async move { timed(deadline, "ABORT", &n, async { a.abort(&n, req).await }).await }
+            }))
+            .await;
+            for (n, r) in res {
+                if let Err(e) = r {
+                    tracing::warn!(id = %session, node = %n, "{e}");
+                }
+            }
+        });
+        let _ = tokio::time::timeout(ABORT_WAIT, all).await;
     }
 
     /// A coordinated checkpoint of `job` (see the module doc). `timeout`:

@@ -350,11 +350,19 @@ impl Frozen {
         self.leases.iter().all(|l| l.held())
     }
 
-    /// Undo everything: locks removed, images removed, processes run on.
+    /// Undo everything: locks removed, images removed (their directories
+    /// too, and the checkpoint's once empty), processes run on.
     fn abort(mut self) {
         self.leases.clear();
         release_locks(&mut self.held, Action::Continue);
+        let dirs: Vec<PathBuf> = self.held.iter().map(|(_, h)| h.dir().to_path_buf()).collect();
         drop(self.held);
+        for d in dirs {
+            let _ = std::fs::remove_dir_all(&d);
+            if let Some(p) = d.parent() {
+                let _ = std::fs::remove_dir(p);
+            }
+        }
     }
 }
 

@@ -330,12 +330,7 @@ fn transport_line(addr: &str, tls: bool, what: &str) -> String {
     } else if w.contains("no route") || w.contains("unreachable") {
         "no route to it".to_string()
     } else {
-        // The innermost cause, without URLs or library prefixes.
-        what.split(". For more information")
-            .next()
-            .unwrap_or(what)
-            .trim()
-            .to_string()
+        cr_rpc::error::plain(what)
     };
     format!("cannot talk to the coordinator at {addr}: {why}")
 }
