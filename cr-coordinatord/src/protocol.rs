@@ -225,30 +225,34 @@ impl Coordinator {
         }
     }
 
-/// ABORT to every node at once; the reply waits at most [`ABORT_WAIT`]
+    /// ABORT to every node at once; the reply waits at most [`ABORT_WAIT`]
     /// for them (an unreachable node's call goes on in the background, and
     /// that node lets go on its own anyway).
     async fn abort_all(&self, session: &str, nodes: &[String]) {
         let agents = self.agents.clone();
         let session = session.to_string();
         let nodes = nodes.to_vec();
-        let all = tokio::spawn(async move {
-            let deadline = Instant::now() + BEST_EFFORT;
-            let res = join_all(nodes.iter().map(|n| {
-                let req = pb::SessionRequest {
-                    session: session.clone(),
-                };
-                let a = agents.clone();
-                let n = n.clone();
-                async move { timed(deadline, "ABORT", &n, async { a.abort(&n, req).await }).await }
-            }))
-            .await;
-            for (n, r) in res {
-                if let Err(e) = r {
-                    tracing::warn!(id = %session, node = %n, "{e}");
+        let all =
+            tokio::spawn(async move {
+                let deadline = Instant::now() + BEST_EFFORT;
+                let res =
+                    join_all(nodes.iter().map(|n| {
+                        let req = pb::SessionRequest {
+                            session: session.clone(),
+                        };
+                        let a = agents.clone();
+                        let n = n.clone();
+                        async move {
+                            timed(deadline, "ABORT", &n, async { a.abort(&n, req).await }).await
+                        }
+                    }))
+                    .await;
+                for (n, r) in res {
+                    if let Err(e) = r {
+                        tracing::warn!(id = %session, node = %n, "{e}");
+                    }
                 }
-            }
-        });
+            });
         let _ = tokio::time::timeout(ABORT_WAIT, all).await;
     }
 
@@ -873,6 +877,7 @@ impl Coordinator {
                 .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
             j.restarts += 1;
             let session = format!("{job}-restart-{}", j.restarts);
+            j.restarting = session.clone();
             Ok::<_, Error>((vec![Change::Job(j)], session))
         })?;
         busy.set(&format!("restart of {job} from {id}"), "restoring");
@@ -915,6 +920,15 @@ impl Coordinator {
             });
         if let Err(reason) = restored {
             self.abort_all(&session, &dsts).await;
+            let _ = self.catalog.update(|s| {
+                let mut changes = vec![];
+                if let Some(j) = s.jobs.get(job) {
+                    let mut j = j.clone();
+                    j.restarting.clear();
+                    changes.push(Change::Job(j));
+                }
+                Ok::<_, Error>((changes, ()))
+            });
             tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
             return Err(fail(reason));
         }
@@ -962,6 +976,7 @@ impl Coordinator {
                 .cloned()
                 .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
             j.members = members.clone();
+            j.restarting.clear();
             Ok::<_, Error>((vec![Change::Job(j)], ()))
         })?;
         if !reasons.is_empty() {

@@ -352,10 +352,12 @@ impl Coordinator {
             }
             let info = c.info_mut();
             info.unfinished.push(node.to_string());
-            info.notes
-                .push(format!("{node} could not finish: its members run on ({why})"));
+            info.notes.push(format!(
+                "{node} could not finish: its members run on ({why})"
+            ));
             c.finished = c.nodes().iter().all(|n| {
-                c.finished_nodes.iter().any(|f| f == n) || c.info().unfinished.iter().any(|f| f == n)
+                c.finished_nodes.iter().any(|f| f == n)
+                    || c.info().unfinished.iter().any(|f| f == n)
             });
             Ok((vec![Change::Checkpoint(c)], ()))
         })

@@ -195,9 +195,14 @@ async fn checkpoint_and_restart_over_mutual_tls() {
         let sec = security(&pki, name);
         let addr = caddr.clone();
         async move {
-            let ch = cr_rpc::channel::connect(&addr, &sec, cr_rpc::COORDINATOR_NAME, Duration::from_secs(5))
-                .await
-                .unwrap();
+            let ch = cr_rpc::channel::connect(
+                &addr,
+                &sec,
+                cr_rpc::COORDINATOR_NAME,
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
             pb::coordinator_client::CoordinatorClient::new(ch)
         }
     };

@@ -60,7 +60,11 @@ pub fn plain(cause: &str) -> String {
     } else {
         let c = cause.split(": https://").next().unwrap_or(cause);
         let c = c.split(". For more information").next().unwrap_or(c);
-        return c.trim().trim_start_matches("transport error").trim().to_string();
+        return c
+            .trim()
+            .trim_start_matches("transport error")
+            .trim()
+            .to_string();
     };
     said.to_string()
 }

@@ -50,9 +50,15 @@ pub fn status_line(s: &tonic::Status) -> String {
             | tonic::Code::Internal
             | tonic::Code::DeadlineExceeded
     ) && (std::error::Error::source(s).is_some()
-        || ["transport", "h2 protocol", "http2", "connection", "timed out"]
-            .iter()
-            .any(|w| msg.contains(w)));
+        || [
+            "transport",
+            "h2 protocol",
+            "http2",
+            "connection",
+            "timed out",
+        ]
+        .iter()
+        .any(|w| msg.contains(w)));
     if transport || s.code() == tonic::Code::Unavailable {
         format!(
             "unreachable: {}",

@@ -775,10 +775,19 @@ fn register_as(c: &Cluster, cert: &str, node: &str) -> Option<tonic::Code> {
             .expect("tokio runtime");
         rt.block_on(async move {
             let sec = Security::load(&files).expect("certificates");
-            let addr = format!("{}:{}", cr_tests::cluster::COORDINATOR_IP, cr_tests::cluster::COORDINATOR_PORT);
-            let ch = cr_rpc::channel::connect(&addr, &sec, cr_rpc::COORDINATOR_NAME, Duration::from_secs(5))
-                .await
-                .expect("a channel to the coordinator");
+            let addr = format!(
+                "{}:{}",
+                cr_tests::cluster::COORDINATOR_IP,
+                cr_tests::cluster::COORDINATOR_PORT
+            );
+            let ch = cr_rpc::channel::connect(
+                &addr,
+                &sec,
+                cr_rpc::COORDINATOR_NAME,
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("a channel to the coordinator");
             let mut cl = cr_rpc::pb::coordinator_client::CoordinatorClient::new(ch);
             let req = cr_rpc::pb::RegisterRequest {
                 node,
@@ -835,12 +844,18 @@ fn identities_bound_to_certificates() {
         "n1 must still point at its own agent: {after:#}"
     );
     assert!(
-        jlist(&after, "nodes").iter().all(|x| jstr(x, "name") != "n9"),
+        jlist(&after, "nodes")
+            .iter()
+            .all(|x| jstr(x, "name") != "n9"),
         "no node n9: {after:#}"
     );
     // A node's certificate used for administration.
     let out = c.crctl_as("n1", &["jobs"]);
-    let line = out.assert_error("crctl jobs with n1's certificate", CRCTL_ERR, &["administrator"]);
+    let line = out.assert_error(
+        "crctl jobs with n1's certificate",
+        CRCTL_ERR,
+        &["administrator"],
+    );
     eprintln!("crctl with a node's certificate: {line}");
     // An agent called with the administrator's certificate.
     let (outcome, said) = call_agent(&c, 1, &c.pki);
@@ -859,9 +874,21 @@ fn crctl_errors_are_one_line() {
     c.start_coordinator();
     let other: PathBuf = h.dir.join("pki-other");
     c.make_pki(&other, &[("admin".to_string(), None)]);
-    let addr = format!("{}:{}", cr_tests::cluster::COORDINATOR_IP, cr_tests::cluster::COORDINATOR_PORT);
+    let addr = format!(
+        "{}:{}",
+        cr_tests::cluster::COORDINATOR_IP,
+        cr_tests::cluster::COORDINATOR_PORT
+    );
     let runs: Vec<(&str, ToolOutputArgs)> = vec![
-        ("--insecure against TLS", vec!["--coordinator".into(), addr.clone(), "--insecure".into(), "status".into()]),
+        (
+            "--insecure against TLS",
+            vec![
+                "--coordinator".into(),
+                addr.clone(),
+                "--insecure".into(),
+                "status".into(),
+            ],
+        ),
         (
             "a certificate of another CA",
             vec![
@@ -892,7 +919,11 @@ fn crctl_errors_are_one_line() {
     }
     c.kill_coordinator();
     let out = c.crctl(&["status"]);
-    let line = out.assert_error("the coordinator down", CRCTL_ERR, &["coordinator", "refused"]);
+    let line = out.assert_error(
+        "the coordinator down",
+        CRCTL_ERR,
+        &["coordinator", "refused"],
+    );
     eprintln!("coordinator down: {line}");
 }
 

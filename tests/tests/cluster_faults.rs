@@ -149,11 +149,19 @@ impl After {
 
 /// Starts `crctl ARGS` in the background and waits until the fault point
 /// `reached` is touched; returns the running crctl.
-fn run_to_fault(c: &Cluster, ring: &Ring, args: &[&str], reached: &Path) -> cr_tests::cluster::Spawned {
+fn run_to_fault(
+    c: &Cluster,
+    ring: &Ring,
+    args: &[&str],
+    reached: &Path,
+) -> cr_tests::cluster::Spawned {
     let mut ck = c.crctl_bg(args);
     let (o, e) = (ck.stdout.clone(), ck.stderr.clone());
     wait_until(
-        &format!("crctl {args:?} to reach the fault point ({})", reached.display()),
+        &format!(
+            "crctl {args:?} to reach the fault point ({})",
+            reached.display()
+        ),
         Duration::from_secs(60),
         || reached.exists() || ck.proc.has_exited(),
         || {
@@ -185,7 +193,13 @@ fn running_untraced(ring: &Ring, i: usize) -> bool {
 
 /// Waits until every member of `which` runs untraced (within `bound` +
 /// slack); returns how long it took from `since`.
-fn wait_thawed(ring: &Ring, which: &[usize], since: Instant, bound: Duration, what: &str) -> Duration {
+fn wait_thawed(
+    ring: &Ring,
+    which: &[usize],
+    since: Instant,
+    bound: Duration,
+    what: &str,
+) -> Duration {
     wait_until(
         &format!("members {which:?} to run untraced {what}"),
         bound + SLACK,
@@ -237,7 +251,10 @@ fn assert_aborted_clean(c: &Cluster, ring: &Ring) -> String {
     );
     let dir = c.images().join(JOB).join(&id);
     wait_until(
-        &format!("the images of the aborted {id} to be removed ({})", dir.display()),
+        &format!(
+            "the images of the aborted {id} to be removed ({})",
+            dir.display()
+        ),
         Duration::from_secs(20),
         || std::fs::read_dir(&dir).map_or(true, |mut d| d.next().is_none()),
         || ring.diag(),
@@ -275,7 +292,8 @@ fn assert_no_leftover_locks(c: &Cluster, ring: &Ring, allowed: &[String]) {
             })
         },
         || {
-            let t: Vec<(usize, Vec<String>)> = (1..=c.nodes).map(|k| (k, c.nft_tables(k))).collect();
+            let t: Vec<(usize, Vec<String>)> =
+                (1..=c.nodes).map(|k| (k, c.nft_tables(k))).collect();
             format!("tables: {t:?} (allowed {allowed:?})\n{}", ring.diag())
         },
     );
@@ -297,11 +315,27 @@ fn kill_survivor(ring: &mut Ring) {
     ring.kill_member(VICTIM);
 }
 
+/// Waits until the coordinator knows no live member of the job (a member
+/// killed by the test is reported gone by its node's next heartbeat).
+fn wait_no_live_member(c: &Cluster, ring: &Ring) {
+    wait_until(
+        "the coordinator to know no live member of the job",
+        Duration::from_secs(20),
+        || c.job_procs(JOB).iter().all(|(_, _, alive)| !alive),
+        || format!("{:?}\n{}", c.job_procs(JOB), ring.diag()),
+    );
+}
+
 /// Restart the job (every member dead) and adopt the restored members.
 fn restart(c: &Cluster, ring: &mut Ring, snap: &[u64], what: &str) {
+    wait_no_live_member(c, ring);
     let out = c.crctl(&["restart", JOB]);
     if !out.status.success() {
-        panic!("crctl restart {what} failed\n{}\n{}", out.show(), ring.diag());
+        panic!(
+            "crctl restart {what} failed\n{}\n{}",
+            out.show(),
+            ring.diag()
+        );
     }
     ring.adopt();
     ring.wait_past(snap, MARGIN, what);
@@ -317,7 +351,13 @@ fn mins(ring: &Ring) -> Vec<u64> {
 /// Kill the agent of n2 at `step` of a checkpoint that ends with `after`;
 /// assert the outcome; bring the agent back. Returns the checkpoint's
 /// final listing.
-fn agent_dies_in_checkpoint(c: &Cluster, f: &Faults, ring: &mut Ring, step: &str, after: After) -> Value {
+fn agent_dies_in_checkpoint(
+    c: &Cluster,
+    f: &Faults,
+    ring: &mut Ring,
+    step: &str,
+    after: After,
+) -> Value {
     let what = format!("the agent of n2 killed at {step} of a checkpoint ({after:?})");
     eprintln!("=== scenario: {what}");
     ring.wait_advanced(MARGIN, &format!("before: {what}"));
@@ -329,10 +369,22 @@ fn agent_dies_in_checkpoint(c: &Cluster, f: &Faults, ring: &mut Ring, step: &str
     let others: Vec<usize> = (0..ring.len()).filter(|&i| i != VICTIM).collect();
     let committed = matches!(step, "commit" | "finish");
     // The victim's member was let go by the kernel when its tracer died.
-    wait_thawed(ring, &[VICTIM], t_kill, Duration::ZERO, &format!("{what} (n2)"));
+    wait_thawed(
+        ring,
+        &[VICTIM],
+        t_kill,
+        Duration::ZERO,
+        &format!("{what} (n2)"),
+    );
     if !committed {
         // Aborted at once: the other nodes thaw.
-        wait_thawed(ring, &others, t_kill, Duration::ZERO, &format!("{what} (other nodes)"));
+        wait_thawed(
+            ring,
+            &others,
+            t_kill,
+            Duration::ZERO,
+            &format!("{what} (other nodes)"),
+        );
     }
     let out = ck.wait(Duration::from_secs(90), || ring.diag());
     if !committed {
@@ -340,37 +392,54 @@ fn agent_dies_in_checkpoint(c: &Cluster, f: &Faults, ring: &mut Ring, step: &str
         assert_one_line_error(&out, &what, &["n2"]);
         // Its lock lifts with its lease, before any restart of the agent.
         wait_flowing(ring, t_kill, &format!("{what} (lease of n2's lock)"));
-        assert_aborted_clean(c, ring);
     } else {
         // Committed: crctl tells that n2 did not finish.
         let first = out.stdout.lines().next().unwrap_or("").to_string();
         ensure(
             ring,
             first.contains("committed") && out.stdout.contains("n2 could not finish"),
-            &format!("{what}: crctl should say committed and that n2 could not finish\n{}", out.show()),
+            &format!(
+                "{what}: crctl should say committed and that n2 could not finish\n{}",
+                out.show()
+            ),
         );
         match after {
             After::Continue => ensure(
                 ring,
                 out.status.success(),
-                &format!("{what}: a continue carried out everywhere exits 0\n{}", out.show()),
+                &format!(
+                    "{what}: a continue carried out everywhere exits 0\n{}",
+                    out.show()
+                ),
             ),
             After::Kill => ensure(
                 ring,
                 out.status.code() == Some(2) && out.stderr.contains("n2"),
-                &format!("{what}: a kill not carried out on n2 exits 2 naming it\n{}", out.show()),
+                &format!(
+                    "{what}: a kill not carried out on n2 exits 2 naming it\n{}",
+                    out.show()
+                ),
             ),
         }
         if after == After::Continue {
-            wait_thawed(ring, &others, t_kill, Duration::ZERO, &format!("{what} (others)"));
+            wait_thawed(
+                ring,
+                &others,
+                t_kill,
+                Duration::ZERO,
+                &format!("{what} (others)"),
+            );
             wait_flowing(ring, t_kill, &format!("{what} (lease of n2's lock)"));
         }
     }
     ring.assert_no_fail();
-    c.start_agent(VICTIM_NODE);
+    start_victim_agent(c, f);
     let ck = newest(c);
     if committed {
         assert_committed_intact(c, ring, &ck);
+    } else {
+        // n2's images go with the sweep of its agent's start.
+        assert_aborted_clean(c, ring);
     }
     ck
 }
@@ -426,6 +495,7 @@ fn agent_killed_at_each_step() {
     c.crctl_json(&["checkpoint", JOB, "--kill"]);
     ring.wait_gone("after the clean --kill");
     let snap = mins(&ring);
+    wait_no_live_member(&c, &ring);
     std::fs::write(&f.agent_ctl, "restore").unwrap();
     let mut rs = run_to_fault(&c, &ring, &["restart", JOB], &f.agent_reached);
     c.kill_agent(VICTIM_NODE);
@@ -438,7 +508,7 @@ fn agent_killed_at_each_step() {
         || (0..ring.len()).all(|i| ring.find_pids(i).is_empty()),
         || ring.diag(),
     );
-    c.start_agent(VICTIM_NODE);
+    start_victim_agent(&c, &f);
     restart(&c, &mut ring, &snap, "after the failed restart");
 
     // The first checkpoint of restored members commits (no wait stolen).
@@ -518,16 +588,25 @@ fn coordinator_killed_at_each_step() {
                 let l = listed(&c, &id).unwrap_or(Value::Null);
                 jlist(&l, "unfinished").len() == 3
             },
-            || format!("{:#}\n{}", listed(&c, &id).unwrap_or(Value::Null), ring.diag()),
+            || {
+                format!(
+                    "{:#}\n{}",
+                    listed(&c, &id).unwrap_or(Value::Null),
+                    ring.diag()
+                )
+            },
         );
         ring.assert_running_untraced(&format!("after the coordinator died at {step}"));
         assert_no_leftover_locks(&c, &ring, &[]);
     }
 
-    // RESTORE: the members are stopped by the test, the restart's trees
-    // rebuilt, then the coordinator dies: the agents kill what they built.
+    // RESTORE: a clean --kill, the restart's trees rebuilt, then the
+    // coordinator dies: the agents kill what they built.
+    ring.wait_advanced(MARGIN, "before the clean --kill");
+    c.crctl_json(&["checkpoint", JOB, "--kill"]);
+    ring.wait_gone("after the clean --kill");
     let snap = mins(&ring);
-    ring.kill_all();
+    wait_no_live_member(&c, &ring);
     coordinator_dies(&c, &f, &ring, "restore", &["restart", JOB]);
     wait_until(
         "nothing of the lost restart to run",
@@ -535,7 +614,12 @@ fn coordinator_killed_at_each_step() {
         || (0..ring.len()).all(|i| ring.find_pids(i).is_empty()),
         || ring.diag(),
     );
-    restart(&c, &mut ring, &snap, "after the coordinator died at RESTORE");
+    restart(
+        &c,
+        &mut ring,
+        &snap,
+        "after the coordinator died at RESTORE",
+    );
     assert_no_leftover_locks(&c, &ring, &[]);
 }
 
@@ -564,9 +648,21 @@ fn link_cut_at_each_step() {
         let t_cut = Instant::now();
         f.clear(); // n2's agent goes on, cut off
         if step != "commit" {
-            wait_thawed(&ring, &others, t_cut, Duration::from_secs(4), &format!("{what} (n1, n3)"));
+            wait_thawed(
+                &ring,
+                &others,
+                t_cut,
+                Duration::from_secs(4),
+                &format!("{what} (n1, n3)"),
+            );
         }
-        wait_thawed(&ring, &[VICTIM], t_cut, Duration::from_secs(4), &format!("{what} (n2)"));
+        wait_thawed(
+            &ring,
+            &[VICTIM],
+            t_cut,
+            Duration::from_secs(4),
+            &format!("{what} (n2)"),
+        );
         let out = ck.wait(Duration::from_secs(90), || ring.diag());
         let took = t_cut.elapsed();
         eprintln!("MEASURED: crctl answered {took:?} after {what}");
@@ -574,7 +670,10 @@ fn link_cut_at_each_step() {
             ensure(
                 &ring,
                 out.status.code() == Some(2) && out.stdout.contains("n2 could not finish"),
-                &format!("{what}: committed, not carried out on n2 (exit 2)\n{}", out.show()),
+                &format!(
+                    "{what}: committed, not carried out on n2 (exit 2)\n{}",
+                    out.show()
+                ),
             );
             c.restore_link(VICTIM_NODE);
             let snap = mins(&ring);

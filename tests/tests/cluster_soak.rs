@@ -61,7 +61,10 @@ fn checkpoint(c: &Cluster, ring: &Ring, extra: &[&str]) {
     args.extend_from_slice(extra);
     let info = c.crctl_json(&args);
     if jstr(&info, "state") != "committed" {
-        panic!("checkpoint {extra:?} did not commit: {info:#}\n{}", ring.diag());
+        panic!(
+            "checkpoint {extra:?} did not commit: {info:#}\n{}",
+            ring.diag()
+        );
     }
 }
 
@@ -106,7 +109,11 @@ fn soak_checkpoints_and_restarts_without_leaks() {
         ring.wait_gone(&format!("after the kill of cycle {i}"));
         let out = c.crctl(&["restart", JOB]);
         if !out.status.success() {
-            panic!("restart of cycle {i} failed\n{}\n{}", out.show(), ring.diag());
+            panic!(
+                "restart of cycle {i} failed\n{}\n{}",
+                out.show(),
+                ring.diag()
+            );
         }
         ring.adopt();
     }
@@ -142,7 +149,8 @@ fn soak_checkpoints_and_restarts_without_leaks() {
     );
     for (k, t) in &end_tables {
         assert!(
-            t.iter().all(|t| !t.starts_with("cr_lock_") && t != "cr_reset_guard"),
+            t.iter()
+                .all(|t| !t.starts_with("cr_lock_") && t != "cr_reset_guard"),
             "node {k} keeps tables {t:?}"
         );
     }

@@ -284,9 +284,18 @@ pub fn forget_in_doubt(state_dir: &Path, id: &str, aborted: bool) {
         return;
     }
     if aborted {
-        for d in v["dirs"].as_array().into_iter().flatten().filter_map(|d| d.as_str()) {
+        for d in v["dirs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_str())
+        {
             if std::fs::remove_dir_all(d).is_ok() {
-                info!(session = id, dir = d, "removed the images of an aborted session");
+                info!(
+                    session = id,
+                    dir = d,
+                    "removed the images of an aborted session"
+                );
             }
         }
     }
@@ -355,7 +364,11 @@ impl Frozen {
     fn abort(mut self) {
         self.leases.clear();
         release_locks(&mut self.held, Action::Continue);
-        let dirs: Vec<PathBuf> = self.held.iter().map(|(_, h)| h.dir().to_path_buf()).collect();
+        let dirs: Vec<PathBuf> = self
+            .held
+            .iter()
+            .map(|(_, h)| h.dir().to_path_buf())
+            .collect();
         drop(self.held);
         for d in dirs {
             let _ = std::fs::remove_dir_all(&d);
@@ -560,8 +573,18 @@ fn checkpoint_session(
                 }
             }
             Cmd::Finish(after, r) => {
+                if !committed && dumped {
+                    // Only a committed checkpoint is ever finished: the
+                    // coordinator committed, and its COMMIT was lost (it
+                    // restarted, or the call failed).
+                    info!(
+                        session = req.session,
+                        "FINISH without COMMIT: committed by the coordinator"
+                    );
+                    committed = true;
+                }
                 if !committed {
-                    let _ = r.send(Err("FINISH before COMMIT".into()));
+                    let _ = r.send(Err("FINISH before DUMP".into()));
                     continue;
                 }
                 fault::point("finish", shared);
@@ -587,7 +610,10 @@ fn checkpoint_session(
                     frozen.abort();
                     record.clear();
                 }
-                info!(session = req.session, decided, "aborted; the processes run on");
+                info!(
+                    session = req.session,
+                    decided, "aborted; the processes run on"
+                );
                 let _ = r.send(Ok(()));
                 return "aborted: its processes run on".into();
             }
