@@ -309,10 +309,23 @@ fn assert_one_line_error(out: &ToolOutput, ctx: &str, words: &[&str]) -> String 
     line
 }
 
-/// Kill (without FIN or RST) the member left running on the victim node,
-/// as an operator would before restarting the job.
-fn kill_survivor(ring: &mut Ring) {
+/// Kill the member left running on the victim node, as an operator would
+/// before restarting the job, and destroy its sockets (`ss -K`): killed
+/// normally, they would linger in FIN-WAIT (their peers' images hold their
+/// packets) and take the addresses its restored self needs.
+fn kill_survivor(c: &Cluster, ring: &mut Ring) {
     ring.kill_member(VICTIM);
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &c.ns(VICTIM_NODE).name, "ss", "-K"])
+        .args(["( sport >= :7300 and sport < :7400 ) or ( dport >= :7300 and dport < :7400 )"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run ss -K");
+    eprintln!(
+        "ss -K in n2: {} {}",
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
 }
 
 /// Waits until the coordinator knows no live member of the job (a member
@@ -476,7 +489,7 @@ fn agent_killed_at_each_step() {
         "n2's member must still run after its agent died before FINISH",
     );
     let snap = mins(&ring);
-    kill_survivor(&mut ring);
+    kill_survivor(&c, &mut ring);
     assert_committed_intact(&c, &ring, &ck);
     restart(&c, &mut ring, &snap, "after the partial --kill");
     assert_no_leftover_locks(&c, &ring, &[]);
@@ -677,7 +690,7 @@ fn link_cut_at_each_step() {
             );
             c.restore_link(VICTIM_NODE);
             let snap = mins(&ring);
-            kill_survivor(&mut ring);
+            kill_survivor(&c, &mut ring);
             wait_until(
                 "every member gone before the restart",
                 Duration::from_secs(20),
