@@ -21,6 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
+/// Locks by name with what each holds.
+type Locks = Vec<(String, LockSet)>;
+
 struct Entry {
     /// A process of the locks' network namespace (where nft runs).
     pid: i32,
@@ -95,7 +98,7 @@ impl Leases {
     /// nft transaction, outside the map's lock.
     fn renew_due(&self) {
         let now = Instant::now();
-        let due: Vec<(u64, i32, Vec<(String, LockSet)>)> = self
+        let due: Vec<(u64, i32, Locks)> = self
             .lock()
             .iter()
             .filter(|(_, e)| !e.lapsed && e.until > now && now - e.last >= self.lease / 4)

@@ -476,7 +476,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
 fn secs_to_ms(v: Option<f64>, flag: &str) -> Res<u64> {
     match v {
         None => Ok(0),
-        Some(s) if s.is_finite() && s >= 0.0 && s < 1e9 => Ok((s * 1000.0).round() as u64),
+        Some(s) if s.is_finite() && (0.0..1e9).contains(&s) => Ok((s * 1000.0).round() as u64),
         Some(s) => Err(format!("{flag} {s}: expected a number of seconds")),
     }
 }
