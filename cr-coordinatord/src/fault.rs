@@ -15,14 +15,7 @@ const HOLD: Duration = Duration::from_secs(600);
 
 /// Stop at `step` if the fault hook names it.
 pub async fn point(step: &str) {
-    let v = std::env::var("CR_COORD_FAULT").unwrap_or_default();
-    let want = match v.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
-        None => v,
-    };
-    if want != step {
+    if cr_rpc::fault::wanted("CR_COORD_FAULT") != step {
         return;
     }
     tracing::warn!(step, "fault injected: holding the operation here");

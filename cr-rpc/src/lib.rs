@@ -7,7 +7,7 @@
 //!   [`local`]: the blocking client of the agent the command-line tools use;
 //!   [`opts`]: the engines' options to and from the Local service's messages.
 //! * [`config`]: TOML configuration files.
-//! * [`shutdown`]: SIGTERM / SIGINT as a future.
+//! * [`shutdown`]: SIGTERM / SIGINT as a future; [`fault`]: the test hooks.
 //! * [`pki`]: a cluster CA and certificates signed by it (`crctl pki`);
 //!   [`identity`]: who a client certificate names, and what it may call.
 #![forbid(unsafe_code)]
@@ -15,6 +15,7 @@
 pub mod channel;
 pub mod config;
 pub mod error;
+pub mod fault;
 pub mod identity;
 pub mod local;
 pub mod opts;

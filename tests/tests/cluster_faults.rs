@@ -72,30 +72,23 @@ impl Faults {
     }
 
     fn agent_env(&self) -> Vec<(String, String)> {
-        vec![
-            (
-                "CR_AGENT_FAULT".into(),
-                format!("@{}", self.agent_ctl.display()),
-            ),
-            (
-                "CR_AGENT_FAULT_FILE".into(),
-                self.agent_reached.display().to_string(),
-            ),
-        ]
+        hook_env("CR_AGENT", &self.agent_ctl, &self.agent_reached)
     }
 
     fn coord_env(&self) -> Vec<(String, String)> {
-        vec![
-            (
-                "CR_COORD_FAULT".into(),
-                format!("@{}", self.coord_ctl.display()),
-            ),
-            (
-                "CR_COORD_FAULT_FILE".into(),
-                self.coord_reached.display().to_string(),
-            ),
-        ]
+        hook_env("CR_COORD", &self.coord_ctl, &self.coord_reached)
     }
+}
+
+/// `PREFIX_FAULT=@CTL` and `PREFIX_FAULT_FILE=REACHED`.
+fn hook_env(prefix: &str, ctl: &Path, reached: &Path) -> Vec<(String, String)> {
+    vec![
+        (format!("{prefix}_FAULT"), format!("@{}", ctl.display())),
+        (
+            format!("{prefix}_FAULT_FILE"),
+            reached.display().to_string(),
+        ),
+    ]
 }
 
 /// A 3-node cluster whose coordinator runs with the test's freeze bound

@@ -15,21 +15,9 @@ use tracing::warn;
 /// The longest a fault point holds a session.
 const HOLD: Duration = Duration::from_secs(600);
 
-/// The step the hook names: `CR_AGENT_FAULT`, or the content of the file
-/// it names as `@PATH` (read at each point: a test changes it at will).
-pub fn wanted(var: &str) -> String {
-    let v = std::env::var(var).unwrap_or_default();
-    match v.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
-        None => v,
-    }
-}
-
 /// Stop at `step` if the fault hook names it.
 pub fn point(step: &str, _shared: &Shared) {
-    let want = wanted("CR_AGENT_FAULT");
+    let want = cr_rpc::fault::wanted("CR_AGENT_FAULT");
     if want != step && want != format!("{step}-hang") {
         return;
     }
