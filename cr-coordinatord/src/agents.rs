@@ -32,6 +32,10 @@ pub trait AgentApi: Send + Sync {
     async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply>;
     async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
     async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
+    /// The agent of `node` (re)started: forget any connection to its
+    /// predecessor (a channel would otherwise answer the next call with the
+    /// error of its last failed connection).
+    fn reset(&self, _node: &str) {}
 }
 
 /// The agents over gRPC. Their addresses come from the catalog (as they
@@ -106,6 +110,13 @@ macro_rules! call {
 
 #[tonic::async_trait]
 impl AgentApi for GrpcAgents {
+    fn reset(&self, node: &str) {
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node);
+    }
+
     async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
         call!(self, node, prepare, req)
     }

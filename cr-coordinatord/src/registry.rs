@@ -197,6 +197,7 @@ impl Coordinator {
                 },
             );
         }
+        self.agents.reset(&req.node);
         tracing::info!(
             node = %req.node,
             agent = %req.agent_addr,
