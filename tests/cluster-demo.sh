@@ -56,7 +56,7 @@ in_ns() { local ns=$1; shift; nsenter --net=/run/netns/"$ns" -- "$@"; }
 pki=$work/pki
 "$bin/crctl" pki init --dir "$pki" >/dev/null
 "$bin/crctl" pki issue --dir "$pki" --name cr-coordinatord --ip 10.98.0.254 >/dev/null
-"$bin/crctl" pki issue --dir "$pki" --name admin >/dev/null
+"$bin/crctl" pki issue --dir "$pki" --name admin --admin >/dev/null
 for k in 1 2; do "$bin/crctl" pki issue --dir "$pki" --name "n$k" --ip "10.98.0.$k" >/dev/null; done
 tls() { echo --ca "$pki/ca.crt" --cert "$pki/$1.crt" --key "$pki/$1.key"; }
 

@@ -94,6 +94,7 @@ impl AgentApi for Ring {
             processes: req.targets.len() as u32,
             threads: req.targets.len() as u32,
             freeze_ms: 0,
+            gone: vec![],
         };
         self.mark(|m| m.prepare_last = Some(Instant::now()));
         Ok(reply)
@@ -118,6 +119,7 @@ impl AgentApi for Ring {
                 command: "sim".into(),
                 uid: 0,
             }],
+            gone: vec![],
         };
         self.mark(|m| m.dump_last = Some(Instant::now()));
         Ok(reply)
@@ -206,6 +208,7 @@ async fn bench(o: &Opts, db: &Path) -> Res<Vec<Round>> {
         heartbeat_ms: 1000,
         node_timeout: Duration::from_secs(3600),
         timeout: Duration::from_secs(600),
+        freeze_timeout: Duration::from_secs(600),
     };
     let coord = Arc::new(Coordinator::new(catalog, ring.clone(), settings));
     eprintln!("cr-bench coord: registering {} agents ...", o.agents);

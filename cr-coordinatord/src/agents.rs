@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::Channel;
 
+/// Keepalive of the channels to agents (see `cr_rpc::channel`).
+pub const AGENT_KEEPALIVE: Duration = Duration::from_secs(1);
+
 /// An agent's reply, or why there is none (one line).
 pub type AgentResult<T> = Result<T, String>;
 
@@ -29,6 +32,10 @@ pub trait AgentApi: Send + Sync {
     async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply>;
     async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
     async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
+    /// The agent of `node` (re)started: forget any connection to its
+    /// predecessor (a channel would otherwise answer the next call with the
+    /// error of its last failed connection).
+    fn reset(&self, _node: &str) {}
 }
 
 /// The agents over gRPC. Their addresses come from the catalog (as they
@@ -71,8 +78,16 @@ impl GrpcAgents {
                 return Ok(AgentClient::new(ch.clone()));
             }
         }
-        let ch = cr_rpc::channel::lazy(&addr, &self.security, node, self.connect_timeout)
-            .map_err(|e| e.to_string())?;
+        // A short keepalive: an agent whose link is cut fails the call in
+        // flight within seconds, so its peers are not held frozen waiting.
+        let ch = cr_rpc::channel::lazy_with_keepalive(
+            &addr,
+            &self.security,
+            node,
+            self.connect_timeout,
+            AGENT_KEEPALIVE,
+        )
+        .map_err(|e| e.to_string())?;
         tracing::debug!(node, addr = %addr, "agent channel");
         chans.insert(node.to_string(), (addr, ch.clone()));
         Ok(AgentClient::new(ch))
@@ -95,6 +110,13 @@ macro_rules! call {
 
 #[tonic::async_trait]
 impl AgentApi for GrpcAgents {
+    fn reset(&self, node: &str) {
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node);
+    }
+
     async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
         call!(self, node, prepare, req)
     }

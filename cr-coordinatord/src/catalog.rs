@@ -138,6 +138,13 @@ pub struct JobRecord {
     /// Restarts so far (restart session names).
     #[prost(uint64, tag = "7")]
     pub restarts: u64,
+    /// Freeze bound of its checkpoints (0: the coordinator's default).
+    #[prost(uint64, tag = "8")]
+    pub freeze_timeout_ms: u64,
+    /// The restart session in progress (empty: none); one found at open
+    /// was lost with the coordinator: its agents are told to abort it.
+    #[prost(string, tag = "9")]
+    pub restarting: String,
 }
 
 impl JobRecord {
@@ -342,15 +349,32 @@ impl Catalog {
                 Change::Checkpoint(c)
             })
             .collect();
+        let mut stale = stale;
+        let lost_restarts: Vec<String> = state
+            .jobs
+            .values()
+            .filter(|j| !j.restarting.is_empty())
+            .map(|j| j.restarting.clone())
+            .collect();
+        stale.extend(
+            state
+                .jobs
+                .values()
+                .filter(|j| !j.restarting.is_empty())
+                .map(|j| {
+                    let mut j = j.clone();
+                    j.restarting.clear();
+                    Change::Job(j)
+                }),
+        );
         *cat.state.get_mut().unwrap_or_else(|p| p.into_inner()) = state;
+        cat.aborted_at_open.extend(lost_restarts);
         if !stale.is_empty() {
-            cat.aborted_at_open = stale
-                .iter()
-                .filter_map(|c| match c {
+            cat.aborted_at_open
+                .extend(stale.iter().filter_map(|c| match c {
                     Change::Checkpoint(c) => Some(c.id().to_string()),
                     _ => None,
-                })
-                .collect();
+                }));
             cat.update(|_| Ok::<_, CatalogError>((stale, ())))?;
         }
         Ok(cat)

@@ -59,6 +59,9 @@ pub struct Args {
     /// Plain TCP without authentication (tests, trusted networks).
     #[arg(long)]
     pub insecure: bool,
+    /// Least freeze bound of a checkpoint, in ms (config `freeze_timeout_ms`).
+    #[arg(long, value_name = "MS")]
+    pub freeze_timeout_ms: Option<u64>,
 }
 
 /// The config file as written.
@@ -70,6 +73,7 @@ pub struct FileConfig {
     pub heartbeat_ms: u32,
     pub node_timeout_ms: u64,
     pub timeout_secs: u32,
+    pub freeze_timeout_ms: u64,
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
@@ -84,6 +88,7 @@ impl Default for FileConfig {
             heartbeat_ms: 1000,
             node_timeout_ms: 5000,
             timeout_secs: 120,
+            freeze_timeout_ms: crate::coordinator::DEFAULT_FREEZE_TIMEOUT.as_millis() as u64,
             ca: None,
             cert: None,
             key: None,
@@ -103,6 +108,8 @@ pub struct Config {
     pub node_timeout: Duration,
     /// Default deadline of a checkpoint or a restart.
     pub timeout: Duration,
+    /// Least freeze bound of a checkpoint.
+    pub freeze_timeout: Duration,
     pub tls: TlsFiles,
 }
 
@@ -140,6 +147,14 @@ impl Config {
         if file.timeout_secs == 0 {
             return Err(invalid("timeout_secs", "0".into(), "must be positive"));
         }
+        let freeze_ms = args.freeze_timeout_ms.unwrap_or(file.freeze_timeout_ms);
+        if freeze_ms < 100 {
+            return Err(invalid(
+                "freeze_timeout_ms",
+                freeze_ms.to_string(),
+                "must be at least 100",
+            ));
+        }
         let tls = TlsFiles {
             ca: file.ca,
             cert: file.cert,
@@ -158,6 +173,7 @@ impl Config {
             heartbeat_ms: file.heartbeat_ms,
             node_timeout: Duration::from_millis(file.node_timeout_ms),
             timeout: Duration::from_secs(u64::from(file.timeout_secs)),
+            freeze_timeout: Duration::from_millis(freeze_ms),
             tls,
         })
     }

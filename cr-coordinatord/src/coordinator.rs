@@ -23,7 +23,13 @@ pub struct Settings {
     pub node_timeout: Duration,
     /// Default deadline of a checkpoint or restart.
     pub timeout: Duration,
+    /// Least default freeze bound of a checkpoint (see
+    /// `protocol::default_freeze_bound`).
+    pub freeze_timeout: Duration,
 }
+
+/// Default of `freeze_timeout_ms`.
+pub const DEFAULT_FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for Settings {
     fn default() -> Self {
@@ -31,6 +37,7 @@ impl Default for Settings {
             heartbeat_ms: 1000,
             node_timeout: Duration::from_millis(5000),
             timeout: Duration::from_secs(120),
+            freeze_timeout: DEFAULT_FREEZE_TIMEOUT,
         }
     }
 }
@@ -274,6 +281,7 @@ impl Coordinator {
             keep: j.keep,
             external: j.external.clone(),
             incremental: j.incremental,
+            freeze_timeout_ms: j.freeze_timeout_ms,
             last_checkpoint: committed
                 .last()
                 .map(|c| c.id().to_string())
@@ -377,6 +385,27 @@ impl Coordinator {
             if let Some(v) = req.incremental {
                 j.incremental = v;
             }
+            if let Some(v) = req.freeze_timeout_ms {
+                j.freeze_timeout_ms = v;
+            }
+        })
+    }
+
+    /// Remove members (node, pid) from `job`: they exited.
+    pub(crate) fn drop_members(&self, job: &str, gone: &[(String, i32)]) -> Result<(), Error> {
+        self.catalog.update(|s| {
+            let Some(j) = s.jobs.get(job) else {
+                return Ok((vec![], ()));
+            };
+            let mut j = j.clone();
+            let before = j.members.len();
+            j.members
+                .retain(|m| !gone.iter().any(|(n, p)| *n == m.node && *p == m.pid));
+            if j.members.len() == before {
+                return Ok((vec![], ()));
+            }
+            tracing::info!(job, members = ?gone, "members dropped from the job (they exited)");
+            Ok::<_, Error>((vec![Change::Job(j)], ()))
         })
     }
 

@@ -10,8 +10,10 @@
 //! * [`registry`]: node registration, heartbeats, job membership.
 //! * [`protocol`]: the coordinated checkpoint and restart.
 //! * [`schedule`]: periodic checkpoints.
-//! * [`service`]: the gRPC Coordinator service.
+//! * [`service`]: the gRPC Coordinator service (and who may call what:
+//!   `cr_rpc::identity`).
 //! * [`error`]: why a request failed.
+//! * [`fault`]: fault points for the tests.
 #![forbid(unsafe_code)]
 
 pub mod agents;
@@ -19,6 +21,7 @@ pub mod catalog;
 pub mod config;
 pub mod coordinator;
 pub mod error;
+pub mod fault;
 pub mod protocol;
 pub mod registry;
 pub mod schedule;

@@ -68,6 +68,7 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
         heartbeat_ms: cfg.heartbeat_ms,
         node_timeout: cfg.node_timeout,
         timeout: cfg.timeout,
+        freeze_timeout: cfg.freeze_timeout,
     };
     let agents = Arc::new(GrpcAgents::new(
         catalog.clone(),

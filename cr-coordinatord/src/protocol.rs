@@ -15,6 +15,7 @@ use crate::agents::AgentResult;
 use crate::catalog::{state, Change, CheckpointRecord, JobRecord, MemberRecord, EXTERNAL_ALLOW};
 use crate::coordinator::{now_unix_ms, Busy, Coordinator, OpKind};
 use crate::error::Error;
+use crate::fault;
 use cr_image::bookmarks::{check_cut, unmatched, Bookmark};
 use cr_rpc::pb;
 use futures_util::future::join_all;
@@ -29,6 +30,8 @@ const SESSION_MARGIN: Duration = Duration::from_secs(5);
 /// Bound of each best-effort call (Abort, Commit, Remove, Unlock) and the
 /// least time FINISH and RELEASE get after the deadline.
 const BEST_EFFORT: Duration = Duration::from_secs(10);
+/// How long a reply waits for the ABORTs it sent.
+const ABORT_WAIT: Duration = Duration::from_secs(2);
 
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
@@ -98,11 +101,60 @@ async fn timed<T>(
     node: &str,
     fut: impl Future<Output = AgentResult<T>>,
 ) -> (String, AgentResult<T>) {
-    let r = match tokio::time::timeout_at(deadline.into(), fut).await {
+    bounded(Bound::plain(deadline), what, node, fut).await
+}
+
+/// A deadline and what it is, for the message of a call that misses it.
+#[derive(Clone, Copy)]
+struct Bound {
+    at: Instant,
+    /// The freeze bound (ms) when that is what `at` is.
+    freeze_ms: Option<u64>,
+}
+
+impl Bound {
+    fn plain(at: Instant) -> Bound {
+        Bound {
+            at,
+            freeze_ms: None,
+        }
+    }
+
+    /// The earlier of the operation's deadline and the freeze bound.
+    fn frozen(deadline: Instant, freeze_at: Instant, freeze_ms: u64) -> Bound {
+        if freeze_at < deadline {
+            Bound {
+                at: freeze_at,
+                freeze_ms: Some(freeze_ms),
+            }
+        } else {
+            Bound::plain(deadline)
+        }
+    }
+}
+
+async fn bounded<T>(
+    b: Bound,
+    what: &str,
+    node: &str,
+    fut: impl Future<Output = AgentResult<T>>,
+) -> (String, AgentResult<T>) {
+    let r = match tokio::time::timeout_at(b.at.into(), fut).await {
         Ok(r) => r.map_err(|e| format!("{what}: {e}")),
-        Err(_) => Err(format!("no reply to {what} within the deadline")),
+        Err(_) => Err(match b.freeze_ms {
+            Some(ms) => format!("no reply to {what} within the freeze bound ({ms} ms)"),
+            None => format!("no reply to {what} within the deadline"),
+        }),
     };
     (node.to_string(), r)
+}
+
+/// The freeze bound when none is asked for: the configured one, or more
+/// for a job whose last checkpoint took long (twice its PREPARE, CHECK
+/// and DUMP, plus 5 s): a few seconds beyond the expected dump time.
+pub fn default_freeze_bound(configured: Duration, last: Option<&pb::CheckpointInfo>) -> Duration {
+    let expected = last.map_or(0, |c| c.prepare_ms + c.check_ms + c.dump_ms);
+    configured.max(Duration::from_millis(expected * 2 + 5000).min(Duration::from_secs(3600)))
 }
 
 /// All the replies, or the first failure as "node N: ...".
@@ -173,14 +225,35 @@ impl Coordinator {
         }
     }
 
+    /// ABORT to every node at once; the reply waits at most [`ABORT_WAIT`]
+    /// for them (an unreachable node's call goes on in the background, and
+    /// that node lets go on its own anyway).
     async fn abort_all(&self, session: &str, nodes: &[String]) {
-        self.to_all("ABORT", session, nodes, |n| async move {
-            let req = pb::SessionRequest {
-                session: session.to_string(),
-            };
-            self.agents.abort(&n, req).await
-        })
-        .await
+        let agents = self.agents.clone();
+        let session = session.to_string();
+        let nodes = nodes.to_vec();
+        let all =
+            tokio::spawn(async move {
+                let deadline = Instant::now() + BEST_EFFORT;
+                let res =
+                    join_all(nodes.iter().map(|n| {
+                        let req = pb::SessionRequest {
+                            session: session.clone(),
+                        };
+                        let a = agents.clone();
+                        let n = n.clone();
+                        async move {
+                            timed(deadline, "ABORT", &n, async { a.abort(&n, req).await }).await
+                        }
+                    }))
+                    .await;
+                for (n, r) in res {
+                    if let Err(e) = r {
+                        tracing::warn!(id = %session, node = %n, "{e}");
+                    }
+                }
+            });
+        let _ = tokio::time::timeout(ABORT_WAIT, all).await;
     }
 
     /// A coordinated checkpoint of `job` (see the module doc). `timeout`:
@@ -190,6 +263,19 @@ impl Coordinator {
         job: &str,
         after: pb::After,
         timeout: Option<Duration>,
+    ) -> Result<pb::CheckpointInfo, Error> {
+        self.checkpoint_with(job, after, timeout, None).await
+    }
+
+    /// [`Coordinator::checkpoint`] with a freeze bound (default: the
+    /// job's, else [`default_freeze_bound`]): past it, the checkpoint is
+    /// aborted and every node thaws at once.
+    pub async fn checkpoint_with(
+        &self,
+        job: &str,
+        after: pb::After,
+        timeout: Option<Duration>,
+        freeze: Option<Duration>,
     ) -> Result<pb::CheckpointInfo, Error> {
         let t0 = Instant::now();
         let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
@@ -201,7 +287,28 @@ impl Coordinator {
                 s.latest_committed(job).map(|c| c.info().clone()),
             )
         });
-        let jobrec = jobrec.ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        let mut jobrec = jobrec.ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        let freeze = freeze
+            .or((jobrec.freeze_timeout_ms > 0)
+                .then(|| Duration::from_millis(jobrec.freeze_timeout_ms)))
+            .unwrap_or_else(|| default_freeze_bound(self.settings.freeze_timeout, prev.as_ref()));
+        // Members that are gone cannot be part of it: dropped from the job.
+        let mut notes = Vec::new();
+        let dead: Vec<(String, i32)> = jobrec
+            .members
+            .iter()
+            .filter(|m| !m.alive)
+            .map(|m| (m.node.clone(), m.pid))
+            .collect();
+        if !dead.is_empty() {
+            for (n, p) in &dead {
+                notes.push(format!(
+                    "member {p} on {n} had exited: dropped from the job"
+                ));
+            }
+            self.drop_members(job, &dead)?;
+            jobrec.members.retain(|m| m.alive);
+        }
         // Incremental: each member's image in the previous checkpoint.
         let prev_dirs: HashMap<(&str, i32), &str> = prev
             .iter()
@@ -242,6 +349,8 @@ impl Coordinator {
                     state: state::PREPARING.into(),
                     after: after as i32,
                     started_unix_ms: started,
+                    notes: notes.clone(),
+                    freeze_timeout_ms: ms(freeze),
                     ..Default::default()
                 }),
                 seq: n,
@@ -267,7 +376,7 @@ impl Coordinator {
         );
 
         if let Err(reason) = self
-            .run_checkpoint(&busy, &mut rec, &jobrec, &hosts, deadline, t0)
+            .run_checkpoint(&busy, &mut rec, &jobrec, &hosts, deadline, freeze, t0)
             .await
         {
             // The decision first, so that it stands whatever happens next.
@@ -298,7 +407,9 @@ impl Coordinator {
     }
 
     /// PREPARE, CHECK, DUMP, COMMIT; the reason of a failure before the
-    /// commit is recorded.
+    /// commit is recorded. The members stay frozen at most `freeze` from
+    /// the start of PREPARE: every call before the commit is bounded by it.
+    #[allow(clippy::too_many_arguments)]
     async fn run_checkpoint(
         &self,
         busy: &Busy<'_>,
@@ -306,6 +417,7 @@ impl Coordinator {
         jobrec: &JobRecord,
         hosts: &Hosts,
         deadline: Instant,
+        freeze: Duration,
         t0: Instant,
     ) -> Result<(), String> {
         let id = rec.id().to_string();
@@ -315,6 +427,7 @@ impl Coordinator {
 
         // PREPARE
         let t = Instant::now();
+        let bound = Bound::frozen(deadline, t + freeze, ms(freeze));
         let timeout_ms = ms(deadline.saturating_duration_since(t) + SESSION_MARGIN) as u32;
         let calls = hosts.nodes.iter().map(|(node, targets)| {
             let req = pb::PrepareRequest {
@@ -324,10 +437,17 @@ impl Coordinator {
                 after,
                 subdir: format!("{job}/{id}"),
                 timeout_ms,
+                freeze_timeout_ms: ms(freeze).min(u64::from(u32::MAX)) as u32,
             };
-            timed(deadline, "PREPARE", node, self.agents.prepare(node, req))
+            bounded(bound, "PREPARE", node, self.agents.prepare(node, req))
         });
         let prepared = all_ok(self.unless_stopped(join_all(calls)).await?)?;
+        fault::point("prepare").await;
+        // Members that had exited: dropped from the checkpoint and the job.
+        let mut gone: Vec<(String, i32)> = Vec::new();
+        for (node, r) in &prepared {
+            gone.extend(r.gone.iter().map(|&p| (node.clone(), p)));
+        }
         rec.info_mut().prepare_ms = ms(t.elapsed());
         tracing::info!(job, checkpoint = %id, phase = "prepare", ms = ms(t.elapsed()), "phase done");
 
@@ -338,8 +458,13 @@ impl Coordinator {
             .iter()
             .flat_map(|(n, r)| r.bookmarks.iter().map(move |b| (n.as_str(), b)))
             .collect();
-        let (conns, external) = check_bookmarks(job, allow, &marks)?;
+        // With members gone, their peers' connections lead nowhere: they
+        // are counted as external (and noted), not a reason to abort.
+        let (conns, external) = check_bookmarks(job, allow || !gone.is_empty(), &marks)?;
         rec.info_mut().check_ms = ms(t.elapsed());
+        if prepared.iter().all(|(_, r)| r.processes == 0) {
+            return Err("every member had exited: nothing to checkpoint".into());
+        }
         tracing::info!(
             job,
             checkpoint = %id,
@@ -361,12 +486,19 @@ impl Coordinator {
             let req = pb::SessionRequest {
                 session: id.clone(),
             };
-            timed(deadline, "DUMP", node, self.agents.dump(node, req))
+            bounded(bound, "DUMP", node, self.agents.dump(node, req))
         });
         let dumped = all_ok(self.unless_stopped(join_all(calls)).await?)?;
+        fault::point("dump").await;
+        for (node, r) in &dumped {
+            gone.extend(r.gone.iter().map(|&p| (node.clone(), p)));
+        }
         let mut images = Vec::new();
         for ((node, reply), (_, targets)) in dumped.into_iter().zip(&hosts.nodes) {
             for t in targets {
+                if gone.iter().any(|(n, p)| *n == node && *p == t.pid) {
+                    continue;
+                }
                 if !reply.images.iter().any(|i| i.pid == t.pid) {
                     return Err(format!(
                         "node {node}: DUMP returned no image of pid {}",
@@ -383,8 +515,20 @@ impl Coordinator {
             .iter()
             .flat_map(|i| i.bookmarks.iter().map(move |b| (i.node.as_str(), b)))
             .collect();
-        let (conns, external) =
-            check_bookmarks(job, allow, &marks).map_err(|e| format!("in the images: {e}"))?;
+        if images.is_empty() {
+            return Err("every member exited during the checkpoint: nothing to commit".into());
+        }
+        let (conns, external) = check_bookmarks(job, allow || !gone.is_empty(), &marks)
+            .map_err(|e| format!("in the images: {e}"))?;
+        if !gone.is_empty() {
+            for (n, p) in &gone {
+                rec.info_mut().notes.push(format!(
+                    "member {p} on {n} exited during the checkpoint: dropped from it and from the job"
+                ));
+            }
+            self.drop_members(job, &gone)
+                .map_err(|e| format!("cannot record the members that exited: {e}"))?;
+        }
         rec.info_mut().dump_ms = ms(t.elapsed());
         tracing::info!(
             job,
@@ -397,6 +541,14 @@ impl Coordinator {
         );
         if self.is_stopping() {
             return Err("the coordinator is stopping".into());
+        }
+        if Instant::now() >= bound.at {
+            return Err(match bound.freeze_ms {
+                Some(ms) => format!(
+                    "the members were frozen for the freeze bound ({ms} ms) before the commit"
+                ),
+                None => "the deadline passed before the commit".into(),
+            });
         }
 
         // COMMIT
@@ -418,6 +570,7 @@ impl Coordinator {
             })?;
         rec.info_mut().commit_ms = ms(t.elapsed());
         tracing::info!(job, checkpoint = %id, phase = "commit", ms = ms(t.elapsed()), "checkpoint committed");
+        fault::point("commit").await;
         Ok(())
     }
 
@@ -445,6 +598,7 @@ impl Coordinator {
         })
         .await;
         rec.info_mut().commit_ms += ms(t.elapsed());
+        fault::point("finish").await;
 
         let t = Instant::now();
         let finish_deadline = deadline.max(t + BEST_EFFORT);
@@ -461,18 +615,33 @@ impl Coordinator {
             match r {
                 Ok(reply) => {
                     paused = paused.max(reply.frozen_ms);
+                    // The real freeze of each member: until it was let go.
+                    for img in rec.info_mut().images.iter_mut().filter(|i| i.node == n) {
+                        if let Some(&f) = reply.member_frozen_ms.get(&img.pid) {
+                            img.frozen_ms = img.frozen_ms.max(f);
+                        }
+                    }
                     acked.push(n)
                 }
-                Err(e) => tracing::warn!(
-                    job = %job,
-                    checkpoint = %id,
-                    node = %n,
-                    "{e}; FINISH is sent again when the node registers"
-                ),
+                Err(e) => {
+                    tracing::warn!(job = %job, checkpoint = %id, node = %n, "{e}");
+                    // The agent lets its processes run on when FINISH does
+                    // not come (or failed): the request was not carried out
+                    // there, and it never will be (no FINISH is sent again).
+                    let what = match after {
+                        pb::After::Continue => "its members run on",
+                        _ => "its members are still running",
+                    };
+                    rec.info_mut()
+                        .notes
+                        .push(format!("{n} could not finish: {what} ({e})"));
+                    rec.info_mut().unfinished.push(n.clone());
+                }
             }
         }
         tracing::info!(job = %job, checkpoint = %id, phase = "finish", ms = ms(t.elapsed()), after = after.as_str_name(), "phase done");
-        rec.finished = acked.len() == nodes.len();
+        // Nothing more to send: every node acknowledged or gave up.
+        rec.finished = acked.len() + rec.info().unfinished.len() >= nodes.len();
         rec.finished_nodes = acked.clone();
         if paused > 0 {
             rec.info_mut().pause_ms = paused;
@@ -708,6 +877,7 @@ impl Coordinator {
                 .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
             j.restarts += 1;
             let session = format!("{job}-restart-{}", j.restarts);
+            j.restarting = session.clone();
             Ok::<_, Error>((vec![Change::Job(j)], session))
         })?;
         busy.set(&format!("restart of {job} from {id}"), "restoring");
@@ -750,10 +920,20 @@ impl Coordinator {
             });
         if let Err(reason) = restored {
             self.abort_all(&session, &dsts).await;
+            let _ = self.catalog.update(|s| {
+                let mut changes = vec![];
+                if let Some(j) = s.jobs.get(job) {
+                    let mut j = j.clone();
+                    j.restarting.clear();
+                    changes.push(Change::Job(j));
+                }
+                Ok::<_, Error>((changes, ()))
+            });
             tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
             return Err(fail(reason));
         }
         tracing::info!(job, checkpoint = %id, phase = "restore", ms = ms(t.elapsed()), "phase done");
+        fault::point("restore").await;
 
         // RELEASE
         busy.phase("releasing");
@@ -796,6 +976,7 @@ impl Coordinator {
                 .cloned()
                 .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
             j.members = members.clone();
+            j.restarting.clear();
             Ok::<_, Error>((vec![Change::Job(j)], ()))
         })?;
         if !reasons.is_empty() {

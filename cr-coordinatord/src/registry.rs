@@ -197,6 +197,7 @@ impl Coordinator {
                 },
             );
         }
+        self.agents.reset(&req.node);
         tracing::info!(
             node = %req.node,
             agent = %req.agent_addr,
@@ -267,6 +268,8 @@ impl Coordinator {
             .filter(|c| {
                 c.nodes().iter().any(|n| n == node)
                     && !c.finished_nodes.iter().any(|n| n == node)
+                    // FINISH failed there and crctl said so: never again.
+                    && !c.info().unfinished.iter().any(|n| n == node)
                     && !self.is_active_checkpoint(c.id())
             })
             .map(|c| (c.id().to_string(), c.info().after))
@@ -292,7 +295,12 @@ impl Coordinator {
                         }
                     }
                     Ok(Err(e)) => {
-                        tracing::warn!(checkpoint = %id, node = %node, "FINISH sent again failed: {e}")
+                        tracing::warn!(checkpoint = %id, node = %node, "FINISH sent again failed: {e}");
+                        // The agent let its processes run on: recorded, and
+                        // never sent again.
+                        if let Err(e) = me.record_finish_failure(&id, &node, &e) {
+                            tracing::error!(checkpoint = %id, "{e}");
+                        }
                     }
                     Err(_) => {
                         tracing::warn!(checkpoint = %id, node = %node, "FINISH sent again: no reply")
@@ -332,6 +340,28 @@ impl Coordinator {
                 }
             }
         });
+    }
+
+    fn record_finish_failure(&self, id: &str, node: &str, why: &str) -> Result<(), Error> {
+        self.catalog.update(|s| {
+            let Some(c) = s.checkpoint(id) else {
+                return Ok((vec![], ()));
+            };
+            let mut c = c.clone();
+            if c.info().unfinished.iter().any(|n| n == node) {
+                return Ok((vec![], ()));
+            }
+            let info = c.info_mut();
+            info.unfinished.push(node.to_string());
+            info.notes.push(format!(
+                "{node} could not finish: its members run on ({why})"
+            ));
+            c.finished = c.nodes().iter().all(|n| {
+                c.finished_nodes.iter().any(|f| f == n)
+                    || c.info().unfinished.iter().any(|f| f == n)
+            });
+            Ok((vec![Change::Checkpoint(c)], ()))
+        })
     }
 
     fn record_finish_ack(&self, id: &str, node: &str) -> Result<(), Error> {

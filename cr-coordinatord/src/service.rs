@@ -1,5 +1,7 @@
 //! The gRPC Coordinator service: agents register and heartbeat, crctl
-//! administers. Checkpoints and restarts run in tasks of their own, so that
+//! administers. Who may call what is decided by the client's certificate
+//! (`cr_rpc::identity`): Register/Heartbeat of node N only with N's own,
+//! the rest only with an administrator's. Checkpoints and restarts run in tasks of their own, so that
 //! a client that goes away never cuts the protocol short.
 
 use crate::coordinator::Coordinator;
@@ -31,6 +33,37 @@ fn joined<T>(r: Result<Result<T, Error>, tokio::task::JoinError>) -> Result<Resp
     }
 }
 
+/// Register / Heartbeat of `node`: only with a certificate naming it that
+/// is not an administrator's (none at all in insecure mode).
+fn check_node<T>(req: &Request<T>, node: &str) -> Result<(), Status> {
+    match cr_rpc::identity::of_request(req)? {
+        None => Ok(()),
+        Some(p) if p.names(node) && !p.is_admin() => Ok(()),
+        Some(p) => {
+            tracing::warn!(node, peer = %p.describe(), "registration refused: the certificate does not name the node");
+            Err(Status::permission_denied(format!(
+                "{} may not act as node {node}: a node's certificate must name it",
+                p.describe()
+            )))
+        }
+    }
+}
+
+/// An administrative call: only with an administrator's certificate.
+fn check_admin<T>(req: &Request<T>, what: &str) -> Result<(), Status> {
+    match cr_rpc::identity::of_request(req)? {
+        None => Ok(()),
+        Some(p) if p.is_admin() => Ok(()),
+        Some(p) => {
+            tracing::warn!(call = what, peer = %p.describe(), "administrative call refused");
+            Err(Status::permission_denied(format!(
+                "{what} needs an administrator's certificate (crctl pki issue --admin); this is {}",
+                p.describe()
+            )))
+        }
+    }
+}
+
 fn job_name(job: &str) -> Result<(), Status> {
     if job.is_empty() {
         return Err(Error::Invalid {
@@ -47,6 +80,7 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
+        check_node(&req, &req.get_ref().node)?;
         Ok(Response::new(self.0.register(req.into_inner())?))
     }
 
@@ -54,14 +88,17 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
+        check_node(&req, &req.get_ref().node)?;
         Ok(Response::new(self.0.heartbeat(req.into_inner())?))
     }
 
-    async fn nodes(&self, _: Request<pb::Empty>) -> Result<Response<pb::NodesReply>, Status> {
+    async fn nodes(&self, req: Request<pb::Empty>) -> Result<Response<pb::NodesReply>, Status> {
+        check_admin(&req, "Nodes")?;
         Ok(Response::new(self.0.nodes()))
     }
 
-    async fn jobs(&self, _: Request<pb::Empty>) -> Result<Response<pb::JobsReply>, Status> {
+    async fn jobs(&self, req: Request<pb::Empty>) -> Result<Response<pb::JobsReply>, Status> {
+        check_admin(&req, "Jobs")?;
         Ok(Response::new(self.0.jobs()))
     }
 
@@ -69,6 +106,7 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::CheckpointRequest>,
     ) -> Result<Response<pb::CheckpointInfo>, Status> {
+        check_admin(&req, "Checkpoint")?;
         let req = req.into_inner();
         job_name(&req.job)?;
         let after = pb::After::try_from(req.after).map_err(|_| Error::Invalid {
@@ -77,7 +115,9 @@ impl pb::coordinator_server::Coordinator for Service {
         let c = self.0.clone();
         joined(
             tokio::spawn(async move {
-                c.checkpoint(&req.job, after, timeout(req.timeout_secs))
+                let freeze = (req.freeze_timeout_ms > 0)
+                    .then(|| Duration::from_millis(req.freeze_timeout_ms));
+                c.checkpoint_with(&req.job, after, timeout(req.timeout_secs), freeze)
                     .await
             })
             .await,
@@ -88,6 +128,7 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::RestartRequest>,
     ) -> Result<Response<pb::RestartReply>, Status> {
+        check_admin(&req, "Restart")?;
         let req = req.into_inner();
         job_name(&req.job)?;
         let c = self.0.clone();
@@ -105,11 +146,13 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::CheckpointsRequest>,
     ) -> Result<Response<pb::CheckpointsReply>, Status> {
+        check_admin(&req, "Checkpoints")?;
         let req = req.into_inner();
         Ok(Response::new(self.0.checkpoints(&req.job, req.all)?))
     }
 
-    async fn status(&self, _: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
+    async fn status(&self, req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
+        check_admin(&req, "Status")?;
         Ok(Response::new(self.0.status()))
     }
 
@@ -117,6 +160,7 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::ConfigureRequest>,
     ) -> Result<Response<pb::JobInfo>, Status> {
+        check_admin(&req, "Configure")?;
         let req = req.into_inner();
         job_name(&req.job)?;
         Ok(Response::new(self.0.configure(&req)?))

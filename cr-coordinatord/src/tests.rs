@@ -90,6 +90,7 @@ impl AgentApi for Fake {
             processes: n,
             threads: n,
             freeze_ms: 1,
+            gone: vec![],
         })
     }
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
@@ -119,6 +120,7 @@ impl AgentApi for Fake {
                     uid: 1000,
                 })
                 .collect(),
+            gone: vec![],
         })
     }
     async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
@@ -210,6 +212,7 @@ impl Env {
             heartbeat_ms: 100,
             node_timeout: Duration::from_secs(30),
             timeout: Duration::from_secs(10),
+            freeze_timeout: Duration::from_secs(10),
         };
         let coord = Arc::new(Coordinator::new(cat, fake.clone(), settings));
         let env = Env {
@@ -731,25 +734,63 @@ async fn registry_membership() {
 }
 
 #[tokio::test]
-async fn pending_finish_is_sent_again_on_register() {
+async fn failed_finish_is_reported_and_never_sent_again() {
     let env = Env::new(2);
     env.fake
         .set_fail("n2", "finish", "unavailable: connection refused");
     let c = env.ck().await.unwrap();
     let rec = env.stored(&c.id);
     assert_eq!(c.state, "committed");
-    assert!(!rec.finished);
+    // The agent of n2 lets its members run on: said, and final.
+    assert_eq!(c.unfinished, ["n2"]);
+    assert!(
+        c.notes.iter().any(|n| n.starts_with("n2 could not finish")),
+        "{:?}",
+        c.notes
+    );
+    assert!(rec.finished, "nothing is left to send");
     assert_eq!(rec.finished_nodes, ["n1"]);
     env.fake.fail.lock().unwrap().clear();
     env.register(2, vec![member("J", 102)]);
-    for _ in 0..100 {
-        if env.stored(&c.id).finished {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(env.stored(&c.id).finished);
-    assert_eq!(env.fake.nodes_called("finish"), ["n1", "n2", "n2"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(env.fake.nodes_called("finish"), ["n1", "n2"]);
+}
+
+#[tokio::test]
+async fn past_the_freeze_bound_every_node_thaws() {
+    let env = Env::new(3);
+    env.fake.hang.lock().unwrap().insert(("n2".into(), "dump"));
+    let t0 = std::time::Instant::now();
+    let e = env
+        .coord
+        .checkpoint_with("J", pb::After::Kill, None, Some(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    let took = t0.elapsed();
+    assert!(e.to_string().contains("freeze bound"), "{e}");
+    assert!(took < Duration::from_secs(3), "aborted after {took:?}");
+    assert_eq!(env.fake.nodes_called("abort"), ["n1", "n2", "n3"]);
+    // The bound was told to every agent.
+    let p = env.fake.prepared.lock().unwrap();
+    let reqs = p.values().next().unwrap();
+    assert!(reqs.values().all(|r| r.freeze_timeout_ms == 300));
+}
+
+#[test]
+fn default_freeze_bound_grows_with_the_last_dump() {
+    use crate::protocol::default_freeze_bound;
+    let ten = Duration::from_secs(10);
+    assert_eq!(default_freeze_bound(ten, None), ten);
+    let last = pb::CheckpointInfo {
+        prepare_ms: 1000,
+        check_ms: 0,
+        dump_ms: 9000,
+        ..Default::default()
+    };
+    assert_eq!(
+        default_freeze_bound(ten, Some(&last)),
+        Duration::from_secs(25)
+    );
 }
 
 #[tokio::test]

@@ -46,6 +46,7 @@ impl pb::agent_server::Agent for FakeAgent {
                 frozen_ms: 3,
                 ..Default::default()
             }],
+            gone: vec![],
         }))
     }
     async fn commit(&self, _: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
@@ -112,9 +113,10 @@ async fn checkpoint_and_restart_over_mutual_tls() {
     let pki = dir.path().join("pki");
     cr_rpc::pki::init_ca(&pki).unwrap();
     let lo = ["127.0.0.1".parse().unwrap()];
-    for n in ["cr-coordinatord", "n1", "n2", "admin"] {
+    for n in ["cr-coordinatord", "n1", "n2"] {
         cr_rpc::pki::issue(&pki, n, &lo).unwrap();
     }
+    cr_rpc::pki::issue_with_role(&pki, "admin", &lo, Some("admin")).unwrap();
 
     // Agents.
     let mut agent_addrs = Vec::new();
@@ -187,7 +189,41 @@ async fn checkpoint_and_restart_over_mutual_tls() {
     .await
     .unwrap();
     let mut c = pb::coordinator_client::CoordinatorClient::new(ch);
+    // Each node registers with its own certificate; the administrator's
+    // cannot register one, nor can a node's act for another node.
+    let as_node = |name: &str| {
+        let sec = security(&pki, name);
+        let addr = caddr.clone();
+        async move {
+            let ch = cr_rpc::channel::connect(
+                &addr,
+                &sec,
+                cr_rpc::COORDINATOR_NAME,
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+            pb::coordinator_client::CoordinatorClient::new(ch)
+        }
+    };
+    let reg = |node: &str, addr: &str| pb::RegisterRequest {
+        node: node.into(),
+        agent_addr: addr.into(),
+        ..Default::default()
+    };
+    let e = c.register(reg("n1", &agent_addrs[0])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let e = as_node("n2")
+        .await
+        .register(reg("n1", &agent_addrs[0]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let e = as_node("n1").await.jobs(pb::Empty {}).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    assert!(e.message().contains("administrator"), "{e}");
     for (i, addr) in agent_addrs.iter().enumerate() {
+        let mut c = as_node(&format!("n{}", i + 1)).await;
         let r = c
             .register(pb::RegisterRequest {
                 node: format!("n{}", i + 1),
@@ -211,6 +247,7 @@ async fn checkpoint_and_restart_over_mutual_tls() {
             job: "J".into(),
             after: pb::After::Kill as i32,
             timeout_secs: 20,
+            freeze_timeout_ms: 0,
         })
         .await
         .unwrap()

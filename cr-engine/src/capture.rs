@@ -369,7 +369,12 @@ impl Held {
             return Ok(d.summary.clone());
         }
         match self.dump_frozen() {
-            Ok(d) => {
+            Ok(mut d) => {
+                // Until the let-go, sockets are out of repair mode: should
+                // we die meanwhile, the processes run on as they were.
+                for h in d.held.iter_mut() {
+                    h.pause();
+                }
                 let summary = d.summary.clone();
                 self.dumped = Some(d);
                 Ok(summary)

@@ -7,11 +7,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// HTTP/2 keepalive of the channels: a ping every this long, the
+/// connection dropped when one is not answered within twice that.
+pub const KEEPALIVE: Duration = Duration::from_secs(10);
+
 fn endpoint(
     addr: &str,
     sec: &Security,
     domain: &str,
     timeout: Duration,
+    keepalive: Duration,
 ) -> Result<Endpoint, RpcError> {
     let bad = |what: String| RpcError::Address {
         addr: addr.to_string(),
@@ -22,8 +27,9 @@ fn endpoint(
         .map_err(|e| bad(e.to_string()))?
         .connect_timeout(timeout)
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20));
+        .http2_keep_alive_interval(keepalive)
+        .keep_alive_timeout(keepalive * 2)
+        .keep_alive_while_idle(true);
     if let Some(tls) = sec.client(domain) {
         ep = ep.tls_config(tls).map_err(|e| bad(e.to_string()))?;
     }
@@ -37,7 +43,7 @@ pub async fn connect(
     domain: &str,
     timeout: Duration,
 ) -> Result<Channel, RpcError> {
-    endpoint(addr, sec, domain, timeout)?
+    endpoint(addr, sec, domain, timeout, KEEPALIVE)?
         .connect()
         .await
         .map_err(|e| RpcError::Connect {
@@ -53,7 +59,20 @@ pub fn lazy(
     domain: &str,
     timeout: Duration,
 ) -> Result<Channel, RpcError> {
-    Ok(endpoint(addr, sec, domain, timeout)?.connect_lazy())
+    lazy_with_keepalive(addr, sec, domain, timeout, KEEPALIVE)
+}
+
+/// [`lazy`] with its own keepalive period: a call in flight on a
+/// connection whose peer stopped answering (a cut link) fails within
+/// three periods instead of hanging until its own timeout.
+pub fn lazy_with_keepalive(
+    addr: &str,
+    sec: &Security,
+    domain: &str,
+    timeout: Duration,
+    keepalive: Duration,
+) -> Result<Channel, RpcError> {
+    Ok(endpoint(addr, sec, domain, timeout, keepalive)?.connect_lazy())
 }
 
 /// The agent's Unix socket for local clients: `CR_AGENT_SOCKET` or the default.

@@ -7,13 +7,16 @@
 //!   [`local`]: the blocking client of the agent the command-line tools use;
 //!   [`opts`]: the engines' options to and from the Local service's messages.
 //! * [`config`]: TOML configuration files.
-//! * [`shutdown`]: SIGTERM / SIGINT as a future.
-//! * [`pki`]: a cluster CA and certificates signed by it (`crctl pki`).
+//! * [`shutdown`]: SIGTERM / SIGINT as a future; [`fault`]: the test hooks.
+//! * [`pki`]: a cluster CA and certificates signed by it (`crctl pki`);
+//!   [`identity`]: who a client certificate names, and what it may call.
 #![forbid(unsafe_code)]
 
 pub mod channel;
 pub mod config;
 pub mod error;
+pub mod fault;
+pub mod identity;
 pub mod local;
 pub mod opts;
 pub mod pki;
@@ -35,13 +38,35 @@ pub const AGENT_SOCKET_ENV: &str = "CR_AGENT_SOCKET";
 pub const COORDINATOR_NAME: &str = "cr-coordinatord";
 
 /// One readable line from a gRPC status: its message, or its code when the
-/// message is empty; transport errors are reduced to their innermost cause.
+/// message is empty; a failure of the transport (no answer, a connection
+/// lost) is said in plain words (`unreachable: ...`), never as the
+/// transport library's message.
 pub fn status_line(s: &tonic::Status) -> String {
     let msg = s.message().trim();
-    if msg.is_empty() {
+    let transport = matches!(
+        s.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::Internal
+            | tonic::Code::DeadlineExceeded
+    ) && (std::error::Error::source(s).is_some()
+        || [
+            "transport",
+            "h2 protocol",
+            "http2",
+            "connection",
+            "timed out",
+        ]
+        .iter()
+        .any(|w| msg.contains(w)));
+    if transport || s.code() == tonic::Code::Unavailable {
+        format!(
+            "unreachable: {}",
+            error::plain(&format!("{msg} {}", error::innermost(s)))
+        )
+    } else if msg.is_empty() {
         format!("{:?}", s.code())
-    } else if s.code() == tonic::Code::Unavailable {
-        format!("unavailable: {}", error::innermost(s))
     } else {
         msg.to_string()
     }

@@ -68,6 +68,8 @@ pub enum SysError {
         #[source]
         source: Errno,
     },
+    #[error("thread {tid} did not stop within {secs} s (it may be in an uninterruptible sleep)")]
+    StopTimeout { tid: i32, secs: u64 },
     #[error("thread {tid} exited while being traced (status {status:#x})")]
     Exited { tid: i32, status: i32 },
     #[error("thread {tid} stopped unexpectedly (status {status:#x}) during {during}")]

@@ -14,6 +14,7 @@ use crate::error::{Result, SysError};
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// What one lock holds still: (local, remote) of established connections.
 /// Listening sockets are held only while the dump runs
@@ -98,8 +99,9 @@ fn ip_words(ip: IpAddr) -> (&'static str, String) {
     }
 }
 
-/// The nft script that creates table `name` for `set`.
-pub fn script(name: &str, set: &LockSet) -> String {
+/// The elements of the connections' sets of a lock for `set`: (c4, c6),
+/// each connection in both directions.
+fn conn_elements(set: &LockSet) -> (Vec<String>, Vec<String>) {
     let mut c4 = Vec::new();
     let mut c6 = Vec::new();
     for (l, r) in &set.conns {
@@ -114,35 +116,12 @@ pub fn script(name: &str, set: &LockSet) -> String {
             }
         }
     }
-    let elems = |v: &[String]| {
-        if v.is_empty() {
-            String::new()
-        } else {
-            format!(" elements = {{ {} }}", v.join(", "))
-        }
-    };
-    let mut s = format!("table inet {name} {{\n");
-    s += &format!(
-        "  set c4 {{ type ipv4_addr . inet_service . ipv4_addr . inet_service;{} }}\n",
-        elems(&c4)
-    );
-    s += &format!(
-        "  set c6 {{ type ipv6_addr . inet_service . ipv6_addr . inet_service;{} }}\n",
-        elems(&c6)
-    );
-    for (chain, hook) in [("in", "input"), ("out", "output")] {
-        s += &format!(
-            "  chain {chain} {{ type filter hook {hook} priority -160; policy accept;\n    ip saddr . tcp sport . ip daddr . tcp dport @c4 drop\n    ip6 saddr . tcp sport . ip6 daddr . tcp dport @c6 drop\n"
-        );
-        s += "  }\n";
-    }
-    s += "}\n";
-    s
+    (c4, c6)
 }
 
-/// The nft script of table `name` dropping new connection attempts (SYN)
-/// to the listening addresses `listeners` (an unspecified IP: any).
-pub fn syn_script(name: &str, listeners: &[SocketAddr]) -> String {
+/// The elements of the listeners' sets: (l4, l6, lany); an unspecified
+/// IP: any.
+fn listener_elements(listeners: &[SocketAddr]) -> (Vec<String>, Vec<String>, Vec<String>) {
     let (mut l4, mut l6, mut lany) = (Vec::new(), Vec::new(), Vec::new());
     for l in listeners {
         if l.ip().is_unspecified() {
@@ -157,19 +136,79 @@ pub fn syn_script(name: &str, listeners: &[SocketAddr]) -> String {
             }
         }
     }
-    let elems = |v: &[String]| {
-        if v.is_empty() {
-            String::new()
-        } else {
-            format!(" elements = {{ {} }}", v.join(", "))
-        }
-    };
+    (l4, l6, lany)
+}
+
+/// ` timeout Nms` of an element that lives for `lease` ("" for ever).
+fn element_timeout(lease: Option<Duration>) -> String {
+    lease.map_or_else(String::new, |d| {
+        format!(" timeout {}ms", d.as_millis().max(1))
+    })
+}
+
+/// ` elements = { ... }` of a set declaration ("" when empty).
+fn elements_clause(v: &[String], lease: Option<Duration>) -> String {
+    if v.is_empty() {
+        return String::new();
+    }
+    let t = element_timeout(lease);
+    let v: Vec<String> = v.iter().map(|e| format!("{e}{t}")).collect();
+    format!(" elements = {{ {} }}", v.join(", "))
+}
+
+/// `; flags timeout` of a set whose elements carry a lease.
+fn set_flags(lease: Option<Duration>) -> &'static str {
+    if lease.is_some() {
+        " flags timeout;"
+    } else {
+        ""
+    }
+}
+
+/// The nft script that creates table `name` for `set`.
+pub fn script(name: &str, set: &LockSet) -> String {
+    leased_script(name, set, None)
+}
+
+/// [`script`] whose elements expire after `lease` unless renewed
+/// ([`renew_many`]): the lock lifts by itself when its holder is gone.
+fn leased_script(name: &str, set: &LockSet, lease: Option<Duration>) -> String {
+    let (c4, c6) = conn_elements(set);
+    let f = set_flags(lease);
+    let mut s = format!("table inet {name} {{\n");
+    s += &format!(
+        "  set c4 {{ type ipv4_addr . inet_service . ipv4_addr . inet_service;{f}{} }}\n",
+        elements_clause(&c4, lease)
+    );
+    s += &format!(
+        "  set c6 {{ type ipv6_addr . inet_service . ipv6_addr . inet_service;{f}{} }}\n",
+        elements_clause(&c6, lease)
+    );
+    for (chain, hook) in [("in", "input"), ("out", "output")] {
+        s += &format!(
+            "  chain {chain} {{ type filter hook {hook} priority -160; policy accept;\n    ip saddr . tcp sport . ip daddr . tcp dport @c4 drop\n    ip6 saddr . tcp sport . ip6 daddr . tcp dport @c6 drop\n"
+        );
+        s += "  }\n";
+    }
+    s += "}\n";
+    s
+}
+
+/// The nft script of table `name` dropping new connection attempts (SYN)
+/// to the listening addresses `listeners` (an unspecified IP: any).
+pub fn syn_script(name: &str, listeners: &[SocketAddr]) -> String {
+    leased_syn_script(name, listeners, None)
+}
+
+fn leased_syn_script(name: &str, listeners: &[SocketAddr], lease: Option<Duration>) -> String {
+    let (l4, l6, lany) = listener_elements(listeners);
+    let f = set_flags(lease);
     let syn = "tcp flags & (syn | ack) == syn";
     format!(
-        "table inet {name} {{\n  set l4 {{ type ipv4_addr . inet_service;{} }}\n  set l6 {{ type ipv6_addr . inet_service;{} }}\n  set lany {{ type inet_service;{} }}\n  chain in {{ type filter hook input priority -160; policy accept;\n    {syn} ip daddr . tcp dport @l4 drop\n    {syn} ip6 daddr . tcp dport @l6 drop\n    {syn} tcp dport @lany drop\n  }}\n}}\n",
-        elems(&l4),
-        elems(&l6),
-        elems(&lany)
+        "table inet {name} {{\n  set l4 {{ type ipv4_addr . inet_service;{f}{} }}\n  set l6 {{ type ipv6_addr . inet_service;{f}{} }}\n  set lany {{ type inet_service;{f}{} }}\n  chain in {{ type filter hook input priority -160; policy accept;\n    {syn} ip daddr . tcp dport @l4 drop\n    {syn} ip6 daddr . tcp dport @l6 drop\n    {syn} tcp dport @lany drop\n  }}\n}}\n",
+        elements_clause(&l4, lease),
+        elements_clause(&l6, lease),
+        elements_clause(&lany, lease)
     )
 }
 
@@ -189,21 +228,102 @@ pub fn hold_listeners(pid: i32, name: &str, listeners: &[SocketAddr]) -> Result<
 
 /// Install several locks at once, in one nft transaction, in the network
 /// namespace of process `pid`: `(name, set)` each, as [`lock`] and
-/// [`hold_listeners`] (the listeners' table named `NAME_syn`) would.
-pub fn lock_many(pid: i32, locks: &[(String, LockSet)]) -> Result<()> {
+/// [`hold_listeners`] (the listeners' table named `NAME_syn`) would. With
+/// a `lease`, every element expires after it unless [`renew_many`] renews
+/// it: if the holder dies, the lock lifts by itself within the lease (the
+/// kernel's set timeouts; the emptied tables are swept by the holder's
+/// next start).
+pub fn lock_many(pid: i32, locks: &[(String, LockSet)], lease: Option<Duration>) -> Result<()> {
     let mut all = String::new();
     for (name, set) in locks {
         if !set.listeners.is_empty() {
-            all += &syn_script(&format!("{name}_syn"), &set.listeners);
+            all += &leased_syn_script(&format!("{name}_syn"), &set.listeners, lease);
         }
         if !set.conns.is_empty() {
-            all += &script(name, set);
+            all += &leased_script(name, set, lease);
         }
     }
     if all.is_empty() {
         return Ok(());
     }
     run_nft(Some(pid), &all, &format!("{} network locks", locks.len()))
+}
+
+/// Renew the lease of locks made by [`lock_many`] (in the network namespace
+/// of `pid`) for `lease` more, in one nft transaction: every element is
+/// deleted and added again with its new timeout (nft 1.0 cannot update a
+/// timeout in place; one transaction, so no packet ever sees the set
+/// without it). Fails, changing nothing, if an element expired meanwhile:
+/// the lease lapsed and the lock lifted.
+pub fn renew_many(pid: i32, locks: &[(String, LockSet)], lease: Duration) -> Result<()> {
+    refill(pid, locks, Some(lease), "delete element")
+}
+
+/// Make locks made by [`lock_many`] permanent (their elements no longer
+/// expire; those that did are back), in one nft transaction.
+pub fn keep_many(pid: i32, locks: &[(String, LockSet)]) -> Result<()> {
+    refill(pid, locks, None, "flush set")
+}
+
+/// `first` ("delete element": fails if one is gone; "flush set": empties
+/// the set) then every element added again with `lease`.
+fn refill(
+    pid: i32,
+    locks: &[(String, LockSet)],
+    lease: Option<Duration>,
+    first: &str,
+) -> Result<()> {
+    let t = element_timeout(lease);
+    let mut s = String::new();
+    let mut put = |table: &str, set: &str, v: &[String]| {
+        if v.is_empty() {
+            return;
+        }
+        if first == "flush set" {
+            s += &format!("flush set inet {table} {set}\n");
+        } else {
+            s += &format!("{first} inet {table} {set} {{ {} }}\n", v.join(", "));
+        }
+        let with: Vec<String> = v.iter().map(|e| format!("{e}{t}")).collect();
+        s += &format!("add element inet {table} {set} {{ {} }}\n", with.join(", "));
+    };
+    for (name, set) in locks {
+        let (c4, c6) = conn_elements(set);
+        put(name, "c4", &c4);
+        put(name, "c6", &c6);
+        let syn = format!("{name}_syn");
+        let (l4, l6, lany) = listener_elements(&set.listeners);
+        put(&syn, "l4", &l4);
+        put(&syn, "l6", &l6);
+        put(&syn, "lany", &lany);
+    }
+    if s.is_empty() {
+        return Ok(());
+    }
+    run_nft(
+        Some(pid),
+        &s,
+        &format!("renewing {} network locks", locks.len()),
+    )
+}
+
+/// The tables named `prefix*` in the network namespace of `pid` (None: ours).
+pub fn tables_named(pid: Option<i32>, prefix: &str) -> Result<Vec<String>> {
+    let out = nft_command(pid)
+        .args(["list", "tables", "inet"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| nft_failed("listing nft tables".into(), &e.to_string()))?;
+    if !out.status.success() {
+        return Err(nft_failed("listing nft tables".into(), "nft failed"));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("table inet "))
+        .map(|n| n.trim().to_string())
+        .filter(|n| n.starts_with(prefix))
+        .collect())
 }
 
 /// Install lock `name` for `set` in the network namespace of process `pid`.
@@ -287,6 +407,41 @@ pub fn guard_resets(conns: &[(SocketAddr, SocketAddr)], secs: u32) -> Result<()>
     run_nft(None, &s, "installing the reset guard")
 }
 
+/// Remove the leased locks (tables `prefix*` whose sets expire: a
+/// session's, never an image's, which are permanent) of our namespace:
+/// what an agent that died left; their names.
+pub fn remove_leased(prefix: &str) -> Result<Vec<String>> {
+    let mut gone = Vec::new();
+    for t in tables_named(None, prefix)? {
+        let out = nft_command(None)
+            .args(["list", "table", "inet", &t])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|e| nft_failed(format!("listing nft table {t}"), &e.to_string()))?;
+        if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("flags timeout") {
+            unlock(None, &t)?;
+            gone.push(t);
+        }
+    }
+    Ok(gone)
+}
+
+/// Remove the reset guard's table of our namespace once every element has
+/// expired (nothing left to guard); whether it was removed.
+pub fn remove_idle_guard() -> Result<bool> {
+    let out = nft_command(None)
+        .args(["list", "table", "inet", GUARD_TABLE])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| nft_failed("listing the reset guard".into(), &e.to_string()))?;
+    if !out.status.success() || String::from_utf8_lossy(&out.stdout).contains("elements") {
+        return Ok(false);
+    }
+    unlock(None, GUARD_TABLE)
+}
+
 fn table_exists(pid: Option<i32>, name: &str) -> bool {
     nft_command(pid)
         .args(["list", "table", "inet", name])
@@ -326,6 +481,26 @@ mod tests {
         assert!(s.contains("::1 . 6000 . ::1 . 50000"));
         // IPv4-mapped addresses are matched as the IPv4 packets they are.
         assert!(s.contains("10.0.0.3 . 7001 . 10.0.0.1 . 7000"));
+    }
+
+    #[test]
+    fn leased_locks_expire_and_renew_in_one_transaction() {
+        let set = LockSet {
+            conns: vec![(
+                "10.0.0.1:5000".parse().unwrap(),
+                "10.0.0.2:40000".parse().unwrap(),
+            )],
+            listeners: vec!["0.0.0.0:5000".parse().unwrap()],
+        };
+        let s = leased_script("t", &set, Some(Duration::from_secs(4)));
+        assert!(s.contains("flags timeout;"), "{s}");
+        assert!(
+            s.contains("10.0.0.1 . 5000 . 10.0.0.2 . 40000 timeout 4000ms"),
+            "{s}"
+        );
+        let s = leased_syn_script("t_syn", &set.listeners, Some(Duration::from_secs(4)));
+        assert!(s.contains("elements = { 5000 timeout 4000ms }"), "{s}");
+        assert!(!script("t", &set).contains("timeout"));
     }
 
     #[test]

@@ -131,6 +131,49 @@ pub fn wait_raw(tid: i32, flags: i32) -> std::result::Result<(i32, i32), Errno> 
 /// How long [`Tracee::kill_and_reap`] waits for the killed thread group.
 pub const KILL_REAP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a tracee may take to reach a ptrace-stop (after PTRACE_INTERRUPT,
+/// a resumed injected system call, a signal delivery): every wait of a
+/// tracer has a deadline, so a thread stuck in the kernel can never hang
+/// the tracer for good.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why a bounded wait returned without a status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitFailed {
+    /// waitpid failed (ECHILD: not ours, or reaped by someone else).
+    Errno(Errno),
+    /// Nothing came before the deadline.
+    Timeout,
+}
+
+/// waitpid(`tid`, `flags` | WNOHANG | __WALL) until it reports a status or
+/// `timeout` passes; the raw status. Statuses come within microseconds of
+/// the event almost always, so the first polls only yield the CPU; later
+/// ones sleep (up to 1 ms). A blocking waitpid cannot be given a deadline,
+/// and one waiting forever is how a tracer hangs for good.
+pub fn wait_timed(tid: i32, flags: i32, timeout: Duration) -> std::result::Result<i32, WaitFailed> {
+    let deadline = Instant::now() + timeout;
+    let mut polls = 0u32;
+    let mut pause = Duration::from_micros(20);
+    loop {
+        match wait_raw(tid, flags | libc::WNOHANG) {
+            Ok((0, _)) => {}
+            Ok((_, status)) => return Ok(status),
+            Err(e) => return Err(WaitFailed::Errno(e)),
+        }
+        if Instant::now() >= deadline {
+            return Err(WaitFailed::Timeout);
+        }
+        polls += 1;
+        if polls < 200 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
 /// Kill process `pid` (SIGKILL, the whole thread group) whose attached
 /// threads are `tracees`, and collect the exit of every one of them, in
 /// whatever order the kernel reports them. Returns the TIDs whose exit did
@@ -186,6 +229,26 @@ pub fn kill_and_reap_all(pid: i32, tracees: Vec<Tracee>, timeout: Duration) -> V
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// The exit of the child behind `pidfd`, if it has exited: reaped, as a
+/// shell shows it (the exit code, or 128 + the signal). `None` while it
+/// runs. Only exits are asked for (WEXITED, never WSTOPPED): a child in a
+/// job-control stop is not reported, and the stops of a child that one of
+/// our threads traces must never be waited for here (its tracer waits for
+/// them: a caller lets a traced child alone, see the agent's reaper).
+pub fn reap_exited(pidfd: std::os::fd::BorrowedFd<'_>) -> std::result::Result<Option<i32>, Errno> {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG;
+    loop {
+        return match waitid(Id::PIDFd(pidfd), flags) {
+            Ok(WaitStatus::Exited(_, code)) => Ok(Some(code)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => Ok(Some(128 + sig as i32)),
+            Ok(_) => Ok(None),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => Err(e.into()),
+        };
     }
 }
 
@@ -275,11 +338,17 @@ impl Tracee {
         }
     }
 
-    /// Wait for the next ptrace-stop of this tracee.
+    /// Wait for the next ptrace-stop of this tracee (at most [`STOP_TIMEOUT`]).
     pub fn wait_stop(&mut self) -> Result<Stop> {
-        let (_, status) = wait_raw(self.tid, 0).map_err(|source| SysError::Wait {
-            tid: self.tid,
-            source,
+        let status = wait_timed(self.tid, 0, STOP_TIMEOUT).map_err(|e| match e {
+            WaitFailed::Errno(source) => SysError::Wait {
+                tid: self.tid,
+                source,
+            },
+            WaitFailed::Timeout => SysError::StopTimeout {
+                tid: self.tid,
+                secs: STOP_TIMEOUT.as_secs(),
+            },
         })?;
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
             self.attached = false;
@@ -485,26 +554,48 @@ impl Tracee {
         kill_and_reap_all(pid, vec![self], KILL_REAP_TIMEOUT);
     }
 
-    /// Kill a restore stub; every child of ours is a stub we may reap.
+    /// Kill a restore stub and reap it (within [`KILL_REAP_TIMEOUT`]).
+    ///
+    /// PID 1 of a PID namespace only finishes dying once its (traced)
+    /// children are reaped, so whatever this thread traces or fathered
+    /// that exits meanwhile is reaped too: `__WNOTHREAD` keeps the wait to
+    /// this thread's own tracees and children (the stubs of this restore),
+    /// never another thread's (another session's tracees, or processes a
+    /// reaper watches), and WNOHANG with a deadline keeps it bounded.
     fn kill_inner(&mut self) {
         if !self.attached {
             return;
         }
+        self.attached = false;
         let _ = kill(self.tid, libc::SIGKILL);
-        // PID 1 of a PID namespace only finishes dying once its (traced)
-        // children are reaped, so reap whatever of ours exits meanwhile.
+        let deadline = Instant::now() + KILL_REAP_TIMEOUT;
+        let mut pause = Duration::from_micros(50);
         loop {
-            match wait_raw(-1, 0) {
-                Ok((pid, _)) if pid == self.tid => break,
-                Ok(_) => continue,
-                Err(_) => {
-                    // Not our child (or already gone): wait for it directly.
-                    let _ = wait_raw(self.tid, 0);
+            match wait_raw(self.tid, libc::WNOHANG) {
+                Ok((0, _)) => {}
+                Ok((_, st)) if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) => return,
+                Ok(_) => {}
+                Err(_) => return, // not ours any more, or gone
+            }
+            // Reap this thread's other exited stubs (never blocking).
+            while let Ok((p, _)) = wait_raw(-1, libc::WNOHANG | libc::__WNOTHREAD) {
+                if p <= 0 {
                     break;
                 }
+                if p == self.tid {
+                    return;
+                }
             }
+            if Instant::now() >= deadline {
+                warn!(
+                    tid = self.tid,
+                    "a killed restore stub was not reaped in time"
+                );
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
         }
-        self.attached = false;
     }
 }
 

@@ -66,6 +66,8 @@ pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(30);
 pub const CRCTL_TIMEOUT: Duration = Duration::from_secs(90);
 /// Deadline for a ring to be up and for it to advance.
 pub const RING_TIMEOUT: Duration = Duration::from_secs(20);
+/// Name of the administrator's certificate crctl uses.
+pub const ADMIN: &str = "admin";
 /// Time between two polls that run a command (crctl).
 pub const POLL_PERIOD: Duration = Duration::from_millis(200);
 
@@ -371,6 +373,10 @@ impl<'h> Cluster<'h> {
             if let Some(ip) = ip {
                 args.extend(["--ip", ip.as_str()]);
             }
+            // crctl's certificate is an administrator's.
+            if name == ADMIN {
+                args.push("--admin");
+            }
             self.crctl_local(&args).assert_success("crctl pki issue");
             for ext in ["crt", "key"] {
                 let f = dir.join(format!("{name}.{ext}"));
@@ -520,6 +526,12 @@ impl<'h> Cluster<'h> {
     /// Starts cr-coordinatord on `10.99.0.254:7170` with `DIR/coord.redb`
     /// (kept across restarts) and waits until `crctl status` answers.
     pub fn start_coordinator(&self) {
+        self.start_coordinator_with(&[], &[]);
+    }
+
+    /// [`Cluster::start_coordinator`] with extra environment (e.g.
+    /// `CR_COORD_FAULT`) and flags.
+    pub fn start_coordinator_with(&self, env: &[(String, String)], extra: &[&str]) {
         assert!(
             self.coordinator.borrow().is_none(),
             "the coordinator is already running"
@@ -537,6 +549,8 @@ impl<'h> Cluster<'h> {
             "--key".into(),
             p("cr-coordinatord.key"),
         ];
+        let mut args = args;
+        args.extend(extra.iter().map(OsString::from));
         let log = self.coordinator_log();
         self.log_mark(&log, "starting cr-coordinatord");
         let sp = self.spawn_in(
@@ -544,7 +558,7 @@ impl<'h> Cluster<'h> {
             "cr-coordinatord",
             &tool_path("cr-coordinatord"),
             &args,
-            &self.daemon_env(&[]),
+            &self.daemon_env(env),
             (&log, &log),
         );
         *self.coordinator.borrow_mut() = Some(Daemon { proc: sp.proc, log });
@@ -589,6 +603,31 @@ impl<'h> Cluster<'h> {
             describe(proc.pid)
         );
         self.log_mark(&d.log, "cr-coordinatord killed (SIGKILL)");
+    }
+
+    /// Cuts node `k` off the bridge (`ip link set eth0 down` in its
+    /// namespace): its agent and members reach nobody, nobody reaches them.
+    pub fn cut_link(&self, k: usize) {
+        self.ns(k).ip(&["link", "set", "eth0", "down"]);
+    }
+
+    /// Joins node `k` to the bridge again (and its route to the subnet).
+    pub fn restore_link(&self, k: usize) {
+        self.ns(k).ip(&["link", "set", "eth0", "up"]);
+    }
+
+    /// The nft tables of node `k`'s namespace (`inet NAME` lines' names).
+    pub fn nft_tables(&self, k: usize) -> Vec<String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns(k).name, "nft", "list", "tables"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run nft list tables");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("table "))
+            .map(|t| t.split_whitespace().last().unwrap_or("").to_string())
+            .collect()
     }
 
     /// The coordinator's PID, if it runs.
@@ -789,6 +828,10 @@ impl<'h> Cluster<'h> {
     // -----------------------------------------------------------------------
 
     fn crctl_args(&self, args: &[&str]) -> Vec<OsString> {
+        self.crctl_args_as(ADMIN, args)
+    }
+
+    fn crctl_args_as(&self, cert: &str, args: &[&str]) -> Vec<OsString> {
         let p = |n: &str| self.pki.join(n).into_os_string();
         let mut v: Vec<OsString> = vec![
             "--coordinator".into(),
@@ -796,9 +839,9 @@ impl<'h> Cluster<'h> {
             "--ca".into(),
             p("ca.crt"),
             "--cert".into(),
-            p("admin.crt"),
+            p(&format!("{cert}.crt")),
             "--key".into(),
-            p("admin.key"),
+            p(&format!("{cert}.key")),
         ];
         v.extend(args.iter().map(OsString::from));
         v
@@ -845,6 +888,24 @@ impl<'h> Cluster<'h> {
             &tool_path("crctl"),
             &self.crctl_args(args),
         )
+    }
+
+    /// `crctl ARGS...` with the certificate `cert` of the cluster's pki
+    /// (e.g. a node's) instead of the administrator's.
+    pub fn crctl_as(&self, cert: &str, args: &[&str]) -> ToolOutput {
+        self.run_to_end(
+            Some(&self.coord_ns),
+            &format!("crctl-as-{cert}"),
+            &tool_path("crctl"),
+            &self.crctl_args_as(cert, args),
+        )
+    }
+
+    /// `crctl ARGS...` exactly as given (no address, no certificate added),
+    /// in the coordinator's namespace.
+    pub fn crctl_raw(&self, args: &[&str]) -> ToolOutput {
+        let a: Vec<OsString> = args.iter().map(OsString::from).collect();
+        self.run_to_end(Some(&self.coord_ns), "crctl-raw", &tool_path("crctl"), &a)
     }
 
     /// `crctl ARGS...` for polls (its output files are reused).

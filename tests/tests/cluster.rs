@@ -757,3 +757,174 @@ fn periodic_incremental_with_retention() {
     ring.assert_on_nodes(&PLACEMENT, "after the restart from an incremental chain");
     ring.assert_no_fail();
 }
+
+/// `Coordinator.Register` of node `node` made from n3's namespace with the
+/// certificate `cert` of the cluster's pki; the status code (Ok: None).
+fn register_as(c: &Cluster, cert: &str, node: &str) -> Option<tonic::Code> {
+    let files = TlsFiles {
+        ca: Some(c.pki.join("ca.crt")),
+        cert: Some(c.pki.join(format!("{cert}.crt"))),
+        key: Some(c.pki.join(format!("{cert}.key"))),
+        insecure: false,
+    };
+    let node = node.to_string();
+    c.ns(3).run(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        rt.block_on(async move {
+            let sec = Security::load(&files).expect("certificates");
+            let addr = format!(
+                "{}:{}",
+                cr_tests::cluster::COORDINATOR_IP,
+                cr_tests::cluster::COORDINATOR_PORT
+            );
+            let ch = cr_rpc::channel::connect(
+                &addr,
+                &sec,
+                cr_rpc::COORDINATOR_NAME,
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("a channel to the coordinator");
+            let mut cl = cr_rpc::pb::coordinator_client::CoordinatorClient::new(ch);
+            let req = cr_rpc::pb::RegisterRequest {
+                node,
+                agent_addr: format!("{}:{AGENT_PORT}", node_ip(3)),
+                addresses: vec![node_ip(3)],
+                version: "test".into(),
+                ..Default::default()
+            };
+            match cl.register(req).await {
+                Ok(_) => None,
+                Err(s) => Some(s.code()),
+            }
+        })
+    })
+}
+
+/// Identities are bound to certificates: a node's certificate registers
+/// only its own node (n3's cannot take over n1, which stays pointed at its
+/// agent), the administrator's registers no node, a node's certificate is
+/// refused for administration (crctl says so in one line), and an agent
+/// takes calls only from the coordinator's certificate.
+#[test]
+fn identities_bound_to_certificates() {
+    let h = Harness::new("cluster-identity");
+    let c = cluster(&h);
+    let before = c.crctl_json(&["nodes"]);
+    let addr_of = |v: &Value, n: &str| {
+        jlist(v, "nodes")
+            .into_iter()
+            .find(|x| jstr(x, "name") == n)
+            .map(|x| jstr(x, "agent_addr"))
+    };
+    // n3's certificate registering as n1.
+    let code = register_as(&c, "n3", "n1");
+    assert_eq!(
+        code,
+        Some(tonic::Code::PermissionDenied),
+        "Register of n1 with n3's certificate must be refused\n{}",
+        c.diag()
+    );
+    // The administrator's certificate registering any node.
+    let code = register_as(&c, "admin", "n9");
+    assert_eq!(
+        code,
+        Some(tonic::Code::PermissionDenied),
+        "Register with the administrator's certificate must be refused"
+    );
+    // n3's own certificate registering n3 is fine.
+    assert_eq!(register_as(&c, "n3", "n3"), None, "n3 registers as n3");
+    let after = c.crctl_json(&["nodes"]);
+    assert_eq!(
+        addr_of(&before, "n1"),
+        addr_of(&after, "n1"),
+        "n1 must still point at its own agent: {after:#}"
+    );
+    assert!(
+        jlist(&after, "nodes")
+            .iter()
+            .all(|x| jstr(x, "name") != "n9"),
+        "no node n9: {after:#}"
+    );
+    // A node's certificate used for administration.
+    let out = c.crctl_as("n1", &["jobs"]);
+    let line = out.assert_error(
+        "crctl jobs with n1's certificate",
+        CRCTL_ERR,
+        &["administrator"],
+    );
+    eprintln!("crctl with a node's certificate: {line}");
+    // An agent called with the administrator's certificate.
+    let (outcome, said) = call_agent(&c, 1, &c.pki);
+    assert!(
+        outcome == Outcome::Answered && said.contains("PermissionDenied"),
+        "an agent must refuse a call made with the administrator's certificate: {said}"
+    );
+}
+
+/// crctl's errors are one line, never a raw transport or TLS message: the
+/// coordinator down, plain TCP against TLS, a certificate of another CA.
+#[test]
+fn crctl_errors_are_one_line() {
+    let h = Harness::new("cluster-errors");
+    let c = Cluster::new(&h, 1);
+    c.start_coordinator();
+    let other: PathBuf = h.dir.join("pki-other");
+    c.make_pki(&other, &[("admin".to_string(), None)]);
+    let addr = format!(
+        "{}:{}",
+        cr_tests::cluster::COORDINATOR_IP,
+        cr_tests::cluster::COORDINATOR_PORT
+    );
+    let runs: Vec<(&str, ToolOutputArgs)> = vec![
+        (
+            "--insecure against TLS",
+            vec![
+                "--coordinator".into(),
+                addr.clone(),
+                "--insecure".into(),
+                "status".into(),
+            ],
+        ),
+        (
+            "a certificate of another CA",
+            vec![
+                "--coordinator".into(),
+                addr.clone(),
+                "--ca".into(),
+                c.pki.join("ca.crt").display().to_string(),
+                "--cert".into(),
+                other.join("admin.crt").display().to_string(),
+                "--key".into(),
+                other.join("admin.key").display().to_string(),
+                "status".into(),
+            ],
+        ),
+    ];
+    for (what, args) in runs {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = c.crctl_raw(&a);
+        let line = out.assert_error(what, CRCTL_ERR, &["coordinator"]);
+        assert!(
+            !line.contains("transport error")
+                && !line.contains("https://")
+                && !line.to_lowercase().contains("rustls")
+                && !line.contains("broken pipe"),
+            "{what}: crctl should say in words what is wrong: {line}"
+        );
+        eprintln!("{what}: {line}");
+    }
+    c.kill_coordinator();
+    let out = c.crctl(&["status"]);
+    let line = out.assert_error(
+        "the coordinator down",
+        CRCTL_ERR,
+        &["coordinator", "refused"],
+    );
+    eprintln!("coordinator down: {line}");
+}
+
+type ToolOutputArgs = Vec<String>;

@@ -7,6 +7,9 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// Default lease of a session's network locks.
+pub const DEFAULT_LOCK_LEASE_MS: u64 = 4000;
+
 /// The file as written; every key optional.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +24,7 @@ pub struct FileConfig {
     pub state_dir: Option<PathBuf>,
     pub addresses: Option<Vec<String>>,
     pub heartbeat_ms: Option<u64>,
+    pub lock_lease_ms: Option<u64>,
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
@@ -42,6 +46,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub addresses: Vec<String>,
     pub heartbeat_ms: u64,
+    /// Lease of a session's network locks: they lift by themselves this
+    /// long after the agent stopped renewing them (it died).
+    pub lock_lease_ms: u64,
     pub tls: TlsFiles,
 }
 
@@ -113,6 +120,7 @@ impl Config {
                 .unwrap_or_else(|| PathBuf::from("/run/cr/agent")),
             addresses,
             heartbeat_ms: f.heartbeat_ms.unwrap_or(1000).max(50),
+            lock_lease_ms: f.lock_lease_ms.unwrap_or(DEFAULT_LOCK_LEASE_MS).max(400),
             tls: TlsFiles {
                 ca: f.ca,
                 cert: f.cert,

@@ -12,9 +12,10 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
-/// Heartbeats missed in a row after which the sessions in progress are
-/// aborted: the coordinator that drives them is gone, and the processes
-/// must not stay frozen until the sessions' own timeout.
+/// Heartbeat periods without a reply of the coordinator after which the
+/// sessions in progress are aborted: the coordinator that drives them is
+/// gone (or cut off), and the processes must not stay frozen until the
+/// sessions' freeze bound.
 const LOST_AFTER: u32 = 3;
 
 pub async fn run(shared: Arc<Shared>, sec: Security) {
@@ -39,8 +40,12 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
     let mut client = CoordinatorClient::new(channel);
     let mut registered = false;
     let mut last_err: Option<String> = None;
-    let mut missed = 0u32;
+    let mut last_ok = std::time::Instant::now();
+    let mut lost = false;
     loop {
+        // A heartbeat waits at most two periods (at least a second): a cut
+        // link is noticed within LOST_AFTER periods, not after RPC_TIMEOUTs.
+        let rpc_timeout = (period * 2).clamp(Duration::from_secs(1), RPC_TIMEOUT);
         shared.members.sweep();
         let (members, generation) = shared.members.snapshot();
         let res = if registered {
@@ -49,7 +54,7 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
                 members,
                 generation,
             });
-            req.set_timeout(RPC_TIMEOUT);
+            req.set_timeout(rpc_timeout);
             client.heartbeat(req).await.map(|r| {
                 if r.into_inner().register_again {
                     info!("the coordinator does not know this node: registering again");
@@ -81,15 +86,16 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
         };
         match res {
             Ok(()) => {
-                missed = 0;
+                last_ok = std::time::Instant::now();
+                lost = false;
                 if last_err.take().is_some() {
                     info!(coordinator = addr, "the coordinator answers again");
                 }
             }
             Err(s) => {
                 registered = false;
-                missed += 1;
-                if missed == LOST_AFTER {
+                if !lost && last_ok.elapsed() >= period * LOST_AFTER {
+                    lost = true;
                     for id in shared.sessions.ids() {
                         warn!(
                             session = id,
@@ -97,7 +103,7 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
                         );
                         let sh = shared.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = sh.sessions.abort(&id).await {
+                            if let Err(e) = sh.sessions.let_go(&id).await {
                                 warn!(session = id, error = e, "abort failed");
                             }
                         });

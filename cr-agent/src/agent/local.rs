@@ -79,7 +79,10 @@ impl pb::local_server::Local for LocalService {
         opts.parent = parent;
         opts.workers = opts.workers.or(Some(self.shared.workers));
         tracing::info!(pid = root, dir = %dir.display(), uid = who.uid, "local checkpoint");
+        // One owner of a traced process: the reaper lets it alone meanwhile.
+        let loan = self.shared.reaper.lend(&[root]);
         let s = blocking(move || {
+            let _loan = loan;
             let s = capture::checkpoint(root, &opts).map_err(|e| cr_sys::error::one_line(&e))?;
             who.give(&dir);
             Ok(s)

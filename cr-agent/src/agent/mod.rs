@@ -8,6 +8,8 @@
 
 pub mod authz;
 pub mod config;
+pub mod fault;
+pub mod leases;
 pub mod link;
 pub mod local;
 pub mod members;
@@ -30,6 +32,8 @@ pub struct Shared {
     pub members: members::Members,
     pub sessions: sessions::Sessions,
     pub reaper: Arc<reaper::Reaper>,
+    /// Leases of the sessions' network locks.
+    pub leases: Arc<leases::Leases>,
     /// Threads copying pages in a dump or restore.
     pub workers: usize,
     /// Wakes the link to report a membership change at once.
@@ -58,6 +62,19 @@ fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, Strin
     Ok(l)
 }
 
+/// How long a stop waits for each session in progress to abort.
+const STOP_ABORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Await every future (the agent has no futures-util of its own).
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
+    futs: impl IntoIterator<Item = F>,
+) {
+    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    for h in handles {
+        let _ = h.await;
+    }
+}
+
 /// Run the agent until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> Result<(), String> {
     let sec = Security::load(&config.tls).map_err(|e| e.to_string())?;
@@ -72,11 +89,13 @@ pub async fn serve(config: Config) -> Result<(), String> {
         members: members::Members::load(&config.state_dir),
         sessions: sessions::Sessions::default(),
         reaper: Arc::new(reaper::Reaper::default()),
+        leases: leases::Leases::new(Duration::from_millis(config.lock_lease_ms)),
         workers,
         wake: Notify::new(),
         config,
     });
     shared.reaper.spawn(Duration::from_millis(100));
+    shared.leases.spawn();
     let cfg = &shared.config;
 
     let uds = bind_socket(&cfg.socket)?;
@@ -124,10 +143,23 @@ pub async fn serve(config: Config) -> Result<(), String> {
     info!(signal = sig, "stopping");
     link.abort();
     // Sessions in progress end as an abort would: the processes run on.
-    for id in shared.sessions.ids() {
-        if let Err(e) = shared.sessions.abort(&id).await {
-            warn!(session = id, error = e, "aborting a session at shutdown");
+    // All at once, and bounded: a session that does not answer in time is
+    // left to the exit (its tracees are detached by the kernel) and to the
+    // sweep below (its locks and uncommitted images go).
+    let aborts = shared.sessions.ids().into_iter().map(|id| {
+        let sh = shared.clone();
+        async move {
+            match tokio::time::timeout(STOP_ABORT_TIMEOUT, sh.sessions.let_go(&id)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(session = id, error = e, "aborting a session at shutdown"),
+                Err(_) => warn!(session = id, "a session did not end in time at shutdown"),
+            }
         }
+    });
+    futures_join_all(aborts).await;
+    if shared.sessions.count() > 0 {
+        let dir = shared.config.state_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || sessions::sweep(&dir)).await;
     }
     let _ = stop_tx.send(true);
     let wait = tokio::time::timeout(Duration::from_secs(5), async {

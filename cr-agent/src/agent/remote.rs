@@ -12,6 +12,23 @@ pub struct AgentService {
     pub shared: Arc<Shared>,
 }
 
+/// Only the coordinator drives an agent: a client certificate must name the
+/// coordinator's TLS name (none in insecure mode).
+fn from_coordinator<T>(shared: &Shared, req: &Request<T>) -> Result<(), Status> {
+    let name = &shared.config.coordinator_name;
+    match cr_rpc::identity::of_request(req)? {
+        None => Ok(()),
+        Some(p) if p.names(name) && !p.is_admin() => Ok(()),
+        Some(p) => {
+            tracing::warn!(peer = %p.describe(), "call refused: not the coordinator");
+            Err(Status::permission_denied(format!(
+                "only the coordinator ({name}) may call this agent; this is {}",
+                p.describe()
+            )))
+        }
+    }
+}
+
 fn failed(e: String) -> Status {
     Status::aborted(e)
 }
@@ -64,6 +81,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::PrepareRequest>,
     ) -> Result<Response<pb::PrepareReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(sessions::prepare(self.shared.clone(), req.into_inner()).await)
     }
 
@@ -71,6 +89,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::SessionRequest>,
     ) -> Result<Response<pb::DumpReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(self.shared.sessions.dump(&req.into_inner().session).await)
     }
 
@@ -78,6 +97,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::SessionRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(self
             .shared
             .sessions
@@ -87,27 +107,31 @@ impl pb::agent_server::Agent for AgentService {
     }
 
     async fn abort(&self, req: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
-        ok(self
-            .shared
-            .sessions
-            .abort(&req.into_inner().session)
-            .await
-            .map(|_| pb::Empty {}))
+        from_coordinator(&self.shared, &req)?;
+        let id = req.into_inner().session;
+        let r = self.shared.sessions.abort(&id).await;
+        sessions::forget_in_doubt(&self.shared.config.state_dir, &id, true);
+        ok(r.map(|_| pb::Empty {}))
     }
 
     async fn finish(
         &self,
         req: Request<pb::FinishRequest>,
     ) -> Result<Response<pb::FinishReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         let r = req.into_inner();
         let after = pb::After::try_from(r.after).unwrap_or(pb::After::Continue);
-        ok(self.shared.sessions.finish(&r.session, after).await)
+        let res = self.shared.sessions.finish(&r.session, after).await;
+        // Committed: images kept in doubt by a session that ended alone stay.
+        sessions::forget_in_doubt(&self.shared.config.state_dir, &r.session, false);
+        ok(res)
     }
 
     async fn restore(
         &self,
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         ok(sessions::restore(self.shared.clone(), req.into_inner()).await)
     }
 
@@ -115,6 +139,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         req: Request<pb::SessionRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
         let r = self
             .shared
             .sessions
@@ -125,6 +150,7 @@ impl pb::agent_server::Agent for AgentService {
     }
 
     async fn remove(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
+        from_coordinator(&self.shared, &req)?;
         let dirs = req
             .into_inner()
             .dirs
@@ -154,6 +180,7 @@ impl pb::agent_server::Agent for AgentService {
     }
 
     async fn unlock(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
+        from_coordinator(&self.shared, &req)?;
         let dirs = req.into_inner().dirs;
         tokio::task::spawn_blocking(move || {
             for d in dirs {

@@ -8,13 +8,25 @@
 //! its images are removed), a committed one lets its processes run on, a
 //! restore that was not released kills what it built.
 //!
+//! Bounds. A checkpoint session's members stay frozen at most its freeze
+//! bound (PrepareRequest.freeze_timeout_ms, from the start of PREPARE):
+//! past it the session aborts on its own (or, once committed, lets its
+//! processes run on: a --kill is never carried out by the agent alone).
+//! Its network locks are leased ([`super::leases`]): renewed while the
+//! session holds them, they lift by themselves within the lease if the
+//! agent dies. Every wait on a traced thread has a deadline
+//! (`cr_sys::ptrace::STOP_TIMEOUT`). The processes a session traces are
+//! lent to it by the reaper (one owner of each traced process).
+//!
+//! A member that exits during a checkpoint is dropped from it (reported
+//! as `gone`), not a reason to abort.
+//!
 //! While a checkpoint session holds the network lock or has written images,
 //! `state_dir/sessions/ID.json` names them; an agent that was killed finds
 //! them at its next start ([`sweep`]) and removes the lock and the
 //! uncommitted images, so its processes' connections flow again.
 
-use super::members;
-use super::Shared;
+use super::{fault, members, Shared};
 use cr_engine::capture::{self, Held};
 use cr_engine::options::{Action, CheckpointOptions, RestoreOptions};
 use cr_rpc::pb;
@@ -33,7 +45,11 @@ type Reply<T> = oneshot::Sender<Result<T, String>>;
 enum Cmd {
     Dump(Reply<pb::DumpReply>),
     Commit(Reply<()>),
-    Abort(Reply<()>),
+    /// ABORT: `true` when the coordinator decided it (the images go),
+    /// `false` when the agent ends it alone (at a stop, or having lost the
+    /// coordinator: images already written stay until the coordinator
+    /// decides, see [`forget_in_doubt`]).
+    Abort(bool, Reply<()>),
     Finish(pb::After, Reply<pb::FinishReply>),
     Release(Reply<pb::ReleaseReply>),
 }
@@ -43,20 +59,46 @@ impl Cmd {
         match self {
             Cmd::Dump(_) => "DUMP",
             Cmd::Commit(_) => "COMMIT",
-            Cmd::Abort(_) => "ABORT",
+            Cmd::Abort(..) => "ABORT",
             Cmd::Finish(..) => "FINISH",
             Cmd::Release(_) => "RELEASE",
         }
     }
 }
 
-/// The sessions in progress, by id.
+/// Sessions remembered after they ended (for a late FINISH or ABORT).
+const ENDED_KEPT: usize = 256;
+
+/// The sessions in progress, by id, and how the last ones ended.
 #[derive(Default)]
 pub struct Sessions {
     map: Mutex<HashMap<String, mpsc::Sender<Cmd>>>,
+    ended: Mutex<std::collections::VecDeque<(String, String)>>,
 }
 
 impl Sessions {
+    /// Remember how session `id` ended ("its processes run on", ...).
+    fn ended(&self, id: &str, how: String) {
+        let mut e = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        e.push_back((id.to_string(), how));
+        while e.len() > ENDED_KEPT {
+            e.pop_front();
+        }
+    }
+
+    fn how_ended(&self, id: &str) -> Option<String> {
+        let e = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        e.iter()
+            .rev()
+            .find(|(i, _)| i == id)
+            .map(|(_, h)| h.clone())
+    }
+
+    /// Sessions in progress (for leak checks).
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, mpsc::Sender<Cmd>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -87,7 +129,10 @@ impl Sessions {
             .lock()
             .get(id)
             .cloned()
-            .ok_or_else(|| format!("no session {id} on this node (it ended or timed out)"))?;
+            .ok_or_else(|| match self.how_ended(id) {
+                Some(how) => format!("session {id} is over on this node: {how}"),
+                None => format!("no session {id} on this node (it ended or timed out)"),
+            })?;
         sender
             .send(cmd)
             .map_err(|_| format!("session {id} ended before {name}"))?;
@@ -101,32 +146,28 @@ impl Sessions {
     pub async fn commit(&self, id: &str) -> Result<(), String> {
         self.send(id, Cmd::Commit).await
     }
-    /// Abort; a session that no longer exists is already undone.
+    /// The coordinator's ABORT; a session that no longer exists is already
+    /// undone.
     pub async fn abort(&self, id: &str) -> Result<(), String> {
         if !self.lock().contains_key(id) {
             return Ok(());
         }
-        self.send(id, Cmd::Abort).await
+        self.send(id, |r| Cmd::Abort(true, r)).await
+    }
+
+    /// End a session without the coordinator (stop, lost coordinator): the
+    /// processes run on; images already written stay, in doubt.
+    pub async fn let_go(&self, id: &str) -> Result<(), String> {
+        if !self.lock().contains_key(id) {
+            return Ok(());
+        }
+        self.send(id, |r| Cmd::Abort(false, r)).await
     }
     pub async fn finish(&self, id: &str, after: pb::After) -> Result<pb::FinishReply, String> {
         self.send(id, |r| Cmd::Finish(after, r)).await
     }
     pub async fn release(&self, id: &str) -> Result<pb::ReleaseReply, String> {
         self.send(id, Cmd::Release).await
-    }
-}
-
-/// Fault hook for tests: `CR_AGENT_FAULT=prepare-hang`.
-fn fault_hang(stage: &str) {
-    if std::env::var("CR_AGENT_FAULT").as_deref() != Ok(stage) {
-        return;
-    }
-    warn!(stage, "fault injected: hanging here");
-    if let Some(f) = std::env::var_os("CR_AGENT_FAULT_FILE") {
-        let _ = std::fs::write(f, stage);
-    }
-    loop {
-        std::thread::park();
     }
 }
 
@@ -151,7 +192,20 @@ impl Record {
     }
 
     fn write(&self, locks: &[String], dirs: &[PathBuf]) {
-        let v = json!({"locks": locks, "dirs": dirs});
+        self.write_as(locks, dirs, false)
+    }
+
+    /// After a DUMP that succeeded, before COMMIT: the images may be part
+    /// of a checkpoint the coordinator commits (it may have, if it cannot
+    /// tell us): kept until an ABORT says otherwise ([`forget_in_doubt`]).
+    fn write_in_doubt(&self, locks: &[String], dirs: &[PathBuf]) {
+        self.write_as(locks, dirs, true)
+    }
+
+    fn write_as(&self, locks: &[String], dirs: &[PathBuf], in_doubt: bool) {
+        let mut all: Vec<String> = locks.to_vec();
+        all.extend(locks.iter().map(|l| format!("{l}_syn")));
+        let v = json!({"locks": all, "dirs": dirs, "in_doubt": in_doubt});
         if let Err(e) = std::fs::write(&self.path, v.to_string()) {
             warn!(path = %self.path.display(), error = %e, "cannot record the session");
         }
@@ -162,8 +216,17 @@ impl Record {
     }
 }
 
-/// At start: undo what sessions of an agent that died left behind.
+/// At start (and at a stop that could not end every session): undo what
+/// sessions of an agent that died left behind: their network locks and
+/// uncommitted images, and any leased lock left in our namespace.
 pub fn sweep(state_dir: &Path) {
+    match cr_sys::netlock::remove_leased("cr_lock_") {
+        Ok(gone) if !gone.is_empty() => {
+            info!(locks = ?gone, "removed the leased network locks a dead agent left")
+        }
+        Ok(_) => {}
+        Err(e) => warn!(error = %one_line(&e), "cannot list the network locks left behind"),
+    }
     let Ok(rd) = std::fs::read_dir(state_dir.join("sessions")) else {
         return;
     };
@@ -187,6 +250,14 @@ pub fn sweep(state_dir: &Path) {
                 }
             }
         }
+        if v["in_doubt"].as_bool() == Some(true) {
+            // Dumped, not known to be committed or aborted: the images stay
+            // until the coordinator's ABORT (see forget_in_doubt).
+            let kept = json!({"locks": [], "dirs": v["dirs"], "in_doubt": true});
+            let _ = std::fs::write(&path, kept.to_string());
+            info!(record = %path.display(), "kept the images of a lost session until the coordinator decides");
+            continue;
+        }
         for d in v["dirs"].as_array().into_iter().flatten() {
             if let Some(d) = d.as_str() {
                 if std::fs::remove_dir_all(d).is_ok() {
@@ -198,13 +269,46 @@ pub fn sweep(state_dir: &Path) {
     }
 }
 
+/// The coordinator's word on a session that ended here without it: ABORT
+/// (`aborted`: its images in doubt go) or FINISH (committed: they stay, the
+/// record goes).
+pub fn forget_in_doubt(state_dir: &Path, id: &str, aborted: bool) {
+    let record = Record::new(state_dir, id);
+    let Some(v) = std::fs::read(&record.path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    else {
+        return;
+    };
+    if v["in_doubt"].as_bool() != Some(true) {
+        return;
+    }
+    if aborted {
+        for d in v["dirs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_str())
+        {
+            if std::fs::remove_dir_all(d).is_ok() {
+                info!(
+                    session = id,
+                    dir = d,
+                    "removed the images of an aborted session"
+                );
+            }
+        }
+    }
+    record.clear();
+}
+
 /// Start session `id` on a thread of its own running `body` (which gets
 /// the session's commands and sends its first reply); that first reply.
 async fn start<T: Send + 'static>(
     shared: Arc<Shared>,
     id: String,
     step: &'static str,
-    body: impl FnOnce(&Shared, mpsc::Receiver<Cmd>, Reply<T>) + Send + 'static,
+    body: impl FnOnce(&Shared, mpsc::Receiver<Cmd>, Reply<T>) -> String + Send + 'static,
 ) -> Result<T, String> {
     let (tx, rx) = mpsc::channel();
     shared.sessions.insert(&id, tx)?;
@@ -214,8 +318,9 @@ async fn start<T: Send + 'static>(
     let spawned = std::thread::Builder::new()
         .name(format!("session-{id}"))
         .spawn(move || {
-            body(&sh, rx, ready_tx);
+            let how = body(&sh, rx, ready_tx);
             sh.sessions.remove(&name);
+            sh.sessions.ended(&name, how);
         });
     if let Err(e) = spawned {
         shared.sessions.remove(&id);
@@ -238,19 +343,74 @@ pub async fn prepare(
     .await
 }
 
+/// Time the renewal of a session's lease goes on past its freeze bound, so
+/// that the session's own orderly end comes first.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How a checkpoint session's frozen members end: the locks first (one
+/// transaction per namespace), then the processes.
+struct Frozen {
+    held: Vec<(i32, Held)>,
+    leases: Vec<super::leases::Lease>,
+}
+
+impl Frozen {
+    fn leases_held(&self) -> bool {
+        self.leases.iter().all(|l| l.held())
+    }
+
+    /// Undo everything: locks removed, images removed (their directories
+    /// too, and the checkpoint's once empty), processes run on.
+    fn abort(mut self) {
+        self.leases.clear();
+        release_locks(&mut self.held, Action::Continue);
+        let dirs: Vec<PathBuf> = self
+            .held
+            .iter()
+            .map(|(_, h)| h.dir().to_path_buf())
+            .collect();
+        drop(self.held);
+        for d in dirs {
+            let _ = std::fs::remove_dir_all(&d);
+            if let Some(p) = d.parent() {
+                let _ = std::fs::remove_dir(p);
+            }
+        }
+    }
+}
+
 fn checkpoint_session(
     shared: &Shared,
     req: pb::PrepareRequest,
     rx: mpsc::Receiver<Cmd>,
     ready: Reply<pb::PrepareReply>,
-) {
+) -> String {
     let t0 = Instant::now();
-    let timeout = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
+    let idle = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
+    let bound = match req.freeze_timeout_ms {
+        0 => idle,
+        ms => Duration::from_millis(u64::from(ms)),
+    };
+    let deadline = t0 + bound;
     let after = pb::After::try_from(req.after).unwrap_or(pb::After::Continue);
     let record = Record::new(&shared.config.state_dir, &req.session);
+    // The reaper lets the targets alone while this session traces them.
+    let pids: Vec<i32> = req.targets.iter().map(|t| t.pid).collect();
+    let _loan = shared.reaper.lend(&pids);
     let mut held: Vec<(i32, Held)> = Vec::new();
+    let mut gone = Vec::new();
     let mut locks = Vec::new();
     let mut dirs = Vec::new();
+    let fail = |held: Vec<(i32, Held)>, msg: String, ready: Reply<pb::PrepareReply>| {
+        Frozen {
+            held,
+            leases: Vec::new(),
+        }
+        .abort();
+        record.clear();
+        let _ = ready.send(Err(msg.clone()));
+        format!("PREPARE failed ({msg}): its processes run on")
+    };
     for t in &req.targets {
         let dir = shared
             .config
@@ -268,9 +428,7 @@ fn checkpoint_session(
         opts.set_action(action(after));
         if let Some(p) = dir.parent() {
             if let Err(e) = std::fs::create_dir_all(p) {
-                let _ = ready.send(Err(format!("cannot create {}: {e}", p.display())));
-                record.clear();
-                return;
+                return fail(held, format!("cannot create {}: {e}", p.display()), ready);
             }
         }
         // Recorded before anything is locked or written.
@@ -279,39 +437,45 @@ fn checkpoint_session(
         record.write(&locks, &dirs);
         match capture::freeze(t.pid, &opts, false) {
             Ok(h) => held.push((t.pid, h)),
+            Err(e) if members::start_time(t.pid).is_none() => {
+                info!(session = req.session, pid = t.pid, error = %one_line(&e), "member exited before it was frozen: dropped from the checkpoint");
+                let _ = std::fs::remove_dir_all(&dir);
+                gone.push(t.pid);
+            }
             Err(e) => {
                 let msg = format!("process {}: {}", t.pid, one_line(&e));
-                drop(held);
                 let _ = std::fs::remove_dir_all(&dir);
-                record.clear();
-                let _ = ready.send(Err(msg));
-                return;
+                return fail(held, msg, ready);
             }
         }
     }
-    // Every tree's connections held still in one nft transaction (one per
-    // network namespace).
+    // Every tree's connections held still in one nft transaction per
+    // network namespace, leased until the freeze bound.
     let plans = by_netns(held.iter_mut().filter_map(|(pid, h)| {
         let name = lock_name(&req.session, *pid);
         h.plan_lock(&name).map(|set| (*pid, vec![(name, set)]))
     }));
+    let mut frozen = Frozen {
+        held,
+        leases: Vec::new(),
+    };
     for (pid, locks) in plans {
-        if let Err(e) = cr_sys::netlock::lock_many(pid, &locks) {
-            let msg = format!("network lock: {}", one_line(&e));
-            release_locks(&mut held, Action::Continue);
-            drop(held);
-            record.clear();
-            let _ = ready.send(Err(msg));
-            return;
+        match shared.leases.install(pid, locks, deadline + LEASE_MARGIN) {
+            Ok(l) => frozen.leases.push(l),
+            Err(e) => {
+                let msg = format!("network lock: {}", one_line(&e));
+                return fail(std::mem::take(&mut frozen.held), msg, ready);
+            }
         }
     }
     let freeze_ms = t0.elapsed().as_millis() as u64;
-    fault_hang("prepare-hang");
+    fault::point("prepare", shared);
     let mut reply = pb::PrepareReply {
         freeze_ms,
+        gone: gone.clone(),
         ..Default::default()
     };
-    for (pid, h) in &held {
+    for (pid, h) in &frozen.held {
         reply.processes += h.pids().len() as u32;
         reply.threads += h.threads() as u32;
         reply
@@ -321,78 +485,137 @@ fn checkpoint_session(
     info!(
         session = req.session,
         job = req.job,
-        members = held.len(),
+        members = frozen.held.len(),
+        gone = gone.len(),
         processes = reply.processes,
         freeze_ms,
+        bound_ms = bound.as_millis() as u64,
         "prepared"
     );
     if ready.send(Ok(reply)).is_err() {
         // The caller went away: nothing more will come.
-        release_locks(&mut held, Action::Continue);
-        drop(held);
+        frozen.abort();
         record.clear();
-        return;
+        return "the coordinator went away during PREPARE: its processes run on".into();
     }
     let mut committed = false;
     let mut dumped = false;
     loop {
-        let cmd = match rx.recv_timeout(timeout) {
+        let now = Instant::now();
+        let wait = idle.min(deadline.saturating_duration_since(now));
+        let cmd = match rx.recv_timeout(wait) {
             Ok(c) => c,
             Err(_) => {
+                let why = if Instant::now() >= deadline {
+                    format!("frozen for {} ms, the freeze bound", bound.as_millis())
+                } else {
+                    "no word from the coordinator".to_string()
+                };
                 warn!(
                     session = req.session,
-                    committed, "no word from the coordinator: ending the session on my own"
+                    committed, "{why}: ending the session on my own (the processes run on)"
                 );
                 if committed {
-                    let _ = finish_all(held, Action::Continue);
+                    let _ = finish_all(frozen, Action::Continue);
+                    record.clear();
+                } else if dumped {
+                    let _ = finish_all(frozen, Action::Continue);
+                    record.write_in_doubt(&[], &dirs);
                 } else {
-                    release_locks(&mut held, Action::Continue);
-                    drop(held);
+                    frozen.abort();
+                    record.clear();
                 }
-                record.clear();
-                return;
+                return format!("it ended on its own ({why}): its processes run on");
             }
         };
+        if !committed && Instant::now() >= deadline && matches!(cmd, Cmd::Dump(_) | Cmd::Commit(_))
+        {
+            let name = cmd.name();
+            let msg = format!(
+                "{name} came after the freeze bound ({} ms): the checkpoint is aborted on this node, its processes run on",
+                bound.as_millis()
+            );
+            warn!(session = req.session, "{msg}");
+            reply_err(cmd, msg);
+            frozen.abort();
+            record.clear();
+            return "aborted at the freeze bound: its processes run on".into();
+        }
         match cmd {
             Cmd::Dump(r) => {
-                let res = dump_all(shared, &mut held);
-                dumped |= res.is_ok();
+                fault::point("dump", shared);
+                let res = dump_all(shared, &req.session, &mut frozen).and_then(|d| {
+                    if frozen.leases_held() {
+                        Ok(d)
+                    } else {
+                        Err("the network lock's lease lapsed during the dump: the images cannot be trusted".into())
+                    }
+                });
+                if res.is_ok() {
+                    dumped = true;
+                    record.write_in_doubt(&locks, &dirs);
+                }
                 let _ = r.send(res);
             }
             Cmd::Commit(r) => {
-                if dumped {
+                if !dumped {
+                    let _ = r.send(Err("COMMIT before DUMP".into()));
+                } else if !frozen.leases_held() {
+                    let _ = r.send(Err("the network lock's lease lapsed before COMMIT".into()));
+                } else {
                     committed = true;
                     // The images are final: a later sweep keeps them (but
                     // still removes the locks: the processes of an agent
                     // that dies now run on).
                     record.write(&locks, &[]);
+                    fault::point("commit", shared);
                     let _ = r.send(Ok(()));
-                } else {
-                    let _ = r.send(Err("COMMIT before DUMP".into()));
                 }
             }
             Cmd::Finish(after, r) => {
+                if !committed && dumped {
+                    // Only a committed checkpoint is ever finished: the
+                    // coordinator committed, and its COMMIT was lost (it
+                    // restarted, or the call failed).
+                    info!(
+                        session = req.session,
+                        "FINISH without COMMIT: committed by the coordinator"
+                    );
+                    committed = true;
+                }
                 if !committed {
-                    let _ = r.send(Err("FINISH before COMMIT".into()));
+                    let _ = r.send(Err("FINISH before DUMP".into()));
                     continue;
                 }
-                let res = finish_all(held, action(after));
+                fault::point("finish", shared);
+                let res = finish_all(frozen, action(after));
                 record.clear();
+                let how = match &res {
+                    Ok(_) => format!("finished ({})", after.as_str_name()),
+                    Err(e) => format!("FINISH failed: {e}"),
+                };
                 let _ = r.send(res);
-                return;
+                return how;
             }
-            Cmd::Abort(r) => {
+            Cmd::Abort(decided, r) => {
                 if committed {
                     // Too late to undo: the images are the committed ones.
-                    finish_all(held, Action::Continue).ok();
+                    finish_all(frozen, Action::Continue).ok();
+                    record.clear();
+                } else if dumped && !decided {
+                    // Ended here alone: the coordinator may commit them.
+                    finish_all(frozen, Action::Continue).ok();
+                    record.write_in_doubt(&[], &dirs);
                 } else {
-                    release_locks(&mut held, Action::Continue);
-                    drop(held);
+                    frozen.abort();
+                    record.clear();
                 }
-                record.clear();
-                info!(session = req.session, "aborted; the processes run on");
+                info!(
+                    session = req.session,
+                    decided, "aborted; the processes run on"
+                );
                 let _ = r.send(Ok(()));
-                return;
+                return "aborted: its processes run on".into();
             }
             other @ Cmd::Release(_) => reply_err(other, "RELEASE of a checkpoint session".into()),
         }
@@ -421,20 +644,43 @@ fn to_pb(b: cr_image::bookmarks::Bookmark, pid: i32) -> pb::Bookmark {
     }
 }
 
-fn dump_all(shared: &Shared, held: &mut [(i32, Held)]) -> Result<pb::DumpReply, String> {
+/// Write every member's image; a member that died meanwhile (killed while
+/// frozen) is dropped from the checkpoint and reported `gone`.
+fn dump_all(shared: &Shared, session: &str, f: &mut Frozen) -> Result<pb::DumpReply, String> {
     let mut reply = pb::DumpReply::default();
-    for (pid, h) in held.iter_mut() {
-        let s = h
-            .dump()
-            .map_err(|e| format!("process {pid}: {}", one_line(&e)))?;
+    let mut i = 0;
+    while i < f.held.len() {
+        let pid = f.held[i].0;
+        let s = match f.held[i].1.dump() {
+            Ok(s) => s,
+            Err(e) if members::start_time(pid).is_none() => {
+                info!(session, pid, error = %one_line(&e), "member exited while frozen: dropped from the checkpoint");
+                let (_, mut h) = f.held.remove(i);
+                let tables = h.take_lock_tables(Action::Continue);
+                for l in &f.leases {
+                    l.forget(&tables);
+                }
+                // Its tables, in the namespace of a member still here
+                // (else they lift with their lease).
+                if let Some((other, _)) = f.held.first() {
+                    let _ = cr_sys::netlock::unlock_many(Some(*other), &tables);
+                }
+                drop(h);
+                reply.gone.push(pid);
+                continue;
+            }
+            Err(e) => return Err(format!("process {pid}: {}", one_line(&e))),
+        };
+        let h = &f.held[i].1;
+        i += 1;
         let dir = h.dir().to_path_buf();
         let ck = cr_image::ImageDir::open(&dir)
             .and_then(|d| d.read_checkpoint())
             .map_err(|e| one_line(&e))?;
-        let (uid, command) = members::describe(*pid);
+        let (uid, command) = members::describe(pid);
         reply.images.push(pb::ImageInfo {
             node: shared.config.node.clone(),
-            pid: *pid,
+            pid,
             dir: dir.display().to_string(),
             processes: s.processes as u32,
             page_bytes: s.page_bytes,
@@ -442,7 +688,7 @@ fn dump_all(shared: &Shared, held: &mut [(i32, Held)]) -> Result<pb::DumpReply, 
             frozen_ms: s.frozen.as_millis() as u64,
             bookmarks: cr_image::bookmarks::of(&ck)
                 .into_iter()
-                .map(|b| to_pb(b, *pid))
+                .map(|b| to_pb(b, pid))
                 .collect(),
             command,
             uid,
@@ -478,23 +724,39 @@ fn release_locks(held: &mut [(i32, Held)], action: Action) {
     }
 }
 
-/// Let every tree go; the longest any was frozen.
-fn finish_all(mut held: Vec<(i32, Held)>, action: Action) -> Result<pb::FinishReply, String> {
+/// Let every tree go (the locks first: removed for CONTINUE, kept for the
+/// image, for good, after a kill or stop); how long each was frozen.
+fn finish_all(f: Frozen, action: Action) -> Result<pb::FinishReply, String> {
+    let Frozen {
+        mut held,
+        mut leases,
+    } = f;
+    if action == Action::Continue {
+        leases.clear();
+    }
     release_locks(&mut held, action);
     let mut first_err = None;
-    let mut frozen = Duration::ZERO;
+    let mut reply = pb::FinishReply::default();
     for (pid, h) in held {
-        frozen = frozen.max(h.frozen_for());
+        let frozen = h.frozen_for().as_millis() as u64;
+        reply.frozen_ms = reply.frozen_ms.max(frozen);
+        reply.member_frozen_ms.insert(pid, frozen);
         if let Err(e) = h.finish(action) {
             warn!(pid, error = %one_line(&e), "letting a checkpointed process go failed");
             first_err.get_or_insert(format!("process {pid}: {}", one_line(&e)));
         }
     }
+    // Killed or stopped: the lock belongs to the image now (cr_restart
+    // removes it); only then does it stop expiring, so a member is never
+    // left running behind a lock that does not lift.
+    if action != Action::Continue {
+        for l in leases {
+            l.make_permanent();
+        }
+    }
     match first_err {
         Some(e) => Err(e),
-        None => Ok(pb::FinishReply {
-            frozen_ms: frozen.as_millis() as u64,
-        }),
+        None => Ok(reply),
     }
 }
 
@@ -511,19 +773,22 @@ pub async fn restore(
     .await
 }
 
+/// The reset guard of a restore the coordinator releases with its peers.
+const RESET_GUARD_SECS: u32 = 10;
+
 fn restore_session(
     shared: &Shared,
     req: pb::RestoreRequest,
     map_addr: Vec<cr_engine::options::AddrRewrite>,
     rx: mpsc::Receiver<Cmd>,
     ready: Reply<pb::RestoreReply>,
-) {
+) -> String {
     let timeout = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
     let opts = RestoreOptions {
         workers: Some(shared.workers),
         map_addr,
         // Released together with their peers: a short guard is enough.
-        reset_guard: 10,
+        reset_guard: RESET_GUARD_SECS,
         ..Default::default()
     };
     let mut readies = Vec::new();
@@ -532,11 +797,13 @@ fn restore_session(
             Ok(r) => readies.push(r),
             Err(e) => {
                 drop(readies);
-                let _ = ready.send(Err(format!("{}: {}", t.dir, one_line(&e))));
-                return;
+                let msg = format!("{}: {}", t.dir, one_line(&e));
+                let _ = ready.send(Err(msg.clone()));
+                return format!("RESTORE failed ({msg}): nothing of it runs");
             }
         }
     }
+    fault::point("restore", shared);
     let pids = readies.iter().map(|r| r.pid()).collect();
     info!(
         session = req.session,
@@ -545,7 +812,7 @@ fn restore_session(
         "restored, frozen"
     );
     if ready.send(Ok(pb::RestoreReply { pids })).is_err() {
-        return;
+        return "the coordinator went away during RESTORE: nothing of it runs".into();
     }
     loop {
         let cmd = match rx.recv_timeout(timeout) {
@@ -555,20 +822,24 @@ fn restore_session(
                     session = req.session,
                     "no RELEASE from the coordinator: the restored processes are killed"
                 );
-                return;
+                return "no RELEASE came: nothing of it runs".into();
             }
         };
         match cmd {
             Cmd::Release(r) => {
                 let res = release_all(shared, &req.job, readies);
+                let how = match &res {
+                    Ok(_) => "released".to_string(),
+                    Err(e) => format!("RELEASE failed: {e}"),
+                };
                 let _ = r.send(res);
-                return;
+                return how;
             }
-            Cmd::Abort(r) => {
+            Cmd::Abort(_, r) => {
                 drop(readies);
                 info!(session = req.session, "restore aborted; nothing of it runs");
                 let _ = r.send(Ok(()));
-                return;
+                return "aborted: nothing of it runs".into();
             }
             other => {
                 let name = other.name();
@@ -581,7 +852,7 @@ fn restore_session(
 fn reply_err(cmd: Cmd, msg: String) {
     match cmd {
         Cmd::Dump(r) => drop(r.send(Err(msg))),
-        Cmd::Commit(r) | Cmd::Abort(r) => drop(r.send(Err(msg))),
+        Cmd::Commit(r) | Cmd::Abort(_, r) => drop(r.send(Err(msg))),
         Cmd::Finish(_, r) => drop(r.send(Err(msg))),
         Cmd::Release(r) => drop(r.send(Err(msg))),
     }
@@ -603,6 +874,11 @@ fn release_all(
     }
     let mut out = pb::ReleaseReply::default();
     let mut first_err = None;
+    // The reset guard's elements expire after RESET_GUARD_SECS; its table
+    // goes then.
+    shared
+        .leases
+        .check_guard_after(Duration::from_secs(u64::from(RESET_GUARD_SECS) + 1));
     for r in readies {
         match r.release() {
             Ok(pid) => {

@@ -72,6 +72,10 @@ enum Cmd {
         /// Deadline of the whole protocol (default: the coordinator's).
         #[arg(long, value_name = "SECS")]
         timeout: Option<u32>,
+        /// Longest time the members may stay frozen (default: the job's,
+        /// else the coordinator's); past it the checkpoint is aborted.
+        #[arg(long, value_name = "SECS")]
+        freeze_timeout: Option<f64>,
     },
     /// Restart a job from a checkpoint.
     Restart {
@@ -108,6 +112,9 @@ enum Cmd {
         /// Store only what changed since the job's previous checkpoint.
         #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
         incremental: Option<String>,
+        /// Freeze bound of its checkpoints (0: the coordinator's default).
+        #[arg(long, value_name = "SECS")]
+        freeze_timeout: Option<f64>,
     },
     /// The cluster's certificates.
     Pki {
@@ -133,6 +140,10 @@ enum PkiCmd {
         /// IP addresses to name as well.
         #[arg(long, value_name = "IP")]
         ip: Vec<IpAddr>,
+        /// An administrator's certificate (crctl's): the only one the
+        /// coordinator takes for administration, never for a node.
+        #[arg(long)]
+        admin: bool,
     },
 }
 
@@ -151,17 +162,31 @@ struct CtlConfig {
 
 type Res<T> = Result<T, String>;
 
+/// Exit status when the request was carried out only in part (a checkpoint
+/// committed, but some node could not kill or stop its members).
+const EXIT_PARTIAL: i32 = 2;
+
+/// The request was not met in full: what to say, and the exit status.
+struct Partial(String);
+
 fn main() {
     let cli = Cli::parse();
-    if let Err(e) = run(cli) {
-        eprintln!("crctl: error: {e}");
-        std::process::exit(1);
+    match run(cli) {
+        Ok(None) => {}
+        Ok(Some(Partial(msg))) => {
+            eprintln!("crctl: {msg}");
+            std::process::exit(EXIT_PARTIAL);
+        }
+        Err(e) => {
+            eprintln!("crctl: error: {e}");
+            std::process::exit(1);
+        }
     }
 }
 
-fn run(cli: Cli) -> Res<()> {
+fn run(cli: Cli) -> Res<Option<Partial>> {
     if let Cmd::Pki { cmd } = &cli.cmd {
-        return pki(cmd, cli.json);
+        return pki(cmd, cli.json).map(|_| None);
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -181,23 +206,45 @@ fn pki(cmd: &PkiCmd, as_json: bool) -> Res<()> {
                 println!("CA made: {} and {}", crt.display(), key.display());
             }
         }
-        PkiCmd::Issue { dir, name, ip } => {
-            let (crt, key) = cr_rpc::pki::issue(dir, name, ip).map_err(|e| e.to_string())?;
+        PkiCmd::Issue {
+            dir,
+            name,
+            ip,
+            admin,
+        } => {
+            let role = admin.then_some(cr_rpc::identity::ROLE_ADMIN);
+            let (crt, key) =
+                cr_rpc::pki::issue_with_role(dir, name, ip, role).map_err(|e| e.to_string())?;
             if as_json {
                 print_json(&json!({"cert": crt, "key": key}));
             } else {
-                println!(
-                    "certificate of {name}: {} and {}",
-                    crt.display(),
-                    key.display()
-                );
+                let what = if *admin {
+                    "administrator certificate"
+                } else {
+                    "certificate"
+                };
+                println!("{what} of {name}: {} and {}", crt.display(), key.display());
             }
         }
     }
     Ok(())
 }
 
-async fn connect(cli: &Cli) -> Res<CoordinatorClient<Channel>> {
+/// The connection to the coordinator: its client, address and whether TLS
+/// is used (for the messages of failures).
+struct Conn {
+    client: CoordinatorClient<Channel>,
+    addr: String,
+    tls: bool,
+}
+
+impl Conn {
+    fn rpc<T>(&self, r: Result<tonic::Response<T>, tonic::Status>) -> Res<T> {
+        rpc(&self.addr, self.tls, r)
+    }
+}
+
+async fn connect(cli: &Cli) -> Res<Conn> {
     let (path, required) = match &cli.config {
         Some(p) => (p.clone(), true),
         None => (PathBuf::from(DEFAULT_CONFIG), false),
@@ -233,33 +280,98 @@ async fn connect(cli: &Cli) -> Res<CoordinatorClient<Channel>> {
     let sec = Security::load(&files).map_err(|e| e.to_string())?;
     let ch = cr_rpc::channel::connect(&addr, &sec, &name, CONNECT_TIMEOUT)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(CoordinatorClient::new(ch))
-}
-
-fn rpc<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Res<T> {
-    r.map(|r| r.into_inner()).map_err(|s| {
-        let line = cr_rpc::status_line(&s);
-        // "transport error" and the like say nothing without their cause.
-        match std::error::Error::source(&s) {
-            Some(_) if s.code() != tonic::Code::Unavailable => {
-                format!("{line}: {}", cr_rpc::error::innermost(&s))
-            }
-            _ => line,
-        }
+        .map_err(|e| match e {
+            cr_rpc::RpcError::Connect { what, .. } => transport_line(&addr, sec.is_tls(), &what),
+            e => e.to_string(),
+        })?;
+    Ok(Conn {
+        client: CoordinatorClient::new(ch),
+        addr,
+        tls: sec.is_tls(),
     })
 }
 
-async fn remote(cli: Cli) -> Res<()> {
-    let mut c = connect(&cli).await?;
+/// One readable line for a failure to talk to the coordinator at `addr`:
+/// never a raw transport or TLS library message.
+fn transport_line(addr: &str, tls: bool, what: &str) -> String {
+    let w = what.to_lowercase();
+    let why = if w.contains("connection refused") {
+        "connection refused (is cr-coordinatord running there?)".to_string()
+    } else if w.contains("timed out") || w.contains("deadline") || w.contains("elapsed") {
+        "no answer (timed out)".to_string()
+    } else if w.contains("unknownissuer")
+        || w.contains("unknown issuer")
+        || w.contains("badsignature")
+    {
+        "its certificate is not signed by our CA (check --ca)".to_string()
+    } else if w.contains("notvalidforname")
+        || w.contains("not valid for name")
+        || w.contains("certnotvalidforname")
+    {
+        "its certificate does not name it as expected (check --name / coordinator_name)".to_string()
+    } else if w.contains("certificate") || w.contains("handshake") || w.contains("alert") {
+        "the TLS handshake failed: it does not accept our certificate (is it of the cluster CA?)"
+            .to_string()
+    } else if !tls
+        && (w.contains("broken pipe")
+            || w.contains("connection reset")
+            || w.contains("stream closed")
+            || w.contains("frame")
+            || w.contains("http2"))
+    {
+        "it does not speak plain TCP (it uses TLS: drop --insecure and give --ca/--cert/--key)"
+            .to_string()
+    } else if tls
+        && (w.contains("invalidcontenttype")
+            || w.contains("corrupt message")
+            || w.contains("invalid content"))
+    {
+        "it does not speak TLS (it runs with --insecure?)".to_string()
+    } else if w.contains("no route") || w.contains("unreachable") {
+        "no route to it".to_string()
+    } else {
+        cr_rpc::error::plain(what)
+    };
+    format!("cannot talk to the coordinator at {addr}: {why}")
+}
+
+fn rpc<T>(addr: &str, tls: bool, r: Result<tonic::Response<T>, tonic::Status>) -> Res<T> {
+    r.map(|r| r.into_inner()).map_err(|s| match s.code() {
+        // Failures of the connection itself: the transport's cause, said plainly.
+        tonic::Code::Unavailable
+        | tonic::Code::Unknown
+        | tonic::Code::Cancelled
+        | tonic::Code::Internal
+            if std::error::Error::source(&s).is_some()
+                || ["transport", "h2 protocol", "http2", "connection"]
+                    .iter()
+                    .any(|w| s.message().contains(w)) =>
+        {
+            transport_line(
+                addr,
+                tls,
+                &format!("{} {}", s.message(), cr_rpc::error::innermost(&s)),
+            )
+        }
+        tonic::Code::DeadlineExceeded => {
+            format!("cannot talk to the coordinator at {addr}: no answer (timed out)")
+        }
+        _ => cr_rpc::status_line(&s),
+    })
+}
+
+async fn remote(cli: Cli) -> Res<Option<Partial>> {
+    let conn = connect(&cli).await?;
+    let mut c = conn.client.clone();
     let js = cli.json;
+    let mut partial = None;
     match cli.cmd {
         Cmd::Status => {
-            let s = rpc(c.status(pb::Empty {}).await)?;
+            let s = conn.rpc(c.status(pb::Empty {}).await)?;
             out(js, status_json(&s), || status_text(&s));
         }
         Cmd::Nodes => {
-            let n = rpc(c.nodes(pb::Empty {}).await)?;
+            let n = conn.rpc(c.nodes(pb::Empty {}).await)?;
             out(
                 js,
                 json!({"nodes": n.nodes.iter().map(node_json).collect::<Vec<_>>()}),
@@ -267,7 +379,7 @@ async fn remote(cli: Cli) -> Res<()> {
             );
         }
         Cmd::Jobs => {
-            let j = rpc(c.jobs(pb::Empty {}).await)?;
+            let j = conn.rpc(c.jobs(pb::Empty {}).await)?;
             out(
                 js,
                 json!({"jobs": j.jobs.iter().map(job_json).collect::<Vec<_>>()}),
@@ -279,6 +391,7 @@ async fn remote(cli: Cli) -> Res<()> {
             kill,
             stop,
             timeout,
+            freeze_timeout,
         } => {
             let after = if kill {
                 pb::After::Kill
@@ -291,9 +404,23 @@ async fn remote(cli: Cli) -> Res<()> {
                 job,
                 after: after as i32,
                 timeout_secs: timeout.unwrap_or(0),
+                freeze_timeout_ms: secs_to_ms(freeze_timeout, "--freeze-timeout")?,
             };
-            let ck = rpc(c.checkpoint(req).await)?;
+            let ck = conn.rpc(c.checkpoint(req).await)?;
             out(js, checkpoint_json(&ck), || checkpoint_text(&ck));
+            if !ck.unfinished.is_empty() && ck.after != pb::After::Continue as i32 {
+                partial = Some(Partial(format!(
+                    "checkpoint {} committed, but not carried out on {}: {}",
+                    ck.id,
+                    ck.unfinished.join(", "),
+                    ck.notes
+                        .iter()
+                        .filter(|n| ck.unfinished.iter().any(|u| n.starts_with(u.as_str())))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )));
+            }
         }
         Cmd::Restart {
             job,
@@ -307,11 +434,11 @@ async fn remote(cli: Cli) -> Res<()> {
                 on,
                 timeout_secs: timeout.unwrap_or(0),
             };
-            let r = rpc(c.restart(req).await)?;
+            let r = conn.rpc(c.restart(req).await)?;
             out(js, restart_json(&r), || restart_text(&r));
         }
         Cmd::Checkpoints { job, all } => {
-            let r = rpc(c.checkpoints(pb::CheckpointsRequest { job, all }).await)?;
+            let r = conn.rpc(c.checkpoints(pb::CheckpointsRequest { job, all }).await)?;
             out(
                 js,
                 json!({"checkpoints": r.checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>()}),
@@ -324,6 +451,7 @@ async fn remote(cli: Cli) -> Res<()> {
             keep,
             external,
             incremental,
+            freeze_timeout,
         } => {
             let req = pb::ConfigureRequest {
                 job,
@@ -331,13 +459,26 @@ async fn remote(cli: Cli) -> Res<()> {
                 keep,
                 external,
                 incremental: incremental.map(|v| v == "on"),
+                freeze_timeout_ms: match freeze_timeout {
+                    None => None,
+                    f => Some(secs_to_ms(f, "--freeze-timeout")?),
+                },
             };
-            let j = rpc(c.configure(req).await)?;
+            let j = conn.rpc(c.configure(req).await)?;
             out(js, job_json(&j), || job_text(&j));
         }
         Cmd::Pki { .. } => unreachable!("handled without a coordinator"),
     }
-    Ok(())
+    Ok(partial)
+}
+
+/// Seconds (with decimals) as milliseconds; refused unless finite and >= 0.
+fn secs_to_ms(v: Option<f64>, flag: &str) -> Res<u64> {
+    match v {
+        None => Ok(0),
+        Some(s) if s.is_finite() && (0.0..1e9).contains(&s) => Ok((s * 1000.0).round() as u64),
+        Some(s) => Err(format!("{flag} {s}: expected a number of seconds")),
+    }
 }
 
 fn out(as_json: bool, v: Value, text: impl FnOnce() -> String) {
@@ -386,7 +527,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "name": j.name, "state": j.state,
         "procs": j.procs.iter().map(proc_json).collect::<Vec<_>>(),
         "interval_secs": j.interval_secs, "keep": j.keep, "external": j.external,
-        "incremental": j.incremental,
+        "incremental": j.incremental, "freeze_timeout_ms": j.freeze_timeout_ms,
         "last_checkpoint": j.last_checkpoint, "checkpoints": j.checkpoints,
     })
 }
@@ -415,7 +556,8 @@ fn checkpoint_json(c: &pb::CheckpointInfo) -> Value {
         "images": c.images.iter().map(image_json).collect::<Vec<_>>(),
         "error": c.error, "connections": c.connections, "external": c.external,
         "prepare_ms": c.prepare_ms, "check_ms": c.check_ms, "dump_ms": c.dump_ms,
-        "commit_ms": c.commit_ms,
+        "commit_ms": c.commit_ms, "notes": c.notes, "unfinished": c.unfinished,
+        "freeze_timeout_ms": c.freeze_timeout_ms,
     })
 }
 
@@ -668,6 +810,15 @@ fn job_text(j: &pb::JobInfo) -> String {
     );
     let _ = writeln!(
         o,
+        "freeze     {}",
+        if j.freeze_timeout_ms == 0 {
+            "default".to_string()
+        } else {
+            duration(j.freeze_timeout_ms)
+        }
+    );
+    let _ = writeln!(
+        o,
         "last       {} ({} committed)",
         if j.last_checkpoint.is_empty() {
             "-"
@@ -694,15 +845,22 @@ fn checkpoint_text(c: &pb::CheckpointInfo) -> String {
     let mut o = String::new();
     let procs: u32 = c.images.iter().map(|i| i.processes).sum();
     let stored: u64 = c.images.iter().map(|i| i.store_bytes).sum();
+    let state = if c.unfinished.is_empty() {
+        c.state.clone()
+    } else {
+        format!("{} (not finished on {})", c.state, c.unfinished.join(", "))
+    };
     let _ = writeln!(
         o,
-        "checkpoint {} {}: {procs} processes on {} nodes, paused {} ms, {stored} bytes in {} ms",
+        "checkpoint {} {state}: {procs} processes on {} nodes, paused {} ms, {stored} bytes in {} ms",
         c.id,
-        c.state,
         node_count(&c.images),
         c.pause_ms,
         c.duration_ms
     );
+    for n in &c.notes {
+        let _ = writeln!(o, "note: {n}");
+    }
     let _ = writeln!(
         o,
         "connections {} matched, {} external; prepare {} ms, check {} ms, dump {} ms, commit {} ms",

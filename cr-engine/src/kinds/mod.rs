@@ -151,6 +151,11 @@ impl Stash {
 /// Something a dump holds in the processes until they are let go (a TCP
 /// connection in repair mode): dropping it gives it back as it was;
 /// [`HeldState::keep`] leaves it so for processes about to be killed.
+/// Between the dump and the let-go it is given back for the while
+/// ([`HeldState::pause`]): should the checkpointer die meanwhile, the
+/// processes run on as they were (a socket left in repair mode fails every
+/// read with EPERM); `keep` takes it again first.
 pub trait HeldState {
     fn keep(self: Box<Self>);
+    fn pause(&mut self);
 }

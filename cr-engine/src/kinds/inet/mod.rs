@@ -171,6 +171,7 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
             )
         })?;
         let held = Repaired {
+            paused: false,
             sock: Some(sock),
             reuse,
         };
@@ -205,6 +206,8 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
 pub struct Repaired {
     sock: Option<OwnedFd>,
     reuse: i32,
+    /// Out of repair mode for the while (see `HeldState::pause`).
+    paused: bool,
 }
 
 impl Repaired {
@@ -215,14 +218,44 @@ impl Repaired {
 }
 
 impl HeldState for Repaired {
-    /// Close our copy, leaving the socket in repair mode.
+    /// Close our copy, leaving the socket in repair mode (taken again if it
+    /// was given back for the while: nothing moved, the lock holds its
+    /// packets and the process is frozen).
     fn keep(mut self: Box<Self>) {
+        if self.paused {
+            if let Err(e) = sys::set_repair(self.fd(), sys::REPAIR_ON) {
+                tracing::warn!(error = %cr_sys::error::one_line(&e), "taking TCP repair mode again failed");
+            }
+        }
         self.sock = None;
+    }
+
+    fn pause(&mut self) {
+        if self.paused {
+            return;
+        }
+        self.leave();
+        self.paused = true;
+    }
+}
+
+impl Repaired {
+    /// Leave repair mode (no window probe), SO_REUSEADDR as the program had it.
+    fn leave(&self) {
+        if let Some(s) = &self.sock {
+            if let Err(e) = sys::set_repair(s, sys::REPAIR_OFF_NO_WP) {
+                tracing::warn!(error = %cr_sys::error::one_line(&e), "leaving TCP repair mode failed");
+            }
+            let _ = fdio::setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, self.reuse);
+        }
     }
 }
 
 impl Drop for Repaired {
     fn drop(&mut self) {
+        if self.paused {
+            return;
+        }
         if let Some(s) = self.sock.take() {
             if let Err(e) = sys::set_repair(&s, sys::REPAIR_OFF_NO_WP) {
                 tracing::warn!(error = %cr_sys::error::one_line(&e), "leaving TCP repair mode failed");
@@ -437,6 +470,7 @@ fn sequence_numbers(sock: OwnedFd) -> Result<(u32, u32, u32, u32), SysError> {
     let held = Repaired {
         sock: Some(sock),
         reuse,
+        paused: false,
     };
     let s = held.fd();
     sys::set_repair_queue(s, TcpQueue::Send)?;

@@ -8,7 +8,7 @@
 use crate::error::{RestoreError, StepContext};
 use cr_image::model::{Checkpoint, ProcState, Process};
 use cr_sys::clone::{pid_exists, spawn_stub, spawn_stub_in_new_pidns};
-use cr_sys::ptrace::{wait_raw, OnDrop, Tracee};
+use cr_sys::ptrace::{OnDrop, Tracee};
 use cr_sys::remote::{find_syscall_insn, Injector};
 use cr_sys::{mem, proc, PAGE_SIZE};
 use std::collections::HashMap;
@@ -121,7 +121,7 @@ impl Drop for StubGuard {
     fn drop(&mut self) {
         if self.0 > 0 {
             let _ = cr_sys::ptrace::kill(self.0, libc::SIGKILL);
-            let _ = wait_raw(self.0, 0);
+            let _ = cr_sys::ptrace::wait_timed(self.0, 0, cr_sys::ptrace::KILL_REAP_TIMEOUT);
         }
     }
 }
