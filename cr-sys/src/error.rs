@@ -124,6 +124,21 @@ pub enum SysError {
 
 pub type Result<T, E = SysError> = std::result::Result<T, E>;
 
+impl SysError {
+    /// The errno of a failed system call, if that is what this is.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            SysError::Ptrace { source, .. }
+            | SysError::Wait { source, .. }
+            | SysError::Remote { source, .. }
+            | SysError::Memory { source, .. }
+            | SysError::Syscall { source, .. } => Some(source.0),
+            SysError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
 pub(crate) fn io_err(path: impl Into<String>) -> impl FnOnce(std::io::Error) -> SysError {
     let path = path.into();
     move |source| SysError::Io { path, source }

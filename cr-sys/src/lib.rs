@@ -22,6 +22,7 @@ pub mod elf;
 pub mod error;
 pub mod fdio;
 pub mod inet;
+pub mod inet_diag;
 pub mod limits;
 pub mod mem;
 pub mod netlock;
@@ -30,6 +31,7 @@ pub mod proc;
 pub mod ptrace;
 pub mod regs;
 pub mod remote;
+pub(crate) mod sock_diag;
 pub mod unix_diag;
 
 pub use error::{Errno, SysError};

@@ -34,32 +34,16 @@
 //!   bytes for a 5-byte message), not a byte count.
 //! - `UNIX_DIAG_SHUTDOWN` is sent for every socket whatever the show flags.
 
-use crate::error::{Errno, Result, SysError};
-use nix::errno::Errno as NixErrno;
-use nix::sys::socket::{
-    self as sock, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+use crate::error::{Errno, Result};
+use crate::sock_diag::{
+    align4, exchange, message, next_seq, u16_at, u32_at, QResult, QueryError, NLM_F_DUMP,
+    NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY,
 };
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
 
-// linux/netlink.h
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_NOOP: u16 = 1;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x01;
-const NLM_F_MULTI: u16 = 0x02;
-const NLM_F_DUMP_INTR: u16 = 0x10;
-const NLM_F_ROOT: u16 = 0x100;
-const NLM_F_MATCH: u16 = 0x200;
-const NLM_F_DUMP: u16 = NLM_F_ROOT | NLM_F_MATCH;
 const NLA_HDRLEN: usize = 4;
 /// Attribute type bits that are flags (NLA_F_NESTED, NLA_F_NET_BYTEORDER).
 const NLA_TYPE_MASK: u16 = !(0x8000 | 0x4000);
-
-// linux/sock_diag.h
-const SOCK_DIAG_BY_FAMILY: u16 = 20;
 
 // linux/unix_diag.h
 const UDIAG_SHOW_NAME: u32 = 0x01;
@@ -80,12 +64,6 @@ const UNIX_DIAG_UID: u16 = 7;
 
 /// Wildcard cookie: "any socket with this inode".
 const SOCK_DIAG_NOCOOKIE: u32 = !0;
-
-/// Initial receive buffer. Netlink dump datagrams are at most about 32 KiB
-/// (the kernel caps its dump allocation at SKB_WITH_OVERHEAD(32768)); a
-/// larger datagram still cannot be truncated because every datagram is
-/// peeked with MSG_TRUNC first and the buffer grown to fit.
-const RECV_BUF: usize = 64 * 1024;
 
 /// One AF_UNIX socket as sock_diag reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -127,7 +105,7 @@ pub struct UnixSock {
 /// The kernel walks its hash table without a snapshot: sockets created or
 /// closed during the dump may or may not appear.
 pub fn dump_all() -> Result<HashMap<u64, UnixSock>> {
-    let socks = query(Query::Dump).map_err(|e| e.into_sys_error(Query::Dump))?;
+    let socks = query(Query::Dump).map_err(|e| e.into_sys_error(Query::Dump.describe()))?;
     Ok(socks.into_iter().map(|s| (s.ino, s)).collect())
 }
 
@@ -148,7 +126,7 @@ pub fn by_inode(ino: u64) -> Result<Option<UnixSock>> {
         // The exact lookup answers ENOENT when no AF_UNIX socket of the
         // namespace has this inode.
         Err(QueryError::Kernel(Errno(libc::ENOENT))) => Ok(None),
-        Err(e) => Err(e.into_sys_error(q)),
+        Err(e) => Err(e.into_sys_error(q.describe())),
     }
 }
 
@@ -165,49 +143,6 @@ impl Query {
             Query::Inode(ino) => format!("sock_diag lookup of AF_UNIX socket inode {ino}"),
         }
     }
-}
-
-/// Failures of one exchange, kept apart so that [`by_inode`] can recognise
-/// the kernel's ENOENT.
-enum QueryError {
-    /// A system call on the netlink socket failed.
-    Syscall(&'static str, Errno),
-    /// The kernel answered with an error.
-    Kernel(Errno),
-    /// The reply does not parse.
-    Malformed(String),
-}
-
-impl QueryError {
-    fn into_sys_error(self, q: Query) -> SysError {
-        match self {
-            QueryError::Syscall(call, source) => SysError::Syscall {
-                what: format!("{call} for {}", q.describe()),
-                source,
-            },
-            QueryError::Kernel(source) => SysError::Syscall {
-                what: q.describe(),
-                source,
-            },
-            QueryError::Malformed(what) => SysError::Parse {
-                path: format!("reply to {}", q.describe()),
-                what,
-            },
-        }
-    }
-}
-
-type QResult<T> = std::result::Result<T, QueryError>;
-
-/// `struct nlmsghdr`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct NlMsgHdr {
-    nlmsg_len: u32,
-    nlmsg_type: u16,
-    nlmsg_flags: u16,
-    nlmsg_seq: u32,
-    nlmsg_pid: u32,
 }
 
 /// `struct unix_diag_req`.
@@ -237,51 +172,9 @@ struct UnixDiagMsg {
 }
 
 const _: () = {
-    assert!(std::mem::size_of::<NlMsgHdr>() == NLMSG_HDRLEN);
     assert!(std::mem::size_of::<UnixDiagReq>() == 24);
     assert!(std::mem::size_of::<UnixDiagMsg>() == 16);
 };
-
-fn bytes_at<const N: usize>(b: &[u8], off: usize) -> Option<[u8; N]> {
-    b.get(off..off.checked_add(N)?)?.try_into().ok()
-}
-
-fn u16_at(b: &[u8], off: usize) -> Option<u16> {
-    bytes_at(b, off).map(u16::from_ne_bytes)
-}
-
-fn u32_at(b: &[u8], off: usize) -> Option<u32> {
-    bytes_at(b, off).map(u32::from_ne_bytes)
-}
-
-fn i32_at(b: &[u8], off: usize) -> Option<i32> {
-    bytes_at(b, off).map(i32::from_ne_bytes)
-}
-
-/// NLMSG_ALIGN / NLA_ALIGN: both round up to 4 bytes.
-fn align4(len: usize) -> usize {
-    (len + 3) & !3
-}
-
-impl NlMsgHdr {
-    fn parse(b: &[u8]) -> Option<Self> {
-        Some(NlMsgHdr {
-            nlmsg_len: u32_at(b, 0)?,
-            nlmsg_type: u16_at(b, 4)?,
-            nlmsg_flags: u16_at(b, 6)?,
-            nlmsg_seq: u32_at(b, 8)?,
-            nlmsg_pid: u32_at(b, 12)?,
-        })
-    }
-
-    fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.nlmsg_len.to_ne_bytes());
-        out.extend_from_slice(&self.nlmsg_type.to_ne_bytes());
-        out.extend_from_slice(&self.nlmsg_flags.to_ne_bytes());
-        out.extend_from_slice(&self.nlmsg_seq.to_ne_bytes());
-        out.extend_from_slice(&self.nlmsg_pid.to_ne_bytes());
-    }
-}
 
 impl UnixDiagReq {
     fn write(&self, out: &mut Vec<u8>) {
@@ -315,14 +208,6 @@ fn request(q: Query, seq: u32) -> Vec<u8> {
         Query::Dump => (NLM_F_REQUEST | NLM_F_DUMP, 0, [0, 0]),
         Query::Inode(ino) => (NLM_F_REQUEST, ino, [SOCK_DIAG_NOCOOKIE, SOCK_DIAG_NOCOOKIE]),
     };
-    let len = NLMSG_HDRLEN + std::mem::size_of::<UnixDiagReq>();
-    let hdr = NlMsgHdr {
-        nlmsg_len: len as u32,
-        nlmsg_type: SOCK_DIAG_BY_FAMILY,
-        nlmsg_flags: flags,
-        nlmsg_seq: seq,
-        nlmsg_pid: 0,
-    };
     let req = UnixDiagReq {
         sdiag_family: libc::AF_UNIX as u8,
         sdiag_protocol: 0,
@@ -340,182 +225,22 @@ fn request(q: Query, seq: u32) -> Vec<u8> {
             | UDIAG_SHOW_UID,
         udiag_cookie: cookie,
     };
-    let mut out = Vec::with_capacity(len);
-    hdr.write(&mut out);
-    req.write(&mut out);
-    debug_assert_eq!(out.len(), len);
-    out
+    let mut payload = Vec::with_capacity(std::mem::size_of::<UnixDiagReq>());
+    req.write(&mut payload);
+    message(SOCK_DIAG_BY_FAMILY, flags, seq, &payload)
 }
 
-/// One request/reply exchange on a fresh NETLINK_SOCK_DIAG socket (closed
-/// by `OwnedFd` on every path).
+/// One request/reply exchange (see [`exchange`]): the sockets answered.
 fn query(q: Query) -> QResult<Vec<UnixSock>> {
-    static SEQ: AtomicU32 = AtomicU32::new(1);
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-
-    let fd = sock::socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkSockDiag,
-    )
-    .map_err(|e| QueryError::Syscall("socket(AF_NETLINK, NETLINK_SOCK_DIAG)", e.into()))?;
-
-    send(&fd, &request(q, seq))?;
-
-    let mut buf = vec![0u8; RECV_BUF];
+    let seq = next_seq();
     let mut out = Vec::new();
-    loop {
-        let n = recv_from_kernel(&fd, &mut buf)?;
-        if parse_datagram(&buf[..n], seq, &mut out)? == Flow::Done {
-            return Ok(out);
+    exchange(&request(q, seq), seq, &mut |_, payload| {
+        if let Some(s) = parse_sock(payload)? {
+            out.push(s);
         }
-    }
-}
-
-fn send(fd: &OwnedFd, msg: &[u8]) -> QResult<()> {
-    // Port id 0: the kernel.
-    let kernel = NetlinkAddr::new(0, 0);
-    loop {
-        match sock::sendto(fd.as_raw_fd(), msg, &kernel, MsgFlags::empty()) {
-            Err(NixErrno::EINTR) => continue,
-            Err(e) => return Err(QueryError::Syscall("sendto", e.into())),
-            Ok(n) if n != msg.len() => {
-                return Err(QueryError::Syscall("sendto (short)", Errno(libc::EMSGSIZE)))
-            }
-            Ok(_) => return Ok(()),
-        }
-    }
-}
-
-struct Received {
-    len: usize,
-    flags: MsgFlags,
-    sender: u32,
-}
-
-fn recvmsg_into(fd: &OwnedFd, buf: &mut [u8], flags: MsgFlags) -> QResult<Received> {
-    loop {
-        let mut iov = [std::io::IoSliceMut::new(buf)];
-        match sock::recvmsg::<NetlinkAddr>(fd.as_raw_fd(), &mut iov, None, flags) {
-            Err(NixErrno::EINTR) => continue,
-            Err(e) => return Err(QueryError::Syscall("recvmsg", e.into())),
-            Ok(m) => {
-                return Ok(Received {
-                    len: m.bytes,
-                    flags: m.flags,
-                    sender: m.address.map_or(0, |a| a.pid()),
-                })
-            }
-        }
-    }
-}
-
-/// Receive one whole datagram sent by the kernel into `buf`, growing `buf`
-/// if the datagram is larger; returns its length.
-fn recv_from_kernel(fd: &OwnedFd, buf: &mut Vec<u8>) -> QResult<usize> {
-    loop {
-        // With MSG_TRUNC netlink returns the datagram's real length even when
-        // it does not fit; MSG_PEEK leaves it queued for the real read.
-        let peek = recvmsg_into(fd, buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC)?;
-        if peek.len > buf.len() {
-            buf.resize(peek.len, 0);
-            continue;
-        }
-        let got = recvmsg_into(fd, buf, MsgFlags::empty())?;
-        if got.flags.contains(MsgFlags::MSG_TRUNC) {
-            // Only if the queue head changed between peek and read, which
-            // cannot happen with a single reader; refuse partial data.
-            return Err(QueryError::Malformed(format!(
-                "datagram truncated to {} bytes",
-                got.len
-            )));
-        }
-        if got.sender != 0 {
-            // Not from the kernel (another root process can unicast to our
-            // port id); not part of the reply.
-            tracing::debug!(sender = got.sender, "sock_diag: ignoring foreign datagram");
-            continue;
-        }
-        return Ok(got.len);
-    }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Flow {
-    More,
-    Done,
-}
-
-/// Parse the netlink messages of one datagram, appending sockets to `out`.
-fn parse_datagram(mut b: &[u8], seq: u32, out: &mut Vec<UnixSock>) -> QResult<Flow> {
-    let mut flow = Flow::More;
-    while b.len() >= NLMSG_HDRLEN {
-        let hdr = NlMsgHdr::parse(b).ok_or_else(|| QueryError::Malformed("short header".into()))?;
-        let len = hdr.nlmsg_len as usize;
-        if len < NLMSG_HDRLEN || len > b.len() {
-            return Err(QueryError::Malformed(format!(
-                "message length {len} with {} bytes left",
-                b.len()
-            )));
-        }
-        let payload = &b[NLMSG_HDRLEN..len];
-        b = &b[align4(len).min(b.len())..];
-
-        if hdr.nlmsg_seq != seq {
-            tracing::debug!(
-                seq = hdr.nlmsg_seq,
-                expected = seq,
-                "sock_diag: ignoring message of another request"
-            );
-            continue;
-        }
-        match hdr.nlmsg_type {
-            NLMSG_NOOP => {}
-            NLMSG_DONE => {
-                // A dump's DONE carries an int: 0, or the negative errno the
-                // dump failed with.
-                if let Some(err) = i32_at(payload, 0) {
-                    if err < 0 {
-                        return Err(QueryError::Kernel(Errno(-err)));
-                    }
-                }
-                flow = Flow::Done;
-            }
-            NLMSG_ERROR => {
-                let err = i32_at(payload, 0)
-                    .ok_or_else(|| QueryError::Malformed("short NLMSG_ERROR".into()))?;
-                if err < 0 {
-                    return Err(QueryError::Kernel(Errno(-err)));
-                }
-                // 0 is an acknowledgement; we asked for none, but it ends the
-                // exchange all the same.
-                flow = Flow::Done;
-            }
-            SOCK_DIAG_BY_FAMILY => {
-                if hdr.nlmsg_flags & NLM_F_DUMP_INTR != 0 {
-                    // unix_diag does not track consistency, so this is not
-                    // expected; the dump is still as good as any other.
-                    tracing::debug!("sock_diag: dump interrupted flag set");
-                }
-                if let Some(s) = parse_sock(payload)? {
-                    out.push(s);
-                }
-                // An exact lookup answers with a single message without
-                // NLM_F_MULTI and nothing after it.
-                if hdr.nlmsg_flags & NLM_F_MULTI == 0 {
-                    flow = Flow::Done;
-                }
-            }
-            other => {
-                tracing::debug!(
-                    r#type = other,
-                    "sock_diag: ignoring unexpected message type"
-                );
-            }
-        }
-    }
-    Ok(flow)
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// Parse one unix_diag_msg and its attributes; None if it is not AF_UNIX.
@@ -609,6 +334,7 @@ fn parse_sock(payload: &[u8]) -> QResult<Option<UnixSock>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::OwnedFd;
     use std::os::unix::ffi::OsStrExt;
 
     // The crate's own wrappers make the sockets these tests look at.

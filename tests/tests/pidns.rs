@@ -211,3 +211,25 @@ fn kill_of_a_multithreaded_job_returns() {
         );
     }
 }
+
+/// A user who may not create a PID namespace is told how to go on.
+#[test]
+fn cr_run_as_non_root_names_no_pidns() {
+    let h = Harness::new("cr-run-nobody");
+    let run = RunOpts {
+        as_user: Some((65534, 65534)),
+        ..Default::default()
+    };
+    let out = h.run_tool("cr_run", &["/bin/true"].map(std::ffi::OsStr::new), &run);
+    out.assert_error(
+        "cr_run as nobody",
+        "cr_run: error: ",
+        &["cannot create a PID namespace", "--no-pidns"],
+    );
+    let out = h.run_tool(
+        "cr_run",
+        &["--no-pidns", "/bin/true"].map(std::ffi::OsStr::new),
+        &run,
+    );
+    out.assert_success("cr_run --no-pidns as nobody");
+}

@@ -1094,3 +1094,77 @@ fn checkpoint_refuses_raw_socket() {
 fn checkpoint_refuses_netlink_socket_by_name() {
     refused_socket("netlink", &["netlink"]);
 }
+
+/// The TCP sockets of `ns` as /proc/net/tcp{,6} lists them, split in fields.
+fn tcp_table(ns: &Netns) -> Vec<Vec<String>> {
+    let text = ns.run(|| {
+        ["tcp", "tcp6"]
+            .iter()
+            .map(|f| {
+                std::fs::read_to_string(format!("/proc/thread-self/net/{f}")).unwrap_or_default()
+            })
+            .collect::<String>()
+    });
+    text.lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter(|f| f.len() > 9 && f[0] != "sl")
+        .collect()
+}
+
+/// Orphaned sockets (no process holds them: inode 0) still in FIN-WAIT-1,
+/// the state that keeps a connection's addresses taken.
+fn lingering_fin_wait1(ns: &Netns) -> usize {
+    tcp_table(ns)
+        .iter()
+        .filter(|f| f[3] == "04" && f[9] == "0")
+        .count()
+}
+
+/// Both ends checkpointed with --kill and restored. Then the restored pair
+/// crashes the hard way: the client stops reading (SIGSTOP) until the
+/// server's connection to it has a closed window, the server is killed
+/// (its FIN waits behind the unsent data: FIN-WAIT-1), then the client is
+/// killed (its reset is dropped by the restore's reset guard), so the
+/// server's socket lingers on the connection's addresses. The same images
+/// restored again take the addresses back (the orphan is destroyed) and
+/// the exchange goes on from the checkpoint with nothing lost.
+#[test]
+fn tcp_pair_restored_again_over_lingering_sockets() {
+    let ns = Netns::new("linger");
+    let h = Harness::new("tcp-linger");
+    let (mut s, mut c) = spawn_pair(&h, &ns, false, "127.0.0.1", &["--conns", "2"]);
+    let (si, ci) = (img(&h, "server"), img(&h, "client"));
+    ckpt_kill(&h, &mut s, &si);
+    ckpt_kill(&h, &mut c, &ci);
+    let (sa, ca) = (s.progress(), c.progress());
+    restore(&h, &mut s, &si, &ns, &[]);
+    restore(&h, &mut c, &ci, &ns, &[]);
+    s.wait_past(sa, MARGIN, "after the first restore", &|| ns.diag());
+    c.wait_past(ca, MARGIN, "after the first restore", &|| ns.diag());
+    c.restore
+        .as_ref()
+        .expect("restored client")
+        .restored
+        .signal(libc::SIGSTOP);
+    // A sender probing a zero window (timer 4) is a full connection.
+    wait_until(
+        "a connection to the stopped client with a closed window",
+        Duration::from_secs(20),
+        || tcp_table(&ns).iter().any(|f| f[5].starts_with("04:")),
+        || ns.diag(),
+    );
+    drop(s.restore.take());
+    drop(c.restore.take());
+    wait_until(
+        "the killed server's socket lingering in FIN-WAIT-1",
+        Duration::from_secs(10),
+        || lingering_fin_wait1(&ns) > 0,
+        || ns.diag(),
+    );
+    let (sa, ca) = (s.progress(), c.progress());
+    restore(&h, &mut s, &si, &ns, &[]);
+    restore(&h, &mut c, &ci, &ns, &[]);
+    s.wait_past(sa, MARGIN, "after the second restore", &|| ns.diag());
+    c.wait_past(ca, MARGIN, "after the second restore", &|| ns.diag());
+    finish_pair(&mut s, &mut c, "second restore over lingering sockets");
+}

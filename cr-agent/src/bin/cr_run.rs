@@ -52,8 +52,14 @@ fn run(cli: Cli) -> Result<u8, String> {
         None => None,
     };
     if !cli.no_pidns {
-        cr_sys::clone::unshare_pidns()
-            .map_err(|e| format!("cannot create a PID namespace: {e}"))?;
+        cr_sys::clone::unshare_pidns().map_err(|e| {
+            let hint = if cr_sys::proc::own_ids().1 == 0 {
+                ""
+            } else {
+                " (that needs root or CAP_SYS_ADMIN: run cr_run as root, or add --no-pidns to stay in this PID namespace)"
+            };
+            format!("cannot create a PID namespace: {e}{hint}")
+        })?;
     }
     let mut cmd = Command::new(&cli.command[0]);
     cmd.args(&cli.command[1..]);

@@ -184,7 +184,18 @@ fn repair(
     sys::set_repair_queue(sock, TcpQueue::Recv)?;
     sys::set_queue_seq(sock, c.rcv_nxt.wrapping_sub(c.recv_queue.len() as u32))?;
     sys::bind(sock, &local)?;
-    sys::connect(sock, &remote)?;
+    if let Err(e) = sys::connect(sock, &remote) {
+        // The killed original's socket (or an earlier restore's) may still
+        // linger with these addresses; no process holds it: it goes.
+        if e.errno() != Some(libc::EADDRNOTAVAIL) {
+            return Err(e);
+        }
+        let Some(state) = cr_sys::inet_diag::destroy_orphan(local, remote)? else {
+            return Err(e);
+        };
+        tracing::info!(%local, %remote, state = sys::tcp_state_name(state), "destroyed a lingering socket of this connection");
+        sys::connect(sock, &remote)?;
+    }
     let mut opts = vec![(sys::TCPOPT_MSS, c.mss)];
     if c.options as u8 & sys::TCPI_OPT_WSCALE != 0 {
         opts.push((sys::TCPOPT_WINDOW, c.snd_wscale | (c.rcv_wscale << 16)));

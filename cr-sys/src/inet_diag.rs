@@ -1,0 +1,165 @@
+//! TCP sockets through NETLINK_SOCK_DIAG (`struct inet_diag_req_v2`,
+//! linux/inet_diag.h): find the socket of one connection by its addresses,
+//! and destroy it (`SOCK_DESTROY`, CONFIG_INET_DIAG_DESTROY) when no
+//! process holds it any more.
+//!
+//! What this is for: a connection restored while the killed original's
+//! socket still lingers (closed but not gone: FIN-WAIT, CLOSING, LAST-ACK,
+//! TIME-WAIT) cannot take its addresses back ("cannot assign requested
+//! address"); a second restore of the same image meets the first copy's
+//! remains. Such a socket has no file any more (`idiag_inode` 0), so
+//! nothing can use it: destroying it is what `ss -K` would do.
+//!
+//! Kernel behaviour worth knowing: an exact lookup names the socket from
+//! its own side (`idiag_src`/`idiag_sport` local, `idiag_dst`/`idiag_dport`
+//! remote, all in network byte order) and is answered by one
+//! `inet_diag_msg` or ENOENT; SOCK_DESTROY takes the same request (with the
+//! cookie of the answer) and aborts the socket, TIME-WAIT ones included.
+
+use crate::error::{Errno, Result};
+use crate::sock_diag::{
+    exchange, message, next_seq, u32_at, QueryError, NLM_F_ACK, NLM_F_REQUEST, SOCK_DESTROY,
+    SOCK_DIAG_BY_FAMILY,
+};
+use std::net::{IpAddr, SocketAddr};
+
+/// Wildcard cookie.
+const NOCOOKIE: u32 = !0;
+/// Size of `struct inet_diag_req_v2`.
+const REQ_LEN: usize = 56;
+/// Offsets in `struct inet_diag_msg`.
+const MSG_STATE: usize = 1;
+const MSG_COOKIE: usize = 44;
+const MSG_INODE: usize = 68;
+
+/// One TCP socket as an exact lookup reports it.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpSock {
+    /// TCP state (include/net/tcp_states.h).
+    pub state: u8,
+    /// Its file's inode; 0 when no process holds it (orphaned, TIME-WAIT).
+    pub inode: u32,
+    cookie: [u32; 2],
+}
+
+/// `struct inet_diag_req_v2` for the connection `local` -> `remote`.
+fn request(local: SocketAddr, remote: SocketAddr, cookie: [u32; 2]) -> Vec<u8> {
+    let family = if local.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let mut r = Vec::with_capacity(REQ_LEN);
+    r.push(family as u8);
+    r.push(libc::IPPROTO_TCP as u8);
+    r.push(0); // idiag_ext: no extensions
+    r.push(0);
+    r.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
+    r.extend_from_slice(&local.port().to_be_bytes());
+    r.extend_from_slice(&remote.port().to_be_bytes());
+    for a in [local.ip(), remote.ip()] {
+        let mut b = [0u8; 16];
+        match a {
+            IpAddr::V4(v4) => b[..4].copy_from_slice(&v4.octets()),
+            IpAddr::V6(v6) => b.copy_from_slice(&v6.octets()),
+        }
+        r.extend_from_slice(&b);
+    }
+    r.extend_from_slice(&0u32.to_ne_bytes()); // idiag_if
+    r.extend_from_slice(&cookie[0].to_ne_bytes());
+    r.extend_from_slice(&cookie[1].to_ne_bytes());
+    debug_assert_eq!(r.len(), REQ_LEN);
+    r
+}
+
+fn describe(what: &str, local: SocketAddr, remote: SocketAddr) -> String {
+    format!("sock_diag {what} of TCP {local} -> {remote}")
+}
+
+/// The TCP socket of the connection `local` -> `remote`, if there is one.
+pub fn lookup(local: SocketAddr, remote: SocketAddr) -> Result<Option<TcpSock>> {
+    let seq = next_seq();
+    let req = message(
+        SOCK_DIAG_BY_FAMILY,
+        NLM_F_REQUEST,
+        seq,
+        &request(local, remote, [NOCOOKIE; 2]),
+    );
+    let mut found = None;
+    let r = exchange(&req, seq, &mut |_, p| {
+        let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
+        found = Some(TcpSock {
+            state: *p.get(MSG_STATE).ok_or_else(bad)?,
+            inode: u32_at(p, MSG_INODE).ok_or_else(bad)?,
+            cookie: [
+                u32_at(p, MSG_COOKIE).ok_or_else(bad)?,
+                u32_at(p, MSG_COOKIE + 4).ok_or_else(bad)?,
+            ],
+        });
+        Ok(())
+    });
+    match r {
+        Ok(()) => Ok(found),
+        Err(QueryError::Kernel(Errno(libc::ENOENT))) => Ok(None),
+        Err(e) => Err(e.into_sys_error(describe("lookup", local, remote))),
+    }
+}
+
+/// Destroy the socket of `local` -> `remote` when no process holds it (see
+/// the module documentation); returns its state if one was destroyed.
+pub fn destroy_orphan(local: SocketAddr, remote: SocketAddr) -> Result<Option<u8>> {
+    let Some(s) = lookup(local, remote)? else {
+        return Ok(None);
+    };
+    if s.inode != 0 {
+        return Ok(None);
+    }
+    let seq = next_seq();
+    let req = message(
+        SOCK_DESTROY,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        &request(local, remote, s.cookie),
+    );
+    match exchange(&req, seq, &mut |_, _| Ok(())) {
+        Ok(()) => Ok(Some(s.state)),
+        // Gone meanwhile.
+        Err(QueryError::Kernel(Errno(libc::ENOENT))) => Ok(None),
+        Err(e) => Err(e.into_sys_error(describe("destroy", local, remote))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn a_held_connection_is_found_and_never_destroyed() {
+        let lis = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(lis.local_addr().unwrap()).unwrap();
+        let (local, remote) = (c.local_addr().unwrap(), c.peer_addr().unwrap());
+        let s = lookup(local, remote).unwrap().expect("found");
+        assert_eq!(s.state, crate::inet::TCP_ESTABLISHED);
+        assert_ne!(s.inode, 0);
+        assert_eq!(destroy_orphan(local, remote).unwrap(), None);
+        assert!(lookup(local, remote).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_closed_connection_lingering_is_destroyed() {
+        let lis = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(lis.local_addr().unwrap()).unwrap();
+        let (_srv, _) = lis.accept().unwrap();
+        let (local, remote) = (c.local_addr().unwrap(), c.peer_addr().unwrap());
+        drop(c); // FIN sent; the server never closes: FIN-WAIT-2
+        let orphan = lookup(local, remote).unwrap().expect("lingers");
+        assert_eq!(orphan.inode, 0);
+        assert!(destroy_orphan(local, remote).unwrap().is_some());
+        assert!(lookup(local, remote).unwrap().is_none());
+        assert!(
+            lookup(remote, local).unwrap().is_some(),
+            "the other end is held"
+        );
+    }
+}
