@@ -753,6 +753,9 @@ impl Harness {
             if let Some(st) = child.try_exit() {
                 break st.expect("tool is our child");
             }
+            // Processes a `--kill` ended were reparented to us (a
+            // subreaper): reaped now, so the tool sees them gone.
+            reap_orphans();
             if t0.elapsed() > timeout {
                 let msg = format!(
                     "timed out after {timeout:?}: {cmdline}\nstdout:\n{}\nstderr:\n{}",
@@ -864,12 +867,29 @@ impl Harness {
     /// `cr_restart EXTRA... DIR` in the background, like `restore_bg` (e.g.
     /// with `--netns NAME` or `--map-addr OLD=NEW`).
     pub fn restore_bg_args(&self, dir: &Path, pid: i32, extra: &[&OsStr]) -> Restore {
+        self.restore_bg_with(dir, pid, extra, &RunOpts::default())
+    }
+
+    /// `cr_restart DIR` in the background with environment `env` (e.g.
+    /// `CR_FAULT_INJECT`), like `restore_bg`.
+    pub fn restore_bg_env(&self, dir: &Path, pid: i32, env: &[(&str, &str)]) -> Restore {
+        let run = RunOpts {
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..RunOpts::default()
+        };
+        self.restore_bg_with(dir, pid, &[], &run)
+    }
+
+    fn restore_bg_with(&self, dir: &Path, pid: i32, extra: &[&OsStr], run: &RunOpts) -> Restore {
         let exe = tool_path("cr_restart");
         // Who holds the pid now, before cr_restart can create the restored process.
         let held = proc_starttime(pid);
         let mut args: Vec<&OsStr> = extra.to_vec();
         args.push(dir.as_os_str());
-        let (cr, out, err, cmdline) = self.start_tool(&exe, &args, &RunOpts::default());
+        let (cr, out, err, cmdline) = self.start_tool(&exe, &args, run);
         let restored = Proc::expect_restored(pid, "restored process", cr.pid, held);
         Restore {
             restored,

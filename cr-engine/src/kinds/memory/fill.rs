@@ -80,8 +80,13 @@ pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, Resto
     let fill = vmas_with_pages(&p.vmas, cx.pieces);
     let mut files: HashMap<(String, bool), u64> = HashMap::new();
     let mut shm_fds = Vec::new();
-    for (v, &fill) in p.vmas.iter().zip(&fill) {
+    let mut sysv = crate::kinds::sysv::Attaches::new(&p.vmas);
+    for (i, (v, &fill)) in p.vmas.iter().zip(&fill).enumerate() {
         if v.kind.is_special() {
+            continue;
+        }
+        if v.kind == VmaKind::SysvShm {
+            sysv.attach(&mut cx.stub, cx.r, i)?;
             continue;
         }
         let mut prot = v.prot as u64;
