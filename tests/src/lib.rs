@@ -776,7 +776,10 @@ impl Harness {
         }
     }
 
-    fn start_tool(
+    /// Starts `exe ARGS...` in the background as `run_tool` would (fds
+    /// isolated, stdout and stderr to files of the harness directory):
+    /// the process, its stdout and stderr files, and its command line.
+    pub fn start_tool(
         &self,
         exe: &Path,
         args: &[&OsStr],
