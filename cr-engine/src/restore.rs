@@ -155,6 +155,10 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
         return Err(RestoreError::PreDump(dir.to_path_buf()));
     }
     kinds::identity::check_caller(&ck.processes)?;
+    if proc::own_ids().1 != 0 {
+        let (uid, _, gid, _) = proc::own_ids();
+        kinds::sysv::check_owner(&ck, uid, gid)?;
+    }
     let pages = Pages::open(&chain)?;
     let mut pieces: HashMap<u32, Vec<Piece>> = HashMap::new();
     for p in ck.processes.iter().filter(|p| !p.is_zombie()) {

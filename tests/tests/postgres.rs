@@ -432,44 +432,19 @@ fn postgres_under_cr_run_survives_checkpoints_and_a_restore() {
         "cr_run reports the kill"
     );
 
-    let err = h.dir.join("restore.err");
-    let mut restore = Command::new(tool_path("cr_restart"))
-        .arg(&img)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err).expect("restore.err"))
-        .spawn()
-        .expect("spawn cr_restart");
-    own_child(restore.id() as i32);
-    let cr = restore.id() as i32;
+    let mut r = h.restore_job(&img);
     let done = bench.finish();
     check_database(&h, &pg, done);
     // pg_ctl cannot signal PID 1 of another PID namespace: SIGINT (a fast
     // shutdown) to the job's root, cr_restart's child.
-    let root: i32 = read_text(Path::new(&format!("/proc/{cr}/task/{cr}/children")))
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no restored job\n{}", read_text(&err)));
-    let _guard = KillOnDrop(root);
+    let root = r.wait_running(&postgres, &String::new);
     kill_process(root, libc::SIGINT);
-    let t0 = Instant::now();
-    let st = loop {
-        if let Some(st) = restore.try_wait().expect("try_wait") {
-            break st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the restored job did not stop\n{}",
-            read_text(&err)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let st = r.wait(Duration::from_secs(60), &String::new);
     assert_eq!(
         st.code(),
         Some(0),
         "the restored PostgreSQL stopped cleanly\n{}",
-        read_text(&err)
+        r.diag()
     );
 }
 
@@ -477,19 +452,6 @@ fn postgres_under_cr_run_survives_checkpoints_and_a_restore() {
 fn kill_process(pid: i32, sig: i32) {
     // SAFETY: kill(2) of the restored job's root, our cr_restart's child.
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill {pid}");
-}
-
-/// Kills a restored job's root (and so its PID namespace) if the test
-/// ends before it stopped.
-struct KillOnDrop(i32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if is_alive(self.0) {
-            // SAFETY: kill(2) of the restored job's root, which this test made.
-            unsafe { libc::kill(self.0, libc::SIGKILL) };
-        }
-    }
 }
 
 impl Drop for Pg {

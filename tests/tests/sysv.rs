@@ -13,7 +13,6 @@ mod common;
 use cr_tests::*;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// The ids `wl_sysv` printed: a, b, c, sem, msg.
@@ -91,6 +90,27 @@ fn left_behind(ids: [i32; 5], key: i64) -> Vec<String> {
     out
 }
 
+/// Removes the host-namespace objects of a `wl_sysv` whose test failed
+/// (the workload removes them itself when it finishes).
+struct Leftovers([i32; 5]);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let [a, b, c, sem, msg] = self.0;
+        // SAFETY: IPC_RMID of the objects the test's own workload made.
+        unsafe {
+            for id in [a, b, c] {
+                libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+            }
+            libc::semctl(sem, 0, libc::IPC_RMID);
+            libc::msgctl(msg, libc::IPC_RMID, std::ptr::null_mut());
+        }
+    }
+}
+
 /// The key wl_sysv gives its set and queue (from its pid).
 fn key_of(pid: i32) -> i64 {
     (0x5300_0000 | (pid & 0xff_ffff)) as i64
@@ -101,6 +121,7 @@ fn sysv_objects_survive_a_checkpoint_that_continues() {
     let h = Harness::new("sysv-continue");
     let mut wl = h.spawn_wl("wl_sysv", &[]);
     wl.wait_ready();
+    let _leftovers = Leftovers(ids(&wl));
     let img = h.image_dir("img");
     h.checkpoint(&img, &[], wl.pid())
         .assert_success("cr_checkpoint (continue)");
@@ -121,6 +142,7 @@ fn sysv_objects_survive_kill_and_restore_and_a_failed_restore_leaves_nothing() {
     let mut wl = h.spawn_wl("wl_sysv", &[]);
     wl.wait_ready();
     let ids = ids(&wl);
+    let _leftovers = Leftovers(ids);
     let (pid, key) = (wl.pid(), key_of(wl.pid()));
     let img = h.image_dir("img");
     checkpoint_kill(&h, &mut wl, &img);
@@ -128,7 +150,7 @@ fn sysv_objects_survive_kill_and_restore_and_a_failed_restore_leaves_nothing() {
 
     // 1. The queue's id taken by another queue in use: refused, naming it.
     let msg = ids[4];
-    let other = take_queue_id(msg);
+    let other = TakenQueue::new(msg);
     let out = h.restore_sync(&img, pid);
     let line = out.assert_error(
         "restore while the queue's id is taken",
@@ -144,7 +166,7 @@ fn sysv_objects_survive_kill_and_restore_and_a_failed_restore_leaves_nothing() {
         "names who uses it: {line}"
     );
     assert_no_restored(pid, &wl.exe, "refused restore");
-    remove_queue(other);
+    drop(other);
 
     // 2. A restore failing after every object and process was made leaves
     // none of them.
@@ -193,42 +215,43 @@ fn sysv_objects_survive_kill_and_restore_and_a_failed_restore_leaves_nothing() {
     assert_restored_ok(&out, &wl, "restored System V objects");
 }
 
-/// Remove the leftover queue `id` and make another queue with that id, in
-/// use (we send it a message): returns its id.
-fn take_queue_id(id: i32) -> i32 {
-    // SAFETY: System V calls with integer arguments and a valid msgbuf.
-    unsafe {
-        libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut());
-        std::fs::write("/proc/sys/kernel/msg_next_id", format!("{id}\n"))
-            .expect("msg_next_id (CONFIG_CHECKPOINT_RESTORE)");
-        let q = libc::msgget(libc::IPC_PRIVATE, libc::IPC_CREAT | 0o600);
-        assert_eq!(q, id, "the test could not make a queue with id {id}");
-        let m = [1i64, 0];
-        assert_eq!(libc::msgsnd(q, m.as_ptr().cast(), 8, 0), 0, "msgsnd");
-        q
+/// Another queue holding a queue's id, in use (we sent it a message);
+/// removed when dropped.
+struct TakenQueue(i32);
+
+impl TakenQueue {
+    /// Remove the leftover queue `id` and make another one with that id.
+    fn new(id: i32) -> TakenQueue {
+        // SAFETY: System V calls with integer arguments and a valid msgbuf.
+        unsafe {
+            libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut());
+            std::fs::write("/proc/sys/kernel/msg_next_id", format!("{id}\n"))
+                .expect("msg_next_id (CONFIG_CHECKPOINT_RESTORE)");
+            let q = libc::msgget(libc::IPC_PRIVATE, libc::IPC_CREAT | 0o600);
+            let taken = TakenQueue(q);
+            assert_eq!(q, id, "the test could not make a queue with id {id}");
+            let m = [1i64, 0];
+            assert_eq!(libc::msgsnd(q, m.as_ptr().cast(), 8, 0), 0, "msgsnd");
+            taken
+        }
     }
 }
 
-fn remove_queue(id: i32) {
-    // SAFETY: IPC_RMID of the queue this test made.
-    unsafe { libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+impl Drop for TakenQueue {
+    fn drop(&mut self) {
+        // SAFETY: IPC_RMID of the queue this test made.
+        unsafe { libc::msgctl(self.0, libc::IPC_RMID, std::ptr::null_mut()) };
+    }
 }
 
 /// A job under cr_run whose environment is emptied (`env -i`), so that
 /// nothing can come from it.
 fn spawn_job(h: &Harness, img: &Path) -> Workload {
     let wl_sysv = workload_path("wl_sysv");
-    let mut wl = h.spawn_program(
+    let mut wl = h.spawn_job(
         "cr_run",
-        &tool_path("cr_run"),
-        &[
-            "--dir".as_ref(),
-            img.as_os_str(),
-            "--".as_ref(),
-            "/usr/bin/env".as_ref(),
-            "-i".as_ref(),
-            wl_sysv.as_os_str(),
-        ],
+        img,
+        &["/usr/bin/env".as_ref(), "-i".as_ref(), wl_sysv.as_os_str()],
         &["job"],
     );
     wl.wait_ready();
@@ -280,56 +303,16 @@ fn cr_run_job_namespaces_survive_kill_and_restore() {
     let h = Harness::new("sysv-job-kill");
     let img = h.image_dir("img");
     let mut wl = spawn_job(&h, &img);
-    let out = h.run_tool(
-        "cr_checkpoint",
-        &["--kill".as_ref(), wl.pid().to_string().as_ref()],
-        &RunOpts::default(),
-    );
-    out.assert_success("cr_checkpoint --kill of the job");
-    let st = wl
-        .proc
-        .wait_exit(Duration::from_secs(20), String::new)
-        .expect("cr_run is our child");
-    assert_eq!(
-        st.code(),
-        Some(128 + libc::SIGKILL),
-        "cr_run reports the kill"
-    );
+    checkpoint_kill_job(&h, &mut wl, TOOL_TIMEOUT, "cr_checkpoint --kill of the job");
     let first_id = common::show_json(&h, &img)["image_id"].clone();
 
-    let err = h.dir.join("restore.err");
-    let mut restore = Command::new(tool_path("cr_restart"))
-        .arg(&img)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err).expect("restore.err"))
-        .spawn()
-        .expect("spawn cr_restart");
-    own_child(restore.id() as i32);
-    let cr = restore.id() as i32;
-    let diag = || format!("cr_restart: {}\n{}", read_text(&err), wl.diag());
-    // Released (children first): its root runs, untraced.
-    let wl_sysv = workload_path("wl_sysv");
-    wait_until(
-        "the restored job to run",
-        Duration::from_secs(30),
-        || {
-            let kids = std::fs::read_to_string(format!("/proc/{cr}/task/{cr}/children"))
-                .unwrap_or_default();
-            kids.split_whitespace()
-                .filter_map(|k| k.parse::<i32>().ok())
-                .any(|k| {
-                    proc_status(k).is_some_and(|s| s.tracer_pid == 0)
-                        && std::fs::read_link(format!("/proc/{k}/exe")).is_ok_and(|e| e == wl_sysv)
-                })
-        },
-        diag,
-    );
+    let mut r = h.restore_job(&img);
+    r.wait_running(&workload_path("wl_sysv"), &|| wl.diag());
     // The restored job is checkpointed again through cr_restart's pid,
     // without --dir: into the job's directory, recorded by the restore.
     h.run_tool(
         "cr_checkpoint",
-        &[OsStr::new(&cr.to_string())],
+        &[OsStr::new(&r.cr.pid.to_string())],
         &RunOpts::default(),
     )
     .assert_success("cr_checkpoint of the restored job (continue)");
@@ -339,18 +322,7 @@ fn cr_run_job_namespaces_survive_kill_and_restore() {
         "a new image in the job's directory"
     );
     wl.go();
-    let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
-    let st = loop {
-        if let Some(st) = restore.try_wait().expect("try_wait") {
-            break st;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the restored job did not finish\n{}",
-            diag()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let st = r.wait(EXIT_TIMEOUT, &|| wl.diag());
     let last = wl
         .output()
         .lines()
@@ -359,7 +331,8 @@ fn cr_run_job_namespaces_survive_kill_and_restore() {
         .to_string();
     assert!(
         st.code() == Some(0) && last == "OK",
-        "the restored job's own checks ({st:?})\n{}",
-        diag()
+        "the restored job's own checks ({st:?})\n{}\n{}",
+        r.diag(),
+        wl.diag()
     );
 }

@@ -27,7 +27,7 @@
 //! through a shared mapping, as POSIX shm users do) keeps its content.
 //! Prints `IDS a=.. b=.. c=.. sem=.. msg=..` and `SHMFILE NAME` before `READY`.
 
-use cr_tests::wl;
+use cr_tests::wl::{self, check, errno_str};
 use std::ffi::CString;
 
 const PAGE: usize = wl::PAGE;
@@ -39,17 +39,6 @@ const MSGS: [(i64, usize); 4] = [(3, 10), (1, 0), (3, 5000), (7, 300)];
 /// the parent's answer, after which the child exits (so that `shm_nattch`
 /// is read while both are attached).
 const MARK: usize = 7;
-
-fn errno_str() -> String {
-    std::io::Error::last_os_error().to_string()
-}
-
-fn check(r: i64, what: &str) -> i64 {
-    if r < 0 {
-        wl::fail(&format!("{what}: {}", errno_str()));
-    }
-    r
-}
 
 /// Byte `i` of the content of segment `region` (seeded).
 fn byte(seed: u64, region: u64, i: usize) -> u8 {

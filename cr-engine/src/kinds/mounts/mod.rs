@@ -48,16 +48,7 @@ pub fn capture(d: &Dump<'_>, images: &[Process]) -> Result<Option<MountNs>, Chec
     if !ns::differs(root, "mnt").map_err(sys(root))? {
         return Ok(None);
     }
-    let root_ns = ns::id(root, "mnt").map_err(sys(root))?;
-    for p in images.iter().filter(|p| !p.is_zombie()) {
-        let pid = p.pid as i32;
-        if ns::id(pid, "mnt").map_err(sys(pid))? != root_ns {
-            return Err(CheckpointError::unsupported(
-                pid,
-                format!("a mount namespace other than process {root}'s"),
-            ));
-        }
-    }
+    crate::kinds::tree::same_namespace(images, "mnt", "a mount")?;
     let top = PathBuf::from(format!("/proc/{root}/root"));
     let proc = own_mount(&top.join("proc"), "/proc", PROC_MAGIC);
     let shm_path = top.join(ns::DEV_SHM.trim_start_matches('/'));

@@ -104,7 +104,7 @@ fn held(root: i32) -> HashSet<(Kind, i32)> {
 
 /// Remember that root process `root` holds the objects of `s`.
 fn hold(root: i32, s: &SysvIpc) {
-    if s.own_namespace {
+    if s.own_namespace || (s.is_empty() && HELD.read(root).is_none()) {
         return;
     }
     let text: String = objects(s)
@@ -151,20 +151,13 @@ pub fn capture(d: &Dump<'_>, images: &[Process]) -> Result<Option<SysvIpc>, Chec
         return Ok(None);
     };
     let sys = |pid: i32| move |e| CheckpointError::from_sys(pid, e);
-    let root_ns = ns::id(root, "ipc").map_err(sys(root))?;
+    crate::kinds::tree::same_namespace(images, "ipc", "an IPC")?;
     let mut attached = BTreeMap::new();
     for p in images.iter().filter(|p| !p.is_zombie()) {
-        let pid = p.pid as i32;
-        if ns::id(pid, "ipc").map_err(sys(pid))? != root_ns {
-            return Err(CheckpointError::unsupported(
-                pid,
-                format!("an IPC namespace other than process {root}'s"),
-            ));
-        }
         for v in p.vmas.iter().filter(|v| v.kind == VmaKind::SysvShm) {
             attached
                 .entry(v.inode as i32)
-                .or_insert((pid, v.start, v.end));
+                .or_insert((p.pid as i32, v.start, v.end));
         }
     }
     let tree = Tree {
@@ -228,7 +221,10 @@ fn read_all(
         ));
     }
     for id in listed {
-        let st = ks::shm_stat(id).map_err(sys)?;
+        let needed = tree.own || tree.attached.contains_key(&id);
+        let Some(st) = unless_foreign(ks::shm_stat(id), needed).map_err(sys)? else {
+            continue;
+        };
         let take = tree.own
             || tree.attached.contains_key(&id)
             || (st.nattch == 0 && tree.pids.contains(&st.cpid))
@@ -244,8 +240,10 @@ fn read_all(
         }
     }
     for (id, _) in ks::list(Kind::Sem).map_err(sys)? {
-        let st = ks::sem_stat(id).map_err(sys)?;
-        let pids = ks::sem_pids(id, st.nsems).map_err(sys)?;
+        let stat = ks::sem_stat(id).and_then(|st| Ok((st, ks::sem_pids(id, st.nsems)?)));
+        let Some((st, pids)) = unless_foreign(stat, tree.own).map_err(sys)? else {
+            continue;
+        };
         if tree.own
             || pids.iter().any(|p| tree.pids.contains(p))
             || tree.named(Kind::Sem, id, &st.perm)
@@ -263,7 +261,9 @@ fn read_all(
         }
     }
     for (id, _) in ks::list(Kind::Msg).map_err(sys)? {
-        let st = ks::msg_stat(id).map_err(sys)?;
+        let Some(st) = unless_foreign(ks::msg_stat(id), tree.own).map_err(sys)? else {
+            continue;
+        };
         let used = [st.lspid, st.lrpid].iter().any(|p| tree.pids.contains(p));
         if tree.own || used || tree.named(Kind::Msg, id, &st.perm) {
             out.msg.push(MsgQueue {
@@ -275,6 +275,23 @@ fn read_all(
         }
     }
     Ok(out)
+}
+
+/// The state of an object, or None for one of the host's namespace that
+/// we may not read (another user's, for a checkpoint that is not root's)
+/// or that went away meanwhile, unless the tree `needed` it.
+fn unless_foreign<T>(
+    r: cr_sys::error::Result<T>,
+    needed: bool,
+) -> cr_sys::error::Result<Option<T>> {
+    match r {
+        Err(SysError::Syscall { source, .. })
+            if !needed && [libc::EACCES, libc::EINVAL, libc::EIDRM].contains(&source.0) =>
+        {
+            Ok(None)
+        }
+        r => r.map(Some),
+    }
 }
 
 /// Every message of queue `id`, oldest first, copied.
@@ -323,6 +340,24 @@ fn segment(
         nattch: st.nattch,
         content: Some(content),
     })
+}
+
+/// What a checkpoint of the tree `pids` (root first) would hold, in words
+/// (`cr_checkpoint --check`).
+pub fn summary(root: i32, pids: &[i32]) -> String {
+    if ns::differs(root, "ipc").unwrap_or(false) {
+        return "System V IPC: its own namespace, saved whole".into();
+    }
+    let attached: std::collections::BTreeSet<u64> = pids
+        .iter()
+        .flat_map(|&p| proc::maps(p).unwrap_or_default())
+        .filter(|m| m.path.starts_with("/SYSV"))
+        .map(|m| m.inode)
+        .collect();
+    format!(
+        "System V IPC of the host's namespace: {} segments attached {attached:?}, and the segments, semaphore sets and queues the tree created or used last",
+        attached.len()
+    )
 }
 
 // ---------------------------------------------------------------- restore
@@ -456,6 +491,33 @@ pub fn check(ck: &Checkpoint) -> Result<(), RestoreError> {
 
 fn image_pids(ck: &Checkpoint) -> HashSet<i32> {
     ck.processes.iter().map(|p| p.pid as i32).collect()
+}
+
+/// For a restore on behalf of user `uid`/`gid` (the agent's, as root):
+/// the image's objects of the host's namespace must be that user's (owner
+/// and creator), or the restore would make objects in another's name. A
+/// namespace of the tree's own is new and its alone.
+pub fn check_owner(ck: &Checkpoint, uid: u32, gid: u32) -> Result<(), RestoreError> {
+    let Some(s) = ck.sysv.as_ref().filter(|s| !s.own_namespace) else {
+        return Ok(());
+    };
+    let perms = s
+        .shm
+        .iter()
+        .map(|x| (Kind::Shm, x.id, x.perm))
+        .chain(s.sem.iter().map(|x| (Kind::Sem, x.id, x.perm)))
+        .chain(s.msg.iter().map(|x| (Kind::Msg, x.id, x.perm)));
+    for (k, id, p) in perms {
+        if [p.uid, p.cuid] != [uid; 2] || [p.gid, p.cgid] != [gid; 2] {
+            return Err(RestoreError::Unsupported(format!(
+                "System V {} {id} belongs to uid {} (creator {}); only root or that user may restore it (you are uid {uid})",
+                k.name(),
+                p.uid,
+                p.cuid
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Make the image's objects (in the new IPC namespace of the root stub
