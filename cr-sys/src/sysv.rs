@@ -374,7 +374,16 @@ pub fn create(
 /// `/proc/sys/kernel/{shm,sem,msg}_next_id` of the caller's namespace.
 pub fn set_next_id(kind: Kind, id: i32) -> Result<()> {
     let path = format!("/proc/sys/kernel/{}_next_id", kind.short());
-    std::fs::write(&path, format!("{id}\n")).map_err(io_err(&path))
+    std::fs::write(&path, format!("{id}\n")).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => SysError::Command {
+            what: format!("choosing the id of a System V {}", kind.name()),
+            detail: format!("this kernel lacks {path} (CONFIG_CHECKPOINT_RESTORE)"),
+        },
+        _ => SysError::Syscall {
+            what: format!("writing {path}"),
+            source: Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+        },
+    })
 }
 
 /// Owner, group and permission bits of an object (IPC_SET); for a queue

@@ -9,7 +9,7 @@
 //! * segment `b` (keyed), attached and then removed (IPC_RMID) while
 //!   attached: it must still be there, marked SHM_DEST;
 //! * segment `c`, created and filled, then detached by everyone (nobody
-//!   attaches it: saved because the tree created it);
+//!   attaches it: saved because the tree created it), locked (SHM_LOCK);
 //! * a semaphore set of 3: the parent took 1 from semaphore 0, the child
 //!   added 5 to semaphore 1, semaphore 2 holds 32767 (SEMVMX); each
 //!   semaphore's last-operation pid is checked;
@@ -31,6 +31,9 @@ use cr_tests::wl::{self, check, errno_str};
 use std::ffi::CString;
 
 const PAGE: usize = wl::PAGE;
+/// shmctl command and the mode bit it sets (<sys/shm.h>).
+const SHM_LOCK: i32 = 11;
+const SHM_LOCKED: u16 = 0o2000;
 const A_SIZE: usize = 8 * PAGE + 123;
 const B_SIZE: usize = 2 * PAGE;
 const C_SIZE: usize = 3 * PAGE;
@@ -199,6 +202,10 @@ fn main() {
         let pc = attach(c, "c");
         fill(seed, 3, pc, C_SIZE);
         check(libc::shmdt(pc.cast()) as i64, "shmdt c");
+        check(
+            libc::shmctl(c, SHM_LOCK, std::ptr::null_mut()) as i64,
+            "SHM_LOCK c",
+        );
         let mut vals = [(seed % 100) as u16 + 10, 0, 32767];
         check(
             libc::semctl(sem, 0, libc::SETALL, vals.as_mut_ptr()) as i64,
@@ -323,8 +330,11 @@ fn main() {
     );
     match shm_stat(o.c) {
         Ok(ds) => expect(
-            ds.shm_nattch == 0,
-            format!("segment c nattch {}", ds.shm_nattch),
+            ds.shm_nattch == 0 && ds.shm_perm.mode & SHM_LOCKED != 0,
+            format!(
+                "segment c: nattch {}, mode {:o} (SHM_LOCKED expected)",
+                ds.shm_nattch, ds.shm_perm.mode
+            ),
         ),
         Err(e) => expect(false, e),
     }
