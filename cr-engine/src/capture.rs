@@ -411,6 +411,9 @@ impl Held {
         for f in self.procs.iter_mut() {
             images.push(capture_process(f, &mut d)?);
         }
+        // Read while nothing runs: System V objects and a job's mounts.
+        let sysv = kinds::sysv::capture(&d, &images)?;
+        let mounts = kinds::mounts::capture(&d, &images)?;
         if memory::has_snapshots(&mut d) {
             fault::check("after-snapshot")?;
             // Everything is read: the processes run on while the copies of
@@ -447,6 +450,9 @@ impl Held {
             parent: parent_ref(&self.dir, self.parent.as_ref().map(|c| c.top())),
             store: Some(store),
             pre_dump: false,
+            sysv,
+            mounts,
+            job_dir: job_dir(root).map(|d| d.display().to_string()),
         };
         fault::check("before-commit")?;
         self.dir.commit(&ck, opts.fsync())?;
@@ -657,6 +663,9 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             parent: parent_ref(&dir, parent.as_ref().map(|c| c.top())),
             store: Some(store),
             pre_dump: true,
+            sysv: None,
+            mounts: None,
+            job_dir: None,
         };
         fault::check("before-commit")?;
         dir.commit(&ck, opts.fsync())?;
@@ -677,10 +686,11 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
 }
 
 /// The process to checkpoint when the user names `pid`: for a `cr_run`
-/// launcher, the job it runs (its only child, PID 1 of the job's namespace).
+/// launcher, the job it runs (its only child, PID 1 of the job's
+/// namespace); the same for a `cr_restart` waiting for what it restored.
 pub fn job_root(pid: i32) -> i32 {
     let is_cr_run = proc::read_link(&format!("/proc/{pid}/exe"))
-        .map(|e| e.rsplit('/').next() == Some("cr_run"))
+        .map(|e| matches!(e.rsplit('/').next(), Some("cr_run" | "cr_restart")))
         .unwrap_or(false);
     match proc::children(pid) {
         Ok(kids) if is_cr_run && kids.len() == 1 => kids[0],
@@ -688,13 +698,30 @@ pub fn job_root(pid: i32) -> i32 {
     }
 }
 
-/// The image directory a job was started with (`cr_run --dir`), from its environment.
+/// The records of `cr_run` jobs: the directory each was started with.
+const JOBS: crate::pidstate::PidState = crate::pidstate::PidState("jobs");
+
+/// The image directory job `pid` (the root of a `cr_run` job, or of one
+/// restored from its image) was started with (`cr_run --dir`), as recorded
+/// by cr_run or by the restore: never taken from the job's environment,
+/// which programs rewrite.
 pub fn job_dir(pid: i32) -> Option<PathBuf> {
-    let env = proc::read_bytes(&format!("/proc/{pid}/environ")).ok()?;
-    env.split(|&b| b == 0)
-        .find_map(|kv| kv.strip_prefix(JOB_DIR_ENV.as_bytes())?.strip_prefix(b"="))
-        .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
+    let text = JOBS.read(pid)?;
+    let dir = text.trim_end_matches('\n');
+    dir.starts_with('/').then(|| PathBuf::from(dir))
 }
 
-/// Environment variable cr_run sets to the job's default image directory.
-pub const JOB_DIR_ENV: &str = "CR_CHECKPOINT_DIR";
+/// Record `dir` as the image directory of job `pid` (absolute); returns
+/// the record, which the caller removes when the job ends.
+pub fn record_job(pid: i32, dir: &std::path::Path) -> Option<PathBuf> {
+    match JOBS.write(pid, &format!("{}\n", dir.display())) {
+        Ok(path) => {
+            debug!(pid, record = %path.display(), "job recorded");
+            Some(path)
+        }
+        Err(e) => {
+            tracing::warn!(pid, error = %e, "cannot record the job's directory; its checkpoints need --dir");
+            None
+        }
+    }
+}

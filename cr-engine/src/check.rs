@@ -2,7 +2,7 @@
 //! saved, without touching the processes (the same code as the pre-flight
 //! of a checkpoint, asked to go on after a refusal and to look deeper).
 
-use crate::kinds::{fds, memory, tree};
+use crate::kinds::{fds, memory, sysv, tree};
 use crate::CheckpointError;
 use cr_sys::proc;
 
@@ -62,5 +62,11 @@ pub fn check(pid: i32) -> Result<Vec<CheckItem>, CheckpointError> {
             out.push(item(&format!("fd {}", r.fd), r.what, r.refused));
         }
     }
+    out.push(CheckItem {
+        pid,
+        resource: "ipc".into(),
+        what: sysv::summary(pid, &pids),
+        refused: None,
+    });
     Ok(out)
 }

@@ -125,6 +125,16 @@ pub enum RestoreError {
     Unbound(String),
     #[error("pid {pid} is already in use by {by}")]
     PidTaken { pid: i32, by: String },
+    #[error("fault injected at stage {0} (CR_FAULT_INJECT)")]
+    Injected(String),
+    #[error("System V {kind} {id} (key {key:#x}) cannot be restored: {why}; remove it ({ipcrm}) if nothing needs it, or restore elsewhere")]
+    SysvTaken {
+        kind: &'static str,
+        id: i32,
+        key: i32,
+        why: String,
+        ipcrm: String,
+    },
 }
 
 /// Attach a description of the step to a low-level error.

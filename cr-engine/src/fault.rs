@@ -1,9 +1,11 @@
 //! Fault injection for tests: `CR_FAULT_INJECT=<stage>` makes a checkpoint
 //! fail at that stage, so tests can prove a failed checkpoint never harms
 //! the application. Stages: after-seize, after-registers, mid-memory,
-//! pre-dump-frozen, before-commit.
+//! pre-dump-frozen, before-commit; of a restore ([`check_restore`]):
+//! restore-rebuilt (every process rebuilt, nothing released), to prove a
+//! failed restore leaves nothing behind.
 
-use crate::CheckpointError;
+use crate::{CheckpointError, RestoreError};
 
 pub const ENV: &str = "CR_FAULT_INJECT";
 
@@ -13,6 +15,14 @@ pub fn check(stage: &str) -> Result<(), CheckpointError> {
     crate::interrupt::check().map_err(CheckpointError::Interrupted)?;
     match std::env::var(ENV) {
         Ok(s) if s == stage => Err(CheckpointError::Injected(stage.to_string())),
+        _ => Ok(()),
+    }
+}
+
+/// Fail a restore if the environment asks for a fault at `stage`.
+pub fn check_restore(stage: &str) -> Result<(), RestoreError> {
+    match std::env::var(ENV) {
+        Ok(s) if s == stage => Err(RestoreError::Injected(stage.to_string())),
         _ => Ok(()),
     }
 }

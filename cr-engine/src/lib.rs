@@ -26,6 +26,7 @@ pub mod fault;
 pub mod interrupt;
 pub mod kinds;
 pub mod options;
+mod pidstate;
 mod probe;
 pub mod restore;
 mod stub;

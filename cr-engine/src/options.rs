@@ -105,6 +105,17 @@ pub struct CheckpointOptions {
     /// Compression of the page store: none, lz4 (fast) or zstd (small).
     #[arg(long, default_value = "none", value_name = "ALG")]
     pub compress: Compression,
+    /// Also save the System V IPC objects (shared memory, semaphores,
+    /// message queues) of the host's IPC namespace with this key (0x1234
+    /// or decimal; repeatable). Saved anyway: the segments the processes
+    /// attach or created, and the semaphores and queues a process of the
+    /// tree used last; a job with its own IPC namespace saves all of it.
+    #[arg(long = "ipc-key", value_name = "KEY", value_parser = parse_ipc_key)]
+    pub ipc_keys: Vec<i32>,
+    /// Also save every System V IPC object of the host's IPC namespace
+    /// owned by this uid (repeatable).
+    #[arg(long = "ipc-owner", value_name = "UID")]
+    pub ipc_owners: Vec<u32>,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -151,6 +162,17 @@ impl CheckpointOptions {
             .clone()
             .or_else(|| crate::capture::job_dir(pid))
             .unwrap_or_else(|| PathBuf::from(format!("ckpt.{pid}")))
+    }
+}
+
+/// A System V IPC key as `ipcs` prints it (0x hex) or in decimal.
+pub fn parse_ipc_key(s: &str) -> Result<i32, String> {
+    let bad = || format!("{s:?} is not an IPC key (0x1234abcd or a decimal number)");
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16)
+            .map(|k| k as i32)
+            .map_err(|_| bad()),
+        None => s.parse::<i32>().map_err(|_| bad()),
     }
 }
 

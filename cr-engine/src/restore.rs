@@ -128,10 +128,14 @@ impl Ready {
         for k in FILE_KINDS {
             k.release(&mut r)?;
         }
+        kinds::sysv::release(&mut r, root_pid)?;
         if opts.shell_job {
             kinds::tty::take_terminal(root_pid);
         }
         kinds::tree::restore::release(&ck.processes, stubs, threads)?;
+        if let Some(d) = &ck.job_dir {
+            crate::capture::record_job(root_pid, Path::new(d));
+        }
         info!(
             root = root_pid,
             processes = ck.processes.len(),
@@ -151,6 +155,10 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
         return Err(RestoreError::PreDump(dir.to_path_buf()));
     }
     kinds::identity::check_caller(&ck.processes)?;
+    if proc::own_ids().1 != 0 {
+        let (uid, _, gid, _) = proc::own_ids();
+        kinds::sysv::check_owner(&ck, uid, gid)?;
+    }
     let pages = Pages::open(&chain)?;
     let mut pieces: HashMap<u32, Vec<Piece>> = HashMap::new();
     for p in ck.processes.iter().filter(|p| !p.is_zombie()) {
@@ -160,6 +168,7 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
     }
     let ids = Ids::new(&ck);
     ids.check_free(&ck)?;
+    kinds::sysv::check(&ck)?;
     kinds::memory::vdso::check(&ck)?;
     kinds::inet::warn_other_netns(&ck);
     raise_fd_limit();
@@ -179,6 +188,9 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
     }
     // Stubs, parents before children, with sessions and groups.
     let mut stubs = kinds::tree::restore::spawn(&ck, &mut r.ids, opts.shell_job)?;
+    // What the whole tree shares, in its namespaces: mounts, IPC objects.
+    kinds::mounts::prepare(&mut r, &mut stubs[0])?;
+    kinds::sysv::prepare(&mut r, stubs[0].tid())?;
     let mut threads = Vec::with_capacity(ck.processes.len());
     for (p, t) in ck.processes.iter().zip(stubs.iter_mut()) {
         interrupt_check()?;
@@ -190,6 +202,7 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
             rebuild(t, &mut r, p, &pages, pieces)?
         });
     }
+    crate::fault::check_restore("restore-rebuilt")?;
     let Restorer { ids, stash, .. } = r;
     Ok(Ready {
         root_pid: stubs[0].tid(),
@@ -259,6 +272,7 @@ pub fn rebuild(
         kinds::threads::Threads::restore(&mut cx, p)?;
         kinds::signals::queue_pending(&mut cx, p)?;
         kinds::timers::Timers::restore(&mut cx, p)?;
+        kinds::sysv::restore_process(&mut cx, p)?;
         kinds::identity::Identity::restore(&mut cx, p)?;
         let Rebuild {
             mut stub, threads, ..

@@ -80,6 +80,28 @@ impl<'a> Stub<'a> {
         )
     }
 
+    /// openat(dir, rel, flags) inside the stub, `dir` being a directory fd
+    /// of the restorer's (taken for the call, as [`Stub::grab`] does): a
+    /// path as the restorer sees it, whatever the stub's mount namespace.
+    pub fn open_at_ours(&mut self, dir: i32, rel: &str, flags: i32) -> cr_sys::error::Result<u64> {
+        let Some(pidfd) = self.grab_pidfd else {
+            return Err(cr_sys::SysError::Syscall {
+                what: "pidfd_getfd (the restorer's pidfd is gone)".into(),
+                source: cr_sys::Errno(libc::EBADF),
+            });
+        };
+        let d = self.call(
+            "pidfd_getfd",
+            libc::SYS_pidfd_getfd,
+            [pidfd, dir as u64, 0, 0, 0, 0],
+        )?;
+        let p = self.put_str(rel);
+        let r =
+            p.and_then(|p| self.call("openat", libc::SYS_openat, [d, p, flags as u64, 0, 0, 0]));
+        self.call("close", libc::SYS_close, [d, 0, 0, 0, 0, 0])?;
+        r
+    }
+
     /// Take the restorer's fd `ours` into the stub as fd `want` (the same
     /// open file description, through pidfd_getfd on the restorer's pidfd
     /// the stub inherited).

@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 
 pub const CHECKPOINT_FILE: &str = "checkpoint.img";
 pub const TMP_SUFFIX: &str = ".tmp";
+/// How the names of an image's data files begin (page stores, content of
+/// memfds and deleted files, System V segments, a job's /dev/shm files).
+const DATA_PREFIXES: &[&str] = &["pages-", "file-", "sysv-shm-", "shm-file-"];
 /// The replaced `checkpoint.img`, kept (a hard link) until the new image
 /// is settled or undone.
 const PREVIOUS_FILE: &str = "checkpoint.img.prev";
@@ -132,8 +135,8 @@ impl ImageDir {
         if let Ok(rd) = std::fs::read_dir(&self.path) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let ours = (name.starts_with("pages-") || name.starts_with("file-"))
-                    && name.ends_with(".img");
+                let ours =
+                    DATA_PREFIXES.iter().any(|p| name.starts_with(p)) && name.ends_with(".img");
                 if ours && !files.contains(&name) {
                     let _ = std::fs::remove_file(e.path());
                 }

@@ -19,6 +19,9 @@ pub struct ImageView<'a> {
     store: &'a Option<crate::model::PageStore>,
     processes: &'a [Process],
     objects: Vec<ObjectView<'a>>,
+    sysv: &'a Option<crate::model::SysvIpc>,
+    mounts: &'a Option<crate::model::MountNs>,
+    job_dir: &'a Option<String>,
 }
 
 #[derive(Serialize)]
@@ -47,6 +50,9 @@ pub fn view(ck: &Checkpoint) -> ImageView<'_> {
                 summary: object_summary(o),
             })
             .collect(),
+        sysv: &ck.sysv,
+        mounts: &ck.mounts,
+        job_dir: &ck.job_dir,
     }
 }
 
@@ -257,5 +263,69 @@ pub fn to_text(ck: &Checkpoint) -> String {
             let _ = writeln!(s, "  {}", object_summary(o));
         }
     }
+    if let Some(v) = &ck.sysv {
+        sysv_text(&mut s, v);
+    }
+    if let Some(m) = &ck.mounts {
+        let _ = writeln!(
+            s,
+            "\nown mount namespace: /proc {}, /dev/shm {}",
+            if m.proc { "of its own" } else { "the host's" },
+            m.dev_shm.as_ref().map_or_else(
+                || "the host's".to_string(),
+                |t| format!("private ({} entries)", t.entries.len())
+            )
+        );
+    }
+    if let Some(d) = &ck.job_dir {
+        let _ = writeln!(s, "job directory {d}");
+    }
     s
+}
+
+/// The System V IPC objects, one line each.
+fn sysv_text(s: &mut String, v: &crate::model::SysvIpc) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        s,
+        "\nSystem V IPC ({}):",
+        if v.own_namespace {
+            "its own namespace"
+        } else {
+            "the host's namespace"
+        }
+    );
+    for g in &v.shm {
+        let _ = writeln!(
+            s,
+            "  shm {} key {:#010x} size {} mode {:o} owner {}:{}{}{}{}",
+            g.id,
+            g.perm.key,
+            g.size,
+            g.perm.mode,
+            g.perm.uid,
+            g.perm.gid,
+            if g.removed { " removed" } else { "" },
+            if g.locked { " locked" } else { "" },
+            if g.hugetlb { " hugetlb" } else { "" }
+        );
+    }
+    for m in &v.sem {
+        let _ = writeln!(
+            s,
+            "  sem {} key {:#010x} mode {:o} values {:?}",
+            m.id, m.perm.key, m.perm.mode, m.values
+        );
+    }
+    for q in &v.msg {
+        let _ = writeln!(
+            s,
+            "  msg {} key {:#010x} mode {:o} {} messages ({} bytes)",
+            q.id,
+            q.perm.key,
+            q.perm.mode,
+            q.messages.len(),
+            q.messages.iter().map(|m| m.text.len()).sum::<usize>()
+        );
+    }
 }

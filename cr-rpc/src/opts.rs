@@ -52,6 +52,8 @@ pub fn checkpoint_request(
         workers: o.workers.unwrap_or(0) as u32,
         no_fsync: o.no_fsync,
         tcp_skip_in_flight: o.tcp_skip_in_flight,
+        ipc_keys: o.ipc_keys.clone(),
+        ipc_owners: o.ipc_owners.clone(),
     }
 }
 
@@ -62,6 +64,8 @@ pub fn checkpoint_options(r: &pb::LocalCheckpointRequest) -> Result<CheckpointOp
         no_fsync: r.no_fsync,
         workers: (r.workers > 0).then_some(r.workers as usize),
         tcp_skip_in_flight: r.tcp_skip_in_flight,
+        ipc_keys: r.ipc_keys.clone(),
+        ipc_owners: r.ipc_owners.clone(),
         parent: (!r.parent.is_empty()).then(|| PathBuf::from(&r.parent)),
         pre_dump: r.pre_dump,
         track_mem: r.track_mem,

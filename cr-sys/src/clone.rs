@@ -38,16 +38,18 @@ pub enum CloneError {
 }
 
 /// Fork a child of the calling process with PID `pid` (in the caller's PID
-/// namespace). The child only asks to be killed with its parent and then
-/// waits in pause(); the caller is expected to seize it and rebuild it.
-pub fn spawn_stub(pid: i32) -> Result<i32, CloneError> {
-    spawn(pid, 0)
+/// namespace), in new namespaces of the kinds `ns` (CLONE_NEWNS,
+/// CLONE_NEWIPC; 0: ours). The child only asks to be killed with its parent
+/// and then waits in pause(); the caller is expected to seize it and
+/// rebuild it.
+pub fn spawn_stub(pid: i32, ns: u64) -> Result<i32, CloneError> {
+    spawn(pid, ns)
 }
 
 /// Like [`spawn_stub`], but the child is PID 1 of a new PID namespace;
 /// returns its PID in ours.
-pub fn spawn_stub_in_new_pidns() -> Result<i32, CloneError> {
-    spawn(1, libc::CLONE_NEWPID as u64)
+pub fn spawn_stub_in_new_pidns(ns: u64) -> Result<i32, CloneError> {
+    spawn(1, libc::CLONE_NEWPID as u64 | ns)
 }
 
 fn spawn(pid: i32, flags: u64) -> Result<i32, CloneError> {

@@ -835,3 +835,32 @@ pub fn set_winsize(fd: &OwnedFd, raw: &[u8]) -> Result<()> {
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, w.as_ptr()) };
     cvt(r as i64, || "ioctl(TIOCSWINSZ)".into()).map(drop)
 }
+
+/// The file system type (statfs f_type: its magic number) of `file`.
+pub fn fs_magic(file: &std::fs::File) -> Result<i64> {
+    nix::sys::statfs::fstatfs(file)
+        .map(|s| s.filesystem_type().0)
+        .or_sys(|| "fstatfs".into())
+}
+
+/// The file system type (statfs f_type) of the file at `path`.
+pub fn fs_magic_at(path: &std::path::Path) -> Result<i64> {
+    nix::sys::statfs::statfs(path)
+        .map(|s| s.filesystem_type().0)
+        .or_sys(|| format!("statfs({})", path.display()))
+}
+
+/// Set the access and modification times of `path` (a link itself, not
+/// what it points to) to `ns` nanoseconds since the epoch.
+pub fn set_times_nofollow(path: &std::path::Path, ns: i64) -> Result<()> {
+    let ts =
+        nix::sys::time::TimeSpec::new(ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000));
+    nix::sys::stat::utimensat(
+        nix::fcntl::AT_FDCWD,
+        path,
+        &ts,
+        &ts,
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    )
+    .or_sys(|| format!("utimensat({})", path.display()))
+}

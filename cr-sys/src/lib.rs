@@ -15,6 +15,8 @@
 //! - [`fdio`]: pipes, sockets and other fd objects the engines hold themselves.
 //! - [`inet`]: IPv4/IPv6 socket addresses and options, TCP repair mode.
 //! - [`netlock`]: holding TCP connections still (nft) between dump and restore.
+//! - [`sysv`]: System V shared memory, semaphores and message queues.
+//! - [`ns`]: namespaces: another process's, its IPC namespace from a thread, a job's mounts.
 
 pub mod clone;
 pub mod dirty;
@@ -26,12 +28,14 @@ pub mod inet_diag;
 pub mod limits;
 pub mod mem;
 pub mod netlock;
+pub mod ns;
 pub mod pagemap;
 pub mod proc;
 pub mod ptrace;
 pub mod regs;
 pub mod remote;
 pub(crate) mod sock_diag;
+pub mod sysv;
 pub mod unix_diag;
 
 pub use error::{Errno, SysError};

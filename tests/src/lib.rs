@@ -769,6 +769,30 @@ impl Harness {
         }
     }
 
+    /// `cr_run --dir DIR -- PRE... WORKDIR ARGS...` as a workload: a job, PID
+    /// 1 of its own namespaces (its `pid()` is cr_run's).
+    pub fn spawn_job(&self, label: &str, dir: &Path, pre: &[&OsStr], args: &[&str]) -> Workload {
+        let mut cmd: Vec<&OsStr> = vec![OsStr::new("--dir"), dir.as_os_str(), OsStr::new("--")];
+        cmd.extend(pre);
+        self.spawn_program(label, &tool_path("cr_run"), &cmd, args)
+    }
+
+    /// `cr_restart DIR` of a job's image in the background: the job comes
+    /// back in new namespaces, as cr_restart's child, with PIDs of its own.
+    pub fn restore_job(&self, dir: &Path) -> JobRestore {
+        let (cr, _, err, cmdline) = self.start_tool(
+            &tool_path("cr_restart"),
+            &[dir.as_os_str()],
+            &RunOpts::default(),
+        );
+        JobRestore {
+            root: Cell::new(None),
+            cr,
+            err,
+            cmdline,
+        }
+    }
+
     /// Runs a tool to completion (stdout/stderr captured through files, so a
     /// process that inherits them can never block us).
     pub fn run_tool(&self, tool: &str, args: &[&OsStr], opts: &RunOpts) -> ToolOutput {
@@ -780,6 +804,9 @@ impl Harness {
             if let Some(st) = child.try_exit() {
                 break st.expect("tool is our child");
             }
+            // Processes a `--kill` ended were reparented to us (a
+            // subreaper): reaped now, so the tool sees them gone.
+            reap_orphans();
             if t0.elapsed() > timeout {
                 let msg = format!(
                     "timed out after {timeout:?}: {cmdline}\nstdout:\n{}\nstderr:\n{}",
@@ -800,7 +827,10 @@ impl Harness {
         }
     }
 
-    fn start_tool(
+    /// Starts `exe ARGS...` in the background as `run_tool` would (fds
+    /// isolated, stdout and stderr to files of the harness directory):
+    /// the process, its stdout and stderr files, and its command line.
+    pub fn start_tool(
         &self,
         exe: &Path,
         args: &[&OsStr],
@@ -892,6 +922,19 @@ impl Harness {
     /// with `--netns NAME` or `--map-addr OLD=NEW`).
     pub fn restore_bg_args(&self, dir: &Path, pid: i32, extra: &[&OsStr]) -> Restore {
         self.restore_bg_with(dir, pid, extra, &RunOpts::default())
+    }
+
+    /// `cr_restart DIR` in the background with environment `env` (e.g.
+    /// `CR_FAULT_INJECT`), like `restore_bg`.
+    pub fn restore_bg_env(&self, dir: &Path, pid: i32, env: &[(&str, &str)]) -> Restore {
+        let run = RunOpts {
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..RunOpts::default()
+        };
+        self.restore_bg_with(dir, pid, &[], &run)
     }
 
     /// Like `restore_bg_args`, cr_restart run with `run` (fds, env...).
@@ -1184,6 +1227,76 @@ pub fn files_diag(stdout: &Path, stderr: &Path) -> String {
     )
 }
 
+/// A background `cr_restart DIR` of a job (see `Harness::restore_job`).
+/// Dropping it kills the restored job (its PID 1 takes its namespace
+/// along) and cr_restart.
+pub struct JobRestore {
+    root: Cell<Option<i32>>,
+    pub cr: Proc,
+    err: PathBuf,
+    cmdline: String,
+}
+
+impl JobRestore {
+    pub fn diag(&self) -> String {
+        format!(
+            "--- {}\n--- cr_restart stderr:\n{}",
+            self.cmdline,
+            tail(&read_text(&self.err), 20)
+        )
+    }
+
+    /// The restored job's root (cr_restart's child), once it exists.
+    pub fn root(&self) -> Option<i32> {
+        if self.root.get().is_none() {
+            let pid = self.cr.pid;
+            let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            self.root
+                .set(kids.split_whitespace().next().and_then(|k| k.parse().ok()));
+        }
+        self.root.get()
+    }
+
+    /// Waits until the job runs (released: its root untraced, running
+    /// `exe`); returns its root.
+    pub fn wait_running(&mut self, exe: &Path, more: &dyn Fn() -> String) -> i32 {
+        let deadline = Instant::now() + LINE_TIMEOUT;
+        loop {
+            if let Some(r) = self.root() {
+                let running = proc_status(r).is_some_and(|s| s.tracer_pid == 0)
+                    && std::fs::read_link(format!("/proc/{r}/exe")).is_ok_and(|e| e == exe);
+                if running {
+                    return r;
+                }
+            }
+            if self.cr.has_exited() || Instant::now() > deadline {
+                panic!("the restored job does not run\n{}\n{}", self.diag(), more());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits for cr_restart to end (the job ended); its status.
+    pub fn wait(&mut self, timeout: Duration, more: &dyn Fn() -> String) -> ExitStatus {
+        let (cmdline, err) = (self.cmdline.clone(), self.err.clone());
+        self.cr
+            .wait_exit(timeout, || {
+                format!("--- {cmdline}\n{}\n{}", read_text(&err), more())
+            })
+            .expect("cr_restart is our child")
+    }
+}
+
+impl Drop for JobRestore {
+    fn drop(&mut self) {
+        if let Some(r) = self.root().filter(|&r| is_alive(r)) {
+            // SAFETY: kill(2) of the job this restore made (our cr_restart's child).
+            unsafe { libc::kill(r, libc::SIGKILL) };
+        }
+    }
+}
+
 /// A background `cr_restart DIR`.
 pub struct Restore {
     /// The restored process (same pid as the original). Declared first so it is
@@ -1419,6 +1532,30 @@ pub fn checkpoint_kill(h: &Harness, wl: &mut Workload, img: &Path) -> ToolOutput
     out.assert_success("cr_checkpoint --kill");
     wl.reap_killed();
     out
+}
+
+/// `cr_checkpoint --kill CR_RUN_PID` of a job started with `spawn_job`
+/// (into its `--dir`, within `timeout`): asserts success, and that cr_run
+/// then ends reporting its job's SIGKILL.
+pub fn checkpoint_kill_job(h: &Harness, wl: &mut Workload, timeout: Duration, ctx: &str) {
+    let out = h.run_tool(
+        "cr_checkpoint",
+        &["--kill".as_ref(), wl.pid().to_string().as_ref()],
+        &RunOpts {
+            timeout: Some(timeout),
+            ..RunOpts::default()
+        },
+    );
+    out.assert_success(ctx);
+    let st = wl
+        .proc
+        .wait_exit(Duration::from_secs(20), String::new)
+        .expect("cr_run is our child");
+    assert_eq!(
+        st.code(),
+        Some(128 + libc::SIGKILL),
+        "{ctx}: cr_run returns the killed job's status"
+    );
 }
 
 /// The page store file (`pages-<ID>.img`) of an image directory.

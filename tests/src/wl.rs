@@ -61,6 +61,19 @@ pub fn fail(msg: &str) -> ! {
     std::process::exit(1)
 }
 
+/// The calling thread's errno, in words.
+pub fn errno_str() -> String {
+    std::io::Error::last_os_error().to_string()
+}
+
+/// The result of a system call, or (when negative) `FAIL: what: errno` and exit 1.
+pub fn check<T: Copy + Into<i64>>(r: T, what: &str) -> T {
+    if r.into() < 0 {
+        fail(&format!("{what}: {}", errno_str()));
+    }
+    r
+}
+
 /// Prints `OK` and exits 0.
 pub fn ok() -> ! {
     say("OK");

@@ -5,8 +5,8 @@
 
 use cr_tests::*;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 fn status_field(pid: i32, key: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -22,20 +22,6 @@ fn children(pid: i32) -> Vec<i32> {
         .split_whitespace()
         .filter_map(|s| s.parse().ok())
         .collect()
-}
-
-fn wait_child(c: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(st) = c.try_wait().expect("try_wait") {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            panic!("process {} did not finish in {timeout:?}", c.id());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -57,17 +43,7 @@ fn job_tree_restored_twice_side_by_side_in_new_pid_namespaces() {
     let h = Harness::new("pidns-twice");
     let img = h.image_dir("img");
     let wl_tree = workload_path("wl_tree");
-    let mut wl = h.spawn_program(
-        "cr_run",
-        &tool_path("cr_run"),
-        &[
-            "--dir".as_ref(),
-            img.as_os_str(),
-            "--".as_ref(),
-            wl_tree.as_os_str(),
-        ],
-        &[],
-    );
+    let mut wl = h.spawn_job("cr_run", &img, &[wl_tree.as_os_str()], &[]);
     wl.wait_ready();
     let job = children(wl.pid());
     assert_eq!(job.len(), 1, "cr_run runs one job\n{}", wl.diag());
@@ -79,51 +55,30 @@ fn job_tree_restored_twice_side_by_side_in_new_pid_namespaces() {
     );
 
     // Through cr_run's PID, into the job's --dir.
-    let out = h.run_tool(
-        "cr_checkpoint",
-        &["--kill".as_ref(), wl.pid().to_string().as_ref()],
-        &RunOpts::default(),
+    checkpoint_kill_job(
+        &h,
+        &mut wl,
+        TOOL_TIMEOUT,
+        "cr_checkpoint --kill <cr_run pid>",
     );
-    out.assert_success("cr_checkpoint --kill <cr_run pid>");
     assert!(
         Path::new(&img).join("checkpoint.img").exists(),
         "image not in the job's --dir"
     );
-    let st = wl
-        .proc
-        .wait_exit(Duration::from_secs(20), String::new)
-        .expect("cr_run is our child");
-    assert_eq!(
-        st.code(),
-        Some(128 + libc::SIGKILL),
-        "cr_run returns the killed job's status"
-    );
     wl.remove_go();
 
-    let restore = |n: u32| {
-        let child = Command::new(tool_path("cr_restart"))
-            .arg(&img)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(h.dir.join(format!("restore-{n}.err"))).expect("err"))
-            .spawn()
-            .expect("spawn cr_restart");
-        own_child(child.id() as i32);
-        child
-    };
-    let mut a = restore(1);
-    let mut b = restore(2);
+    let a = h.restore_job(&img);
+    let b = h.restore_job(&img);
     // Both copies run at once, each as PID 1 of its own namespace, with the
     // child and grandchild at their saved PIDs inside.
     for r in [&a, &b] {
-        let pid = r.id() as i32;
         wait_until(
             "a restored job",
             Duration::from_secs(30),
-            || !children(pid).is_empty(),
-            || wl.diag(),
+            || r.root().is_some(),
+            || format!("{}\n{}", r.diag(), wl.diag()),
         );
-        let root = children(pid)[0];
+        let root = r.root().expect("the restored root");
         let ns = status_field(root, "NSpid:");
         assert!(
             ns.split_whitespace().last() == Some("1"),
@@ -131,8 +86,8 @@ fn job_tree_restored_twice_side_by_side_in_new_pid_namespaces() {
         );
     }
     wl.go();
-    for r in [&mut a, &mut b] {
-        let st = wait_child(r, EXIT_TIMEOUT);
+    for mut r in [a, b] {
+        let st = r.wait(EXIT_TIMEOUT, &|| wl.diag());
         assert_eq!(
             st.code(),
             Some(0),
@@ -156,17 +111,7 @@ fn kill_of_a_multithreaded_job_returns() {
     for (round, workers) in ["1", "1", "2", "4", "8", "16"].into_iter().enumerate() {
         let h = Harness::new(&format!("pidns-kill-threads-{round}"));
         let img = h.image_dir("img");
-        let mut wl = h.spawn_program(
-            "cr_run",
-            &tool_path("cr_run"),
-            &[
-                "--dir".as_ref(),
-                img.as_os_str(),
-                "--".as_ref(),
-                wl_threads.as_os_str(),
-            ],
-            &[workers],
-        );
+        let mut wl = h.spawn_job("cr_run", &img, &[wl_threads.as_os_str()], &[workers]);
         wl.wait_ready();
         let job = children(wl.pid());
         assert_eq!(job.len(), 1, "cr_run runs one job\n{}", wl.diag());
@@ -179,25 +124,11 @@ fn kill_of_a_multithreaded_job_returns() {
             "threads of the job\n{}",
             wl.diag()
         );
-        let out = h.run_tool(
-            "cr_checkpoint",
-            &["--kill".as_ref(), wl.pid().to_string().as_ref()],
-            &RunOpts {
-                timeout: Some(Duration::from_secs(30)),
-                ..RunOpts::default()
-            },
-        );
-        out.assert_success(&format!(
-            "cr_checkpoint --kill of a job with {threads} threads (round {round})"
-        ));
-        let st = wl
-            .proc
-            .wait_exit(Duration::from_secs(20), String::new)
-            .expect("cr_run is our child");
-        assert_eq!(
-            st.code(),
-            Some(128 + libc::SIGKILL),
-            "cr_run returns the killed job's status"
+        checkpoint_kill_job(
+            &h,
+            &mut wl,
+            Duration::from_secs(30),
+            &format!("cr_checkpoint --kill of a job with {threads} threads (round {round})"),
         );
         assert!(
             !Path::new(&format!("/proc/{}", job[0])).exists(),

@@ -104,6 +104,7 @@ impl pb::local_server::Local for LocalService {
                 .and_then(|d| d.read_checkpoint())
                 .map_err(|e| Status::failed_precondition(cr_sys::error::one_line(&e)))?;
             cr_engine::kinds::identity::check_owner(&ck.processes, who.uid, who.gid)
+                .and_then(|()| cr_engine::kinds::sysv::check_owner(&ck, who.uid, who.gid))
                 .map_err(|e| Status::permission_denied(cr_sys::error::one_line(&e)))?;
         }
         let mut opts = cr_rpc::opts::restore_options(&r).map_err(Status::invalid_argument)?;

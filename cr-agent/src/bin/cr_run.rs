@@ -2,7 +2,12 @@
 //!
 //! The command runs as PID 1 of a new PID namespace, so its whole tree can
 //! later be restored anywhere (even twice side by side) without PID clashes;
-//! `cr_checkpoint` accepts the PID of cr_run or of the job. cr_run waits for
+//! `cr_checkpoint` accepts the PID of cr_run or of the job. It also gets a
+//! mount namespace of its own, with a /proc of its PID namespace (so
+//! /proc/self is itself and only the job's processes are listed) and a
+//! private tmpfs on /dev/shm, and an IPC namespace of its own: all saved
+//! and restored with it. `--dir` is recorded for `cr_checkpoint` (see
+//! `cr_engine::capture::job_dir`). cr_run waits for
 //! the command and exits with its status; if cr_run dies (Ctrl-C, SIGTERM),
 //! the job is killed with it.
 //!
@@ -12,7 +17,6 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use cr_engine::capture::JOB_DIR_ENV;
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -51,6 +55,14 @@ fn run(cli: Cli) -> Result<u8, String> {
         }
         None => None,
     };
+    let dir = match &cli.dir {
+        Some(d) => {
+            Some(std::path::absolute(d).map_err(|e| format!("bad --dir {}: {e}", d.display()))?)
+        }
+        None => None,
+    };
+    let mut cmd = Command::new(&cli.command[0]);
+    cmd.args(&cli.command[1..]);
     if !cli.no_pidns {
         cr_sys::clone::unshare_pidns().map_err(|e| {
             let hint = if cr_sys::proc::own_ids().1 == 0 {
@@ -60,17 +72,25 @@ fn run(cli: Cli) -> Result<u8, String> {
             };
             format!("cannot create a PID namespace: {e}{hint}")
         })?;
-    }
-    let mut cmd = Command::new(&cli.command[0]);
-    cmd.args(&cli.command[1..]);
-    if let Some(d) = &cli.dir {
-        let abs = std::path::absolute(d).map_err(|e| format!("bad --dir {}: {e}", d.display()))?;
-        cmd.env(JOB_DIR_ENV, abs);
+        // Its own mount namespace (a /proc of its PID namespace, a private
+        // /dev/shm) and IPC namespace, saved and restored with it.
+        cr_sys::ns::unshare_job_namespaces().map_err(|e| {
+            format!(
+                "cannot give the job its own mount and IPC namespaces: {}",
+                cr_sys::error::one_line(&e)
+            )
+        })?;
+        cr_sys::ns::mount_proc_in_child(&mut cmd);
     }
     cr_sys::clone::kill_with_parent(&mut cmd, libc::SIGKILL);
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", cli.command[0].to_string_lossy()))?;
+    // Where its checkpoints go, known to cr_checkpoint (not through the
+    // job's environment, which programs rewrite).
+    let record = dir
+        .as_deref()
+        .and_then(|d| cr_engine::capture::record_job(child.id() as i32, d));
     if let Some(f) = &cli.pid_file {
         std::fs::write(f, format!("{}\n", child.id()))
             .map_err(|e| format!("cannot write {}: {e}", f.display()))?;
@@ -83,9 +103,11 @@ fn run(cli: Cli) -> Result<u8, String> {
         }
     }
     tracing::info!(pid = child.id(), "job started");
-    let st = child
-        .wait()
-        .map_err(|e| format!("waiting for the job: {e}"))?;
+    let st = child.wait();
+    if let Some(r) = record {
+        let _ = std::fs::remove_file(r);
+    }
+    let st = st.map_err(|e| format!("waiting for the job: {e}"))?;
     Ok(match (st.code(), st.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(s)) => (128 + s) as u8,

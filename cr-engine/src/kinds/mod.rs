@@ -15,7 +15,10 @@
 //!
 //! [`locks`] (file locks, read with the fds that hold them) and [`netlock`]
 //! (holding TCP connections still between dump and restore) serve the
-//! others. Adding a kind: its folder, its section in `cr_image::model` (and
+//! others. Two kinds belong to the whole tree rather than to a process:
+//! [`sysv`] (System V IPC objects; the memory kind attaches the segments)
+//! and [`mounts`] (a job's own mount namespace), captured after the
+//! processes and made before any is rebuilt. Adding a kind: its folder, its section in `cr_image::model` (and
 //! `proto/image.proto`), and one line in a driver or in [`FILE_KINDS`].
 
 pub mod eventfds;
@@ -26,11 +29,13 @@ pub mod identity;
 pub mod inet;
 pub mod locks;
 pub mod memory;
+pub mod mounts;
 pub mod netlock;
 pub mod pipes;
 pub mod seccomp;
 pub mod signals;
 pub mod sockopts;
+pub mod sysv;
 pub mod task;
 pub mod threads;
 pub mod timers;

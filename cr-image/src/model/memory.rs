@@ -49,6 +49,8 @@ pub enum VmaKind {
     Vvar,
     VvarVclock,
     Vsyscall,
+    /// An attach of a System V shared memory segment (`inode`: its id).
+    SysvShm,
 }
 
 impl VmaKind {
@@ -94,6 +96,7 @@ impl VmaKind {
             P::Vvar => VmaKind::Vvar,
             P::VvarVclock => VmaKind::VvarVclock,
             P::Vsyscall => VmaKind::Vsyscall,
+            P::SysvShm => VmaKind::SysvShm,
         })
     }
 
@@ -110,6 +113,7 @@ impl VmaKind {
             VmaKind::Vvar => P::Vvar,
             VmaKind::VvarVclock => P::VvarVclock,
             VmaKind::Vsyscall => P::Vsyscall,
+            VmaKind::SysvShm => P::SysvShm,
         }
     }
 }
@@ -763,7 +767,10 @@ pub(crate) fn validate(
                 vi += 1;
             }
             match p.vmas.get(vi) {
-                Some(v) if v.start <= at && !v.kind.is_special() => at = v.end,
+                // A segment's memory is the segment's, not the process's.
+                Some(v) if v.start <= at && !v.kind.is_special() && v.kind != VmaKind::SysvShm => {
+                    at = v.end
+                }
                 _ => {
                     return Err(format!(
                         "pages at {at:#x} lie outside the process's mappings"

@@ -9,15 +9,19 @@
 //! conversion and its checks: [`tree`] (ids and state of a process),
 //! [`task`], [`memory`], [`threads`], [`signals`], [`timers`],
 //! [`identity`], [`seccomp`], [`fds`] (the fd table and every kind of open
-//! file) and [`objects`] (what fds share: pipes, sockets, file contents, ptys).
+//! file) and [`objects`] (what fds share: pipes, sockets, file contents,
+//! ptys); for the whole tree, [`sysv`] (System V IPC objects) and
+//! [`mounts`] (a job's own mount namespace).
 
 pub mod fds;
 pub mod identity;
 pub mod memory;
+pub mod mounts;
 pub mod objects;
 pub mod seccomp;
 mod ser;
 pub mod signals;
+pub mod sysv;
 pub mod task;
 pub mod threads;
 pub mod timers;
@@ -29,9 +33,11 @@ pub use memory::{
     Compression, DirtyMethod, MemStats, Memory, Mm, PageAt, PageExtent, PageFile, PageRun,
     PageStore, ShmOwner, StoreBlock, Vma, VmaKind,
 };
+pub use mounts::{MountNs, Tmpfs, TmpfsEntry, TmpfsKind};
 pub use objects::{Object, ObjectKind, ObjectTag};
 pub use seccomp::{SeccompFilter, SeccompMode, ThreadSeccomp};
 pub use signals::{AltStack, SigAction, SigInfo, Signals};
+pub use sysv::{IpcPerm, MsgQueue, SemSet, ShmSegment, SysvIpc, SysvMessage};
 pub use task::Task;
 pub use threads::{GpRegs, Rseq, Thread};
 pub use timers::{ITimer, Notify, PosixTimer, Timers};
@@ -90,6 +96,12 @@ pub struct Checkpoint {
     pub store: Option<PageStore>,
     /// Memory only, taken while the processes ran: not restorable alone.
     pub pre_dump: bool,
+    /// kind "sysv": System V IPC objects (None: none).
+    pub sysv: Option<SysvIpc>,
+    /// kind "mounts": the tree's own mount namespace (None: the host's).
+    pub mounts: Option<MountNs>,
+    /// The directory of a cr_run job (`cr_run --dir`).
+    pub job_dir: Option<String>,
 }
 
 /// Where and by what the image was taken.
@@ -245,6 +257,13 @@ impl Checkpoint {
                 .map(|s| at(PageStore::from_pb(s), || "the page store".into()))
                 .transpose()?,
             pre_dump: p.pre_dump,
+            sysv: p
+                .sysv
+                .map(SysvIpc::from_pb)
+                .transpose()?
+                .filter(|s| !s.is_empty()),
+            mounts: p.mounts.map(MountNs::from_pb).transpose()?,
+            job_dir: Some(p.job_dir).filter(|d| !d.is_empty()),
         })
     }
 
@@ -273,6 +292,9 @@ impl Checkpoint {
             }),
             store: self.store.as_ref().map(PageStore::to_pb),
             pre_dump: self.pre_dump,
+            sysv: self.sysv.as_ref().map(SysvIpc::to_pb),
+            mounts: self.mounts.as_ref().map(MountNs::to_pb),
+            job_dir: self.job_dir.clone().unwrap_or_default(),
         }
     }
 
@@ -311,6 +333,12 @@ impl Checkpoint {
             at(o.validate(self), || format!("object {}", o.id))?;
         }
         tree::validate(self)?;
+        sysv::validate(self)?;
+        if let Some(d) = &self.job_dir {
+            if !d.starts_with('/') || d.contains('\0') {
+                return Err(format!("bad job directory {d:?}"));
+            }
+        }
         let blocks = self.store.as_ref().map_or(0, |s| s.blocks.len());
         let pids: HashMap<u32, usize> = self
             .processes

@@ -367,12 +367,17 @@ impl Object {
     }
 }
 
-/// The content files of the image's objects.
+/// The content files of the image: of its objects, System V shared
+/// memory segments and a job's /dev/shm files.
 pub fn content_files(ck: &Checkpoint) -> impl Iterator<Item = &PageFile> {
-    ck.objects.iter().filter_map(|o| match &o.kind {
-        ObjectKind::Memfd(f) | ObjectKind::DeletedFile(f) => f.content.as_ref(),
-        _ => None,
-    })
+    ck.objects
+        .iter()
+        .filter_map(|o| match &o.kind {
+            ObjectKind::Memfd(f) | ObjectKind::DeletedFile(f) => f.content.as_ref(),
+            _ => None,
+        })
+        .chain(ck.sysv.iter().flat_map(|s| s.content_files()))
+        .chain(ck.mounts.iter().flat_map(|m| m.content_files()))
 }
 
 fn content_from_pb(f: pb::FileContent) -> Result<FileContent, Bad> {

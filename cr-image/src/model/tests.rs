@@ -47,7 +47,7 @@ fn vma(start: u64, end: u64, kind: VmaKind) -> Vma {
         start,
         end,
         prot: 3,
-        shared: kind == VmaKind::AnonShared,
+        shared: matches!(kind, VmaKind::AnonShared | VmaKind::SysvShm),
         kind,
         pgoff: 0,
         path: if kind.is_file() {
@@ -128,6 +128,11 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             vma(0x1000_0000, 0x1001_0000, VmaKind::AnonPrivate),
             vma(0x2000_0000, 0x2000_1000, VmaKind::FilePrivate),
             vma(0x3000_0000, 0x3000_2000, VmaKind::AnonShared),
+            Vma {
+                inode: 5,
+                pgoff: 4096,
+                ..vma(0x4000_0000, 0x4000_1000, VmaKind::SysvShm)
+            },
             vma(0x7fff_0000_0000, 0x7fff_0000_2000, VmaKind::Vdso),
         ],
         memory: Memory {
@@ -401,6 +406,97 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
         }),
         store: Some(store),
         pre_dump: false,
+        sysv: Some(sysv()),
+        mounts: Some(MountNs {
+            proc: true,
+            dev_shm: Some(Tmpfs {
+                mode: 0o1777,
+                entries: vec![
+                    tmpfs_entry("d", TmpfsKind::Dir),
+                    tmpfs_entry(
+                        "d/f",
+                        TmpfsKind::File {
+                            size: 5000,
+                            content: Some(PageFile {
+                                name: "shm-file-1.img".into(),
+                                size: 8192,
+                                extents: Vec::new(),
+                            }),
+                        },
+                    ),
+                    tmpfs_entry(
+                        "l",
+                        TmpfsKind::Symlink {
+                            target: "d/f".into(),
+                        },
+                    ),
+                ],
+            }),
+        }),
+        job_dir: Some("/var/tmp/job".into()),
+    }
+}
+
+fn tmpfs_entry(path: &str, kind: TmpfsKind) -> TmpfsEntry {
+    TmpfsEntry {
+        path: path.into(),
+        mode: 0o640,
+        uid: 1,
+        gid: 2,
+        mtime_ns: 1_700_000_000_000_000_000,
+        kind,
+    }
+}
+
+fn sysv() -> SysvIpc {
+    let perm = |key| IpcPerm {
+        key,
+        uid: 1,
+        gid: 2,
+        cuid: 0,
+        cgid: 0,
+        mode: 0o600,
+    };
+    SysvIpc {
+        own_namespace: true,
+        sysctls: vec![("msgmnb".into(), "16384".into())],
+        shm: vec![ShmSegment {
+            id: 5,
+            perm: perm(0x1234),
+            size: 6000,
+            removed: false,
+            locked: false,
+            hugetlb: false,
+            cpid: 100,
+            lpid: 102,
+            nattch: 2,
+            content: Some(PageFile {
+                name: "sysv-shm-5.img".into(),
+                size: 4096,
+                extents: Vec::new(),
+            }),
+        }],
+        sem: vec![SemSet {
+            id: 32768,
+            perm: perm(0x1234),
+            values: vec![1, 0, 32767],
+            pids: vec![100, 0, 102],
+        }],
+        msg: vec![MsgQueue {
+            id: 0,
+            perm: perm(0),
+            qbytes: 16384,
+            messages: vec![
+                SysvMessage {
+                    mtype: 3,
+                    text: b"first".to_vec(),
+                },
+                SysvMessage {
+                    mtype: 1,
+                    text: Vec::new(),
+                },
+            ],
+        }],
     }
 }
 
@@ -421,6 +517,11 @@ fn write_files(dir: &ImageDir, tag: &str) -> PageStore {
     let pw = PageWriter::create_named(dir, "file-21.img").unwrap();
     pw.write_at(0, &[7u8; 8192]).unwrap();
     pw.finish(8192, Vec::new(), false).unwrap();
+    for (name, size) in [("sysv-shm-5.img", 4096), ("shm-file-1.img", 8192)] {
+        let pw = PageWriter::create_named(dir, name).unwrap();
+        pw.write_at(0, &vec![9u8; size]).unwrap();
+        pw.finish(size as u64, Vec::new(), false).unwrap();
+    }
     store
 }
 
@@ -504,6 +605,45 @@ fn crafted_images_are_refused() {
         ("bad file name", |c| {
             c.store.as_mut().unwrap().name = "../x".into()
         }),
+        ("attaches System V shared memory 6", |c| {
+            c.processes[0].vmas[3].inode = 6
+        }),
+        ("attaches System V shared memory 5", |c| {
+            c.processes[0].vmas[3].pgoff = 8192
+        }),
+        ("semaphore set 7 is listed twice", |c| {
+            let s = c.sysv.as_mut().unwrap();
+            s.sem[0].id = 7;
+            let mut again = s.sem[0].clone();
+            again.perm.key = 0;
+            s.sem.push(again);
+        }),
+        ("a semaphore value of 40000", |c| {
+            c.sysv.as_mut().unwrap().sem[0].values[1] = 40000
+        }),
+        ("refers to process 77", |c| {
+            c.sysv.as_mut().unwrap().sem[0].pids[1] = 77
+        }),
+        ("message 1: type 0", |c| {
+            c.sysv.as_mut().unwrap().msg[0].messages[1].mtype = 0
+        }),
+        ("bad IPC limit", |c| {
+            c.sysv.as_mut().unwrap().sysctls[0].0 = "core_pattern".into()
+        }),
+        ("not listed before it", |c| {
+            c.mounts
+                .as_mut()
+                .unwrap()
+                .dev_shm
+                .as_mut()
+                .unwrap()
+                .entries
+                .swap(0, 1)
+        }),
+        ("bad path", |c| {
+            c.mounts.as_mut().unwrap().dev_shm.as_mut().unwrap().entries[2].path = "../l".into()
+        }),
+        ("bad job directory", |c| c.job_dir = Some("rel".into())),
     ];
     for (want, edit) in cases {
         let mut ck = checkpoint(

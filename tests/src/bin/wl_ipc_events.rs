@@ -23,7 +23,7 @@
 //! everything, prints one line per check (`... OK` / `... FAIL: why`) and
 //! `OK` or `FAIL: ...`.
 
-use cr_tests::wl;
+use cr_tests::wl::{self, check, errno_str};
 use std::ffi::CString;
 
 const T_TICK: u64 = 0x7101;
@@ -36,17 +36,6 @@ const T_INO: u64 = 0x7104;
 const TICK_NS: u64 = 100_000_000;
 const ONCE_S: i64 = 1000;
 const BIG_COUNT: u64 = 0x1_0000_0005;
-
-fn errno_str() -> String {
-    std::io::Error::last_os_error().to_string()
-}
-
-fn check(r: i32, what: &str) -> i32 {
-    if r < 0 {
-        wl::fail(&format!("{what}: {}", errno_str()));
-    }
-    r
-}
 
 /// read(2) of one u64 (eventfd, timerfd); Err(errno) on failure.
 fn read_u64(fd: i32) -> Result<u64, i32> {

@@ -64,8 +64,8 @@
 //! checkpointer refuses (AF_PACKET, a raw IPv4 socket, netlink), prints `READY fds N`, waits for go, checks the
 //! socket is still there and prints OK.
 
-use cr_tests::wl;
 use cr_tests::wl::msg::{bad_word, encode, field, tag, MSG};
+use cr_tests::wl::{self, errno_str};
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -164,10 +164,6 @@ fn parse(rest: &[String]) -> Opts {
         conns,
         extra_accept,
     }
-}
-
-fn errno_str() -> String {
-    std::io::Error::last_os_error().to_string()
 }
 
 /// Moves the process (single-threaded) into network namespace `name`.

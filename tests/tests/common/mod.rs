@@ -4,12 +4,19 @@ use cr_tests::Harness;
 use std::ffi::OsStr;
 use std::path::Path;
 
-/// The summaries of the image's objects (`cr_image show --json`).
-pub fn object_summaries(h: &Harness, img: &Path) -> Vec<String> {
+/// The image as `cr_image show --json` prints it.
+#[allow(dead_code)] // not every test file uses every helper
+pub fn show_json(h: &Harness, img: &Path) -> serde_json::Value {
     let out = h.cr_image(&[OsStr::new("show"), OsStr::new("--json"), img.as_os_str()]);
     out.assert_success("cr_image show --json");
-    let v: serde_json::Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("cr_image show --json: bad JSON ({e})\n{}", out.show()));
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("cr_image show --json: bad JSON ({e})\n{}", out.show()))
+}
+
+/// The summaries of the image's objects (`cr_image show --json`).
+#[allow(dead_code)]
+pub fn object_summaries(h: &Harness, img: &Path) -> Vec<String> {
+    let v = show_json(h, img);
     let mut found = Vec::new();
     collect_summaries(&v, &mut found);
     found

@@ -16,7 +16,7 @@ use crate::kinds::{Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::objects::FileContent;
 use cr_image::model::{
-    Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, PageExtent, Process, Vma,
+    Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, PageExtent, PageFile, Process, Vma,
 };
 use cr_image::{ImageDir, PageReader, PageWriter};
 use cr_sys::proc::{dev_major as major, dev_minor as minor, FDTarget};
@@ -160,43 +160,17 @@ pub fn content_object(
     } else {
         (name.to_string(), 0)
     };
-    let fname = ImageDir::content_name(&format!("file-{ino}"), &objects.image_id);
-    let writer = PageWriter::create_named(&dir, &fname).map_err(|e| err(e.to_string()))?;
-    let size = md.len();
-    let ranges =
-        cr_sys::mem::data_ranges(&file, 0, size).map_err(|e| err(cr_sys::error::one_line(&e)))?;
-    let mut extents = Vec::new();
-    let mut out_off = 0u64;
-    let mut buf = Vec::new();
-    for (a, b) in ranges {
-        let mut off = a & !(PAGE_SIZE - 1);
-        while off < b {
-            let len = (b - off).min(RUN);
-            let pages = len.div_ceil(PAGE_SIZE);
-            buf.clear();
-            buf.resize((pages * PAGE_SIZE) as usize, 0);
-            let want = len.min(size - off) as usize;
-            file.read_exact_at(&mut buf[..want], off)
-                .map_err(|e| err(e.to_string()))?;
-            writer
-                .write_at(out_off, &buf)
-                .map_err(|e| err(e.to_string()))?;
-            extents.push(PageExtent {
-                file_offset: off,
-                pages: pages as u32,
-                offset: out_off,
-                xxh3: cr_image::checksum(&buf),
-            });
-            out_off += buf.len() as u64;
-            off += pages * PAGE_SIZE;
-        }
-    }
-    let content = writer
-        .finish(out_off, extents, objects.fsync)
-        .map_err(|e| err(e.to_string()))?;
+    let content = save_content(
+        &dir,
+        &objects.image_id,
+        &format!("file-{ino}"),
+        &file,
+        objects.fsync,
+    )
+    .map_err(err)?;
     let c = FileContent {
         name,
-        size,
+        size: md.len(),
         mode: md.mode() & 0o7777,
         seals,
         content: Some(content),
@@ -209,6 +183,71 @@ pub fn content_object(
             ObjectKind::DeletedFile(c)
         },
     });
+    Ok(())
+}
+
+/// Save the content of `file` (its data, holes skipped) as content file
+/// `what` (e.g. `file-1234`) of image `image_id` in `dir` (its name made
+/// unique to the image: see [`ImageDir::content_name`]). Errors in words.
+pub fn save_content(
+    dir: &cr_image::ImageDir,
+    image_id: &str,
+    what: &str,
+    file: &File,
+    fsync: bool,
+) -> Result<PageFile, String> {
+    let name = &ImageDir::content_name(what, image_id);
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    let writer = PageWriter::create_named(dir, name).map_err(|e| e.to_string())?;
+    let ranges =
+        cr_sys::mem::data_ranges(file, 0, size).map_err(|e| cr_sys::error::one_line(&e))?;
+    let mut extents = Vec::new();
+    let mut out_off = 0u64;
+    let mut buf = Vec::new();
+    for (a, b) in ranges {
+        let mut off = a & !(PAGE_SIZE - 1);
+        while off < b {
+            let len = (b - off).min(RUN);
+            let pages = len.div_ceil(PAGE_SIZE);
+            buf.clear();
+            buf.resize((pages * PAGE_SIZE) as usize, 0);
+            let want = len.min(size - off) as usize;
+            file.read_exact_at(&mut buf[..want], off)
+                .map_err(|e| e.to_string())?;
+            writer.write_at(out_off, &buf).map_err(|e| e.to_string())?;
+            extents.push(PageExtent {
+                file_offset: off,
+                pages: pages as u32,
+                offset: out_off,
+                xxh3: cr_image::checksum(&buf),
+            });
+            out_off += buf.len() as u64;
+            off += pages * PAGE_SIZE;
+        }
+    }
+    writer
+        .finish(out_off, extents, fsync)
+        .map_err(|e| e.to_string())
+}
+
+/// Write the saved content `pf` of a file of `size` bytes back into
+/// `file` (its first `size` bytes; each run's checksum verified).
+pub fn refill(
+    img: &cr_image::ImageDir,
+    pf: &PageFile,
+    file: &File,
+    size: u64,
+    what: &str,
+) -> Result<(), RestoreError> {
+    let err = |e: std::io::Error| RestoreError::Unsupported(format!("cannot refill {what}: {e}"));
+    let reader = PageReader::open(img, pf)?;
+    let mut buf = Vec::new();
+    for ext in &pf.extents {
+        reader.read_extent(ext, &mut buf)?;
+        let end = (ext.file_offset + buf.len() as u64).min(size);
+        let n = end.saturating_sub(ext.file_offset) as usize;
+        file.write_all_at(&buf[..n], ext.file_offset).map_err(err)?;
+    }
     Ok(())
 }
 
@@ -269,15 +308,7 @@ fn file_object(r: &Restorer<'_>, obj: &FileContent, memfd: bool) -> Result<Owned
     let what =
         |e: std::io::Error| RestoreError::Unsupported(format!("cannot refill {}: {e}", obj.name));
     if let Some(pf) = &obj.content {
-        let reader = PageReader::open(r.img, pf)?;
-        let mut buf = Vec::new();
-        for ext in &pf.extents {
-            reader.read_extent(ext, &mut buf)?;
-            let end = (ext.file_offset + buf.len() as u64).min(obj.size);
-            let n = end.saturating_sub(ext.file_offset) as usize;
-            file.write_all_at(&buf[..n], ext.file_offset)
-                .map_err(what)?;
-        }
+        refill(r.img, pf, &file, obj.size, &obj.name)?;
     }
     file.set_len(obj.size).map_err(what)?;
     if !memfd {

@@ -73,12 +73,8 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
             VmaKind::AnonShared
         }
         "/dev/zero (deleted)" if m.shared => VmaKind::AnonShared,
-        p if p.starts_with("/SYSV") => {
-            return Err(unsupported(format!(
-                "System V shared memory mapping at {:#x}",
-                m.start
-            )))
-        }
+        // An attach of a System V segment; its inode is the segment's id.
+        p if p.starts_with("/SYSV") && m.shared => VmaKind::SysvShm,
         // memfds and deleted files: their content becomes an object of the
         // image, mapped again from the restored copy.
         p if p.starts_with("/memfd:") || p.ends_with(" (deleted)") => {
@@ -104,7 +100,11 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         shared: m.shared,
         kind,
         pgoff: m.offset,
-        path: if kind.is_file() { path } else { String::new() },
+        path: if kind.is_file() || kind == VmaKind::SysvShm {
+            path
+        } else {
+            String::new()
+        },
         dev: ((m.dev_major as u64) << 32) | m.dev_minor as u64,
         inode: m.inode,
         vm_flags: m.vm_flags.clone(),

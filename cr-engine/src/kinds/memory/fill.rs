@@ -80,8 +80,13 @@ pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, Resto
     let fill = vmas_with_pages(&p.vmas, cx.pieces);
     let mut files: HashMap<(String, bool), u64> = HashMap::new();
     let mut shm_fds = Vec::new();
-    for (v, &fill) in p.vmas.iter().zip(&fill) {
+    let mut sysv = crate::kinds::sysv::Attaches::new(&p.vmas);
+    for (i, (v, &fill)) in p.vmas.iter().zip(&fill).enumerate() {
         if v.kind.is_special() {
+            continue;
+        }
+        if v.kind == VmaKind::SysvShm {
+            sysv.attach(&mut cx.stub, cx.r, i)?;
             continue;
         }
         let mut prot = v.prot as u64;
@@ -118,7 +123,7 @@ pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, Resto
                     Some(fd) => *fd,
                     None => {
                         let o = if rw { libc::O_RDWR } else { libc::O_RDONLY };
-                        let fd = cx.stub.open(&path, o | libc::O_CLOEXEC).step(|| {
+                        let fd = open_restorer_path(cx, &path, o | libc::O_CLOEXEC).step(|| {
                             format!("cannot open {} to map it at {:#x}", v.path, v.start)
                         })?;
                         files.insert((path.clone(), rw), fd);
@@ -136,10 +141,8 @@ pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, Resto
                     o.start,
                     o.end
                 );
-                let fd = cx
-                    .stub
-                    .open(&path, libc::O_RDWR | libc::O_CLOEXEC)
-                    .step(|| {
+                let fd =
+                    open_restorer_path(cx, &path, libc::O_RDWR | libc::O_CLOEXEC).step(|| {
                         format!(
                             "cannot open the shared memory of process {} ({path})",
                             o.pid
@@ -173,6 +176,28 @@ pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, Resto
             .call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
     }
     Ok(fill)
+}
+
+/// Open in the stub `path` as the restorer sees it. A job with a /proc of
+/// its own (kind "mounts") does not show the restorer's PIDs there: a
+/// /proc path is then opened relative to the restorer's /proc.
+fn open_restorer_path(
+    cx: &mut Rebuild<'_, '_>,
+    path: &str,
+    flags: i32,
+) -> cr_sys::error::Result<u64> {
+    let own_proc = cx.r.ck.mounts.as_ref().is_some_and(|m| m.proc);
+    match path.strip_prefix("/proc/") {
+        Some(rel) if own_proc => {
+            let dir = std::fs::File::open("/proc").map_err(|source| cr_sys::SysError::Io {
+                path: "/proc".into(),
+                source,
+            })?;
+            cx.stub
+                .open_at_ours(std::os::fd::AsRawFd::as_raw_fd(&dir), rel, flags)
+        }
+        _ => cx.stub.open(path, flags),
+    }
 }
 
 /// Fill every page of `pieces` into process `pid` on `workers` workers;

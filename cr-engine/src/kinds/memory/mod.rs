@@ -296,30 +296,34 @@ pub fn map_scratch(
     saved: &[Vma],
     ours: &[MapEntry],
 ) -> Result<u64, RestoreError> {
-    let need = SCRATCH + PARK;
     let mut used: Vec<(u64, u64)> = saved.iter().map(|v| (v.start, v.end)).collect();
     used.extend(ours.iter().map(|m| (m.start, m.end)));
+    let cand = free_range(used, SCRATCH + PARK, PAGE_SIZE).ok_or_else(|| {
+        RestoreError::Unsupported("no free address range for the restorer".into())
+    })?;
+    stub.inj
+        .mmap_anon(cand, SCRATCH)
+        .step(|| format!("cannot map scratch memory at {cand:#x}"))?;
+    stub.scratch = cand;
+    Ok(cand + SCRATCH)
+}
+
+/// The lowest address from 4 GiB up, aligned to `align`, where `len`
+/// bytes overlap none of the `used` ranges (None: none below the top of
+/// user space).
+pub fn free_range(mut used: Vec<(u64, u64)>, len: u64, align: u64) -> Option<u64> {
     used.sort();
     let mut cand: u64 = 1 << 32;
     for (s, e) in used {
         if e <= cand {
             continue;
         }
-        if s >= cand + need {
+        if s >= cand + len {
             break;
         }
-        cand = e.next_multiple_of(PAGE_SIZE);
+        cand = e.next_multiple_of(align);
     }
-    if cand + need > TASK_TOP {
-        return Err(RestoreError::Unsupported(
-            "no free address range for the restorer".into(),
-        ));
-    }
-    stub.inj
-        .mmap_anon(cand, SCRATCH)
-        .step(|| format!("cannot map scratch memory at {cand:#x}"))?;
-    stub.scratch = cand;
-    Ok(cand + SCRATCH)
+    (cand + len <= TASK_TOP).then_some(cand)
 }
 
 /// Unmap everything of the stub (`maps`) except the kernel's special

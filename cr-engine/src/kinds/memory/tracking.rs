@@ -19,13 +19,13 @@
 
 use super::dump::Dirty;
 use crate::options::DirtyChoice as Choice;
+use crate::pidstate::PidState;
 use crate::probe::Probe;
 use crate::CheckpointError;
 use cr_image::model::{DirtyMethod, Vma};
 use cr_sys::dirty as kd;
 use cr_sys::mem;
 use cr_sys::proc::{self, MapEntry};
-use std::path::PathBuf;
 use tracing::{debug, warn};
 
 /// The method to use, refusing one the kernel lacks.
@@ -56,26 +56,11 @@ pub struct State {
     pub epoch: String,
 }
 
-fn state_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CR_STATE_DIR") {
-        return PathBuf::from(d).join("tracking");
-    }
-    let uid = proc::own_ids().1;
-    if uid == 0 {
-        PathBuf::from("/run/cr/tracking")
-    } else {
-        std::env::temp_dir().join(format!("cr-tracking-{uid}"))
-    }
-}
-
-/// The state file of `pid` (its start time tells a reused pid apart).
-fn state_path(pid: i32) -> Option<PathBuf> {
-    let start = proc::stat(pid).ok()?.starttime;
-    Some(state_dir().join(format!("{pid}-{start}")))
-}
+/// The state files of the trackers.
+const STATE: PidState = PidState("tracking");
 
 fn load(pid: i32) -> Option<State> {
-    let text = std::fs::read_to_string(state_path(pid)?).ok()?;
+    let text = STATE.read(pid)?;
     let mut it = text.split_whitespace();
     let method = match it.next()? {
         "uffd-wp" => DirtyMethod::UffdWp,
@@ -90,39 +75,14 @@ fn load(pid: i32) -> Option<State> {
 }
 
 fn forget(pid: i32) {
-    if let Some(p) = state_path(pid) {
-        let _ = std::fs::remove_file(p);
-    }
-}
-
-/// Remove the state files of processes that are gone (pid free, or
-/// reused by a process with another start time).
-fn sweep() {
-    let Ok(rd) = std::fs::read_dir(state_dir()) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let live = name
-            .split_once('-')
-            .and_then(|(p, _)| p.parse::<i32>().ok())
-            .and_then(state_path)
-            .is_some_and(|p| p == e.path());
-        if !live {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
+    STATE.forget(pid);
 }
 
 /// Record that the checkpoint of image `epoch` reset the tracker of `pid`.
 pub fn save(pid: i32, method: DirtyMethod, fd: i32, epoch: &str) {
-    sweep();
-    let Some(path) = state_path(pid) else { return };
     let name = method.name();
-    let r = std::fs::create_dir_all(state_dir())
-        .and_then(|()| std::fs::write(&path, format!("{name} {fd} {epoch}\n")));
-    if let Err(e) = r {
-        warn!(pid, path = %path.display(), error = %e, "cannot record dirty tracking state; the next incremental checkpoint will compare page hashes");
+    if let Err(e) = STATE.write(pid, &format!("{name} {fd} {epoch}\n")) {
+        warn!(pid, error = %e, "cannot record dirty tracking state; the next incremental checkpoint will compare page hashes");
     }
 }
 

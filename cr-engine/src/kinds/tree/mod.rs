@@ -144,6 +144,25 @@ pub fn ids(stat: &Stat, status: &Status, f: &Frozen, p: &mut Process) {
     };
 }
 
+/// Every live process of the tree (`images`, root first) is in the root's
+/// namespace `kind` ("ipc", "mnt"; `what` names it for people: "an IPC").
+pub fn same_namespace(images: &[Process], kind: &str, what: &str) -> Result<(), CheckpointError> {
+    let Some(root) = images.first().map(|p| p.pid as i32) else {
+        return Ok(());
+    };
+    let id = |pid: i32| cr_sys::ns::id(pid, kind).map_err(|e| CheckpointError::from_sys(pid, e));
+    let root_ns = id(root)?;
+    for p in images.iter().filter(|p| !p.is_zombie()) {
+        if id(p.pid as i32)? != root_ns {
+            return Err(CheckpointError::unsupported(
+                p.pid as i32,
+                format!("{what} namespace other than process {root}'s"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `root` is PID 1 of a PID namespace below ours (started by
 /// cr_run), so the tree is restored into a new namespace.
 pub fn pidns_root(root: i32) -> Result<bool, CheckpointError> {

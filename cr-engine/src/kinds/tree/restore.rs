@@ -1,6 +1,7 @@
 //! Restore of kind "tree": a stub per process with its saved PID (clone3
 //! `set_tid`; in a new PID namespace when the image's root was PID 1 of
-//! one), each forked by its parent's stub so the parent links are real;
+//! one, and new IPC and mount namespaces when it had those), each forked by
+//! its parent's stub so the parent links are real;
 //! sessions (a session leader creates its session before it forks),
 //! process groups; at the release, zombies die with their saved status and
 //! the others run, children before parents.
@@ -131,10 +132,11 @@ impl Drop for StubGuard {
 pub fn spawn(ck: &Checkpoint, ids: &mut Ids, shell_job: bool) -> Result<Vec<Tracee>, RestoreError> {
     let procs = &ck.processes;
     let root = &procs[0];
+    let ns = namespaces(ck);
     let root_pid = if ids.pidns {
-        spawn_stub_in_new_pidns()?
+        spawn_stub_in_new_pidns(ns)?
     } else {
-        spawn_stub(root.pid as i32)?
+        spawn_stub(root.pid as i32, ns)?
     };
     let mut guard = StubGuard(root_pid);
     let mut stubs: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
@@ -176,6 +178,20 @@ pub fn spawn(ck: &Checkpoint, ids: &mut Ids, shell_job: bool) -> Result<Vec<Trac
         .collect::<Result<_, _>>()?;
     set_process_groups(procs, &mut stubs, ids, shell_job)?;
     Ok(stubs)
+}
+
+/// The namespaces the tree had of its own besides its PID namespace (a
+/// `cr_run` job), made new for the root's stub: its IPC namespace (kind
+/// "sysv") and its mount namespace (kind "mounts").
+fn namespaces(ck: &Checkpoint) -> u64 {
+    let mut flags = 0;
+    if ck.sysv.as_ref().is_some_and(|s| s.own_namespace) {
+        flags |= libc::CLONE_NEWIPC as u64;
+    }
+    if ck.mounts.is_some() {
+        flags |= libc::CLONE_NEWNS as u64;
+    }
+    flags
 }
 
 /// Run one syscall in a stub that has no scratch memory yet.

@@ -1,0 +1,160 @@
+//! Namespaces: the namespaces of another process (`/proc/PID/ns/*`),
+//! running code in another process's IPC namespace (from a thread of our
+//! own: `setns` of an IPC namespace changes only the calling thread), and
+//! the mounts a `cr_run` job gets in its own mount namespace: a fresh
+//! /proc for its PID namespace and a private tmpfs on /dev/shm.
+
+use crate::error::{io_err, NixResult, Result, SysError};
+use std::os::fd::OwnedFd;
+
+/// The namespace `kind` ("ipc", "mnt", "pid"...) of process `pid`, as its
+/// link reads ("ipc:[4026531839]").
+pub fn id(pid: i32, kind: &str) -> Result<String> {
+    crate::proc::read_link(&format!("/proc/{pid}/ns/{kind}"))
+}
+
+/// Whether process `pid` is in another namespace `kind` than we are.
+pub fn differs(pid: i32, kind: &str) -> Result<bool> {
+    Ok(id(pid, kind)? != id(std::process::id() as i32, kind)?)
+}
+
+/// An fd of the namespace `kind` of process `pid` (keeps it alive).
+pub fn open(pid: i32, kind: &str) -> Result<OwnedFd> {
+    let path = format!("/proc/{pid}/ns/{kind}");
+    std::fs::File::open(&path)
+        .map(OwnedFd::from)
+        .map_err(io_err(&path))
+}
+
+/// Run `f` on a thread of its own in the IPC namespace `ns` (None: ours),
+/// where `/proc/sysvipc`, the IPC sysctls and every System V call see
+/// that namespace. Needs CAP_SYS_ADMIN for another namespace.
+pub fn in_ipc_ns<R: Send, E: Send + From<SysError>>(
+    ns: Option<&OwnedFd>,
+    f: impl FnOnce() -> Result<R, E> + Send,
+) -> Result<R, E> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(fd) = ns {
+                nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWIPC)
+                    .or_sys(|| "setns(IPC namespace)".into())?;
+            }
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(SysError::Command {
+                what: "a thread working in an IPC namespace".into(),
+                detail: "it panicked".into(),
+            }
+            .into())
+        })
+    })
+}
+
+/// One mount of a job's own mount namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub source: &'static str,
+    pub target: &'static str,
+    pub fstype: &'static str,
+    pub flags: u64,
+    /// Mount options (the tmpfs root's mode).
+    pub data: String,
+}
+
+/// Where a job's private tmpfs goes.
+pub const DEV_SHM: &str = "/dev/shm";
+
+/// The mounts that make a job's mount namespace its own, in order: its
+/// mounts stop propagating to the host (and back), then a fresh /proc
+/// (which must be mounted by a process of the job's PID namespace to show
+/// it), then a tmpfs on /dev/shm with root mode `shm_mode`, if wanted.
+pub fn job_mounts(proc: bool, shm_mode: Option<u32>) -> Vec<Mount> {
+    let mut v = vec![Mount {
+        source: "none",
+        target: "/",
+        fstype: "",
+        flags: libc::MS_REC | libc::MS_PRIVATE,
+        data: String::new(),
+    }];
+    if proc {
+        v.push(Mount {
+            source: "proc",
+            target: "/proc",
+            fstype: "proc",
+            flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data: String::new(),
+        });
+    }
+    if let Some(mode) = shm_mode {
+        v.push(Mount {
+            source: "tmpfs",
+            target: DEV_SHM,
+            fstype: "tmpfs",
+            flags: libc::MS_NOSUID | libc::MS_NODEV,
+            data: format!("mode={:o}", mode & 0o7777),
+        });
+    }
+    v
+}
+
+/// Mount `m` in the caller's mount namespace.
+pub fn mount(m: &Mount) -> Result<()> {
+    use nix::mount::MsFlags;
+    let fstype = (!m.fstype.is_empty()).then_some(m.fstype);
+    let data = (!m.data.is_empty()).then_some(m.data.as_str());
+    nix::mount::mount(
+        Some(m.source),
+        m.target,
+        fstype,
+        MsFlags::from_bits_retain(m.flags),
+        data,
+    )
+    .or_sys(|| format!("mounting {} on {}", m.source, m.target))
+}
+
+/// Put the caller in a mount namespace and an IPC namespace of its own
+/// (cr_run, before it starts the job) and make the mounts a job gets
+/// there, but for /proc ([`mount_proc_in_child`]): its mounts stop
+/// propagating, a private tmpfs covers /dev/shm (where the host has one).
+pub fn unshare_job_namespaces() -> Result<()> {
+    use nix::sched::CloneFlags;
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC)
+        .or_sys(|| "unshare(mount and IPC namespaces)".into())?;
+    let shm = std::path::Path::new(DEV_SHM).is_dir().then_some(0o1777);
+    for m in job_mounts(false, shm) {
+        mount(&m)?;
+    }
+    Ok(())
+}
+
+/// Make the child of `cmd` (PID 1 of a new PID namespace) mount a fresh
+/// /proc before it runs the command, in a mount namespace of its own (a
+/// copy of ours), so that ours keeps the /proc of our PID namespace.
+pub fn mount_proc_in_child(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let m = job_mounts(true, None).pop().expect("the /proc mount");
+    let c = |s: &str| std::ffi::CString::new(s).expect("no NUL in a mount argument");
+    let (source, target, fstype) = (c(m.source), c(m.target), c(m.fstype));
+    let flags = m.flags as libc::c_ulong;
+    // SAFETY: the hook runs in the child between fork and exec and only
+    // makes raw unshare and mount system calls with C strings made before
+    // the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0
+                || libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    fstype.as_ptr(),
+                    flags,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
