@@ -223,6 +223,7 @@ fn open_parent(
 
 /// Refuse unsupported resources before anything is touched.
 fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> {
+    kinds::outside::listed(&opts.save_file).map_err(CheckpointError::Invalid)?;
     let pids = tree::walk(pid)?;
     let mut fds = TreeFds::new(&pids);
     fds.lock_network = opts.action() != Action::Continue;
@@ -414,6 +415,8 @@ impl Held {
         // Read while nothing runs: System V objects and a job's mounts.
         let sysv = kinds::sysv::capture(&d, &images)?;
         let mounts = kinds::mounts::capture(&d, &images)?;
+        let own_shm = mounts.as_ref().is_some_and(|m| m.dev_shm.is_some());
+        let outside_files = kinds::outside::capture(&mut d, &pids, &images, own_shm)?;
         if memory::has_snapshots(&mut d) {
             fault::check("after-snapshot")?;
             // Everything is read: the processes run on while the copies of
@@ -453,6 +456,7 @@ impl Held {
             sysv,
             mounts,
             job_dir: job_dir(root).map(|d| d.display().to_string()),
+            outside_files,
         };
         fault::check("before-commit")?;
         self.dir.commit(&ck, opts.fsync())?;
@@ -666,6 +670,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             sysv: None,
             mounts: None,
             job_dir: None,
+            outside_files: Vec::new(),
         };
         fault::check("before-commit")?;
         dir.commit(&ck, opts.fsync())?;

@@ -36,6 +36,9 @@ pub enum CheckpointError {
     Sys(#[from] SysError),
     #[error(transparent)]
     Image(#[from] cr_image::ImageError),
+    /// An option names something unusable, or a file to save cannot be.
+    #[error("{0}")]
+    Invalid(String),
     #[error("this kernel lacks {0}")]
     KernelLacks(String),
     #[error("parent image {path}: {what}")]
@@ -127,6 +130,12 @@ pub enum RestoreError {
     PidTaken { pid: i32, by: String },
     #[error("fault injected at stage {0} (CR_FAULT_INJECT)")]
     Injected(String),
+    #[error("{path} ({used_by}) {change} since the checkpoint; restore anyway with --allow-changed-files, or checkpoint with --save-files")]
+    ChangedFile {
+        path: String,
+        used_by: String,
+        change: String,
+    },
     #[error("System V {kind} {id} (key {key:#x}) cannot be restored: {why}; remove it ({ipcrm}) if nothing needs it, or restore elsewhere")]
     SysvTaken {
         kind: &'static str,

@@ -116,6 +116,18 @@ pub struct CheckpointOptions {
     /// owned by this uid (repeatable).
     #[arg(long = "ipc-owner", value_name = "UID")]
     pub ipc_owners: Vec<u32>,
+    /// Store in the image the content of every regular file the processes
+    /// hold open, each up to LIMIT bytes (e.g. 64M, the default; 1G), so a
+    /// restore puts back files since changed or deleted (a sort's temporary
+    /// files, a database): the image is self-contained.
+    #[arg(long, value_name = "LIMIT", num_args = 0..=1, require_equals = true,
+          default_missing_value = "64M",
+          value_parser = parse_size)]
+    pub save_files: Option<u64>,
+    /// Store in the image the content of this file (any size; repeatable),
+    /// whether the processes hold it open or not.
+    #[arg(long = "save-file", value_name = "PATH")]
+    pub save_file: Vec<PathBuf>,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -163,6 +175,29 @@ impl CheckpointOptions {
             .or_else(|| crate::capture::job_dir(pid))
             .unwrap_or_else(|| PathBuf::from(format!("ckpt.{pid}")))
     }
+}
+
+/// A size in bytes: a number with an optional K, M, G or T suffix (powers
+/// of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{s:?} is not a size (e.g. 4096, 64M, 1G)")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| format!("{s:?} is not a size (e.g. 4096, 64M, 1G)"))
 }
 
 /// A System V IPC key as `ipcs` prints it (0x hex) or in decimal.
@@ -245,6 +280,11 @@ pub struct RestoreOptions {
     /// --inherit-fd to /dev/null (fds 0-2 still default to cr_restart's).
     #[arg(long)]
     pub external_to_null: bool,
+    /// Restore even if files outside the image that the processes use
+    /// (open files, mappings, executables, working directories) changed
+    /// since the checkpoint; each change is logged as a warning.
+    #[arg(long)]
+    pub allow_changed_files: bool,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -260,6 +300,7 @@ impl Default for RestoreOptions {
             reset_guard: 60,
             inherit_fd: Vec::new(),
             external_to_null: false,
+            allow_changed_files: false,
             progress: Progress::Off,
         }
     }

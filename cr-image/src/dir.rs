@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 pub const CHECKPOINT_FILE: &str = "checkpoint.img";
 pub const TMP_SUFFIX: &str = ".tmp";
 /// How the names of an image's data files begin (page stores, content of
-/// memfds and deleted files, System V segments, a job's /dev/shm files).
-const DATA_PREFIXES: &[&str] = &["pages-", "file-", "sysv-shm-", "shm-file-"];
+/// memfds and deleted files, System V segments, a job's /dev/shm files,
+/// outside files saved with `--save-files`).
+const DATA_PREFIXES: &[&str] = &["pages-", "file-", "sysv-shm-", "shm-file-", "saved-"];
 /// The replaced `checkpoint.img`, kept (a hard link) until the new image
 /// is settled or undone.
 const PREVIOUS_FILE: &str = "checkpoint.img.prev";

@@ -123,6 +123,7 @@ pub fn object_summary(o: &Object) -> String {
             format!("memfd:{} {} bytes, seals {:#x}", f.name, f.size, f.seals)
         }
         ObjectKind::DeletedFile(f) => format!("deleted file {} {} bytes", f.name, f.size),
+        ObjectKind::SavedFile(f) => format!("saved file {} {} bytes", f.name, f.size),
         ObjectKind::Pty(p) => format!(
             "pty /dev/pts/{}{}",
             p.index,

@@ -54,6 +54,12 @@ pub fn checkpoint_request(
         tcp_skip_in_flight: o.tcp_skip_in_flight,
         ipc_keys: o.ipc_keys.clone(),
         ipc_owners: o.ipc_owners.clone(),
+        save_files_limit: o.save_files.unwrap_or(0),
+        save_file: o
+            .save_file
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
     }
 }
 
@@ -66,6 +72,8 @@ pub fn checkpoint_options(r: &pb::LocalCheckpointRequest) -> Result<CheckpointOp
         tcp_skip_in_flight: r.tcp_skip_in_flight,
         ipc_keys: r.ipc_keys.clone(),
         ipc_owners: r.ipc_owners.clone(),
+        save_files: (r.save_files_limit > 0).then_some(r.save_files_limit),
+        save_file: r.save_file.iter().map(PathBuf::from).collect(),
         parent: (!r.parent.is_empty()).then(|| PathBuf::from(&r.parent)),
         pre_dump: r.pre_dump,
         track_mem: r.track_mem,
@@ -125,6 +133,7 @@ pub fn restore_request(dir: &Path, o: &RestoreOptions) -> pb::LocalRestoreReques
         workers: o.workers.unwrap_or(0) as u32,
         inherit_fd: o.inherit_fd.iter().map(|b| b.to_string()).collect(),
         external_to_null: o.external_to_null,
+        allow_changed_files: o.allow_changed_files,
     }
 }
 
@@ -153,6 +162,7 @@ pub fn restore_options(r: &pb::LocalRestoreRequest) -> Result<RestoreOptions, St
             })
             .collect::<Result<_, String>>()?,
         external_to_null: r.external_to_null,
+        allow_changed_files: r.allow_changed_files,
         ..Default::default()
     })
 }

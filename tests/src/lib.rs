@@ -1578,3 +1578,35 @@ pub fn store_file(img: &Path) -> PathBuf {
     );
     found.into_iter().next().expect("one store")
 }
+
+/// The length of a file (0 if it does not exist).
+pub fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Size of one record of wl_append's files.
+pub const REC: u64 = 64;
+
+/// Checks that a wl_append record file holds records 0..n exactly once, in
+/// order; returns n.
+pub fn check_records(p: &Path) -> Result<u64, String> {
+    let data = read_bytes(p);
+    if !(data.len() as u64).is_multiple_of(REC) {
+        return Err(format!(
+            "{}: size {} is not a multiple of {REC}",
+            p.display(),
+            data.len()
+        ));
+    }
+    for (i, rec) in data.chunks(REC as usize).enumerate() {
+        let want = format!("rec {i:010} ");
+        if !rec.starts_with(want.as_bytes()) || rec[REC as usize - 1] != b'\n' {
+            return Err(format!(
+                "{}: record #{i} is {:?}",
+                p.display(),
+                String::from_utf8_lossy(rec)
+            ));
+        }
+    }
+    Ok(data.len() as u64 / REC)
+}

@@ -2,36 +2,6 @@
 //! device fds survive checkpoint --kill and restore.
 
 use cr_tests::*;
-use std::path::Path;
-
-const REC: u64 = 64;
-
-fn file_len(p: &Path) -> u64 {
-    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
-}
-
-/// Checks that a record file holds records 0..n exactly once, in order.
-fn check_records(p: &Path) -> Result<u64, String> {
-    let data = read_bytes(p);
-    if !(data.len() as u64).is_multiple_of(REC) {
-        return Err(format!(
-            "{}: size {} is not a multiple of {REC}",
-            p.display(),
-            data.len()
-        ));
-    }
-    for (i, rec) in data.chunks(REC as usize).enumerate() {
-        let want = format!("rec {i:010} ");
-        if !rec.starts_with(want.as_bytes()) || rec[REC as usize - 1] != b'\n' {
-            return Err(format!(
-                "{}: record #{i} is {:?}",
-                p.display(),
-                String::from_utf8_lossy(rec)
-            ));
-        }
-    }
-    Ok(data.len() as u64 / REC)
-}
 
 #[test]
 fn append_and_plain_writers_kill_restore() {

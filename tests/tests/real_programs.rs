@@ -217,10 +217,6 @@ impl Drop for Kid {
     }
 }
 
-fn file_len(p: &Path) -> u64 {
-    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
-}
-
 /// Finds an executable in PATH (and the usual system dirs); panics with a
 /// hint if it is missing: tests/run.sh installs what the tests need.
 fn need_program(name: &str) -> PathBuf {

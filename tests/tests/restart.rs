@@ -56,7 +56,9 @@ fn checkpoint_continue_then_restore_same_image() {
     let pid = wl.pid();
     let img = h.image_dir("img");
 
-    h.checkpoint(&img, &[], pid)
+    // Its shared file mapping is written after the checkpoint: saved, so
+    // the copy finds it as it was.
+    h.checkpoint(&img, &["--save-files"], pid)
         .assert_success("cr_checkpoint (continue)");
     assert_running_untraced(pid, "after checkpoint without --kill/--stop");
     let saved_len = wl.stdout_len();
@@ -412,7 +414,11 @@ fn image_restored_twice() {
     wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
     let pid = wl.pid();
     let img = h.image_dir("img");
-    checkpoint_kill(&h, &mut wl, &img);
+    // The first copy writes its shared file mapping: saved, so the second
+    // finds it as it was.
+    h.checkpoint(&img, &["--kill", "--save-files"], pid)
+        .assert_success("cr_checkpoint --kill --save-files");
+    wl.reap_killed();
     let saved = wl.stdout_len();
     for round in 1..=2 {
         let mut r = h.restore_bg(&img, pid);

@@ -18,7 +18,9 @@
 //! others. Two kinds belong to the whole tree rather than to a process:
 //! [`sysv`] (System V IPC objects; the memory kind attaches the segments)
 //! and [`mounts`] (a job's own mount namespace), captured after the
-//! processes and made before any is rebuilt. Adding a kind: its folder, its section in `cr_image::model` (and
+//! processes and made before any is rebuilt. [`outside`] records the files
+//! outside the image the processes rely on, checked (or put back from the
+//! image) before a restore begins. Adding a kind: its folder, its section in `cr_image::model` (and
 //! `proto/image.proto`), and one line in a driver or in [`FILE_KINDS`].
 
 pub mod eventfds;
@@ -31,6 +33,7 @@ pub mod locks;
 pub mod memory;
 pub mod mounts;
 pub mod netlock;
+pub mod outside;
 pub mod pipes;
 pub mod seccomp;
 pub mod signals;

@@ -18,6 +18,7 @@ pub mod identity;
 pub mod memory;
 pub mod mounts;
 pub mod objects;
+pub mod outside;
 pub mod seccomp;
 mod ser;
 pub mod signals;
@@ -35,6 +36,7 @@ pub use memory::{
 };
 pub use mounts::{MountNs, Tmpfs, TmpfsEntry, TmpfsKind};
 pub use objects::{Object, ObjectKind, ObjectTag};
+pub use outside::OutsideFile;
 pub use seccomp::{SeccompFilter, SeccompMode, ThreadSeccomp};
 pub use signals::{AltStack, SigAction, SigInfo, Signals};
 pub use sysv::{IpcPerm, MsgQueue, SemSet, ShmSegment, SysvIpc, SysvMessage};
@@ -102,6 +104,8 @@ pub struct Checkpoint {
     pub mounts: Option<MountNs>,
     /// The directory of a cr_run job (`cr_run --dir`).
     pub job_dir: Option<String>,
+    /// Files outside the image it relies on, as they were.
+    pub outside_files: Vec<OutsideFile>,
 }
 
 /// Where and by what the image was taken.
@@ -264,6 +268,11 @@ impl Checkpoint {
                 .filter(|s| !s.is_empty()),
             mounts: p.mounts.map(MountNs::from_pb).transpose()?,
             job_dir: Some(p.job_dir).filter(|d| !d.is_empty()),
+            outside_files: p
+                .outside_files
+                .into_iter()
+                .map(OutsideFile::from_pb)
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -295,6 +304,7 @@ impl Checkpoint {
             sysv: self.sysv.as_ref().map(SysvIpc::to_pb),
             mounts: self.mounts.as_ref().map(MountNs::to_pb),
             job_dir: self.job_dir.clone().unwrap_or_default(),
+            outside_files: self.outside_files.iter().map(OutsideFile::to_pb).collect(),
         }
     }
 
@@ -339,6 +349,7 @@ impl Checkpoint {
                 return Err(format!("bad job directory {d:?}"));
             }
         }
+        outside::validate(self)?;
         let blocks = self.store.as_ref().map_or(0, |s| s.blocks.len());
         let pids: HashMap<u32, usize> = self
             .processes

@@ -27,6 +27,7 @@ pub enum ObjectTag {
     Memfd,
     DeletedFile,
     Pty,
+    SavedFile,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -39,6 +40,8 @@ pub enum ObjectKind {
     Memfd(FileContent),
     DeletedFile(FileContent),
     Pty(Pty),
+    /// The content of an outside file (`--save-files`); `name` is its path.
+    SavedFile(FileContent),
 }
 
 impl ObjectKind {
@@ -51,6 +54,7 @@ impl ObjectKind {
             ObjectKind::Memfd(_) => ObjectTag::Memfd,
             ObjectKind::DeletedFile(_) => ObjectTag::DeletedFile,
             ObjectKind::Pty(_) => ObjectTag::Pty,
+            ObjectKind::SavedFile(_) => ObjectTag::SavedFile,
         }
     }
 }
@@ -276,6 +280,7 @@ impl Object {
             Some(K::InetSocket(s)) => ObjectKind::InetSocket(inet_from_pb(s)?),
             Some(K::Memfd(f)) => ObjectKind::Memfd(content_from_pb(f)?),
             Some(K::DeletedFile(f)) => ObjectKind::DeletedFile(content_from_pb(f)?),
+            Some(K::SavedFile(f)) => ObjectKind::SavedFile(content_from_pb(f)?),
             Some(K::Pty(p)) => {
                 let ok = (p.termios.is_empty() || p.termios.len() == TERMIOS_LEN)
                     && (p.winsize.is_empty() || p.winsize.len() == WINSIZE_LEN)
@@ -329,6 +334,7 @@ impl Object {
             ObjectKind::InetSocket(s) => K::InetSocket(inet_to_pb(s)),
             ObjectKind::Memfd(f) => K::Memfd(content_to_pb(f)),
             ObjectKind::DeletedFile(f) => K::DeletedFile(content_to_pb(f)),
+            ObjectKind::SavedFile(f) => K::SavedFile(content_to_pb(f)),
             ObjectKind::Pty(p) => K::Pty(pb::Pty {
                 index: p.index,
                 fg_pgrp: p.fg_pgrp,
@@ -355,6 +361,12 @@ impl Object {
                     }
                 }
             }
+            ObjectKind::SavedFile(f) if !f.name.starts_with('/') => {
+                return Err(format!(
+                    "a saved file without an absolute path ({:?})",
+                    f.name
+                ));
+            }
             ObjectKind::Pty(p) if p.fg_pgrp != 0 && ck.process(p.fg_pgrp).is_none() => {
                 return Err(format!(
                     "its foreground group {} is not in the image",
@@ -373,7 +385,9 @@ pub fn content_files(ck: &Checkpoint) -> impl Iterator<Item = &PageFile> {
     ck.objects
         .iter()
         .filter_map(|o| match &o.kind {
-            ObjectKind::Memfd(f) | ObjectKind::DeletedFile(f) => f.content.as_ref(),
+            ObjectKind::Memfd(f) | ObjectKind::DeletedFile(f) | ObjectKind::SavedFile(f) => {
+                f.content.as_ref()
+            }
             _ => None,
         })
         .chain(ck.sysv.iter().flat_map(|s| s.content_files()))

@@ -434,6 +434,18 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
             }),
         }),
         job_dir: Some("/var/tmp/job".into()),
+        outside_files: vec![OutsideFile {
+            path: "/usr/bin/python3".into(),
+            used_by: "the executable of process 100".into(),
+            mode: 0o100755,
+            size: 1000,
+            mtime_ns: 1_700_000_000_000_000_000,
+            dev: 0x803,
+            ino: 42,
+            build_id: vec![0xab; 20],
+            saved: None,
+            write_only: false,
+        }],
     }
 }
 
