@@ -9,7 +9,7 @@
 //! 2. a checkpoint that lets it run on (the clients go on);
 //! 3. a checkpoint `--kill` and a `cr_restart` while the clients wait on
 //!    their connections (held by the network lock): they go on over the
-//!    same connections;
+//!    same connections; then the same again of the restored daemon;
 //! 4. the daemon's own checks over new connections: every key read back
 //!    (memcached, redis), every file and one access log line per request
 //!    (nginx), the server's self-check and exact totals (the counter
@@ -374,76 +374,108 @@ fn scenario<S: Service>(h: &Harness, mut svc: S, mode: Mode) {
         &|| diag(&svc),
     );
 
-    // 3. checkpoint --kill (the clients keep their connections) and restore.
-    let img = h.image_dir("img");
-    let tree = tree_pids(target);
-    let killed = h.checkpoint(&img, &["--kill"], target);
-    killed.assert_success(&format!("cr_checkpoint --kill of {}", svc.name()));
-    let st = s.proc.wait_exit(Duration::from_secs(20), || diag(&svc));
-    if mode == Mode::Job {
-        assert_eq!(
-            st.and_then(|st| st.code()),
-            Some(128 + libc::SIGKILL),
-            "cr_run reports its job's kill"
-        );
-    }
-    wait_until(
-        "the killed tree's processes to be gone",
-        Duration::from_secs(20),
-        || {
-            reap_orphans();
-            tree.iter().all(|&p| !is_alive(p))
-        },
-        || {
-            tree.iter()
-                .map(|&p| describe(p))
-                .collect::<Vec<_>>()
-                .join("\n")
-        },
-    );
-    let image = dir_bytes(&img);
-    let t0 = Instant::now();
-    let mut restored = match mode {
-        Mode::Plain => Restored::Plain(h.restore_bg(&img, target)),
-        Mode::Job => Restored::Job(h.restore_job(&img)),
-    };
+    // 3. checkpoint --kill (the clients keep their connections) and
+    // restore; then the same again of the restored daemon.
     let rdiag = |r: &Restored| match r {
         Restored::Plain(r) => r.diag(),
         Restored::Job(r) => r.diag(),
     };
-    load.wait_more(1, "after the restore", &|| {
-        format!("{}\n{}", rdiag(&restored), svc.diag())
-    });
-    let back = t0.elapsed();
-    load.wait_more(PHASE_REQUESTS, "after the restore", &|| {
-        format!("{}\n{}", rdiag(&restored), svc.diag())
-    });
+    let exe = std::fs::canonicalize(svc.exe()).expect("the daemon's executable");
+    let mut target = s.proc.pid;
+    let mut restored: Option<Restored> = None;
+    let mut figures = Vec::new();
+    for generation in 1..=2 {
+        let img = h.image_dir(&format!("img{generation}"));
+        let tree = tree_pids(target);
+        let killed = h.checkpoint(&img, &["--kill"], target);
+        killed.assert_success(&format!(
+            "cr_checkpoint --kill of {} (generation {generation})",
+            svc.name()
+        ));
+        match restored.take() {
+            None => {
+                let st = s.proc.wait_exit(Duration::from_secs(20), || diag(&svc));
+                if mode == Mode::Job {
+                    assert_eq!(
+                        st.and_then(|st| st.code()),
+                        Some(128 + libc::SIGKILL),
+                        "cr_run reports its job's kill"
+                    );
+                }
+            }
+            // The cr_restart of the killed generation ends.
+            Some(Restored::Plain(mut r)) => {
+                r.wait_plain(Duration::from_secs(20));
+            }
+            Some(Restored::Job(mut r)) => {
+                r.wait(Duration::from_secs(20), &|| svc.diag());
+            }
+        }
+        wait_until(
+            "the killed tree's processes to be gone",
+            Duration::from_secs(20),
+            || {
+                reap_orphans();
+                tree.iter().all(|&p| !is_alive(p))
+            },
+            || {
+                tree.iter()
+                    .map(|&p| describe(p))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            },
+        );
+        let image = dir_bytes(&img);
+        let t0 = Instant::now();
+        let mut r = match mode {
+            Mode::Plain => Restored::Plain(h.restore_bg(&img, target)),
+            Mode::Job => Restored::Job(h.restore_job(&img)),
+        };
+        load.wait_more(1, "after the restore", &|| {
+            format!("{}\n{}", rdiag(&r), svc.diag())
+        });
+        let back = t0.elapsed();
+        load.wait_more(PHASE_REQUESTS, "after the restore", &|| {
+            format!("{}\n{}", rdiag(&r), svc.diag())
+        });
+        target = match &mut r {
+            Restored::Plain(r) => r.restored.pid,
+            Restored::Job(r) => r.wait_running(&exe, &|| svc.diag()),
+        };
+        svc.live_check(target, mode, true);
+        figures.push(format!(
+            "--kill: frozen {}, image {:.1} MiB; restore: answering again after {:.2} s",
+            frozen(&killed),
+            image as f64 / (1 << 20) as f64,
+            back.as_secs_f64()
+        ));
+        if generation == 1 {
+            figures.insert(
+                0,
+                killed
+                    .stdout
+                    .split_once(" (")
+                    .and_then(|(_, t)| t.split_once(')'))
+                    .map_or("?", |(t, _)| t)
+                    .to_string(),
+            );
+        }
+        restored = Some(r);
+    }
+    let mut restored = restored.expect("restored twice");
+    let root = target;
     let total = load.requests();
     let clients = load.finish(&|| format!("{}\n{}", rdiag(&restored), svc.diag()));
 
     // 4. Its own checks.
-    let root = match &mut restored {
-        Restored::Plain(r) => r.restored.pid,
-        Restored::Job(r) => {
-            let exe = std::fs::canonicalize(svc.exe()).expect("the daemon's executable");
-            r.wait_running(&exe, &|| svc.diag())
-        }
-    };
     svc.check(&clients);
-    svc.live_check(root, mode, true);
     eprintln!(
-        "figures: {} {mode:?}: {}, {total} checked requests; continue: frozen {}; \
-         --kill: frozen {}, image {:.1} MiB; restore: answering again after {:.2} s",
+        "figures: {} {mode:?}: {}, {total} checked requests; continue: frozen {}; {}; again: {}",
         svc.name(),
-        killed
-            .stdout
-            .split_once(" (")
-            .and_then(|(_, t)| t.split_once(')'))
-            .map_or("?", |(t, _)| t),
+        figures[0],
         frozen(&cont),
-        frozen(&killed),
-        image as f64 / (1 << 20) as f64,
-        back.as_secs_f64()
+        figures[1],
+        figures[2],
     );
 
     // 5. A clean stop.
