@@ -104,15 +104,23 @@ fn bind(
         file = to;
     }
     if s.file_mode != 0 {
-        // bind(2) made the file with the restorer's umask and ids.
-        use std::os::unix::fs::PermissionsExt;
-        std::os::unix::fs::lchown(&file, Some(s.file_uid), Some(s.file_gid))
-            .map_err(sys(format!("chown {}", file.display())))
-            .and_then(|()| {
-                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(s.file_mode))
-                    .map_err(sys(format!("chmod {}", file.display())))
-            })
-            .step(|| format!("cannot give the file of socket:[{id}] its owner and mode"))?;
+        // bind(2) made the file with the restorer's umask and ids; only
+        // what differs is changed (a caller who is not root can give its
+        // own files only its own groups).
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let now = std::fs::symlink_metadata(&file)
+            .map_err(sys(format!("stat {}", file.display())))
+            .step(|| format!("cannot find the file of socket:[{id}]"))?;
+        if (now.uid(), now.gid()) != (s.file_uid, s.file_gid) {
+            std::os::unix::fs::lchown(&file, Some(s.file_uid), Some(s.file_gid))
+                .map_err(sys(format!("chown {}", file.display())))
+                .step(|| format!("cannot give the file of socket:[{id}] its owner"))?;
+        }
+        if now.mode() & 0o7777 != s.file_mode {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(s.file_mode))
+                .map_err(sys(format!("chmod {}", file.display())))
+                .step(|| format!("cannot give the file of socket:[{id}] its mode"))?;
+        }
     }
     Ok(())
 }
