@@ -7,7 +7,8 @@
 //!
 //! 1. the daemon starts, data is stored, the clients start;
 //! 2. a checkpoint that lets it run on (the clients go on);
-//! 3. a checkpoint `--kill` and a `cr_restart` while the clients wait on
+//! 3. a checkpoint `--kill` and a `cr_restart` (`--detach` for a daemon
+//!    that had forked away from its shell) while the clients wait on
 //!    their connections (held by the network lock): they go on over the
 //!    same connections; then the same again of the restored daemon;
 //! 4. the daemon's own checks over new connections: every key read back
@@ -226,7 +227,12 @@ impl Started {
 
 /// The restored daemon.
 enum Restored {
+    /// A foreground daemon: cr_restart waits for it, as its service
+    /// manager would.
     Plain(Restore),
+    /// A daemon that had forked away: `cr_restart --detach`, which returns
+    /// once it runs (reparented to us, the tests being subreapers).
+    Detached(Proc),
     Job(JobRestore),
 }
 
@@ -380,6 +386,7 @@ fn scenario<S: Service>(h: &Harness, mut svc: S, mode: Mode) {
     // restore; then the same again of the restored daemon.
     let rdiag = |r: &Restored| match r {
         Restored::Plain(r) => r.diag(),
+        Restored::Detached(p) => describe(p.pid),
         Restored::Job(r) => r.diag(),
     };
     let exe = std::fs::canonicalize(svc.exe()).expect("the daemon's executable");
@@ -409,6 +416,9 @@ fn scenario<S: Service>(h: &Harness, mut svc: S, mode: Mode) {
             Some(Restored::Plain(mut r)) => {
                 r.wait_plain(Duration::from_secs(20));
             }
+            Some(Restored::Detached(mut p)) => {
+                p.wait_exit(Duration::from_secs(20), || svc.diag());
+            }
             Some(Restored::Job(mut r)) => {
                 r.wait(Duration::from_secs(20), &|| svc.diag());
             }
@@ -430,6 +440,9 @@ fn scenario<S: Service>(h: &Harness, mut svc: S, mode: Mode) {
         let image = dir_bytes(&img);
         let t0 = Instant::now();
         let mut r = match mode {
+            Mode::Plain if svc.daemon_args().is_some() => {
+                Restored::Detached(h.restore_detach(&img, target))
+            }
             Mode::Plain => Restored::Plain(h.restore_bg(&img, target)),
             Mode::Job => Restored::Job(h.restore_job(&img)),
         };
@@ -442,6 +455,7 @@ fn scenario<S: Service>(h: &Harness, mut svc: S, mode: Mode) {
         });
         target = match &mut r {
             Restored::Plain(r) => r.restored.pid,
+            Restored::Detached(p) => p.pid,
             Restored::Job(r) => r.wait_running(&exe, &|| svc.diag()),
         };
         svc.live_check(target, mode, true);
@@ -482,14 +496,15 @@ fn scenario<S: Service>(h: &Harness, mut svc: S, mode: Mode) {
 
     // 5. A clean stop.
     let (sig, code) = svc.stop();
-    // SAFETY: kill(2) of the daemon this test restored (cr_restart's child).
+    // SAFETY: kill(2) of the daemon this test restored.
     assert_eq!(unsafe { libc::kill(root, sig) }, 0, "kill {root}");
     let st = match &mut restored {
-        Restored::Plain(r) => r.wait_plain(PHASE_TIMEOUT).status,
-        Restored::Job(r) => r.wait(PHASE_TIMEOUT, &|| svc.diag()),
+        Restored::Plain(r) => Some(r.wait_plain(PHASE_TIMEOUT).status),
+        Restored::Detached(p) => p.wait_exit(PHASE_TIMEOUT, || svc.diag()),
+        Restored::Job(r) => Some(r.wait(PHASE_TIMEOUT, &|| svc.diag())),
     };
     assert_eq!(
-        st.code(),
+        st.and_then(|st| st.code()),
         Some(code),
         "the restored {} stopped cleanly on signal {sig}\n{}\n{}",
         svc.name(),
