@@ -430,6 +430,12 @@ impl Proc {
                 self.status = Some(ExitStatus::from_raw(raw));
                 return Some(self.status);
             }
+            if r == 0 {
+                // Not reapable yet: a zombie thread-group leader whose
+                // other threads are still exiting (a multi-threaded
+                // daemon that just ended): its status comes later.
+                return None;
+            }
         }
         if matches!(st.state, 'Z' | 'X') {
             self.done = true;
