@@ -13,6 +13,7 @@
 
 pub mod cluster;
 pub mod netns;
+pub mod resp;
 pub mod wl;
 
 use std::cell::Cell;
@@ -169,6 +170,31 @@ pub fn fd_list(pid: i32) -> Vec<(i32, String)> {
         }
     }
     out.sort();
+    out
+}
+
+/// `pid` and all its descendants, parents first.
+pub fn tree_pids(pid: i32) -> Vec<i32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                for c in std::fs::read_to_string(t.path().join("children"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                {
+                    if let Ok(c) = c.parse::<i32>() {
+                        if !out.contains(&c) {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
     out
 }
 
@@ -404,6 +430,12 @@ impl Proc {
                 self.status = Some(ExitStatus::from_raw(raw));
                 return Some(self.status);
             }
+            if r == 0 {
+                // Not reapable yet: a zombie thread-group leader whose
+                // other threads are still exiting (a multi-threaded
+                // daemon that just ended): its status comes later.
+                return None;
+            }
         }
         if matches!(st.state, 'Z' | 'X') {
             self.done = true;
@@ -579,6 +611,8 @@ pub struct RunOpts {
     pub exe: Option<PathBuf>,
     /// Fds the tool gets: (ours, its number).
     pub fds: Vec<(i32, i32)>,
+    /// Its working directory (default: ours).
+    pub cwd: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------------------------
@@ -853,6 +887,9 @@ impl Harness {
             cmd.env(k, v);
         }
         isolate_fds(&mut cmd, &opts.fds);
+        if let Some(d) = &opts.cwd {
+            cmd.current_dir(d);
+        }
         if let Some((uid, gid)) = opts.as_user {
             // SAFETY: only async-signal-safe raw syscalls between fork and exec.
             unsafe {
@@ -1215,6 +1252,24 @@ impl Workload {
             .map(|m| m.len())
             .unwrap_or(0)
     }
+}
+
+/// A value of a few dozen bytes, different for each `i`, for keys the
+/// tests store in a daemon and read back.
+pub fn sample_value(i: usize) -> Vec<u8> {
+    let mut v = format!("value-{i}-").into_bytes();
+    for k in 0..(i % 50 + 20) {
+        v.push(b'a' + ((i * 7 + k * 13) % 26) as u8);
+    }
+    v
+}
+
+/// A TCP port nobody listens on now (on the host's loopback).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 /// Tails of a workload's stdout and stderr files, for panic messages.

@@ -47,30 +47,6 @@ fn next_round(wl: &Workload, r: u32) {
     touch(&wl.workdir.join(format!("round-{r}")));
 }
 
-/// `pid` and all its descendants, parents first.
-fn tree_pids(pid: i32) -> Vec<i32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() {
-        let p = out[i];
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                for c in text
-                    .split_whitespace()
-                    .filter_map(|c| c.parse::<i32>().ok())
-                {
-                    if !out.contains(&c) {
-                        out.push(c);
-                    }
-                }
-            }
-        }
-        i += 1;
-    }
-    out
-}
-
 /// Waits until none of `pids` exists any more (reaping those reparented to us).
 fn wait_gone(pids: &[i32], ctx: &str) {
     wait_until(

@@ -60,14 +60,6 @@ fn chown_postgres(p: &Path) {
         .unwrap_or_else(|e| panic!("chown {}: {e}", p.display()));
 }
 
-/// A TCP port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// The cluster every test copies: initdb, then pgbench -i -s 1, made once
 /// per test run (under a lock: tests run in parallel processes).
 fn template(h: &Harness) -> PathBuf {

@@ -39,31 +39,6 @@ const SH: &str = "/bin/sh";
 // Helpers
 // ---------------------------------------------------------------------------
 
-/// `pid` and all its descendants, parents first.
-fn tree_pids(pid: i32) -> Vec<i32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() {
-        let p = out[i];
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                for c in std::fs::read_to_string(t.path().join("children"))
-                    .unwrap_or_default()
-                    .split_whitespace()
-                {
-                    if let Ok(c) = c.parse::<i32>() {
-                        if !out.contains(&c) {
-                            out.push(c);
-                        }
-                    }
-                }
-            }
-        }
-        i += 1;
-    }
-    out
-}
-
 fn children(pid: i32) -> Vec<i32> {
     tree_pids(pid)
         .into_iter()

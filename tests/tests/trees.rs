@@ -7,32 +7,6 @@
 use cr_tests::*;
 use std::time::{Duration, Instant};
 
-/// `pid` and all its descendants, parents first.
-fn tree_pids(pid: i32) -> Vec<i32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() {
-        let p = out[i];
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                let path = t.path().join("children");
-                for c in std::fs::read_to_string(path)
-                    .unwrap_or_default()
-                    .split_whitespace()
-                {
-                    if let Ok(c) = c.parse::<i32>() {
-                        if !out.contains(&c) {
-                            out.push(c);
-                        }
-                    }
-                }
-            }
-        }
-        i += 1;
-    }
-    out
-}
-
 /// After `cr_checkpoint --kill` of a tree: the descendants were reparented
 /// to us (the tests run as a child subreaper); reap them so every PID is
 /// free again before the restore.

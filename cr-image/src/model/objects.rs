@@ -115,6 +115,14 @@ pub struct UnixSocket {
     pub name: Vec<u8>,
     /// The bound path no longer names it: bound again, then unlinked.
     pub name_unlinked: bool,
+    /// Its file was renamed after the bind: the (absolute) path it has now;
+    /// bound at `name` again, then renamed there. Empty: not moved.
+    #[serde(serialize_with = "ser::text")]
+    pub moved_to: Vec<u8>,
+    /// Permission bits, owner and group of its file (0 bits: no file).
+    pub file_mode: u32,
+    pub file_uid: u32,
+    pub file_gid: u32,
     /// Peer socket in the image (an object id), 0: none.
     pub peer: u64,
     /// Peer outside the image, reached again by name.
@@ -257,11 +265,18 @@ impl Object {
                 if u.name.len() > 108 || u.peer_name.len() > 108 {
                     return Err("a socket name longer than 108 bytes".into());
                 }
+                if u.moved_to.len() > 4096 {
+                    return Err("a socket file path longer than 4096 bytes".into());
+                }
                 ObjectKind::UnixSocket(UnixSocket {
                     sock_type: u.sock_type,
                     state: u.state,
                     name: u.name,
                     name_unlinked: u.name_unlinked,
+                    moved_to: u.moved_to,
+                    file_mode: u.file_mode,
+                    file_uid: u.file_uid,
+                    file_gid: u.file_gid,
                     peer: u.peer,
                     peer_name: u.peer_name,
                     backlog: u.backlog,
@@ -317,6 +332,10 @@ impl Object {
                 state: u.state,
                 name: u.name.clone(),
                 name_unlinked: u.name_unlinked,
+                moved_to: u.moved_to.clone(),
+                file_mode: u.file_mode,
+                file_uid: u.file_uid,
+                file_gid: u.file_gid,
                 peer: u.peer,
                 peer_name: u.peer_name.clone(),
                 backlog: u.backlog,

@@ -97,6 +97,24 @@ impl FileKind for Unix {
     }
 }
 
+/// Where the file of a socket bound at `path` is now, when it was renamed
+/// within its directory after the bind: a socket file there with inode
+/// `ino` (its low 32 bits: all sock_diag reports). A program that binds at
+/// a temporary name and renames the file into place (the JVM's attach
+/// listener: `.java_pidN.tmp` to `.java_pidN`) still reports the first name
+/// through getsockname and sock_diag.
+fn moved_socket_file(path: &str, ino: u64) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStringExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let dir = std::path::Path::new(path).parent()?;
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+        .find(|e| e.metadata().is_ok_and(|md| md.ino() & 0xffff_ffff == ino))
+        .map(|e| e.path().into_os_string().into_vec())
+}
+
 /// The restorer's unix sockets, by object.
 #[derive(Default)]
 struct Held(HashMap<u64, OwnedFd>);
@@ -197,13 +215,32 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         } else {
             format!("{}/{path}", s.cwd)
         };
-        s.name_unlinked = match std::fs::metadata(&path) {
-            Ok(md) => {
-                use std::os::unix::fs::MetadataExt;
-                u.vfs.map(|(_, i)| i & 0xffff_ffff) != Some(md.ino() & 0xffff_ffff)
-            }
-            Err(_) => true,
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::MetadataExt;
+        let vfs_ino = u.vfs.map(|(_, i)| i & 0xffff_ffff);
+        let file_of = |p: &std::path::Path| {
+            std::fs::metadata(p)
+                .ok()
+                .filter(|md| Some(md.ino() & 0xffff_ffff) == vfs_ino)
         };
+        let mut file = file_of(std::path::Path::new(&path));
+        if file.is_none() {
+            if let Some(now) = vfs_ino.and_then(|ino| moved_socket_file(&path, ino)) {
+                file = file_of(std::ffi::OsStr::from_bytes(&now).as_ref());
+                s.moved_to = now;
+            }
+        }
+        match file {
+            Some(md) => {
+                s.file_mode = md.mode() & 0o7777;
+                s.file_uid = md.uid();
+                s.file_gid = md.gid();
+            }
+            None => {
+                s.name_unlinked = true;
+                s.moved_to.clear();
+            }
+        }
     }
     let deep = cx.tree.deep;
     let fresh = cx.tree.stash.get::<Fresh>();

@@ -1,11 +1,12 @@
 //! Unix sockets rebuilt inside the restorer, in an order that lets every
 //! connection be made again:
-//! 1. stale socket files at saved paths are removed;
+//! 1. stale socket files at saved paths (names and moved files) are removed;
 //! 2. connected pairs: a socketpair, or (for a stream pair with a name,
 //!    like an accepted connection) a temporary listener at the name, a
 //!    connect and an accept, so both ends carry their names again;
 //! 3. listeners, then unconnected sockets, bound (and unlinked again where
-//!    the saved path no longer named them);
+//!    the saved path no longer named them, or renamed to where the program
+//!    had moved their file);
 //! 4. one-way connections: datagram sockets connected to a named socket
 //!    (of the image or outside it, like /dev/log), and connections still
 //!    waiting in a listener's queue;
@@ -75,8 +76,51 @@ fn bind(
     }
     from_dir(&s.cwd, &s.name, || fdio::bind_unix(fd, &s.name))
         .step(|| format!("cannot bind socket:[{id}]"))?;
-    if s.name_unlinked && is_path(&s.name) {
+    if !is_path(&s.name) {
+        return Ok(());
+    }
+    if s.name_unlinked {
         unlink.push(abs_path(&s.cwd, &s.name));
+        return Ok(());
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let sys = |what: String| {
+        move |e: std::io::Error| cr_sys::SysError::Syscall {
+            what,
+            source: cr_sys::Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    };
+    let mut file = std::path::PathBuf::from(abs_path(&s.cwd, &s.name));
+    if !s.moved_to.is_empty() {
+        // Where the program had moved the file after its bind.
+        let to = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&s.moved_to));
+        std::fs::rename(&file, &to)
+            .map_err(sys(format!(
+                "rename {} to {}",
+                file.display(),
+                to.display()
+            )))
+            .step(|| format!("cannot move the file of socket:[{id}] where it was"))?;
+        file = to;
+    }
+    if s.file_mode != 0 {
+        // bind(2) made the file with the restorer's umask and ids; only
+        // what differs is changed (a caller who is not root can give its
+        // own files only its own groups).
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let now = std::fs::symlink_metadata(&file)
+            .map_err(sys(format!("stat {}", file.display())))
+            .step(|| format!("cannot find the file of socket:[{id}]"))?;
+        if (now.uid(), now.gid()) != (s.file_uid, s.file_gid) {
+            std::os::unix::fs::lchown(&file, Some(s.file_uid), Some(s.file_gid))
+                .map_err(sys(format!("chown {}", file.display())))
+                .step(|| format!("cannot give the file of socket:[{id}] its owner"))?;
+        }
+        if now.mode() & 0o7777 != s.file_mode {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(s.file_mode))
+                .map_err(sys(format!("chmod {}", file.display())))
+                .step(|| format!("cannot give the file of socket:[{id}] its mode"))?;
+        }
     }
     Ok(())
 }
@@ -104,6 +148,9 @@ pub fn all(ck: &Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreError> {
     for s in socks.values() {
         if is_path(&s.name) {
             unlink_socket_file(abs_path(&s.cwd, &s.name).as_bytes());
+        }
+        if is_path(&s.moved_to) {
+            unlink_socket_file(&s.moved_to);
         }
     }
     let ty = |s: &UnixSocket| s.sock_type as i32;
