@@ -14,7 +14,8 @@ if ! command -v python3 >/dev/null; then
 fi
 # Real programs the end-to-end tests run (tests/tests/real_programs.rs,
 # tests/tests/tcp.rs, tests/tests/postgres.rs, tests/tests/daemons.rs: the
-# daemons, go and javac to build their servers at test time), ip(8) for the tests' network
+# daemons, go and javac to build their servers at test time; tests/tests/mpi.rs:
+# Open MPI, MPICH, mpi4py), ip(8) for the tests' network
 # namespaces and nft(8), which cr_checkpoint uses to hold TCP connections
 # still while they are saved.
 need=()
@@ -26,6 +27,12 @@ for pair in tmux:tmux sqlite3:sqlite3 bc:bc less:less ip:iproute2 nft:nftables n
 done
 # PostgreSQL 15 (server, pgbench, amcheck; its client tools come with it).
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
+# Open MPI, MPICH and mpi4py for the MPI jobs (tests/tests/mpi.rs).
+for pair in mpirun.openmpi:openmpi-bin mpicc.openmpi:libopenmpi-dev mpiexec.mpich:mpich \
+            mpicc.mpich:libmpich-dev; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+[ -e /usr/lib/python3/dist-packages/mpi4py/__init__.py ] || need+=(python3-mpi4py)
 if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -32,6 +32,10 @@ pub trait AgentApi: Send + Sync {
     async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply>;
     async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
     async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
+    /// Start a job member on `node` (cr_rsh); agents that cannot refuse.
+    async fn launch(&self, node: &str, _req: pb::LaunchRequest) -> AgentResult<pb::LaunchReply> {
+        Err(format!("the agent of {node} cannot start commands"))
+    }
     /// The agent of `node` (re)started: forget any connection to its
     /// predecessor (a channel would otherwise answer the next call with the
     /// error of its last failed connection).
@@ -143,5 +147,8 @@ impl AgentApi for GrpcAgents {
     }
     async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty> {
         call!(self, node, unlock, req)
+    }
+    async fn launch(&self, node: &str, req: pb::LaunchRequest) -> AgentResult<pb::LaunchReply> {
+        call!(self, node, launch, req)
     }
 }

@@ -43,6 +43,12 @@ pub enum Error {
         id: String,
         reason: String,
     },
+    #[error("job {job}: cannot start a member on {node}: {reason}")]
+    LaunchFailed {
+        job: String,
+        node: String,
+        reason: String,
+    },
     #[error("{what}")]
     Invalid { what: String },
     #[error("the coordinator is stopping")]
@@ -67,7 +73,9 @@ impl From<Error> for tonic::Status {
             // Not Unavailable: clients show that code as a transport failure.
             | Error::NodeDown { .. }
             | Error::Stopping => Code::FailedPrecondition,
-            Error::Aborted { .. } | Error::RestartFailed { .. } => Code::Aborted,
+            Error::Aborted { .. } | Error::RestartFailed { .. } | Error::LaunchFailed { .. } => {
+                Code::Aborted
+            }
             Error::Catalog(_) => Code::Internal,
         };
         tonic::Status::new(code, e.to_string())

@@ -10,6 +10,7 @@
 //! * [`registry`]: node registration, heartbeats, job membership.
 //! * [`protocol`]: the coordinated checkpoint and restart.
 //! * [`schedule`]: periodic checkpoints.
+//! * [`launch`]: remote starts of job members (`cr_rsh`).
 //! * [`service`]: the gRPC Coordinator service (and who may call what:
 //!   `cr_rpc::identity`).
 //! * [`error`]: why a request failed.
@@ -22,6 +23,7 @@ pub mod config;
 pub mod coordinator;
 pub mod error;
 pub mod fault;
+pub mod launch;
 pub mod protocol;
 pub mod registry;
 pub mod schedule;

@@ -1,7 +1,7 @@
 //! The gRPC Coordinator service: agents register and heartbeat, crctl
 //! administers. Who may call what is decided by the client's certificate
-//! (`cr_rpc::identity`): Register/Heartbeat of node N only with N's own,
-//! the rest only with an administrator's. Checkpoints and restarts run in tasks of their own, so that
+//! (`cr_rpc::identity`): Register/Heartbeat/Launch of node N only with N's
+//! own, the rest only with an administrator's. Checkpoints and restarts run in tasks of their own, so that
 //! a client that goes away never cuts the protocol short.
 
 use crate::coordinator::Coordinator;
@@ -164,5 +164,17 @@ impl pb::coordinator_server::Coordinator for Service {
         let req = req.into_inner();
         job_name(&req.job)?;
         Ok(Response::new(self.0.configure(&req)?))
+    }
+
+    async fn launch(
+        &self,
+        req: Request<pb::LaunchRequest>,
+    ) -> Result<Response<pb::LaunchReply>, Status> {
+        let from = req.get_ref().from_node.clone();
+        check_node(&req, &from)?;
+        let req = req.into_inner();
+        job_name(&req.job)?;
+        let c = self.0.clone();
+        joined(tokio::spawn(async move { c.launch(&from, req).await }).await)
     }
 }

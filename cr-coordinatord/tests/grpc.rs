@@ -89,6 +89,12 @@ impl pb::agent_server::Agent for FakeAgent {
     async fn unlock(&self, _: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
         Ok(Response::new(pb::Empty {}))
     }
+    async fn launch(
+        &self,
+        _: Request<pb::LaunchRequest>,
+    ) -> Result<Response<pb::LaunchReply>, Status> {
+        Err(Status::unimplemented("a fake agent starts nothing"))
+    }
 }
 
 fn security(dir: &Path, name: &str) -> Security {

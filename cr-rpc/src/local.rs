@@ -91,4 +91,10 @@ impl Agent {
         self.call(|mut c| async move { c.join(m).await })
             .map(|_| ())
     }
+
+    /// Start `req.command` as a member of the caller's job on `req.host`
+    /// (cr_rsh); the node it runs on.
+    pub fn launch(&mut self, req: pb::LaunchRequest) -> Result<pb::LaunchReply, String> {
+        self.call(|mut c| async move { c.launch(req).await })
+    }
 }

@@ -116,7 +116,16 @@ fn conn_elements(set: &LockSet) -> (Vec<String>, Vec<String>) {
             }
         }
     }
-    (c4, c6)
+    (dedup(c4), dedup(c6))
+}
+
+/// Each element once: a connection whose both ends are held (two processes
+/// of the job on one node) is listed from both sides, and an nft `delete
+/// element` of a list naming one twice fails on the second.
+fn dedup(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// The elements of the listeners' sets: (l4, l6, lany); an unspecified
@@ -136,7 +145,7 @@ fn listener_elements(listeners: &[SocketAddr]) -> (Vec<String>, Vec<String>, Vec
             }
         }
     }
-    (l4, l6, lany)
+    (dedup(l4), dedup(l6), dedup(lany))
 }
 
 /// ` timeout Nms` of an element that lives for `lease` ("" for ever).
@@ -455,6 +464,22 @@ fn table_exists(pid: Option<i32>, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_held_at_both_ends_are_listed_once() {
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:5000".parse().unwrap(),
+            "10.0.0.1:40000".parse().unwrap(),
+        );
+        let set = LockSet {
+            conns: vec![(a, b), (b, a)],
+            listeners: vec![a, a],
+        };
+        let (c4, c6) = conn_elements(&set);
+        assert_eq!(c4.len(), 2, "{c4:?}");
+        assert!(c6.is_empty());
+        assert_eq!(listener_elements(&set.listeners).0.len(), 1);
+    }
 
     #[test]
     fn script_lists_both_directions() {

@@ -13,6 +13,7 @@
 
 pub mod cluster;
 pub mod netns;
+pub mod node;
 pub mod resp;
 pub mod wl;
 

@@ -37,6 +37,7 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
             return;
         }
     };
+    let _ = shared.coordinator.set(channel.clone());
     let mut client = CoordinatorClient::new(channel);
     let mut registered = false;
     let mut last_err: Option<String> = None;

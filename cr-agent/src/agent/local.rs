@@ -167,4 +167,26 @@ impl pb::local_server::Local for LocalService {
         self.shared.wake.notify_one();
         Ok(Response::new(pb::Empty {}))
     }
+
+    async fn launch(
+        &self,
+        req: Request<pb::LaunchRequest>,
+    ) -> Result<Response<pb::LaunchReply>, Status> {
+        let who = caller(&req)?;
+        let mut r = req.into_inner();
+        r.job =
+            super::launch::job_of(&self.shared, who.pid).map_err(Status::failed_precondition)?;
+        r.uid = who.uid;
+        r.gid = who.gid;
+        tracing::info!(
+            job = r.job,
+            host = r.host,
+            pid = who.pid,
+            uid = who.uid,
+            "launch asked"
+        );
+        Ok(Response::new(
+            super::launch::forward(&self.shared, r).await?,
+        ))
+    }
 }

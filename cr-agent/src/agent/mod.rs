@@ -3,12 +3,14 @@
 //! [`local`] service on a Unix socket, callers authorized by [`authz`]),
 //! keeps the node's job members ([`members`]), runs the steps of the
 //! coordinated protocol on session threads ([`sessions`]), reaps the
-//! processes it restored ([`reaper`]) and keeps the node registered with the
-//! coordinator ([`link`]). docs/CLUSTER.md describes it for users.
+//! processes it restored ([`reaper`]), keeps the node registered with the
+//! coordinator ([`link`]) and starts job members for other nodes
+//! ([`launch`], cr_rsh). docs/CLUSTER.md describes it for users.
 
 pub mod authz;
 pub mod config;
 pub mod fault;
+pub mod launch;
 pub mod leases;
 pub mod link;
 pub mod local;
@@ -38,6 +40,8 @@ pub struct Shared {
     pub workers: usize,
     /// Wakes the link to report a membership change at once.
     pub wake: Notify,
+    /// The channel to the coordinator, once the link made it.
+    pub coordinator: std::sync::OnceLock<tonic::transport::Channel>,
 }
 
 /// Bind the Unix socket: refused if another agent answers on it; a stale
@@ -92,6 +96,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         leases: leases::Leases::new(Duration::from_millis(config.lock_lease_ms)),
         workers,
         wake: Notify::new(),
+        coordinator: std::sync::OnceLock::new(),
         config,
     });
     shared.reaper.spawn(Duration::from_millis(100));

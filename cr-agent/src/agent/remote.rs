@@ -191,4 +191,17 @@ impl pb::agent_server::Agent for AgentService {
         .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(pb::Empty {}))
     }
+
+    async fn launch(
+        &self,
+        req: Request<pb::LaunchRequest>,
+    ) -> Result<Response<pb::LaunchReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
+        let r = req.into_inner();
+        let pid = super::launch::start(&self.shared, &r).map_err(Status::failed_precondition)?;
+        Ok(Response::new(pb::LaunchReply {
+            node: self.shared.config.node.clone(),
+            pid,
+        }))
+    }
 }

@@ -1,0 +1,369 @@
+//! Jobs started across nodes by `cr_rsh`, and real MPI jobs (Open MPI,
+//! MPICH, mpi4py) on 3 nodes x 2 ranks (docs/MPI.md), checkpointed while
+//! they run and checked from the inside: the programs
+//! (tests/workloads/mpi_check.c, mpi_check.py, rsh_echo.py) check every
+//! message and compare their final state with a serial recomputation,
+//! printing `RESULT OK ...` / `OK` or `FAIL ...`.
+//!
+//! * `cr_rsh_relays_and_survives_restart`: a client on n1 talks to a server
+//!   it started on n2 through cr_rsh (stdin, stdout, stderr, exit status),
+//!   across a checkpoint that continues and a --kill / restart that moves
+//!   both to other nodes.
+//! * `open_mpi_c_programs` (and mpi4py), `mpich_c_programs`: the MPI
+//!   programs (ring, allreduce, halo) under `cr_run --job` on n1, their
+//!   remote daemons started through cr_rsh, 2 ranks on each of 3 nodes;
+//!   checkpointed twice while they run; they finish with the result of a
+//!   run without checkpoints. One cluster per test, the programs one after
+//!   the other as jobs of their own.
+
+use cr_tests::cluster::{node_name, Cluster, Spawned, POLL_PERIOD};
+use cr_tests::{bin_dir, read_text, script_path, tail, wait_until, Harness};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// Deadline for a job to make progress or to finish.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A cluster of 3 nodes with its coordinator and agents up.
+fn cluster(h: &Harness) -> Cluster<'_> {
+    let c = Cluster::new(h, 3);
+    c.start_coordinator();
+    c.start_agents(&[1, 2, 3]);
+    c
+}
+
+/// PATH with our tools (cr_rsh) first.
+fn path_env() -> (String, String) {
+    let old = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
+    (
+        "PATH".into(),
+        format!("{}:/usr/local/bin:/usr/bin:/bin:{old}", bin_dir().display()),
+    )
+}
+
+/// A job whose root (on n1) writes what it has to say to its stdout file.
+struct Job<'c> {
+    c: &'c Cluster<'c>,
+    name: String,
+    runner: Spawned,
+}
+
+impl<'c> Job<'c> {
+    fn start(c: &'c Cluster<'c>, name: &str, argv: &[&str], env: &[(&str, &str)]) -> Job<'c> {
+        let argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
+        let mut env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.push(path_env());
+        let runner = c.run_member_env(name, 1, name, &argv, &env);
+        Job {
+            c,
+            name: name.to_string(),
+            runner,
+        }
+    }
+
+    fn output(&self) -> String {
+        read_text(&self.runner.stdout)
+    }
+
+    fn diag(&self) -> String {
+        format!(
+            "=== job {}: stdout {}:\n{}\n--- stderr:\n{}\n{}",
+            self.name,
+            self.runner.stdout.display(),
+            tail(&self.output(), 30),
+            tail(&read_text(&self.runner.stderr), 30),
+            self.c.diag()
+        )
+    }
+
+    /// Panics if the job reported a failure.
+    fn assert_no_fail(&self) {
+        if self.output().lines().any(|l| l.contains("FAIL")) {
+            panic!("job {} reported a failure\n{}", self.name, self.diag());
+        }
+    }
+
+    /// The last `progress N` it printed.
+    fn progress(&self) -> u64 {
+        self.output()
+            .lines()
+            .filter_map(|l| l.strip_prefix("progress "))
+            .filter_map(|n| n.trim().parse().ok())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Waits until it printed `progress` past `from + delta`.
+    fn wait_progress(&self, from: u64, delta: u64, what: &str) -> u64 {
+        wait_until(
+            &format!("job {} to progress past {} {what}", self.name, from + delta),
+            RUN_TIMEOUT,
+            || {
+                self.assert_no_fail();
+                self.progress() >= from + delta
+            },
+            || self.diag(),
+        );
+        self.progress()
+    }
+
+    /// `crctl checkpoint JOB EXTRA...`, which must commit.
+    fn checkpoint(&self, extra: &[&str]) {
+        let mut args = vec!["checkpoint", self.name.as_str()];
+        args.extend_from_slice(extra);
+        let out = self.c.crctl(&args);
+        if !out.status.success() {
+            panic!("crctl {args:?} failed\n{}\n{}", out.show(), self.diag());
+        }
+        eprintln!("{}", out.stdout.lines().next().unwrap_or(""));
+    }
+
+    /// Checkpoint --kill: waits until no process of the job is left.
+    fn checkpoint_kill(&mut self) {
+        self.checkpoint(&["--kill", "--freeze-timeout", "60"]);
+        let out = self.runner.wait(RUN_TIMEOUT, || self.c.diag());
+        eprintln!("the job's cr_run on n1 ended: {}", out.status);
+        let c = self.c;
+        let name = self.name.clone();
+        cr_tests::cluster::poll_until(
+            &format!("every member of job {name} to be gone"),
+            RUN_TIMEOUT,
+            POLL_PERIOD,
+            || c.job_procs(&name).iter().all(|(_, _, alive)| !alive),
+            || c.diag(),
+        );
+    }
+
+    /// `crctl restart JOB --on ...`.
+    fn restart(&self, on: &[usize]) {
+        let mut args = vec!["restart".to_string(), self.name.clone()];
+        for &k in on {
+            args.push("--on".into());
+            args.push(node_name(k));
+        }
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.c.crctl(&a);
+        if !out.status.success() {
+            panic!("crctl {a:?} failed\n{}\n{}", out.show(), self.diag());
+        }
+    }
+
+    /// Waits for its final line (`ok_prefix`...), which must say OK.
+    fn wait_result(&self, ok_prefix: &str) -> String {
+        wait_until(
+            &format!("job {} to finish", self.name),
+            RUN_TIMEOUT,
+            || {
+                self.assert_no_fail();
+                self.output().lines().any(|l| l.starts_with(ok_prefix))
+            },
+            || self.diag(),
+        );
+        self.output()
+            .lines()
+            .find(|l| l.starts_with(ok_prefix))
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+/// The checkpoint's nodes n1, n2, n3 go to n2, n3, n1.
+const MOVED: [usize; 3] = [2, 3, 1];
+
+#[test]
+fn cr_rsh_relays_and_survives_restart() {
+    let h = Harness::new("rsh");
+    let c = cluster(&h);
+    let py = cr_tests::python3();
+    let script = script_path("rsh_echo.py");
+    let rsh = bin_dir().join("cr_rsh");
+    let mut job = Job::start(
+        &c,
+        "rsh",
+        &[
+            &py.to_string_lossy(),
+            &script.to_string_lossy(),
+            "client",
+            &rsh.to_string_lossy(),
+            "n2",
+            "400",
+            "20",
+        ],
+        &[],
+    );
+    let p = job.wait_progress(0, 30, "through cr_rsh");
+    let members: Vec<String> = c.job_procs("rsh").into_iter().map(|(n, _, _)| n).collect();
+    assert!(
+        members.contains(&"n1".to_string()) && members.contains(&"n2".to_string()),
+        "the job has a member on n1 and one started by cr_rsh on n2: {members:?}\n{}",
+        job.diag()
+    );
+    job.checkpoint(&[]);
+    let p = job.wait_progress(p, 30, "after a checkpoint that continues");
+    job.checkpoint_kill();
+    // n1 -> n2, n2 -> n3.
+    job.restart(&MOVED[..2]);
+    job.wait_progress(p, 30, "after the restart on other nodes");
+    job.wait_result("OK");
+}
+
+// ---------------------------------------------------------------- MPI
+
+/// Compiles tests/workloads/mpi_check.c with `mpicc` into the harness dir.
+fn build_check(h: &Harness, mpicc: &str, name: &str) -> PathBuf {
+    let out = h.dir.join(name);
+    let st = Command::new(mpicc)
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .arg(script_path("mpi_check.c"))
+        .status()
+        .unwrap_or_else(|e| panic!("run {mpicc} (install libopenmpi-dev / libmpich-dev): {e}"));
+    assert!(st.success(), "{mpicc} mpi_check.c failed: {st}");
+    out
+}
+
+/// Debian's python3, for which python3-mpi4py is built (for Open MPI).
+const MPI4PY_PYTHON: &str = "/usr/bin/python3";
+
+/// The ranks' placement: 2 per node.
+const HOSTS: &str = "n1:2,n2:2,n3:2";
+
+/// `mpirun` of Open MPI with its remote daemons started by cr_rsh, its
+/// session directories under `tmp` (one per job: every mpirun is PID 1 of
+/// its job's PID namespace, so jobs of one node get the same Open MPI job
+/// id, and would share their session directories).
+fn open_mpi(tmp: &std::path::Path, prog: &[&str]) -> Vec<String> {
+    std::fs::create_dir_all(tmp).expect("mkdir the job's session directory base");
+    let mut v: Vec<String> = [
+        "mpirun.openmpi",
+        "--allow-run-as-root",
+        "-np",
+        "6",
+        "--host",
+        HOSTS,
+        "--mca",
+        "plm_rsh_agent",
+        "cr_rsh",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        "--mca",
+        "oob_tcp_if_include",
+        "eth0",
+        "--mca",
+        "orte_tmpdir_base",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.push(tmp.display().to_string());
+    v.extend(prog.iter().map(|s| s.to_string()));
+    v
+}
+
+/// `mpiexec` of MPICH (hydra) with cr_rsh as its ssh.
+fn mpich(prog: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "mpiexec.mpich",
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        "cr_rsh",
+        "-hosts",
+        HOSTS,
+        "-n",
+        "6",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(prog.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Iterations and pace of the programs: at least 3 s of run (ranks poll
+/// for messages: on a loaded machine they take much longer).
+const ITERS: &str = "600";
+const PACE_US: &str = "5000";
+
+/// Runs each program as a job of its own, one after the other (MPI ranks
+/// wait for messages by polling: jobs side by side would starve each
+/// other's checkpoints of CPU), checkpointed twice while it runs (the job
+/// runs on), then waits for its result, which must be the program's own
+/// OK (the same as a run without checkpoints).
+fn run_jobs(c: &Cluster, jobs: &[(&str, Vec<String>)]) {
+    for (name, argv) in jobs {
+        let a: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let j = Job::start(c, name, &a, &[]);
+        let mut m = j.wait_progress(0, 50, "on 3 nodes");
+        let nodes: Vec<String> = c.job_procs(name).into_iter().map(|(n, _, _)| n).collect();
+        assert!(
+            nodes.len() == 3,
+            "job {name} has a member on each node: {nodes:?}\n{}",
+            j.diag()
+        );
+        for _ in 0..2 {
+            j.checkpoint(&["--freeze-timeout", "60"]);
+            m = j.wait_progress(m, 50, "after a checkpoint that continues");
+        }
+        let line = j.wait_result("RESULT OK");
+        eprintln!("job {name}: {line}");
+    }
+}
+
+#[test]
+fn open_mpi_c_programs() {
+    let h = Harness::new("ompi");
+    let prog = build_check(&h, "mpicc.openmpi", "mpi_check_ompi");
+    let p = prog.to_string_lossy().into_owned();
+    let py = script_path("mpi_check.py").to_string_lossy().into_owned();
+    let c = cluster(&h);
+    run_jobs(
+        &c,
+        &[
+            (
+                "ompi-ring",
+                open_mpi(&h.dir.join("tmp-ring"), &[&p, "ring", ITERS, PACE_US]),
+            ),
+            (
+                "ompi-allreduce",
+                open_mpi(
+                    &h.dir.join("tmp-allreduce"),
+                    &[&p, "allreduce", ITERS, PACE_US],
+                ),
+            ),
+            (
+                "ompi-halo",
+                open_mpi(&h.dir.join("tmp-halo"), &[&p, "halo", ITERS, PACE_US]),
+            ),
+            (
+                "ompi-py-ring",
+                open_mpi(
+                    &h.dir.join("tmp-py-ring"),
+                    &[MPI4PY_PYTHON, &py, "ring", ITERS, PACE_US],
+                ),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn mpich_c_programs() {
+    let h = Harness::new("mpich");
+    let prog = build_check(&h, "mpicc.mpich", "mpi_check_mpich");
+    let p = prog.to_string_lossy().into_owned();
+    let c = cluster(&h);
+    run_jobs(
+        &c,
+        &[
+            ("mpich-ring", mpich(&[&p, "ring", ITERS, PACE_US])),
+            ("mpich-allreduce", mpich(&[&p, "allreduce", ITERS, PACE_US])),
+            ("mpich-halo", mpich(&[&p, "halo", ITERS, PACE_US])),
+        ],
+    );
+}
