@@ -16,6 +16,7 @@ pub mod members;
 pub mod reaper;
 pub mod remote;
 pub mod sessions;
+pub mod transfer;
 
 use config::Config;
 use cr_rpc::pb;
@@ -38,6 +39,11 @@ pub struct Shared {
     pub workers: usize,
     /// Wakes the link to report a membership change at once.
     pub wake: Notify,
+    /// TLS of the node (its certificate also serves as a client's, to
+    /// fetch images from other agents).
+    pub security: Security,
+    /// The coordinator says the node is drained: new members are refused.
+    pub drained: std::sync::atomic::AtomicBool,
 }
 
 /// Bind the Unix socket: refused if another agent answers on it; a stale
@@ -82,6 +88,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
     sessions::sweep(&config.state_dir);
+    transfer::sweep(&config.images);
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -92,6 +99,8 @@ pub async fn serve(config: Config) -> Result<(), String> {
         leases: leases::Leases::new(Duration::from_millis(config.lock_lease_ms)),
         workers,
         wake: Notify::new(),
+        security: sec.clone(),
+        drained: std::sync::atomic::AtomicBool::new(false),
         config,
     });
     shared.reaper.spawn(Duration::from_millis(100));
@@ -107,7 +116,11 @@ pub async fn serve(config: Config) -> Result<(), String> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let mut remote = tonic::transport::Server::builder();
+    // A keepalive: a call whose caller is cut off (the coordinator's link
+    // cut during a FETCH) is dropped within seconds, and undone.
+    let mut remote = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(1)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(3)));
     if let Some(tls) = sec.server() {
         remote = remote.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
     }
