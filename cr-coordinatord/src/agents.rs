@@ -32,6 +32,19 @@ pub trait AgentApi: Send + Sync {
     async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply>;
     async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
     async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
+    /// Pre-dump a running member (pre-copy migration).
+    async fn pre_dump(
+        &self,
+        node: &str,
+        _req: pb::PreDumpRequest,
+    ) -> AgentResult<pb::PreDumpReply> {
+        Err(format!("node {node} cannot pre-dump"))
+    }
+    /// Copy images from another node's agent (fakes without storage of
+    /// their own have none to copy).
+    async fn fetch(&self, node: &str, _req: pb::FetchRequest) -> AgentResult<pb::FetchReply> {
+        Err(format!("node {node} cannot fetch images"))
+    }
     /// The agent of `node` (re)started: forget any connection to its
     /// predecessor (a channel would otherwise answer the next call with the
     /// error of its last failed connection).
@@ -143,5 +156,11 @@ impl AgentApi for GrpcAgents {
     }
     async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty> {
         call!(self, node, unlock, req)
+    }
+    async fn fetch(&self, node: &str, req: pb::FetchRequest) -> AgentResult<pb::FetchReply> {
+        call!(self, node, fetch, req)
+    }
+    async fn pre_dump(&self, node: &str, req: pb::PreDumpRequest) -> AgentResult<pb::PreDumpReply> {
+        call!(self, node, pre_dump, req)
     }
 }

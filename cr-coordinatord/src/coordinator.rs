@@ -243,6 +243,7 @@ impl Coordinator {
                         .filter(|m| m.alive && m.node == n.name)
                         .count() as u32,
                     version: n.version.clone(),
+                    drained: n.drained,
                 })
                 .collect()
         });

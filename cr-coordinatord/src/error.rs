@@ -43,6 +43,10 @@ pub enum Error {
         id: String,
         reason: String,
     },
+    #[error("node {node} is drained (crctl undrain {node} lifts it)")]
+    Drained { node: String },
+    #[error("migration of job {job} failed: {reason}")]
+    MigrationFailed { job: String, reason: String },
     #[error("{what}")]
     Invalid { what: String },
     #[error("the coordinator is stopping")]
@@ -66,8 +70,11 @@ impl From<Error> for tonic::Status {
             | Error::NotCommitted { .. }
             // Not Unavailable: clients show that code as a transport failure.
             | Error::NodeDown { .. }
+            | Error::Drained { .. }
             | Error::Stopping => Code::FailedPrecondition,
-            Error::Aborted { .. } | Error::RestartFailed { .. } => Code::Aborted,
+            Error::Aborted { .. }
+            | Error::RestartFailed { .. }
+            | Error::MigrationFailed { .. } => Code::Aborted,
             Error::Catalog(_) => Code::Internal,
         };
         tonic::Status::new(code, e.to_string())

@@ -18,6 +18,34 @@ struct FakeAgent {
 
 #[tonic::async_trait]
 impl pb::agent_server::Agent for FakeAgent {
+    type ReadImageFileStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::FileChunk, Status>>;
+
+    // This fake holds no images: restarts stay on the nodes that made them.
+    async fn pre_dump(
+        &self,
+        _: Request<pb::PreDumpRequest>,
+    ) -> Result<Response<pb::PreDumpReply>, Status> {
+        Err(Status::unimplemented("no images here"))
+    }
+    async fn fetch(
+        &self,
+        _: Request<pb::FetchRequest>,
+    ) -> Result<Response<pb::FetchReply>, Status> {
+        Err(Status::unimplemented("no images here"))
+    }
+    async fn image_manifest(
+        &self,
+        _: Request<pb::ManifestRequest>,
+    ) -> Result<Response<pb::Manifest>, Status> {
+        Err(Status::unimplemented("no images here"))
+    }
+    async fn read_image_file(
+        &self,
+        _: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<Self::ReadImageFileStream>, Status> {
+        Err(Status::unimplemented("no images here"))
+    }
     async fn prepare(
         &self,
         r: Request<pb::PrepareRequest>,
