@@ -13,11 +13,17 @@
 //! ```
 //!
 //! Each namespace reaches the bridge through a veth pair (`eth0` inside,
-//! `pK` / `pc` on the bridge). Daemons and clients are started with
-//! `nsenter --net=/run/netns/NAME -- PROG ...` (only the network namespace
-//! changes; they share the test's filesystem, which stands for the storage
-//! the nodes share). Certificates come from `crctl pki` in `DIR/pki`
-//! (`ca`, `n1`..`nK`, `cr-coordinatord`, `admin`).
+//! `pK` / `pc` on the bridge). A node is more than its network namespace:
+//! it has its own UTS namespace (host name `nK`) and mount namespace (its
+//! own /dev/shm, and a private tmpfs on `DIR/node-nK`, [`Cluster::node_root`],
+//! that no other node sees; node names resolve through its /etc/hosts),
+//! held by a process per node ([`NodeNs`]).
+//! Everything of node K is started with `nsenter -t HOLDER -n -u -m -- PROG
+//! ...`; the coordinator's namespace is a network namespace only
+//! (`nsenter --net=/run/netns/NAME`). Apart from `DIR/node-nK`, the nodes
+//! share the test's file system, which stands for the storage the nodes
+//! share. Certificates come from `crctl pki` in `DIR/pki` (`ca`,
+//! `n1`..`nK`, `cr-coordinatord`, `admin`).
 //!
 //! The coordinator and the agents log to files in the harness directory
 //! (`coordinator.log`, `agent-nK.log`, appended to across restarts); their
@@ -36,6 +42,7 @@
 //! by [`POLL_PERIOD`].
 
 use crate::netns::Netns;
+use crate::node::NodeNs;
 use crate::{
     describe, is_alive, isolate_fds, read_text, reap_orphans, status_str, tail, tool_path,
     wait_until, workload_path, Harness, Proc, ToolOutput, Workload,
@@ -293,6 +300,9 @@ pub struct Cluster<'h> {
     // Processes are declared before the namespaces, so they are dropped first.
     coordinator: RefCell<Option<Daemon>>,
     agents: RefCell<Vec<Option<Daemon>>>,
+    /// The UTS and mount namespaces of node k are `node_holders[k - 1]`
+    /// (dropped before the network namespaces).
+    pub node_holders: Vec<NodeNs>,
     /// Node k is `node_ns[k - 1]`.
     pub node_ns: Vec<Netns>,
     pub coord_ns: Netns,
@@ -349,6 +359,29 @@ impl<'h> Cluster<'h> {
         for d in ["images", "cmds"] {
             std::fs::create_dir_all(dir.join(d)).expect("mkdir in the harness dir");
         }
+        // Node names (and the coordinator's) resolve on every node.
+        let hosts = dir.join("hosts");
+        let mut text = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+        text.push_str("\n# the test cluster\n");
+        for k in 1..=nodes {
+            text.push_str(&format!("{} {}\n", node_ip(k), node_name(k)));
+        }
+        text.push_str(&format!("{COORDINATOR_IP} cr-coordinatord\n"));
+        std::fs::write(&hosts, text).expect("write the cluster's hosts file");
+        // After every network namespace exists (a holder does not see
+        // /run/netns entries made later; it needs none).
+        let node_holders = (1..=nodes)
+            .map(|k| {
+                let name = node_name(k);
+                NodeNs::new(
+                    &node_ns[k - 1].path(),
+                    &name,
+                    &dir.join(format!("node-{name}")),
+                    &hosts,
+                    &dir.join(format!("holder-{name}.log")),
+                )
+            })
+            .collect();
         Cluster {
             h,
             pki: dir.join("pki"),
@@ -357,6 +390,7 @@ impl<'h> Cluster<'h> {
             seq: Cell::new(0),
             coordinator: RefCell::new(None),
             agents: RefCell::new((0..nodes).map(|_| None).collect()),
+            node_holders,
             node_ns,
             coord_ns,
             switch,
@@ -397,6 +431,18 @@ impl<'h> Cluster<'h> {
         &self.node_ns[k - 1]
     }
 
+    /// The UTS and mount namespaces of node `k` (1-based).
+    pub fn node(&self, k: usize) -> &NodeNs {
+        assert!((1..=self.nodes).contains(&k), "no node {k}");
+        &self.node_holders[k - 1]
+    }
+
+    /// Node `k`'s private directory: a tmpfs of its own mount namespace
+    /// (e.g. a node-local image root); empty seen from anywhere else.
+    pub fn node_root(&self, k: usize) -> PathBuf {
+        self.node(k).root.clone()
+    }
+
     /// The inode of node `k`'s network namespace.
     pub fn ns_inode(&self, k: usize) -> u64 {
         netns_inode(&self.ns(k).path()).expect("node namespace exists")
@@ -434,7 +480,8 @@ impl<'h> Cluster<'h> {
         n
     }
 
-    /// Starts `exe ARGS...` in namespace `ns` (through nsenter; None: here)
+    /// Starts `exe ARGS...` in namespace `ns` (through nsenter, into all
+    /// the namespaces of a node if `ns` is a node's; None: here)
     /// with `env`, stdin /dev/null, stdout and stderr appended to the files
     /// of `output` (the same file twice is fine).
     pub fn spawn_in(
@@ -454,10 +501,18 @@ impl<'h> Cluster<'h> {
         }
         match ns {
             Some(ns) => {
-                let arg = format!("--net={}", ns.path().display());
+                let args = match self.node_ns.iter().position(|n| n.name == ns.name) {
+                    Some(i) => self.node_holders[i].nsenter_args(&self.dir),
+                    None => vec![format!("--net={}", ns.path().display()).into()],
+                };
                 cmd = Command::new(nsenter());
-                cmd.arg(&arg).arg("--").arg(exe);
-                cmdline.push_str(&format!("nsenter {arg} -- "));
+                cmd.args(&args).arg("--").arg(exe);
+                cmdline.push_str("nsenter ");
+                for a in &args {
+                    cmdline.push_str(&a.to_string_lossy());
+                    cmdline.push(' ');
+                }
+                cmdline.push_str("-- ");
             }
             None => cmd = Command::new(exe),
         }
@@ -879,6 +934,22 @@ impl<'h> Cluster<'h> {
         sp.wait(CRCTL_TIMEOUT, || self.diag())
     }
 
+    /// `ARGV...` run to completion on node `k` (all its namespaces).
+    pub fn run_on(&self, k: usize, argv: &[&str]) -> ToolOutput {
+        let (exe, rest) = argv.split_first().expect("a command");
+        let args: Vec<OsString> = rest.iter().map(OsString::from).collect();
+        let name = Path::new(exe)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        self.run_to_end(
+            Some(self.ns(k)),
+            &format!("{}-{name}", node_name(k)),
+            Path::new(exe),
+            &args,
+        )
+    }
+
     /// `crctl ARGS...` (with the cluster's admin certificate, in the
     /// coordinator's namespace), run to completion.
     pub fn crctl(&self, args: &[&str]) -> ToolOutput {
@@ -966,6 +1037,18 @@ impl<'h> Cluster<'h> {
     /// `CR_AGENT_SOCKET` set to its agent), stdout and stderr to
     /// `DIR/cmds/NNNN-member-LABEL.{out,err}`.
     pub fn run_member(&self, job: &str, k: usize, label: &str, argv: &[OsString]) -> Spawned {
+        self.run_member_env(job, k, label, argv, &[])
+    }
+
+    /// [`Cluster::run_member`] with extra environment.
+    pub fn run_member_env(
+        &self,
+        job: &str,
+        k: usize,
+        label: &str,
+        argv: &[OsString],
+        extra_env: &[(String, String)],
+    ) -> Spawned {
         let n = self.next_seq();
         let base = self
             .dir
@@ -973,10 +1056,11 @@ impl<'h> Cluster<'h> {
             .join(format!("{n:04}-member-{}", label.replace('/', "_")));
         let mut args: Vec<OsString> = vec!["--job".into(), job.into(), "--".into()];
         args.extend(argv.iter().cloned());
-        let env = vec![(
+        let mut env = vec![(
             "CR_AGENT_SOCKET".to_string(),
             self.socket(k).to_string_lossy().into_owned(),
         )];
+        env.extend(extra_env.iter().cloned());
         self.spawn_in(
             Some(self.ns(k)),
             &format!("cr_run {label}"),
@@ -1065,7 +1149,8 @@ impl<'h> Cluster<'h> {
     }
 
     /// Kills (by PID) every process left in the cluster's namespaces, e.g.
-    /// processes the agents restored, and reaps those that are ours.
+    /// processes the agents restored, and reaps those that are ours (not
+    /// the nodes' namespace holders: they go when the cluster is dropped).
     pub fn kill_leftovers(&self) {
         let inodes: Vec<u64> = self
             .node_ns
@@ -1075,9 +1160,14 @@ impl<'h> Cluster<'h> {
             .collect();
         // SAFETY: getpid has no preconditions.
         let me = unsafe { libc::getpid() };
+        let holders: Vec<i32> = self.node_holders.iter().map(NodeNs::pid).collect();
         let mut procs = Vec::new();
         for pid in all_pids() {
-            if pid != me && proc_netns(pid).is_some_and(|i| inodes.contains(&i)) && is_alive(pid) {
+            if pid != me
+                && !holders.contains(&pid)
+                && proc_netns(pid).is_some_and(|i| inodes.contains(&i))
+                && is_alive(pid)
+            {
                 procs.push(Proc::adopt(
                     pid,
                     "process left in a cluster namespace",

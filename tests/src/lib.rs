@@ -14,6 +14,7 @@
 pub mod cluster;
 pub mod faults;
 pub mod netns;
+pub mod node;
 pub mod wl;
 
 use std::cell::Cell;

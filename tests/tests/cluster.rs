@@ -110,10 +110,56 @@ fn assert_jobs_list_members(c: &Cluster, ring: &Ring, nodes: &[usize]) {
 /// The harness and wl_ring alone: a ring started directly in the node
 /// namespaces runs (each member in its node's namespace, reporting its own
 /// pid), and when one member is killed its neighbours report FAIL.
+/// Every node has its own host name, /dev/shm and private directory: what
+/// a command started on node k sees (node-local state written by every
+/// node first, then read back by every node).
+fn assert_nodes_apart(c: &Cluster) {
+    for k in 1..=c.nodes {
+        let root = c.node_root(k).join("probe");
+        let script = format!(
+            "hostname; getent hosts n1 | cut -d' ' -f1; \
+             echo {name} > /dev/shm/cr-node-probe; echo {name} > {root}",
+            name = node_name(k),
+            root = root.display()
+        );
+        let out = c.run_on(k, &["/bin/sh", "-c", &script]);
+        out.assert_success("write node-local files");
+        assert_eq!(
+            out.stdout,
+            format!("{}\n{}\n", node_name(k), node_ip(1)),
+            "host name of node {k}, and n1's address there"
+        );
+    }
+    for k in 1..=c.nodes {
+        let mut script = format!(
+            "cat /dev/shm/cr-node-probe {}",
+            c.node_root(k).join("probe").display()
+        );
+        for other in (1..=c.nodes).filter(|&o| o != k) {
+            script.push_str(&format!(
+                "; test ! -e {} || echo seen-{other}",
+                c.node_root(other).join("probe").display()
+            ));
+        }
+        let out = c.run_on(k, &["/bin/sh", "-c", &script]);
+        out.assert_success("read node-local files");
+        let want = format!("{n}\n{n}\n", n = node_name(k));
+        assert_eq!(
+            out.stdout, want,
+            "node {k} sees its own /dev/shm and directory only"
+        );
+    }
+    assert!(
+        !Path::new("/dev/shm/cr-node-probe").exists() && !c.node_root(1).join("probe").exists(),
+        "the nodes' /dev/shm and directories are not the test's"
+    );
+}
+
 #[test]
 fn ring_direct_without_daemons() {
     let h = Harness::new("cluster-direct");
     let c = Cluster::network_only(&h, 3);
+    assert_nodes_apart(&c);
     let mut ring = c.start_ring_direct("direct", &PLACEMENT);
     ring.wait_advanced(MARGIN, "started directly");
     ring.assert_on_nodes(&PLACEMENT, "started directly");
