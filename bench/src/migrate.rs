@@ -142,7 +142,8 @@ fn measure(o: &Opts) -> (f64, Vec<Row>) {
     let h = Harness::new("bench-migrate");
     let c = Cluster::new(&h, 3);
     c.start_coordinator();
-    c.start_agents(&[1, 2, 3]);
+    // Each node's images in its own tmpfs: every migration copies them.
+    c.start_agents_local(&[1, 2, 3], &[]);
     let link = link_limit(&c);
     eprintln!("cr-bench: link n1 -> n3: {link:.0} MiB/s (one TCP stream)");
     let mut rows = Vec::new();

@@ -354,15 +354,7 @@ impl Coordinator {
     }
 
     fn set_migration(&self, job: &str, m: Option<MigrationRecord>) -> Result<(), Error> {
-        self.catalog.update(|s| {
-            let mut j = s
-                .jobs
-                .get(job)
-                .cloned()
-                .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
-            j.migration = m;
-            Ok::<_, Error>((vec![Change::Job(j)], ()))
-        })
+        self.change_job(job, |j| j.migration = m)
     }
 
     /// Stop-and-copy of `moves` (see the module doc).

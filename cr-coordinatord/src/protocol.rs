@@ -1032,15 +1032,9 @@ impl Coordinator {
             self.abort_all(&session, &failed).await;
         }
         tracing::info!(job, checkpoint = %id, phase = "release", ms = ms(t.elapsed()), members = members.len(), "phase done");
-        self.catalog.update(|s| {
-            let mut j = s
-                .jobs
-                .get(job)
-                .cloned()
-                .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        self.change_job(job, |j| {
             j.members = members.clone();
             j.restarting.clear();
-            Ok::<_, Error>((vec![Change::Job(j)], ()))
         })?;
         if !reasons.is_empty() {
             let reason = reasons.join("; ");

@@ -464,6 +464,29 @@ impl<'h> Cluster<'h> {
         self.dir.join("images")
     }
 
+    /// Node `k`'s local image root: in its private tmpfs (see
+    /// [`Cluster::node_root`]), which no other node can read.
+    pub fn local_images(&self, k: usize) -> PathBuf {
+        self.node_root(k).join("images")
+    }
+
+    /// Starts the agents of `ks`, each with its local image root
+    /// ([`Cluster::local_images`]) and `env`, and waits until they are up.
+    pub fn start_agents_local(&self, ks: &[usize], env: &[(String, String)]) {
+        for &k in ks {
+            self.start_agent_with(
+                k,
+                &AgentOpts {
+                    env: env.to_vec(),
+                    images: Some(self.local_images(k)),
+                    no_wait: true,
+                    ..Default::default()
+                },
+            );
+        }
+        self.wait_nodes_up(ks);
+    }
+
     /// The agent log of node `k`.
     pub fn agent_log(&self, k: usize) -> PathBuf {
         self.dir.join(format!("agent-{}.log", node_name(k)))

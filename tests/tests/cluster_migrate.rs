@@ -1,5 +1,6 @@
 //! Migration and drain (docs/CLUSTER.md, "Storage", "Migration", "Drain"):
-//! 3 nodes whose image directories no other node reads, ring jobs of
+//! 3 nodes whose image roots are in their private tmpfs (the node's own
+//! mount namespace: no other node can read them), ring jobs of
 //! `wl_ring` members (every byte of every connection checked by the
 //! members themselves: a byte lost, duplicated or corrupted, an error or
 //! an EOF shows as FAIL).
@@ -18,11 +19,11 @@
 //! Each test prints `MEASURED:` lines: the downtime of each migration and
 //! the copy's rate.
 
-use cr_tests::cluster::{jlist, jstr, ju64, node_name, AgentOpts, Cluster, Ring};
+use cr_tests::cluster::{jlist, jstr, ju64, node_name, AgentOpts, Cluster, Ring, Spawned};
 use cr_tests::faults::{run_to_fault, Faults};
 use cr_tests::{wait_until, Harness};
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 /// Messages every member must carry to count as advancing.
@@ -69,49 +70,42 @@ fn migrate(c: &Cluster, ring: &mut Ring, args: &[&str], what: &str) -> Value {
     r
 }
 
-/// Node `k`'s own image root (no other agent uses it).
-fn node_images(c: &Cluster, k: usize) -> PathBuf {
-    c.dir.join(format!("images-{}", node_name(k)))
-}
-
-/// Starts the agents of `ks`, each with its own image root and `env`.
-fn start_agents(c: &Cluster, ks: &[usize], env: &[(String, String)]) {
-    for &k in ks {
-        c.start_agent_with(k, &agent_opts(c, k, env));
-    }
-}
-
 fn agent_opts(c: &Cluster, k: usize, env: &[(String, String)]) -> AgentOpts {
     AgentOpts {
         env: env.to_vec(),
-        images: Some(node_images(c, k)),
+        images: Some(c.local_images(k)),
         ..Default::default()
     }
 }
 
-/// The images (`CHECKPOINT/NODE-PID`) of `job` in node `k`'s image root.
+/// The images (`CHECKPOINT/NODE-PID`) of `job` in node `k`'s image root,
+/// as the node sees them.
 fn images_on(c: &Cluster, k: usize, job: &str) -> Vec<String> {
-    let root = node_images(c, k).join(job);
-    let mut out = Vec::new();
-    for ck in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-        for img in std::fs::read_dir(ck.path()).into_iter().flatten().flatten() {
-            if img.path().join("checkpoint.img").exists() {
-                out.push(format!(
-                    "{}/{}",
-                    ck.file_name().to_string_lossy(),
-                    img.file_name().to_string_lossy()
-                ));
-            }
-        }
-    }
-    out.sort();
-    out
+    let root = c.local_images(k).join(job);
+    let root_s = root.to_string_lossy().into_owned();
+    let out = c.run_on(k, &["/usr/bin/find", &root_s, "-name", "checkpoint.img"]);
+    let mut v: Vec<String> = out
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            Path::new(l)
+                .strip_prefix(&root)
+                .ok()?
+                .parent()
+                .map(|p| p.to_string_lossy().into_owned())
+        })
+        .collect();
+    v.sort();
+    v
 }
 
-/// A partial copy left in node `k`'s image root.
-fn partial_copies(c: &Cluster, k: usize) -> Option<PathBuf> {
-    let p = node_images(c, k).join(".incoming");
-    p.exists().then_some(p)
+/// Whether a partial copy is left in node `k`'s image root (as the node
+/// sees it).
+fn partial_copies(c: &Cluster, k: usize) -> bool {
+    let p = c.local_images(k).join(".incoming");
+    c.run_on(k, &["/usr/bin/test", "-e", &p.to_string_lossy()])
+        .status
+        .success()
 }
 
 /// (a) one member moved, (b) the whole job moved, (c) a restart on a node
@@ -121,7 +115,7 @@ fn migrate_member_then_job_then_restart_elsewhere() {
     let h = Harness::new("cluster-migrate");
     let c = Cluster::new(&h, 3);
     c.start_coordinator();
-    start_agents(&c, &[1, 2, 3], &[]);
+    c.start_agents_local(&[1, 2, 3], &[]);
     // Members 0 and 3 on n1 (3 connects to 0 over n1's own address).
     let placement = [1, 2, 3, 1];
     let mut ring = c.start_ring("ring", &placement);
@@ -227,7 +221,7 @@ fn migrate_member_then_job_then_restart_elsewhere() {
     );
     for k in 1..=3 {
         assert!(
-            partial_copies(&c, k).is_none(),
+            !partial_copies(&c, k),
             "no partial copy may be left on n{k}"
         );
     }
@@ -240,7 +234,7 @@ fn drain_node_with_three_jobs() {
     let h = Harness::new("cluster-drain");
     let c = Cluster::new(&h, 3);
     c.start_coordinator();
-    start_agents(&c, &[1, 2, 3], &[]);
+    c.start_agents_local(&[1, 2, 3], &[]);
     let mut rings: Vec<Ring> = vec![
         c.start_ring("a", &[1, 2]),
         c.start_ring("b", &[1, 3]),
@@ -315,6 +309,26 @@ fn drain_node_with_three_jobs() {
     }
 }
 
+/// The migration `bg` failed, saying the job was restarted where it was,
+/// and the ring runs again on `placement`, every byte checked.
+fn assert_rolled_back(ring: &mut Ring, bg: &mut Spawned, placement: &[usize], what: &str) {
+    let out = bg.wait(Duration::from_secs(120), || ring.diag());
+    ensure(
+        ring,
+        !out.status.success()
+            && out.stderr.starts_with(CRCTL_ERR)
+            && out.stderr.contains("restarted where it was"),
+        &format!(
+            "the migration should fail and roll back ({what}):\n{}",
+            out.show()
+        ),
+    );
+    ring.adopt();
+    ring.wait_advanced(MARGIN, &format!("after {what}"));
+    ring.assert_on_nodes(placement, &format!("after {what}"));
+    ring.assert_no_fail();
+}
+
 /// Failures during a migration of member 0 (n1) to n3: the job goes on
 /// where it was, the target keeps nothing of it.
 #[test]
@@ -323,7 +337,7 @@ fn migration_failures_roll_back() {
     let f = Faults::new(&h.dir);
     let c = Cluster::new(&h, 3);
     c.start_coordinator_with(&f.coord_env(), &[]);
-    start_agents(&c, &[1, 2], &[]);
+    c.start_agents_local(&[1, 2], &[]);
     let target_opts = agent_opts(&c, 3, &f.agent_env());
     c.start_agent_with(3, &target_opts);
     // The member on n1 holds 64 MiB, so that a copy takes a while.
@@ -338,24 +352,20 @@ fn migration_failures_roll_back() {
     let args = ["migrate", "ring", "--member", m0.as_str(), "--to", "n3"];
     let mut bg = run_to_fault(&c, &ring, &args, &f.agent_reached);
     c.kill_agent(3);
-    let out = bg.wait(Duration::from_secs(120), || ring.diag());
-    ensure(
-        &ring,
-        !out.status.success() && out.stderr.contains("restarted where it was"),
-        &format!("the migration should fail and roll back:\n{}", out.show()),
+    assert_rolled_back(
+        &mut ring,
+        &mut bg,
+        &placement,
+        "the target died during the copy",
     );
-    ring.adopt();
-    ring.wait_advanced(MARGIN, "after the target died during the copy");
-    ring.assert_on_nodes(&placement, "after the target died during the copy");
-    ring.assert_no_fail();
     assert!(
-        partial_copies(&c, 3).is_some(),
+        partial_copies(&c, 3),
         "the killed target should have left a partial copy (the test's premise)"
     );
     f.clear();
     c.start_agent_with(3, &target_opts);
     assert!(
-        partial_copies(&c, 3).is_none(),
+        !partial_copies(&c, 3),
         "the target's start removes partial copies"
     );
     assert!(
@@ -379,21 +389,17 @@ fn migration_failures_roll_back() {
     let mut bg = run_to_fault(&c, &ring, &args, &f.agent_reached);
     c.cut_link(3);
     let _ = std::fs::remove_file(&f.agent_reached);
-    let out = bg.wait(Duration::from_secs(120), || ring.diag());
-    ensure(
-        &ring,
-        !out.status.success() && out.stderr.contains("restarted where it was"),
-        &format!("the migration should fail and roll back:\n{}", out.show()),
+    assert_rolled_back(
+        &mut ring,
+        &mut bg,
+        &placement,
+        "the target's link was cut during the copy",
     );
-    ring.adopt();
-    ring.wait_advanced(MARGIN, "after the target's link was cut during the copy");
-    ring.assert_on_nodes(&placement, "after the link cut");
-    ring.assert_no_fail();
     c.restore_link(3);
     wait_until(
         "the target to give its partial copy up",
         Duration::from_secs(60),
-        || partial_copies(&c, 3).is_none(),
+        || !partial_copies(&c, 3),
         || c.diag(),
     );
     assert!(
