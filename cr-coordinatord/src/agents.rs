@@ -40,10 +40,13 @@ pub trait AgentApi: Send + Sync {
     ) -> AgentResult<pb::PreDumpReply> {
         Err(format!("node {node} cannot pre-dump"))
     }
-    /// Copy images from another node's agent (fakes without storage of
-    /// their own have none to copy).
-    async fn fetch(&self, node: &str, _req: pb::FetchRequest) -> AgentResult<pb::FetchReply> {
-        Err(format!("node {node} cannot fetch images"))
+    /// Copy images from another node's agent. (Fakes model shared
+    /// storage: every image is already there, by the same path.)
+    async fn fetch(&self, _node: &str, req: pb::FetchRequest) -> AgentResult<pb::FetchReply> {
+        Ok(pb::FetchReply {
+            dirs: req.dirs,
+            ..Default::default()
+        })
     }
     /// The agent of `node` (re)started: forget any connection to its
     /// predecessor (a channel would otherwise answer the next call with the

@@ -21,7 +21,7 @@ impl pb::agent_server::Agent for FakeAgent {
     type ReadImageFileStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::FileChunk, Status>>;
 
-    // This fake holds no images: restarts stay on the nodes that made them.
+    // This fake models shared storage: every image is on every node.
     async fn pre_dump(
         &self,
         _: Request<pb::PreDumpRequest>,
@@ -30,9 +30,12 @@ impl pb::agent_server::Agent for FakeAgent {
     }
     async fn fetch(
         &self,
-        _: Request<pb::FetchRequest>,
+        r: Request<pb::FetchRequest>,
     ) -> Result<Response<pb::FetchReply>, Status> {
-        Err(Status::unimplemented("no images here"))
+        Ok(Response::new(pb::FetchReply {
+            dirs: r.into_inner().dirs,
+            ..Default::default()
+        }))
     }
     async fn image_manifest(
         &self,

@@ -22,7 +22,7 @@
 
 use super::Shared;
 use cr_rpc::pb;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -56,7 +56,50 @@ pub fn under(root: &Path, rel: &str) -> Result<PathBuf, String> {
     Ok(root.join(p))
 }
 
-/// XXH3-64 and size of a file.
+/// Hashes already computed (or checked on arrival), by path, valid while
+/// the file keeps its size and modification time: the parents of an
+/// incremental image (a pre-copy's pre-dumps) are not read again at each
+/// fetch.
+static KNOWN: std::sync::OnceLock<std::sync::Mutex<HashMap<PathBuf, (u64, i128, u64)>>> =
+    std::sync::OnceLock::new();
+
+fn stamp(path: &Path) -> std::io::Result<(u64, i128)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((
+        m.len(),
+        i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+    ))
+}
+
+fn known() -> std::sync::MutexGuard<'static, HashMap<PathBuf, (u64, i128, u64)>> {
+    KNOWN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// XXH3-64 and size of a file, from [`KNOWN`] when it has not changed.
+fn file_hash(path: &Path) -> std::io::Result<(u64, u64)> {
+    let (size, mtime) = stamp(path)?;
+    if let Some(&(s, m, h)) = known().get(path) {
+        if s == size && m == mtime {
+            return Ok((h, size));
+        }
+    }
+    let (h, n) = hash_file(path)?;
+    remember(path, h);
+    Ok((h, n))
+}
+
+/// `path` (as it is now) has hash `h`.
+fn remember(path: &Path, h: u64) {
+    if let Ok((size, mtime)) = stamp(path) {
+        known().insert(path.to_path_buf(), (size, mtime, h));
+    }
+}
+
+/// XXH3-64 and size of a file, read whole.
 fn hash_file(path: &Path) -> std::io::Result<(u64, u64)> {
     let mut f = std::fs::File::open(path)?;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -112,7 +155,7 @@ pub fn manifest(shared: &Shared, dirs: &[String]) -> Result<pb::Manifest, String
         names.sort();
         for n in names {
             let p = dir.join(&n);
-            let (xxh3, size) = hash_file(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let (xxh3, size) = file_hash(&p).map_err(|e| format!("{}: {e}", p.display()))?;
             out.files.push(pb::ImageFile {
                 path: format!("{d}/{n}"),
                 size,
@@ -329,7 +372,7 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
     let root = root(&shared);
-    let channel = cr_rpc::channel::lazy_with_keepalive(
+    let channel = cr_rpc::channel::lazy_bulk(
         &req.from_addr,
         &shared.security,
         &req.from_node,
@@ -367,7 +410,7 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
         let dst = under(&root, &f.path)?;
         let same = tokio::task::spawn_blocking({
             let dst = dst.clone();
-            move || hash_file(&dst).ok()
+            move || file_hash(&dst).ok()
         })
         .await
         .ok()
@@ -446,6 +489,12 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
         put_in_place(&root, d).map_err(give_up)?;
     }
     staging.armed = false;
+    // Checked on arrival: known from now on.
+    for f in &todo {
+        if let Ok(p) = under(&root, &f.path) {
+            remember(&p, f.xxh3);
+        }
+    }
     let ms = t0.elapsed().as_millis() as u64;
     info!(
         what = req.what,
