@@ -152,10 +152,11 @@ fn measure(o: &Opts) -> (f64, Vec<Row>) {
             let job = format!("mig-{mib}-{dirty}");
             eprintln!("cr-bench: {mib} MiB dirtied at {dirty} MB/s ...");
             let mut ring = c.start_ring_ballast(&job, &[1, 2], &format!("{mib}:{dirty}"));
-            // Only the last checkpoint's images (and their copies) are kept.
-            let out = c.crctl(&["job", &job, "--keep", "1"]);
+            // Only the last checkpoint's images (and their copies) are
+            // kept; a big member may stay frozen long on a loaded machine.
+            let out = c.crctl(&["job", &job, "--keep", "1", "--freeze-timeout", "300"]);
             if !out.status.success() {
-                panic!("crctl job {job} --keep 1 failed\n{}", out.show());
+                panic!("crctl job {job} failed\n{}", out.show());
             }
             ring.wait_advanced(ADVANCE, "before the first migration");
             for (mode, pre) in [("stop-and-copy", false), ("pre-copy", true)] {

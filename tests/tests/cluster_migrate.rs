@@ -395,13 +395,16 @@ fn migration_failures_roll_back() {
         &placement,
         "the target's link was cut during the copy",
     );
-    c.restore_link(3);
+    // The target notices that the coordinator's call is gone (its server
+    // keepalive) and removes what it copied. (A link back within those
+    // few seconds would let the copy finish: see docs/CLUSTER.md.)
     wait_until(
         "the target to give its partial copy up",
         Duration::from_secs(60),
         || !partial_copies(&c, 3),
         || c.diag(),
     );
+    c.restore_link(3);
     assert!(
         images_on(&c, 3, "ring").is_empty(),
         "no image of the job on the target"
