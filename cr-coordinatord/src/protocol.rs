@@ -1103,8 +1103,7 @@ impl Coordinator {
             .read(|s| (s.checkpoint(id).cloned(), s.nodes.clone()));
         let ck = ck.ok_or_else(|| format!("checkpoint {id} is gone"))?;
         let mut out = Fetched::default();
-        // (target, source) → [(image index, its dir on the source)]
-        let mut calls: Vec<((String, String), Vec<(usize, String)>)> = Vec::new();
+        let mut calls: Vec<(NodePair, Vec<(usize, String)>)> = Vec::new();
         for (k, img) in ck.info().images.iter().enumerate() {
             let dst = &plan.dst[k];
             if *dst == img.node {
@@ -1188,6 +1187,10 @@ impl Coordinator {
         Ok(out)
     }
 }
+
+/// (target, source) of a FETCH; with it, each image's index and its
+/// directory on the source.
+type NodePair = (String, String);
 
 /// The images a restart copied: their directories on their targets (by
 /// image index) and the bytes copied.

@@ -60,8 +60,10 @@ pub fn under(root: &Path, rel: &str) -> Result<PathBuf, String> {
 /// the file keeps its size and modification time: the parents of an
 /// incremental image (a pre-copy's pre-dumps) are not read again at each
 /// fetch.
-static KNOWN: std::sync::OnceLock<std::sync::Mutex<HashMap<PathBuf, (u64, i128, u64)>>> =
-    std::sync::OnceLock::new();
+static KNOWN: std::sync::OnceLock<std::sync::Mutex<Known>> = std::sync::OnceLock::new();
+
+/// Path → (size, mtime in ns, XXH3-64).
+type Known = HashMap<PathBuf, (u64, i128, u64)>;
 
 fn stamp(path: &Path) -> std::io::Result<(u64, i128)> {
     use std::os::unix::fs::MetadataExt;
@@ -72,7 +74,7 @@ fn stamp(path: &Path) -> std::io::Result<(u64, i128)> {
     ))
 }
 
-fn known() -> std::sync::MutexGuard<'static, HashMap<PathBuf, (u64, i128, u64)>> {
+fn known() -> std::sync::MutexGuard<'static, Known> {
     KNOWN
         .get_or_init(Default::default)
         .lock()
