@@ -83,7 +83,7 @@ struct Row {
     samples: Vec<Sample>,
 }
 
-fn median(mut v: Vec<u64>) -> Option<f64> {
+pub(crate) fn median(mut v: Vec<u64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -193,13 +193,21 @@ fn table(rows: &[Row], reps: usize) -> String {
     o
 }
 
-/// `cr-bench cluster ARGS...`.
-pub fn run(o: Opts) -> Result<(), String> {
+/// Run `measure` on the test harness's cluster, as root, with the
+/// binaries of `bin_dir` (or of this executable's directory); a panic of the
+/// harness becomes one error line (its details are printed above it).
+pub(crate) fn on_cluster<T>(
+    what: &str,
+    bin_dir: Option<&std::path::Path>,
+    measure: impl FnOnce() -> T,
+) -> Result<T, String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Err("cr-bench cluster needs root (network namespaces, ptrace)".into());
+        return Err(format!(
+            "cr-bench {what} needs root (network namespaces, ptrace)"
+        ));
     }
-    let dir = crate::bin_dir(o.bin_dir.as_deref())?;
+    let dir = crate::bin_dir(bin_dir)?;
     let bins: Vec<PathBuf> = ["cr-agent", "cr-coordinatord", "crctl", "cr_run", "wl_ring"]
         .iter()
         .map(|b| dir.join(b))
@@ -207,15 +215,19 @@ pub fn run(o: Opts) -> Result<(), String> {
     require_bins(&bins.iter().collect::<Vec<_>>())?;
     // The harness finds the binaries there.
     std::env::set_var("CR_BIN_DIR", &dir);
-    let rows =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| measure(&o))).map_err(|p| {
-            p.downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .and_then(|m| m.lines().next().map(str::to_string))
-                .map(|l| format!("{l} (details above)"))
-                .unwrap_or_else(|| "the cluster harness panicked (details above)".into())
-        })?;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(measure)).map_err(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .and_then(|m| m.lines().next().map(str::to_string))
+            .map(|l| format!("{l} (details above)"))
+            .unwrap_or_else(|| "the cluster harness panicked (details above)".into())
+    })
+}
+
+/// `cr-bench cluster ARGS...`.
+pub fn run(o: Opts) -> Result<(), String> {
+    let rows = on_cluster("cluster", o.bin_dir.as_deref(), || measure(&o))?;
     print!("{}", table(&rows, o.reps));
     Ok(())
 }

@@ -118,6 +118,7 @@ impl AgentApi for Ring {
                 bookmarks: self.bookmarks(i),
                 command: "sim".into(),
                 uid: 0,
+                replicas: Vec::new(),
             }],
             gone: vec![],
         };

@@ -8,12 +8,14 @@
 //! incremental checkpoint, pre-dump and compression benchmark (module
 //! [`incr`]), `cr-bench coord ...` the coordinator's protocol cost with
 //! simulated agents (module [`coord`]), `cr-bench cluster ...` the pause of
-//! a coordinated checkpoint of a multi-node job (module [`cluster`]).
+//! a coordinated checkpoint of a multi-node job (module [`cluster`]),
+//! `cr-bench migrate ...` the downtime of a migration (module [`migrate`]).
 
 mod cluster;
 mod coord;
 mod fds;
 mod incr;
+mod migrate;
 mod tcp;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -88,6 +90,8 @@ enum Bench {
     Coord(coord::Opts),
     /// Pause of a coordinated checkpoint of a ring job over nodes.
     Cluster(cluster::Opts),
+    /// Downtime of a migration against memory and dirty rate.
+    Migrate(migrate::Opts),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
@@ -1550,6 +1554,7 @@ fn main() {
         Some(Bench::Incr(o)) => incr::main(o),
         Some(Bench::Coord(o)) => coord::run(o),
         Some(Bench::Cluster(o)) => cluster::run(o),
+        Some(Bench::Migrate(o)) => migrate::run(o),
         None => real_main(cli.opts),
     };
     let code = match res {

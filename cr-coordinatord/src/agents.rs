@@ -36,6 +36,22 @@ pub trait AgentApi: Send + Sync {
     async fn launch(&self, node: &str, _req: pb::LaunchRequest) -> AgentResult<pb::LaunchReply> {
         Err(format!("the agent of {node} cannot start commands"))
     }
+    /// Pre-dump a running member (pre-copy migration).
+    async fn pre_dump(
+        &self,
+        node: &str,
+        _req: pb::PreDumpRequest,
+    ) -> AgentResult<pb::PreDumpReply> {
+        Err(format!("node {node} cannot pre-dump"))
+    }
+    /// Copy images from another node's agent. (Fakes model shared
+    /// storage: every image is already there, by the same path.)
+    async fn fetch(&self, _node: &str, req: pb::FetchRequest) -> AgentResult<pb::FetchReply> {
+        Ok(pb::FetchReply {
+            dirs: req.dirs,
+            ..Default::default()
+        })
+    }
     /// The agent of `node` (re)started: forget any connection to its
     /// predecessor (a channel would otherwise answer the next call with the
     /// error of its last failed connection).
@@ -150,5 +166,11 @@ impl AgentApi for GrpcAgents {
     }
     async fn launch(&self, node: &str, req: pb::LaunchRequest) -> AgentResult<pb::LaunchReply> {
         call!(self, node, launch, req)
+    }
+    async fn fetch(&self, node: &str, req: pb::FetchRequest) -> AgentResult<pb::FetchReply> {
+        call!(self, node, fetch, req)
+    }
+    async fn pre_dump(&self, node: &str, req: pb::PreDumpRequest) -> AgentResult<pb::PreDumpReply> {
+        call!(self, node, pre_dump, req)
     }
 }

@@ -72,6 +72,9 @@ pub struct NodeRecord {
     /// When it last registered.
     #[prost(uint64, tag = "5")]
     pub registered_unix_ms: u64,
+    /// Drained (crctl drain): no new member is placed or accepted there.
+    #[prost(bool, tag = "6")]
+    pub drained: bool,
 }
 
 /// A member of a job: a process tree on a node.
@@ -145,6 +148,24 @@ pub struct JobRecord {
     /// was lost with the coordinator: its agents are told to abort it.
     #[prost(string, tag = "9")]
     pub restarting: String,
+    /// The migration in progress, recorded before its checkpoint: one found
+    /// at open was cut short by a restart of the coordinator and is
+    /// finished or rolled back ([`crate::migrate`]).
+    #[prost(message, optional, tag = "10")]
+    pub migration: Option<MigrationRecord>,
+}
+
+/// A migration of some members of a job.
+#[derive(Clone, PartialEq, Message)]
+pub struct MigrationRecord {
+    /// `NODE:PID=TARGET` per member moved.
+    #[prost(string, repeated, tag = "1")]
+    pub moves: Vec<String>,
+    /// The checkpoint the members are moved with, once committed.
+    #[prost(string, tag = "2")]
+    pub checkpoint: String,
+    #[prost(uint64, tag = "3")]
+    pub started_unix_ms: u64,
 }
 
 impl JobRecord {

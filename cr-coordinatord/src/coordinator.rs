@@ -216,6 +216,23 @@ impl Coordinator {
         }
     }
 
+    /// Change job `job`'s record in one catalog transaction.
+    pub(crate) fn change_job(
+        &self,
+        job: &str,
+        f: impl FnOnce(&mut JobRecord),
+    ) -> Result<(), Error> {
+        self.catalog.update(|s| {
+            let mut j = s
+                .jobs
+                .get(job)
+                .cloned()
+                .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+            f(&mut j);
+            Ok::<_, Error>((vec![Change::Job(j)], ()))
+        })
+    }
+
     /// Which nodes are up, now.
     pub(crate) fn liveness(&self) -> Liveness {
         self.registry.snapshot(self.settings.node_timeout)
@@ -243,6 +260,7 @@ impl Coordinator {
                         .filter(|m| m.alive && m.node == n.name)
                         .count() as u32,
                     version: n.version.clone(),
+                    drained: n.drained,
                 })
                 .collect()
         });
@@ -415,26 +433,19 @@ impl Coordinator {
     }
 
     fn update_job(&self, job: &str, f: impl FnOnce(&mut JobRecord)) -> Result<pb::JobInfo, Error> {
-        self.catalog.update(|s| -> Result<_, Error> {
-            let mut j = s
-                .jobs
-                .get(job)
-                .cloned()
-                .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        self.change_job(job, |j| {
             let before = j.clone();
-            f(&mut j);
-            if j == before {
-                return Ok((vec![], ()));
+            f(j);
+            if *j != before {
+                tracing::info!(
+                    job = %j.name,
+                    interval_secs = j.interval_secs,
+                    keep = j.keep,
+                    external = %j.external,
+                    incremental = j.incremental,
+                    "job settings changed"
+                );
             }
-            tracing::info!(
-                job,
-                interval_secs = j.interval_secs,
-                keep = j.keep,
-                external = %j.external,
-                incremental = j.incremental,
-                "job settings changed"
-            );
-            Ok((vec![Change::Job(j)], ()))
         })?;
         self.job(job)
     }

@@ -49,6 +49,10 @@ pub enum Error {
         node: String,
         reason: String,
     },
+    #[error("node {node} is drained (crctl undrain {node} lifts it)")]
+    Drained { node: String },
+    #[error("migration of job {job} failed: {reason}")]
+    MigrationFailed { job: String, reason: String },
     #[error("{what}")]
     Invalid { what: String },
     #[error("the coordinator is stopping")]
@@ -72,10 +76,12 @@ impl From<Error> for tonic::Status {
             | Error::NotCommitted { .. }
             // Not Unavailable: clients show that code as a transport failure.
             | Error::NodeDown { .. }
+            | Error::Drained { .. }
             | Error::Stopping => Code::FailedPrecondition,
-            Error::Aborted { .. } | Error::RestartFailed { .. } | Error::LaunchFailed { .. } => {
-                Code::Aborted
-            }
+            Error::Aborted { .. }
+            | Error::RestartFailed { .. }
+            | Error::LaunchFailed { .. }
+            | Error::MigrationFailed { .. } => Code::Aborted,
             Error::Catalog(_) => Code::Internal,
         };
         tonic::Status::new(code, e.to_string())

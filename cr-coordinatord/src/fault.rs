@@ -4,7 +4,8 @@
 //! coordinator stop after that step of the protocol (PREPARE and DUMP:
 //! every reply in; COMMIT: recorded in the catalog, not yet told to the
 //! agents; FINISH: before it is sent; RESTORE: every tree rebuilt, before
-//! RELEASE), write the step's name to `$CR_COORD_FAULT_FILE` and wait until
+//! RELEASE; MIGRATE: the migration's checkpoint committed and its members
+//! killed, before the restart on the targets), write the step's name to `$CR_COORD_FAULT_FILE` and wait until
 //! that file is removed (at most 10 minutes), so that a test can kill the
 //! coordinator right there.
 

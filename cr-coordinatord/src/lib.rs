@@ -9,6 +9,7 @@
 //! * [`coordinator`]: [`Coordinator`], its state and read-only views.
 //! * [`registry`]: node registration, heartbeats, job membership.
 //! * [`protocol`]: the coordinated checkpoint and restart.
+//! * [`migrate`]: placement of a restart, migration and drain.
 //! * [`schedule`]: periodic checkpoints.
 //! * [`launch`]: remote starts of job members (`cr_rsh`).
 //! * [`service`]: the gRPC Coordinator service (and who may call what:
@@ -24,6 +25,7 @@ pub mod coordinator;
 pub mod error;
 pub mod fault;
 pub mod launch;
+pub mod migrate;
 pub mod protocol;
 pub mod registry;
 pub mod schedule;

@@ -106,6 +106,8 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
         "listening on {addr}"
     );
     let sched = tokio::spawn(schedule::run(coord.clone()));
+    let recover = coord.clone();
+    let recovery = tokio::spawn(async move { recover.recover_migrations().await });
     let stop = coord.clone();
     let res = builder
         .add_service(Service::server(coord.clone()))
@@ -119,6 +121,7 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
         )
         .await;
     sched.abort();
+    recovery.abort();
     res.map_err(|e| MainError::Serve(cr_rpc::error::innermost(&e)))?;
     tracing::info!("stopped");
     Ok(())

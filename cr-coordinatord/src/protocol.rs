@@ -16,6 +16,7 @@ use crate::catalog::{state, Change, CheckpointRecord, JobRecord, MemberRecord, E
 use crate::coordinator::{now_unix_ms, Busy, Coordinator, OpKind};
 use crate::error::Error;
 use crate::fault;
+use crate::migrate::{self, Placement};
 use cr_image::bookmarks::{check_cut, unmatched, Bookmark};
 use cr_rpc::pb;
 use futures_util::future::join_all;
@@ -277,6 +278,21 @@ impl Coordinator {
         timeout: Option<Duration>,
         freeze: Option<Duration>,
     ) -> Result<pb::CheckpointInfo, Error> {
+        self.checkpoint_on(job, after, timeout, freeze, &HashMap::new())
+            .await
+    }
+
+    /// [`Coordinator::checkpoint_with`] where the members in `parents`
+    /// (node, pid) are dumped incrementally on the image named (a pre-copy
+    /// migration's last pre-dump).
+    pub async fn checkpoint_on(
+        &self,
+        job: &str,
+        after: pb::After,
+        timeout: Option<Duration>,
+        freeze: Option<Duration>,
+        parents: &HashMap<(String, i32), String>,
+    ) -> Result<pb::CheckpointInfo, Error> {
         let t0 = Instant::now();
         let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
         let busy = self.begin(job, OpKind::Checkpoint, format!("checkpoint of {job}"))?;
@@ -325,9 +341,14 @@ impl Coordinator {
                     why: live.down_reason(&m.node),
                 });
             }
-            let parent = prev_dirs
-                .get(&(m.node.as_str(), m.pid))
-                .map(|d| d.to_string())
+            let parent = parents
+                .get(&(m.node.clone(), m.pid))
+                .cloned()
+                .or_else(|| {
+                    prev_dirs
+                        .get(&(m.node.as_str(), m.pid))
+                        .map(|d| d.to_string())
+                })
                 .unwrap_or_default();
             targets.push((m.node.clone(), pb::Target { pid: m.pid, parent }));
         }
@@ -723,6 +744,13 @@ impl Coordinator {
                     break;
                 };
                 placed.push((node.clone(), i.dir.clone()));
+                // Copies fetched to other nodes go too (a node down keeps
+                // its copy: it is swept from the catalog all the same).
+                for r in &i.replicas {
+                    if let Some((n, d)) = r.split_once('=').filter(|(n, _)| live.is_up(n)) {
+                        placed.push((n.to_string(), d.to_string()));
+                    }
+                }
             }
             let by_node = group_by_node(placed);
             if nowhere {
@@ -757,6 +785,19 @@ impl Coordinator {
         job: &str,
         checkpoint: Option<&str>,
         on: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<pb::RestartReply, Error> {
+        self.restart_placed(job, checkpoint, &Placement::Nodes(on.to_vec()), timeout)
+            .await
+    }
+
+    /// [`Coordinator::restart`] with any [`Placement`]; images restored on
+    /// a node that lacks them are fetched there first.
+    pub async fn restart_placed(
+        &self,
+        job: &str,
+        checkpoint: Option<&str>,
+        placement: &Placement,
         timeout: Option<Duration>,
     ) -> Result<pb::RestartReply, Error> {
         let t0 = Instant::now();
@@ -802,29 +843,13 @@ impl Coordinator {
         }
 
         // Placement and address map.
-        let sources = ck.sorted_nodes();
-        let place: HashMap<&str, &str> = sources
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let dst = if on.is_empty() {
-                    n.as_str()
-                } else {
-                    on[i % on.len()].as_str()
-                };
-                (n.as_str(), dst)
-            })
-            .collect();
-        let targets = group_by_node(ck.info().images.iter().map(|img| {
-            (
-                place[img.node.as_str()].to_string(),
-                pb::RestoreTarget {
-                    dir: img.dir.clone(),
-                    old_pid: img.pid,
-                },
-            )
-        }));
-        for (dst, _) in &targets {
+        let plan = migrate::plan(job, ck.info(), &node_recs, placement).map_err(|what| {
+            Error::Invalid {
+                what: format!("job {job} from {id}: {what}"),
+            }
+        })?;
+        let images = &ck.info().images;
+        for (img, dst) in images.iter().zip(&plan.dst) {
             if !node_recs.contains_key(dst) {
                 let mut known: Vec<&str> = node_recs.keys().map(String::as_str).take(10).collect();
                 if node_recs.len() > known.len() {
@@ -842,32 +867,12 @@ impl Coordinator {
                     why: live.down_reason(dst),
                 });
             }
-        }
-        let mut map_addr: Vec<String> = Vec::new();
-        let mut mapped = HashSet::new();
-        for src in &sources {
-            let dst = place[src.as_str()];
-            if dst == src {
-                continue;
-            }
-            let (Some(s), Some(d)) = (node_recs.get(src), node_recs.get(dst)) else {
-                continue;
-            };
-            if s.addresses.len() > d.addresses.len() {
-                tracing::warn!(
-                    job,
-                    from = %src,
-                    to = dst,
-                    "node {src} has more addresses than {dst}: the extra ones are not rewritten"
-                );
-            }
-            for (old, new) in s.addresses.iter().zip(&d.addresses) {
-                let m = format!("{old}={new}");
-                if old != new && mapped.insert(m.clone()) {
-                    map_addr.push(m);
-                }
+            // A drained node takes back only its own images.
+            if *dst != img.node && node_recs[dst].drained {
+                return Err(Error::Drained { node: dst.clone() });
             }
         }
+        let map_addr = plan.map_addr.clone();
 
         let session = self.catalog.update(|s| {
             let mut j = s
@@ -881,13 +886,66 @@ impl Coordinator {
             Ok::<_, Error>((vec![Change::Job(j)], session))
         })?;
         busy.set(&format!("restart of {job} from {id}"), "restoring");
-        tracing::info!(job, checkpoint = %id, session = %session, on = ?targets.iter().map(|(n, _)| n).collect::<Vec<_>>(), map_addr = ?map_addr, "restart started");
+        tracing::info!(job, checkpoint = %id, session = %session, on = ?plan.dst, map_addr = ?map_addr, "restart started");
         let fail = |reason: String| Error::RestartFailed {
             job: job.into(),
             id: id.clone(),
             reason,
         };
+        let clear_restarting = || {
+            let _ = self.catalog.update(|s| {
+                let mut changes = vec![];
+                if let Some(j) = s.jobs.get(job) {
+                    let mut j = j.clone();
+                    j.restarting.clear();
+                    changes.push(Change::Job(j));
+                }
+                Ok::<_, Error>((changes, ()))
+            });
+        };
+
+        // FETCH: images restored on a node that lacks them.
+        let t = Instant::now();
+        let fetched = match self
+            .unless_stopped(self.fetch_images(&busy, job, &id, &plan, deadline, &live))
+            .await
+            .and_then(|r| r)
+        {
+            Ok(f) => f,
+            Err(reason) => {
+                clear_restarting();
+                tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
+                return Err(fail(reason));
+            }
+        };
+        let fetch_ms = if fetched.bytes > 0 || !fetched.dirs.is_empty() {
+            tracing::info!(job, checkpoint = %id, phase = "fetch", ms = ms(t.elapsed()), bytes = fetched.bytes, "phase done");
+            ms(t.elapsed())
+        } else {
+            0
+        };
+        // Per target node, the indexes of its images.
+        let order = group_by_node((0..images.len()).map(|k| (plan.dst[k].clone(), k)));
+        let targets: Vec<(String, Vec<pb::RestoreTarget>)> = order
+            .iter()
+            .map(|(n, ks)| {
+                let ts = ks
+                    .iter()
+                    .map(|&k| pb::RestoreTarget {
+                        dir: fetched
+                            .dirs
+                            .get(&k)
+                            .cloned()
+                            .unwrap_or_else(|| images[k].dir.clone()),
+                        old_pid: images[k].pid,
+                        map_addr: plan.own_map[k].clone(),
+                    })
+                    .collect();
+                (n.clone(), ts)
+            })
+            .collect();
         let dsts: Vec<String> = targets.iter().map(|(n, _)| n.clone()).collect();
+        busy.phase("restoring");
 
         // RESTORE
         let t = Instant::now();
@@ -918,20 +976,25 @@ impl Coordinator {
                 }
                 Ok(r)
             });
-        if let Err(reason) = restored {
-            self.abort_all(&session, &dsts).await;
-            let _ = self.catalog.update(|s| {
-                let mut changes = vec![];
-                if let Some(j) = s.jobs.get(job) {
-                    let mut j = j.clone();
-                    j.restarting.clear();
-                    changes.push(Change::Job(j));
-                }
-                Ok::<_, Error>((changes, ()))
-            });
-            tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
-            return Err(fail(reason));
-        }
+        let restored = match restored {
+            Ok(r) => r,
+            Err(reason) => {
+                self.abort_all(&session, &dsts).await;
+                clear_restarting();
+                tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
+                return Err(fail(reason));
+            }
+        };
+        // Where each image went: OLD_NODE:OLD_PID=NEW_NODE:NEW_PID.
+        let placed: Vec<String> = restored
+            .iter()
+            .zip(&order)
+            .flat_map(|((node, reply), (_, ks))| {
+                ks.iter().zip(&reply.pids).map(move |(&k, pid)| {
+                    format!("{}:{}={node}:{pid}", images[k].node, images[k].pid)
+                })
+            })
+            .collect();
         tracing::info!(job, checkpoint = %id, phase = "restore", ms = ms(t.elapsed()), "phase done");
         fault::point("restore").await;
 
@@ -969,15 +1032,9 @@ impl Coordinator {
             self.abort_all(&session, &failed).await;
         }
         tracing::info!(job, checkpoint = %id, phase = "release", ms = ms(t.elapsed()), members = members.len(), "phase done");
-        self.catalog.update(|s| {
-            let mut j = s
-                .jobs
-                .get(job)
-                .cloned()
-                .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        self.change_job(job, |j| {
             j.members = members.clone();
             j.restarting.clear();
-            Ok::<_, Error>((vec![Change::Job(j)], ()))
         })?;
         if !reasons.is_empty() {
             let reason = reasons.join("; ");
@@ -987,11 +1044,11 @@ impl Coordinator {
 
         // Unlock what the moved images left behind.
         let unlocks = group_by_node(
-            ck.info()
-                .images
+            images
                 .iter()
-                .filter(|img| place[img.node.as_str()] != img.node && live.is_up(&img.node))
-                .map(|img| (img.node.clone(), img.dir.clone())),
+                .zip(&plan.dst)
+                .filter(|(img, dst)| **dst != img.node && live.is_up(&img.node))
+                .map(|(img, _)| (img.node.clone(), img.dir.clone())),
         );
         if !unlocks.is_empty() {
             let deadline = Instant::now() + BEST_EFFORT;
@@ -1023,6 +1080,122 @@ impl Coordinator {
                 .collect(),
             duration_ms,
             map_addr,
+            fetched_bytes: fetched.bytes,
+            fetch_ms,
+            placed,
         })
     }
+
+    /// Copy every image that `plan` restores away from its node to its
+    /// target, from its node or, when that is down, from a node holding a
+    /// replica; the copies are recorded as replicas of the checkpoint.
+    async fn fetch_images(
+        &self,
+        busy: &Busy<'_>,
+        job: &str,
+        id: &str,
+        plan: &migrate::Plan,
+        deadline: Instant,
+        live: &crate::registry::Liveness,
+    ) -> Result<Fetched, String> {
+        let (ck, node_recs) = self
+            .catalog
+            .read(|s| (s.checkpoint(id).cloned(), s.nodes.clone()));
+        let ck = ck.ok_or_else(|| format!("checkpoint {id} is gone"))?;
+        let mut out = Fetched::default();
+        let mut calls: Vec<(NodePair, Vec<(usize, String)>)> = Vec::new();
+        for (k, img) in ck.info().images.iter().enumerate() {
+            let dst = &plan.dst[k];
+            if *dst == img.node {
+                continue;
+            }
+            let holders = std::iter::once((img.node.clone(), img.dir.clone())).chain(
+                img.replicas.iter().filter_map(|r| {
+                    r.split_once('=')
+                        .map(|(n, d)| (n.to_string(), d.to_string()))
+                }),
+            );
+            let holders: Vec<(String, String)> = holders.collect();
+            if let Some((_, d)) = holders.iter().find(|(n, _)| n == dst) {
+                out.dirs.insert(k, d.clone());
+                continue;
+            }
+            let Some((src, dir)) = holders.into_iter().find(|(n, _)| live.is_up(n)) else {
+                return Err(format!(
+                    "no node holding the image of {}:{} is up",
+                    img.node, img.pid
+                ));
+            };
+            let key = (dst.clone(), src);
+            match calls.iter_mut().find(|(c, _)| *c == key) {
+                Some((_, v)) => v.push((k, dir)),
+                None => calls.push((key, vec![(k, dir)])),
+            }
+        }
+        if calls.is_empty() {
+            return Ok(out);
+        }
+        busy.phase("fetching images");
+        let timeout_ms = ms(deadline.saturating_duration_since(Instant::now())) as u32;
+        let results = join_all(calls.iter().map(|((dst, src), imgs)| {
+            let req = pb::FetchRequest {
+                from_node: src.clone(),
+                from_addr: node_recs
+                    .get(src)
+                    .map(|n| n.agent_addr.clone())
+                    .unwrap_or_default(),
+                dirs: imgs.iter().map(|(_, d)| d.clone()).collect(),
+                what: format!("restart of {job} from {id}"),
+                timeout_ms,
+            };
+            let what = format!("FETCH from {src}");
+            async move { timed(deadline, &what, dst, self.agents.fetch(dst, req)).await }
+        }))
+        .await;
+        let mut replicas: Vec<(usize, String)> = Vec::new();
+        for (((dst, _), imgs), (_, r)) in calls.iter().zip(results) {
+            let r = r.map_err(|e| format!("node {dst}: {e}"))?;
+            if r.dirs.len() != imgs.len() {
+                return Err(format!(
+                    "node {dst}: FETCH returned {} directories for {} images",
+                    r.dirs.len(),
+                    imgs.len()
+                ));
+            }
+            out.bytes += r.bytes;
+            for ((k, _), d) in imgs.iter().zip(r.dirs) {
+                replicas.push((*k, format!("{dst}={d}")));
+                out.dirs.insert(*k, d);
+            }
+        }
+        let res = self.catalog.update(|s| {
+            let Some(mut c) = s.checkpoint(id).cloned() else {
+                return Ok::<_, Error>((vec![], ()));
+            };
+            for (k, r) in &replicas {
+                if let Some(img) = c.info_mut().images.get_mut(*k) {
+                    if !img.replicas.contains(r) {
+                        img.replicas.push(r.clone());
+                    }
+                }
+            }
+            Ok((vec![Change::Checkpoint(c)], ()))
+        });
+        if let Err(e) = res {
+            tracing::warn!(job, checkpoint = id, "cannot record the replicas: {e}");
+        }
+        Ok(out)
+    }
+}
+
+/// (target, source) of a FETCH; with it, each image's index and its
+/// directory on the source.
+type NodePair = (String, String);
+
+/// The images a restart copied: their directories on their targets (by
+/// image index) and the bytes copied.
+#[derive(Default)]
+struct Fetched {
+    dirs: HashMap<usize, String>,
+    bytes: u64,
 }

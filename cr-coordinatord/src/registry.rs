@@ -183,6 +183,8 @@ impl Coordinator {
                     addresses: req.addresses.clone(),
                     version: req.version.clone(),
                     registered_unix_ms: now,
+                    // A drain outlives the agent's restarts.
+                    drained: s.nodes.get(&req.node).is_some_and(|n| n.drained),
                 })];
                 changes.extend(sync_members(s, &req.node, &req.members));
                 Ok::<_, Error>((changes, ()))
@@ -210,6 +212,7 @@ impl Coordinator {
         self.resend_abort(&req.node);
         Ok(pb::RegisterReply {
             heartbeat_ms: self.settings.heartbeat_ms,
+            drained: self.is_drained(&req.node),
         })
     }
 
@@ -229,6 +232,7 @@ impl Coordinator {
                 tracing::debug!(node = %req.node, "heartbeat from an unregistered node");
                 return Ok(pb::HeartbeatReply {
                     register_again: true,
+                    drained: false,
                 });
             };
             came_back = live.last_seen.elapsed() > self.settings.node_timeout;
@@ -255,6 +259,7 @@ impl Coordinator {
         }
         Ok(pb::HeartbeatReply {
             register_again: false,
+            drained: self.is_drained(&req.node),
         })
     }
 

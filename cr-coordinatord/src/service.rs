@@ -156,6 +156,55 @@ impl pb::coordinator_server::Coordinator for Service {
         Ok(Response::new(self.0.status()))
     }
 
+    async fn migrate(
+        &self,
+        req: Request<pb::MigrateRequest>,
+    ) -> Result<Response<pb::MigrateReply>, Status> {
+        check_admin(&req, "Migrate")?;
+        let req = req.into_inner();
+        job_name(&req.job)?;
+        if req.to.is_empty() {
+            return Err(Error::Invalid {
+                what: "no target node named (--to NODE)".into(),
+            }
+            .into());
+        }
+        let c = self.0.clone();
+        joined(
+            tokio::spawn(async move {
+                c.migrate(
+                    &req.job,
+                    &req.member,
+                    &req.to,
+                    timeout(req.timeout_secs),
+                    req.pre_copy,
+                )
+                .await
+            })
+            .await,
+        )
+    }
+
+    async fn drain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainReply>, Status> {
+        check_admin(&req, "Drain")?;
+        let req = req.into_inner();
+        let c = self.0.clone();
+        joined(
+            tokio::spawn(async move { c.drain(&req.node, timeout(req.deadline_secs)).await }).await,
+        )
+    }
+
+    async fn undrain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::NodeInfo>, Status> {
+        check_admin(&req, "Undrain")?;
+        Ok(Response::new(self.0.undrain(&req.into_inner().node)?))
+    }
+
     async fn configure(
         &self,
         req: Request<pb::ConfigureRequest>,

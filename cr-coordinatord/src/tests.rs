@@ -118,6 +118,7 @@ impl AgentApi for Fake {
                     bookmarks: marks.iter().filter(|b| b.pid == t.pid).cloned().collect(),
                     command: "work".into(),
                     uid: 1000,
+                    replicas: Vec::new(),
                 })
                 .collect(),
             gone: vec![],

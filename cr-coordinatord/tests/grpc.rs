@@ -18,6 +18,37 @@ struct FakeAgent {
 
 #[tonic::async_trait]
 impl pb::agent_server::Agent for FakeAgent {
+    type ReadImageFileStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::FileChunk, Status>>;
+
+    // This fake models shared storage: every image is on every node.
+    async fn pre_dump(
+        &self,
+        _: Request<pb::PreDumpRequest>,
+    ) -> Result<Response<pb::PreDumpReply>, Status> {
+        Err(Status::unimplemented("no images here"))
+    }
+    async fn fetch(
+        &self,
+        r: Request<pb::FetchRequest>,
+    ) -> Result<Response<pb::FetchReply>, Status> {
+        Ok(Response::new(pb::FetchReply {
+            dirs: r.into_inner().dirs,
+            ..Default::default()
+        }))
+    }
+    async fn image_manifest(
+        &self,
+        _: Request<pb::ManifestRequest>,
+    ) -> Result<Response<pb::Manifest>, Status> {
+        Err(Status::unimplemented("no images here"))
+    }
+    async fn read_image_file(
+        &self,
+        _: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<Self::ReadImageFileStream>, Status> {
+        Err(Status::unimplemented("no images here"))
+    }
     async fn prepare(
         &self,
         r: Request<pb::PrepareRequest>,

@@ -215,6 +215,9 @@ pub fn parse_ipc_key(s: &str) -> Result<i32, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AddrRewrite {
     pub old: IpAddr,
+    /// Only the endpoint with this port (`OLD:PORT=NEW`): the sockets of
+    /// one migrated process among others that keep the old address.
+    pub port: Option<u16>,
     pub new: IpAddr,
 }
 
@@ -223,26 +226,36 @@ impl std::str::FromStr for AddrRewrite {
     fn from_str(s: &str) -> Result<Self, String> {
         let (a, b) = s
             .split_once('=')
-            .ok_or_else(|| format!("--map-addr {s}: expected OLD=NEW"))?;
+            .ok_or_else(|| format!("--map-addr {s}: expected OLD=NEW or OLD:PORT=NEW"))?;
         let parse = |x: &str| {
             x.trim()
                 .trim_matches(|c| c == '[' || c == ']')
                 .parse::<IpAddr>()
                 .map_err(|_| format!("--map-addr {s}: {x:?} is not an IP address"))
         };
-        let (old, new) = (parse(a)?, parse(b)?);
+        let (old, port) = match parse(a) {
+            Ok(ip) => (ip, None),
+            Err(e) => match a.trim().parse::<std::net::SocketAddr>() {
+                Ok(sa) => (sa.ip(), Some(sa.port())),
+                Err(_) => return Err(e),
+            },
+        };
+        let new = parse(b)?;
         if old.is_ipv4() != new.is_ipv4() {
             return Err(format!(
                 "--map-addr {s}: both addresses must be IPv4, or both IPv6"
             ));
         }
-        Ok(AddrRewrite { old, new })
+        Ok(AddrRewrite { old, port, new })
     }
 }
 
 impl std::fmt::Display for AddrRewrite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}={}", self.old, self.new)
+        match self.port {
+            Some(p) => write!(f, "{}={}", std::net::SocketAddr::new(self.old, p), self.new),
+            None => write!(f, "{}={}", self.old, self.new),
+        }
     }
 }
 

@@ -75,6 +75,26 @@ pub fn lazy_with_keepalive(
     Ok(endpoint(addr, sec, domain, timeout, keepalive)?.connect_lazy())
 }
 
+/// HTTP/2 flow-control windows of a channel that carries bulk data (image
+/// copies between agents): the default 64 KiB stream window would cap a
+/// copy at 64 KiB per round trip.
+const BULK_STREAM_WINDOW: u32 = 16 << 20;
+const BULK_CONNECTION_WINDOW: u32 = 32 << 20;
+
+/// [`lazy_with_keepalive`] with large flow-control windows, for bulk data.
+pub fn lazy_bulk(
+    addr: &str,
+    sec: &Security,
+    domain: &str,
+    timeout: Duration,
+    keepalive: Duration,
+) -> Result<Channel, RpcError> {
+    Ok(endpoint(addr, sec, domain, timeout, keepalive)?
+        .initial_stream_window_size(BULK_STREAM_WINDOW)
+        .initial_connection_window_size(BULK_CONNECTION_WINDOW)
+        .connect_lazy())
+}
+
 /// The agent's Unix socket for local clients: `CR_AGENT_SOCKET` or the default.
 pub fn agent_socket() -> PathBuf {
     std::env::var_os(crate::AGENT_SOCKET_ENV)

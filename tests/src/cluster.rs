@@ -283,6 +283,8 @@ pub struct AgentOpts {
     pub standalone: bool,
     /// Do not wait for it to be ready.
     pub no_wait: bool,
+    /// Its image root (default: [`Cluster::images`], shared by all nodes).
+    pub images: Option<PathBuf>,
 }
 
 /// A cluster of `nodes` nodes and a coordinator in network namespaces (see
@@ -460,6 +462,29 @@ impl<'h> Cluster<'h> {
     /// The shared image root.
     pub fn images(&self) -> PathBuf {
         self.dir.join("images")
+    }
+
+    /// Node `k`'s local image root: in its private tmpfs (see
+    /// [`Cluster::node_root`]), which no other node can read.
+    pub fn local_images(&self, k: usize) -> PathBuf {
+        self.node_root(k).join("images")
+    }
+
+    /// Starts the agents of `ks`, each with its local image root
+    /// ([`Cluster::local_images`]) and `env`, and waits until they are up.
+    pub fn start_agents_local(&self, ks: &[usize], env: &[(String, String)]) {
+        for &k in ks {
+            self.start_agent_with(
+                k,
+                &AgentOpts {
+                    env: env.to_vec(),
+                    images: Some(self.local_images(k)),
+                    no_wait: true,
+                    ..Default::default()
+                },
+            );
+        }
+        self.wait_nodes_up(ks);
     }
 
     /// The agent log of node `k`.
@@ -731,7 +756,10 @@ impl<'h> Cluster<'h> {
             "--socket".into(),
             self.socket(k).into_os_string(),
             "--images".into(),
-            self.images().into_os_string(),
+            o.images
+                .clone()
+                .unwrap_or_else(|| self.images())
+                .into_os_string(),
             "--state-dir".into(),
             state.into_os_string(),
             "--ca".into(),
@@ -1069,7 +1097,15 @@ impl<'h> Cluster<'h> {
     /// Starts a ring job (see [`Ring`]) through `cr_run --job`, and waits
     /// until every member has carried messages both ways.
     pub fn start_ring(&self, job: &str, placement: &[usize]) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, true);
+        let mut r = Ring::launch(self, job, placement, true, None);
+        r.wait_up();
+        r
+    }
+
+    /// [`Cluster::start_ring`] whose member 0 holds a ballast
+    /// (`MIB[:DIRTY_MB_S]`, see wl_ring).
+    pub fn start_ring_ballast(&self, job: &str, placement: &[usize], ballast: &str) -> Ring<'_> {
+        let mut r = Ring::launch(self, job, placement, true, Some(ballast));
         r.wait_up();
         r
     }
@@ -1077,7 +1113,7 @@ impl<'h> Cluster<'h> {
     /// A ring whose members are started directly in their nodes'
     /// namespaces (no cr_run, no agent): for the harness's own checks.
     pub fn start_ring_direct(&self, job: &str, placement: &[usize]) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, false);
+        let mut r = Ring::launch(self, job, placement, false, None);
         r.wait_up();
         r
     }
@@ -1303,7 +1339,13 @@ pub struct Ring<'c> {
 }
 
 impl<'c> Ring<'c> {
-    fn launch(c: &'c Cluster<'c>, job: &str, placement: &[usize], via_cr_run: bool) -> Ring<'c> {
+    fn launch(
+        c: &'c Cluster<'c>,
+        job: &str,
+        placement: &[usize],
+        via_cr_run: bool,
+        ballast: Option<&str>,
+    ) -> Ring<'c> {
         let n = placement.len();
         assert!(n > 0 && n <= 1000, "a ring has 1 to 1000 members");
         let dir = c.dir.join(format!("ring-{job}"));
@@ -1313,13 +1355,14 @@ impl<'c> Ring<'c> {
         let mut members = Vec::new();
         for (i, &k) in placement.iter().enumerate() {
             let status = dir.join(format!("member-{i}.status"));
-            let argv: Vec<OsString> = vec![
+            let mut argv: Vec<OsString> = vec![
                 status.clone().into_os_string(),
                 i.to_string().into(),
                 n.to_string().into(),
                 addr(i).into(),
                 addr((i + 1) % n).into(),
             ];
+            argv.extend(ballast.filter(|_| i == 0).map(OsString::from));
             let label = format!("{job}-{i}");
             let runner = if via_cr_run {
                 let mut full = vec![wl.clone().into_os_string()];

@@ -12,6 +12,7 @@
 //! and what the process printed.
 
 pub mod cluster;
+pub mod faults;
 pub mod netns;
 pub mod node;
 pub mod resp;

@@ -23,9 +23,9 @@
 //!   a session and no `cr_reset_guard` is left on any node.
 
 use cr_tests::cluster::{jlist, jstr, node_name, AgentOpts, Cluster, Ring, RingStatus};
-use cr_tests::{proc_status, read_text, wait_until, Harness, ToolOutput};
+use cr_tests::faults::{run_to_fault, Faults};
+use cr_tests::{proc_status, wait_until, Harness, ToolOutput};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const JOB: &str = "ring";
@@ -41,55 +41,6 @@ const FREEZE_MS: u64 = 6000;
 /// Slack on top of a bound for a loaded machine.
 const SLACK: Duration = Duration::from_secs(6);
 const CRCTL_ERR: &str = "crctl: error: ";
-
-/// The fault hooks: a control file per daemon and the file a fault point
-/// touches when reached.
-struct Faults {
-    agent_ctl: PathBuf,
-    agent_reached: PathBuf,
-    coord_ctl: PathBuf,
-    coord_reached: PathBuf,
-}
-
-impl Faults {
-    fn new(dir: &Path) -> Faults {
-        let f = Faults {
-            agent_ctl: dir.join("agent-fault"),
-            agent_reached: dir.join("agent-fault-reached"),
-            coord_ctl: dir.join("coord-fault"),
-            coord_reached: dir.join("coord-fault-reached"),
-        };
-        f.clear();
-        f
-    }
-
-    fn clear(&self) {
-        for p in [&self.agent_ctl, &self.coord_ctl] {
-            std::fs::write(p, "").expect("write a fault control file");
-        }
-        let _ = std::fs::remove_file(&self.agent_reached);
-        let _ = std::fs::remove_file(&self.coord_reached);
-    }
-
-    fn agent_env(&self) -> Vec<(String, String)> {
-        hook_env("CR_AGENT", &self.agent_ctl, &self.agent_reached)
-    }
-
-    fn coord_env(&self) -> Vec<(String, String)> {
-        hook_env("CR_COORD", &self.coord_ctl, &self.coord_reached)
-    }
-}
-
-/// `PREFIX_FAULT=@CTL` and `PREFIX_FAULT_FILE=REACHED`.
-fn hook_env(prefix: &str, ctl: &Path, reached: &Path) -> Vec<(String, String)> {
-    vec![
-        (format!("{prefix}_FAULT"), format!("@{}", ctl.display())),
-        (
-            format!("{prefix}_FAULT_FILE"),
-            reached.display().to_string(),
-        ),
-    ]
-}
 
 /// A 3-node cluster whose coordinator runs with the test's freeze bound
 /// and whose n2 agent (and coordinator) carry the fault hooks.
@@ -138,42 +89,6 @@ impl After {
             After::Kill => vec!["checkpoint", JOB, "--kill"],
         }
     }
-}
-
-/// Starts `crctl ARGS` in the background and waits until the fault point
-/// `reached` is touched; returns the running crctl.
-fn run_to_fault(
-    c: &Cluster,
-    ring: &Ring,
-    args: &[&str],
-    reached: &Path,
-) -> cr_tests::cluster::Spawned {
-    let mut ck = c.crctl_bg(args);
-    let (o, e) = (ck.stdout.clone(), ck.stderr.clone());
-    wait_until(
-        &format!(
-            "crctl {args:?} to reach the fault point ({})",
-            reached.display()
-        ),
-        Duration::from_secs(60),
-        || reached.exists() || ck.proc.has_exited(),
-        || {
-            format!(
-                "--- crctl stdout:\n{}\n--- stderr:\n{}\n{}",
-                read_text(&o),
-                read_text(&e),
-                ring.diag()
-            )
-        },
-    );
-    if !reached.exists() {
-        panic!(
-            "crctl {args:?} ended before the fault point\n{}\n{}",
-            ck.diag(),
-            ring.diag()
-        );
-    }
-    ck
 }
 
 /// Member `i` runs, untraced and not stopped.

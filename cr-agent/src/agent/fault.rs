@@ -3,7 +3,8 @@
 //! `@FILE`: the step written in FILE, read at each point) makes the
 //! session stop at that step (PREPARE: frozen and locked, before its reply;
 //! DUMP: before the dump; COMMIT: recorded, before its reply; FINISH:
-//! before the processes are let go; RESTORE: rebuilt, before its reply),
+//! before the processes are let go; RESTORE: rebuilt, before its reply;
+//! FETCH: an image copy to this node, after its first chunk),
 //! write the step's name to `$CR_AGENT_FAULT_FILE` and wait until that
 //! file is removed (at most 10 minutes), so that a test can kill the agent
 //! or cut its link right there, then let it go on.

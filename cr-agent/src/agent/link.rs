@@ -57,7 +57,9 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
             });
             req.set_timeout(rpc_timeout);
             client.heartbeat(req).await.map(|r| {
-                if r.into_inner().register_again {
+                let r = r.into_inner();
+                set_drained(&shared, r.drained);
+                if r.register_again {
                     info!("the coordinator does not know this node: registering again");
                     registered = false;
                 }
@@ -73,7 +75,9 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
             });
             req.set_timeout(RPC_TIMEOUT);
             client.register(req).await.map(|r| {
-                let hb = r.into_inner().heartbeat_ms;
+                let r = r.into_inner();
+                set_drained(&shared, r.drained);
+                let hb = r.heartbeat_ms;
                 if hb > 0 {
                     period = Duration::from_millis(u64::from(hb));
                 }
@@ -125,5 +129,15 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
             _ = tokio::time::sleep(period) => {}
             _ = shared.wake.notified() => {}
         }
+    }
+}
+
+/// Record the coordinator's word on whether the node is drained.
+fn set_drained(shared: &Shared, drained: bool) {
+    let was = shared
+        .drained
+        .swap(drained, std::sync::atomic::Ordering::Relaxed);
+    if was != drained {
+        info!(drained, "the coordinator changed the node's drain state");
     }
 }

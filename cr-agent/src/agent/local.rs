@@ -154,6 +154,16 @@ impl pb::local_server::Local for LocalService {
             )));
         }
         who.check_process(m.pid).map_err(denied)?;
+        if self
+            .shared
+            .drained
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(Status::failed_precondition(format!(
+                "node {} is drained (crctl undrain {0} lifts it): no new job member here",
+                self.shared.config.node
+            )));
+        }
         let start_time = members::start_time(m.pid)
             .ok_or_else(|| Status::not_found(format!("no process {}", m.pid)))?;
         let (uid, command) = members::describe(m.pid);

@@ -18,6 +18,7 @@ pub mod members;
 pub mod reaper;
 pub mod remote;
 pub mod sessions;
+pub mod transfer;
 
 use config::Config;
 use cr_rpc::pb;
@@ -42,6 +43,11 @@ pub struct Shared {
     pub wake: Notify,
     /// The channel to the coordinator, once the link made it.
     pub coordinator: std::sync::OnceLock<tonic::transport::Channel>,
+    /// TLS of the node (its certificate also serves as a client's, to
+    /// fetch images from other agents).
+    pub security: Security,
+    /// The coordinator says the node is drained: new members are refused.
+    pub drained: std::sync::atomic::AtomicBool,
 }
 
 /// Bind the Unix socket: refused if another agent answers on it; a stale
@@ -86,6 +92,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
     sessions::sweep(&config.state_dir);
+    transfer::sweep(&config.images);
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -97,6 +104,8 @@ pub async fn serve(config: Config) -> Result<(), String> {
         workers,
         wake: Notify::new(),
         coordinator: std::sync::OnceLock::new(),
+        security: sec.clone(),
+        drained: std::sync::atomic::AtomicBool::new(false),
         config,
     });
     shared.reaper.spawn(Duration::from_millis(100));
@@ -112,7 +121,11 @@ pub async fn serve(config: Config) -> Result<(), String> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let mut remote = tonic::transport::Server::builder();
+    // A keepalive: a call whose caller is cut off (the coordinator's link
+    // cut during a FETCH) is dropped within seconds, and undone.
+    let mut remote = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(1)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(3)));
     if let Some(tls) = sec.server() {
         remote = remote.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
     }

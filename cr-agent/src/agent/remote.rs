@@ -2,7 +2,7 @@
 //! of the coordinated protocol (see [`super::sessions`]) and the removal of
 //! images and network locks.
 
-use super::{sessions, Shared};
+use super::{sessions, transfer, Shared};
 use cr_rpc::pb;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,6 +26,19 @@ fn from_coordinator<T>(shared: &Shared, req: &Request<T>) -> Result<(), Status> 
                 p.describe()
             )))
         }
+    }
+}
+
+/// Another agent of the cluster (a node's certificate: any name, not an
+/// administrator's), or the coordinator: may read this node's images.
+fn from_peer<T>(req: &Request<T>) -> Result<(), Status> {
+    match cr_rpc::identity::of_request(req)? {
+        None => Ok(()),
+        Some(p) if !p.is_admin() => Ok(()),
+        Some(p) => Err(Status::permission_denied(format!(
+            "images are copied by agents only; this is {}",
+            p.describe()
+        ))),
     }
 }
 
@@ -77,6 +90,89 @@ fn unlock_image(dir: &Path) {
 
 #[tonic::async_trait]
 impl pb::agent_server::Agent for AgentService {
+    type ReadImageFileStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::FileChunk, Status>>;
+
+    async fn pre_dump(
+        &self,
+        req: Request<pb::PreDumpRequest>,
+    ) -> Result<Response<pb::PreDumpReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
+        let r = req.into_inner();
+        let sh = &self.shared;
+        let dir = transfer::under(&sh.config.images, &r.subdir)
+            .map_err(Status::invalid_argument)?
+            .join(format!("{}-{}", sh.config.node, r.pid));
+        let parent = (!r.parent.is_empty())
+            .then(|| self.own_image(&r.parent))
+            .transpose()?;
+        let opts = cr_engine::options::CheckpointOptions {
+            dir: Some(dir.clone()),
+            parent,
+            pre_dump: true,
+            workers: Some(sh.workers),
+            ..Default::default()
+        };
+        // One owner of a traced process: the reaper lets it alone meanwhile.
+        let loan = sh.reaper.lend(&[r.pid]);
+        let pid = r.pid;
+        let res = tokio::task::spawn_blocking(move || {
+            let _loan = loan;
+            if let Some(p) = dir.parent() {
+                std::fs::create_dir_all(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+            let s = cr_engine::capture::checkpoint(pid, &opts)
+                .map_err(|e| format!("process {pid}: {}", cr_sys::error::one_line(&e)))?;
+            Ok(pb::PreDumpReply {
+                dir: dir.display().to_string(),
+                page_bytes: s.page_bytes,
+                store_bytes: s.store_bytes,
+                frozen_us: s.frozen.as_micros() as u64,
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        ok(res)
+    }
+
+    async fn fetch(
+        &self,
+        req: Request<pb::FetchRequest>,
+    ) -> Result<Response<pb::FetchReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
+        ok(transfer::fetch(self.shared.clone(), req.into_inner()).await)
+    }
+
+    async fn image_manifest(
+        &self,
+        req: Request<pb::ManifestRequest>,
+    ) -> Result<Response<pb::Manifest>, Status> {
+        from_peer(&req)?;
+        let dirs = req
+            .into_inner()
+            .dirs
+            .iter()
+            .map(|d| self.own_image(d).map(|p| p.display().to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let sh = self.shared.clone();
+        let r = tokio::task::spawn_blocking(move || transfer::manifest(&sh, &dirs))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        r.map(Response::new).map_err(Status::not_found)
+    }
+
+    async fn read_image_file(
+        &self,
+        req: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<Self::ReadImageFileStream>, Status> {
+        from_peer(&req)?;
+        let r = req.into_inner();
+        let rx = transfer::read_file(&self.shared, &r.path, r.offset)?;
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
     async fn prepare(
         &self,
         req: Request<pb::PrepareRequest>,

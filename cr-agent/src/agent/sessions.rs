@@ -692,6 +692,7 @@ fn dump_all(shared: &Shared, session: &str, f: &mut Frozen) -> Result<pb::DumpRe
                 .collect(),
             command,
             uid,
+            replicas: Vec::new(),
         });
     }
     Ok(reply)
@@ -793,6 +794,19 @@ fn restore_session(
     };
     let mut readies = Vec::new();
     for t in &req.targets {
+        // This image's own rewrites come first (the first match wins).
+        let mut opts = opts.clone();
+        match cr_rpc::opts::addr_rewrites(&t.map_addr) {
+            Ok(mut own) => {
+                own.append(&mut opts.map_addr);
+                opts.map_addr = own;
+            }
+            Err(e) => {
+                drop(readies);
+                let _ = ready.send(Err(e.clone()));
+                return format!("RESTORE failed ({e}): nothing of it runs");
+            }
+        }
         match cr_engine::restore::prepare(Path::new(&t.dir), &opts) {
             Ok(r) => readies.push(r),
             Err(e) => {

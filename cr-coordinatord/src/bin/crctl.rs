@@ -116,6 +116,33 @@ enum Cmd {
         #[arg(long, value_name = "SECS")]
         freeze_timeout: Option<f64>,
     },
+    /// Move a running job, or one member of it, to another node
+    /// (stop-and-copy: checkpoint, copy of the images, restart there).
+    Migrate {
+        job: String,
+        /// Target node.
+        #[arg(long, value_name = "NODE")]
+        to: String,
+        /// The member to move: NODE:PID as `crctl job JOB` lists it, or
+        /// #N (its row); default: the whole job.
+        #[arg(long, value_name = "M")]
+        member: Option<String>,
+        /// Copy memory while the job runs (rounds while what changed
+        /// shrinks), then stop it and copy only the rest.
+        #[arg(long)]
+        pre_copy: bool,
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<u32>,
+    },
+    /// Move every job member off a node and refuse new ones there.
+    Drain {
+        node: String,
+        /// Give up migrating after SECS (default: the coordinator's timeout).
+        #[arg(long, value_name = "SECS")]
+        deadline: Option<u32>,
+    },
+    /// Accept new members on a drained node again.
+    Undrain { node: String },
     /// The cluster's certificates.
     Pki {
         #[command(subcommand)]
@@ -467,6 +494,50 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             let j = conn.rpc(c.configure(req).await)?;
             out(js, job_json(&j), || job_text(&j));
         }
+        Cmd::Migrate {
+            job,
+            to,
+            member,
+            pre_copy,
+            timeout,
+        } => {
+            let req = pb::MigrateRequest {
+                job,
+                to,
+                member: member.unwrap_or_default(),
+                timeout_secs: timeout.unwrap_or(0),
+                pre_copy,
+            };
+            let r = conn.rpc(c.migrate(req).await)?;
+            out(js, migrate_json(&r), || migrate_text(&r));
+        }
+        Cmd::Drain { node, deadline } => {
+            let req = pb::DrainRequest {
+                node,
+                deadline_secs: deadline.unwrap_or(0),
+            };
+            let r = conn.rpc(c.drain(req).await)?;
+            out(js, drain_json(&r), || drain_text(&r));
+            if !r.failed.is_empty() {
+                partial = Some(Partial(format!(
+                    "node {} is drained, but not every job could be moved off: {}",
+                    r.node,
+                    r.failed.join("; ")
+                )));
+            }
+        }
+        Cmd::Undrain { node } => {
+            let n = conn.rpc(
+                c.undrain(pb::DrainRequest {
+                    node,
+                    deadline_secs: 0,
+                })
+                .await,
+            )?;
+            out(js, node_json(&n), || {
+                format!("node {} accepts new members again\n", n.name)
+            });
+        }
         Cmd::Pki { .. } => unreachable!("handled without a coordinator"),
     }
     Ok(partial)
@@ -514,7 +585,7 @@ fn node_json(n: &pb::NodeInfo) -> Value {
     json!({
         "name": n.name, "agent_addr": n.agent_addr, "addresses": n.addresses,
         "state": n.state, "last_seen_unix_ms": n.last_seen_unix_ms,
-        "members": n.members, "version": n.version,
+        "members": n.members, "version": n.version, "drained": n.drained,
     })
 }
 
@@ -544,7 +615,7 @@ fn image_json(i: &pb::ImageInfo) -> Value {
         "node": i.node, "pid": i.pid, "dir": i.dir, "processes": i.processes,
         "page_bytes": i.page_bytes, "store_bytes": i.store_bytes, "frozen_ms": i.frozen_ms,
         "bookmarks": i.bookmarks.iter().map(bookmark_json).collect::<Vec<_>>(),
-        "command": i.command, "uid": i.uid,
+        "command": i.command, "uid": i.uid, "replicas": i.replicas,
     })
 }
 
@@ -566,7 +637,85 @@ fn restart_json(r: &pb::RestartReply) -> Value {
         "job": r.job, "checkpoint": r.checkpoint,
         "procs": r.procs.iter().map(proc_json).collect::<Vec<_>>(),
         "duration_ms": r.duration_ms, "map_addr": r.map_addr,
+        "fetched_bytes": r.fetched_bytes, "fetch_ms": r.fetch_ms, "placed": r.placed,
     })
+}
+
+fn migrate_json(r: &pb::MigrateReply) -> Value {
+    json!({
+        "job": r.job, "checkpoint": r.checkpoint, "moved": r.moved,
+        "downtime_ms": r.downtime_ms, "duration_ms": r.duration_ms,
+        "bytes": r.bytes, "copy_ms": r.copy_ms,
+        "procs": r.procs.iter().map(proc_json).collect::<Vec<_>>(),
+        "rounds": r.rounds, "pre_copy_bytes": r.pre_copy_bytes, "pre_copy_ms": r.pre_copy_ms,
+    })
+}
+
+fn drain_json(r: &pb::DrainReply) -> Value {
+    json!({
+        "node": r.node,
+        "migrations": r.migrations.iter().map(migrate_json).collect::<Vec<_>>(),
+        "failed": r.failed,
+    })
+}
+
+/// MiB/s of `bytes` in `ms`.
+fn rate(bytes: u64, ms: u64) -> String {
+    format!(
+        "{:.1} MiB/s",
+        bytes as f64 / (1 << 20) as f64 / (ms.max(1) as f64 / 1000.0)
+    )
+}
+
+fn migrate_text(r: &pb::MigrateReply) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "job {} migrated with {}: {} (down {} ms; {} copied in {} ms, {})",
+        r.job,
+        r.checkpoint,
+        r.moved.join(", "),
+        r.downtime_ms,
+        bytes(r.bytes),
+        r.copy_ms,
+        rate(r.bytes, r.copy_ms)
+    );
+    if r.rounds > 0 {
+        let _ = writeln!(
+            o,
+            "pre-copy while it ran: {} rounds, {} in {} ms ({})",
+            r.rounds,
+            bytes(r.pre_copy_bytes),
+            r.pre_copy_ms,
+            rate(r.pre_copy_bytes, r.pre_copy_ms)
+        );
+    }
+    o.push_str(&procs_table(&r.procs, false));
+    o
+}
+
+fn drain_text(r: &pb::DrainReply) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "node {} drained: {} jobs moved off, {} failed",
+        r.node,
+        r.migrations.len(),
+        r.failed.len()
+    );
+    for m in &r.migrations {
+        let _ = writeln!(
+            o,
+            "  {}: {} (down {} ms)",
+            m.job,
+            m.moved.join(", "),
+            m.downtime_ms
+        );
+    }
+    for f in &r.failed {
+        let _ = writeln!(o, "  failed: {f}");
+    }
+    o
 }
 
 // ------------------------------------------------------------------ text
@@ -688,7 +837,11 @@ fn nodes_text(nodes: &[pb::NodeInfo]) -> String {
         .map(|n| {
             vec![
                 n.name.clone(),
-                n.state.clone(),
+                if n.drained {
+                    format!("{},drained", n.state)
+                } else {
+                    n.state.clone()
+                },
                 n.agent_addr.clone(),
                 if n.addresses.is_empty() {
                     "-".into()
@@ -902,6 +1055,15 @@ fn restart_text(r: &pb::RestartReply) -> String {
     );
     if !r.map_addr.is_empty() {
         let _ = writeln!(o, "addresses rewritten: {}", r.map_addr.join(", "));
+    }
+    if r.fetched_bytes > 0 {
+        let _ = writeln!(
+            o,
+            "images fetched by their new nodes: {} in {} ms ({})",
+            bytes(r.fetched_bytes),
+            r.fetch_ms,
+            rate(r.fetched_bytes, r.fetch_ms)
+        );
     }
     o.push_str(&procs_table(&r.procs, false));
     o

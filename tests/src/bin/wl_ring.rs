@@ -24,6 +24,14 @@
 //! a connection, a connect or accept that never comes) it writes
 //! `FAIL <reason>` instead, repeats the reason on stderr and exits 1.
 //!
+//! `wl_ring ... NEXT BALLAST_MIB[:DIRTY_MB_S]` also holds BALLAST_MIB MiB
+//! of memory whose every page is recomputable (word 0 from the page's
+//! version, the others from its index), rewrites DIRTY_MB_S MB of it per
+//! second (the page's version bumped), and checks 1 MiB of it per tick,
+//! round and round: a page restored wrong is a FAIL (`ballast page P word
+//! W`). The status line then ends with `checked=N`, the full passes done.
+//! (For the migration tests and benchmarks: memory size and dirty rate.)
+//!
 //! Nothing is resolved or looked up after the start: the process may be
 //! frozen, checkpointed, killed and restored on another node with its
 //! sockets' addresses rewritten. It gives up (FAIL) after 15 minutes, so
@@ -52,7 +60,99 @@ const DIR_FWD: u64 = 1;
 /// Direction from the member that accepted to the one that connected.
 const DIR_BACK: u64 = 2;
 
-const USAGE: &str = "wl_ring STATUS_FILE INDEX COUNT LISTEN_ADDR:PORT NEXT_ADDR:PORT";
+const USAGE: &str =
+    "wl_ring STATUS_FILE INDEX COUNT LISTEN_ADDR:PORT NEXT_ADDR:PORT [BALLAST_MIB[:DIRTY_MB_S]]";
+
+const PAGE_WORDS: usize = 512;
+/// Ballast pages checked per tick (1 MiB).
+const CHECK_PAGES: usize = 256;
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Memory of a known content, partly rewritten at a steady rate.
+struct Ballast {
+    words: Vec<u64>,
+    version: Vec<u32>,
+    /// Pages rewritten per tick (fractional part carried over).
+    dirty_per_tick: f64,
+    carry: f64,
+    dirty_at: usize,
+    check_at: usize,
+    passes: u64,
+}
+
+impl Ballast {
+    fn word(p: usize, w: usize, v: u32) -> u64 {
+        if w == 0 {
+            mix(((p as u64) << 32) ^ u64::from(v) ^ 0x5eed)
+        } else {
+            mix(((p as u64) << 9) | w as u64)
+        }
+    }
+
+    fn new(mib: usize, dirty_mb_s: f64) -> Ballast {
+        let pages = mib * 256;
+        let mut words = vec![0u64; pages * PAGE_WORDS];
+        for (p, page) in words.chunks_exact_mut(PAGE_WORDS).enumerate() {
+            for (w, x) in page.iter_mut().enumerate() {
+                *x = Ballast::word(p, w, 0);
+            }
+        }
+        Ballast {
+            words,
+            version: vec![0; pages],
+            dirty_per_tick: dirty_mb_s * 1e6 / 4096.0 * TICK_MS as f64 / 1000.0,
+            carry: 0.0,
+            dirty_at: 0,
+            check_at: 0,
+            passes: 0,
+        }
+    }
+
+    fn pages(&self) -> usize {
+        self.version.len()
+    }
+
+    /// One tick: rewrite this tick's pages, check the next 1 MiB.
+    fn tick(&mut self) {
+        let n = self.pages();
+        if n == 0 {
+            return;
+        }
+        self.carry += self.dirty_per_tick;
+        while self.carry >= 1.0 {
+            self.carry -= 1.0;
+            let p = self.dirty_at;
+            self.dirty_at = (p + 7919) % n;
+            self.version[p] = self.version[p].wrapping_add(1);
+            self.words[p * PAGE_WORDS] = Ballast::word(p, 0, self.version[p]);
+        }
+        for _ in 0..CHECK_PAGES.min(n) {
+            let p = self.check_at;
+            let v = self.version[p];
+            let page = &self.words[p * PAGE_WORDS..(p + 1) * PAGE_WORDS];
+            for (w, &x) in page.iter().enumerate() {
+                let want = Ballast::word(p, w, v);
+                if x != want {
+                    die(&format!(
+                        "ballast page {p} word {w}: expected {want:#x}, got {x:#x} (version {v})"
+                    ));
+                }
+            }
+            self.check_at += 1;
+            if self.check_at == n {
+                self.check_at = 0;
+                self.passes += 1;
+            }
+        }
+    }
+}
 
 /// The status file, rewritten atomically.
 struct Status {
@@ -342,7 +442,7 @@ fn accept(l: &TcpListener, listen: SocketAddr, start: u64) -> TcpStream {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() != 5 {
+    if args.len() != 5 && args.len() != 6 {
         wl::note(&format!("usage: {USAGE}"));
         std::process::exit(2);
     }
@@ -361,6 +461,13 @@ fn main() {
     let next: SocketAddr = args[4]
         .parse()
         .unwrap_or_else(|_| die(&format!("bad NEXT_ADDR:PORT {:?}", args[4])));
+    let mut ballast = args.get(5).map(|b| {
+        let (mib, rate) = b.split_once(':').unwrap_or((b, "0"));
+        match (mib.parse::<usize>(), rate.parse::<f64>()) {
+            (Ok(m), Ok(r)) if r >= 0.0 => Ballast::new(m, r),
+            _ => die(&format!("bad BALLAST_MIB[:DIRTY_MB_S] {b:?}")),
+        }
+    });
     let status = STATUS.get().expect("status set above");
     let report = |line: &str| {
         if let Err(e) = status.write(line) {
@@ -390,6 +497,9 @@ fn main() {
             for c in conns.iter_mut() {
                 c.write_left = WRITE_BUDGET;
             }
+            if let Some(b) = ballast.as_mut() {
+                b.tick();
+            }
             // After a freeze: no burst to catch up.
             next_tick = if now - next_tick > tick {
                 now + tick
@@ -409,8 +519,11 @@ fn main() {
                 .flat_map(|c| [c.sent, c.recv])
                 .min()
                 .unwrap_or(0);
+            let checked = ballast
+                .as_ref()
+                .map_or(String::new(), |b| format!(" checked={}", b.passes));
             report(&format!(
-                "ok sent={sent} recv={recv} min={min} pid={}",
+                "ok sent={sent} recv={recv} min={min} pid={}{checked}",
                 getpid()
             ));
             next_status = now + STATUS_MS * 1_000_000;

@@ -28,24 +28,29 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
-/// `OLD=NEW` rewrites of IP addresses.
+/// `OLD=NEW` rewrites of IP addresses, and `OLD:PORT=NEW` of one
+/// endpoint (those win over the address's own).
 #[derive(Debug, Clone, Default)]
-pub struct AddrMap(Vec<(IpAddr, IpAddr)>);
+pub struct AddrMap(Vec<(IpAddr, Option<u16>, IpAddr)>);
 
 impl AddrMap {
     pub fn new(rewrites: &[AddrRewrite]) -> AddrMap {
-        AddrMap(
-            rewrites
-                .iter()
-                .map(|r| (sys::canonical_ip(r.old), r.new))
-                .collect(),
-        )
+        let mut v: Vec<_> = rewrites
+            .iter()
+            .map(|r| (sys::canonical_ip(r.old), r.port, r.new))
+            .collect();
+        v.sort_by_key(|(_, port, _)| port.is_none());
+        AddrMap(v)
     }
 
     /// `a` with its IP rewritten (an IPv4-mapped IPv6 address stays mapped).
     pub fn map(&self, a: SocketAddr) -> SocketAddr {
         let ip = sys::canonical_ip(a.ip());
-        let Some(&(_, new)) = self.0.iter().find(|(old, _)| *old == ip) else {
+        let Some(&(_, _, new)) = self
+            .0
+            .iter()
+            .find(|(old, port, _)| *old == ip && port.is_none_or(|p| p == a.port()))
+        else {
             return a;
         };
         match (a, new) {

@@ -55,3 +55,28 @@ expect(u.recv(10) == b"udp", "the UDP socket")
         "a --kill dump keeps its network lock"
     );
 }
+
+/// `OLD:PORT=NEW` rewrites one endpoint and wins over `OLD=NEW`; an
+/// IPv4-mapped address stays mapped.
+#[test]
+fn endpoint_rewrites_win_over_address_rewrites() {
+    use super::AddrMap;
+    use std::net::SocketAddr;
+    let rw = |s: &str| s.parse::<crate::options::AddrRewrite>().unwrap();
+    let m = AddrMap::new(&[rw("10.0.0.1=10.0.0.9"), rw("10.0.0.1:7300=10.0.0.3")]);
+    let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+    assert_eq!(m.map(a("10.0.0.1:7300")), a("10.0.0.3:7300"));
+    assert_eq!(m.map(a("10.0.0.1:80")), a("10.0.0.9:80"));
+    assert_eq!(
+        m.map(a("[::ffff:10.0.0.1]:7300")),
+        a("[::ffff:10.0.0.3]:7300")
+    );
+    assert_eq!(m.map(a("10.0.0.2:7300")), a("10.0.0.2:7300"));
+    assert_eq!(
+        rw("10.0.0.1:7300=10.0.0.3").to_string(),
+        "10.0.0.1:7300=10.0.0.3"
+    );
+    assert!("10.0.0.1:x=10.0.0.3"
+        .parse::<crate::options::AddrRewrite>()
+        .is_err());
+}

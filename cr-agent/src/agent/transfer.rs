@@ -1,0 +1,553 @@
+//! Images copied between agents, over their gRPC/TLS channel.
+//!
+//! The node that holds an image serves it ([`manifest`], [`read_file`]:
+//! the `ImageManifest` and `ReadImageFile` calls, open to every node
+//! certificate of the cluster); the node that needs it pulls it when the
+//! coordinator says so ([`fetch`], the `Fetch` call).
+//!
+//! * The manifest lists every file of the images asked for and of the
+//!   parents they are incremental on (parents are named by relative paths,
+//!   so the tree is rebuilt under the puller's own image root at the same
+//!   relative place), each with its size and XXH3-64.
+//! * Files come in chunks of [`CHUNK`] bytes, each with its XXH3-64,
+//!   checked on arrival; a file is checked again as a whole once complete.
+//! * A file already present with the same size and hash is not copied
+//!   (shared storage, a copy made before); a copy is written under
+//!   `<images>/.incoming/` and resumed from the last checked chunk after a
+//!   failure (a cut link, a source agent restarted) until the request's
+//!   timeout; only a complete, checked image directory is renamed into
+//!   place, its `checkpoint.img` last. A fetch that gives up removes its
+//!   partial copy; the agent's start removes any it finds ([`sweep`]).
+//! * Progress (bytes, rate, time left) is logged every second.
+
+use super::Shared;
+use cr_rpc::pb;
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::Status;
+use tracing::{info, warn};
+
+/// Bytes per chunk of a streamed file.
+pub const CHUNK: usize = 1 << 20;
+/// Where partial copies are kept, under the image root.
+pub const INCOMING: &str = ".incoming";
+/// Chunks read ahead of the network on the serving side.
+const READ_AHEAD: usize = 8;
+/// Pause before a copy is resumed after a failure.
+const RESUME_PAUSE: Duration = Duration::from_millis(300);
+/// Keepalive of the channel to the source agent: a cut link fails the
+/// stream within about three periods, and the copy is resumed.
+const PEER_KEEPALIVE: Duration = Duration::from_secs(1);
+
+fn root(shared: &Shared) -> PathBuf {
+    let r = &shared.config.images;
+    r.canonicalize().unwrap_or_else(|_| r.clone())
+}
+
+/// `rel` (as a manifest names it) under `root`, refused if it leaves it.
+pub fn under(root: &Path, rel: &str) -> Result<PathBuf, String> {
+    let p = Path::new(rel);
+    if rel.is_empty() || p.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(format!("{rel:?} is not a path inside the image root"));
+    }
+    Ok(root.join(p))
+}
+
+/// Hashes already computed (or checked on arrival), by path, valid while
+/// the file keeps its size and modification time: the parents of an
+/// incremental image (a pre-copy's pre-dumps) are not read again at each
+/// fetch.
+static KNOWN: std::sync::OnceLock<std::sync::Mutex<Known>> = std::sync::OnceLock::new();
+
+/// Path → (size, mtime in ns, XXH3-64).
+type Known = HashMap<PathBuf, (u64, i128, u64)>;
+
+fn stamp(path: &Path) -> std::io::Result<(u64, i128)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((
+        m.len(),
+        i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+    ))
+}
+
+fn known() -> std::sync::MutexGuard<'static, Known> {
+    KNOWN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// XXH3-64 and size of a file, from [`KNOWN`] when it has not changed.
+fn file_hash(path: &Path) -> std::io::Result<(u64, u64)> {
+    let (size, mtime) = stamp(path)?;
+    if let Some(&(s, m, h)) = known().get(path) {
+        if s == size && m == mtime {
+            return Ok((h, size));
+        }
+    }
+    let (h, n) = hash_file(path)?;
+    remember(path, h);
+    Ok((h, n))
+}
+
+/// `path` (as it is now) has hash `h`.
+fn remember(path: &Path, h: u64) {
+    if let Ok((size, mtime)) = stamp(path) {
+        known().insert(path.to_path_buf(), (size, mtime, h));
+    }
+}
+
+/// XXH3-64 and size of a file, read whole.
+fn hash_file(path: &Path) -> std::io::Result<(u64, u64)> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((h.digest(), size))
+}
+
+/// The manifest of images `dirs` (absolute, under the image root) and of
+/// their parents.
+pub fn manifest(shared: &Shared, dirs: &[String]) -> Result<pb::Manifest, String> {
+    let root = root(shared);
+    let rel = |p: &Path| -> Result<String, String> {
+        let c = p
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        c.strip_prefix(&root)
+            .ok()
+            .filter(|r| !r.as_os_str().is_empty())
+            .map(|r| r.to_string_lossy().into_owned())
+            .ok_or_else(|| format!("{} is not an image under {}", p.display(), root.display()))
+    };
+    let mut out = pb::Manifest::default();
+    let mut seen = HashSet::new();
+    for d in dirs {
+        let chain = cr_image::chain::Chain::open(Path::new(d))
+            .map_err(|e| format!("{d}: {}", cr_sys::error::one_line(&e)))?;
+        out.dirs.push(rel(Path::new(d))?);
+        // Parents first: a child is never in place before its parent.
+        for link in chain.links.iter().rev() {
+            let r = rel(link.dir.path())?;
+            if seen.insert(r.clone()) {
+                out.all_dirs.push(r);
+            }
+        }
+    }
+    for d in &out.all_dirs {
+        let dir = root.join(d);
+        let rd = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut names: Vec<_> = rd
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for n in names {
+            let p = dir.join(&n);
+            let (xxh3, size) = file_hash(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            out.files.push(pb::ImageFile {
+                path: format!("{d}/{n}"),
+                size,
+                xxh3,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The chunks of file `rel` from `offset`, read on a blocking thread.
+pub fn read_file(
+    shared: &Shared,
+    rel: &str,
+    offset: u64,
+) -> Result<tokio::sync::mpsc::Receiver<Result<pb::FileChunk, Status>>, Status> {
+    let root = root(shared);
+    let path = under(&root, rel).map_err(Status::invalid_argument)?;
+    let mut f = std::fs::File::open(&path)
+        .map_err(|e| Status::not_found(format!("{}: {e}", path.display())))?;
+    f.seek(SeekFrom::Start(offset)).map_err(|e| {
+        Status::invalid_argument(format!("{}: offset {offset}: {e}", path.display()))
+    })?;
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    std::thread::Builder::new()
+        .name("image-read".into())
+        .spawn(move || {
+            let mut off = offset;
+            loop {
+                let mut buf = vec![0u8; CHUNK];
+                let mut n = 0;
+                while n < CHUNK {
+                    match f.read(&mut buf[n..]) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(Status::internal(format!(
+                                "{}: {e}",
+                                path.display()
+                            ))));
+                            return;
+                        }
+                    }
+                }
+                if n == 0 {
+                    return;
+                }
+                buf.truncate(n);
+                let chunk = pb::FileChunk {
+                    offset: off,
+                    xxh3: cr_image::checksum(&buf),
+                    data: buf,
+                };
+                off += n as u64;
+                if tx.blocking_send(Ok(chunk)).is_err() {
+                    return; // the puller went away
+                }
+            }
+        })
+        .map_err(|e| Status::internal(format!("cannot start a reader: {e}")))?;
+    Ok(rx)
+}
+
+/// Remove partial copies an earlier run left.
+pub fn sweep(images: &Path) {
+    let d = images.join(INCOMING);
+    if d.exists() {
+        match std::fs::remove_dir_all(&d) {
+            Ok(()) => info!(dir = %d.display(), "removed partial image copies"),
+            Err(e) => warn!(dir = %d.display(), error = %e, "cannot remove partial image copies"),
+        }
+    }
+}
+
+/// Progress of a fetch, logged at most once a second.
+struct Progress<'a> {
+    shared: &'a Shared,
+    /// The test hook "fetch" is still to be passed (after the first chunk).
+    fault_pending: bool,
+    what: String,
+    total: u64,
+    done: u64,
+    t0: Instant,
+    last: Instant,
+}
+
+impl Progress<'_> {
+    fn add(&mut self, n: u64) {
+        self.done += n;
+        if std::mem::take(&mut self.fault_pending) {
+            // A test cuts the link or kills an agent with a copy half done.
+            tokio::task::block_in_place(|| super::fault::point("fetch", self.shared));
+        }
+        if self.last.elapsed() >= Duration::from_secs(1) {
+            self.last = Instant::now();
+            let secs = self.t0.elapsed().as_secs_f64().max(1e-3);
+            let rate = self.done as f64 / secs;
+            let left = (self.total.saturating_sub(self.done)) as f64 / rate.max(1.0);
+            info!(
+                what = self.what,
+                bytes = self.done,
+                total = self.total,
+                mib_per_s = format!("{:.1}", rate / (1 << 20) as f64),
+                left_s = format!("{left:.1}"),
+                "copying images"
+            );
+        }
+    }
+}
+
+/// Copy one file from the source into `part` (resumed from its length),
+/// every chunk checked. `Err((msg, retry))`: retry when the transport failed.
+async fn copy_file(
+    client: &mut pb::agent_client::AgentClient<tonic::transport::Channel>,
+    f: &pb::ImageFile,
+    part: &Path,
+    progress: &mut Progress<'_>,
+) -> Result<(), (String, bool)> {
+    let fail = |m: String| (m, false);
+    if let Some(p) = part.parent() {
+        std::fs::create_dir_all(p).map_err(|e| fail(format!("{}: {e}", p.display())))?;
+    }
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(part)
+        .map_err(|e| fail(format!("{}: {e}", part.display())))?;
+    let mut have = out
+        .metadata()
+        .map_err(|e| fail(format!("{}: {e}", part.display())))?
+        .len();
+    if have > f.size {
+        out.set_len(0)
+            .map_err(|e| fail(format!("{}: {e}", part.display())))?;
+        have = 0;
+    }
+    if have < f.size {
+        let mut stream = client
+            .read_image_file(pb::ReadFileRequest {
+                path: f.path.clone(),
+                offset: have,
+            })
+            .await
+            .map_err(|s| (cr_rpc::status_line(&s), true))?
+            .into_inner();
+        loop {
+            let chunk = match stream.message().await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(s) => return Err((cr_rpc::status_line(&s), true)),
+            };
+            if chunk.offset != have || cr_image::checksum(&chunk.data) != chunk.xxh3 {
+                // A damaged chunk is fetched again from where we are.
+                return Err((
+                    format!("{}: a chunk at {} failed its check", f.path, chunk.offset),
+                    true,
+                ));
+            }
+            out.write_all(&chunk.data)
+                .map_err(|e| fail(format!("{}: {e}", part.display())))?;
+            have += chunk.data.len() as u64;
+            progress.add(chunk.data.len() as u64);
+        }
+    }
+    out.sync_all()
+        .map_err(|e| fail(format!("{}: {e}", part.display())))?;
+    drop(out);
+    let (h, size) = hash_file(part).map_err(|e| fail(format!("{}: {e}", part.display())))?;
+    if size != f.size || h != f.xxh3 {
+        // Start the file over (the source changed it, or the copy is bad).
+        let _ = std::fs::remove_file(part);
+        return Err((
+            format!("{}: the copy does not match the source's hash", f.path),
+            true,
+        ));
+    }
+    Ok(())
+}
+
+/// Move the checked copy of image directory `rel` into place: files
+/// renamed one by one, `checkpoint.img` last (an image is only ever seen
+/// whole).
+fn put_in_place(root: &Path, rel: &str) -> Result<(), String> {
+    let from = root.join(INCOMING).join(rel);
+    let to = root.join(rel);
+    std::fs::create_dir_all(&to).map_err(|e| format!("{}: {e}", to.display()))?;
+    let Ok(rd) = std::fs::read_dir(&from) else {
+        return Ok(()); // every file was present already
+    };
+    let mut names: Vec<_> = rd.flatten().map(|e| e.file_name()).collect();
+    names.sort_by_key(|n| n == cr_image::dir::CHECKPOINT_FILE);
+    for n in names {
+        std::fs::rename(from.join(&n), to.join(&n))
+            .map_err(|e| format!("{}: {e}", to.join(&n).display()))?;
+    }
+    prune(root, &from);
+    Ok(())
+}
+
+/// Remove `dir` and its ancestors under the image root while they are
+/// empty (`.incoming` itself once no copy is left in it).
+fn prune(root: &Path, dir: &Path) {
+    let mut d = Some(dir);
+    while let Some(p) = d.filter(|p| p.starts_with(root) && *p != root) {
+        if std::fs::remove_dir(p).is_err() {
+            return;
+        }
+        d = p.parent();
+    }
+}
+
+/// FETCH: copy `req.dirs` from the source agent; where they are here.
+pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::FetchReply, String> {
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
+    let root = root(&shared);
+    let channel = cr_rpc::channel::lazy_bulk(
+        &req.from_addr,
+        &shared.security,
+        &req.from_node,
+        Duration::from_secs(3),
+        PEER_KEEPALIVE,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut client =
+        pb::agent_client::AgentClient::new(channel).max_decoding_message_size(4 * CHUNK);
+    let from = &req.from_node;
+    let mut resumes = 0u32;
+    // Retried while the deadline allows: a failure of the transport.
+    let manifest = loop {
+        match client
+            .image_manifest(pb::ManifestRequest {
+                dirs: req.dirs.clone(),
+            })
+            .await
+        {
+            Ok(m) => break m.into_inner(),
+            Err(s) if is_transport(&s) && Instant::now() + RESUME_PAUSE < deadline => {
+                resumes += 1;
+                tokio::time::sleep(RESUME_PAUSE).await;
+            }
+            Err(s) => return Err(format!("{from}: {}", cr_rpc::status_line(&s))),
+        }
+    };
+    for d in manifest.dirs.iter().chain(&manifest.all_dirs) {
+        under(&root, d)?;
+    }
+    // Files already here (same size and hash) are not copied.
+    let mut todo = Vec::new();
+    let mut present = 0u64;
+    for f in &manifest.files {
+        let dst = under(&root, &f.path)?;
+        let same = tokio::task::spawn_blocking({
+            let dst = dst.clone();
+            move || file_hash(&dst).ok()
+        })
+        .await
+        .ok()
+        .flatten()
+            == Some((f.xxh3, f.size));
+        if same {
+            present += f.size;
+        } else {
+            todo.push(f.clone());
+        }
+    }
+    let total: u64 = todo.iter().map(|f| f.size).sum();
+    info!(
+        what = req.what,
+        from = %from,
+        images = manifest.dirs.len(),
+        files = todo.len(),
+        bytes = total,
+        present_bytes = present,
+        "fetching images"
+    );
+    let mut progress = Progress {
+        shared: &shared,
+        fault_pending: true,
+        what: req.what.clone(),
+        total,
+        done: 0,
+        t0,
+        last: Instant::now(),
+    };
+    let incoming = root.join(INCOMING);
+    // Whatever ends the fetch before its copies are in place (a failure,
+    // or the coordinator's call dropped) removes them.
+    let mut staging = Staging {
+        root: root.clone(),
+        dirs: manifest.all_dirs.iter().map(|d| incoming.join(d)).collect(),
+        armed: true,
+    };
+    let give_up = |msg: String| {
+        warn!(what = req.what, from = %from, error = msg, "fetch failed: partial copies removed");
+        msg
+    };
+    for f in &todo {
+        let part = incoming.join(&f.path);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let r =
+                match tokio::time::timeout(left, copy_file(&mut client, f, &part, &mut progress))
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(("no progress before the deadline".to_string(), false)),
+                };
+            match r {
+                Ok(()) => break,
+                Err((msg, true)) if Instant::now() + RESUME_PAUSE < deadline => {
+                    resumes += 1;
+                    warn!(
+                        what = req.what,
+                        file = f.path,
+                        error = msg,
+                        "copy interrupted: resuming"
+                    );
+                    tokio::time::sleep(RESUME_PAUSE).await;
+                }
+                Err((msg, _)) => {
+                    return Err(give_up(format!(
+                        "copy of {} from {from} failed: {msg}",
+                        f.path
+                    )))
+                }
+            }
+        }
+    }
+    for d in &manifest.all_dirs {
+        put_in_place(&root, d).map_err(give_up)?;
+    }
+    staging.armed = false;
+    // Checked on arrival: known from now on.
+    for f in &todo {
+        if let Ok(p) = under(&root, &f.path) {
+            remember(&p, f.xxh3);
+        }
+    }
+    let ms = t0.elapsed().as_millis() as u64;
+    info!(
+        what = req.what,
+        from = %from,
+        bytes = total,
+        ms,
+        resumes,
+        mib_per_s = format!("{:.1}", total as f64 / (1 << 20) as f64 / (ms.max(1) as f64 / 1000.0)),
+        "images fetched"
+    );
+    Ok(pb::FetchReply {
+        dirs: manifest
+            .dirs
+            .iter()
+            .map(|d| root.join(d).display().to_string())
+            .collect(),
+        bytes: total,
+        present_bytes: present,
+        ms,
+        resumes,
+    })
+}
+
+/// The partial copies of a fetch, removed when it ends before they are in
+/// place.
+struct Staging {
+    root: PathBuf,
+    dirs: Vec<PathBuf>,
+    armed: bool,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        for d in &self.dirs {
+            if std::fs::remove_dir_all(d).is_ok() {
+                info!(dir = %d.display(), "partial image copy removed");
+            }
+            if let Some(p) = d.parent() {
+                prune(&self.root, p);
+            }
+        }
+    }
+}
+
+/// A failure of the link or of the peer's process, worth retrying.
+fn is_transport(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    )
+}

@@ -1,0 +1,865 @@
+//! Placement of a restart, migration (stop-and-copy) and drain.
+//!
+//! A restart places each image of a checkpoint on a node ([`Placement`]):
+//! whole nodes (`crctl restart --on`: every address of a moved node is
+//! rewritten) or single members (a migration: only the endpoints of the
+//! moved member's connections are rewritten, `OLD:PORT=NEW`, in every
+//! image, so that its peers, restored in place, reach it at its new
+//! address while their other connections keep theirs). An image restored
+//! on a node that lacks it is first fetched there from a node that holds
+//! it (see `cr-agent`'s transfer module).
+//!
+//! A migration of job J is: record it in the catalog → a coordinated
+//! checkpoint with KILL → a restart with the moved members on their
+//! targets (images fetched there). If the restart fails (the target died,
+//! the link was cut during the copy, the restore failed), the job is
+//! restarted from the same checkpoint where it was (rolled back). A
+//! migration found in the catalog when the coordinator starts was cut
+//! short: once the job's nodes are up it is rolled back unless the job
+//! runs (then it finished, or its checkpoint never killed anything).
+//!
+//! A drain marks the node drained (no new member is placed or accepted
+//! there; a restart elsewhere never picks it) and migrates every job's
+//! members off it, each to the up, undrained node with the fewest members.
+
+use crate::catalog::{Change, MigrationRecord, NodeRecord};
+use crate::coordinator::{now_unix_ms, Coordinator};
+use crate::error::Error;
+use cr_rpc::pb;
+use futures_util::future::join_all;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+/// Where the images of a checkpoint are restored.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    /// The i-th node of the checkpoint (sorted by name) goes to `on[i %
+    /// len]`; empty: every image where it was made.
+    Nodes(Vec<String>),
+    /// These members (node, pid in the checkpoint) go to the node named;
+    /// the others stay.
+    Members(HashMap<(String, i32), String>),
+}
+
+/// The restart's plan: per image (in the checkpoint's order) its node and
+/// its own rewrites, and the rewrites of every image.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub dst: Vec<String>,
+    pub own_map: Vec<Vec<String>>,
+    pub map_addr: Vec<String>,
+}
+
+/// `a` with an IPv4-mapped IPv6 address as IPv4 (how AddrMap compares).
+fn canon(a: SocketAddr) -> SocketAddr {
+    match a.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
+            None => a,
+        },
+        IpAddr::V4(_) => a,
+    }
+}
+
+fn sockaddr(s: &str) -> Option<SocketAddr> {
+    s.parse::<SocketAddr>().ok().map(canon)
+}
+
+/// The plan of `placement` for the images of `ck`, with the nodes' records.
+pub fn plan(
+    job: &str,
+    ck: &pb::CheckpointInfo,
+    nodes: &BTreeMap<String, NodeRecord>,
+    placement: &Placement,
+) -> Result<Plan, String> {
+    let mut out = Plan::default();
+    match placement {
+        Placement::Nodes(on) => {
+            let mut sources: Vec<&str> = ck.images.iter().map(|i| i.node.as_str()).collect();
+            sources.sort();
+            sources.dedup();
+            let place: HashMap<&str, &str> = sources
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let dst = if on.is_empty() {
+                        n
+                    } else {
+                        on[i % on.len()].as_str()
+                    };
+                    (*n, dst)
+                })
+                .collect();
+            out.dst = ck
+                .images
+                .iter()
+                .map(|i| place[i.node.as_str()].to_string())
+                .collect();
+            out.own_map = vec![Vec::new(); ck.images.len()];
+            let mut mapped = HashSet::new();
+            for src in &sources {
+                let dst = place[src];
+                if dst == *src {
+                    continue;
+                }
+                let (Some(s), Some(d)) = (nodes.get(*src), nodes.get(dst)) else {
+                    continue;
+                };
+                if s.addresses.len() > d.addresses.len() {
+                    tracing::warn!(
+                        job,
+                        from = %src,
+                        to = dst,
+                        "node {src} has more addresses than {dst}: the extra ones are not rewritten"
+                    );
+                }
+                for (old, new) in s.addresses.iter().zip(&d.addresses) {
+                    let m = format!("{old}={new}");
+                    if old != new && mapped.insert(m.clone()) {
+                        out.map_addr.push(m);
+                    }
+                }
+            }
+        }
+        Placement::Members(moves) => {
+            out.dst = ck
+                .images
+                .iter()
+                .map(|i| {
+                    moves
+                        .get(&(i.node.clone(), i.pid))
+                        .cloned()
+                        .unwrap_or_else(|| i.node.clone())
+                })
+                .collect();
+            // The moved endpoints: old local address → the target's
+            // address in the same position of its list.
+            let mut endpoint: HashMap<SocketAddr, IpAddr> = HashMap::new();
+            let mut whole: Vec<Option<(Vec<String>, Vec<String>)>> = vec![None; ck.images.len()];
+            for (k, img) in ck.images.iter().enumerate() {
+                let dst = &out.dst[k];
+                if *dst == img.node {
+                    continue;
+                }
+                let (Some(s), Some(d)) = (nodes.get(&img.node), nodes.get(dst)) else {
+                    return Err(format!("node {} or {dst} is not registered", img.node));
+                };
+                let pairs: HashMap<IpAddr, IpAddr> = s
+                    .addresses
+                    .iter()
+                    .zip(&d.addresses)
+                    .filter_map(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+                    .collect();
+                for b in &img.bookmarks {
+                    let Some(local) = sockaddr(&b.local) else {
+                        continue;
+                    };
+                    if local.ip().is_loopback() {
+                        // Both ends must move together.
+                        let peer = ck.images.iter().enumerate().find(|(_, o)| {
+                            o.node == img.node && o.bookmarks.iter().any(|ob| ob.local == b.remote)
+                        });
+                        if let Some((_, o)) = peer.filter(|(j, _)| out.dst[*j] != *dst) {
+                            return Err(format!(
+                                "member {}:{} is connected to member {}:{} over loopback ({} -> {}): move them together",
+                                img.node, img.pid, o.node, o.pid, b.local, b.remote
+                            ));
+                        }
+                        continue;
+                    }
+                    match pairs.get(&local.ip()) {
+                        Some(new) => {
+                            endpoint.insert(local, *new);
+                        }
+                        None => {
+                            return Err(format!(
+                                "member {}:{} uses address {} that node {} does not list: it cannot be rewritten for {dst}",
+                                img.node,
+                                img.pid,
+                                local.ip(),
+                                img.node
+                            ))
+                        }
+                    }
+                }
+                whole[k] = Some((s.addresses.clone(), d.addresses.clone()));
+            }
+            let mut map: Vec<String> = endpoint
+                .iter()
+                .filter(|(old, new)| old.ip() != **new)
+                .map(|(old, new)| format!("{old}={new}"))
+                .collect();
+            map.sort();
+            out.map_addr = map;
+            // A moved image's own addresses (listeners, unconnected
+            // sockets) follow it, unless it talks to a peer that stays at
+            // one of them (its address must then stay as it is).
+            out.own_map = vec![Vec::new(); ck.images.len()];
+            for (k, img) in ck.images.iter().enumerate() {
+                let Some((old, new)) = &whole[k] else {
+                    continue;
+                };
+                let stays = img.bookmarks.iter().any(|b| {
+                    sockaddr(&b.remote).is_some_and(|r| {
+                        old.iter().any(|o| o.parse::<IpAddr>().ok() == Some(r.ip()))
+                            && !endpoint.contains_key(&r)
+                    })
+                });
+                if stays {
+                    continue;
+                }
+                out.own_map[k] = old
+                    .iter()
+                    .zip(new)
+                    .filter(|(o, n)| o != n)
+                    .map(|(o, n)| format!("{o}={n}"))
+                    .collect();
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Most pre-copy rounds.
+pub const MAX_ROUNDS: u32 = 6;
+/// A pre-copy round that writes less than this is the last one.
+pub const SMALL_ROUND: u64 = 4 << 20;
+
+/// What the pre-copy rounds did: each moved member's last pre-dump (the
+/// parent of its final image), the rounds, bytes copied and time.
+#[derive(Default)]
+struct PreCopy {
+    parents: HashMap<(String, i32), String>,
+    rounds: u32,
+    bytes: u64,
+    ms: u64,
+}
+
+impl Coordinator {
+    /// Whether `node` is drained.
+    pub fn is_drained(&self, node: &str) -> bool {
+        self.catalog
+            .read(|s| s.nodes.get(node).is_some_and(|n| n.drained))
+    }
+
+    /// `crctl migrate`: the members named by `member` (NODE:PID or #INDEX;
+    /// empty: all) of `job` to node `to`.
+    pub async fn migrate(
+        &self,
+        job: &str,
+        member: &str,
+        to: &str,
+        timeout: Option<Duration>,
+        pre_copy: bool,
+    ) -> Result<pb::MigrateReply, Error> {
+        let live = self.liveness();
+        let jobrec = self
+            .catalog
+            .read(|s| s.jobs.get(job).cloned())
+            .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        let alive: Vec<_> = jobrec.members.iter().filter(|m| m.alive).collect();
+        let chosen: Vec<_> = if member.is_empty() {
+            alive.clone()
+        } else if let Some(i) = member.strip_prefix('#') {
+            let i: usize = i.parse().map_err(|_| Error::Invalid {
+                what: format!("member {member:?}: expected NODE:PID or #INDEX"),
+            })?;
+            let m = jobrec
+                .members
+                .get(i.wrapping_sub(1))
+                .ok_or_else(|| Error::Invalid {
+                    what: format!(
+                        "job {job} has no member #{i} (it has {})",
+                        jobrec.members.len()
+                    ),
+                })?;
+            vec![m]
+        } else {
+            let (node, pid) = member
+                .rsplit_once(':')
+                .and_then(|(n, p)| Some((n, p.parse::<i32>().ok()?)))
+                .ok_or_else(|| Error::Invalid {
+                    what: format!("member {member:?}: expected NODE:PID or #INDEX"),
+                })?;
+            let m = jobrec
+                .members
+                .iter()
+                .find(|m| m.node == node && m.pid == pid)
+                .ok_or_else(|| Error::Invalid {
+                    what: format!(
+                        "job {job} has no member {node}:{pid} (members: {})",
+                        jobrec
+                            .members
+                            .iter()
+                            .map(|m| format!("{}:{}", m.node, m.pid))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })?;
+            vec![m]
+        };
+        if chosen.is_empty() {
+            return Err(Error::NoLiveMember { job: job.into() });
+        }
+        if let Some(m) = chosen.iter().find(|m| !m.alive) {
+            return Err(Error::Invalid {
+                what: format!("member {}:{} of job {job} is not running", m.node, m.pid),
+            });
+        }
+        let moves: HashMap<(String, i32), String> = chosen
+            .iter()
+            .filter(|m| m.node != to)
+            .map(|m| ((m.node.clone(), m.pid), to.to_string()))
+            .collect();
+        if moves.is_empty() {
+            return Err(Error::Invalid {
+                what: format!("nothing to move: the members named are on {to} already"),
+            });
+        }
+        self.check_target(job, to, &live)?;
+        self.migrate_moves(job, moves, timeout, pre_copy).await
+    }
+
+    /// `to` can take members: registered, up, not drained.
+    fn check_target(
+        &self,
+        job: &str,
+        to: &str,
+        live: &crate::registry::Liveness,
+    ) -> Result<(), Error> {
+        let (known, rec) = self.catalog.read(|s| {
+            (
+                s.nodes.keys().take(10).cloned().collect::<Vec<_>>(),
+                s.nodes.get(to).cloned(),
+            )
+        });
+        let Some(rec) = rec else {
+            return Err(Error::UnknownNode {
+                node: to.into(),
+                known: known.join(", "),
+            });
+        };
+        if rec.drained {
+            return Err(Error::Drained { node: to.into() });
+        }
+        if !live.is_up(to) {
+            return Err(Error::NodeDown {
+                job: job.into(),
+                node: to.into(),
+                why: live.down_reason(to),
+            });
+        }
+        Ok(())
+    }
+
+    fn set_migration(&self, job: &str, m: Option<MigrationRecord>) -> Result<(), Error> {
+        self.change_job(job, |j| j.migration = m)
+    }
+
+    /// Stop-and-copy of `moves` (see the module doc).
+    pub async fn migrate_moves(
+        &self,
+        job: &str,
+        moves: HashMap<(String, i32), String>,
+        timeout: Option<Duration>,
+        pre_copy: bool,
+    ) -> Result<pb::MigrateReply, Error> {
+        let mut t0 = Instant::now();
+        let mut rec = MigrationRecord {
+            moves: moves
+                .iter()
+                .map(|((n, p), t)| format!("{n}:{p}={t}"))
+                .collect(),
+            checkpoint: String::new(),
+            started_unix_ms: now_unix_ms(),
+        };
+        rec.moves.sort();
+        if self
+            .catalog
+            .read(|s| s.jobs.get(job).and_then(|j| j.migration.clone()))
+            .is_some()
+        {
+            return Err(Error::Busy {
+                job: job.into(),
+                what: "a migration".into(),
+            });
+        }
+        self.set_migration(job, Some(rec.clone()))?;
+        tracing::info!(job, moves = ?rec.moves, "migration started");
+        let failed = |reason: String| Error::MigrationFailed {
+            job: job.into(),
+            reason,
+        };
+        let mut pre = PreCopy::default();
+        if pre_copy {
+            let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
+            match self.pre_copy(job, &moves, deadline).await {
+                Ok(p) => pre = p,
+                Err(e) => {
+                    let _ = self.set_migration(job, None);
+                    return Err(failed(format!(
+                        "pre-copy: {e}; the job runs on where it was"
+                    )));
+                }
+            }
+            // The downtime starts with the final checkpoint.
+            t0 = Instant::now();
+        }
+        let ck = match self
+            .checkpoint_on(job, pb::After::Kill, timeout, None, &pre.parents)
+            .await
+        {
+            Ok(ck) => ck,
+            Err(e) => {
+                let _ = self.set_migration(job, None);
+                return Err(failed(format!("{e}; the job runs on where it was")));
+            }
+        };
+        if !ck.unfinished.is_empty() {
+            let _ = self.set_migration(job, None);
+            return Err(failed(format!(
+                "checkpoint {} could not stop the members on {}: they run on there; the others are stopped at {} (crctl restart {job} once they are stopped too)",
+                ck.id,
+                ck.unfinished.join(", "),
+                ck.id
+            )));
+        }
+        rec.checkpoint = ck.id.clone();
+        self.set_migration(job, Some(rec.clone()))?;
+        crate::fault::point("migrate").await;
+        let placement = Placement::Members(moves.clone());
+        let res = self
+            .restart_placed(job, Some(&ck.id), &placement, timeout)
+            .await;
+        match res {
+            Ok(r) => {
+                let _ = self.set_migration(job, None);
+                let downtime_ms = t0.elapsed().as_millis() as u64;
+                let mut moved: Vec<String> = r
+                    .placed
+                    .iter()
+                    .filter_map(|pl| pl.split_once('='))
+                    .filter(|(old, _)| {
+                        old.rsplit_once(':').is_some_and(|(n, p)| {
+                            p.parse()
+                                .is_ok_and(|p: i32| moves.contains_key(&(n.to_string(), p)))
+                        })
+                    })
+                    .map(|(old, new)| format!("{old} -> {new}"))
+                    .collect();
+                moved.sort();
+                tracing::info!(job, checkpoint = %ck.id, ms = downtime_ms, bytes = r.fetched_bytes, copy_ms = r.fetch_ms, moved = ?moved, "migration done");
+                Ok(pb::MigrateReply {
+                    job: job.into(),
+                    checkpoint: ck.id.clone(),
+                    moved,
+                    downtime_ms,
+                    duration_ms: downtime_ms,
+                    bytes: r.fetched_bytes,
+                    copy_ms: r.fetch_ms,
+                    procs: r.procs,
+                    rounds: pre.rounds,
+                    pre_copy_bytes: pre.bytes,
+                    pre_copy_ms: pre.ms,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(job, checkpoint = %ck.id, "migration failed ({e}): rolling back");
+                let back = self.roll_back(job, &ck.id, timeout).await;
+                let _ = self.set_migration(job, None);
+                Err(failed(match back {
+                    Ok(()) => format!("{e}; the job was restarted where it was from {}", ck.id),
+                    Err(e2) => format!(
+                        "{e}; restarting it where it was failed too ({e2}): the job is stopped at checkpoint {}",
+                        ck.id
+                    ),
+                }))
+            }
+        }
+    }
+
+    /// Pre-copy: every moved member pre-dumped while it runs (each round
+    /// incremental on the last) and the round's images fetched by its
+    /// target, until a round writes little ([`SMALL_ROUND`]), stops
+    /// shrinking (the job dirties memory as fast as it is copied), or
+    /// [`MAX_ROUNDS`] were done.
+    async fn pre_copy(
+        &self,
+        job: &str,
+        moves: &HashMap<(String, i32), String>,
+        deadline: Instant,
+    ) -> Result<PreCopy, String> {
+        let t0 = Instant::now();
+        let stamp = now_unix_ms();
+        let nodes = self.catalog.read(|s| s.nodes.clone());
+        let mut out = PreCopy::default();
+        let mut last: Option<u64> = None;
+        for round in 1..=MAX_ROUNDS {
+            let subdir = format!("{job}/{job}-precopy-{stamp}/r{round}");
+            let dumps = join_all(moves.keys().map(|(n, p)| {
+                let req = pb::PreDumpRequest {
+                    pid: *p,
+                    subdir: subdir.clone(),
+                    parent: out
+                        .parents
+                        .get(&(n.clone(), *p))
+                        .cloned()
+                        .unwrap_or_default(),
+                };
+                async move {
+                    let r = tokio::time::timeout_at(deadline.into(), self.agents.pre_dump(n, req))
+                        .await
+                        .unwrap_or_else(|_| Err("no reply within the deadline".into()));
+                    ((n.clone(), *p), r)
+                }
+            }))
+            .await;
+            let mut written = 0;
+            let mut dirs = HashMap::new();
+            for (k, r) in dumps {
+                let r = r.map_err(|e| format!("pre-dump of {}:{}: {e}", k.0, k.1))?;
+                written += r.store_bytes;
+                dirs.insert(k, r.dir);
+            }
+            let timeout_ms = deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis() as u32;
+            let fetches = join_all(moves.iter().map(|(k, dst)| {
+                let req = pb::FetchRequest {
+                    from_node: k.0.clone(),
+                    from_addr: nodes
+                        .get(&k.0)
+                        .map(|n| n.agent_addr.clone())
+                        .unwrap_or_default(),
+                    dirs: vec![dirs[k].clone()],
+                    what: format!("pre-copy round {round} of {job}"),
+                    timeout_ms,
+                };
+                async move {
+                    tokio::time::timeout_at(deadline.into(), self.agents.fetch(dst, req))
+                        .await
+                        .unwrap_or_else(|_| Err("no reply within the deadline".into()))
+                        .map_err(|e| format!("node {dst}: {e}"))
+                }
+            }))
+            .await;
+            for f in fetches {
+                out.bytes += f?.bytes;
+            }
+            out.parents = dirs;
+            out.rounds = round;
+            tracing::info!(job, round, bytes = written, "pre-copy round done");
+            let shrinking = last.is_none_or(|l| written * 4 < l * 3);
+            last = Some(written);
+            if written < SMALL_ROUND || !shrinking || Instant::now() >= deadline {
+                break;
+            }
+        }
+        out.ms = t0.elapsed().as_millis() as u64;
+        Ok(out)
+    }
+
+    /// Restart `job` from `id` where its images were made.
+    async fn roll_back(&self, job: &str, id: &str, timeout: Option<Duration>) -> Result<(), Error> {
+        // A restart lost with a target node is aborted there; the restart
+        // in place may need a moment for the job's slot.
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self
+                .restart_placed(job, Some(id), &Placement::Nodes(Vec::new()), timeout)
+                .await
+            {
+                Err(Error::Busy { .. }) if Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                r => return r.map(|_| tracing::info!(job, checkpoint = id, "rolled back")),
+            }
+        }
+    }
+
+    /// Migrations cut short by a restart of the coordinator: rolled back
+    /// once the job's nodes are up, unless the job runs (see the module
+    /// doc). Runs in the background.
+    pub async fn recover_migrations(&self) {
+        let pending: Vec<(String, MigrationRecord)> = self.catalog.read(|s| {
+            s.jobs
+                .values()
+                .filter_map(|j| j.migration.clone().map(|m| (j.name.clone(), m)))
+                .collect()
+        });
+        for (job, m) in pending {
+            tracing::info!(job, checkpoint = %m.checkpoint, "a migration was cut short by a restart of the coordinator");
+            if m.checkpoint.is_empty() {
+                // Its checkpoint was aborted at open: the job ran on.
+                let _ = self.set_migration(&job, None);
+                continue;
+            }
+            let nodes = self.catalog.read(|s| {
+                s.checkpoint(&m.checkpoint)
+                    .map(|c| c.nodes())
+                    .unwrap_or_default()
+            });
+            let until = Instant::now() + self.settings.timeout;
+            while Instant::now() < until && !nodes.iter().all(|n| self.liveness().is_up(n)) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // The members report themselves as the agents register.
+            tokio::time::sleep(Duration::from_millis(self.settings.heartbeat_ms as u64)).await;
+            let live = self.liveness();
+            let running = self.catalog.read(|s| {
+                s.jobs.get(&job).map_or(0, |j| {
+                    j.members
+                        .iter()
+                        .filter(|m| m.alive && live.is_up(&m.node))
+                        .count()
+                })
+            });
+            if running > 0 {
+                tracing::info!(job, "the job runs: the migration is over");
+            } else {
+                match self.roll_back(&job, &m.checkpoint, None).await {
+                    Ok(()) => {}
+                    Err(e) => {
+                        tracing::error!(job, checkpoint = %m.checkpoint, "cannot roll the migration back: {e}")
+                    }
+                }
+            }
+            let _ = self.set_migration(&job, None);
+        }
+    }
+
+    /// Mark `node` drained (or not).
+    fn set_drained(&self, node: &str, drained: bool) -> Result<NodeRecord, Error> {
+        self.catalog.update(|s| {
+            let mut n = s
+                .nodes
+                .get(node)
+                .cloned()
+                .ok_or_else(|| Error::UnknownNode {
+                    node: node.into(),
+                    known: s
+                        .nodes
+                        .keys()
+                        .take(10)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
+            n.drained = drained;
+            Ok::<_, Error>((vec![Change::Node(n.clone())], n))
+        })
+    }
+
+    /// `crctl undrain NODE`.
+    pub fn undrain(&self, node: &str) -> Result<pb::NodeInfo, Error> {
+        self.set_drained(node, false)?;
+        tracing::info!(node, "undrained");
+        self.nodes()
+            .nodes
+            .into_iter()
+            .find(|n| n.name == node)
+            .ok_or_else(|| Error::UnknownNode {
+                node: node.into(),
+                known: String::new(),
+            })
+    }
+
+    /// `crctl drain NODE`: drained, then every job's members on it
+    /// migrated off, job by job, within `deadline`.
+    pub async fn drain(
+        &self,
+        node: &str,
+        deadline: Option<Duration>,
+    ) -> Result<pb::DrainReply, Error> {
+        let until = Instant::now() + deadline.unwrap_or(self.settings.timeout);
+        self.set_drained(node, true)?;
+        tracing::info!(node, "drained: moving its members off");
+        let jobs: Vec<(String, Vec<i32>)> = self.catalog.read(|s| {
+            s.jobs
+                .values()
+                .map(|j| {
+                    (
+                        j.name.clone(),
+                        j.members
+                            .iter()
+                            .filter(|m| m.alive && m.node == node)
+                            .map(|m| m.pid)
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .filter(|(_, p)| !p.is_empty())
+                .collect()
+        });
+        let mut reply = pb::DrainReply {
+            node: node.into(),
+            ..Default::default()
+        };
+        // Members per candidate node, counting those placed by this drain.
+        let live = self.liveness();
+        let mut load: BTreeMap<String, usize> = self.catalog.read(|s| {
+            s.nodes
+                .values()
+                .filter(|n| !n.drained && n.name != node && live.is_up(&n.name))
+                .map(|n| {
+                    let c = s
+                        .jobs
+                        .values()
+                        .flat_map(|j| &j.members)
+                        .filter(|m| m.alive && m.node == n.name)
+                        .count();
+                    (n.name.clone(), c)
+                })
+                .collect()
+        });
+        for (job, pids) in jobs {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                reply
+                    .failed
+                    .push(format!("{job}: the drain's deadline passed first"));
+                continue;
+            }
+            let mut moves = HashMap::new();
+            for pid in pids {
+                let Some((target, n)) = load.iter_mut().min_by_key(|(_, c)| **c) else {
+                    break;
+                };
+                *n += 1;
+                moves.insert((node.to_string(), pid), target.clone());
+            }
+            if moves.is_empty() {
+                reply
+                    .failed
+                    .push(format!("{job}: no other node is up and undrained"));
+                continue;
+            }
+            match self.migrate_moves(&job, moves, Some(left), false).await {
+                Ok(r) => reply.migrations.push(r),
+                Err(e) => reply.failed.push(format!("{job}: {e}")),
+            }
+        }
+        tracing::info!(
+            node,
+            moved = reply.migrations.len(),
+            failed = reply.failed.len(),
+            "drain done"
+        );
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, ip: &str) -> (String, NodeRecord) {
+        (
+            name.to_string(),
+            NodeRecord {
+                name: name.into(),
+                addresses: vec![ip.into()],
+                ..Default::default()
+            },
+        )
+    }
+
+    fn bm(local: &str, remote: &str) -> pb::Bookmark {
+        pb::Bookmark {
+            local: local.into(),
+            remote: remote.into(),
+            ..Default::default()
+        }
+    }
+
+    fn img(node: &str, pid: i32, marks: Vec<pb::Bookmark>) -> pb::ImageInfo {
+        pb::ImageInfo {
+            node: node.into(),
+            pid,
+            bookmarks: marks,
+            ..Default::default()
+        }
+    }
+
+    fn nodes() -> BTreeMap<String, NodeRecord> {
+        [
+            node("n1", "10.0.0.1"),
+            node("n2", "10.0.0.2"),
+            node("n3", "10.0.0.3"),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    /// A (n1) talks to C (n1, by n1's address) and to B (n2); A moves to n3.
+    fn ring() -> pb::CheckpointInfo {
+        pb::CheckpointInfo {
+            images: vec![
+                img(
+                    "n1",
+                    10,
+                    vec![
+                        bm("10.0.0.1:7300", "10.0.0.1:5000"),
+                        bm("10.0.0.1:6000", "10.0.0.2:7301"),
+                    ],
+                ),
+                img("n2", 20, vec![bm("10.0.0.2:7301", "10.0.0.1:6000")]),
+                img("n1", 30, vec![bm("10.0.0.1:5000", "10.0.0.1:7300")]),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_moved_member_takes_its_endpoints_only() {
+        let moves = [(("n1".to_string(), 10), "n3".to_string())]
+            .into_iter()
+            .collect();
+        let p = plan("J", &ring(), &nodes(), &Placement::Members(moves)).unwrap();
+        assert_eq!(p.dst, ["n3", "n2", "n1"]);
+        assert_eq!(
+            p.map_addr,
+            ["10.0.0.1:6000=10.0.0.3", "10.0.0.1:7300=10.0.0.3"]
+        );
+        // It talks to C, which stays at 10.0.0.1: no rewrite of the whole
+        // address in its image.
+        assert!(p.own_map.iter().all(|m| m.is_empty()), "{:?}", p.own_map);
+    }
+
+    #[test]
+    fn a_member_alone_on_its_node_takes_its_addresses() {
+        let moves = [(("n2".to_string(), 20), "n3".to_string())]
+            .into_iter()
+            .collect();
+        let p = plan("J", &ring(), &nodes(), &Placement::Members(moves)).unwrap();
+        assert_eq!(p.dst, ["n1", "n3", "n1"]);
+        assert_eq!(p.map_addr, ["10.0.0.2:7301=10.0.0.3"]);
+        assert_eq!(p.own_map[1], ["10.0.0.2=10.0.0.3"]);
+    }
+
+    #[test]
+    fn loopback_peers_move_together() {
+        let mut ck = ring();
+        ck.images[0].bookmarks[0] = bm("127.0.0.1:7300", "127.0.0.1:5000");
+        ck.images[2].bookmarks[0] = bm("127.0.0.1:5000", "127.0.0.1:7300");
+        let moves: HashMap<_, _> = [(("n1".to_string(), 10), "n3".to_string())]
+            .into_iter()
+            .collect();
+        let e = plan("J", &ck, &nodes(), &Placement::Members(moves)).unwrap_err();
+        assert!(e.contains("over loopback") && e.contains("n1:30"), "{e}");
+        let both = [
+            (("n1".to_string(), 10), "n3".to_string()),
+            (("n1".to_string(), 30), "n3".to_string()),
+        ]
+        .into_iter()
+        .collect();
+        assert!(plan("J", &ck, &nodes(), &Placement::Members(both)).is_ok());
+    }
+
+    #[test]
+    fn whole_nodes_map_their_addresses() {
+        let p = plan("J", &ring(), &nodes(), &Placement::Nodes(vec!["n3".into()])).unwrap();
+        assert_eq!(p.dst, ["n3", "n3", "n3"]);
+        assert_eq!(p.map_addr, ["10.0.0.1=10.0.0.3", "10.0.0.2=10.0.0.3"]);
+    }
+}
