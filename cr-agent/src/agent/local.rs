@@ -184,8 +184,19 @@ impl pb::local_server::Local for LocalService {
     ) -> Result<Response<pb::LaunchReply>, Status> {
         let who = caller(&req)?;
         let mut r = req.into_inner();
-        r.job =
-            super::launch::job_of(&self.shared, who.pid).map_err(Status::failed_precondition)?;
+        // cr_run joins its job just after starting the command, which may
+        // already be asking (mpiexec starting its remote proxies): wait a
+        // moment for the join.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        r.job = loop {
+            match super::launch::job_of(&self.shared, who.pid) {
+                Ok(job) => break job,
+                Err(e) if std::time::Instant::now() > deadline => {
+                    return Err(Status::failed_precondition(e))
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        };
         r.uid = who.uid;
         r.gid = who.gid;
         tracing::info!(
