@@ -741,9 +741,7 @@ impl Harness {
         pre: &[&OsStr],
         args: &[&str],
     ) -> Workload {
-        let n = self.next_seq();
-        let workdir = self.dir.join(format!("wl{n}-{}", label.replace('/', "_")));
-        self.spawn_in(&workdir, label, exe, pre, args, &[])
+        self.spawn_program_fds(label, exe, pre, args, &[])
     }
 
     /// Like `spawn_program`, the child also getting our fd `src` as its

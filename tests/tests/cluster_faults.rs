@@ -248,6 +248,17 @@ fn wait_no_live_member(c: &Cluster, ring: &Ring) {
 }
 
 /// Restart the job (every member dead) and adopt the restored members.
+/// A checkpoint --kill that goes as planned, once the ring has moved on:
+/// the members' progress at that point, with no member left alive.
+fn clean_kill(c: &Cluster, ring: &mut Ring) -> Vec<u64> {
+    ring.wait_advanced(MARGIN, "before the clean --kill");
+    c.crctl_json(&["checkpoint", JOB, "--kill"]);
+    ring.wait_gone("after the clean --kill");
+    let snap = ring.mins();
+    wait_no_live_member(c, ring);
+    snap
+}
+
 fn restart(c: &Cluster, ring: &mut Ring, snap: &[u64], what: &str) {
     wait_no_live_member(c, ring);
     let out = c.crctl(&["restart", JOB]);
@@ -265,10 +276,6 @@ fn restart(c: &Cluster, ring: &mut Ring, snap: &[u64], what: &str) {
 }
 
 /// The counts every member reached (FAILs are not allowed).
-fn mins(ring: &Ring) -> Vec<u64> {
-    ring.mins()
-}
-
 /// Kill the agent of n2 at `step` of a checkpoint that ends with `after`;
 /// assert the outcome; bring the agent back. Returns the checkpoint's
 /// final listing.
@@ -396,7 +403,7 @@ fn agent_killed_at_each_step() {
         running_untraced(&ring, VICTIM),
         "n2's member must still run after its agent died before FINISH",
     );
-    let snap = mins(&ring);
+    let snap = ring.mins();
     kill_survivor(&c, &mut ring);
     assert_committed_intact(&c, &ring, &ck);
     restart(&c, &mut ring, &snap, "after the partial --kill");
@@ -412,11 +419,7 @@ fn agent_killed_at_each_step() {
 
     // RESTORE: a clean --kill, then a restart during which n2's agent dies
     // with its trees rebuilt: the restart fails naming n2, nothing runs.
-    ring.wait_advanced(MARGIN, "before the clean --kill");
-    c.crctl_json(&["checkpoint", JOB, "--kill"]);
-    ring.wait_gone("after the clean --kill");
-    let snap = mins(&ring);
-    wait_no_live_member(&c, &ring);
+    let snap = clean_kill(&c, &mut ring);
     std::fs::write(&f.agent_ctl, "restore").unwrap();
     let mut rs = run_to_fault(&c, &ring, &["restart", JOB], &f.agent_reached);
     c.kill_agent(VICTIM_NODE);
@@ -523,11 +526,7 @@ fn coordinator_killed_at_each_step() {
 
     // RESTORE: a clean --kill, the restart's trees rebuilt, then the
     // coordinator dies: the agents kill what they built.
-    ring.wait_advanced(MARGIN, "before the clean --kill");
-    c.crctl_json(&["checkpoint", JOB, "--kill"]);
-    ring.wait_gone("after the clean --kill");
-    let snap = mins(&ring);
-    wait_no_live_member(&c, &ring);
+    let snap = clean_kill(&c, &mut ring);
     coordinator_dies(&c, &f, &ring, "restore", &["restart", JOB]);
     wait_until(
         "nothing of the lost restart to run",
@@ -597,7 +596,7 @@ fn link_cut_at_each_step() {
                 ),
             );
             c.restore_link(VICTIM_NODE);
-            let snap = mins(&ring);
+            let snap = ring.mins();
             kill_survivor(&c, &mut ring);
             wait_until(
                 "every member gone before the restart",
