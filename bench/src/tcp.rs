@@ -4,6 +4,7 @@
 //! programs took to establish the connections, and a bare loop over the
 //! server's sockets. See the "TCP connections" section of bench/README.md.
 
+use crate::json;
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
     int_in, kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
@@ -556,23 +557,13 @@ fn image_queues(bins: &Bins, img: &Path) -> Res<[u64; 4]> {
         &bins.image.to_string_lossy(),
         &["show", "--json", &img.to_string_lossy()],
     )?;
+    let doc = json::parse(&out, "cr_image show --json")?;
     let sum = |key: &str| -> (u64, u64) {
-        let pat = format!("\"{key}\":");
-        let (mut n, mut total) = (0, 0);
-        let mut rest = out.as_str();
-        while let Some(p) = rest.find(&pat) {
-            rest = &rest[p + pat.len()..];
-            let digits: String = rest
-                .trim_start()
-                .chars()
-                .take_while(|c| c.is_ascii_digit())
-                .collect();
-            if let Ok(v) = digits.parse::<u64>() {
-                n += 1;
-                total += v;
-            }
-        }
-        (n, total)
+        let v: Vec<u64> = json::all(&doc, key)
+            .into_iter()
+            .filter_map(serde_json::Value::as_u64)
+            .collect();
+        (v.len() as u64, v.iter().sum())
     };
     let (conns, sendq) = sum("send_queue_bytes");
     Ok([
