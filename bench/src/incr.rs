@@ -25,8 +25,8 @@ use crate::json;
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
     int_in, kernel_release, limit_dump, measure_memcpy, measure_pvm_fresh, mem_available,
-    only_std_fds, proc_exists, proc_state, reap_strays, run_timed, DirGuard, Mapping, ProcGuard,
-    Res, Target, GIB, INTERRUPTED, MIB,
+    only_std_fds, proc_exists, proc_state, reap_strays, run_timed, tool_ok, DirGuard, Mapping,
+    ProcGuard, Res, Target, GIB, INTERRUPTED, MIB,
 };
 use clap::{ArgAction, Args};
 use std::fmt::Write as _;
@@ -502,16 +502,12 @@ fn dump(bins: &Bins, run_dir: &Path, pid: i32, img: &Path, extra: &[&str]) -> Re
         .args(extra)
         .arg(pid.to_string());
     let t = run_timed(cmd, &out, &err)?;
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "cr_checkpoint {} failed ({}): {} {}",
-            extra.join(" "),
-            describe_status(t.status),
-            file_tail(&err, 1500),
-            file_tail(&out, 300)
-        ));
-    }
-    let printed = file_tail(&out, 2000);
+    let printed = tool_ok(
+        &t,
+        &format!("cr_checkpoint {}", extra.join(" ")),
+        &out,
+        &err,
+    )?;
     let stats = image_stats(bins, img)?;
     let doc = json::parse(&stats, "cr_image stats")?;
     let num = |k: &str| {

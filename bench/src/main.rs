@@ -540,6 +540,21 @@ fn describe_status(st: i32) -> String {
     }
 }
 
+/// The last lines `t`'s tool printed, or an error with its status and
+/// output when it did not exit 0.
+pub(crate) fn tool_ok(t: &Timed, what: &str, out: &Path, err: &Path) -> Res<String> {
+    let printed = file_tail(out, 2000);
+    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
+        return Err(format!(
+            "{what} failed ({}): {} {}",
+            describe_status(t.status),
+            file_tail(err, 1500),
+            file_tail(out, 300)
+        ));
+    }
+    Ok(printed)
+}
+
 /// Runs `cmd` (stdout/stderr to the given files), measuring wall time from
 /// spawn to wait4() and peak RSS from wait4()'s rusage.
 fn run_timed(mut cmd: Command, out: &Path, err: &Path) -> Res<Timed> {
@@ -1004,16 +1019,8 @@ fn run_one(
         .arg(&img)
         .arg("--kill")
         .arg(pid.to_string());
-    let t = run_timed(cmd, &ck_out, &ck_err)?;
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "cr_checkpoint failed ({}): {} {}",
-            describe_status(t.status),
-            file_tail(&ck_err, 1500),
-            file_tail(&ck_out, 300)
-        ));
-    }
-    let dump = t;
+    let dump = run_timed(cmd, &ck_out, &ck_err)?;
+    tool_ok(&dump, "cr_checkpoint", &ck_out, &ck_err)?;
     // The target was killed by --kill: reap it so that its pid is free.
     if !wait_gone(pid, Duration::from_secs(5)) {
         return Err(format!(
@@ -1077,15 +1084,7 @@ fn continue_dump(
     let mut cmd = Command::new(&bins.checkpoint);
     cmd.arg("--dir").arg(&img).arg(pid.to_string());
     let t = run_timed(cmd, &out, &err)?;
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "cr_checkpoint (continue) failed ({}): {} {}",
-            describe_status(t.status),
-            file_tail(&err, 1500),
-            file_tail(&out, 300)
-        ));
-    }
-    let printed = file_tail(&out, 2000);
+    let printed = tool_ok(&t, "cr_checkpoint (continue)", &out, &err)?;
     let frozen = incr::kv(&printed, "frozen ")
         .ok_or_else(|| format!("cr_checkpoint printed no frozen time: {printed}"))?;
     if !proc_exists(pid) {
@@ -1143,6 +1142,15 @@ fn agg_rate(row: &Row, agg: Agg, f: impl Fn(&Sample) -> Option<f64>) -> Option<f
             }
         }
     })
+}
+
+/// The shortest of a time over the reps.
+fn min_secs(row: &Row, f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+    row.samples
+        .iter()
+        .filter_map(f)
+        .filter(|x| x.is_finite())
+        .reduce(f64::min)
 }
 
 /// Peak RSS in MiB, maximum over reps.
@@ -1257,13 +1265,7 @@ fn markdown(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
     );
     let _ = writeln!(o, "|---|---|---:|---:|---:|---:|");
     for r in rows {
-        let best = |f: fn(&Sample) -> Option<f64>| {
-            r.samples
-                .iter()
-                .filter_map(f)
-                .filter(|x| x.is_finite())
-                .reduce(f64::min)
-        };
+        let best = |f: fn(&Sample) -> Option<f64>| min_secs(r, f);
         let copy = best(|s| s.pvm_fresh_s);
         let frozen = best(|s| s.cont_frozen_s);
         let _ = writeln!(
@@ -1287,11 +1289,7 @@ fn markdown(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
     );
     let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---|---|");
     for r in rows {
-        let secs = |f: fn(&Sample) -> Option<f64>| {
-            let mut v: Vec<f64> = r.samples.iter().filter_map(f).collect();
-            v.sort_by(|a, b| a.total_cmp(b));
-            v.first().copied()
-        };
+        let secs = |f: fn(&Sample) -> Option<f64>| min_secs(r, f);
         let img = r.samples.iter().filter_map(|s| s.image_bytes).max();
         let all = |f: fn(&Sample) -> Option<bool>| {
             let v: Vec<bool> = r.samples.iter().filter_map(f).collect();

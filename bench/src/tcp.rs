@@ -8,7 +8,7 @@ use crate::json;
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
     int_in, kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
-    wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, Timed, GIB, INTERRUPTED,
+    tool_ok, wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, GIB, INTERRUPTED,
 };
 use clap::{ArgAction, Args};
 use std::fmt::Write as _;
@@ -638,19 +638,6 @@ fn ping_stats(v: &[(u64, u64)], a: u64, b: u64) -> (Option<f64>, Option<f64>, Op
     rtts.sort_unstable();
     let rtt = (!rtts.is_empty()).then(|| ms(rtts[rtts.len() / 2]));
     (pause.map(ms), rtt, gap_out.map(ms))
-}
-
-fn tool_ok(t: &Timed, what: &str, out: &Path, err: &Path) -> Res<String> {
-    let printed = file_tail(out, 2000);
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "{what} failed ({}): {} {}",
-            describe_status(t.status),
-            file_tail(err, 1500),
-            file_tail(out, 300)
-        ));
-    }
-    Ok(printed)
 }
 
 /// nft tables left in the namespace: noted in the sample, then deleted so
