@@ -97,6 +97,13 @@ fn run(cli: Cli) -> Result<u8, String> {
     }
     if let (Some(a), Some(job)) = (agent.as_mut(), &cli.job) {
         if let Err(e) = a.join(job, child.id() as i32) {
+            // A command that ended before the agent saw it (`srun sh -c
+            // 'echo ...'`) had nothing to checkpoint: its status is the
+            // answer, not the failed join.
+            if let Ok(Some(st)) = child.try_wait() {
+                tracing::warn!(job, error = %e, "the command ended before it joined the job");
+                return Ok(exit_code(st));
+            }
             let _ = child.kill();
             let _ = child.wait();
             return Err(format!("cannot join job {job}: {e}"));
@@ -108,11 +115,16 @@ fn run(cli: Cli) -> Result<u8, String> {
         let _ = std::fs::remove_file(r);
     }
     let st = st.map_err(|e| format!("waiting for the job: {e}"))?;
-    Ok(match (st.code(), st.signal()) {
+    Ok(exit_code(st))
+}
+
+/// cr_run's exit status for the command's: its code, or 128 + its signal.
+fn exit_code(st: std::process::ExitStatus) -> u8 {
+    match (st.code(), st.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(s)) => (128 + s) as u8,
         _ => 1,
-    })
+    }
 }
 
 fn main() -> ExitCode {
