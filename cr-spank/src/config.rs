@@ -9,6 +9,8 @@
 //! | `cr_run=PATH` | `/usr/local/bin/cr_run` | the cr_run that tasks run under |
 //! | `socket=PATH` | `/run/cr/agent.sock` | the node's agent; `%n` is replaced by the node's name |
 //! | `dir=PATH` | none | default of `--checkpoint-dir` (`%j`: the job id) |
+//! | `cr_restart=PATH` | `/usr/local/bin/cr_restart` | what `--restart-from` runs |
+//! | `signal=SIG` | `USR1` | the batch script's cr_run checkpoints the job (into its `--checkpoint-dir`) and stops it on SIG |
 
 use std::path::PathBuf;
 
@@ -17,7 +19,9 @@ use std::path::PathBuf;
 pub enum ConfigError {
     #[error("plugstack.conf argument {0:?} is not KEY=VALUE")]
     NotKeyValue(String),
-    #[error("unknown plugstack.conf argument {0:?} (known: cr_run, socket, dir)")]
+    #[error(
+        "unknown plugstack.conf argument {0:?} (known: cr_run, cr_restart, socket, dir, signal)"
+    )]
     Unknown(String),
 }
 
@@ -25,6 +29,9 @@ pub enum ConfigError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub cr_run: PathBuf,
+    pub cr_restart: PathBuf,
+    /// The signal on which a batch job is checkpointed and stopped.
+    pub signal: String,
     /// The agent's socket, `%n` not yet replaced.
     pub socket: String,
     pub dir: Option<String>,
@@ -34,6 +41,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             cr_run: PathBuf::from("/usr/local/bin/cr_run"),
+            cr_restart: PathBuf::from("/usr/local/bin/cr_restart"),
+            signal: "USR1".into(),
             socket: "/run/cr/agent.sock".into(),
             dir: None,
         }
@@ -50,6 +59,8 @@ impl Config {
                 .ok_or_else(|| ConfigError::NotKeyValue(a.clone()))?;
             match k {
                 "cr_run" => c.cr_run = PathBuf::from(v),
+                "cr_restart" => c.cr_restart = PathBuf::from(v),
+                "signal" => c.signal = v.to_string(),
                 "socket" => c.socket = v.to_string(),
                 "dir" => c.dir = Some(v.to_string()),
                 _ => return Err(ConfigError::Unknown(a.clone())),

@@ -9,7 +9,11 @@
 //!   --job slurm-JOBID` as a member of that cluster job on its node's
 //!   agent, so that `crctl checkpoint slurm-JOBID` checkpoints it as one.
 //! * `--checkpoint-dir=DIR`: the `cr_run --dir` of every task (where a
-//!   `cr_checkpoint PID` of a task writes by default).
+//!   `cr_checkpoint PID` of a task writes by default); the batch script's
+//!   cr_run also checkpoints its job there with `--kill` on the configured
+//!   signal (USR1: `sbatch --signal=B:USR1@SECS` before the time limit).
+//! * `--restart-from=CHECKPOINT`: the batch step runs `cr_restart
+//!   CHECKPOINT` instead of the script: the job goes on from there.
 //!
 //! When the node's agent cannot be reached the task runs as it would
 //! without the plugin, and says so on its stderr (the job's output).
@@ -38,6 +42,15 @@ pub static OPT_CHECKPOINT_DIR: OptionSpec = OptionSpec {
     has_arg: HasArg::Required,
 };
 
+/// `--restart-from=CHECKPOINT`.
+pub static OPT_RESTART_FROM: OptionSpec = OptionSpec {
+    name: "restart-from",
+    arginfo: "CHECKPOINT",
+    usage: "Resume the batch job from this checkpoint (a directory written when a job made with \
+            --checkpoint-dir was stopped on its signal) instead of running the script.",
+    has_arg: HasArg::Required,
+};
+
 /// The plugin (see the crate docs).
 pub struct CrSpank;
 
@@ -45,7 +58,7 @@ impl Plugin for CrSpank {
     const OPTIONS: &'static [OptionSpec] = &[];
 
     fn init(sp: &Spank, _args: &[String]) -> Result<(), String> {
-        for o in [&OPT_CHECKPOINT, &OPT_CHECKPOINT_DIR] {
+        for o in [&OPT_CHECKPOINT, &OPT_CHECKPOINT_DIR, &OPT_RESTART_FROM] {
             sp.register(o).map_err(|e| format!("cr_spank: {e}"))?;
         }
         Ok(())

@@ -4,11 +4,14 @@
 //! node's agent cannot be reached, let it run as it is and say so.
 
 use crate::config::Config;
-use crate::{OPT_CHECKPOINT, OPT_CHECKPOINT_DIR};
+use crate::{OPT_CHECKPOINT, OPT_CHECKPOINT_DIR, OPT_RESTART_FROM};
 use cr_sys::spank::Spank;
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+
+/// The step id of a batch script (`SLURM_BATCH_SCRIPT`).
+const BATCH_STEP: u32 = 0xffff_fffb;
 
 /// The cluster job of Slurm job `id`.
 pub fn job_name(id: u32) -> String {
@@ -52,18 +55,36 @@ fn node_name(env: &[String]) -> String {
         })
 }
 
+/// `exe` with exactly the task's environment (`NAME=VALUE` strings): what
+/// slurmstepd would have given the task.
+fn task_command(exe: &std::path::Path, env: &[String]) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.env_clear();
+    for e in env {
+        if let Some((k, v)) = e.split_once('=') {
+            cmd.env(k, v);
+        }
+    }
+    cmd
+}
+
 /// `slurm_spank_task_init` (see the module docs). Only errors of Slurm's
 /// interface fail the task; anything about cr leaves it running without
 /// checkpoints.
 pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
     let ck = sp.getopt(&OPT_CHECKPOINT).map_err(|e| e.to_string())?;
     let dir = sp.getopt(&OPT_CHECKPOINT_DIR).map_err(|e| e.to_string())?;
-    if ck.is_none() && dir.is_none() {
+    let from = sp.getopt(&OPT_RESTART_FROM).map_err(|e| e.to_string())?;
+    if ck.is_none() && dir.is_none() && from.is_none() {
         return Ok(());
     }
     let id = sp.job_id().map_err(|e| e.to_string())?;
+    let batch = sp.step_id().map_err(|e| e.to_string())? == BATCH_STEP;
     let argv = sp.argv().map_err(|e| e.to_string())?;
     let env = sp.env().map_err(|e| e.to_string())?;
+    if let (Some(from), true) = (from, batch) {
+        return restart(id, &from, cfg, &env);
+    }
     let job = job_name(id);
     let node = node_name(&env);
     let socket = cfg.socket_of(&node);
@@ -82,17 +103,18 @@ pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
         .filter(|d| !d.is_empty())
         .or_else(|| cfg.dir.clone())
         .map(|d| d.replace("%j", &id.to_string()));
-    let mut cmd = Command::new(&cfg.cr_run);
+    let mut cmd = task_command(&cfg.cr_run, &env);
     cmd.arg("--job").arg(&job);
     if let Some(d) = &dir {
         cmd.arg("--dir").arg(d);
-    }
-    cmd.arg("--").args(&argv).env_clear();
-    for e in &env {
-        if let Some((k, v)) = e.split_once('=') {
-            cmd.env(k, v);
+        if batch {
+            // slurmd removes the script when the job ends; the shell still
+            // reads it: its content goes into the image.
+            cmd.arg("--checkpoint-signal").arg(&cfg.signal);
+            cmd.arg("--checkpoint-save-file").arg(&argv[0]);
         }
     }
+    cmd.arg("--").args(&argv);
     cmd.env("CR_AGENT_SOCKET", &socket)
         .env("CR_SLURM_JOB", &job);
     // exec only returns on failure.
@@ -102,6 +124,21 @@ pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
         cfg.cr_run.display()
     ));
     Ok(())
+}
+
+/// The batch step of `--restart-from=FROM`: exec `cr_restart FROM` (the
+/// job goes on from its checkpoint; cr_restart exits with its status).
+fn restart(id: u32, from: &str, cfg: &Config, env: &[String]) -> Result<(), String> {
+    let socket = cfg.socket_of(&node_name(env));
+    say(&format!("job {id} resumes from {from}"));
+    let mut cmd = task_command(&cfg.cr_restart, env);
+    cmd.arg(from).env("CR_AGENT_SOCKET", &socket);
+    let err = cmd.exec();
+    // Running the script instead would start the job over: fail the task.
+    Err(format!(
+        "cr_spank: job {id}: cannot run {} to resume from {from}: {err}",
+        cfg.cr_restart.display()
+    ))
 }
 
 #[cfg(test)]

@@ -11,7 +11,12 @@
 //!    it while it runs, and it finishes OK with every round done once;
 //!    the tasks of its srun steps are members too (the option is inherited);
 //! 3. the node's agent is down: the same job still runs (and finishes OK),
-//!    and its output says it is not checkpointable.
+//!    and its output says it is not checkpointable;
+//! 4. time limit: a job with `--checkpoint-dir` and `--time=1
+//!    --signal=B:USR1@50` is checkpointed and stopped by Slurm's signal
+//!    before its limit; `sbatch --restart-from=DIR` on another node
+//!    resumes it from there (its rounds go on, no second start) and it
+//!    finishes OK.
 
 use cr_tests::cluster::{node_name, poll_until, Cluster, POLL_PERIOD};
 use cr_tests::slurm::{Slurm, SlurmOpts, SLURM_TIMEOUT};
@@ -25,7 +30,7 @@ const ROUNDS: u64 = 200;
 /// What a wl_progress job printed: the number of `start` lines and the
 /// last round; checks that rounds go 1, 2, 3, ... without a gap or a
 /// repeat and that it ended with `OK`. Lines of the plugin (`cr_spank: `)
-/// are allowed anywhere.
+/// and of a checkpoint on signal (`cr_run: signal `) are allowed anywhere.
 fn check_progress(text: &str) -> Result<(usize, u64), String> {
     let (mut starts, mut last, mut ok) = (0, 0u64, false);
     for line in text.lines() {
@@ -42,7 +47,7 @@ fn check_progress(text: &str) -> Result<(usize, u64), String> {
             last = n;
         } else if line == "OK" {
             ok = true;
-        } else if !line.starts_with("cr_spank: ") {
+        } else if !line.starts_with("cr_spank: ") && !line.starts_with("cr_run: signal ") {
             return Err(format!("unexpected line {line:?}"));
         }
     }
@@ -55,13 +60,18 @@ fn check_progress(text: &str) -> Result<(usize, u64), String> {
 /// Submits wl_progress as a batch job on node `k` with `extra` sbatch
 /// options; returns its id and output file.
 fn submit_progress(s: &Slurm, k: usize, label: &str, extra: &[&str]) -> (u32, String) {
+    submit_rounds(s, k, label, ROUNDS, extra)
+}
+
+/// [`submit_progress`] of `rounds` rounds.
+fn submit_rounds(s: &Slurm, k: usize, label: &str, rounds: u64, extra: &[&str]) -> (u32, String) {
     let out =
         s.c.dir
             .join(format!("{label}.out"))
             .to_string_lossy()
             .into_owned();
     let wl = workload_path("wl_progress");
-    let cmd = format!("{} {ROUNDS} 2 50", wl.display());
+    let cmd = format!("{} {rounds} 2 50", wl.display());
     let node = node_name(k);
     let mut args = vec!["-N1", "-w", &node, "-o", &out, "--open-mode=append"];
     args.extend_from_slice(extra);
@@ -92,9 +102,10 @@ fn slurm_scenarios() {
     c.start_agents(&[1, 2, 3]);
     let bin = bin_dir();
     let plugin = format!(
-        "required {} cr_run={} socket={}",
+        "required {} cr_run={} cr_restart={} socket={}",
         bin.join("libcr_spank.so").display(),
         bin.join("cr_run").display(),
+        bin.join("cr_restart").display(),
         c.dir.join("%n.sock").display()
     );
     let s = Slurm::start(
@@ -205,4 +216,54 @@ fn slurm_scenarios() {
         "cell 3: the output should say the job is not checkpointable\n{text}"
     );
     c.start_agent(3);
+
+    // Cell 4: checkpointed before the time limit, resumed elsewhere.
+    const LONG: u64 = 1000;
+    let ck = c.dir.join("ck-timelimit").to_string_lossy().into_owned();
+    let dir_opt = format!("--checkpoint-dir={ck}");
+    let (id, out) = submit_rounds(
+        &s,
+        1,
+        "timelimit",
+        LONG,
+        &[&dir_opt, "--time=1", "--signal=B:USR1@50"],
+    );
+    s.wait_job(id, &["FAILED"], SLURM_TIMEOUT + Duration::from_secs(30));
+    let before = read_text(Path::new(&out));
+    let stopped_at = before
+        .lines()
+        .filter_map(|l| l.strip_prefix("progress "))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        before
+            .lines()
+            .any(|l| l.starts_with("cr_run: signal 10: job checkpointed into"))
+            && !before.lines().any(|l| l == "OK")
+            && stopped_at > 0,
+        "cell 4: the job should be checkpointed and stopped on SIGUSR1\n{}",
+        s.diag_job(id)
+    );
+    let out2 = c.dir.join("resumed.out").to_string_lossy().into_owned();
+    let from = format!("--restart-from={ck}");
+    let id2 = s.sbatch(&["-N1", "-w", "n3", "-o", &out2, &from, "--wrap", "true"]);
+    s.wait_job(
+        id2,
+        &["COMPLETED"],
+        SLURM_TIMEOUT + Duration::from_secs(LONG / 20),
+    );
+    let text = read_text(Path::new(&out));
+    assert_eq!(
+        check_progress(&text),
+        Ok((1, LONG)),
+        "cell 4: the resumed job's output (stopped at round {stopped_at})\n{}",
+        s.diag_job(id2)
+    );
+    assert!(
+        read_text(Path::new(&out2)).contains(&format!("cr_spank: job {id2} resumes from {ck}")),
+        "cell 4: the resuming job says so\n{}",
+        s.diag_job(id2)
+    );
+    println!("MEASURED: time-limit job stopped at round {stopped_at} of {LONG}, resumed on n3");
 }
