@@ -937,9 +937,23 @@ impl<'h> Cluster<'h> {
         exe: &Path,
         args: &[OsString],
     ) -> ToolOutput {
+        self.run_env(ns, name, exe, args, &[])
+    }
+
+    /// `exe ARGS...` with extra environment `env`, run to completion in
+    /// namespace `ns` (see [`Cluster::spawn_in`]), output in
+    /// `DIR/cmds/NNNN-NAME.{out,err}`.
+    pub fn run_env(
+        &self,
+        ns: Option<&Netns>,
+        name: &str,
+        exe: &Path,
+        args: &[OsString],
+        env: &[(String, String)],
+    ) -> ToolOutput {
         let n = self.next_seq();
         let base = self.dir.join("cmds").join(format!("{n:04}-{name}"));
-        self.run_files(ns, exe, args, &base)
+        self.run_files(ns, exe, args, env, &base)
     }
 
     fn run_files(
@@ -947,13 +961,18 @@ impl<'h> Cluster<'h> {
         ns: Option<&Netns>,
         exe: &Path,
         args: &[OsString],
+        env: &[(String, String)],
         base: &Path,
     ) -> ToolOutput {
         let out = base.with_extension("out");
         let err = base.with_extension("err");
         let _ = std::fs::remove_file(&out);
         let _ = std::fs::remove_file(&err);
-        let mut sp = self.spawn_in(ns, "crctl", exe, args, &[], (&out, &err));
+        let label = exe
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut sp = self.spawn_in(ns, &label, exe, args, env, (&out, &err));
         sp.wait(CRCTL_TIMEOUT, || self.diag())
     }
 
@@ -1013,6 +1032,7 @@ impl<'h> Cluster<'h> {
             Some(&self.coord_ns),
             &tool_path("crctl"),
             &self.crctl_args(args),
+            &[],
             &self.dir.join("cmds").join("poll"),
         )
     }

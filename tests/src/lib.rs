@@ -2,7 +2,8 @@
 //!
 //! * [`wl`]: helpers for the workload binaries (`src/bin/wl_*.rs`).
 //! * [`netns`]: network namespaces; [`cluster`]: a cluster of agents and a
-//!   coordinator in namespaces joined by a bridge, and ring jobs on it.
+//!   coordinator in namespaces joined by a bridge, and ring jobs on it;
+//!   [`slurm`]: a real Slurm (munged, slurmctld, a slurmd per node) on it.
 //! * Everything else: the test-side harness. A [`Harness`] owns a fresh temp
 //!   directory; every process a test starts is wrapped in a [`Proc`] whose `Drop`
 //!   kills it (by PID, and only if it is still the process we started) and reaps it,
@@ -16,6 +17,7 @@ pub mod faults;
 pub mod netns;
 pub mod node;
 pub mod resp;
+pub mod slurm;
 pub mod wl;
 
 use std::cell::Cell;
