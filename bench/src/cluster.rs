@@ -208,10 +208,17 @@ pub(crate) fn on_cluster<T>(
         ));
     }
     let dir = crate::bin_dir(bin_dir)?;
-    let bins: Vec<PathBuf> = ["cr-agent", "cr-coordinatord", "crctl", "cr_run", "wl_ring"]
-        .iter()
-        .map(|b| dir.join(b))
-        .collect();
+    let bins: Vec<PathBuf> = [
+        "cr-agent",
+        "cr-coordinatord",
+        "crctl",
+        "cr_run",
+        "cr_rsh",
+        "wl_ring",
+    ]
+    .iter()
+    .map(|b| dir.join(b))
+    .collect();
     require_bins(&bins.iter().collect::<Vec<_>>())?;
     // The harness finds the binaries there.
     std::env::set_var("CR_BIN_DIR", &dir);
