@@ -91,9 +91,14 @@ impl<'c> Job<'c> {
 
     /// Waits until it printed `progress` past `from + delta`.
     fn wait_progress(&self, from: u64, delta: u64, what: &str) -> u64 {
+        self.wait_progress_within(from, delta, what, RUN_TIMEOUT)
+    }
+
+    /// [`Job::wait_progress`] with a deadline of `timeout`.
+    fn wait_progress_within(&self, from: u64, delta: u64, what: &str, timeout: Duration) -> u64 {
         wait_until(
             &format!("job {} to progress past {} {what}", self.name, from + delta),
-            RUN_TIMEOUT,
+            timeout,
             || {
                 self.assert_no_fail();
                 self.progress() >= from + delta
@@ -225,18 +230,19 @@ fn mpich(prog: &[&str]) -> Vec<String> {
     mpi::mpich(NP, HOSTS, prog)
 }
 
-/// Iterations and pace of the programs: at least 5 s of run (ranks poll
+/// Iterations and pace of the programs: at least 2 s of run (ranks poll
 /// for messages: on a loaded machine they take much longer), enough for a
 /// checkpoint and two restarts before the end.
-const ITERS: &str = "1000";
+const ITERS: &str = "400";
 const PACE_US: &str = "5000";
 
 /// The progress at which a job is killed to move it to other nodes: near
 /// its end, since a job restarted on other nodes runs much slower than
 /// before (docs/MPI.md, Limits).
-const MOVE_AT: u64 = 900;
+const MOVE_AT: u64 = 300;
 
-/// Deadline for a job moved to other nodes to finish.
+/// Deadline for a job to reach [`MOVE_AT`], and then, moved to other
+/// nodes, to finish.
 const MOVED_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs each program as a job of its own, one after the other (MPI ranks
@@ -264,7 +270,7 @@ fn run_jobs(c: &Cluster, jobs: &[(&str, Vec<String>)]) {
         j.checkpoint_kill();
         j.restart(&[1, 2, 3]);
         j.wait_progress(m, 50, "after a restart on the same nodes");
-        j.wait_progress(0, MOVE_AT, "before the move");
+        j.wait_progress_within(0, MOVE_AT, "before the move", MOVED_TIMEOUT);
         j.checkpoint_kill();
         j.restart(&MOVED);
         let line = j.wait_result("RESULT OK", MOVED_TIMEOUT);

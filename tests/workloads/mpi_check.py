@@ -136,10 +136,22 @@ def run_halo(iters, pace):
     return u
 
 
+def connect_all():
+    """Every pair of ranks talks once at start: MPI libraries open
+    connections lazily, and one opened for the first time after a restart
+    on other nodes would use the addresses of the old nodes (docs/MPI.md)."""
+    for d in range(1, size):
+        to, frm = (rank + d) % size, (rank - d) % size
+        got = comm.sendrecv(rank, dest=to, sendtag=61000, source=frm, recvtag=61000)
+        if got != frm:
+            fail("warm-up message from another rank", 0, got, frm)
+
+
 def main():
     mode, iters, pace = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     host = socket.gethostname()
     print(f"rank {rank} of {size} on {host} pid {os.getpid()}", flush=True)
+    connect_all()
     ok = True
     checksum = 0
     if mode == "ring":
