@@ -36,11 +36,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// `cr-bench mpi`.
 #[derive(Args)]
-#[command(
-    after_help = "Everything runs in network namespaces created and removed by cr-bench \
-                   (10.99.0.0/24 inside them only). Progress goes to stderr, the table \
-                   to stdout."
-)]
+#[command(after_help = crate::cluster::CLUSTER_HELP)]
 pub struct Opts {
     /// MPI ranks of the job.
     #[arg(long, value_name = "N", default_value_t = 12, value_parser = int_in::<usize>(1..=256))]
