@@ -9,7 +9,9 @@
 //! [`incr`]), `cr-bench coord ...` the coordinator's protocol cost with
 //! simulated agents (module [`coord`]), `cr-bench cluster ...` the pause of
 //! a coordinated checkpoint of a multi-node job (module [`cluster`]),
-//! `cr-bench migrate ...` the downtime of a migration (module [`migrate`]).
+//! `cr-bench migrate ...` the downtime of a migration (module [`migrate`]),
+//! `cr-bench mpi ...` the cost of periodic checkpoints to a real MPI job
+//! (module [`mpi`]).
 
 mod cluster;
 mod coord;
@@ -17,6 +19,7 @@ mod fds;
 mod incr;
 mod json;
 mod migrate;
+mod mpi;
 mod tcp;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -93,6 +96,8 @@ enum Bench {
     Cluster(cluster::Opts),
     /// Downtime of a migration against memory and dirty rate.
     Migrate(migrate::Opts),
+    /// Pause, checkpoint time and slowdown of a checkpointed MPI job.
+    Mpi(mpi::Opts),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
@@ -1590,6 +1595,7 @@ fn main() {
         Some(Bench::Coord(o)) => coord::run(o),
         Some(Bench::Cluster(o)) => cluster::run(o),
         Some(Bench::Migrate(o)) => migrate::run(o),
+        Some(Bench::Mpi(o)) => mpi::run(o),
         None => real_main(cli.opts),
     };
     let code = match res {
