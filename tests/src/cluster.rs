@@ -776,6 +776,9 @@ impl<'h> Cluster<'h> {
             args.push(format!("{COORDINATOR_IP}:{COORDINATOR_PORT}").into());
         }
         let log = self.agent_log(k);
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         self.log_mark(
             &log,
             &format!("starting cr-agent of {node} (extra env {:?})", o.env),
@@ -808,6 +811,23 @@ impl<'h> Cluster<'h> {
             );
         } else {
             self.wait_nodes_up(&[k]);
+            // A node restarted quickly may still be "up" from its previous
+            // agent's heartbeats: wait until this agent was heard from.
+            poll_until(
+                &format!("the new agent of {node} to register"),
+                DAEMON_TIMEOUT,
+                POLL_PERIOD,
+                || {
+                    self.check_agent_alive(k, "before registering");
+                    let out = self.crctl_poll(&["--json", "nodes"]);
+                    serde_json::from_str::<Value>(&out.stdout).is_ok_and(|v| {
+                        jlist(&v, "nodes").into_iter().any(|n| {
+                            jstr(n, "name") == node && ju64(n, "last_seen_unix_ms") >= started_ms
+                        })
+                    })
+                },
+                || self.diag(),
+            );
         }
     }
 
