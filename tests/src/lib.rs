@@ -501,6 +501,20 @@ impl Proc {
         );
     }
 
+    /// Stops the process: SIGTERM, then SIGKILL if it has not exited
+    /// within `grace`.
+    pub fn terminate(&mut self, grace: Duration) {
+        if self.has_exited() {
+            return;
+        }
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while !self.has_exited() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill_and_reap();
+    }
+
     /// SIGKILLs the process if it is still ours, then reaps it if we can.
     pub fn kill_and_reap(&mut self) {
         if self.done {

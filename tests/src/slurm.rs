@@ -439,15 +439,7 @@ impl<'c, 'h> Slurm<'c, 'h> {
 
 /// Stops a daemon by PID: SIGTERM, then SIGKILL after [`STOP_TIMEOUT`].
 fn stop(p: &mut Proc) {
-    if p.has_exited() {
-        return;
-    }
-    p.signal(libc::SIGTERM);
-    let deadline = std::time::Instant::now() + STOP_TIMEOUT;
-    while !p.has_exited() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    p.kill_and_reap();
+    p.terminate(STOP_TIMEOUT);
 }
 
 impl Drop for Slurm<'_, '_> {
