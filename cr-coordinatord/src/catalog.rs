@@ -153,6 +153,10 @@ pub struct JobRecord {
     /// finished or rolled back ([`crate::migrate`]).
     #[prost(message, optional, tag = "10")]
     pub migration: Option<MigrationRecord>,
+    /// Each committed checkpoint is kept on this many nodes (0 or 1: only
+    /// the nodes that wrote it).
+    #[prost(uint32, tag = "11")]
+    pub replicas: u32,
 }
 
 /// A migration of some members of a job.

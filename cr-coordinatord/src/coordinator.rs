@@ -300,6 +300,7 @@ impl Coordinator {
             external: j.external.clone(),
             incremental: j.incremental,
             freeze_timeout_ms: j.freeze_timeout_ms,
+            replicas: j.replicas,
             last_checkpoint: committed
                 .last()
                 .map(|c| c.id().to_string())
@@ -406,6 +407,9 @@ impl Coordinator {
             if let Some(v) = req.freeze_timeout_ms {
                 j.freeze_timeout_ms = v;
             }
+            if let Some(v) = req.replicas {
+                j.replicas = v;
+            }
         })
     }
 
@@ -443,6 +447,7 @@ impl Coordinator {
                     keep = j.keep,
                     external = %j.external,
                     incremental = j.incremental,
+                    replicas = j.replicas,
                     "job settings changed"
                 );
             }

@@ -12,7 +12,9 @@
 //! Unlock on the nodes the images moved away from.
 
 use crate::agents::AgentResult;
-use crate::catalog::{state, Change, CheckpointRecord, JobRecord, MemberRecord, EXTERNAL_ALLOW};
+use crate::catalog::{
+    state, Change, CheckpointRecord, JobRecord, MemberRecord, NodeRecord, EXTERNAL_ALLOW,
+};
 use crate::coordinator::{now_unix_ms, Busy, Coordinator, OpKind};
 use crate::error::Error;
 use crate::fault;
@@ -20,7 +22,7 @@ use crate::migrate::{self, Placement};
 use cr_image::bookmarks::{check_cut, unmatched, Bookmark};
 use cr_rpc::pb;
 use futures_util::future::join_all;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -432,6 +434,7 @@ impl Coordinator {
 
         self.finish_checkpoint(&busy, &mut rec, &hosts, after, deadline, t0)
             .await;
+        self.replicate(&busy, &mut rec, jobrec.replicas).await;
         busy.phase("removing old checkpoints");
         self.retain(job).await;
         Ok(rec.info().clone())
@@ -1118,19 +1121,13 @@ impl Coordinator {
             .read(|s| (s.checkpoint(id).cloned(), s.nodes.clone()));
         let ck = ck.ok_or_else(|| format!("checkpoint {id} is gone"))?;
         let mut out = Fetched::default();
-        let mut calls: Vec<(NodePair, Vec<(usize, String)>)> = Vec::new();
+        let mut calls = Copies::new();
         for (k, img) in ck.info().images.iter().enumerate() {
             let dst = &plan.dst[k];
             if *dst == img.node {
                 continue;
             }
-            let holders = std::iter::once((img.node.clone(), img.dir.clone())).chain(
-                img.replicas.iter().filter_map(|r| {
-                    r.split_once('=')
-                        .map(|(n, d)| (n.to_string(), d.to_string()))
-                }),
-            );
-            let holders: Vec<(String, String)> = holders.collect();
+            let holders = holders(img);
             if let Some((_, d)) = holders.iter().find(|(n, _)| n == dst) {
                 out.dirs.insert(k, d.clone());
                 continue;
@@ -1141,16 +1138,127 @@ impl Coordinator {
                     img.node, img.pid
                 ));
             };
-            let key = (dst.clone(), src);
-            match calls.iter_mut().find(|(c, _)| *c == key) {
-                Some((_, v)) => v.push((k, dir)),
-                None => calls.push((key, vec![(k, dir)])),
-            }
+            add_copy(&mut calls, dst, &src, k, dir);
         }
         if calls.is_empty() {
             return Ok(out);
         }
         busy.phase("fetching images");
+        let what = format!("restart of {job} from {id}");
+        for ((dst, _), r) in self
+            .copy_images(job, id, &what, &calls, &node_recs, deadline)
+            .await
+        {
+            let (dirs, bytes) = r.map_err(|e| format!("node {dst}: {e}"))?;
+            out.bytes += bytes;
+            out.dirs.extend(dirs);
+        }
+        Ok(out)
+    }
+
+    /// Replication after a commit: each image of checkpoint `rec` copied to
+    /// `replicas - 1` nodes that are up and do not hold it yet (the nodes
+    /// holding the fewest copies of it first, then by name), recorded as its
+    /// replicas. Best effort: the checkpoint stays committed whatever
+    /// happens, and a copy that failed is said in its notes.
+    async fn replicate(&self, busy: &Busy<'_>, rec: &mut CheckpointRecord, replicas: u32) {
+        if replicas <= 1 {
+            return;
+        }
+        let id = rec.id().to_string();
+        let job = rec.info().job.clone();
+        let live = self.liveness();
+        let node_recs = self.catalog.read(|s| s.nodes.clone());
+        let mut up: Vec<&String> = node_recs.keys().filter(|n| live.is_up(n)).collect();
+        up.sort();
+        let mut load: HashMap<&str, usize> = HashMap::new();
+        let mut calls = Copies::new();
+        let mut short = Vec::new();
+        for (k, img) in rec.info().images.iter().enumerate() {
+            let holders = holders(img);
+            let Some((src, dir)) = holders.iter().find(|(n, _)| live.is_up(n)).cloned() else {
+                short.push(format!(
+                    "{}:{} (no node holding it is up)",
+                    img.node, img.pid
+                ));
+                continue;
+            };
+            let mut free: Vec<&String> = up
+                .iter()
+                .copied()
+                .filter(|n| !holders.iter().any(|(h, _)| h == *n))
+                .collect();
+            free.sort_by_key(|n| load.get(n.as_str()).copied().unwrap_or(0));
+            let want = (replicas as usize).saturating_sub(holders.len());
+            if free.len() < want {
+                short.push(format!(
+                    "{}:{} ({} nodes up to copy it to, {want} wanted)",
+                    img.node,
+                    img.pid,
+                    free.len()
+                ));
+            }
+            for dst in free.into_iter().take(want) {
+                *load.entry(dst.as_str()).or_default() += 1;
+                add_copy(&mut calls, dst, &src, k, dir.clone());
+            }
+        }
+        if !short.is_empty() {
+            rec.info_mut().notes.push(format!(
+                "fewer than {replicas} copies of: {}",
+                short.join(", ")
+            ));
+        }
+        if calls.is_empty() {
+            return;
+        }
+        busy.phase("replicating");
+        let t = Instant::now();
+        let deadline = t + self.settings.timeout;
+        let what = format!("replica of {id}");
+        let mut bytes = 0;
+        for ((dst, src), r) in self
+            .copy_images(&job, &id, &what, &calls, &node_recs, deadline)
+            .await
+        {
+            match r {
+                Ok((_, b)) => bytes += b,
+                Err(e) => {
+                    tracing::warn!(job, checkpoint = %id, node = %dst, "replica from {src} failed: {e}");
+                    rec.info_mut().notes.push(format!(
+                        "no replica on {dst}: the copy from {src} failed ({e})"
+                    ));
+                }
+            }
+        }
+        // The copies just recorded by copy_images, and the notes.
+        if let Some(c) = self.catalog.read(|s| s.checkpoint(&id).cloned()) {
+            let notes = rec.info().notes.clone();
+            *rec = c;
+            rec.info_mut().notes = notes;
+        }
+        if let Err(e) = self
+            .catalog
+            .update(|_| Ok::<_, Error>((vec![Change::Checkpoint(rec.clone())], ())))
+        {
+            tracing::error!(job, checkpoint = %id, "cannot record the replication: {e}");
+        }
+        tracing::info!(job, checkpoint = %id, bytes, ms = ms(t.elapsed()), copies = calls.iter().map(|(_, v)| v.len()).sum::<usize>(), "checkpoint replicated");
+    }
+
+    /// The FETCH calls of `calls`, in parallel: for each, the directories
+    /// of its images on its target (by image index) and the bytes copied,
+    /// or why it failed. Every copy made is recorded as a replica of
+    /// checkpoint `id`.
+    async fn copy_images(
+        &self,
+        job: &str,
+        id: &str,
+        what: &str,
+        calls: &Copies,
+        node_recs: &BTreeMap<String, NodeRecord>,
+        deadline: Instant,
+    ) -> Vec<(NodePair, CopyResult)> {
         let timeout_ms = ms(deadline.saturating_duration_since(Instant::now())) as u32;
         let results = join_all(calls.iter().map(|((dst, src), imgs)| {
             let req = pb::FetchRequest {
@@ -1160,7 +1268,7 @@ impl Coordinator {
                     .map(|n| n.agent_addr.clone())
                     .unwrap_or_default(),
                 dirs: imgs.iter().map(|(_, d)| d.clone()).collect(),
-                what: format!("restart of {job} from {id}"),
+                what: what.to_string(),
                 timeout_ms,
             };
             let what = format!("FETCH from {src}");
@@ -1168,20 +1276,28 @@ impl Coordinator {
         }))
         .await;
         let mut replicas: Vec<(usize, String)> = Vec::new();
-        for (((dst, _), imgs), (_, r)) in calls.iter().zip(results) {
-            let r = r.map_err(|e| format!("node {dst}: {e}"))?;
-            if r.dirs.len() != imgs.len() {
-                return Err(format!(
-                    "node {dst}: FETCH returned {} directories for {} images",
-                    r.dirs.len(),
-                    imgs.len()
-                ));
+        let mut out = Vec::new();
+        for ((pair, imgs), (_, r)) in calls.iter().zip(results) {
+            let r = r.and_then(|r| {
+                if r.dirs.len() != imgs.len() {
+                    return Err(format!(
+                        "FETCH returned {} directories for {} images",
+                        r.dirs.len(),
+                        imgs.len()
+                    ));
+                }
+                Ok((
+                    imgs.iter().map(|(k, _)| *k).zip(r.dirs).collect::<Vec<_>>(),
+                    r.bytes,
+                ))
+            });
+            if let Ok((dirs, _)) = &r {
+                replicas.extend(dirs.iter().map(|(k, d)| (*k, format!("{}={d}", pair.0))));
             }
-            out.bytes += r.bytes;
-            for ((k, _), d) in imgs.iter().zip(r.dirs) {
-                replicas.push((*k, format!("{dst}={d}")));
-                out.dirs.insert(*k, d);
-            }
+            out.push((pair.clone(), r));
+        }
+        if replicas.is_empty() {
+            return out;
         }
         let res = self.catalog.update(|s| {
             let Some(mut c) = s.checkpoint(id).cloned() else {
@@ -1199,9 +1315,36 @@ impl Coordinator {
         if let Err(e) = res {
             tracing::warn!(job, checkpoint = id, "cannot record the replicas: {e}");
         }
-        Ok(out)
+        out
     }
 }
+
+/// The nodes holding image `img`, with its directory there: the node that
+/// wrote it, then its replicas.
+fn holders(img: &pb::ImageInfo) -> Vec<(String, String)> {
+    std::iter::once((img.node.clone(), img.dir.clone()))
+        .chain(img.replicas.iter().filter_map(|r| {
+            r.split_once('=')
+                .map(|(n, d)| (n.to_string(), d.to_string()))
+        }))
+        .collect()
+}
+
+/// Add image `k` (directory `dir` on `src`) to the FETCH from `src` to `dst`.
+fn add_copy(calls: &mut Copies, dst: &str, src: &str, k: usize, dir: String) {
+    let key = (dst.to_string(), src.to_string());
+    match calls.iter_mut().find(|(c, _)| *c == key) {
+        Some((_, v)) => v.push((k, dir)),
+        None => calls.push((key, vec![(k, dir)])),
+    }
+}
+
+/// FETCH calls: for each (target, source), the images it copies (index in
+/// the checkpoint, directory on the source).
+type Copies = Vec<(NodePair, Vec<(usize, String)>)>;
+
+/// What a FETCH made: (image index, directory on the target) and bytes.
+type CopyResult = Result<(Vec<(usize, String)>, u64), String>;
 
 /// (target, source) of a FETCH; with it, each image's index and its
 /// directory on the source.

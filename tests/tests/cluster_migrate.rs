@@ -70,6 +70,22 @@ fn migrate(c: &Cluster, ring: &mut Ring, args: &[&str], what: &str) -> Value {
     r
 }
 
+/// `crctl --json restart JOB ARGS` of `ring`'s job: its reply; prints
+/// the figures of the fetch.
+fn restart_fetching(c: &Cluster, ring: &mut Ring, args: &[&str], what: &str) -> Value {
+    let mut all = vec!["restart", ring.job.as_str()];
+    all.extend_from_slice(args);
+    let r = c.crctl_json(&all);
+    ring.adopt();
+    println!(
+        "MEASURED: restart {what}: {} ms, {} bytes fetched in {} ms",
+        ju64(&r, "duration_ms"),
+        ju64(&r, "fetched_bytes"),
+        ju64(&r, "fetch_ms")
+    );
+    r
+}
+
 fn agent_opts(c: &Cluster, k: usize, env: &[(String, String)]) -> AgentOpts {
     AgentOpts {
         env: env.to_vec(),
@@ -187,18 +203,16 @@ fn migrate_member_then_job_then_restart_elsewhere() {
             .all(|i| !i.starts_with(&format!("{id}/"))),
         &format!("n1 should not hold {id} yet"),
     );
-    let r = c.crctl_json(&["restart", "ring", "--on", "n1"]);
-    ring.adopt();
+    let r = restart_fetching(
+        &c,
+        &mut ring,
+        &["--on", "n1"],
+        "on a node without its images",
+    );
     ensure(
         &ring,
         ju64(&r, "fetched_bytes") > 0,
         &format!("n1 should fetch the images of {id}: {r:#}"),
-    );
-    println!(
-        "MEASURED: restart of {id} on a node without its images: {} ms, {} bytes fetched in {} ms",
-        ju64(&r, "duration_ms"),
-        ju64(&r, "fetched_bytes"),
-        ju64(&r, "fetch_ms")
     );
     ring.wait_past(&snap, MARGIN, "after the restart on n1");
     ring.assert_on_nodes(&[1, 1, 1, 1], "after the restart on n1");
@@ -225,6 +239,79 @@ fn migrate_member_then_job_then_restart_elsewhere() {
             "no partial copy may be left on n{k}"
         );
     }
+}
+
+/// `crctl job J --replicas 2`: every image of a committed checkpoint is
+/// copied to another node after the commit; the node that wrote an image
+/// is then lost (agent killed, its image root wiped) and the job restarts
+/// on the other nodes from the copies, every byte checked.
+#[test]
+fn replicas_outlive_their_node() {
+    let h = Harness::new("cluster-replicas");
+    let c = Cluster::new(&h, 3);
+    c.start_coordinator();
+    c.start_agents_local(&[1, 2, 3], &[]);
+    let mut ring = c.start_ring("rep", &[1, 2]);
+    ring.wait_advanced(MARGIN, "before the checkpoint");
+    let j = c.crctl_json(&["job", "rep", "--replicas", "2"]);
+    ensure(
+        &ring,
+        ju64(&j, "replicas") == 2,
+        &format!("crctl job --replicas 2 should be recorded: {j:#}"),
+    );
+
+    let info = c.crctl_json(&["checkpoint", "rep", "--kill"]);
+    let id = jstr(&info, "id");
+    ring.wait_gone("after checkpoint --kill");
+    let snap = ring.mins();
+    // Each image is on its own node and on one more, as listed and as the
+    // nodes' own image roots show.
+    let images = jlist(&info, "images");
+    ensure(
+        &ring,
+        images.len() == 2,
+        &format!("2 images expected: {info:#}"),
+    );
+    for img in &images {
+        let own = jstr(img, "node");
+        let reps = jlist(img, "replicas");
+        ensure(
+            &ring,
+            reps.len() == 1,
+            &format!("the image of {own} should have one copy elsewhere: {info:#}"),
+        );
+        let r = reps[0].as_str().unwrap_or_default();
+        let (node, _) = r.split_once('=').unwrap_or_default();
+        let k: usize = node.trim_start_matches('n').parse().unwrap_or(0);
+        ensure(
+            &ring,
+            node != own
+                && (1..=3).contains(&k)
+                && images_on(&c, k, "rep")
+                    .iter()
+                    .any(|i| i.starts_with(&format!("{id}/{own}-"))),
+            &format!("the copy {r} of {own}'s image should be in {node}'s image root: {info:#}"),
+        );
+    }
+
+    // n1 is lost with its disk.
+    c.kill_agent(1);
+    let root = c.local_images(1).to_string_lossy().into_owned();
+    let out = c.run_on(1, &["/bin/sh", "-c", &format!("rm -rf {root}/*")]);
+    assert!(out.status.success(), "wiping n1's images\n{}", out.show());
+    c.wait_nodes("n1 down in `crctl nodes`", |nodes| {
+        nodes.iter().any(|(n, st, _)| n == "n1" && st != "up")
+    });
+
+    restart_fetching(
+        &c,
+        &mut ring,
+        &["--on", "n2", "--on", "n3"],
+        "from the replicas, the node that wrote one lost",
+    );
+    ring.wait_past(&snap, MARGIN, "after the restart from the replicas");
+    ring.assert_on_nodes(&[2, 3], "after the restart from the replicas");
+    ring.assert_no_fail();
 }
 
 /// A node with 3 jobs drained: every member moved off, every job runs on

@@ -120,6 +120,11 @@ enum Cmd {
         /// Freeze bound of its checkpoints (0: the coordinator's default).
         #[arg(long, value_name = "SECS")]
         freeze_timeout: Option<f64>,
+        /// Keep each committed checkpoint on N nodes (its images copied to
+        /// N - 1 other nodes after the commit), so that losing a node loses
+        /// no checkpoint.
+        #[arg(long, value_name = "N")]
+        replicas: Option<u32>,
     },
     /// Move a running job, or one member of it, to another node
     /// (stop-and-copy: checkpoint, copy of the images, restart there).
@@ -486,6 +491,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             external,
             incremental,
             freeze_timeout,
+            replicas,
         } => {
             let req = pb::ConfigureRequest {
                 job,
@@ -497,6 +503,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                     None => None,
                     f => Some(secs_to_ms(f, "--freeze-timeout")?),
                 },
+                replicas,
             };
             let j = conn.rpc(c.configure(req).await)?;
             out(js, job_json(&j), || job_text(&j));
@@ -606,6 +613,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "procs": j.procs.iter().map(proc_json).collect::<Vec<_>>(),
         "interval_secs": j.interval_secs, "keep": j.keep, "external": j.external,
         "incremental": j.incremental, "freeze_timeout_ms": j.freeze_timeout_ms,
+        "replicas": j.replicas,
         "last_checkpoint": j.last_checkpoint, "checkpoints": j.checkpoints,
     })
 }
@@ -977,6 +985,7 @@ fn job_text(j: &pb::JobInfo) -> String {
             duration(j.freeze_timeout_ms)
         }
     );
+    let _ = writeln!(o, "replicas   {}", j.replicas.max(1));
     let _ = writeln!(
         o,
         "last       {} ({} committed)",
