@@ -281,3 +281,67 @@ pub fn set_registers(t: &Tracee, th: &Thread) -> Result<(), RestoreError> {
     t.set_xstate(&th.xstate)?;
     Ok(())
 }
+
+/// `--verify`: every thread with its ids, registers (after the restart
+/// fix-ups a restore makes), FPU/SSE state, rseq, clear-child-tid,
+/// parent-death signal, and its share of kind "signals" (mask, pending
+/// signals, alternate stack) and of kind "seccomp" (mode, filters).
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    let pidns = c.pidns;
+    let tid = move |t: &Thread| if pidns { t.ns_tid } else { t.tid };
+    let (ta, tb): (Vec<u32>, Vec<u32>) = (
+        image.threads.iter().map(tid).collect(),
+        now.threads.iter().map(tid).collect(),
+    );
+    if !c.same("threads", "thread ids", &ta, &tb) {
+        return;
+    }
+    for (a, b) in image.threads.iter().zip(&now.threads) {
+        let what = format!("thread {}", tid(a));
+        let mut regs = from_model(&a.regs);
+        if c.restored {
+            fix_syscall_restart(&mut regs);
+        }
+        c.same(&what, "registers", &to_model(&regs), &b.regs);
+        // The legacy area (x87, MXCSR, XMM registers): the rest of an XSAVE
+        // area may legitimately come back in another (compacted or init)
+        // form.
+        let legacy = |x: &[u8]| x.get(..416).map(<[u8]>::to_vec);
+        c.same(
+            &what,
+            "FPU and SSE registers",
+            &legacy(&a.xstate),
+            &legacy(&b.xstate),
+        );
+        c.same(&what, "rseq", &a.rseq, &b.rseq);
+        c.same(
+            &what,
+            "clear-child-tid address",
+            &a.clear_child_tid,
+            &b.clear_child_tid,
+        );
+        c.same(&what, "parent-death signal", &a.pdeathsig, &b.pdeathsig);
+        c.same(&what, "signal mask", &a.sigmask, &b.sigmask);
+        let pending =
+            |v: &[cr_image::model::SigInfo]| v.iter().map(|s| s.signo()).collect::<Vec<_>>();
+        c.same(
+            &what,
+            "pending signals",
+            &pending(&a.pending),
+            &pending(&b.pending),
+        );
+        c.same(
+            &what,
+            "alternate signal stack",
+            &a.sigaltstack,
+            &b.sigaltstack,
+        );
+        c.same(&what, "seccomp", &a.seccomp, &b.seccomp);
+    }
+    c.same(
+        "seccomp",
+        "filters",
+        &image.seccomp_filters,
+        &now.seccomp_filters,
+    );
+}
