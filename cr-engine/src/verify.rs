@@ -37,6 +37,8 @@ pub struct Compare<'a> {
     pub restored: bool,
     /// The tree's root is PID 1 of its own namespace.
     pub pidns: bool,
+    /// The process is the tree's root.
+    pub root: bool,
     /// The first difference, in words.
     first: Option<String>,
 }
@@ -149,6 +151,7 @@ pub fn tree(
             pids: &pids,
             restored,
             pidns: ck.pidns,
+            root: image.pid == ck.root_pid,
             first: None,
         };
         process(&mut c, image, &now);
@@ -201,6 +204,7 @@ mod tests {
             pids: &pids,
             restored: true,
             pidns,
+            root: false,
             first: None,
         };
         process(&mut c, image, now);

@@ -631,6 +631,10 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
     for a in &image.fds {
         let Some(b) = now.fd(a.fd) else { continue };
         let what = format!("fd {} ({})", a.fd, a.path);
+        // What led outside the tree is what the user bound it to.
+        if matches!(a.kind, FdKind::Inherited { .. }) {
+            continue;
+        }
         c.same(&what, "flags", &a.flags, &b.flags);
         c.same(&what, "offset", &a.pos, &b.pos);
         c.same(&what, "kind", a.kind.name(), b.kind.name());
@@ -662,6 +666,10 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             (FdKind::Memfd { .. }, _) => {
                 c.same(&what, "path", &a.path, &b.path);
             }
+            // A restored timerfd is armed only when the tree runs.
+            (FdKind::Timerfd(x), FdKind::Timerfd(y)) if c.restored => {
+                c.same(&what, "clock", &x.clockid, &y.clockid);
+            }
             (FdKind::Timerfd(x), FdKind::Timerfd(y)) => {
                 let t =
                     |t: &cr_image::model::fds::TimerFd| (t.clockid, t.settime_flags, t.interval_ns);
@@ -673,6 +681,15 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             (FdKind::Pidfd { pid: x }, FdKind::Pidfd { pid: y }) => {
                 let y = c.image_pid(*y);
                 c.same(&what, "pidfd of process", x, &y);
+            }
+            // The kernel lists an interest list in its own order.
+            (FdKind::Epoll { items: x }, FdKind::Epoll { items: y }) => {
+                let sorted = |v: &[cr_image::model::fds::EpollItem]| {
+                    let mut v = v.to_vec();
+                    v.sort_by_key(|i| (i.tfd, i.events, i.data));
+                    v
+                };
+                c.same_list(&what, "epoll item", &sorted(x), &sorted(y));
             }
             (
                 FdKind::Eventfd { .. }

@@ -424,6 +424,15 @@ pub fn set_mm(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError>
 /// write-protect (`uw`, a tracker of ours).
 const VM_FLAGS_NOT_COMPARED: &[&str] = &["ac", "sd", "uw"];
 
+/// The VmFlags of `v` that say what the program asked for.
+fn compared_flags(v: &Vma) -> Vec<&str> {
+    v.vm_flags
+        .iter()
+        .map(String::as_str)
+        .filter(|f| !VM_FLAGS_NOT_COMPARED.contains(f))
+        .collect()
+}
+
 /// The mappings as a program can tell them apart: neighbours the kernel
 /// merges when they are made afresh (same protection, sharing, kind, file
 /// and following offset, flags and name) counted as one. A process may hold
@@ -440,7 +449,7 @@ fn merged(vmas: &[Vma]) -> Vec<Vma> {
                 && prev.path == v.path
                 && prev.dev == v.dev
                 && prev.inode == v.inode
-                && prev.vm_flags == v.vm_flags
+                && compared_flags(prev) == compared_flags(v)
                 && prev.anon_name == v.anon_name
                 && prev.object == v.object
                 && prev.shm_owner.is_none()
@@ -451,7 +460,14 @@ fn merged(vmas: &[Vma]) -> Vec<Vma> {
                 continue;
             }
         }
-        out.push(v.clone());
+        let mut v = v.clone();
+        // A System V attach is named after the segment's key, which a
+        // restore sets only once the segment is attached; its id (the
+        // inode) names it.
+        if v.kind == VmaKind::SysvShm {
+            v.path.clear();
+        }
+        out.push(v);
     }
     out
 }
@@ -499,24 +515,10 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         c.same(&what, "kind", &x.kind, &y.kind);
         c.same(&what, "file offset", &x.pgoff, &y.pgoff);
         c.same(&what, "path", &x.path, &y.path);
-        // A file's own inode; memfds, deleted files and shared anonymous
-        // memory are new objects.
-        if x.object.is_none() && x.kind.is_file() {
-            c.same(
-                &what,
-                "file (device, inode)",
-                &(x.dev, x.inode),
-                &(y.dev, y.inode),
-            );
-        }
-        let flags = |v: &Vma| {
-            v.vm_flags
-                .iter()
-                .filter(|f| !VM_FLAGS_NOT_COMPARED.contains(&f.as_str()))
-                .cloned()
-                .collect::<Vec<_>>()
-        };
-        c.same(&what, "flags", &flags(x), &flags(y));
+        // (Which file: its path here; that it is the same file, kind
+        // "outside" checks before the restore; a job's /dev/shm is a new
+        // file system.)
+        c.same(&what, "flags", &compared_flags(x), &compared_flags(y));
         c.same(&what, "name", &x.anon_name, &y.anon_name);
         let owner = |o: &Option<ShmOwner>, map: bool| {
             o.map(|o| {

@@ -320,7 +320,11 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             &a.clear_child_tid,
             &b.clear_child_tid,
         );
-        c.same(&what, "parent-death signal", &a.pdeathsig, &b.pdeathsig);
+        // Not the restored root's: its parent is the restorer (see
+        // `thread_state`).
+        if !(c.restored && c.root) {
+            c.same(&what, "parent-death signal", &a.pdeathsig, &b.pdeathsig);
+        }
         c.same(&what, "signal mask", &a.sigmask, &b.sigmask);
         let pending =
             |v: &[cr_image::model::SigInfo]| v.iter().map(|s| s.signo()).collect::<Vec<_>>();
