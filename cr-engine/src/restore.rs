@@ -323,6 +323,7 @@ pub fn rebuild(
         kinds::sysv::restore_process(&mut cx, p)?;
         kinds::task::chroot(&mut cx, p)?;
         kinds::identity::Identity::restore(&mut cx, p)?;
+        kinds::threads::set_pdeathsig(&mut cx.stub.inj, &p.threads[0], cx.is_root)?;
         let Rebuild {
             mut stub, threads, ..
         } = cx;

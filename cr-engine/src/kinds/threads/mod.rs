@@ -154,9 +154,11 @@ impl Kind for Threads {
         let mut done = Vec::with_capacity(others.len());
         for (mut t, th) in others.into_iter().zip(&p.threads[1..]) {
             let mut inj = Injector::new(&mut t, ip)?;
-            thread_state(&mut inj, th, is_root)?;
+            thread_state(&mut inj, th)?;
             signals::restore_thread(&mut inj, pid, args, th)?;
             identity::set_creds(&mut inj, args, th.tid, &p.identity.creds)?;
+            // After the credentials: changing them clears it.
+            set_pdeathsig(&mut inj, th, is_root)?;
             seccomp::restore_thread(&mut inj, p, th, scratch, crate::stub::SCRATCH)?;
             inj.finish_with_mask(th.sigmask)?;
             set_registers(&t, th)?;
@@ -164,7 +166,7 @@ impl Kind for Threads {
         }
         cx.threads = done;
         let main = &p.threads[0];
-        thread_state(&mut cx.stub.inj, main, is_root)?;
+        thread_state(&mut cx.stub.inj, main)?;
         signals::restore_thread(&mut cx.stub.inj, pid, args, main)
     }
 }
@@ -244,15 +246,13 @@ fn create(
     Ok(out)
 }
 
-/// Per-thread state only the thread itself can set: clear-child-tid
-/// address, parent-death signal, rseq area.
-fn thread_state(inj: &mut Injector<'_>, th: &Thread, is_root: bool) -> Result<(), RestoreError> {
-    let tid = th.tid;
-    inj.call(
-        "set_tid_address",
-        libc::SYS_set_tid_address,
-        [th.clear_child_tid, 0, 0, 0, 0, 0],
-    )?;
+/// The thread's parent-death signal. Set after its credentials: the
+/// kernel clears it whenever they change (commit_creds).
+pub fn set_pdeathsig(
+    inj: &mut Injector<'_>,
+    th: &Thread,
+    is_root: bool,
+) -> Result<(), RestoreError> {
     // The root's parent is now the restorer, which may exit at once
     // (--detach): its parent-death signal would fire, so it is not restored.
     let pdeathsig = if is_root { 0 } else { th.pdeathsig };
@@ -261,7 +261,19 @@ fn thread_state(inj: &mut Injector<'_>, th: &Thread, is_root: bool) -> Result<()
         libc::SYS_prctl,
         [libc::PR_SET_PDEATHSIG as u64, pdeathsig as u64, 0, 0, 0, 0],
     )
-    .step(|| format!("cannot set the parent-death signal of thread {tid}"))?;
+    .step(|| format!("cannot set the parent-death signal of thread {}", th.tid))?;
+    Ok(())
+}
+
+/// Per-thread state only the thread itself can set: clear-child-tid
+/// address, rseq area.
+fn thread_state(inj: &mut Injector<'_>, th: &Thread) -> Result<(), RestoreError> {
+    let tid = th.tid;
+    inj.call(
+        "set_tid_address",
+        libc::SYS_set_tid_address,
+        [th.clear_child_tid, 0, 0, 0, 0, 0],
+    )?;
     if let Some(r) = &th.rseq {
         inj.call(
             "rseq",
