@@ -15,7 +15,7 @@ fi
 # Real programs the end-to-end tests run (tests/tests/real_programs.rs,
 # tests/tests/tcp.rs, tests/tests/postgres.rs, tests/tests/daemons.rs: the
 # daemons, go and javac to build their servers at test time; tests/tests/mpi.rs:
-# Open MPI, MPICH, mpi4py), ip(8) for the tests' network
+# Open MPI, MPICH, mpi4py; tests/tests/slurm.rs: Slurm and munge), ip(8) for the tests' network
 # namespaces and nft(8), which cr_checkpoint uses to hold TCP connections
 # still while they are saved.
 need=()
@@ -33,6 +33,12 @@ for pair in mpirun.openmpi:openmpi-bin mpicc.openmpi:libopenmpi-dev mpiexec.mpic
     command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 [ -e /usr/lib/python3/dist-packages/mpi4py/__init__.py ] || need+=(python3-mpi4py)
+# Slurm 22.05 and munge for the Slurm integration (tests/tests/slurm.rs):
+# the tests start munged, slurmctld and the slurmds themselves.
+for pair in /usr/sbin/munged:munge /usr/sbin/slurmctld:slurmctld /usr/sbin/slurmd:slurmd \
+            sbatch:slurm-client; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
 if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

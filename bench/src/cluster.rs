@@ -27,14 +27,15 @@ use std::path::PathBuf;
 /// Messages every member must carry between two checkpoints.
 const ADVANCE: u64 = 2000;
 
+/// The help's last words of every benchmark on the test cluster.
+pub(crate) const CLUSTER_HELP: &str = "Everything runs in network namespaces created and \
+     removed by cr-bench (10.99.0.0/24 inside them only). Progress goes to stderr, the \
+     table to stdout.";
+
 /// `cr-bench cluster`: pause of a coordinated checkpoint of a ring job over
 /// nodes.
 #[derive(Args)]
-#[command(
-    after_help = "Everything runs in network namespaces created and removed by cr-bench \
-                   (10.99.0.0/24 inside them only). Progress goes to stderr, the table \
-                   to stdout."
-)]
+#[command(after_help = CLUSTER_HELP)]
 pub struct Opts {
     /// Ring sizes (at most 200).
     #[arg(
@@ -208,10 +209,17 @@ pub(crate) fn on_cluster<T>(
         ));
     }
     let dir = crate::bin_dir(bin_dir)?;
-    let bins: Vec<PathBuf> = ["cr-agent", "cr-coordinatord", "crctl", "cr_run", "wl_ring"]
-        .iter()
-        .map(|b| dir.join(b))
-        .collect();
+    let bins: Vec<PathBuf> = [
+        "cr-agent",
+        "cr-coordinatord",
+        "crctl",
+        "cr_run",
+        "cr_rsh",
+        "wl_ring",
+    ]
+    .iter()
+    .map(|b| dir.join(b))
+    .collect();
     require_bins(&bins.iter().collect::<Vec<_>>())?;
     // The harness finds the binaries there.
     std::env::set_var("CR_BIN_DIR", &dir);

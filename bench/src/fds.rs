@@ -5,7 +5,7 @@
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
     int_in, kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
-    wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, GIB, INTERRUPTED,
+    tool_ok, wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, GIB, INTERRUPTED,
 };
 use clap::{ArgAction, Args, ValueEnum};
 use std::fmt::Write as _;
@@ -471,14 +471,7 @@ fn run_one(
         .arg(&img)
         .arg(pid.to_string());
     let t = run_timed(cmd, &ck_out, &ck_err)?;
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "cr_checkpoint failed ({}): {} {}",
-            describe_status(t.status),
-            file_tail(&ck_err, 1500),
-            file_tail(&ck_out, 300)
-        ));
-    }
+    tool_ok(&t, "cr_checkpoint", &ck_out, &ck_err)?;
     if !wait_gone(pid, Duration::from_secs(5)) {
         return Err(format!(
             "cr_checkpoint --kill exited 0 but left pid {pid} alive"

@@ -21,11 +21,12 @@
 //! 6. A python3 process holding a dict of ~1 GiB, dumped with each
 //!    compression.
 
+use crate::json;
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
     int_in, kernel_release, limit_dump, measure_memcpy, measure_pvm_fresh, mem_available,
-    only_std_fds, proc_exists, proc_state, reap_strays, run_timed, DirGuard, Mapping, ProcGuard,
-    Res, Target, GIB, INTERRUPTED, MIB,
+    only_std_fds, proc_exists, proc_state, reap_strays, run_timed, tool_ok, DirGuard, Mapping,
+    ProcGuard, Res, Target, GIB, INTERRUPTED, MIB,
 };
 use clap::{ArgAction, Args};
 use std::fmt::Write as _;
@@ -129,29 +130,12 @@ fn mib(b: u64) -> f64 {
 }
 
 /// The number after `key` (e.g. "pages=") in `s`, up to a space or comma.
-fn kv(s: &str, key: &str) -> Option<f64> {
+pub(crate) fn kv(s: &str, key: &str) -> Option<f64> {
     let rest = &s[s.find(key)? + key.len()..];
     rest.split(|c: char| c.is_whitespace() || c == ',')
         .next()?
         .parse()
         .ok()
-}
-
-/// An unsigned number field of flat JSON (`"key":123`), first occurrence.
-fn json_u64(s: &str, key: &str) -> Option<u64> {
-    let pat = format!("\"{key}\":");
-    let rest = s[s.find(&pat)? + pat.len()..].trim_start();
-    let end = rest
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(rest.len());
-    rest[..end].parse().ok()
-}
-
-/// A string field of flat JSON (`"key":"value"`), first occurrence.
-fn json_string(s: &str, key: &str) -> Option<String> {
-    let pat = format!("\"{key}\":\"");
-    let rest = &s[s.find(&pat)? + pat.len()..];
-    Some(rest[..rest.find('"')?].to_string())
 }
 
 fn best(v: &[f64]) -> Option<f64> {
@@ -518,19 +502,19 @@ fn dump(bins: &Bins, run_dir: &Path, pid: i32, img: &Path, extra: &[&str]) -> Re
         .args(extra)
         .arg(pid.to_string());
     let t = run_timed(cmd, &out, &err)?;
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "cr_checkpoint {} failed ({}): {} {}",
-            extra.join(" "),
-            describe_status(t.status),
-            file_tail(&err, 1500),
-            file_tail(&out, 300)
-        ));
-    }
-    let printed = file_tail(&out, 2000);
+    let printed = tool_ok(
+        &t,
+        &format!("cr_checkpoint {}", extra.join(" ")),
+        &out,
+        &err,
+    )?;
     let stats = image_stats(bins, img)?;
-    let num =
-        |k: &str| json_u64(&stats, k).ok_or_else(|| format!("cr_image stats: no {k} in {stats}"));
+    let doc = json::parse(&stats, "cr_image stats")?;
+    let num = |k: &str| {
+        json::first(&doc, k)
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| format!("cr_image stats: no {k} in {stats}"))
+    };
     Ok(Dump {
         wall_s: t.secs,
         tool_s: kv(&printed, " fds in "),
@@ -540,7 +524,10 @@ fn dump(bins: &Bins, run_dir: &Path, pid: i32, img: &Path, extra: &[&str]) -> Re
         pages_read: num("pages_read")?,
         pages_stored: num("pages_stored")?,
         pages_parent: num("pages_parent")?,
-        dirty: json_string(&stats, "dirty").unwrap_or_default(),
+        dirty: json::first(&doc, "dirty")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
         image_bytes: dir_bytes(img),
     })
 }

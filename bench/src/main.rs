@@ -9,13 +9,17 @@
 //! [`incr`]), `cr-bench coord ...` the coordinator's protocol cost with
 //! simulated agents (module [`coord`]), `cr-bench cluster ...` the pause of
 //! a coordinated checkpoint of a multi-node job (module [`cluster`]),
-//! `cr-bench migrate ...` the downtime of a migration (module [`migrate`]).
+//! `cr-bench migrate ...` the downtime of a migration (module [`migrate`]),
+//! `cr-bench mpi ...` the cost of periodic checkpoints to a real MPI job
+//! (module [`mpi`]).
 
 mod cluster;
 mod coord;
 mod fds;
 mod incr;
+mod json;
 mod migrate;
+mod mpi;
 mod tcp;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -92,6 +96,8 @@ enum Bench {
     Cluster(cluster::Opts),
     /// Downtime of a migration against memory and dirty rate.
     Migrate(migrate::Opts),
+    /// Pause, checkpoint time and slowdown of a checkpointed MPI job.
+    Mpi(mpi::Opts),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
@@ -539,6 +545,21 @@ fn describe_status(st: i32) -> String {
     }
 }
 
+/// The last lines `t`'s tool printed, or an error with its status and
+/// output when it did not exit 0.
+pub(crate) fn tool_ok(t: &Timed, what: &str, out: &Path, err: &Path) -> Res<String> {
+    let printed = file_tail(out, 2000);
+    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
+        return Err(format!(
+            "{what} failed ({}): {} {}",
+            describe_status(t.status),
+            file_tail(err, 1500),
+            file_tail(out, 300)
+        ));
+    }
+    Ok(printed)
+}
+
 /// Runs `cmd` (stdout/stderr to the given files), measuring wall time from
 /// spawn to wait4() and peak RSS from wait4()'s rusage.
 fn run_timed(mut cmd: Command, out: &Path, err: &Path) -> Res<Timed> {
@@ -876,6 +897,10 @@ struct Sample {
     /// limit_dump split into process_vm_readv, write and fsync seconds.
     limit_dump_parts: Option<[f64; 3]>,
     limit_restore_s: Option<f64>,
+    /// Checkpoint that continues (the default mode, with fsync): wall
+    /// time of the tool and how long the process was frozen.
+    cont_wall_s: Option<f64>,
+    cont_frozen_s: Option<f64>,
     dump_s: Option<f64>,
     dump_rss_kib: Option<u64>,
     restore_s: Option<f64>,
@@ -980,6 +1005,12 @@ fn run_one(
         return Ok(());
     }
 
+    // --- checkpoint that continues ---
+    check_interrupted()?;
+    let (wall, frozen) = continue_dump(bins, opts, &run_dir, pid, len)?;
+    s.cont_wall_s = Some(wall);
+    s.cont_frozen_s = Some(frozen);
+
     // --- dump ---
     check_interrupted()?;
     let img = run_dir.join("img");
@@ -993,16 +1024,8 @@ fn run_one(
         .arg(&img)
         .arg("--kill")
         .arg(pid.to_string());
-    let t = run_timed(cmd, &ck_out, &ck_err)?;
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "cr_checkpoint failed ({}): {} {}",
-            describe_status(t.status),
-            file_tail(&ck_err, 1500),
-            file_tail(&ck_out, 300)
-        ));
-    }
-    let dump = t;
+    let dump = run_timed(cmd, &ck_out, &ck_err)?;
+    tool_ok(&dump, "cr_checkpoint", &ck_out, &ck_err)?;
     // The target was killed by --kill: reap it so that its pid is free.
     if !wait_gone(pid, Duration::from_secs(5)) {
         return Err(format!(
@@ -1044,6 +1067,39 @@ fn run_one(
     }
     reap_strays();
     Ok(())
+}
+
+/// `cr_checkpoint PID` in its default mode (the process runs on, fsync
+/// on): the tool's wall time and the frozen time it reports. The process
+/// should be thawed once its memory is copied, before the write and the
+/// fsync: the frozen time is to be compared with the copy limit.
+fn continue_dump(
+    bins: &Bins,
+    opts: &Opts,
+    run_dir: &Path,
+    pid: i32,
+    len: usize,
+) -> Res<(f64, f64)> {
+    let img = run_dir.join("img-continue");
+    prewarm_file(opts, run_dir, len)?;
+    settle(run_dir);
+    fs::create_dir(&img).map_err(|e| format!("{}: {e}", img.display()))?;
+    let out = run_dir.join("cr_checkpoint-continue.out");
+    let err = run_dir.join("cr_checkpoint-continue.err");
+    let mut cmd = Command::new(&bins.checkpoint);
+    cmd.arg("--dir").arg(&img).arg(pid.to_string());
+    let t = run_timed(cmd, &out, &err)?;
+    let printed = tool_ok(&t, "cr_checkpoint (continue)", &out, &err)?;
+    let frozen = incr::kv(&printed, "frozen ")
+        .ok_or_else(|| format!("cr_checkpoint printed no frozen time: {printed}"))?;
+    if !proc_exists(pid) {
+        return Err(format!(
+            "pid {pid} is gone after a checkpoint that continues"
+        ));
+    }
+    // Free the space (the tmpfs holds one image at a time).
+    fs::remove_dir_all(&img).map_err(|e| format!("rm {}: {e}", img.display()))?;
+    Ok((t.secs, frozen))
 }
 
 // ---------------------------------------------------------------------------
@@ -1091,6 +1147,15 @@ fn agg_rate(row: &Row, agg: Agg, f: impl Fn(&Sample) -> Option<f64>) -> Option<f
             }
         }
     })
+}
+
+/// The shortest of a time over the reps.
+fn min_secs(row: &Row, f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+    row.samples
+        .iter()
+        .filter_map(f)
+        .filter(|x| x.is_finite())
+        .reduce(f64::min)
 }
 
 /// Peak RSS in MiB, maximum over reps.
@@ -1192,6 +1257,35 @@ fn markdown(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
         let _ = writeln!(o);
     }
 
+    let _ = writeln!(
+        o,
+        "## checkpoint that continues (default mode, fsync on)\n\n\
+         The process is thawed once its memory is copied; writing and fsync run \
+         while it runs. copy s = the whole memory read with process_vm_readv into \
+         fresh memory, measured in the same run (best of the reps).\n"
+    );
+    let _ = writeln!(
+        o,
+        "| size | fs | copy s | frozen s | frozen ÷ copy | checkpoint wall s |"
+    );
+    let _ = writeln!(o, "|---|---|---:|---:|---:|---:|");
+    for r in rows {
+        let best = |f: fn(&Sample) -> Option<f64>| min_secs(r, f);
+        let copy = best(|s| s.pvm_fresh_s);
+        let frozen = best(|s| s.cont_frozen_s);
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} |",
+            size_label(r.size_mib),
+            r.fs.name(),
+            fmt_opt(copy, 3),
+            fmt_opt(frozen, 3),
+            fmt_opt(pct(frozen, copy).map(|p| p / 100.0), 2),
+            fmt_opt(best(|s| s.cont_wall_s), 3),
+        );
+    }
+    let _ = writeln!(o);
+
     let _ = writeln!(o, "## context\n");
     let _ = writeln!(
         o,
@@ -1200,11 +1294,7 @@ fn markdown(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
     );
     let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---|---|");
     for r in rows {
-        let secs = |f: fn(&Sample) -> Option<f64>| {
-            let mut v: Vec<f64> = r.samples.iter().filter_map(f).collect();
-            v.sort_by(|a, b| a.total_cmp(b));
-            v.first().copied()
-        };
+        let secs = |f: fn(&Sample) -> Option<f64>| min_secs(r, f);
         let img = r.samples.iter().filter_map(|s| s.image_bytes).max();
         let all = |f: fn(&Sample) -> Option<bool>| {
             let v: Vec<bool> = r.samples.iter().filter_map(f).collect();
@@ -1255,125 +1345,75 @@ fn markdown(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
     o
 }
 
-fn json_str(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            '\r' => o.push_str("\\r"),
-            '\t' => o.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
-fn jf(v: Option<f64>) -> String {
-    match v {
-        Some(x) if x.is_finite() => format!("{x}"),
-        _ => "null".into(),
-    }
-}
-
-fn ju(v: Option<u64>) -> String {
-    v.map_or("null".into(), |x| x.to_string())
-}
-
-fn jb(v: Option<bool>) -> String {
-    v.map_or("null".into(), |x| x.to_string())
-}
-
 fn json(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
-    let mut o = String::new();
-    let _ = write!(
-        o,
-        "{{\"kernel\":{},\"reps\":{},\"gb\":1e9,\"page_cache\":\"warm\",\"targets\":[",
-        json_str(&kernel_release()),
-        opts.reps
-    );
-    for (i, t) in targets.iter().enumerate() {
-        let _ = write!(
-            o,
-            "{}{{\"fs\":{},\"dir\":{},\"fs_type\":{}}}",
-            if i > 0 { "," } else { "" },
-            json_str(t.kind.name()),
-            json_str(&t.dir.to_string_lossy()),
-            json_str(&t.fs_type)
-        );
-    }
-    o.push_str("],\"rows\":[");
-    for (i, r) in rows.iter().enumerate() {
-        if i > 0 {
-            o.push(',');
-        }
-        let _ = write!(
-            o,
-            "{{\"size_mib\":{},\"fs\":{},\"fs_type\":{}",
-            r.size_mib,
-            json_str(r.fs.name()),
-            json_str(&r.fs_type)
-        );
-        for (agg, name) in [(Agg::Best, "best"), (Agg::Median, "median")] {
-            let ld = agg_rate(r, agg, |s| s.limit_dump_s);
-            let d = agg_rate(r, agg, |s| s.dump_s);
-            let lr = agg_rate(r, agg, |s| s.limit_restore_s);
-            let rs = agg_rate(r, agg, |s| s.restore_s);
-            let _ = write!(
-                o,
-                ",\"{name}\":{{\"limit_dump_gbps\":{},\"dump_gbps\":{},\"dump_pct_of_limit\":{},\
-                 \"limit_restore_gbps\":{},\"restore_gbps\":{},\"restore_pct_of_limit\":{},\
-                 \"memcpy_gbps\":{},\"pvm_fresh_gbps\":{}}}",
-                jf(ld),
-                jf(d),
-                jf(pct(d, ld)),
-                jf(lr),
-                jf(rs),
-                jf(pct(rs, lr)),
-                jf(agg_rate(r, agg, |s| s.memcpy_s)),
-                jf(agg_rate(r, agg, |s| s.pvm_fresh_s)),
-            );
-        }
-        let _ = write!(
-            o,
-            ",\"dump_peak_rss_mib\":{},\"restore_peak_rss_mib\":{},\"samples\":[",
-            jf(max_rss_mib(r, |s| s.dump_rss_kib)),
-            jf(max_rss_mib(r, |s| s.restore_rss_kib))
-        );
-        for (j, s) in r.samples.iter().enumerate() {
-            let _ = write!(
-                o,
-                "{}{{\"memcpy_s\":{},\"pvm_fresh_s\":{},\"limit_dump_s\":{},\"limit_dump_parts_s\":{},\"limit_restore_s\":{},\
-                 \"dump_s\":{},\"dump_maxrss_kib\":{},\"restore_s\":{},\"restore_maxrss_kib\":{},\
-                 \"image_bytes\":{},\"same_pid\":{},\"verified\":{},\"error\":{}}}",
-                if j > 0 { "," } else { "" },
-                jf(s.memcpy_s),
-                jf(s.pvm_fresh_s),
-                jf(s.limit_dump_s),
-                s.limit_dump_parts.map_or("null".into(), |p| format!(
-                    "{{\"read\":{},\"write\":{},\"fsync\":{}}}",
-                    p[0], p[1], p[2]
-                )),
-                jf(s.limit_restore_s),
-                jf(s.dump_s),
-                ju(s.dump_rss_kib),
-                jf(s.restore_s),
-                ju(s.restore_rss_kib),
-                ju(s.image_bytes),
-                jb(s.same_pid),
-                jb(s.verified),
-                s.error.as_deref().map_or("null".into(), json_str),
-            );
-        }
-        o.push_str("]}");
-    }
-    o.push_str("]}\n");
-    o
+    use serde_json::{json, Value};
+    let targets: Vec<Value> = targets
+        .iter()
+        .map(|t| json!({"fs": t.kind.name(), "dir": t.dir, "fs_type": t.fs_type}))
+        .collect();
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let mut row = json!({
+                "size_mib": r.size_mib,
+                "fs": r.fs.name(),
+                "fs_type": r.fs_type,
+                "dump_peak_rss_mib": max_rss_mib(r, |s| s.dump_rss_kib),
+                "restore_peak_rss_mib": max_rss_mib(r, |s| s.restore_rss_kib),
+            });
+            for (agg, name) in [(Agg::Best, "best"), (Agg::Median, "median")] {
+                let ld = agg_rate(r, agg, |s| s.limit_dump_s);
+                let d = agg_rate(r, agg, |s| s.dump_s);
+                let lr = agg_rate(r, agg, |s| s.limit_restore_s);
+                let rs = agg_rate(r, agg, |s| s.restore_s);
+                row[name] = json!({
+                    "limit_dump_gbps": ld,
+                    "dump_gbps": d,
+                    "dump_pct_of_limit": pct(d, ld),
+                    "limit_restore_gbps": lr,
+                    "restore_gbps": rs,
+                    "restore_pct_of_limit": pct(rs, lr),
+                    "memcpy_gbps": agg_rate(r, agg, |s| s.memcpy_s),
+                    "pvm_fresh_gbps": agg_rate(r, agg, |s| s.pvm_fresh_s),
+                });
+            }
+            row["samples"] = r
+                .samples
+                .iter()
+                .map(|s| {
+                    json!({
+                        "memcpy_s": s.memcpy_s,
+                        "pvm_fresh_s": s.pvm_fresh_s,
+                        "limit_dump_s": s.limit_dump_s,
+                        "limit_dump_parts_s": s.limit_dump_parts.map(|p| json!({
+                            "read": p[0], "write": p[1], "fsync": p[2],
+                        })),
+                        "limit_restore_s": s.limit_restore_s,
+                        "continue_wall_s": s.cont_wall_s,
+                        "continue_frozen_s": s.cont_frozen_s,
+                        "dump_s": s.dump_s,
+                        "dump_maxrss_kib": s.dump_rss_kib,
+                        "restore_s": s.restore_s,
+                        "restore_maxrss_kib": s.restore_rss_kib,
+                        "image_bytes": s.image_bytes,
+                        "same_pid": s.same_pid,
+                        "verified": s.verified,
+                        "error": s.error,
+                    })
+                })
+                .collect();
+            row
+        })
+        .collect();
+    let doc = json!({
+        "kernel": kernel_release(),
+        "reps": opts.reps,
+        "gb": 1e9,
+        "page_cache": "warm",
+        "targets": targets,
+        "rows": rows,
+    });
+    format!("{doc}\n")
 }
 
 // ---------------------------------------------------------------------------
@@ -1555,6 +1595,7 @@ fn main() {
         Some(Bench::Coord(o)) => coord::run(o),
         Some(Bench::Cluster(o)) => cluster::run(o),
         Some(Bench::Migrate(o)) => migrate::run(o),
+        Some(Bench::Mpi(o)) => mpi::run(o),
         None => real_main(cli.opts),
     };
     let code = match res {

@@ -29,11 +29,7 @@ const LINK_BYTES: u64 = 1 << 30;
 
 /// `cr-bench migrate`.
 #[derive(Args)]
-#[command(
-    after_help = "Everything runs in network namespaces created and removed by cr-bench \
-                   (10.99.0.0/24 inside them only). Progress goes to stderr, the table \
-                   to stdout."
-)]
+#[command(after_help = crate::cluster::CLUSTER_HELP)]
 pub struct Opts {
     /// Memory of the migrated member, MiB.
     #[arg(

@@ -4,10 +4,11 @@
 //! programs took to establish the connections, and a bare loop over the
 //! server's sockets. See the "TCP connections" section of bench/README.md.
 
+use crate::json;
 use crate::{
     check_interrupted, describe_status, dir_bytes, file_tail, fmt_opt, install_signal_handlers,
     int_in, kernel_release, only_std_fds, proc_exists, proc_state, reap_strays, run_timed, settle,
-    wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, Timed, GIB, INTERRUPTED,
+    tool_ok, wait_gone, DirGuard, FsKind, ProcGuard, Res, Target, GIB, INTERRUPTED,
 };
 use clap::{ArgAction, Args};
 use std::fmt::Write as _;
@@ -556,23 +557,13 @@ fn image_queues(bins: &Bins, img: &Path) -> Res<[u64; 4]> {
         &bins.image.to_string_lossy(),
         &["show", "--json", &img.to_string_lossy()],
     )?;
+    let doc = json::parse(&out, "cr_image show --json")?;
     let sum = |key: &str| -> (u64, u64) {
-        let pat = format!("\"{key}\":");
-        let (mut n, mut total) = (0, 0);
-        let mut rest = out.as_str();
-        while let Some(p) = rest.find(&pat) {
-            rest = &rest[p + pat.len()..];
-            let digits: String = rest
-                .trim_start()
-                .chars()
-                .take_while(|c| c.is_ascii_digit())
-                .collect();
-            if let Ok(v) = digits.parse::<u64>() {
-                n += 1;
-                total += v;
-            }
-        }
-        (n, total)
+        let v: Vec<u64> = json::all(&doc, key)
+            .into_iter()
+            .filter_map(serde_json::Value::as_u64)
+            .collect();
+        (v.len() as u64, v.iter().sum())
     };
     let (conns, sendq) = sum("send_queue_bytes");
     Ok([
@@ -647,19 +638,6 @@ fn ping_stats(v: &[(u64, u64)], a: u64, b: u64) -> (Option<f64>, Option<f64>, Op
     rtts.sort_unstable();
     let rtt = (!rtts.is_empty()).then(|| ms(rtts[rtts.len() / 2]));
     (pause.map(ms), rtt, gap_out.map(ms))
-}
-
-fn tool_ok(t: &Timed, what: &str, out: &Path, err: &Path) -> Res<String> {
-    let printed = file_tail(out, 2000);
-    if !(libc::WIFEXITED(t.status) && libc::WEXITSTATUS(t.status) == 0) {
-        return Err(format!(
-            "{what} failed ({}): {} {}",
-            describe_status(t.status),
-            file_tail(err, 1500),
-            file_tail(out, 300)
-        ));
-    }
-    Ok(printed)
 }
 
 /// nft tables left in the namespace: noted in the sample, then deleted so

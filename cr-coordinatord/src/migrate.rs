@@ -25,6 +25,7 @@
 use crate::catalog::{Change, MigrationRecord, NodeRecord};
 use crate::coordinator::{now_unix_ms, Coordinator};
 use crate::error::Error;
+use crate::protocol::RestartOpts;
 use cr_rpc::pb;
 use futures_util::future::join_all;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -430,7 +431,15 @@ impl Coordinator {
         crate::fault::point("migrate").await;
         let placement = Placement::Members(moves.clone());
         let res = self
-            .restart_placed(job, Some(&ck.id), &placement, timeout)
+            .restart_placed(
+                job,
+                Some(&ck.id),
+                &placement,
+                &RestartOpts {
+                    timeout,
+                    ..Default::default()
+                },
+            )
             .await;
         match res {
             Ok(r) => {
@@ -567,7 +576,15 @@ impl Coordinator {
         let until = Instant::now() + Duration::from_secs(10);
         loop {
             match self
-                .restart_placed(job, Some(id), &Placement::Nodes(Vec::new()), timeout)
+                .restart_placed(
+                    job,
+                    Some(id),
+                    &Placement::Nodes(Vec::new()),
+                    &RestartOpts {
+                        timeout,
+                        ..Default::default()
+                    },
+                )
                 .await
             {
                 Err(Error::Busy { .. }) if Instant::now() < until => {

@@ -197,6 +197,16 @@ impl Hosts {
     }
 }
 
+/// How a restart runs (besides where: [`Placement`]).
+#[derive(Debug, Clone, Default)]
+pub struct RestartOpts {
+    /// Bound of the whole restart; `None`: the coordinator's timeout.
+    pub timeout: Option<Duration>,
+    /// Restore although files outside the images changed since the
+    /// checkpoint (`cr_restart --allow-changed-files`).
+    pub allow_changed_files: bool,
+}
+
 impl Coordinator {
     /// Run `fut` unless the coordinator stops first.
     async fn unless_stopped<T>(&self, fut: impl Future<Output = T>) -> Result<T, String> {
@@ -787,7 +797,11 @@ impl Coordinator {
         on: &[String],
         timeout: Option<Duration>,
     ) -> Result<pb::RestartReply, Error> {
-        self.restart_placed(job, checkpoint, &Placement::Nodes(on.to_vec()), timeout)
+        let opts = RestartOpts {
+            timeout,
+            ..Default::default()
+        };
+        self.restart_placed(job, checkpoint, &Placement::Nodes(on.to_vec()), &opts)
             .await
     }
 
@@ -798,10 +812,10 @@ impl Coordinator {
         job: &str,
         checkpoint: Option<&str>,
         placement: &Placement,
-        timeout: Option<Duration>,
+        opts: &RestartOpts,
     ) -> Result<pb::RestartReply, Error> {
         let t0 = Instant::now();
-        let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
+        let deadline = t0 + opts.timeout.unwrap_or(self.settings.timeout);
         let busy = self.begin(job, OpKind::Restart, format!("restart of {job}"))?;
         let live = self.liveness();
         let (jobrec, ck, node_recs) = self.catalog.read(|s| {
@@ -957,6 +971,7 @@ impl Coordinator {
                 targets: ts.clone(),
                 map_addr: map_addr.clone(),
                 timeout_ms,
+                allow_changed_files: opts.allow_changed_files,
             };
             timed(deadline, "RESTORE", node, self.agents.restore(node, req))
         });

@@ -6,6 +6,8 @@
 
 use crate::coordinator::Coordinator;
 use crate::error::Error;
+use crate::migrate::Placement;
+use crate::protocol::RestartOpts;
 use cr_rpc::pb;
 use cr_rpc::pb::coordinator_server::CoordinatorServer;
 use std::sync::Arc;
@@ -135,7 +137,11 @@ impl pb::coordinator_server::Coordinator for Service {
         joined(
             tokio::spawn(async move {
                 let ck = Some(req.checkpoint.as_str()).filter(|s| !s.is_empty());
-                c.restart(&req.job, ck, &req.on, timeout(req.timeout_secs))
+                let opts = RestartOpts {
+                    timeout: timeout(req.timeout_secs),
+                    allow_changed_files: req.allow_changed_files,
+                };
+                c.restart_placed(&req.job, ck, &Placement::Nodes(req.on), &opts)
                     .await
             })
             .await,

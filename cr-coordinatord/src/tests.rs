@@ -5,6 +5,8 @@ use crate::agents::{AgentApi, AgentResult};
 use crate::catalog::{self, Catalog, Change, CheckpointRecord, JobRecord};
 use crate::coordinator::{Coordinator, Settings};
 use crate::error::Error;
+use crate::migrate::Placement;
+use crate::protocol::RestartOpts;
 use cr_rpc::pb;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -672,14 +674,29 @@ async fn restart_with_placement_and_address_map() {
         .unwrap();
     assert_eq!(env.coord.job("J").unwrap().state, "stopped");
 
-    // Two nodes onto n2 and n1 (swapped): every address moves.
+    // Two nodes onto n2 and n1 (swapped): every address moves; the
+    // operator's --allow-changed-files reaches every agent.
+    let opts = RestartOpts {
+        allow_changed_files: true,
+        ..Default::default()
+    };
     let r = env
         .coord
-        .restart("J", Some("J-1"), &["n2".into(), "n1".into()], None)
+        .restart_placed(
+            "J",
+            Some("J-1"),
+            &Placement::Nodes(vec!["n2".into(), "n1".into()]),
+            &opts,
+        )
         .await
         .unwrap();
     assert_eq!(r.map_addr, ["10.0.0.1=10.0.0.2", "10.0.0.2=10.0.0.1"]);
     assert_eq!(r.procs.len(), 2);
+    let restored = env.fake.restored.lock().unwrap();
+    assert!(!restored["J-restart-1"]["n3"].allow_changed_files);
+    assert!(["n1", "n2"]
+        .iter()
+        .all(|n| restored["J-restart-2"][*n].allow_changed_files));
 }
 
 #[tokio::test]
@@ -1000,4 +1017,38 @@ async fn checkpoint_lost_in_a_crash_is_aborted_when_agents_register() {
         c.checkpoints("J", true).unwrap().checkpoints[0].state,
         "aborted"
     );
+}
+
+/// A launch that arrives before the asking node's heartbeat naming the
+/// caller (mpiexec starts its proxies right away) waits for it; without
+/// one it is refused after a bound.
+#[tokio::test]
+async fn launch_waits_for_the_callers_membership() {
+    let env = Env::new(2);
+    let coord = env.coord.clone();
+    let later = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        coord
+            .heartbeat(pb::HeartbeatRequest {
+                node: "n1".into(),
+                members: vec![member("J", 101), member("K", 150)],
+                generation: 2,
+            })
+            .unwrap();
+    });
+    let req = |job: &str| pb::LaunchRequest {
+        job: job.into(),
+        host: "n2".into(),
+        command: vec!["true".into()],
+        ..Default::default()
+    };
+    // K reached the coordinator while the launch waited: forwarded to n2
+    // (whose fake agent cannot start commands).
+    let e = env.coord.launch("n1", req("K")).await.unwrap_err();
+    assert!(e.to_string().contains("cannot start commands"), "{e}");
+    later.await.unwrap();
+    let t = std::time::Instant::now();
+    let e = env.coord.launch("n1", req("nope")).await.unwrap_err();
+    assert_eq!(e.to_string(), "no job nope");
+    assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
 }

@@ -429,6 +429,7 @@ impl Held {
         // Read while nothing runs: System V objects and a job's mounts.
         let sysv = kinds::sysv::capture(&d, &images)?;
         let mounts = kinds::mounts::capture(&d, &images)?;
+        let uts = kinds::uts::capture(&images)?;
         let own_shm = mounts.as_ref().is_some_and(|m| m.dev_shm.is_some());
         let outside_files = kinds::outside::capture(&mut d, &pids, &images, own_shm)?;
         if memory::has_snapshots(&mut d) {
@@ -470,6 +471,7 @@ impl Held {
             sysv,
             mounts,
             job_dir: job_dir(root).map(|d| d.display().to_string()),
+            uts,
             outside_files,
         };
         fault::check("before-commit")?;
@@ -712,6 +714,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             sysv: None,
             mounts: None,
             job_dir: None,
+            uts: None,
             outside_files: Vec::new(),
         };
         fault::check("before-commit")?;

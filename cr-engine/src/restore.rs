@@ -190,7 +190,9 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
     }
     // Stubs, parents before children, with sessions and groups.
     let mut stubs = kinds::tree::restore::spawn(&ck, &mut r.ids, opts.shell_job)?;
-    // What the whole tree shares, in its namespaces: mounts, IPC objects.
+    // What the whole tree shares, in its namespaces: host name, mounts
+    // (and ptys), IPC objects.
+    kinds::uts::prepare(&ck, &mut stubs[0])?;
     kinds::mounts::prepare(&mut r, &mut stubs[0])?;
     kinds::sysv::prepare(&mut r, stubs[0].tid())?;
     let mut threads = Vec::with_capacity(ck.processes.len());

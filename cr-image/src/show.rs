@@ -22,6 +22,7 @@ pub struct ImageView<'a> {
     sysv: &'a Option<crate::model::SysvIpc>,
     mounts: &'a Option<crate::model::MountNs>,
     job_dir: &'a Option<String>,
+    uts: &'a Option<crate::model::UtsNs>,
 }
 
 #[derive(Serialize)]
@@ -53,6 +54,7 @@ pub fn view(ck: &Checkpoint) -> ImageView<'_> {
         sysv: &ck.sysv,
         mounts: &ck.mounts,
         job_dir: &ck.job_dir,
+        uts: &ck.uts,
     }
 }
 
@@ -270,12 +272,20 @@ pub fn to_text(ck: &Checkpoint) -> String {
     if let Some(m) = &ck.mounts {
         let _ = writeln!(
             s,
-            "\nown mount namespace: /proc {}, /dev/shm {}",
+            "\nown mount namespace: /proc {}, /dev/shm {}, /dev/pts {}",
             if m.proc { "of its own" } else { "the host's" },
             m.dev_shm.as_ref().map_or_else(
                 || "the host's".to_string(),
                 |t| format!("private ({} entries)", t.entries.len())
-            )
+            ),
+            if m.devpts { "of its own" } else { "the host's" },
+        );
+    }
+    if let Some(u) = &ck.uts {
+        let _ = writeln!(
+            s,
+            "own UTS namespace: host name {:?}, domain name {:?}",
+            u.hostname, u.domainname
         );
     }
     if let Some(d) = &ck.job_dir {

@@ -796,12 +796,14 @@ pub fn pty_peer(master: &OwnedFd, accmode: i32) -> Result<OwnedFd> {
     own(r as i64, || "ioctl(TIOCGPTPEER)".into())
 }
 
-/// Open a new pty pair with index `want`: devpts hands out the lowest free
-/// index, so the pairs below it are opened and held until we get there.
-pub fn open_pty_index(want: u32) -> Result<OwnedFd> {
+/// Open a new pty pair with index `want` through the multiplexer `ptmx`
+/// (/dev/ptmx, or the ptmx of another devpts instance): devpts hands out
+/// the lowest free index, so the pairs below it are opened and held until
+/// we get there.
+pub fn open_pty_index(ptmx: &str, want: u32) -> Result<OwnedFd> {
     let mut below = Vec::new();
     loop {
-        let m = open("/dev/ptmx", libc::O_RDWR | libc::O_NOCTTY)?;
+        let m = open(ptmx, libc::O_RDWR | libc::O_NOCTTY)?;
         let idx = pty_index(&m)?;
         if idx == want {
             set_pty_locked(&m, false)?;

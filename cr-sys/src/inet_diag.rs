@@ -18,8 +18,8 @@
 
 use crate::error::{Errno, Result};
 use crate::sock_diag::{
-    exchange, message, next_seq, u32_at, QueryError, NLM_F_ACK, NLM_F_REQUEST, SOCK_DESTROY,
-    SOCK_DIAG_BY_FAMILY,
+    exchange, message, next_seq, u32_at, QueryError, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+    SOCK_DESTROY, SOCK_DIAG_BY_FAMILY,
 };
 use std::net::{IpAddr, SocketAddr};
 
@@ -31,6 +31,13 @@ const REQ_LEN: usize = 56;
 const MSG_STATE: usize = 1;
 const MSG_COOKIE: usize = 44;
 const MSG_INODE: usize = 68;
+/// Offsets of `struct inet_diag_sockid` in `struct inet_diag_msg`.
+const MSG_SPORT: usize = 4;
+const MSG_DPORT: usize = 6;
+const MSG_SRC: usize = 8;
+const MSG_DST: usize = 24;
+/// TCP_LISTEN (include/net/tcp_states.h).
+const LISTEN: u8 = 10;
 
 /// One TCP socket as an exact lookup reports it.
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +136,81 @@ pub fn destroy_orphan(local: SocketAddr, remote: SocketAddr) -> Result<Option<u8
     }
 }
 
+/// The address at `off` of an `inet_diag_msg` of `family`.
+fn addr_at(p: &[u8], off: usize, port: usize, v4: bool) -> Option<SocketAddr> {
+    let port = u16::from_be_bytes([*p.get(port)?, *p.get(port + 1)?]);
+    let ip: IpAddr = if v4 {
+        <[u8; 4]>::try_from(p.get(off..off + 4)?).ok()?.into()
+    } else {
+        <[u8; 16]>::try_from(p.get(off..off + 16)?).ok()?.into()
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// Destroy every TCP socket that no process holds (closing, TIME-WAIT)
+/// and whose local address `local` would need, that is its port on the
+/// same or any address; returns their states. For a listener that cannot
+/// bind because the killed original's closed connections (accepted on
+/// that port) still linger.
+pub fn destroy_orphans_on_port(local: SocketAddr) -> Result<Vec<u8>> {
+    let v4 = local.is_ipv4();
+    let any = SocketAddr::new(
+        if v4 {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u8; 16])
+        },
+        0,
+    );
+    let seq = next_seq();
+    let req = message(
+        SOCK_DIAG_BY_FAMILY,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+        &request(any, any, [NOCOOKIE; 2]),
+    );
+    let mut found = Vec::new();
+    let r = exchange(&req, seq, &mut |_, p| {
+        let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
+        let state = *p.get(MSG_STATE).ok_or_else(bad)?;
+        let inode = u32_at(p, MSG_INODE).ok_or_else(bad)?;
+        let l = addr_at(p, MSG_SRC, MSG_SPORT, v4).ok_or_else(bad)?;
+        let r = addr_at(p, MSG_DST, MSG_DPORT, v4).ok_or_else(bad)?;
+        let overlaps =
+            local.ip().is_unspecified() || l.ip().is_unspecified() || l.ip() == local.ip();
+        if inode == 0 && state != LISTEN && l.port() == local.port() && overlaps {
+            let cookie = [
+                u32_at(p, MSG_COOKIE).ok_or_else(bad)?,
+                u32_at(p, MSG_COOKIE + 4).ok_or_else(bad)?,
+            ];
+            found.push((l, r, cookie, state));
+        }
+        Ok(())
+    });
+    r.map_err(|e| {
+        e.into_sys_error(format!(
+            "sock_diag dump of TCP sockets on port {}",
+            local.port()
+        ))
+    })?;
+    let mut destroyed = Vec::new();
+    for (l, r, cookie, state) in found {
+        let seq = next_seq();
+        let req = message(
+            SOCK_DESTROY,
+            NLM_F_REQUEST | NLM_F_ACK,
+            seq,
+            &request(l, r, cookie),
+        );
+        match exchange(&req, seq, &mut |_, _| Ok(())) {
+            Ok(()) => destroyed.push(state),
+            Err(QueryError::Kernel(Errno(libc::ENOENT))) => {}
+            Err(e) => return Err(e.into_sys_error(describe("destroy", l, r))),
+        }
+    }
+    Ok(destroyed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +243,27 @@ mod tests {
             lookup(remote, local).unwrap().is_some(),
             "the other end is held"
         );
+    }
+
+    #[test]
+    fn closed_connections_of_a_port_are_destroyed_the_held_ones_kept() {
+        let lis = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = lis.local_addr().unwrap();
+        let c1 = TcpStream::connect(port).unwrap();
+        let (s1, _) = lis.accept().unwrap();
+        let c2 = TcpStream::connect(port).unwrap();
+        let (s2, _) = lis.accept().unwrap();
+        let closed = (s1.local_addr().unwrap(), s1.peer_addr().unwrap());
+        drop(s1); // the server side closes first: FIN-WAIT-2 on the port
+        let any = SocketAddr::new(IpAddr::from([0u8; 4]), port.port());
+        let states = destroy_orphans_on_port(any).unwrap();
+        assert_eq!(states.len(), 1, "{states:?}");
+        // An exact lookup falls back to the listener of the port.
+        let after = lookup(closed.0, closed.1).unwrap();
+        assert!(after.is_none_or(|s| s.state == LISTEN), "{after:?}");
+        // Held ones and the listener stay.
+        let held = (s2.local_addr().unwrap(), s2.peer_addr().unwrap());
+        assert!(lookup(held.0, held.1).unwrap().is_some());
+        drop((c1, c2, lis));
     }
 }

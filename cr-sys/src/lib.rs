@@ -17,6 +17,7 @@
 //! - [`netlock`]: holding TCP connections still (nft) between dump and restore.
 //! - [`sysv`]: System V shared memory, semaphores and message queues.
 //! - [`ns`]: namespaces: another process's, its IPC namespace from a thread, a job's mounts.
+//! - [`spank`]: Slurm's SPANK plugin interface (for the cr-spank plugin).
 
 pub mod clone;
 pub mod dirty;
@@ -35,6 +36,7 @@ pub mod ptrace;
 pub mod regs;
 pub mod remote;
 pub(crate) mod sock_diag;
+pub mod spank;
 pub mod sysv;
 pub mod unix_diag;
 

@@ -1,8 +1,9 @@
 //! Namespaces: the namespaces of another process (`/proc/PID/ns/*`),
-//! running code in another process's IPC namespace (from a thread of our
-//! own: `setns` of an IPC namespace changes only the calling thread), and
-//! the mounts a `cr_run` job gets in its own mount namespace: a fresh
-//! /proc for its PID namespace and a private tmpfs on /dev/shm.
+//! running code in another process's IPC or UTS namespace (from a thread
+//! of our own: `setns` of those changes only the calling thread), the host
+//! names of a UTS namespace, and the mounts a `cr_run` job gets in its own
+//! mount namespace: a fresh /proc for its PID namespace, a private tmpfs on
+//! /dev/shm and a devpts instance of its own (its pseudo-terminals).
 
 use crate::error::{io_err, NixResult, Result, SysError};
 use std::os::fd::OwnedFd;
@@ -33,23 +34,52 @@ pub fn in_ipc_ns<R: Send, E: Send + From<SysError>>(
     ns: Option<&OwnedFd>,
     f: impl FnOnce() -> Result<R, E> + Send,
 ) -> Result<R, E> {
+    in_thread_ns(ns, nix::sched::CloneFlags::CLONE_NEWIPC, "IPC", f)
+}
+
+/// Run `f` on a thread of its own that joined the namespace `ns` (None:
+/// ours) of kind `flag` (one a thread may join alone: IPC, UTS, network).
+fn in_thread_ns<R: Send, E: Send + From<SysError>>(
+    ns: Option<&OwnedFd>,
+    flag: nix::sched::CloneFlags,
+    what: &str,
+    f: impl FnOnce() -> Result<R, E> + Send,
+) -> Result<R, E> {
     std::thread::scope(|s| {
         s.spawn(|| {
             if let Some(fd) = ns {
-                nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWIPC)
-                    .or_sys(|| "setns(IPC namespace)".into())?;
+                nix::sched::setns(fd, flag).or_sys(|| format!("setns({what} namespace)"))?;
             }
             f()
         })
         .join()
         .unwrap_or_else(|_| {
             Err(SysError::Command {
-                what: "a thread working in an IPC namespace".into(),
+                what: format!("a thread working in an {what} namespace"),
                 detail: "it panicked".into(),
             }
             .into())
         })
     })
+}
+
+/// The host name and NIS domain name of the UTS namespace of process `pid`
+/// (read by a thread of ours that joins it: /proc/sys/kernel/hostname shows
+/// the reader's namespace, whoever's /proc it is).
+pub fn uts_names(pid: i32) -> Result<(String, String)> {
+    let fd = open(pid, "uts")?;
+    in_thread_ns(
+        Some(&fd),
+        nix::sched::CloneFlags::CLONE_NEWUTS,
+        "UTS",
+        || {
+            let read = |name: &str| {
+                crate::proc::read_string(&format!("/proc/sys/kernel/{name}"))
+                    .map(|v| v.trim_end_matches('\n').to_string())
+            };
+            Ok((read("hostname")?, read("domainname")?))
+        },
+    )
 }
 
 /// One mount of a job's own mount namespace.
@@ -66,11 +96,24 @@ pub struct Mount {
 /// Where a job's private tmpfs goes.
 pub const DEV_SHM: &str = "/dev/shm";
 
+/// Where a job's own devpts instance goes, and the multiplexer bound over
+/// /dev/ptmx (so that openpt(3) allocates from the job's instance).
+pub const DEV_PTS: &str = "/dev/pts";
+pub const DEV_PTMX: &str = "/dev/ptmx";
+
+/// The options of a job's devpts: a new instance (its own pty numbers,
+/// from 0), its ptmx usable by all, slaves as the system's (group tty).
+const DEVPTS_OPTIONS: &str = "newinstance,ptmxmode=0666,mode=0620,gid=5";
+
 /// The mounts that make a job's mount namespace its own, in order: its
 /// mounts stop propagating to the host (and back), then a fresh /proc
 /// (which must be mounted by a process of the job's PID namespace to show
-/// it), then a tmpfs on /dev/shm with root mode `shm_mode`, if wanted.
-pub fn job_mounts(proc: bool, shm_mode: Option<u32>) -> Vec<Mount> {
+/// it), then a tmpfs on /dev/shm with root mode `shm_mode`, if wanted, then
+/// a devpts instance of its own on /dev/pts with its ptmx bound over
+/// /dev/ptmx, if `devpts`: the pseudo-terminals the job opens (Open MPI's
+/// daemons give every rank one) are numbered in the job alone, so that a
+/// restore anywhere gets the same numbers again.
+pub fn job_mounts(proc: bool, shm_mode: Option<u32>, devpts: bool) -> Vec<Mount> {
     let mut v = vec![Mount {
         source: "none",
         target: "/",
@@ -96,6 +139,22 @@ pub fn job_mounts(proc: bool, shm_mode: Option<u32>) -> Vec<Mount> {
             data: format!("mode={:o}", mode & 0o7777),
         });
     }
+    if devpts {
+        v.push(Mount {
+            source: "devpts",
+            target: DEV_PTS,
+            fstype: "devpts",
+            flags: libc::MS_NOSUID | libc::MS_NOEXEC,
+            data: DEVPTS_OPTIONS.into(),
+        });
+        v.push(Mount {
+            source: "/dev/pts/ptmx",
+            target: DEV_PTMX,
+            fstype: "",
+            flags: libc::MS_BIND,
+            data: String::new(),
+        });
+    }
     v
 }
 
@@ -114,16 +173,21 @@ pub fn mount(m: &Mount) -> Result<()> {
     .or_sys(|| format!("mounting {} on {}", m.source, m.target))
 }
 
-/// Put the caller in a mount namespace and an IPC namespace of its own
-/// (cr_run, before it starts the job) and make the mounts a job gets
-/// there, but for /proc ([`mount_proc_in_child`]): its mounts stop
-/// propagating, a private tmpfs covers /dev/shm (where the host has one).
+/// Put the caller in mount, IPC and UTS namespaces of its own (cr_run,
+/// before it starts the job) and make the mounts a job gets there, but for
+/// /proc ([`mount_proc_in_child`]): its mounts stop propagating, a private
+/// tmpfs covers /dev/shm and a devpts instance of its own /dev/pts (where
+/// the host has them). The UTS namespace starts with the node's host name,
+/// which the job keeps wherever it is restored.
 pub fn unshare_job_namespaces() -> Result<()> {
     use nix::sched::CloneFlags;
-    nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC)
-        .or_sys(|| "unshare(mount and IPC namespaces)".into())?;
+    nix::sched::unshare(
+        CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWUTS,
+    )
+    .or_sys(|| "unshare(mount, IPC and UTS namespaces)".into())?;
     let shm = std::path::Path::new(DEV_SHM).is_dir().then_some(0o1777);
-    for m in job_mounts(false, shm) {
+    let devpts = std::path::Path::new(DEV_PTS).is_dir() && std::path::Path::new(DEV_PTMX).exists();
+    for m in job_mounts(false, shm, devpts) {
         mount(&m)?;
     }
     Ok(())
@@ -134,7 +198,9 @@ pub fn unshare_job_namespaces() -> Result<()> {
 /// copy of ours), so that ours keeps the /proc of our PID namespace.
 pub fn mount_proc_in_child(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
-    let m = job_mounts(true, None).pop().expect("the /proc mount");
+    let m = job_mounts(true, None, false)
+        .pop()
+        .expect("the /proc mount");
     let c = |s: &str| std::ffi::CString::new(s).expect("no NUL in a mount argument");
     let (source, target, fstype) = (c(m.source), c(m.target), c(m.fstype));
     let flags = m.flags as libc::c_ulong;

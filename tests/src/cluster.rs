@@ -776,6 +776,9 @@ impl<'h> Cluster<'h> {
             args.push(format!("{COORDINATOR_IP}:{COORDINATOR_PORT}").into());
         }
         let log = self.agent_log(k);
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         self.log_mark(
             &log,
             &format!("starting cr-agent of {node} (extra env {:?})", o.env),
@@ -808,6 +811,23 @@ impl<'h> Cluster<'h> {
             );
         } else {
             self.wait_nodes_up(&[k]);
+            // A node restarted quickly may still be "up" from its previous
+            // agent's heartbeats: wait until this agent was heard from.
+            poll_until(
+                &format!("the new agent of {node} to register"),
+                DAEMON_TIMEOUT,
+                POLL_PERIOD,
+                || {
+                    self.check_agent_alive(k, "before registering");
+                    let out = self.crctl_poll(&["--json", "nodes"]);
+                    serde_json::from_str::<Value>(&out.stdout).is_ok_and(|v| {
+                        jlist(&v, "nodes").into_iter().any(|n| {
+                            jstr(n, "name") == node && ju64(n, "last_seen_unix_ms") >= started_ms
+                        })
+                    })
+                },
+                || self.diag(),
+            );
         }
     }
 
@@ -937,9 +957,23 @@ impl<'h> Cluster<'h> {
         exe: &Path,
         args: &[OsString],
     ) -> ToolOutput {
+        self.run_env(ns, name, exe, args, &[])
+    }
+
+    /// `exe ARGS...` with extra environment `env`, run to completion in
+    /// namespace `ns` (see [`Cluster::spawn_in`]), output in
+    /// `DIR/cmds/NNNN-NAME.{out,err}`.
+    pub fn run_env(
+        &self,
+        ns: Option<&Netns>,
+        name: &str,
+        exe: &Path,
+        args: &[OsString],
+        env: &[(String, String)],
+    ) -> ToolOutput {
         let n = self.next_seq();
         let base = self.dir.join("cmds").join(format!("{n:04}-{name}"));
-        self.run_files(ns, exe, args, &base)
+        self.run_files(ns, exe, args, env, &base)
     }
 
     fn run_files(
@@ -947,13 +981,18 @@ impl<'h> Cluster<'h> {
         ns: Option<&Netns>,
         exe: &Path,
         args: &[OsString],
+        env: &[(String, String)],
         base: &Path,
     ) -> ToolOutput {
         let out = base.with_extension("out");
         let err = base.with_extension("err");
         let _ = std::fs::remove_file(&out);
         let _ = std::fs::remove_file(&err);
-        let mut sp = self.spawn_in(ns, "crctl", exe, args, &[], (&out, &err));
+        let label = exe
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut sp = self.spawn_in(ns, &label, exe, args, env, (&out, &err));
         sp.wait(CRCTL_TIMEOUT, || self.diag())
     }
 
@@ -1013,6 +1052,7 @@ impl<'h> Cluster<'h> {
             Some(&self.coord_ns),
             &tool_path("crctl"),
             &self.crctl_args(args),
+            &[],
             &self.dir.join("cmds").join("poll"),
         )
     }

@@ -2,7 +2,8 @@
 //!
 //! * [`wl`]: helpers for the workload binaries (`src/bin/wl_*.rs`).
 //! * [`netns`]: network namespaces; [`cluster`]: a cluster of agents and a
-//!   coordinator in namespaces joined by a bridge, and ring jobs on it.
+//!   coordinator in namespaces joined by a bridge, and ring jobs on it;
+//!   [`slurm`]: a real Slurm (munged, slurmctld, a slurmd per node) on it.
 //! * Everything else: the test-side harness. A [`Harness`] owns a fresh temp
 //!   directory; every process a test starts is wrapped in a [`Proc`] whose `Drop`
 //!   kills it (by PID, and only if it is still the process we started) and reaps it,
@@ -13,9 +14,11 @@
 
 pub mod cluster;
 pub mod faults;
+pub mod mpi;
 pub mod netns;
 pub mod node;
 pub mod resp;
+pub mod slurm;
 pub mod wl;
 
 use std::cell::Cell;
@@ -500,6 +503,20 @@ impl Proc {
             self.pid,
             std::io::Error::last_os_error()
         );
+    }
+
+    /// Stops the process: SIGTERM, then SIGKILL if it has not exited
+    /// within `grace`.
+    pub fn terminate(&mut self, grace: Duration) {
+        if self.has_exited() {
+            return;
+        }
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while !self.has_exited() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill_and_reap();
     }
 
     /// SIGKILLs the process if it is still ours, then reaps it if we can.

@@ -21,7 +21,7 @@
 
 use cr_tests::cluster::{jlist, jstr, ju64, node_name, AgentOpts, Cluster, Ring, Spawned};
 use cr_tests::faults::{run_to_fault, Faults};
-use cr_tests::{wait_until, Harness};
+use cr_tests::{read_text, wait_until, Harness};
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
@@ -276,7 +276,14 @@ fn drain_node_with_three_jobs() {
         "crctl nodes should show n1 drained:\n{}",
         nodes.show()
     );
-    // (The agent heard it with its first heartbeat after the drain began.)
+    // The agent hears it with a heartbeat reply: wait for that.
+    let log = c.agent_log(1);
+    wait_until(
+        "n1's agent to learn that its node is drained",
+        Duration::from_secs(20),
+        || read_text(&log).contains("the coordinator changed the node's drain state drained=true"),
+        || c.diag(),
+    );
     let mut sp = c.run_member("d", 1, "refused", &["/bin/sleep".into(), "30".into()]);
     let o = sp.wait(Duration::from_secs(20), || c.diag());
     assert!(

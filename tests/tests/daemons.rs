@@ -296,19 +296,25 @@ fn start<S: Service>(h: &Harness, svc: &S, mode: Mode) -> Started {
             Started { proc, out, err }
         }
     };
-    let mut s = started;
-    let t0 = Instant::now();
-    while !accepts(svc.port()) {
-        assert!(
-            t0.elapsed() < PHASE_TIMEOUT && !s.proc.has_exited(),
-            "{} ({mode:?}) did not start\n{}\n{}",
-            svc.name(),
-            s.diag(),
-            svc.diag()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    s
+    let s = std::cell::RefCell::new(started);
+    let what = format!("{} ({mode:?}) to start", svc.name());
+    let diag = || format!("{}\n{}", s.borrow().diag(), svc.diag());
+    wait_until(
+        &what,
+        PHASE_TIMEOUT,
+        || {
+            let exited = s.borrow_mut().proc.has_exited();
+            assert!(
+                !exited,
+                "{} ({mode:?}) did not start\n{}",
+                svc.name(),
+                diag()
+            );
+            accepts(svc.port())
+        },
+        diag,
+    );
+    s.into_inner()
 }
 
 /// The daemon's main process (as seen from here): the job's root under

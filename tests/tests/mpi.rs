@@ -12,15 +12,15 @@
 //! * `open_mpi_c_programs` (and mpi4py), `mpich_c_programs`: the MPI
 //!   programs (ring, allreduce, halo) under `cr_run --job` on n1, their
 //!   remote daemons started through cr_rsh, 2 ranks on each of 3 nodes;
-//!   checkpointed twice while they run; they finish with the result of a
-//!   run without checkpoints. One cluster per test, the programs one after
-//!   the other as jobs of their own.
+//!   checkpointed while they run, killed by a checkpoint and restarted on
+//!   the same nodes, killed again and restarted on other nodes; they finish
+//!   with the result of a run without checkpoints, every rank with the host
+//!   name it started with. One cluster per test, the programs one after the
+//!   other as jobs of their own.
 
 use cr_tests::cluster::{node_name, Cluster, Spawned, POLL_PERIOD};
-use cr_tests::{bin_dir, read_text, script_path, tail, wait_until, Harness};
+use cr_tests::{bin_dir, mpi, read_text, script_path, tail, wait_until, Harness};
 use std::ffi::OsString;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 /// Deadline for a job to make progress or to finish.
@@ -32,15 +32,6 @@ fn cluster(h: &Harness) -> Cluster<'_> {
     c.start_coordinator();
     c.start_agents(&[1, 2, 3]);
     c
-}
-
-/// PATH with our tools (cr_rsh) first.
-fn path_env() -> (String, String) {
-    let old = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
-    (
-        "PATH".into(),
-        format!("{}:/usr/local/bin:/usr/bin:/bin:{old}", bin_dir().display()),
-    )
 }
 
 /// A job whose root (on n1) writes what it has to say to its stdout file.
@@ -57,7 +48,7 @@ impl<'c> Job<'c> {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        env.push(path_env());
+        env.push(mpi::path_env());
         let runner = c.run_member_env(name, 1, name, &argv, &env);
         Job {
             c,
@@ -100,9 +91,14 @@ impl<'c> Job<'c> {
 
     /// Waits until it printed `progress` past `from + delta`.
     fn wait_progress(&self, from: u64, delta: u64, what: &str) -> u64 {
+        self.wait_progress_within(from, delta, what, RUN_TIMEOUT)
+    }
+
+    /// [`Job::wait_progress`] with a deadline of `timeout`.
+    fn wait_progress_within(&self, from: u64, delta: u64, what: &str, timeout: Duration) -> u64 {
         wait_until(
             &format!("job {} to progress past {} {what}", self.name, from + delta),
-            RUN_TIMEOUT,
+            timeout,
             || {
                 self.assert_no_fail();
                 self.progress() >= from + delta
@@ -153,11 +149,12 @@ impl<'c> Job<'c> {
         }
     }
 
-    /// Waits for its final line (`ok_prefix`...), which must say OK.
-    fn wait_result(&self, ok_prefix: &str) -> String {
+    /// Waits up to `timeout` for its final line (`ok_prefix`...), which
+    /// must say OK.
+    fn wait_result(&self, ok_prefix: &str, timeout: Duration) -> String {
         wait_until(
             &format!("job {} to finish", self.name),
-            RUN_TIMEOUT,
+            timeout,
             || {
                 self.assert_no_fail();
                 self.output().lines().any(|l| l.starts_with(ok_prefix))
@@ -209,23 +206,10 @@ fn cr_rsh_relays_and_survives_restart() {
     // n1 -> n2, n2 -> n3.
     job.restart(&MOVED[..2]);
     job.wait_progress(p, 30, "after the restart on other nodes");
-    job.wait_result("OK");
+    job.wait_result("OK", RUN_TIMEOUT);
 }
 
 // ---------------------------------------------------------------- MPI
-
-/// Compiles tests/workloads/mpi_check.c with `mpicc` into the harness dir.
-fn build_check(h: &Harness, mpicc: &str, name: &str) -> PathBuf {
-    let out = h.dir.join(name);
-    let st = Command::new(mpicc)
-        .args(["-O2", "-o"])
-        .arg(&out)
-        .arg(script_path("mpi_check.c"))
-        .status()
-        .unwrap_or_else(|e| panic!("run {mpicc} (install libopenmpi-dev / libmpich-dev): {e}"));
-    assert!(st.success(), "{mpicc} mpi_check.c failed: {st}");
-    out
-}
 
 /// Debian's python3, for which python3-mpi4py is built (for Open MPI).
 const MPI4PY_PYTHON: &str = "/usr/bin/python3";
@@ -233,85 +217,63 @@ const MPI4PY_PYTHON: &str = "/usr/bin/python3";
 /// The ranks' placement: 2 per node.
 const HOSTS: &str = "n1:2,n2:2,n3:2";
 
-/// `mpirun` of Open MPI with its remote daemons started by cr_rsh, its
-/// session directories under `tmp` (one per job: every mpirun is PID 1 of
-/// its job's PID namespace, so jobs of one node get the same Open MPI job
-/// id, and would share their session directories).
+/// Ranks of every job.
+const NP: usize = 6;
+
+/// Open MPI's mpirun of `prog` on [`HOSTS`], session directories under `tmp`.
 fn open_mpi(tmp: &std::path::Path, prog: &[&str]) -> Vec<String> {
-    std::fs::create_dir_all(tmp).expect("mkdir the job's session directory base");
-    let mut v: Vec<String> = [
-        "mpirun.openmpi",
-        "--allow-run-as-root",
-        "-np",
-        "6",
-        "--host",
-        HOSTS,
-        "--mca",
-        "plm_rsh_agent",
-        "cr_rsh",
-        "--mca",
-        "btl_tcp_if_include",
-        "eth0",
-        "--mca",
-        "oob_tcp_if_include",
-        "eth0",
-        "--mca",
-        "orte_tmpdir_base",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    v.push(tmp.display().to_string());
-    v.extend(prog.iter().map(|s| s.to_string()));
-    v
+    mpi::open_mpi(tmp, NP, HOSTS, prog)
 }
 
-/// `mpiexec` of MPICH (hydra) with cr_rsh as its ssh.
+/// MPICH's mpiexec of `prog` on [`HOSTS`].
 fn mpich(prog: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = [
-        "mpiexec.mpich",
-        "-launcher",
-        "ssh",
-        "-launcher-exec",
-        "cr_rsh",
-        "-hosts",
-        HOSTS,
-        "-n",
-        "6",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    v.extend(prog.iter().map(|s| s.to_string()));
-    v
+    mpi::mpich(NP, HOSTS, prog)
 }
 
-/// Iterations and pace of the programs: at least 3 s of run (ranks poll
-/// for messages: on a loaded machine they take much longer).
-const ITERS: &str = "600";
+/// Iterations and pace of the programs: at least 2 s of run (ranks poll
+/// for messages: on a loaded machine they take much longer), enough for a
+/// checkpoint and two restarts before the end.
+const ITERS: &str = "400";
 const PACE_US: &str = "5000";
+
+/// The progress at which a job is killed to move it to other nodes: near
+/// its end, since a job restarted on other nodes runs much slower than
+/// before (docs/MPI.md, Limits).
+const MOVE_AT: u64 = 300;
+
+/// Deadline for a job to reach [`MOVE_AT`], and then, moved to other
+/// nodes, to finish.
+const MOVED_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs each program as a job of its own, one after the other (MPI ranks
 /// wait for messages by polling: jobs side by side would starve each
-/// other's checkpoints of CPU), checkpointed twice while it runs (the job
-/// runs on), then waits for its result, which must be the program's own
-/// OK (the same as a run without checkpoints).
+/// other's checkpoints of CPU): checkpointed while it runs (the job runs
+/// on), then killed by a checkpoint and restarted on the same nodes, then,
+/// near its end, killed again and restarted on other nodes (n1, n2, n3 to
+/// n2, n3, n1). Its result must be the program's own OK: every rank's
+/// state equals a serial recomputation (the result of a run without
+/// checkpoints), no message was lost or duplicated, and every rank still
+/// has the host name it started with.
 fn run_jobs(c: &Cluster, jobs: &[(&str, Vec<String>)]) {
     for (name, argv) in jobs {
         let a: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let j = Job::start(c, name, &a, &[]);
-        let mut m = j.wait_progress(0, 50, "on 3 nodes");
+        let mut j = Job::start(c, name, &a, &[]);
+        let m = j.wait_progress(0, 50, "on 3 nodes");
         let nodes: Vec<String> = c.job_procs(name).into_iter().map(|(n, _, _)| n).collect();
         assert!(
             nodes.len() == 3,
             "job {name} has a member on each node: {nodes:?}\n{}",
             j.diag()
         );
-        for _ in 0..2 {
-            j.checkpoint(&["--freeze-timeout", "60"]);
-            m = j.wait_progress(m, 50, "after a checkpoint that continues");
-        }
-        let line = j.wait_result("RESULT OK");
+        j.checkpoint(&["--freeze-timeout", "60"]);
+        let m = j.wait_progress(m, 50, "after a checkpoint that continues");
+        j.checkpoint_kill();
+        j.restart(&[1, 2, 3]);
+        j.wait_progress(m, 50, "after a restart on the same nodes");
+        j.wait_progress_within(0, MOVE_AT, "before the move", MOVED_TIMEOUT);
+        j.checkpoint_kill();
+        j.restart(&MOVED);
+        let line = j.wait_result("RESULT OK", MOVED_TIMEOUT);
         eprintln!("job {name}: {line}");
     }
 }
@@ -319,7 +281,7 @@ fn run_jobs(c: &Cluster, jobs: &[(&str, Vec<String>)]) {
 #[test]
 fn open_mpi_c_programs() {
     let h = Harness::new("ompi");
-    let prog = build_check(&h, "mpicc.openmpi", "mpi_check_ompi");
+    let prog = mpi::build_check(&h.dir, "mpicc.openmpi", "mpi_check_ompi");
     let p = prog.to_string_lossy().into_owned();
     let py = script_path("mpi_check.py").to_string_lossy().into_owned();
     let c = cluster(&h);
@@ -355,7 +317,7 @@ fn open_mpi_c_programs() {
 #[test]
 fn mpich_c_programs() {
     let h = Harness::new("mpich");
-    let prog = build_check(&h, "mpicc.mpich", "mpi_check_mpich");
+    let prog = mpi::build_check(&h.dir, "mpicc.mpich", "mpi_check_mpich");
     let p = prog.to_string_lossy().into_owned();
     let c = cluster(&h);
     run_jobs(

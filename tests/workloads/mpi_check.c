@@ -2,7 +2,7 @@
  * mpi_check: self-checking MPI workloads for the checkpoint tests
  * (tests/tests/mpi.rs, docs/MPI.md). Built with each MPI's mpicc.
  *
- *   mpi_check ring|allreduce|halo ITERATIONS PACE_US
+ *   mpi_check ring|allreduce|halo ITERATIONS PACE_US [BALLAST_MIB]
  *
  * ring       a token of 64 KiB goes round the ranks ITERATIONS times; every
  *            rank checks the iteration, the hop count and every byte of it,
@@ -14,6 +14,12 @@
  *            edge cells are exchanged with both neighbours, tagged with the
  *            step and checked; at the end rank 0 gathers the field and
  *            compares it with a serial computation of the same steps.
+ *
+ * BALLAST_MIB (cr-bench mpi): every rank also holds that much memory of
+ * its own, filled from its rank at start and checked whole at the end.
+ *
+ * At the end every rank also checks that its host name is still the one it
+ * started with (a job restarted on other nodes keeps its own).
  *
  * Any message out of order, lost, duplicated or corrupted fails at once
  * ("FAIL ..." and MPI_Abort). Rank 0 prints "progress N" lines while it
@@ -210,10 +216,57 @@ static int halo_reference_matches(const uint64_t *got, long iters)
     return ok;
 }
 
+/*
+ * Every pair of ranks talks once at start: MPI libraries open connections
+ * lazily, and one opened for the first time after a restart on other nodes
+ * would use the addresses of the old nodes (docs/MPI.md, Limits).
+ */
+static void connect_all(void)
+{
+    for (int d = 1; d < size; d++) {
+        int to = (rank + d) % size, from = (rank - d + size) % size, out = rank, in = -1;
+        MPI_Sendrecv(&out, 1, MPI_INT, to, 61000, &in, 1, MPI_INT, from, 61000, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        if (in != from)
+            fail("warm-up message from another rank", 0, (uint64_t)in, (uint64_t)from);
+    }
+}
+
+/* Memory of a rank's own: `words` words derived from its rank (and back). */
+static uint64_t ballast_word(long i)
+{
+    return mix((uint64_t)rank + 1, (uint64_t)i);
+}
+
+static uint64_t *ballast_fill(long words)
+{
+    uint64_t *b = malloc(sizeof(uint64_t) * (words ? words : 1));
+    if (!b) {
+        printf("FAIL rank %d: cannot allocate its ballast\n", rank);
+        fflush(stdout);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    for (long i = 0; i < words; i++)
+        b[i] = ballast_word(i);
+    return b;
+}
+
+static int ballast_intact(const uint64_t *b, long words)
+{
+    for (long i = 0; i < words; i++) {
+        if (b[i] != ballast_word(i)) {
+            printf("FAIL rank %d: ballast word %ld changed\n", rank, i);
+            fflush(stdout);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: mpi_check ring|allreduce|halo ITERATIONS PACE_US\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: mpi_check ring|allreduce|halo ITERATIONS PACE_US [BALLAST_MIB]\n");
         return 2;
     }
     MPI_Init(&argc, &argv);
@@ -221,6 +274,9 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *mode = argv[1];
     long iters = atol(argv[2]), pace = atol(argv[3]);
+    long ballast_words = argc == 5 ? atol(argv[4]) * (1L << 20) / 8 : 0;
+    uint64_t *ballast = ballast_fill(ballast_words);
+    connect_all();
     char host[256] = "";
     gethostname(host, sizeof host);
     printf("rank %d of %d on %s pid %d\n", rank, size, host, (int)getpid());
@@ -279,6 +335,21 @@ int main(int argc, char **argv)
             fprintf(stderr, "mpi_check: unknown mode %s\n", mode);
         MPI_Finalize();
         return 2;
+    }
+    char now[256] = "";
+    gethostname(now, sizeof now);
+    int same = strcmp(now, host) == 0, all_same = 0;
+    if (!same) {
+        printf("FAIL rank %d: host name %s, started on %s\n", rank, now, host);
+        fflush(stdout);
+    }
+    same = ballast_intact(ballast, ballast_words) && same;
+    free(ballast);
+    MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all_same) {
+        if (rank == 0)
+            printf("RESULT FAIL the host name or the ballast of a rank changed\n");
+        ok = 0;
     }
     if (rank == 0 && ok) {
         printf("RESULT OK %s ranks=%d iterations=%ld checksum=%016llx\n", mode, size, iters,

@@ -5,7 +5,9 @@
 Same checks, smaller messages: a ring token (bytes, checked whole), an
 allreduce whose sum every rank recomputes from the simulated states of all
 ranks, a periodic 1-D stencil (256 cells per rank) whose halos carry their
-step and whose final field rank 0 compares with a serial run. Prints
+step and whose final field rank 0 compares with a serial run. Every rank
+also checks at the end that its host name is still the one it started
+with (a job restarted on other nodes keeps its own). Prints
 "progress N", then "RESULT OK MODE checksum=X" or "FAIL ..." / "RESULT
 FAIL ..." (and aborts the job on the first bad message).
 """
@@ -134,9 +136,22 @@ def run_halo(iters, pace):
     return u
 
 
+def connect_all():
+    """Every pair of ranks talks once at start: MPI libraries open
+    connections lazily, and one opened for the first time after a restart
+    on other nodes would use the addresses of the old nodes (docs/MPI.md)."""
+    for d in range(1, size):
+        to, frm = (rank + d) % size, (rank - d) % size
+        got = comm.sendrecv(rank, dest=to, sendtag=61000, source=frm, recvtag=61000)
+        if got != frm:
+            fail("warm-up message from another rank", 0, got, frm)
+
+
 def main():
     mode, iters, pace = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    print(f"rank {rank} of {size} on {socket.gethostname()} pid {os.getpid()}", flush=True)
+    host = socket.gethostname()
+    print(f"rank {rank} of {size} on {host} pid {os.getpid()}", flush=True)
+    connect_all()
     ok = True
     checksum = 0
     if mode == "ring":
@@ -182,6 +197,13 @@ def main():
         if rank == 0:
             print(f"mpi_check.py: unknown mode {mode}", file=sys.stderr)
         sys.exit(2)
+    now = socket.gethostname()
+    if now != host:
+        print(f"FAIL rank {rank}: host name {now}, started on {host}", flush=True)
+    if comm.allreduce(int(now == host), op=MPI.MIN) == 0:
+        if rank == 0:
+            print("RESULT FAIL the host name of a rank changed")
+        ok = False
     if rank == 0 and ok:
         print(f"RESULT OK {mode} ranks={size} iterations={iters} checksum={checksum:016x}", flush=True)
     sys.stdout.flush()

@@ -790,6 +790,7 @@ fn restore_session(
         map_addr,
         // Released together with their peers: a short guard is enough.
         reset_guard: RESET_GUARD_SECS,
+        allow_changed_files: req.allow_changed_files,
         ..Default::default()
     };
     let mut readies = Vec::new();

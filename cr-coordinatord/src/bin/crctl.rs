@@ -89,6 +89,11 @@ enum Cmd {
         on: Vec<String>,
         #[arg(long, value_name = "SECS")]
         timeout: Option<u32>,
+        /// Restore although files outside the images (programs,
+        /// libraries, open files not saved in the images) changed since
+        /// the checkpoint.
+        #[arg(long)]
+        allow_changed_files: bool,
     },
     /// A job's checkpoints.
     Checkpoints {
@@ -454,12 +459,14 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             checkpoint,
             on,
             timeout,
+            allow_changed_files,
         } => {
             let req = pb::RestartRequest {
                 job,
                 checkpoint: checkpoint.unwrap_or_default(),
                 on,
                 timeout_secs: timeout.unwrap_or(0),
+                allow_changed_files,
             };
             let r = conn.rpc(c.restart(req).await)?;
             out(js, restart_json(&r), || restart_text(&r));

@@ -15,10 +15,10 @@
 //!
 //! [`locks`] (file locks, read with the fds that hold them) and [`netlock`]
 //! (holding TCP connections still between dump and restore) serve the
-//! others. Two kinds belong to the whole tree rather than to a process:
-//! [`sysv`] (System V IPC objects; the memory kind attaches the segments)
-//! and [`mounts`] (a job's own mount namespace), captured after the
-//! processes and made before any is rebuilt. [`outside`] records the files
+//! others. Three kinds belong to the whole tree rather than to a process:
+//! [`sysv`] (System V IPC objects; the memory kind attaches the segments),
+//! [`mounts`] (a job's own mount namespace) and [`uts`] (its own host
+//! name), captured after the processes and made before any is rebuilt. [`outside`] records the files
 //! outside the image the processes rely on, checked (or put back from the
 //! image) before a restore begins. Adding a kind: its folder, its section in `cr_image::model` (and
 //! `proto/image.proto`), and one line in a driver or in [`FILE_KINDS`].
@@ -45,6 +45,7 @@ pub mod timers;
 pub mod tree;
 pub mod tty;
 pub mod unix;
+pub mod uts;
 
 #[cfg(test)]
 pub(crate) mod testkit;

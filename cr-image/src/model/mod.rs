@@ -11,7 +11,8 @@
 //! [`identity`], [`seccomp`], [`fds`] (the fd table and every kind of open
 //! file) and [`objects`] (what fds share: pipes, sockets, file contents,
 //! ptys); for the whole tree, [`sysv`] (System V IPC objects) and
-//! [`mounts`] (a job's own mount namespace).
+//! [`mounts`] (a job's own mount namespace) and [`uts`] (its own host
+//! name).
 
 pub mod fds;
 pub mod identity;
@@ -27,6 +28,7 @@ pub mod task;
 pub mod threads;
 pub mod timers;
 pub mod tree;
+pub mod uts;
 
 pub use fds::{Fd, FdKind, FdOwner, FileLock, LockKind, SharedFd};
 pub use identity::{Creds, Identity, RLimit};
@@ -44,6 +46,7 @@ pub use task::Task;
 pub use threads::{GpRegs, Rseq, Thread};
 pub use timers::{ITimer, Notify, PosixTimer, Timers};
 pub use tree::ProcState;
+pub use uts::UtsNs;
 
 use prost::Message;
 use serde::Serialize;
@@ -104,6 +107,8 @@ pub struct Checkpoint {
     pub mounts: Option<MountNs>,
     /// The directory of a cr_run job (`cr_run --dir`).
     pub job_dir: Option<String>,
+    /// kind "uts": the tree's own UTS namespace (None: the host's).
+    pub uts: Option<UtsNs>,
     /// Files outside the image it relies on, as they were.
     pub outside_files: Vec<OutsideFile>,
 }
@@ -268,6 +273,10 @@ impl Checkpoint {
                 .filter(|s| !s.is_empty()),
             mounts: p.mounts.map(MountNs::from_pb).transpose()?,
             job_dir: Some(p.job_dir).filter(|d| !d.is_empty()),
+            uts: p
+                .uts
+                .map(|u| at(UtsNs::from_pb(u), || "its UTS namespace".into()))
+                .transpose()?,
             outside_files: p
                 .outside_files
                 .into_iter()
@@ -304,6 +313,7 @@ impl Checkpoint {
             sysv: self.sysv.as_ref().map(SysvIpc::to_pb),
             mounts: self.mounts.as_ref().map(MountNs::to_pb),
             job_dir: self.job_dir.clone().unwrap_or_default(),
+            uts: self.uts.as_ref().map(UtsNs::to_pb),
             outside_files: self.outside_files.iter().map(OutsideFile::to_pb).collect(),
         }
     }

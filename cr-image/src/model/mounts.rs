@@ -1,7 +1,8 @@
 //! Section of kind "mounts": the mount namespace of a tree that has one of
 //! its own (a `cr_run` job): a fresh /proc of its PID namespace, and a
 //! private tmpfs on /dev/shm with every file, directory and symbolic link
-//! in it (file contents in content files of the image).
+//! in it (file contents in content files of the image), a devpts instance
+//! of its own.
 
 use super::memory::{PageFile, PAGE};
 use super::{known_case, pb, ser, Bad};
@@ -17,6 +18,9 @@ pub struct MountNs {
     pub proc: bool,
     /// A private tmpfs on /dev/shm.
     pub dev_shm: Option<Tmpfs>,
+    /// A devpts instance of its own on /dev/pts (and /dev/ptmx), where its
+    /// ptys are made again.
+    pub devpts: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -73,6 +77,7 @@ impl MountNs {
                 .dev_shm
                 .map(|t| super::at(Tmpfs::from_pb(t), || "its /dev/shm".into()))
                 .transpose()?,
+            devpts: m.devpts,
         })
     }
 
@@ -80,6 +85,7 @@ impl MountNs {
         pb::MountNs {
             proc: self.proc,
             dev_shm: self.dev_shm.as_ref().map(Tmpfs::to_pb),
+            devpts: self.devpts,
         }
     }
 }

@@ -446,8 +446,13 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
                     ),
                 ],
             }),
+            devpts: true,
         }),
         job_dir: Some("/var/tmp/job".into()),
+        uts: Some(UtsNs {
+            hostname: "n1".into(),
+            domainname: "(none)".into(),
+        }),
         outside_files: vec![OutsideFile {
             path: "/usr/bin/python3".into(),
             used_by: "the executable of process 100".into(),
@@ -670,6 +675,9 @@ fn crafted_images_are_refused() {
             c.mounts.as_mut().unwrap().dev_shm.as_mut().unwrap().entries[2].path = "../l".into()
         }),
         ("bad job directory", |c| c.job_dir = Some("rel".into())),
+        ("bad host name", |c| {
+            c.uts.as_mut().unwrap().hostname = "x".repeat(65)
+        }),
     ];
     for (want, edit) in cases {
         let mut ck = checkpoint(

@@ -160,7 +160,7 @@ fn create(
     if let Some(l) = local {
         // Let the old port's TIME-WAIT remnants not stand in the way.
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).step(what)?;
-        sys::bind(&sock, &l).step(what)?;
+        bind_over_remnants(&sock, l).step(what)?;
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, reuse)
             .step(what)?;
     }
@@ -170,6 +170,26 @@ fn create(
         sys::connect(&sock, &r).step(what)?;
     }
     Ok((sock, None))
+}
+
+/// Bind `sock` to `local`; when the port is taken by sockets no process
+/// holds any more (connections of the killed original accepted on that
+/// port, closing or in TIME-WAIT, whose owner did not set SO_REUSEADDR),
+/// they are destroyed and the bind tried again.
+fn bind_over_remnants(sock: &OwnedFd, local: SocketAddr) -> Result<(), SysError> {
+    let Err(e) = sys::bind(sock, &local) else {
+        return Ok(());
+    };
+    if e.errno() != Some(libc::EADDRINUSE) {
+        return Err(e);
+    }
+    let states = cr_sys::inet_diag::destroy_orphans_on_port(local)?;
+    if states.is_empty() {
+        return Err(e);
+    }
+    let states: Vec<&str> = states.iter().map(|&s| sys::tcp_state_name(s)).collect();
+    tracing::info!(%local, ?states, "destroyed lingering sockets of this port");
+    sys::bind(sock, &local)
 }
 
 /// Build an established connection in repair mode; returns the bytes

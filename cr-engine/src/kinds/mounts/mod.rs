@@ -1,17 +1,19 @@
 //! Kind "mounts": the mount namespace of a tree that has one of its own (a
 //! `cr_run` job, see `cr_sys::ns::job_mounts`). Saved: whether it has a
-//! /proc of its own (of its PID namespace) and a private tmpfs on
-//! /dev/shm, with every directory, file (content in the image, holes kept)
-//! and symbolic link in it, their modes, owners and times. Other mounts
-//! made inside the namespace are not saved (a warning names them): the
-//! restored tree sees the restorer's.
+//! /proc of its own (of its PID namespace), a private tmpfs on /dev/shm,
+//! with every directory, file (content in the image, holes kept) and
+//! symbolic link in it, their modes, owners and times, and a devpts
+//! instance of its own (the ptys in it are objects of kind tty). Other
+//! mounts made inside the namespace are not saved (a warning names them):
+//! the restored tree sees the restorer's.
 //!
 //! Restore: the root's stub is created in a new mount namespace (a copy of
-//! the restorer's, see `kinds::tree::restore`), where it mounts /proc and
-//! /dev/shm again by injected calls (so /proc shows its PID namespace);
-//! the restorer then fills /dev/shm through `/proc/ROOT/root`, before any
-//! process is rebuilt (their fds and mappings of /dev/shm files are opened
-//! by path, inside the namespace).
+//! the restorer's, see `kinds::tree::restore`), where it mounts /proc,
+//! /dev/shm and a new devpts instance again by injected calls (so /proc
+//! shows its PID namespace); the restorer then fills /dev/shm and makes the
+//! job's ptys at their numbers in its devpts, both through
+//! `/proc/ROOT/root`, before any process is rebuilt (their fds and
+//! mappings of /dev/shm files are opened by path, inside the namespace).
 
 use crate::capture::Dump;
 use crate::error::{CheckpointError, RestoreError, StepContext};
@@ -19,16 +21,16 @@ use crate::kinds::files;
 use crate::restore::Restorer;
 use cr_image::model::{MountNs, Process, Tmpfs, TmpfsEntry, TmpfsKind};
 use cr_sys::ptrace::Tracee;
-use cr_sys::remote::{find_syscall_insn, Injector};
-use cr_sys::{fdio, mem, ns, SysError, PAGE_SIZE};
+use cr_sys::{fdio, mem, ns, SysError};
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use tracing::{debug, warn};
 
-/// The statfs magics of proc and tmpfs.
+/// The statfs magics of proc, tmpfs and devpts.
 const PROC_MAGIC: i64 = 0x9fa0;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
+const DEVPTS_MAGIC: i64 = 0x1cd1;
 
 /// Whether `path` (seen through `/proc/ROOT/root`) is a mount of `magic`
 /// other than ours at `ours`.
@@ -59,14 +61,24 @@ pub fn capture(d: &Dump<'_>, images: &[Process]) -> Result<Option<MountNs>, Chec
     } else {
         None
     };
+    let devpts = own_mount(
+        &top.join(ns::DEV_PTS.trim_start_matches('/')),
+        ns::DEV_PTS,
+        DEVPTS_MAGIC,
+    );
     warn_other_mounts(root);
     debug!(
         root,
         proc,
         dev_shm = dev_shm.is_some(),
+        devpts,
         "mount namespace saved"
     );
-    Ok(Some(MountNs { proc, dev_shm }))
+    Ok(Some(MountNs {
+        proc,
+        dev_shm,
+        devpts,
+    }))
 }
 
 /// Mount points of the tree's namespace that ours lacks, but those made
@@ -84,7 +96,7 @@ fn warn_other_mounts(root: i32) {
         .into_iter()
         .filter(|m| {
             !ours.contains(m)
-                && !["/proc", ns::DEV_SHM]
+                && !["/proc", ns::DEV_SHM, ns::DEV_PTS, ns::DEV_PTMX]
                     .iter()
                     .any(|k| m == k || m.starts_with(&format!("{k}/")))
         })
@@ -170,23 +182,30 @@ pub fn prepare(r: &mut Restorer<'_>, root: &mut Tracee) -> Result<(), RestoreErr
     let Some(m) = &r.ck.mounts else {
         return Ok(());
     };
-    let mounts = ns::job_mounts(m.proc, m.dev_shm.as_ref().map(|t| t.mode));
+    let mounts = ns::job_mounts(m.proc, m.dev_shm.as_ref().map(|t| t.mode), m.devpts);
     inject_mounts(root, &mounts)?;
     if let Some(t) = &m.dev_shm {
         let top = PathBuf::from(format!("/proc/{}/root{}", root.tid(), ns::DEV_SHM));
         fill_tmpfs(r, &top, t)?;
     }
-    debug!(root = root.tid(), proc = m.proc, "mount namespace made");
+    if m.devpts {
+        // The job's ptys, at their numbers, in its new devpts instance.
+        let ptmx = PathBuf::from(format!("/proc/{}/root{}/ptmx", root.tid(), ns::DEV_PTS));
+        crate::kinds::tty::make_ptys(r, &ptmx)?;
+    }
+    debug!(
+        root = root.tid(),
+        proc = m.proc,
+        devpts = m.devpts,
+        "mount namespace made"
+    );
     Ok(())
 }
 
 /// Run `mount` for each of `mounts` in the stub `t`.
 fn inject_mounts(t: &mut Tracee, mounts: &[ns::Mount]) -> Result<(), RestoreError> {
     let pid = t.tid();
-    let ip = find_syscall_insn(pid)?;
-    let mut inj = Injector::new(t, ip)?;
-    let page = inj.mmap_anon(0, PAGE_SIZE)?;
-    let result = (|| {
+    crate::kinds::tree::restore::inject_with_page(t, |inj, page| {
         for m in mounts {
             // source, target, fstype, data: NUL-terminated, one after the other.
             let mut bytes = Vec::new();
@@ -210,11 +229,8 @@ fn inject_mounts(t: &mut Tracee, mounts: &[ns::Mount]) -> Result<(), RestoreErro
                 )
             })?;
         }
-        Ok::<(), RestoreError>(())
-    })();
-    inj.call("munmap", libc::SYS_munmap, [page, PAGE_SIZE, 0, 0, 0, 0])?;
-    inj.finish()?;
-    result
+        Ok(())
+    })
 }
 
 /// Make every entry of `t` under `top` (the new tmpfs), then their times.

@@ -182,9 +182,13 @@ pub fn spawn(ck: &Checkpoint, ids: &mut Ids, shell_job: bool) -> Result<Vec<Trac
 
 /// The namespaces the tree had of its own besides its PID namespace (a
 /// `cr_run` job), made new for the root's stub: its IPC namespace (kind
-/// "sysv") and its mount namespace (kind "mounts").
+/// "sysv"), its mount namespace (kind "mounts") and its UTS namespace
+/// (kind "uts").
 fn namespaces(ck: &Checkpoint) -> u64 {
     let mut flags = 0;
+    if ck.uts.is_some() {
+        flags |= libc::CLONE_NEWUTS as u64;
+    }
     if ck.sysv.as_ref().is_some_and(|s| s.own_namespace) {
         flags |= libc::CLONE_NEWIPC as u64;
     }
@@ -208,6 +212,22 @@ pub fn inject_once(
         .step(|| format!("{name} in process {}", inj.pid()))?;
     inj.finish()?;
     Ok(r)
+}
+
+/// Run `f` with an injector in a stub that has no scratch memory yet and a
+/// page of scratch memory mapped in it (for the strings of the calls `f`
+/// makes), unmapped afterwards whatever `f` answered.
+pub fn inject_with_page<R>(
+    t: &mut Tracee,
+    f: impl FnOnce(&mut Injector<'_>, u64) -> Result<R, RestoreError>,
+) -> Result<R, RestoreError> {
+    let ip = find_syscall_insn(t.tid())?;
+    let mut inj = Injector::new(t, ip)?;
+    let page = inj.mmap_anon(0, PAGE_SIZE)?;
+    let result = f(&mut inj, page);
+    inj.call("munmap", libc::SYS_munmap, [page, PAGE_SIZE, 0, 0, 0, 0])?;
+    inj.finish()?;
+    result
 }
 
 /// Fork a child stub with PID `pid` from stub `t` (clone3 with set_tid);

@@ -1,6 +1,7 @@
 //! Kind "tty": terminals. Pseudo-terminal pairs whose master the tree
 //! holds are saved whole (index, termios, window size, lock state,
-//! foreground group) and made again at the same index; a session leader
+//! foreground group) and made again at the same index (in the job's own
+//! devpts instance when it has one, see kind "mounts"); a session leader
 //! gets its controlling terminal back, and /dev/tty fds are opened again
 //! once it has. A terminal outside the tree (the one a job was started
 //! from) leads outside: kind [`external`](crate::kinds::external).
@@ -97,25 +98,12 @@ impl FileKind for Tty {
     }
 
     fn prepare(&self, r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
-        for o in &ck.objects {
-            let ObjectKind::Pty(p) = &o.kind else {
-                continue;
-            };
-            let what = || format!("cannot recreate pseudo-terminal {}", p.index);
-            let m = fdio::open_pty_index(p.index).step(what)?;
-            let slave = fdio::pty_peer(&m, libc::O_RDWR).step(what)?;
-            if !p.termios.is_empty() {
-                fdio::tcsets(slave.as_fd(), &p.termios).step(what)?;
-            }
-            if !p.winsize.is_empty() {
-                fdio::set_winsize(&slave, &p.winsize).step(what)?;
-            }
-            if p.locked {
-                fdio::set_pty_locked(&m, true).step(what)?;
-            }
-            r.stash.get::<Held>().0.insert(o.id, m);
+        // A job's own devpts exists only once its mount namespace is made:
+        // its ptys are made then (`kinds::mounts::prepare`).
+        if ck.mounts.as_ref().is_some_and(|m| m.devpts) {
+            return Ok(());
         }
-        Ok(())
+        make_ptys(r, std::path::Path::new(cr_sys::ns::DEV_PTMX))
     }
 
     fn open(
@@ -131,6 +119,33 @@ impl FileKind for Tty {
             _ => return None,
         })
     }
+}
+
+/// Make every pty pair of the image at its index through the multiplexer
+/// `ptmx` (of the devpts the tree will see), with its settings; the
+/// restorer holds the masters until the fds are opened.
+pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), RestoreError> {
+    let ptmx = ptmx.to_string_lossy();
+    let ck = r.ck;
+    for o in &ck.objects {
+        let ObjectKind::Pty(p) = &o.kind else {
+            continue;
+        };
+        let what = || format!("cannot recreate pseudo-terminal {}", p.index);
+        let m = fdio::open_pty_index(&ptmx, p.index).step(what)?;
+        let slave = fdio::pty_peer(&m, libc::O_RDWR).step(what)?;
+        if !p.termios.is_empty() {
+            fdio::tcsets(slave.as_fd(), &p.termios).step(what)?;
+        }
+        if !p.winsize.is_empty() {
+            fdio::set_winsize(&slave, &p.winsize).step(what)?;
+        }
+        if p.locked {
+            fdio::set_pty_locked(&m, true).step(what)?;
+        }
+        r.stash.get::<Held>().0.insert(o.id, m);
+    }
+    Ok(())
 }
 
 /// The restorer's pty masters, by index.

@@ -1,0 +1,157 @@
+//! In each task of a checkpointable job, just before Slurm execs it: run
+//! it under `cr_run --job slurm-JOBID` instead (the plugin execs cr_run
+//! itself, with the task's command line and environment), or, when the
+//! node's agent cannot be reached, let it run as it is and say so.
+
+use crate::config::Config;
+use crate::{OPT_CHECKPOINT, OPT_CHECKPOINT_DIR, OPT_RESTART_FROM};
+use cr_sys::spank::Spank;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// The step id of a batch script (`SLURM_BATCH_SCRIPT`).
+const BATCH_STEP: u32 = 0xffff_fffb;
+
+/// The cluster job of Slurm job `id`.
+pub fn job_name(id: u32) -> String {
+    format!("slurm-{id}")
+}
+
+/// `--checkpoint`'s INTERVAL: empty (none), seconds, or a number with
+/// `s`, `m`, `h`.
+pub fn parse_interval(v: &str) -> Result<Option<u64>, String> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let (num, mult) = match v.char_indices().last() {
+        Some((i, 's')) => (&v[..i], 1),
+        Some((i, 'm')) => (&v[..i], 60),
+        Some((i, 'h')) => (&v[..i], 3600),
+        _ => (v, 1),
+    };
+    match num.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(Some(n * mult)),
+        _ => Err("INTERVAL must be a positive number of seconds (or 10m, 2h)".into()),
+    }
+}
+
+/// One line on the task's stderr (the job's output), prefixed `cr_spank: `.
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "cr_spank: {msg}");
+}
+
+/// The node's name: `SLURMD_NODENAME` of the task's environment, else the
+/// host name.
+fn node_name(env: &[String]) -> String {
+    env.iter()
+        .find_map(|e| e.strip_prefix("SLURMD_NODENAME="))
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        })
+}
+
+/// `exe` with exactly the task's environment (`NAME=VALUE` strings): what
+/// slurmstepd would have given the task.
+fn task_command(exe: &std::path::Path, env: &[String]) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.env_clear();
+    for e in env {
+        if let Some((k, v)) = e.split_once('=') {
+            cmd.env(k, v);
+        }
+    }
+    cmd
+}
+
+/// `slurm_spank_task_init` (see the module docs). Only errors of Slurm's
+/// interface fail the task; anything about cr leaves it running without
+/// checkpoints.
+pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
+    let ck = sp.getopt(&OPT_CHECKPOINT).map_err(|e| e.to_string())?;
+    let dir = sp.getopt(&OPT_CHECKPOINT_DIR).map_err(|e| e.to_string())?;
+    let from = sp.getopt(&OPT_RESTART_FROM).map_err(|e| e.to_string())?;
+    if ck.is_none() && dir.is_none() && from.is_none() {
+        return Ok(());
+    }
+    let id = sp.job_id().map_err(|e| e.to_string())?;
+    let batch = sp.step_id().map_err(|e| e.to_string())? == BATCH_STEP;
+    let argv = sp.argv().map_err(|e| e.to_string())?;
+    let env = sp.env().map_err(|e| e.to_string())?;
+    if let (Some(from), true) = (from, batch) {
+        return restart(id, &from, cfg, &env);
+    }
+    let job = job_name(id);
+    let node = node_name(&env);
+    let socket = cfg.socket_of(&node);
+    if let Err(e) = std::os::unix::net::UnixStream::connect(&socket) {
+        say(&format!(
+            "job {id} is NOT checkpointable: cannot reach the cr agent of {node} at {} ({e}); \
+             it runs without checkpoints",
+            socket.display()
+        ));
+        return Ok(());
+    }
+    if argv.is_empty() {
+        return Err(format!("cr_spank: job {id}: the task has no command line"));
+    }
+    let dir = dir
+        .filter(|d| !d.is_empty())
+        .or_else(|| cfg.dir.clone())
+        .map(|d| d.replace("%j", &id.to_string()));
+    let mut cmd = task_command(&cfg.cr_run, &env);
+    cmd.arg("--job").arg(&job);
+    if let Some(d) = &dir {
+        cmd.arg("--dir").arg(d);
+        if batch {
+            // slurmd removes the script when the job ends; the shell still
+            // reads it: its content goes into the image.
+            cmd.arg("--checkpoint-signal").arg(&cfg.signal);
+            cmd.arg("--checkpoint-save-file").arg(&argv[0]);
+        }
+    }
+    cmd.arg("--").args(&argv);
+    cmd.env("CR_AGENT_SOCKET", &socket)
+        .env("CR_SLURM_JOB", &job);
+    // exec only returns on failure.
+    let err = cmd.exec();
+    say(&format!(
+        "job {id} is NOT checkpointable: cannot run {} ({err}); it runs without checkpoints",
+        cfg.cr_run.display()
+    ));
+    Ok(())
+}
+
+/// The batch step of `--restart-from=FROM`: exec `cr_restart FROM` (the
+/// job goes on from its checkpoint; cr_restart exits with its status).
+fn restart(id: u32, from: &str, cfg: &Config, env: &[String]) -> Result<(), String> {
+    let socket = cfg.socket_of(&node_name(env));
+    say(&format!("job {id} resumes from {from}"));
+    let mut cmd = task_command(&cfg.cr_restart, env);
+    cmd.arg(from).env("CR_AGENT_SOCKET", &socket);
+    let err = cmd.exec();
+    // Running the script instead would start the job over: fail the task.
+    Err(format!(
+        "cr_spank: job {id}: cannot run {} to resume from {from}: {err}",
+        cfg.cr_restart.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals() {
+        assert_eq!(parse_interval(""), Ok(None));
+        assert_eq!(parse_interval("30"), Ok(Some(30)));
+        assert_eq!(parse_interval("10m"), Ok(Some(600)));
+        assert_eq!(parse_interval("2h"), Ok(Some(7200)));
+        assert!(parse_interval("0").is_err());
+        assert!(parse_interval("x").is_err());
+    }
+}

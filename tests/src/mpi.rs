@@ -1,0 +1,88 @@
+//! MPI jobs on a [`crate::cluster::Cluster`] (tests/tests/mpi.rs and
+//! `cr-bench mpi`): the self-checking program tests/workloads/mpi_check.c
+//! built with an MPI's `mpicc`, and the command lines of Open MPI's
+//! `mpirun` and MPICH's `mpiexec` with `cr_rsh` as their ssh
+//! (docs/MPI.md).
+
+use crate::{bin_dir, script_path};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// PATH with our tools (cr_rsh) first, for the job's environment.
+pub fn path_env() -> (String, String) {
+    let old = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
+    (
+        "PATH".into(),
+        format!("{}:/usr/local/bin:/usr/bin:/bin:{old}", bin_dir().display()),
+    )
+}
+
+/// Compiles tests/workloads/mpi_check.c with `mpicc` into `dir/name`.
+pub fn build_check(dir: &Path, mpicc: &str, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    let st = Command::new(mpicc)
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .arg(script_path("mpi_check.c"))
+        .status()
+        .unwrap_or_else(|e| panic!("run {mpicc} (install libopenmpi-dev / libmpich-dev): {e}"));
+    assert!(st.success(), "{mpicc} mpi_check.c failed: {st}");
+    out
+}
+
+/// `mpirun` of Open MPI running `prog` as `np` ranks placed by `hosts`
+/// (`n1:2,n2:2,...`), its remote daemons started by cr_rsh, its session
+/// directories under `tmp` (one per job: every mpirun is PID 1 of its
+/// job's PID namespace, so jobs of one node get the same Open MPI job id,
+/// and would share their session directories).
+pub fn open_mpi(tmp: &Path, np: usize, hosts: &str, prog: &[&str]) -> Vec<String> {
+    std::fs::create_dir_all(tmp).expect("mkdir the job's session directory base");
+    let np = np.to_string();
+    let mut v: Vec<String> = [
+        "mpirun.openmpi",
+        "--allow-run-as-root",
+        "-np",
+        &np,
+        "--host",
+        hosts,
+        "--mca",
+        "plm_rsh_agent",
+        "cr_rsh",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        "--mca",
+        "oob_tcp_if_include",
+        "eth0",
+        "--mca",
+        "orte_tmpdir_base",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.push(tmp.display().to_string());
+    v.extend(prog.iter().map(|s| s.to_string()));
+    v
+}
+
+/// `mpiexec` of MPICH (hydra) with cr_rsh as its ssh: `prog` as `np` ranks
+/// placed by `hosts`.
+pub fn mpich(np: usize, hosts: &str, prog: &[&str]) -> Vec<String> {
+    let np = np.to_string();
+    let mut v: Vec<String> = [
+        "mpiexec.mpich",
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        "cr_rsh",
+        "-hosts",
+        hosts,
+        "-n",
+        &np,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(prog.iter().map(|s| s.to_string()));
+    v
+}

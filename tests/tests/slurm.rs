@@ -1,0 +1,269 @@
+//! Slurm integration (docs/SLURM.md): a real Slurm 22.05 (munged,
+//! slurmctld, one slurmd per node; tests/src/slurm.rs) on 3 test nodes with
+//! the cluster's coordinator and agents, and the SPANK plugin
+//! (libcr_spank.so) in plugstack.conf. One set-up is shared by every cell:
+//!
+//! 1. the set-up itself: a batch job on all 3 nodes whose `srun` step runs
+//!    one task on each, each seeing its node's host name;
+//! 2. `sbatch --checkpoint`: the batch script of a self-checking
+//!    multi-process job (wl_progress) runs as a member of cluster job
+//!    `slurm-JOBID` on its node; `crctl checkpoint slurm-JOBID` checkpoints
+//!    it while it runs, and it finishes OK with every round done once;
+//!    the tasks of its srun steps are members too (the option is inherited);
+//! 3. the node's agent is down: the same job still runs (and finishes OK),
+//!    and its output says it is not checkpointable;
+//! 4. time limit: a job with `--checkpoint-dir` and `--time=1
+//!    --signal=B:USR1@50` is checkpointed and stopped by Slurm's signal
+//!    before its limit; `sbatch --restart-from=DIR` on another node
+//!    resumes it from there (its rounds go on, no second start) and it
+//!    finishes OK.
+
+use cr_tests::cluster::{node_name, poll_until, Cluster, POLL_PERIOD};
+use cr_tests::slurm::{Slurm, SlurmOpts, SLURM_TIMEOUT};
+use cr_tests::{bin_dir, read_text, workload_path, Harness};
+use std::path::Path;
+use std::time::Duration;
+
+/// Rounds of the checkpointed job (50 ms each: long enough to act on it).
+const ROUNDS: u64 = 200;
+
+/// What a wl_progress job printed: the number of `start` lines and the
+/// last round; checks that rounds go 1, 2, 3, ... without a gap or a
+/// repeat and that it ended with `OK`. Lines of the plugin (`cr_spank: `)
+/// and of a checkpoint on signal (`cr_run: signal `) are allowed anywhere.
+fn check_progress(text: &str) -> Result<(usize, u64), String> {
+    let (mut starts, mut last, mut ok) = (0, 0u64, false);
+    for line in text.lines() {
+        if ok {
+            return Err(format!("a line after OK: {line:?}"));
+        }
+        if line.starts_with("start ") {
+            starts += 1;
+        } else if let Some(n) = line.strip_prefix("progress ") {
+            let n: u64 = n.parse().map_err(|_| format!("bad line {line:?}"))?;
+            if n != last + 1 {
+                return Err(format!("round {n} after round {last}"));
+            }
+            last = n;
+        } else if line == "OK" {
+            ok = true;
+        } else if !line.starts_with("cr_spank: ") && !line.starts_with("cr_run: signal ") {
+            return Err(format!("unexpected line {line:?}"));
+        }
+    }
+    if !ok {
+        return Err("no OK at the end".into());
+    }
+    Ok((starts, last))
+}
+
+/// Submits wl_progress as a batch job on node `k` with `extra` sbatch
+/// options; returns its id and output file.
+fn submit_progress(s: &Slurm, k: usize, label: &str, extra: &[&str]) -> (u32, String) {
+    submit_rounds(s, k, label, ROUNDS, extra)
+}
+
+/// [`submit_progress`] of `rounds` rounds.
+fn submit_rounds(s: &Slurm, k: usize, label: &str, rounds: u64, extra: &[&str]) -> (u32, String) {
+    let out =
+        s.c.dir
+            .join(format!("{label}.out"))
+            .to_string_lossy()
+            .into_owned();
+    let wl = workload_path("wl_progress");
+    let cmd = format!("{} {rounds} 2 50", wl.display());
+    let node = node_name(k);
+    let mut args = vec!["-N1", "-w", &node, "-o", &out, "--open-mode=append"];
+    args.extend_from_slice(extra);
+    args.extend(["--wrap", &cmd]);
+    (s.sbatch(&args), out)
+}
+
+/// Waits until job `id` printed round `n`.
+fn wait_round(s: &Slurm, id: u32, out: &str, n: u64) {
+    poll_until(
+        &format!("job {id} to reach round {n}"),
+        SLURM_TIMEOUT,
+        POLL_PERIOD,
+        || {
+            read_text(Path::new(out))
+                .lines()
+                .any(|l| l == format!("progress {n}"))
+        },
+        || s.diag_job(id),
+    );
+}
+
+#[test]
+fn slurm_scenarios() {
+    let h = Harness::new("slurm");
+    let c = Cluster::new(&h, 3);
+    c.start_coordinator();
+    c.start_agents(&[1, 2, 3]);
+    let bin = bin_dir();
+    let plugin = format!(
+        "required {} cr_run={} cr_restart={} socket={}",
+        bin.join("libcr_spank.so").display(),
+        bin.join("cr_run").display(),
+        bin.join("cr_restart").display(),
+        c.dir.join("%n.sock").display()
+    );
+    let s = Slurm::start(
+        &c,
+        &SlurmOpts {
+            plugstack: vec![plugin],
+            ..Default::default()
+        },
+    );
+
+    // Cell 1: a job on every node.
+    let out = c.dir.join("hostnames.out");
+    let id = s.sbatch(&[
+        "-N3",
+        "-o",
+        &out.to_string_lossy(),
+        "--wrap",
+        "echo batch on $(hostname); srun -N3 --ntasks-per-node=1 hostname | sort",
+    ]);
+    s.wait_job(id, &["COMPLETED"], SLURM_TIMEOUT);
+    let text = read_text(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        ["batch on n1", "n1", "n2", "n3"],
+        "cell 1: the job's output\n{}",
+        s.diag_job(id)
+    );
+
+    // Cell 2: a checkpointable job, checkpointed on request while it runs.
+    let (id, out) = submit_progress(&s, 2, "checkpointed", &["--checkpoint"]);
+    let job = format!("slurm-{id}");
+    poll_until(
+        &format!("job {id} to be a member of cluster job {job} on n2"),
+        SLURM_TIMEOUT,
+        POLL_PERIOD,
+        || {
+            c.job_procs(&job)
+                .iter()
+                .any(|(n, _, alive)| n == "n2" && *alive)
+        },
+        || s.diag_job(id),
+    );
+    wait_round(&s, id, &out, 10);
+    let ck = c.crctl(&["checkpoint", &job]);
+    assert!(
+        ck.status.success(),
+        "cell 2: crctl checkpoint {job}\n{}\n{}",
+        ck.show(),
+        s.diag_job(id)
+    );
+    println!("MEASURED: {}", ck.stdout.lines().next().unwrap_or(""));
+    s.wait_job(id, &["COMPLETED"], SLURM_TIMEOUT);
+    let text = read_text(Path::new(&out));
+    assert_eq!(
+        check_progress(&text),
+        Ok((1, ROUNDS)),
+        "cell 2: the checkpointed job's output\n{}",
+        s.diag_job(id)
+    );
+
+    // Cell 2b: the srun steps of a checkpointable batch job inherit
+    // --checkpoint (through the job's environment): each task is wrapped.
+    let out = c.dir.join("steps.out");
+    let id = s.sbatch(&[
+        "--checkpoint",
+        "-N2",
+        "-w",
+        "n1,n2",
+        "-o",
+        &out.to_string_lossy(),
+        "--wrap",
+        "echo batch $CR_SLURM_JOB; srun -N2 --ntasks-per-node=1 sh -c 'echo step $CR_SLURM_JOB on $(hostname)' | sort",
+    ]);
+    s.wait_job(id, &["COMPLETED"], SLURM_TIMEOUT);
+    let text = read_text(&out);
+    let want = [
+        format!("batch slurm-{id}"),
+        format!("step slurm-{id} on n1"),
+        format!("step slurm-{id} on n2"),
+    ];
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        want,
+        "cell 2b: every task runs under cr_run as a member of slurm-{id}\n{}",
+        s.diag_job(id)
+    );
+
+    // Cell 3: no agent on n3: the job runs without checkpoints and says so.
+    c.kill_agent(3);
+    let (id, out) = submit_progress(&s, 3, "no-agent", &["--checkpoint"]);
+    s.wait_job(
+        id,
+        &["COMPLETED"],
+        SLURM_TIMEOUT + Duration::from_secs(ROUNDS / 10),
+    );
+    let text = read_text(Path::new(&out));
+    assert_eq!(
+        check_progress(&text),
+        Ok((1, ROUNDS)),
+        "cell 3: the job's output\n{}",
+        s.diag_job(id)
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("cr_spank: ")
+            && l.contains(&format!("job {id} is NOT checkpointable"))
+            && l.contains("cannot reach the cr agent of n3")),
+        "cell 3: the output should say the job is not checkpointable\n{text}"
+    );
+    c.start_agent(3);
+
+    // Cell 4: checkpointed before the time limit, resumed elsewhere.
+    const LONG: u64 = 1000;
+    let ck = c.dir.join("ck-timelimit").to_string_lossy().into_owned();
+    let dir_opt = format!("--checkpoint-dir={ck}");
+    let (id, out) = submit_rounds(
+        &s,
+        1,
+        "timelimit",
+        LONG,
+        &[&dir_opt, "--time=1", "--signal=B:USR1@50"],
+    );
+    s.wait_job(id, &["FAILED"], SLURM_TIMEOUT + Duration::from_secs(30));
+    let before = read_text(Path::new(&out));
+    let stopped_at = before
+        .lines()
+        .filter_map(|l| l.strip_prefix("progress "))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        before
+            .lines()
+            .any(|l| l.starts_with("cr_run: signal 10: job checkpointed into"))
+            && !before.lines().any(|l| l == "OK")
+            && stopped_at > 0,
+        "cell 4: the job should be checkpointed and stopped on SIGUSR1\n{}",
+        s.diag_job(id)
+    );
+    let out2 = c.dir.join("resumed.out").to_string_lossy().into_owned();
+    let from = format!("--restart-from={ck}");
+    let id2 = s.sbatch(&["-N1", "-w", "n3", "-o", &out2, &from, "--wrap", "true"]);
+    s.wait_job(
+        id2,
+        &["COMPLETED"],
+        SLURM_TIMEOUT + Duration::from_secs(LONG / 20),
+    );
+    let text = read_text(Path::new(&out));
+    assert_eq!(
+        check_progress(&text),
+        Ok((1, LONG)),
+        "cell 4: the resumed job's output (stopped at round {stopped_at})\n{}",
+        s.diag_job(id2)
+    );
+    assert!(
+        read_text(Path::new(&out2)).contains(&format!("cr_spank: job {id2} resumes from {ck}")),
+        "cell 4: the resuming job says so\n{}",
+        s.diag_job(id2)
+    );
+    println!("MEASURED: time-limit job stopped at round {stopped_at} of {LONG}, resumed on n3");
+}
