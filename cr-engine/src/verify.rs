@@ -313,6 +313,8 @@ mod tests {
             rseq: None,
             clear_child_tid: 0,
             pdeathsig: 0,
+            robust_list: 0,
+            robust_list_len: 0,
             sigmask: 0,
             pending: Vec::new(),
             sigaltstack: Default::default(),

@@ -28,6 +28,8 @@ fn thread(tid: u32) -> Thread {
         }),
         clear_child_tid: 0x7f00_0000_1000,
         pdeathsig: 0,
+        robust_list: 0x7f00_0000_2000,
+        robust_list_len: 24,
         sigmask: 1 << 9,
         pending: vec![SigInfo::new({
             let mut s = [0u8; 128];

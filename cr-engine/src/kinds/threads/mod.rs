@@ -97,6 +97,7 @@ impl Kind for Threads {
         let sys = |e| CheckpointError::from_sys(pid, e);
         for t in cx.probe.tracees() {
             let rseq = t.get_rseq().map_err(sys)?;
+            let (robust_list, robust_list_len) = t.get_robust_list().map_err(sys)?;
             let st = proc::task_status(pid, t.tid()).map_err(sys)?;
             p.threads.push(Thread {
                 tid: t.tid() as u32,
@@ -111,6 +112,8 @@ impl Kind for Threads {
                 // Read below and by kind "signals".
                 clear_child_tid: 0,
                 pdeathsig: 0,
+                robust_list,
+                robust_list_len,
                 sigmask: 0,
                 pending: Vec::new(),
                 sigaltstack: AltStack::default(),
@@ -265,8 +268,11 @@ pub fn set_pdeathsig(
     Ok(())
 }
 
+/// sizeof(struct robust_list_head), the only size set_robust_list takes.
+const ROBUST_LIST_HEAD: u64 = 24;
+
 /// Per-thread state only the thread itself can set: clear-child-tid
-/// address, rseq area.
+/// address, robust futex list, rseq area.
 fn thread_state(inj: &mut Injector<'_>, th: &Thread) -> Result<(), RestoreError> {
     let tid = th.tid;
     inj.call(
@@ -274,6 +280,25 @@ fn thread_state(inj: &mut Injector<'_>, th: &Thread) -> Result<(), RestoreError>
         libc::SYS_set_tid_address,
         [th.clear_child_tid, 0, 0, 0, 0, 0],
     )?;
+    // Always set: the stub's own glibc registered a list of its own, in
+    // memory the image replaces (the kernel would walk it at exit).
+    inj.call(
+        "set_robust_list",
+        libc::SYS_set_robust_list,
+        [
+            th.robust_list,
+            if th.robust_list_len == 0 {
+                ROBUST_LIST_HEAD
+            } else {
+                th.robust_list_len
+            },
+            0,
+            0,
+            0,
+            0,
+        ],
+    )
+    .step(|| format!("cannot set the robust futex list of thread {tid}"))?;
     if let Some(r) = &th.rseq {
         inj.call(
             "rseq",
@@ -295,7 +320,7 @@ pub fn set_registers(t: &Tracee, th: &Thread) -> Result<(), RestoreError> {
 }
 
 /// `--verify`: every thread with its ids, registers (after the restart
-/// fix-ups a restore makes), FPU/SSE state, rseq, clear-child-tid,
+/// fix-ups a restore makes), FPU/SSE state, rseq, robust list, clear-child-tid,
 /// parent-death signal, and its share of kind "signals" (mask, pending
 /// signals, alternate stack) and of kind "seccomp" (mode, filters).
 pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
@@ -326,6 +351,12 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             &legacy(&b.xstate),
         );
         c.same(&what, "rseq", &a.rseq, &b.rseq);
+        c.same(
+            &what,
+            "robust futex list",
+            &(a.robust_list, a.robust_list_len),
+            &(b.robust_list, b.robust_list_len),
+        );
         c.same(
             &what,
             "clear-child-tid address",
