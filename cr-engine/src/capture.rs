@@ -65,12 +65,17 @@ pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpo
     let action = opts.action();
     // Continue: the processes run on as soon as their memory is copied out
     // (into room reserved now), and the image is written while they run.
-    let arena = (action == Action::Continue)
+    // (Not with --verify, which compares the tree with its image before
+    // it runs on.)
+    let arena = (action == Action::Continue && !opts.verify)
         .then(|| snapshot_arena(pid))
         .flatten();
     let mut held = freeze(pid, opts, action != Action::Continue)?;
     held.arena = arena;
     let summary = held.dump()?;
+    if opts.verify {
+        held.verify()?;
+    }
     held.finish(action)?;
     Ok(Summary {
         elapsed: t0.elapsed(),
@@ -107,7 +112,9 @@ fn snapshot_arena(pid: i32) -> Option<dump::Arena> {
 pub struct Dump<'a> {
     pub opts: &'a CheckpointOptions,
     pub dir: &'a ImageDir,
-    pub store: &'a StoreWriter,
+    /// Where pages go; None: a capture for `--verify` (see `crate::verify`),
+    /// which reads no page, no file content and no queued data.
+    pub store: Option<&'a StoreWriter>,
     /// The parent image (incremental).
     pub parent: Option<&'a Link>,
     /// How unchanged pages are found.
@@ -135,6 +142,13 @@ pub struct Proc<'p, 'd> {
     pub stopped: bool,
     pub probe: Probe<'p>,
     pub d: &'p mut Dump<'d>,
+}
+
+impl Dump<'_> {
+    /// A capture for `--verify`: what can be compared, no data.
+    pub fn verifying(&self) -> bool {
+        self.store.is_none()
+    }
 }
 
 impl Proc<'_, '_> {
@@ -398,7 +412,7 @@ impl Held {
         let mut d = Dump {
             opts,
             dir: &self.dir,
-            store: &store,
+            store: Some(&store),
             parent: self.parent.as_ref().map(|c| c.top()),
             method: self.method,
             image_id: &self.image_id,
@@ -473,6 +487,34 @@ impl Held {
             released: trackers.released,
             files: data_files(&ck),
         })
+    }
+
+    /// `--verify` after [`Held::dump`], the processes still frozen: capture
+    /// them again and compare with the image as written (read back from
+    /// its directory); a difference is an error (dropping the `Held` then
+    /// removes the image and lets the processes run on).
+    pub fn verify(&mut self) -> Result<std::time::Duration, CheckpointError> {
+        if self.procs.is_empty() {
+            return Err(CheckpointError::Verify(
+                "the processes ran on before their memory was stored; nothing to compare".into(),
+            ));
+        }
+        let ck = self.dir.read_checkpoint()?;
+        let v = crate::verify::tree(&ck, &mut self.procs, &self.dir, false).map_err(|e| {
+            CheckpointError::Verify(format!(
+                "cannot capture the tree again: {}",
+                cr_sys::error::one_line(&e)
+            ))
+        })?;
+        info!(
+            root = self.root,
+            us = v.elapsed.as_micros() as u64,
+            "tree verified against its image"
+        );
+        match v.difference {
+            Some(d) => Err(CheckpointError::Verify(d)),
+            None => Ok(v.elapsed),
+        }
     }
 
     /// Let the processes go after [`Held::dump`]: run on, stop or die.
@@ -622,7 +664,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
         let mut d = Dump {
             opts,
             dir: &dir,
-            store: &store,
+            store: Some(&store),
             parent: parent.as_ref().map(|c| c.top()),
             method,
             image_id: &image_id,

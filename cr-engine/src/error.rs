@@ -50,6 +50,10 @@ pub enum CheckpointError {
     Injected(String),
     #[error("interrupted by {0}; the processes run on as before")]
     Interrupted(&'static str),
+    /// `--verify`: the tree differs from the image just written (or could
+    /// not be captured again).
+    #[error("--verify: {0}; the image is removed and the processes run on")]
+    Verify(String),
 }
 
 impl CheckpointError {
@@ -122,6 +126,10 @@ pub enum RestoreError {
     },
     #[error("interrupted by {0}; nothing of the image runs")]
     Interrupted(&'static str),
+    /// `--verify`: the restored tree differs from its image (or could not
+    /// be captured again); nothing of it ran.
+    #[error("--verify: {0}; nothing of the image runs")]
+    Verify(String),
     /// An fd that led outside the tree, or an `--inherit-fd`, that cannot
     /// be bound.
     #[error("{0}")]

@@ -11,6 +11,8 @@
 //!   coordinated protocol: [`capture::freeze`] → [`capture::Held`]).
 //! - [`restore`]: rebuild a tree from an image, frozen, then release it
 //!   ([`restore::restore`], or [`restore::prepare`] → [`restore::Ready`]).
+//! - [`verify`]: `--verify`, a tree captured again and compared with its
+//!   image.
 //! - [`check`]: what `cr_checkpoint --check` reports.
 //! - [`options`]: what both are asked to do (also the tools' command lines).
 //! - [`interrupt`]: Ctrl-C and SIGTERM stop the work cleanly.
@@ -30,6 +32,7 @@ mod pidstate;
 mod probe;
 pub mod restore;
 mod stub;
+pub mod verify;
 
 pub use capture::{checkpoint, Summary};
 pub use error::{CheckpointError, RestoreError};

@@ -128,6 +128,12 @@ pub struct CheckpointOptions {
     /// whether the processes hold it open or not.
     #[arg(long = "save-file", value_name = "PATH")]
     pub save_file: Vec<PathBuf>,
+    /// After the dump, before the processes run on, capture them again and
+    /// compare with the image just written, attribute by attribute; any
+    /// difference fails the checkpoint (the image is removed, the
+    /// processes run on) naming the process, resource and attribute.
+    #[arg(long)]
+    pub verify: bool,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -298,6 +304,12 @@ pub struct RestoreOptions {
     /// since the checkpoint; each change is logged as a warning.
     #[arg(long)]
     pub allow_changed_files: bool,
+    /// Before the restored tree runs, capture it again and compare it with
+    /// the image, attribute by attribute (mappings, fds, credentials,
+    /// scheduling, limits, signals...); any difference aborts the restore
+    /// (nothing runs) naming the process, the resource and the attribute.
+    #[arg(long)]
+    pub verify: bool,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -314,6 +326,7 @@ impl Default for RestoreOptions {
             inherit_fd: Vec::new(),
             external_to_null: false,
             allow_changed_files: false,
+            verify: false,
             progress: Progress::Off,
         }
     }

@@ -17,11 +17,12 @@
 use crate::error::{RestoreError, StepContext};
 use crate::kinds::memory::{self, Pages};
 use crate::kinds::tree::restore::Ids;
+use crate::kinds::tree::Frozen;
 use crate::kinds::{self, Kind, Stash, FILE_KINDS};
 use crate::options::RestoreOptions;
 use crate::stub::Stub;
 use cr_image::chain::{Chain, Piece};
-use cr_image::model::{Checkpoint, Process};
+use cr_image::model::{Checkpoint, ProcState, Process};
 use cr_image::ImageDir;
 use cr_sys::proc;
 use cr_sys::ptrace::{wait_raw, Tracee};
@@ -205,6 +206,9 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
             rebuild(t, &mut r, p, &pages, pieces)?
         });
     }
+    if opts.verify {
+        verify(&ck, &img, &mut stubs, &mut threads)?;
+    }
     crate::fault::check_restore("restore-rebuilt")?;
     let Restorer { ids, stash, .. } = r;
     Ok(Ready {
@@ -218,6 +222,49 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
         me,
         ck,
     })
+}
+
+/// `--verify` (see [`crate::verify`]): the rebuilt tree, captured again
+/// before anything of it runs, is its image.
+fn verify(
+    ck: &Checkpoint,
+    img: &ImageDir,
+    stubs: &mut Vec<Tracee>,
+    threads: &mut Vec<Vec<Tracee>>,
+) -> Result<(), RestoreError> {
+    let mut procs: Vec<Frozen> = stubs
+        .drain(..)
+        .zip(threads.drain(..))
+        .zip(&ck.processes)
+        .map(|((stub, others), p)| Frozen {
+            pid: stub.tid(),
+            stopped: p.state == ProcState::Stopped,
+            zombie: p.is_zombie().then_some(0),
+            tracees: std::iter::once(stub).chain(others).collect(),
+        })
+        .collect();
+    let verdict = crate::verify::tree(ck, &mut procs, img, true);
+    // The same threads, back where the release expects them.
+    for f in procs {
+        let mut t = f.tracees.into_iter();
+        stubs.extend(t.next());
+        threads.push(t.collect());
+    }
+    let v = verdict.map_err(|e| {
+        RestoreError::Verify(format!(
+            "cannot capture the restored tree: {}",
+            cr_sys::error::one_line(&e)
+        ))
+    })?;
+    info!(
+        processes = ck.processes.len(),
+        us = v.elapsed.as_micros() as u64,
+        "restored tree verified against its image"
+    );
+    match v.difference {
+        Some(d) => Err(RestoreError::Verify(d)),
+        None => Ok(()),
+    }
 }
 
 fn interrupt_check() -> Result<(), RestoreError> {
@@ -276,7 +323,9 @@ pub fn rebuild(
         kinds::signals::queue_pending(&mut cx, p)?;
         kinds::timers::Timers::restore(&mut cx, p)?;
         kinds::sysv::restore_process(&mut cx, p)?;
+        kinds::task::chroot(&mut cx, p)?;
         kinds::identity::Identity::restore(&mut cx, p)?;
+        kinds::threads::set_pdeathsig(&mut cx.stub.inj, &p.threads[0], cx.is_root)?;
         let Rebuild {
             mut stub, threads, ..
         } = cx;

@@ -47,6 +47,7 @@ pub fn checkpoint_request(
             .unwrap_or_default(),
         pre_dump: o.pre_dump,
         track_mem: o.track_mem,
+        verify: o.verify,
         dirty: o.dirty.name().into(),
         compress: o.compress.name().into(),
         workers: o.workers.unwrap_or(0) as u32,
@@ -77,6 +78,7 @@ pub fn checkpoint_options(r: &pb::LocalCheckpointRequest) -> Result<CheckpointOp
         parent: (!r.parent.is_empty()).then(|| PathBuf::from(&r.parent)),
         pre_dump: r.pre_dump,
         track_mem: r.track_mem,
+        verify: r.verify,
         dirty: if r.dirty.is_empty() { "auto" } else { &r.dirty }.parse()?,
         compress: if r.compress.is_empty() {
             "none"
@@ -134,6 +136,7 @@ pub fn restore_request(dir: &Path, o: &RestoreOptions) -> pb::LocalRestoreReques
         inherit_fd: o.inherit_fd.iter().map(|b| b.to_string()).collect(),
         external_to_null: o.external_to_null,
         allow_changed_files: o.allow_changed_files,
+        verify: o.verify,
     }
 }
 
@@ -163,6 +166,7 @@ pub fn restore_options(r: &pb::LocalRestoreRequest) -> Result<RestoreOptions, St
             .collect::<Result<_, String>>()?,
         external_to_null: r.external_to_null,
         allow_changed_files: r.allow_changed_files,
+        verify: r.verify,
         ..Default::default()
     })
 }

@@ -79,6 +79,13 @@ pub fn set_flags(fd: &OwnedFd, flags: i32) -> Result<()> {
         .or_sys(|| format!("fcntl(F_SETFL, {flags:#o})"))
 }
 
+/// Set FD_CLOEXEC on our fd (F_SETFD).
+pub fn set_cloexec(fd: &OwnedFd) -> Result<()> {
+    fcntl(fd, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+        .map(drop)
+        .or_sys(|| "fcntl(F_SETFD, FD_CLOEXEC)".into())
+}
+
 /// Capacity of a pipe (F_GETPIPE_SZ).
 pub fn pipe_size(fd: &OwnedFd) -> Result<u32> {
     fcntl(fd, FcntlArg::F_GETPIPE_SZ)
@@ -785,15 +792,15 @@ pub fn set_pty_locked(fd: &OwnedFd, locked: bool) -> Result<()> {
 /// A new description of the slave of the pty whose master is `master`
 /// (TIOCGPTPEER: no path lookup, never becomes a controlling terminal).
 pub fn pty_peer(master: &OwnedFd, accmode: i32) -> Result<OwnedFd> {
+    // Not O_CLOEXEC: unlike open(2), which strips it, TIOCGPTPEER keeps
+    // the flags it is given in the file's f_flags, so the description
+    // would show O_CLOEXEC in fdinfo for good, in every process it is
+    // handed to (a restored shell's fd 0 then differs from its image).
     // SAFETY: TIOCGPTPEER takes open flags as an integer and returns an fd.
-    let r = unsafe {
-        libc::ioctl(
-            master.as_raw_fd(),
-            TIOCGPTPEER,
-            accmode | libc::O_NOCTTY | libc::O_CLOEXEC,
-        )
-    };
-    own(r as i64, || "ioctl(TIOCGPTPEER)".into())
+    let r = unsafe { libc::ioctl(master.as_raw_fd(), TIOCGPTPEER, accmode | libc::O_NOCTTY) };
+    let fd = own(r as i64, || "ioctl(TIOCGPTPEER)".into())?;
+    set_cloexec(&fd)?;
+    Ok(fd)
 }
 
 /// Open a new pty pair with index `want` through the multiplexer `ptmx`

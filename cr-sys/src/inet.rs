@@ -162,6 +162,83 @@ pub fn setsockopt_bytes(fd: &OwnedFd, level: i32, opt: i32, val: &[u8]) -> Resul
     })
 }
 
+/// SO_ATTACH_FILTER, also SO_GET_FILTER (asm-generic/socket.h; the libc
+/// crate lacks them on Linux/glibc).
+pub const SO_ATTACH_FILTER: i32 = 26;
+/// SO_LOCK_FILTER: the filter can no longer be changed.
+pub const SO_LOCK_FILTER: i32 = 44;
+/// SO_BUF_LOCK (Linux 5.14): which of the buffer sizes are locked against
+/// autotuning.
+pub const SO_BUF_LOCK: i32 = 72;
+
+/// BPF_MAXINSNS: the longest classic BPF program a socket takes.
+const BPF_MAXINSNS: usize = 4096;
+/// sizeof(struct sock_filter).
+const SOCK_FILTER_LEN: usize = 8;
+
+/// The classic BPF program attached with SO_ATTACH_FILTER, as its raw
+/// `struct sock_filter` array (empty: none, or an eBPF program, which the
+/// kernel cannot give back: the caller tells them apart).
+pub fn socket_filter(fd: &OwnedFd) -> Result<Vec<u8>> {
+    // Surprising ABI: SO_GET_FILTER takes and returns its length in filter
+    // blocks (8 bytes each), not in bytes; the buffer must hold the blocks.
+    let mut buf = vec![0u8; BPF_MAXINSNS * SOCK_FILTER_LEN];
+    let mut blocks = BPF_MAXINSNS as libc::socklen_t;
+    // SAFETY: the kernel writes at most `blocks` 8-byte blocks into `buf`,
+    // which holds BPF_MAXINSNS of them.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_FILTER,
+            buf.as_mut_ptr().cast(),
+            &mut blocks,
+        )
+    };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: "getsockopt(SO_GET_FILTER)".into(),
+            source: Errno::last(),
+        });
+    }
+    buf.truncate((blocks as usize).min(BPF_MAXINSNS) * SOCK_FILTER_LEN);
+    Ok(buf)
+}
+
+/// Attach the classic BPF program `program` (raw `struct sock_filter`
+/// blocks) with SO_ATTACH_FILTER.
+pub fn attach_socket_filter(fd: &OwnedFd, program: &[u8]) -> Result<()> {
+    let blocks = program.len() / SOCK_FILTER_LEN;
+    if blocks == 0 || blocks > BPF_MAXINSNS || program.len() % SOCK_FILTER_LEN != 0 {
+        return Err(SysError::Syscall {
+            what: format!("a socket filter of {} bytes", program.len()),
+            source: Errno(libc::EINVAL),
+        });
+    }
+    let prog = libc::sock_fprog {
+        len: blocks as u16,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: sock_fprog points at `blocks` blocks of `program`, which
+    // outlives the call; the kernel copies them.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: "setsockopt(SO_ATTACH_FILTER)".into(),
+            source: Errno::last(),
+        });
+    }
+    Ok(())
+}
+
 /// An int option, with the option's name in the error.
 fn set_int(fd: &OwnedFd, level: i32, opt: i32, v: i32, what: &str) -> Result<()> {
     crate::fdio::setsockopt_int(fd, level, opt, v).map_err(|e| rename(e, what))

@@ -489,6 +489,28 @@ impl Tracee {
         })
     }
 
+    /// get_robust_list(2) of the thread: the head of its robust futex list
+    /// (in its TLS, registered by glibc at thread start) and the list's
+    /// length; (0, 0) when none is registered.
+    pub fn get_robust_list(&self) -> Result<(u64, u64)> {
+        let mut head: u64 = 0;
+        let mut len: u64 = 0;
+        // SAFETY: get_robust_list writes one pointer and one size_t through
+        // the two pointers, which point at our locals.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_get_robust_list,
+                self.tid,
+                &mut head as *mut u64,
+                &mut len as *mut u64,
+            )
+        };
+        if r < 0 {
+            return Err(self.failed("get_robust_list", Errno::last()));
+        }
+        Ok((head, len))
+    }
+
     /// PTRACE_GETEVENTMSG: after a fork/clone event, the new task's PID in
     /// the tracer's PID namespace.
     pub fn event_msg(&self) -> Result<u64> {

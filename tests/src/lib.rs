@@ -59,6 +59,10 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
+/// What every restore of the suite passes to `cr_restart` (see
+/// `Harness::start_tool`).
+pub const VERIFY: &str = "--verify";
+
 /// Path of an engine binary (`cr_checkpoint`, `cr_restart`, `cr_image`).
 /// Panics with a hint if it was not built.
 pub fn tool_path(name: &str) -> PathBuf {
@@ -895,8 +899,12 @@ impl Harness {
             .into_owned();
         let out = self.dir.join(format!("tool{n}-{name}.out"));
         let err = self.dir.join(format!("tool{n}-{name}.err"));
+        // Every restore of the suite checks itself: the restored tree,
+        // captured again before it runs, must be its image.
+        let verify = (name == "cr_restart").then_some(OsStr::new(VERIFY));
+        let args: Vec<&OsStr> = verify.into_iter().chain(args.iter().copied()).collect();
         let mut cmd = Command::new(exe);
-        cmd.args(args)
+        cmd.args(&args)
             .stdin(File::open("/dev/null").expect("open /dev/null"))
             .stdout(File::create(&out).expect("create tool stdout"))
             .stderr(File::create(&err).expect("create tool stderr"));

@@ -543,7 +543,8 @@ fn yes_head_tr_in_a_pid_namespace_streams_into_a_pipe_across_restore() {
 
     let err2 = h.dir.join("cr_restart.err");
     let mut cmd = Command::new(tool_path("cr_restart"));
-    cmd.arg(&img)
+    cmd.arg(VERIFY)
+        .arg(&img)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(File::create(&err2).expect("create cr_restart.err"));
@@ -863,7 +864,8 @@ fn tr_nl_job_reads_stdin_from_the_test_then_through_cr_restart() {
 
     let err2 = h.dir.join("cr_restart.err");
     let mut cmd = Command::new(tool_path("cr_restart"));
-    cmd.arg(&img)
+    cmd.arg(VERIFY)
+        .arg(&img)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(File::create(&err2).expect("create cr_restart.err"));
@@ -1878,7 +1880,7 @@ fn checkpoint_and_restore_in_pane(
         "stty sane: lflag {sane:#o}"
     );
     let cmd = format!(
-        "{} --shell-job {}; echo RESTART-EXIT-$?",
+        "{} {VERIFY} --shell-job {}; echo RESTART-EXIT-$?",
         tool_path("cr_restart").display(),
         img.display()
     );

@@ -109,6 +109,35 @@ pub fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
             value: v,
         });
     }
+    // A classic BPF filter, then whether it is locked (set in this order).
+    if let Ok(program) = sys::socket_filter(sock) {
+        if !program.is_empty() {
+            out.push(SockOpt {
+                level: libc::SOL_SOCKET,
+                name: sys::SO_ATTACH_FILTER,
+                value: program,
+            });
+        }
+    }
+    // Buffer locks (IP sockets, whose buffer sizes are saved here): also
+    // when 0 if a size is restored, since the FORCE variants lock it.
+    let sized = out.iter().any(|o| {
+        o.level == libc::SOL_SOCKET && matches!(o.name, libc::SO_SNDBUF | libc::SO_RCVBUF)
+    });
+    for (name, keep_zero) in [(sys::SO_LOCK_FILTER, false), (sys::SO_BUF_LOCK, sized)] {
+        if name == sys::SO_BUF_LOCK && !ip {
+            continue;
+        }
+        if let Ok(v) = fdio::getsockopt_int(sock, libc::SOL_SOCKET, name) {
+            if v != 0 || keep_zero {
+                out.push(SockOpt {
+                    level: libc::SOL_SOCKET,
+                    name,
+                    value: v.to_le_bytes().to_vec(),
+                });
+            }
+        }
+    }
     out
 }
 
@@ -123,6 +152,10 @@ pub fn set_options(sock: &OwnedFd, opts: &[SockOpt]) -> Result<(), SysError> {
                 libc::SO_REUSEADDR => continue,
                 libc::SO_SNDBUF | libc::SO_RCVBUF => {
                     set_buffer(sock, o.name, o.int().unwrap_or(0).max(0) as usize)?;
+                    continue;
+                }
+                sys::SO_ATTACH_FILTER => {
+                    sys::attach_socket_filter(sock, &o.value)?;
                     continue;
                 }
                 _ => {}

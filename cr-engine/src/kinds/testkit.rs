@@ -7,6 +7,8 @@
 //! both images to compare the kind's section of the process before and
 //! after, and asserts on the program's own verdict.
 //!
+//! Both the restore and the second checkpoint run with `--verify`.
+//!
 //! Needs root (ptrace, clone3 with set_tid) and python3, like the
 //! end-to-end suite.
 
@@ -22,6 +24,13 @@ const PROLOGUE: &str = r#"
 import ctypes, errno, fcntl, os, signal, socket, struct, sys, time
 os.closerange(3, 65536)    # what the test runner leaked (its jobserver pipe...)
 DIR = sys.argv[1]
+# The verdict goes through this fd, so it is written even from a chroot.
+DIRFD = os.open(DIR, os.O_RDONLY | os.O_DIRECTORY)
+def write_in_dir(name, text):
+    fd = os.open(name + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=DIRFD)
+    os.write(fd, text.encode())
+    os.close(fd)
+    os.rename(name + ".tmp", name, src_dir_fd=DIRFD, dst_dir_fd=DIRFD)
 libc = ctypes.CDLL(None, use_errno=True)
 problems = []
 def expect(cond, why):
@@ -31,7 +40,7 @@ signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 "#;
 
 const MIDDLE: &str = r#"
-open(os.path.join(DIR, "ready"), "w").close()
+write_in_dir("ready", "")
 signal.sigwait({signal.SIGUSR1})
 try:
 "#;
@@ -39,9 +48,7 @@ try:
 const EPILOGUE: &str = r#"
 except Exception as e:
     problems.append("exception: " + repr(e))
-with open(os.path.join(DIR, "verdict.tmp"), "w") as f:
-    f.write("OK" if not problems else "FAIL " + "; ".join(problems))
-os.rename(os.path.join(DIR, "verdict.tmp"), os.path.join(DIR, "verdict"))
+write_in_dir("verdict", "OK" if not problems else "FAIL " + "; ".join(problems))
 time.sleep(600)
 "#;
 
@@ -145,7 +152,11 @@ pub fn round_trip(name: &str, setup: &str, check: &str) -> RoundTrip {
     }
     // Killed and reaped by the checkpoint (we are its tracer and parent).
     drop(child);
-    let restored = crate::restore(&img, &RestoreOptions::default())
+    let verify = RestoreOptions {
+        verify: true,
+        ..Default::default()
+    };
+    let restored = crate::restore(&img, &verify)
         .unwrap_or_else(|e| panic!("restore of {name}: {}", cr_sys::error::one_line(&e)));
     assert_eq!(restored, pid, "restored with its PID");
 
@@ -153,6 +164,7 @@ pub fn round_trip(name: &str, setup: &str, check: &str) -> RoundTrip {
     let again = CheckpointOptions {
         dir: Some(img2.clone()),
         no_fsync: true,
+        verify: true,
         ..Default::default()
     };
     if let Err(e) = crate::checkpoint(pid, &again) {

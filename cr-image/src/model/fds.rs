@@ -29,8 +29,27 @@ pub struct Fd {
     pub shared: Option<SharedFd>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub locks: Vec<FileLock>,
+    /// F_SETOWN_EX of its open file description (None: nobody).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<FdOwner>,
+    /// F_SETSIG (0: SIGIO).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub signal: i32,
     #[serde(flatten)]
     pub kind: FdKind,
+}
+
+fn is_zero(v: &i32) -> bool {
+    *v == 0
+}
+
+/// struct f_owner_ex: who gets an open file description's I/O signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FdOwner {
+    /// F_OWNER_TID (0), F_OWNER_PID (1) or F_OWNER_PGRP (2).
+    pub kind: i32,
+    /// As the process sees it (inside its PID namespace).
+    pub pid: i32,
 }
 
 /// An fd of an earlier process of the image (or of the same process).
@@ -90,6 +109,12 @@ pub enum FdKind {
     Inotify {
         watches: Vec<InotifyWatch>,
     },
+    /// An O_PATH fd of a FIFO, socket file or device.
+    PathOnly,
+    /// A pidfd of process `pid` of the image.
+    Pidfd {
+        pid: u32,
+    },
     // kind "tty"
     Pty {
         object: u64,
@@ -140,6 +165,8 @@ impl FdKind {
             FdKind::Timerfd(_) => "timerfd",
             FdKind::Epoll { .. } => "epoll",
             FdKind::Inotify { .. } => "inotify",
+            FdKind::Pidfd { .. } => "pidfd",
+            FdKind::PathOnly => "path_only",
             FdKind::Pty { .. } => "pty",
             FdKind::Inherited { .. } => "inherited",
         }
@@ -260,6 +287,8 @@ impl Fd {
                     })
                     .collect(),
             },
+            Some(K::Pidfd(p)) => FdKind::Pidfd { pid: p.pid },
+            Some(K::PathOnly(_)) => FdKind::PathOnly,
             Some(K::Pty(p)) => FdKind::Pty {
                 object: p.id,
                 master: p.master,
@@ -298,7 +327,20 @@ impl Fd {
                 })
             })
             .collect::<Result<_, Bad>>()?;
+        if let Some(o) = &f.owner {
+            if !(0..=2).contains(&o.kind) || o.pid <= 0 {
+                return Err(format!("an owner {} of type {}", o.pid, o.kind));
+            }
+        }
+        if !(0..=64).contains(&f.signal) {
+            return Err(format!("I/O signal {}", f.signal));
+        }
         Ok(Fd {
+            owner: f.owner.map(|o| FdOwner {
+                kind: o.kind,
+                pid: o.pid,
+            }),
+            signal: f.signal,
             fd: f.fd,
             flags: f.flags,
             pos: f.pos,
@@ -357,6 +399,8 @@ impl Fd {
                     })
                     .collect(),
             }),
+            FdKind::Pidfd { pid } => K::Pidfd(pb::Pidfd { pid: *pid }),
+            FdKind::PathOnly => K::PathOnly(pb::Empty {}),
             FdKind::Pty { object, master } => K::Pty(pb::PtyEnd {
                 id: *object,
                 master: *master,
@@ -372,6 +416,11 @@ impl Fd {
             }),
         };
         pb::Fd {
+            owner: self.owner.map(|o| pb::FdOwner {
+                kind: o.kind,
+                pid: o.pid,
+            }),
+            signal: self.signal,
             fd: self.fd,
             flags: self.flags,
             pos: self.pos,
@@ -438,6 +487,11 @@ pub(crate) fn validate(
         if let FdKind::Epoll { items } = &f.kind {
             if let Some(it) = items.iter().find(|it| p.fd(it.tfd).is_none()) {
                 return bad(format!("watches fd {}, which is not open", it.tfd));
+            }
+        }
+        if let FdKind::Pidfd { pid } = f.kind {
+            if !pids.contains_key(&pid) {
+                return bad(format!("is a pidfd of process {pid}, not in the image"));
             }
         }
     }

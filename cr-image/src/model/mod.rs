@@ -30,7 +30,7 @@ pub mod timers;
 pub mod tree;
 pub mod uts;
 
-pub use fds::{Fd, FdKind, FileLock, LockKind, SharedFd};
+pub use fds::{Fd, FdKind, FdOwner, FileLock, LockKind, SharedFd};
 pub use identity::{Creds, Identity, RLimit};
 pub use memory::{
     Compression, DirtyMethod, MemStats, Memory, Mm, PageAt, PageExtent, PageFile, PageRun,
@@ -403,7 +403,7 @@ impl Process {
             ns_pgid: p.ns_pgid,
             ns_sid: p.ns_sid,
             state,
-            task: p.task.map(Task::from_pb).unwrap_or_default(),
+            task: p.task.map(Task::from_pb).transpose()?.unwrap_or_default(),
             mm: match p.mm {
                 Some(m) => Mm::from_pb(m)?,
                 None if zombie => Mm::default(),

@@ -1,7 +1,11 @@
 //! Section of kind "task": what a process is apart from its resources
-//! (name, executable, working directory, umask, personality, command line).
+//! (name, executable, working directory, umask, personality, command line,
+//! scheduling, OOM score adjustment, child-subreaper and THP-disable).
 
-use super::{pb, ser};
+use super::{pb, ser, Bad};
+
+/// The flag sched_getscheduler adds to the policy.
+pub const SCHED_RESET_ON_FORK: u32 = 0x4000_0000;
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -19,6 +23,19 @@ pub struct Task {
     /// GNU build id of the executable (empty when it has none).
     #[serde(serialize_with = "ser::hex_bytes")]
     pub exe_build_id: Vec<u8>,
+    /// Scheduling of the main thread: policy (SCHED_*, with
+    /// SCHED_RESET_ON_FORK), real-time priority, nice value.
+    pub sched_policy: u32,
+    pub sched_priority: u32,
+    pub nice: i32,
+    /// /proc/PID/oom_score_adj.
+    pub oom_score_adj: i32,
+    /// PR_SET_CHILD_SUBREAPER.
+    pub child_subreaper: bool,
+    /// PR_SET_THP_DISABLE.
+    pub thp_disable: bool,
+    /// Root directory (chroot; "/" or empty: the checkpointer's own).
+    pub root: String,
 }
 
 fn cmdline<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -33,8 +50,24 @@ fn cmdline<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
 }
 
 impl Task {
-    pub(crate) fn from_pb(t: pb::Task) -> Task {
-        Task {
+    pub(crate) fn from_pb(t: pb::Task) -> Result<Task, Bad> {
+        let policy = t.sched_policy & !SCHED_RESET_ON_FORK;
+        if policy > 6 || policy == 4 {
+            return Err(format!("unknown scheduling policy {}", t.sched_policy));
+        }
+        if t.sched_priority > 99 {
+            return Err(format!("real-time priority {} above 99", t.sched_priority));
+        }
+        if !(-20..=19).contains(&t.nice) {
+            return Err(format!("nice value {} outside -20..19", t.nice));
+        }
+        if !(-1000..=1000).contains(&t.oom_score_adj) {
+            return Err(format!(
+                "oom_score_adj {} outside -1000..1000",
+                t.oom_score_adj
+            ));
+        }
+        Ok(Task {
             comm: t.comm,
             exe: t.exe,
             cwd: t.cwd,
@@ -42,7 +75,14 @@ impl Task {
             personality: t.personality,
             cmdline: t.cmdline,
             exe_build_id: t.exe_build_id,
-        }
+            sched_policy: t.sched_policy,
+            sched_priority: t.sched_priority,
+            nice: t.nice,
+            oom_score_adj: t.oom_score_adj,
+            child_subreaper: t.child_subreaper,
+            thp_disable: t.thp_disable,
+            root: t.root,
+        })
     }
 
     pub(crate) fn to_pb(&self) -> pb::Task {
@@ -54,6 +94,13 @@ impl Task {
             personality: self.personality,
             cmdline: self.cmdline.clone(),
             exe_build_id: self.exe_build_id.clone(),
+            sched_policy: self.sched_policy,
+            sched_priority: self.sched_priority,
+            nice: self.nice,
+            oom_score_adj: self.oom_score_adj,
+            child_subreaper: self.child_subreaper,
+            thp_disable: self.thp_disable,
+            root: self.root.clone(),
         }
     }
 }

@@ -28,6 +28,8 @@ fn thread(tid: u32) -> Thread {
         }),
         clear_child_tid: 0x7f00_0000_1000,
         pdeathsig: 0,
+        robust_list: 0x7f00_0000_2000,
+        robust_list_len: 24,
         sigmask: 1 << 9,
         pending: vec![SigInfo::new({
             let mut s = [0u8; 128];
@@ -72,6 +74,8 @@ fn fd(n: i32, kind: FdKind) -> Fd {
         path: format!("fd{n}"),
         shared: None,
         locks: Vec::new(),
+        owner: None,
+        signal: 0,
         kind,
     }
 }
@@ -119,6 +123,13 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             personality: 0,
             cmdline: b"x\0-v\0".to_vec(),
             exe_build_id: vec![1, 2, 3],
+            sched_policy: 3,
+            sched_priority: 0,
+            nice: 5,
+            oom_score_adj: 300,
+            child_subreaper: true,
+            thp_disable: true,
+            root: "/".into(),
         },
         mm: Mm {
             auxv: vec![0; 64],
@@ -270,6 +281,11 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                     start: 0,
                     len: 0,
                 }],
+                owner: Some(FdOwner {
+                    kind: 1,
+                    pid: pid as i32,
+                }),
+                signal: 10,
                 ..fd(15, FdKind::Regular { size: 10 })
             },
         ],

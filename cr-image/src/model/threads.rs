@@ -27,6 +27,11 @@ pub struct Thread {
     pub clear_child_tid: u64,
     /// PR_SET_PDEATHSIG (0: none).
     pub pdeathsig: i32,
+    /// set_robust_list(): head of the robust futex list and its size
+    /// (0, 0: none).
+    #[serde(serialize_with = "ser::hex")]
+    pub robust_list: u64,
+    pub robust_list_len: u64,
     #[serde(serialize_with = "ser::hex")]
     pub sigmask: u64,
     /// Signals pending for this thread only.
@@ -105,6 +110,8 @@ impl Thread {
             }),
             clear_child_tid: t.clear_child_tid,
             pdeathsig: t.pdeathsig,
+            robust_list: t.robust_list,
+            robust_list_len: t.robust_list_len,
             sigmask: t.sigmask,
             pending: t
                 .pending
@@ -129,6 +136,8 @@ impl Thread {
             }),
             clear_child_tid: self.clear_child_tid,
             pdeathsig: self.pdeathsig,
+            robust_list: self.robust_list,
+            robust_list_len: self.robust_list_len,
             sigmask: self.sigmask,
             pending: self.pending.iter().map(|s| s.bytes().to_vec()).collect(),
             sigaltstack: Some(self.sigaltstack.to_pb()),
@@ -146,6 +155,12 @@ pub(crate) fn validate(p: &Process) -> Result<(), Bad> {
         }
         if !(0..=64).contains(&t.pdeathsig) {
             return bad(format!("parent-death signal {}", t.pdeathsig));
+        }
+        if t.robust_list_len > 4096 {
+            return bad(format!(
+                "a robust futex list head of {} bytes",
+                t.robust_list_len
+            ));
         }
         if let Some(r) = t.rseq {
             if r.len < 32 || r.len > 4096 || r.addr % 32 != 0 {

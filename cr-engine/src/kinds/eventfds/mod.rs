@@ -1,13 +1,18 @@
 //! Kind "eventfds": the anonymous-inode fds whose whole state is in
 //! /proc/PID/fdinfo — eventfd (count, semaphore mode), signalfd (mask),
 //! timerfd (clock, time left, period, unread expirations), epoll (the
-//! interest list with events and data) and inotify (the watches, found by
-//! their file handles, with their watch numbers).
+//! interest list with events and data), inotify (the watches, found by
+//! their file handles, with their watch numbers) and pidfds of processes
+//! of the tree (which process; a pidfd of a process outside the tree, or
+//! of one that has exited, is refused: a restore cannot give it that
+//! process again).
 //!
 //! Restore: each is made in the restorer and taken by the process; epoll
 //! interest lists are registered inside the process once all its fds are
 //! back (each item carries the process's own fd number); timerfds are
-//! armed at the release, when the tree starts running.
+//! armed at the release, when the tree starts running; a pidfd is opened
+//! inside the process (pidfd_open of the restored process, by its PID as
+//! the process sees it).
 
 #[cfg(test)]
 mod tests;
@@ -30,10 +35,13 @@ impl FileKind for EventFds {
         "eventfds"
     }
 
-    fn describe(&self, _cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
+    fn describe(&self, cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
         let FDTarget::AnonInode(kind) = f.target else {
             return None;
         };
+        if kind == "[pidfd]" {
+            return Some(pidfd(cx, f).map(Some));
+        }
         // Our own dirty-page tracker (see `memory::tracking`): never part of an image.
         if kind == "[userfaultfd]" && cr_sys::dirty::is_tracker_fd(f.pid, f.fd) {
             return Some(Ok(None));
@@ -60,6 +68,7 @@ impl FileKind for EventFds {
                 fdio::epoll_create().step(|| format!("cannot create epoll {}", f.fd))
             }
             FdKind::Inotify { watches } => inotify(f, watches),
+            FdKind::Pidfd { pid } => return Some(open_pidfd(cx, f, *pid)),
             _ => return None,
         };
         Some(made.map(Opened::Ours))
@@ -104,6 +113,63 @@ impl FileKind for EventFds {
         }
         Ok(())
     }
+}
+
+/// PIDFD_NONBLOCK and PIDFD_THREAD: the flags of a pidfd pidfd_open takes.
+const PIDFD_FLAGS: u32 = (libc::O_NONBLOCK | libc::O_EXCL) as u32;
+
+/// A pidfd: of which process of the tree ("Pid:" of fdinfo, as we see it;
+/// -1 once it has exited).
+fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
+    let pid: i32 = f
+        .info
+        .get("Pid")
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or("a pidfd whose process cannot be read")?;
+    if pid <= 0 {
+        return Err("a pidfd of a process that has exited (a restore cannot make one)".into());
+    }
+    if f.info.flags & libc::O_EXCL as u32 != 0 || !cx.tree.in_tree(pid) {
+        return Err(format!(
+            "a pidfd of {} {pid}, outside the tree (a restore cannot give it that process again)",
+            if f.info.flags & libc::O_EXCL as u32 != 0 {
+                "thread"
+            } else {
+                "process"
+            }
+        ));
+    }
+    Ok(FdKind::Pidfd { pid: pid as u32 })
+}
+
+/// pidfd_open, inside the process, of the restored process `pid` of the
+/// image (by the PID the process sees it with), at the fd's number.
+fn open_pidfd(cx: &mut Rebuild<'_, '_>, f: &Fd, pid: u32) -> Result<Opened, RestoreError> {
+    let ck = cx.r.ck;
+    let target = ck
+        .processes
+        .iter()
+        .find(|q| q.pid == pid)
+        .map(|q| if ck.pidns { q.ns_pid } else { q.pid })
+        .ok_or_else(|| {
+            RestoreError::Unsupported(format!(
+                "fd {}: a pidfd of process {pid}, not in the image",
+                f.fd
+            ))
+        })?;
+    let got = cx
+        .stub
+        .call(
+            "pidfd_open",
+            libc::SYS_pidfd_open,
+            [target as u64, (f.flags & PIDFD_FLAGS) as u64, 0, 0, 0, 0],
+        )
+        .step(|| format!("cannot open a pidfd of process {pid} as fd {}", f.fd))?;
+    let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
+    cx.stub
+        .place(got, f.fd, cloexec)
+        .step(|| format!("cannot move the pidfd to fd {}", f.fd))?;
+    Ok(Opened::InStub)
 }
 
 /// Timerfds to arm at the release.

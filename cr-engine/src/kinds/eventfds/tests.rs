@@ -40,3 +40,50 @@ expect(len(os.read(ino, 4096)) > 0, "inotify event")
         assert!(names(a).contains(&k), "{k} missing from {:?}", names(a));
     }
 }
+
+/// pidfds of processes of the tree (its own, its child's, one
+/// non-blocking): each comes back naming the same restored process; the
+/// child (which dies with its parent: PR_SET_PDEATHSIG) is ended through
+/// its pidfd.
+#[test]
+fn pidfds_of_the_tree_round_trip() {
+    let rt = round_trip(
+        "pidfds",
+        r#"
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG
+    os.write(w, b"x")
+    while True:
+        time.sleep(60)
+os.read(r, 1)
+me = os.pidfd_open(os.getpid())
+kid = os.pidfd_open(child, os.O_NONBLOCK)
+def target(fd):
+    for line in open("/proc/self/fdinfo/%d" % fd):
+        if line.startswith("Pid:"):
+            return int(line.split()[1])
+"#,
+        r#"
+expect(target(me) == os.getpid(), "own pidfd names %r" % target(me))
+expect(target(kid) == child, "child pidfd names %r, child is %d" % (target(kid), child))
+expect(fcntl.fcntl(kid, fcntl.F_GETFL) & os.O_NONBLOCK, "PIDFD_NONBLOCK")
+expect(fcntl.fcntl(me, fcntl.F_GETFD) & fcntl.FD_CLOEXEC, "close-on-exec")
+signal.pidfd_send_signal(kid, signal.SIGKILL)
+expect(os.waitpid(child, 0)[0] == child, "child killed through its pidfd")
+"#,
+    );
+    let (a, b) = rt.roots();
+    let pidfds = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .filter_map(|f| match f.kind {
+                cr_image::model::FdKind::Pidfd { pid } => Some((f.fd, pid)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pidfds(a).len(), 2, "{:?}", a.fds);
+    assert_eq!(pidfds(a), pidfds(b));
+}

@@ -24,7 +24,7 @@ use crate::error::{CheckpointError, RestoreError, StepContext};
 use crate::kinds::{locks, tty, HeldState, Kind, Opened, Stash, FILE_KINDS};
 use crate::restore::Rebuild;
 use crate::stub::Stub;
-use cr_image::model::{Fd, FdKind, Object, ObjectTag, Process, SharedFd};
+use cr_image::model::{Fd, FdKind, FdOwner, Object, ObjectTag, Process, SharedFd};
 use cr_image::ImageDir;
 use cr_sys::proc::{self, FDTarget, FdInfo};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -233,6 +233,8 @@ pub fn describe(
                 return Ok(None); // its kind found it gone
             };
             return Ok(Some(Fd {
+                owner: None, // asked of the process (`signal_owners`)
+                signal: 0,
                 fd,
                 flags: open.info.flags,
                 pos: open.info.pos,
@@ -252,7 +254,9 @@ impl Kind for Fds {
     fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
         let pid = cx.pid;
         let d = &mut *cx.d;
-        let mut fds = describe_all(pid, &mut d.fds, Some(&mut d.objects))?;
+        // A capture for --verify reads no queued data (as a pre-flight).
+        let objects = (!d.verifying()).then_some(&mut d.objects);
+        let mut fds = describe_all(pid, &mut d.fds, objects)?;
         // Open file descriptions seen so far, per link text, kept in kcmp's
         // order: one binary search per fd instead of a comparison with every
         // earlier fd of the same name (all eventfds share one name).
@@ -272,6 +276,7 @@ impl Kind for Fds {
                 Err(i) => list.insert(i, (pid, f.fd)),
             }
         }
+        signal_owners(cx, &mut fds)?;
         p.fds = fds;
         p.ctty_pty = tty::ctty_pty(cx.stat.tty_nr as u64, &cx.d.fds.pty_masters).map(u64::from);
         Ok(())
@@ -308,6 +313,7 @@ impl Kind for Fds {
         for f in &p.fds {
             locks::take(&mut cx.stub, f)?;
         }
+        take_signal_owners(&mut cx.stub, p)?;
         tty::controlling_tty(cx, p)?;
         tty::reopen_dev_tty(cx, p)?;
         if let Some(h) = cx.stub.grab_pidfd.take() {
@@ -317,9 +323,109 @@ impl Kind for Fds {
     }
 }
 
+/// Whether an fd may have an I/O signal owner worth asking for: what
+/// delivers SIGIO or SIGURG (sockets, pipes, terminals), or any fd in
+/// O_ASYNC mode.
+fn may_signal(f: &Fd) -> bool {
+    f.flags as i32 & libc::O_ASYNC != 0
+        || matches!(
+            f.kind,
+            FdKind::Pipe { .. }
+                | FdKind::Fifo { .. }
+                | FdKind::UnixSocket { .. }
+                | FdKind::InetSocket { .. }
+                | FdKind::Pty { .. }
+                | FdKind::Inherited { .. }
+        )
+}
+
+/// F_GETOWN_EX and F_GETSIG of each open file description that may have
+/// them (asked once, through its first fd).
+fn signal_owners(cx: &mut Proc<'_, '_>, fds: &mut [Fd]) -> Result<(), CheckpointError> {
+    let pid = cx.pid;
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    for f in fds
+        .iter_mut()
+        .filter(|f| f.shared.is_none() && may_signal(f))
+    {
+        let scratch = cx.probe.scratch().map_err(sys)?;
+        let fd = f.fd as u64;
+        let sig = cx
+            .probe
+            .on(0, |inj| {
+                inj.call(
+                    "fcntl(F_GETOWN_EX)",
+                    libc::SYS_fcntl,
+                    [fd, F_GETOWN_EX, scratch, 0, 0, 0],
+                )?;
+                inj.call(
+                    "fcntl(F_GETSIG)",
+                    libc::SYS_fcntl,
+                    [fd, F_GETSIG, 0, 0, 0, 0],
+                )
+            })
+            .map_err(sys)?;
+        let mut raw = [0u8; 8];
+        cx.probe.read(0, &mut raw).map_err(sys)?;
+        let kind = i32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]);
+        let owner = i32::from_le_bytes([raw[4], raw[5], raw[6], raw[7]]);
+        f.owner = (owner > 0).then_some(FdOwner { kind, pid: owner });
+        f.signal = sig as i32;
+    }
+    Ok(())
+}
+
+/// F_GETSIG / F_SETSIG, F_GETOWN_EX / F_SETOWN_EX (Linux-specific, not in
+/// the libc crate).
+const F_GETSIG: u64 = 11;
+const F_SETSIG: u64 = 10;
+const F_SETOWN_EX: u64 = 15;
+const F_GETOWN_EX: u64 = 16;
+
+/// Give each open file description its I/O signal owner and signal again.
+fn take_signal_owners(stub: &mut Stub<'_>, p: &Process) -> Result<(), RestoreError> {
+    for f in p.fds.iter().filter(|f| f.shared.is_none()) {
+        let fd = f.fd as u64;
+        if let Some(o) = f.owner {
+            let mut raw = Vec::with_capacity(8);
+            raw.extend_from_slice(&o.kind.to_le_bytes());
+            raw.extend_from_slice(&o.pid.to_le_bytes());
+            let addr = stub.put(&raw)?;
+            stub.call(
+                "fcntl(F_SETOWN_EX)",
+                libc::SYS_fcntl,
+                [fd, F_SETOWN_EX, addr, 0, 0, 0],
+            )
+            .step(|| {
+                format!(
+                    "cannot make {} {} the owner of fd {} again",
+                    ["thread", "process", "process group"][o.kind.clamp(0, 2) as usize],
+                    o.pid,
+                    f.fd
+                )
+            })?;
+        }
+        if f.signal != 0 {
+            stub.call(
+                "fcntl(F_SETSIG)",
+                libc::SYS_fcntl,
+                [fd, F_SETSIG, f.signal as u64, 0, 0, 0],
+            )
+            .step(|| format!("cannot set the I/O signal of fd {}", f.fd))?;
+        }
+    }
+    Ok(())
+}
+
 /// Open file descriptions seen so far in the tree, per link text, in kcmp order.
 #[derive(Default)]
 struct SeenFds(HashMap<String, Vec<(i32, i32)>>);
+
+/// An O_PATH fd (f_flags as fdinfo shows them): a place in the file
+/// system, whatever the file is, opened again by its path (kind "files").
+pub fn is_path_only(flags: u32) -> bool {
+    flags & libc::O_PATH as u32 != 0
+}
 
 /// Open flags that must not be replayed (they act only at open time).
 pub const OPEN_ONLY: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY;
@@ -508,6 +614,95 @@ fn summary(f: &Fd, link: &str) -> String {
             } else {
                 format!("{link} ({name}, {end})")
             }
+        }
+    }
+}
+
+/// `--verify`: the same fd numbers, each with its flags, offset, what it
+/// is (its kind and the state the kind keeps in the fd: an eventfd's
+/// count, an epoll's interest list...), the fd it shares its description
+/// with, its locks, and for files their path (objects such as pipes and
+/// sockets are made anew: their inode numbers differ).
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    let numbers = |v: &[Fd]| v.iter().map(|f| f.fd).collect::<Vec<_>>();
+    if !c.same_list("fds", "open fd", &numbers(&image.fds), &numbers(&now.fds)) {
+        return;
+    }
+    for a in &image.fds {
+        let Some(b) = now.fd(a.fd) else { continue };
+        let what = format!("fd {} ({})", a.fd, a.path);
+        // What led outside the tree is what the user bound it to.
+        if matches!(a.kind, FdKind::Inherited { .. }) {
+            continue;
+        }
+        c.same(&what, "flags", &a.flags, &b.flags);
+        c.same(&what, "offset", &a.pos, &b.pos);
+        c.same(&what, "kind", a.kind.name(), b.kind.name());
+        let shared = b.shared.map(|s| SharedFd {
+            pid: c.image_pid(s.pid),
+            fd: s.fd,
+        });
+        c.same(
+            &what,
+            "shares its open file description with",
+            &a.shared,
+            &shared,
+        );
+        c.same(&what, "locks", &a.locks, &b.locks);
+        c.same(&what, "I/O signal owner (F_SETOWN)", &a.owner, &b.owner);
+        c.same(&what, "I/O signal (F_SETSIG)", &a.signal, &b.signal);
+        match (&a.kind, &b.kind) {
+            // A file's size is the file's, outside the image (checked by
+            // kind "outside" before the restore), not the fd's.
+            (FdKind::Regular { .. } | FdKind::PathOnly, _) => {
+                c.same(&what, "path", &a.path, &b.path);
+            }
+            (FdKind::Directory | FdKind::CharDevice { .. }, _) => {
+                c.same(&what, "path", &a.path, &b.path);
+                c.same(&what, "state", &a.kind, &b.kind);
+            }
+            // A new memfd of the same name (a deleted file comes back as
+            // an unnamed file of its directory).
+            (FdKind::Memfd { .. }, _) => {
+                c.same(&what, "path", &a.path, &b.path);
+            }
+            // A restored timerfd is armed only when the tree runs.
+            (FdKind::Timerfd(x), FdKind::Timerfd(y)) if c.restored => {
+                c.same(&what, "clock", &x.clockid, &y.clockid);
+            }
+            (FdKind::Timerfd(x), FdKind::Timerfd(y)) => {
+                let t =
+                    |t: &cr_image::model::fds::TimerFd| (t.clockid, t.settime_flags, t.interval_ns);
+                c.same(&what, "(clock, flags, interval)", &t(x), &t(y));
+            }
+            (FdKind::Pty { master: x, .. }, FdKind::Pty { master: y, .. }) => {
+                c.same(&what, "pty end (master)", x, y);
+            }
+            (FdKind::Pidfd { pid: x }, FdKind::Pidfd { pid: y }) => {
+                let y = c.image_pid(*y);
+                c.same(&what, "pidfd of process", x, &y);
+            }
+            // The kernel lists an interest list in its own order.
+            (FdKind::Epoll { items: x }, FdKind::Epoll { items: y }) => {
+                let sorted = |v: &[cr_image::model::fds::EpollItem]| {
+                    let mut v = v.to_vec();
+                    v.sort_by_key(|i| (i.tfd, i.events, i.data));
+                    v
+                };
+                c.same_list(&what, "epoll item", &sorted(x), &sorted(y));
+            }
+            (
+                FdKind::Eventfd { .. }
+                | FdKind::Signalfd { .. }
+                | FdKind::Epoll { .. }
+                | FdKind::Inotify { .. },
+                _,
+            ) => {
+                c.same(&what, "state", &a.kind, &b.kind);
+            }
+            // Objects made anew (pipes, sockets: their data is the
+            // image's), or what leads outside the tree.
+            _ => {}
         }
     }
 }

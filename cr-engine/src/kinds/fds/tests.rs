@@ -35,3 +35,47 @@ expect(not os.path.exists("/proc/self/fd/%d" % gap), "the gap")
     assert_eq!(table(a), table(b));
     assert!(a.fds.iter().any(|f| f.fd == 900 && f.shared.is_some()));
 }
+
+/// I/O signal owners: a socket in O_ASYNC mode owned by the process with
+/// a real-time signal (F_SETSIG), a pipe owned by its process group.
+/// After the restore a write to the socket's peer still signals the
+/// process with that signal.
+#[test]
+fn signal_owners_round_trip() {
+    let rt = round_trip(
+        "fd-owners",
+        r#"
+F_SETSIG, F_GETSIG = 10, 11
+sig = signal.SIGRTMIN + 2
+signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+a, b = socket.socketpair()
+fcntl.fcntl(a.fileno(), fcntl.F_SETOWN, os.getpid())
+fcntl.fcntl(a.fileno(), F_SETSIG, sig)
+fcntl.fcntl(a.fileno(), fcntl.F_SETFL, fcntl.fcntl(a.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
+r, w = os.pipe()
+fcntl.fcntl(r, fcntl.F_SETOWN, -os.getpgid(0))
+"#,
+        r#"
+expect(fcntl.fcntl(a.fileno(), fcntl.F_GETOWN) == os.getpid(), "socket owner %d" % fcntl.fcntl(a.fileno(), fcntl.F_GETOWN))
+expect(fcntl.fcntl(a.fileno(), F_GETSIG) == sig, "socket signal %d" % fcntl.fcntl(a.fileno(), F_GETSIG))
+# (A group is a negative owner, which Python's fcntl takes for an error.)
+expect(libc.fcntl(r, fcntl.F_GETOWN) == -os.getpgid(0), "pipe owner %d" % libc.fcntl(r, fcntl.F_GETOWN))
+b.send(b"x")
+got = signal.sigtimedwait({sig}, 10)
+expect(got is not None and got.si_signo == sig, "the I/O signal %r" % (got,))
+"#,
+    );
+    let (a, b) = rt.roots();
+    let owners = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .map(|f| (f.fd, f.owner, f.signal))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        a.fds.iter().filter(|f| f.owner.is_some()).count() >= 2,
+        "{:?}",
+        owners(a)
+    );
+    assert_eq!(owners(a), owners(b));
+}

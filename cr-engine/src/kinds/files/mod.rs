@@ -4,7 +4,9 @@
 //! exists nowhere else: memfds (content, seals), files deleted while open
 //! and O_TMPFILE files (content saved in the image, restored as an unnamed
 //! file in the same directory). Mappings of such files refer to the same
-//! content object.
+//! content object. O_PATH fds, whatever they lead to (a FIFO, a socket
+//! file, a device), are opened again by path with O_PATH; one of a file
+//! deleted since is refused (O_PATH cannot be made on an unnamed file).
 
 #[cfg(test)]
 mod tests;
@@ -57,6 +59,20 @@ impl FileKind for Files {
                 FdKind::DeletedFile { object: md.ino() }
             }))
         };
+        if fds::is_path_only(f.info.flags) {
+            return Some(if md.nlink() == 0 && !ft.is_dir() {
+                Err(format!(
+                    "an O_PATH fd of {}, deleted (it has no path to open again)",
+                    f.link
+                ))
+            } else if ft.is_file() {
+                Ok(Some(FdKind::Regular { size: md.len() }))
+            } else if ft.is_dir() {
+                Ok(Some(FdKind::Directory))
+            } else {
+                Ok(Some(FdKind::PathOnly))
+            });
+        }
         Some(if f.link.starts_with("/memfd:") && md.nlink() == 0 {
             content(true, cx)
         } else if ft.is_file() && md.nlink() == 0 {
@@ -104,9 +120,10 @@ impl FileKind for Files {
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {
         Some(match f.kind {
-            FdKind::Regular { .. } | FdKind::Directory | FdKind::CharDevice { .. } => {
-                reopen(cx, f, 0).map(|()| Opened::InStub)
-            }
+            FdKind::Regular { .. }
+            | FdKind::Directory
+            | FdKind::CharDevice { .. }
+            | FdKind::PathOnly => reopen(cx, f, 0).map(|()| Opened::InStub),
             FdKind::Memfd { object } => {
                 description(cx.r, f, ObjectTag::Memfd, object).map(Opened::Ours)
             }
@@ -391,7 +408,11 @@ pub fn reopen(cx: &mut Rebuild<'_, '_>, f: &Fd, extra: i32) -> Result<(), Restor
             .step(|| format!("cannot move {} to fd {}", f.path, f.fd))?;
         stub.call("close", libc::SYS_close, [got, 0, 0, 0, 0, 0])?;
     }
-    if matches!(f.kind, FdKind::Regular { .. }) || (f.kind == FdKind::Directory && f.pos != 0) {
+    // An O_PATH fd has no offset (lseek fails with EBADF).
+    let seekable = !fds::is_path_only(f.flags)
+        && (matches!(f.kind, FdKind::Regular { .. })
+            || (f.kind == FdKind::Directory && f.pos != 0));
+    if seekable {
         fds::seek(stub, f)?;
     }
     Ok(())

@@ -58,3 +58,42 @@ expect(gmap[:8192] == b"z" * 8192, "mapping of a deleted file")
     assert_eq!(contents(&rt.before).len(), 3);
     assert_eq!(contents(&rt.before), contents(&rt.after));
 }
+
+/// O_PATH fds of a directory, a regular file and a FIFO: each comes back
+/// as an O_PATH fd of the same file (a FIFO's without blocking in open).
+#[test]
+fn path_only_fds_round_trip() {
+    let rt = round_trip(
+        "o-path",
+        r#"
+O_PATH = 0o10000000
+os.mkdir(os.path.join(DIR, "d"))
+open(os.path.join(DIR, "d", "f"), "w").write("hello")
+os.mkfifo(os.path.join(DIR, "fifo"))
+pd = os.open(os.path.join(DIR, "d"), O_PATH | os.O_DIRECTORY)
+pf = os.open(os.path.join(DIR, "d", "f"), O_PATH)
+pp = os.open(os.path.join(DIR, "fifo"), O_PATH)
+ids = [(os.fstat(x).st_dev, os.fstat(x).st_ino) for x in (pd, pf, pp)]
+"#,
+        r#"
+for x in (pd, pf, pp):
+    expect(fcntl.fcntl(x, fcntl.F_GETFL) & O_PATH, "fd %d lost O_PATH" % x)
+expect([(os.fstat(x).st_dev, os.fstat(x).st_ino) for x in (pd, pf, pp)] == ids, "the same files")
+expect(os.read(os.open("f", os.O_RDONLY, dir_fd=pd), 10) == b"hello", "open relative to the O_PATH directory")
+expect(os.readlink("/proc/self/fd/%d" % pp) == os.path.join(DIR, "fifo"), "the FIFO's path")
+"#,
+    );
+    let (a, b) = rt.roots();
+    let kinds = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .map(|f| (f.fd, f.flags, f.kind.name()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(a), kinds(b));
+    assert!(
+        kinds(a).iter().any(|k| k.2 == "path_only"),
+        "{:?}",
+        kinds(a)
+    );
+}

@@ -261,3 +261,59 @@ pub fn set_creds(
     }
     Ok(())
 }
+
+/// `--verify`: credentials, capabilities, resource limits.
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    let (a, b) = (&image.identity.creds, &now.identity.creds);
+    c.same(
+        "credentials",
+        "uids (real, effective, saved, fs)",
+        &a.uids,
+        &b.uids,
+    );
+    c.same(
+        "credentials",
+        "gids (real, effective, saved, fs)",
+        &a.gids,
+        &b.gids,
+    );
+    c.same("credentials", "supplementary groups", &a.groups, &b.groups);
+    c.same(
+        "credentials",
+        "inheritable capabilities",
+        &a.cap_inh,
+        &b.cap_inh,
+    );
+    c.same(
+        "credentials",
+        "permitted capabilities",
+        &a.cap_prm,
+        &b.cap_prm,
+    );
+    c.same(
+        "credentials",
+        "effective capabilities",
+        &a.cap_eff,
+        &b.cap_eff,
+    );
+    c.same("credentials", "bounding set", &a.cap_bnd, &b.cap_bnd);
+    c.same(
+        "credentials",
+        "ambient capabilities",
+        &a.cap_amb,
+        &b.cap_amb,
+    );
+    c.same(
+        "credentials",
+        "no_new_privs",
+        &a.no_new_privs,
+        &b.no_new_privs,
+    );
+    c.same("credentials", "keep_caps", &a.keep_caps, &b.keep_caps);
+    c.same("credentials", "dumpable", &a.dumpable, &b.dumpable);
+    let (la, lb) = (&image.identity.rlimits, &now.identity.rlimits);
+    c.same("resource limits", "count", &la.len(), &lb.len());
+    for (i, (x, y)) in la.iter().zip(lb).enumerate() {
+        c.same("resource limits", &format!("limit {i}"), x, y);
+    }
+}

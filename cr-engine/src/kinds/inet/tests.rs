@@ -56,6 +56,37 @@ expect(u.recv(10) == b"udp", "the UDP socket")
     );
 }
 
+/// A classic BPF socket filter (and its lock) and SO_BUF_LOCK come back:
+/// the filter still drops short datagrams and lets long ones through.
+#[test]
+fn socket_filter_and_buffer_lock_round_trip() {
+    round_trip(
+        "sockfilter",
+        r#"
+SO_ATTACH_FILTER, SO_LOCK_FILTER, SO_BUF_LOCK = 26, 44, 72
+# A = length; accept (0xffff) if A >= 100, else drop.
+prog = b"".join(struct.pack("HBBI", *i) for i in [
+    (0x80, 0, 0, 0), (0x35, 0, 1, 100), (0x06, 0, 0, 0xffff), (0x06, 0, 0, 0)])
+keep = ctypes.create_string_buffer(prog, len(prog))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0))
+u.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", 4, ctypes.addressof(keep)))
+u.setsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER, 1)
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, SO_BUF_LOCK, 2)
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+def filtered():
+    tx.sendto(b"s" * 10, u.getsockname())
+    tx.sendto(b"L" * 200, u.getsockname())
+    return u.recv(1000)
+expect(filtered() == b"L" * 200, "the filter does not work before the checkpoint")
+"#,
+        r#"
+expect(filtered() == b"L" * 200, "the short datagram was not dropped: no filter")
+expect(u.getsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER) == 1, "SO_LOCK_FILTER")
+expect(t.getsockopt(socket.SOL_SOCKET, SO_BUF_LOCK) == 2, "SO_BUF_LOCK %d" % t.getsockopt(socket.SOL_SOCKET, SO_BUF_LOCK))
+"#,
+    );
+}
+
 /// `OLD:PORT=NEW` rewrites one endpoint and wins over `OLD=NEW`; an
 /// IPv4-mapped address stays mapped.
 #[test]

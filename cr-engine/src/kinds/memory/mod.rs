@@ -90,6 +90,45 @@ pub fn plan_process(
 ) -> Result<ProcessPlan, CheckpointError> {
     let pid = cx.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
+    let (maps, vmas) = mappings(cx, live)?;
+    let keep = live || (cx.d.opts.track() && cx.d.opts.action() != crate::Action::Kill);
+    let parent = cx.d.parent.filter(|l| l.memory(pid as u32).is_some());
+    let begun = tracking::begin(
+        &mut cx.probe,
+        &maps,
+        &vmas,
+        parent.map(|l| l.ck.meta.image_id.as_str()),
+        cx.d.method,
+        keep,
+    )?;
+    let index = parent.and_then(|l| l.memory(pid as u32)).map(MemIndex::new);
+    let plan = dump::plan(pid, &vmas, index.as_ref(), &begun.dirty)?;
+    if begun.clear_soft_dirty {
+        cr_sys::dirty::clear_soft_dirty(pid).map_err(sys)?;
+    }
+    p.vmas = vmas;
+    p.memory.dirty = begun.used;
+    p.memory.tracking = begun.kept.map(|k| k.0);
+    let t = cx.d.stash.get::<Trackers>();
+    t.released.extend(begun.released);
+    if let Some((method, fd)) = begun.kept {
+        t.kept.push((pid, method, fd));
+    }
+    Ok(ProcessPlan {
+        plan,
+        dirty: begun.dirty,
+    })
+}
+
+/// The mappings of the frozen process `cx` as /proc shows them and as the
+/// image holds them (memfds and deleted files as objects unless `live`,
+/// shared anonymous memory with its first owner in the tree).
+fn mappings(
+    cx: &mut Proc<'_, '_>,
+    live: bool,
+) -> Result<(Vec<MapEntry>, Vec<Vma>), CheckpointError> {
+    let pid = cx.pid;
+    let sys = |e| CheckpointError::from_sys(pid, e);
     // Our scratch page is not the process's memory.
     cx.probe.unmap().map_err(sys)?;
     let maps = proc::smaps(pid).map_err(sys)?;
@@ -118,33 +157,7 @@ pub fn plan_process(
             }
         }
     }
-    let keep = live || (cx.d.opts.track() && cx.d.opts.action() != crate::Action::Kill);
-    let parent = cx.d.parent.filter(|l| l.memory(pid as u32).is_some());
-    let begun = tracking::begin(
-        &mut cx.probe,
-        &maps,
-        &vmas,
-        parent.map(|l| l.ck.meta.image_id.as_str()),
-        cx.d.method,
-        keep,
-    )?;
-    let index = parent.and_then(|l| l.memory(pid as u32)).map(MemIndex::new);
-    let plan = dump::plan(pid, &vmas, index.as_ref(), &begun.dirty)?;
-    if begun.clear_soft_dirty {
-        cr_sys::dirty::clear_soft_dirty(pid).map_err(sys)?;
-    }
-    p.vmas = vmas;
-    p.memory.dirty = begun.used;
-    p.memory.tracking = begun.kept.map(|k| k.0);
-    let t = cx.d.stash.get::<Trackers>();
-    t.released.extend(begun.released);
-    if let Some((method, fd)) = begun.kept {
-        t.kept.push((pid, method, fd));
-    }
-    Ok(ProcessPlan {
-        plan,
-        dirty: begun.dirty,
-    })
+    Ok((maps, vmas))
 }
 
 /// Copy the pages `plan` says into the store: fills `p.memory`.
@@ -183,7 +196,9 @@ fn store_process(
             pid,
             vmas: &p.vmas,
             parent: index.as_ref(),
-            store: d.store,
+            store: d.store.ok_or_else(|| {
+                CheckpointError::Invalid("a capture for --verify stores no page".into())
+            })?,
             workers: d.opts.workers(),
             live: d.opts.pre_dump,
             snapshot,
@@ -243,6 +258,10 @@ impl Kind for Memory {
             env_end: s.env_end.unwrap_or(0),
             auxv: proc::read_bytes(&format!("/proc/{pid}/auxv")).map_err(sys)?,
         };
+        if cx.d.verifying() {
+            p.vmas = mappings(cx, false)?.1;
+            return Ok(());
+        }
         let plan = plan_process(cx, p, false)?;
         let bytes = plan.bytes();
         let region =
@@ -398,4 +417,116 @@ pub fn set_mm(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError>
         stub.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
     }
     r.map(|_| ())
+}
+
+/// VmFlags that say how the kernel holds a mapping now rather than what
+/// the program asked for: accountable (`ac`), soft-dirty (`sd`), userfaultfd
+/// write-protect (`uw`, a tracker of ours).
+const VM_FLAGS_NOT_COMPARED: &[&str] = &["ac", "sd", "uw"];
+
+/// The VmFlags of `v` that say what the program asked for.
+fn compared_flags(v: &Vma) -> Vec<&str> {
+    v.vm_flags
+        .iter()
+        .map(String::as_str)
+        .filter(|f| !VM_FLAGS_NOT_COMPARED.contains(f))
+        .collect()
+}
+
+/// The mappings as a program can tell them apart: neighbours the kernel
+/// merges when they are made afresh (same protection, sharing, kind, file
+/// and following offset, flags and name) counted as one. A process may hold
+/// them split only by their history (memory that belonged to different
+/// anon_vmas); a restore maps each, and the kernel merges them.
+fn merged(vmas: &[Vma]) -> Vec<Vma> {
+    let mut out: Vec<Vma> = Vec::with_capacity(vmas.len());
+    for v in vmas {
+        if let Some(prev) = out.last_mut() {
+            let follows = prev.end == v.start
+                && prev.prot == v.prot
+                && prev.shared == v.shared
+                && prev.kind == v.kind
+                && prev.path == v.path
+                && prev.dev == v.dev
+                && prev.inode == v.inode
+                && compared_flags(prev) == compared_flags(v)
+                && prev.anon_name == v.anon_name
+                && prev.object == v.object
+                && prev.shm_owner.is_none()
+                && v.shm_owner.is_none()
+                && (!v.kind.is_file() || prev.pgoff + prev.len() == v.pgoff);
+            if follows {
+                prev.end = v.end;
+                continue;
+            }
+        }
+        let mut v = v.clone();
+        // A System V attach is named after the segment's key, which a
+        // restore sets only once the segment is attached; its id (the
+        // inode) names it.
+        if v.kind == VmaKind::SysvShm {
+            v.path.clear();
+        }
+        out.push(v);
+    }
+    out
+}
+
+/// `--verify`: the mm fields, and every mapping with its bounds,
+/// protection, sharing, kind, offset, file, flags (VmFlags: locked,
+/// advice, growth...) and name.
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    let (a, b) = (&image.mm, &now.mm);
+    let mm = |m: &Mm| {
+        [
+            m.start_code,
+            m.end_code,
+            m.start_data,
+            m.end_data,
+            m.start_brk,
+            m.brk,
+            m.start_stack,
+            m.arg_start,
+            m.arg_end,
+            m.env_start,
+            m.env_end,
+        ]
+    };
+    c.same(
+        "mm",
+        "(code, data, brk, stack, arg and env bounds)",
+        &mm(a),
+        &mm(b),
+    );
+    c.same("mm", "auxiliary vector", &a.auxv, &b.auxv);
+    let (vi, vn) = (merged(&image.vmas), merged(&now.vmas));
+    let bounds = |v: &[Vma]| {
+        v.iter()
+            .map(|m| format!("{:#x}-{:#x} {}", m.start, m.end, m.path))
+            .collect::<Vec<_>>()
+    };
+    if !c.same_list("memory", "mapping", &bounds(&vi), &bounds(&vn)) {
+        return;
+    }
+    for (x, y) in vi.iter().zip(&vn) {
+        let what = format!("mapping {:#x}-{:#x} ({})", x.start, x.end, x.path);
+        c.same(&what, "protection", &x.prot, &y.prot);
+        c.same(&what, "shared", &x.shared, &y.shared);
+        c.same(&what, "kind", &x.kind, &y.kind);
+        c.same(&what, "file offset", &x.pgoff, &y.pgoff);
+        c.same(&what, "path", &x.path, &y.path);
+        // (Which file: its path here; that it is the same file, kind
+        // "outside" checks before the restore; a job's /dev/shm is a new
+        // file system.)
+        c.same(&what, "flags", &compared_flags(x), &compared_flags(y));
+        c.same(&what, "name", &x.anon_name, &y.anon_name);
+        let owner = |o: &Option<ShmOwner>, map: bool| {
+            o.map(|o| {
+                let pid = if map { c.image_pid(o.pid) } else { o.pid };
+                (pid, o.start, o.end)
+            })
+        };
+        let (ox, oy) = (owner(&x.shm_owner, false), owner(&y.shm_owner, true));
+        c.same(&what, "shared with", &ox, &oy);
+    }
 }

@@ -13,7 +13,7 @@
 mod tests;
 
 use crate::error::{RestoreError, StepContext};
-use crate::kinds::fds::{FdScan, OpenFd};
+use crate::kinds::fds::{self, FdScan, OpenFd};
 use crate::kinds::{external, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::objects::{Fifo, Pipe};
@@ -55,7 +55,11 @@ impl FileKind for Pipes {
     fn describe(&self, cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
         let (ino, fifo) = match f.target {
             proc::FDTarget::Pipe(ino) => (*ino, None),
-            proc::FDTarget::Path(_) if f.md.as_ref().is_some_and(|m| m.file_type().is_fifo()) => {
+            // (An O_PATH fd of a FIFO is only a path: kind "files".)
+            proc::FDTarget::Path(_)
+                if f.md.as_ref().is_some_and(|m| m.file_type().is_fifo())
+                    && !fds::is_path_only(f.info.flags) =>
+            {
                 (f.md.as_ref()?.ino(), Some(f.link.as_str()))
             }
             _ => return None,

@@ -184,3 +184,27 @@ pub fn queue_pending(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), Restor
     }
     Ok(())
 }
+
+/// `--verify`: every signal's action, and the signals pending for the
+/// whole process (by number; the thread's part is kind "threads").
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    let (a, b) = (&image.signals, &now.signals);
+    let signos = |v: &[cr_image::model::SigAction]| v.iter().map(|x| x.signo).collect::<Vec<_>>();
+    if c.same(
+        "signal actions",
+        "signals handled or ignored",
+        &signos(&a.actions),
+        &signos(&b.actions),
+    ) {
+        for (x, y) in a.actions.iter().zip(&b.actions) {
+            c.same("signal actions", &format!("signal {}", x.signo), x, y);
+        }
+    }
+    let pending = |v: &[cr_image::model::SigInfo]| v.iter().map(|s| s.signo()).collect::<Vec<_>>();
+    c.same(
+        "signals",
+        "pending for the process",
+        &pending(&a.shared_pending),
+        &pending(&b.shared_pending),
+    );
+}

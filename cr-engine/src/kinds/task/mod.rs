@@ -1,11 +1,24 @@
 //! Kind "task": what a process is apart from its resources — its name
 //! (comm), executable (path and GNU build id), working directory, umask,
-//! personality and command line.
+//! personality, command line, scheduling (policy with
+//! SCHED_RESET_ON_FORK, real-time priority, nice), OOM score adjustment,
+//! and the prctl switches child-subreaper and THP-disable.
 //!
-//! Capture reads /proc (status, personality, cwd and exe links, cmdline)
-//! and the executable's build id (goblin). Restore sets them by injected
-//! system calls (chdir, umask, personality, PR_SET_NAME); the executable
-//! link comes back with the mm fields (kind "memory").
+//! Capture reads /proc (stat, status, personality, cwd and exe links,
+//! cmdline, oom_score_adj), the executable's build id (goblin), and asks
+//! the process (sched_getscheduler, PR_GET_CHILD_SUBREAPER,
+//! PR_GET_THP_DISABLE). Restore sets them by injected system calls
+//! (chdir, umask, personality, PR_SET_NAME, sched_setscheduler,
+//! setpriority, the prctls) before the other threads are made, so they
+//! inherit the scheduling; oom_score_adj is written from the restorer. The
+//! executable link comes back with the mm fields (kind "memory").
+//!
+//! A chroot comes back last of all ([`chroot`], before the credentials):
+//! every path of the image (cwd, files, mappings) is as the checkpointer
+//! saw it, from outside the chroot.
+//!
+//! Scheduling is the main thread's: a thread given another policy or nice
+//! value of its own comes back with the main thread's.
 
 #[cfg(test)]
 mod tests;
@@ -19,6 +32,35 @@ use cr_sys::proc;
 
 pub struct Task;
 
+const PR_SET_CHILD_SUBREAPER: u64 = 36;
+const PR_GET_CHILD_SUBREAPER: u64 = 37;
+const PR_SET_THP_DISABLE: u64 = 41;
+const PR_GET_THP_DISABLE: u64 = 42;
+
+/// The scheduling policy (with SCHED_RESET_ON_FORK) and real-time priority,
+/// then the nice value (which a real-time policy keeps for later).
+fn sched(stub: &mut crate::stub::Stub<'_>, t: &cr_image::model::Task) -> Result<(), RestoreError> {
+    let param = stub.put(&(t.sched_priority as i32).to_le_bytes())?;
+    stub.call(
+        "sched_setscheduler",
+        libc::SYS_sched_setscheduler,
+        [0, t.sched_policy as u64, param, 0, 0, 0],
+    )
+    .step(|| {
+        format!(
+            "cannot set scheduling policy {:#x} priority {}",
+            t.sched_policy, t.sched_priority
+        )
+    })?;
+    stub.call(
+        "setpriority",
+        libc::SYS_setpriority,
+        [libc::PRIO_PROCESS as u64, 0, t.nice as i64 as u64, 0, 0, 0],
+    )
+    .step(|| format!("cannot set nice value {}", t.nice))?;
+    Ok(())
+}
+
 impl Kind for Task {
     const NAME: &'static str = "task";
 
@@ -29,6 +71,7 @@ impl Kind for Task {
         t.comm = cx.stat.comm.clone();
         t.exe = proc::read_link(&format!("/proc/{pid}/exe")).map_err(sys)?;
         t.cwd = proc::read_link(&format!("/proc/{pid}/cwd")).map_err(sys)?;
+        t.root = proc::read_link(&format!("/proc/{pid}/root")).map_err(sys)?;
         t.umask = cx.status.umask.unwrap_or(0o022);
         t.personality =
             u32::from_str_radix(&proc::sys_value(&format!("/proc/{pid}/personality")), 16)
@@ -37,6 +80,35 @@ impl Kind for Task {
         // Through the magic link: the very file, even if replaced or deleted since.
         t.exe_build_id =
             cr_sys::elf::file_build_id(&format!("/proc/{pid}/exe")).unwrap_or_default();
+        t.sched_policy = cx
+            .probe
+            .call("sched_getscheduler", libc::SYS_sched_getscheduler, [0; 6])
+            .map_err(sys)? as u32;
+        t.sched_priority = cx.stat.rt_priority.unwrap_or(0);
+        t.nice = cx.stat.nice as i32;
+        t.oom_score_adj = proc::sys_value(&format!("/proc/{pid}/oom_score_adj"))
+            .parse()
+            .unwrap_or(0);
+        let scratch = cx.probe.scratch().map_err(sys)?;
+        cx.probe
+            .call(
+                "prctl(PR_GET_CHILD_SUBREAPER)",
+                libc::SYS_prctl,
+                [PR_GET_CHILD_SUBREAPER, scratch, 0, 0, 0, 0],
+            )
+            .map_err(sys)?;
+        let mut raw = [0u8; 4];
+        cx.probe.read(0, &mut raw).map_err(sys)?;
+        t.child_subreaper = i32::from_le_bytes(raw) != 0;
+        t.thp_disable = cx
+            .probe
+            .call(
+                "prctl(PR_GET_THP_DISABLE)",
+                libc::SYS_prctl,
+                [PR_GET_THP_DISABLE, 0, 0, 0, 0, 0],
+            )
+            .map_err(sys)?
+            != 0;
         Ok(())
     }
 
@@ -63,6 +135,77 @@ impl Kind for Task {
             libc::SYS_prctl,
             [libc::PR_SET_NAME as u64, comm, 0, 0, 0, 0],
         )?;
+        sched(stub, t)?;
+        if t.child_subreaper {
+            stub.call(
+                "prctl(PR_SET_CHILD_SUBREAPER)",
+                libc::SYS_prctl,
+                [PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0, 0],
+            )?;
+        }
+        if t.thp_disable {
+            stub.call(
+                "prctl(PR_SET_THP_DISABLE)",
+                libc::SYS_prctl,
+                [PR_SET_THP_DISABLE, 1, 0, 0, 0, 0],
+            )?;
+        }
+        // Lowering it below what the restorer has needs CAP_SYS_RESOURCE.
+        let path = format!("/proc/{}/oom_score_adj", stub.pid());
+        std::fs::write(&path, t.oom_score_adj.to_string())
+            .map_err(|source| cr_sys::SysError::Io {
+                path: path.clone(),
+                source,
+            })
+            .step(|| format!("cannot set oom_score_adj {}", t.oom_score_adj))?;
         Ok(())
     }
+}
+
+/// `--verify`: name, executable, working directory, umask, personality.
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    let (a, b) = (&image.task, &now.task);
+    c.same("task", "name", &a.comm, &b.comm);
+    c.same("task", "executable", &a.exe, &b.exe);
+    c.same(
+        "task",
+        "executable build id",
+        &a.exe_build_id,
+        &b.exe_build_id,
+    );
+    c.same("task", "working directory", &a.cwd, &b.cwd);
+    c.same("task", "root directory (chroot)", &a.root, &b.root);
+    c.same("task", "umask", &a.umask, &b.umask);
+    c.same("task", "personality", &a.personality, &b.personality);
+    c.same("task", "command line", &a.cmdline, &b.cmdline);
+    c.same("scheduling", "policy", &a.sched_policy, &b.sched_policy);
+    c.same(
+        "scheduling",
+        "real-time priority",
+        &a.sched_priority,
+        &b.sched_priority,
+    );
+    c.same("scheduling", "nice", &a.nice, &b.nice);
+    c.same("task", "oom_score_adj", &a.oom_score_adj, &b.oom_score_adj);
+    c.same(
+        "task",
+        "child subreaper",
+        &a.child_subreaper,
+        &b.child_subreaper,
+    );
+    c.same("task", "THP disabled", &a.thp_disable, &b.thp_disable);
+}
+
+/// The process's root directory (chroot), once everything it opens by
+/// path is open: the paths of the image are seen from outside it.
+pub fn chroot(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    let root = &p.task.root;
+    if root.is_empty() || root == "/" {
+        return Ok(());
+    }
+    let stub = &mut cx.stub;
+    let path = stub.put_str(root)?;
+    stub.call("chroot", libc::SYS_chroot, [path, 0, 0, 0, 0, 0])
+        .step(|| format!("cannot chroot to {root}"))?;
+    Ok(())
 }

@@ -97,6 +97,7 @@ impl Kind for Threads {
         let sys = |e| CheckpointError::from_sys(pid, e);
         for t in cx.probe.tracees() {
             let rseq = t.get_rseq().map_err(sys)?;
+            let (robust_list, robust_list_len) = t.get_robust_list().map_err(sys)?;
             let st = proc::task_status(pid, t.tid()).map_err(sys)?;
             p.threads.push(Thread {
                 tid: t.tid() as u32,
@@ -111,6 +112,8 @@ impl Kind for Threads {
                 // Read below and by kind "signals".
                 clear_child_tid: 0,
                 pdeathsig: 0,
+                robust_list,
+                robust_list_len,
                 sigmask: 0,
                 pending: Vec::new(),
                 sigaltstack: AltStack::default(),
@@ -154,9 +157,11 @@ impl Kind for Threads {
         let mut done = Vec::with_capacity(others.len());
         for (mut t, th) in others.into_iter().zip(&p.threads[1..]) {
             let mut inj = Injector::new(&mut t, ip)?;
-            thread_state(&mut inj, th, is_root)?;
+            thread_state(&mut inj, th)?;
             signals::restore_thread(&mut inj, pid, args, th)?;
             identity::set_creds(&mut inj, args, th.tid, &p.identity.creds)?;
+            // After the credentials: changing them clears it.
+            set_pdeathsig(&mut inj, th, is_root)?;
             seccomp::restore_thread(&mut inj, p, th, scratch, crate::stub::SCRATCH)?;
             inj.finish_with_mask(th.sigmask)?;
             set_registers(&t, th)?;
@@ -164,7 +169,7 @@ impl Kind for Threads {
         }
         cx.threads = done;
         let main = &p.threads[0];
-        thread_state(&mut cx.stub.inj, main, is_root)?;
+        thread_state(&mut cx.stub.inj, main)?;
         signals::restore_thread(&mut cx.stub.inj, pid, args, main)
     }
 }
@@ -244,15 +249,13 @@ fn create(
     Ok(out)
 }
 
-/// Per-thread state only the thread itself can set: clear-child-tid
-/// address, parent-death signal, rseq area.
-fn thread_state(inj: &mut Injector<'_>, th: &Thread, is_root: bool) -> Result<(), RestoreError> {
-    let tid = th.tid;
-    inj.call(
-        "set_tid_address",
-        libc::SYS_set_tid_address,
-        [th.clear_child_tid, 0, 0, 0, 0, 0],
-    )?;
+/// The thread's parent-death signal. Set after its credentials: the
+/// kernel clears it whenever they change (commit_creds).
+pub fn set_pdeathsig(
+    inj: &mut Injector<'_>,
+    th: &Thread,
+    is_root: bool,
+) -> Result<(), RestoreError> {
     // The root's parent is now the restorer, which may exit at once
     // (--detach): its parent-death signal would fire, so it is not restored.
     let pdeathsig = if is_root { 0 } else { th.pdeathsig };
@@ -261,7 +264,41 @@ fn thread_state(inj: &mut Injector<'_>, th: &Thread, is_root: bool) -> Result<()
         libc::SYS_prctl,
         [libc::PR_SET_PDEATHSIG as u64, pdeathsig as u64, 0, 0, 0, 0],
     )
-    .step(|| format!("cannot set the parent-death signal of thread {tid}"))?;
+    .step(|| format!("cannot set the parent-death signal of thread {}", th.tid))?;
+    Ok(())
+}
+
+/// sizeof(struct robust_list_head), the only size set_robust_list takes.
+const ROBUST_LIST_HEAD: u64 = 24;
+
+/// Per-thread state only the thread itself can set: clear-child-tid
+/// address, robust futex list, rseq area.
+fn thread_state(inj: &mut Injector<'_>, th: &Thread) -> Result<(), RestoreError> {
+    let tid = th.tid;
+    inj.call(
+        "set_tid_address",
+        libc::SYS_set_tid_address,
+        [th.clear_child_tid, 0, 0, 0, 0, 0],
+    )?;
+    // Always set: the stub's own glibc registered a list of its own, in
+    // memory the image replaces (the kernel would walk it at exit).
+    inj.call(
+        "set_robust_list",
+        libc::SYS_set_robust_list,
+        [
+            th.robust_list,
+            if th.robust_list_len == 0 {
+                ROBUST_LIST_HEAD
+            } else {
+                th.robust_list_len
+            },
+            0,
+            0,
+            0,
+            0,
+        ],
+    )
+    .step(|| format!("cannot set the robust futex list of thread {tid}"))?;
     if let Some(r) = &th.rseq {
         inj.call(
             "rseq",
@@ -280,4 +317,78 @@ pub fn set_registers(t: &Tracee, th: &Thread) -> Result<(), RestoreError> {
     t.set_regs(&r)?;
     t.set_xstate(&th.xstate)?;
     Ok(())
+}
+
+/// `--verify`: every thread with its ids, registers (after the restart
+/// fix-ups a restore makes), FPU/SSE state, rseq, robust list, clear-child-tid,
+/// parent-death signal, and its share of kind "signals" (mask, pending
+/// signals, alternate stack) and of kind "seccomp" (mode, filters).
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    let pidns = c.pidns;
+    let tid = move |t: &Thread| if pidns { t.ns_tid } else { t.tid };
+    let (ta, tb): (Vec<u32>, Vec<u32>) = (
+        image.threads.iter().map(tid).collect(),
+        now.threads.iter().map(tid).collect(),
+    );
+    if !c.same("threads", "thread ids", &ta, &tb) {
+        return;
+    }
+    for (a, b) in image.threads.iter().zip(&now.threads) {
+        let what = format!("thread {}", tid(a));
+        let mut regs = from_model(&a.regs);
+        if c.restored {
+            fix_syscall_restart(&mut regs);
+        }
+        c.same(&what, "registers", &to_model(&regs), &b.regs);
+        // The legacy area (x87, MXCSR, XMM registers): the rest of an XSAVE
+        // area may legitimately come back in another (compacted or init)
+        // form.
+        let legacy = |x: &[u8]| x.get(..416).map(<[u8]>::to_vec);
+        c.same(
+            &what,
+            "FPU and SSE registers",
+            &legacy(&a.xstate),
+            &legacy(&b.xstate),
+        );
+        c.same(&what, "rseq", &a.rseq, &b.rseq);
+        c.same(
+            &what,
+            "robust futex list",
+            &(a.robust_list, a.robust_list_len),
+            &(b.robust_list, b.robust_list_len),
+        );
+        c.same(
+            &what,
+            "clear-child-tid address",
+            &a.clear_child_tid,
+            &b.clear_child_tid,
+        );
+        // Not the restored root's: its parent is the restorer (see
+        // `thread_state`).
+        if !(c.restored && c.root) {
+            c.same(&what, "parent-death signal", &a.pdeathsig, &b.pdeathsig);
+        }
+        c.same(&what, "signal mask", &a.sigmask, &b.sigmask);
+        let pending =
+            |v: &[cr_image::model::SigInfo]| v.iter().map(|s| s.signo()).collect::<Vec<_>>();
+        c.same(
+            &what,
+            "pending signals",
+            &pending(&a.pending),
+            &pending(&b.pending),
+        );
+        c.same(
+            &what,
+            "alternate signal stack",
+            &a.sigaltstack,
+            &b.sigaltstack,
+        );
+        c.same(&what, "seccomp", &a.seccomp, &b.seccomp);
+    }
+    c.same(
+        "seccomp",
+        "filters",
+        &image.seccomp_filters,
+        &now.seccomp_filters,
+    );
 }

@@ -42,3 +42,45 @@ expect(sorted(int(t) for t in os.listdir("/proc/self/task")) == sorted([os.getpi
     assert_eq!(ids(a), ids(b));
     assert_eq!(a.threads.len(), 5);
 }
+
+/// Each thread's robust futex list (glibc registers one per thread, in its
+/// TLS) is registered again at the same address: without it a thread that
+/// dies holding a robust mutex would leave it locked for good.
+#[test]
+fn robust_futex_lists_round_trip() {
+    round_trip(
+        "robust",
+        r#"
+import ctypes, threading
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_get_robust_list = 274
+def robust():
+    head = ctypes.c_void_p()
+    size = ctypes.c_size_t()
+    r = libc.syscall(SYS_get_robust_list, 0, ctypes.byref(head), ctypes.byref(size))
+    return (r, head.value or 0, size.value)
+asked = threading.Event()
+answered = threading.Event()
+seen = {}
+def work():
+    seen["worker"] = robust()
+    while True:
+        asked.wait()
+        asked.clear()
+        seen["worker after"] = robust()
+        answered.set()
+t = threading.Thread(target=work, daemon=True)
+t.start()
+while "worker" not in seen: time.sleep(0.01)
+main_before = robust()
+expect(main_before[0] == 0 and main_before[1] != 0, "no robust list registered by glibc: %r" % (main_before,))
+"#,
+        r#"
+asked.set()
+expect(answered.wait(10), "the worker thread does not answer")
+expect(robust() == main_before, "main thread's robust list %r, was %r" % (robust(), main_before))
+expect(seen["worker after"] == seen["worker"], "worker's robust list %r, was %r" % (seen["worker after"], seen["worker"]))
+expect(seen["worker"][1] != main_before[1], "the threads share one list head")
+"#,
+    );
+}

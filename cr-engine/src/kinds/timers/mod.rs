@@ -264,6 +264,36 @@ fn posix_timer(cx: &mut Rebuild<'_, '_>, t: &PosixTimer) -> Result<(), RestoreEr
     Ok(())
 }
 
+/// `--verify`: which timers exist, their clocks, notifications and
+/// periods (the time left runs on and is not compared).
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    let (a, b) = (&image.timers, &now.timers);
+    let itimers = |t: &cr_image::model::Timers| {
+        t.itimers
+            .iter()
+            .map(|i| (i.which, i.interval_us))
+            .collect::<Vec<_>>()
+    };
+    c.same(
+        "interval timers",
+        "(which, interval in us)",
+        &itimers(a),
+        &itimers(b),
+    );
+    let posix = |t: &cr_image::model::Timers| {
+        t.posix
+            .iter()
+            .map(|p| (p.id, p.clockid, p.notify, p.signo, p.sigval, p.interval_ns))
+            .collect::<Vec<_>>()
+    };
+    c.same(
+        "POSIX timers",
+        "(id, clock, notification, signal, value, interval in ns)",
+        &posix(a),
+        &posix(b),
+    );
+}
+
 #[cfg(test)]
 mod parse_tests {
     use super::*;

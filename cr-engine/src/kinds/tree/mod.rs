@@ -253,3 +253,31 @@ fn wait_for(pids: &[i32], timeout: std::time::Duration, done: impl Fn(i32) -> bo
         pause = (pause * 2).min(std::time::Duration::from_millis(20));
     }
 }
+
+/// `--verify`: the ids of a process (inside its own PID namespace for a
+/// job) and its parent.
+pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    if c.pidns {
+        c.same("ids", "pid in its namespace", &image.ns_pid, &now.ns_pid);
+        c.same(
+            "ids",
+            "process group in its namespace",
+            &image.ns_pgid,
+            &now.ns_pgid,
+        );
+        c.same(
+            "ids",
+            "session in its namespace",
+            &image.ns_sid,
+            &now.ns_sid,
+        );
+    } else {
+        c.same("ids", "pid", &image.pid, &now.pid);
+        c.same("ids", "process group", &image.pgid, &now.pgid);
+        c.same("ids", "session", &image.sid, &now.sid);
+    }
+    // The root's parent is whoever restored it.
+    if c.pids.contains_key(&now.ppid) {
+        c.same("ids", "parent", &image.ppid, &c.image_pid(now.ppid));
+    }
+}
