@@ -641,7 +641,8 @@ const BALLAST_MIB: u64 = 64;
 /// on. The whole checkpoint aborts: every member (the three of n1 whose
 /// dumps ran beside the failing one, and n2's) runs on untraced, the ring
 /// carries on checking every message, nothing of the images is left. With
-/// room again, the next checkpoint commits.
+/// room again, the next checkpoint commits, and a --kill and restart
+/// rebuilds n1's four members at once.
 #[test]
 fn one_dump_fails_among_parallel_ones() {
     let h = Harness::new("faults-parallel-dump");
@@ -674,7 +675,7 @@ fn one_dump_fails_among_parallel_ones() {
     );
     c.start_agents(&[2]);
     let placement = [1, 1, 1, 1, 2, 2];
-    let ring = c.start_ring_ballast(JOB, &placement, &BALLAST_MIB.to_string());
+    let mut ring = c.start_ring_ballast(JOB, &placement, &BALLAST_MIB.to_string());
     let all: Vec<usize> = (0..ring.len()).collect();
     ring.wait_advanced(MARGIN, "before the checkpoint");
 
@@ -734,4 +735,13 @@ fn one_dump_fails_among_parallel_ones() {
     ring.wait_advanced(MARGIN, "after the checkpoint with room");
     ring.assert_running_untraced("after the checkpoint with room");
     ring.assert_no_fail();
+    // And back: n1 rebuilds its four members at once, every member resumes
+    // where its image left it.
+    let snap = clean_kill(&c, &mut ring);
+    restart(
+        &c,
+        &mut ring,
+        &snap,
+        "after a --kill (n1 rebuilds 4 members at once)",
+    );
 }

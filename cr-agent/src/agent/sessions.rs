@@ -402,10 +402,9 @@ impl Frozen {
     }
 }
 
-/// What PREPARE reports of a frozen member.
+/// What PREPARE learns of a frozen member before its lock is taken.
 struct Prepared {
     lock: Option<cr_sys::netlock::LockSet>,
-    bookmarks: Vec<cr_image::bookmarks::Bookmark>,
     processes: usize,
     threads: usize,
 }
@@ -467,16 +466,14 @@ fn freeze_all(
     }
 }
 
-/// On every member at once: its network lock planned (`lock_name`) and
-/// its bookmarks read.
-fn prepare_all(held: &[Member], session: &str) -> Result<Vec<Prepared>, String> {
+/// On every member at once: its network lock planned (`lock_name`).
+fn plan_all(held: &[Member], session: &str) -> Result<Vec<Prepared>, String> {
     let pending: Vec<_> = held
         .iter()
         .map(|m| {
             let name = lock_name(session, m.pid);
             m.tracer.run(move |h| Prepared {
                 lock: h.plan_lock(&name),
-                bookmarks: h.bookmarks(),
                 processes: h.pids().len(),
                 threads: h.threads(),
             })
@@ -486,6 +483,29 @@ fn prepare_all(held: &[Member], session: &str) -> Result<Vec<Prepared>, String> 
         .into_iter()
         .map(|p| p.wait().map_err(|e| e.to_string()))
         .collect()
+}
+
+/// On every member at once, once the locks hold (before, the kernel still
+/// takes and acknowledges data for the frozen processes): the bookmarks of
+/// its connections.
+fn bookmarks_all(held: &[Member]) -> Result<Vec<pb::Bookmark>, String> {
+    let pending: Vec<_> = held
+        .iter()
+        .map(|m| {
+            let pid = m.pid;
+            m.tracer.run(move |h| {
+                h.bookmarks()
+                    .into_iter()
+                    .map(|b| to_pb(b, pid))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for p in pending {
+        out.extend(p.wait().map_err(|e| e.to_string())?);
+    }
+    Ok(out)
 }
 
 fn checkpoint_session(
@@ -553,7 +573,7 @@ fn checkpoint_session(
         Ok(f) => f,
         Err(msg) => return fail(Vec::new(), msg, ready),
     };
-    let prepared = match prepare_all(&held, &req.session) {
+    let prepared = match plan_all(&held, &req.session) {
         Ok(p) => p,
         Err(msg) => return fail(held, msg, ready),
     };
@@ -576,19 +596,21 @@ fn checkpoint_session(
             }
         }
     }
+    let bookmarks = match bookmarks_all(&frozen.held) {
+        Ok(b) => b,
+        Err(msg) => return fail(std::mem::take(&mut frozen.held), msg, ready),
+    };
     let freeze_ms = t0.elapsed().as_millis() as u64;
     fault::point("prepare", shared);
     let mut reply = pb::PrepareReply {
         freeze_ms,
         gone: gone.clone(),
+        bookmarks,
         ..Default::default()
     };
-    for (m, p) in frozen.held.iter().zip(prepared) {
+    for p in prepared {
         reply.processes += p.processes as u32;
         reply.threads += p.threads as u32;
-        reply
-            .bookmarks
-            .extend(p.bookmarks.into_iter().map(|b| to_pb(b, m.pid)));
     }
     info!(
         session = req.session,
