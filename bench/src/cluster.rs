@@ -12,6 +12,9 @@
 //! CheckpointInfo's times: `pause_ms` (longest time a process of the job
 //! was frozen), `prepare_ms`, `check_ms`, `dump_ms`, `commit_ms`,
 //! `duration_ms`. Retention keeps the last checkpoint of each ring only.
+//! Before each checkpoint, `limit_ms` is the machine's own limit for the
+//! same members, in the same run: their plainest pause ([`crate::freeze`]:
+//! all stopped at once with ptrace, their writable memory read, let go).
 //!
 //! Needs root and the workspace's binaries (`cargo build --release
 //! --workspace`): cr-agent, cr-coordinatord, crctl, cr_run and wl_ring next
@@ -71,6 +74,8 @@ pub struct Opts {
 #[derive(Default, Clone, Copy)]
 struct Sample {
     pause: u64,
+    /// The plainest pause of the same members ([`crate::freeze`]), ms.
+    limit: u64,
     prepare: u64,
     check: u64,
     dump: u64,
@@ -121,6 +126,9 @@ fn measure(o: &Opts) -> Vec<Row> {
             ring.wait_advanced(ADVANCE, "before the first checkpoint");
             let mut samples = Vec::new();
             for rep in 0..o.reps {
+                let (limit, _) = crate::freeze::limit_pause(&ring.host_pids())
+                    .unwrap_or_else(|e| panic!("the plainest pause of {job}: {e}"));
+                ring.wait_advanced(ADVANCE, "after the plainest pause");
                 let info = c.crctl_json(&["checkpoint", &job]);
                 if jstr(&info, "state") != "committed" {
                     panic!(
@@ -130,6 +138,7 @@ fn measure(o: &Opts) -> Vec<Row> {
                 }
                 let s = Sample {
                     pause: ju64(&info, "pause_ms"),
+                    limit: limit.as_millis() as u64,
                     prepare: ju64(&info, "prepare_ms"),
                     check: ju64(&info, "check_ms"),
                     dump: ju64(&info, "dump_ms"),
@@ -137,10 +146,11 @@ fn measure(o: &Opts) -> Vec<Row> {
                     duration: ju64(&info, "duration_ms"),
                 };
                 eprintln!(
-                    "cr-bench:   rep {}/{}: pause {} ms, duration {} ms",
+                    "cr-bench:   rep {}/{}: pause {} ms (limit {} ms), duration {} ms",
                     rep + 1,
                     o.reps,
                     s.pause,
+                    s.limit,
                     s.duration
                 );
                 samples.push(s);
@@ -165,10 +175,10 @@ fn table(rows: &[Row], reps: usize) -> String {
     );
     let _ = writeln!(
         o,
-        "| members | nodes | pause_ms | pause min-max | prepare_ms | check_ms | dump_ms \
-         | commit_ms | duration_ms |"
+        "| members | nodes | pause_ms | pause min-max | limit_ms | prepare_ms | check_ms \
+         | dump_ms | commit_ms | duration_ms |"
     );
-    let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let m = |f: fn(&Sample) -> u64| {
             median(r.samples.iter().map(f).collect()).map_or("-".into(), |v| format!("{v:.1}"))
@@ -180,10 +190,11 @@ fn table(rows: &[Row], reps: usize) -> String {
         };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {range} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {range} | {} | {} | {} | {} | {} | {} |",
             r.members,
             r.nodes,
             m(|s| s.pause),
+            m(|s| s.limit),
             m(|s| s.prepare),
             m(|s| s.check),
             m(|s| s.dump),

@@ -16,6 +16,7 @@
 mod cluster;
 mod coord;
 mod fds;
+mod freeze;
 mod incr;
 mod json;
 mod migrate;

@@ -16,6 +16,8 @@
 //! - [`check`]: what `cr_checkpoint --check` reports.
 //! - [`options`]: what both are asked to do (also the tools' command lines).
 //! - [`interrupt`]: Ctrl-C and SIGTERM stop the work cleanly.
+//! - [`tracer`]: a frozen or rebuilt tree on a thread of its own, so that
+//!   several are handled at once (the agent's sessions).
 //!
 //! The engines are safe Rust: every system call they need goes through
 //! `cr_sys`, and every image value they use was checked by `cr_image`.
@@ -32,6 +34,7 @@ mod pidstate;
 mod probe;
 pub mod restore;
 mod stub;
+pub mod tracer;
 pub mod verify;
 
 pub use capture::{checkpoint, Summary};

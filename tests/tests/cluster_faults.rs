@@ -628,3 +628,120 @@ fn link_cut_at_each_step() {
     let _ = RingStatus::Missing;
     let _ = node_name(1);
 }
+
+/// The image root of n1 in these tests: a small tmpfs of its own, which
+/// the ballast of member 0 does not fit in.
+const SMALL_ROOT_MIB: u64 = 24;
+/// Member 0's ballast: more than the whole image root.
+const BALLAST_MIB: u64 = 64;
+
+/// (4) Dumps in parallel, one fails: n1 dumps its four members at once
+/// into an image root (a tmpfs of 24 MiB) that member 0's ballast (64 MiB)
+/// cannot fit in; its dump fails (no space left), while the others' run
+/// on. The whole checkpoint aborts: every member (the three of n1 whose
+/// dumps ran beside the failing one, and n2's) runs on untraced, the ring
+/// carries on checking every message, nothing of the images is left. With
+/// room again, the next checkpoint commits, and a --kill and restart
+/// rebuilds n1's four members at once.
+#[test]
+fn one_dump_fails_among_parallel_ones() {
+    let h = Harness::new("faults-parallel-dump");
+    let c = Cluster::new(&h, 2);
+    c.start_coordinator_with(&[], &["--freeze-timeout-ms", &FREEZE_MS.to_string()]);
+    let root = c.local_images(1);
+    let root_s = root.display().to_string();
+    c.run_on(1, &["mkdir", "-p", &root_s])
+        .assert_success("mkdir n1's image root");
+    let size = format!("size={SMALL_ROOT_MIB}m");
+    c.run_on(
+        1,
+        &[
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            &size,
+            "cr-small-images",
+            &root_s,
+        ],
+    )
+    .assert_success("mount a small tmpfs on n1's image root");
+    c.start_agent_with(
+        1,
+        &AgentOpts {
+            images: Some(root.clone()),
+            ..Default::default()
+        },
+    );
+    c.start_agents(&[2]);
+    let placement = [1, 1, 1, 1, 2, 2];
+    let mut ring = c.start_ring_ballast(JOB, &placement, &BALLAST_MIB.to_string());
+    let all: Vec<usize> = (0..ring.len()).collect();
+    ring.wait_advanced(MARGIN, "before the checkpoint");
+
+    let t0 = Instant::now();
+    let out = c.crctl(&["checkpoint", JOB]);
+    let what = "a checkpoint whose dump of member 0 finds no space on n1";
+    let line = assert_one_line_error(&out, what, &["n1"]);
+    ensure(
+        &ring,
+        line.to_lowercase().contains("space"),
+        &format!("{what}: the error should name the cause (no space): {line}"),
+    );
+    // Aborted at once: every member runs on, untraced.
+    wait_thawed(&ring, &all, t0, Duration::ZERO, what);
+    wait_flowing(&ring, t0, what);
+    ring.assert_no_fail();
+    let ck = newest(&c);
+    let id = jstr(&ck, "id");
+    ensure(
+        &ring,
+        jstr(&ck, "state") == "aborted" && !jstr(&ck, "error").is_empty(),
+        &format!("{what}: {id} should be listed aborted with its reason: {ck:#}"),
+    );
+    // Nothing of it left on either node (n1's images are in its own
+    // mount namespace: looked at from there).
+    let n1_dir = root.join(JOB).join(&id).display().to_string();
+    wait_until(
+        &format!("the images of the aborted {id} to be removed on n1 ({n1_dir})"),
+        Duration::from_secs(20),
+        || {
+            let ls = c.run_on(1, &["sh", "-c", &format!("ls -A '{n1_dir}' 2>/dev/null")]);
+            ls.stdout.trim().is_empty()
+        },
+        || ring.diag(),
+    );
+    let n2_dir = c.images().join(JOB).join(&id);
+    ensure(
+        &ring,
+        std::fs::read_dir(&n2_dir).map_or(true, |mut d| d.next().is_none()),
+        &format!(
+            "{what}: n2's images of {id} should be gone ({})",
+            n2_dir.display()
+        ),
+    );
+    assert_no_leftover_locks(&c, &ring, &[]);
+
+    // Room again: the next checkpoint commits every member's image.
+    c.run_on(1, &["mount", "-o", "remount,size=512m", &root_s])
+        .assert_success("grow n1's image root");
+    ring.wait_advanced(MARGIN, "before the checkpoint with room");
+    let info = c.crctl_json(&["checkpoint", JOB]);
+    ensure(
+        &ring,
+        jstr(&info, "state") == "committed" && jlist(&info, "images").len() == ring.len(),
+        &format!("with room, the checkpoint should commit every image: {info:#}"),
+    );
+    ring.wait_advanced(MARGIN, "after the checkpoint with room");
+    ring.assert_running_untraced("after the checkpoint with room");
+    ring.assert_no_fail();
+    // And back: n1 rebuilds its four members at once, every member resumes
+    // where its image left it.
+    let snap = clean_kill(&c, &mut ring);
+    restart(
+        &c,
+        &mut ring,
+        &snap,
+        "after a --kill (n1 rebuilds 4 members at once)",
+    );
+}

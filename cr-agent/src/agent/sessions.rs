@@ -1,9 +1,11 @@
 //! Sessions of the coordinated protocol on this node.
 //!
-//! ptrace ties a stopped thread to the thread that seized it, so every
-//! session owns one OS thread that freezes (or rebuilds) the processes and
-//! carries out the later steps the coordinator asks for, received over a
-//! channel. A session that hears nothing for its timeout ends on its own:
+//! Every session owns one OS thread that carries out the steps the
+//! coordinator asks for, received over a channel. ptrace ties a stopped
+//! thread to the thread that seized it, so each member's tree is frozen
+//! (or rebuilt), dumped and let go by a tracer thread of its own
+//! (`cr_engine::tracer`), which the session thread drives: the members of
+//! a session are frozen, dumped, rebuilt and let go all at once. A session that hears nothing for its timeout ends on its own:
 //! a checkpoint that was not committed is aborted (the processes run on,
 //! its images are removed), a committed one lets its processes run on, a
 //! restore that was not released kills what it built.
@@ -29,6 +31,7 @@
 use super::{fault, members, Shared};
 use cr_engine::capture::{self, Held};
 use cr_engine::options::{Action, CheckpointOptions, RestoreOptions};
+use cr_engine::tracer::Tracer;
 use cr_rpc::pb;
 use serde_json::json;
 use std::collections::HashMap;
@@ -347,10 +350,33 @@ pub async fn prepare(
 /// that the session's own orderly end comes first.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
+/// How many trees of a session are dumped (or rebuilt) at once: eight per
+/// CPU. Their page copies are bounded anyway by the page workers (one per
+/// CPU, `cr_engine::kinds::memory::pool`); the rest of a small tree's dump
+/// mostly waits, for its threads' stops (every injected system call) and
+/// for the fsyncs of its image, which the file system's journal commits
+/// together. Measured with `cr-bench cluster` (docs/PERFORMANCE.md).
+fn parallel_trees() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .saturating_mul(8)
+        .clamp(4, 64)
+}
+
+/// One member of a checkpoint session: its tree, frozen by a tracer thread
+/// of its own (see `cr_engine::tracer`), so that every member is frozen,
+/// dumped and let go at once.
+struct Member {
+    pid: i32,
+    dir: PathBuf,
+    tracer: Tracer<Held>,
+}
+
 /// How a checkpoint session's frozen members end: the locks first (one
 /// transaction per namespace), then the processes.
 struct Frozen {
-    held: Vec<(i32, Held)>,
+    held: Vec<Member>,
     leases: Vec<super::leases::Lease>,
 }
 
@@ -360,16 +386,13 @@ impl Frozen {
     }
 
     /// Undo everything: locks removed, images removed (their directories
-    /// too, and the checkpoint's once empty), processes run on.
+    /// too, and the checkpoint's once empty), processes run on (every
+    /// member at once).
     fn abort(mut self) {
         self.leases.clear();
-        release_locks(&mut self.held, Action::Continue);
-        let dirs: Vec<PathBuf> = self
-            .held
-            .iter()
-            .map(|(_, h)| h.dir().to_path_buf())
-            .collect();
-        drop(self.held);
+        release_locks(&self.held, Action::Continue);
+        let dirs: Vec<PathBuf> = self.held.iter().map(|m| m.dir.clone()).collect();
+        cr_engine::tracer::end_all(self.held.into_iter().map(|m| m.tracer));
         for d in dirs {
             let _ = std::fs::remove_dir_all(&d);
             if let Some(p) = d.parent() {
@@ -377,6 +400,112 @@ impl Frozen {
             }
         }
     }
+}
+
+/// What PREPARE learns of a frozen member before its lock is taken.
+struct Prepared {
+    lock: Option<cr_sys::netlock::LockSet>,
+    processes: usize,
+    threads: usize,
+}
+
+/// Freeze every target at once, each on its tracer thread: the frozen
+/// members in the order of `targets` and the PIDs of those that exited
+/// before they were frozen; on any other failure the first (in that
+/// order), every member frozen meanwhile let go.
+fn freeze_all(
+    targets: Vec<(i32, PathBuf, CheckpointOptions)>,
+    session: &str,
+) -> Result<(Vec<Member>, Vec<i32>), String> {
+    let mut starting = Vec::with_capacity(targets.len());
+    let mut failed = None;
+    for (pid, dir, opts) in targets {
+        let make = move || capture::freeze(pid, &opts, false).map_err(|e| one_line(&e));
+        match Tracer::start(format!("freeze-{pid}"), make) {
+            Ok(s) => starting.push((pid, dir, s)),
+            Err(e) => {
+                failed = Some(format!("cannot start a thread to freeze {pid}: {e}"));
+                break;
+            }
+        }
+    }
+    let mut held = Vec::new();
+    let mut gone = Vec::new();
+    for (pid, dir, s) in starting {
+        let err = match s.join() {
+            Ok(tracer) => {
+                held.push(Member { pid, dir, tracer });
+                continue;
+            }
+            Err(Ok(e)) => e,
+            Err(Err(g)) => g.to_string(),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        if members::start_time(pid).is_none() {
+            info!(
+                session,
+                pid,
+                error = err,
+                "member exited before it was frozen: dropped from the checkpoint"
+            );
+            gone.push(pid);
+        } else {
+            failed.get_or_insert(format!("process {pid}: {err}"));
+        }
+    }
+    match failed {
+        Some(msg) => {
+            Frozen {
+                held,
+                leases: Vec::new(),
+            }
+            .abort();
+            Err(msg)
+        }
+        None => Ok((held, gone)),
+    }
+}
+
+/// On every member at once: its network lock planned (`lock_name`).
+fn plan_all(held: &[Member], session: &str) -> Result<Vec<Prepared>, String> {
+    let pending: Vec<_> = held
+        .iter()
+        .map(|m| {
+            let name = lock_name(session, m.pid);
+            m.tracer.run(move |h| Prepared {
+                lock: h.plan_lock(&name),
+                processes: h.pids().len(),
+                threads: h.threads(),
+            })
+        })
+        .collect();
+    pending
+        .into_iter()
+        .map(|p| p.wait().map_err(|e| e.to_string()))
+        .collect()
+}
+
+/// On every member at once, once the locks hold (before, the kernel still
+/// takes and acknowledges data for the frozen processes): the bookmarks of
+/// its connections.
+fn bookmarks_all(held: &[Member]) -> Result<Vec<pb::Bookmark>, String> {
+    let pending: Vec<_> = held
+        .iter()
+        .map(|m| {
+            let pid = m.pid;
+            m.tracer.run(move |h| {
+                h.bookmarks()
+                    .into_iter()
+                    .map(|b| to_pb(b, pid))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for p in pending {
+        out.extend(p.wait().map_err(|e| e.to_string())?);
+    }
+    Ok(out)
 }
 
 fn checkpoint_session(
@@ -397,11 +526,9 @@ fn checkpoint_session(
     // The reaper lets the targets alone while this session traces them.
     let pids: Vec<i32> = req.targets.iter().map(|t| t.pid).collect();
     let _loan = shared.reaper.lend(&pids);
-    let mut held: Vec<(i32, Held)> = Vec::new();
-    let mut gone = Vec::new();
     let mut locks = Vec::new();
     let mut dirs = Vec::new();
-    let fail = |held: Vec<(i32, Held)>, msg: String, ready: Reply<pb::PrepareReply>| {
+    let fail = |held: Vec<Member>, msg: String, ready: Reply<pb::PrepareReply>| {
         Frozen {
             held,
             leases: Vec::new(),
@@ -411,6 +538,7 @@ fn checkpoint_session(
         let _ = ready.send(Err(msg.clone()));
         format!("PREPARE failed ({msg}): its processes run on")
     };
+    let mut targets = Vec::with_capacity(req.targets.len());
     for t in &req.targets {
         let dir = shared
             .config
@@ -428,32 +556,32 @@ fn checkpoint_session(
         opts.set_action(action(after));
         if let Some(p) = dir.parent() {
             if let Err(e) = std::fs::create_dir_all(p) {
-                return fail(held, format!("cannot create {}: {e}", p.display()), ready);
+                return fail(
+                    Vec::new(),
+                    format!("cannot create {}: {e}", p.display()),
+                    ready,
+                );
             }
         }
-        // Recorded before anything is locked or written.
         dirs.push(dir.clone());
         locks.push(lock_name(&req.session, t.pid));
-        record.write(&locks, &dirs);
-        match capture::freeze(t.pid, &opts, false) {
-            Ok(h) => held.push((t.pid, h)),
-            Err(e) if members::start_time(t.pid).is_none() => {
-                info!(session = req.session, pid = t.pid, error = %one_line(&e), "member exited before it was frozen: dropped from the checkpoint");
-                let _ = std::fs::remove_dir_all(&dir);
-                gone.push(t.pid);
-            }
-            Err(e) => {
-                let msg = format!("process {}: {}", t.pid, one_line(&e));
-                let _ = std::fs::remove_dir_all(&dir);
-                return fail(held, msg, ready);
-            }
-        }
+        targets.push((t.pid, dir, opts));
     }
+    // Recorded before anything is locked or written.
+    record.write(&locks, &dirs);
+    let (held, gone) = match freeze_all(targets, &req.session) {
+        Ok(f) => f,
+        Err(msg) => return fail(Vec::new(), msg, ready),
+    };
+    let prepared = match plan_all(&held, &req.session) {
+        Ok(p) => p,
+        Err(msg) => return fail(held, msg, ready),
+    };
     // Every tree's connections held still in one nft transaction per
     // network namespace, leased until the freeze bound.
-    let plans = by_netns(held.iter_mut().filter_map(|(pid, h)| {
-        let name = lock_name(&req.session, *pid);
-        h.plan_lock(&name).map(|set| (*pid, vec![(name, set)]))
+    let plans = by_netns(held.iter().zip(&prepared).filter_map(|(m, p)| {
+        let set = p.lock.clone()?;
+        Some((m.pid, vec![(lock_name(&req.session, m.pid), set)]))
     }));
     let mut frozen = Frozen {
         held,
@@ -468,19 +596,21 @@ fn checkpoint_session(
             }
         }
     }
+    let bookmarks = match bookmarks_all(&frozen.held) {
+        Ok(b) => b,
+        Err(msg) => return fail(std::mem::take(&mut frozen.held), msg, ready),
+    };
     let freeze_ms = t0.elapsed().as_millis() as u64;
     fault::point("prepare", shared);
     let mut reply = pb::PrepareReply {
         freeze_ms,
         gone: gone.clone(),
+        bookmarks,
         ..Default::default()
     };
-    for (pid, h) in &frozen.held {
-        reply.processes += h.pids().len() as u32;
-        reply.threads += h.threads() as u32;
-        reply
-            .bookmarks
-            .extend(h.bookmarks().into_iter().map(|b| to_pb(b, *pid)));
+    for p in prepared {
+        reply.processes += p.processes as u32;
+        reply.threads += p.threads as u32;
     }
     info!(
         session = req.session,
@@ -644,58 +774,100 @@ fn to_pb(b: cr_image::bookmarks::Bookmark, pid: i32) -> pb::Bookmark {
     }
 }
 
-/// Write every member's image; a member that died meanwhile (killed while
-/// frozen) is dropped from the checkpoint and reported `gone`.
+/// Write every member's image, all at once (at most [`parallel_trees`]
+/// working at a time; their page copies share the page workers); a member that died meanwhile
+/// (killed while frozen) is dropped from the checkpoint and reported
+/// `gone`. Every dump runs to its end before the reply: a failure of one
+/// is reported once all are done (the coordinator then aborts them all).
 fn dump_all(shared: &Shared, session: &str, f: &mut Frozen) -> Result<pb::DumpReply, String> {
+    let gate = Arc::new(cr_engine::tracer::Gate::new(parallel_trees()));
+    let pending: Vec<_> = f
+        .held
+        .iter()
+        .map(|m| {
+            let (gate, node, pid) = (gate.clone(), shared.config.node.clone(), m.pid);
+            m.tracer.run(move |h| {
+                let _pass = gate.enter();
+                dump_member(h, &node, pid)
+            })
+        })
+        .collect();
+    let results: Vec<Result<pb::ImageInfo, String>> = pending
+        .into_iter()
+        .map(|p| p.wait().map_err(|e| e.to_string()).and_then(|r| r))
+        .collect();
     let mut reply = pb::DumpReply::default();
-    let mut i = 0;
-    while i < f.held.len() {
-        let pid = f.held[i].0;
-        let s = match f.held[i].1.dump() {
-            Ok(s) => s,
-            Err(e) if members::start_time(pid).is_none() => {
-                info!(session, pid, error = %one_line(&e), "member exited while frozen: dropped from the checkpoint");
-                let (_, mut h) = f.held.remove(i);
-                let tables = h.take_lock_tables(Action::Continue);
-                for l in &f.leases {
-                    l.forget(&tables);
-                }
-                // Its tables, in the namespace of a member still here
-                // (else they lift with their lease).
-                if let Some((other, _)) = f.held.first() {
-                    let _ = cr_sys::netlock::unlock_many(Some(*other), &tables);
-                }
-                drop(h);
-                reply.gone.push(pid);
-                continue;
+    let mut first_err = None;
+    let mut gone = Vec::new();
+    let mut kept = Vec::with_capacity(f.held.len());
+    for (m, res) in std::mem::take(&mut f.held).into_iter().zip(results) {
+        match res {
+            Ok(info) => {
+                reply.images.push(info);
+                kept.push(m);
             }
-            Err(e) => return Err(format!("process {pid}: {}", one_line(&e))),
-        };
-        let h = &f.held[i].1;
-        i += 1;
-        let dir = h.dir().to_path_buf();
-        let ck = cr_image::ImageDir::open(&dir)
-            .and_then(|d| d.read_checkpoint())
-            .map_err(|e| one_line(&e))?;
-        let (uid, command) = members::describe(pid);
-        reply.images.push(pb::ImageInfo {
-            node: shared.config.node.clone(),
-            pid,
-            dir: dir.display().to_string(),
-            processes: s.processes as u32,
-            page_bytes: s.page_bytes,
-            store_bytes: s.store_bytes,
-            frozen_ms: s.frozen.as_millis() as u64,
-            bookmarks: cr_image::bookmarks::of(&ck)
-                .into_iter()
-                .map(|b| to_pb(b, pid))
-                .collect(),
-            command,
-            uid,
-            replicas: Vec::new(),
-        });
+            Err(e) if members::start_time(m.pid).is_none() => {
+                info!(
+                    session,
+                    pid = m.pid,
+                    error = e,
+                    "member exited while frozen: dropped from the checkpoint"
+                );
+                gone.push(m);
+            }
+            Err(e) => {
+                first_err.get_or_insert(format!("process {}: {e}", m.pid));
+                kept.push(m);
+            }
+        }
     }
-    Ok(reply)
+    f.held = kept;
+    for m in gone {
+        let tables = m
+            .tracer
+            .run(|h| h.take_lock_tables(Action::Continue))
+            .wait()
+            .unwrap_or_default();
+        for l in &f.leases {
+            l.forget(&tables);
+        }
+        // Its tables, in the namespace of a member still here (else they
+        // lift with their lease).
+        if let Some(other) = f.held.first() {
+            let _ = cr_sys::netlock::unlock_many(Some(other.pid), &tables);
+        }
+        reply.gone.push(m.pid);
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(reply),
+    }
+}
+
+/// Dump one member's tree (on its tracer thread) and describe its image.
+fn dump_member(h: &mut Held, node: &str, pid: i32) -> Result<pb::ImageInfo, String> {
+    let s = h.dump().map_err(|e| one_line(&e))?;
+    let dir = h.dir().to_path_buf();
+    let ck = cr_image::ImageDir::open(&dir)
+        .and_then(|d| d.read_checkpoint())
+        .map_err(|e| one_line(&e))?;
+    let (uid, command) = members::describe(pid);
+    Ok(pb::ImageInfo {
+        node: node.to_string(),
+        pid,
+        dir: dir.display().to_string(),
+        processes: s.processes as u32,
+        page_bytes: s.page_bytes,
+        store_bytes: s.store_bytes,
+        frozen_ms: s.frozen.as_millis() as u64,
+        bookmarks: cr_image::bookmarks::of(&ck)
+            .into_iter()
+            .map(|b| to_pb(b, pid))
+            .collect(),
+        command,
+        uid,
+        replicas: Vec::new(),
+    })
 }
 
 /// `(pid, items)` merged per network namespace of the pid: one pid of each
@@ -712,10 +884,15 @@ fn by_netns<T>(items: impl Iterator<Item = (i32, Vec<T>)>) -> Vec<(i32, Vec<T>)>
 /// Remove the network locks that letting the trees go with `action` would
 /// remove, all in one nft transaction per network namespace (each table
 /// deleted on its own costs an RCU grace period, ~25 ms).
-fn release_locks(held: &mut [(i32, Held)], action: Action) {
+fn release_locks(held: &[Member], action: Action) {
+    let pending: Vec<_> = held
+        .iter()
+        .map(|m| (m.pid, m.tracer.run(move |h| h.take_lock_tables(action))))
+        .collect();
     let tables = by_netns(
-        held.iter_mut()
-            .map(|(pid, h)| (*pid, h.take_lock_tables(action)))
+        pending
+            .into_iter()
+            .map(|(pid, p)| (pid, p.wait().unwrap_or_default()))
             .filter(|(_, t)| !t.is_empty()),
     );
     for (pid, tables) in tables {
@@ -725,26 +902,38 @@ fn release_locks(held: &mut [(i32, Held)], action: Action) {
     }
 }
 
-/// Let every tree go (the locks first: removed for CONTINUE, kept for the
-/// image, for good, after a kill or stop); how long each was frozen.
+/// Let every tree go, all at once (the locks first: removed for CONTINUE,
+/// kept for the image, for good, after a kill or stop); how long each was
+/// frozen.
 fn finish_all(f: Frozen, action: Action) -> Result<pb::FinishReply, String> {
-    let Frozen {
-        mut held,
-        mut leases,
-    } = f;
+    let Frozen { held, mut leases } = f;
     if action == Action::Continue {
         leases.clear();
     }
-    release_locks(&mut held, action);
+    release_locks(&held, action);
+    let pending: Vec<_> = held
+        .into_iter()
+        .map(|m| {
+            let pid = m.pid;
+            let p = m.tracer.end(move |h| {
+                let frozen = h.frozen_for().as_millis() as u64;
+                (frozen, h.finish(action).map_err(|e| one_line(&e)))
+            });
+            (pid, p)
+        })
+        .collect();
     let mut first_err = None;
     let mut reply = pb::FinishReply::default();
-    for (pid, h) in held {
-        let frozen = h.frozen_for().as_millis() as u64;
+    for (pid, p) in pending {
+        let (frozen, res) = match p.wait() {
+            Ok(r) => r,
+            Err(e) => (0, Err(e.to_string())),
+        };
         reply.frozen_ms = reply.frozen_ms.max(frozen);
         reply.member_frozen_ms.insert(pid, frozen);
-        if let Err(e) = h.finish(action) {
-            warn!(pid, error = %one_line(&e), "letting a checkpointed process go failed");
-            first_err.get_or_insert(format!("process {pid}: {}", one_line(&e)));
+        if let Err(e) = res {
+            warn!(pid, error = e, "letting a checkpointed process go failed");
+            first_err.get_or_insert(format!("process {pid}: {e}"));
         }
     }
     // Killed or stopped: the lock belongs to the image now (cr_restart
@@ -793,7 +982,12 @@ fn restore_session(
         allow_changed_files: req.allow_changed_files,
         ..Default::default()
     };
-    let mut readies = Vec::new();
+    // Every tree rebuilt at once, each by a tracer thread of its own (which
+    // later releases it): the members are independent trees (each in its
+    // own namespaces), and their page fills share the page workers.
+    let gate = Arc::new(cr_engine::tracer::Gate::new(parallel_trees()));
+    let mut starting = Vec::with_capacity(req.targets.len());
+    let mut failed = None;
     for t in &req.targets {
         // This image's own rewrites come first (the first match wins).
         let mut opts = opts.clone();
@@ -803,23 +997,44 @@ fn restore_session(
                 opts.map_addr = own;
             }
             Err(e) => {
-                drop(readies);
-                let _ = ready.send(Err(e.clone()));
-                return format!("RESTORE failed ({e}): nothing of it runs");
+                failed = Some(e);
+                break;
             }
         }
-        match cr_engine::restore::prepare(Path::new(&t.dir), &opts) {
-            Ok(r) => readies.push(r),
+        let (dir, gate) = (t.dir.clone(), gate.clone());
+        let make = move || {
+            let _pass = gate.enter();
+            cr_engine::restore::prepare(Path::new(&dir), &opts)
+                .map_err(|e| format!("{dir}: {}", one_line(&e)))
+        };
+        match Tracer::start(format!("restore-{}", starting.len()), make) {
+            Ok(s) => starting.push(s),
             Err(e) => {
-                drop(readies);
-                let msg = format!("{}: {}", t.dir, one_line(&e));
-                let _ = ready.send(Err(msg.clone()));
-                return format!("RESTORE failed ({msg}): nothing of it runs");
+                failed = Some(format!("cannot start a thread to restore {}: {e}", t.dir));
+                break;
             }
         }
     }
+    let mut readies = Vec::with_capacity(starting.len());
+    for s in starting {
+        match s.join() {
+            Ok(r) => readies.push(r),
+            Err(e) => {
+                failed.get_or_insert(e.unwrap_or_else(|g| g.to_string()));
+            }
+        }
+    }
+    if let Some(msg) = failed {
+        cr_engine::tracer::end_all(readies);
+        let _ = ready.send(Err(msg.clone()));
+        return format!("RESTORE failed ({msg}): nothing of it runs");
+    }
     fault::point("restore", shared);
-    let pids = readies.iter().map(|r| r.pid()).collect();
+    let pids = readies
+        .iter()
+        .map(|r| r.run(|r| r.pid()))
+        .map(|p| p.wait().unwrap_or(0))
+        .collect();
     info!(
         session = req.session,
         job = req.job,
@@ -827,6 +1042,7 @@ fn restore_session(
         "restored, frozen"
     );
     if ready.send(Ok(pb::RestoreReply { pids })).is_err() {
+        cr_engine::tracer::end_all(readies);
         return "the coordinator went away during RESTORE: nothing of it runs".into();
     }
     loop {
@@ -837,6 +1053,7 @@ fn restore_session(
                     session = req.session,
                     "no RELEASE from the coordinator: the restored processes are killed"
                 );
+                cr_engine::tracer::end_all(readies);
                 return "no RELEASE came: nothing of it runs".into();
             }
         };
@@ -851,7 +1068,7 @@ fn restore_session(
                 return how;
             }
             Cmd::Abort(_, r) => {
-                drop(readies);
+                cr_engine::tracer::end_all(readies);
                 info!(session = req.session, "restore aborted; nothing of it runs");
                 let _ = r.send(Ok(()));
                 return "aborted: nothing of it runs".into();
@@ -873,16 +1090,18 @@ fn reply_err(cmd: Cmd, msg: String) {
     }
 }
 
-/// Let every restored tree run; they become members of `job`.
+/// Let every restored tree run, all at once (each from the thread that
+/// rebuilt it); they become members of `job`.
 fn release_all(
     shared: &Shared,
     job: &str,
-    mut readies: Vec<cr_engine::restore::Ready>,
+    readies: Vec<Tracer<cr_engine::restore::Ready>>,
 ) -> Result<pb::ReleaseReply, String> {
     // The images' network locks (this namespace) in one nft transaction.
     let locks: Vec<String> = readies
-        .iter_mut()
-        .filter_map(|r| r.take_netlock())
+        .iter()
+        .map(|r| r.run(|r| r.take_netlock()))
+        .filter_map(|p| p.wait().ok().flatten())
         .collect();
     if let Err(e) = cr_sys::netlock::unlock_many(None, &locks) {
         warn!(error = %one_line(&e), "cannot remove the images' network locks");
@@ -894,8 +1113,12 @@ fn release_all(
     shared
         .leases
         .check_guard_after(Duration::from_secs(u64::from(RESET_GUARD_SECS) + 1));
-    for r in readies {
-        match r.release() {
+    let pending: Vec<_> = readies
+        .into_iter()
+        .map(|r| r.end(|r| r.release().map_err(|e| one_line(&e))))
+        .collect();
+    for p in pending {
+        match p.wait().map_err(|e| e.to_string()).and_then(|r| r) {
             Ok(pid) => {
                 shared.reaper.watch(pid);
                 let (uid, command) = members::describe(pid);
@@ -910,7 +1133,7 @@ fn release_all(
                 out.members.push(m);
             }
             Err(e) => {
-                first_err.get_or_insert(one_line(&e));
+                first_err.get_or_insert(e);
             }
         }
     }
