@@ -209,7 +209,7 @@ pub fn socket_filter(fd: &OwnedFd) -> Result<Vec<u8>> {
 /// blocks) with SO_ATTACH_FILTER.
 pub fn attach_socket_filter(fd: &OwnedFd, program: &[u8]) -> Result<()> {
     let blocks = program.len() / SOCK_FILTER_LEN;
-    if blocks == 0 || blocks > BPF_MAXINSNS || program.len() % SOCK_FILTER_LEN != 0 {
+    if blocks == 0 || blocks > BPF_MAXINSNS || !program.len().is_multiple_of(SOCK_FILTER_LEN) {
         return Err(SysError::Syscall {
             what: format!("a socket filter of {} bytes", program.len()),
             source: Errno(libc::EINVAL),
