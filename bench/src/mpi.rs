@@ -25,7 +25,7 @@
 use crate::cluster::{median, on_cluster};
 use crate::int_in;
 use clap::Args;
-use cr_tests::cluster::{jstr, ju64, Cluster};
+use cr_tests::cluster::{jstr, ju64, poll_until, Cluster, POLL_PERIOD};
 use cr_tests::{mpi, read_text, tail, Harness};
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -118,10 +118,15 @@ fn run_job(c: &Cluster, o: &Opts, prog: &str, job: &str, interval: Option<Durati
     let t0 = Instant::now();
     let mut runner = c.run_member_env(job, 1, job, &argv, &[mpi::path_env()]);
     if interval.is_some() {
-        let out = c.crctl(&["job", job, "--keep", "1"]);
-        if !out.status.success() {
-            panic!("crctl job {job} --keep 1 failed\n{}", out.show());
-        }
+        // The coordinator knows the job once n1's agent has reported its
+        // member (a heartbeat after cr_run joined it).
+        poll_until(
+            &format!("crctl job {job} --keep 1 to find the job"),
+            Duration::from_secs(60),
+            POLL_PERIOD,
+            || c.crctl(&["job", job, "--keep", "1"]).status.success(),
+            || runner.describe(),
+        );
     }
     let mut samples = Vec::new();
     let mut next = interval.map(|i| t0 + i);
