@@ -11,7 +11,8 @@
 //! (docs/MPI.md): `--ranks` ranks spread evenly over `--nodes` nodes, each
 //! holding `--mib` MiB of memory of its own (filled at start, checked whole
 //! at the end) and running `--iters` allreduce iterations (each rank checks
-//! every sum). It runs twice, first without checkpoints, then checkpointed
+//! every sum); ranks waiting for a message yield the CPU unless `--spin`.
+//! It runs twice, first without checkpoints, then checkpointed
 //! (`crctl --json checkpoint`, the job runs on) every `--interval` seconds
 //! from its start; both runs must end with the program's `RESULT OK`. The
 //! slowdown compares their wall times, from `cr_run`'s start to its exit.
@@ -24,7 +25,7 @@
 use crate::cluster::{median, on_cluster};
 use crate::int_in;
 use clap::Args;
-use cr_tests::cluster::{jstr, ju64, Cluster};
+use cr_tests::cluster::{jstr, ju64, poll_until, Cluster, POLL_PERIOD};
 use cr_tests::{mpi, read_text, tail, Harness};
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -53,6 +54,12 @@ pub struct Opts {
     /// Pause of each rank between two iterations, microseconds.
     #[arg(long, value_name = "US", default_value_t = 0, value_parser = int_in::<usize>(0..=10_000_000))]
     pace_us: usize,
+    /// Let ranks waiting for a message spin on the CPU (Open MPI's
+    /// default) instead of yielding it (`mpi_yield_when_idle 1`, the
+    /// default here): the nodes of the test cluster share this machine's
+    /// cores, and spinning ranks take them from the ranks that have work.
+    #[arg(long)]
+    spin: bool,
     /// Seconds between two checkpoints of the checkpointed run.
     #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = int_in::<u64>(1..))]
     interval: u64,
@@ -86,10 +93,12 @@ fn run_job(c: &Cluster, o: &Opts, prog: &str, job: &str, interval: Option<Durati
         o.mib.to_string(),
     );
     let tmp = c.dir.join(format!("tmp-{job}"));
+    let idle = if o.spin { "0" } else { "1" };
     let argv: Vec<OsString> = mpi::open_mpi(
         &tmp,
         o.ranks,
         &hosts.join(","),
+        &[("mpi_yield_when_idle", idle)],
         &[prog, "allreduce", &iters, &pace, &mib],
     )
     .into_iter()
@@ -109,10 +118,15 @@ fn run_job(c: &Cluster, o: &Opts, prog: &str, job: &str, interval: Option<Durati
     let t0 = Instant::now();
     let mut runner = c.run_member_env(job, 1, job, &argv, &[mpi::path_env()]);
     if interval.is_some() {
-        let out = c.crctl(&["job", job, "--keep", "1"]);
-        if !out.status.success() {
-            panic!("crctl job {job} --keep 1 failed\n{}", out.show());
-        }
+        // The coordinator knows the job once n1's agent has reported its
+        // member (a heartbeat after cr_run joined it).
+        poll_until(
+            &format!("crctl job {job} --keep 1 to find the job"),
+            Duration::from_secs(60),
+            POLL_PERIOD,
+            || c.crctl(&["job", job, "--keep", "1"]).status.success(),
+            || runner.describe(),
+        );
     }
     let mut samples = Vec::new();
     let mut next = interval.map(|i| t0 + i);
@@ -208,9 +222,15 @@ fn table(o: &Opts, plain: &Run, ckpt: &Run) -> String {
     let (a, b) = (plain.wall.as_secs_f64(), ckpt.wall.as_secs_f64());
     let _ = writeln!(
         s,
-        "# Open MPI job, {} ranks x {} MiB on {} nodes, {} allreduce iterations; \
-         a checkpoint every {} s\n",
-        o.ranks, o.mib, o.nodes, o.iters, o.interval
+        "# Open MPI job, {} ranks x {} MiB on {} nodes, {} allreduce iterations \
+         (pace {} us, idle ranks {}); a checkpoint every {} s\n",
+        o.ranks,
+        o.mib,
+        o.nodes,
+        o.iters,
+        o.pace_us,
+        if o.spin { "spin" } else { "yield" },
+        o.interval
     );
     let _ = writeln!(
         s,
@@ -249,9 +269,9 @@ mod tests {
     #[test]
     fn command_lines() {
         let o = parsed::<Opts>("mpi");
-        assert!(o.ranks == 12 && o.nodes == 3 && o.mib == 256 && o.interval == 60);
-        let o = parsed::<Opts>("mpi --ranks 6 --mib 0 --iters 100 --interval 5");
-        assert!(o.ranks == 6 && o.mib == 0 && o.iters == 100 && o.interval == 5);
+        assert!(o.ranks == 12 && o.nodes == 3 && o.mib == 256 && o.interval == 60 && !o.spin);
+        let o = parsed::<Opts>("mpi --ranks 6 --mib 0 --iters 100 --interval 5 --spin");
+        assert!(o.ranks == 6 && o.mib == 0 && o.iters == 100 && o.interval == 5 && o.spin);
         assert_refused(&["mpi --ranks 0", "mpi --nodes 0", "mpi --interval 0"]);
     }
 }

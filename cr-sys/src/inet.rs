@@ -46,6 +46,10 @@ pub const TCPOPT_WINDOW: u32 = 3;
 pub const TCPOPT_SACK_PERM: u32 = 4;
 pub const TCPOPT_TIMESTAMP: u32 = 8;
 
+/// The values `TCP_MAXSEG` takes (TCP_MIN_MSS, MAX_TCP_WINDOW of the kernel).
+pub const TCP_MAXSEG_MIN: u32 = 88;
+pub const TCP_MAXSEG_MAX: u32 = 32767;
+
 /// Bits of `tcpi_options`.
 pub const TCPI_OPT_TIMESTAMPS: u8 = 1;
 pub const TCPI_OPT_SACK: u8 = 2;

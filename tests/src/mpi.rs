@@ -34,8 +34,15 @@ pub fn build_check(dir: &Path, mpicc: &str, name: &str) -> PathBuf {
 /// (`n1:2,n2:2,...`), its remote daemons started by cr_rsh, its session
 /// directories under `tmp` (one per job: every mpirun is PID 1 of its
 /// job's PID namespace, so jobs of one node get the same Open MPI job id,
-/// and would share their session directories).
-pub fn open_mpi(tmp: &Path, np: usize, hosts: &str, prog: &[&str]) -> Vec<String> {
+/// and would share their session directories), with the MCA parameters
+/// `mca` (name, value) besides ours.
+pub fn open_mpi(
+    tmp: &Path,
+    np: usize,
+    hosts: &str,
+    mca: &[(&str, &str)],
+    prog: &[&str],
+) -> Vec<String> {
     std::fs::create_dir_all(tmp).expect("mkdir the job's session directory base");
     let np = np.to_string();
     let mut v: Vec<String> = [
@@ -61,6 +68,9 @@ pub fn open_mpi(tmp: &Path, np: usize, hosts: &str, prog: &[&str]) -> Vec<String
     .map(|s| s.to_string())
     .collect();
     v.push(tmp.display().to_string());
+    for (name, value) in mca {
+        v.extend(["--mca".into(), name.to_string(), value.to_string()]);
+    }
     v.extend(prog.iter().map(|s| s.to_string()));
     v
 }

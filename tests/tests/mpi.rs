@@ -15,8 +15,9 @@
 //!   checkpointed while they run, killed by a checkpoint and restarted on
 //!   the same nodes, killed again and restarted on other nodes; they finish
 //!   with the result of a run without checkpoints, every rank with the host
-//!   name it started with. One cluster per test, the programs one after the
-//!   other as jobs of their own.
+//!   name it started with, and run after the move at about the pace they
+//!   had before it. One cluster per test, the programs one after the other
+//!   as jobs of their own.
 
 use cr_tests::cluster::{node_name, Cluster, Spawned, POLL_PERIOD};
 use cr_tests::{bin_dir, mpi, read_text, script_path, tail, wait_until, Harness};
@@ -79,26 +80,60 @@ impl<'c> Job<'c> {
         }
     }
 
-    /// The last `progress N` it printed.
-    fn progress(&self) -> u64 {
+    /// The `progress N [T]` lines it printed: (N, T), T (the program's
+    /// wall clock, seconds) 0 when the line has none.
+    fn progress_lines(&self) -> Vec<(u64, f64)> {
         self.output()
             .lines()
             .filter_map(|l| l.strip_prefix("progress "))
-            .filter_map(|n| n.trim().parse().ok())
+            .filter_map(|rest| {
+                let mut w = rest.split_whitespace();
+                let n = w.next()?.parse().ok()?;
+                Some((n, w.next().and_then(|t| t.parse().ok()).unwrap_or(0.0)))
+            })
+            .collect()
+    }
+
+    /// The last `progress N` it printed.
+    fn progress(&self) -> u64 {
+        self.progress_lines()
+            .into_iter()
+            .map(|(n, _)| n)
             .max()
             .unwrap_or(0)
     }
 
-    /// Waits until it printed `progress` past `from + delta`.
-    fn wait_progress(&self, from: u64, delta: u64, what: &str) -> u64 {
-        self.wait_progress_within(from, delta, what, RUN_TIMEOUT)
+    /// Its pace, iterations per second of its own clock, from the first
+    /// progress line past iteration `after` to the last one (so that the
+    /// time of a restart before `after` does not count); panics without
+    /// two such lines.
+    fn rate_after(&self, after: u64) -> f64 {
+        let lines: Vec<(u64, f64)> = self
+            .progress_lines()
+            .into_iter()
+            .filter(|&(n, _)| n > after)
+            .collect();
+        let (Some(&(n0, t0)), Some(&(n1, t1))) = (lines.first(), lines.last()) else {
+            panic!(
+                "job {} printed no progress past {after}\n{}",
+                self.name,
+                self.diag()
+            );
+        };
+        assert!(
+            n1 > n0 && t1 > t0,
+            "job {} printed fewer than two timed progress lines past {after}: {lines:?}\n{}",
+            self.name,
+            self.diag()
+        );
+        (n1 - n0) as f64 / (t1 - t0)
     }
 
-    /// [`Job::wait_progress`] with a deadline of `timeout`.
-    fn wait_progress_within(&self, from: u64, delta: u64, what: &str, timeout: Duration) -> u64 {
+    /// Waits until it printed `progress` past `from + delta`.
+    fn wait_progress(&self, from: u64, delta: u64, what: &str) -> u64 {
         wait_until(
             &format!("job {} to progress past {} {what}", self.name, from + delta),
-            timeout,
+            RUN_TIMEOUT,
             || {
                 self.assert_no_fail();
                 self.progress() >= from + delta
@@ -222,7 +257,7 @@ const NP: usize = 6;
 
 /// Open MPI's mpirun of `prog` on [`HOSTS`], session directories under `tmp`.
 fn open_mpi(tmp: &std::path::Path, prog: &[&str]) -> Vec<String> {
-    mpi::open_mpi(tmp, NP, HOSTS, prog)
+    mpi::open_mpi(tmp, NP, HOSTS, &[], prog)
 }
 
 /// MPICH's mpiexec of `prog` on [`HOSTS`].
@@ -232,28 +267,30 @@ fn mpich(prog: &[&str]) -> Vec<String> {
 
 /// Iterations and pace of the programs: at least 2 s of run (ranks poll
 /// for messages: on a loaded machine they take much longer), enough for a
-/// checkpoint and two restarts before the end.
+/// checkpoint, two restarts and a pace measured before and after the move.
 const ITERS: &str = "400";
 const PACE_US: &str = "5000";
 
-/// The progress at which a job is killed to move it to other nodes: near
-/// its end, since a job restarted on other nodes runs much slower than
-/// before (docs/MPI.md, Limits).
-const MOVE_AT: u64 = 300;
-
-/// Deadline for a job to reach [`MOVE_AT`], and then, moved to other
-/// nodes, to finish.
+/// Deadline for a job, moved to other nodes, to finish.
 const MOVED_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The least a job's pace after the move to other nodes may be, as a part
+/// of its pace after the restart on the same nodes (generous: a loaded
+/// machine makes the pace vary by itself; a move once cost Open MPI jobs
+/// 10 times their pace).
+const MOVED_PACE_MIN: f64 = 0.3;
 
 /// Runs each program as a job of its own, one after the other (MPI ranks
 /// wait for messages by polling: jobs side by side would starve each
 /// other's checkpoints of CPU): checkpointed while it runs (the job runs
 /// on), then killed by a checkpoint and restarted on the same nodes, then,
-/// near its end, killed again and restarted on other nodes (n1, n2, n3 to
-/// n2, n3, n1). Its result must be the program's own OK: every rank's
-/// state equals a serial recomputation (the result of a run without
+/// halfway, killed again and restarted on other nodes (n1, n2, n3 to n2,
+/// n3, n1). Its result must be the program's own OK: every rank's state
+/// equals a serial recomputation (the result of a run without
 /// checkpoints), no message was lost or duplicated, and every rank still
-/// has the host name it started with.
+/// has the host name it started with. Its pace after the move (iterations
+/// per second, from the times in its progress lines) must not be far
+/// below its pace after the restart on the same nodes.
 fn run_jobs(c: &Cluster, jobs: &[(&str, Vec<String>)]) {
     for (name, argv) in jobs {
         let a: Vec<&str> = argv.iter().map(String::as_str).collect();
@@ -266,15 +303,28 @@ fn run_jobs(c: &Cluster, jobs: &[(&str, Vec<String>)]) {
             j.diag()
         );
         j.checkpoint(&["--freeze-timeout", "60"]);
-        let m = j.wait_progress(m, 50, "after a checkpoint that continues");
+        j.wait_progress(m, 50, "after a checkpoint that continues");
         j.checkpoint_kill();
+        let restarted_at = j.progress();
         j.restart(&[1, 2, 3]);
-        j.wait_progress(m, 50, "after a restart on the same nodes");
-        j.wait_progress_within(0, MOVE_AT, "before the move", MOVED_TIMEOUT);
+        // Two progress lines after the restart: the pace on the same nodes.
+        j.wait_progress(restarted_at, 100, "after a restart on the same nodes");
         j.checkpoint_kill();
+        let moved_at = j.progress();
+        let before = j.rate_after(restarted_at);
         j.restart(&MOVED);
         let line = j.wait_result("RESULT OK", MOVED_TIMEOUT);
-        eprintln!("job {name}: {line}");
+        let after = j.rate_after(moved_at);
+        eprintln!(
+            "job {name}: {line}; {before:.1} iterations/s after the restart on the same nodes \
+             (from {restarted_at}), {after:.1} after the move to other nodes (from {moved_at})"
+        );
+        assert!(
+            after >= before * MOVED_PACE_MIN,
+            "job {name} runs much slower after the move to other nodes: {after:.1} \
+             iterations/s, {before:.1} before\n{}",
+            j.diag()
+        );
     }
 }
 

@@ -22,8 +22,9 @@
  * started with (a job restarted on other nodes keeps its own).
  *
  * Any message out of order, lost, duplicated or corrupted fails at once
- * ("FAIL ..." and MPI_Abort). Rank 0 prints "progress N" lines while it
- * runs and, at the end, after comparing every rank's state with a serial
+ * ("FAIL ..." and MPI_Abort). Rank 0 prints "progress N T" lines while it
+ * runs (N iterations done at T, the wall clock in seconds, from which the
+ * tests tell the job's pace before and after a move) and, at the end, after comparing every rank's state with a serial
  * recomputation, "RESULT OK MODE checksum=X" or "RESULT FAIL ...": the
  * result of a run with checkpoints must equal that of a run without.
  */
@@ -32,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TOKEN_WORDS (64 * 1024 / 8)
@@ -59,7 +61,9 @@ static void fail(const char *what, long iter, uint64_t got, uint64_t want)
 static void progress(long i, long iters)
 {
     if (rank == 0 && (i % 50 == 0 || i == iters)) {
-        printf("progress %ld\n", i);
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        printf("progress %ld %.3f\n", i, (double)t.tv_sec + t.tv_nsec / 1e9);
         fflush(stdout);
     }
 }

@@ -8,7 +8,7 @@ ranks, a periodic 1-D stencil (256 cells per rank) whose halos carry their
 step and whose final field rank 0 compares with a serial run. Every rank
 also checks at the end that its host name is still the one it started
 with (a job restarted on other nodes keeps its own). Prints
-"progress N", then "RESULT OK MODE checksum=X" or "FAIL ..." / "RESULT
+"progress N T" (N iterations done at T, the wall clock in seconds), then "RESULT OK MODE checksum=X" or "FAIL ..." / "RESULT
 FAIL ..." (and aborts the job on the first bad message).
 """
 import hashlib
@@ -44,7 +44,7 @@ def fail(what, it, got, want):
 
 def progress(i, iters):
     if rank == 0 and (i % 50 == 0 or i == iters):
-        print(f"progress {i}", flush=True)
+        print(f"progress {i} {time.time():.3f}", flush=True)
 
 
 def token(i, hops):

@@ -208,6 +208,16 @@ fn repair(
     sys::set_queue_seq(sock, c.snd_una)?;
     sys::set_repair_queue(sock, TcpQueue::Recv)?;
     sys::set_queue_seq(sock, c.rcv_nxt.wrapping_sub(c.recv_queue.len() as u32))?;
+    // The segment size a connection sends is worked out at the connect from
+    // its MSS clamp, which is still the 536 default then (the repair options
+    // set it only after the connect, and nothing works it out again: the
+    // handshake would): rebuilt connections sent 524-byte segments, 3 to
+    // 100 times more than before. The saved clamp as TCP_MAXSEG during the
+    // connect makes the connect use it (the kernel takes at most 32767).
+    let clamp = c.mss.min(sys::TCP_MAXSEG_MAX);
+    if clamp >= sys::TCP_MAXSEG_MIN {
+        cr_sys::fdio::setsockopt_int(sock, libc::IPPROTO_TCP, libc::TCP_MAXSEG, clamp as i32)?;
+    }
     sys::bind(sock, &local)?;
     if let Err(e) = sys::connect(sock, &remote) {
         // The killed original's socket (or an earlier restore's) may still
@@ -221,6 +231,8 @@ fn repair(
         tracing::info!(%local, %remote, state = sys::tcp_state_name(state), "destroyed a lingering socket of this connection");
         sys::connect(sock, &remote)?;
     }
+    // The program had set no TCP_MAXSEG of its own (none is saved).
+    cr_sys::fdio::setsockopt_int(sock, libc::IPPROTO_TCP, libc::TCP_MAXSEG, 0)?;
     let mut opts = vec![(sys::TCPOPT_MSS, c.mss)];
     if c.options as u8 & sys::TCPI_OPT_WSCALE != 0 {
         opts.push((sys::TCPOPT_WINDOW, c.snd_wscale | (c.rcv_wscale << 16)));

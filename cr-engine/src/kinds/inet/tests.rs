@@ -1,6 +1,6 @@
 //! Round trip of kind "inet" (with the network lock of a --kill dump): a
 //! TCP listener, an established connection with data in flight both ways
-//! and options set, a bound UDP socket.
+//! and options set (and its segment size), a bound UDP socket.
 
 use crate::kinds::testkit::round_trip;
 
@@ -14,6 +14,7 @@ lis.bind(("127.0.0.1", 0)); lis.listen(4)
 c = socket.create_connection(lis.getsockname())
 s, _ = lis.accept()
 c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+mss = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
 c.send(b"c to s" * 1000); s.send(b"s to c")
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0))
 "#,
@@ -24,6 +25,10 @@ while len(got) < 6000:
 expect(got == b"c to s" * 1000, "data from c")
 expect(c.recv(100) == b"s to c", "data from s")
 expect(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1, "TCP_NODELAY")
+# The segment size (the kernel takes an MSS clamp of at most 32767 to rebuild
+# it; loopback's is 65483): not the 536 default's 524.
+got = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+expect(got >= min(mss, 32767 - 12), f"segment size {got}, {mss} before")
 c.send(b"again"); expect(s.recv(10) == b"again", "the connection goes on")
 n = socket.create_connection(lis.getsockname()); a2, _ = lis.accept()
 expect(a2 is not None, "the listener accepts")
