@@ -154,6 +154,10 @@ impl pb::local_server::Local for LocalService {
             )));
         }
         who.check_process(m.pid).map_err(denied)?;
+        for f in &m.save_file {
+            who.check_owned(&absolute(f, "file to save")?, "file to save")
+                .map_err(denied)?;
+        }
         if self
             .shared
             .drained
@@ -173,6 +177,7 @@ impl pb::local_server::Local for LocalService {
             uid,
             command,
             start_time,
+            save_file: m.save_file,
         });
         self.shared.wake.notify_one();
         Ok(Response::new(pb::Empty {}))
@@ -210,4 +215,61 @@ impl pb::local_server::Local for LocalService {
             super::launch::forward(&self.shared, r).await?,
         ))
     }
+
+    async fn checkpoint_job(
+        &self,
+        req: Request<pb::CheckpointRequest>,
+    ) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let who = caller(&req)?;
+        let mut r = req.into_inner();
+        r.from_node = self.shared.config.node.clone();
+        r.uid = who.uid;
+        tracing::info!(job = r.job, uid = who.uid, "checkpoint of a job asked");
+        let mut client = super::link::coordinator(&self.shared, "a job's checkpoint")?;
+        let t = job_call_timeout(r.timeout_secs);
+        let mut q = Request::new(r);
+        q.set_timeout(t);
+        Ok(Response::new(super::link::relay(
+            client.checkpoint(q).await,
+        )?))
+    }
+
+    async fn restart_job(
+        &self,
+        req: Request<pb::RestartRequest>,
+    ) -> Result<Response<pb::RestartReply>, Status> {
+        let who = caller(&req)?;
+        let mut r = req.into_inner();
+        r.from_node = self.shared.config.node.clone();
+        r.uid = who.uid;
+        tracing::info!(job = r.job, uid = who.uid, "restart of a job here asked");
+        let mut client = super::link::coordinator(&self.shared, "a job's restart")?;
+        let t = job_call_timeout(r.timeout_secs);
+        let mut q = Request::new(r);
+        q.set_timeout(t);
+        Ok(Response::new(super::link::relay(client.restart(q).await)?))
+    }
+
+    async fn configure_job(
+        &self,
+        req: Request<pb::ConfigureRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
+        let who = caller(&req)?;
+        let mut r = req.into_inner();
+        r.from_node = self.shared.config.node.clone();
+        r.uid = who.uid;
+        let mut client = super::link::coordinator(&self.shared, "a job's settings")?;
+        let mut q = Request::new(r);
+        q.set_timeout(job_call_timeout(0));
+        Ok(Response::new(super::link::relay(
+            client.configure(q).await,
+        )?))
+    }
+}
+
+/// Deadline of a job call relayed to the coordinator: its own deadline
+/// (0: the coordinator's default, 120 s) and a margin.
+fn job_call_timeout(secs: u32) -> std::time::Duration {
+    let secs = if secs == 0 { 120 } else { u64::from(secs) };
+    std::time::Duration::from_secs(secs + 30)
 }

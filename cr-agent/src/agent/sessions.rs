@@ -423,6 +423,13 @@ fn checkpoint_session(
             parent: (!t.parent.is_empty()).then(|| PathBuf::from(&t.parent)),
             track_mem: !t.parent.is_empty(),
             lock_name: Some(lock_name(&req.session, t.pid)),
+            // What the member asked to keep in its images (cr_run
+            // --checkpoint-save-file: a batch script).
+            save_file: shared
+                .members
+                .get(t.pid)
+                .map(|m| m.save_file.iter().map(PathBuf::from).collect())
+                .unwrap_or_default(),
             ..Default::default()
         };
         opts.set_action(action(after));
@@ -895,6 +902,9 @@ fn release_all(
         .leases
         .check_guard_after(Duration::from_secs(u64::from(RESET_GUARD_SECS) + 1));
     for r in readies {
+        // A coordinated checkpoint saves only the files its member listed:
+        // the restored member keeps them listed for the next one.
+        let save_file = r.saved_files();
         match r.release() {
             Ok(pid) => {
                 shared.reaper.watch(pid);
@@ -905,6 +915,7 @@ fn release_all(
                     uid,
                     command,
                     start_time: members::start_time(pid).unwrap_or(0),
+                    save_file,
                 };
                 out.generation = shared.members.add(m.clone());
                 out.members.push(m);
