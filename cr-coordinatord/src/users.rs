@@ -47,15 +47,7 @@ impl Coordinator {
             .job_when(job, JOIN_WAIT, |j| j.members.iter().any(|m| m.alive))
             .await
             .ok_or_else(|| Error::UnknownJob { job: job.into() })?;
-        if let Some(m) = rec.members.iter().find(|m| uid != 0 && m.uid != uid) {
-            return Err(Error::NotOwner {
-                job: job.into(),
-                uid,
-                node: node.into(),
-                owner: m.uid,
-            });
-        }
-        Ok(())
+        owned_by(job, node, uid, rec.members.iter().map(|m| m.uid))
     }
 
     /// The checkpoint of `job` (`checkpoint`, else its latest committed
@@ -80,14 +72,25 @@ impl Coordinator {
             (None, Some(id)) => return Err(Error::UnknownCheckpoint { id: id.into() }),
             (None, None) => return Err(Error::NoCheckpoint { job: job.into() }),
         };
-        if let Some(i) = ck.images.iter().find(|i| uid != 0 && i.uid != uid) {
-            return Err(Error::NotOwner {
-                job: job.into(),
-                uid,
-                node: node.into(),
-                owner: i.uid,
-            });
-        }
+        owned_by(job, node, uid, ck.images.iter().map(|i| i.uid))?;
         Ok(ck.id)
+    }
+}
+
+/// Whether every uid of `owners` is `uid` (uid 0 owns everything).
+fn owned_by(
+    job: &str,
+    node: &str,
+    uid: u32,
+    mut owners: impl Iterator<Item = u32>,
+) -> Result<(), Error> {
+    match owners.find(|&o| uid != 0 && o != uid) {
+        None => Ok(()),
+        Some(owner) => Err(Error::NotOwner {
+            job: job.into(),
+            uid,
+            node: node.into(),
+            owner,
+        }),
     }
 }

@@ -102,6 +102,29 @@ fn submit_rounds(
     (s.sbatch(&args), out)
 }
 
+/// Waits up to `timeout` until job `id` completed, then checks that the
+/// wl_progress output `out` (of `id` or of the job it resumed) went
+/// through `rounds` rounds, each once, after one start, and ended OK;
+/// `what` names the cell. Returns the output.
+fn completed_ok(
+    s: &Slurm,
+    id: u32,
+    out: &str,
+    rounds: u64,
+    timeout: Duration,
+    what: &str,
+) -> String {
+    s.wait_job(id, &["COMPLETED"], timeout);
+    let text = read_text(Path::new(out));
+    assert_eq!(
+        check_progress(&text),
+        Ok((1, rounds)),
+        "{what}: the job's output\n{}",
+        s.diag_job(id)
+    );
+    text
+}
+
 /// The last round job output `text` shows.
 fn last_round(text: &str) -> u64 {
     text.lines()
@@ -241,14 +264,7 @@ fn slurm_scenarios() {
         "MEASURED: cr_checkpoint --slurm: {}",
         ck.stdout.lines().next().unwrap_or("")
     );
-    s.wait_job(id, &["COMPLETED"], SLURM_TIMEOUT);
-    let text = read_text(Path::new(&out));
-    assert_eq!(
-        check_progress(&text),
-        Ok((1, ROUNDS)),
-        "cell 2: the checkpointed job's output\n{}",
-        s.diag_job(id)
-    );
+    completed_ok(&s, id, &out, ROUNDS, SLURM_TIMEOUT, "cell 2");
 
     // Cell 2b: the srun steps of a checkpointable batch job inherit
     // --checkpoint (through the job's environment): each task is wrapped.
@@ -280,18 +296,8 @@ fn slurm_scenarios() {
     // Cell 3: no agent on n3: the job runs without checkpoints and says so.
     c.kill_agent(3);
     let (id, out) = submit_progress(&s, 3, "no-agent", &["--checkpoint"]);
-    s.wait_job(
-        id,
-        &["COMPLETED"],
-        SLURM_TIMEOUT + Duration::from_secs(ROUNDS / 10),
-    );
-    let text = read_text(Path::new(&out));
-    assert_eq!(
-        check_progress(&text),
-        Ok((1, ROUNDS)),
-        "cell 3: the job's output\n{}",
-        s.diag_job(id)
-    );
+    let wait = SLURM_TIMEOUT + Duration::from_secs(ROUNDS / 10);
+    let text = completed_ok(&s, id, &out, ROUNDS, wait, "cell 3");
     assert!(
         text.lines().any(|l| l.starts_with("cr_spank: ")
             && l.contains(&format!("job {id} is NOT checkpointable"))
@@ -326,18 +332,9 @@ fn slurm_scenarios() {
     let out2 = c.dir.join("resumed.out").to_string_lossy().into_owned();
     let from = format!("--restart-from={ck}");
     let id2 = s.sbatch(&["-N1", "-w", "n3", "-o", &out2, &from, "--wrap", "true"]);
-    s.wait_job(
-        id2,
-        &["COMPLETED"],
-        SLURM_TIMEOUT + Duration::from_secs(LONG / 20),
-    );
-    let text = read_text(Path::new(&out));
-    assert_eq!(
-        check_progress(&text),
-        Ok((1, LONG)),
-        "cell 4: the resumed job's output (stopped at round {stopped_at})\n{}",
-        s.diag_job(id2)
-    );
+    let wait = SLURM_TIMEOUT + Duration::from_secs(LONG / 20);
+    let what = format!("cell 4 (stopped at round {stopped_at})");
+    completed_ok(&s, id2, &out, LONG, wait, &what);
     assert!(
         read_text(Path::new(&out2)).contains(&format!("cr_spank: job {id2} resumes from {ck}")),
         "cell 4: the resuming job says so\n{}",
@@ -408,18 +405,9 @@ fn slurm_scenarios() {
     );
     s.wait_job(id, &["RUNNING", "COMPLETED"], SLURM_TIMEOUT);
     let second = s.job_field(id, "NodeList");
-    s.wait_job(
-        id,
-        &["COMPLETED"],
-        SLURM_TIMEOUT + Duration::from_secs(PRE / 20),
-    );
-    let text = read_text(Path::new(&out));
-    assert_eq!(
-        check_progress(&text),
-        Ok((1, PRE)),
-        "cell 5: the preempted job's output (stopped at round {stopped_at}, resumed from {last})\n{}",
-        s.diag_job(id)
-    );
+    let wait = SLURM_TIMEOUT + Duration::from_secs(PRE / 20);
+    let what = format!("cell 5 (stopped at round {stopped_at}, resumed from {last})");
+    let text = completed_ok(&s, id, &out, PRE, wait, &what);
     assert!(
         stopped_at > 40
             && text

@@ -220,15 +220,7 @@ impl pb::local_server::Local for LocalService {
         &self,
         req: Request<pb::CheckpointRequest>,
     ) -> Result<Response<pb::CheckpointInfo>, Status> {
-        let who = caller(&req)?;
-        let mut r = req.into_inner();
-        r.from_node = self.shared.config.node.clone();
-        r.uid = who.uid;
-        tracing::info!(job = r.job, uid = who.uid, "checkpoint of a job asked");
-        let mut client = super::link::coordinator(&self.shared, "a job's checkpoint")?;
-        let t = job_call_timeout(r.timeout_secs);
-        let mut q = Request::new(r);
-        q.set_timeout(t);
+        let (mut client, q) = self.for_user(req, "a job's checkpoint")?;
         Ok(Response::new(super::link::relay(
             client.checkpoint(q).await,
         )?))
@@ -238,15 +230,7 @@ impl pb::local_server::Local for LocalService {
         &self,
         req: Request<pb::RestartRequest>,
     ) -> Result<Response<pb::RestartReply>, Status> {
-        let who = caller(&req)?;
-        let mut r = req.into_inner();
-        r.from_node = self.shared.config.node.clone();
-        r.uid = who.uid;
-        tracing::info!(job = r.job, uid = who.uid, "restart of a job here asked");
-        let mut client = super::link::coordinator(&self.shared, "a job's restart")?;
-        let t = job_call_timeout(r.timeout_secs);
-        let mut q = Request::new(r);
-        q.set_timeout(t);
+        let (mut client, q) = self.for_user(req, "a job's restart here")?;
         Ok(Response::new(super::link::relay(client.restart(q).await)?))
     }
 
@@ -254,16 +238,80 @@ impl pb::local_server::Local for LocalService {
         &self,
         req: Request<pb::ConfigureRequest>,
     ) -> Result<Response<pb::JobInfo>, Status> {
-        let who = caller(&req)?;
-        let mut r = req.into_inner();
-        r.from_node = self.shared.config.node.clone();
-        r.uid = who.uid;
-        let mut client = super::link::coordinator(&self.shared, "a job's settings")?;
-        let mut q = Request::new(r);
-        q.set_timeout(job_call_timeout(0));
+        let (mut client, q) = self.for_user(req, "a job's settings")?;
         Ok(Response::new(super::link::relay(
             client.configure(q).await,
         )?))
+    }
+}
+
+/// A job request the agent relays to the coordinator for a local user
+/// (see `cr_coordinatord::users`): it names this node and the user.
+trait ForUser {
+    fn job(&self) -> &str;
+    fn stamp(&mut self, node: String, uid: u32);
+    /// The request's own deadline (0: the coordinator's default).
+    fn timeout_secs(&self) -> u32 {
+        0
+    }
+}
+
+impl ForUser for pb::CheckpointRequest {
+    fn job(&self) -> &str {
+        &self.job
+    }
+    fn stamp(&mut self, node: String, uid: u32) {
+        (self.from_node, self.uid) = (node, uid);
+    }
+    fn timeout_secs(&self) -> u32 {
+        self.timeout_secs
+    }
+}
+
+impl ForUser for pb::RestartRequest {
+    fn job(&self) -> &str {
+        &self.job
+    }
+    fn stamp(&mut self, node: String, uid: u32) {
+        (self.from_node, self.uid) = (node, uid);
+    }
+    fn timeout_secs(&self) -> u32 {
+        self.timeout_secs
+    }
+}
+
+impl ForUser for pb::ConfigureRequest {
+    fn job(&self) -> &str {
+        &self.job
+    }
+    fn stamp(&mut self, node: String, uid: u32) {
+        (self.from_node, self.uid) = (node, uid);
+    }
+}
+
+impl LocalService {
+    /// `req` stamped with this node and its caller's uid, with its
+    /// deadline, and a client of the coordinator to send it to.
+    fn for_user<T: ForUser>(
+        &self,
+        req: Request<T>,
+        what: &str,
+    ) -> Result<
+        (
+            pb::coordinator_client::CoordinatorClient<tonic::transport::Channel>,
+            Request<T>,
+        ),
+        Status,
+    > {
+        let who = caller(&req)?;
+        let mut r = req.into_inner();
+        r.stamp(self.shared.config.node.clone(), who.uid);
+        tracing::info!(job = r.job(), uid = who.uid, "{what} asked");
+        let client = super::link::coordinator(&self.shared, what)?;
+        let t = job_call_timeout(r.timeout_secs());
+        let mut q = Request::new(r);
+        q.set_timeout(t);
+        Ok((client, q))
     }
 }
 
