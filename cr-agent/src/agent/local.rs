@@ -251,43 +251,32 @@ trait ForUser {
     fn job(&self) -> &str;
     fn stamp(&mut self, node: String, uid: u32);
     /// The request's own deadline (0: the coordinator's default).
-    fn timeout_secs(&self) -> u32 {
-        0
-    }
+    fn timeout_secs(&self) -> u32;
 }
 
-impl ForUser for pb::CheckpointRequest {
-    fn job(&self) -> &str {
-        &self.job
-    }
-    fn stamp(&mut self, node: String, uid: u32) {
-        (self.from_node, self.uid) = (node, uid);
-    }
-    fn timeout_secs(&self) -> u32 {
-        self.timeout_secs
-    }
+/// The requests have the same fields for it (`job`, `from_node`, `uid`).
+macro_rules! for_user {
+    ($($t:ty => |$r:pat_param| $timeout:expr),* $(,)?) => {$(
+        impl ForUser for $t {
+            fn job(&self) -> &str {
+                &self.job
+            }
+            fn stamp(&mut self, node: String, uid: u32) {
+                (self.from_node, self.uid) = (node, uid);
+            }
+            fn timeout_secs(&self) -> u32 {
+                let $r = self;
+                $timeout
+            }
+        }
+    )*};
 }
 
-impl ForUser for pb::RestartRequest {
-    fn job(&self) -> &str {
-        &self.job
-    }
-    fn stamp(&mut self, node: String, uid: u32) {
-        (self.from_node, self.uid) = (node, uid);
-    }
-    fn timeout_secs(&self) -> u32 {
-        self.timeout_secs
-    }
-}
-
-impl ForUser for pb::ConfigureRequest {
-    fn job(&self) -> &str {
-        &self.job
-    }
-    fn stamp(&mut self, node: String, uid: u32) {
-        (self.from_node, self.uid) = (node, uid);
-    }
-}
+for_user!(
+    pb::CheckpointRequest => |r| r.timeout_secs,
+    pb::RestartRequest => |r| r.timeout_secs,
+    pb::ConfigureRequest => |_| 0,
+);
 
 impl LocalService {
     /// `req` stamped with this node and its caller's uid, with its
