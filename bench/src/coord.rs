@@ -226,6 +226,7 @@ async fn bench(o: &Opts, db: &Path) -> Res<Vec<Round>> {
                     uid: 0,
                     command: "sim".into(),
                     start_time: 1,
+                    ..Default::default()
                 }],
                 generation: 1,
             })

@@ -53,6 +53,13 @@ pub enum Error {
     Drained { node: String },
     #[error("migration of job {job} failed: {reason}")]
     MigrationFailed { job: String, reason: String },
+    #[error("uid {uid} on {node} may not act on job {job}: it runs as uid {owner}")]
+    NotOwner {
+        job: String,
+        uid: u32,
+        node: String,
+        owner: u32,
+    },
     #[error("{what}")]
     Invalid { what: String },
     #[error("the coordinator is stopping")]
@@ -70,8 +77,10 @@ impl From<Error> for tonic::Status {
             | Error::UnknownCheckpoint { .. }
             | Error::NoCheckpoint { .. } => Code::NotFound,
             Error::OtherJob { .. } | Error::Invalid { .. } => Code::InvalidArgument,
-            Error::Busy { .. }
-            | Error::NoLiveMember { .. }
+            // Its own code: a client may wait for the job's operation in
+            // progress (cr_checkpoint --job does).
+            Error::Busy { .. } => Code::ResourceExhausted,
+            Error::NoLiveMember { .. }
             | Error::StillRunning { .. }
             | Error::NotCommitted { .. }
             // Not Unavailable: clients show that code as a transport failure.
@@ -82,6 +91,7 @@ impl From<Error> for tonic::Status {
             | Error::RestartFailed { .. }
             | Error::LaunchFailed { .. }
             | Error::MigrationFailed { .. } => Code::Aborted,
+            Error::NotOwner { .. } => Code::PermissionDenied,
             Error::Catalog(_) => Code::Internal,
         };
         tonic::Status::new(code, e.to_string())

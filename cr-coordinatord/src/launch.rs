@@ -8,11 +8,6 @@
 use crate::coordinator::Coordinator;
 use crate::error::Error;
 use cr_rpc::pb;
-use std::time::Duration;
-
-/// How long a launch waits for the asking node's report of the caller's
-/// membership (see [`Coordinator::launch`]).
-const LAUNCH_JOIN_WAIT: Duration = Duration::from_secs(5);
 
 impl Coordinator {
     /// The node (its name) that `host` names: a node's name, one of the
@@ -53,20 +48,13 @@ impl Coordinator {
         }
         // The asking agent reports its new member (the caller's `cr_run`)
         // on its own stream, which may reach us after the caller's first
-        // `cr_rsh`: mpiexec starts its remote proxies at once. Give that
-        // report a bounded time to arrive.
-        let deadline = tokio::time::Instant::now() + LAUNCH_JOIN_WAIT;
-        let asks = loop {
-            let asks = self.catalog.read(|s| {
-                s.jobs
-                    .get(&req.job)
-                    .map(|j| j.members.iter().any(|m| m.alive && m.node == from))
-            });
-            if asks == Some(true) || tokio::time::Instant::now() >= deadline {
-                break asks;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        // `cr_rsh`: mpiexec starts its remote proxies at once.
+        let asks = self
+            .job_when(&req.job, crate::users::JOIN_WAIT, |j| {
+                j.members.iter().any(|m| m.alive && m.node == from)
+            })
+            .await
+            .map(|j| j.members.iter().any(|m| m.alive && m.node == from));
         match asks {
             None => return Err(Error::UnknownJob { job: req.job }),
             Some(false) => {

@@ -14,6 +14,7 @@
 //! * [`launch`]: remote starts of job members (`cr_rsh`).
 //! * [`service`]: the gRPC Coordinator service (and who may call what:
 //!   `cr_rpc::identity`).
+//! * [`users`]: job requests an agent makes for one of its users.
 //! * [`error`]: why a request failed.
 //! * [`fault`]: fault points for the tests.
 #![forbid(unsafe_code)]
@@ -30,6 +31,7 @@ pub mod protocol;
 pub mod registry;
 pub mod schedule;
 pub mod service;
+pub mod users;
 
 #[cfg(test)]
 mod tests;

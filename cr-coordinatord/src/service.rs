@@ -1,7 +1,9 @@
 //! The gRPC Coordinator service: agents register and heartbeat, crctl
 //! administers. Who may call what is decided by the client's certificate
 //! (`cr_rpc::identity`): Register/Heartbeat/Launch of node N only with N's
-//! own, the rest only with an administrator's. Checkpoints and restarts run in tasks of their own, so that
+//! own; Checkpoint/Restart/Configure with an administrator's, or with node
+//! N's for one of N's users ([`crate::users`]); the rest only with an
+//! administrator's. Checkpoints and restarts run in tasks of their own, so that
 //! a client that goes away never cuts the protocol short.
 
 use crate::coordinator::Coordinator;
@@ -66,6 +68,19 @@ fn check_admin<T>(req: &Request<T>, what: &str) -> Result<(), Status> {
     }
 }
 
+/// A job call made by an administrator (`from_node` empty: None) or by
+/// the agent of node `from_node` for one of its users (its certificate
+/// must name that node; see [`crate::users`]).
+fn asker<T>(req: &Request<T>, from_node: &str, what: &str) -> Result<Option<String>, Status> {
+    if from_node.is_empty() {
+        check_admin(req, what)?;
+        Ok(None)
+    } else {
+        check_node(req, from_node)?;
+        Ok(Some(from_node.to_string()))
+    }
+}
+
 fn job_name(job: &str) -> Result<(), Status> {
     if job.is_empty() {
         return Err(Error::Invalid {
@@ -108,9 +123,18 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::CheckpointRequest>,
     ) -> Result<Response<pb::CheckpointInfo>, Status> {
-        check_admin(&req, "Checkpoint")?;
+        let user = asker(&req, &req.get_ref().from_node, "Checkpoint")?;
         let req = req.into_inner();
         job_name(&req.job)?;
+        if let Some(node) = &user {
+            self.0.check_user_job(&req.job, node, req.uid).await?;
+            tracing::info!(
+                job = req.job,
+                node,
+                uid = req.uid,
+                "checkpoint asked by a user"
+            );
+        }
         let after = pb::After::try_from(req.after).map_err(|_| Error::Invalid {
             what: format!("unknown after value {}", req.after),
         })?;
@@ -130,18 +154,42 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::RestartRequest>,
     ) -> Result<Response<pb::RestartReply>, Status> {
-        check_admin(&req, "Restart")?;
-        let req = req.into_inner();
+        let user = asker(&req, &req.get_ref().from_node, "Restart")?;
+        let mut req = req.into_inner();
         job_name(&req.job)?;
+        let ck = Some(req.checkpoint.clone()).filter(|s| !s.is_empty());
+        let ck = match &user {
+            None => ck,
+            Some(node) => {
+                // Pulled onto the asking node, never pushed elsewhere.
+                if req.on.iter().any(|n| n != node) {
+                    return Err(Error::Invalid {
+                        what: format!("a restart asked from {node} can only go to {node}"),
+                    }
+                    .into());
+                }
+                req.on = vec![node.clone()];
+                let id = self
+                    .0
+                    .check_user_checkpoint(&req.job, ck.as_deref(), node, req.uid)?;
+                tracing::info!(
+                    job = req.job,
+                    node,
+                    uid = req.uid,
+                    checkpoint = id,
+                    "restart asked by a user"
+                );
+                Some(id)
+            }
+        };
         let c = self.0.clone();
         joined(
             tokio::spawn(async move {
-                let ck = Some(req.checkpoint.as_str()).filter(|s| !s.is_empty());
                 let opts = RestartOpts {
                     timeout: timeout(req.timeout_secs),
                     allow_changed_files: req.allow_changed_files,
                 };
-                c.restart_placed(&req.job, ck, &Placement::Nodes(req.on), &opts)
+                c.restart_placed(&req.job, ck.as_deref(), &Placement::Nodes(req.on), &opts)
                     .await
             })
             .await,
@@ -215,9 +263,12 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::ConfigureRequest>,
     ) -> Result<Response<pb::JobInfo>, Status> {
-        check_admin(&req, "Configure")?;
+        let user = asker(&req, &req.get_ref().from_node, "Configure")?;
         let req = req.into_inner();
         job_name(&req.job)?;
+        if let Some(node) = &user {
+            self.0.check_user_job(&req.job, node, req.uid).await?;
+        }
         Ok(Response::new(self.0.configure(&req)?))
     }
 

@@ -160,6 +160,7 @@ impl AgentApi for Fake {
                     uid: 1000,
                     command: "work".into(),
                     start_time: 99,
+                    ..Default::default()
                 })
                 .collect(),
             generation: 100,
@@ -190,6 +191,7 @@ fn member(job: &str, pid: i32) -> pb::Member {
         uid: 1000,
         command: "work".into(),
         start_time: pid as u64 * 10,
+        ..Default::default()
     }
 }
 
@@ -1051,4 +1053,40 @@ async fn launch_waits_for_the_callers_membership() {
     let e = env.coord.launch("n1", req("nope")).await.unwrap_err();
     assert_eq!(e.to_string(), "no job nope");
     assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn a_user_acts_only_on_own_jobs_and_pulls_restarts_to_its_node() {
+    let env = Env::new(2);
+    env.connect_n1_n2();
+    // Members and images of J run as uid 1000.
+    env.coord.check_user_job("J", "n1", 1000).await.unwrap();
+    env.coord.check_user_job("J", "n3", 0).await.unwrap();
+    let e = env.coord.check_user_job("J", "n1", 1001).await.unwrap_err();
+    assert!(matches!(e, Error::NotOwner { owner: 1000, .. }), "{e}");
+    assert_eq!(tonic::Status::from(e).code(), tonic::Code::PermissionDenied);
+    assert!(matches!(
+        env.coord.check_user_checkpoint("J", None, "n1", 1000),
+        Err(Error::NoCheckpoint { .. })
+    ));
+    let c = env
+        .coord
+        .checkpoint("J", pb::After::Kill, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        env.coord
+            .check_user_checkpoint("J", None, "n3", 1000)
+            .unwrap(),
+        c.id
+    );
+    assert!(matches!(
+        env.coord.check_user_checkpoint("J", None, "n3", 1001),
+        Err(Error::NotOwner { .. })
+    ));
+    assert!(matches!(
+        env.coord
+            .check_user_checkpoint("J", Some("J-9"), "n3", 1000),
+        Err(Error::UnknownCheckpoint { .. })
+    ));
 }

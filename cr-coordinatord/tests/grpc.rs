@@ -284,7 +284,7 @@ async fn checkpoint_and_restart_over_mutual_tls() {
             job: "J".into(),
             after: pb::After::Kill as i32,
             timeout_secs: 20,
-            freeze_timeout_ms: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -93,6 +93,17 @@ impl Ready {
         self.ck.root_pid as i32
     }
 
+    /// The outside files whose content the image holds (put back by the
+    /// restore if they differed), by path.
+    pub fn saved_files(&self) -> Vec<String> {
+        self.ck
+            .outside_files
+            .iter()
+            .filter(|f| f.saved.is_some())
+            .map(|f| f.path.clone())
+            .collect()
+    }
+
     /// The image's network lock, handed to the caller, which removes it
     /// itself (several images' at once: see `cr_sys::netlock::unlock_many`)
     /// before calling [`Ready::release`].

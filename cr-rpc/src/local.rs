@@ -8,6 +8,10 @@ use crate::RpcError;
 use std::path::{Path, PathBuf};
 use tonic::transport::Channel;
 
+/// How long [`Agent::checkpoint_job`] waits for another operation of the
+/// job to end.
+pub const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct Agent {
     rt: tokio::runtime::Runtime,
     client: LocalClient<Channel>,
@@ -56,11 +60,19 @@ impl Agent {
     where
         F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.call_status(f).map_err(|s| crate::status_line(&s))
+    }
+
+    /// [`Agent::call`] keeping the status (its code matters to the caller).
+    fn call_status<T, F>(
+        &mut self,
+        f: impl FnOnce(LocalClient<Channel>) -> F,
+    ) -> Result<T, tonic::Status>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let client = self.client.clone();
-        self.rt
-            .block_on(f(client))
-            .map(|r| r.into_inner())
-            .map_err(|s| crate::status_line(&s))
+        self.rt.block_on(f(client)).map(|r| r.into_inner())
     }
 
     pub fn checkpoint(
@@ -81,11 +93,13 @@ impl Agent {
             .map(|r| r.status)
     }
 
-    /// Make `pid` a member of `job`.
-    pub fn join(&mut self, job: &str, pid: i32) -> Result<(), String> {
+    /// Make `pid` a member of `job`; the content of the files `save_file`
+    /// goes into each of its images.
+    pub fn join(&mut self, job: &str, pid: i32, save_file: &[String]) -> Result<(), String> {
         let m = pb::Member {
             job: job.to_string(),
             pid,
+            save_file: save_file.to_vec(),
             ..Default::default()
         };
         self.call(|mut c| async move { c.join(m).await })
@@ -96,5 +110,48 @@ impl Agent {
     /// (cr_rsh); the node it runs on.
     pub fn launch(&mut self, req: pb::LaunchRequest) -> Result<pb::LaunchReply, String> {
         self.call(|mut c| async move { c.launch(req).await })
+    }
+
+    /// Checkpoint cluster job `req.job` through the coordinator, as the
+    /// caller's user. Another operation of the job in progress (a periodic
+    /// checkpoint) is waited for, up to [`BUSY_WAIT`].
+    pub fn checkpoint_job(
+        &mut self,
+        req: pb::CheckpointRequest,
+    ) -> Result<pb::CheckpointInfo, String> {
+        let deadline = std::time::Instant::now() + BUSY_WAIT;
+        loop {
+            let r = req.clone();
+            match self.call_status(|mut c| async move { c.checkpoint_job(r).await }) {
+                Err(s)
+                    if s.code() == tonic::Code::ResourceExhausted
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(job = req.job, "{}; waiting", s.message());
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                r => return r.map_err(|s| crate::status_line(&s)),
+            }
+        }
+    }
+
+    /// Restart cluster job `req.job` on this node through the coordinator,
+    /// as the caller's user; None when the job has no checkpoint to
+    /// restart from (or the coordinator knows no such job).
+    pub fn restart_job(
+        &mut self,
+        req: pb::RestartRequest,
+    ) -> Result<Option<pb::RestartReply>, String> {
+        match self.call_status(|mut c| async move { c.restart_job(req).await }) {
+            Ok(r) => Ok(Some(r)),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+            Err(s) => Err(crate::status_line(&s)),
+        }
+    }
+
+    /// Set cluster job `req.job`'s settings (periodic checkpoints) through
+    /// the coordinator, as the caller's user.
+    pub fn configure_job(&mut self, req: pb::ConfigureRequest) -> Result<pb::JobInfo, String> {
+        self.call(|mut c| async move { c.configure_job(req).await })
     }
 }

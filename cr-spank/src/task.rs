@@ -55,6 +55,18 @@ fn node_name(env: &[String]) -> String {
         })
 }
 
+/// How often Slurm requeued the job: `SLURM_RESTART_COUNT` of the task's
+/// environment or `S_SLURM_RESTART_COUNT` (22.05 gives 0 there in a
+/// requeued batch step), whichever is larger; 0 for a first run.
+fn restart_count(sp: &Spank, env: &[String]) -> u32 {
+    let from_env = env
+        .iter()
+        .find_map(|e| e.strip_prefix("SLURM_RESTART_COUNT="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    sp.restart_count().unwrap_or(0).max(from_env)
+}
+
 /// `exe` with exactly the task's environment (`NAME=VALUE` strings): what
 /// slurmstepd would have given the task.
 fn task_command(exe: &std::path::Path, env: &[String]) -> Command {
@@ -107,11 +119,24 @@ pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
     cmd.arg("--job").arg(&job);
     if let Some(d) = &dir {
         cmd.arg("--dir").arg(d);
-        if batch {
-            // slurmd removes the script when the job ends; the shell still
-            // reads it: its content goes into the image.
-            cmd.arg("--checkpoint-signal").arg(&cfg.signal);
-            cmd.arg("--checkpoint-save-file").arg(&argv[0]);
+    }
+    if batch {
+        // The signal checkpoints into the directory (time limits), else
+        // the whole cluster job, then holds the job's place until Slurm
+        // ends it (a preemption requeues it then).
+        cmd.arg("--checkpoint-signal").arg(&cfg.signal);
+        if dir.is_none() {
+            cmd.arg("--hold");
+        }
+        // slurmd removes the script when the job ends; the shell still
+        // reads it: its content goes into the images.
+        cmd.arg("--checkpoint-save-file").arg(&argv[0]);
+        // A requeued job goes on from its last committed checkpoint.
+        if dir.is_none() && restart_count(sp, &env) > 0 {
+            cmd.arg("--resume");
+        }
+        if let Some(secs) = ck.as_deref().and_then(|v| parse_interval(v).ok().flatten()) {
+            cmd.arg("--interval").arg(secs.to_string());
         }
     }
     cmd.arg("--").args(&argv);

@@ -21,7 +21,8 @@
 //! The configuration is what the issue asks for: `proctrack/linuxproc`
 //! (no cgroups), `select/linear` (whole nodes), `preempt/partition_prio`
 //! with `PreemptMode=REQUEUE`: partition `low` (the default, preemptable,
-//! with [`SlurmOpts::grace_time`]) and partition `high`, which preempts it.
+//! with [`SlurmOpts::grace_time`]) and partition `high`, which preempts it;
+//! `preempt_send_user_signal` (a job's `--signal` starts its grace time).
 //! Every wait has a deadline and polls the daemons' state (no sleeps).
 
 use crate::cluster::{
@@ -105,6 +106,12 @@ MessageTimeout=20
 JobRequeue=1
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
+# The job's --signal (B:USR1: its batch script, whose cr_run checkpoints the
+# job) instead of SIGTERM at the start of a preemption's GraceTime (22.05:
+# a SlurmctldParameters, although the man page lists it under
+# SchedulerParameters); pending jobs are looked at every 2 s.
+SlurmctldParameters=preempt_send_user_signal
+SchedulerParameters=sched_interval=2
 PlugStackConfig={d}/plugstack.conf
 "
     );

@@ -16,9 +16,16 @@
 //!    --signal=B:USR1@50` is checkpointed and stopped by Slurm's signal
 //!    before its limit; `sbatch --restart-from=DIR` on another node
 //!    resumes it from there (its rounds go on, no second start) and it
-//!    finishes OK.
+//!    finishes OK;
+//! 5. preemption: a job of partition `low` submitted with
+//!    `--checkpoint=2` (periodic checkpoints every 2 s) and
+//!    `--signal=B:USR1@600` is preempted by a job of partition `high` on
+//!    its node: at the start of its GraceTime the coordinated checkpoint
+//!    stops it, Slurm requeues it at the end, and when it starts again on
+//!    another node it resumes from that checkpoint (its rounds go on, no
+//!    second start) and finishes OK.
 
-use cr_tests::cluster::{node_name, poll_until, Cluster, POLL_PERIOD};
+use cr_tests::cluster::{jlist, jstr, node_name, poll_until, Cluster, POLL_PERIOD};
 use cr_tests::slurm::{Slurm, SlurmOpts, SLURM_TIMEOUT};
 use cr_tests::{bin_dir, read_text, workload_path, Harness};
 use std::path::Path;
@@ -29,8 +36,10 @@ const ROUNDS: u64 = 200;
 
 /// What a wl_progress job printed: the number of `start` lines and the
 /// last round; checks that rounds go 1, 2, 3, ... without a gap or a
-/// repeat and that it ended with `OK`. Lines of the plugin (`cr_spank: `)
-/// and of a checkpoint on signal (`cr_run: signal `) are allowed anywhere.
+/// repeat and that it ended with `OK`. Lines of the plugin (`cr_spank: `),
+/// of a checkpoint on signal (`cr_run: signal `), of a resume (`cr_run: job
+/// `) and slurmstepd's notice of a preemption (`slurmstepd-n1: error: ***
+/// JOB 7 ON n1 CANCELLED ... DUE TO PREEMPTION ***`) are allowed anywhere.
 fn check_progress(text: &str) -> Result<(usize, u64), String> {
     let (mut starts, mut last, mut ok) = (0, 0u64, false);
     for line in text.lines() {
@@ -47,7 +56,11 @@ fn check_progress(text: &str) -> Result<(usize, u64), String> {
             last = n;
         } else if line == "OK" {
             ok = true;
-        } else if !line.starts_with("cr_spank: ") && !line.starts_with("cr_run: signal ") {
+        } else if !line.starts_with("cr_spank: ")
+            && !line.starts_with("cr_run: signal ")
+            && !line.starts_with("cr_run: job ")
+            && !line.contains(": error: *** JOB ")
+        {
             return Err(format!("unexpected line {line:?}"));
         }
     }
@@ -60,11 +73,18 @@ fn check_progress(text: &str) -> Result<(usize, u64), String> {
 /// Submits wl_progress as a batch job on node `k` with `extra` sbatch
 /// options; returns its id and output file.
 fn submit_progress(s: &Slurm, k: usize, label: &str, extra: &[&str]) -> (u32, String) {
-    submit_rounds(s, k, label, ROUNDS, extra)
+    submit_rounds(s, Some(k), label, ROUNDS, extra)
 }
 
-/// [`submit_progress`] of `rounds` rounds.
-fn submit_rounds(s: &Slurm, k: usize, label: &str, rounds: u64, extra: &[&str]) -> (u32, String) {
+/// [`submit_progress`] of `rounds` rounds, on node `k` or (None) where
+/// Slurm puts it.
+fn submit_rounds(
+    s: &Slurm,
+    k: Option<usize>,
+    label: &str,
+    rounds: u64,
+    extra: &[&str],
+) -> (u32, String) {
     let out =
         s.c.dir
             .join(format!("{label}.out"))
@@ -72,11 +92,71 @@ fn submit_rounds(s: &Slurm, k: usize, label: &str, rounds: u64, extra: &[&str]) 
             .into_owned();
     let wl = workload_path("wl_progress");
     let cmd = format!("{} {rounds} 2 50", wl.display());
-    let node = node_name(k);
-    let mut args = vec!["-N1", "-w", &node, "-o", &out, "--open-mode=append"];
+    let node = k.map(node_name);
+    let mut args = vec!["-N1", "-o", &out, "--open-mode=append"];
+    if let Some(n) = &node {
+        args.extend(["-w", n.as_str()]);
+    }
     args.extend_from_slice(extra);
     args.extend(["--wrap", &cmd]);
     (s.sbatch(&args), out)
+}
+
+/// Waits up to `timeout` until job `id` completed, then checks that the
+/// wl_progress output `out` (of `id` or of the job it resumed) went
+/// through `rounds` rounds, each once, after one start, and ended OK;
+/// `what` names the cell. Returns the output.
+fn completed_ok(
+    s: &Slurm,
+    id: u32,
+    out: &str,
+    rounds: u64,
+    timeout: Duration,
+    what: &str,
+) -> String {
+    s.wait_job(id, &["COMPLETED"], timeout);
+    let text = read_text(Path::new(out));
+    assert_eq!(
+        check_progress(&text),
+        Ok((1, rounds)),
+        "{what}: the job's output\n{}",
+        s.diag_job(id)
+    );
+    text
+}
+
+/// The last round job output `text` shows.
+fn last_round(text: &str) -> u64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("progress "))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The committed checkpoints of cluster job `job` (none while the
+/// coordinator does not know the job yet).
+fn committed(c: &Cluster, job: &str) -> Vec<String> {
+    let out = c.crctl(&["--json", "checkpoints", job]);
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&out.stdout) else {
+        return Vec::new();
+    };
+    jlist(&v, "checkpoints")
+        .into_iter()
+        .filter(|ck| jstr(ck, "state") == "committed")
+        .map(|ck| jstr(ck, "id"))
+        .collect()
+}
+
+/// Waits until job `id`'s output `out` has a line for which `pred` holds.
+fn wait_line(s: &Slurm, id: u32, out: &str, what: &str, pred: impl Fn(&str) -> bool) {
+    poll_until(
+        &format!("job {id} to print {what}"),
+        SLURM_TIMEOUT,
+        POLL_PERIOD,
+        || read_text(Path::new(out)).lines().any(&pred),
+        || s.diag_job(id),
+    );
 }
 
 /// Waits until job `id` printed round `n`.
@@ -112,7 +192,8 @@ fn slurm_scenarios() {
         &c,
         &SlurmOpts {
             plugstack: vec![plugin],
-            ..Default::default()
+            // Time for the checkpoint on preemption (cell 5).
+            grace_time: 10,
         },
     );
 
@@ -158,14 +239,32 @@ fn slurm_scenarios() {
         s.diag_job(id)
     );
     println!("MEASURED: {}", ck.stdout.lines().next().unwrap_or(""));
-    s.wait_job(id, &["COMPLETED"], SLURM_TIMEOUT);
-    let text = read_text(Path::new(&out));
-    assert_eq!(
-        check_progress(&text),
-        Ok((1, ROUNDS)),
-        "cell 2: the checkpointed job's output\n{}",
+    // The same from the job's node, as its user: cr_checkpoint --slurm.
+    let socket = (
+        "CR_AGENT_SOCKET".to_string(),
+        c.socket(2).to_string_lossy().into_owned(),
+    );
+    let ck = c.run_env(
+        Some(c.ns(2)),
+        "cr_checkpoint-slurm",
+        &bin.join("cr_checkpoint"),
+        &["--slurm".into(), id.to_string().into()],
+        &[socket],
+    );
+    assert!(
+        ck.status.success()
+            && ck
+                .stdout
+                .starts_with(&format!("checkpoint {job}-2 committed: ")),
+        "cell 2: cr_checkpoint --slurm {id}\n{}\n{}",
+        ck.show(),
         s.diag_job(id)
     );
+    println!(
+        "MEASURED: cr_checkpoint --slurm: {}",
+        ck.stdout.lines().next().unwrap_or("")
+    );
+    completed_ok(&s, id, &out, ROUNDS, SLURM_TIMEOUT, "cell 2");
 
     // Cell 2b: the srun steps of a checkpointable batch job inherit
     // --checkpoint (through the job's environment): each task is wrapped.
@@ -197,18 +296,8 @@ fn slurm_scenarios() {
     // Cell 3: no agent on n3: the job runs without checkpoints and says so.
     c.kill_agent(3);
     let (id, out) = submit_progress(&s, 3, "no-agent", &["--checkpoint"]);
-    s.wait_job(
-        id,
-        &["COMPLETED"],
-        SLURM_TIMEOUT + Duration::from_secs(ROUNDS / 10),
-    );
-    let text = read_text(Path::new(&out));
-    assert_eq!(
-        check_progress(&text),
-        Ok((1, ROUNDS)),
-        "cell 3: the job's output\n{}",
-        s.diag_job(id)
-    );
+    let wait = SLURM_TIMEOUT + Duration::from_secs(ROUNDS / 10);
+    let text = completed_ok(&s, id, &out, ROUNDS, wait, "cell 3");
     assert!(
         text.lines().any(|l| l.starts_with("cr_spank: ")
             && l.contains(&format!("job {id} is NOT checkpointable"))
@@ -223,19 +312,14 @@ fn slurm_scenarios() {
     let dir_opt = format!("--checkpoint-dir={ck}");
     let (id, out) = submit_rounds(
         &s,
-        1,
+        Some(1),
         "timelimit",
         LONG,
         &[&dir_opt, "--time=1", "--signal=B:USR1@50"],
     );
     s.wait_job(id, &["FAILED"], SLURM_TIMEOUT + Duration::from_secs(30));
     let before = read_text(Path::new(&out));
-    let stopped_at = before
-        .lines()
-        .filter_map(|l| l.strip_prefix("progress "))
-        .filter_map(|n| n.parse::<u64>().ok())
-        .max()
-        .unwrap_or(0);
+    let stopped_at = last_round(&before);
     assert!(
         before
             .lines()
@@ -248,22 +332,96 @@ fn slurm_scenarios() {
     let out2 = c.dir.join("resumed.out").to_string_lossy().into_owned();
     let from = format!("--restart-from={ck}");
     let id2 = s.sbatch(&["-N1", "-w", "n3", "-o", &out2, &from, "--wrap", "true"]);
-    s.wait_job(
-        id2,
-        &["COMPLETED"],
-        SLURM_TIMEOUT + Duration::from_secs(LONG / 20),
-    );
-    let text = read_text(Path::new(&out));
-    assert_eq!(
-        check_progress(&text),
-        Ok((1, LONG)),
-        "cell 4: the resumed job's output (stopped at round {stopped_at})\n{}",
-        s.diag_job(id2)
-    );
+    let wait = SLURM_TIMEOUT + Duration::from_secs(LONG / 20);
+    let what = format!("cell 4 (stopped at round {stopped_at})");
+    completed_ok(&s, id2, &out, LONG, wait, &what);
     assert!(
         read_text(Path::new(&out2)).contains(&format!("cr_spank: job {id2} resumes from {ck}")),
         "cell 4: the resuming job says so\n{}",
         s.diag_job(id2)
     );
     println!("MEASURED: time-limit job stopped at round {stopped_at} of {LONG}, resumed on n3");
+
+    // Cell 5: preempted, checkpointed, requeued, resumed on another node.
+    const PRE: u64 = 300;
+    let (id, out) = submit_rounds(
+        &s,
+        None,
+        "preempted",
+        PRE,
+        &["--checkpoint=2", "--signal=B:USR1@600"],
+    );
+    let job = format!("slurm-{id}");
+    s.wait_job(id, &["RUNNING"], SLURM_TIMEOUT);
+    let first = s.job_field(id, "NodeList");
+    // --checkpoint=2: the coordinator checkpoints it every 2 s.
+    poll_until(
+        &format!("a periodic checkpoint of {job}"),
+        SLURM_TIMEOUT,
+        POLL_PERIOD,
+        || !committed(&c, &job).is_empty(),
+        || s.diag_job(id),
+    );
+    wait_round(&s, id, &out, 40);
+    let high_out = c.dir.join("high.out").to_string_lossy().into_owned();
+    let high = s.sbatch(&[
+        "-p",
+        "high",
+        "-N1",
+        "-w",
+        &first,
+        "-o",
+        &high_out,
+        "--wrap",
+        "echo high on $(hostname); sleep 12",
+    ]);
+    let t0 = std::time::Instant::now();
+    wait_line(&s, id, &out, "its checkpoint on preemption", |l| {
+        l.starts_with("cr_run: signal 10: job checkpointed (cluster job ")
+    });
+    let notice_ms = t0.elapsed().as_millis();
+    let stopped_at = last_round(&read_text(Path::new(&out)));
+    let last = committed(&c, &job).last().cloned().unwrap_or_default();
+    // Slurm requeues it at the end of the grace time; a requeued job waits
+    // for its BeginTime, brought forward here.
+    poll_until(
+        &format!("job {id} to be requeued"),
+        SLURM_TIMEOUT,
+        POLL_PERIOD,
+        || s.job_field(id, "JobState") == "PENDING" && s.job_field(id, "Restarts") == "1",
+        || s.diag_job(id),
+    );
+    let requeue_ms = t0.elapsed().as_millis();
+    let up = s.cmd(&[
+        "scontrol",
+        "update",
+        &format!("JobId={id}"),
+        "StartTime=now",
+    ]);
+    assert!(
+        up.status.success(),
+        "scontrol update StartTime\n{}",
+        up.show()
+    );
+    s.wait_job(id, &["RUNNING", "COMPLETED"], SLURM_TIMEOUT);
+    let second = s.job_field(id, "NodeList");
+    let wait = SLURM_TIMEOUT + Duration::from_secs(PRE / 20);
+    let what = format!("cell 5 (stopped at round {stopped_at}, resumed from {last})");
+    let text = completed_ok(&s, id, &out, PRE, wait, &what);
+    assert!(
+        stopped_at > 40
+            && text
+                .lines()
+                .any(|l| l.starts_with(&format!("cr_run: job {job} resumed from {last} ("))),
+        "cell 5: the job resumed from its checkpoint on preemption {last}\n{text}\n{}",
+        s.diag_job(id)
+    );
+    assert_ne!(
+        first, second,
+        "cell 5: the requeued job should run elsewhere"
+    );
+    s.wait_job(high, &["COMPLETED"], SLURM_TIMEOUT);
+    println!(
+        "MEASURED: preempted on {first} at round {stopped_at} of {PRE} (checkpoint {last} {notice_ms} ms after the preemptor's submission), requeued after {requeue_ms} ms, resumed on {second}"
+    );
 }

@@ -45,14 +45,20 @@ impl Caller {
 
     /// An existing image directory the caller may read (it owns it).
     pub fn check_image(&self, dir: &Path) -> Result<(), String> {
+        self.check_owned(dir, "image")
+    }
+
+    /// An existing file or directory (`what`: how to name it) the caller
+    /// owns.
+    pub fn check_owned(&self, path: &Path, what: &str) -> Result<(), String> {
         if self.is_root() {
             return Ok(());
         }
-        let md = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let md = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
         if md.uid() != self.uid {
             return Err(self.denied(format!(
-                "image {} belongs to uid {}",
-                dir.display(),
+                "{what} {} belongs to uid {}",
+                path.display(),
                 md.uid()
             )));
         }

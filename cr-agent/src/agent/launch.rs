@@ -13,7 +13,6 @@
 
 use super::Shared;
 use cr_rpc::pb;
-use cr_rpc::pb::coordinator_client::CoordinatorClient;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -46,19 +45,11 @@ pub async fn forward(
     shared: &Shared,
     mut req: pb::LaunchRequest,
 ) -> Result<pb::LaunchReply, tonic::Status> {
-    let Some(ch) = shared.coordinator.get().cloned() else {
-        return Err(tonic::Status::failed_precondition(
-            "this node has no coordinator: cr_rsh needs a cluster (cr-agent --coordinator)",
-        ));
-    };
+    let mut client = super::link::coordinator(shared, "cr_rsh")?;
     req.from_node = shared.config.node.clone();
     let mut r = tonic::Request::new(req);
     r.set_timeout(LAUNCH_TIMEOUT);
-    CoordinatorClient::new(ch)
-        .launch(r)
-        .await
-        .map(|r| r.into_inner())
-        .map_err(|s| tonic::Status::new(s.code(), cr_rpc::status_line(&s)))
+    super::link::relay(client.launch(r).await)
 }
 
 /// Start `cr_run --job JOB -- COMMAND...` here as `req` says; its PID.

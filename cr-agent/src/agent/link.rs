@@ -132,6 +132,30 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
     }
 }
 
+/// A client of the coordinator, over the link's channel (None: this node
+/// has no coordinator; `what` names what needed it).
+pub fn coordinator(
+    shared: &Shared,
+    what: &str,
+) -> Result<CoordinatorClient<tonic::transport::Channel>, tonic::Status> {
+    shared
+        .coordinator
+        .get()
+        .cloned()
+        .map(CoordinatorClient::new)
+        .ok_or_else(|| {
+            tonic::Status::failed_precondition(format!(
+                "this node has no coordinator: {what} needs a cluster (cr-agent --coordinator)"
+            ))
+        })
+}
+
+/// A coordinator's answer as the local client's: its code, one line.
+pub fn relay<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Result<T, tonic::Status> {
+    r.map(|r| r.into_inner())
+        .map_err(|s| tonic::Status::new(s.code(), cr_rpc::status_line(&s)))
+}
+
 /// Record the coordinator's word on whether the node is drained.
 fn set_drained(shared: &Shared, drained: bool) {
     let was = shared

@@ -154,6 +154,10 @@ impl pb::local_server::Local for LocalService {
             )));
         }
         who.check_process(m.pid).map_err(denied)?;
+        for f in &m.save_file {
+            who.check_owned(&absolute(f, "file to save")?, "file to save")
+                .map_err(denied)?;
+        }
         if self
             .shared
             .drained
@@ -173,6 +177,7 @@ impl pb::local_server::Local for LocalService {
             uid,
             command,
             start_time,
+            save_file: m.save_file,
         });
         self.shared.wake.notify_one();
         Ok(Response::new(pb::Empty {}))
@@ -210,4 +215,98 @@ impl pb::local_server::Local for LocalService {
             super::launch::forward(&self.shared, r).await?,
         ))
     }
+
+    async fn checkpoint_job(
+        &self,
+        req: Request<pb::CheckpointRequest>,
+    ) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let (mut client, q) = self.for_user(req, "a job's checkpoint")?;
+        Ok(Response::new(super::link::relay(
+            client.checkpoint(q).await,
+        )?))
+    }
+
+    async fn restart_job(
+        &self,
+        req: Request<pb::RestartRequest>,
+    ) -> Result<Response<pb::RestartReply>, Status> {
+        let (mut client, q) = self.for_user(req, "a job's restart here")?;
+        Ok(Response::new(super::link::relay(client.restart(q).await)?))
+    }
+
+    async fn configure_job(
+        &self,
+        req: Request<pb::ConfigureRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
+        let (mut client, q) = self.for_user(req, "a job's settings")?;
+        Ok(Response::new(super::link::relay(
+            client.configure(q).await,
+        )?))
+    }
+}
+
+/// A job request the agent relays to the coordinator for a local user
+/// (see `cr_coordinatord::users`): it names this node and the user.
+trait ForUser {
+    fn job(&self) -> &str;
+    fn stamp(&mut self, node: String, uid: u32);
+    /// The request's own deadline (0: the coordinator's default).
+    fn timeout_secs(&self) -> u32;
+}
+
+/// The requests have the same fields for it (`job`, `from_node`, `uid`).
+macro_rules! for_user {
+    ($($t:ty => |$r:pat_param| $timeout:expr),* $(,)?) => {$(
+        impl ForUser for $t {
+            fn job(&self) -> &str {
+                &self.job
+            }
+            fn stamp(&mut self, node: String, uid: u32) {
+                (self.from_node, self.uid) = (node, uid);
+            }
+            fn timeout_secs(&self) -> u32 {
+                let $r = self;
+                $timeout
+            }
+        }
+    )*};
+}
+
+for_user!(
+    pb::CheckpointRequest => |r| r.timeout_secs,
+    pb::RestartRequest => |r| r.timeout_secs,
+    pb::ConfigureRequest => |_| 0,
+);
+
+impl LocalService {
+    /// `req` stamped with this node and its caller's uid, with its
+    /// deadline, and a client of the coordinator to send it to.
+    fn for_user<T: ForUser>(
+        &self,
+        req: Request<T>,
+        what: &str,
+    ) -> Result<
+        (
+            pb::coordinator_client::CoordinatorClient<tonic::transport::Channel>,
+            Request<T>,
+        ),
+        Status,
+    > {
+        let who = caller(&req)?;
+        let mut r = req.into_inner();
+        r.stamp(self.shared.config.node.clone(), who.uid);
+        tracing::info!(job = r.job(), uid = who.uid, "{what} asked");
+        let client = super::link::coordinator(&self.shared, what)?;
+        let t = job_call_timeout(r.timeout_secs());
+        let mut q = Request::new(r);
+        q.set_timeout(t);
+        Ok((client, q))
+    }
+}
+
+/// Deadline of a job call relayed to the coordinator: its own deadline
+/// (0: the coordinator's default, 120 s) and a margin.
+fn job_call_timeout(secs: u32) -> std::time::Duration {
+    let secs = if secs == 0 { 120 } else { u64::from(secs) };
+    std::time::Duration::from_secs(secs + 30)
 }

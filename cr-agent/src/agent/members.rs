@@ -43,7 +43,8 @@ pub fn describe(pid: i32) -> (u32, String) {
 }
 
 fn to_json(m: &Member) -> Value {
-    json!({"job": m.job, "pid": m.pid, "uid": m.uid, "command": m.command, "start_time": m.start_time})
+    json!({"job": m.job, "pid": m.pid, "uid": m.uid, "command": m.command,
+           "start_time": m.start_time, "save_file": m.save_file})
 }
 
 fn from_json(v: &Value) -> Option<Member> {
@@ -53,6 +54,15 @@ fn from_json(v: &Value) -> Option<Member> {
         uid: v.get("uid")?.as_u64()? as u32,
         command: v.get("command")?.as_str()?.to_string(),
         start_time: v.get("start_time")?.as_u64()?,
+        save_file: v
+            .get("save_file")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| f.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
 

@@ -551,6 +551,13 @@ fn checkpoint_session(
             parent: (!t.parent.is_empty()).then(|| PathBuf::from(&t.parent)),
             track_mem: !t.parent.is_empty(),
             lock_name: Some(lock_name(&req.session, t.pid)),
+            // What the member asked to keep in its images (cr_run
+            // --checkpoint-save-file: a batch script).
+            save_file: shared
+                .members
+                .get(t.pid)
+                .map(|m| m.save_file.iter().map(PathBuf::from).collect())
+                .unwrap_or_default(),
             ..Default::default()
         };
         opts.set_action(action(after));
@@ -1115,11 +1122,21 @@ fn release_all(
         .check_guard_after(Duration::from_secs(u64::from(RESET_GUARD_SECS) + 1));
     let pending: Vec<_> = readies
         .into_iter()
-        .map(|r| r.end(|r| r.release().map_err(|e| one_line(&e))))
+        .map(|r| {
+            r.end(|r| {
+                // A coordinated checkpoint saves only the files its member
+                // listed: the restored member keeps them listed for the
+                // next one.
+                let save_file = r.saved_files();
+                r.release()
+                    .map(|pid| (pid, save_file))
+                    .map_err(|e| one_line(&e))
+            })
+        })
         .collect();
     for p in pending {
         match p.wait().map_err(|e| e.to_string()).and_then(|r| r) {
-            Ok(pid) => {
+            Ok((pid, save_file)) => {
                 shared.reaper.watch(pid);
                 let (uid, command) = members::describe(pid);
                 let m = pb::Member {
@@ -1128,6 +1145,7 @@ fn release_all(
                     uid,
                     command,
                     start_time: members::start_time(pid).unwrap_or(0),
+                    save_file,
                 };
                 out.generation = shared.members.add(m.clone());
                 out.members.push(m);

@@ -32,9 +32,19 @@ struct Cli {
     /// stdout.
     #[arg(long)]
     json: bool,
+    /// Checkpoint cluster job NAME as one (every member on every node),
+    /// through the node's agent and the coordinator, as your user (who
+    /// must own every member); --kill and --stop apply to the whole job.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["pid", "slurm"])]
+    job: Option<String>,
+    /// Checkpoint Slurm job JOBID (a job submitted with `--checkpoint`:
+    /// cluster job `slurm-JOBID`), as --job does.
+    #[arg(long, value_name = "JOBID", conflicts_with = "pid")]
+    slurm: Option<u32>,
     /// Process to checkpoint, with all its descendants (for a job started with
     /// cr_run, the PID of cr_run or of the job).
-    pid: i32,
+    #[arg(required_unless_present_any = ["job", "slurm"])]
+    pid: Option<i32>,
 }
 
 fn main() -> ExitCode {
@@ -44,7 +54,15 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let mut cli = Cli::parse();
-    let pid = cr_engine::capture::job_root(cli.pid);
+    // The cluster job of a Slurm job (as cr_spank names it).
+    let job = cli
+        .job
+        .clone()
+        .or(cli.slurm.map(|id| format!("slurm-{id}")));
+    let Some(pid) = cli.pid.filter(|_| job.is_none()) else {
+        return cluster_job(job.as_deref().unwrap_or_default(), &cli);
+    };
+    let pid = cr_engine::capture::job_root(pid);
     if cli.check {
         return check(pid, cli.quiet);
     }
@@ -159,6 +177,73 @@ fn through_agent(
     let dir = abs(&opts.image_dir(pid))?;
     let r = agent.checkpoint(cr_rpc::opts::checkpoint_request(pid, &dir, &opts))?;
     Ok(cr_rpc::opts::summary(&r))
+}
+
+/// `--job`, `--slurm`: a coordinated checkpoint of cluster job `job`
+/// through the node's agent. Exit 0 when carried out, 1 when not, 2 when
+/// committed but --kill/--stop was not carried out on some node (as crctl).
+fn cluster_job(job: &str, cli: &Cli) -> ExitCode {
+    let fail = |e: String, code: u8| {
+        if cli.json {
+            println!("{}", serde_json::json!({ "error": e }));
+        }
+        eprintln!("cr_checkpoint: error: {e}");
+        ExitCode::from(code)
+    };
+    let socket = cr_rpc::channel::agent_socket();
+    let mut agent = match cr_rpc::local::Agent::connect(&socket) {
+        Ok(a) => a,
+        Err(e) => return fail(format!("--job needs the node's cr-agent: {e}"), 1),
+    };
+    let after = match cli.opts.action() {
+        cr_engine::options::Action::Kill => cr_rpc::pb::After::Kill,
+        cr_engine::options::Action::Stop => cr_rpc::pb::After::Stop,
+        _ => cr_rpc::pb::After::Continue,
+    };
+    let req = cr_rpc::pb::CheckpointRequest {
+        job: job.to_string(),
+        after: after as i32,
+        ..Default::default()
+    };
+    let info = match agent.checkpoint_job(req) {
+        Ok(i) => i,
+        Err(e) => return fail(e, 1),
+    };
+    let nodes: std::collections::BTreeSet<&str> =
+        info.images.iter().map(|i| i.node.as_str()).collect();
+    let procs: u32 = info.images.iter().map(|i| i.processes).sum();
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::json!({ "result": {
+                "checkpoint": info.id,
+                "job": info.job,
+                "processes": procs,
+                "nodes": nodes.len(),
+                "pause_ms": info.pause_ms,
+                "unfinished": info.unfinished,
+            }})
+        );
+    } else if !cli.quiet {
+        println!(
+            "checkpoint {} committed: {procs} processes on {} nodes, paused {} ms",
+            info.id,
+            nodes.len(),
+            info.pause_ms
+        );
+        for n in &info.notes {
+            println!("note: {n}");
+        }
+    }
+    if !info.unfinished.is_empty() {
+        eprintln!(
+            "cr_checkpoint: checkpoint {} committed, but not carried out on {}",
+            info.id,
+            info.unfinished.join(", ")
+        );
+        return ExitCode::from(2);
+    }
+    ExitCode::SUCCESS
 }
 
 /// `--check`: the pre-flight report.

@@ -14,6 +14,11 @@
 //! With `--job NAME` the command also becomes a member of the cluster job
 //! NAME: the node's agent (cr-agent) is told about it, and the coordinator
 //! then checkpoints and restarts it together with the job's other members.
+//! `--checkpoint-signal` then checkpoints the whole job through the
+//! coordinator (`cr_checkpoint --job NAME --kill`), `--resume` restarts the
+//! job's last committed checkpoint on this node instead of starting the
+//! command (a batch job requeued after such a checkpoint), and
+//! `--interval` sets its periodic checkpoints.
 #![forbid(unsafe_code)]
 
 use clap::Parser;
@@ -37,17 +42,35 @@ struct Cli {
     /// Make the command a member of this cluster job (needs the node's cr-agent).
     #[arg(long, value_name = "NAME")]
     job: Option<String>,
-    /// On this signal (`USR1`, `SIGUSR1`, ...) checkpoint the job into
-    /// --dir with `cr_checkpoint --kill`, so that it ends there and can be
-    /// resumed with `cr_restart DIR` (Slurm: `--signal=B:USR1@SECS` before
-    /// a time limit). A checkpoint that fails leaves the job running.
-    #[arg(long, value_name = "SIGNAL", requires = "dir")]
+    /// On this signal (`USR1`, `SIGUSR1`, ...) checkpoint the job and stop
+    /// it: with --dir, into that directory with `cr_checkpoint --kill`, to
+    /// be resumed with `cr_restart DIR` (Slurm: `--signal=B:USR1@SECS`
+    /// before a time limit); else, with --job, the whole cluster job through
+    /// the coordinator (`cr_checkpoint --job NAME --kill`), to be resumed
+    /// with --resume. A checkpoint that fails leaves the job running.
+    #[arg(long, value_name = "SIGNAL")]
     checkpoint_signal: Option<String>,
-    /// With --checkpoint-signal: also store this file's content in the
-    /// image (`cr_checkpoint --save-file`; repeatable), e.g. a batch script
-    /// the scheduler removes when the job ends.
-    #[arg(long, value_name = "PATH", requires = "checkpoint_signal")]
+    /// After a checkpoint on --checkpoint-signal stopped the job, stay
+    /// until told to end (SIGTERM, SIGINT, SIGHUP) instead of exiting, so
+    /// that a batch system decides what becomes of the job (Slurm requeues
+    /// a preempted job at the end of its grace time).
+    #[arg(long, requires = "checkpoint_signal")]
+    hold: bool,
+    /// Also store this file's content in every image of the job
+    /// (repeatable), e.g. a batch script the scheduler removes when the job
+    /// ends: with --checkpoint-signal and --dir, in that image; with --job,
+    /// in every image of this member.
+    #[arg(long, value_name = "PATH")]
     checkpoint_save_file: Vec<PathBuf>,
+    /// With --job: if the job has a committed checkpoint, restart it on
+    /// this node (through the coordinator) instead of running the command,
+    /// wait for it and exit with its status; else run the command.
+    #[arg(long, requires = "job")]
+    resume: bool,
+    /// With --job: checkpoint the job every SECS seconds (the coordinator's
+    /// periodic checkpoints, as `crctl job NAME --interval SECS`).
+    #[arg(long, value_name = "SECS", requires = "job")]
+    interval: Option<u32>,
     /// Write the job's PID (as seen from here) to this file.
     #[arg(long)]
     pid_file: Option<PathBuf>,
@@ -57,6 +80,9 @@ struct Cli {
 }
 
 fn run(cli: Cli) -> Result<u8, String> {
+    if cli.checkpoint_signal.is_some() && cli.dir.is_none() && cli.job.is_none() {
+        return Err("--checkpoint-signal needs --dir or --job (where the checkpoint goes)".into());
+    }
     // The agent must be there before anything is started.
     let mut agent = match &cli.job {
         Some(_) => {
@@ -74,16 +100,34 @@ fn run(cli: Cli) -> Result<u8, String> {
         }
         None => None,
     };
+    let save: Vec<PathBuf> = cli
+        .checkpoint_save_file
+        .iter()
+        .map(|f| std::path::absolute(f).map_err(|e| format!("bad file {}: {e}", f.display())))
+        .collect::<Result<_, _>>()?;
     // Its thread is made before the PID namespace: once cr_run has
     // unshared it, the kernel refuses new threads (EINVAL from clone).
-    let on_signal = match (cli.checkpoint_signal.as_deref(), &dir) {
-        (Some(sig), Some(d)) => Some(checkpoint_on(
-            parse_signal(sig)?,
-            d,
-            &cli.checkpoint_save_file,
-        )?),
+    let on_signal = match (cli.checkpoint_signal.as_deref(), &dir, &cli.job) {
+        (Some(sig), Some(d), _) => Some((Target::Dir(d.clone(), save.clone()), sig)),
+        (Some(sig), None, Some(job)) => Some((Target::Job(job.clone()), sig)),
         _ => None,
-    };
+    }
+    .map(|(target, sig)| checkpoint_on(parse_signal(sig)?, target, cli.hold))
+    .transpose()?;
+    if let (Some(a), Some(job), true) = (agent.as_mut(), &cli.job, cli.resume) {
+        let req = cr_rpc::pb::RestartRequest {
+            job: job.clone(),
+            ..Default::default()
+        };
+        if let Some(r) = a
+            .restart_job(req)
+            .map_err(|e| format!("cannot resume job {job}: {e}"))?
+        {
+            set_interval(a, job, cli.interval);
+            return resumed(a, job, &r, on_signal);
+        }
+        tracing::info!(job, "no checkpoint to resume from: the command starts");
+    }
     let mut cmd = Command::new(&cli.command[0]);
     cmd.args(&cli.command[1..]);
     if !cli.no_pidns {
@@ -119,7 +163,11 @@ fn run(cli: Cli) -> Result<u8, String> {
             .map_err(|e| format!("cannot write {}: {e}", f.display()))?;
     }
     if let (Some(a), Some(job)) = (agent.as_mut(), &cli.job) {
-        if let Err(e) = a.join(job, child.id() as i32) {
+        let files: Vec<String> = save
+            .iter()
+            .map(|f| f.to_string_lossy().into_owned())
+            .collect();
+        if let Err(e) = a.join(job, child.id() as i32, &files) {
             // A command that ended before the agent saw it (`srun sh -c
             // 'echo ...'`) had nothing to checkpoint: its status is the
             // answer, not the failed join.
@@ -136,12 +184,13 @@ fn run(cli: Cli) -> Result<u8, String> {
     if let Some(w) = &on_signal {
         w.job.store(child.id() as i32, Ordering::SeqCst);
     }
+    if let (Some(a), Some(job)) = (agent.as_mut(), &cli.job) {
+        set_interval(a, job, cli.interval);
+    }
     let st = child.wait();
     // A checkpoint on signal kills the job: let it say how it went.
     if let Some(w) = on_signal {
-        if w.started.load(Ordering::SeqCst) {
-            let _ = w.thread.join();
-        }
+        w.finish();
     }
     if let Some(r) = record {
         let _ = std::fs::remove_file(r);
@@ -165,6 +214,14 @@ fn parse_signal(s: &str) -> Result<i32, String> {
         .map_err(|_| format!("bad --checkpoint-signal {s:?}: not a signal name"))
 }
 
+/// Where a checkpoint on signal goes.
+enum Target {
+    /// This directory, with these files' contents (`cr_checkpoint --dir`).
+    Dir(PathBuf, Vec<PathBuf>),
+    /// The whole cluster job, through the coordinator.
+    Job(String),
+}
+
 /// The watcher of `--checkpoint-signal`.
 struct Watcher {
     /// The job's PID once started (0 before).
@@ -174,18 +231,27 @@ struct Watcher {
     thread: std::thread::JoinHandle<()>,
 }
 
-/// Watches for `sig`: at the first one (once the job runs), runs
-/// `cr_checkpoint --kill --dir DIR [--save-file F]... JOB` (next to
-/// cr_run) and says on stderr what came of it.
-fn checkpoint_on(sig: i32, dir: &std::path::Path, save: &[PathBuf]) -> Result<Watcher, String> {
+impl Watcher {
+    /// Once the job ended: if the signal came, let the watcher say how its
+    /// checkpoint went (with --hold it then waits to be told to end).
+    fn finish(self) {
+        if self.started.load(Ordering::SeqCst) {
+            let _ = self.thread.join();
+        }
+    }
+}
+
+/// Watches for `sig`: at the first one (once the job runs), checkpoints
+/// the job into `target` with `--kill` (`cr_checkpoint`, next to cr_run)
+/// and says on stderr what came of it; with `hold`, after a checkpoint
+/// that stopped the job, waits for SIGTERM, SIGINT or SIGHUP and exits.
+fn checkpoint_on(sig: i32, target: Target, hold: bool) -> Result<Watcher, String> {
     let mut signals = signal_hook::iterator::Signals::new([sig])
         .map_err(|e| format!("cannot watch signal {sig}: {e}"))?;
     let tool = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.join("cr_checkpoint")))
         .unwrap_or_else(|| PathBuf::from("cr_checkpoint"));
-    let dir = dir.to_path_buf();
-    let save = save.to_vec();
     let job = Arc::new(AtomicI32::new(0));
     let started = Arc::new(AtomicBool::new(false));
     let (j, flag) = (job.clone(), started.clone());
@@ -201,30 +267,53 @@ fn checkpoint_on(sig: i32, dir: &std::path::Path, save: &[PathBuf]) -> Result<Wa
         };
         flag.store(true, Ordering::SeqCst);
         tracing::info!(sig, pid, "checkpoint on signal");
-        let out = Command::new(&tool)
-            .args(["--kill", "--quiet", "--dir"])
-            .arg(&dir)
-            .args(
-                save.iter()
-                    .flat_map(|f| ["--save-file".as_ref(), f.as_os_str()]),
-            )
-            .arg(pid.to_string())
-            .stdin(std::process::Stdio::null())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => eprintln!(
-                "cr_run: signal {sig}: job checkpointed into {} and stopped (resume: cr_restart {})",
-                dir.display(),
-                dir.display()
-            ),
-            Ok(o) => eprintln!(
-                "cr_run: error: signal {sig}: the checkpoint failed, the job runs on: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ),
-            Err(e) => eprintln!(
-                "cr_run: error: signal {sig}: cannot run {}: {e}; the job runs on",
-                tool.display()
-            ),
+        let mut cmd = Command::new(&tool);
+        cmd.args(["--kill", "--quiet"]);
+        let (into, resume) = match &target {
+            Target::Dir(dir, save) => {
+                cmd.arg("--dir").arg(dir);
+                for f in save {
+                    cmd.arg("--save-file").arg(f);
+                }
+                cmd.arg(pid.to_string());
+                (
+                    format!("into {}", dir.display()),
+                    format!("cr_restart {}", dir.display()),
+                )
+            }
+            Target::Job(name) => {
+                cmd.arg("--job").arg(name);
+                (
+                    format!("(cluster job {name})"),
+                    format!("cr_run --job {name} --resume"),
+                )
+            }
+        };
+        let out = cmd.stdin(std::process::Stdio::null()).output();
+        let ok = match out {
+            Ok(o) if o.status.success() => {
+                eprintln!(
+                    "cr_run: signal {sig}: job checkpointed {into} and stopped (resume: {resume})"
+                );
+                true
+            }
+            Ok(o) => {
+                eprintln!(
+                    "cr_run: error: signal {sig}: the checkpoint failed, the job runs on: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                false
+            }
+            Err(e) => {
+                eprintln!(
+                    "cr_run: error: signal {sig}: cannot run {}: {e}; the job runs on",
+                    tool.display()
+                );
+                false
+            }
+        };
+        if ok && hold {
+            hold_until_told();
         }
     });
     Ok(Watcher {
@@ -232,6 +321,83 @@ fn checkpoint_on(sig: i32, dir: &std::path::Path, save: &[PathBuf]) -> Result<Wa
         started,
         thread,
     })
+}
+
+/// `--hold`: stay until SIGTERM, SIGINT or SIGHUP, then exit 128 + it.
+fn hold_until_told() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    match signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]) {
+        Ok(mut s) => {
+            tracing::info!("job stopped by its checkpoint: holding until told to end");
+            let sig = s.forever().next().unwrap_or(SIGTERM);
+            std::process::exit(128 + sig);
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot wait for the end: exiting"),
+    }
+}
+
+/// `--interval`: the job's periodic checkpoints (a failure is said, and
+/// the job runs without them).
+fn set_interval(agent: &mut cr_rpc::local::Agent, job: &str, secs: Option<u32>) {
+    let Some(secs) = secs else { return };
+    let req = cr_rpc::pb::ConfigureRequest {
+        job: job.to_string(),
+        interval_secs: Some(secs),
+        ..Default::default()
+    };
+    if let Err(e) = agent.configure_job(req) {
+        eprintln!("cr_run: error: cannot set periodic checkpoints of job {job}: {e}");
+    }
+}
+
+/// `--resume` found a checkpoint: the job was restarted here (`r`); wait
+/// for its trees on this node and exit with the first one's status. A
+/// SIGTERM, SIGINT or SIGHUP kills them (as it kills a job cr_run started).
+fn resumed(
+    agent: &mut cr_rpc::local::Agent,
+    job: &str,
+    r: &cr_rpc::pb::RestartReply,
+    on_signal: Option<Watcher>,
+) -> Result<u8, String> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let pids: Vec<i32> = r.procs.iter().map(|p| p.pid).collect();
+    eprintln!(
+        "cr_run: job {job} resumed from {} ({} trees, {} ms)",
+        r.checkpoint,
+        pids.len(),
+        r.duration_ms
+    );
+    if let Some(w) = &on_signal {
+        w.job
+            .store(pids.first().copied().unwrap_or(0), Ordering::SeqCst);
+    }
+    let mut ends = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| format!("cannot watch for the end: {e}"))?;
+    let roots = pids.clone();
+    std::thread::spawn(move || {
+        if let Some(sig) = ends.forever().next() {
+            for &p in &roots {
+                // The root of its own PID namespace: only SIGKILL gets
+                // through from here, and it ends the whole namespace.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::process::exit(128 + sig);
+        }
+    });
+    let mut first = None;
+    for &p in &pids {
+        let st = agent
+            .wait(p)
+            .map_err(|e| format!("waiting for the resumed job: {e}"))?;
+        first.get_or_insert(st);
+    }
+    if let Some(w) = on_signal {
+        w.finish();
+    }
+    Ok(first.unwrap_or(0).clamp(0, 255) as u8)
 }
 
 /// cr_run's exit status for the command's: its code, or 128 + its signal.

@@ -442,6 +442,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 after: after as i32,
                 timeout_secs: timeout.unwrap_or(0),
                 freeze_timeout_ms: secs_to_ms(freeze_timeout, "--freeze-timeout")?,
+                ..Default::default()
             };
             let ck = conn.rpc(c.checkpoint(req).await)?;
             out(js, checkpoint_json(&ck), || checkpoint_text(&ck));
@@ -472,6 +473,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 on,
                 timeout_secs: timeout.unwrap_or(0),
                 allow_changed_files,
+                ..Default::default()
             };
             let r = conn.rpc(c.restart(req).await)?;
             out(js, restart_json(&r), || restart_text(&r));
@@ -504,6 +506,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                     f => Some(secs_to_ms(f, "--freeze-timeout")?),
                 },
                 replicas,
+                ..Default::default()
             };
             let j = conn.rpc(c.configure(req).await)?;
             out(js, job_json(&j), || job_text(&j));
