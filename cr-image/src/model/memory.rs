@@ -36,6 +36,26 @@ pub struct Mm {
     pub auxv: Vec<u8>,
 }
 
+impl Mm {
+    /// The bounds in the order of prctl(PR_SET_MM_MAP)'s struct prctl_mm_map
+    /// (code, data, brk, stack, arguments, environment).
+    pub fn bounds(&self) -> [u64; 11] {
+        [
+            self.start_code,
+            self.end_code,
+            self.start_data,
+            self.end_data,
+            self.start_brk,
+            self.brk,
+            self.start_stack,
+            self.arg_start,
+            self.arg_end,
+            self.env_start,
+            self.env_end,
+        ]
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum VmaKind {

@@ -387,20 +387,7 @@ pub fn set_mm(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError>
         )
     };
     let mut map = Vec::with_capacity(104);
-    for v in [
-        m.start_code,
-        m.end_code,
-        m.start_data,
-        m.end_data,
-        m.start_brk,
-        m.brk,
-        m.start_stack,
-        m.arg_start,
-        m.arg_end,
-        m.env_start,
-        m.env_end,
-        auxv,
-    ] {
+    for v in m.bounds().into_iter().chain([auxv]) {
         map.extend_from_slice(&v.to_le_bytes());
     }
     map.extend_from_slice(&(m.auxv.len() as u32).to_le_bytes());
@@ -477,26 +464,11 @@ fn merged(vmas: &[Vma]) -> Vec<Vma> {
 /// advice, growth...) and name.
 pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
     let (a, b) = (&image.mm, &now.mm);
-    let mm = |m: &Mm| {
-        [
-            m.start_code,
-            m.end_code,
-            m.start_data,
-            m.end_data,
-            m.start_brk,
-            m.brk,
-            m.start_stack,
-            m.arg_start,
-            m.arg_end,
-            m.env_start,
-            m.env_end,
-        ]
-    };
     c.same(
         "mm",
         "(code, data, brk, stack, arg and env bounds)",
-        &mm(a),
-        &mm(b),
+        &a.bounds(),
+        &b.bounds(),
     );
     c.same("mm", "auxiliary vector", &a.auxv, &b.auxv);
     let (vi, vn) = (merged(&image.vmas), merged(&now.vmas));

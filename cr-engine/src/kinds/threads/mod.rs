@@ -369,13 +369,12 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             c.same(&what, "parent-death signal", &a.pdeathsig, &b.pdeathsig);
         }
         c.same(&what, "signal mask", &a.sigmask, &b.sigmask);
-        let pending =
-            |v: &[cr_image::model::SigInfo]| v.iter().map(|s| s.signo()).collect::<Vec<_>>();
+        let fired = signals::timer_signals(image, Some(a.ns_tid as i32));
         c.same(
             &what,
             "pending signals",
-            &pending(&a.pending),
-            &pending(&b.pending),
+            &signals::pending_signals(&a.pending, &[]),
+            &signals::pending_signals(&b.pending, &fired),
         );
         c.same(
             &what,
