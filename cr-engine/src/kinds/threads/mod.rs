@@ -373,7 +373,7 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         c.same(
             &what,
             "pending signals",
-            &signals::pending_signals(&a.pending, &[]),
+            &signals::pending_signals(&a.pending, &fired),
             &signals::pending_signals(&b.pending, &fired),
         );
         c.same(
