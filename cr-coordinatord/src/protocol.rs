@@ -1210,6 +1210,9 @@ impl Coordinator {
             ));
         }
         if calls.is_empty() {
+            if !short.is_empty() {
+                self.record(rec);
+            }
             return;
         }
         busy.phase("replicating");
@@ -1237,13 +1240,18 @@ impl Coordinator {
             *rec = c;
             rec.info_mut().notes = notes;
         }
+        self.record(rec);
+        tracing::info!(job, checkpoint = %id, bytes, ms = ms(t.elapsed()), copies = calls.iter().map(|(_, v)| v.len()).sum::<usize>(), "checkpoint replicated");
+    }
+
+    /// Record checkpoint `rec` as it is now (its replicas and notes).
+    fn record(&self, rec: &CheckpointRecord) {
         if let Err(e) = self
             .catalog
             .update(|_| Ok::<_, Error>((vec![Change::Checkpoint(rec.clone())], ())))
         {
-            tracing::error!(job, checkpoint = %id, "cannot record the replication: {e}");
+            tracing::error!(checkpoint = %rec.id(), "cannot record the replication: {e}");
         }
-        tracing::info!(job, checkpoint = %id, bytes, ms = ms(t.elapsed()), copies = calls.iter().map(|(_, v)| v.len()).sum::<usize>(), "checkpoint replicated");
     }
 
     /// The FETCH calls of `calls`, in parallel: for each, the directories
