@@ -62,8 +62,10 @@ def robust():
 asked = threading.Event()
 answered = threading.Event()
 seen = {}
+started = threading.Event()
 def work():
     seen["worker"] = robust()
+    started.set()
     while True:
         asked.wait()
         asked.clear()
@@ -71,7 +73,7 @@ def work():
         answered.set()
 t = threading.Thread(target=work, daemon=True)
 t.start()
-while "worker" not in seen: time.sleep(0.01)
+expect(started.wait(10), "the worker thread did not start")
 main_before = robust()
 expect(main_before[0] == 0 and main_before[1] != 0, "no robust list registered by glibc: %r" % (main_before,))
 "#,
