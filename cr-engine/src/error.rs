@@ -110,6 +110,14 @@ pub enum RestoreError {
     },
     #[error("this CPU lacks features the image uses (XCR0 bits {missing:#x} missing)")]
     CpuFeatures { missing: u64 },
+    #[error("thread {tid} of process {pid} is bound to CPUs {cpus}, but CPUs {missing} are not online on this machine (online: {online})")]
+    Affinity {
+        pid: u32,
+        tid: u32,
+        cpus: String,
+        missing: String,
+        online: String,
+    },
     #[error("the vDSO of this kernel differs from the image's: {0}")]
     VdsoLayout(String),
     #[error("process {pid} of the image runs as uid {uid} or holds capabilities; only root or that user may restore it (you are uid {caller})")]

@@ -182,6 +182,7 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
     ids.check_free(&ck)?;
     kinds::sysv::check(&ck)?;
     kinds::memory::vdso::check(&ck)?;
+    kinds::threads::check_affinity(&ck.processes, &cr_sys::sched::online_cpus()?)?;
     kinds::outside::check(&ck, &img, opts)?;
     kinds::inet::warn_other_netns(&ck);
     raise_fd_limit();

@@ -315,6 +315,7 @@ mod tests {
             pdeathsig: 0,
             robust_list: 0,
             robust_list_len: 0,
+            affinity: Vec::new(),
             sigmask: 0,
             pending: Vec::new(),
             sigaltstack: Default::default(),
@@ -328,6 +329,10 @@ mod tests {
         now.threads[0].regs.rip = 0x1000;
         let got = first(&image, &now, false).unwrap_or_default();
         assert!(got.contains("thread 40: registers"), "{got}");
+        let mut now = image.clone();
+        now.threads[0].affinity = vec![1];
+        let got = first(&image, &now, false).unwrap_or_default();
+        assert!(got.contains("thread 40: CPU affinity"), "{got}");
     }
 
     #[test]

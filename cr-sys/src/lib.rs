@@ -12,6 +12,7 @@
 //! - [`clone`]: creating a process with a chosen PID (clone3 `set_tid`).
 //! - [`regs`]: the x86_64 register layouts ptrace uses.
 //! - [`limits`]: resource limits of another process.
+//! - [`sched`]: CPU affinity of any thread, the online CPUs.
 //! - [`fdio`]: pipes, sockets and other fd objects the engines hold themselves.
 //! - [`inet`]: IPv4/IPv6 socket addresses and options, TCP repair mode.
 //! - [`netlock`]: holding TCP connections still (nft) between dump and restore.
@@ -35,6 +36,7 @@ pub mod proc;
 pub mod ptrace;
 pub mod regs;
 pub mod remote;
+pub mod sched;
 pub(crate) mod sock_diag;
 pub mod spank;
 pub mod sysv;

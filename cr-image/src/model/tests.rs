@@ -30,6 +30,7 @@ fn thread(tid: u32) -> Thread {
         pdeathsig: 0,
         robust_list: 0x7f00_0000_2000,
         robust_list_len: 24,
+        affinity: vec![0, 2, 3],
         sigmask: 1 << 9,
         pending: vec![SigInfo::new({
             let mut s = [0u8; 128];
@@ -677,6 +678,9 @@ fn crafted_images_are_refused() {
             c.mounts.as_mut().unwrap().dev_shm.as_mut().unwrap().entries[2].path = "../l".into()
         }),
         ("bad job directory", |c| c.job_dir = Some("rel".into())),
+        ("a CPU affinity not ascending", |c| {
+            c.processes[0].threads[0].affinity = vec![3, 1]
+        }),
         ("bad host name", |c| {
             c.uts.as_mut().unwrap().hostname = "x".repeat(65)
         }),

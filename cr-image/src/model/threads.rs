@@ -11,6 +11,9 @@ use serde::Serialize;
 pub const MAX_XSTATE: usize = 64 << 10;
 /// The legacy area plus the XSAVE header: the smallest valid area.
 pub const MIN_XSTATE: usize = 576;
+/// CPU numbers of an affinity are below this (the kernel's largest
+/// NR_CPUS).
+pub const MAX_CPUS: u32 = 8192;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Thread {
@@ -32,6 +35,10 @@ pub struct Thread {
     #[serde(serialize_with = "ser::hex")]
     pub robust_list: u64,
     pub robust_list_len: u64,
+    /// sched_getaffinity(): the CPUs the thread may run on, ascending
+    /// (empty: every CPU online at the checkpoint, not bound).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub affinity: Vec<u32>,
     #[serde(serialize_with = "ser::hex")]
     pub sigmask: u64,
     /// Signals pending for this thread only.
@@ -112,6 +119,7 @@ impl Thread {
             pdeathsig: t.pdeathsig,
             robust_list: t.robust_list,
             robust_list_len: t.robust_list_len,
+            affinity: t.affinity,
             sigmask: t.sigmask,
             pending: t
                 .pending
@@ -138,6 +146,7 @@ impl Thread {
             pdeathsig: self.pdeathsig,
             robust_list: self.robust_list,
             robust_list_len: self.robust_list_len,
+            affinity: self.affinity.clone(),
             sigmask: self.sigmask,
             pending: self.pending.iter().map(|s| s.bytes().to_vec()).collect(),
             sigaltstack: Some(self.sigaltstack.to_pb()),
@@ -160,6 +169,14 @@ pub(crate) fn validate(p: &Process) -> Result<(), Bad> {
             return bad(format!(
                 "a robust futex list head of {} bytes",
                 t.robust_list_len
+            ));
+        }
+        if t.affinity.windows(2).any(|w| w[0] >= w[1])
+            || t.affinity.last().is_some_and(|&c| c >= MAX_CPUS)
+        {
+            return bad(format!(
+                "a CPU affinity not ascending or beyond CPU {MAX_CPUS}: {:?}",
+                t.affinity
             ));
         }
         if let Some(r) = t.rseq {

@@ -1,7 +1,15 @@
 //! Kind "threads": every thread of a process with its TID, registers (with
 //! the syscall-restart fix-ups at restore), XSAVE area, rseq registration,
-//! clear-child-tid address and parent-death signal. (A thread's signal
-//! state is kind "signals".)
+//! clear-child-tid address, parent-death signal and CPU affinity. (A
+//! thread's signal state is kind "signals".)
+//!
+//! CPU affinity: a thread bound to some CPUs (taskset, Open MPI's rank
+//! binding, pthread_setaffinity_np) gets its set again, from the restorer
+//! (sched_setaffinity on its TID); a thread that may run on every CPU
+//! online at the checkpoint is not bound and keeps what the restore gives
+//! it (the restorer's own affinity, a Slurm step's binding). An image bound
+//! to a CPU this machine does not have online is refused before anything
+//! is made ([`check_affinity`]): no silent fallback to other CPUs.
 //!
 //! Capture: [`seize_all`] stops every thread (reading the thread list again
 //! until no new one appears); the registers come from ptrace, the rest
@@ -95,6 +103,7 @@ impl Kind for Threads {
     fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
         let pid = cx.pid;
         let sys = |e| CheckpointError::from_sys(pid, e);
+        let online = cr_sys::sched::online_cpus().map_err(sys)?;
         for t in cx.probe.tracees() {
             let rseq = t.get_rseq().map_err(sys)?;
             let (robust_list, robust_list_len) = t.get_robust_list().map_err(sys)?;
@@ -114,6 +123,7 @@ impl Kind for Threads {
                 pdeathsig: 0,
                 robust_list,
                 robust_list_len,
+                affinity: bound_cpus(cr_sys::sched::affinity(t.tid()).map_err(sys)?, &online),
                 sigmask: 0,
                 pending: Vec::new(),
                 sigaltstack: AltStack::default(),
@@ -149,6 +159,11 @@ impl Kind for Threads {
     /// thread's own state (its registers come last, after every other kind).
     fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
         let others = create(&mut cx.stub, &p.threads[1..], &cx.r.ids)?;
+        // After they are made: a new thread inherits its creator's.
+        set_affinity(cx.stub.pid(), &p.threads[0])?;
+        for (t, th) in others.iter().zip(&p.threads[1..]) {
+            set_affinity(t.tid(), th)?;
+        }
         let ip = cx.stub.inj.syscall_ip();
         let pid = cx.stub.pid();
         let args = cx.stub.thread_args();
@@ -183,6 +198,57 @@ pub fn check_cpu(ck: &Checkpoint, stub: &Tracee) -> Result<(), RestoreError> {
         return Err(RestoreError::CpuFeatures { missing });
     }
     Ok(())
+}
+
+/// The CPUs of a thread's affinity, as the image keeps them: none when it
+/// covers every CPU online (the thread is not bound).
+fn bound_cpus(cpus: Vec<u32>, online: &[u32]) -> Vec<u32> {
+    if online.iter().all(|c| cpus.binary_search(c).is_ok()) {
+        Vec::new()
+    } else {
+        cpus
+    }
+}
+
+/// Refuse an image with a thread bound to CPUs not online here (`online`,
+/// ascending), naming the thread and the CPUs: binding it elsewhere would
+/// silently change where it runs (and what it shares a cache with).
+pub fn check_affinity(procs: &[Process], online: &[u32]) -> Result<(), RestoreError> {
+    for p in procs {
+        for t in &p.threads {
+            let missing: Vec<u32> = t
+                .affinity
+                .iter()
+                .copied()
+                .filter(|c| online.binary_search(c).is_err())
+                .collect();
+            if !missing.is_empty() {
+                return Err(RestoreError::Affinity {
+                    pid: p.pid,
+                    tid: t.tid,
+                    cpus: cr_sys::sched::cpu_list(&t.affinity),
+                    missing: cr_sys::sched::cpu_list(&missing),
+                    online: cr_sys::sched::cpu_list(online),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bind thread `tid` (ours: outside any PID namespace of the image) as
+/// `th` was; an unbound thread is left alone.
+fn set_affinity(tid: i32, th: &Thread) -> Result<(), RestoreError> {
+    if th.affinity.is_empty() {
+        return Ok(());
+    }
+    cr_sys::sched::set_affinity(tid, &th.affinity).step(|| {
+        format!(
+            "cannot bind thread {} to CPUs {} (outside this cgroup's cpuset?)",
+            th.tid,
+            cr_sys::sched::cpu_list(&th.affinity)
+        )
+    })
 }
 
 /// Our glibc registered rseq for the stub; the kernel would write to that
@@ -321,7 +387,8 @@ pub fn set_registers(t: &Tracee, th: &Thread) -> Result<(), RestoreError> {
 
 /// `--verify`: every thread with its ids, registers (after the restart
 /// fix-ups a restore makes), FPU/SSE state, rseq, robust list, clear-child-tid,
-/// parent-death signal, and its share of kind "signals" (mask, pending
+/// parent-death signal, CPU affinity (a restored thread only when it was
+/// bound), and its share of kind "signals" (mask, pending
 /// signals, alternate stack) and of kind "seccomp" (mode, filters).
 pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
     let pidns = c.pidns;
@@ -367,6 +434,10 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         // `thread_state`).
         if !(c.restored && c.root) {
             c.same(&what, "parent-death signal", &a.pdeathsig, &b.pdeathsig);
+        }
+        // A restored unbound thread runs where the restore put it.
+        if !(c.restored && a.affinity.is_empty()) {
+            c.same(&what, "CPU affinity", &a.affinity, &b.affinity);
         }
         c.same(&what, "signal mask", &a.sigmask, &b.sigmask);
         let fired = signals::timer_signals(image, Some(a.ns_tid as i32));

@@ -86,3 +86,83 @@ expect(seen["worker"][1] != main_before[1], "the threads share one list head")
 "#,
     );
 }
+
+/// CPU affinity per thread (what taskset, Open MPI's rank binding or
+/// pthread_setaffinity_np set): the main thread bound to the last CPU, a
+/// worker to the first, a second worker left unbound. Needs two CPUs.
+#[test]
+fn cpu_affinity_round_trip() {
+    let rt = round_trip(
+        "affinity",
+        r#"
+import threading
+cpus = sorted(os.sched_getaffinity(0))
+expect(len(cpus) >= 2, "this test needs two CPUs, has %r" % cpus)
+os.sched_setaffinity(0, {cpus[-1]})
+asked = threading.Event()
+answers = {}
+def work(name, mask):
+    if mask:
+        os.sched_setaffinity(0, mask)
+    answers[name] = os.sched_getaffinity(0)
+    asked.wait()
+    answers[name + " after"] = os.sched_getaffinity(0)
+ts = [threading.Thread(target=work, args=("bound", {cpus[0]}), daemon=True),
+      threading.Thread(target=work, args=("unbound", set(cpus)), daemon=True)]
+for t in ts: t.start()
+while len(answers) < 2: time.sleep(0.01)
+"#,
+        r#"
+expect(os.sched_getaffinity(0) == {cpus[-1]}, "main thread on %r" % os.sched_getaffinity(0))
+asked.set()
+for t in ts: t.join(10)
+expect(answers.get("bound after") == {cpus[0]}, "bound worker on %r" % answers.get("bound after"))
+expect(answers.get("unbound after") == set(cpus), "unbound worker on %r" % answers.get("unbound after"))
+"#,
+    );
+    let (a, b) = rt.roots();
+    let masks = |p: &cr_image::model::Process| {
+        p.threads
+            .iter()
+            .map(|t| t.affinity.clone())
+            .collect::<Vec<_>>()
+    };
+    let online = cr_sys::sched::online_cpus().unwrap();
+    let (first, last) = (online[0], online[online.len() - 1]);
+    assert_eq!(masks(a), vec![vec![last], vec![first], vec![]]);
+    assert_eq!(masks(a), masks(b));
+}
+
+/// An image bound to a CPU this machine does not have online is refused
+/// by name, before anything is made.
+#[test]
+fn affinity_to_an_absent_cpu_is_refused() {
+    use cr_image::model::{Process, Thread};
+    let thread = |tid: u32, affinity: Vec<u32>| Thread {
+        tid,
+        ns_tid: tid,
+        regs: Default::default(),
+        xstate: Vec::new(),
+        rseq: None,
+        clear_child_tid: 0,
+        pdeathsig: 0,
+        robust_list: 0,
+        robust_list_len: 0,
+        affinity,
+        sigmask: 0,
+        pending: Vec::new(),
+        sigaltstack: Default::default(),
+        seccomp: Default::default(),
+    };
+    let procs = [Process {
+        pid: 40,
+        threads: vec![thread(40, vec![]), thread(41, vec![1, 6, 7])],
+        ..Default::default()
+    }];
+    assert!(super::check_affinity(&procs, &[0, 1, 2, 3, 4, 5, 6, 7]).is_ok());
+    let err = super::check_affinity(&procs, &[0, 1, 2, 3]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "thread 41 of process 40 is bound to CPUs 1,6-7, but CPUs 6-7 are not online on this machine (online: 0-3)"
+    );
+}

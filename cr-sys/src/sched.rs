@@ -1,0 +1,101 @@
+//! CPU affinity of any thread (sched_getaffinity / sched_setaffinity on a
+//! TID, from outside the process), the machine's online CPUs, and the
+//! kernel's CPU list notation ("0-3,8").
+
+use crate::error::{NixResult, Result, SysError};
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+
+/// The CPUs thread `tid` may run on, ascending.
+pub fn affinity(tid: i32) -> Result<Vec<u32>> {
+    let set = sched_getaffinity(Pid::from_raw(tid))
+        .or_sys(|| format!("sched_getaffinity of thread {tid}"))?;
+    Ok((0..CpuSet::count())
+        .filter(|&i| set.is_set(i).unwrap_or(false))
+        .map(|i| i as u32)
+        .collect())
+}
+
+/// Let thread `tid` run on `cpus` only. The kernel intersects the set with
+/// the thread's cpuset (cgroup) and refuses an empty result (EINVAL).
+pub fn set_affinity(tid: i32, cpus: &[u32]) -> Result<()> {
+    let what = || format!("sched_setaffinity of thread {tid} to CPUs {}", cpu_list(cpus));
+    let mut set = CpuSet::new();
+    for &c in cpus {
+        set.set(c as usize).or_sys(what)?;
+    }
+    sched_setaffinity(Pid::from_raw(tid), &set).or_sys(what)
+}
+
+/// The CPUs online on this machine (/sys/devices/system/cpu/online).
+pub fn online_cpus() -> Result<Vec<u32>> {
+    let path = "/sys/devices/system/cpu/online";
+    let text = crate::proc::read_string(path)?;
+    parse_cpu_list(&text).ok_or_else(|| SysError::Parse {
+        path: path.to_string(),
+        what: format!("bad CPU list {:?}", text.trim()),
+    })
+}
+
+/// Parse the kernel's CPU list notation ("0-3,8,10-11"), ascending.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?),
+            None => {
+                let a = part.parse::<u32>().ok()?;
+                (a, a)
+            }
+        };
+        if a > b || b >= CpuSet::count() as u32 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
+}
+
+/// `cpus` (ascending) in the kernel's CPU list notation.
+pub fn cpu_list(cpus: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_both_ways() {
+        assert_eq!(parse_cpu_list("0-3,8\n"), Some(vec![0, 1, 2, 3, 8]));
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_list(&[]), "");
+    }
+
+    #[test]
+    fn own_affinity_is_within_the_online_cpus() {
+        let me = affinity(0).unwrap();
+        let online = online_cpus().unwrap();
+        assert!(!me.is_empty());
+        assert!(me.iter().all(|c| online.contains(c)), "{me:?} {online:?}");
+    }
+}
