@@ -101,6 +101,10 @@ pub struct Pty {
     pub winsize: Vec<u8>,
     /// Still locked (posix_openpt without unlockpt).
     pub locked: bool,
+    /// Mount point of its devpts instance when not /dev/pts (empty:
+    /// /dev/pts); the object id is then (K << 32) | index.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub devpts: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -299,7 +303,12 @@ impl Object {
             Some(K::Pty(p)) => {
                 let ok = (p.termios.is_empty() || p.termios.len() == TERMIOS_LEN)
                     && (p.winsize.is_empty() || p.winsize.len() == WINSIZE_LEN)
-                    && p.index as u64 == o.id;
+                    && p.index as u64 == o.id & 0xffff_ffff
+                    && (o.id >> 32 == 0) == p.devpts.is_empty()
+                    && (p.devpts.is_empty()
+                        || (p.devpts.starts_with('/')
+                            && p.devpts.len() < 4096
+                            && !p.devpts.contains('\0')));
                 if !ok {
                     return Err(format!("damaged pseudo-terminal {}", p.index));
                 }
@@ -309,6 +318,7 @@ impl Object {
                     termios: p.termios,
                     winsize: p.winsize,
                     locked: p.locked,
+                    devpts: p.devpts,
                 })
             }
         };
@@ -360,6 +370,7 @@ impl Object {
                 termios: p.termios.clone(),
                 winsize: p.winsize.clone(),
                 locked: p.locked,
+                devpts: p.devpts.clone(),
             }),
         };
         pb::Object {

@@ -384,6 +384,7 @@ fn objects() -> Vec<Object> {
                 termios: vec![0; 60],
                 winsize: vec![0; 8],
                 locked: false,
+                devpts: String::new(),
             }),
         ),
     ]
@@ -678,6 +679,13 @@ fn crafted_images_are_refused() {
             c.mounts.as_mut().unwrap().dev_shm.as_mut().unwrap().entries[2].path = "../l".into()
         }),
         ("bad job directory", |c| c.job_dir = Some("rel".into())),
+        ("damaged pseudo-terminal 3", |c| {
+            for o in &mut c.objects {
+                if let ObjectKind::Pty(p) = &mut o.kind {
+                    p.devpts = "/mnt/pts".into();
+                }
+            }
+        }),
         ("a CPU affinity not ascending", |c| {
             c.processes[0].threads[0].affinity = vec![3, 1]
         }),

@@ -40,8 +40,8 @@ pub struct TreeFds {
     pub pipe_ends: HashMap<u64, (bool, bool)>,
     /// Socket inodes open in the tree.
     pub sockets: HashSet<u64>,
-    /// Indexes of the pty pairs whose master the tree holds.
-    pub pty_masters: HashSet<u32>,
+    /// The pty pairs whose master the tree holds.
+    pub pty_masters: tty::Masters,
     /// `--check`: also look into socket queues.
     pub deep: bool,
     /// The dump ends with the processes killed or stopped: TCP connections
@@ -75,14 +75,14 @@ impl TreeFds {
                     FDTarget::Socket(ino) => {
                         s.sockets.insert(ino);
                     }
-                    FDTarget::Path(p)
-                        if p.as_os_str() == "/dev/ptmx" || p.as_os_str() == "/dev/pts/ptmx" =>
-                    {
+                    // /dev/ptmx, /dev/pts/ptmx, or the ptmx of another
+                    // devpts mount.
+                    FDTarget::Path(p) if p.file_name().is_some_and(|n| n == "ptmx") => {
                         if let Some(i) = proc::fdinfo(pid, fd)
                             .ok()
                             .and_then(|i| i.get("tty-index")?.trim().parse().ok())
                         {
-                            s.pty_masters.insert(i);
+                            s.pty_masters.add(pid, fd, &p.to_string_lossy(), i);
                         }
                     }
                     _ => {}
@@ -278,7 +278,7 @@ impl Kind for Fds {
         }
         signal_owners(cx, &mut fds)?;
         p.fds = fds;
-        p.ctty_pty = tty::ctty_pty(cx.stat.tty_nr as u64, &cx.d.fds.pty_masters).map(u64::from);
+        p.ctty_pty = cx.d.fds.pty_masters.ctty(cx.stat.tty_nr as u64, &p.fds);
         Ok(())
     }
 

@@ -30,7 +30,7 @@ use tracing::{debug, warn};
 /// The statfs magics of proc, tmpfs and devpts.
 const PROC_MAGIC: i64 = 0x9fa0;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
-const DEVPTS_MAGIC: i64 = 0x1cd1;
+pub(crate) const DEVPTS_MAGIC: i64 = 0x1cd1;
 
 /// Whether `path` (seen through `/proc/ROOT/root`) is a mount of `magic`
 /// other than ours at `ours`.

@@ -1,7 +1,11 @@
 //! Kind "tty": terminals. Pseudo-terminal pairs whose master the tree
 //! holds are saved whole (index, termios, window size, lock state,
 //! foreground group) and made again at the same index (in the job's own
-//! devpts instance when it has one, see kind "mounts"); a session leader
+//! devpts instance when it has one, see kind "mounts"). A pty is known by
+//! its devpts instance (st_dev) and index ([`Masters`]): two devpts mounts
+//! (a container's, a `newinstance` mount) number their ptys from 0 each;
+//! a pty of another instance than /dev/pts is made again through the
+//! `ptmx` of that mount (still mounted at the restore). A session leader
 //! gets its controlling terminal back, and /dev/tty fds are opened again
 //! once it has. A terminal outside the tree (the one a job was started
 //! from) leads outside: kind [`external`](crate::kinds::external).
@@ -17,9 +21,10 @@ use cr_image::model::objects::Pty;
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, Process};
 use cr_sys::fdio;
 use cr_sys::proc::{self, dev_major as major, FDTarget};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
 use tracing::warn;
 
 pub struct Tty;
@@ -35,10 +40,88 @@ fn is_dev_tty(rdev: u64) -> bool {
     proc::is_dev(rdev, 5, 0)
 }
 
-/// The index of the pty pair held by the tree that is the controlling
-/// terminal `tty_nr` (field 7 of /proc/PID/stat), if it is one.
-pub fn ctty_pty(tty_nr: u64, masters: &HashSet<u32>) -> Option<u32> {
-    proc::pty_slave_index(tty_nr).filter(|i| masters.contains(i))
+/// The devpts instance of pty end `fd` of `pid` (`link`: what its /proc
+/// link reads): its st_dev and where the process sees it mounted. A slave
+/// `DEVPTS/N`, or a master opened as `DEVPTS/ptmx`, is of the instance
+/// holding it; a master opened through a ptmx device node elsewhere
+/// (/dev/ptmx) is of the instance mounted at `pts` next to that node, as
+/// the kernel finds it (devpts_mntget).
+fn instance(pid: i32, fd: i32, link: &str) -> Option<(u64, String)> {
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let dir = Path::new(link).parent()?.to_str()?;
+    if fdio::fs_magic_at(Path::new(&path)).ok()? == crate::kinds::mounts::DEVPTS_MAGIC {
+        return Some((std::fs::metadata(&path).ok()?.dev(), dir.to_string()));
+    }
+    let pts = format!("{}/pts", dir.trim_end_matches('/'));
+    let md = std::fs::metadata(format!("/proc/{pid}/root{pts}")).ok()?;
+    Some((md.dev(), pts))
+}
+
+/// The pty pairs whose master the tree holds, by devpts instance (st_dev)
+/// and index, and the object id of each: the index for the instance
+/// mounted at /dev/pts, `(K << 32) | index` for the K-th other instance
+/// (by mount point), so that a capture of the restored tree (`--verify`,
+/// where the instances may have other st_dev) names them alike.
+#[derive(Default)]
+pub struct Masters {
+    /// Instance -> its mount point (/dev/pts if it is one of them) and
+    /// the indexes of the masters held.
+    instances: BTreeMap<u64, (String, BTreeSet<u32>)>,
+}
+
+impl Masters {
+    /// Master fd `fd` of `pid` (what its link reads: `link`) is pty `index`.
+    pub fn add(&mut self, pid: i32, fd: i32, link: &str, index: u32) {
+        let Some((dev, mount)) = instance(pid, fd, link) else {
+            return;
+        };
+        let e = self.instances.entry(dev).or_insert_with(|| (mount.clone(), BTreeSet::new()));
+        if mount == cr_sys::ns::DEV_PTS {
+            e.0 = mount;
+        }
+        e.1.insert(index);
+    }
+
+    /// The object id of pty `index` of instance `dev`, if the tree holds
+    /// its master, with the instance's mount point (empty: /dev/pts).
+    fn id(&self, dev: u64, index: u32) -> Option<(u64, &str)> {
+        let (mount, held) = self.instances.get(&dev)?;
+        if !held.contains(&index) {
+            return None;
+        }
+        if mount == cr_sys::ns::DEV_PTS {
+            return Some((index as u64, ""));
+        }
+        let mut others: Vec<(&String, u64)> = self
+            .instances
+            .iter()
+            .filter(|(_, (m, _))| m != cr_sys::ns::DEV_PTS)
+            .map(|(d, (m, _))| (m, *d))
+            .collect();
+        others.sort();
+        let k = others.iter().position(|&(_, d)| d == dev)? as u64;
+        Some((((k + 1) << 32) | index as u64, mount))
+    }
+
+    /// The pty object that is the controlling terminal `tty_nr` (field 7
+    /// of /proc/PID/stat) of a process with `fds`, if the tree holds it.
+    /// The device number names no devpts instance: when several hold that
+    /// index, the one a slave fd of the process is of, else /dev/pts's.
+    pub fn ctty(&self, tty_nr: u64, fds: &[Fd]) -> Option<u64> {
+        let index = proc::pty_slave_index(tty_nr)?;
+        let ids: Vec<(u64, &str)> =
+            self.instances.keys().filter_map(|&d| self.id(d, index)).collect();
+        if let [(id, _)] = ids[..] {
+            return Some(id);
+        }
+        let of_slave = fds.iter().find_map(|f| match f.kind {
+            FdKind::Pty { object, master: false } if ids.iter().any(|&(i, _)| i == object) => {
+                Some(object)
+            }
+            _ => None,
+        });
+        of_slave.or_else(|| ids.iter().find(|(_, m)| m.is_empty()).map(|&(i, _)| i))
+    }
 }
 
 impl FileKind for Tty {
@@ -59,7 +142,7 @@ impl FileKind for Tty {
         // tree: opened again by path once that pty is its terminal.
         if is_dev_tty(r) {
             let ctty = proc::stat(f.pid).map(|s| s.tty_nr as u64).unwrap_or(0);
-            if ctty_pty(ctty, &cx.tree.pty_masters).is_some() {
+            if cx.tree.pty_masters.ctty(ctty, &[]).is_some() {
                 return Some(Ok(Some(FdKind::CharDevice { rdev: r })));
             }
         }
@@ -71,22 +154,29 @@ impl FileKind for Tty {
         } else {
             proc::pty_slave_index(r)
         };
-        if let Some(index) = index.filter(|i| cx.tree.pty_masters.contains(i)) {
+        let held = index.and_then(|index| {
+            let (dev, _) = instance(f.pid, f.fd, &f.link)?;
+            let (id, devpts) = cx.tree.pty_masters.id(dev, index)?;
+            Some((index, id, devpts.to_string()))
+        });
+        if let Some((index, id, devpts)) = held {
+            if !devpts.is_empty() && cr_sys::ns::differs(f.pid, "mnt").unwrap_or(true) {
+                return Some(Err(format!(
+                    "pseudo-terminal {index} of the devpts mounted at {devpts} in the job's own mount namespace (only its /dev/pts is made again)"
+                )));
+            }
             if let Some(objs) = cx.objects.as_deref_mut() {
-                if !objs.contains(cr_image::model::ObjectTag::Pty, index as u64) {
+                if !objs.contains(cr_image::model::ObjectTag::Pty, id) {
                     match pty_state(f, index, master) {
                         Ok(p) => objs.insert(Object {
-                            id: index as u64,
-                            kind: ObjectKind::Pty(p),
+                            id,
+                            kind: ObjectKind::Pty(Pty { devpts, ..p }),
                         }),
                         Err(e) => return Some(Err(e)),
                     }
                 }
             }
-            return Some(Ok(Some(FdKind::Pty {
-                object: index as u64,
-                master,
-            })));
+            return Some(Ok(Some(FdKind::Pty { object: id, master })));
         }
         if master {
             return Some(Err(format!(
@@ -132,7 +222,15 @@ pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), Res
             continue;
         };
         let what = || format!("cannot recreate pseudo-terminal {}", p.index);
-        let m = fdio::open_pty_index(&ptmx, p.index).step(what)?;
+        let own;
+        let ptmx = if p.devpts.is_empty() {
+            &*ptmx
+        } else {
+            own = format!("{}/ptmx", p.devpts);
+            &own
+        };
+        let m = fdio::open_pty_index(ptmx, p.index)
+            .step(|| format!("{} (through {ptmx})", what()))?;
         let slave = fdio::pty_peer(&m, libc::O_RDWR).step(what)?;
         if !p.termios.is_empty() {
             fdio::tcsets(slave.as_fd(), &p.termios).step(what)?;
@@ -170,6 +268,7 @@ fn pty_state(f: &OpenFd<'_>, index: u32, master: bool) -> Result<Pty, String> {
             termios: Vec::new(),
             winsize: Vec::new(),
             locked: true,
+            devpts: String::new(),
         });
     }
     let slave = if master {
@@ -183,6 +282,7 @@ fn pty_state(f: &OpenFd<'_>, index: u32, master: bool) -> Result<Pty, String> {
         termios: fdio::tcgets(&slave).map_err(err)?,
         winsize: fdio::get_winsize(&slave).unwrap_or_default(),
         locked: false,
+        devpts: String::new(),
     })
 }
 
