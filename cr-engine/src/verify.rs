@@ -329,6 +329,8 @@ mod tests {
         now.threads[0].regs.rip = 0x1000;
         let got = first(&image, &now, false).unwrap_or_default();
         assert!(got.contains("thread 40: registers"), "{got}");
+        // A bound thread (an unbound one is left where the restore puts it).
+        image.threads[0].affinity = vec![0];
         let mut now = image.clone();
         now.threads[0].affinity = vec![1];
         let got = first(&image, &now, false).unwrap_or_default();
