@@ -177,7 +177,7 @@ impl<'p, 'd> Proc<'p, 'd> {
             pid,
             stat,
             status,
-            stopped: f.stopped,
+            stopped: f.stopped.is_some(),
             probe: Probe::open(&mut f.tracees).map_err(sys)?,
             d,
         })

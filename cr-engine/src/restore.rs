@@ -250,7 +250,10 @@ fn verify(
         .zip(&ck.processes)
         .map(|((stub, others), p)| Frozen {
             pid: stub.tid(),
-            stopped: p.state == ProcState::Stopped,
+            stopped: match p.state {
+                ProcState::Stopped { signal } => Some(signal),
+                _ => None,
+            },
             zombie: p.is_zombie().then_some(0),
             tracees: std::iter::once(stub).chain(others).collect(),
         })

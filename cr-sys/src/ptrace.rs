@@ -80,6 +80,9 @@ pub struct Tracee {
     stopped: bool,
     attached: bool,
     on_drop: OnDrop,
+    /// The signal of the PTRACE_EVENT_STOP that ended the last
+    /// [`Tracee::interrupt`] (0: none yet).
+    event_sig: i32,
 }
 
 /// The ptrace requests nix lacks (PTRACE_GETREGSET with NT_X86_XSTATE,
@@ -279,6 +282,7 @@ impl Tracee {
             stopped: false,
             attached: true,
             on_drop,
+            event_sig: 0,
         };
         t.interrupt()?;
         Ok(t)
@@ -292,6 +296,7 @@ impl Tracee {
             stopped: false,
             attached: true,
             on_drop,
+            event_sig: 0,
         };
         loop {
             match t.wait_stop()? {
@@ -304,6 +309,18 @@ impl Tracee {
 
     pub fn tid(&self) -> i32 {
         self.tid
+    }
+
+    /// The job-control signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) that
+    /// stopped the thread's process before it was seized, when it was in
+    /// a group stop: the kernel reports it with the PTRACE_EVENT_STOP of
+    /// the seize (do_jobctl_trap; SIGTRAP for a running thread).
+    pub fn group_stop_signal(&self) -> Option<i32> {
+        matches!(
+            self.event_sig,
+            libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+        )
+        .then_some(self.event_sig)
     }
 
     fn pid(&self) -> Pid {
@@ -324,7 +341,10 @@ impl Tracee {
         ptrace::interrupt(self.pid()).map_err(|e| self.failed("interrupt", e.into()))?;
         loop {
             match self.wait_stop()? {
-                Stop::Event { .. } => return Ok(()),
+                Stop::Event { sig, .. } => {
+                    self.event_sig = sig;
+                    return Ok(());
+                }
                 Stop::Signal(sig) => {
                     // Deliver it as if we were not here; the interrupt stays pending.
                     debug!(

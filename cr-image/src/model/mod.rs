@@ -154,6 +154,8 @@ pub struct Process {
     pub ns_pgid: u32,
     pub ns_sid: u32,
     pub state: ProcState,
+    /// The signal its parent gets when it exits (SIGCHLD; 0: none).
+    pub exit_signal: i32,
     /// kind "task"
     #[serde(flatten)]
     pub task: Task,
@@ -403,6 +405,12 @@ impl Process {
             ns_pgid: p.ns_pgid,
             ns_sid: p.ns_sid,
             state,
+            exit_signal: match p.exit_signal {
+                0 => tree::SIGCHLD,
+                -1 => 0,
+                s @ 1..=64 => s,
+                s => return Err(format!("exit signal {s}")),
+            },
             task: p.task.map(Task::from_pb).transpose()?.unwrap_or_default(),
             mm: match p.mm {
                 Some(m) => Mm::from_pb(m)?,
@@ -472,6 +480,11 @@ impl Process {
             ns_pgid: self.ns_pgid,
             ns_sid: self.ns_sid,
             state: Some(tree::state_to_pb(self.state)),
+            exit_signal: match self.exit_signal {
+                tree::SIGCHLD => 0,
+                0 => -1,
+                s => s,
+            },
             task: Some(self.task.to_pb()),
             mm: Some(self.mm.to_pb()),
             vmas: self.vmas.iter().map(Vma::to_pb).collect(),

@@ -116,6 +116,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
         ns_pgid: 0,
         ns_sid: 0,
         state: ProcState::Running,
+        exit_signal: 17,
         task: Task {
             comm: "x".into(),
             exe: "/usr/bin/x".into(),
@@ -685,6 +686,10 @@ fn crafted_images_are_refused() {
                     p.devpts = "/mnt/pts".into();
                 }
             }
+        }),
+        ("exit signal 99", |c| c.processes[1].exit_signal = 99),
+        ("not a job-control stop", |c| {
+            c.processes[1].state = ProcState::Stopped { signal: 9 }
         }),
         ("a CPU affinity not ascending", |c| {
             c.processes[0].threads[0].affinity = vec![3, 1]

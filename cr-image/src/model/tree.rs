@@ -12,17 +12,33 @@ use std::collections::HashSet;
 pub enum ProcState {
     #[default]
     Running,
-    /// In a job-control stop: restored stopped.
-    Stopped,
+    /// In a job-control stop: restored stopped, by this signal (SIGSTOP,
+    /// SIGTSTP, SIGTTIN or SIGTTOU) when it can be delivered again.
+    Stopped { signal: i32 },
     /// Exited, not yet reaped: restored as a zombie with this wait status.
     Zombie { exit_status: i32 },
 }
+
+/// Signal numbers (x86_64) of the job-control stops and of SIGCHLD.
+pub const SIGCHLD: i32 = 17;
+pub const SIGSTOP: i32 = 19;
+pub const SIGTSTP: i32 = 20;
+pub const SIGTTIN: i32 = 21;
+pub const SIGTTOU: i32 = 22;
 
 pub(crate) fn state_from_pb(s: Option<pb::process::State>) -> Result<ProcState, Bad> {
     use pb::process::State;
     match s {
         Some(State::Running(_)) => Ok(ProcState::Running),
-        Some(State::Stopped(_)) => Ok(ProcState::Stopped),
+        Some(State::Stopped(s)) => match s.signal {
+            0 => Ok(ProcState::Stopped {
+                signal: SIGSTOP,
+            }),
+            signal @ (SIGSTOP | SIGTSTP | SIGTTIN | SIGTTOU) => {
+                Ok(ProcState::Stopped { signal })
+            }
+            s => Err(format!("stopped by signal {s}, not a job-control stop")),
+        },
         Some(State::Zombie(z)) => Ok(ProcState::Zombie {
             exit_status: z.exit_status,
         }),
@@ -34,7 +50,7 @@ pub(crate) fn state_to_pb(s: ProcState) -> pb::process::State {
     use pb::process::State;
     match s {
         ProcState::Running => State::Running(pb::Running {}),
-        ProcState::Stopped => State::Stopped(pb::Stopped {}),
+        ProcState::Stopped { signal } => State::Stopped(pb::Stopped { signal }),
         ProcState::Zombie { exit_status } => State::Zombie(pb::Zombie { exit_status }),
     }
 }

@@ -26,8 +26,8 @@ pub struct Frozen {
     pub pid: i32,
     /// Every thread, main first; empty for a zombie.
     pub tracees: Vec<Tracee>,
-    /// Was in a job-control stop before we came.
-    pub stopped: bool,
+    /// Was in a job-control stop before we came, by this signal.
+    pub stopped: Option<i32>,
     /// Wait status of a zombie not yet reaped.
     pub zombie: Option<i32>,
 }
@@ -102,10 +102,12 @@ pub fn freeze(root: i32) -> Result<Vec<Frozen>, CheckpointError> {
             },
             Err(e) => return Err(e),
         };
+        let stopped = (stat.state == 'T')
+            .then(|| tracees[0].group_stop_signal().unwrap_or(libc::SIGSTOP));
         out.push(Frozen {
             pid,
             tracees,
-            stopped: stat.state == 'T',
+            stopped,
             zombie: None,
         });
         for c in proc::children(pid).map_err(|e| CheckpointError::from_sys(pid, e))? {
@@ -121,7 +123,7 @@ fn zombie(pid: i32, stat: &Stat) -> Frozen {
     Frozen {
         pid,
         tracees: Vec::new(),
-        stopped: false,
+        stopped: None,
         zombie: Some(stat.exit_code.unwrap_or(0)),
     }
 }
@@ -137,10 +139,11 @@ pub fn ids(stat: &Stat, status: &Status, f: &Frozen, p: &mut Process) {
     p.ns_pgid = proc::ns_last(&status.nspgid).unwrap_or(p.pgid);
     p.ns_sid = proc::ns_last(&status.nssid).unwrap_or(p.sid);
     p.task.comm = stat.comm.clone();
-    p.state = match f.zombie {
-        Some(exit_status) => ProcState::Zombie { exit_status },
-        None if f.stopped => ProcState::Stopped,
-        None => ProcState::Running,
+    p.exit_signal = stat.exit_signal.unwrap_or(libc::SIGCHLD);
+    p.state = match (f.zombie, f.stopped) {
+        (Some(exit_status), _) => ProcState::Zombie { exit_status },
+        (None, Some(signal)) => ProcState::Stopped { signal },
+        (None, None) => ProcState::Running,
     };
 }
 
@@ -279,5 +282,13 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
     // The root's parent is whoever restored it.
     if c.pids.contains_key(&now.ppid) {
         c.same("ids", "parent", &image.ppid, &c.image_pid(now.ppid));
+    }
+    // The root is made by the restorer with SIGCHLD.
+    if !(c.restored && c.root) {
+        c.same("ids", "exit signal", &image.exit_signal, &now.exit_signal);
+    }
+    // A restored process is stopped again only at the release.
+    if !c.restored {
+        c.same("state", "job-control stop", &image.state, &now.state);
     }
 }

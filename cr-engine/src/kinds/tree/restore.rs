@@ -155,7 +155,7 @@ pub fn spawn(ck: &Checkpoint, ids: &mut Ids, shell_job: bool) -> Result<Vec<Trac
         }
         for (j, c) in procs.iter().enumerate().skip(1) {
             if c.ppid == p.pid {
-                let child = fork_stub(&mut t, ids.inner(c.pid) as i32)?;
+                let child = fork_stub(&mut t, ids.inner(c.pid) as i32, c.exit_signal)?;
                 debug!(
                     parent = t.tid(),
                     child = child.tid(),
@@ -230,9 +230,12 @@ pub fn inject_with_page<R>(
     result
 }
 
-/// Fork a child stub with PID `pid` from stub `t` (clone3 with set_tid);
-/// it arrives stopped and traced (PTRACE_O_TRACEFORK).
-fn fork_stub(t: &mut Tracee, pid: i32) -> Result<Tracee, RestoreError> {
+/// Fork a child stub with PID `pid` from stub `t` (clone3 with set_tid),
+/// which will send `exit_signal` to its parent when it exits (SIGCHLD for
+/// almost every process; a "clone" child that sends another, or none, is
+/// seen only by a waitpid with __WCLONE or __WALL); it arrives stopped and
+/// traced (PTRACE_O_TRACEFORK).
+fn fork_stub(t: &mut Tracee, pid: i32, exit_signal: i32) -> Result<Tracee, RestoreError> {
     let parent = t.tid();
     let ip = find_syscall_insn(parent)?;
     let mut inj = Injector::new(t, ip)?;
@@ -240,7 +243,7 @@ fn fork_stub(t: &mut Tracee, pid: i32) -> Result<Tracee, RestoreError> {
     let mut bytes = (pid as u32 as u64).to_le_bytes().to_vec();
     // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
     // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
-    let fields = [0, 0, 0, 0, libc::SIGCHLD as u64, 0, 0, 0, page, 1, 0];
+    let fields = [0, 0, 0, 0, exit_signal as u64, 0, 0, 0, page, 1, 0];
     bytes.extend(fields.iter().flat_map(|v| v.to_le_bytes()));
     mem::write_vm(parent, page, &bytes)?;
     let r = inj
@@ -271,12 +274,9 @@ fn set_process_groups(
     ids: &Ids,
     shell_job: bool,
 ) -> Result<(), RestoreError> {
-    let in_tree = |pgid: u32| {
-        pgid != 0
-            && procs
-                .iter()
-                .any(|p| ids.inner(p.pid) == pgid && !p.is_zombie())
-    };
+    // A zombie that led a group (it did setpgid, then exited) leads it
+    // again: the group lives on while its zombie leader or any member does.
+    let in_tree = |pgid: u32| pgid != 0 && procs.iter().any(|p| ids.inner(p.pid) == pgid);
     let i_am_root = |p: &Process| procs.first().is_some_and(|r| r.pid == p.pid);
     for leaders in [true, false] {
         for (p, t) in procs.iter().zip(stubs.iter_mut()) {
@@ -284,9 +284,7 @@ fn set_process_groups(
             let me = ids.inner(p.pid);
             // A shell job's root led its own group in the shell's session.
             let own_group = shell_job && leaders && i_am_root(p) && !in_tree(sid) && sid != me;
-            if !own_group
-                && (p.is_zombie() || sid == me || (pgid == me) != leaders || !in_tree(pgid))
-            {
+            if !own_group && (sid == me || (pgid == me) != leaders || !in_tree(pgid)) {
                 continue;
             }
             let pgid = if own_group { 0 } else { pgid };
@@ -303,7 +301,8 @@ fn set_process_groups(
 
 /// Let the tree run: zombies die first (with their saved status), then the
 /// others run, children before parents; a process that was stopped by job
-/// control is released stopped.
+/// control is released stopped, by the signal that stopped it when that
+/// signal would stop it again ([`stop_signal`]), else by SIGSTOP.
 pub fn release(
     procs: &[Process],
     stubs: Vec<Tracee>,
@@ -317,17 +316,45 @@ pub fn release(
         }
     }
     for (p, t, th) in live.into_iter().rev() {
+        let mut sig = 0;
+        if let ProcState::Stopped { signal } = p.state {
+            sig = libc::SIGSTOP;
+            if signal != libc::SIGSTOP && stop_signal(procs, p, signal) {
+                // Queued while every thread is held: delivered, as a
+                // stop with its own signal, once they run.
+                cr_sys::ptrace::kill(t.tid(), signal).map_err(|source| RestoreError::Step {
+                    what: format!("cannot stop process {} again", p.pid),
+                    source: cr_sys::SysError::Syscall {
+                        what: format!("kill({}, {signal})", t.tid()),
+                        source,
+                    },
+                })?;
+                sig = 0;
+            }
+        }
         for t in th {
             t.detach(0)?;
         }
-        let sig = if p.state == ProcState::Stopped {
-            libc::SIGSTOP
-        } else {
-            0
-        };
         t.detach(sig)?;
     }
     Ok(())
+}
+
+/// Whether job-control signal `signal` (SIGTSTP, SIGTTIN, SIGTTOU) stops
+/// `p` again: its action is the default, it is not blocked, and its group
+/// is not orphaned (the kernel drops those signals then), which its parent
+/// in another group of its session guarantees. Otherwise SIGSTOP stops it
+/// (its parent's waitpid(WUNTRACED) then reports SIGSTOP).
+fn stop_signal(procs: &[Process], p: &Process, signal: i32) -> bool {
+    let default = !p.signals.actions.iter().any(|a| a.signo == signal as u32);
+    let blocked = p
+        .threads
+        .first()
+        .is_some_and(|t| t.sigmask & (1u64 << (signal - 1)) != 0);
+    let anchored = procs
+        .iter()
+        .any(|q| q.pid == p.ppid && q.pgid != p.pgid && q.sid == p.sid);
+    default && !blocked && anchored
 }
 
 /// Turn a stub into a zombie with the saved wait status.

@@ -46,3 +46,74 @@ os.waitpid(kid, 0)
             exit_status: 7 << 8
         }));
 }
+
+/// A zombie that led its own process group and exits with a signal other
+/// than SIGCHLD (a "clone" child: only waitpid with __WCLONE sees it), and
+/// a child stopped by SIGTSTP (job control): after the restore the zombie
+/// is in its group with its exit signal, and the child is stopped again by
+/// SIGTSTP, which its parent's waitpid(WUNTRACED) reports.
+#[test]
+fn zombie_group_exit_signal_and_tstp_stop_round_trip() {
+    let rt = round_trip(
+        "tree-stops",
+        r#"
+WCLONE = -0x80000000                               # __WCLONE as a C int
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+libc.syscall.restype = ctypes.c_long
+z = libc.syscall(56, signal.SIGUSR2, 0, 0, 0, 0)   # clone: exit signal SIGUSR2
+if z == 0:
+    libc.setpgid(0, 0)
+    libc._exit(5)
+stopped = os.fork()
+if stopped == 0:
+    os.setpgid(0, 0)
+    os.kill(os.getpid(), signal.SIGTSTP)
+    os._exit(0)
+def state(pid):
+    return open("/proc/%d/stat" % pid).read().split(") ")[1][0]
+deadline = time.time() + 10
+while (state(z) != "Z" or state(stopped) != "T") and time.time() < deadline:
+    time.sleep(0.01)
+expect(state(z) == "Z" and os.getpgid(z) == z, "the zombie is not ready")
+expect(state(stopped) == "T", "the child did not stop")
+"#,
+        r#"
+expect(os.getpgid(z) == z, "the zombie's group %d" % os.getpgid(z))
+try:
+    r = os.waitpid(z, os.WNOHANG)
+    expect(False, "waitpid without __WCLONE saw the clone child: %r" % (r,))
+except ChildProcessError:
+    pass
+pid, status = os.waitpid(z, WCLONE)
+expect(pid == z and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 5, "the zombie's status %r" % (status,))
+expect(state(stopped) == "T", "the stopped child runs: %s" % state(stopped))
+pid, status = os.waitpid(stopped, os.WUNTRACED)
+expect(pid == stopped and os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGTSTP,
+       "the stopped child's status %r" % (status,))
+os.kill(stopped, signal.SIGCONT)
+pid, status = os.waitpid(stopped, 0)
+expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child after SIGCONT %r" % (status,))
+"#,
+    );
+    let states = |c: &cr_image::model::Checkpoint| {
+        c.processes
+            .iter()
+            .map(|p| (p.state, p.exit_signal, p.pgid == p.pid))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        states(&rt.before),
+        vec![
+            (ProcState::Running, libc::SIGCHLD, false),
+            (ProcState::Zombie { exit_status: 5 << 8 }, libc::SIGUSR2, true),
+            (
+                ProcState::Stopped {
+                    signal: libc::SIGTSTP
+                },
+                libc::SIGCHLD,
+                true
+            ),
+        ]
+    );
+    assert_eq!(states(&rt.before), states(&rt.after));
+}
