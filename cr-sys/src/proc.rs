@@ -329,6 +329,19 @@ pub fn mount_point(major: u32, minor: u32) -> Option<PathBuf> {
         .map(|m| m.mount_point.clone())
 }
 
+/// Every mount point of device `dev` (st_dev) as process `pid` sees it.
+pub fn mount_points_of(pid: i32, dev: u64) -> Vec<PathBuf> {
+    let majmin = format!("{}:{}", dev_major(dev), dev_minor(dev));
+    let Ok(mounts) = Process::new(pid).and_then(|p| p.mountinfo()) else {
+        return Vec::new();
+    };
+    mounts
+        .iter()
+        .filter(|m| m.majmin == majmin)
+        .map(|m| m.mount_point.clone())
+        .collect()
+}
+
 pub fn read_string(path: &str) -> Result<String> {
     std::fs::read_to_string(path).map_err(io_err(path))
 }

@@ -19,7 +19,12 @@ pub fn affinity(tid: i32) -> Result<Vec<u32>> {
 /// Let thread `tid` run on `cpus` only. The kernel intersects the set with
 /// the thread's cpuset (cgroup) and refuses an empty result (EINVAL).
 pub fn set_affinity(tid: i32, cpus: &[u32]) -> Result<()> {
-    let what = || format!("sched_setaffinity of thread {tid} to CPUs {}", cpu_list(cpus));
+    let what = || {
+        format!(
+            "sched_setaffinity of thread {tid} to CPUs {}",
+            cpu_list(cpus)
+        )
+    };
     let mut set = CpuSet::new();
     for &c in cpus {
         set.set(c as usize).or_sys(what)?;

@@ -31,12 +31,8 @@ pub(crate) fn state_from_pb(s: Option<pb::process::State>) -> Result<ProcState, 
     match s {
         Some(State::Running(_)) => Ok(ProcState::Running),
         Some(State::Stopped(s)) => match s.signal {
-            0 => Ok(ProcState::Stopped {
-                signal: SIGSTOP,
-            }),
-            signal @ (SIGSTOP | SIGTSTP | SIGTTIN | SIGTTOU) => {
-                Ok(ProcState::Stopped { signal })
-            }
+            0 => Ok(ProcState::Stopped { signal: SIGSTOP }),
+            signal @ (SIGSTOP | SIGTSTP | SIGTTIN | SIGTTOU) => Ok(ProcState::Stopped { signal }),
             s => Err(format!("stopped by signal {s}, not a job-control stop")),
         },
         Some(State::Zombie(z)) => Ok(ProcState::Zombie {

@@ -102,8 +102,8 @@ pub fn freeze(root: i32) -> Result<Vec<Frozen>, CheckpointError> {
             },
             Err(e) => return Err(e),
         };
-        let stopped = (stat.state == 'T')
-            .then(|| tracees[0].group_stop_signal().unwrap_or(libc::SIGSTOP));
+        let stopped =
+            (stat.state == 'T').then(|| tracees[0].group_stop_signal().unwrap_or(libc::SIGSTOP));
         out.push(Frozen {
             pid,
             tracees,

@@ -105,7 +105,13 @@ expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child after SI
         states(&rt.before),
         vec![
             (ProcState::Running, libc::SIGCHLD, false),
-            (ProcState::Zombie { exit_status: 5 << 8 }, libc::SIGUSR2, true),
+            (
+                ProcState::Zombie {
+                    exit_status: 5 << 8
+                },
+                libc::SIGUSR2,
+                true
+            ),
             (
                 ProcState::Stopped {
                     signal: libc::SIGTSTP

@@ -40,21 +40,24 @@ fn is_dev_tty(rdev: u64) -> bool {
     proc::is_dev(rdev, 5, 0)
 }
 
-/// The devpts instance of pty end `fd` of `pid` (`link`: what its /proc
-/// link reads): its st_dev and where the process sees it mounted. A slave
-/// `DEVPTS/N`, or a master opened as `DEVPTS/ptmx`, is of the instance
-/// holding it; a master opened through a ptmx device node elsewhere
-/// (/dev/ptmx) is of the instance mounted at `pts` next to that node, as
-/// the kernel finds it (devpts_mntget).
-fn instance(pid: i32, fd: i32, link: &str) -> Option<(u64, String)> {
+/// The devpts instance (st_dev) of pty end `fd` of `pid` (`link`: what
+/// its /proc link reads). A slave, or a master opened through a devpts's
+/// own ptmx (or a bind mount of it, as a job's /dev/ptmx is), is of the
+/// instance holding it; a master opened through a ptmx device node
+/// elsewhere (/dev/ptmx on devtmpfs) is of the instance mounted at `pts`
+/// next to that node, as the kernel finds it (devpts_mntget).
+fn instance(pid: i32, fd: i32, link: &str) -> Option<u64> {
     let path = format!("/proc/{pid}/fd/{fd}");
-    let dir = Path::new(link).parent()?.to_str()?;
     if fdio::fs_magic_at(Path::new(&path)).ok()? == crate::kinds::mounts::DEVPTS_MAGIC {
-        return Some((std::fs::metadata(&path).ok()?.dev(), dir.to_string()));
+        return Some(std::fs::metadata(&path).ok()?.dev());
     }
+    let dir = Path::new(link).parent()?.to_str()?;
     let pts = format!("{}/pts", dir.trim_end_matches('/'));
-    let md = std::fs::metadata(format!("/proc/{pid}/root{pts}")).ok()?;
-    Some((md.dev(), pts))
+    Some(
+        std::fs::metadata(format!("/proc/{pid}/root{pts}"))
+            .ok()?
+            .dev(),
+    )
 }
 
 /// The pty pairs whose master the tree holds, by devpts instance (st_dev)
@@ -72,13 +75,20 @@ pub struct Masters {
 impl Masters {
     /// Master fd `fd` of `pid` (what its link reads: `link`) is pty `index`.
     pub fn add(&mut self, pid: i32, fd: i32, link: &str, index: u32) {
-        let Some((dev, mount)) = instance(pid, fd, link) else {
+        let Some(dev) = instance(pid, fd, link) else {
             return;
         };
-        let e = self.instances.entry(dev).or_insert_with(|| (mount.clone(), BTreeSet::new()));
-        if mount == cr_sys::ns::DEV_PTS {
-            e.0 = mount;
-        }
+        let e = self.instances.entry(dev).or_insert_with(|| {
+            // Where the process sees it mounted: /dev/pts if it is there.
+            let points = proc::mount_points_of(pid, dev);
+            let mount = points
+                .iter()
+                .find(|m| m.as_os_str() == cr_sys::ns::DEV_PTS)
+                .or(points.first())
+                .map(|m| m.to_string_lossy().into_owned())
+                .unwrap_or_else(|| cr_sys::ns::DEV_PTS.into());
+            (mount, BTreeSet::new())
+        });
         e.1.insert(index);
     }
 
@@ -109,15 +119,19 @@ impl Masters {
     /// index, the one a slave fd of the process is of, else /dev/pts's.
     pub fn ctty(&self, tty_nr: u64, fds: &[Fd]) -> Option<u64> {
         let index = proc::pty_slave_index(tty_nr)?;
-        let ids: Vec<(u64, &str)> =
-            self.instances.keys().filter_map(|&d| self.id(d, index)).collect();
+        let ids: Vec<(u64, &str)> = self
+            .instances
+            .keys()
+            .filter_map(|&d| self.id(d, index))
+            .collect();
         if let [(id, _)] = ids[..] {
             return Some(id);
         }
         let of_slave = fds.iter().find_map(|f| match f.kind {
-            FdKind::Pty { object, master: false } if ids.iter().any(|&(i, _)| i == object) => {
-                Some(object)
-            }
+            FdKind::Pty {
+                object,
+                master: false,
+            } if ids.iter().any(|&(i, _)| i == object) => Some(object),
             _ => None,
         });
         of_slave.or_else(|| ids.iter().find(|(_, m)| m.is_empty()).map(|&(i, _)| i))
@@ -155,7 +169,7 @@ impl FileKind for Tty {
             proc::pty_slave_index(r)
         };
         let held = index.and_then(|index| {
-            let (dev, _) = instance(f.pid, f.fd, &f.link)?;
+            let dev = instance(f.pid, f.fd, &f.link)?;
             let (id, devpts) = cx.tree.pty_masters.id(dev, index)?;
             Some((index, id, devpts.to_string()))
         });
@@ -229,8 +243,8 @@ pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), Res
             own = format!("{}/ptmx", p.devpts);
             &own
         };
-        let m = fdio::open_pty_index(ptmx, p.index)
-            .step(|| format!("{} (through {ptmx})", what()))?;
+        let m =
+            fdio::open_pty_index(ptmx, p.index).step(|| format!("{} (through {ptmx})", what()))?;
         let slave = fdio::pty_peer(&m, libc::O_RDWR).step(what)?;
         if !p.termios.is_empty() {
             fdio::tcsets(slave.as_fd(), &p.termios).step(what)?;
@@ -304,7 +318,11 @@ fn pty_end(
         m.try_clone()
             .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())))
     } else {
-        fdio::pty_peer(m, accmode).step(what)
+        // A slave opened by path has O_LARGEFILE (open(2) adds it on
+        // 64-bit; the kernel's value, libc's is 0 there); TIOCGPTPEER
+        // keeps what it is given, F_SETFL cannot set it.
+        const O_LARGEFILE: i32 = 0o100000;
+        fdio::pty_peer(m, accmode | (f.flags as i32 & O_LARGEFILE)).step(what)
     }
 }
 

@@ -63,18 +63,19 @@ fn ptys_of_two_devpts_instances_round_trip() {
         "tty-instances",
         r#"
 import termios
+TIOCGPTN, TIOCSPTLCK = 0x80045430, 0x40045431
 PTS2 = os.path.join(DIR, "pts2")
 os.mkdir(PTS2)
 r = libc.mount(b"devpts", PTS2.encode(), b"devpts", 0, b"newinstance,ptmxmode=0666")
 expect(r == 0, "mount devpts: errno %d" % ctypes.get_errno())
 def index(m):
-    return struct.unpack("I", fcntl.ioctl(m, termios.TIOCGPTN, b"\0" * 4))[0]
+    return struct.unpack("I", fcntl.ioctl(m, TIOCGPTN, b"\0" * 4))[0]
 m1, s1 = os.openpty()
 k = index(m1)
 spare = []
 while True:
     m2 = os.open(os.path.join(PTS2, "ptmx"), os.O_RDWR | os.O_NOCTTY)
-    fcntl.ioctl(m2, termios.TIOCSPTLCK, struct.pack("i", 0))
+    fcntl.ioctl(m2, TIOCSPTLCK, struct.pack("i", 0))
     if index(m2) == k:
         break
     spare.append(m2)
