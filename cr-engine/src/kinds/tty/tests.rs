@@ -2,6 +2,19 @@
 //! window size, carrying data after the restore.
 
 use crate::kinds::testkit::round_trip;
+use cr_image::model::objects::Pty;
+use cr_image::model::{Checkpoint, ObjectKind};
+
+/// The pty objects of an image, with their ids.
+fn pty_objects(c: &Checkpoint) -> Vec<(u64, &Pty)> {
+    c.objects
+        .iter()
+        .filter_map(|o| match &o.kind {
+            ObjectKind::Pty(p) => Some((o.id, p)),
+            _ => None,
+        })
+        .collect()
+}
 
 #[test]
 fn pty_round_trip() {
@@ -22,15 +35,10 @@ os.write(m, b"typed")
 expect(os.read(s, 10) == b"typed", "the pair is connected")
 "#,
     );
-    let ptys = |c: &cr_image::model::Checkpoint| {
-        c.objects
-            .iter()
-            .filter_map(|o| match &o.kind {
-                cr_image::model::ObjectKind::Pty(p) => {
-                    Some((p.index, p.termios.clone(), p.winsize.clone()))
-                }
-                _ => None,
-            })
+    let ptys = |c: &Checkpoint| {
+        pty_objects(c)
+            .into_iter()
+            .map(|(_, p)| (p.index, p.termios.clone(), p.winsize.clone()))
             .collect::<Vec<_>>()
     };
     assert_eq!(ptys(&rt.before).len(), 1);
@@ -98,15 +106,10 @@ expect(os.read(s1, 10) == b"one\n", "pair 1 is connected")
 expect(os.read(s2, 10) == b"two\n", "pair 2 is connected")
 "#,
     );
-    let ptys = |c: &cr_image::model::Checkpoint| {
-        c.objects
-            .iter()
-            .filter_map(|o| match &o.kind {
-                cr_image::model::ObjectKind::Pty(p) => {
-                    Some((o.id >> 32, p.index, p.devpts.clone(), p.winsize.clone()))
-                }
-                _ => None,
-            })
+    let ptys = |c: &Checkpoint| {
+        pty_objects(c)
+            .into_iter()
+            .map(|(id, p)| (id >> 32, p.index, p.devpts.clone(), p.winsize.clone()))
             .collect::<Vec<_>>()
     };
     let before = ptys(&rt.before);
