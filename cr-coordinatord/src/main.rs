@@ -41,16 +41,6 @@ enum MainError {
     Runtime(std::io::Error),
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CR_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-}
-
 async fn serve(cfg: Config) -> Result<(), MainError> {
     let security = Security::load(&cfg.tls)?;
     let catalog = Arc::new(Catalog::open(&cfg.db)?);
@@ -129,7 +119,7 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
 
 fn main() {
     let args = Args::parse();
-    init_tracing();
+    cr_rpc::logging::init_daemon();
     let res = Config::load(&args)
         .map_err(MainError::from)
         .and_then(|cfg| {

@@ -20,7 +20,8 @@
 //!
 //! A drain marks the node drained (no new member is placed or accepted
 //! there; a restart elsewhere never picks it) and migrates every job's
-//! members off it, each to the up, undrained node with the fewest members.
+//! members off it, each to the up, undrained node with the fewest members
+//! (Slurm jobs excepted: Slurm moves them, see [`slurm_job`]).
 
 use crate::catalog::{Change, MigrationRecord, NodeRecord};
 use crate::coordinator::{now_unix_ms, Coordinator};
@@ -730,6 +731,12 @@ impl Coordinator {
                 .collect()
         });
         for (job, pids) in jobs {
+            if slurm_job(&job) {
+                reply.left.push(format!(
+                    "{job}: a Slurm job: Slurm moves it (checkpoint and requeue by cr-slurm-drain)"
+                ));
+                continue;
+            }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 reply
@@ -766,9 +773,26 @@ impl Coordinator {
     }
 }
 
+/// Whether `job` is a Slurm job's (`slurm-JOBID`, the name the SPANK plugin
+/// gives it: `cr_spank::task::job_name`). A drain does not migrate it: its
+/// batch step would see its task killed and Slurm would still count it on
+/// the node; cr-slurm-drain moves it by checkpoint and requeue instead.
+fn slurm_job(job: &str) -> bool {
+    job.strip_prefix("slurm-")
+        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slurm_jobs_are_left_to_slurm() {
+        assert!(slurm_job("slurm-42"));
+        for j in ["slurm-", "slurm-4x", "ring", "slurm-42-3", "myslurm-1"] {
+            assert!(!slurm_job(j), "{j}");
+        }
+    }
 
     fn node(name: &str, ip: &str) -> (String, NodeRecord) {
         (

@@ -6,7 +6,7 @@
 //! * [`channel`]: gRPC channels to a TCP address or to the agent's Unix socket;
 //!   [`local`]: the blocking client of the agent the command-line tools use;
 //!   [`opts`]: the engines' options to and from the Local service's messages.
-//! * [`config`]: TOML configuration files.
+//! * [`config`]: TOML configuration files; [`logging`]: the daemons' log.
 //! * [`shutdown`]: SIGTERM / SIGINT as a future; [`fault`]: the test hooks.
 //! * [`pki`]: a cluster CA and certificates signed by it (`crctl pki`);
 //!   [`identity`]: who a client certificate names, and what it may call.
@@ -18,6 +18,7 @@ pub mod error;
 pub mod fault;
 pub mod identity;
 pub mod local;
+pub mod logging;
 pub mod opts;
 pub mod pki;
 pub mod shutdown;

@@ -149,6 +149,16 @@ impl Agent {
         }
     }
 
+    /// [`Agent::restart_job`] of a checkpoint that must exist (`req.checkpoint`,
+    /// or the job's latest committed one): none is an error naming the job
+    /// or the checkpoint.
+    pub fn restart_job_required(
+        &mut self,
+        req: pb::RestartRequest,
+    ) -> Result<pb::RestartReply, String> {
+        self.call(|mut c| async move { c.restart_job(req).await })
+    }
+
     /// Set cluster job `req.job`'s settings (periodic checkpoints) through
     /// the coordinator, as the caller's user.
     pub fn configure_job(&mut self, req: pb::ConfigureRequest) -> Result<pb::JobInfo, String> {

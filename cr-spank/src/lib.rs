@@ -12,8 +12,11 @@
 //!   `cr_checkpoint PID` of a task writes by default); the batch script's
 //!   cr_run also checkpoints its job there with `--kill` on the configured
 //!   signal (USR1: `sbatch --signal=B:USR1@SECS` before the time limit).
-//! * `--restart-from=CHECKPOINT`: the batch step runs `cr_restart
-//!   CHECKPOINT` instead of the script: the job goes on from there.
+//! * `--restart-from=CHECKPOINT`: the batch step resumes the job from
+//!   CHECKPOINT instead of running the script: `slurm-N` (the last
+//!   committed checkpoint of cluster job slurm-N) or `slurm-N-K` (that
+//!   checkpoint) through `cr_run --job slurm-N --resume-from`, a directory
+//!   through `cr_restart DIR`.
 //!
 //! When the node's agent cannot be reached the task runs as it would
 //! without the plugin, and says so on its stderr (the job's output).
@@ -46,8 +49,9 @@ pub static OPT_CHECKPOINT_DIR: OptionSpec = OptionSpec {
 pub static OPT_RESTART_FROM: OptionSpec = OptionSpec {
     name: "restart-from",
     arginfo: "CHECKPOINT",
-    usage: "Resume the batch job from this checkpoint (a directory written when a job made with \
-            --checkpoint-dir was stopped on its signal) instead of running the script.",
+    usage: "Resume the batch job from this checkpoint instead of running the script: slurm-JOBID \
+            (that job's last committed checkpoint), a checkpoint id slurm-JOBID-N (crctl \
+            checkpoints), or a directory written by a job made with --checkpoint-dir.",
     has_arg: HasArg::Required,
 };
 
@@ -69,6 +73,10 @@ impl Plugin for CrSpank {
         // bad value is refused before the job is queued.
         if let Some(v) = sp.getopt(&OPT_CHECKPOINT).map_err(|e| e.to_string())? {
             task::parse_interval(&v).map_err(|e| format!("cr_spank: --checkpoint={v}: {e}"))?;
+        }
+        if let Some(v) = sp.getopt(&OPT_RESTART_FROM).map_err(|e| e.to_string())? {
+            task::parse_restart_from(&v)
+                .map_err(|e| format!("cr_spank: --restart-from={v}: {e}"))?;
         }
         Ok(())
     }

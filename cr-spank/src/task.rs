@@ -18,6 +18,52 @@ pub fn job_name(id: u32) -> String {
     format!("slurm-{id}")
 }
 
+/// What `--restart-from=CHECKPOINT` names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestartFrom {
+    /// A directory written by a checkpoint on signal of a job made with
+    /// `--checkpoint-dir` (`cr_restart DIR`).
+    Dir(String),
+    /// A checkpoint of cluster job `job` (`slurm-N`): `checkpoint` is one
+    /// of its ids (`slurm-N-K`, as `crctl checkpoints` lists them), None
+    /// for its latest committed one.
+    Job {
+        job: String,
+        checkpoint: Option<String>,
+    },
+}
+
+/// Parses `--restart-from`: `slurm-N` (that job's last committed
+/// checkpoint), `slurm-N-K` (that checkpoint), else a directory.
+pub fn parse_restart_from(v: &str) -> Result<RestartFrom, String> {
+    if v.is_empty() {
+        return Err(
+            "CHECKPOINT must be slurm-JOBID, a checkpoint id (slurm-JOBID-N) or a \
+                    directory"
+                .into(),
+        );
+    }
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = v.strip_prefix("slurm-") {
+        match rest.split_once('-') {
+            None if digits(rest) => {
+                return Ok(RestartFrom::Job {
+                    job: v.to_string(),
+                    checkpoint: None,
+                })
+            }
+            Some((id, k)) if digits(id) && digits(k) => {
+                return Ok(RestartFrom::Job {
+                    job: format!("slurm-{id}"),
+                    checkpoint: Some(v.to_string()),
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(RestartFrom::Dir(v.to_string()))
+}
+
 /// `--checkpoint`'s INTERVAL: empty (none), seconds, or a number with
 /// `s`, `m`, `h`.
 pub fn parse_interval(v: &str) -> Result<Option<u64>, String> {
@@ -94,13 +140,39 @@ pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
     let batch = sp.step_id().map_err(|e| e.to_string())? == BATCH_STEP;
     let argv = sp.argv().map_err(|e| e.to_string())?;
     let env = sp.env().map_err(|e| e.to_string())?;
-    if let (Some(from), true) = (from, batch) {
-        return restart(id, &from, cfg, &env);
-    }
-    let job = job_name(id);
+    let from = from
+        .map(|f| parse_restart_from(&f).map_err(|e| format!("cr_spank: --restart-from={f}: {e}")))
+        .transpose()?;
+    // A job resumed from a cluster job's checkpoint goes on as that job
+    // (its periodic and signal checkpoints, the members of its srun steps).
+    let job = match &from {
+        Some(RestartFrom::Job { job, .. }) => job.clone(),
+        _ => job_name(id),
+    };
+    // In the batch step: what its cr_run resumes from instead of running
+    // the script.
+    let resume_from = match (&from, batch) {
+        (Some(RestartFrom::Dir(d)), true) => return restart(id, d, cfg, &env),
+        // Requeued after it resumed: from the job's latest checkpoint.
+        (Some(RestartFrom::Job { job, checkpoint }), true) => Some(
+            checkpoint
+                .clone()
+                .filter(|_| restart_count(sp, &env) == 0)
+                .unwrap_or_else(|| job.clone()),
+        ),
+        _ => None,
+    };
     let node = node_name(&env);
     let socket = cfg.socket_of(&node);
     if let Err(e) = std::os::unix::net::UnixStream::connect(&socket) {
+        if let Some(r) = &resume_from {
+            // Running the script instead would start the job over.
+            return Err(format!(
+                "cr_spank: job {id} cannot resume from {r}: cannot reach the cr agent of {node} \
+                 at {} ({e})",
+                socket.display()
+            ));
+        }
         say(&format!(
             "job {id} is NOT checkpointable: cannot reach the cr agent of {node} at {} ({e}); \
              it runs without checkpoints",
@@ -131,8 +203,11 @@ pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
         // slurmd removes the script when the job ends; the shell still
         // reads it: its content goes into the images.
         cmd.arg("--checkpoint-save-file").arg(&argv[0]);
-        // A requeued job goes on from its last committed checkpoint.
-        if dir.is_none() && restart_count(sp, &env) > 0 {
+        if let Some(r) = &resume_from {
+            say(&format!("job {id} resumes from {r}"));
+            cmd.arg("--resume-from").arg(r);
+        } else if dir.is_none() && restart_count(sp, &env) > 0 {
+            // A requeued job goes on from its last committed checkpoint.
             cmd.arg("--resume");
         }
         if let Some(secs) = ck.as_deref().and_then(|v| parse_interval(v).ok().flatten()) {
@@ -178,5 +253,22 @@ mod tests {
         assert_eq!(parse_interval("2h"), Ok(Some(7200)));
         assert!(parse_interval("0").is_err());
         assert!(parse_interval("x").is_err());
+    }
+
+    #[test]
+    fn restart_from() {
+        let job = |j: &str, c: Option<&str>| RestartFrom::Job {
+            job: j.into(),
+            checkpoint: c.map(str::to_string),
+        };
+        assert_eq!(parse_restart_from("slurm-42"), Ok(job("slurm-42", None)));
+        assert_eq!(
+            parse_restart_from("slurm-42-7"),
+            Ok(job("slurm-42", Some("slurm-42-7")))
+        );
+        for d in ["/ck/sim", "ck", "slurm-x", "slurm-4-2-1", "slurm-"] {
+            assert_eq!(parse_restart_from(d), Ok(RestartFrom::Dir(d.into())));
+        }
+        assert!(parse_restart_from("").is_err());
     }
 }

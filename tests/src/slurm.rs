@@ -26,10 +26,11 @@
 //! Every wait has a deadline and polls the daemons' state (no sleeps).
 
 use crate::cluster::{
-    node_ip, node_name, nsenter, poll_until, Cluster, Daemon, COORDINATOR_IP, POLL_PERIOD,
+    node_ip, node_name, nsenter, poll_until, Cluster, Daemon, ADMIN, COORDINATOR_IP,
+    COORDINATOR_PORT, POLL_PERIOD,
 };
 use crate::node::NodeNs;
-use crate::{read_text, tail, wait_until, Proc, ToolOutput};
+use crate::{read_text, tail, tool_path, wait_until, Proc, ToolOutput};
 use std::cell::RefCell;
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -64,6 +65,8 @@ pub struct Slurm<'c, 'h> {
     slurmd: RefCell<Vec<Option<Daemon>>>,
     slurmctld: RefCell<Option<Daemon>>,
     munged: RefCell<Option<Daemon>>,
+    /// cr-slurm-drain, once started ([`Slurm::start_drain_watcher`]).
+    watcher: RefCell<Option<Daemon>>,
     /// The controller's UTS and mount namespaces (dropped last).
     ctl: NodeNs,
 }
@@ -179,6 +182,7 @@ impl<'c, 'h> Slurm<'c, 'h> {
             slurmd: RefCell::new((0..c.nodes).map(|_| None).collect()),
             slurmctld: RefCell::new(None),
             munged: RefCell::new(None),
+            watcher: RefCell::new(None),
             ctl,
             dir,
         };
@@ -273,6 +277,61 @@ impl<'c, 'h> Slurm<'c, 'h> {
                 self.check_alive(&self.slurmctld, "slurmctld");
                 let out = self.cmd(&["scontrol", "ping"]);
                 out.status.success() && out.stdout.contains("is UP")
+            },
+            || self.diag(),
+        );
+    }
+
+    /// Starts `cr-slurm-drain` on the controller's host (docs/SLURM.md,
+    /// Drain): configured by a file (a look every second; crctl with the
+    /// administrator's certificate), logging to `DIR/slurm/drain.log`.
+    pub fn start_drain_watcher(&self) {
+        let p = |n: &str| self.c.pki.join(n).to_string_lossy().into_owned();
+        let crctl_conf = self.dir.join("crctl.toml");
+        std::fs::write(
+            &crctl_conf,
+            format!(
+                "coordinator = \"{COORDINATOR_IP}:{COORDINATOR_PORT}\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+                p("ca.crt"),
+                p(&format!("{ADMIN}.crt")),
+                p(&format!("{ADMIN}.key"))
+            ),
+        )
+        .expect("write crctl.toml");
+        let conf = self.dir.join("slurm-drain.toml");
+        std::fs::write(
+            &conf,
+            format!(
+                "period = 1.0\ntimeout = 60\ncrctl = {:?}\ncrctl_config = {:?}\n",
+                tool_path("crctl"),
+                crctl_conf
+            ),
+        )
+        .expect("write slurm-drain.toml");
+        let log = self.dir.join("drain.log");
+        let args = self.ctl_args(&[
+            tool_path("cr-slurm-drain").into_os_string(),
+            "--config".into(),
+            conf.into_os_string(),
+        ]);
+        let mut env = self.env();
+        env.push(("CR_LOG".into(), "debug".into()));
+        let sp = self.c.spawn_in(
+            None,
+            "cr-slurm-drain",
+            &nsenter(),
+            &args,
+            &env,
+            (&log, &log),
+        );
+        *self.watcher.borrow_mut() = Some(Daemon { proc: sp.proc, log });
+        let log = self.dir.join("drain.log");
+        wait_until(
+            "cr-slurm-drain to start watching",
+            SLURM_TIMEOUT,
+            || {
+                self.check_alive(&self.watcher, "cr-slurm-drain");
+                read_text(&log).contains("watching drained nodes")
             },
             || self.diag(),
         );
@@ -393,7 +452,12 @@ impl<'c, 'h> Slurm<'c, 'h> {
 
     /// `sinfo` state (`idle`, `alloc`, `drain`, ...) of node `k`.
     pub fn node_state(&self, k: usize) -> String {
-        let out = self.cmd(&["sinfo", "-h", "-N", "-n", &node_name(k), "-o", "%T"]);
+        self.node_state_of(&node_name(k))
+    }
+
+    /// `sinfo` state of the node named `node`.
+    pub fn node_state_of(&self, node: &str) -> String {
+        let out = self.cmd(&["sinfo", "-h", "-N", "-n", node, "-o", "%T"]);
         // One line per partition holding the node, all the same.
         out.stdout.lines().next().unwrap_or("").trim().to_string()
     }
@@ -431,6 +495,7 @@ impl<'c, 'h> Slurm<'c, 'h> {
             self.dir.join("munged.log"),
             self.dir.join("slurmctld.out"),
             self.dir.join("slurmctld.log"),
+            self.dir.join("drain.log"),
         ];
         for k in 1..=self.c.nodes {
             logs.push(self.dir.join(format!("slurmd-{}.log", node_name(k))));
@@ -451,6 +516,9 @@ fn stop(p: &mut Proc) {
 
 impl Drop for Slurm<'_, '_> {
     fn drop(&mut self) {
+        if let Some(d) = self.watcher.borrow_mut().as_mut() {
+            stop(&mut d.proc);
+        }
         for d in self.slurmd.borrow_mut().iter_mut().flatten() {
             stop(&mut d.proc);
         }

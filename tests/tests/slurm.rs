@@ -16,14 +16,22 @@
 //!    --signal=B:USR1@50` is checkpointed and stopped by Slurm's signal
 //!    before its limit; `sbatch --restart-from=DIR` on another node
 //!    resumes it from there (its rounds go on, no second start) and it
-//!    finishes OK;
+//!    finishes OK; beside it (4b), a job with `--checkpoint` stopped by
+//!    the same signal is checkpointed as cluster job `slurm-N`; `sbatch
+//!    --checkpoint --restart-from=slurm-N` resumes it on another node from
+//!    that checkpoint and it finishes OK; `--restart-from=slurm-N-999`
+//!    fails with one line;
 //! 5. preemption: a job of partition `low` submitted with
 //!    `--checkpoint=2` (periodic checkpoints every 2 s) and
 //!    `--signal=B:USR1@600` is preempted by a job of partition `high` on
 //!    its node: at the start of its GraceTime the coordinated checkpoint
 //!    stops it, Slurm requeues it at the end, and when it starts again on
 //!    another node it resumes from that checkpoint (its rounds go on, no
-//!    second start) and finishes OK.
+//!    second start) and finishes OK;
+//! 6. drain: with cr-slurm-drain running, a checkpointable job on a node
+//!    drained by `scontrol update State=DRAIN` and one on a node drained
+//!    by `crctl drain` are each checkpointed, requeued, and resumed on the
+//!    undrained node, finishing OK.
 
 use cr_tests::cluster::{jlist, jstr, node_name, poll_until, Cluster, POLL_PERIOD};
 use cr_tests::slurm::{Slurm, SlurmOpts, SLURM_TIMEOUT};
@@ -39,10 +47,15 @@ const ROUNDS: u64 = 200;
 /// repeat and that it ended with `OK`. Lines of the plugin (`cr_spank: `),
 /// of a checkpoint on signal (`cr_run: signal `), of a resume (`cr_run: job
 /// `) and slurmstepd's notice of a preemption (`slurmstepd-n1: error: ***
-/// JOB 7 ON n1 CANCELLED ... DUE TO PREEMPTION ***`) are allowed anywhere.
+/// JOB 7 ON n1 CANCELLED ... DUE TO PREEMPTION ***`, also after OK: the
+/// time limit of a job stopped on its signal ends it while the job it
+/// resumed runs on) are allowed anywhere.
 fn check_progress(text: &str) -> Result<(usize, u64), String> {
     let (mut starts, mut last, mut ok) = (0, 0u64, false);
     for line in text.lines() {
+        if line.contains(": error: *** JOB ") {
+            continue;
+        }
         if ok {
             return Err(format!("a line after OK: {line:?}"));
         }
@@ -59,7 +72,6 @@ fn check_progress(text: &str) -> Result<(usize, u64), String> {
         } else if !line.starts_with("cr_spank: ")
             && !line.starts_with("cr_run: signal ")
             && !line.starts_with("cr_run: job ")
-            && !line.contains(": error: *** JOB ")
         {
             return Err(format!("unexpected line {line:?}"));
         }
@@ -99,6 +111,20 @@ fn submit_rounds(
     }
     args.extend_from_slice(extra);
     args.extend(["--wrap", &cmd]);
+    (s.sbatch(&args), out)
+}
+
+/// `sbatch -N1 -w NODE -o DIR/LABEL.out EXTRA... --wrap true`: a job that
+/// resumes another (`--restart-from` in `extra`); its id and output file.
+fn submit_resume(s: &Slurm, node: &str, label: &str, extra: &[&str]) -> (u32, String) {
+    let out =
+        s.c.dir
+            .join(format!("{label}.out"))
+            .to_string_lossy()
+            .into_owned();
+    let mut args = vec!["-N1", "-w", node, "-o", &out];
+    args.extend_from_slice(extra);
+    args.extend(["--wrap", "true"]);
     (s.sbatch(&args), out)
 }
 
@@ -306,16 +332,27 @@ fn slurm_scenarios() {
     );
     c.start_agent(3);
 
-    // Cell 4: checkpointed before the time limit, resumed elsewhere.
+    // Cell 4: checkpointed before the time limit, resumed elsewhere: into
+    // a directory on n1 (--checkpoint-dir, resumed with --restart-from=DIR)
+    // and as cluster job slurm-N on n2 (--checkpoint, resumed with
+    // --restart-from=slurm-N), side by side (one wait for the signal).
     const LONG: u64 = 1000;
     let ck = c.dir.join("ck-timelimit").to_string_lossy().into_owned();
     let dir_opt = format!("--checkpoint-dir={ck}");
+    let limit = ["--time=1", "--signal=B:USR1@50"];
     let (id, out) = submit_rounds(
         &s,
         Some(1),
         "timelimit",
         LONG,
-        &[&dir_opt, "--time=1", "--signal=B:USR1@50"],
+        &[&dir_opt, limit[0], limit[1]],
+    );
+    let (idj, outj) = submit_rounds(
+        &s,
+        Some(2),
+        "timelimit-job",
+        LONG,
+        &["--checkpoint", limit[0], limit[1]],
     );
     s.wait_job(id, &["FAILED"], SLURM_TIMEOUT + Duration::from_secs(30));
     let before = read_text(Path::new(&out));
@@ -329,10 +366,58 @@ fn slurm_scenarios() {
         "cell 4: the job should be checkpointed and stopped on SIGUSR1\n{}",
         s.diag_job(id)
     );
-    let out2 = c.dir.join("resumed.out").to_string_lossy().into_owned();
     let from = format!("--restart-from={ck}");
-    let id2 = s.sbatch(&["-N1", "-w", "n3", "-o", &out2, &from, "--wrap", "true"]);
+    let (id2, out2) = submit_resume(&s, "n3", "resumed", &[&from]);
     let wait = SLURM_TIMEOUT + Duration::from_secs(LONG / 20);
+
+    // Cell 4b: the job of n2 checkpointed as cluster job slurm-N with
+    // --kill on the signal, and held its place (until its limit).
+    let jobj = format!("slurm-{idj}");
+    wait_line(
+        &s,
+        idj,
+        &outj,
+        "its checkpoint before the time limit",
+        |l| {
+            l.starts_with(&format!(
+                "cr_run: signal 10: job checkpointed (cluster job {jobj})"
+            ))
+        },
+    );
+    let stopped_j = last_round(&read_text(Path::new(&outj)));
+    let lastj = committed(&c, &jobj).last().cloned().unwrap_or_default();
+    // A checkpoint id that does not exist: the job fails, saying so.
+    let bad = format!("{jobj}-999");
+    let from_bad = format!("--restart-from={bad}");
+    let (id_bad, out_bad) = submit_resume(&s, "n1", "restart-bad", &["--checkpoint", &from_bad]);
+    s.wait_job(id_bad, &["FAILED"], SLURM_TIMEOUT);
+    let text = read_text(Path::new(&out_bad));
+    assert!(
+        text.lines().any(|l| l.starts_with(&format!(
+            "cr_run: error: cannot resume job {jobj} from {bad}: "
+        )) && l.ends_with(&format!("no checkpoint {bad}"))),
+        "cell 4b: --restart-from={bad} should fail with one line\n{}",
+        s.diag_job(id_bad)
+    );
+    // Resumed on n1 from its last committed checkpoint.
+    let from_j = format!("--restart-from={jobj}");
+    let (idr, out_r) = submit_resume(&s, "n1", "resumed-job", &["--checkpoint", &from_j]);
+    let what = format!("cell 4b (stopped at round {stopped_j}, resumed from {lastj})");
+    completed_ok(&s, idr, &outj, LONG, wait, &what);
+    let text = read_text(Path::new(&out_r));
+    assert!(
+        stopped_j > 0
+            && text.contains(&format!("cr_spank: job {idr} resumes from {jobj}\n"))
+            && text
+                .lines()
+                .any(|l| l.starts_with(&format!("cr_run: job {jobj} resumed from {lastj} ("))),
+        "cell 4b: the resuming job says so\n{text}\n{}",
+        s.diag_job(idr)
+    );
+    println!(
+        "MEASURED: time-limit job {jobj} stopped at round {stopped_j} of {LONG}, resumed on n1 with --restart-from={jobj} (from {lastj})"
+    );
+
     let what = format!("cell 4 (stopped at round {stopped_at})");
     completed_ok(&s, id2, &out, LONG, wait, &what);
     assert!(
@@ -341,6 +426,8 @@ fn slurm_scenarios() {
         s.diag_job(id2)
     );
     println!("MEASURED: time-limit job stopped at round {stopped_at} of {LONG}, resumed on n3");
+    // The job stopped on its signal held its place until its limit.
+    s.wait_job(idj, &["TIMEOUT"], SLURM_TIMEOUT);
 
     // Cell 5: preempted, checkpointed, requeued, resumed on another node.
     const PRE: u64 = 300;
@@ -424,4 +511,60 @@ fn slurm_scenarios() {
     println!(
         "MEASURED: preempted on {first} at round {stopped_at} of {PRE} (checkpoint {last} {notice_ms} ms after the preemptor's submission), requeued after {requeue_ms} ms, resumed on {second}"
     );
+
+    // Cell 6: drain. cr-slurm-drain moves the checkpointable jobs off a
+    // node drained in Slurm (scontrol) and off one drained by crctl: each
+    // is checkpointed, requeued and resumed on the one undrained node.
+    s.start_drain_watcher();
+    const DRAINED: u64 = 300;
+    let mut moved = Vec::new();
+    for label in ["drain-scontrol", "drain-crctl"] {
+        let (id, out) = submit_rounds(&s, None, label, DRAINED, &["--checkpoint"]);
+        s.wait_job(id, &["RUNNING"], SLURM_TIMEOUT);
+        wait_round(&s, id, &out, 10);
+        moved.push((id, out, s.job_field(id, "NodeList")));
+    }
+    let t0 = std::time::Instant::now();
+    let by_scontrol = &moved[0].2;
+    let up = s.cmd(&[
+        "scontrol",
+        "update",
+        &format!("NodeName={by_scontrol}"),
+        "State=DRAIN",
+        "Reason=cell 6",
+    ]);
+    assert!(
+        up.status.success(),
+        "scontrol update State=DRAIN\n{}",
+        up.show()
+    );
+    let by_crctl = &moved[1].2;
+    let dr = c.crctl(&["drain", by_crctl]);
+    let left = format!("  left: slurm-{}: a Slurm job", moved[1].0);
+    assert!(
+        dr.status.success() && dr.stdout.lines().any(|l| l.starts_with(&left)),
+        "cell 6: crctl drain {by_crctl} leaves the Slurm job to Slurm\n{}\n{}",
+        dr.show(),
+        s.diag()
+    );
+    for (id, out, node) in &moved {
+        let job = format!("slurm-{id}");
+        let wait = SLURM_TIMEOUT + Duration::from_secs(2 * DRAINED / 20);
+        let text = completed_ok(&s, *id, out, DRAINED, wait, &format!("cell 6 ({job})"));
+        let now = s.job_field(*id, "NodeList");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("cr_run: job {job} resumed from {job}-")))
+                && now != *node
+                && s.job_field(*id, "Restarts") == "1",
+            "cell 6: {job} should be checkpointed on {node}, requeued and resumed elsewhere (ran on {now})\n{text}\n{}",
+            s.diag_job(*id)
+        );
+        println!(
+            "MEASURED: drained {node}: {job} resumed on {now}, done {} ms after the drains",
+            t0.elapsed().as_millis()
+        );
+    }
+    // crctl's drain is Slurm's too.
+    assert_eq!(s.node_state_of(by_crctl), "drained", "cell 6\n{}", s.diag());
 }

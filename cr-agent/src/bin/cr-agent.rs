@@ -87,14 +87,7 @@ fn config(cli: Cli) -> Result<Config, String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    cr_rpc::logging::init_daemon();
     let result = config(Cli::parse()).and_then(|cfg| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

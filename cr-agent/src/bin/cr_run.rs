@@ -17,7 +17,8 @@
 //! `--checkpoint-signal` then checkpoints the whole job through the
 //! coordinator (`cr_checkpoint --job NAME --kill`), `--resume` restarts the
 //! job's last committed checkpoint on this node instead of starting the
-//! command (a batch job requeued after such a checkpoint), and
+//! command (a batch job requeued after such a checkpoint), `--resume-from`
+//! restarts a given checkpoint of it (`sbatch --restart-from=slurm-N`), and
 //! `--interval` sets its periodic checkpoints.
 #![forbid(unsafe_code)]
 
@@ -67,6 +68,18 @@ struct Cli {
     /// wait for it and exit with its status; else run the command.
     #[arg(long, requires = "job")]
     resume: bool,
+    /// With --job: restart the job on this node from CHECKPOINT (one of
+    /// its checkpoint ids, or the job's name: its latest committed one)
+    /// instead of running the command, wait for it and exit with its
+    /// status; fails with one line if there is no such checkpoint (Slurm:
+    /// `sbatch --restart-from=slurm-N`).
+    #[arg(
+        long,
+        value_name = "CHECKPOINT",
+        requires = "job",
+        conflicts_with = "resume"
+    )]
+    resume_from: Option<String>,
     /// With --job: checkpoint the job every SECS seconds (the coordinator's
     /// periodic checkpoints, as `crctl job NAME --interval SECS`).
     #[arg(long, value_name = "SECS", requires = "job")]
@@ -114,6 +127,22 @@ fn run(cli: Cli) -> Result<u8, String> {
     }
     .map(|(target, sig)| checkpoint_on(parse_signal(sig)?, target, cli.hold))
     .transpose()?;
+    if let (Some(a), Some(job), Some(from)) = (agent.as_mut(), &cli.job, &cli.resume_from) {
+        let req = cr_rpc::pb::RestartRequest {
+            job: job.clone(),
+            checkpoint: if from == job { "" } else { from }.to_string(),
+            ..Default::default()
+        };
+        let r = a.restart_job_required(req).map_err(|e| {
+            if from == job {
+                format!("cannot resume job {job}: {e}")
+            } else {
+                format!("cannot resume job {job} from {from}: {e}")
+            }
+        })?;
+        set_interval(a, job, cli.interval);
+        return resumed(a, job, &r, on_signal);
+    }
     if let (Some(a), Some(job), true) = (agent.as_mut(), &cli.job, cli.resume) {
         let req = cr_rpc::pb::RestartRequest {
             job: job.clone(),

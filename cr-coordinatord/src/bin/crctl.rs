@@ -674,6 +674,7 @@ fn drain_json(r: &pb::DrainReply) -> Value {
         "node": r.node,
         "migrations": r.migrations.iter().map(migrate_json).collect::<Vec<_>>(),
         "failed": r.failed,
+        "left": r.left,
     })
 }
 
@@ -732,6 +733,9 @@ fn drain_text(r: &pb::DrainReply) -> String {
     }
     for f in &r.failed {
         let _ = writeln!(o, "  failed: {f}");
+    }
+    for l in &r.left {
+        let _ = writeln!(o, "  left: {l}");
     }
     o
 }
