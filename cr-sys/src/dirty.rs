@@ -138,6 +138,8 @@ fn scan(
 ) -> Result<()> {
     let mut regions = vec![PageRegion::default(); 4096];
     let mut at = start;
+    // Pages below this were reported already.
+    let mut covered = start;
     while at < end {
         let mut arg = PmScanArg {
             size: std::mem::size_of::<PmScanArg>() as u64,
@@ -162,15 +164,25 @@ fn scan(
             });
         }
         for r in &regions[..n as usize] {
-            match out.last_mut() {
-                Some(last) if last.1 == r.start && last.2 == r.categories => last.1 = r.end,
-                _ => out.push((r.start, r.end, r.categories)),
+            let a = r.start.max(covered);
+            if r.end <= a {
+                continue;
             }
+            match out.last_mut() {
+                Some(last) if last.1 == a && last.2 == r.categories => last.1 = r.end,
+                _ => out.push((a, r.end, r.categories)),
+            }
+            covered = r.end;
         }
-        if arg.walk_end <= at {
+        // The kernel (6.18) may report a walk_end short of the ranges it
+        // returned (seen when its own buffer filled during the walk): the
+        // next call starts after both, and what is reported again is
+        // dropped above.
+        let next = arg.walk_end.max(covered);
+        if next <= at {
             break;
         }
-        at = arg.walk_end;
+        at = next;
     }
     Ok(())
 }

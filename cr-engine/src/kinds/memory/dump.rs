@@ -489,6 +489,10 @@ impl Arena {
         let m = memmap2::MmapMut::map_anon(len).ok()?;
         let _ = m.advise(memmap2::Advice::HugePage);
         self.maps.push(m);
+        if self.maps.len() == 1 {
+            // Nothing was reserved ahead: this map is the first, and full.
+            self.used = len;
+        }
         self.held += len;
         Some(Region {
             map: self.maps.len() - 1,
