@@ -53,6 +53,16 @@ pub struct PreCopy {
     pub ms: u64,
 }
 
+/// What a pre-copy's rounds work on (see [`Coordinator::pre_copy`]).
+#[derive(Clone, Copy)]
+struct Rounds<'a> {
+    job: &'a str,
+    members: &'a [MemberKey],
+    first_parents: &'a HashMap<MemberKey, String>,
+    fetch_to: &'a HashMap<MemberKey, String>,
+    deadline: Instant,
+}
+
 impl Coordinator {
     /// Pre-copy rounds of `members` of `job` (see the module doc), each
     /// member's first round incremental on `first_parents` (if named
@@ -68,17 +78,14 @@ impl Coordinator {
         deadline: Instant,
     ) -> Result<PreCopy, String> {
         let mut out = PreCopy::default();
-        let r = self
-            .pre_copy_rounds(
-                busy,
-                job,
-                members,
-                first_parents,
-                fetch_to,
-                deadline,
-                &mut out,
-            )
-            .await;
+        let what = Rounds {
+            job,
+            members,
+            first_parents,
+            fetch_to,
+            deadline,
+        };
+        let r = self.pre_copy_rounds(busy, &what, &mut out).await;
         match r {
             Ok(()) => Ok(out),
             Err(e) => {
@@ -89,17 +96,19 @@ impl Coordinator {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn pre_copy_rounds(
         &self,
         busy: &Busy<'_>,
-        job: &str,
-        members: &[MemberKey],
-        first_parents: &HashMap<MemberKey, String>,
-        fetch_to: &HashMap<MemberKey, String>,
-        deadline: Instant,
+        w: &Rounds<'_>,
         out: &mut PreCopy,
     ) -> Result<(), String> {
+        let Rounds {
+            job,
+            members,
+            first_parents,
+            fetch_to,
+            deadline,
+        } = *w;
         let t0 = Instant::now();
         let stamp = now_unix_ms();
         let nodes = self.catalog.read(|s| s.nodes.clone());

@@ -243,6 +243,21 @@ fn read_page(p: &mut Plan, vma_start: u64, vaddr: u64, src: Src, src_off: u64) {
     p.bytes += PAGE_SIZE;
 }
 
+/// Append page `page`, unchanged since the parent (hash `h`), to the plan.
+fn parent_page(p: &mut Plan, page: u64, h: u64) {
+    match p.items.last_mut() {
+        Some(Item::Parent { vaddr, hashes })
+            if *vaddr + hashes.len() as u64 * PAGE_SIZE == page =>
+        {
+            hashes.push(h)
+        }
+        _ => p.items.push(Item::Parent {
+            vaddr: page,
+            hashes: vec![h],
+        }),
+    }
+}
+
 /// Decide what to do with every page of `vmas` of `pid`: read it, or take
 /// it from the parent.
 pub fn plan(
@@ -319,17 +334,7 @@ pub fn plan(
                     _ => None,
                 };
                 match known {
-                    Some(h) => match p.items.last_mut() {
-                        Some(Item::Parent { vaddr, hashes })
-                            if *vaddr + hashes.len() as u64 * PAGE_SIZE == page =>
-                        {
-                            hashes.push(h)
-                        }
-                        _ => p.items.push(Item::Parent {
-                            vaddr: page,
-                            hashes: vec![h],
-                        }),
-                    },
+                    Some(h) => parent_page(&mut p, page, h),
                     None => read_page(&mut p, v.start, page, src, page),
                 }
             }
@@ -379,17 +384,7 @@ fn plan_tracked(
                 cursor.hash_of(page)
             };
             match known {
-                Some(h) => match p.items.last_mut() {
-                    Some(Item::Parent { vaddr, hashes })
-                        if *vaddr + hashes.len() as u64 * PAGE_SIZE == page =>
-                    {
-                        hashes.push(h)
-                    }
-                    _ => p.items.push(Item::Parent {
-                        vaddr: page,
-                        hashes: vec![h],
-                    }),
-                },
+                Some(h) => parent_page(p, page, h),
                 None if present || in_ranges(written, page) => {
                     read_page(p, v.start, page, src, page)
                 }
