@@ -11,7 +11,10 @@
 //! (and none may report FAIL). The table shows the medians of the
 //! CheckpointInfo's times: `pause_ms` (longest time a process of the job
 //! was frozen), `prepare_ms`, `check_ms`, `dump_ms`, `commit_ms`,
-//! `duration_ms`. Retention keeps the last checkpoint of each ring only.
+//! `duration_ms`; with `--modes pre-copy` (`crctl checkpoint --pre-copy`)
+//! also the pre-copy's `rounds` and `pre_copy_ms` (before the freeze, not
+//! in `duration_ms`). `--ballast MIB:MBS` gives member 0 that much memory,
+//! rewritten at that rate (and checked by the member). Retention keeps the last checkpoint of each ring only.
 //! Before each checkpoint, `limit_ms` is the machine's own limit for the
 //! same members, in the same run: their plainest pause ([`crate::freeze`]:
 //! all stopped at once with ptrace, their writable memory read, let go).
@@ -61,9 +64,25 @@ pub struct Opts {
         value_parser = int_in::<usize>(1..=200),
     )]
     nodes: Vec<usize>,
-    /// Checkpoints per ring; the table shows medians.
+    /// Checkpoints per ring and mode; the table shows medians.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = int_in::<usize>(1..))]
     reps: usize,
+    /// How each ring is checkpointed: `plain` (`crctl checkpoint`) and/or
+    /// `pre-copy` (`crctl checkpoint --pre-copy`: pre-dump rounds while
+    /// the job runs, then the freeze).
+    #[arg(
+        long,
+        value_name = "MODE,...",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = "plain",
+        value_parser = ["plain", "pre-copy"],
+    )]
+    modes: Vec<String>,
+    /// Member 0 of each ring holds MIB MiB it rewrites at MBS MB/s (and
+    /// checks), e.g. 1024:10.
+    #[arg(long, value_name = "MIB:MBS")]
+    ballast: Option<String>,
     /// Where cr-agent, cr-coordinatord, crctl, cr_run and wl_ring live
     /// (default: the directory of this executable).
     #[arg(long, value_name = "DIR")]
@@ -81,11 +100,15 @@ struct Sample {
     dump: u64,
     commit: u64,
     duration: u64,
+    /// Pre-copy: its rounds and their time (before the freeze).
+    rounds: u64,
+    pre_copy: u64,
 }
 
 struct Row {
     members: usize,
     nodes: usize,
+    mode: String,
     samples: Vec<Sample>,
 }
 
@@ -118,50 +141,65 @@ fn measure(o: &Opts) -> Vec<Row> {
             let job = format!("bench-{members}x{nodes}");
             let placement: Vec<usize> = (0..members).map(|i| i % nodes + 1).collect();
             eprintln!("cr-bench: ring of {members} members over {nodes} nodes ...");
-            let ring = c.start_ring(&job, &placement);
-            let out = c.crctl(&["job", &job, "--keep", "1"]);
+            let ring = match &o.ballast {
+                Some(b) => c.start_ring_ballast(&job, &placement, b),
+                None => c.start_ring(&job, &placement),
+            };
+            // A big member may stay frozen long on a loaded machine.
+            let out = c.crctl(&["job", &job, "--keep", "1", "--freeze-timeout", "300"]);
             if !out.status.success() {
                 panic!("crctl job {job} --keep 1 failed\n{}", out.show());
             }
             ring.wait_advanced(ADVANCE, "before the first checkpoint");
-            let mut samples = Vec::new();
-            for rep in 0..o.reps {
-                let (limit, _) = crate::freeze::limit_pause(&ring.host_pids())
-                    .unwrap_or_else(|e| panic!("the plainest pause of {job}: {e}"));
-                ring.wait_advanced(ADVANCE, "after the plainest pause");
-                let info = c.crctl_json(&["checkpoint", &job]);
-                if jstr(&info, "state") != "committed" {
-                    panic!(
-                        "checkpoint of {job} not committed: {info:#}\n{}",
-                        ring.diag()
-                    );
-                }
-                let s = Sample {
-                    pause: ju64(&info, "pause_ms"),
-                    limit: limit.as_millis() as u64,
-                    prepare: ju64(&info, "prepare_ms"),
-                    check: ju64(&info, "check_ms"),
-                    dump: ju64(&info, "dump_ms"),
-                    commit: ju64(&info, "commit_ms"),
-                    duration: ju64(&info, "duration_ms"),
-                };
-                eprintln!(
-                    "cr-bench:   rep {}/{}: pause {} ms (limit {} ms), duration {} ms",
+            for mode in &o.modes {
+                let mut samples = Vec::new();
+                for rep in 0..o.reps {
+                    let (limit, _) = crate::freeze::limit_pause(&ring.host_pids())
+                        .unwrap_or_else(|e| panic!("the plainest pause of {job}: {e}"));
+                    ring.wait_advanced(ADVANCE, "after the plainest pause");
+                    let mut args = vec!["checkpoint", job.as_str()];
+                    if mode == "pre-copy" {
+                        args.push("--pre-copy");
+                    }
+                    let info = c.crctl_json(&args);
+                    if jstr(&info, "state") != "committed" {
+                        panic!(
+                            "checkpoint of {job} not committed: {info:#}\n{}",
+                            ring.diag()
+                        );
+                    }
+                    let s = Sample {
+                        pause: ju64(&info, "pause_ms"),
+                        limit: limit.as_millis() as u64,
+                        prepare: ju64(&info, "prepare_ms"),
+                        check: ju64(&info, "check_ms"),
+                        dump: ju64(&info, "dump_ms"),
+                        commit: ju64(&info, "commit_ms"),
+                        duration: ju64(&info, "duration_ms"),
+                        rounds: ju64(&info, "pre_copy_rounds"),
+                        pre_copy: ju64(&info, "pre_copy_ms"),
+                    };
+                    eprintln!(
+                    "cr-bench:   {mode} {}/{}: pause {} ms (limit {} ms), duration {} ms, pre-copy {} rounds in {} ms",
                     rep + 1,
                     o.reps,
                     s.pause,
                     s.limit,
-                    s.duration
+                    s.duration,
+                    s.rounds,
+                    s.pre_copy
                 );
-                samples.push(s);
-                ring.wait_advanced(ADVANCE, "after a checkpoint (continue)");
+                    samples.push(s);
+                    ring.wait_advanced(ADVANCE, "after a checkpoint (continue)");
+                }
+                ring.assert_no_fail();
+                rows.push(Row {
+                    members,
+                    nodes,
+                    mode: mode.clone(),
+                    samples,
+                });
             }
-            ring.assert_no_fail();
-            rows.push(Row {
-                members,
-                nodes,
-                samples,
-            });
         }
     }
     rows
@@ -175,10 +213,13 @@ fn table(rows: &[Row], reps: usize) -> String {
     );
     let _ = writeln!(
         o,
-        "| members | nodes | pause_ms | pause min-max | limit_ms | prepare_ms | check_ms \
-         | dump_ms | commit_ms | duration_ms |"
+        "| members | nodes | mode | pause_ms | pause min-max | limit_ms | prepare_ms | check_ms \
+         | dump_ms | commit_ms | duration_ms | rounds | pre_copy_ms |"
     );
-    let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        o,
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for r in rows {
         let m = |f: fn(&Sample) -> u64| {
             median(r.samples.iter().map(f).collect()).map_or("-".into(), |v| format!("{v:.1}"))
@@ -190,9 +231,10 @@ fn table(rows: &[Row], reps: usize) -> String {
         };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {range} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {range} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.members,
             r.nodes,
+            r.mode,
             m(|s| s.pause),
             m(|s| s.limit),
             m(|s| s.prepare),
@@ -200,6 +242,8 @@ fn table(rows: &[Row], reps: usize) -> String {
             m(|s| s.dump),
             m(|s| s.commit),
             m(|s| s.duration),
+            m(|s| s.rounds),
+            m(|s| s.pre_copy),
         );
     }
     o
@@ -260,14 +304,18 @@ mod tests {
     fn command_lines() {
         let o = parsed::<Opts>("cluster");
         assert!(o.members == [1, 4, 16, 32] && o.nodes == [1, 2, 3] && o.reps == 3);
-        assert!(o.bin_dir.is_none());
-        let o = parsed::<Opts>("cluster --members 2,200 --nodes 2 --reps 1");
+        assert!(o.bin_dir.is_none() && o.modes == ["plain"] && o.ballast.is_none());
+        let o = parsed::<Opts>(
+            "cluster --members 2,200 --nodes 2 --reps 1 --modes plain,pre-copy --ballast 1024:10",
+        );
         assert!(o.members == [2, 200] && o.nodes == [2] && o.reps == 1);
+        assert!(o.modes == ["plain", "pre-copy"] && o.ballast.as_deref() == Some("1024:10"));
         assert_refused(&[
             "cluster --members 0",
             "cluster --members 201",
             "cluster --nodes 201",
             "cluster --reps 0",
+            "cluster --modes lazy",
         ]);
     }
 }

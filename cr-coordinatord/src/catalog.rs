@@ -157,6 +157,9 @@ pub struct JobRecord {
     /// the nodes that wrote it).
     #[prost(uint32, tag = "11")]
     pub replicas: u32,
+    /// Its checkpoints pre-copy memory while it runs ([`crate::precopy`]).
+    #[prost(bool, tag = "12")]
+    pub pre_copy: bool,
 }
 
 /// A migration of some members of a job.

@@ -301,6 +301,7 @@ impl Coordinator {
             incremental: j.incremental,
             freeze_timeout_ms: j.freeze_timeout_ms,
             replicas: j.replicas,
+            pre_copy: j.pre_copy,
             last_checkpoint: committed
                 .last()
                 .map(|c| c.id().to_string())
@@ -410,6 +411,9 @@ impl Coordinator {
             if let Some(v) = req.replicas {
                 j.replicas = v;
             }
+            if let Some(v) = req.pre_copy {
+                j.pre_copy = v;
+            }
         })
     }
 
@@ -448,6 +452,7 @@ impl Coordinator {
                     external = %j.external,
                     incremental = j.incremental,
                     replicas = j.replicas,
+                    pre_copy = j.pre_copy,
                     "job settings changed"
                 );
             }

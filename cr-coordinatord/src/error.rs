@@ -37,6 +37,8 @@ pub enum Error {
         id: String,
         reason: String,
     },
+    #[error("pre-copy of job {job} failed: {reason}; the job runs on")]
+    PreCopyFailed { job: String, reason: String },
     #[error("restart of job {job} from {id} failed: {reason}")]
     RestartFailed {
         job: String,
@@ -88,6 +90,7 @@ impl From<Error> for tonic::Status {
             | Error::Drained { .. }
             | Error::Stopping => Code::FailedPrecondition,
             Error::Aborted { .. }
+            | Error::PreCopyFailed { .. }
             | Error::RestartFailed { .. }
             | Error::LaunchFailed { .. }
             | Error::MigrationFailed { .. } => Code::Aborted,

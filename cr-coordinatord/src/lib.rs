@@ -10,6 +10,7 @@
 //! * [`registry`]: node registration, heartbeats, job membership.
 //! * [`protocol`]: the coordinated checkpoint and restart.
 //! * [`migrate`]: placement of a restart, migration and drain.
+//! * [`precopy`]: pre-dump rounds while a job runs, before a checkpoint.
 //! * [`schedule`]: periodic checkpoints.
 //! * [`launch`]: remote starts of job members (`cr_rsh`).
 //! * [`service`]: the gRPC Coordinator service (and who may call what:
@@ -27,6 +28,7 @@ pub mod error;
 pub mod fault;
 pub mod launch;
 pub mod migrate;
+pub mod precopy;
 pub mod protocol;
 pub mod registry;
 pub mod schedule;

@@ -17,6 +17,11 @@
 //! migration found in the catalog when the coordinator starts was cut
 //! short: once the job's nodes are up it is rolled back unless the job
 //! runs (then it finished, or its checkpoint never killed anything).
+//! With pre-copy (`--pre-copy`, or the job's setting) the checkpoint is
+//! preceded by pre-dump rounds of every member ([`crate::precopy`]), the
+//! moved members' rounds fetched by their targets, so that the freeze
+//! writes and the restart copies only what changed since; retention runs
+//! once the job runs again (not during the downtime).
 //!
 //! A drain marks the node drained (no new member is placed or accepted
 //! there; a restart elsewhere never picks it) and migrates every job's
@@ -26,9 +31,8 @@
 use crate::catalog::{Change, MigrationRecord, NodeRecord};
 use crate::coordinator::{now_unix_ms, Coordinator};
 use crate::error::Error;
-use crate::protocol::RestartOpts;
+use crate::protocol::{CheckpointOpts, RestartOpts};
 use cr_rpc::pb;
-use futures_util::future::join_all;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -223,21 +227,6 @@ pub fn plan(
     Ok(out)
 }
 
-/// Most pre-copy rounds.
-pub const MAX_ROUNDS: u32 = 6;
-/// A pre-copy round that writes less than this is the last one.
-pub const SMALL_ROUND: u64 = 4 << 20;
-
-/// What the pre-copy rounds did: each moved member's last pre-dump (the
-/// parent of its final image), the rounds, bytes copied and time.
-#[derive(Default)]
-struct PreCopy {
-    parents: HashMap<(String, i32), String>,
-    rounds: u32,
-    bytes: u64,
-    ms: u64,
-}
-
 impl Coordinator {
     /// Whether `node` is drained.
     pub fn is_drained(&self, node: &str) -> bool {
@@ -367,7 +356,7 @@ impl Coordinator {
         timeout: Option<Duration>,
         pre_copy: bool,
     ) -> Result<pb::MigrateReply, Error> {
-        let mut t0 = Instant::now();
+        let t0 = Instant::now();
         let mut rec = MigrationRecord {
             moves: moves
                 .iter()
@@ -393,25 +382,20 @@ impl Coordinator {
             job: job.into(),
             reason,
         };
-        let mut pre = PreCopy::default();
-        if pre_copy {
-            let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
-            match self.pre_copy(job, &moves, deadline).await {
-                Ok(p) => pre = p,
-                Err(e) => {
-                    let _ = self.set_migration(job, None);
-                    return Err(failed(format!(
-                        "pre-copy: {e}; the job runs on where it was"
-                    )));
-                }
-            }
-            // The downtime starts with the final checkpoint.
-            t0 = Instant::now();
-        }
-        let ck = match self
-            .checkpoint_on(job, pb::After::Kill, timeout, None, &pre.parents)
-            .await
-        {
+        // With pre-copy, every member is pre-dumped while the job runs, the
+        // moved ones fetched by their targets after each round.
+        // (The job's own pre-copy setting applies to its migrations too.)
+        let pre_copy = pre_copy
+            || self
+                .catalog
+                .read(|s| s.jobs.get(job).is_some_and(|j| j.pre_copy));
+        let opts = CheckpointOpts {
+            timeout,
+            pre_copy: pre_copy.then(|| moves.clone()),
+            defer_retention: true,
+            ..Default::default()
+        };
+        let ck = match self.checkpoint_on(job, pb::After::Kill, &opts).await {
             Ok(ck) => ck,
             Err(e) => {
                 let _ = self.set_migration(job, None);
@@ -445,7 +429,9 @@ impl Coordinator {
         match res {
             Ok(r) => {
                 let _ = self.set_migration(job, None);
-                let downtime_ms = t0.elapsed().as_millis() as u64;
+                // From the freeze on: the pre-copy ran before it.
+                let duration_ms = t0.elapsed().as_millis() as u64;
+                let downtime_ms = duration_ms.saturating_sub(ck.pre_copy_ms);
                 let mut moved: Vec<String> = r
                     .placed
                     .iter()
@@ -460,18 +446,20 @@ impl Coordinator {
                     .collect();
                 moved.sort();
                 tracing::info!(job, checkpoint = %ck.id, ms = downtime_ms, bytes = r.fetched_bytes, copy_ms = r.fetch_ms, moved = ?moved, "migration done");
+                // Older checkpoints go now that the job runs again.
+                self.retain(job).await;
                 Ok(pb::MigrateReply {
                     job: job.into(),
                     checkpoint: ck.id.clone(),
                     moved,
                     downtime_ms,
-                    duration_ms: downtime_ms,
+                    duration_ms,
                     bytes: r.fetched_bytes,
                     copy_ms: r.fetch_ms,
                     procs: r.procs,
-                    rounds: pre.rounds,
-                    pre_copy_bytes: pre.bytes,
-                    pre_copy_ms: pre.ms,
+                    rounds: ck.pre_copy_rounds,
+                    pre_copy_bytes: ck.pre_copy_fetched,
+                    pre_copy_ms: ck.pre_copy_ms,
                 })
             }
             Err(e) => {
@@ -487,87 +475,6 @@ impl Coordinator {
                 }))
             }
         }
-    }
-
-    /// Pre-copy: every moved member pre-dumped while it runs (each round
-    /// incremental on the last) and the round's images fetched by its
-    /// target, until a round writes little ([`SMALL_ROUND`]), stops
-    /// shrinking (the job dirties memory as fast as it is copied), or
-    /// [`MAX_ROUNDS`] were done.
-    async fn pre_copy(
-        &self,
-        job: &str,
-        moves: &HashMap<(String, i32), String>,
-        deadline: Instant,
-    ) -> Result<PreCopy, String> {
-        let t0 = Instant::now();
-        let stamp = now_unix_ms();
-        let nodes = self.catalog.read(|s| s.nodes.clone());
-        let mut out = PreCopy::default();
-        let mut last: Option<u64> = None;
-        for round in 1..=MAX_ROUNDS {
-            let subdir = format!("{job}/{job}-precopy-{stamp}/r{round}");
-            let dumps = join_all(moves.keys().map(|(n, p)| {
-                let req = pb::PreDumpRequest {
-                    pid: *p,
-                    subdir: subdir.clone(),
-                    parent: out
-                        .parents
-                        .get(&(n.clone(), *p))
-                        .cloned()
-                        .unwrap_or_default(),
-                };
-                async move {
-                    let r = tokio::time::timeout_at(deadline.into(), self.agents.pre_dump(n, req))
-                        .await
-                        .unwrap_or_else(|_| Err("no reply within the deadline".into()));
-                    ((n.clone(), *p), r)
-                }
-            }))
-            .await;
-            let mut written = 0;
-            let mut dirs = HashMap::new();
-            for (k, r) in dumps {
-                let r = r.map_err(|e| format!("pre-dump of {}:{}: {e}", k.0, k.1))?;
-                written += r.store_bytes;
-                dirs.insert(k, r.dir);
-            }
-            let timeout_ms = deadline
-                .saturating_duration_since(Instant::now())
-                .as_millis() as u32;
-            let fetches = join_all(moves.iter().map(|(k, dst)| {
-                let req = pb::FetchRequest {
-                    from_node: k.0.clone(),
-                    from_addr: nodes
-                        .get(&k.0)
-                        .map(|n| n.agent_addr.clone())
-                        .unwrap_or_default(),
-                    dirs: vec![dirs[k].clone()],
-                    what: format!("pre-copy round {round} of {job}"),
-                    timeout_ms,
-                };
-                async move {
-                    tokio::time::timeout_at(deadline.into(), self.agents.fetch(dst, req))
-                        .await
-                        .unwrap_or_else(|_| Err("no reply within the deadline".into()))
-                        .map_err(|e| format!("node {dst}: {e}"))
-                }
-            }))
-            .await;
-            for f in fetches {
-                out.bytes += f?.bytes;
-            }
-            out.parents = dirs;
-            out.rounds = round;
-            tracing::info!(job, round, bytes = written, "pre-copy round done");
-            let shrinking = last.is_none_or(|l| written * 4 < l * 3);
-            last = Some(written);
-            if written < SMALL_ROUND || !shrinking || Instant::now() >= deadline {
-                break;
-            }
-        }
-        out.ms = t0.elapsed().as_millis() as u64;
-        Ok(out)
     }
 
     /// Restart `job` from `id` where its images were made.

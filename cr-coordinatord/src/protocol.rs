@@ -19,6 +19,7 @@ use crate::coordinator::{now_unix_ms, Busy, Coordinator, OpKind};
 use crate::error::Error;
 use crate::fault;
 use crate::migrate::{self, Placement};
+use crate::precopy::{MemberKey, PreCopy};
 use cr_image::bookmarks::{check_cut, unmatched, Bookmark};
 use cr_rpc::pb;
 use futures_util::future::join_all;
@@ -98,7 +99,7 @@ pub fn check_bookmarks(
 }
 
 /// `fut` with the deadline; the node's name and its result.
-async fn timed<T>(
+pub(crate) async fn timed<T>(
     deadline: Instant,
     what: &str,
     node: &str,
@@ -172,7 +173,9 @@ fn all_ok<T>(results: Vec<(String, AgentResult<T>)>) -> Result<Vec<(String, T)>,
 }
 
 /// `items` grouped by node, nodes in order of first appearance.
-fn group_by_node<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
+pub(crate) fn group_by_node<T>(
+    items: impl IntoIterator<Item = (String, T)>,
+) -> Vec<(String, Vec<T>)> {
     let mut out: Vec<(String, Vec<T>)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     for (node, t) in items {
@@ -197,6 +200,22 @@ impl Hosts {
     fn names(&self) -> Vec<String> {
         self.nodes.iter().map(|(n, _)| n.clone()).collect()
     }
+}
+
+/// How a checkpoint runs (besides its job and what follows it).
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointOpts {
+    /// Bound of the whole protocol; `None`: the coordinator's timeout.
+    pub timeout: Option<Duration>,
+    /// Freeze bound; `None`: the job's, else [`default_freeze_bound`].
+    pub freeze: Option<Duration>,
+    /// Pre-copy rounds first ([`crate::precopy`]; `None`: as the job's
+    /// setting says), the members named here fetched after each round by
+    /// the node named (a migration's targets).
+    pub pre_copy: Option<HashMap<MemberKey, String>>,
+    /// Retention is left to the caller (a migration runs it once the job
+    /// runs again, not during its downtime).
+    pub defer_retention: bool,
 }
 
 /// How a restart runs (besides where: [`Placement`]).
@@ -277,34 +296,38 @@ impl Coordinator {
         after: pb::After,
         timeout: Option<Duration>,
     ) -> Result<pb::CheckpointInfo, Error> {
-        self.checkpoint_with(job, after, timeout, None).await
+        self.checkpoint_with(job, after, timeout, None, false).await
     }
 
     /// [`Coordinator::checkpoint`] with a freeze bound (default: the
     /// job's, else [`default_freeze_bound`]): past it, the checkpoint is
-    /// aborted and every node thaws at once.
+    /// aborted and every node thaws at once; with `pre_copy` (or the job's
+    /// setting), memory is pre-copied first ([`crate::precopy`]).
     pub async fn checkpoint_with(
         &self,
         job: &str,
         after: pb::After,
         timeout: Option<Duration>,
         freeze: Option<Duration>,
+        pre_copy: bool,
     ) -> Result<pb::CheckpointInfo, Error> {
-        self.checkpoint_on(job, after, timeout, freeze, &HashMap::new())
-            .await
+        let opts = CheckpointOpts {
+            timeout,
+            freeze,
+            pre_copy: pre_copy.then(HashMap::new),
+            ..Default::default()
+        };
+        self.checkpoint_on(job, after, &opts).await
     }
 
-    /// [`Coordinator::checkpoint_with`] where the members in `parents`
-    /// (node, pid) are dumped incrementally on the image named (a pre-copy
-    /// migration's last pre-dump).
+    /// [`Coordinator::checkpoint_with`] with every option.
     pub async fn checkpoint_on(
         &self,
         job: &str,
         after: pb::After,
-        timeout: Option<Duration>,
-        freeze: Option<Duration>,
-        parents: &HashMap<(String, i32), String>,
+        opts: &CheckpointOpts,
     ) -> Result<pb::CheckpointInfo, Error> {
+        let (timeout, freeze) = (opts.timeout, opts.freeze);
         let t0 = Instant::now();
         let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
         let busy = self.begin(job, OpKind::Checkpoint, format!("checkpoint of {job}"))?;
@@ -353,17 +376,43 @@ impl Coordinator {
                     why: live.down_reason(&m.node),
                 });
             }
-            let parent = parents
-                .get(&(m.node.clone(), m.pid))
-                .cloned()
-                .or_else(|| {
-                    prev_dirs
-                        .get(&(m.node.as_str(), m.pid))
-                        .map(|d| d.to_string())
-                })
+            let parent = prev_dirs
+                .get(&(m.node.as_str(), m.pid))
+                .map(|d| d.to_string())
                 .unwrap_or_default();
             targets.push((m.node.clone(), pb::Target { pid: m.pid, parent }));
         }
+        // Pre-copy: every member pre-dumped while the job runs; each is
+        // then dumped incrementally on its last pre-dump.
+        let mut pre = PreCopy::default();
+        if let Some(fetch_to) = opts
+            .pre_copy
+            .clone()
+            .or_else(|| jobrec.pre_copy.then(HashMap::new))
+        {
+            let members: Vec<MemberKey> = targets.iter().map(|(n, t)| (n.clone(), t.pid)).collect();
+            let firsts: HashMap<MemberKey, String> = targets
+                .iter()
+                .filter(|(_, t)| !t.parent.is_empty())
+                .map(|(n, t)| ((n.clone(), t.pid), t.parent.clone()))
+                .collect();
+            pre = self
+                .unless_stopped(self.pre_copy(&busy, job, &members, &firsts, &fetch_to, deadline))
+                .await
+                .and_then(|r| r)
+                .map_err(|reason| Error::PreCopyFailed {
+                    job: job.into(),
+                    reason,
+                })?;
+            for (n, t) in targets.iter_mut() {
+                if let Some(d) = pre.parents.get(&(n.clone(), t.pid)) {
+                    t.parent = d.clone();
+                }
+            }
+        }
+        // The freeze and what follows have the whole timeout.
+        let t0 = Instant::now();
+        let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
         let hosts = Hosts {
             nodes: group_by_node(targets),
         };
@@ -373,7 +422,7 @@ impl Coordinator {
 
         // Its id, recorded as preparing.
         let started = now_unix_ms();
-        let mut rec = self.catalog.update(|s| {
+        let rec = self.catalog.update(|s| {
             let n = s.sequence(job) + 1;
             let rec = CheckpointRecord {
                 info: Some(pb::CheckpointInfo {
@@ -384,6 +433,10 @@ impl Coordinator {
                     started_unix_ms: started,
                     notes: notes.clone(),
                     freeze_timeout_ms: ms(freeze),
+                    pre_copy_rounds: pre.rounds,
+                    pre_copy_bytes: pre.written,
+                    pre_copy_ms: pre.ms,
+                    pre_copy_fetched: pre.fetched,
                     ..Default::default()
                 }),
                 seq: n,
@@ -396,7 +449,14 @@ impl Coordinator {
                 ],
                 rec,
             ))
-        })?;
+        });
+        let mut rec = match rec {
+            Ok(r) => r,
+            Err(e) => {
+                self.remove_pre_dumps(job, &pre).await;
+                return Err(e);
+            }
+        };
         let id = rec.id().to_string();
         busy.set(&format!("checkpoint {id}"), "preparing");
         tracing::info!(
@@ -424,6 +484,7 @@ impl Coordinator {
                 tracing::error!(job, checkpoint = %id, "cannot record the abort: {e}");
             }
             self.abort_all(&id, &hosts.names()).await;
+            self.remove_pre_dumps(job, &pre).await;
             tracing::warn!(job, checkpoint = %id, ms = ms(t0.elapsed()), "checkpoint aborted: {reason}");
             return Err(Error::Aborted {
                 job: job.into(),
@@ -435,8 +496,10 @@ impl Coordinator {
         self.finish_checkpoint(&busy, &mut rec, &hosts, after, deadline, t0)
             .await;
         self.replicate(&busy, &mut rec, jobrec.replicas).await;
-        busy.phase("removing old checkpoints");
-        self.retain(job).await;
+        if !opts.defer_retention {
+            busy.phase("removing old checkpoints");
+            self.retain(job).await;
+        }
         Ok(rec.info().clone())
     }
 
@@ -727,7 +790,7 @@ impl Coordinator {
     /// Retention: remove the committed checkpoints of `job` beyond its
     /// newest `keep` (each image by the node that wrote it, or by any node
     /// up when that one is down: the image root is shared).
-    async fn retain(&self, job: &str) {
+    pub(crate) async fn retain(&self, job: &str) {
         let victims: Vec<CheckpointRecord> = self.catalog.read(|s| {
             let keep = s.jobs.get(job).map_or(0, |j| j.keep) as usize;
             if keep == 0 {

@@ -143,8 +143,14 @@ impl pb::coordinator_server::Coordinator for Service {
             tokio::spawn(async move {
                 let freeze = (req.freeze_timeout_ms > 0)
                     .then(|| Duration::from_millis(req.freeze_timeout_ms));
-                c.checkpoint_with(&req.job, after, timeout(req.timeout_secs), freeze)
-                    .await
+                c.checkpoint_with(
+                    &req.job,
+                    after,
+                    timeout(req.timeout_secs),
+                    freeze,
+                    req.pre_copy,
+                )
+                .await
             })
             .await,
         )

@@ -783,7 +783,13 @@ async fn past_the_freeze_bound_every_node_thaws() {
     let t0 = std::time::Instant::now();
     let e = env
         .coord
-        .checkpoint_with("J", pb::After::Kill, None, Some(Duration::from_millis(300)))
+        .checkpoint_with(
+            "J",
+            pb::After::Kill,
+            None,
+            Some(Duration::from_millis(300)),
+            false,
+        )
         .await
         .unwrap_err();
     let took = t0.elapsed();

@@ -68,7 +68,7 @@ pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpo
     // (Not with --verify, which compares the tree with its image before
     // it runs on.)
     let arena = (action == Action::Continue && !opts.verify)
-        .then(|| snapshot_arena(pid))
+        .then(|| snapshot_arena(pid, opts.parent.is_some()))
         .flatten();
     let mut held = freeze(pid, opts, action != Action::Continue)?;
     held.arena = arena;
@@ -85,8 +85,12 @@ pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpo
 
 /// Room for the memory of the tree of `pid` (what it has resident, plus
 /// an eighth), if that leaves at least half of the machine's available
-/// memory free; reserved and faulted in before the tree is frozen.
-fn snapshot_arena(pid: i32) -> Option<dump::Arena> {
+/// memory free; reserved and faulted in before the tree is frozen. An
+/// incremental dump (`incremental`) copies only what changed since its
+/// parent, which is not known before the freeze: nothing is reserved
+/// ahead (faulting in room for all its memory cost seconds per GiB), its
+/// room is mapped when the copy needs it, within the same budget.
+fn snapshot_arena(pid: i32, incremental: bool) -> Option<dump::Arena> {
     let resident: u64 = tree::walk(pid)
         .unwrap_or_default()
         .iter()
@@ -95,7 +99,11 @@ fn snapshot_arena(pid: i32) -> Option<dump::Arena> {
         .sum();
     let available = cr_sys::proc::mem_available().unwrap_or(0);
     let budget = available / 2;
-    let want = resident + resident / 8;
+    let want = if incremental {
+        0
+    } else {
+        resident + resident / 8
+    };
     if want > budget {
         info!(
             resident,

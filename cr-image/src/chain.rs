@@ -584,6 +584,44 @@ pub fn remove(path: &Path, rebase: bool, fsync: bool) -> Result<Vec<PathBuf>> {
     Ok(deps)
 }
 
+/// [`remove`] the image at `path`, then the pre-dumps under `within` it was
+/// made on (its parent, that one's parent, ...) that no other image needs
+/// any more: a pre-dump cannot be restored by itself, it is kept only as a
+/// parent. Stops at the first ancestor that is not a pre-dump, still has
+/// dependants, or lies outside `within`. Returns the directories removed,
+/// `path` first.
+pub fn remove_unused(
+    path: &Path,
+    rebase: bool,
+    fsync: bool,
+    within: &Path,
+) -> Result<Vec<PathBuf>> {
+    // Resolved before the child goes: its relative reference passes
+    // through the child's directory.
+    let parent_of = |dir: &Path, ck: &Checkpoint| {
+        ck.parent
+            .as_ref()
+            .and_then(|p| parent_dir(dir, p).canonicalize().ok())
+    };
+    let ck = ImageDir::open(path)?.read_checkpoint()?;
+    let mut next = parent_of(path, &ck);
+    remove(path, rebase, fsync)?;
+    let mut removed = vec![path.to_path_buf()];
+    while let Some(p) = next.take().filter(|p| p.starts_with(within) && p != within) {
+        let Ok(dir) = ImageDir::open(&p) else { break };
+        let Ok(pck) = dir.read_checkpoint() else {
+            break;
+        };
+        if !pck.pre_dump || !dependants(&dir)?.is_empty() {
+            break;
+        }
+        next = parent_of(&p, &pck);
+        remove(&p, false, fsync)?;
+        removed.push(p);
+    }
+    Ok(removed)
+}
+
 /// Refuse to write a new image over the one at `path` while others depend
 /// on it.
 pub fn check_overwrite(path: &Path) -> Result<()> {

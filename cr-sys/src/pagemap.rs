@@ -41,6 +41,11 @@ impl Pagemap {
         Ok(Pagemap { path, file })
     }
 
+    /// The open `/proc/PID/pagemap` (for PAGEMAP_SCAN, `crate::dirty`).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Entries for `out.len()` pages starting at virtual address `start`.
     pub fn read(&self, start: u64, out: &mut [u64]) -> Result<()> {
         let mut bytes = vec![0u8; out.len() * 8];

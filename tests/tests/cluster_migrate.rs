@@ -11,6 +11,10 @@
 //!   (`--to`); then a checkpoint restarted on a node that never held it;
 //! * a node with 3 jobs drained: every member moved off, the node listed
 //!   drained, a new member refused there, undrained;
+//! * on the same cluster, checkpoints with pre-copy (`crctl checkpoint
+//!   --pre-copy`, the job's `--pre-copy on`) of a ring whose member holds a
+//!   checked ballast: killed and restarted, the pre-dumps removed with the
+//!   last checkpoint that needs them;
 //! * failures: the target's agent killed during the copy, the target's
 //!   link cut during the copy, the coordinator killed between the
 //!   checkpoint and the restart: the job runs on (or again) where it was,
@@ -239,6 +243,122 @@ fn migrate_member_then_job_then_restart_elsewhere() {
             "no partial copy may be left on n{k}"
         );
     }
+
+    // (d) on the same cluster: checkpoints with pre-copy.
+    pre_copy_checkpoints(&c);
+}
+
+/// The pre-copy rounds (`JOB-precopy-STAMP`) of `job` whose pre-dumps are
+/// in node `k`'s image root.
+fn pre_copies_on(c: &Cluster, k: usize, job: &str) -> Vec<String> {
+    let prefix = format!("{job}-precopy-");
+    let mut v: Vec<String> = images_on(c, k, job)
+        .into_iter()
+        .filter(|i| i.starts_with(&prefix))
+        .filter_map(|i| i.split('/').next().map(str::to_string))
+        .collect();
+    v.dedup();
+    v
+}
+
+/// `crctl checkpoint --pre-copy` (and the job setting `--pre-copy on`) of
+/// a ring over 3 nodes whose member 0 holds 64 MiB it rewrites at 10 MB/s
+/// and checks: committed with its rounds, killed, restarted, every byte and
+/// the ballast checked by the members; the pre-dumps of a checkpoint go
+/// with it (retention), none is left once no checkpoint needs them.
+fn pre_copy_checkpoints(c: &Cluster) {
+    let job = "pre";
+    let mut ring = c.start_ring_ballast(job, &[1, 2, 3], "64:10");
+    let out = c.crctl(&["job", job, "--keep", "1"]);
+    assert!(out.status.success(), "crctl job --keep 1\n{}", out.show());
+    ring.wait_advanced(MARGIN, "before the first pre-copy checkpoint");
+
+    let info = c.crctl_json(&["checkpoint", job, "--pre-copy"]);
+    println!(
+        "MEASURED: checkpoint --pre-copy: paused {} ms after {} rounds ({} bytes in {} ms)",
+        ju64(&info, "pause_ms"),
+        ju64(&info, "pre_copy_rounds"),
+        ju64(&info, "pre_copy_bytes"),
+        ju64(&info, "pre_copy_ms")
+    );
+    ensure(
+        &ring,
+        jstr(&info, "state") == "committed"
+            && ju64(&info, "pre_copy_rounds") >= 1
+            && ju64(&info, "pre_copy_bytes") >= 64 << 20,
+        &format!(
+            "a pre-copy checkpoint should commit after rounds that copied the ballast: {info:#}"
+        ),
+    );
+    ring.wait_advanced(MARGIN, "after a pre-copy checkpoint (continue)");
+
+    // The job's setting: this --kill pre-copies too.
+    let out = c.crctl(&["job", job, "--pre-copy", "on"]);
+    assert!(
+        out.status.success(),
+        "crctl job --pre-copy on\n{}",
+        out.show()
+    );
+    let info = c.crctl_json(&["checkpoint", job, "--kill"]);
+    ensure(
+        &ring,
+        jstr(&info, "state") == "committed" && ju64(&info, "pre_copy_rounds") >= 1,
+        &format!("the job's --pre-copy should pre-copy its checkpoints: {info:#}"),
+    );
+    ring.wait_gone("after checkpoint --kill with pre-copy");
+    // Retention removed the first checkpoint and its pre-dumps; the
+    // second one's are its images' parents: kept, on every node.
+    let mut rounds = Vec::new();
+    for k in 1..=3 {
+        let r = pre_copies_on(c, k, job);
+        ensure(
+            &ring,
+            r.len() == 1,
+            &format!("n{k} should hold the pre-dumps of the kept checkpoint only: {r:?}"),
+        );
+        rounds.extend(r);
+    }
+    rounds.dedup();
+    ensure(
+        &ring,
+        rounds.len() == 1,
+        &format!("one pre-copy's pre-dumps should be left: {rounds:?}"),
+    );
+
+    let snap = ring.mins();
+    restart_fetching(c, &mut ring, &[], "from a pre-copy checkpoint");
+    ring.wait_past(
+        &snap,
+        MARGIN,
+        "after the restart from a pre-copy checkpoint",
+    );
+    ring.assert_on_nodes(&[1, 2, 3], "after the restart");
+    ring.assert_no_fail();
+
+    // A checkpoint without pre-copy: retention removes the pre-copy one,
+    // and its pre-dumps go with it.
+    let out = c.crctl(&["job", job, "--pre-copy", "off"]);
+    assert!(
+        out.status.success(),
+        "crctl job --pre-copy off\n{}",
+        out.show()
+    );
+    let info = c.crctl_json(&["checkpoint", job]);
+    ensure(
+        &ring,
+        jstr(&info, "state") == "committed" && ju64(&info, "pre_copy_rounds") == 0,
+        &format!("a checkpoint without pre-copy: {info:#}"),
+    );
+    for k in 1..=3 {
+        let r = pre_copies_on(c, k, job);
+        ensure(
+            &ring,
+            r.is_empty(),
+            &format!("no pre-dump should be left on n{k} once no checkpoint needs it: {r:?}"),
+        );
+    }
+    ring.wait_advanced(MARGIN, "after the last checkpoint");
+    ring.assert_no_fail();
 }
 
 /// `crctl job J --replicas 2`: every image of a committed checkpoint is

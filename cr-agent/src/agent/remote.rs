@@ -52,13 +52,17 @@ fn ok<T>(r: Result<T, String>) -> Result<Response<T>, Status> {
 
 impl AgentService {
     /// `dir` lies under the agent's image root (the only images it removes).
-    fn own_image(&self, dir: &str) -> Result<PathBuf, Status> {
-        let root = self
-            .shared
+    /// The image root, as the kernel names it.
+    fn own_root(&self) -> PathBuf {
+        self.shared
             .config
             .images
             .canonicalize()
-            .unwrap_or_else(|_| self.shared.config.images.clone());
+            .unwrap_or_else(|_| self.shared.config.images.clone())
+    }
+
+    fn own_image(&self, dir: &str) -> Result<PathBuf, Status> {
+        let root = self.own_root();
         let d = Path::new(dir);
         let d = d.canonicalize().unwrap_or_else(|_| d.to_path_buf());
         if !d.starts_with(&root) || d == root {
@@ -253,20 +257,26 @@ impl pb::agent_server::Agent for AgentService {
             .iter()
             .map(|d| self.own_image(d))
             .collect::<Result<Vec<_>, _>>()?;
+        let root = self.own_root();
         let r = tokio::task::spawn_blocking(move || {
             for d in dirs {
                 if !d.exists() {
                     continue;
                 }
                 unlock_image(&d);
-                // Images made incremental on this one get its pages first.
-                cr_image::chain::remove(&d, true, true)
+                // Images made incremental on this one get its pages first;
+                // the pre-dumps it was made on go with it once nothing
+                // else needs them.
+                let removed = cr_image::chain::remove_unused(&d, true, true, &root)
                     .map_err(|e| format!("{}: {}", d.display(), cr_sys::error::one_line(&e)))?;
-                // The checkpoint's directory goes with its last image.
-                if let Some(p) = d.parent() {
-                    let _ = std::fs::remove_dir(p);
+                for r in &removed {
+                    // The checkpoint's (or pre-copy round's) directories go
+                    // with their last image.
+                    if let Some(p) = r.parent() {
+                        transfer::prune(&root, p);
+                    }
+                    tracing::info!(dir = %r.display(), "image removed");
                 }
-                tracing::info!(dir = %d.display(), "image removed");
             }
             Ok(pb::Empty {})
         })

@@ -359,7 +359,7 @@ fn put_in_place(root: &Path, rel: &str) -> Result<(), String> {
 
 /// Remove `dir` and its ancestors under the image root while they are
 /// empty (`.incoming` itself once no copy is left in it).
-fn prune(root: &Path, dir: &Path) {
+pub fn prune(root: &Path, dir: &Path) {
     let mut d = Some(dir);
     while let Some(p) = d.filter(|p| p.starts_with(root) && *p != root) {
         if std::fs::remove_dir(p).is_err() {

@@ -76,6 +76,11 @@ enum Cmd {
         /// else the coordinator's); past it the checkpoint is aborted.
         #[arg(long, value_name = "SECS")]
         freeze_timeout: Option<f64>,
+        /// Pre-dump every member while the job runs (rounds while what
+        /// changed shrinks), then freeze it and dump only what changed
+        /// since (also when the job's --pre-copy is on).
+        #[arg(long)]
+        pre_copy: bool,
     },
     /// Restart a job from a checkpoint.
     Restart {
@@ -125,6 +130,10 @@ enum Cmd {
         /// no checkpoint.
         #[arg(long, value_name = "N")]
         replicas: Option<u32>,
+        /// Every checkpoint of the job pre-copies memory first (as
+        /// `crctl checkpoint --pre-copy`), periodic ones too.
+        #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+        pre_copy: Option<String>,
     },
     /// Move a running job, or one member of it, to another node
     /// (stop-and-copy: checkpoint, copy of the images, restart there).
@@ -429,6 +438,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             stop,
             timeout,
             freeze_timeout,
+            pre_copy,
         } => {
             let after = if kill {
                 pb::After::Kill
@@ -442,6 +452,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 after: after as i32,
                 timeout_secs: timeout.unwrap_or(0),
                 freeze_timeout_ms: secs_to_ms(freeze_timeout, "--freeze-timeout")?,
+                pre_copy,
                 ..Default::default()
             };
             let ck = conn.rpc(c.checkpoint(req).await)?;
@@ -494,6 +505,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             incremental,
             freeze_timeout,
             replicas,
+            pre_copy,
         } => {
             let req = pb::ConfigureRequest {
                 job,
@@ -506,6 +518,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                     f => Some(secs_to_ms(f, "--freeze-timeout")?),
                 },
                 replicas,
+                pre_copy: pre_copy.map(|v| v == "on"),
                 ..Default::default()
             };
             let j = conn.rpc(c.configure(req).await)?;
@@ -616,7 +629,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "procs": j.procs.iter().map(proc_json).collect::<Vec<_>>(),
         "interval_secs": j.interval_secs, "keep": j.keep, "external": j.external,
         "incremental": j.incremental, "freeze_timeout_ms": j.freeze_timeout_ms,
-        "replicas": j.replicas,
+        "replicas": j.replicas, "pre_copy": j.pre_copy,
         "last_checkpoint": j.last_checkpoint, "checkpoints": j.checkpoints,
     })
 }
@@ -647,6 +660,8 @@ fn checkpoint_json(c: &pb::CheckpointInfo) -> Value {
         "prepare_ms": c.prepare_ms, "check_ms": c.check_ms, "dump_ms": c.dump_ms,
         "commit_ms": c.commit_ms, "notes": c.notes, "unfinished": c.unfinished,
         "freeze_timeout_ms": c.freeze_timeout_ms,
+        "pre_copy_rounds": c.pre_copy_rounds, "pre_copy_bytes": c.pre_copy_bytes,
+        "pre_copy_ms": c.pre_copy_ms, "pre_copy_fetched": c.pre_copy_fetched,
     })
 }
 
@@ -993,6 +1008,7 @@ fn job_text(j: &pb::JobInfo) -> String {
         }
     );
     let _ = writeln!(o, "replicas   {}", j.replicas.max(1));
+    let _ = writeln!(o, "pre-copy   {}", if j.pre_copy { "on" } else { "off" });
     let _ = writeln!(
         o,
         "last       {} ({} committed)",
@@ -1034,6 +1050,15 @@ fn checkpoint_text(c: &pb::CheckpointInfo) -> String {
         c.pause_ms,
         c.duration_ms
     );
+    if c.pre_copy_rounds > 0 {
+        let _ = writeln!(
+            o,
+            "pre-copy while it ran: {} rounds, {} in {} ms",
+            c.pre_copy_rounds,
+            bytes(c.pre_copy_bytes),
+            c.pre_copy_ms
+        );
+    }
     for n in &c.notes {
         let _ = writeln!(o, "note: {n}");
     }

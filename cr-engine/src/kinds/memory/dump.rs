@@ -243,6 +243,21 @@ fn read_page(p: &mut Plan, vma_start: u64, vaddr: u64, src: Src, src_off: u64) {
     p.bytes += PAGE_SIZE;
 }
 
+/// Append page `page`, unchanged since the parent (hash `h`), to the plan.
+fn parent_page(p: &mut Plan, page: u64, h: u64) {
+    match p.items.last_mut() {
+        Some(Item::Parent { vaddr, hashes })
+            if *vaddr + hashes.len() as u64 * PAGE_SIZE == page =>
+        {
+            hashes.push(h)
+        }
+        _ => p.items.push(Item::Parent {
+            vaddr: page,
+            hashes: vec![h],
+        }),
+    }
+}
+
 /// Decide what to do with every page of `vmas` of `pid`: read it, or take
 /// it from the parent.
 pub fn plan(
@@ -292,6 +307,12 @@ pub fn plan(
         } else {
             Src::Vm
         };
+        if let (Some(c), Dirty::Uffd { tracked, written }) = (&mut cursor, dirty) {
+            if v.kind.is_anon_private() && within(tracked, v.start, v.end) {
+                plan_tracked(&mut p, pid, &pagemap, v, src, c, written)?;
+                continue;
+            }
+        }
         let mut addr = v.start;
         while addr < v.end {
             let n = ((v.end - addr) / PAGE_SIZE).min(PAGEMAP_CHUNK);
@@ -313,17 +334,7 @@ pub fn plan(
                     _ => None,
                 };
                 match known {
-                    Some(h) => match p.items.last_mut() {
-                        Some(Item::Parent { vaddr, hashes })
-                            if *vaddr + hashes.len() as u64 * PAGE_SIZE == page =>
-                        {
-                            hashes.push(h)
-                        }
-                        _ => p.items.push(Item::Parent {
-                            vaddr: page,
-                            hashes: vec![h],
-                        }),
-                    },
+                    Some(h) => parent_page(&mut p, page, h),
                     None => read_page(&mut p, v.start, page, src, page),
                 }
             }
@@ -331,6 +342,57 @@ pub fn plan(
         }
     }
     Ok(p)
+}
+
+/// Whether `[start, end)` lies within one of the sorted, disjoint `ranges`.
+fn within(ranges: &[(u64, u64)], start: u64, end: u64) -> bool {
+    let i = ranges.partition_point(|r| r.1 <= start);
+    ranges.get(i).is_some_and(|r| r.0 <= start && end <= r.1)
+}
+
+/// [`plan`] of anonymous VMA `v`, tracked as a whole by uffd-wp since the
+/// parent image: the pages it holds are found by one PAGEMAP_SCAN (ranges)
+/// instead of its pagemap entries page by page, so that a freeze costs
+/// what changed, not the size of the memory. A page written since the
+/// parent (`written`) is read; an unwritten one is the parent's (its hash
+/// from `cursor`) or, when the parent holds nothing for it, was empty
+/// then and still is: a swapped one (or a userfaultfd marker, which shows
+/// as swapped) is left out, a present one is read (as [`plan`] would).
+fn plan_tracked(
+    p: &mut Plan,
+    pid: i32,
+    pagemap: &Pagemap,
+    v: &Vma,
+    src: Src,
+    cursor: &mut cr_image::chain::MemCursor<'_, '_>,
+    written: &[(u64, u64)],
+) -> Result<(), CheckpointError> {
+    use cr_sys::dirty::{PAGE_IS_PFNZERO, PAGE_IS_PRESENT};
+    let mut held = Vec::new();
+    cr_sys::dirty::scan_categories(pagemap.file(), pid, v.start, v.end, &mut held)
+        .map_err(|e| CheckpointError::from_sys(pid, e))?;
+    for (a, b, cat) in held {
+        if cat & PAGE_IS_PFNZERO != 0 {
+            p.zero_pfn_pages += (b - a) / PAGE_SIZE;
+            continue; // the shared zero page: nothing to keep
+        }
+        let present = cat & PAGE_IS_PRESENT != 0;
+        for page in (a..b).step_by(PAGE_SIZE as usize) {
+            let known = if in_ranges(written, page) {
+                None
+            } else {
+                cursor.hash_of(page)
+            };
+            match known {
+                Some(h) => parent_page(p, page, h),
+                None if present || in_ranges(written, page) => {
+                    read_page(p, v.start, page, src, page)
+                }
+                None => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How the pages of one process are copied.
@@ -422,6 +484,10 @@ impl Arena {
         let m = memmap2::MmapMut::map_anon(len).ok()?;
         let _ = m.advise(memmap2::Advice::HugePage);
         self.maps.push(m);
+        if self.maps.len() == 1 {
+            // Nothing was reserved ahead: this map is the first, and full.
+            self.used = len;
+        }
         self.held += len;
         Some(Region {
             map: self.maps.len() - 1,
