@@ -301,6 +301,11 @@ impl Coordinator {
             incremental: j.incremental,
             freeze_timeout_ms: j.freeze_timeout_ms,
             replicas: j.replicas,
+            mode: if j.mode.is_empty() {
+                catalog::MODE_COORDINATED.into()
+            } else {
+                j.mode.clone()
+            },
             last_checkpoint: committed
                 .last()
                 .map(|c| c.id().to_string())
@@ -391,6 +396,13 @@ impl Coordinator {
                 });
             }
         }
+        if let Some(x) = req.mode.as_deref() {
+            if x != catalog::MODE_COORDINATED && x != catalog::MODE_UNCOORDINATED {
+                return Err(Error::Invalid {
+                    what: format!("mode {x:?}: expected \"coordinated\" or \"uncoordinated\""),
+                });
+            }
+        }
         self.update_job(&req.job, |j| {
             if let Some(v) = req.interval_secs {
                 j.interval_secs = v;
@@ -409,6 +421,9 @@ impl Coordinator {
             }
             if let Some(v) = req.replicas {
                 j.replicas = v;
+            }
+            if let Some(v) = &req.mode {
+                j.mode = v.clone();
             }
         })
     }
@@ -448,6 +463,7 @@ impl Coordinator {
                     external = %j.external,
                     incremental = j.incremental,
                     replicas = j.replicas,
+                    mode = %j.mode,
                     "job settings changed"
                 );
             }

@@ -10,6 +10,7 @@
 //! * [`registry`]: node registration, heartbeats, job membership.
 //! * [`protocol`]: the coordinated checkpoint and restart.
 //! * [`migrate`]: placement of a restart, migration and drain.
+//! * [`recovery`]: uncoordinated checkpoints and the recovery line.
 //! * [`schedule`]: periodic checkpoints.
 //! * [`launch`]: remote starts of job members (`cr_rsh`).
 //! * [`service`]: the gRPC Coordinator service (and who may call what:
@@ -28,6 +29,7 @@ pub mod fault;
 pub mod launch;
 pub mod migrate;
 pub mod protocol;
+pub mod recovery;
 pub mod registry;
 pub mod schedule;
 pub mod service;
