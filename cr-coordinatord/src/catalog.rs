@@ -160,6 +160,26 @@ pub struct JobRecord {
     /// Its checkpoints pre-copy memory while it runs ([`crate::precopy`]).
     #[prost(bool, tag = "12")]
     pub pre_copy: bool,
+    /// [`MODE_COORDINATED`] (also when empty) or [`MODE_UNCOORDINATED`].
+    #[prost(string, tag = "14")]
+    pub mode: String,
+    /// When its last restart began (0: never restarted): the recovery
+    /// line looks only at checkpoints taken since.
+    #[prost(uint64, tag = "15")]
+    pub restarted_unix_ms: u64,
+}
+
+/// Job modes (docs/PROTOCOLS.md).
+pub const MODE_COORDINATED: &str = "coordinated";
+pub const MODE_UNCOORDINATED: &str = "uncoordinated";
+/// The scope of one member's own checkpoint (CheckpointInfo.scope).
+pub const SCOPE_MEMBER: &str = "member";
+
+impl JobRecord {
+    /// Each member is checkpointed on its own schedule.
+    pub fn uncoordinated(&self) -> bool {
+        self.mode == MODE_UNCOORDINATED
+    }
 }
 
 /// A migration of some members of a job.
@@ -278,11 +298,12 @@ impl State {
             .flat_map(|m| m.values())
     }
 
-    /// The newest committed checkpoint of `job`.
+    /// The newest committed checkpoint of the whole of `job` (members'
+    /// own checkpoints are restarted from through the recovery line).
     pub fn latest_committed(&self, job: &str) -> Option<&CheckpointRecord> {
         self.job_checkpoints(job)
             .rev()
-            .find(|c| c.state() == state::COMMITTED)
+            .find(|c| c.state() == state::COMMITTED && c.info().scope != SCOPE_MEMBER)
     }
 
     /// The last checkpoint number used for `job`.

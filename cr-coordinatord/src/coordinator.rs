@@ -302,6 +302,11 @@ impl Coordinator {
             freeze_timeout_ms: j.freeze_timeout_ms,
             replicas: j.replicas,
             pre_copy: j.pre_copy,
+            mode: if j.mode.is_empty() {
+                catalog::MODE_COORDINATED.into()
+            } else {
+                j.mode.clone()
+            },
             last_checkpoint: committed
                 .last()
                 .map(|c| c.id().to_string())
@@ -392,6 +397,13 @@ impl Coordinator {
                 });
             }
         }
+        if let Some(x) = req.mode.as_deref() {
+            if x != catalog::MODE_COORDINATED && x != catalog::MODE_UNCOORDINATED {
+                return Err(Error::Invalid {
+                    what: format!("mode {x:?}: expected \"coordinated\" or \"uncoordinated\""),
+                });
+            }
+        }
         self.update_job(&req.job, |j| {
             if let Some(v) = req.interval_secs {
                 j.interval_secs = v;
@@ -413,6 +425,9 @@ impl Coordinator {
             }
             if let Some(v) = req.pre_copy {
                 j.pre_copy = v;
+            }
+            if let Some(v) = &req.mode {
+                j.mode = v.clone();
             }
         })
     }
@@ -453,6 +468,7 @@ impl Coordinator {
                     incremental = j.incremental,
                     replicas = j.replicas,
                     pre_copy = j.pre_copy,
+                    mode = %j.mode,
                     "job settings changed"
                 );
             }

@@ -11,6 +11,7 @@
 //! * [`protocol`]: the coordinated checkpoint and restart.
 //! * [`migrate`]: placement of a restart, migration and drain.
 //! * [`precopy`]: pre-dump rounds while a job runs, before a checkpoint.
+//! * [`recovery`]: uncoordinated checkpoints and the recovery line.
 //! * [`schedule`]: periodic checkpoints.
 //! * [`launch`]: remote starts of job members (`cr_rsh`).
 //! * [`service`]: the gRPC Coordinator service (and who may call what:
@@ -30,6 +31,7 @@ pub mod launch;
 pub mod migrate;
 pub mod precopy;
 pub mod protocol;
+pub mod recovery;
 pub mod registry;
 pub mod schedule;
 pub mod service;

@@ -14,6 +14,7 @@
 use crate::agents::AgentResult;
 use crate::catalog::{
     state, Change, CheckpointRecord, JobRecord, MemberRecord, NodeRecord, EXTERNAL_ALLOW,
+    SCOPE_MEMBER,
 };
 use crate::coordinator::{now_unix_ms, Busy, Coordinator, OpKind};
 use crate::error::Error;
@@ -216,6 +217,9 @@ pub struct CheckpointOpts {
     /// Retention is left to the caller (a migration runs it once the job
     /// runs again, not during its downtime).
     pub defer_retention: bool,
+    /// Only this member (node, pid): its own checkpoint, scope `member`
+    /// ([`Coordinator::checkpoint_member`]).
+    pub only: Option<(String, i32)>,
 }
 
 /// How a restart runs (besides where: [`Placement`]).
@@ -226,6 +230,9 @@ pub struct RestartOpts {
     /// Restore although files outside the images changed since the
     /// checkpoint (`cr_restart --allow-changed-files`).
     pub allow_changed_files: bool,
+    /// Restart each member from its checkpoint on the job's recovery line
+    /// ([`crate::recovery`]) instead of from one checkpoint.
+    pub line: bool,
 }
 
 impl Coordinator {
@@ -320,6 +327,23 @@ impl Coordinator {
         self.checkpoint_on(job, after, &opts).await
     }
 
+    /// One member's own checkpoint (uncoordinated mode, see
+    /// [`crate::recovery`]): member `pid` on `node` is frozen, dumped and
+    /// let go alone while the others run on; its connections to them are
+    /// not judged (the recovery line does that).
+    pub async fn checkpoint_member(
+        &self,
+        job: &str,
+        node: &str,
+        pid: i32,
+    ) -> Result<pb::CheckpointInfo, Error> {
+        let opts = CheckpointOpts {
+            only: Some((node.to_string(), pid)),
+            ..Default::default()
+        };
+        self.checkpoint_on(job, pb::After::Continue, &opts).await
+    }
+
     /// [`Coordinator::checkpoint_with`] with every option.
     pub async fn checkpoint_on(
         &self,
@@ -328,6 +352,7 @@ impl Coordinator {
         opts: &CheckpointOpts,
     ) -> Result<pb::CheckpointInfo, Error> {
         let (timeout, freeze) = (opts.timeout, opts.freeze);
+        let only = opts.only.as_ref().map(|(n, p)| (n.as_str(), *p));
         let t0 = Instant::now();
         let deadline = t0 + timeout.unwrap_or(self.settings.timeout);
         let busy = self.begin(job, OpKind::Checkpoint, format!("checkpoint of {job}"))?;
@@ -339,6 +364,27 @@ impl Coordinator {
             )
         });
         let mut jobrec = jobrec.ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        let scope = match only {
+            Some((node, pid)) => {
+                if !jobrec
+                    .members
+                    .iter()
+                    .any(|m| m.node == node && m.pid == pid)
+                {
+                    return Err(Error::Invalid {
+                        what: format!("job {job} has no member {node}:{pid}"),
+                    });
+                }
+                jobrec.members.retain(|m| m.node == node && m.pid == pid);
+                // Its connections to the other members lead outside this
+                // checkpoint: the recovery line judges them.
+                jobrec.external = EXTERNAL_ALLOW.into();
+                jobrec.incremental = false;
+                jobrec.pre_copy = false;
+                SCOPE_MEMBER
+            }
+            None => "",
+        };
         let freeze = freeze
             .or((jobrec.freeze_timeout_ms > 0)
                 .then(|| Duration::from_millis(jobrec.freeze_timeout_ms)))
@@ -437,6 +483,7 @@ impl Coordinator {
                     pre_copy_bytes: pre.written,
                     pre_copy_ms: pre.ms,
                     pre_copy_fetched: pre.fetched,
+                    scope: scope.into(),
                     ..Default::default()
                 }),
                 seq: n,
@@ -788,10 +835,22 @@ impl Coordinator {
     }
 
     /// Retention: remove the committed checkpoints of `job` beyond its
-    /// newest `keep` (each image by the node that wrote it, or by any node
+    /// newest `keep`, or behind its recovery line when it is uncoordinated
+    /// (each image by the node that wrote it, or by any node
     /// up when that one is down: the image root is shared).
     pub(crate) async fn retain(&self, job: &str) {
+        let behind_line = self
+            .catalog
+            .read(|s| s.jobs.get(job).is_some_and(JobRecord::uncoordinated));
         let victims: Vec<CheckpointRecord> = self.catalog.read(|s| {
+            // Uncoordinated: what lies wholly behind the recovery line.
+            if behind_line {
+                let Ok(h) = crate::recovery::History::of(s, job) else {
+                    return Vec::new();
+                };
+                let line = h.line();
+                return h.garbage(&line).into_iter().cloned().collect();
+            }
             let keep = s.jobs.get(job).map_or(0, |j| j.keep) as usize;
             if keep == 0 {
                 return Vec::new();
@@ -842,6 +901,11 @@ impl Coordinator {
                 Ok(_) => {
                     tracing::info!(job, checkpoint = %c.id(), "retention: removed");
                     c.info_mut().state = state::REMOVED.into();
+                    if behind_line {
+                        c.info_mut()
+                            .notes
+                            .push("garbage: behind the recovery line".into());
+                    }
                     removed.push(Change::Checkpoint(c));
                 }
                 Err(e) => {
@@ -881,16 +945,21 @@ impl Coordinator {
         opts: &RestartOpts,
     ) -> Result<pb::RestartReply, Error> {
         let t0 = Instant::now();
+        let started_unix_ms = now_unix_ms();
         let deadline = t0 + opts.timeout.unwrap_or(self.settings.timeout);
         let busy = self.begin(job, OpKind::Restart, format!("restart of {job}"))?;
         let live = self.liveness();
         let (jobrec, ck, node_recs) = self.catalog.read(|s| {
             let ck = match checkpoint {
-                Some(id) => s.checkpoint(id).cloned(),
-                None => s.latest_committed(job).cloned(),
+                _ if opts.line => crate::recovery::History::of(s, job)
+                    .and_then(|h| h.line_checkpoint(&h.line()))
+                    .map(Some),
+                Some(id) => Ok(s.checkpoint(id).cloned()),
+                None => Ok(s.latest_committed(job).cloned()),
             };
             (s.jobs.get(job).cloned(), ck, s.nodes.clone())
         });
+        let ck = ck?;
         let jobrec = jobrec.ok_or_else(|| Error::UnknownJob { job: job.into() })?;
         let running = jobrec
             .members
@@ -987,7 +1056,7 @@ impl Coordinator {
         // FETCH: images restored on a node that lacks them.
         let t = Instant::now();
         let fetched = match self
-            .unless_stopped(self.fetch_images(&busy, job, &id, &plan, deadline, &live))
+            .unless_stopped(self.fetch_images(&busy, job, &ck, &plan, deadline, &live))
             .await
             .and_then(|r| r)
         {
@@ -1116,6 +1185,7 @@ impl Coordinator {
         self.change_job(job, |j| {
             j.members = members.clone();
             j.restarting.clear();
+            j.restarted_unix_ms = started_unix_ms;
         })?;
         if !reasons.is_empty() {
             let reason = reasons.join("; ");
@@ -1174,15 +1244,13 @@ impl Coordinator {
         &self,
         busy: &Busy<'_>,
         job: &str,
-        id: &str,
+        ck: &CheckpointRecord,
         plan: &migrate::Plan,
         deadline: Instant,
         live: &crate::registry::Liveness,
     ) -> Result<Fetched, String> {
-        let (ck, node_recs) = self
-            .catalog
-            .read(|s| (s.checkpoint(id).cloned(), s.nodes.clone()));
-        let ck = ck.ok_or_else(|| format!("checkpoint {id} is gone"))?;
+        let id = ck.id();
+        let node_recs = self.catalog.read(|s| s.nodes.clone());
         let mut out = Fetched::default();
         let mut calls = Copies::new();
         for (k, img) in ck.info().images.iter().enumerate() {

@@ -194,6 +194,7 @@ impl pb::coordinator_server::Coordinator for Service {
                 let opts = RestartOpts {
                     timeout: timeout(req.timeout_secs),
                     allow_changed_files: req.allow_changed_files,
+                    line: req.line,
                 };
                 c.restart_placed(&req.job, ck.as_deref(), &Placement::Nodes(req.on), &opts)
                     .await
@@ -209,6 +210,14 @@ impl pb::coordinator_server::Coordinator for Service {
         check_admin(&req, "Checkpoints")?;
         let req = req.into_inner();
         Ok(Response::new(self.0.checkpoints(&req.job, req.all)?))
+    }
+
+    async fn recovery_line(
+        &self,
+        req: Request<pb::RecoveryLineRequest>,
+    ) -> Result<Response<pb::RecoveryLineReply>, Status> {
+        check_admin(&req, "RecoveryLine")?;
+        Ok(Response::new(self.0.recovery_line(&req.into_inner().job)?))
     }
 
     async fn status(&self, req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {

@@ -1096,3 +1096,95 @@ async fn a_user_acts_only_on_own_jobs_and_pulls_restarts_to_its_node() {
         Err(Error::UnknownCheckpoint { .. })
     ));
 }
+
+#[tokio::test]
+async fn uncoordinated_members_form_a_recovery_line() {
+    let env = Env::new(2);
+    env.coord
+        .configure(&pb::ConfigureRequest {
+            job: "J".into(),
+            mode: Some("uncoordinated".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let set = |n1: u32, n2: u32| {
+        let mut b = env.fake.bookmarks.lock().unwrap();
+        b.insert(
+            "n1".into(),
+            vec![bm("10.0.0.1:40000", "10.0.0.2:5000", 101, n1)],
+        );
+        b.insert(
+            "n2".into(),
+            vec![bm("10.0.0.2:5000", "10.0.0.1:40000", 102, n2)],
+        );
+    };
+    // n1 alone at 1000; the other member runs on (only n1 is prepared).
+    set(1000, 1000);
+    let c = env.coord.checkpoint_member("J", "n1", 101).await.unwrap();
+    assert_eq!((c.id.as_str(), c.scope.as_str()), ("J-1", "member"));
+    assert_eq!(c.images.len(), 1);
+    assert_eq!(env.fake.nodes_called("prepare"), ["n1"]);
+    // n2 later, having received 1200 bytes n1's checkpoint never wrote:
+    // no pair is consistent, every member rolls back to its start.
+    set(1000, 1200);
+    env.coord.checkpoint_member("J", "n2", 102).await.unwrap();
+    let l = env.coord.recovery_line("J").unwrap();
+    assert!(l.at_start, "{l:?}");
+    assert!(l.members.iter().all(|m| m.checkpoint.is_empty()));
+    let e = env
+        .coord
+        .restart_placed(
+            "J",
+            None,
+            &Placement::Nodes(vec![]),
+            &RestartOpts {
+                line: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("member n1:101 (work) has no checkpoint on the recovery line"),
+        "{e}"
+    );
+    // n1 again at 1200: J-3 and J-2 form the line; J-1 is garbage, and
+    // retention (after J-3) removed it.
+    set(1200, 1200);
+    env.coord.checkpoint_member("J", "n1", 101).await.unwrap();
+    let l = env.coord.recovery_line("J").unwrap();
+    let on: Vec<(&str, u32)> = l
+        .members
+        .iter()
+        .map(|m| (m.checkpoint.as_str(), m.rolled_back))
+        .collect();
+    assert_eq!(on, [("J-3", 0), ("J-2", 0)]);
+    assert_eq!(env.stored("J-1").state(), "removed");
+    assert!(env
+        .stored("J-1")
+        .info()
+        .notes
+        .iter()
+        .any(|n| n.contains("garbage")));
+    assert_eq!(env.stored("J-2").state(), "committed");
+    let h = env
+        .coord
+        .catalog()
+        .read(|s| crate::recovery::History::of(s, "J"))
+        .unwrap();
+    let ck = h.line_checkpoint(&h.line()).unwrap();
+    let dirs: Vec<&str> = ck.info().images.iter().map(|i| i.dir.as_str()).collect();
+    assert_eq!(dirs.len(), 2);
+    assert!(
+        dirs[0].contains("J-3") && dirs[1].contains("J-2"),
+        "{dirs:?}"
+    );
+    // A whole-job checkpoint of a coordinated job is not a member's.
+    assert_eq!(
+        env.coord
+            .catalog()
+            .read(|s| s.latest_committed("J").map(|c| c.id().to_string())),
+        None
+    );
+}

@@ -45,7 +45,7 @@ pub fn of(ck: &Checkpoint) -> Vec<Bookmark> {
 }
 
 /// `a` is at or after `b` in sequence space (RFC 793 arithmetic).
-fn seq_ge(a: u32, b: u32) -> bool {
+pub(crate) fn seq_ge(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) >= 0
 }
 

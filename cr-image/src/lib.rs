@@ -22,6 +22,7 @@ pub mod header;
 pub mod model;
 pub mod pages;
 pub mod progress;
+pub mod recovery;
 pub mod show;
 pub mod store;
 

@@ -1137,7 +1137,7 @@ impl<'h> Cluster<'h> {
     /// Starts a ring job (see [`Ring`]) through `cr_run --job`, and waits
     /// until every member has carried messages both ways.
     pub fn start_ring(&self, job: &str, placement: &[usize]) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, true, None);
+        let mut r = Ring::launch(self, job, placement, true, None, &[]);
         r.wait_up();
         r
     }
@@ -1145,7 +1145,20 @@ impl<'h> Cluster<'h> {
     /// [`Cluster::start_ring`] whose member 0 holds a ballast
     /// (`MIB[:DIRTY_MB_S]`, see wl_ring).
     pub fn start_ring_ballast(&self, job: &str, placement: &[usize], ballast: &str) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, true, Some(ballast));
+        let mut r = Ring::launch(self, job, placement, true, Some(ballast), &[]);
+        r.wait_up();
+        r
+    }
+
+    /// [`Cluster::start_ring`] with extra environment for every member
+    /// (e.g. `WL_RING_PHASES`, see wl_ring).
+    pub fn start_ring_env(
+        &self,
+        job: &str,
+        placement: &[usize],
+        env: &[(String, String)],
+    ) -> Ring<'_> {
+        let mut r = Ring::launch(self, job, placement, true, None, env);
         r.wait_up();
         r
     }
@@ -1153,7 +1166,7 @@ impl<'h> Cluster<'h> {
     /// A ring whose members are started directly in their nodes'
     /// namespaces (no cr_run, no agent): for the harness's own checks.
     pub fn start_ring_direct(&self, job: &str, placement: &[usize]) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, false, None);
+        let mut r = Ring::launch(self, job, placement, false, None, &[]);
         r.wait_up();
         r
     }
@@ -1385,6 +1398,7 @@ impl<'c> Ring<'c> {
         placement: &[usize],
         via_cr_run: bool,
         ballast: Option<&str>,
+        env: &[(String, String)],
     ) -> Ring<'c> {
         let n = placement.len();
         assert!(n > 0 && n <= 1000, "a ring has 1 to 1000 members");
@@ -1407,7 +1421,7 @@ impl<'c> Ring<'c> {
             let runner = if via_cr_run {
                 let mut full = vec![wl.clone().into_os_string()];
                 full.extend(argv);
-                c.run_member(job, k, &label, &full)
+                c.run_member_env(job, k, &label, &full, env)
             } else {
                 let base = dir.join(format!("member-{i}"));
                 c.spawn_in(
@@ -1415,7 +1429,7 @@ impl<'c> Ring<'c> {
                     &format!("wl_ring {label}"),
                     &wl,
                     &argv,
-                    &[],
+                    env,
                     (&base.with_extension("out"), &base.with_extension("err")),
                 )
             };

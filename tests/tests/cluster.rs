@@ -13,7 +13,9 @@
 //!   nodes' members run on, the agent's restart sweeps what it left;
 //! * (e) the coordinator killed and restarted on its catalog;
 //! * (f) certificates of another CA are refused (agent registration, and a
-//!   gRPC call to an agent made by the test itself).
+//!   gRPC call to an agent made by the test itself);
+//! * (g) uncoordinated member checkpoints and a restart from the recovery
+//!   line.
 
 use cr_rpc::pb::agent_client::AgentClient;
 use cr_rpc::pb::SessionRequest;
@@ -974,3 +976,134 @@ fn crctl_errors_are_one_line() {
 }
 
 type ToolOutputArgs = Vec<String>;
+
+/// (g) Uncoordinated checkpoints (docs/PROTOCOLS.md): a ring of 3 members
+/// whose exchanges come in bursts (`WL_RING_PHASES`: 1.5 s of writes every
+/// 4 s, then quiet) in mode `uncoordinated`, each member checkpointed on
+/// its own every ~1 s while the others run on. `crctl recovery-line` finds
+/// a checkpoint of every member on the line, the checkpoints wholly behind
+/// it are removed as garbage, and a member checkpointed mid-exchange has a
+/// checkpoint after the line; the members are then killed (no checkpoint of
+/// the whole job) and `crctl restart --line` resumes each from its own
+/// checkpoint (that member rolled back past its latest): every member
+/// checks every byte of both its connections.
+#[test]
+fn uncoordinated_restart_from_the_recovery_line() {
+    let h = Harness::new("cluster-uncoordinated");
+    let c = cluster(&h);
+    let placement = [1, 2, 3];
+    let env = [("WL_RING_PHASES".to_string(), "4000:1500".to_string())];
+    let mut ring = c.start_ring_env(JOB, &placement, &env);
+    ring.wait_advanced(MARGIN, "before the member checkpoints");
+    c.crctl(&["job", JOB, "--mode", "uncoordinated", "--interval", "1"])
+        .assert_success("crctl job --mode uncoordinated --interval 1");
+    let line = || c.crctl_json(&["recovery-line", JOB]);
+    let all = || c.crctl_json(&["checkpoints", JOB, "--all"]);
+    let garbage = |v: &Value| {
+        jlist(v, "checkpoints").into_iter().any(|ck| {
+            jstr(ck, "state") == "removed"
+                && jlist(ck, "notes")
+                    .iter()
+                    .any(|n| n.as_str().is_some_and(|n| n.contains("recovery line")))
+        })
+    };
+    wait_until(
+        "a recovery line through a checkpoint of every member, garbage behind it, and a member checkpointed mid-exchange after it",
+        Duration::from_secs(120),
+        || {
+            let l = line();
+            jlist(&l, "members").len() == placement.len()
+                && jlist(&l, "members")
+                    .iter()
+                    .all(|m| !jstr(m, "checkpoint").is_empty())
+                && jlist(&l, "members")
+                    .iter()
+                    .any(|m| ju64(m, "rolled_back") > 0)
+                && garbage(&all())
+        },
+        || format!("{:#}\n{:#}\n{}", line(), all(), ring.diag()),
+    );
+    ring.assert_no_fail();
+    // Every member checkpoint is one member's image, taken while the others
+    // ran on.
+    for ck in jlist(&all(), "checkpoints") {
+        if jstr(ck, "scope") == "member" && jstr(ck, "state") == "committed" {
+            ensure(
+                &ring,
+                jlist(ck, "images").len() == 1,
+                &format!("a member checkpoint should have one image: {ck:#}"),
+            );
+        }
+    }
+    c.crctl(&["job", JOB, "--interval", "0"])
+        .assert_success("crctl job --interval 0");
+    let snap = ring.mins();
+    ring.kill_all();
+    wait_until(
+        "the coordinator to see every member gone",
+        Duration::from_secs(20),
+        || c.job_procs(JOB).iter().all(|(_, _, alive)| !alive),
+        || format!("{:?}\n{}", c.job_procs(JOB), c.diag()),
+    );
+    let before = line();
+    eprintln!(
+        "recovery line: {:?}",
+        jlist(&before, "members")
+            .iter()
+            .map(|m| format!(
+                "{}:{} {} (rolls back {} of {})",
+                jstr(m, "node"),
+                ju64(m, "pid"),
+                jstr(m, "checkpoint"),
+                ju64(m, "rolled_back"),
+                ju64(m, "checkpoints")
+            ))
+            .collect::<Vec<_>>()
+    );
+    let mut out = None;
+    wait_until(
+        "crctl restart --line to run (not busy)",
+        Duration::from_secs(30),
+        || {
+            let o = c.crctl(&["--json", "restart", JOB, "--line"]);
+            if o.status.success() || !o.stderr.contains("busy") {
+                out = Some(o);
+                return true;
+            }
+            false
+        },
+        || c.diag(),
+    );
+    let out = out.unwrap();
+    if !out.status.success() {
+        panic!(
+            "crctl restart --line failed\n{}\nline: {before:#}\n{}",
+            out.show(),
+            ring.diag()
+        );
+    }
+    let reply: Value = serde_json::from_str(&out.stdout).expect("crctl --json restart");
+    ensure(
+        &ring,
+        jstr(&reply, "checkpoint") == format!("{JOB}-line"),
+        &format!("the restart should be from the line: {reply:#}"),
+    );
+    ring.adopt();
+    // The line lies some bursts behind the kill: a longer wait than
+    // `wait_past`'s, every status checked for FAIL meanwhile.
+    wait_until(
+        "every member to advance past its count at the kill",
+        Duration::from_secs(90),
+        || {
+            ring.assert_no_fail();
+            ring.statuses()
+                .iter()
+                .zip(&snap)
+                .all(|(s, &base)| s.min() >= base + MARGIN)
+        },
+        || ring.diag(),
+    );
+    ring.assert_on_nodes(&placement, "after the restart from the recovery line");
+    ring.assert_running_untraced("after the restart from the recovery line");
+    ring.assert_no_fail();
+}

@@ -99,7 +99,15 @@ enum Cmd {
         /// the checkpoint.
         #[arg(long)]
         allow_changed_files: bool,
+        /// Restart each member from its checkpoint on the job's recovery
+        /// line (an uncoordinated job; see `crctl recovery-line`).
+        #[arg(long, conflicts_with = "checkpoint")]
+        line: bool,
     },
+    /// The recovery line of a job: per member, the latest checkpoint that
+    /// forms a consistent cut with the others', and what a restart from it
+    /// rolls back.
+    RecoveryLine { job: String },
     /// A job's checkpoints.
     Checkpoints {
         job: String,
@@ -134,6 +142,11 @@ enum Cmd {
         /// `crctl checkpoint --pre-copy`), periodic ones too.
         #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
         pre_copy: Option<String>,
+        /// coordinated: every checkpoint freezes the whole job at once;
+        /// uncoordinated: each member is checkpointed on its own (every
+        /// --interval, with a jitter) and restarts use the recovery line.
+        #[arg(long, value_parser = ["coordinated", "uncoordinated"])]
+        mode: Option<String>,
     },
     /// Move a running job, or one member of it, to another node
     /// (stop-and-copy: checkpoint, copy of the images, restart there).
@@ -477,6 +490,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             on,
             timeout,
             allow_changed_files,
+            line,
         } => {
             let req = pb::RestartRequest {
                 job,
@@ -484,10 +498,15 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 on,
                 timeout_secs: timeout.unwrap_or(0),
                 allow_changed_files,
+                line,
                 ..Default::default()
             };
             let r = conn.rpc(c.restart(req).await)?;
             out(js, restart_json(&r), || restart_text(&r));
+        }
+        Cmd::RecoveryLine { job } => {
+            let r = conn.rpc(c.recovery_line(pb::RecoveryLineRequest { job }).await)?;
+            out(js, line_json(&r), || line_text(&r));
         }
         Cmd::Checkpoints { job, all } => {
             let r = conn.rpc(c.checkpoints(pb::CheckpointsRequest { job, all }).await)?;
@@ -506,6 +525,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             freeze_timeout,
             replicas,
             pre_copy,
+            mode,
         } => {
             let req = pb::ConfigureRequest {
                 job,
@@ -519,6 +539,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 },
                 replicas,
                 pre_copy: pre_copy.map(|v| v == "on"),
+                mode,
                 ..Default::default()
             };
             let j = conn.rpc(c.configure(req).await)?;
@@ -629,7 +650,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "procs": j.procs.iter().map(proc_json).collect::<Vec<_>>(),
         "interval_secs": j.interval_secs, "keep": j.keep, "external": j.external,
         "incremental": j.incremental, "freeze_timeout_ms": j.freeze_timeout_ms,
-        "replicas": j.replicas, "pre_copy": j.pre_copy,
+        "replicas": j.replicas, "pre_copy": j.pre_copy, "mode": j.mode,
         "last_checkpoint": j.last_checkpoint, "checkpoints": j.checkpoints,
     })
 }
@@ -662,7 +683,64 @@ fn checkpoint_json(c: &pb::CheckpointInfo) -> Value {
         "freeze_timeout_ms": c.freeze_timeout_ms,
         "pre_copy_rounds": c.pre_copy_rounds, "pre_copy_bytes": c.pre_copy_bytes,
         "pre_copy_ms": c.pre_copy_ms, "pre_copy_fetched": c.pre_copy_fetched,
+        "scope": c.scope,
     })
+}
+
+fn line_json(r: &pb::RecoveryLineReply) -> Value {
+    json!({
+        "job": r.job, "at_start": r.at_start, "unmatched": r.unmatched, "garbage": r.garbage,
+        "members": r.members.iter().map(|m| json!({
+            "node": m.node, "pid": m.pid, "command": m.command, "checkpoint": m.checkpoint,
+            "dir": m.dir, "taken_unix_ms": m.taken_unix_ms, "rolled_back": m.rolled_back,
+            "checkpoints": m.checkpoints,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn line_text(r: &pb::RecoveryLineReply) -> String {
+    let rows: Vec<Vec<String>> = r
+        .members
+        .iter()
+        .map(|m| {
+            vec![
+                format!("{}:{}", m.node, m.pid),
+                m.command.clone(),
+                if m.checkpoint.is_empty() {
+                    "(start)".into()
+                } else {
+                    m.checkpoint.clone()
+                },
+                if m.taken_unix_ms == 0 {
+                    "-".into()
+                } else {
+                    datetime(m.taken_unix_ms)
+                },
+                format!("{} of {}", m.rolled_back, m.checkpoints),
+            ]
+        })
+        .collect();
+    let mut o = format!("recovery line of job {}\n", r.job);
+    o += &table(
+        &[
+            "MEMBER",
+            "COMMAND",
+            "CHECKPOINT",
+            "TAKEN (UTC)",
+            "ROLLED BACK",
+        ],
+        &rows,
+    );
+    if r.at_start {
+        o += "every member rolls back to its start: restart the job from the start\n";
+    }
+    for u in &r.unmatched {
+        let _ = writeln!(o, "unmatched connection (peer not in the job): {u}");
+    }
+    if !r.garbage.is_empty() {
+        let _ = writeln!(o, "behind the line (garbage): {}", r.garbage.join(", "));
+    }
+    o
 }
 
 fn restart_json(r: &pb::RestartReply) -> Value {
@@ -1009,6 +1087,7 @@ fn job_text(j: &pb::JobInfo) -> String {
     );
     let _ = writeln!(o, "replicas   {}", j.replicas.max(1));
     let _ = writeln!(o, "pre-copy   {}", if j.pre_copy { "on" } else { "off" });
+    let _ = writeln!(o, "mode       {}", j.mode);
     let _ = writeln!(
         o,
         "last       {} ({} committed)",
@@ -1128,12 +1207,21 @@ fn checkpoints_text(cks: &[pb::CheckpointInfo], all: bool) -> String {
     let rows: Vec<Vec<String>> = cks
         .iter()
         .map(|c| {
+            let garbage = c.state == "removed" && c.notes.iter().any(|n| n.starts_with("garbage"));
             let mut r = vec![
                 c.id.clone(),
-                c.state.clone(),
-                after_name(c.after)
-                    .trim_start_matches("AFTER_")
-                    .to_lowercase(),
+                if garbage {
+                    "garbage (removed)".into()
+                } else {
+                    c.state.clone()
+                },
+                match (c.scope.as_str(), c.images.first()) {
+                    ("member", Some(i)) => format!("member {}:{}", i.node, i.pid),
+                    ("member", None) => "member".into(),
+                    _ => after_name(c.after)
+                        .trim_start_matches("AFTER_")
+                        .to_lowercase(),
+                },
                 datetime(c.started_unix_ms),
                 format!("{} ms", c.duration_ms),
                 format!("{} ms", c.pause_ms),

@@ -32,6 +32,13 @@
 //! W`). The status line then ends with `checked=N`, the full passes done.
 //! (For the migration tests and benchmarks: memory size and dirty rate.)
 //!
+//! With `WL_RING_PHASES=PERIOD_MS:BURST_MS` in its environment a member
+//! writes only during the first BURST_MS of every PERIOD_MS of the wall
+//! clock (the same phases on every member: a bulk-synchronous program whose
+//! exchange phase is followed by a quiet compute phase), reading all the
+//! time: in the quiet part every byte written has been received and
+//! acknowledged (for the uncoordinated checkpoint tests).
+//!
 //! Nothing is resolved or looked up after the start: the process may be
 //! frozen, checkpointed, killed and restored on another node with its
 //! sockets' addresses rewritten. It gives up (FAIL) after 15 minutes, so
@@ -488,14 +495,26 @@ fn main() {
         Conn::new(from_prev, "from previous member", prev, false),
     ];
 
+    let phases = std::env::var("WL_RING_PHASES").ok().map(|v| {
+        match v
+            .split_once(':')
+            .map(|(p, b)| (p.parse::<u64>(), b.parse::<u64>()))
+        {
+            Some((Ok(p), Ok(b))) if p > 0 && b <= p => (p, b),
+            _ => die(&format!("bad WL_RING_PHASES {v:?} (PERIOD_MS:BURST_MS)")),
+        }
+    });
     let tick = TICK_MS * 1_000_000;
     let mut next_tick = wl::mono_ns() + tick;
     let mut next_status = 0u64;
     loop {
         let now = wl::mono_ns();
         if now >= next_tick {
+            let quiet = phases.is_some_and(|(period, burst)| {
+                wl::clock_ns(libc::CLOCK_REALTIME) / 1_000_000 % period >= burst
+            });
             for c in conns.iter_mut() {
-                c.write_left = WRITE_BUDGET;
+                c.write_left = if quiet { 0 } else { WRITE_BUDGET };
             }
             if let Some(b) = ballast.as_mut() {
                 b.tick();
