@@ -17,6 +17,8 @@ use crate::protocol::scoped_addr;
 use cr_image::bookmarks::Bookmark;
 use cr_image::recovery::{recovery_line, Line};
 use cr_rpc::pb;
+use std::collections::HashSet;
+use std::net::SocketAddr;
 
 /// One point of a member's history: a checkpoint and its image of the
 /// member.
@@ -35,6 +37,9 @@ pub struct History {
     pub points: Vec<Vec<Point>>,
     /// The committed checkpoints the history was built from.
     pub checkpoints: Vec<CheckpointRecord>,
+    /// The addresses of the nodes its members are on: a connection to
+    /// anything else leads outside the job.
+    pub member_ips: HashSet<String>,
 }
 
 impl History {
@@ -66,10 +71,17 @@ impl History {
             }
             checkpoints.push(c.clone());
         }
+        let member_ips = jobrec
+            .members
+            .iter()
+            .filter_map(|m| s.nodes.get(&m.node))
+            .flat_map(|n| n.addresses.iter().cloned())
+            .collect();
         Ok(History {
             job: jobrec,
             points,
             checkpoints,
+            member_ips,
         })
     }
 
@@ -104,9 +116,22 @@ impl History {
         recovery_line(&self.bookmarks())
     }
 
+    /// Whether `remote` (a bookmark's address, scoped) is no address of a
+    /// node of the job (a loopback address may be a member's: not outside).
+    fn outside(&self, remote: &str) -> bool {
+        remote
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| !a.ip().is_loopback() && !self.member_ips.contains(&a.ip().to_string()))
+    }
+
     /// The checkpoints wholly behind `line`: every image of a current
-    /// member in them lies before that member's point on the line.
+    /// member in them lies before that member's point on the line. None
+    /// while a connection end whose peer may be a member is unpaired: the
+    /// line may still move back then (`cr_image::recovery`, Garbage).
     pub fn garbage(&self, line: &Line) -> Vec<&CheckpointRecord> {
+        if line.unpaired.iter().any(|(_, _, r)| !self.outside(r)) {
+            return Vec::new();
+        }
         self.checkpoints
             .iter()
             .filter(|c| {

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::registry::Liveness;
 use cr_rpc::pb;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How often the schedule is looked at.
@@ -90,7 +90,7 @@ fn due(s: &State, live: &Liveness, now_ms: u64, busy: impl Fn(&str) -> bool) -> 
 /// Run the schedule until the coordinator stops.
 pub async fn run(coord: Arc<Coordinator>) {
     let mut tick = tokio::time::interval(TICK);
-    let mut tried = Tried::new();
+    let tried = Arc::new(Mutex::new(Tried::new()));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -105,22 +105,44 @@ pub async fn run(coord: Arc<Coordinator>) {
         let (jobs, members) = coord.catalog.read(|s| {
             (
                 due(s, &live, now, |j| coord.is_busy(j)),
-                members_due(s, &live, now, &tried, |j| coord.is_busy(j)),
+                members_due(s, &live, now, &tried.lock().unwrap(), |j| coord.is_busy(j)),
             )
         });
         for (job, node, pid) in members {
-            tried.insert((job.clone(), node.clone(), pid), now);
             let c = coord.clone();
+            let tried = tried.clone();
+            // Member after member while they are due, not one per tick: a
+            // member's own interval is kept however many members there are.
             tokio::spawn(async move {
-                tracing::info!(job = %job, node = %node, pid, "member checkpoint");
-                match c.checkpoint_member(&job, &node, pid).await {
-                    Ok(info) => {
-                        tracing::info!(job = %job, checkpoint = %info.id, node = %node, pid, "member checkpoint committed")
+                let mut next = Some((node, pid));
+                while let Some((node, pid)) = next.take() {
+                    tried
+                        .lock()
+                        .unwrap()
+                        .insert((job.clone(), node.clone(), pid), now_unix_ms());
+                    tracing::info!(job = %job, node = %node, pid, "member checkpoint");
+                    match c.checkpoint_member(&job, &node, pid).await {
+                        Ok(info) => {
+                            tracing::info!(job = %job, checkpoint = %info.id, node = %node, pid, "member checkpoint committed")
+                        }
+                        Err(e @ Error::Busy { .. }) => tracing::debug!(job = %job, "{e}"),
+                        Err(e) => {
+                            tracing::warn!(job = %job, node = %node, pid, "member checkpoint: {e}")
+                        }
                     }
-                    Err(e @ Error::Busy { .. }) => tracing::debug!(job = %job, "{e}"),
-                    Err(e) => {
-                        tracing::warn!(job = %job, node = %node, pid, "member checkpoint: {e}")
+                    if c.is_stopping() {
+                        return;
                     }
+                    let live = c.liveness();
+                    let t = tried.lock().unwrap().clone();
+                    next = c
+                        .catalog
+                        .read(|s| {
+                            members_due(s, &live, now_unix_ms(), &t, |j| j != job || c.is_busy(j))
+                        })
+                        .into_iter()
+                        .next()
+                        .map(|(_, n, p)| (n, p));
                 }
             });
         }

@@ -27,15 +27,23 @@
 //! two consistent cuts is then consistent, so there is one maximum
 //! consistent cut; rolling back only the side a violated bound names never
 //! passes below it (the other side is already at its maximum or above),
-//! and the loop stops at a consistent cut: that maximum. Every checkpoint
-//! before it is garbage, and stays garbage as checkpoints are added (the
-//! cut of the old checkpoints stays consistent, so the maximum only moves
-//! forward).
+//! and the loop stops at a consistent cut: that maximum.
 //!
-//! Connections whose other end no member's checkpoint ever lists (a peer
-//! outside the job, or a connection that lived and died between two
+//! Connections whose other end no member's checkpoint lists (a peer
+//! outside the job, a peer that has not been checkpointed since the
+//! connection opened, or a connection that lived and died between two
 //! checkpoints of its peer) are not judged; [`Line::unmatched`] lists those
 //! still open on the line, for the job's external-connection policy.
+//!
+//! # Garbage
+//! Once every connection end listed anywhere in the history has its other
+//! end listed too ([`Line::unpaired`] empty, or only peers known to be
+//! outside the job), the checkpoints before the line are garbage and stay
+//! garbage as checkpoints are added: an end first listed later was not
+//! open at any checkpoint of the old line (on either side), so the old
+//! line stays consistent and the maximum only moves forward. With an
+//! unpaired end that is not so: its peer's first checkpoint listing it can
+//! show the line was too far on (property-tested both ways).
 
 use crate::bookmarks::{seq_ge, Bookmark};
 use serde::Serialize;
@@ -56,6 +64,11 @@ pub struct Line {
     /// Connections open on the line whose other end no member lists, as
     /// (member, local, remote).
     pub unmatched: Vec<(usize, String, String)>,
+    /// Every connection end listed anywhere in the history whose other end
+    /// no checkpoint lists, as (member, local, remote): while one of them
+    /// may lead to a member, the line may still move back (see the module
+    /// docs, Garbage).
+    pub unpaired: Vec<(usize, String, String)>,
 }
 
 impl Line {
@@ -64,8 +77,8 @@ impl Line {
         self.cut.iter().all(Option::is_none)
     }
 
-    /// Whether checkpoint `k` of `member` lies behind the line (garbage: no
-    /// restart will ever use it, whatever checkpoints are added later).
+    /// Whether checkpoint `k` of `member` lies behind the line (garbage
+    /// when no end is unpaired: see the module docs).
     pub fn behind(&self, member: usize, k: usize) -> bool {
         self.cut[member].is_some_and(|on| k < on)
     }
@@ -226,10 +239,22 @@ pub fn recovery_line(history: &[Vec<Vec<Bookmark>>]) -> Line {
         })
         .collect();
     unmatched.sort();
+    let mut unpaired: Vec<(usize, String, String)> = ends
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !paired.contains(i))
+        .filter_map(|(_, e)| {
+            e.at.values()
+                .next()
+                .map(|b| (e.member, b.local.clone(), b.remote.clone()))
+        })
+        .collect();
+    unpaired.sort();
     Line {
         cut,
         rolled_back,
         unmatched,
+        unpaired,
     }
 }
 

@@ -979,7 +979,7 @@ type ToolOutputArgs = Vec<String>;
 
 /// (g) Uncoordinated checkpoints (docs/PROTOCOLS.md): a ring of 3 members
 /// whose exchanges come in bursts (`WL_RING_PHASES`: 1.5 s of writes every
-/// 4 s, then quiet) in mode `uncoordinated`, each member checkpointed on
+/// 6 s, then quiet) in mode `uncoordinated`, each member checkpointed on
 /// its own every ~1 s while the others run on. `crctl recovery-line` finds
 /// a checkpoint of every member on the line, the checkpoints wholly behind
 /// it are removed as garbage, and a member checkpointed mid-exchange has a
@@ -992,7 +992,7 @@ fn uncoordinated_restart_from_the_recovery_line() {
     let h = Harness::new("cluster-uncoordinated");
     let c = cluster(&h);
     let placement = [1, 2, 3];
-    let env = [("WL_RING_PHASES".to_string(), "4000:1500".to_string())];
+    let env = [("WL_RING_PHASES".to_string(), "6000:1500".to_string())];
     let mut ring = c.start_ring_env(JOB, &placement, &env);
     ring.wait_advanced(MARGIN, "before the member checkpoints");
     c.crctl(&["job", JOB, "--mode", "uncoordinated", "--interval", "1"])
