@@ -100,17 +100,19 @@ cpus = sorted(os.sched_getaffinity(0))
 expect(len(cpus) >= 2, "this test needs two CPUs, has %r" % cpus)
 os.sched_setaffinity(0, {cpus[-1]})
 asked = threading.Event()
+bound = threading.Semaphore(0)
 answers = {}
 def work(name, mask):
     if mask:
         os.sched_setaffinity(0, mask)
     answers[name] = os.sched_getaffinity(0)
+    bound.release()
     asked.wait()
     answers[name + " after"] = os.sched_getaffinity(0)
 ts = [threading.Thread(target=work, args=("bound", {cpus[0]}), daemon=True),
       threading.Thread(target=work, args=("unbound", set(cpus)), daemon=True)]
 for t in ts: t.start()
-while len(answers) < 2: time.sleep(0.01)
+for t in ts: expect(bound.acquire(timeout=10), "a worker did not bind itself")
 "#,
         r#"
 expect(os.sched_getaffinity(0) == {cpus[-1]}, "main thread on %r" % os.sched_getaffinity(0))

@@ -71,9 +71,9 @@ if stopped == 0:
     os._exit(0)
 def state(pid):
     return open("/proc/%d/stat" % pid).read().split(") ")[1][0]
-deadline = time.time() + 10
-while (state(z) != "Z" or state(stopped) != "T") and time.time() < deadline:
-    time.sleep(0.01)
+# Wait (without reaping: WNOWAIT) for the clone to exit and the child to stop.
+os.waitid(os.P_PID, z, os.WEXITED | os.WNOWAIT | WCLONE)
+os.waitid(os.P_PID, stopped, os.WSTOPPED | os.WNOWAIT)
 expect(state(z) == "Z" and os.getpgid(z) == z, "the zombie is not ready")
 expect(state(stopped) == "T", "the child did not stop")
 "#,
