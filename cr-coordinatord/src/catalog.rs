@@ -160,7 +160,8 @@ pub struct JobRecord {
     /// Its checkpoints pre-copy memory while it runs ([`crate::precopy`]).
     #[prost(bool, tag = "12")]
     pub pre_copy: bool,
-    /// [`MODE_COORDINATED`] (also when empty) or [`MODE_UNCOORDINATED`].
+    /// [`MODE_COORDINATED`] (also when empty), [`MODE_NON_BLOCKING`] or
+    /// [`MODE_UNCOORDINATED`].
     #[prost(string, tag = "14")]
     pub mode: String,
     /// When its last restart began (0: never restarted): the recovery
@@ -172,6 +173,7 @@ pub struct JobRecord {
 /// Job modes (docs/PROTOCOLS.md).
 pub const MODE_COORDINATED: &str = "coordinated";
 pub const MODE_UNCOORDINATED: &str = "uncoordinated";
+pub const MODE_NON_BLOCKING: &str = "non-blocking";
 /// The scope of one member's own checkpoint (CheckpointInfo.scope).
 pub const SCOPE_MEMBER: &str = "member";
 
@@ -179,6 +181,11 @@ impl JobRecord {
     /// Each member is checkpointed on its own schedule.
     pub fn uncoordinated(&self) -> bool {
         self.mode == MODE_UNCOORDINATED
+    }
+
+    /// Its checkpoints are coordinated but non-blocking.
+    pub fn non_blocking(&self) -> bool {
+        self.mode == MODE_NON_BLOCKING
     }
 }
 

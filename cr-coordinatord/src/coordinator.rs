@@ -398,9 +398,16 @@ impl Coordinator {
             }
         }
         if let Some(x) = req.mode.as_deref() {
-            if x != catalog::MODE_COORDINATED && x != catalog::MODE_UNCOORDINATED {
+            let modes = [
+                catalog::MODE_COORDINATED,
+                catalog::MODE_NON_BLOCKING,
+                catalog::MODE_UNCOORDINATED,
+            ];
+            if !modes.contains(&x) {
                 return Err(Error::Invalid {
-                    what: format!("mode {x:?}: expected \"coordinated\" or \"uncoordinated\""),
+                    what: format!(
+                        "mode {x:?}: expected \"coordinated\", \"non-blocking\" or \"uncoordinated\""
+                    ),
                 });
             }
         }

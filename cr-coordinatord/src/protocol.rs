@@ -220,6 +220,9 @@ pub struct CheckpointOpts {
     /// Only this member (node, pid): its own checkpoint, scope `member`
     /// ([`Coordinator::checkpoint_member`]).
     pub only: Option<(String, i32)>,
+    /// Each member frozen only for its own dump, its connections held
+    /// until every member is dumped (also when the job's mode says so).
+    pub non_blocking: bool,
 }
 
 /// How a restart runs (besides where: [`Placement`]).
@@ -364,6 +367,15 @@ impl Coordinator {
             )
         });
         let mut jobrec = jobrec.ok_or_else(|| Error::UnknownJob { job: job.into() })?;
+        let non_blocking = only.is_none() && (opts.non_blocking || jobrec.non_blocking());
+        if non_blocking && after != pb::After::Continue {
+            return Err(Error::Invalid {
+                what: format!(
+                    "a non-blocking checkpoint lets each member run on after its dump: it cannot {}",
+                    after.as_str_name().to_lowercase()
+                ),
+            });
+        }
         let scope = match only {
             Some((node, pid)) => {
                 if !jobrec
@@ -484,6 +496,7 @@ impl Coordinator {
                     pre_copy_ms: pre.ms,
                     pre_copy_fetched: pre.fetched,
                     scope: scope.into(),
+                    non_blocking,
                     ..Default::default()
                 }),
                 seq: n,
@@ -582,6 +595,7 @@ impl Coordinator {
                 subdir: format!("{job}/{id}"),
                 timeout_ms,
                 freeze_timeout_ms: ms(freeze).min(u64::from(u32::MAX)) as u32,
+                non_blocking: rec.info().non_blocking,
             };
             bounded(bound, "PREPARE", node, self.agents.prepare(node, req))
         });
@@ -754,11 +768,12 @@ impl Coordinator {
             timed(finish_deadline, "FINISH", n, self.agents.finish(n, req))
         });
         let mut acked = Vec::new();
-        let mut paused = 0;
+        let (mut paused, mut held) = (0, 0);
         for (n, r) in join_all(calls).await {
             match r {
                 Ok(reply) => {
                     paused = paused.max(reply.frozen_ms);
+                    held = held.max(reply.held_ms);
                     // The real freeze of each member: until it was let go.
                     for img in rec.info_mut().images.iter_mut().filter(|i| i.node == n) {
                         if let Some(&f) = reply.member_frozen_ms.get(&img.pid) {
@@ -790,6 +805,7 @@ impl Coordinator {
         if paused > 0 {
             rec.info_mut().pause_ms = paused;
         }
+        rec.info_mut().held_ms = held;
         rec.info_mut().duration_ms = ms(t0.elapsed());
         let res = self.catalog.update(|s| {
             let mut changes = vec![Change::Checkpoint(rec.clone())];

@@ -9,9 +9,10 @@
 use crate::coordinator::Coordinator;
 use crate::error::Error;
 use crate::migrate::Placement;
-use crate::protocol::RestartOpts;
+use crate::protocol::{CheckpointOpts, RestartOpts};
 use cr_rpc::pb;
 use cr_rpc::pb::coordinator_server::CoordinatorServer;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
@@ -141,16 +142,15 @@ impl pb::coordinator_server::Coordinator for Service {
         let c = self.0.clone();
         joined(
             tokio::spawn(async move {
-                let freeze = (req.freeze_timeout_ms > 0)
-                    .then(|| Duration::from_millis(req.freeze_timeout_ms));
-                c.checkpoint_with(
-                    &req.job,
-                    after,
-                    timeout(req.timeout_secs),
-                    freeze,
-                    req.pre_copy,
-                )
-                .await
+                let opts = CheckpointOpts {
+                    timeout: timeout(req.timeout_secs),
+                    freeze: (req.freeze_timeout_ms > 0)
+                        .then(|| Duration::from_millis(req.freeze_timeout_ms)),
+                    pre_copy: req.pre_copy.then(HashMap::new),
+                    non_blocking: req.non_blocking,
+                    ..Default::default()
+                };
+                c.checkpoint_on(&req.job, after, &opts).await
             })
             .await,
         )

@@ -6,7 +6,7 @@ use crate::catalog::{self, Catalog, Change, CheckpointRecord, JobRecord};
 use crate::coordinator::{Coordinator, Settings};
 use crate::error::Error;
 use crate::migrate::Placement;
-use crate::protocol::RestartOpts;
+use crate::protocol::{CheckpointOpts, RestartOpts};
 use cr_rpc::pb;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -1187,4 +1187,59 @@ async fn uncoordinated_members_form_a_recovery_line() {
             .read(|s| s.latest_committed("J").map(|c| c.id().to_string())),
         None
     );
+}
+
+#[tokio::test]
+async fn non_blocking_checkpoints_ask_the_agents_to_go_member_by_member() {
+    let env = Env::new(2);
+    // By the job's mode: every node's PREPARE asks for it, CONTINUE only.
+    env.coord
+        .configure(&pb::ConfigureRequest {
+            job: "J".into(),
+            mode: Some("non-blocking".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let c = env
+        .coord
+        .checkpoint("J", pb::After::Continue, None)
+        .await
+        .unwrap();
+    assert!(c.non_blocking, "{c:?}");
+    let prepared = env.fake.prepared.lock().unwrap()[&c.id].clone();
+    assert_eq!(prepared.len(), 2);
+    assert!(prepared.values().all(|r| r.non_blocking));
+    let e = env
+        .coord
+        .checkpoint("J", pb::After::Kill, None)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("non-blocking"), "{e}");
+    // By the request, on a coordinated job.
+    env.coord
+        .configure(&pb::ConfigureRequest {
+            job: "J".into(),
+            mode: Some("coordinated".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let c = env
+        .coord
+        .checkpoint("J", pb::After::Continue, None)
+        .await
+        .unwrap();
+    assert!(!c.non_blocking);
+    let opts = CheckpointOpts {
+        non_blocking: true,
+        ..Default::default()
+    };
+    let c = env
+        .coord
+        .checkpoint_on("J", pb::After::Continue, &opts)
+        .await
+        .unwrap();
+    assert!(c.non_blocking);
+    assert!(env.fake.prepared.lock().unwrap()[&c.id]
+        .values()
+        .all(|r| r.non_blocking));
 }

@@ -15,7 +15,8 @@
 //! * (f) certificates of another CA are refused (agent registration, and a
 //!   gRPC call to an agent made by the test itself);
 //! * (g) uncoordinated member checkpoints and a restart from the recovery
-//!   line.
+//!   line;
+//! * (h) a non-blocking coordinated checkpoint and a restart from it.
 
 use cr_rpc::pb::agent_client::AgentClient;
 use cr_rpc::pb::SessionRequest;
@@ -1105,5 +1106,70 @@ fn uncoordinated_restart_from_the_recovery_line() {
     );
     ring.assert_on_nodes(&placement, "after the restart from the recovery line");
     ring.assert_running_untraced("after the restart from the recovery line");
+    ring.assert_no_fail();
+}
+
+/// (h) Non-blocking coordinated checkpoints (the job's mode): each member
+/// is frozen only for its own dump while the others run on, its
+/// connections held until every member is dumped; the members are then
+/// killed and the job restarted from that checkpoint: every member checks
+/// every byte of both its connections from there on.
+#[test]
+fn non_blocking_checkpoint_and_restart() {
+    let h = Harness::new("cluster-non-blocking");
+    let c = cluster(&h);
+    let mut ring = c.start_ring(JOB, &PLACEMENT);
+    ring.wait_advanced(MARGIN, "before the checkpoint");
+    c.crctl(&["job", JOB, "--mode", "non-blocking"])
+        .assert_success("crctl job --mode non-blocking");
+    let refused = c.crctl(&["checkpoint", JOB, "--kill"]);
+    ensure(
+        &ring,
+        !refused.status.success() && refused.stderr.contains("non-blocking"),
+        &format!(
+            "checkpoint --kill of a non-blocking job should be refused naming why\n{}",
+            refused.show()
+        ),
+    );
+    let info = checkpoint(&c, &ring, &[]);
+    eprintln!(
+        "non-blocking checkpoint: longest member pause {} ms, connections held at most {} ms, dump round {} ms; per member: {:?}",
+        ju64(&info, "pause_ms"),
+        ju64(&info, "held_ms"),
+        ju64(&info, "dump_ms"),
+        jlist(&info, "images")
+            .iter()
+            .map(|i| format!("{}:{} {} ms", jstr(i, "node"), ju64(i, "pid"), ju64(i, "frozen_ms")))
+            .collect::<Vec<_>>()
+    );
+    ensure(
+        &ring,
+        info["non_blocking"].as_bool() == Some(true)
+            && ju64(&info, "held_ms") >= ju64(&info, "pause_ms"),
+        &format!("the checkpoint should be non-blocking, its locks held at least as long as any pause: {info:#}"),
+    );
+    let id = jstr(&info, "id");
+    ring.wait_advanced(MARGIN, "after the non-blocking checkpoint");
+    ring.assert_running_untraced("after the non-blocking checkpoint");
+    let snap = ring.mins();
+    ring.kill_all();
+    wait_until(
+        "the coordinator to see every member gone",
+        Duration::from_secs(20),
+        || c.job_procs(JOB).iter().all(|(_, _, alive)| !alive),
+        || format!("{:?}\n{}", c.job_procs(JOB), c.diag()),
+    );
+    let out = c.crctl(&["restart", JOB, "--checkpoint", &id]);
+    if !out.status.success() {
+        panic!("crctl restart failed\n{}\n{}", out.show(), ring.diag());
+    }
+    ring.adopt();
+    ring.wait_past(
+        &snap,
+        MARGIN,
+        "after the restart from the non-blocking checkpoint",
+    );
+    ring.assert_on_nodes(&PLACEMENT, "after the restart");
+    ring.assert_running_untraced("after the restart");
     ring.assert_no_fail();
 }

@@ -375,12 +375,34 @@ struct Member {
 
 /// How a checkpoint session's frozen members end: the locks first (one
 /// transaction per namespace), then the processes.
+#[derive(Default)]
 struct Frozen {
     held: Vec<Member>,
     leases: Vec<super::leases::Lease>,
+    /// Members already let go, their network locks kept until FINISH (a
+    /// non-blocking session's, see [`dump_in_turn`]).
+    thawed: Vec<Thawed>,
+}
+
+/// A member of a non-blocking session once dumped and let go.
+struct Thawed {
+    pid: i32,
+    dir: PathBuf,
+    /// Its network lock's tables, still in force.
+    tables: Vec<String>,
+    /// When it was frozen (its lock taken), and for how long.
+    since: Instant,
+    frozen_ms: u64,
 }
 
 impl Frozen {
+    fn of(held: Vec<Member>) -> Frozen {
+        Frozen {
+            held,
+            ..Default::default()
+        }
+    }
+
     fn leases_held(&self) -> bool {
         self.leases.iter().all(|l| l.held())
     }
@@ -391,13 +413,72 @@ impl Frozen {
     fn abort(mut self) {
         self.leases.clear();
         release_locks(&self.held, Action::Continue);
-        let dirs: Vec<PathBuf> = self.held.iter().map(|m| m.dir.clone()).collect();
+        unlock_thawed(&self.thawed);
+        let mut dirs: Vec<PathBuf> = self.held.iter().map(|m| m.dir.clone()).collect();
+        dirs.extend(self.thawed.iter().map(|t| t.dir.clone()));
         cr_engine::tracer::end_all(self.held.into_iter().map(|m| m.tracer));
         for d in dirs {
             let _ = std::fs::remove_dir_all(&d);
             if let Some(p) = d.parent() {
                 let _ = std::fs::remove_dir(p);
             }
+        }
+    }
+
+    /// Let the dumped members run on with their network locks (and the
+    /// leases renewing them) kept: moved to `into`.
+    fn let_go_locked(self, into: &mut Frozen, since: Instant) -> Vec<(i32, Result<u64, String>)> {
+        let Frozen { held, leases, .. } = self;
+        into.leases.extend(leases);
+        let pending: Vec<_> = held
+            .into_iter()
+            .map(|m| {
+                let (pid, dir) = (m.pid, m.dir.clone());
+                let p = m.tracer.end(move |mut h| {
+                    let tables = h.take_lock_tables(Action::Continue);
+                    let frozen = h.frozen_for().as_millis() as u64;
+                    (
+                        tables,
+                        frozen,
+                        h.finish(Action::Continue).map_err(|e| one_line(&e)),
+                    )
+                });
+                (pid, dir, p)
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (pid, dir, p) in pending {
+            match p.wait() {
+                Ok((tables, frozen_ms, res)) => {
+                    into.thawed.push(Thawed {
+                        pid,
+                        dir,
+                        tables,
+                        since,
+                        frozen_ms,
+                    });
+                    out.push((pid, res.map(|()| frozen_ms)));
+                }
+                Err(e) => out.push((pid, Err(e.to_string()))),
+            }
+        }
+        out
+    }
+}
+
+/// Remove the network locks of members already let go (one nft
+/// transaction per namespace). A member that exited meanwhile took its
+/// namespace's pid with it: its lock lifts with its lease.
+fn unlock_thawed(thawed: &[Thawed]) {
+    let tables = by_netns(
+        thawed
+            .iter()
+            .filter(|t| !t.tables.is_empty())
+            .map(|t| (t.pid, t.tables.clone())),
+    );
+    for (pid, tables) in tables {
+        if let Err(e) = cr_sys::netlock::unlock_many(Some(pid), &tables) {
+            warn!(error = %one_line(&e), "cannot remove the session's network locks");
         }
     }
 }
@@ -455,11 +536,7 @@ fn freeze_all(
     }
     match failed {
         Some(msg) => {
-            Frozen {
-                held,
-                leases: Vec::new(),
-            }
-            .abort();
+            Frozen::of(held).abort();
             Err(msg)
         }
         None => Ok((held, gone)),
@@ -529,11 +606,7 @@ fn checkpoint_session(
     let mut locks = Vec::new();
     let mut dirs = Vec::new();
     let fail = |held: Vec<Member>, msg: String, ready: Reply<pb::PrepareReply>| {
-        Frozen {
-            held,
-            leases: Vec::new(),
-        }
-        .abort();
+        Frozen::of(held).abort();
         record.clear();
         let _ = ready.send(Err(msg.clone()));
         format!("PREPARE failed ({msg}): its processes run on")
@@ -574,11 +647,28 @@ fn checkpoint_session(
         locks.push(lock_name(&req.session, t.pid));
         targets.push((t.pid, dir, opts));
     }
+    if req.non_blocking && after != pb::After::Continue {
+        let msg = format!(
+            "a non-blocking checkpoint lets each member run on after its dump: {} is not possible",
+            after.as_str_name()
+        );
+        return fail(Vec::new(), msg, ready);
+    }
     // Recorded before anything is locked or written.
     record.write(&locks, &dirs);
-    let (held, gone) = match freeze_all(targets, &req.session) {
-        Ok(f) => f,
-        Err(msg) => return fail(Vec::new(), msg, ready),
+    // Non-blocking: nothing is frozen before DUMP (`dump_in_turn`).
+    let mut in_turn = Vec::new();
+    let (held, gone) = if req.non_blocking {
+        let (alive, gone): (Vec<_>, Vec<_>) = targets
+            .into_iter()
+            .partition(|(pid, ..)| members::start_time(*pid).is_some());
+        in_turn = alive;
+        (Vec::new(), gone.into_iter().map(|(pid, ..)| pid).collect())
+    } else {
+        match freeze_all(targets, &req.session) {
+            Ok(f) => f,
+            Err(msg) => return fail(Vec::new(), msg, ready),
+        }
     };
     let prepared = match plan_all(&held, &req.session) {
         Ok(p) => p,
@@ -590,10 +680,7 @@ fn checkpoint_session(
         let set = p.lock.clone()?;
         Some((m.pid, vec![(lock_name(&req.session, m.pid), set)]))
     }));
-    let mut frozen = Frozen {
-        held,
-        leases: Vec::new(),
-    };
+    let mut frozen = Frozen::of(held);
     for (pid, locks) in plans {
         match shared.leases.install(pid, locks, deadline + LEASE_MARGIN) {
             Ok(l) => frozen.leases.push(l),
@@ -618,6 +705,10 @@ fn checkpoint_session(
     for p in prepared {
         reply.processes += p.processes as u32;
         reply.threads += p.threads as u32;
+    }
+    if req.non_blocking {
+        // Nothing frozen yet: the members that will be.
+        reply.processes = in_turn.len() as u32;
     }
     info!(
         session = req.session,
@@ -681,7 +772,14 @@ fn checkpoint_session(
         match cmd {
             Cmd::Dump(r) => {
                 fault::point("dump", shared);
-                let res = dump_all(shared, &req.session, &mut frozen).and_then(|d| {
+                let res = if req.non_blocking {
+                    let until = deadline + LEASE_MARGIN;
+                    let turn = std::mem::take(&mut in_turn);
+                    dump_in_turn(shared, &req.session, &mut frozen, turn, until)
+                } else {
+                    dump_all(shared, &req.session, &mut frozen)
+                };
+                let res = res.and_then(|d| {
                     if frozen.leases_held() {
                         Ok(d)
                     } else {
@@ -851,6 +949,75 @@ fn dump_all(shared: &Shared, session: &str, f: &mut Frozen) -> Result<pb::DumpRe
     }
 }
 
+/// A non-blocking session's DUMP: each member in turn is frozen, its
+/// connections locked, dumped and let go at once, its lock kept (leased
+/// until `until`) so that nothing moves on its connections until every
+/// member of the job is dumped: whatever order the members are dumped in,
+/// no byte a member received after its dump can be in a peer's image as
+/// not yet sent, and no byte acknowledged to a peer can be missing from
+/// its image (docs/PROTOCOLS.md). On a failure the members dumped so far
+/// stay in `f` (the ABORT that follows removes their locks and images).
+fn dump_in_turn(
+    shared: &Shared,
+    session: &str,
+    f: &mut Frozen,
+    targets: Vec<(i32, PathBuf, CheckpointOptions)>,
+    until: Instant,
+) -> Result<pb::DumpReply, String> {
+    let mut reply = pb::DumpReply::default();
+    for target in targets {
+        let pid = target.0;
+        let since = Instant::now();
+        let (held, gone) = freeze_all(vec![target], session)?;
+        reply.gone.extend(gone);
+        if held.is_empty() {
+            continue;
+        }
+        let prepared = match plan_all(&held, session) {
+            Ok(p) => p,
+            Err(e) => {
+                Frozen::of(held).abort();
+                return Err(format!("process {pid}: {e}"));
+            }
+        };
+        let name = lock_name(session, pid);
+        let locks: Vec<_> = prepared
+            .into_iter()
+            .filter_map(|p| p.lock)
+            .map(|set| (name.clone(), set))
+            .collect();
+        let mut one = Frozen::of(held);
+        if !locks.is_empty() {
+            match shared.leases.install(pid, locks, until) {
+                Ok(l) => one.leases.push(l),
+                Err(e) => {
+                    one.abort();
+                    return Err(format!("process {pid}: network lock: {}", one_line(&e)));
+                }
+            }
+        }
+        let mut dumped = match dump_all(shared, session, &mut one) {
+            Ok(d) => d,
+            Err(e) => {
+                one.abort();
+                return Err(e);
+            }
+        };
+        reply.gone.append(&mut dumped.gone);
+        if one.held.is_empty() {
+            continue; // exited while frozen
+        }
+        for (p, res) in one.let_go_locked(f, since) {
+            let frozen_ms = res.map_err(|e| format!("process {p}: letting it go: {e}"))?;
+            for i in dumped.images.iter_mut().filter(|i| i.pid == p) {
+                i.frozen_ms = frozen_ms;
+            }
+        }
+        reply.images.append(&mut dumped.images);
+    }
+    Ok(reply)
+}
+
 /// Dump one member's tree (on its tracer thread) and describe its image.
 fn dump_member(h: &mut Held, node: &str, pid: i32) -> Result<pb::ImageInfo, String> {
     let s = h.dump().map_err(|e| one_line(&e))?;
@@ -913,11 +1080,17 @@ fn release_locks(held: &[Member], action: Action) {
 /// kept for the image, for good, after a kill or stop); how long each was
 /// frozen.
 fn finish_all(f: Frozen, action: Action) -> Result<pb::FinishReply, String> {
-    let Frozen { held, mut leases } = f;
-    if action == Action::Continue {
+    let Frozen {
+        held,
+        mut leases,
+        thawed,
+    } = f;
+    if action == Action::Continue || !thawed.is_empty() {
         leases.clear();
     }
     release_locks(&held, action);
+    // A non-blocking session's: already running, only their locks go.
+    unlock_thawed(&thawed);
     let pending: Vec<_> = held
         .into_iter()
         .map(|m| {
@@ -931,6 +1104,11 @@ fn finish_all(f: Frozen, action: Action) -> Result<pb::FinishReply, String> {
         .collect();
     let mut first_err = None;
     let mut reply = pb::FinishReply::default();
+    for t in &thawed {
+        reply.frozen_ms = reply.frozen_ms.max(t.frozen_ms);
+        reply.member_frozen_ms.insert(t.pid, t.frozen_ms);
+        reply.held_ms = reply.held_ms.max(t.since.elapsed().as_millis() as u64);
+    }
     for (pid, p) in pending {
         let (frozen, res) = match p.wait() {
             Ok(r) => r,

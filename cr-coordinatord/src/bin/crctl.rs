@@ -81,6 +81,12 @@ enum Cmd {
         /// since (also when the job's --pre-copy is on).
         #[arg(long)]
         pre_copy: bool,
+        /// Freeze, dump and let go each member on its own (its
+        /// connections held until every member is dumped): each is paused
+        /// only for its own dump (also when the job's mode is
+        /// non-blocking). Only with continue.
+        #[arg(long, conflicts_with_all = ["kill", "stop"])]
+        non_blocking: bool,
     },
     /// Restart a job from a checkpoint.
     Restart {
@@ -143,9 +149,11 @@ enum Cmd {
         #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
         pre_copy: Option<String>,
         /// coordinated: every checkpoint freezes the whole job at once;
-        /// uncoordinated: each member is checkpointed on its own (every
-        /// --interval, with a jitter) and restarts use the recovery line.
-        #[arg(long, value_parser = ["coordinated", "uncoordinated"])]
+        /// non-blocking: coordinated, each member frozen only for its own
+        /// dump (as `crctl checkpoint --non-blocking`); uncoordinated:
+        /// each member is checkpointed on its own (every --interval, with
+        /// a jitter) and restarts use the recovery line.
+        #[arg(long, value_parser = ["coordinated", "non-blocking", "uncoordinated"])]
         mode: Option<String>,
     },
     /// Move a running job, or one member of it, to another node
@@ -452,6 +460,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             timeout,
             freeze_timeout,
             pre_copy,
+            non_blocking,
         } => {
             let after = if kill {
                 pb::After::Kill
@@ -466,6 +475,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 timeout_secs: timeout.unwrap_or(0),
                 freeze_timeout_ms: secs_to_ms(freeze_timeout, "--freeze-timeout")?,
                 pre_copy,
+                non_blocking,
                 ..Default::default()
             };
             let ck = conn.rpc(c.checkpoint(req).await)?;
@@ -683,7 +693,7 @@ fn checkpoint_json(c: &pb::CheckpointInfo) -> Value {
         "freeze_timeout_ms": c.freeze_timeout_ms,
         "pre_copy_rounds": c.pre_copy_rounds, "pre_copy_bytes": c.pre_copy_bytes,
         "pre_copy_ms": c.pre_copy_ms, "pre_copy_fetched": c.pre_copy_fetched,
-        "scope": c.scope,
+        "scope": c.scope, "non_blocking": c.non_blocking, "held_ms": c.held_ms,
     })
 }
 
@@ -1129,6 +1139,13 @@ fn checkpoint_text(c: &pb::CheckpointInfo) -> String {
         c.pause_ms,
         c.duration_ms
     );
+    if c.non_blocking {
+        let _ = writeln!(
+            o,
+            "non-blocking: each member paused only for its own dump; connections held at most {} ms",
+            c.held_ms
+        );
+    }
     if c.pre_copy_rounds > 0 {
         let _ = writeln!(
             o,
