@@ -21,6 +21,7 @@ mod incr;
 mod json;
 mod migrate;
 mod mpi;
+mod protocols;
 mod tcp;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -97,6 +98,9 @@ enum Bench {
     Cluster(cluster::Opts),
     /// Downtime of a migration against memory and dirty rate.
     Migrate(migrate::Opts),
+    /// Member pauses and work lost at a failure: coordinated,
+    /// non-blocking and uncoordinated checkpoints at the same interval.
+    Protocols(protocols::Opts),
     /// Pause, checkpoint time and slowdown of a checkpointed MPI job.
     Mpi(mpi::Opts),
 }
@@ -1596,6 +1600,7 @@ fn main() {
         Some(Bench::Coord(o)) => coord::run(o),
         Some(Bench::Cluster(o)) => cluster::run(o),
         Some(Bench::Migrate(o)) => migrate::run(o),
+        Some(Bench::Protocols(o)) => protocols::run(o),
         Some(Bench::Mpi(o)) => mpi::run(o),
         None => real_main(cli.opts),
     };
