@@ -17,7 +17,9 @@
 //! checkpoint on the recovery line for the uncoordinated one (its start
 //! when it has none). The job is then restarted from there (`crctl
 //! restart`, `--line` when uncoordinated) and must go on, every member
-//! checking every byte it gets.
+//! checking every byte it gets. (With `--allow-changed-files`: a member
+//! caught between writing its status file's `.tmp` and renaming it has
+//! that file open, gone by the restart.)
 //!
 //! The pause columns come from every member image of every committed
 //! checkpoint (`frozen_ms`: from the member's freeze to its let-go);
@@ -147,7 +149,12 @@ fn schedule_ran(c: &Cluster, job: &str, since: u64, members: usize, member_scope
 fn idle(c: &Cluster, job: &str) -> bool {
     jlist(&c.crctl_json(&["checkpoints", job, "--all"]), "checkpoints")
         .iter()
-        .all(|ck| matches!(jstr(ck, "state").as_str(), "committed" | "aborted" | "removed"))
+        .all(|ck| {
+            matches!(
+                jstr(ck, "state").as_str(),
+                "committed" | "aborted" | "removed"
+            )
+        })
 }
 
 /// Waits (a benchmark: its schedule is the coordinator's) until `ok`.
@@ -185,9 +192,7 @@ fn one_failure(
     wait_for("two checkpoints of the schedule", slack, || {
         schedule_ran(c, job, since, ring.len(), uncoordinated)
     });
-    std::thread::sleep(Duration::from_secs_f64(
-        rng.unit() * f64::from(o.interval),
-    ));
+    std::thread::sleep(Duration::from_secs_f64(rng.unit() * f64::from(o.interval)));
     // The schedule stops and the checkpoint under way ends first: a
     // checkpoint that saw members die would drop them from the job.
     c.crctl(&["job", job, "--interval", "0"])
@@ -224,7 +229,7 @@ fn one_failure(
             };
             s.lost.push(failed.saturating_sub(point) as f64 / 1000.0);
         }
-        vec!["restart", job, "--line"]
+        vec!["restart", job, "--line", "--allow-changed-files"]
     } else {
         let last = committed_since(c, job, 0)
             .into_iter()
@@ -234,7 +239,7 @@ fn one_failure(
             .max()
             .unwrap_or(started);
         s.lost = vec![failed.saturating_sub(last) as f64 / 1000.0; ring.len()];
-        vec!["restart", job]
+        vec!["restart", job, "--allow-changed-files"]
     };
     eprintln!(
         "cr-bench:   {protocol}: failed {:.1} s after the schedule began; lost {:.1} member-s ({} members back to their start)",
@@ -341,7 +346,9 @@ fn table(rows: &[Row], o: &Opts) -> String {
             fmt(median(frozen)),
             sorted.last().map_or("-".into(), |v| v.to_string()),
             fmt(median(r.samples.iter().map(|s| s.limit).collect())),
-            fmt(median(r.samples.iter().flat_map(|s| s.held.clone()).collect())),
+            fmt(median(
+                r.samples.iter().flat_map(|s| s.held.clone()).collect()
+            )),
             fmt(median(per_member).map(|v| v / 10.0)),
             fmt(median(total).map(|v| v / 10.0)),
             r.samples.iter().map(|s| s.at_start).sum::<usize>(),

@@ -361,10 +361,27 @@ impl Coordinator {
         let busy = self.begin(job, OpKind::Checkpoint, format!("checkpoint of {job}"))?;
         let live = self.liveness();
         let (jobrec, prev) = self.catalog.read(|s| {
-            (
-                s.jobs.get(job).cloned(),
-                s.latest_committed(job).map(|c| c.info().clone()),
-            )
+            let prev = match only {
+                // A member's own checkpoint is incremental on its latest
+                // image, of whichever scope.
+                Some((node, pid)) => s
+                    .job_checkpoints(job)
+                    .rev()
+                    .filter(|c| c.state() == state::COMMITTED)
+                    .find_map(|c| {
+                        let i = c
+                            .info()
+                            .images
+                            .iter()
+                            .find(|i| i.node == node && i.pid == pid)?;
+                        Some(pb::CheckpointInfo {
+                            images: vec![i.clone()],
+                            ..c.info().clone()
+                        })
+                    }),
+                None => s.latest_committed(job).map(|c| c.info().clone()),
+            };
+            (s.jobs.get(job).cloned(), prev)
         });
         let mut jobrec = jobrec.ok_or_else(|| Error::UnknownJob { job: job.into() })?;
         let non_blocking = only.is_none() && (opts.non_blocking || jobrec.non_blocking());
@@ -391,7 +408,6 @@ impl Coordinator {
                 // Its connections to the other members lead outside this
                 // checkpoint: the recovery line judges them.
                 jobrec.external = EXTERNAL_ALLOW.into();
-                jobrec.incremental = false;
                 jobrec.pre_copy = false;
                 SCOPE_MEMBER
             }

@@ -1149,10 +1149,17 @@ async fn uncoordinated_members_form_a_recovery_line() {
             .contains("member n1:101 (work) has no checkpoint on the recovery line"),
         "{e}"
     );
-    // n1 again at 1200: J-3 and J-2 form the line; J-1 is garbage, and
-    // retention (after J-3) removed it.
+    // n1 again at 1200, incremental on its own last image (J-1): J-3 and
+    // J-2 form the line; J-1 is garbage, and retention (after J-3)
+    // removed it (its pages folded into J-3 by the agent's Remove).
     set(1200, 1200);
+    env.coord.set_incremental("J", true).unwrap();
     env.coord.checkpoint_member("J", "n1", 101).await.unwrap();
+    let parent = |id: &str| {
+        let p = env.fake.prepared.lock().unwrap()[id].clone();
+        p["n1"].targets[0].parent.clone()
+    };
+    assert_eq!(parent("J-3"), "/img/J/J-1/n1-101");
     let l = env.coord.recovery_line("J").unwrap();
     let on: Vec<(&str, u32)> = l
         .members
