@@ -17,9 +17,9 @@
 //! checkpoint on the recovery line for the uncoordinated one (its start
 //! when it has none). The job is then restarted from there (`crctl
 //! restart`, `--line` when uncoordinated) and must go on, every member
-//! checking every byte it gets. (With `--allow-changed-files`: a member
-//! caught between writing its status file's `.tmp` and renaming it has
-//! that file open, gone by the restart.)
+//! checking every byte it gets. The jobs save their open files in their
+//! images (`--save-files`): a member caught between writing its status
+//! file's `.tmp` and renaming it has that file open, gone by the restart.
 //!
 //! The pause columns come from every member image of every committed
 //! checkpoint (`frozen_ms`: from the member's freeze to its let-go);
@@ -145,18 +145,6 @@ fn schedule_ran(c: &Cluster, job: &str, since: u64, members: usize, member_scope
     per.len() >= members && per.values().all(|&n| n >= 2)
 }
 
-/// No checkpoint of `job` under way.
-fn idle(c: &Cluster, job: &str) -> bool {
-    jlist(&c.crctl_json(&["checkpoints", job, "--all"]), "checkpoints")
-        .iter()
-        .all(|ck| {
-            matches!(
-                jstr(ck, "state").as_str(),
-                "committed" | "aborted" | "removed"
-            )
-        })
-}
-
 /// Waits (a benchmark: its schedule is the coordinator's) until `ok`.
 fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     let until = std::time::Instant::now() + limit;
@@ -197,7 +185,7 @@ fn one_failure(
     // checkpoint that saw members die would drop them from the job.
     c.crctl(&["job", job, "--interval", "0"])
         .assert_success("crctl job --interval 0");
-    wait_for("checkpoint under way to end", slack, || idle(c, job));
+    c.wait_job_idle(job);
     let failed = now_ms();
     ring.kill_all();
     let mut s = Sample {
@@ -229,7 +217,7 @@ fn one_failure(
             };
             s.lost.push(failed.saturating_sub(point) as f64 / 1000.0);
         }
-        vec!["restart", job, "--line", "--allow-changed-files"]
+        vec!["restart", job, "--line"]
     } else {
         let last = committed_since(c, job, 0)
             .into_iter()
@@ -239,7 +227,7 @@ fn one_failure(
             .max()
             .unwrap_or(started);
         s.lost = vec![failed.saturating_sub(last) as f64 / 1000.0; ring.len()];
-        vec!["restart", job, "--allow-changed-files"]
+        vec!["restart", job]
     };
     eprintln!(
         "cr-bench:   {protocol}: failed {:.1} s after the schedule began; lost {:.1} member-s ({} members back to their start)",
@@ -272,8 +260,17 @@ fn start<'c>(c: &'c Cluster, job: &str, o: &Opts) -> (Ring<'c>, u64) {
     let started = now_ms();
     let ring = c.start_ring_env(job, &placement, &env);
     let freeze = (u64::from(o.interval) * 2 + 60).to_string();
-    c.crctl(&["job", job, "--keep", "2", "--freeze-timeout", &freeze])
-        .assert_success("crctl job --keep --freeze-timeout");
+    c.crctl(&[
+        "job",
+        job,
+        "--keep",
+        "2",
+        "--freeze-timeout",
+        &freeze,
+        "--save-files",
+        "64K",
+    ])
+    .assert_success("crctl job --keep --freeze-timeout --save-files");
     (ring, started)
 }
 

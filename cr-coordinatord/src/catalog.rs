@@ -168,6 +168,10 @@ pub struct JobRecord {
     /// line looks only at checkpoints taken since.
     #[prost(uint64, tag = "15")]
     pub restarted_unix_ms: u64,
+    /// Open regular files up to this size are saved in its images (0:
+    /// none).
+    #[prost(uint64, tag = "16")]
+    pub save_files: u64,
 }
 
 /// Job modes (docs/PROTOCOLS.md).

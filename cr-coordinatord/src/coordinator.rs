@@ -302,6 +302,7 @@ impl Coordinator {
             freeze_timeout_ms: j.freeze_timeout_ms,
             replicas: j.replicas,
             pre_copy: j.pre_copy,
+            save_files: j.save_files,
             mode: if j.mode.is_empty() {
                 catalog::MODE_COORDINATED.into()
             } else {
@@ -429,6 +430,9 @@ impl Coordinator {
             }
             if let Some(v) = req.replicas {
                 j.replicas = v;
+            }
+            if let Some(v) = req.save_files {
+                j.save_files = v;
             }
             if let Some(v) = req.pre_copy {
                 j.pre_copy = v;

@@ -612,6 +612,7 @@ impl Coordinator {
                 timeout_ms,
                 freeze_timeout_ms: ms(freeze).min(u64::from(u32::MAX)) as u32,
                 non_blocking: rec.info().non_blocking,
+                save_files: jobrec.save_files,
             };
             bounded(bound, "PREPARE", node, self.agents.prepare(node, req))
         });

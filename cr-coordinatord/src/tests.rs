@@ -1204,6 +1204,7 @@ async fn non_blocking_checkpoints_ask_the_agents_to_go_member_by_member() {
         .configure(&pb::ConfigureRequest {
             job: "J".into(),
             mode: Some("non-blocking".into()),
+            save_files: Some(65536),
             ..Default::default()
         })
         .unwrap();
@@ -1215,7 +1216,9 @@ async fn non_blocking_checkpoints_ask_the_agents_to_go_member_by_member() {
     assert!(c.non_blocking, "{c:?}");
     let prepared = env.fake.prepared.lock().unwrap()[&c.id].clone();
     assert_eq!(prepared.len(), 2);
-    assert!(prepared.values().all(|r| r.non_blocking));
+    assert!(prepared
+        .values()
+        .all(|r| r.non_blocking && r.save_files == 65536));
     let e = env
         .coord
         .checkpoint("J", pb::After::Kill, None)

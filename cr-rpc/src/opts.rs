@@ -4,6 +4,8 @@
 //! engine with exactly that.
 
 use crate::pb;
+/// Sizes on command lines (64M, 1G...), as every tool reads them.
+pub use cr_engine::options::parse_size;
 use cr_engine::options::{
     Action, AddrRewrite, Binding, CheckpointOptions, InheritFd, RestoreOptions,
 };

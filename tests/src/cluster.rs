@@ -1171,6 +1171,27 @@ impl<'h> Cluster<'h> {
         r
     }
 
+    /// `crctl --json jobs`: the state of `job` ("running", "checkpointing",
+    /// "restarting", "partial", "stopped"; "" when unknown).
+    pub fn job_state(&self, job: &str) -> String {
+        jlist(&self.crctl_json(&["jobs"]), "jobs")
+            .into_iter()
+            .find(|j| jstr(j, "name") == job)
+            .map(|j| jstr(j, "state"))
+            .unwrap_or_default()
+    }
+
+    /// Once the periodic checkpoints of `job` are off: waits until the one
+    /// under way (and its retention) has ended.
+    pub fn wait_job_idle(&self, job: &str) {
+        wait_until(
+            &format!("the operation under way on job {job} to end"),
+            RING_TIMEOUT,
+            || !matches!(self.job_state(job).as_str(), "checkpointing" | "restarting"),
+            || self.diag(),
+        );
+    }
+
     /// `crctl --json jobs`: (node, pid, alive) of every process of `job`.
     pub fn job_procs(&self, job: &str) -> Vec<(String, i32, bool)> {
         let v = self.crctl_json(&["jobs"]);

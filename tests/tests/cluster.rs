@@ -718,6 +718,8 @@ fn periodic_incremental_with_retention() {
         "2",
         "--incremental",
         "on",
+        "--save-files",
+        "64K",
     ])
     .assert_success("crctl job --interval 1 --keep 2 --incremental on");
     let all = || {
@@ -996,8 +998,19 @@ fn uncoordinated_restart_from_the_recovery_line() {
     let env = [("WL_RING_PHASES".to_string(), "6000:1500".to_string())];
     let mut ring = c.start_ring_env(JOB, &placement, &env);
     ring.wait_advanced(MARGIN, "before the member checkpoints");
-    c.crctl(&["job", JOB, "--mode", "uncoordinated", "--interval", "1"])
-        .assert_success("crctl job --mode uncoordinated --interval 1");
+    // Incremental: each member checkpoint on that member's previous one;
+    // the garbage behind the line is folded into what depends on it.
+    c.crctl(&[
+        "job",
+        JOB,
+        "--mode",
+        "uncoordinated",
+        "--interval",
+        "1",
+        "--incremental",
+        "on",
+    ])
+    .assert_success("crctl job --mode uncoordinated --interval 1 --incremental on");
     let line = || c.crctl_json(&["recovery-line", JOB]);
     let all = || c.crctl_json(&["checkpoints", JOB, "--all"]);
     let garbage = |v: &Value| {
@@ -1038,6 +1051,30 @@ fn uncoordinated_restart_from_the_recovery_line() {
     }
     c.crctl(&["job", JOB, "--interval", "0"])
         .assert_success("crctl job --interval 0");
+    c.wait_job_idle(JOB);
+    // The kept member images are whole chains, and some are incremental
+    // on their member's previous image.
+    let mut incremental = 0;
+    for ck in jlist(&all(), "checkpoints") {
+        if jstr(ck, "state") != "committed" {
+            continue;
+        }
+        for img in jlist(ck, "images") {
+            let dir = jstr(img, "dir");
+            h.cr_image(&["verify".as_ref(), dir.as_ref()])
+                .assert_success("cr_image verify of a kept member image");
+            let stats = h.cr_image(&["stats".as_ref(), "--json".as_ref(), dir.as_ref()]);
+            let st: Value = serde_json::from_str(&stats.stdout).expect("cr_image stats --json");
+            if st["parent"].as_str().is_some_and(|p| !p.is_empty()) {
+                incremental += 1;
+            }
+        }
+    }
+    ensure(
+        &ring,
+        incremental > 0,
+        &format!("some member checkpoint should be incremental: {:#}", all()),
+    );
     let snap = ring.mins();
     ring.kill_all();
     wait_until(
@@ -1120,8 +1157,9 @@ fn non_blocking_checkpoint_and_restart() {
     let c = cluster(&h);
     let mut ring = c.start_ring(JOB, &PLACEMENT);
     ring.wait_advanced(MARGIN, "before the checkpoint");
-    c.crctl(&["job", JOB, "--mode", "non-blocking"])
-        .assert_success("crctl job --mode non-blocking");
+    // Its status file's .tmp, should a member have it open, is saved.
+    c.crctl(&["job", JOB, "--mode", "non-blocking", "--save-files", "64K"])
+        .assert_success("crctl job --mode non-blocking --save-files 64K");
     let refused = c.crctl(&["checkpoint", JOB, "--kill"]);
     ensure(
         &ring,

@@ -624,6 +624,7 @@ fn checkpoint_session(
             parent: (!t.parent.is_empty()).then(|| PathBuf::from(&t.parent)),
             track_mem: !t.parent.is_empty(),
             lock_name: Some(lock_name(&req.session, t.pid)),
+            save_files: (req.save_files > 0).then_some(req.save_files),
             // What the member asked to keep in its images (cr_run
             // --checkpoint-save-file: a batch script).
             save_file: shared

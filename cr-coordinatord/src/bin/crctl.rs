@@ -155,6 +155,12 @@ enum Cmd {
         /// a jitter) and restarts use the recovery line.
         #[arg(long, value_parser = ["coordinated", "non-blocking", "uncoordinated"])]
         mode: Option<String>,
+        /// Open regular files up to SIZE (e.g. 64M) are saved in the
+        /// job's images and put back at a restart where they changed or
+        /// are gone (a file written then renamed away, a scratch file
+        /// removed); 0: none.
+        #[arg(long, value_name = "SIZE", value_parser = cr_rpc::opts::parse_size)]
+        save_files: Option<u64>,
     },
     /// Move a running job, or one member of it, to another node
     /// (stop-and-copy: checkpoint, copy of the images, restart there).
@@ -536,6 +542,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             replicas,
             pre_copy,
             mode,
+            save_files,
         } => {
             let req = pb::ConfigureRequest {
                 job,
@@ -550,6 +557,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 replicas,
                 pre_copy: pre_copy.map(|v| v == "on"),
                 mode,
+                save_files,
                 ..Default::default()
             };
             let j = conn.rpc(c.configure(req).await)?;
@@ -661,6 +669,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "interval_secs": j.interval_secs, "keep": j.keep, "external": j.external,
         "incremental": j.incremental, "freeze_timeout_ms": j.freeze_timeout_ms,
         "replicas": j.replicas, "pre_copy": j.pre_copy, "mode": j.mode,
+        "save_files": j.save_files,
         "last_checkpoint": j.last_checkpoint, "checkpoints": j.checkpoints,
     })
 }
@@ -1098,6 +1107,9 @@ fn job_text(j: &pb::JobInfo) -> String {
     let _ = writeln!(o, "replicas   {}", j.replicas.max(1));
     let _ = writeln!(o, "pre-copy   {}", if j.pre_copy { "on" } else { "off" });
     let _ = writeln!(o, "mode       {}", j.mode);
+    if j.save_files > 0 {
+        let _ = writeln!(o, "save files up to {}", bytes(j.save_files));
+    }
     let _ = writeln!(
         o,
         "last       {} ({} committed)",
