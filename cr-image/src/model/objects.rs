@@ -171,6 +171,9 @@ pub struct InetSocket {
     /// Options that differ from a fresh socket's, in order.
     #[serde(rename = "options")]
     pub opts: Vec<SockOpt>,
+    /// shutdown(2) bits (1 receive side, 2 send side): of a UDP socket, or
+    /// the receive side of an established TCP connection.
+    pub shutdown: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -504,6 +507,7 @@ fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
         backlog: s.backlog,
         tcp: tcp_state,
         opts: opts_from_pb(s.opts)?,
+        shutdown: s.shutdown & 3,
     })
 }
 
@@ -547,6 +551,7 @@ fn inet_to_pb(s: &InetSocket) -> pb::InetSocket {
         local: show_addr(&s.local),
         remote: show_addr(&s.remote),
         backlog: s.backlog,
+        shutdown: s.shutdown,
         tcp: s.tcp.as_ref().map(|c| pb::TcpConnection {
             snd_una: c.snd_una,
             snd_nxt: c.snd_nxt,

@@ -375,6 +375,7 @@ fn objects() -> Vec<Object> {
                     name: 1,
                     value: vec![1, 0, 0, 0],
                 }],
+                shutdown: 1,
             }),
         ),
         obj(
