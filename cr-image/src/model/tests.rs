@@ -255,6 +255,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                         tfd: 9,
                         events: 1,
                         data: 9,
+                        open_as: None,
                     }],
                 },
             ),
