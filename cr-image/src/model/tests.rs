@@ -212,6 +212,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 };
                 16
             ],
+            loginuid: Some(1000),
         },
         fds: vec![
             fd(
