@@ -96,6 +96,13 @@ impl TreeFds {
         self.pids.contains(&pid)
     }
 
+    /// The processes of the tree, sorted.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.pids.iter().copied().collect();
+        v.sort();
+        v
+    }
+
     pub fn socket_in_tree(&self, ino: u64) -> bool {
         self.sockets.contains(&ino)
     }
