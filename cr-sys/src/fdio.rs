@@ -11,7 +11,7 @@ use nix::errno::Errno as NixErrno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag, SpliceFFlags};
 use nix::sys::socket::{self as sock, AddressFamily, MsgFlags, SockFlag, SockType};
 use nix::unistd::Pid;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub(crate) fn fail(what: impl Into<String>) -> SysError {
     SysError::Syscall {
@@ -308,20 +308,16 @@ pub fn peek_queue(fd: &OwnedFd, stream: bool, zero_ends: bool) -> Result<Queue> 
     Ok(out)
 }
 
-/// Each entry: (data, sender's unix name, empty if unnamed).
-///
 /// Raw recvmsg: nix's reads the sender's address from uninitialized memory
 /// when the sender is unnamed (the kernel then writes none and sets
 /// msg_namelen to 0), and its UnixAddr::path_len panics on that length.
-fn peek_loop(
-    fd: &OwnedFd,
-    stream: bool,
-    zero_ends: bool,
-) -> Result<std::result::Result<Queue, PeekProblem>> {
-    let mut msgs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+fn peek_loop(fd: &OwnedFd, stream: bool, zero_ends: bool) -> Result<Queue> {
+    let mut msgs: Queue = Vec::new();
+    // A stream's last entry ended with files: the next bytes start another.
+    let mut closed = false;
     let mut buf = vec![0u8; 256 * 1024];
-    // Room for a few fds and credentials.
-    let mut cbuf = [0u64; 64];
+    // Room for SCM_MAX_FD (253) fds and credentials.
+    let mut cbuf = [0u64; 160];
     loop {
         let mut iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
@@ -941,4 +937,24 @@ pub fn set_times_nofollow(path: &std::path::Path, ns: i64) -> Result<()> {
         nix::sys::stat::UtimensatFlags::NoFollowSymlink,
     )
     .or_sys(|| format!("utimensat({})", path.display()))
+}
+
+/// mkfifo(3): a FIFO at `path` with permission bits `mode` (less the umask).
+pub fn mkfifo(path: &str, mode: u32) -> Result<()> {
+    let c = std::ffi::CString::new(path).map_err(|_| SysError::Syscall {
+        what: format!("mkfifo of {path:?}"),
+        source: Errno(libc::EINVAL),
+    })?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    let r = unsafe { libc::mkfifo(c.as_ptr(), mode as libc::mode_t) };
+    cvt(r as i64, || format!("mkfifo {path}")).map(drop)
+}
+
+/// Set the access and modification times of the file open as `fd`, in
+/// nanoseconds since the epoch (futimens).
+pub fn set_file_times(fd: &OwnedFd, atime_ns: i64, mtime_ns: i64) -> Result<()> {
+    let ts = |ns: i64| {
+        nix::sys::time::TimeSpec::new(ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
+    };
+    nix::sys::stat::futimens(fd.as_fd(), &ts(atime_ns), &ts(mtime_ns)).or_sys(|| "futimens".into())
 }

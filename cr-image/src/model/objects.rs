@@ -87,6 +87,9 @@ pub struct FileContent {
     /// F_SEAL_* (memfd).
     pub seals: u32,
     pub content: Option<PageFile>,
+    /// Access and modification times, ns since the epoch (0: not saved).
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -500,6 +503,8 @@ fn content_from_pb(f: pb::FileContent) -> Result<FileContent, Bad> {
         mode: f.mode & 0o7777,
         seals: f.seals,
         content,
+        atime_ns: f.atime_ns,
+        mtime_ns: f.mtime_ns,
     })
 }
 
@@ -510,6 +515,8 @@ fn content_to_pb(f: &FileContent) -> pb::FileContent {
         mode: f.mode,
         seals: f.seals,
         content: f.content.as_ref().map(PageFile::to_pb),
+        atime_ns: f.atime_ns,
+        mtime_ns: f.mtime_ns,
     }
 }
 

@@ -324,6 +324,8 @@ fn objects() -> Vec<Object> {
                 size: 8192,
                 mode: 0o600,
                 seals: 0,
+                atime_ns: 1_700_000_000_123_456_789,
+                mtime_ns: 1_600_000_000_000_000_001,
                 content: Some(PageFile {
                     name: "file-21.img".into(),
                     size: 8192,
