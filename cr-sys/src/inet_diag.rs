@@ -122,11 +122,9 @@ pub fn lookup(local: SocketAddr, remote: SocketAddr) -> Result<Option<TcpSock>> 
     }
 }
 
-/// The shutdown(2) bits (1 receive side, 2 send side) of the socket of
-/// `protocol` (TCP or UDP) and family `ipv4` or not whose file has inode
-/// `inode`; None if none has. The kernel keeps no other trace of a UDP
-/// socket's shutdown that could be read (poll shows the receive side only).
-pub fn shutdown_of(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<u8>> {
+/// A dump request of every socket of `protocol` and family IPv4 (or IPv6),
+/// with its sequence number.
+fn dump_request(protocol: i32, ipv4: bool) -> (u32, Vec<u8>) {
     let any = SocketAddr::new(
         if ipv4 {
             IpAddr::from([0u8; 4])
@@ -142,6 +140,15 @@ pub fn shutdown_of(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<u8>> 
         seq,
         &request_of(protocol, any, any, [NOCOOKIE; 2]),
     );
+    (seq, req)
+}
+
+/// The shutdown(2) bits (1 receive side, 2 send side) of the socket of
+/// `protocol` (TCP or UDP) and family `ipv4` or not whose file has inode
+/// `inode`; None if none has. The kernel keeps no other trace of a UDP
+/// socket's shutdown that could be read (poll shows the receive side only).
+pub fn shutdown_of(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<u8>> {
+    let (seq, req) = dump_request(protocol, ipv4);
     let mut found = None;
     let r = exchange(&req, seq, &mut |_, p| {
         let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
@@ -204,21 +211,7 @@ fn addr_at(p: &[u8], off: usize, port: usize, v4: bool) -> Option<SocketAddr> {
 /// that port) still linger.
 pub fn destroy_orphans_on_port(local: SocketAddr) -> Result<Vec<u8>> {
     let v4 = local.is_ipv4();
-    let any = SocketAddr::new(
-        if v4 {
-            IpAddr::from([0u8; 4])
-        } else {
-            IpAddr::from([0u8; 16])
-        },
-        0,
-    );
-    let seq = next_seq();
-    let req = message(
-        SOCK_DIAG_BY_FAMILY,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        seq,
-        &request(any, any, [NOCOOKIE; 2]),
-    );
+    let (seq, req) = dump_request(libc::IPPROTO_TCP, v4);
     let mut found = Vec::new();
     let r = exchange(&req, seq, &mut |_, p| {
         let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
