@@ -331,6 +331,7 @@ pub fn rebuild(
         };
         kinds::memory::Memory::restore(&mut cx, p)?;
         kinds::task::Task::restore(&mut cx, p)?;
+        kinds::identity::set_loginuid(&mut cx.stub, p)?;
         kinds::fds::Fds::restore(&mut cx, p)?;
         memory::set_mm(&mut cx, p)?;
         kinds::signals::Signals::restore(&mut cx, p)?;

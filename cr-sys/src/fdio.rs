@@ -11,7 +11,7 @@ use nix::errno::Errno as NixErrno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag, SpliceFFlags};
 use nix::sys::socket::{self as sock, AddressFamily, MsgFlags, SockFlag, SockType};
 use nix::unistd::Pid;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub(crate) fn fail(what: impl Into<String>) -> SysError {
     SysError::Syscall {
@@ -277,26 +277,28 @@ pub fn setsockopt_int(fd: &OwnedFd, level: i32, opt: i32, v: i32) -> Result<()> 
     })
 }
 
-/// A socket's receive queue: (data, sender's unix name or empty) per message.
-pub type Queue = Vec<(Vec<u8>, Vec<u8>)>;
-
-/// Why a socket queue could not be read.
-#[derive(Debug, PartialEq, Eq)]
-pub enum PeekProblem {
-    /// A message carries file descriptors (SCM_RIGHTS) in flight.
-    FdsInFlight,
+/// One message of a socket's receive queue, as a peek saw it.
+#[derive(Debug, Default)]
+pub struct Peeked {
+    pub data: Vec<u8>,
+    /// The sender's unix name (empty if unnamed or a stream).
+    pub from: Vec<u8>,
+    /// Files in flight with it (SCM_RIGHTS): a peek installs a copy of each
+    /// in our own table, the same open file descriptions.
+    pub fds: Vec<OwnedFd>,
 }
+
+/// A socket's receive queue.
+pub type Queue = Vec<Peeked>;
 
 /// The receive queue of a socket, without consuming it: MSG_PEEK with
 /// SO_PEEK_OFF walking forward, then SO_PEEK_OFF put back. Datagram and
-/// seqpacket sockets give one entry per message; stream sockets one entry.
-/// `zero_ends`: a zero-length read ends the queue (a seqpacket socket
-/// whose peer is gone reads 0 at its end, like a stream, forever).
-pub fn peek_queue(
-    fd: &OwnedFd,
-    stream: bool,
-    zero_ends: bool,
-) -> Result<std::result::Result<Queue, PeekProblem>> {
+/// seqpacket sockets give one entry per message; stream sockets one entry,
+/// or one per run of bytes ending with files in flight (a read of a stream
+/// stops after the bytes that carry files). `zero_ends`: a zero-length
+/// read ends the queue (a seqpacket socket whose peer is gone reads 0 at
+/// its end, like a stream, forever).
+pub fn peek_queue(fd: &OwnedFd, stream: bool, zero_ends: bool) -> Result<Queue> {
     let old = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF)?;
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)?;
     let out = peek_loop(fd, stream, zero_ends);
@@ -306,20 +308,16 @@ pub fn peek_queue(
     Ok(out)
 }
 
-/// Each entry: (data, sender's unix name, empty if unnamed).
-///
 /// Raw recvmsg: nix's reads the sender's address from uninitialized memory
 /// when the sender is unnamed (the kernel then writes none and sets
 /// msg_namelen to 0), and its UnixAddr::path_len panics on that length.
-fn peek_loop(
-    fd: &OwnedFd,
-    stream: bool,
-    zero_ends: bool,
-) -> Result<std::result::Result<Queue, PeekProblem>> {
-    let mut msgs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+fn peek_loop(fd: &OwnedFd, stream: bool, zero_ends: bool) -> Result<Queue> {
+    let mut msgs: Queue = Vec::new();
+    // A stream's last entry ended with files: the next bytes start another.
+    let mut closed = false;
     let mut buf = vec![0u8; 256 * 1024];
-    // Room for a few fds and credentials.
-    let mut cbuf = [0u64; 64];
+    // Room for SCM_MAX_FD (253) fds and credentials.
+    let mut cbuf = [0u64; 160];
     loop {
         let mut iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
@@ -355,18 +353,25 @@ fn peek_loop(
                 source: e,
             });
         }
-        if close_passed_fds(&mh) {
-            return Ok(Err(PeekProblem::FdsInFlight));
+        let fds = passed_fds(&mh);
+        if mh.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(SysError::Syscall {
+                what: "recvmsg(MSG_PEEK): more files in flight than one message carries".into(),
+                source: Errno(libc::EOVERFLOW),
+            });
         }
         let n = n as usize;
         if stream {
             if n == 0 {
                 break;
             }
-            if msgs.is_empty() {
-                msgs.push((Vec::new(), Vec::new()));
+            if msgs.is_empty() || closed {
+                msgs.push(Peeked::default());
             }
-            msgs[0].0.extend_from_slice(&buf[..n]);
+            let last = msgs.last_mut().expect("just pushed");
+            last.data.extend_from_slice(&buf[..n]);
+            closed = !fds.is_empty();
+            last.fds = fds;
         } else {
             if n == 0 && zero_ends {
                 break;
@@ -389,7 +394,11 @@ fn peek_loop(
                     name.truncate(end);
                 }
             }
-            msgs.push((buf[..n].to_vec(), name));
+            msgs.push(Peeked {
+                data: buf[..n].to_vec(),
+                from: name,
+                fds,
+            });
             // The peek offset moves past empty datagrams too; a kernel that
             // did not would loop here forever.
             if msgs.len() > 4 << 20 {
@@ -400,30 +409,86 @@ fn peek_loop(
             }
         }
     }
-    Ok(Ok(msgs))
+    Ok(msgs)
 }
 
-/// Close any fds a peeked message installed in our table; true if there were.
-fn close_passed_fds(mh: &libc::msghdr) -> bool {
-    let mut found = false;
+/// The fds a peeked message installed in our table.
+fn passed_fds(mh: &libc::msghdr) -> Vec<OwnedFd> {
+    let mut out = Vec::new();
     // SAFETY: the CMSG_* macros walk the control buffer the kernel filled,
-    // bounded by msg_controllen.
+    // bounded by msg_controllen; each fd of an SCM_RIGHTS message was just
+    // installed in our table for us alone, so we own it.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(mh);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                found = true;
                 let data = libc::CMSG_DATA(c) as *const RawFd;
                 let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
                     / std::mem::size_of::<RawFd>();
                 for i in 0..n {
-                    libc::close(data.add(i).read_unaligned());
+                    out.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
                 }
             }
             c = libc::CMSG_NXTHDR(mh, c);
         }
     }
-    found
+    out
+}
+
+/// sendmsg(2) of one message carrying files (SCM_RIGHTS), to the socket
+/// named `to` or (None) to the peer, never waiting.
+pub fn send_with_fds(
+    fd: &OwnedFd,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+    to: Option<&[u8]>,
+) -> Result<()> {
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let what = || format!("sendmsg of {} bytes with {} files", data.len(), raw.len());
+    let payload = std::mem::size_of_val(raw.as_slice());
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let addr = to.map(sockaddr_un).transpose()?;
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr is plain data; zero is valid.
+    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+    if let Some((sa, len)) = &addr {
+        mh.msg_name = (sa as *const libc::sockaddr_un) as *mut libc::c_void;
+        mh.msg_namelen = *len;
+    }
+    mh.msg_iov = &mut iov;
+    mh.msg_iovlen = 1;
+    if !raw.is_empty() {
+        mh.msg_control = cbuf.as_mut_ptr().cast();
+        mh.msg_controllen = space;
+        // SAFETY: the control buffer is CMSG_SPACE(payload) bytes, room for
+        // one header and the fds, which CMSG_DATA points past.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&mh);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(payload as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                raw.as_ptr(),
+                libc::CMSG_DATA(c) as *mut RawFd,
+                raw.len(),
+            );
+        }
+    }
+    // SAFETY: every pointer in `mh` refers to live buffers of ours.
+    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &mh, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    let n = cvt(n as i64, what)? as usize;
+    if n != data.len() {
+        return Err(SysError::Syscall {
+            what: what(),
+            source: Errno(libc::EAGAIN),
+        });
+    }
+    Ok(())
 }
 
 /// A sockaddr_un for `name` (raw: a leading 0 byte makes it abstract).
@@ -872,4 +937,24 @@ pub fn set_times_nofollow(path: &std::path::Path, ns: i64) -> Result<()> {
         nix::sys::stat::UtimensatFlags::NoFollowSymlink,
     )
     .or_sys(|| format!("utimensat({})", path.display()))
+}
+
+/// mkfifo(3): a FIFO at `path` with permission bits `mode` (less the umask).
+pub fn mkfifo(path: &str, mode: u32) -> Result<()> {
+    let c = std::ffi::CString::new(path).map_err(|_| SysError::Syscall {
+        what: format!("mkfifo of {path:?}"),
+        source: Errno(libc::EINVAL),
+    })?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    let r = unsafe { libc::mkfifo(c.as_ptr(), mode as libc::mode_t) };
+    cvt(r as i64, || format!("mkfifo {path}")).map(drop)
+}
+
+/// Set the access and modification times of the file open as `fd`, in
+/// nanoseconds since the epoch (futimens).
+pub fn set_file_times(fd: &OwnedFd, atime_ns: i64, mtime_ns: i64) -> Result<()> {
+    let ts = |ns: i64| {
+        nix::sys::time::TimeSpec::new(ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
+    };
+    nix::sys::stat::futimens(fd.as_fd(), &ts(atime_ns), &ts(mtime_ns)).or_sys(|| "futimens".into())
 }

@@ -18,8 +18,8 @@
 
 use crate::error::{Errno, Result};
 use crate::sock_diag::{
-    exchange, message, next_seq, u32_at, QueryError, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
-    SOCK_DESTROY, SOCK_DIAG_BY_FAMILY,
+    attributes, exchange, message, next_seq, u32_at, QueryError, NLM_F_ACK, NLM_F_DUMP,
+    NLM_F_REQUEST, SOCK_DESTROY, SOCK_DIAG_BY_FAMILY,
 };
 use std::net::{IpAddr, SocketAddr};
 
@@ -39,6 +39,11 @@ const MSG_DST: usize = 24;
 /// TCP_LISTEN (include/net/tcp_states.h).
 const LISTEN: u8 = 10;
 
+/// Size of `struct inet_diag_msg`, which the attributes follow.
+const MSG_LEN: usize = 72;
+/// INET_DIAG_SHUTDOWN: the u8 of shutdown bits, sent for every socket.
+const INET_DIAG_SHUTDOWN: u16 = 8;
+
 /// One TCP socket as an exact lookup reports it.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpSock {
@@ -49,8 +54,13 @@ pub struct TcpSock {
     cookie: [u32; 2],
 }
 
-/// `struct inet_diag_req_v2` for the connection `local` -> `remote`.
+/// `struct inet_diag_req_v2` for the TCP connection `local` -> `remote`.
 fn request(local: SocketAddr, remote: SocketAddr, cookie: [u32; 2]) -> Vec<u8> {
+    request_of(libc::IPPROTO_TCP, local, remote, cookie)
+}
+
+/// `struct inet_diag_req_v2` for a socket of `protocol`.
+fn request_of(protocol: i32, local: SocketAddr, remote: SocketAddr, cookie: [u32; 2]) -> Vec<u8> {
     let family = if local.is_ipv4() {
         libc::AF_INET
     } else {
@@ -58,7 +68,7 @@ fn request(local: SocketAddr, remote: SocketAddr, cookie: [u32; 2]) -> Vec<u8> {
     };
     let mut r = Vec::with_capacity(REQ_LEN);
     r.push(family as u8);
-    r.push(libc::IPPROTO_TCP as u8);
+    r.push(protocol as u8);
     r.push(0); // idiag_ext: no extensions
     r.push(0);
     r.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
@@ -112,6 +122,53 @@ pub fn lookup(local: SocketAddr, remote: SocketAddr) -> Result<Option<TcpSock>> 
     }
 }
 
+/// A dump request of every socket of `protocol` and family IPv4 (or IPv6),
+/// with its sequence number.
+fn dump_request(protocol: i32, ipv4: bool) -> (u32, Vec<u8>) {
+    let any = SocketAddr::new(
+        if ipv4 {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u8; 16])
+        },
+        0,
+    );
+    let seq = next_seq();
+    let req = message(
+        SOCK_DIAG_BY_FAMILY,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+        &request_of(protocol, any, any, [NOCOOKIE; 2]),
+    );
+    (seq, req)
+}
+
+/// The shutdown(2) bits (1 receive side, 2 send side) of the socket of
+/// `protocol` (TCP or UDP) and family `ipv4` or not whose file has inode
+/// `inode`; None if none has. The kernel keeps no other trace of a UDP
+/// socket's shutdown that could be read (poll shows the receive side only).
+pub fn shutdown_of(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<u8>> {
+    let (seq, req) = dump_request(protocol, ipv4);
+    let mut found = None;
+    let r = exchange(&req, seq, &mut |_, p| {
+        let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
+        if u64::from(u32_at(p, MSG_INODE).ok_or_else(bad)?) != inode || p.len() < MSG_LEN {
+            return Ok(());
+        }
+        let attrs = attributes(&p[MSG_LEN..]).map_err(|_| bad())?;
+        found = Some(
+            attrs
+                .iter()
+                .find(|(t, _)| *t == INET_DIAG_SHUTDOWN)
+                .and_then(|(_, d)| d.first().copied())
+                .unwrap_or(0),
+        );
+        Ok(())
+    });
+    r.map_err(|e| e.into_sys_error(format!("sock_diag dump of sockets of protocol {protocol}")))?;
+    Ok(found)
+}
+
 /// Destroy the socket of `local` -> `remote` when no process holds it (see
 /// the module documentation); returns its state if one was destroyed.
 pub fn destroy_orphan(local: SocketAddr, remote: SocketAddr) -> Result<Option<u8>> {
@@ -154,21 +211,7 @@ fn addr_at(p: &[u8], off: usize, port: usize, v4: bool) -> Option<SocketAddr> {
 /// that port) still linger.
 pub fn destroy_orphans_on_port(local: SocketAddr) -> Result<Vec<u8>> {
     let v4 = local.is_ipv4();
-    let any = SocketAddr::new(
-        if v4 {
-            IpAddr::from([0u8; 4])
-        } else {
-            IpAddr::from([0u8; 16])
-        },
-        0,
-    );
-    let seq = next_seq();
-    let req = message(
-        SOCK_DIAG_BY_FAMILY,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        seq,
-        &request(any, any, [NOCOOKIE; 2]),
-    );
+    let (seq, req) = dump_request(libc::IPPROTO_TCP, v4);
     let mut found = Vec::new();
     let r = exchange(&req, seq, &mut |_, p| {
         let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));

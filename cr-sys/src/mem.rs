@@ -172,6 +172,34 @@ pub fn same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<bool> {
     Ok(kcmp_file(pid1, fd1, pid2, fd2)? == 0)
 }
 
+/// Whether fd `fd` of `pid` is the file item `tfd` of epoll `epfd` (of the
+/// same process) watches (kcmp KCMP_EPOLL_TFD): the item's file may be open
+/// at another number than its key.
+pub fn is_epoll_target(pid: i32, fd: i32, epfd: i32, tfd: i32) -> Result<bool> {
+    const KCMP_EPOLL_TFD: i64 = 7;
+    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }: the first item
+    // registered with key `tfd`.
+    let slot: [u32; 3] = [epfd as u32, tfd as u32, 0];
+    // SAFETY: kcmp only reads the slot, which lives through the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid,
+            pid,
+            KCMP_EPOLL_TFD,
+            fd as i64,
+            slot.as_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: format!("kcmp of fd {fd} of {pid} and item {tfd} of epoll {epfd}"),
+            source: Errno::last(),
+        });
+    }
+    Ok(r == 0)
+}
+
 fn kcmp_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<i64> {
     const KCMP_FILE: i64 = 0;
     // Raw: nix has no kcmp.

@@ -92,6 +92,27 @@ pub(crate) fn i32_at(b: &[u8], off: usize) -> Option<i32> {
     bytes_at(b, off).map(i32::from_ne_bytes)
 }
 
+/// Size of `struct nlattr`.
+const NLA_HDRLEN: usize = 4;
+/// The flag bits (NLA_F_NESTED, NLA_F_NET_BYTEORDER) of an attribute type.
+const NLA_TYPE_MASK: u16 = !(0x8000 | 0x4000);
+
+/// The netlink attributes packed in `b`, (type, data) each; a damaged
+/// length field ends it with that length as the error.
+pub(crate) fn attributes(mut b: &[u8]) -> std::result::Result<Vec<(u16, &[u8])>, usize> {
+    let mut out = Vec::new();
+    while b.len() >= NLA_HDRLEN {
+        let nla_len = usize::from(u16_at(b, 0).unwrap_or(0));
+        let nla_type = u16_at(b, 2).unwrap_or(0) & NLA_TYPE_MASK;
+        if nla_len < NLA_HDRLEN || nla_len > b.len() {
+            return Err(nla_len);
+        }
+        out.push((nla_type, &b[NLA_HDRLEN..nla_len]));
+        b = &b[align4(nla_len).min(b.len())..];
+    }
+    Ok(out)
+}
+
 /// NLMSG_ALIGN / NLA_ALIGN: both round up to 4 bytes.
 pub(crate) fn align4(len: usize) -> usize {
     (len + 3) & !3

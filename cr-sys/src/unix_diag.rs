@@ -36,14 +36,10 @@
 
 use crate::error::{Errno, Result};
 use crate::sock_diag::{
-    align4, exchange, message, next_seq, u16_at, u32_at, QResult, QueryError, NLM_F_DUMP,
+    align4, attributes, exchange, message, next_seq, u32_at, QResult, QueryError, NLM_F_DUMP,
     NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY,
 };
 use std::collections::HashMap;
-
-const NLA_HDRLEN: usize = 4;
-/// Attribute type bits that are flags (NLA_F_NESTED, NLA_F_NET_BYTEORDER).
-const NLA_TYPE_MASK: u16 = !(0x8000 | 0x4000);
 
 // linux/unix_diag.h
 const UDIAG_SHOW_NAME: u32 = 0x01;
@@ -265,16 +261,8 @@ fn parse_sock(payload: &[u8]) -> QResult<Option<UnixSock>> {
     };
 
     let start = align4(std::mem::size_of::<UnixDiagMsg>()).min(payload.len());
-    let mut attrs = &payload[start..];
-    while attrs.len() >= NLA_HDRLEN {
-        let nla_len = usize::from(u16_at(attrs, 0).unwrap_or(0));
-        let nla_type = u16_at(attrs, 2).unwrap_or(0) & NLA_TYPE_MASK;
-        if nla_len < NLA_HDRLEN || nla_len > attrs.len() {
-            return Err(bad("attribute length field", nla_len));
-        }
-        let data = &attrs[NLA_HDRLEN..nla_len];
-        attrs = &attrs[align4(nla_len).min(attrs.len())..];
-
+    let attrs = attributes(&payload[start..]).map_err(|len| bad("attribute length field", len))?;
+    for (nla_type, data) in attrs {
         match nla_type {
             UNIX_DIAG_NAME => {
                 let mut name = data.to_vec();

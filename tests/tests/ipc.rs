@@ -973,16 +973,21 @@ fn tcp_close_wait_refused_by_name() {
     refused_socket("tcp_close_wait", &["CLOSE-WAIT"]);
 }
 
-/// A unix socket with a file descriptor in flight (SCM_RIGHTS, not received
-/// yet): the checkpoint is refused by name, the workload later receives the
-/// fd and reads through it.
+/// A unix socket with a pipe's read end in flight (SCM_RIGHTS, not received
+/// yet, the sender's copy closed): `--check` finds every fd saveable, a
+/// checkpoint that continues leaves it in flight, and after a checkpoint
+/// with --kill and a restore the workload receives the fd and reads the
+/// pipe's bytes through it.
 #[test]
-fn scm_rights_in_flight_refused_by_name() {
-    refused("scm_rights", &["SCM_RIGHTS"], false, true);
-}
-
-/// `--check` must find what the checkpoint refuses: the fd in flight too.
-#[test]
-fn check_reports_scm_rights_in_flight() {
-    refused("scm_rights", &["SCM_RIGHTS"], true, false);
+fn scm_rights_in_flight_kill_restore() {
+    let h = Harness::new("ipc-scm-rights");
+    let mut wl = h.spawn_python("py_ipc_refuse.py", &["scm_rights"]);
+    wl.wait_ready();
+    wl.wait_line("SOCKFD", |l| l.starts_with("SOCKFD "));
+    let pid = wl.pid();
+    assert_check_ok(&h, pid, "scm_rights");
+    h.checkpoint(&h.image_dir("img-cont"), &[], pid)
+        .assert_success("scm_rights: cr_checkpoint (continue)");
+    assert_running_untraced(pid, "scm_rights after a checkpoint that continues");
+    kill_restore_ok(&h, &mut wl, "scm_rights");
 }

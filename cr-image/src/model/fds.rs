@@ -187,10 +187,13 @@ pub struct TimerFd {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct EpollItem {
-    /// The watched fd, in the same process.
+    /// The watched fd, in the same process (the item's key).
     pub tfd: i32,
     pub events: u32,
     pub data: u64,
+    /// The watched file is open as this fd instead (`tfd` was closed after
+    /// a dup): `tfd` is made its copy for the while of the registration.
+    pub open_as: Option<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -273,6 +276,7 @@ impl Fd {
                         tfd: i.tfd,
                         events: i.events,
                         data: i.data,
+                        open_as: i.open_as,
                     })
                     .collect(),
             },
@@ -386,6 +390,7 @@ impl Fd {
                         tfd: i.tfd,
                         events: i.events,
                         data: i.data,
+                        open_as: i.open_as,
                     })
                     .collect(),
             }),
@@ -485,7 +490,10 @@ pub(crate) fn validate(
             }
         }
         if let FdKind::Epoll { items } = &f.kind {
-            if let Some(it) = items.iter().find(|it| p.fd(it.tfd).is_none()) {
+            if let Some(it) = items
+                .iter()
+                .find(|it| p.fd(it.open_as.unwrap_or(it.tfd)).is_none())
+            {
                 return bad(format!("watches fd {}, which is not open", it.tfd));
             }
         }

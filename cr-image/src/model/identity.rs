@@ -12,6 +12,8 @@ pub struct Identity {
     pub creds: Creds,
     /// Every RLIMIT_*, in resource order.
     pub rlimits: Vec<RLimit>,
+    /// The audit login uid (u32::MAX: unset); None: the kernel keeps none.
+    pub loginuid: Option<u32>,
 }
 
 /// Credentials of a process (all its threads share them).
@@ -84,6 +86,7 @@ impl Identity {
                     hard: l.hard,
                 })
                 .collect(),
+            loginuid: i.loginuid,
         })
     }
 
@@ -111,6 +114,7 @@ impl Identity {
                     hard: l.hard,
                 })
                 .collect(),
+            loginuid: self.loginuid,
         }
     }
 }

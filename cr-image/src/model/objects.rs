@@ -3,7 +3,7 @@
 //! unix sockets ("unix"), TCP/UDP sockets ("inet"), the content of memfds
 //! and deleted files ("files"), pseudo-terminal pairs ("tty").
 
-use super::fds::{TERMIOS_LEN, WINSIZE_LEN};
+use super::fds::{Fd, FdKind, TERMIOS_LEN, WINSIZE_LEN};
 use super::memory::PageFile;
 use super::{pb, ser, Bad, Checkpoint};
 use serde::Serialize;
@@ -87,6 +87,9 @@ pub struct FileContent {
     /// F_SEAL_* (memfd).
     pub seals: u32,
     pub content: Option<PageFile>,
+    /// Access and modification times, ns since the epoch (0: not saved).
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -153,6 +156,19 @@ pub struct UnixSocket {
     /// SOL_SOCKET options that differ from a fresh socket's.
     #[serde(rename = "options")]
     pub opts: Vec<SockOpt>,
+    /// Files in flight (SCM_RIGHTS) with queued messages.
+    pub in_flight: Vec<InFlight>,
+}
+
+/// The files one queued unix message carries (SCM_RIGHTS), in their order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InFlight {
+    /// The message (an index into [`UnixSocket::queue`]).
+    pub message: u32,
+    /// Each file as an fd of its own kind (`fd`: its place in the message;
+    /// `shared`: the same open file description held by a process of the
+    /// image, passed again).
+    pub fds: Vec<Fd>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -171,6 +187,9 @@ pub struct InetSocket {
     /// Options that differ from a fresh socket's, in order.
     #[serde(rename = "options")]
     pub opts: Vec<SockOpt>,
+    /// shutdown(2) bits (1 receive side, 2 send side): of a UDP socket, or
+    /// the receive side of an established TCP connection.
+    pub shutdown: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -294,6 +313,20 @@ impl Object {
                     peek_off: u.peek_off,
                     cwd: u.cwd,
                     opts: opts_from_pb(u.opts)?,
+                    in_flight: u
+                        .in_flight
+                        .into_iter()
+                        .map(|m| {
+                            Ok(InFlight {
+                                message: m.message,
+                                fds: m
+                                    .fds
+                                    .into_iter()
+                                    .map(Fd::from_pb)
+                                    .collect::<Result<_, Bad>>()?,
+                            })
+                        })
+                        .collect::<Result<_, Bad>>()?,
                 })
             }
             Some(K::InetSocket(s)) => ObjectKind::InetSocket(inet_from_pb(s)?),
@@ -359,6 +392,14 @@ impl Object {
                 peek_off: u.peek_off,
                 cwd: u.cwd.clone(),
                 opts: opts_to_pb(&u.opts),
+                in_flight: u
+                    .in_flight
+                    .iter()
+                    .map(|m| pb::InFlight {
+                        message: m.message,
+                        fds: m.fds.iter().map(Fd::to_pb).collect(),
+                    })
+                    .collect(),
             }),
             ObjectKind::InetSocket(s) => K::InetSocket(inet_to_pb(s)),
             ObjectKind::Memfd(f) => K::Memfd(content_to_pb(f)),
@@ -388,6 +429,31 @@ impl Object {
                         return Err(format!(
                             "its {what} socket:[{id}] is missing from the image"
                         ));
+                    }
+                }
+                for m in &u.in_flight {
+                    if m.message as usize >= u.queue.len() || m.fds.is_empty() {
+                        return Err(format!("damaged files in flight (message {})", m.message));
+                    }
+                    for f in &m.fds {
+                        if let Some((tag, id)) = f.kind.object() {
+                            if ck.object(tag, id).is_none() {
+                                return Err(format!(
+                                    "a file in flight refers to {tag:?} {id}, missing from the image"
+                                ));
+                            }
+                        }
+                        if let Some(s) = f.shared {
+                            if ck.process(s.pid).and_then(|q| q.fd(s.fd)).is_none() {
+                                return Err(format!(
+                                    "a file in flight is fd {} of process {}, not in the image",
+                                    s.fd, s.pid
+                                ));
+                            }
+                        }
+                        if matches!(f.kind, FdKind::Epoll { .. }) {
+                            return Err("an epoll in flight".into());
+                        }
                     }
                 }
             }
@@ -437,6 +503,8 @@ fn content_from_pb(f: pb::FileContent) -> Result<FileContent, Bad> {
         mode: f.mode & 0o7777,
         seals: f.seals,
         content,
+        atime_ns: f.atime_ns,
+        mtime_ns: f.mtime_ns,
     })
 }
 
@@ -447,6 +515,8 @@ fn content_to_pb(f: &FileContent) -> pb::FileContent {
         mode: f.mode,
         seals: f.seals,
         content: f.content.as_ref().map(PageFile::to_pb),
+        atime_ns: f.atime_ns,
+        mtime_ns: f.mtime_ns,
     }
 }
 
@@ -504,6 +574,7 @@ fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
         backlog: s.backlog,
         tcp: tcp_state,
         opts: opts_from_pb(s.opts)?,
+        shutdown: s.shutdown & 3,
     })
 }
 
@@ -547,6 +618,7 @@ fn inet_to_pb(s: &InetSocket) -> pb::InetSocket {
         local: show_addr(&s.local),
         remote: show_addr(&s.remote),
         backlog: s.backlog,
+        shutdown: s.shutdown,
         tcp: s.tcp.as_ref().map(|c| pb::TcpConnection {
             snd_una: c.snd_una,
             snd_nxt: c.snd_nxt,

@@ -212,6 +212,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 };
                 16
             ],
+            loginuid: Some(1000),
         },
         fds: vec![
             fd(
@@ -255,6 +256,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                         tfd: 9,
                         events: 1,
                         data: 9,
+                        open_as: None,
                     }],
                 },
             ),
@@ -322,6 +324,8 @@ fn objects() -> Vec<Object> {
                 size: 8192,
                 mode: 0o600,
                 seals: 0,
+                atime_ns: 1_700_000_000_123_456_789,
+                mtime_ns: 1_600_000_000_000_000_001,
                 content: Some(PageFile {
                     name: "file-21.img".into(),
                     size: 8192,
@@ -375,6 +379,7 @@ fn objects() -> Vec<Object> {
                     name: 1,
                     value: vec![1, 0, 0, 0],
                 }],
+                shutdown: 1,
             }),
         ),
         obj(

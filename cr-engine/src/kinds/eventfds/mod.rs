@@ -87,20 +87,36 @@ impl FileKind for EventFds {
                 ev.extend_from_slice(&it.events.to_le_bytes());
                 ev.extend_from_slice(&it.data.to_le_bytes());
                 let addr = cx.stub.put(&ev)?;
-                cx.stub
-                    .call(
-                        "epoll_ctl",
-                        libc::SYS_epoll_ctl,
-                        [
-                            f.fd as u64,
-                            libc::EPOLL_CTL_ADD as u64,
-                            it.tfd as u64,
-                            addr,
-                            0,
-                            0,
-                        ],
-                    )
-                    .step(|| format!("cannot watch fd {} again in epoll fd {}", it.tfd, f.fd))?;
+                let what = || format!("cannot watch fd {} again in epoll fd {}", it.tfd, f.fd);
+                // A file open at another number: `tfd` is its copy while it
+                // is registered (the item keeps the key it was added with).
+                if let Some(n) = it.open_as {
+                    cx.stub
+                        .call(
+                            "dup3",
+                            libc::SYS_dup3,
+                            [n as u64, it.tfd as u64, libc::O_CLOEXEC as u64, 0, 0, 0],
+                        )
+                        .step(what)?;
+                }
+                let r = cx.stub.call(
+                    "epoll_ctl",
+                    libc::SYS_epoll_ctl,
+                    [
+                        f.fd as u64,
+                        libc::EPOLL_CTL_ADD as u64,
+                        it.tfd as u64,
+                        addr,
+                        0,
+                        0,
+                    ],
+                );
+                if it.open_as.is_some() {
+                    cx.stub
+                        .call("close", libc::SYS_close, [it.tfd as u64, 0, 0, 0, 0, 0])
+                        .step(what)?;
+                }
+                r.step(what)?;
             }
         }
         Ok(())
@@ -194,7 +210,7 @@ fn describe(f: &OpenFd<'_>, kind: &str) -> Result<FdKind, String> {
         "[eventpoll]" => FdKind::Epoll {
             items: info
                 .all("tfd")
-                .map(|v| epoll_item(f.pid, v))
+                .map(|v| epoll_item(f.pid, f.fd, v))
                 .collect::<Result<_, _>>()?,
         },
         "inotify" => FdKind::Inotify {
@@ -234,8 +250,9 @@ fn timer_state(info: &FdInfo) -> Option<TimerFd> {
 }
 
 /// One "tfd: 6 events: 80000019 data: 6 pos:0 ino:40e sdev:10" line (the
-/// part after "tfd:"). The watched file must still be open at that number.
-fn epoll_item(pid: i32, v: &str) -> Result<EpollItem, String> {
+/// part after "tfd:") of epoll `epfd`. The watched file must still be open
+/// in the process: at that number, or (dup'ed, then closed) at another.
+fn epoll_item(pid: i32, epfd: i32, v: &str) -> Result<EpollItem, String> {
     let mut words = v.split_whitespace();
     let tfd: i32 = words
         .next()
@@ -245,6 +262,7 @@ fn epoll_item(pid: i32, v: &str) -> Result<EpollItem, String> {
         tfd,
         events: 0,
         data: 0,
+        open_as: None,
     };
     let mut ino = None;
     while let Some(w) = words.next() {
@@ -272,9 +290,22 @@ fn epoll_item(pid: i32, v: &str) -> Result<EpollItem, String> {
         .ok()
         .map(|m| m.ino());
     if ino.is_some() && open != ino {
-        return Err(format!(
-            "an epoll watching a file that is no longer open as fd {tfd} (not supported)"
-        ));
+        if open.is_some() {
+            return Err(format!(
+                "an epoll watching a file that fd {tfd} no longer is (its number taken by another file; not supported)"
+            ));
+        }
+        // Closed: the file may still be open at another number.
+        let fds = cr_sys::proc::fds(pid).map_err(|e| cr_sys::error::one_line(&e))?;
+        item.open_as = fds
+            .iter()
+            .map(|(n, _)| *n)
+            .find(|&n| cr_sys::mem::is_epoll_target(pid, n, epfd, tfd).unwrap_or(false));
+        if item.open_as.is_none() {
+            return Err(format!(
+                "an epoll watching a file that is open nowhere in the process (fd {tfd} closed; the kernel gives no way to reach that file)"
+            ));
+        }
     }
     Ok(item)
 }

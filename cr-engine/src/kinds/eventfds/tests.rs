@@ -87,3 +87,49 @@ expect(os.waitpid(child, 0)[0] == child, "child killed through its pidfd")
     assert_eq!(pidfds(a).len(), 2, "{:?}", a.fds);
     assert_eq!(pidfds(a), pidfds(b));
 }
+
+/// An epoll watching a pipe through an fd closed since (the pipe still
+/// open at another number, a dup): the item keeps its key and its data and
+/// reports the pipe's events.
+#[test]
+fn epoll_watching_a_closed_fd_round_trip() {
+    let rt = round_trip(
+        "eventfds-epoll-closed",
+        r#"
+import select
+ep = select.epoll()
+r, w = os.pipe()
+kept = os.dup(r)
+ep.register(r, select.EPOLLIN)
+old = r
+os.close(r)
+"#,
+        r#"
+import select
+expect(ep.poll(0) == [], "no event before a write")
+os.write(w, b"x")
+got = ep.poll(1)
+expect(got == [(old, select.EPOLLIN)], "the events %r" % got)
+expect(os.read(kept, 1) == b"x", "the pipe")
+"#,
+    );
+    let items = |c: &cr_image::model::Checkpoint| -> Vec<(i32, Option<i32>)> {
+        c.processes[0]
+            .fds
+            .iter()
+            .filter_map(|f| match &f.kind {
+                cr_image::model::FdKind::Epoll { items } => Some(items.clone()),
+                _ => None,
+            })
+            .flatten()
+            .map(|i| (i.tfd, i.open_as))
+            .collect()
+    };
+    let before = items(&rt.before);
+    assert_eq!(before.len(), 1);
+    assert!(
+        before[0].1.is_some(),
+        "watched through another fd: {before:?}"
+    );
+    assert_eq!(before, items(&rt.after));
+}

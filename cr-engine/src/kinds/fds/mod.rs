@@ -96,6 +96,13 @@ impl TreeFds {
         self.pids.contains(&pid)
     }
 
+    /// The processes of the tree, sorted.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.pids.iter().copied().collect();
+        v.sort();
+        v
+    }
+
     pub fn socket_in_tree(&self, ino: u64) -> bool {
         self.sockets.contains(&ino)
     }
@@ -520,6 +527,19 @@ fn share(
     Ok(())
 }
 
+/// Whether the restore of `p` needs fd number `n`: an fd of it, or the key
+/// of an epoll item whose file is open at another number (made for the
+/// while of its registration).
+pub fn needed(p: &Process, n: i32) -> bool {
+    p.fd(n).is_some()
+        || p.fds.iter().any(|f| match &f.kind {
+            cr_image::model::FdKind::Epoll { items } => {
+                items.iter().any(|i| i.tfd == n && i.open_as.is_some())
+            }
+            _ => false,
+        })
+}
+
 /// Close every fd the stub inherited except our pidfd, which moves to a
 /// number the image does not use; raise its fd limit so high fd numbers can
 /// be restored (the saved limits come back at the end).
@@ -541,7 +561,7 @@ pub fn keep_only_grab_fd(stub: &mut Stub<'_>, p: &Process, ours: i32) -> Result<
     {
         cr_sys::limits::set(stub.pid(), libc::RLIMIT_NOFILE, hard, hard)?;
     }
-    let free = (0..).find(|&n| p.fd(n).is_none()).unwrap_or(0) as u64;
+    let free = (0..).find(|&n| !needed(p, n)).unwrap_or(0) as u64;
     if free != ours {
         stub.call(
             "dup3",

@@ -8,6 +8,7 @@
 //! file, a device), are opened again by path with O_PATH; one of a file
 //! deleted since is refused (O_PATH cannot be made on an unnamed file).
 
+pub mod ghost;
 #[cfg(test)]
 mod tests;
 
@@ -26,7 +27,7 @@ use cr_sys::{fdio, PAGE_SIZE};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use tracing::warn;
 
 pub struct Files;
@@ -164,7 +165,14 @@ pub fn content_object(
     let Some(dir) = objects.dir.clone() else {
         return Ok(()); // a pre-flight reads no data
     };
-    let file = File::open(open_path).map_err(|e| err(e.to_string()))?;
+    // Read without touching its access time (the program may look at it):
+    // O_NOATIME, which only its owner or a holder of CAP_FOWNER may ask.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(open_path)
+        .or_else(|_| File::open(open_path))
+        .map_err(|e| err(e.to_string()))?;
     let md = file.metadata().map_err(|e| err(e.to_string()))?;
     let name = link.strip_suffix(" (deleted)").unwrap_or(link);
     let (name, seals) = if memfd {
@@ -191,6 +199,8 @@ pub fn content_object(
         mode: md.mode() & 0o7777,
         seals,
         content: Some(content),
+        atime_ns: md.atime() * 1_000_000_000 + md.atime_nsec(),
+        mtime_ns: md.mtime() * 1_000_000_000 + md.mtime_nsec(),
     };
     objects.insert(Object {
         id: ino,
@@ -328,12 +338,19 @@ fn file_object(r: &Restorer<'_>, obj: &FileContent, memfd: bool) -> Result<Owned
         refill(r.img, pf, &file, obj.size, &obj.name)?;
     }
     file.set_len(obj.size).map_err(what)?;
-    if !memfd {
-        use std::os::unix::fs::PermissionsExt;
+    // A memfd too: its mode says whether it may be executed (0777 made
+    // plainly, 0666 with MFD_NOEXEC_SEAL, whose F_SEAL_EXEC the seals below
+    // give back), and a program may fchmod it.
+    use std::os::unix::fs::PermissionsExt;
+    if file.metadata().map_err(what)?.mode() & 0o7777 != obj.mode {
         file.set_permissions(std::fs::Permissions::from_mode(obj.mode))
             .map_err(what)?;
     }
     let fd = OwnedFd::from(file);
+    if obj.mtime_ns != 0 {
+        fdio::set_file_times(&fd, obj.atime_ns, obj.mtime_ns)
+            .step(|| format!("cannot give {} its times back", obj.name))?;
+    }
     if memfd && obj.seals != 0 {
         fdio::add_seals(&fd, obj.seals).step(|| format!("cannot seal memfd {}", obj.name))?;
     }
@@ -399,10 +416,17 @@ pub fn reopen(cx: &mut Rebuild<'_, '_>, f: &Fd, extra: i32) -> Result<(), Restor
             _ => {}
         }
     }
+    // A directory removed while open is made again (and removed again).
+    let ghost = match ghost::removed(&f.path) {
+        Some(_) if f.kind == FdKind::Directory => Some(ghost::dir(cx.r, &f.path)?),
+        _ => None,
+    };
     let stub = &mut cx.stub;
-    let got = stub
-        .open(&f.path, flags)
-        .step(|| format!("cannot reopen {} as fd {}", f.path, f.fd))?;
+    let got = match ghost {
+        Some(d) => stub.open_at_ours(d, ".", flags),
+        None => stub.open(&f.path, flags),
+    }
+    .step(|| format!("cannot reopen {} as fd {}", f.path, f.fd))?;
     if got != f.fd as u64 {
         stub.call("dup3", libc::SYS_dup3, [got, f.fd as u64, cloexec, 0, 0, 0])
             .step(|| format!("cannot move {} to fd {}", f.path, f.fd))?;

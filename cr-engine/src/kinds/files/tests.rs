@@ -97,3 +97,81 @@ expect(os.readlink("/proc/self/fd/%d" % pp) == os.path.join(DIR, "fifo"), "the F
         kinds(a)
     );
 }
+
+/// Ghosts: a directory (in a directory removed too) held open, a working
+/// directory, and a FIFO with bytes in it, each removed while in use. The
+/// restored program holds them removed at the same paths, the FIFO with
+/// its bytes, and nothing is left on disk.
+#[test]
+fn removed_directories_and_fifo_round_trip() {
+    round_trip(
+        "files-ghosts",
+        r#"
+gd = os.path.join(DIR, "gone", "deeper"); os.makedirs(gd)
+dfd = os.open(gd, os.O_RDONLY | os.O_DIRECTORY)
+cwdd = os.path.join(DIR, "cwd-gone"); os.mkdir(cwdd); os.chdir(cwdd)
+fifo = os.path.join(DIR, "ghost-fifo"); os.mkfifo(fifo)
+fr = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK); fw = os.open(fifo, os.O_WRONLY)
+os.write(fw, b"buffered")
+os.unlink(fifo); os.rmdir(gd); os.rmdir(os.path.join(DIR, "gone")); os.rmdir(cwdd)
+"#,
+        r#"
+link = lambda fd: os.readlink("/proc/self/fd/%d" % fd)
+expect(os.readlink("/proc/self/cwd") == cwdd + " (deleted)", "cwd %r" % os.readlink("/proc/self/cwd"))
+expect(link(dfd) == gd + " (deleted)", "the open directory %r" % link(dfd))
+expect(os.fstat(dfd).st_nlink == 0, "the open directory is removed")
+expect(not os.path.exists(os.path.join(DIR, "gone")), "its parent left behind")
+expect(not os.path.exists(cwdd), "the working directory left behind")
+expect(os.read(fr, 100) == b"buffered", "the FIFO's bytes")
+os.write(fw, b"more")
+expect(os.read(fr, 100) == b"more", "the FIFO carries on")
+expect(link(fr) == fifo + " (deleted)", "the FIFO %r" % link(fr))
+expect(not os.path.exists(fifo), "the FIFO left behind")
+"#,
+    );
+}
+
+/// Memfds' modes: one made with MFD_NOEXEC_SEAL (0666 and F_SEAL_EXEC:
+/// never executable), one whose mode the program changed.
+#[test]
+fn memfd_modes_round_trip() {
+    round_trip(
+        "files-memfd-mode",
+        r#"
+noexec = os.memfd_create("cr-noexec", 8)       # MFD_NOEXEC_SEAL
+os.write(noexec, b"x")
+chmodded = os.memfd_create("cr-chmod", 0)
+os.fchmod(chmodded, 0o640)
+"#,
+        r#"
+mode = os.fstat(noexec).st_mode & 0o7777
+expect(mode == 0o666, "the no-exec memfd's mode %o" % mode)
+expect(fcntl.fcntl(noexec, 1034) & 0x20, "F_SEAL_EXEC")      # F_GET_SEALS
+mode = os.fstat(chmodded).st_mode & 0o7777
+expect(mode == 0o640, "the memfd's mode %o" % mode)
+"#,
+    );
+}
+
+/// The times of files whose content the image holds (a deleted file, a
+/// memfd) are theirs again, not the restore's (nor the checkpoint's: it
+/// reads them without touching their access time).
+#[test]
+fn content_times_round_trip() {
+    round_trip(
+        "files-times",
+        r#"
+times = (1_500_000_000_111_000_000, 1_400_000_000_222_000_000)
+gone = os.path.join(DIR, "old-file")
+d = os.open(gone, os.O_RDWR | os.O_CREAT, 0o644); os.write(d, b"old content")
+os.utime(d, ns=times); os.unlink(gone)
+m = os.memfd_create("cr-times", 0); os.write(m, b"memfd"); os.utime(m, ns=times)
+"#,
+        r#"
+for fd, what in ((d, "the deleted file"), (m, "the memfd")):
+    st = os.fstat(fd)
+    got = (st.st_atime_ns, st.st_mtime_ns)
+    expect(got == times, "%s's times %r" % (what, got))
+"#,
+    );
+}

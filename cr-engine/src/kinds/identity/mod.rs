@@ -1,5 +1,6 @@
 //! Kind "identity": credentials (uids, gids, groups), capability sets,
-//! no_new_privs, keep-caps, dumpable, and resource limits.
+//! no_new_privs, keep-caps, dumpable, resource limits, and the audit login
+//! uid (its session id is the kernel's to give: a new one comes with it).
 //!
 //! Restore sets the limits from outside (prlimit) and the credentials last,
 //! per thread (they are per-thread in the kernel), after every privileged
@@ -14,6 +15,7 @@ use crate::capture::Proc;
 use crate::error::{CheckpointError, RestoreError, StepContext};
 use crate::kinds::Kind;
 use crate::restore::Rebuild;
+use crate::stub::Stub;
 use cr_image::model::identity::MAX_GROUPS;
 use cr_image::model::{Creds, Process, RLimit};
 use cr_sys::remote::Injector;
@@ -71,6 +73,7 @@ impl Kind for Identity {
             .take(cr_image::model::identity::RLIMITS)
             .map(|(soft, hard)| RLimit { soft, hard })
             .collect();
+        p.identity.loginuid = loginuid(pid);
         Ok(())
     }
 
@@ -82,6 +85,42 @@ impl Kind for Identity {
         let args = cx.stub.thread_args();
         set_creds(&mut cx.stub.inj, args, p.pid, &p.identity.creds)
     }
+}
+
+/// The audit login uid of `pid`; None without the file (no audit).
+fn loginuid(pid: i32) -> Option<u32> {
+    proc::read_string(&format!("/proc/{pid}/loginuid"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// The audit login uid, written by the stub itself: the kernel takes it
+/// from no other process (/proc/PID/loginuid of another is EPERM). Done
+/// while the stub is still root with CAP_AUDIT_CONTROL and before any
+/// chroot; refused by the kernel when loginuids are immutable
+/// (audit_loginuid_immutable) and one is set already.
+pub fn set_loginuid(stub: &mut Stub<'_>, p: &Process) -> Result<(), RestoreError> {
+    let Some(want) = p.identity.loginuid else {
+        return Ok(());
+    };
+    if loginuid(stub.pid()) == Some(want) {
+        return Ok(());
+    }
+    let what = || format!("cannot set the audit login uid {want}");
+    let fd = stub
+        .open("/proc/self/loginuid", libc::O_WRONLY | libc::O_CLOEXEC)
+        .step(what)?;
+    let text = want.to_string();
+    let r = stub.put(text.as_bytes()).and_then(|a| {
+        stub.call(
+            "write",
+            libc::SYS_write,
+            [fd, a, text.len() as u64, 0, 0, 0],
+        )
+    });
+    stub.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+    r.step(what)?;
+    Ok(())
 }
 
 /// Refuse images a non-root caller does not own, and a caller that lacks
@@ -264,6 +303,12 @@ pub fn set_creds(
 
 /// `--verify`: credentials, capabilities, resource limits.
 pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
+    c.same(
+        "audit",
+        "login uid",
+        &image.identity.loginuid,
+        &now.identity.loginuid,
+    );
     let (a, b) = (&image.identity.creds, &now.identity.creds);
     c.same(
         "credentials",

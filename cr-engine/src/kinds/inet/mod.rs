@@ -157,6 +157,17 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         return Ok(Some(kind));
     }
     s.opts = options(&sock, &sh, fresh);
+    if udp || (tcp && info.state == sys::TCP_ESTABLISHED) {
+        // A shut established TCP connection is not established any more but
+        // for its receive side.
+        let bits = cr_sys::inet_diag::shutdown_of(sh.protocol, sh.family == libc::AF_INET, ino)
+            .unwrap_or_else(|e| {
+                tracing::warn!(pid, fd, error = %cr_sys::error::one_line(&e), "cannot tell whether the socket was shut; taken for open");
+                None
+            })
+            .unwrap_or(0);
+        s.shutdown = u32::from(bits) & if udp { 3 } else { 1 };
+    }
     if udp && fdio::bytes_queued(&sock).unwrap_or(0) > 0 {
         tracing::warn!(pid, fd, local = %show(&s.local), "datagrams queued on a UDP socket are not saved");
     }

@@ -71,6 +71,8 @@ pub struct Pending {
     unsent: Vec<u8>,
     /// The program's SO_REUSEADDR (repair mode clobbers it).
     reuse: i32,
+    /// Its receive side was shut (shutdown(SHUT_RD) sends nothing).
+    shut_rd: bool,
 }
 
 /// The restorer's TCP and UDP sockets by object, and the connections to
@@ -153,6 +155,7 @@ fn create(
                 remote: r,
                 unsent,
                 reuse,
+                shut_rd: s.shutdown & 1 != 0,
             }),
         ));
     }
@@ -168,6 +171,9 @@ fn create(
         cr_sys::fdio::listen(&sock, s.backlog as i32).step(what)?;
     } else if let (Some(r), true) = (remote, s.protocol as i32 == libc::IPPROTO_UDP) {
         sys::connect(&sock, &r).step(what)?;
+    }
+    if s.protocol as i32 == libc::IPPROTO_UDP {
+        shutdown(&sock, s.shutdown).step(what)?;
     }
     Ok((sock, None))
 }
@@ -319,6 +325,9 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
         sys::set_repair(sock, sys::REPAIR_OFF).step(what)?;
         cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, p.reuse)
             .step(what)?;
+        if p.shut_rd {
+            shutdown(sock, 1).step(|| format!("cannot shut socket:[{}] for reading", p.id))?;
+        }
         if !p.unsent.is_empty() {
             unsent.push((sock, p.id, p.unsent));
         }
@@ -344,6 +353,22 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
         }
     }
     Ok(())
+}
+
+/// shutdown(2) of the sides in `bits` (1 receive, 2 send). An unconnected
+/// UDP socket is shut all the same, though the call says ENOTCONN (the
+/// kernel sets the bits before it answers so, for poll's sake).
+fn shutdown(sock: &OwnedFd, bits: u32) -> Result<(), SysError> {
+    let how = match bits & 3 {
+        0 => return Ok(()),
+        1 => libc::SHUT_RD,
+        2 => libc::SHUT_WR,
+        _ => libc::SHUT_RDWR,
+    };
+    match cr_sys::fdio::shutdown(sock, how) {
+        Err(e) if e.errno() == Some(libc::ENOTCONN) => Ok(()),
+        r => r,
+    }
 }
 
 /// Sockets restored on the same boot into another network namespace than

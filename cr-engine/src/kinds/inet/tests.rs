@@ -116,3 +116,59 @@ fn endpoint_rewrites_win_over_address_rewrites() {
         .parse::<crate::options::AddrRewrite>()
         .is_err());
 }
+
+/// Shut sockets: a connected UDP socket shut for writing (a send fails
+/// with EPIPE), an unbound-peer UDP socket shut for reading (poll reports
+/// the hang-up; the kernel sets the bits though the call says ENOTCONN),
+/// and an established TCP connection shut for reading (reads end at once)
+/// that still sends.
+#[test]
+fn shut_sockets_round_trip() {
+    let rt = round_trip(
+        "inet-shut",
+        r#"
+import select
+u1 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u1.bind(("127.0.0.1", 0))
+u2 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u2.bind(("127.0.0.1", 0))
+u2.connect(u1.getsockname()); u2.shutdown(socket.SHUT_WR)
+u3 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u3.bind(("127.0.0.1", 0))
+try:
+    u3.shutdown(socket.SHUT_RD)
+except OSError:
+    pass
+lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(1)
+c = socket.create_connection(lis.getsockname()); s, _ = lis.accept()
+c.shutdown(socket.SHUT_RD)
+def rdhup(sock):
+    p = select.poll(); p.register(sock, select.POLLIN | select.POLLRDHUP)
+    return dict(p.poll(0)).get(sock.fileno(), 0) & select.POLLRDHUP
+"#,
+        r#"
+try:
+    u2.send(b"x")
+    expect(False, "the UDP socket shut for writing sent")
+except BrokenPipeError:
+    pass
+expect(rdhup(u3), "the UDP socket shut for reading")
+expect(not rdhup(u1), "the UDP socket left open")
+c.settimeout(5)
+expect(c.recv(10) == b"", "the TCP connection shut for reading")
+c.send(b"still"); s.settimeout(5)
+expect(s.recv(10) == b"still", "it still sends")
+"#,
+    );
+    let shut = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<u32> = c
+            .objects
+            .iter()
+            .filter_map(|o| match &o.kind {
+                cr_image::model::ObjectKind::InetSocket(s) => Some(s.shutdown),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(shut(&rt.before), vec![0, 0, 0, 1, 1, 2]);
+    assert_eq!(shut(&rt.before), shut(&rt.after));
+}

@@ -269,6 +269,8 @@ fn save(
             mode: f.mode & 0o7777,
             seals: 0,
             content: Some(content),
+            atime_ns: 0,
+            mtime_ns: 0,
         }),
     });
     Ok(id)

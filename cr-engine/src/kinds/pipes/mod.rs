@@ -14,7 +14,7 @@ mod tests;
 
 use crate::error::{RestoreError, StepContext};
 use crate::kinds::fds::{self, FdScan, OpenFd};
-use crate::kinds::{external, Described, FileKind, Opened};
+use crate::kinds::{external, files, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::objects::{Fifo, Pipe};
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process};
@@ -114,8 +114,18 @@ impl FileKind for Pipes {
                     Ends::new(rd, Some(wr))
                 }
                 ObjectKind::Fifo(f) => {
-                    let rw = fdio::open(&f.path, libc::O_RDWR | libc::O_NONBLOCK)
-                        .step(|| format!("cannot open the FIFO {}", f.path))?;
+                    // A FIFO removed while open is made again (and removed).
+                    let rw = match files::ghost::removed(&f.path) {
+                        Some(_) => {
+                            let g = files::ghost::fifo(r, &f.path)?;
+                            fdio::open(
+                                &format!("/proc/self/fd/{g}"),
+                                libc::O_RDWR | libc::O_NONBLOCK,
+                            )
+                        }
+                        None => fdio::open(&f.path, libc::O_RDWR | libc::O_NONBLOCK),
+                    }
+                    .step(|| format!("cannot open the FIFO {}", f.path))?;
                     fill(&rw, o.id, &f.data, f.capacity)?;
                     Ends::new(rw, None)
                 }

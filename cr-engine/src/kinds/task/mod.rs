@@ -113,11 +113,29 @@ impl Kind for Task {
     }
 
     fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
-        let stub = &mut cx.stub;
         let t = &p.task;
-        let cwd = stub.put_str(&t.cwd)?;
-        stub.call("chdir", libc::SYS_chdir, [cwd, 0, 0, 0, 0, 0])
-            .step(|| format!("cannot change directory to {}", t.cwd))?;
+        // A working directory removed since is made again, and removed.
+        let ghost = match crate::kinds::files::ghost::removed(&t.cwd) {
+            Some(_) => Some(crate::kinds::files::ghost::dir(cx.r, &t.cwd)?),
+            None => None,
+        };
+        let stub = &mut cx.stub;
+        let what = || format!("cannot change directory to {}", t.cwd);
+        match ghost {
+            Some(d) => {
+                let fd = stub
+                    .open_at_ours(d, ".", libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                    .step(what)?;
+                let r = stub.call("fchdir", libc::SYS_fchdir, [fd, 0, 0, 0, 0, 0]);
+                stub.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+                r.step(what)?;
+            }
+            None => {
+                let cwd = stub.put_str(&t.cwd)?;
+                stub.call("chdir", libc::SYS_chdir, [cwd, 0, 0, 0, 0, 0])
+                    .step(what)?;
+            }
+        }
         stub.call(
             "umask",
             libc::SYS_umask,

@@ -12,24 +12,28 @@
 //! [`external`](crate::kinds::external)).
 //!
 //! Restore, inside the restorer, in an order that lets every connection be
-//! made again: see [`rebuild`].
+//! made again: see [`rebuild`]; files in flight (SCM_RIGHTS) are saved as
+//! fds of their own kind and sent again with their message: see [`flight`].
 
+mod flight;
 mod rebuild;
 #[cfg(test)]
 mod tests;
+
+use flight::Flying;
 
 use crate::error::RestoreError;
 use crate::kinds::fds::{FdScan, OpenFd};
 use crate::kinds::sockopts::{options, shape, Fresh};
 use crate::kinds::{external, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
-use cr_image::model::objects::UnixSocket;
-use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process};
+use cr_image::model::objects::{InFlight, UnixSocket};
+use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process, SharedFd};
 use cr_sys::fdio;
 use cr_sys::proc::FDTarget;
 use cr_sys::unix_diag::UnixSock;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 pub struct Unix;
 
@@ -71,9 +75,27 @@ impl FileKind for Unix {
     }
 
     fn prepare(&self, r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
-        let socks = rebuild::all(ck)?;
+        let (socks, later) = rebuild::all(ck)?;
         r.stash.get::<Held>().0 = socks;
+        *r.stash.get::<Flying>() = Flying {
+            later: Some(later),
+            files: HashMap::new(),
+        };
         Ok(())
+    }
+
+    fn after_fds(&self, cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+        flight::open(cx, p)
+    }
+
+    fn release(&self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
+        let Some(Flying { later, files }) = r.stash.take::<Flying>() else {
+            return Ok(());
+        };
+        let Some(later) = later else { return Ok(()) };
+        let files = flight::check_all(r.ck, files)?;
+        let held = &r.stash.get::<Held>().0;
+        rebuild::finish(r.ck, held, later, &files)
     }
 
     fn open(
@@ -125,17 +147,14 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
     let Some(u) = all.get(&ino).cloned() else {
         return Ok(None); // gone meanwhile
     };
-    let kind = match u.sock_type as i32 {
-        libc::SOCK_STREAM => "stream",
-        libc::SOCK_DGRAM => "datagram",
-        libc::SOCK_SEQPACKET => "seqpacket",
-        _ => {
-            return Err(format!(
-                "a unix socket of type {} (not supported)",
-                u.sock_type
-            ))
-        }
-    };
+    if ![libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_SEQPACKET].contains(&(u.sock_type as i32))
+    {
+        return Err(format!(
+            "a unix socket of type {} (not supported)",
+            u.sock_type
+        ));
+    }
+    let kind = kind_name(u.sock_type);
     // A seqpacket socket whose peer is gone reads 0 at the end of its queue.
     let zero_ends =
         u.sock_type as i32 == libc::SOCK_SEQPACKET && (u.peer == 0 || u.shutdown & 1 != 0);
@@ -243,20 +262,47 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         }
     }
     let deep = cx.tree.deep;
-    let fresh = cx.tree.stash.get::<Fresh>();
-    let Some(objs) = cx.objects.as_deref_mut() else {
-        // `cr_checkpoint --check` looks into the queue for fds in flight.
-        // Not done before every dump: a peek marks empty datagrams, which
-        // later peeks with an offset no longer see.
+    // A socket whose queue carries itself (or a socket that carries it):
+    // its files in flight would be described forever.
+    if !cx.tree.stash.get::<Describing>().0.insert(ino) {
+        return Err(format!(
+            "a unix {kind} socket in flight in its own queue (a cycle of sockets passed over each other; not supported)"
+        ));
+    }
+    let out = describe_data(cx, f, ino, &u, s, deep, zero_ends);
+    cx.tree.stash.get::<Describing>().0.remove(&ino);
+    out
+}
+
+/// The unix sockets whose queue is being read (see [`describe_data`]).
+#[derive(Default)]
+struct Describing(std::collections::HashSet<u64>);
+
+/// The queue, files in flight and options of socket `ino`, saved once as
+/// an object.
+fn describe_data(
+    cx: &mut FdScan<'_>,
+    f: &OpenFd<'_>,
+    ino: u64,
+    u: &UnixSock,
+    mut s: UnixSocket,
+    deep: bool,
+    zero_ends: bool,
+) -> Described {
+    let (pid, fd) = (f.pid, f.fd);
+    let stream = u.sock_type as i32 == libc::SOCK_STREAM;
+    let kind = kind_name(u.sock_type);
+    let Some(objs) = cx.objects.as_deref() else {
+        // `cr_checkpoint --check` looks into the queue for files in flight
+        // it could not save. Not done before every dump: a peek marks
+        // empty datagrams, which later peeks with an offset no longer see.
         if deep && u.state != TCP_LISTEN {
-            if let Ok(sock) = fdio::steal_fd(pid, fd) {
-                let stream = u.sock_type as i32 == libc::SOCK_STREAM;
-                if let Ok(Err(fdio::PeekProblem::FdsInFlight)) =
-                    fdio::peek_queue(&sock, stream, zero_ends)
-                {
-                    return Err(format!(
-                        "a unix {kind} socket with file descriptors in flight (SCM_RIGHTS, not supported)"
-                    ));
+            if let Ok(Ok(q)) =
+                fdio::steal_fd(pid, fd).map(|s| fdio::peek_queue(&s, stream, zero_ends))
+            {
+                for m in &q {
+                    in_flight(cx, &m.fds)
+                        .map_err(|e| format!("a unix {kind} socket carrying {e}"))?;
                 }
             }
         }
@@ -273,29 +319,81 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
     };
     let sock = fdio::steal_fd(pid, fd).map_err(err)?;
     if u.state != TCP_LISTEN {
-        let stream = u.sock_type as i32 == libc::SOCK_STREAM;
-        s.queue = match fdio::peek_queue(&sock, stream, zero_ends).map_err(err)? {
-            Ok(q) => {
-                if !stream && q.iter().any(|(_, from)| !from.is_empty()) {
-                    s.queue_from = q.iter().map(|(_, from)| from.clone()).collect();
-                }
-                q.into_iter().map(|(m, _)| m).collect()
+        let q = fdio::peek_queue(&sock, stream, zero_ends).map_err(err)?;
+        if !stream && q.iter().any(|m| !m.from.is_empty()) {
+            s.queue_from = q.iter().map(|m| m.from.clone()).collect();
+        }
+        for (i, m) in q.iter().enumerate() {
+            if !m.fds.is_empty() {
+                s.in_flight.push(InFlight {
+                    message: i as u32,
+                    fds: in_flight(cx, &m.fds)
+                        .map_err(|e| format!("a unix {kind} socket carrying {e}"))?,
+                });
             }
-            Err(fdio::PeekProblem::FdsInFlight) => {
-                return Err(format!(
-                "a unix {kind} socket with file descriptors in flight (SCM_RIGHTS, not supported)"
-            ))
-            }
-        };
+        }
+        s.queue = q.into_iter().map(|m| m.data).collect();
     }
+    let fresh = cx.tree.stash.get::<Fresh>();
     s.sndbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF).unwrap_or(0);
     s.rcvbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF).unwrap_or(0);
     s.passcred = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PASSCRED).unwrap_or(0) != 0;
     s.peek_off = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF).unwrap_or(-1);
     s.opts = options(&sock, &shape(&sock), fresh);
+    let objs = cx.objects.as_deref_mut().expect("checked above");
     objs.insert(Object {
         id: ino,
         kind: ObjectKind::UnixSocket(s),
     });
     Ok(Some(FdKind::UnixSocket { object: ino }))
+}
+
+fn kind_name(sock_type: u8) -> &'static str {
+    match sock_type as i32 {
+        libc::SOCK_STREAM => "stream",
+        libc::SOCK_DGRAM => "datagram",
+        _ => "seqpacket",
+    }
+}
+
+/// Files in flight with one queued message (a peek put a copy of each in
+/// our table), each described as an fd of its own kind, numbered by its
+/// place in the message; one the tree holds too (the same open file
+/// description: the sender kept it) names that fd.
+fn in_flight(cx: &mut FdScan<'_>, fds: &[OwnedFd]) -> Result<Vec<Fd>, String> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::with_capacity(fds.len());
+    for (i, file) in fds.iter().enumerate() {
+        let raw = file.as_raw_fd();
+        let target = cr_sys::proc::fds(me)
+            .ok()
+            .and_then(|all| all.into_iter().find(|(n, _)| *n == raw).map(|(_, t)| t))
+            .ok_or_else(|| format!("file {i} in flight that cannot be looked at"))?;
+        let mut d = match crate::kinds::fds::describe(cx, me, raw, &target) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Err(format!("file {i} in flight that cannot be looked at")),
+            Err(why) => return Err(format!("file {i} in flight, {why}")),
+        };
+        if matches!(d.kind, FdKind::Epoll { .. }) {
+            return Err(format!(
+                "file {i} in flight, an epoll (what it watches is not open anywhere; not supported)"
+            ));
+        }
+        let text = cr_sys::proc::target_text(&target);
+        d.shared = cx.tree.pids().into_iter().find_map(|pid| {
+            let list = cr_sys::proc::fds(pid).ok()?;
+            list.into_iter()
+                .filter(|(_, t)| cr_sys::proc::target_text(t) == text)
+                .find(|(n, _)| cr_sys::mem::same_file(me, raw, pid, *n).unwrap_or(false))
+                .map(|(n, _)| SharedFd {
+                    pid: pid as u32,
+                    fd: n,
+                })
+        });
+        d.fd = i as i32;
+        d.flags &= !(libc::O_CLOEXEC as u32);
+        d.locks.clear();
+        out.push(d);
+    }
+    Ok(out)
 }

@@ -20,8 +20,8 @@ use crate::kinds::sockopts;
 use cr_image::model::objects::UnixSocket;
 use cr_image::model::{Checkpoint, ObjectKind};
 use cr_sys::fdio;
-use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 const TCP_LISTEN: u32 = 10;
 const TCP_ESTABLISHED: u32 = 1;
@@ -129,16 +129,10 @@ fn connect(fd: &OwnedFd, cwd: &str, name: &[u8]) -> cr_sys::error::Result<()> {
     from_dir(cwd, name, || fdio::connect_unix(fd, name))
 }
 
-/// Every unix socket of the image, by id.
-pub fn all(ck: &Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreError> {
-    let socks: HashMap<u64, &UnixSocket> = ck
-        .objects
-        .iter()
-        .filter_map(|o| match &o.kind {
-            ObjectKind::UnixSocket(u) => Some((o.id, u)),
-            _ => None,
-        })
-        .collect();
+/// Every unix socket of the image, by id, and what waits for the files in
+/// flight.
+pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreError> {
+    let socks = of_image(ck);
     let mut out: HashMap<u64, OwnedFd> = HashMap::new();
     // Other end of a stream whose peer had closed: closed after its data.
     let mut orphans: HashMap<u64, OwnedFd> = HashMap::new();
@@ -274,66 +268,23 @@ pub fn all(ck: &Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreError> {
             let _ = fdio::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, 1);
         }
     }
-    // 6. Queues, shutdowns, options.
+    // 6. Queues, shutdowns, options. A queue carrying files waits for
+    // them (see `flight`): the files are opened with the processes; so do
+    // the shutdowns of its socket and of its peer (a shut socket takes no
+    // more data).
+    let mut later = Later::default();
     for &id in &ids {
         let s = socks[&id];
-        if s.queue.iter().all(|m| m.is_empty()) && ty(s) != libc::SOCK_DGRAM {
-            continue;
-        }
-        if s.queue.is_empty() {
-            continue;
-        }
-        let temp;
-        // A datagram socket reached by its name from an unconnected socket
-        // of ours (connecting to it would mark it connected too).
-        let mut by_name = false;
-        let sender = if let Some(o) = orphans.get(&id) {
-            o
-        } else if let Some(p) = out
-            .get(&s.peer)
-            .filter(|_| socks.get(&s.peer).is_some_and(|p| p.peer == id))
-        {
-            p
-        } else if !s.name.is_empty() && ty(s) == libc::SOCK_DGRAM {
-            temp = fdio::unix_socket(libc::SOCK_DGRAM).step(|| "cannot create a socket".into())?;
-            by_name = true;
-            &temp
-        } else {
-            return Err(RestoreError::Unsupported(format!(
-                "socket:[{id}] has queued data but no peer to send it again"
-            )));
-        };
-        let total: usize = s.queue.iter().map(Vec::len).sum();
-        let _ = fdio::setsockopt_int(
-            sender,
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUFFORCE,
-            (total as i32).saturating_mul(4).max(1 << 20),
-        );
-        let what = format!("cannot queue {total} bytes on socket:[{id}] again");
-        for (i, m) in s.queue.iter().enumerate() {
-            // A datagram from a named socket of the image is sent again by
-            // that socket, so recvfrom() names the same sender.
-            let from = s.queue_from.get(i).filter(|f| !f.is_empty());
-            let named_sender = from.and_then(|f| {
-                socks
-                    .iter()
-                    .find(|(_, o)| &o.name == f)
-                    .and_then(|(oid, _)| out.get(oid))
-            });
-            if ty(s) == libc::SOCK_STREAM {
-                fdio::write_all(sender, m).step(|| what.clone())?;
-            } else if let (Some(snd), false) = (named_sender, s.name.is_empty()) {
-                let _ = fdio::setsockopt_int(snd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 1 << 20);
-                from_dir(&s.cwd, &s.name, || fdio::send_to(snd, m, &s.name))
-                    .step(|| what.clone())?;
-            } else if by_name {
-                from_dir(&s.cwd, &s.name, || fdio::send_to(sender, m, &s.name))
-                    .step(|| what.clone())?;
-            } else {
-                fdio::send(sender, m).step(|| what.clone())?;
+        if !s.in_flight.is_empty() {
+            later.queues.push(id);
+            later.shut.insert(id);
+            later.shut.insert(s.peer);
+            if let Some(o) = orphans.remove(&id) {
+                later.orphans.insert(id, o);
             }
+            continue;
         }
+        write_queue(id, &socks, &out, &orphans, &HashMap::new())?;
     }
     drop(orphans);
     for p in unlink {
@@ -342,11 +293,8 @@ pub fn all(ck: &Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreError> {
     for &id in &ids {
         let s = socks[&id];
         let Some(fd) = out.get(&id) else { continue };
-        if s.shutdown & 2 != 0 {
-            let _ = fdio::shutdown(fd, libc::SHUT_WR);
-        }
-        if s.shutdown & 1 != 0 {
-            let _ = fdio::shutdown(fd, libc::SHUT_RD);
+        if !later.shut.contains(&id) {
+            shutdown(fd, s);
         }
         // The kernel doubles what is asked for and reports the doubled value.
         for (opt, v) in [
@@ -363,5 +311,143 @@ pub fn all(ck: &Checkpoint) -> Result<HashMap<u64, OwnedFd>, RestoreError> {
         sockopts::set_options(fd, &s.opts)
             .step(|| format!("cannot set the options of socket:[{id}]"))?;
     }
-    Ok(out)
+    Ok((out, later))
+}
+
+/// Queue the saved messages of socket `id` again, written by its peer
+/// (datagrams one by one, keeping their boundaries, from their named
+/// sender where it is of the image), each with the files it carried
+/// (`files`, by message).
+fn write_queue(
+    id: u64,
+    socks: &HashMap<u64, &UnixSocket>,
+    out: &HashMap<u64, OwnedFd>,
+    orphans: &HashMap<u64, OwnedFd>,
+    files: &HashMap<u32, Vec<OwnedFd>>,
+) -> Result<(), RestoreError> {
+    let ty = |s: &UnixSocket| s.sock_type as i32;
+    let s = socks[&id];
+    if s.queue.iter().all(|m| m.is_empty()) && ty(s) != libc::SOCK_DGRAM {
+        return Ok(());
+    }
+    if s.queue.is_empty() {
+        return Ok(());
+    }
+    let temp;
+    // A datagram socket reached by its name from an unconnected socket
+    // of ours (connecting to it would mark it connected too).
+    let mut by_name = false;
+    let sender = if let Some(o) = orphans.get(&id) {
+        o
+    } else if let Some(p) = out
+        .get(&s.peer)
+        .filter(|_| socks.get(&s.peer).is_some_and(|p| p.peer == id))
+    {
+        p
+    } else if !s.name.is_empty() && ty(s) == libc::SOCK_DGRAM {
+        temp = fdio::unix_socket(libc::SOCK_DGRAM).step(|| "cannot create a socket".into())?;
+        by_name = true;
+        &temp
+    } else {
+        return Err(RestoreError::Unsupported(format!(
+            "socket:[{id}] has queued data but no peer to send it again"
+        )));
+    };
+    let total: usize = s.queue.iter().map(Vec::len).sum();
+    let _ = fdio::setsockopt_int(
+        sender,
+        libc::SOL_SOCKET,
+        libc::SO_SNDBUFFORCE,
+        (total as i32).saturating_mul(4).max(1 << 20),
+    );
+    let what = format!("cannot queue {total} bytes on socket:[{id}] again");
+    for (i, m) in s.queue.iter().enumerate() {
+        // A datagram from a named socket of the image is sent again by
+        // that socket, so recvfrom() names the same sender.
+        let from = s.queue_from.get(i).filter(|f| !f.is_empty());
+        let named_sender = from.and_then(|f| {
+            socks
+                .iter()
+                .find(|(_, o)| &o.name == f)
+                .and_then(|(oid, _)| out.get(oid))
+        });
+        let carried: Vec<BorrowedFd<'_>> = files
+            .get(&(i as u32))
+            .map(|v| v.iter().map(|f| f.as_fd()).collect())
+            .unwrap_or_default();
+        // To `to` (None: the peer), with the files it carried.
+        let send = |snd: &OwnedFd, to: Option<&[u8]>| match (carried.is_empty(), to) {
+            (false, to) => fdio::send_with_fds(snd, m, &carried, to),
+            (true, Some(to)) => fdio::send_to(snd, m, to),
+            (true, None) if ty(s) == libc::SOCK_STREAM => fdio::write_all(snd, m),
+            (true, None) => fdio::send(snd, m),
+        };
+        if ty(s) == libc::SOCK_STREAM {
+            send(sender, None).step(|| what.clone())?;
+        } else if let (Some(snd), false) = (named_sender, s.name.is_empty()) {
+            let _ = fdio::setsockopt_int(snd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 1 << 20);
+            from_dir(&s.cwd, &s.name, || send(snd, Some(&s.name))).step(|| what.clone())?;
+        } else if by_name {
+            from_dir(&s.cwd, &s.name, || send(sender, Some(&s.name))).step(|| what.clone())?;
+        } else {
+            send(sender, None).step(|| what.clone())?;
+        }
+    }
+    Ok(())
+}
+
+fn shutdown(fd: &OwnedFd, s: &UnixSocket) {
+    if s.shutdown & 2 != 0 {
+        let _ = fdio::shutdown(fd, libc::SHUT_WR);
+    }
+    if s.shutdown & 1 != 0 {
+        let _ = fdio::shutdown(fd, libc::SHUT_RD);
+    }
+}
+
+/// What waits for the files in flight: the queues that carry them, the
+/// shutdowns after them, the closed peers' ends.
+#[derive(Default)]
+pub struct Later {
+    pub queues: Vec<u64>,
+    shut: HashSet<u64>,
+    orphans: HashMap<u64, OwnedFd>,
+}
+
+/// The queues carrying files in flight, now that every file is open
+/// again (`files`: by socket, then message), then their shutdowns.
+pub fn finish(
+    ck: &Checkpoint,
+    out: &HashMap<u64, OwnedFd>,
+    later: Later,
+    files: &HashMap<u64, HashMap<u32, Vec<OwnedFd>>>,
+) -> Result<(), RestoreError> {
+    let socks = of_image(ck);
+    let none = HashMap::new();
+    for &id in &later.queues {
+        write_queue(
+            id,
+            &socks,
+            out,
+            &later.orphans,
+            files.get(&id).unwrap_or(&none),
+        )?;
+    }
+    drop(later.orphans);
+    for id in later.shut {
+        if let (Some(fd), Some(s)) = (out.get(&id), socks.get(&id)) {
+            shutdown(fd, s);
+        }
+    }
+    Ok(())
+}
+
+fn of_image(ck: &Checkpoint) -> HashMap<u64, &UnixSocket> {
+    ck.objects
+        .iter()
+        .filter_map(|o| match &o.kind {
+            ObjectKind::UnixSocket(u) => Some((o.id, u)),
+            _ => None,
+        })
+        .collect()
 }

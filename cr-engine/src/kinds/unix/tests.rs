@@ -96,3 +96,86 @@ c.send(b"hi"); expect(s.recv(10) == b"hi", "the listener accepts at the new path
         );
     }
 }
+
+/// Files in flight (SCM_RIGHTS) in the queues of a stream pair and of a
+/// datagram pair: a file at an offset and a memfd the sender closed (saved
+/// as fds of their own kind), a file and a pipe end the sender kept (the
+/// same open file descriptions again: a seek or a flag on one shows on the
+/// other). The receiver gets every message at its place, with its files.
+#[test]
+fn files_in_flight_round_trip() {
+    let rt = round_trip(
+        "unix-in-flight",
+        r#"
+path = os.path.join(DIR, "file")
+with open(path, "wb") as fh:
+    fh.write(b"0123456789")
+a, b = socket.socketpair()
+f = os.open(path, os.O_RDONLY); os.lseek(f, 3, os.SEEK_SET)
+socket.send_fds(a, [b"stream-one"], [f]); os.close(f)
+a.send(b"plain")
+g = os.open(path, os.O_RDWR)
+socket.send_fds(a, [b"stream-two"], [g])
+m = os.memfd_create("flying"); os.write(m, b"memfd-data")
+r, w = os.pipe()
+da, db = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+socket.send_fds(da, [b"dgram-one"], [m, w]); os.close(m)
+da.send(b"dgram-two")
+"#,
+        r#"
+msg, fds, _, _ = socket.recv_fds(b, 100, 4)
+expect((msg, len(fds)) == (b"stream-one", 1), "first stream message %r with %d files" % (msg, len(fds)))
+if fds:
+    expect(os.lseek(fds[0], 0, os.SEEK_CUR) == 3, "the passed file's offset")
+    expect(os.read(fds[0], 3) == b"345", "the passed file reads on")
+msg, fds, _, _ = socket.recv_fds(b, 100, 4)
+expect((msg, len(fds)) == (b"plainstream-two", 1), "second stream read %r with %d files" % (msg, len(fds)))
+if fds:
+    os.lseek(fds[0], 7, os.SEEK_SET)
+    expect(os.lseek(g, 0, os.SEEK_CUR) == 7, "the kept file is the same description")
+msg, fds, _, _ = socket.recv_fds(db, 100, 4)
+expect((msg, len(fds)) == (b"dgram-one", 2), "datagram %r with %d files" % (msg, len(fds)))
+if len(fds) == 2:
+    os.lseek(fds[0], 0, os.SEEK_SET)
+    expect(os.read(fds[0], 100) == b"memfd-data", "the memfd's content")
+    fl = fcntl.fcntl(fds[1], fcntl.F_GETFL)
+    fcntl.fcntl(fds[1], fcntl.F_SETFL, fl | os.O_NONBLOCK)
+    expect(fcntl.fcntl(w, fcntl.F_GETFL) & os.O_NONBLOCK, "the kept pipe end is the same description")
+    os.write(fds[1], b"via-pipe")
+    expect(os.read(r, 100) == b"via-pipe", "the passed pipe end writes into the pipe")
+expect(db.recv(100) == b"dgram-two", "the datagram after")
+"#,
+    );
+    let flying = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<(u32, Vec<(String, bool)>)> = c
+            .objects
+            .iter()
+            .filter_map(|o| match &o.kind {
+                cr_image::model::ObjectKind::UnixSocket(u) => Some(u.in_flight.clone()),
+                _ => None,
+            })
+            .flatten()
+            .map(|m| {
+                let fds = m
+                    .fds
+                    .iter()
+                    .map(|f| (f.kind.name().to_string(), f.shared.is_some()))
+                    .collect();
+                (m.message, fds)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = flying(&rt.before);
+    assert_eq!(before.len(), 3, "three messages carry files: {before:?}");
+    assert_eq!(before, flying(&rt.after), "the same files in flight after");
+    let kinds: Vec<&(String, bool)> = before.iter().flat_map(|(_, f)| f).collect();
+    assert!(kinds.contains(&&("memfd".to_string(), false)), "{kinds:?}");
+    assert!(kinds.contains(&&("pipe".to_string(), true)), "{kinds:?}");
+    assert!(kinds.contains(&&("regular".to_string(), true)), "{kinds:?}");
+    assert!(
+        kinds.contains(&&("regular".to_string(), false)),
+        "{kinds:?}"
+    );
+}

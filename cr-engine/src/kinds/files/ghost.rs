@@ -1,0 +1,105 @@
+//! Ghost files: a directory or a FIFO removed while a process still used
+//! it (its working directory, an open fd), which /proc shows as
+//! "PATH (deleted)". The restore makes it again at PATH (with any missing
+//! parent directories), opens it in the restorer, and removes what it
+//! made: the processes then hold a removed directory or FIFO of the same
+//! path, as before. One per path, shared by every process that used it
+//! (a fork's children share their parent's working directory).
+//!
+//! A path taken since by another file cannot be used: refused by name
+//! (the name of a removed file is the one it had when it was removed).
+
+use crate::error::{RestoreError, StepContext};
+use crate::restore::Restorer;
+use cr_sys::fdio;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+/// The restorer's ghosts by the path /proc showed.
+#[derive(Default)]
+struct Ghosts(HashMap<String, OwnedFd>);
+
+const SUFFIX: &str = " (deleted)";
+
+/// The path of a removed file as /proc shows it (`shown`), if it is one:
+/// it ends with " (deleted)" and no file has that whole name.
+pub fn removed(shown: &str) -> Option<&str> {
+    let p = shown.strip_suffix(SUFFIX)?;
+    (std::fs::symlink_metadata(shown).is_err() && p.starts_with('/')).then_some(p)
+}
+
+/// The restorer's fd of the removed directory shown as `shown`, made again.
+pub fn dir(r: &mut Restorer<'_>, shown: &str) -> Result<RawFd, RestoreError> {
+    make(r, shown, |p| {
+        std::fs::create_dir(p).map_err(|e| io(e, "mkdir", p))?;
+        fdio::open(p, libc::O_RDONLY | libc::O_DIRECTORY)
+    })
+}
+
+/// The restorer's fd (read and write, non-blocking: it never waits for a
+/// peer) of the removed FIFO shown as `shown`, made again.
+pub fn fifo(r: &mut Restorer<'_>, shown: &str) -> Result<RawFd, RestoreError> {
+    make(r, shown, |p| {
+        fdio::mkfifo(p, 0o600)?;
+        fdio::open(p, libc::O_RDWR | libc::O_NONBLOCK)
+    })
+}
+
+fn io(e: std::io::Error, what: &str, p: &str) -> cr_sys::SysError {
+    cr_sys::SysError::Syscall {
+        what: format!("{what} {p}"),
+        source: cr_sys::Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
+/// Make the ghost `shown` with `create` at its path (parents first), keep
+/// its fd, remove what was made.
+fn make(
+    r: &mut Restorer<'_>,
+    shown: &str,
+    create: impl FnOnce(&str) -> cr_sys::error::Result<OwnedFd>,
+) -> Result<RawFd, RestoreError> {
+    let ghosts = r.stash.get::<Ghosts>();
+    if let Some(fd) = ghosts.0.get(shown) {
+        return Ok(fd.as_raw_fd());
+    }
+    let path = shown.strip_suffix(SUFFIX).unwrap_or(shown);
+    let what = || format!("cannot make the removed {path} again");
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Err(RestoreError::Unsupported(format!(
+            "the removed {path} cannot be made again: another file has its path now"
+        )));
+    }
+    // Missing parents, deepest first.
+    let mut parents = Vec::new();
+    let mut up = Path::new(path).parent();
+    while let Some(d) = up.filter(|d| std::fs::symlink_metadata(d).is_err()) {
+        parents.push(d.to_path_buf());
+        up = d.parent();
+    }
+    for d in parents.iter().rev() {
+        std::fs::create_dir(d)
+            .map_err(|e| io(e, "mkdir", &d.to_string_lossy()))
+            .step(what)?;
+    }
+    let made = create(path);
+    let gone = match &made {
+        Ok(fd)
+            if std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                .is_ok_and(|m| m.is_dir()) =>
+        {
+            std::fs::remove_dir(path)
+        }
+        Ok(_) => std::fs::remove_file(path),
+        Err(_) => Ok(()),
+    };
+    for d in &parents {
+        let _ = std::fs::remove_dir(d);
+    }
+    let fd = made.step(what)?;
+    gone.map_err(|e| io(e, "remove", path)).step(what)?;
+    let raw = fd.as_raw_fd();
+    r.stash.get::<Ghosts>().0.insert(shown.to_string(), fd);
+    Ok(raw)
+}
