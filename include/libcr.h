@@ -7,8 +7,8 @@
  * coordinated job checkpoint) and cr_restart. See docs/API.md.
  *
  * How it works: cr_init() makes the process reachable by the checkpointer
- * (a Unix socket at $CR_COOP_DIR/<pid>.sock, default /run/cr/coop, served
- * by a thread of the library). Before freezing the process the
+ * (a Unix socket $CR_COOP_DIR/libcr-<pidns>-<pid>.sock, default directory
+ * /run/cr/coop, served by a thread of the library). Before freezing the process the
  * checkpointer asks it to run its callbacks; each callback prepares (e.g.
  * closes a connection to a server outside the job), then calls
  * cr_checkpoint(), which returns once the checkpoint is taken (0) or, in a

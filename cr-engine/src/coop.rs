@@ -5,12 +5,14 @@
 //! sections; the freeze waits until all are ready, within a deadline that
 //! names the callback still running. After the dump each is told that the
 //! checkpoint is done (or failed), and after a restore that it was
-//! restarted. Processes without libcr cost one failed `stat` each.
+//! restarted. Processes without libcr cost a look at their fds.
 
 use crate::error::CheckpointError;
 use crate::kinds::tree;
 use cr_proto::coop::{self as wire, Done, Outcome, Prepare, Reply};
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -29,30 +31,66 @@ pub struct Limits {
     pub cs_proceed: bool,
 }
 
-/// The libcr socket of process `pid`, if it listens on one: found through
-/// the process's own root (`/proc/PID/root`) and its `$CR_COOP_DIR`.
-pub fn socket_of(pid: i32) -> Option<PathBuf> {
-    let environ = cr_sys::proc::read_bytes(&format!("/proc/{pid}/environ")).ok()?;
-    let key = format!("{}=", wire::DIR_ENV);
-    let dir = environ
-        .split(|&b| b == 0)
-        .find_map(|v| v.strip_prefix(key.as_bytes()))
-        .map(|d| PathBuf::from(String::from_utf8_lossy(d).into_owned()))
-        .unwrap_or_else(|| PathBuf::from(wire::DEFAULT_DIR));
-    let ns_pid = cr_sys::proc::status(pid)
-        .ok()
-        .and_then(|s| cr_sys::proc::ns_last(&s.nspid))
-        .map_or(pid, |p| p as i32);
-    let own = wire::socket_path(&dir, ns_pid);
-    let through_root =
-        Path::new(&format!("/proc/{pid}/root")).join(own.strip_prefix("/").unwrap_or(&own));
-    // sun_path holds 107 bytes.
-    let path = if through_root.as_os_str().len() < 108 {
-        through_root
-    } else {
-        own
-    };
-    path.exists().then_some(path)
+/// Finds the libcr sockets of processes: the listening Unix sockets a
+/// process holds (`/proc/PID/fd`) whose name is a libcr one
+/// ([`wire::is_socket_path`]), named in `/proc/PID/net/unix` (read once
+/// per network namespace), reached through the process's own root
+/// (`/proc/PID/root`). A process without libcr costs a look at its fds.
+#[derive(Default)]
+pub struct Finder {
+    /// Network namespace inode → listening libcr sockets (inode → path).
+    by_netns: HashMap<u64, HashMap<u64, String>>,
+}
+
+/// `__SO_ACCEPTCON` in the flags of /proc/net/unix: a listening socket.
+const SO_ACCEPTCON: u32 = 0x10000;
+
+fn listening_libcr_sockets(pid: i32) -> HashMap<u64, String> {
+    let text = cr_sys::proc::read_string(&format!("/proc/{pid}/net/unix")).unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            // Num RefCount Protocol Flags Type St Inode [Path]
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let flags = u32::from_str_radix(f.get(3)?, 16).ok()?;
+            let path = *f.get(7)?;
+            (flags & SO_ACCEPTCON != 0 && wire::is_socket_path(path))
+                .then(|| Some((f.get(6)?.parse().ok()?, path.to_string())))
+                .flatten()
+        })
+        .collect()
+}
+
+impl Finder {
+    /// The libcr socket of process `pid`, if it listens on one.
+    pub fn socket_of(&mut self, pid: i32) -> Option<PathBuf> {
+        let inodes: Vec<u64> = cr_sys::proc::fds(pid)
+            .ok()?
+            .into_iter()
+            .filter_map(|(_, t)| match t {
+                cr_sys::proc::FDTarget::Socket(ino) => Some(ino),
+                _ => None,
+            })
+            .collect();
+        if inodes.is_empty() {
+            return None;
+        }
+        let netns = std::fs::metadata(format!("/proc/{pid}/ns/net")).ok()?.ino();
+        let socks = self
+            .by_netns
+            .entry(netns)
+            .or_insert_with(|| listening_libcr_sockets(pid));
+        let own = inodes.iter().find_map(|i| socks.get(i))?;
+        let own = Path::new(own);
+        let through_root =
+            Path::new(&format!("/proc/{pid}/root")).join(own.strip_prefix("/").unwrap_or(own));
+        // sun_path holds 107 bytes.
+        Some(if through_root.as_os_str().len() < 108 {
+            through_root
+        } else {
+            own.to_path_buf()
+        })
+    }
 }
 
 /// The processes of a tree that are ready for the freeze (their callbacks
@@ -86,8 +124,11 @@ pub fn prepare(pids: &[i32], dest: &Path, limits: Limits) -> Result<Coop, Checkp
     }
     .line();
     let mut sessions = Vec::new();
+    let mut finder = Finder::default();
     for &pid in pids {
-        let Some(path) = socket_of(pid) else { continue };
+        let Some(path) = finder.socket_of(pid) else {
+            continue;
+        };
         let mut c = match UnixStream::connect(&path) {
             Ok(c) => c,
             // A file left by a process that ended.
@@ -205,7 +246,7 @@ fn tell(pid: i32, path: &Path, outcome: &Outcome) {
 
 /// Tell process `pid` how the checkpoint it asked for ended.
 pub fn tell_done(pid: i32, done: &Done) {
-    match socket_of(pid) {
+    match Finder::default().socket_of(pid) {
         Some(path) => tell_line(pid, &path, &done.line()),
         None => debug!(
             pid,
@@ -235,8 +276,9 @@ impl Drop for Coop {
 /// After a restore from `dir`, once the tree of `root` runs: its libcr
 /// callbacks return from `cr_checkpoint` with a value > 0.
 pub fn restarted(root: i32, dir: &Path) {
+    let mut finder = Finder::default();
     for pid in tree::walk(root).unwrap_or_default() {
-        if let Some(path) = socket_of(pid) {
+        if let Some(path) = finder.socket_of(pid) {
             tell(pid, &path, &Outcome::Restart(dir.display().to_string()));
         }
     }

@@ -92,3 +92,38 @@ pub fn end_checkpoint() {
     state().pending = false;
     CHANGED.notify_all();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_sections_hold_a_checkpoint_and_only_outsiders_wait() {
+        enter();
+        enter();
+        assert_eq!(begin_checkpoint(Duration::from_millis(20)), 2);
+        // Inside a section a thread nests on; outside it is refused.
+        assert!(try_enter());
+        assert!(leave());
+        let outsider = std::thread::spawn(try_enter).join().unwrap();
+        assert!(
+            !outsider,
+            "a new section opened while a checkpoint is pending"
+        );
+        assert!(leave());
+        assert_eq!(begin_checkpoint(Duration::from_millis(20)), 1);
+        assert!(leave());
+        assert!(!leave(), "left a section that was not entered");
+        assert_eq!(begin_checkpoint(Duration::ZERO), 0);
+        assert!(pending());
+        end_checkpoint();
+        assert!(!pending());
+        assert!(std::thread::spawn(|| {
+            let ok = try_enter();
+            leave();
+            ok
+        })
+        .join()
+        .unwrap());
+    }
+}

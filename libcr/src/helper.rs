@@ -75,7 +75,18 @@ fn start() -> Result<Shared, String> {
         let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
     }
     let pid = std::process::id() as i32;
-    let path = wire::socket_path(&dir, pid);
+    // "pid:[INODE]"
+    let pidns = std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.trim_start_matches("pid:[")
+                .trim_end_matches(']')
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    let path = wire::socket_path(&dir, pidns, pid);
     // A file left by an earlier process with this pid.
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)
@@ -194,7 +205,19 @@ fn prepare(p: Prepare, stream: UnixStream) {
     }
     SESSION.set(None);
     cs::end_checkpoint();
+    // Requests end once the callbacks' continue or restart half has run.
+    if RESTARTED.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        request::restarted();
+    }
+    for d in std::mem::take(&mut *LATER.lock().unwrap_or_else(|e| e.into_inner())) {
+        request::done(d);
+    }
 }
+
+/// Set by a RESTART, acted upon after the callbacks.
+static RESTARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// DONE lines that came while the callbacks waited.
+static LATER: std::sync::Mutex<Vec<Done>> = std::sync::Mutex::new(Vec::new());
 
 /// Run the callbacks of `context` registered before `below` (thread
 /// `tid`'s for signal context), then wait for the checkpoint; what the
@@ -443,13 +466,14 @@ fn wait_outcome() -> Outcome {
         };
         let line = read_line(&c).unwrap_or_default();
         if let Some(d) = Done::parse(&line) {
-            request::done(d);
+            // Reported once the callbacks have run on (see `prepare`).
+            LATER.lock().unwrap_or_else(|e| e.into_inner()).push(d);
             continue;
         }
         if let Some(o) = Outcome::parse(&line) {
             if let Outcome::Restart(dir) = &o {
                 info::set_restarted(dir);
-                request::restarted();
+                RESTARTED.store(true, std::sync::atomic::Ordering::SeqCst);
             }
             debug!(?o, "libcr: checkpoint outcome");
             return o;

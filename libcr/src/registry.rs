@@ -140,3 +140,37 @@ pub fn signal_threads() -> Vec<i32> {
     tids.dedup();
     tids
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rust(context: Context, tid: i32, rc: i32) -> Callback {
+        Callback {
+            func: Func::Rust(Box::new(move || rc)),
+            context,
+            tid,
+            name: format!("cb{rc}"),
+        }
+    }
+
+    #[test]
+    fn order_is_last_registered_first_and_replace_keeps_the_place() {
+        let a = register(rust(Context::Thread, 1, 10)).unwrap();
+        let s = register(rust(Context::Signal, 7, 20)).unwrap();
+        let b = register(rust(Context::Thread, 1, 30)).unwrap();
+        assert_eq!(next_below(None, Context::Thread, 0), Some(b));
+        assert_eq!(next_below(Some(b), Context::Thread, 0), Some(a));
+        assert_eq!(next_below(Some(a), Context::Thread, 0), None);
+        assert_eq!(next_below(None, Context::Signal, 7), Some(s));
+        assert_eq!(next_below(None, Context::Signal, 8), None);
+        assert_eq!(signal_threads(), vec![7]);
+        replace(a, rust(Context::Thread, 1, 40)).unwrap();
+        assert_eq!(get(a).map(Callback::call), Some(40));
+        assert_eq!(next_below(Some(b), Context::Thread, 0), Some(a));
+        assert_eq!(
+            replace(MAX_SLOTS + 1, rust(Context::Thread, 1, 0)),
+            Err(RegisterError::NoSuchId(MAX_SLOTS + 1))
+        );
+    }
+}

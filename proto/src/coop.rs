@@ -32,9 +32,19 @@ pub const DIR_ENV: &str = "CR_COOP_DIR";
 /// The directory of the sockets when `$CR_COOP_DIR` is not set.
 pub const DEFAULT_DIR: &str = "/run/cr/coop";
 
-/// The socket of process `pid` (its id in its own PID namespace) in `dir`.
-pub fn socket_path(dir: &Path, pid: i32) -> PathBuf {
-    dir.join(format!("{pid}.sock"))
+/// The socket of process `pid` of the PID namespace with inode `pidns`, in
+/// `dir` (both in the name: every job's first process is PID 1).
+pub fn socket_path(dir: &Path, pidns: u64, pid: i32) -> PathBuf {
+    dir.join(format!("libcr-{pidns}-{pid}.sock"))
+}
+
+/// Whether a socket bound to `path` is a libcr socket (the checkpointer
+/// finds it among the listening sockets a process holds).
+pub fn is_socket_path(path: &str) -> bool {
+    Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("libcr-") && n.ends_with(".sock"))
 }
 
 /// What a checkpointer asks for.
@@ -228,5 +238,8 @@ mod tests {
         };
         assert_eq!(Done::parse(&d.line()), Some(d));
         assert_eq!(Done::parse("DONE x ok"), None);
+        let p = socket_path(Path::new(DEFAULT_DIR), 4026531836, 1);
+        assert!(is_socket_path(&p.display().to_string()));
+        assert!(!is_socket_path("/run/other.sock"));
     }
 }

@@ -4,9 +4,10 @@
 //! OK or FAIL; the examples (libcr/examples/reconnect.{c,rs}) close and
 //! reopen a connection to a server outside their tree.
 
+use cr_tests::cluster::{AgentOpts, Cluster};
 use cr_tests::libcr::{build_c, repo_dir, LineServer};
 use cr_tests::*;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::time::{Duration, Instant};
 
 fn check_program(h: &Harness) -> std::path::PathBuf {
@@ -258,43 +259,65 @@ fn rust_example_reconnects_around_checkpoints() {
 /// A program asks the node's agent for a checkpoint of itself
 /// (cr_request_checkpoint) and waits for it (cr_poll_checkpoint: > 0, its
 /// callback sees 0); the copy restarted from that image gets
-/// CR_ERESTARTED and its callback > 0.
+/// CR_ERESTARTED and its callback > 0. The program runs in the node's
+/// namespaces, as the processes its agent serves.
 #[test]
 fn self_requested_checkpoint_through_the_agent() {
     let h = Harness::new("libcr-request");
     let exe = check_program(&h);
-    let c = cr_tests::cluster::Cluster::new(&h, 1);
+    let c = Cluster::new(&h, 1);
     c.start_agent_with(
         1,
-        &cr_tests::cluster::AgentOpts {
+        &AgentOpts {
             standalone: true,
             ..Default::default()
         },
     );
-    let socket = c.socket(1).display().to_string();
     let img = h.image_dir("requested");
-    let img_s = img.display().to_string();
-    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["request", &socket, &img_s]);
-    wl.wait_ready();
-    let pid = wl.pid();
-    touch(&wl.workdir.join("ask"));
-    wl.wait_line("the request's end", |l| l.starts_with("request "));
-    assert!(
-        wl.lines()
-            .iter()
-            .any(|l| l == "request continued callback=0"),
-        "{}",
-        wl.diag()
+    let work = h.dir.join("request-work");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let out = work.join("stdout.txt");
+    let args: Vec<OsString> = vec![
+        work.clone().into(),
+        "request".into(),
+        c.socket(1).into(),
+        img.clone().into(),
+    ];
+    let mut sp = c.spawn_in(Some(c.ns(1)), "libcr_check", &exe, &args, &[], (&out, &out));
+    let has = |what: &str| read_text(&out).lines().any(|l| l == what);
+    wait_until("READY", LINE_TIMEOUT, || has("READY"), || sp.describe());
+    touch(&work.join("ask"));
+    wait_until(
+        "the request's end",
+        LINE_TIMEOUT,
+        || read_text(&out).contains("request "),
+        || sp.describe(),
     );
-    assert!(img.join("checkpoint.img").is_file(), "no image in {img_s}");
-    wl.go_and_expect_ok();
-    wl.remove_go();
+    assert!(has("request continued callback=0"), "{}", sp.describe());
+    assert!(
+        img.join("checkpoint.img").is_file(),
+        "no image in {}",
+        img.display()
+    );
+    touch(&work.join("go"));
+    let st = sp.wait(EXIT_TIMEOUT, String::new);
+    assert!(st.status.success() && has("OK"), "{}", st.show());
+    std::fs::remove_file(work.join("go")).expect("rm go");
 
-    let mut r = h.restore_bg(&img, pid);
-    r.wait_line(&wl, "the restarted copy's poll", |l| {
-        l == "request restarted callback=1"
-    });
-    wl.go();
-    let out = r.wait(EXIT_TIMEOUT, &wl);
-    assert_restored_ok(&out, &wl, "restart of a self-requested checkpoint");
+    let cr_restart = tool_path("cr_restart").display().to_string();
+    c.run_on(1, &[&cr_restart, "--detach", &img.display().to_string()])
+        .assert_success("cr_restart --detach of the requested image");
+    wait_until(
+        "the restarted copy's poll",
+        LINE_TIMEOUT,
+        || has("request restarted callback=1"),
+        || read_text(&out),
+    );
+    touch(&work.join("go"));
+    wait_until(
+        "the restarted copy's verdict",
+        EXIT_TIMEOUT,
+        || read_text(&out).ends_with("request restarted callback=1\nOK\n"),
+        || read_text(&out),
+    );
 }
