@@ -289,7 +289,7 @@ pub extern "C" fn cr_poll_checkpoint(
         std::time::Duration::from_secs(tv.tv_sec.max(0) as u64)
             + std::time::Duration::from_micros(tv.tv_usec.max(0) as u64)
     });
-    match request::poll(*h as u64, limit) {
+    match request::poll(*h, limit) {
         (false, _) => err(libc::EINVAL),
         (true, None) => 0,
         (true, Some(Finished::Done(_))) => 1,
