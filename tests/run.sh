@@ -12,6 +12,7 @@ fi
 if ! command -v python3 >/dev/null; then
     apt-get update -qq && apt-get install -y -qq python3
 fi
+# A C compiler for the programs using libcr (tests/tests/libcr.rs).
 # Real programs the end-to-end tests run (tests/tests/real_programs.rs,
 # tests/tests/tcp.rs, tests/tests/postgres.rs, tests/tests/daemons.rs: the
 # daemons, go and javac to build their servers at test time; tests/tests/mpi.rs:
@@ -19,7 +20,7 @@ fi
 # namespaces and nft(8), which cr_checkpoint uses to hold TCP connections
 # still while they are saved.
 need=()
-for pair in tmux:tmux sqlite3:sqlite3 bc:bc less:less ip:iproute2 nft:nftables nsenter:util-linux \
+for pair in cc:gcc tmux:tmux sqlite3:sqlite3 bc:bc less:less ip:iproute2 nft:nftables nsenter:util-linux \
             setpriv:util-linux redis-server:redis-server redis-cli:redis-tools \
             memcached:memcached nginx:nginx go:golang-go node:nodejs \
             javac:default-jdk-headless jcmd:default-jdk-headless; do

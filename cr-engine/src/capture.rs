@@ -275,9 +275,14 @@ pub fn freeze(
     let method = tracking::method(opts.dirty)?;
     let parent = open_parent(opts, &path)?;
     chain::check_overwrite(&path)?;
+    // Programs linked with libcr run their callbacks before anything is
+    // checked, written or frozen (a callback closes what cannot be saved);
+    // a refusal leaves nothing behind.
+    let coop = crate::coop::prepare(&tree::walk(pid)?, &path, opts.coop_limits())?;
     preflight(pid, opts)?;
     let dir = ImageDir::create(&path)?;
     let mut held = Held {
+        coop: Some(coop),
         root: pid,
         opts: opts.clone(),
         parent,
@@ -306,6 +311,9 @@ pub fn freeze(
 
 /// A process tree frozen for a checkpoint (see [`freeze`]).
 pub struct Held {
+    /// Its processes linked with libcr, told the outcome at the end (the
+    /// drop of an aborted checkpoint tells them it failed).
+    coop: Option<crate::coop::Coop>,
     root: i32,
     opts: CheckpointOptions,
     parent: Option<Chain>,
@@ -549,6 +557,9 @@ impl Held {
             }
         }
         tree::let_go(std::mem::take(&mut self.procs), action)?;
+        if let Some(c) = self.coop.take() {
+            c.finish();
+        }
         self.dir.settle(&d.files);
         drop(d.released);
         info!(

@@ -54,6 +54,10 @@ pub enum CheckpointError {
     /// not be captured again).
     #[error("--verify: {0}; the image is removed and the processes run on")]
     Verify(String),
+    /// A program linked with libcr refused the checkpoint, or its callbacks
+    /// or critical sections did not let it go in time.
+    #[error("process {pid} (libcr): {reason}; the processes run on")]
+    Coop { pid: i32, reason: String },
 }
 
 impl CheckpointError {

@@ -14,6 +14,8 @@
 //! - [`verify`]: `--verify`, a tree captured again and compared with its
 //!   image.
 //! - [`check`]: what `cr_checkpoint --check` reports.
+//! - [`coop`]: programs linked with libcr: their callbacks before the freeze,
+//!   the outcome after the dump or the restore.
 //! - [`options`]: what both are asked to do (also the tools' command lines).
 //! - [`interrupt`]: Ctrl-C and SIGTERM stop the work cleanly.
 //! - [`tracer`]: a frozen or rebuilt tree on a thread of its own, so that
@@ -25,6 +27,7 @@
 
 pub mod capture;
 pub mod check;
+pub mod coop;
 pub mod error;
 pub mod fault;
 pub mod interrupt;

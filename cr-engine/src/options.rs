@@ -134,6 +134,20 @@ pub struct CheckpointOptions {
     /// processes run on) naming the process, resource and attribute.
     #[arg(long)]
     pub verify: bool,
+    /// Programs linked with libcr: how long their checkpoint callbacks may
+    /// run before the checkpoint fails naming the one still running (the
+    /// processes run on) [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub callback_timeout: Option<std::time::Duration>,
+    /// Programs linked with libcr: how long an open critical section
+    /// (cr_enter_cs) may delay the checkpoint [default: 10s]; then it fails,
+    /// or with --cs-proceed goes on.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub cs_wait: Option<std::time::Duration>,
+    /// Checkpoint programs whose critical sections are still open after
+    /// --cs-wait instead of failing.
+    #[arg(long)]
+    pub cs_proceed: bool,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -175,6 +189,17 @@ impl CheckpointOptions {
 
     /// The image directory for a checkpoint of `pid`: `--dir`, else the
     /// directory its `cr_run` job was started with, else ./ckpt.PID.
+    /// What the options say about programs linked with libcr.
+    pub fn coop_limits(&self) -> crate::coop::Limits {
+        crate::coop::Limits {
+            callback_timeout: self
+                .callback_timeout
+                .unwrap_or(crate::coop::CALLBACK_TIMEOUT),
+            cs_wait: self.cs_wait.unwrap_or(crate::coop::CS_WAIT),
+            cs_proceed: self.cs_proceed,
+        }
+    }
+
     pub fn image_dir(&self, pid: i32) -> PathBuf {
         self.dir
             .clone()

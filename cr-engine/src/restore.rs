@@ -148,6 +148,7 @@ impl Ready {
         if let Some(d) = &ck.job_dir {
             crate::capture::record_job(root_pid, Path::new(d));
         }
+        crate::coop::restarted(root_pid, img.path());
         info!(
             root = root_pid,
             processes = ck.processes.len(),

@@ -55,3 +55,22 @@ pub fn mapped_build_id(pid: i32, start: u64, end: u64) -> Result<Vec<u8>> {
     crate::mem::read_vm(pid, start, &mut buf)?;
     Ok(build_id(&buf))
 }
+
+/// The function of ELF file `path`, loaded at `base`, that holds code
+/// address `addr`, from its full symbol table (static functions too) when
+/// the file is not stripped.
+pub fn function_at(path: &str, base: u64, addr: u64) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let elf = Elf::parse(&bytes).ok()?;
+    // Symbols of a position-independent object are relative to its base.
+    let at = if elf.header.e_type == goblin::elf::header::ET_EXEC {
+        addr
+    } else {
+        addr.checked_sub(base)?
+    };
+    elf.syms
+        .iter()
+        .find(|s| s.is_function() && s.st_value <= at && at < s.st_value + s.st_size.max(1))
+        .and_then(|s| elf.strtab.get_at(s.st_name))
+        .map(str::to_string)
+}

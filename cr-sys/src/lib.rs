@@ -10,6 +10,7 @@
 //! - [`proc`]: reading `/proc/PID/*` (with the `procfs` crate).
 //! - [`elf`]: build ids of executables and of the vDSO (with `goblin`).
 //! - [`clone`]: creating a process with a chosen PID (clone3 `set_tid`).
+//! - [`coop`]: what libcr (application cooperation) needs: its signal handler, tgkill, dladdr.
 //! - [`regs`]: the x86_64 register layouts ptrace uses.
 //! - [`limits`]: resource limits of another process.
 //! - [`sched`]: CPU affinity of any thread, the online CPUs.
@@ -21,6 +22,7 @@
 //! - [`spank`]: Slurm's SPANK plugin interface (for the cr-spank plugin).
 
 pub mod clone;
+pub mod coop;
 pub mod dirty;
 pub mod elf;
 pub mod error;

@@ -14,6 +14,7 @@
 
 pub mod cluster;
 pub mod faults;
+pub mod libcr;
 pub mod mpi;
 pub mod netns;
 pub mod node;

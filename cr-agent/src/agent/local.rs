@@ -5,7 +5,9 @@
 use super::authz::Caller;
 use super::{members, Shared};
 use cr_engine::capture;
+use cr_proto::coop::Done;
 use cr_rpc::pb;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
@@ -62,33 +64,91 @@ impl pb::local_server::Local for LocalService {
         req: Request<pb::LocalCheckpointRequest>,
     ) -> Result<Response<pb::LocalCheckpointReply>, Status> {
         let who = caller(&req)?;
-        let r = req.into_inner();
-        let dir = absolute(&r.dir, "image directory")?;
-        let root = capture::job_root(r.pid);
-        who.check_process(root).map_err(denied)?;
-        who.check_new_image(&dir).map_err(denied)?;
-        let parent = if r.parent.is_empty() {
-            None
-        } else {
-            let p = absolute(&r.parent, "parent image")?;
-            who.check_image(&p).map_err(denied)?;
-            Some(p)
-        };
-        let mut opts = cr_rpc::opts::checkpoint_options(&r).map_err(Status::invalid_argument)?;
-        opts.dir = Some(dir.clone());
-        opts.parent = parent;
-        opts.workers = opts.workers.or(Some(self.shared.workers));
-        tracing::info!(pid = root, dir = %dir.display(), uid = who.uid, "local checkpoint");
-        // One owner of a traced process: the reaper lets it alone meanwhile.
-        let loan = self.shared.reaper.lend(&[root]);
-        let s = blocking(move || {
-            let _loan = loan;
-            let s = capture::checkpoint(root, &opts).map_err(|e| cr_sys::error::one_line(&e))?;
-            who.give(&dir);
-            Ok(s)
-        })
-        .await?;
+        let s = self.local_checkpoint(who, req.into_inner())?.await?;
         Ok(Response::new(cr_rpc::opts::summary_reply(&s)))
+    }
+
+    async fn request_checkpoint(
+        &self,
+        req: Request<pb::SelfCheckpointRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        let pid = who.pid;
+        if pid <= 0 {
+            return Err(Status::failed_precondition("the caller's pid is unknown"));
+        }
+        let request = r.request;
+        let work: std::pin::Pin<Box<dyn Future<Output = Result<String, Status>> + Send>> = if r.job
+        {
+            let job =
+                super::launch::job_of(&self.shared, pid).map_err(Status::failed_precondition)?;
+            let mut client = super::link::coordinator(&self.shared, "a job's checkpoint")?;
+            let mut q = Request::new(pb::CheckpointRequest {
+                job: job.clone(),
+                after: r.after,
+                from_node: self.shared.config.node.clone(),
+                uid: who.uid,
+                ..Default::default()
+            });
+            q.set_timeout(job_call_timeout(0));
+            tracing::info!(
+                job,
+                pid,
+                uid = who.uid,
+                "a member asked for a checkpoint of its job"
+            );
+            Box::pin(async move {
+                let info = super::link::relay(client.checkpoint(q).await)?;
+                Ok(format!("checkpoint {} of job {}", info.id, info.job))
+            })
+        } else {
+            let root = capture::job_root(pid);
+            let dir = if r.dir.is_empty() {
+                default_image_dir(pid, root)?
+            } else {
+                r.dir
+            };
+            let lr = pb::LocalCheckpointRequest {
+                pid,
+                dir: dir.clone(),
+                after: r.after,
+                ..Default::default()
+            };
+            let s = self.local_checkpoint(who, lr)?;
+            Box::pin(async move {
+                let s = s.await?;
+                Ok(format!(
+                    "checkpoint of {} processes into {dir}",
+                    s.processes
+                ))
+            })
+        };
+        tokio::spawn(async move {
+            let done = match work.await {
+                Ok(message) => Done {
+                    request,
+                    ok: true,
+                    message,
+                },
+                Err(s) => {
+                    tracing::warn!(
+                        pid,
+                        request,
+                        error = s.message(),
+                        "requested checkpoint failed"
+                    );
+                    Done {
+                        request,
+                        ok: false,
+                        message: s.message().to_string(),
+                    }
+                }
+            };
+            let _ =
+                tokio::task::spawn_blocking(move || cr_engine::coop::tell_done(pid, &done)).await;
+        });
+        Ok(Response::new(pb::Empty {}))
     }
 
     async fn restore(
@@ -243,6 +303,56 @@ impl pb::local_server::Local for LocalService {
             client.configure(q).await,
         )?))
     }
+}
+
+impl LocalService {
+    /// A checkpoint of the tree of `r.pid` for `who`: checked now, carried
+    /// out by the returned future.
+    fn local_checkpoint(
+        &self,
+        who: Caller,
+        r: pb::LocalCheckpointRequest,
+    ) -> Result<impl Future<Output = Result<cr_engine::Summary, Status>> + Send + 'static, Status>
+    {
+        let dir = absolute(&r.dir, "image directory")?;
+        let root = capture::job_root(r.pid);
+        who.check_process(root).map_err(denied)?;
+        who.check_new_image(&dir).map_err(denied)?;
+        let parent = if r.parent.is_empty() {
+            None
+        } else {
+            let p = absolute(&r.parent, "parent image")?;
+            who.check_image(&p).map_err(denied)?;
+            Some(p)
+        };
+        let mut opts = cr_rpc::opts::checkpoint_options(&r).map_err(Status::invalid_argument)?;
+        opts.dir = Some(dir.clone());
+        opts.parent = parent;
+        opts.workers = opts.workers.or(Some(self.shared.workers));
+        tracing::info!(pid = root, dir = %dir.display(), uid = who.uid, "local checkpoint");
+        // One owner of a traced process: the reaper lets it alone meanwhile.
+        let loan = self.shared.reaper.lend(&[root]);
+        Ok(blocking(move || {
+            let _loan = loan;
+            let s = capture::checkpoint(root, &opts).map_err(|e| cr_sys::error::one_line(&e))?;
+            who.give(&dir);
+            Ok(s)
+        }))
+    }
+}
+
+/// Where a checkpoint a process asked for goes by default: its job's
+/// `cr_run --dir`, else `ckpt.ROOT` in the process's working directory.
+fn default_image_dir(pid: i32, root: i32) -> Result<String, Status> {
+    if let Some(d) = capture::job_dir(root) {
+        return Ok(d.display().to_string());
+    }
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(|e| {
+        Status::failed_precondition(format!(
+            "cannot find the working directory of process {pid}: {e}"
+        ))
+    })?;
+    Ok(cwd.join(format!("ckpt.{root}")).display().to_string())
 }
 
 /// A job request the agent relays to the coordinator for a local user

@@ -1,0 +1,323 @@
+//! libcr (application cooperation): programs that call cr_init take part
+//! in their checkpoints. The C program tests/workloads/libcr_check.c checks
+//! from the inside what its callbacks and critical sections saw and prints
+//! OK or FAIL; the examples (libcr/examples/reconnect.{c,rs}) close and
+//! reopen a connection to a server outside their tree.
+
+use cr_tests::cluster::{AgentOpts, Cluster};
+use cr_tests::libcr::{build_c, repo_dir, LineServer};
+use cr_tests::*;
+use std::ffi::{OsStr, OsString};
+use std::time::{Duration, Instant};
+
+fn check_program(h: &Harness) -> std::path::PathBuf {
+    build_c(&script_path("libcr_check.c"), &h.dir, "libcr_check")
+}
+
+/// Thread- and signal-context callbacks around a checkpoint that continues
+/// (cr_checkpoint returns 0) and one with --kill, then a restart
+/// (cr_checkpoint returns > 0): the connection to the outside server is
+/// closed before each and reopened after, the callbacks run in BLCR's
+/// order, and the restarted copy finishes OK.
+#[test]
+fn callbacks_continue_then_restart() {
+    let h = Harness::new("libcr-reconnect");
+    let exe = check_program(&h);
+    let server = LineServer::start();
+    let port = server.port.to_string();
+    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["reconnect", &port]);
+    wl.wait_ready();
+    let pid = wl.pid();
+
+    h.checkpoint(&h.image_dir("continued"), &[], pid)
+        .assert_success("cr_checkpoint of a program using libcr");
+    wl.wait_line("the callbacks' continue", |l| {
+        l == "continued thread_rc=0 sig_rc=0 order=O<C<C>O>"
+    });
+    assert_running_untraced(pid, "after the checkpoint");
+
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &["--kill"], pid)
+        .assert_success("cr_checkpoint --kill");
+    wl.reap_killed();
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_line(&wl, "the callbacks' restart", |l| {
+        l == "restarted thread_rc=1 sig_rc=1 order=O<C<C>O>O<C<C>O>"
+    });
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "restart of a program using libcr");
+    assert_eq!(
+        server.lines(),
+        [
+            "hello start",
+            "hello continue",
+            "hello restart",
+            "hello final"
+        ],
+        "the server's view of the connections\n{}",
+        wl.diag()
+    );
+    assert!(
+        wl.output().lines().any(|l| l.starts_with(&format!(
+            "restart info src={} node_changed=0 addresses_changed=0",
+            img.display()
+        ))),
+        "restart info\n{}",
+        wl.diag()
+    );
+}
+
+/// A callback that never calls cr_checkpoint: the checkpoint fails after
+/// --callback-timeout naming it, leaves no image, and the program runs on.
+#[test]
+fn hanging_callback_times_out_by_name() {
+    let h = Harness::new("libcr-hang");
+    let exe = check_program(&h);
+    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["hang"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    let t0 = Instant::now();
+    let out = h.checkpoint(&img, &["--callback-timeout", "1s", "--cs-wait", "1s"], pid);
+    out.assert_error(
+        "checkpoint with a hanging callback",
+        "cr_checkpoint:",
+        &[
+            "hang_cb",
+            "thread context",
+            "did not call cr_checkpoint",
+            "1s",
+        ],
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the timeout took {:?}",
+        t0.elapsed()
+    );
+    assert!(!img.exists(), "a failed checkpoint left {}", img.display());
+    assert_running_untraced(pid, "after a callback timed out");
+    wl.go_and_expect_ok();
+}
+
+/// A callback that returns an error, then a signal-context callback that
+/// cancels with its own code: each checkpoint fails naming the callback,
+/// the program runs on, and the third checkpoint goes through.
+#[test]
+fn refusing_callbacks_fail_the_checkpoint_by_name() {
+    let h = Harness::new("libcr-refuse");
+    let exe = check_program(&h);
+    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["refuse"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    h.checkpoint(&h.image_dir("one"), &[], pid).assert_error(
+        "a callback returning -1",
+        "cr_checkpoint:",
+        &[&format!("process {pid}"), "refuse_cb", "returned -1"],
+    );
+    assert_running_untraced(pid, "after a refused checkpoint");
+    h.checkpoint(&h.image_dir("two"), &[], pid).assert_error(
+        "a signal-context callback cancelling",
+        "cr_checkpoint:",
+        &["sig_refuse_cb", "signal context", "TEMP_FAILURE"],
+    );
+    assert!(!h.image_dir("two").exists());
+    h.checkpoint(&h.image_dir("three"), &[], pid)
+        .assert_success("third checkpoint");
+    wl.go_and_expect_ok();
+}
+
+/// Nested critical sections: a checkpoint fails after --cs-wait while
+/// they are open; one that waits longer goes through once both are left
+/// (cr_tryenter_cs is refused meanwhile); --cs-proceed goes through inside
+/// one.
+#[test]
+fn critical_sections_delay_and_limit_checkpoints() {
+    let h = Harness::new("libcr-cs");
+    let exe = check_program(&h);
+    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["cs"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let pid_s = pid.to_string();
+
+    h.checkpoint(&h.image_dir("one"), &["--cs-wait", "300ms"], pid)
+        .assert_error(
+            "checkpoint inside critical sections",
+            "cr_checkpoint:",
+            &["2 critical section(s) still open after 300 ms"],
+        );
+    wl.wait_line("tryenter refused", |l| l == "pending 1");
+
+    let img = h.image_dir("two");
+    let (mut ck, out, err, cmdline) = h.start_tool(
+        &tool_path("cr_checkpoint"),
+        &[
+            OsStr::new("--dir"),
+            img.as_os_str(),
+            OsStr::new("--cs-wait"),
+            OsStr::new("60s"),
+            OsStr::new(&pid_s),
+        ],
+        &RunOpts::default(),
+    );
+    wl.wait_line("the second checkpoint pending", |l| l == "pending 2");
+    touch(&wl.workdir.join("leave1"));
+    // Still pending (status ACTIVE) with one section open, no callback yet.
+    wl.wait_line("left1", |l| l.starts_with("left1"));
+    assert!(
+        wl.lines().iter().any(|l| l == "left1 status=2 callbacks=0"),
+        "{}",
+        wl.diag()
+    );
+    touch(&wl.workdir.join("leave2"));
+    let st = ck
+        .wait_exit(TOOL_TIMEOUT, || {
+            format!("{cmdline}\n{}\n{}", read_text(&out), read_text(&err))
+        })
+        .expect("our child");
+    assert!(
+        st.success(),
+        "{cmdline}: {}\n{}",
+        status_str(Some(st)),
+        read_text(&err)
+    );
+
+    touch(&wl.workdir.join("enter3"));
+    wl.wait_line("entered again", |l| l == "entered again");
+    h.checkpoint(
+        &h.image_dir("three"),
+        &["--cs-wait", "200ms", "--cs-proceed"],
+        pid,
+    )
+    .assert_success("--cs-proceed inside a critical section");
+    wl.go_and_expect_ok();
+}
+
+/// Runs an example (`reconnect ... 120`) against a line server through two
+/// checkpoints; it must reconnect after each and get every answer.
+fn run_example(h: &Harness, exe: &std::path::Path, args: &[&str], server: &LineServer) {
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let (mut p, out, err, cmdline) = h.start_tool(exe, &args, &RunOpts::default());
+    let diag = || format!("{cmdline}\n{}\n{}", read_text(&out), read_text(&err));
+    wait_until(
+        "the example to connect",
+        Duration::from_secs(20),
+        || read_text(&out).contains("connected"),
+        diag,
+    );
+    for n in 1..=2 {
+        let before = server.lines().len();
+        h.checkpoint(&h.image_dir(&format!("ex{n}")), &[], p.pid)
+            .assert_success("checkpoint of the example");
+        wait_until(
+            "the example to reconnect",
+            Duration::from_secs(20),
+            || {
+                read_text(&out).matches("reconnected (continue)").count() == n
+                    && server.lines().len() > before
+            },
+            diag,
+        );
+    }
+    let st = p.wait_exit(EXIT_TIMEOUT, diag).expect("our child");
+    assert!(st.success(), "{}", diag());
+    assert_eq!(server.connections(), 3, "{}", diag());
+    let want: Vec<String> = (1..=120).map(|i| i.to_string()).collect();
+    assert_eq!(server.lines(), want, "{}", diag());
+}
+
+/// The C example builds with `cc -Iinclude prog.c -L... -lcr` and closes
+/// and reopens its connection around checkpoints.
+#[test]
+fn c_example_reconnects_around_checkpoints() {
+    let h = Harness::new("libcr-example-c");
+    let exe = build_c(
+        &repo_dir().join("libcr/examples/reconnect.c"),
+        &h.dir,
+        "reconnect",
+    );
+    let server = LineServer::start();
+    let port = server.port.to_string();
+    run_example(&h, &exe, &["127.0.0.1", &port, "120"], &server);
+}
+
+/// The Rust example (closures, a critical-section guard) does the same.
+#[test]
+fn rust_example_reconnects_around_checkpoints() {
+    let h = Harness::new("libcr-example-rust");
+    let exe = bin_dir().join("examples").join("reconnect");
+    assert!(
+        exe.is_file(),
+        "{} missing: cargo build --workspace --all-targets",
+        exe.display()
+    );
+    let server = LineServer::start();
+    let addr = format!("127.0.0.1:{}", server.port);
+    run_example(&h, &exe, &[&addr, "120"], &server);
+}
+
+/// A program asks the node's agent for a checkpoint of itself
+/// (cr_request_checkpoint) and waits for it (cr_poll_checkpoint: > 0, its
+/// callback sees 0); the copy restarted from that image gets
+/// CR_ERESTARTED and its callback > 0. The program runs in the node's
+/// namespaces, as the processes its agent serves.
+#[test]
+fn self_requested_checkpoint_through_the_agent() {
+    let h = Harness::new("libcr-request");
+    let exe = check_program(&h);
+    let c = Cluster::new(&h, 1);
+    c.start_agent_with(
+        1,
+        &AgentOpts {
+            standalone: true,
+            ..Default::default()
+        },
+    );
+    let img = h.image_dir("requested");
+    let work = h.dir.join("request-work");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let out = work.join("stdout.txt");
+    let args: Vec<OsString> = vec![
+        work.clone().into(),
+        "request".into(),
+        c.socket(1).into(),
+        img.clone().into(),
+    ];
+    let mut sp = c.spawn_in(Some(c.ns(1)), "libcr_check", &exe, &args, &[], (&out, &out));
+    let has = |what: &str| read_text(&out).lines().any(|l| l == what);
+    wait_until("READY", LINE_TIMEOUT, || has("READY"), || sp.describe());
+    touch(&work.join("ask"));
+    wait_until(
+        "the request's end",
+        LINE_TIMEOUT,
+        || read_text(&out).contains("request "),
+        || sp.describe(),
+    );
+    assert!(has("request continued callback=0"), "{}", sp.describe());
+    assert!(
+        img.join("checkpoint.img").is_file(),
+        "no image in {}",
+        img.display()
+    );
+    touch(&work.join("go"));
+    let st = sp.wait(EXIT_TIMEOUT, String::new);
+    assert!(st.status.success() && has("OK"), "{}", st.show());
+    std::fs::remove_file(work.join("go")).expect("rm go");
+
+    let cr_restart = tool_path("cr_restart").display().to_string();
+    c.run_on(1, &[&cr_restart, "--detach", &img.display().to_string()])
+        .assert_success("cr_restart --detach of the requested image");
+    wait_until(
+        "the restarted copy's poll",
+        LINE_TIMEOUT,
+        || has("request restarted callback=1"),
+        || read_text(&out),
+    );
+    touch(&work.join("go"));
+    wait_until(
+        "the restarted copy's verdict",
+        EXIT_TIMEOUT,
+        || read_text(&out).ends_with("request restarted callback=1\nOK\n"),
+        || read_text(&out),
+    );
+}

@@ -1,0 +1,397 @@
+/*
+ * libcr_check WORKDIR MODE [PORT]: a program using libcr that checks, from
+ * the inside, what its callbacks and critical sections saw. It prints
+ * READY, lines the test waits for, and after WORKDIR/go "OK" (or "FAIL
+ * reason") and exits.
+ *
+ * Modes:
+ *   reconnect PORT  two thread-context callbacks (close_conn, order_cb) and a
+ *                   signal-context one (sig_cb) of the main thread; close_conn
+ *                   closes the connection to 127.0.0.1:PORT before the
+ *                   checkpoint and reopens it after; every reopened
+ *                   connection says "hello continue" or "hello restart" and
+ *                   checks the server's answer.
+ *   hang            a thread-context callback (hang_cb) that never calls
+ *                   cr_checkpoint; the main thread keeps counting.
+ *   refuse          refuse_cb returns -1 at the first checkpoint;
+ *                   sig_refuse_cb cancels the second with code 77; the third
+ *                   goes through.
+ *   request SOCKET DIR
+ *                   asks the agent on SOCKET for a checkpoint of itself into
+ *                   DIR (cr_request_checkpoint) and waits for it
+ *                   (cr_poll_checkpoint): > 0 in the original, -1 with
+ *                   CR_ERESTARTED in a copy restarted from that image; its
+ *                   callback (req_cb) sees 0, resp. > 0.
+ *   cs              the main thread holds two nested critical sections and
+ *                   leaves them when WORKDIR/leave1 and WORKDIR/leave2
+ *                   appear; a second thread tries cr_tryenter_cs while a
+ *                   checkpoint waits.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "libcr.h"
+
+static const char *workdir;
+static int port;
+static int conn = -1;
+static char fail_reason[256];
+
+/* What the callbacks saw. */
+static volatile int continued, restarted, cancelled;
+static volatile int last_thread_rc = -999, last_sig_rc = -999;
+static volatile int sig_runs;
+static volatile int rounds;
+static char order[256];
+static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void note(const char *s)
+{
+    pthread_mutex_lock(&order_lock);
+    strncat(order, s, sizeof order - strlen(order) - 1);
+    pthread_mutex_unlock(&order_lock);
+}
+
+static void fail(const char *why)
+{
+    if (!fail_reason[0])
+        snprintf(fail_reason, sizeof fail_reason, "%s", why);
+}
+
+static int exists(const char *name)
+{
+    char p[4096];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", workdir, name);
+    return stat(p, &st) == 0;
+}
+
+static void nap(void)
+{
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static void wait_file(const char *name)
+{
+    while (!exists(name))
+        nap();
+}
+
+/* Connect to the server and say hello; check its answer. */
+static void open_conn(const char *hello)
+{
+    struct sockaddr_in a = {0};
+    char buf[256], want[256];
+    int n, got = 0;
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    conn = socket(AF_INET, SOCK_STREAM, 0);
+    if (conn < 0 || connect(conn, (struct sockaddr *)&a, sizeof a) != 0) {
+        fail("cannot connect to the server");
+        return;
+    }
+    snprintf(buf, sizeof buf, "hello %s\n", hello);
+    if (write(conn, buf, strlen(buf)) != (ssize_t)strlen(buf))
+        fail("cannot write to the server");
+    snprintf(want, sizeof want, "ack %s\n", hello);
+    while (got < (int)strlen(want)) {
+        n = read(conn, buf + got, sizeof buf - 1 - got);
+        if (n <= 0) {
+            fail("no answer from the server");
+            return;
+        }
+        got += n;
+    }
+    buf[got] = 0;
+    if (strcmp(buf, want) != 0)
+        fail("wrong answer from the server");
+}
+
+/* Registered first: runs last before the checkpoint, first after. */
+static int close_conn(void *arg)
+{
+    int rc;
+    (void)arg;
+    note("C<");
+    close(conn);
+    conn = -1;
+    rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    note("C>");
+    last_thread_rc = rc;
+    if (rc > 0) {
+        const struct cr_restart_info *ri = cr_get_restart_info();
+        restarted++;
+        if (!ri || !ri->src || !ri->src[0])
+            fail("no restart info");
+        else
+            printf("restart info src=%s node_changed=%d addresses_changed=%d\n", ri->src,
+                   ri->node_changed, ri->addresses_changed);
+        open_conn("restart");
+    } else if (rc == 0) {
+        continued++;
+        open_conn("continue");
+    } else {
+        cancelled++;
+        open_conn("cancelled");
+    }
+    return 0;
+}
+
+/* Registered second: runs first before the checkpoint, last after. */
+static int order_cb(void *arg)
+{
+    const struct cr_checkpoint_info *ci = cr_get_checkpoint_info();
+    (void)arg;
+    if (!ci || !ci->dest || !ci->dest[0])
+        fail("no checkpoint info in a callback");
+    note("O<");
+    cr_checkpoint(CR_CHECKPOINT_READY);
+    note("O>");
+    rounds++; /* the last code of a checkpoint's callbacks */
+    return 0;
+}
+
+/* Signal context: only async-signal-safe work. */
+static int sig_cb(void *arg)
+{
+    (void)arg;
+    sig_runs++;
+    last_sig_rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    return 0;
+}
+
+static int hang_cb(void *arg)
+{
+    (void)arg;
+    for (;;)
+        pause();
+    return 0;
+}
+
+static int refusals;
+static int refuse_cb(void *arg)
+{
+    (void)arg;
+    if (refusals++ == 0)
+        return -1;
+    last_thread_rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    return 0;
+}
+
+static volatile int sig_refusals;
+static volatile int first_sig_rc;
+static int sig_refuse_cb(void *arg)
+{
+    (void)arg;
+    /* The first checkpoint never gets here (refuse_cb refused it). */
+    if (sig_refusals++ == 0)
+        first_sig_rc = last_sig_rc = cr_checkpoint(CR_CHECKPOINT_TEMP_FAILURE_CODE(77));
+    else
+        last_sig_rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    return 0;
+}
+
+static volatile int cs_left;
+static volatile int cs_seen[8], cs_callbacks;
+static int cs_cb(void *arg)
+{
+    (void)arg;
+    if (cs_callbacks < 8)
+        cs_seen[cs_callbacks] = cs_left;
+    cs_callbacks++;
+    last_thread_rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    return 0;
+}
+
+/* Each time a checkpoint is pending: cr_tryenter_cs must refuse. */
+static void *try_thread(void *arg)
+{
+    int rounds = 0;
+    (void)arg;
+    for (;;) {
+        while (cr_status() != CR_STATE_ACTIVE)
+            nap();
+        rounds++;
+        if (cr_tryenter_cs(0) == 0) {
+            fail("cr_tryenter_cs entered while a checkpoint was pending");
+            cr_leave_cs(0);
+        } else if (errno != EAGAIN) {
+            fail("cr_tryenter_cs: errno is not EAGAIN");
+        }
+        printf("pending %d\n", rounds);
+        while (cr_status() == CR_STATE_ACTIVE)
+            nap();
+    }
+    return NULL;
+}
+
+static volatile int req_cb_rc = -999;
+static int req_cb(void *arg)
+{
+    (void)arg;
+    req_cb_rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    return 0;
+}
+
+static int said_continued, said_restarted;
+
+int main(int argc, char **argv)
+{
+    const char *mode;
+    long counter = 0;
+    if (argc < 3) {
+        fprintf(stderr, "usage: libcr_check WORKDIR MODE [PORT]\n");
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    workdir = argv[1];
+    mode = argv[2];
+    if (cr_init() < 0) {
+        printf("FAIL cr_init: %s\n", strerror(errno));
+        return 1;
+    }
+    if (cr_checkpoint(0) != -CR_ENOTCB)
+        fail("cr_checkpoint outside a callback did not return -CR_ENOTCB");
+    if (cr_leave_cs(0) != -1 || errno != EINVAL)
+        fail("cr_leave_cs outside a critical section did not fail with EINVAL");
+
+    if (!strcmp(mode, "reconnect")) {
+        port = atoi(argv[3]);
+        open_conn("start");
+        if (cr_register_callback(close_conn, NULL, CR_THREAD_CONTEXT) < 0 ||
+            cr_register_callback(order_cb, NULL, CR_THREAD_CONTEXT) < 0 ||
+            cr_register_callback(sig_cb, NULL, CR_SIGNAL_CONTEXT) < 0)
+            fail("cr_register_callback");
+        printf("READY\n");
+        while (!exists("go")) {
+            if (rounds == 1 && !said_continued) {
+                said_continued = 1;
+                printf("continued thread_rc=%d sig_rc=%d order=%s\n", last_thread_rc,
+                       last_sig_rc, order);
+            }
+            if (rounds == 2 && restarted == 1 && !said_restarted) {
+                said_restarted = 1;
+                printf("restarted thread_rc=%d sig_rc=%d order=%s\n", last_thread_rc,
+                       last_sig_rc, order);
+            }
+            nap();
+        }
+        /* The copy restored from the --kill checkpoint saw: the continue
+         * of the first checkpoint, then the restart. */
+        if (continued != 1 || restarted != 1 || cancelled != 0)
+            fail("wrong number of continues/restarts");
+        if (last_thread_rc <= 0 || last_sig_rc <= 0)
+            fail("cr_checkpoint did not return > 0 after the restart");
+        if (sig_runs != 2)
+            fail("the signal-context callback did not run once per checkpoint");
+        if (strcmp(order, "O<C<C>O>O<C<C>O>") != 0)
+            fail("callbacks did not run in BLCR's order");
+        open_conn("final");
+    } else if (!strcmp(mode, "hang")) {
+        cr_register_callback(hang_cb, NULL, CR_THREAD_CONTEXT);
+        printf("READY\n");
+        while (!exists("go")) {
+            counter++;
+            nap();
+        }
+        if (counter < 2)
+            fail("the main thread did not run");
+    } else if (!strcmp(mode, "refuse")) {
+        cr_register_callback(refuse_cb, NULL, CR_THREAD_CONTEXT);
+        cr_register_callback(sig_refuse_cb, NULL, CR_SIGNAL_CONTEXT);
+        printf("READY\n");
+        wait_file("go");
+        /* 1st: refused by refuse_cb (its cr_checkpoint never ran);
+         * 2nd: sig_refuse_cb cancelled with 77, so refuse_cb's
+         * cr_checkpoint returned -CR_ETEMPFAIL; 3rd: through. */
+        if (refusals != 3 || sig_refusals != 2)
+            fail("the callbacks did not run once per checkpoint");
+        if (first_sig_rc != -77)
+            fail("cr_checkpoint(CR_CHECKPOINT_TEMP_FAILURE_CODE(77)) did not return -77");
+        if (last_thread_rc != 0 || last_sig_rc != 0)
+            fail("the third checkpoint did not continue");
+    } else if (!strcmp(mode, "cs")) {
+        pthread_t t;
+        cr_register_callback(cs_cb, NULL, CR_THREAD_CONTEXT);
+        cr_enter_cs(0);
+        cr_enter_cs(0); /* nested */
+        pthread_create(&t, NULL, try_thread, NULL);
+        printf("READY\n");
+        wait_file("leave1");
+        cr_leave_cs(0);
+        cs_left = 1;
+        printf("left1 status=%d callbacks=%d\n", cr_status(), cs_callbacks);
+        wait_file("leave2");
+        cs_left = 2;
+        cr_leave_cs(0);
+        printf("left2\n");
+        wait_file("enter3");
+        cr_enter_cs(0);
+        cs_left = 3;
+        printf("entered again\n");
+        wait_file("go");
+        cr_leave_cs(0);
+        /* The checkpoint that waited ran its callback once both sections
+         * were left; the --cs-proceed one inside the third. */
+        if (cs_callbacks != 2 || cs_seen[0] != 2 || cs_seen[1] != 3)
+            fail("callbacks did not run when the critical sections allowed");
+        if (last_thread_rc != 0)
+            fail("the checkpoints did not continue");
+    } else if (!strcmp(mode, "request")) {
+        cr_checkpoint_args_t args;
+        cr_checkpoint_handle_t handle;
+        struct timeval none = {0, 0};
+        int rc, err;
+        setenv("CR_AGENT_SOCKET", argv[3], 1);
+        setenv("CR_CHECKPOINT_DIR", argv[4], 1);
+        cr_register_callback(req_cb, NULL, CR_THREAD_CONTEXT);
+        printf("READY\n");
+        wait_file("ask");
+        if (cr_initialize_checkpoint_args_t(&args) != 0)
+            fail("cr_initialize_checkpoint_args_t");
+        args.cr_scope = CR_SCOPE_TREE;
+        if (cr_request_checkpoint(&args, &handle) != 0) {
+            printf("FAIL cr_request_checkpoint: %s\n", cr_strerror(errno));
+            return 1;
+        }
+        rc = cr_poll_checkpoint(&handle, NULL);
+        err = errno;
+        if (rc > 0) {
+            printf("request continued callback=%d\n", req_cb_rc);
+            if (req_cb_rc != 0)
+                fail("the callback did not see the checkpoint continue");
+        } else if (rc < 0 && err == CR_ERESTARTED) {
+            printf("request restarted callback=%d\n", req_cb_rc);
+            if (req_cb_rc <= 0)
+                fail("the callback did not see the restart");
+        } else {
+            printf("FAIL cr_poll_checkpoint returned %d: %s\n", rc, cr_strerror(err));
+            return 1;
+        }
+        /* Reported once: the handle is gone. */
+        if (cr_poll_checkpoint(&handle, &none) != -1 || errno != EINVAL)
+            fail("a handle was reported twice");
+        wait_file("go");
+    } else {
+        fail("unknown mode");
+    }
+    if (fail_reason[0]) {
+        printf("FAIL %s\n", fail_reason);
+        return 1;
+    }
+    printf("OK\n");
+    return 0;
+}
