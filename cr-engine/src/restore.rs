@@ -93,13 +93,15 @@ impl Ready {
         self.ck.root_pid as i32
     }
 
-    /// The outside files whose content the image holds (put back by the
-    /// restore if they differed), by path.
+    /// The outside files named to be saved (`--save-file`) whose content
+    /// the image holds, by path: the restored member's next checkpoints
+    /// save them again. (Files saved only because they were open, with
+    /// `--save-files`, are not named: they may be gone by then.)
     pub fn saved_files(&self) -> Vec<String> {
         self.ck
             .outside_files
             .iter()
-            .filter(|f| f.saved.is_some())
+            .filter(|f| f.saved.is_some() && f.listed)
             .map(|f| f.path.clone())
             .collect()
     }

@@ -27,6 +27,8 @@ pub struct OutsideFile {
     /// Every use is a write-only fd (a log, an output): the processes
     /// never read it, so what was written since is harmless.
     pub write_only: bool,
+    /// Named to be saved (`--save-file`), not only saved because open.
+    pub listed: bool,
 }
 
 impl OutsideFile {
@@ -52,6 +54,7 @@ impl OutsideFile {
             build_id: f.build_id,
             saved: (f.saved != 0).then_some(f.saved),
             write_only: f.write_only,
+            listed: f.listed,
         })
     }
 
@@ -67,6 +70,7 @@ impl OutsideFile {
             build_id: self.build_id.clone(),
             saved: self.saved.unwrap_or(0),
             write_only: self.write_only,
+            listed: self.listed,
         }
     }
 }

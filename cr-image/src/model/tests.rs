@@ -474,6 +474,7 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
             build_id: vec![0xab; 20],
             saved: None,
             write_only: false,
+            listed: false,
         }],
     }
 }

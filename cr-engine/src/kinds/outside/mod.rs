@@ -119,8 +119,8 @@ pub fn capture(
     let mut next_id = 1;
     for (path, (mut f, link, open)) in found {
         let regular = f.mode & libc::S_IFMT == libc::S_IFREG;
-        let wanted = listed.iter().any(|(p, _)| *p == path)
-            || (open && d.opts.save_files.is_some_and(|limit| f.size <= limit));
+        f.listed = listed.iter().any(|(p, _)| *p == path);
+        let wanted = f.listed || (open && d.opts.save_files.is_some_and(|limit| f.size <= limit));
         if regular && wanted {
             f.saved = Some(save(d, root, &f, &link, next_id)?);
             next_id += 1;
@@ -230,6 +230,7 @@ fn identity(
         build_id,
         saved: None,
         write_only,
+        listed: false,
     }
 }
 
