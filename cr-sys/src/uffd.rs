@@ -189,9 +189,8 @@ pub fn read_events(fd: BorrowedFd<'_>, out: &mut Vec<Event>) -> Result<()> {
                     let fd = i32::from_ne_bytes(m[8..12].try_into().expect("4 bytes"));
                     // SAFETY: the read just installed this fd in our
                     // table for us (msg.arg.fork.ufd); nobody else owns it.
-                    Event::Fork {
-                        fd: unsafe { OwnedFd::from_raw_fd(fd) },
-                    }
+                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                    Event::Fork { fd }
                 }
                 UFFD_EVENT_REMAP => Event::Remap {
                     from: u64_at(8),
