@@ -1,6 +1,9 @@
 //! `cr-bench migrate`: downtime and total time of `crctl migrate --member`
-//! against the member's memory and dirty rate, stop-and-copy and pre-copy,
-//! next to the link's own limit measured in the same run.
+//! against the member's memory and dirty rate, stop-and-copy, pre-copy,
+//! lazy (`--lazy`: post-copy restore on the target) and both, next to the
+//! link's own limit measured in the same run. With `--lazy` the total runs
+//! until the target's agent logs that every page is in (its `ms` counts
+//! from the start of the member's restore).
 //!
 //! The cluster is the one of the end-to-end tests (`cr_tests::cluster`).
 //! For each (memory, dirty rate) a 2-member ring of `wl_ring` is started on
@@ -54,6 +57,16 @@ pub struct Opts {
     /// Migrations per row and mode; the table shows medians.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = int_in::<usize>(1..))]
     reps: usize,
+    /// Modes measured, in this order.
+    #[arg(
+        long,
+        value_name = "MODE,...",
+        value_delimiter = ',',
+        action = ArgAction::Set,
+        default_value = "stop-and-copy,pre-copy,lazy,pre-copy+lazy",
+        value_parser = ["stop-and-copy", "pre-copy", "lazy", "pre-copy+lazy"],
+    )]
+    modes: Vec<String>,
     /// Where cr-agent, cr-coordinatord, crctl, cr_run and wl_ring live
     /// (default: the directory of this executable).
     #[arg(long, value_name = "DIR")]
@@ -63,7 +76,7 @@ pub struct Opts {
 struct Row {
     mib: usize,
     dirty: usize,
-    mode: &'static str,
+    mode: String,
     /// (downtime, total, bytes copied, copy ms) per migration.
     samples: Vec<(u64, u64, u64, u64)>,
 }
@@ -102,9 +115,33 @@ fn link_limit(c: &Cluster) -> f64 {
     got as f64 / (1 << 20) as f64 / t0.elapsed().as_secs_f64()
 }
 
-/// Migrate member 0 of `ring` to node `to` (`pre`: with --pre-copy):
-/// (downtime, total, bytes copied, copy ms) and the checkpoint's id.
-fn migrate(c: &Cluster, ring: &mut Ring, to: &str, pre: bool) -> ((u64, u64, u64, u64), String) {
+/// The `ms=` of the `n`-th "post-copy done" line of node `k`'s agent log
+/// (the moved member is the only one restored there), once there.
+fn post_copy_ms(c: &Cluster, k: usize, n: usize) -> u64 {
+    let log = c.agent_log(k);
+    let mut found = None;
+    cr_tests::wait_until(
+        &format!("n{k}'s agent to put every page of the moved member in"),
+        Duration::from_secs(600),
+        || {
+            let text = cr_tests::read_text(&log);
+            found = text
+                .lines()
+                .filter(|l| l.contains("post-copy done"))
+                .nth(n)
+                .and_then(|l| l.split("ms=").nth(1))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok());
+            found.is_some()
+        },
+        String::new,
+    );
+    found.unwrap_or(0)
+}
+
+/// Migrate member 0 of `ring` to node `to` in `mode`: (downtime, total,
+/// bytes copied, copy ms) and the checkpoint's id.
+fn migrate(c: &Cluster, ring: &mut Ring, to: &str, mode: &str) -> ((u64, u64, u64, u64), String) {
     let pid = ring.host_pids()[0];
     let k = ring.nodes_now()[0].expect("member 0 on a node");
     let member = format!("n{k}:{pid}");
@@ -117,16 +154,25 @@ fn migrate(c: &Cluster, ring: &mut Ring, to: &str, pre: bool) -> ((u64, u64, u64
         "--to",
         to,
     ];
-    if pre {
+    if mode.contains("pre-copy") {
         args.push("--pre-copy");
     }
+    let lazy = mode.contains("lazy");
+    if lazy {
+        args.push("--lazy");
+    }
+    let dst: usize = to.trim_start_matches('n').parse().expect("node name nK");
+    let seen = cr_tests::read_text(&c.agent_log(dst))
+        .matches("post-copy done")
+        .count();
     let r = c.crctl_json(&args);
     ring.adopt();
+    let after = if lazy { post_copy_ms(c, dst, seen) } else { 0 };
     ring.wait_advanced(ADVANCE, "after a migration");
     (
         (
             ju64(&r, "downtime_ms"),
-            ju64(&r, "downtime_ms") + ju64(&r, "pre_copy_ms"),
+            ju64(&r, "downtime_ms") + ju64(&r, "pre_copy_ms") + after,
             ju64(&r, "bytes") + ju64(&r, "pre_copy_bytes"),
             ju64(&r, "copy_ms") + ju64(&r, "pre_copy_ms"),
         ),
@@ -155,10 +201,10 @@ fn measure(o: &Opts) -> (f64, Vec<Row>) {
                 panic!("crctl job {job} failed\n{}", out.show());
             }
             ring.wait_advanced(ADVANCE, "before the first migration");
-            for (mode, pre) in [("stop-and-copy", false), ("pre-copy", true)] {
+            for mode in &o.modes {
                 let mut samples = Vec::new();
                 for _ in 0..o.reps {
-                    let (s, id) = migrate(&c, &mut ring, "n3", pre);
+                    let (s, id) = migrate(&c, &mut ring, "n3", mode);
                     eprintln!(
                         "cr-bench:   {mode}: down {} ms, total {} ms, {} MiB copied ({id})",
                         s.0,
@@ -166,12 +212,12 @@ fn measure(o: &Opts) -> (f64, Vec<Row>) {
                         s.2 >> 20,
                     );
                     samples.push(s);
-                    migrate(&c, &mut ring, "n1", false);
+                    migrate(&c, &mut ring, "n1", "stop-and-copy");
                 }
                 rows.push(Row {
                     mib,
                     dirty,
-                    mode,
+                    mode: mode.clone(),
                     samples,
                 });
             }
@@ -233,6 +279,16 @@ mod tests {
         assert!(o.mib == [256, 1024] && o.dirty == [10, 100] && o.reps == 2);
         let o = parsed::<Opts>("migrate --mib 64 --dirty 0 --reps 1");
         assert!(o.mib == [64] && o.dirty == [0] && o.reps == 1);
-        assert_refused(&["migrate --mib 0", "migrate --reps 0"]);
+        assert_eq!(
+            o.modes,
+            ["stop-and-copy", "pre-copy", "lazy", "pre-copy+lazy"]
+        );
+        let o = parsed::<Opts>("migrate --modes lazy,pre-copy+lazy");
+        assert_eq!(o.modes, ["lazy", "pre-copy+lazy"]);
+        assert_refused(&[
+            "migrate --mib 0",
+            "migrate --reps 0",
+            "migrate --modes post",
+        ]);
     }
 }

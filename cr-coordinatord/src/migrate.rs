@@ -243,6 +243,7 @@ impl Coordinator {
         to: &str,
         timeout: Option<Duration>,
         pre_copy: bool,
+        lazy: bool,
     ) -> Result<pb::MigrateReply, Error> {
         let live = self.liveness();
         let jobrec = self
@@ -309,7 +310,8 @@ impl Coordinator {
             });
         }
         self.check_target(job, to, &live)?;
-        self.migrate_moves(job, moves, timeout, pre_copy).await
+        self.migrate_moves(job, moves, timeout, pre_copy, lazy)
+            .await
     }
 
     /// `to` can take members: registered, up, not drained.
@@ -348,13 +350,15 @@ impl Coordinator {
         self.change_job(job, |j| j.migration = m)
     }
 
-    /// Stop-and-copy of `moves` (see the module doc).
+    /// Stop-and-copy of `moves` (see the module doc); with `lazy` the
+    /// restart puts the private anonymous pages in after the trees run.
     pub async fn migrate_moves(
         &self,
         job: &str,
         moves: HashMap<(String, i32), String>,
         timeout: Option<Duration>,
         pre_copy: bool,
+        lazy: bool,
     ) -> Result<pb::MigrateReply, Error> {
         let t0 = Instant::now();
         let mut rec = MigrationRecord {
@@ -422,6 +426,7 @@ impl Coordinator {
                 &placement,
                 &RestartOpts {
                     timeout,
+                    lazy_pages: lazy,
                     ..Default::default()
                 },
             )
@@ -665,7 +670,10 @@ impl Coordinator {
                     .push(format!("{job}: no other node is up and undrained"));
                 continue;
             }
-            match self.migrate_moves(&job, moves, Some(left), false).await {
+            match self
+                .migrate_moves(&job, moves, Some(left), false, false)
+                .await
+            {
                 Ok(r) => reply.migrations.push(r),
                 Err(e) => reply.failed.push(format!("{job}: {e}")),
             }

@@ -236,6 +236,9 @@ pub struct RestartOpts {
     /// Restart each member from its checkpoint on the job's recovery line
     /// ([`crate::recovery`]) instead of from one checkpoint.
     pub line: bool,
+    /// The trees run before their private anonymous pages are in (see
+    /// `pb::RestoreRequest::lazy_pages`).
+    pub lazy_pages: bool,
 }
 
 impl Coordinator {
@@ -1140,6 +1143,7 @@ impl Coordinator {
                 map_addr: map_addr.clone(),
                 timeout_ms,
                 allow_changed_files: opts.allow_changed_files,
+                lazy_pages: opts.lazy_pages,
             };
             timed(deadline, "RESTORE", node, self.agents.restore(node, req))
         });

@@ -195,6 +195,7 @@ impl pb::coordinator_server::Coordinator for Service {
                     timeout: timeout(req.timeout_secs),
                     allow_changed_files: req.allow_changed_files,
                     line: req.line,
+                    ..Default::default()
                 };
                 c.restart_placed(&req.job, ck.as_deref(), &Placement::Nodes(req.on), &opts)
                     .await
@@ -247,6 +248,7 @@ impl pb::coordinator_server::Coordinator for Service {
                     &req.to,
                     timeout(req.timeout_secs),
                     req.pre_copy,
+                    req.lazy,
                 )
                 .await
             })

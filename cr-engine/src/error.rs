@@ -164,6 +164,10 @@ pub enum RestoreError {
         why: String,
         ipcrm: String,
     },
+    /// Post-copy (`--lazy-pages`): the pages of a process that already ran
+    /// could not all be put in; it was killed (its image is untouched).
+    #[error("post-copy of process {pid} failed after it started running: {why}; the process was killed, its image is intact: restore it again")]
+    LazyPages { pid: i32, why: String },
 }
 
 /// Attach a description of the step to a low-level error.

@@ -335,6 +335,13 @@ pub struct RestoreOptions {
     /// (nothing runs) naming the process, the resource and the attribute.
     #[arg(long)]
     pub verify: bool,
+    /// Post-copy: the processes run as soon as everything but the contents
+    /// of their private anonymous memory is restored; those pages are put
+    /// in on first touch (userfaultfd) and pushed in the background. The
+    /// restorer stays until every page is in; if it cannot put one in, the
+    /// process is killed (the image stays intact).
+    #[arg(long)]
+    pub lazy_pages: bool,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -352,6 +359,7 @@ impl Default for RestoreOptions {
             external_to_null: false,
             allow_changed_files: false,
             verify: false,
+            lazy_pages: false,
             progress: Progress::Off,
         }
     }

@@ -59,9 +59,14 @@ pub struct Rebuild<'s, 'r> {
 
 /// Restore the image in `dir`: the whole process tree, every process with
 /// its PID and every thread with its TID. The root runs again as a child of
-/// the caller when this returns its PID.
+/// the caller when this returns its PID (with `--lazy-pages`, once every
+/// page is in too; see [`Ready::take_lazy`] to return at once).
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<i32, RestoreError> {
-    prepare(dir, opts)?.release()
+    let mut ready = prepare(dir, opts)?;
+    let lazy = ready.take_lazy();
+    let pid = ready.release()?;
+    lazy.wait()?;
+    Ok(pid)
 }
 
 /// A restored tree, complete but not yet running: every thread is held by
@@ -111,6 +116,15 @@ impl Ready {
     /// before calling [`Ready::release`].
     pub fn take_netlock(&mut self) -> Option<String> {
         self.ck.netlock.take()
+    }
+
+    /// The post-copy transfers (`--lazy-pages`), running already; the
+    /// caller keeps them until every page is in ([`memory::lazy::Transfer::wait`])
+    /// once the tree is released. Dropped, they kill the processes.
+    pub fn take_lazy(&mut self) -> memory::lazy::Transfer {
+        self.stash
+            .take::<memory::lazy::Transfer>()
+            .unwrap_or_default()
     }
 
     /// Let every process run, all at once; the root's PID.

@@ -18,6 +18,7 @@
 //! - [`inet`]: IPv4/IPv6 socket addresses and options, TCP repair mode.
 //! - [`netlock`]: holding TCP connections still (nft) between dump and restore.
 //! - [`sysv`]: System V shared memory, semaphores and message queues.
+//! - [`uffd`]: userfaultfd in missing mode for post-copy restore.
 //! - [`ns`]: namespaces: another process's, its IPC namespace from a thread, a job's mounts.
 //! - [`spank`]: Slurm's SPANK plugin interface (for the cr-spank plugin).
 
@@ -42,6 +43,7 @@ pub mod sched;
 pub(crate) mod sock_diag;
 pub mod spank;
 pub mod sysv;
+pub mod uffd;
 pub mod unix_diag;
 
 pub use error::{Errno, SysError};

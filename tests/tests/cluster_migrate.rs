@@ -246,6 +246,42 @@ fn migrate_member_then_job_then_restart_elsewhere() {
 
     // (d) on the same cluster: checkpoints with pre-copy.
     pre_copy_checkpoints(&c);
+    // (e) and post-copy restores of moved members.
+    lazy_migrations(&c);
+}
+
+/// `crctl migrate --lazy` of the member of a ring that holds 64 MiB it
+/// rewrites at 10 MB/s and checks: it runs on its target before its pages
+/// are in (the target's agent serves them from the fetched image through
+/// a userfaultfd, then logs that every page is in); then once more with
+/// `--pre-copy` too. Every byte of the ring and the ballast are checked by
+/// the members.
+fn lazy_migrations(c: &Cluster) {
+    let job = "lazy";
+    let mut ring = c.start_ring_ballast(job, &[1, 2, 3], "64:10");
+    ring.wait_advanced(MARGIN, "before the lazy migrations");
+    for (to, k, extra, placement) in [
+        ("n2", 2, None, [2, 2, 3]),
+        ("n3", 3, Some("--pre-copy"), [3, 2, 3]),
+    ] {
+        let what = format!("member 0 to {to} with --lazy {}", extra.unwrap_or(""));
+        let done_before = read_text(&c.agent_log(k)).matches("post-copy done").count();
+        let m0 = member_id(c, &ring, 0);
+        let snap = ring.mins();
+        let mut args = vec![job, "--member", m0.as_str(), "--to", to, "--lazy"];
+        args.extend(extra);
+        migrate(c, &mut ring, &args, &what);
+        wait_until(
+            &format!("{to}'s agent to put every page of the moved member in"),
+            Duration::from_secs(120),
+            || read_text(&c.agent_log(k)).matches("post-copy done").count() > done_before,
+            || ring.diag(),
+        );
+        ring.wait_past(&snap, MARGIN, &format!("after {what}"));
+        ring.assert_on_nodes(&placement, &format!("after {what}"));
+        ring.assert_running_untraced(&format!("after {what}"));
+        ring.assert_no_fail();
+    }
 }
 
 /// The pre-copy rounds (`JOB-precopy-STAMP`) of `job` whose pre-dumps are

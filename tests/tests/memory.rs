@@ -1,11 +1,23 @@
 //! Memory of every kind survives checkpoint --kill and restore.
 
 use cr_tests::*;
+use std::ffi::OsStr;
 use std::time::Duration;
 
 /// Checkpoints a workload of `size_mib` MiB with --kill, restores it with
 /// `cr_restart DIR` in the background, triggers the check.
 fn memory_kill_restore(name: &str, size_mib: u32, extra: &[&str]) {
+    memory_kill_restore_with(name, size_mib, extra, &[]);
+}
+
+/// Like `memory_kill_restore`, cr_restart given `restore_args` too; returns
+/// its output.
+fn memory_kill_restore_with(
+    name: &str,
+    size_mib: u32,
+    extra: &[&str],
+    restore_args: &[&str],
+) -> ToolOutput {
     let h = Harness::new(name);
     let size = size_mib.to_string();
     let mut args = vec![size.as_str()];
@@ -30,8 +42,15 @@ fn memory_kill_restore(name: &str, size_mib: u32, extra: &[&str]) {
         img.display()
     );
 
-    let mut r = h.restore_bg(&img, pid);
+    let run = RunOpts {
+        env: vec![("CR_LOG".into(), "info".into())],
+        ..RunOpts::default()
+    };
+    let args: Vec<&OsStr> = restore_args.iter().map(OsStr::new).collect();
+    let mut r = h.restore_bg_with(&img, pid, &args, &run);
     r.wait_blocked_in(&wl, POLL_SLEEP_SYSCALLS, Duration::from_secs(120));
+    // With --lazy-pages the userfaultfd was closed in the process: its fd
+    // table is the image's.
     assert_eq!(
         fd_list(pid),
         fds_before,
@@ -46,6 +65,7 @@ fn memory_kill_restore(name: &str, size_mib: u32, extra: &[&str]) {
     let out = r.wait(EXIT_TIMEOUT, &wl);
     assert_restored_ok(&out, &wl, "memory restore");
     assert_eq!(wl.lines(), ["READY", "OK"], "whole stdout of the workload");
+    out
 }
 
 #[test]
@@ -100,4 +120,62 @@ fn memory_transparent_huge_pages() {
 #[test]
 fn memory_file_mapping_at_offset() {
     memory_kill_restore("memory-fileoff", 8, &["fileoff"]);
+}
+
+/// Post-copy restore (`--lazy-pages`): the process runs before its private
+/// anonymous pages are in; each is put in on first touch or pushed in the
+/// background from the image; every kind of memory checks itself.
+#[test]
+fn memory_lazy_pages_restore() {
+    let out = memory_kill_restore_with("memory-lazy", 300, &["split4,mremap"], &["--lazy-pages"]);
+    assert!(
+        out.stderr.contains("post-copy complete"),
+        "cr_restart did not serve the pages through its userfaultfd\n{}",
+        out.show()
+    );
+}
+
+/// Post-copy that fails once the process runs: the process is killed (it
+/// cannot run on without its pages), cr_restart says so in one line, and
+/// the image, untouched, restores again.
+#[test]
+fn memory_lazy_pages_failure_kills_and_keeps_image() {
+    let h = Harness::new("memory-lazy-fail");
+    let mut wl = h.spawn_wl("wl_memory", &["64"]);
+    wl.wait_ready();
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+
+    let run = RunOpts {
+        env: vec![("CR_FAULT_INJECT".into(), "lazy-transfer".into())],
+        ..RunOpts::default()
+    };
+    let mut r = h.restore_bg_with(&img, pid, &[OsStr::new("--lazy-pages")], &run);
+    let out = r.wait_plain(TOOL_TIMEOUT);
+    out.assert_error(
+        "post-copy failing after the release",
+        "cr_restart: error: ",
+        &["post-copy", "killed", "lazy-transfer"],
+    );
+    // The killed process (reparented to us) is reaped with its handle.
+    drop(r);
+    wait_until(
+        "the killed process to be gone",
+        Duration::from_secs(10),
+        || {
+            // Ours to reap (we are a subreaper); then the pid is free.
+            reap_orphans();
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        },
+        || describe(pid),
+    );
+    assert_no_restored(pid, &wl.exe, "failed post-copy");
+
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_blocked_in(&wl, POLL_SLEEP_SYSCALLS, Duration::from_secs(120));
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "restore after a failed post-copy");
 }

@@ -1166,6 +1166,7 @@ fn restore_session(
         // Released together with their peers: a short guard is enough.
         reset_guard: RESET_GUARD_SECS,
         allow_changed_files: req.allow_changed_files,
+        lazy_pages: req.lazy_pages,
         ..Default::default()
     };
     // Every tree rebuilt at once, each by a tracer thread of its own (which
@@ -1276,6 +1277,34 @@ fn reply_err(cmd: Cmd, msg: String) {
     }
 }
 
+/// Keep serving the post-copy pages of released tree `pid` (`--lazy-pages`)
+/// on a thread of its own until every page is in; a failure has killed
+/// the tree (the reaper reports its member gone).
+fn serve_lazy(pid: i32, lazy: cr_engine::kinds::memory::lazy::Transfer) {
+    if lazy.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name(format!("lazy-{pid}"))
+        .spawn(move || match lazy.wait() {
+            Ok(s) => info!(
+                pid,
+                faults = s.faults,
+                pushed_mib = s.pushed_bytes >> 20,
+                ms = s.ms,
+                "post-copy done: every page of the restored tree is in"
+            ),
+            Err(e) => warn!(pid, "post-copy failed: {}", one_line(&e)),
+        });
+    if let Err(e) = spawned {
+        // The transfer, dropped, killed the tree: nothing would serve it.
+        warn!(
+            pid,
+            "cannot start a thread to serve post-copy pages ({e}): the tree was killed"
+        );
+    }
+}
+
 /// Let every restored tree run, all at once (each from the thread that
 /// rebuilt it); they become members of `job`.
 fn release_all(
@@ -1302,13 +1331,17 @@ fn release_all(
     let pending: Vec<_> = readies
         .into_iter()
         .map(|r| {
-            r.end(|r| {
+            r.end(|mut r| {
                 // A coordinated checkpoint saves only the files its member
                 // listed: the restored member keeps them listed for the
                 // next one.
                 let save_file = r.saved_files();
+                let lazy = r.take_lazy();
                 r.release()
-                    .map(|pid| (pid, save_file))
+                    .map(|pid| {
+                        serve_lazy(pid, lazy);
+                        (pid, save_file)
+                    })
                     .map_err(|e| one_line(&e))
             })
         })

@@ -177,6 +177,11 @@ enum Cmd {
         /// shrinks), then stop it and copy only the rest.
         #[arg(long)]
         pre_copy: bool,
+        /// Post-copy restore on the target: the member runs there as soon
+        /// as all but its private anonymous memory is restored; those pages
+        /// are put in while it runs (from the image fetched there).
+        #[arg(long)]
+        lazy: bool,
         #[arg(long, value_name = "SECS")]
         timeout: Option<u32>,
     },
@@ -568,6 +573,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             to,
             member,
             pre_copy,
+            lazy,
             timeout,
         } => {
             let req = pb::MigrateRequest {
@@ -576,6 +582,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 member: member.unwrap_or_default(),
                 timeout_secs: timeout.unwrap_or(0),
                 pre_copy,
+                lazy,
             };
             let r = conn.rpc(c.migrate(req).await)?;
             out(js, migrate_json(&r), || migrate_text(&r));

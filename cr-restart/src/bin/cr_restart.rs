@@ -2,8 +2,8 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use cr_engine::restore::wait_exit;
-use cr_engine::{restore, RestoreOptions};
+use cr_engine::restore::{prepare, wait_exit};
+use cr_engine::RestoreOptions;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,7 +15,8 @@ use std::process::ExitCode;
 struct Cli {
     #[command(flatten)]
     opts: RestoreOptions,
-    /// Print the restored PID and return at once; the process runs on.
+    /// Print the restored PID and return at once; the process runs on
+    /// (with --lazy-pages: once its last page is in).
     #[arg(long)]
     detach: bool,
     /// Restore into this network namespace (a name under /run/netns, or a
@@ -23,8 +24,8 @@ struct Cli {
     #[arg(long, value_name = "NAME|PATH")]
     netns: Option<String>,
     /// Work without the node's agent even when it runs (otherwise the
-    /// restore goes through it, on behalf of the caller, unless --shell-job
-    /// or --netns is given).
+    /// restore goes through it, on behalf of the caller, unless --shell-job,
+    /// --netns or --lazy-pages is given).
     #[arg(long)]
     standalone: bool,
     /// For programs: progress as `{"progress": {...}}` lines, then
@@ -51,11 +52,13 @@ fn main() -> ExitCode {
         eprintln!("cr_restart: error: {msg}");
         ExitCode::FAILURE
     };
-    let agent = if cli.standalone || cli.opts.shell_job || cli.netns.is_some() {
-        None
-    } else {
-        cr_rpc::local::Agent::if_running()
-    };
+    // Post-copy pages are served by this process (see --lazy-pages).
+    let agent =
+        if cli.standalone || cli.opts.shell_job || cli.netns.is_some() || cli.opts.lazy_pages {
+            None
+        } else {
+            cr_rpc::local::Agent::if_running()
+        };
     if let Some(agent) = agent {
         return exit_with(&cli, through_agent(agent, &cli), fail);
     }
@@ -76,10 +79,25 @@ fn main() -> ExitCode {
     };
     // Ctrl-C or SIGTERM during the restore: nothing of the image runs.
     let watch = cr_engine::interrupt::Watch::new();
-    let restored = restore(&cli.dir, &cli.opts);
-    drop(watch);
-    let result = restored.and_then(|pid| {
+    let restored = prepare(&cli.dir, &cli.opts).and_then(|mut ready| {
+        let lazy = ready.take_lazy();
+        ready.release().map(|pid| (pid, lazy))
+    });
+    let result = restored.and_then(|(pid, lazy)| {
         restored_pid(&cli, pid);
+        if !lazy.is_empty() {
+            // The process runs; it needs us until its last page is in (a
+            // signal now kills it: its missing pages would read as zeros).
+            let stats = lazy.wait()?;
+            tracing::info!(
+                pid,
+                faults = stats.faults,
+                pushed_mib = stats.pushed_bytes >> 20,
+                ms = stats.ms,
+                "every page is in"
+            );
+        }
+        drop(watch);
         if cli.detach {
             Ok(0)
         } else {

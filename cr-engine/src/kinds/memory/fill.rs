@@ -59,6 +59,72 @@ impl<'a> Pages<'a> {
     }
 }
 
+impl Pages<'_> {
+    /// The bytes of `piece` (stored: straight from the mapped store file,
+    /// or decompressed in `buf`, see [`unpacked`]); `None` for a zero piece.
+    pub fn bytes<'b>(
+        &'b self,
+        piece: &Piece,
+        buf: &'b mut Vec<u8>,
+        cached: &mut Option<(usize, u32)>,
+    ) -> Result<Option<&'b [u8]>, RestoreError> {
+        match piece.src {
+            Source::Store { link, loc } => {
+                let reader = self.reader(link)?;
+                if reader.is_raw(loc.block) {
+                    let len = piece.pages as usize * PAGE;
+                    return Ok(Some(reader.raw_slice(
+                        loc.block,
+                        loc.page as usize * PAGE,
+                        len,
+                    )?));
+                }
+                unpacked(reader, link, piece, buf, cached).map(Some)
+            }
+            Source::Zero => Ok(None),
+            Source::Parent => Err(RestoreError::Unsupported(format!(
+                "pages at {:#x} were not resolved",
+                piece.vaddr
+            ))),
+        }
+    }
+}
+
+/// The bytes of stored `piece` (of link `link`, whose store is `reader`)
+/// from its compressed block, decompressed (and checked) in `buf` unless
+/// `cached` says `buf` holds that block already.
+fn unpacked<'b>(
+    reader: &StoreReader,
+    link: usize,
+    piece: &Piece,
+    buf: &'b mut Vec<u8>,
+    cached: &mut Option<(usize, u32)>,
+) -> Result<&'b [u8], RestoreError> {
+    let Source::Store { loc, .. } = piece.src else {
+        return Err(RestoreError::Unsupported(format!(
+            "pages at {:#x} are not stored",
+            piece.vaddr
+        )));
+    };
+    if *cached != Some((link, loc.block)) {
+        // Forget the old block before `buf` changes.
+        cached.take();
+        reader.block(loc.block, buf)?;
+        *cached = Some((link, loc.block));
+    }
+    let at = loc.page as usize * PAGE;
+    let len = piece.pages as usize * PAGE;
+    Ok(buf
+        .get(at..at + len)
+        .ok_or_else(|| cr_image::ImageError::Invalid {
+            path: reader.path().into(),
+            what: format!(
+                "pages of {:#x} lie beyond the end of block {}",
+                piece.vaddr, loc.block
+            ),
+        })?)
+}
+
 /// Which VMAs have pages to fill (they are mapped writable until filled).
 fn vmas_with_pages(vmas: &[Vma], pieces: &[Piece]) -> Vec<bool> {
     let mut has = vec![false; vmas.len()];
@@ -243,21 +309,7 @@ pub fn fill(
                             raw.push((piece.vaddr, reader.raw_slice(loc.block, at, len)?));
                             continue;
                         }
-                        if cached != Some((link, loc.block)) {
-                            // Forget the old block before `buf` changes.
-                            cached.take();
-                            reader.block(loc.block, &mut buf)?;
-                            cached = Some((link, loc.block));
-                        }
-                        let slice =
-                            buf.get(at..at + len)
-                                .ok_or_else(|| cr_image::ImageError::Invalid {
-                                    path: reader.path().into(),
-                                    what: format!(
-                                        "pages of {:#x} lie beyond the end of block {}",
-                                        piece.vaddr, loc.block
-                                    ),
-                                })?;
+                        let slice = unpacked(reader, link, piece, &mut buf, &mut cached)?;
                         write_vm(pid, piece.vaddr, slice)?;
                     }
                     Source::Zero => {

@@ -17,6 +17,7 @@
 
 pub mod dump;
 pub mod fill;
+pub mod lazy;
 pub mod pool;
 #[cfg(test)]
 mod tests;
@@ -91,6 +92,18 @@ pub fn plan_process(
     let pid = cx.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
     let (maps, vmas) = mappings(cx, live)?;
+    // A mapping registered in missing mode has pages that exist only in
+    // whoever serves its userfaultfd (a post-copy restore not finished):
+    // the pagemap shows them absent, as if zero.
+    if let Some(m) = maps.iter().find(|m| m.has_flag("um")) {
+        return Err(CheckpointError::Unsupported {
+            pid,
+            what: format!(
+                "mapping {:#x}-{:#x} still waits for pages of a post-copy restore (userfaultfd missing mode); checkpoint it once every page is in",
+                m.start, m.end
+            ),
+        });
+    }
     let keep = live || (cx.d.opts.track() && cx.d.opts.action() != crate::Action::Kill);
     let parent = cx.d.parent.filter(|l| l.memory(pid as u32).is_some());
     let begun = tracking::begin(
@@ -289,20 +302,33 @@ impl Kind for Memory {
     }
 
     /// Map every saved mapping, fill its pages, then its protections.
+    /// With `--lazy-pages` only the pages outside private anonymous
+    /// mappings are filled now; those inside are served once the process
+    /// runs ([`lazy`]).
     fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
         let filled = fill::map_all(cx, p)?;
+        let lazy_ranges: Vec<(u64, u64)> = if cx.r.opts.lazy_pages {
+            p.vmas
+                .iter()
+                .zip(&filled)
+                .filter(|(v, f)| **f && lazy::is_lazy(v, &p.mm))
+                .map(|(v, _)| (v.start, v.end))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let (now, later) = lazy::split(cx.pieces, &lazy_ranges);
         let progress =
             cx.r.opts
                 .progress
-                .start("restoring memory", fill::bytes(cx.pieces));
-        fill::fill(
-            cx.stub.pid(),
-            cx.pages,
-            cx.pieces,
-            cx.r.opts.workers(),
-            &|d| progress.set(d),
-        )?;
+                .start("restoring memory", fill::bytes(&now));
+        fill::fill(cx.stub.pid(), cx.pages, &now, cx.r.opts.workers(), &|d| {
+            progress.set(d)
+        })?;
         progress.finish();
+        if !lazy_ranges.is_empty() {
+            lazy::start(cx, &lazy_ranges, later)?;
+        }
         fill::finish(cx, p, &filled)
     }
 }
@@ -408,8 +434,9 @@ pub fn set_mm(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError>
 
 /// VmFlags that say how the kernel holds a mapping now rather than what
 /// the program asked for: accountable (`ac`), soft-dirty (`sd`), userfaultfd
-/// write-protect (`uw`, a tracker of ours).
-const VM_FLAGS_NOT_COMPARED: &[&str] = &["ac", "sd", "uw"];
+/// write-protect (`uw`, a tracker of ours), userfaultfd missing (`um`: a
+/// post-copy restore still putting pages in).
+const VM_FLAGS_NOT_COMPARED: &[&str] = &["ac", "sd", "uw", "um"];
 
 /// The VmFlags of `v` that say what the program asked for.
 fn compared_flags(v: &Vma) -> Vec<&str> {

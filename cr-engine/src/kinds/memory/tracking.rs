@@ -252,44 +252,57 @@ pub fn begin(
 fn create_remote(probe: &mut Probe<'_>) -> cr_sys::error::Result<i32> {
     let pid = probe.pid();
     let scratch = probe.scratch()?;
-    // Out of the way of the fds the program numbers itself.
+    let fd = probe.on(0, |inj| {
+        new_remote(inj, scratch, kd::UFFD_USER_MODE_ONLY, kd::TRACKER_FEATURES)
+    })?;
+    debug!(pid, fd, "uffd-wp tracker created");
+    Ok(fd)
+}
+
+/// A userfaultfd created by `inj` inside its process (with `flags` beside
+/// O_CLOEXEC|O_NONBLOCK, and `features`), moved to a high fd number out of
+/// the way of the fds the program numbers itself; `scratch` is memory of
+/// the process for the ioctl's argument. Returns its fd there.
+pub(crate) fn new_remote(
+    inj: &mut cr_sys::remote::Injector<'_>,
+    scratch: u64,
+    flags: u64,
+    features: u64,
+) -> cr_sys::error::Result<i32> {
+    let pid = inj.pid();
     let limit = cr_sys::limits::get_all(pid)?
         .get(libc::RLIMIT_NOFILE as usize)
         .map_or(1024, |l| l.0);
     let high = limit.clamp(64, 4096) - 32;
-    let fd = probe.on(0, |inj| {
-        let fd = inj.call(
-            "userfaultfd",
-            libc::SYS_userfaultfd,
-            [
-                (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | kd::UFFD_USER_MODE_ONLY,
-                0,
-                0,
-                0,
-                0,
-                0,
-            ],
-        )?;
-        let api = [kd::UFFD_API, kd::TRACKER_FEATURES, 0];
-        mem::write_vm(pid, scratch, &words(&api))?;
-        inj.call(
-            "ioctl(UFFDIO_API)",
-            libc::SYS_ioctl,
-            [fd, kd::UFFDIO_API, scratch, 0, 0, 0],
-        )?;
-        let moved = inj.syscall_raw(
-            libc::SYS_fcntl,
-            [fd, libc::F_DUPFD_CLOEXEC as u64, high, 0, 0, 0],
-        )?;
-        if moved >= 0 {
-            inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
-            Ok(moved as i32)
-        } else {
-            Ok(fd as i32)
-        }
-    })?;
-    debug!(pid, fd, "uffd-wp tracker created");
-    Ok(fd)
+    let fd = inj.call(
+        "userfaultfd",
+        libc::SYS_userfaultfd,
+        [
+            (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | flags,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ],
+    )?;
+    let api = [kd::UFFD_API, features, 0];
+    mem::write_vm(pid, scratch, &words(&api))?;
+    inj.call(
+        "ioctl(UFFDIO_API)",
+        libc::SYS_ioctl,
+        [fd, kd::UFFDIO_API, scratch, 0, 0, 0],
+    )?;
+    let moved = inj.syscall_raw(
+        libc::SYS_fcntl,
+        [fd, libc::F_DUPFD_CLOEXEC as u64, high, 0, 0, 0],
+    )?;
+    if moved >= 0 {
+        inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+        Ok(moved as i32)
+    } else {
+        Ok(fd as i32)
+    }
 }
 
 /// Register `ranges` for write-protect tracking with the tracker `fd`;
@@ -324,6 +337,6 @@ fn register_remote(
     })
 }
 
-fn words(w: &[u64]) -> Vec<u8> {
+pub(crate) fn words(w: &[u64]) -> Vec<u8> {
     w.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
