@@ -390,12 +390,16 @@ fn resumed(
 ) -> Result<u8, String> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let pids: Vec<i32> = r.procs.iter().map(|p| p.pid).collect();
-    eprintln!(
-        "cr_run: job {job} resumed from {} ({} trees, {} ms)",
+    // One write: the resumed job already runs and may write to the same
+    // file (a batch job's output), and eprintln! of a formatted line is
+    // several writes on the unbuffered stderr.
+    let line = format!(
+        "cr_run: job {job} resumed from {} ({} trees, {} ms)\n",
         r.checkpoint,
         pids.len(),
         r.duration_ms
     );
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
     if let Some(w) = &on_signal {
         w.job
             .store(pids.first().copied().unwrap_or(0), Ordering::SeqCst);
