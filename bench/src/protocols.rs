@@ -202,9 +202,7 @@ fn one_failure(
             s.held.push(ju64(&ck, "held_ms"));
         }
     }
-    wait_for("the coordinator to see every member gone", slack, || {
-        c.job_procs(job).iter().all(|(_, _, alive)| !alive)
-    });
+    c.wait_members_gone(job);
     let restart: Vec<&str> = if uncoordinated {
         let line = c.crctl_json(&["recovery-line", job]);
         for m in jlist(&line, "members") {

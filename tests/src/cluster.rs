@@ -1192,6 +1192,17 @@ impl<'h> Cluster<'h> {
         );
     }
 
+    /// Once its members were killed: waits until the coordinator sees
+    /// every member of `job` gone.
+    pub fn wait_members_gone(&self, job: &str) {
+        wait_until(
+            "the coordinator to see every member gone",
+            RING_TIMEOUT,
+            || self.job_procs(job).iter().all(|(_, _, alive)| !alive),
+            || format!("{:?}\n{}", self.job_procs(job), self.diag()),
+        );
+    }
+
     /// `crctl --json jobs`: (node, pid, alive) of every process of `job`.
     pub fn job_procs(&self, job: &str) -> Vec<(String, i32, bool)> {
         let v = self.crctl_json(&["jobs"]);

@@ -1077,12 +1077,7 @@ fn uncoordinated_restart_from_the_recovery_line() {
     );
     let snap = ring.mins();
     ring.kill_all();
-    wait_until(
-        "the coordinator to see every member gone",
-        Duration::from_secs(20),
-        || c.job_procs(JOB).iter().all(|(_, _, alive)| !alive),
-        || format!("{:?}\n{}", c.job_procs(JOB), c.diag()),
-    );
+    c.wait_members_gone(JOB);
     let before = line();
     eprintln!(
         "recovery line: {:?}",
@@ -1191,12 +1186,7 @@ fn non_blocking_checkpoint_and_restart() {
     ring.assert_running_untraced("after the non-blocking checkpoint");
     let snap = ring.mins();
     ring.kill_all();
-    wait_until(
-        "the coordinator to see every member gone",
-        Duration::from_secs(20),
-        || c.job_procs(JOB).iter().all(|(_, _, alive)| !alive),
-        || format!("{:?}\n{}", c.job_procs(JOB), c.diag()),
-    );
+    c.wait_members_gone(JOB);
     let out = c.crctl(&["restart", JOB, "--checkpoint", &id]);
     if !out.status.success() {
         panic!("crctl restart failed\n{}\n{}", out.show(), ring.diag());
