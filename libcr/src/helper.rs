@@ -192,6 +192,10 @@ fn prepare(p: Prepare, stream: UnixStream) {
     let open = cs::begin_checkpoint(p.cs_wait);
     SESSION.set(Some(stream));
     if open > 0 && !p.cs_proceed {
+        // Idle again before the checkpointer hears of the failure: a
+        // program looking at cr_status() after it must not still see
+        // this checkpoint pending (nor mistake the next one for it).
+        cs::end_checkpoint();
         say(&Reply::Failed(format!(
             "{open} critical section(s) still open after {} ms",
             p.cs_wait.as_millis()

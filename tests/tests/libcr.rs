@@ -147,6 +147,7 @@ fn critical_sections_delay_and_limit_checkpoints() {
             &["2 critical section(s) still open after 300 ms"],
         );
     wl.wait_line("tryenter refused", |l| l == "pending 1");
+    wl.wait_line("the first checkpoint over", |l| l == "idle 1");
 
     let img = h.image_dir("two");
     let (mut ck, out, err, cmdline) = h.start_tool(

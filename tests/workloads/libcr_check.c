@@ -25,7 +25,8 @@
  *   cs              the main thread holds two nested critical sections and
  *                   leaves them when WORKDIR/leave1 and WORKDIR/leave2
  *                   appear; a second thread tries cr_tryenter_cs while a
- *                   checkpoint waits.
+ *                   checkpoint waits ("pending N") and says when that
+ *                   checkpoint is over ("idle N").
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -36,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -83,10 +85,23 @@ static void nap(void)
     nanosleep(&ts, NULL);
 }
 
+/* Blocks until WORKDIR/NAME exists: inotify on WORKDIR, watched before
+ * the first look so that no creation is missed; a signal (a
+ * signal-context callback) only makes it look again. */
 static void wait_file(const char *name)
 {
+    char buf[4096];
+    int fd = inotify_init1(IN_CLOEXEC);
+    if (fd < 0 || inotify_add_watch(fd, workdir, IN_CREATE | IN_MOVED_TO) < 0) {
+        printf("FAIL inotify on %s: %s\n", workdir, strerror(errno));
+        exit(1);
+    }
     while (!exists(name))
-        nap();
+        if (read(fd, buf, sizeof buf) < 0 && errno != EINTR) {
+            printf("FAIL read of inotify: %s\n", strerror(errno));
+            exit(1);
+        }
+    close(fd);
 }
 
 /* Connect to the server and say hello; check its answer. */
@@ -234,6 +249,9 @@ static void *try_thread(void *arg)
         printf("pending %d\n", rounds);
         while (cr_status() == CR_STATE_ACTIVE)
             nap();
+        /* The test starts the next checkpoint only after this line: a
+         * new one begun within one nap would otherwise go unseen. */
+        printf("idle %d\n", rounds);
     }
     return NULL;
 }
