@@ -88,13 +88,17 @@ impl Ring {
 
 #[cr_coordinatord::async_trait]
 impl AgentApi for Ring {
-    async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
+    /// The callbacks (no member uses libcr here).
+    async fn prepare(&self, _: &str, _: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
+        Ok(pb::PrepareReply::default())
+    }
+    /// One member per node.
+    async fn freeze(&self, node: &str, _: pb::SessionRequest) -> AgentResult<pb::PrepareReply> {
         let reply = pb::PrepareReply {
             bookmarks: self.bookmarks(index(node)),
-            processes: req.targets.len() as u32,
-            threads: req.targets.len() as u32,
-            freeze_ms: 0,
-            gone: vec![],
+            processes: 1,
+            threads: 1,
+            ..Default::default()
         };
         self.mark(|m| m.prepare_last = Some(Instant::now()));
         Ok(reply)

@@ -24,6 +24,8 @@ pub type AgentResult<T> = Result<T, String>;
 #[tonic::async_trait]
 pub trait AgentApi: Send + Sync {
     async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply>;
+    /// After a PREPARE with `callbacks_first`: freeze the members.
+    async fn freeze(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::PrepareReply>;
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply>;
     async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty>;
     async fn abort(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty>;
@@ -139,6 +141,9 @@ impl AgentApi for GrpcAgents {
 
     async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
         call!(self, node, prepare, req)
+    }
+    async fn freeze(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::PrepareReply> {
+        call!(self, node, freeze, req)
     }
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
         call!(self, node, dump, req)

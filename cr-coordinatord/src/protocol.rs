@@ -223,6 +223,8 @@ pub struct CheckpointOpts {
     /// Each member frozen only for its own dump, its connections held
     /// until every member is dumped (also when the job's mode says so).
     pub non_blocking: bool,
+    /// Limits for members linked with libcr (None: the agents' defaults).
+    pub coop: Option<pb::Cooperation>,
 }
 
 /// How a restart runs (besides where: [`Placement`]).
@@ -548,7 +550,14 @@ impl Coordinator {
         );
 
         if let Err(reason) = self
-            .run_checkpoint(&busy, &mut rec, &jobrec, &hosts, deadline, freeze, t0)
+            .run_checkpoint(
+                &busy,
+                &mut rec,
+                &jobrec,
+                &hosts,
+                (deadline, freeze, t0),
+                opts.coop.as_ref(),
+            )
             .await
         {
             // The decision first, so that it stands whatever happens next.
@@ -582,28 +591,29 @@ impl Coordinator {
         Ok(rec.info().clone())
     }
 
-    /// PREPARE, CHECK, DUMP, COMMIT; the reason of a failure before the
-    /// commit is recorded. The members stay frozen at most `freeze` from
-    /// the start of PREPARE: every call before the commit is bounded by it.
-    #[allow(clippy::too_many_arguments)]
+    /// CALLBACKS (PREPARE with callbacks_first), FREEZE, CHECK, DUMP,
+    /// COMMIT; the reason of a failure before the commit is recorded. The
+    /// members stay frozen at most `freeze` from FREEZE: every call from
+    /// there to the commit is bounded by it. `times`: the protocol's
+    /// deadline, the freeze bound and its start.
     async fn run_checkpoint(
         &self,
         busy: &Busy<'_>,
         rec: &mut CheckpointRecord,
         jobrec: &JobRecord,
         hosts: &Hosts,
-        deadline: Instant,
-        freeze: Duration,
-        t0: Instant,
+        times: (Instant, Duration, Instant),
+        coop: Option<&pb::Cooperation>,
     ) -> Result<(), String> {
+        let (deadline, freeze, t0) = times;
         let id = rec.id().to_string();
         let job = jobrec.name.as_str();
         let allow = jobrec.external == EXTERNAL_ALLOW;
         let after = rec.info().after;
 
-        // PREPARE
+        // PREPARE: every member's libcr callbacks, on every node, before
+        // any member is frozen (a callback may need its peers running).
         let t = Instant::now();
-        let bound = Bound::frozen(deadline, t + freeze, ms(freeze));
         let timeout_ms = ms(deadline.saturating_duration_since(t) + SESSION_MARGIN) as u32;
         let calls = hosts.nodes.iter().map(|(node, targets)| {
             let req = pb::PrepareRequest {
@@ -616,8 +626,35 @@ impl Coordinator {
                 freeze_timeout_ms: ms(freeze).min(u64::from(u32::MAX)) as u32,
                 non_blocking: rec.info().non_blocking,
                 save_files: jobrec.save_files,
+                callbacks_first: true,
+                coop: coop.cloned(),
             };
-            bounded(bound, "PREPARE", node, self.agents.prepare(node, req))
+            bounded(
+                Bound::plain(deadline),
+                "PREPARE",
+                node,
+                self.agents.prepare(node, req),
+            )
+        });
+        let called = all_ok(self.unless_stopped(join_all(calls)).await?)?;
+        let cooperating: u32 = called.iter().map(|(_, r)| r.cooperating).sum();
+        rec.info_mut().callbacks_ms = ms(t.elapsed());
+        tracing::info!(
+            job,
+            checkpoint = %id,
+            phase = "callbacks",
+            ms = ms(t.elapsed()),
+            cooperating,
+            "phase done"
+        );
+
+        // FREEZE
+        let bound = Bound::frozen(deadline, Instant::now() + freeze, ms(freeze));
+        let calls = hosts.nodes.iter().map(|(node, _)| {
+            let req = pb::SessionRequest {
+                session: id.clone(),
+            };
+            bounded(bound, "FREEZE", node, self.agents.freeze(node, req))
         });
         let prepared = all_ok(self.unless_stopped(join_all(calls)).await?)?;
         fault::point("prepare").await;

@@ -29,6 +29,26 @@ struct Fake {
 }
 
 impl Fake {
+    /// What PREPARE (or FREEZE after callbacks_first) of `session` returns
+    /// on `node`: every target frozen, the node's bookmarks.
+    fn frozen_reply(&self, node: &str, session: &str) -> pb::PrepareReply {
+        let bookmarks = self
+            .bookmarks
+            .lock()
+            .unwrap()
+            .get(node)
+            .cloned()
+            .unwrap_or_default();
+        let n = self.prepared.lock().unwrap()[session][node].targets.len() as u32;
+        pb::PrepareReply {
+            bookmarks,
+            processes: n,
+            threads: n,
+            freeze_ms: 1,
+            ..Default::default()
+        }
+    }
+
     async fn enter(&self, node: &str, method: &'static str, what: &str) -> AgentResult<()> {
         self.calls
             .lock()
@@ -73,27 +93,22 @@ impl Fake {
 impl AgentApi for Fake {
     async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
         self.enter(node, "prepare", &req.session).await?;
-        let bookmarks = self
-            .bookmarks
-            .lock()
-            .unwrap()
-            .get(node)
-            .cloned()
-            .unwrap_or_default();
-        let n = req.targets.len() as u32;
+        let callbacks_only = req.callbacks_first;
+        let session = req.session.clone();
         self.prepared
             .lock()
             .unwrap()
-            .entry(req.session.clone())
+            .entry(session.clone())
             .or_default()
             .insert(node.into(), req);
-        Ok(pb::PrepareReply {
-            bookmarks,
-            processes: n,
-            threads: n,
-            freeze_ms: 1,
-            gone: vec![],
-        })
+        if callbacks_only {
+            return Ok(pb::PrepareReply::default());
+        }
+        Ok(self.frozen_reply(node, &session))
+    }
+    async fn freeze(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::PrepareReply> {
+        self.enter(node, "freeze", &req.session).await?;
+        Ok(self.frozen_reply(node, &req.session))
     }
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
         self.enter(node, "dump", &req.session).await?;

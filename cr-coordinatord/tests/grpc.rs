@@ -59,6 +59,16 @@ impl pb::agent_server::Agent for FakeAgent {
             ..Default::default()
         }))
     }
+    async fn freeze(
+        &self,
+        _: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::PrepareReply>, Status> {
+        // One member per node (see dump).
+        Ok(Response::new(pb::PrepareReply {
+            processes: 1,
+            ..Default::default()
+        }))
+    }
     async fn dump(
         &self,
         r: Request<pb::SessionRequest>,

@@ -70,7 +70,7 @@ pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpo
     let arena = (action == Action::Continue && !opts.verify)
         .then(|| snapshot_arena(pid, opts.parent.is_some()))
         .flatten();
-    let mut held = freeze(pid, opts, action != Action::Continue)?;
+    let mut held = freeze(pid, opts, action != Action::Continue, None)?;
     held.arena = arena;
     let summary = held.dump()?;
     if opts.verify {
@@ -259,15 +259,26 @@ fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> 
     Ok(())
 }
 
+/// Run the libcr checkpoint callbacks of every process of the tree of
+/// `pid` that uses libcr (see `coop`), nothing frozen; what [`freeze`]
+/// then takes instead of running them itself. A coordinated checkpoint
+/// runs every member's callbacks, on every node, before any freeze.
+pub fn callbacks(pid: i32, opts: &CheckpointOptions) -> Result<crate::coop::Coop, CheckpointError> {
+    crate::coop::prepare(&tree::walk(pid)?, &opts.image_dir(pid), opts.coop_limits())
+}
+
 /// Freeze the tree of `pid` for a checkpoint into `opts.dir`, after the
 /// same checks as [`checkpoint`]; with `lock_network`, its TCP connections
 /// are also held still (see `kinds::netlock`), so that their state cannot
 /// change until [`Held::finish`] or the drop — what a coordinated
-/// checkpoint of several trees needs for a consistent cut.
+/// checkpoint of several trees needs for a consistent cut. `called_back`:
+/// the tree's libcr callbacks already ran ([`callbacks`]); otherwise they
+/// run here, just before the freeze.
 pub fn freeze(
     pid: i32,
     opts: &CheckpointOptions,
     lock_network: bool,
+    called_back: Option<crate::coop::Coop>,
 ) -> Result<Held, CheckpointError> {
     let t0 = Instant::now();
     tree::validate(pid)?;
@@ -278,7 +289,10 @@ pub fn freeze(
     // Programs linked with libcr run their callbacks before anything is
     // checked, written or frozen (a callback closes what cannot be saved);
     // a refusal leaves nothing behind.
-    let coop = crate::coop::prepare(&tree::walk(pid)?, &path, opts.coop_limits())?;
+    let coop = match called_back {
+        Some(c) => c,
+        None => crate::coop::prepare(&tree::walk(pid)?, &path, opts.coop_limits())?,
+    };
     preflight(pid, opts)?;
     let dir = ImageDir::create(&path)?;
     let mut held = Held {

@@ -256,6 +256,15 @@ pub fn tell_done(pid: i32, done: &Done) {
 }
 
 impl Coop {
+    /// How many processes got ready (their callbacks ran).
+    pub fn len(&self) -> usize {
+        self.ready.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ready.is_empty()
+    }
+
     /// The checkpoint is done: the callbacks return from `cr_checkpoint`
     /// with 0.
     pub fn finish(mut self) {

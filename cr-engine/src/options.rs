@@ -134,6 +134,22 @@ pub struct CheckpointOptions {
     /// processes run on) naming the process, resource and attribute.
     #[arg(long)]
     pub verify: bool,
+    #[command(flatten)]
+    pub coop: CoopArgs,
+    /// How progress is shown (set by the tools: a bar on a terminal, JSON
+    /// lines with --json).
+    #[arg(skip)]
+    pub progress: Progress,
+    /// Name of the network lock (nft table), so a caller can record it
+    /// before it exists [default: `cr_lock_ROOT_MILLIS`].
+    #[arg(skip)]
+    pub lock_name: Option<String>,
+}
+
+/// What a checkpoint allows programs linked with libcr (`cr_checkpoint`,
+/// `crctl checkpoint`).
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct CoopArgs {
     /// Programs linked with libcr: how long their checkpoint callbacks may
     /// run before the checkpoint fails naming the one still running (the
     /// processes run on) [default: 30s].
@@ -148,14 +164,6 @@ pub struct CheckpointOptions {
     /// --cs-wait instead of failing.
     #[arg(long)]
     pub cs_proceed: bool,
-    /// How progress is shown (set by the tools: a bar on a terminal, JSON
-    /// lines with --json).
-    #[arg(skip)]
-    pub progress: Progress,
-    /// Name of the network lock (nft table), so a caller can record it
-    /// before it exists [default: `cr_lock_ROOT_MILLIS`].
-    #[arg(skip)]
-    pub lock_name: Option<String>,
 }
 
 impl CheckpointOptions {
@@ -193,10 +201,11 @@ impl CheckpointOptions {
     pub fn coop_limits(&self) -> crate::coop::Limits {
         crate::coop::Limits {
             callback_timeout: self
+                .coop
                 .callback_timeout
                 .unwrap_or(crate::coop::CALLBACK_TIMEOUT),
-            cs_wait: self.cs_wait.unwrap_or(crate::coop::CS_WAIT),
-            cs_proceed: self.cs_proceed,
+            cs_wait: self.coop.cs_wait.unwrap_or(crate::coop::CS_WAIT),
+            cs_proceed: self.coop.cs_proceed,
         }
     }
 

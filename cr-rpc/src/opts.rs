@@ -6,6 +6,9 @@
 use crate::pb;
 /// Sizes on command lines (64M, 1G...), as every tool reads them.
 pub use cr_engine::options::parse_size;
+/// The libcr flags (`--callback-timeout`, `--cs-wait`, `--cs-proceed`), for
+/// tools that do not link the engine.
+pub use cr_engine::options::CoopArgs;
 use cr_engine::options::{
     Action, AddrRewrite, Binding, CheckpointOptions, InheritFd, RestoreOptions,
 };
@@ -63,7 +66,34 @@ pub fn checkpoint_request(
             .iter()
             .map(|p| p.display().to_string())
             .collect(),
+        coop: cooperation(&o.coop),
     }
+}
+
+fn millis(d: Option<Duration>) -> u32 {
+    d.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32)
+}
+
+/// What the options allow programs linked with libcr, for the wire; None
+/// when all is default.
+pub fn cooperation(o: &CoopArgs) -> Option<pb::Cooperation> {
+    let c = pb::Cooperation {
+        callback_timeout_ms: millis(o.callback_timeout),
+        cs_wait_ms: millis(o.cs_wait),
+        cs_proceed: o.cs_proceed,
+    };
+    (c != pb::Cooperation::default()).then_some(c)
+}
+
+/// Set what `c` allows programs linked with libcr in `o` (0: default).
+pub fn set_cooperation(o: &mut CheckpointOptions, c: Option<&pb::Cooperation>) {
+    let Some(c) = c else { return };
+    let ms = |v: u32| (v > 0).then(|| Duration::from_millis(u64::from(v)));
+    o.coop = CoopArgs {
+        callback_timeout: ms(c.callback_timeout_ms),
+        cs_wait: ms(c.cs_wait_ms),
+        cs_proceed: c.cs_proceed,
+    };
 }
 
 /// The engine's options from a checkpoint request (paths already checked).
@@ -93,6 +123,7 @@ pub fn checkpoint_options(r: &pb::LocalCheckpointRequest) -> Result<CheckpointOp
     o.set_action(action(
         pb::After::try_from(r.after).map_err(|_| format!("unknown action {}", r.after))?,
     ));
+    set_cooperation(&mut o, r.coop.as_ref());
     Ok(o)
 }
 

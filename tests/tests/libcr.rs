@@ -4,7 +4,7 @@
 //! OK or FAIL; the examples (libcr/examples/reconnect.{c,rs}) close and
 //! reopen a connection to a server outside their tree.
 
-use cr_tests::cluster::{AgentOpts, Cluster};
+use cr_tests::cluster::{jstr, ju64, node_ip, AgentOpts, Cluster};
 use cr_tests::libcr::{build_c, repo_dir, LineServer};
 use cr_tests::*;
 use std::ffi::{OsStr, OsString};
@@ -320,5 +320,117 @@ fn self_requested_checkpoint_through_the_agent() {
         EXIT_TIMEOUT,
         || read_text(&out).ends_with("request restarted callback=1\nOK\n"),
         || read_text(&out),
+    );
+}
+
+/// A coordinated checkpoint runs every member's callbacks, on every node,
+/// before it freezes any member: the callback of a member on n1 flushes
+/// its connection to a member on n2 (sends "flush K" and needs the answer
+/// before it lets the checkpoint go on, as a transport's "quiet and
+/// flush" does), which only works while n2's member still runs. Two
+/// checkpoints (one that continues, with --callback-timeout, and one with
+/// --kill) and a restart of the job; the members check every ping and
+/// flush over their connection themselves and print OK.
+#[test]
+fn coordinated_callbacks_all_run_before_any_member_is_frozen() {
+    let h = Harness::new("libcr-coordinated");
+    let exe = check_program(&h);
+    let c = Cluster::new(&h, 2);
+    c.start_coordinator();
+    c.start_agents(&[1, 2]);
+    let job = "flush";
+    let work = |name: &str| {
+        let d = h.dir.join(name);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        d
+    };
+    let (w1, w2) = (work("flusher"), work("responder"));
+    let port = "7411";
+    let mut resp = c.run_member(
+        job,
+        2,
+        "responder",
+        &[
+            exe.clone().into(),
+            w2.into(),
+            "responder".into(),
+            port.into(),
+        ],
+    );
+    let has = |sp: &cr_tests::cluster::Spawned, what: &str| {
+        read_text(&sp.stdout).lines().any(|l| l == what)
+    };
+    wait_until(
+        "the responder",
+        LINE_TIMEOUT,
+        || has(&resp, "READY"),
+        || resp.describe(),
+    );
+    let mut flusher = c.run_member(
+        job,
+        1,
+        "flusher",
+        &[
+            exe.into(),
+            w1.clone().into(),
+            "flusher".into(),
+            node_ip(2).into(),
+            port.into(),
+        ],
+    );
+    let diag = |f: &cr_tests::cluster::Spawned, r: &cr_tests::cluster::Spawned| {
+        format!("{}\n{}\n{}", f.describe(), r.describe(), c.diag())
+    };
+    wait_until(
+        "the flusher",
+        LINE_TIMEOUT,
+        || has(&flusher, "READY"),
+        || diag(&flusher, &resp),
+    );
+
+    let info = c.crctl_json(&["checkpoint", job, "--callback-timeout", "20s"]);
+    assert_eq!(jstr(&info, "state"), "committed", "{info:#}");
+    eprintln!(
+        "callbacks {} ms, then pause {} ms",
+        ju64(&info, "callbacks_ms"),
+        ju64(&info, "pause_ms")
+    );
+    wait_until(
+        "the callback's continue",
+        LINE_TIMEOUT,
+        || has(&flusher, "callback 1 continued"),
+        || diag(&flusher, &resp),
+    );
+
+    let id = jstr(&c.crctl_json(&["checkpoint", job, "--kill"]), "id");
+    // Their cr_run end with them.
+    for sp in [&mut flusher, &mut resp] {
+        sp.wait(EXIT_TIMEOUT, String::new);
+    }
+    c.wait_members_gone(job);
+    c.crctl(&["restart", job, "--checkpoint", &id])
+        .assert_success("crctl restart of the job");
+    // The restored members write on into the same files.
+    wait_until(
+        "the callback's restart",
+        LINE_TIMEOUT,
+        || has(&flusher, "callback 2 restarted"),
+        || diag(&flusher, &resp),
+    );
+    touch(&w1.join("go"));
+    wait_until(
+        "both verdicts",
+        EXIT_TIMEOUT,
+        || {
+            let (f, r) = (read_text(&flusher.stdout), read_text(&resp.stdout));
+            (f.contains("\nOK\n") || f.contains("FAIL"))
+                && (r.contains("\nOK\n") || r.contains("FAIL"))
+        },
+        || diag(&flusher, &resp),
+    );
+    assert!(
+        has(&flusher, "OK") && has(&resp, "OK"),
+        "{}",
+        diag(&flusher, &resp)
     );
 }

@@ -22,6 +22,19 @@
  *                   (cr_poll_checkpoint): > 0 in the original, -1 with
  *                   CR_ERESTARTED in a copy restarted from that image; its
  *                   callback (req_cb) sees 0, resp. > 0.
+ *   responder PORT  (without libcr) serves one connection on PORT: answers
+ *                   "ping N" with "pong N" (N must go 1, 2, 3...),
+ *                   "flush K" with "flushed K", "bye" with "bye", then
+ *                   prints OK (or FAIL) and exits.
+ *   flusher HOST PORT
+ *                   connects to a responder and pings it from its main
+ *                   thread; its thread-context callback (flush_cb) sends
+ *                   "flush K" and needs the answer before it lets the
+ *                   checkpoint go on (a transport's "quiet and flush"): it
+ *                   only gets it if the peer still runs, i.e. if every
+ *                   member's callbacks run before any member is frozen.
+ *                   Prints "callback K continued|restarted" after each;
+ *                   after WORKDIR/go says bye and checks every answer.
  *   cs              the main thread holds two nested critical sections and
  *                   leaves them when WORKDIR/leave1 and WORKDIR/leave2
  *                   appear; a second thread tries cr_tryenter_cs while a
@@ -266,6 +279,99 @@ static int req_cb(void *arg)
 
 static int said_continued, said_restarted;
 
+/* flusher/responder: one line over the connection, one line back. */
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *conn_in;
+static volatile int flushes, flush_restarts;
+
+static int exchange(const char *say, const char *want)
+{
+    char line[256];
+    int ok;
+    pthread_mutex_lock(&conn_lock);
+    ok = write(conn, say, strlen(say)) == (ssize_t)strlen(say) &&
+         fgets(line, sizeof line, conn_in) && strcmp(line, want) == 0;
+    pthread_mutex_unlock(&conn_lock);
+    return ok;
+}
+
+static int flush_cb(void *arg)
+{
+    char say[64], want[64];
+    int k = flushes + 1, rc;
+    (void)arg;
+    snprintf(say, sizeof say, "flush %d\n", k);
+    snprintf(want, sizeof want, "flushed %d\n", k);
+    if (!exchange(say, want)) {
+        fail("no answer to flush from the peer");
+        return -1;
+    }
+    flushes = k;
+    rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    if (rc > 0)
+        flush_restarts++;
+    printf("callback %d %s\n", k, rc > 0 ? "restarted" : rc == 0 ? "continued" : "cancelled");
+    return 0;
+}
+
+static int responder(int port_)
+{
+    struct sockaddr_in a = {0};
+    char line[256], want[64];
+    int one = 1, ls, c, pings = 0;
+    FILE *in;
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port_);
+    ls = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 1)) {
+        printf("FAIL listen on %d: %s\n", port_, strerror(errno));
+        return 1;
+    }
+    printf("READY\n");
+    c = accept(ls, NULL, NULL);
+    close(ls);
+    in = fdopen(c, "r");
+    if (c < 0 || !in) {
+        printf("FAIL accept: %s\n", strerror(errno));
+        return 1;
+    }
+    while (fgets(line, sizeof line, in)) {
+        const char *reply = line;
+        int n;
+        if (sscanf(line, "ping %d", &n) == 1) {
+            if (n != pings + 1) {
+                snprintf(fail_reason, sizeof fail_reason, "ping %d after ping %d", n, pings);
+                break;
+            }
+            pings = n;
+            snprintf(want, sizeof want, "pong %d\n", n);
+            reply = want;
+        } else if (sscanf(line, "flush %d", &n) == 1) {
+            snprintf(want, sizeof want, "flushed %d\n", n);
+            reply = want;
+        } else if (strcmp(line, "bye\n") != 0) {
+            fail("unexpected line");
+            break;
+        }
+        if (write(c, reply, strlen(reply)) != (ssize_t)strlen(reply)) {
+            fail("cannot answer");
+            break;
+        }
+        if (reply == line) {
+            printf("served %d pings\n", pings);
+            if (fail_reason[0]) {
+                printf("FAIL %s\n", fail_reason);
+                return 1;
+            }
+            printf("OK\n");
+            return 0;
+        }
+    }
+    printf("FAIL %s\n", fail_reason[0] ? fail_reason : "the connection ended without bye");
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode;
@@ -277,6 +383,8 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     workdir = argv[1];
     mode = argv[2];
+    if (!strcmp(mode, "responder"))
+        return responder(atoi(argv[3]));
     if (cr_init() < 0) {
         printf("FAIL cr_init: %s\n", strerror(errno));
         return 1;
@@ -318,6 +426,33 @@ int main(int argc, char **argv)
         if (strcmp(order, "O<C<C>O>O<C<C>O>") != 0)
             fail("callbacks did not run in BLCR's order");
         open_conn("final");
+    } else if (!strcmp(mode, "flusher")) {
+        struct sockaddr_in a = {0};
+        char say[64], want[64];
+        int n = 0;
+        struct timespec pace = {0, 20 * 1000 * 1000};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(atoi(argv[4]));
+        conn = socket(AF_INET, SOCK_STREAM, 0);
+        if (inet_pton(AF_INET, argv[3], &a.sin_addr) != 1 || conn < 0 ||
+            connect(conn, (struct sockaddr *)&a, sizeof a) != 0 ||
+            !(conn_in = fdopen(dup(conn), "r"))) {
+            printf("FAIL connect to %s:%s: %s\n", argv[3], argv[4], strerror(errno));
+            return 1;
+        }
+        cr_register_callback(flush_cb, NULL, CR_THREAD_CONTEXT);
+        printf("READY\n");
+        while (!exists("go") && !fail_reason[0]) {
+            n++;
+            snprintf(say, sizeof say, "ping %d\n", n);
+            snprintf(want, sizeof want, "pong %d\n", n);
+            if (!exchange(say, want))
+                fail("wrong or no pong");
+            nanosleep(&pace, NULL); /* a paced workload, not a wait */
+        }
+        if (!exchange("bye\n", "bye\n"))
+            fail("no bye from the peer");
+        printf("pinged %d times, %d flushes, %d restarts\n", n, flushes, flush_restarts);
     } else if (!strcmp(mode, "hang")) {
         cr_register_callback(hang_cb, NULL, CR_THREAD_CONTEXT);
         printf("READY\n");

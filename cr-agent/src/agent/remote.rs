@@ -185,6 +185,14 @@ impl pb::agent_server::Agent for AgentService {
         ok(sessions::prepare(self.shared.clone(), req.into_inner()).await)
     }
 
+    async fn freeze(
+        &self,
+        req: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::PrepareReply>, Status> {
+        from_coordinator(&self.shared, &req)?;
+        ok(self.shared.sessions.freeze(&req.into_inner().session).await)
+    }
+
     async fn dump(
         &self,
         req: Request<pb::SessionRequest>,

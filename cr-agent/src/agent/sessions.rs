@@ -30,6 +30,7 @@
 
 use super::{fault, members, Shared};
 use cr_engine::capture::{self, Held};
+use cr_engine::coop::Coop;
 use cr_engine::options::{Action, CheckpointOptions, RestoreOptions};
 use cr_engine::tracer::Tracer;
 use cr_rpc::pb;
@@ -46,6 +47,8 @@ type Reply<T> = oneshot::Sender<Result<T, String>>;
 
 /// A step of a session after its first.
 enum Cmd {
+    /// After a PREPARE that only ran the callbacks (`callbacks_first`).
+    Freeze(Reply<pb::PrepareReply>),
     Dump(Reply<pb::DumpReply>),
     Commit(Reply<()>),
     /// ABORT: `true` when the coordinator decided it (the images go),
@@ -60,6 +63,7 @@ enum Cmd {
 impl Cmd {
     fn name(&self) -> &'static str {
         match self {
+            Cmd::Freeze(_) => "FREEZE",
             Cmd::Dump(_) => "DUMP",
             Cmd::Commit(_) => "COMMIT",
             Cmd::Abort(..) => "ABORT",
@@ -143,6 +147,9 @@ impl Sessions {
             .map_err(|_| format!("session {id} ended during {name}"))?
     }
 
+    pub async fn freeze(&self, id: &str) -> Result<pb::PrepareReply, String> {
+        self.send(id, Cmd::Freeze).await
+    }
     pub async fn dump(&self, id: &str) -> Result<pb::DumpReply, String> {
         self.send(id, Cmd::Dump).await
     }
@@ -490,18 +497,67 @@ struct Prepared {
     threads: usize,
 }
 
+/// A member to checkpoint: its PID, image directory, options, and its
+/// processes' libcr callbacks once they ran (`callbacks_first`).
+type Target = (i32, PathBuf, CheckpointOptions, Option<Coop>);
+
+/// Run every target's libcr callbacks at once, nothing frozen
+/// (`callbacks_first`): how many processes took part. On a refusal or a
+/// timeout the first one (in `targets` order); the others' callbacks
+/// learn that the checkpoint failed when `targets` is dropped. A member
+/// that exited meanwhile is left to the freeze (which drops it).
+fn callbacks_all(targets: &mut [Target]) -> Result<usize, String> {
+    let results: Vec<_> = std::thread::scope(|s| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|(pid, _, opts, _)| {
+                let (pid, opts) = (*pid, opts.clone());
+                std::thread::Builder::new()
+                    .name(format!("callbacks-{pid}"))
+                    .spawn_scoped(s, move || {
+                        capture::callbacks(pid, &opts).map_err(|e| one_line(&e))
+                    })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|r| match r {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Err("its callbacks' thread panicked".into())),
+                Err(e) => Err(format!("cannot start a thread for its callbacks: {e}")),
+            })
+            .collect()
+    });
+    let mut cooperating = 0;
+    let mut failed = None;
+    for (t, r) in targets.iter_mut().zip(results) {
+        match r {
+            Ok(c) => {
+                cooperating += c.len();
+                t.3 = Some(c);
+            }
+            Err(_) if members::start_time(t.0).is_none() => {}
+            Err(e) => {
+                failed.get_or_insert(format!("process {}: {e}", t.0));
+            }
+        }
+    }
+    match failed {
+        Some(msg) => Err(msg),
+        None => Ok(cooperating),
+    }
+}
+
 /// Freeze every target at once, each on its tracer thread: the frozen
 /// members in the order of `targets` and the PIDs of those that exited
 /// before they were frozen; on any other failure the first (in that
 /// order), every member frozen meanwhile let go.
-fn freeze_all(
-    targets: Vec<(i32, PathBuf, CheckpointOptions)>,
-    session: &str,
-) -> Result<(Vec<Member>, Vec<i32>), String> {
+fn freeze_all(targets: Vec<Target>, session: &str) -> Result<(Vec<Member>, Vec<i32>), String> {
     let mut starting = Vec::with_capacity(targets.len());
     let mut failed = None;
-    for (pid, dir, opts) in targets {
-        let make = move || capture::freeze(pid, &opts, false).map_err(|e| one_line(&e));
+    for (pid, dir, opts, coop) in targets {
+        let make = move || capture::freeze(pid, &opts, false, coop).map_err(|e| one_line(&e));
         match Tracer::start(format!("freeze-{pid}"), make) {
             Ok(s) => starting.push((pid, dir, s)),
             Err(e) => {
@@ -591,13 +647,13 @@ fn checkpoint_session(
     rx: mpsc::Receiver<Cmd>,
     ready: Reply<pb::PrepareReply>,
 ) -> String {
-    let t0 = Instant::now();
+    let mut t0 = Instant::now();
     let idle = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
     let bound = match req.freeze_timeout_ms {
         0 => idle,
         ms => Duration::from_millis(u64::from(ms)),
     };
-    let deadline = t0 + bound;
+    let mut deadline = t0 + bound;
     let after = pb::After::try_from(req.after).unwrap_or(pb::After::Continue);
     let record = Record::new(&shared.config.state_dir, &req.session);
     // The reaper lets the targets alone while this session traces them.
@@ -635,6 +691,7 @@ fn checkpoint_session(
             ..Default::default()
         };
         opts.set_action(action(after));
+        cr_rpc::opts::set_cooperation(&mut opts, req.coop.as_ref());
         if let Some(p) = dir.parent() {
             if let Err(e) = std::fs::create_dir_all(p) {
                 return fail(
@@ -646,7 +703,7 @@ fn checkpoint_session(
         }
         dirs.push(dir.clone());
         locks.push(lock_name(&req.session, t.pid));
-        targets.push((t.pid, dir, opts));
+        targets.push((t.pid, dir, opts, None));
     }
     if req.non_blocking && after != pb::After::Continue {
         let msg = format!(
@@ -654,6 +711,48 @@ fn checkpoint_session(
             after.as_str_name()
         );
         return fail(Vec::new(), msg, ready);
+    }
+    let mut ready = ready;
+    if req.callbacks_first {
+        // Every member's callbacks, then the coordinator's FREEZE once
+        // those of every node are done (they may still need each other).
+        let t = Instant::now();
+        let cooperating = match callbacks_all(&mut targets) {
+            Ok(n) => n,
+            Err(msg) => return fail(Vec::new(), msg, ready),
+        };
+        let callbacks_ms = t.elapsed().as_millis() as u64;
+        info!(
+            session = req.session,
+            cooperating, callbacks_ms, "callbacks ready"
+        );
+        let r = pb::PrepareReply {
+            cooperating: cooperating as u32,
+            callbacks_ms,
+            ..Default::default()
+        };
+        if ready.send(Ok(r)).is_err() {
+            return "the coordinator went away during PREPARE: its processes run on".into();
+        }
+        // Dropping `targets` on a return tells the callbacks it failed.
+        match rx.recv_timeout(idle) {
+            Ok(Cmd::Freeze(r)) => {
+                // The freeze bound counts from here.
+                ready = r;
+                t0 = Instant::now();
+                deadline = t0 + bound;
+            }
+            Ok(Cmd::Abort(_, r)) => {
+                let _ = r.send(Ok(()));
+                return "aborted before the freeze: its processes run on".into();
+            }
+            Ok(other) => {
+                let name = other.name();
+                reply_err(other, format!("{name} before FREEZE"));
+                return format!("{name} came before FREEZE: its processes run on");
+            }
+            Err(_) => return "no FREEZE from the coordinator: its processes run on".into(),
+        }
     }
     // Recorded before anything is locked or written.
     record.write(&locks, &dirs);
@@ -854,6 +953,10 @@ fn checkpoint_session(
                 return "aborted: its processes run on".into();
             }
             other @ Cmd::Release(_) => reply_err(other, "RELEASE of a checkpoint session".into()),
+            other @ Cmd::Freeze(_) => reply_err(
+                other,
+                "FREEZE of a session already frozen (or not asked to wait for it)".into(),
+            ),
         }
     }
 }
@@ -962,7 +1065,7 @@ fn dump_in_turn(
     shared: &Shared,
     session: &str,
     f: &mut Frozen,
-    targets: Vec<(i32, PathBuf, CheckpointOptions)>,
+    targets: Vec<Target>,
     until: Instant,
 ) -> Result<pb::DumpReply, String> {
     let mut reply = pb::DumpReply::default();
@@ -1270,6 +1373,7 @@ fn restore_session(
 
 fn reply_err(cmd: Cmd, msg: String) {
     match cmd {
+        Cmd::Freeze(r) => drop(r.send(Err(msg))),
         Cmd::Dump(r) => drop(r.send(Err(msg))),
         Cmd::Commit(r) | Cmd::Abort(_, r) => drop(r.send(Err(msg))),
         Cmd::Finish(_, r) => drop(r.send(Err(msg))),

@@ -87,6 +87,8 @@ enum Cmd {
         /// non-blocking). Only with continue.
         #[arg(long, conflicts_with_all = ["kill", "stop"])]
         non_blocking: bool,
+        #[command(flatten)]
+        coop: cr_rpc::opts::CoopArgs,
     },
     /// Restart a job from a checkpoint.
     Restart {
@@ -472,6 +474,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             freeze_timeout,
             pre_copy,
             non_blocking,
+            coop,
         } => {
             let after = if kill {
                 pb::After::Kill
@@ -487,6 +490,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
                 freeze_timeout_ms: secs_to_ms(freeze_timeout, "--freeze-timeout")?,
                 pre_copy,
                 non_blocking,
+                coop: cr_rpc::opts::cooperation(&coop),
                 ..Default::default()
             };
             let ck = conn.rpc(c.checkpoint(req).await)?;
@@ -710,6 +714,7 @@ fn checkpoint_json(c: &pb::CheckpointInfo) -> Value {
         "pre_copy_rounds": c.pre_copy_rounds, "pre_copy_bytes": c.pre_copy_bytes,
         "pre_copy_ms": c.pre_copy_ms, "pre_copy_fetched": c.pre_copy_fetched,
         "scope": c.scope, "non_blocking": c.non_blocking, "held_ms": c.held_ms,
+        "callbacks_ms": c.callbacks_ms,
     })
 }
 
@@ -1179,8 +1184,14 @@ fn checkpoint_text(c: &pb::CheckpointInfo) -> String {
     }
     let _ = writeln!(
         o,
-        "connections {} matched, {} external; prepare {} ms, check {} ms, dump {} ms, commit {} ms",
-        c.connections, c.external, c.prepare_ms, c.check_ms, c.dump_ms, c.commit_ms
+        "connections {} matched, {} external; prepare {} ms (callbacks {} ms), check {} ms, dump {} ms, commit {} ms",
+        c.connections,
+        c.external,
+        c.prepare_ms,
+        c.callbacks_ms,
+        c.check_ms,
+        c.dump_ms,
+        c.commit_ms
     );
     let rows: Vec<Vec<String>> = c
         .images
