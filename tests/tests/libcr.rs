@@ -4,7 +4,7 @@
 //! OK or FAIL; the examples (libcr/examples/reconnect.{c,rs}) close and
 //! reopen a connection to a server outside their tree.
 
-use cr_tests::cluster::{jstr, ju64, node_ip, AgentOpts, Cluster};
+use cr_tests::cluster::{jlist, jstr, ju64, node_ip, AgentOpts, Cluster};
 use cr_tests::libcr::{build_c, repo_dir, LineServer};
 use cr_tests::*;
 use std::ffi::{OsStr, OsString};
@@ -327,8 +327,9 @@ fn self_requested_checkpoint_through_the_agent() {
 /// before it freezes any member: the callback of a member on n1 flushes
 /// its connection to a member on n2 (sends "flush K" and needs the answer
 /// before it lets the checkpoint go on, as a transport's "quiet and
-/// flush" does), which only works while n2's member still runs. Two
-/// checkpoints (one that continues, with --callback-timeout, and one with
+/// flush" does), which only works while n2's member still runs. Three
+/// checkpoints (one that continues, with --callback-timeout; one of the
+/// whole job asked by the member on n1 itself, CR_SCOPE_JOB; one with
 /// --kill) and a restart of the job; the members check every ping and
 /// flush over their connection themselves and print OK.
 #[test]
@@ -402,6 +403,25 @@ fn coordinated_callbacks_all_run_before_any_member_is_frozen() {
         || diag(&flusher, &resp),
     );
 
+    // A member asks for a checkpoint of its whole job (both nodes).
+    touch(&w1.join("ask"));
+    wait_until(
+        "the job checkpoint asked by a member",
+        LINE_TIMEOUT,
+        || has(&flusher, "job request continued") && has(&flusher, "callback 2 continued"),
+        || diag(&flusher, &resp),
+    );
+    let listed = c.crctl_json(&["checkpoints", job]);
+    let first = jstr(&info, "id");
+    assert!(
+        jlist(&listed, "checkpoints")
+            .iter()
+            .any(|k| jstr(k, "id") != first
+                && jstr(k, "state") == "committed"
+                && jlist(k, "images").len() == 2),
+        "a second checkpoint of both members: {listed:#}"
+    );
+
     let id = jstr(&c.crctl_json(&["checkpoint", job, "--kill"]), "id");
     // Their cr_run end with them.
     for sp in [&mut flusher, &mut resp] {
@@ -414,7 +434,7 @@ fn coordinated_callbacks_all_run_before_any_member_is_frozen() {
     wait_until(
         "the callback's restart",
         LINE_TIMEOUT,
-        || has(&flusher, "callback 2 restarted"),
+        || has(&flusher, "callback 3 restarted"),
         || diag(&flusher, &resp),
     );
     touch(&w1.join("go"));

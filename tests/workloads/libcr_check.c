@@ -33,8 +33,12 @@
  *                   checkpoint go on (a transport's "quiet and flush"): it
  *                   only gets it if the peer still runs, i.e. if every
  *                   member's callbacks run before any member is frozen.
- *                   Prints "callback K continued|restarted" after each;
- *                   after WORKDIR/go says bye and checks every answer.
+ *                   Prints "callback K continued|restarted" after each.
+ *                   When WORKDIR/ask appears, asks for a checkpoint of its
+ *                   whole job (CR_SCOPE_JOB, through the agent at
+ *                   $CR_AGENT_SOCKET) and says "job request continued"
+ *                   once it is done. After WORKDIR/go says bye and checks
+ *                   every answer.
  *   cs              the main thread holds two nested critical sections and
  *                   leaves them when WORKDIR/leave1 and WORKDIR/leave2
  *                   appear; a second thread tries cr_tryenter_cs while a
@@ -443,6 +447,25 @@ int main(int argc, char **argv)
         cr_register_callback(flush_cb, NULL, CR_THREAD_CONTEXT);
         printf("READY\n");
         while (!exists("go") && !fail_reason[0]) {
+            if (!said_continued && exists("ask")) {
+                cr_checkpoint_args_t args;
+                cr_checkpoint_handle_t handle;
+                int rc;
+                said_continued = 1;
+                cr_initialize_checkpoint_args_t(&args);
+                args.cr_scope = CR_SCOPE_JOB;
+                if (cr_request_checkpoint(&args, &handle) != 0) {
+                    printf("FAIL cr_request_checkpoint of the job: %s\n", cr_strerror(errno));
+                    return 1;
+                }
+                rc = cr_poll_checkpoint(&handle, NULL);
+                if (rc <= 0) {
+                    printf("FAIL cr_poll_checkpoint of the job returned %d: %s\n", rc,
+                           cr_strerror(errno));
+                    return 1;
+                }
+                printf("job request continued\n");
+            }
             n++;
             snprintf(say, sizeof say, "ping %d\n", n);
             snprintf(want, sizeof want, "pong %d\n", n);
