@@ -95,7 +95,7 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
         tls = security.is_tls(),
         "listening on {addr}"
     );
-    let sched = tokio::spawn(schedule::run(coord.clone()));
+    let sched = tokio::spawn(schedule::supervise(coord.clone()));
     let recover = coord.clone();
     let recovery = tokio::spawn(async move { recover.recover_migrations().await });
     let stop = coord.clone();

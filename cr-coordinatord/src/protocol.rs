@@ -627,7 +627,7 @@ impl Coordinator {
                 non_blocking: rec.info().non_blocking,
                 save_files: jobrec.save_files,
                 callbacks_first: true,
-                coop: coop.cloned(),
+                coop: coop.copied(),
             };
             bounded(
                 Bound::plain(deadline),

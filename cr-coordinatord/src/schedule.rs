@@ -87,8 +87,32 @@ fn due(s: &State, live: &Liveness, now_ms: u64, busy: impl Fn(&str) -> bool) -> 
         .collect()
 }
 
+/// The members' last tries, even after a panic elsewhere while it was
+/// held (it holds nothing that a half-done update could break).
+fn locked(tried: &Mutex<Tried>) -> std::sync::MutexGuard<'_, Tried> {
+    tried.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Run the schedule until the coordinator stops; a panic in it (a bug) is
+/// logged and the schedule starts again after a tick, instead of periodic
+/// checkpoints silently ending.
+pub async fn supervise(coord: Arc<Coordinator>) {
+    loop {
+        match tokio::spawn(run(coord.clone())).await {
+            Err(e) if e.is_panic() && !coord.is_stopping() => {
+                tracing::error!("the checkpoint schedule panicked: starting it again");
+                tokio::select! {
+                    _ = tokio::time::sleep(TICK) => {}
+                    _ = coord.stopped() => return,
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
 /// Run the schedule until the coordinator stops.
-pub async fn run(coord: Arc<Coordinator>) {
+async fn run(coord: Arc<Coordinator>) {
     let mut tick = tokio::time::interval(TICK);
     let tried = Arc::new(Mutex::new(Tried::new()));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -105,7 +129,7 @@ pub async fn run(coord: Arc<Coordinator>) {
         let (jobs, members) = coord.catalog.read(|s| {
             (
                 due(s, &live, now, |j| coord.is_busy(j)),
-                members_due(s, &live, now, &tried.lock().unwrap(), |j| coord.is_busy(j)),
+                members_due(s, &live, now, &locked(&tried), |j| coord.is_busy(j)),
             )
         });
         for (job, node, pid) in members {
@@ -116,10 +140,7 @@ pub async fn run(coord: Arc<Coordinator>) {
             tokio::spawn(async move {
                 let mut next = Some((node, pid));
                 while let Some((node, pid)) = next.take() {
-                    tried
-                        .lock()
-                        .unwrap()
-                        .insert((job.clone(), node.clone(), pid), now_unix_ms());
+                    locked(&tried).insert((job.clone(), node.clone(), pid), now_unix_ms());
                     tracing::info!(job = %job, node = %node, pid, "member checkpoint");
                     match c.checkpoint_member(&job, &node, pid).await {
                         Ok(info) => {
@@ -134,7 +155,7 @@ pub async fn run(coord: Arc<Coordinator>) {
                         return;
                     }
                     let live = c.liveness();
-                    let t = tried.lock().unwrap().clone();
+                    let t = locked(&tried).clone();
                     next = c
                         .catalog
                         .read(|s| {

@@ -148,7 +148,7 @@ impl pb::coordinator_server::Coordinator for Service {
                         .then(|| Duration::from_millis(req.freeze_timeout_ms)),
                     pre_copy: req.pre_copy.then(HashMap::new),
                     non_blocking: req.non_blocking,
-                    coop: req.coop.clone(),
+                    coop: req.coop,
                     ..Default::default()
                 };
                 c.checkpoint_on(&req.job, after, &opts).await
