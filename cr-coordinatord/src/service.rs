@@ -168,14 +168,18 @@ impl pb::coordinator_server::Coordinator for Service {
         let ck = match &user {
             None => ck,
             Some(node) => {
-                // Pulled onto the asking node, never pushed elsewhere.
-                if req.on.iter().any(|n| n != node) {
+                // Pulled onto the asking node; a job that ran on several
+                // nodes may be spread over others with it (a requeued
+                // Slurm job's new allocation, the asking node first), as
+                // far as its user reaches already with cr_rsh (Launch).
+                if req.on.is_empty() {
+                    req.on = vec![node.clone()];
+                } else if !req.on.contains(node) {
                     return Err(Error::Invalid {
-                        what: format!("a restart asked from {node} can only go to {node}"),
+                        what: format!("a restart asked from {node} must go to {node} too"),
                     }
                     .into());
                 }
-                req.on = vec![node.clone()];
                 let id = self
                     .0
                     .check_user_checkpoint(&req.job, ck.as_deref(), node, req.uid)?;

@@ -7,9 +7,11 @@
 //! * checkpoint and configure job J: every member of J runs as that uid
 //!   (uid 0: any job);
 //! * restart job J: nothing of J runs, every image of the checkpoint is
-//!   that uid's (uid 0: any), and the only target is the asking node
-//!   itself (a job is pulled onto the node that asks, never pushed
-//!   elsewhere).
+//!   that uid's (uid 0: any), and the asking node is a target (a job is
+//!   pulled onto the node that asks; a job that ran on several nodes may
+//!   be spread over other nodes named with it, e.g. a requeued Slurm
+//!   job's new allocation: no more than the user reaches with cr_rsh,
+//!   which starts members of a job anywhere).
 
 use crate::catalog::JobRecord;
 use crate::coordinator::Coordinator;

@@ -24,6 +24,7 @@
 //! All `unsafe` (the C ABI, Slurm's functions) is in `cr_sys::spank`.
 
 pub mod config;
+pub mod hostlist;
 pub mod task;
 
 use cr_sys::spank::{HasArg, OptionSpec, Plugin, Spank};

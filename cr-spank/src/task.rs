@@ -113,6 +113,32 @@ fn restart_count(sp: &Spank, env: &[String]) -> u32 {
     sp.restart_count().unwrap_or(0).max(from_env)
 }
 
+/// The job's nodes in allocation order (`SLURM_JOB_NODELIST`), this node
+/// (`node`, the batch step's) first; empty if it cannot be told (then
+/// the job resumes on this node alone).
+fn allocation(env: &[String], node: &str) -> Vec<String> {
+    let Some(list) = env
+        .iter()
+        .find_map(|e| e.strip_prefix("SLURM_JOB_NODELIST="))
+    else {
+        return Vec::new();
+    };
+    match crate::hostlist::expand(list) {
+        Ok(mut nodes) if nodes.iter().any(|n| n == node) => {
+            nodes.retain(|n| n != node);
+            nodes.insert(0, node.to_string());
+            nodes
+        }
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            say(&format!(
+                "SLURM_JOB_NODELIST: {e}: the job resumes on {node} alone"
+            ));
+            Vec::new()
+        }
+    }
+}
+
 /// `exe` with exactly the task's environment (`NAME=VALUE` strings): what
 /// slurmstepd would have given the task.
 fn task_command(exe: &std::path::Path, env: &[String]) -> Command {
@@ -203,12 +229,23 @@ pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
         // slurmd removes the script when the job ends; the shell still
         // reads it: its content goes into the images.
         cmd.arg("--checkpoint-save-file").arg(&argv[0]);
-        if let Some(r) = &resume_from {
+        let resuming = if let Some(r) = &resume_from {
             say(&format!("job {id} resumes from {r}"));
             cmd.arg("--resume-from").arg(r);
+            true
         } else if dir.is_none() && restart_count(sp, &env) > 0 {
             // A requeued job goes on from its last committed checkpoint.
             cmd.arg("--resume");
+            true
+        } else {
+            false
+        };
+        if resuming {
+            // Spread over this job's nodes (a multi-node job's members go
+            // to the nodes Slurm gave this run).
+            for n in allocation(&env, &node) {
+                cmd.arg("--on").arg(n);
+            }
         }
         if let Some(secs) = ck.as_deref().and_then(|v| parse_interval(v).ok().flatten()) {
             cmd.arg("--interval").arg(secs.to_string());

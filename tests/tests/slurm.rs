@@ -10,6 +10,12 @@
 //!    `slurm-JOBID` on its node; `crctl checkpoint slurm-JOBID` checkpoints
 //!    it while it runs, and it finishes OK with every round done once;
 //!    the tasks of its srun steps are members too (the option is inherited);
+//!    2c: a job on n1,n2 whose batch script starts a self-checking task on
+//!    each node with cr_rsh, stopped on its signal and resumed by `sbatch
+//!    --restart-from=slurm-N -N2 -w n2,n3`, resumes spread over them (n1's members on n2, n2's on n3), each task
+//!    going on from its round; 2d: the same with an Open MPI job (mpirun
+//!    in the batch script, its daemon on n2 started with cr_rsh),
+//!    checkpointed on request first, ending with its own `RESULT OK`;
 //! 3. the node's agent is down: the same job still runs (and finishes OK),
 //!    and its output says it is not checkpointable;
 //! 4. time limit: a job with `--checkpoint-dir` and `--time=1
@@ -319,6 +325,13 @@ fn slurm_scenarios() {
         s.diag_job(id)
     );
 
+    // Cell 2c: a multi-node job, stopped by its signal and requeued onto
+    // another pair of nodes, resumes spread over them.
+    spread_over_new_allocation(&s, &c);
+    // Cell 2d: an Open MPI job, checkpointed, requeued onto other nodes.
+    let prog = cr_tests::mpi::build_check(&h.dir, "mpicc.openmpi", "mpi_check_ompi");
+    mpi_job(&s, &c, &prog);
+
     // Cell 3: no agent on n3: the job runs without checkpoints and says so.
     c.kill_agent(3);
     let (id, out) = submit_progress(&s, 3, "no-agent", &["--checkpoint"]);
@@ -567,4 +580,251 @@ fn slurm_scenarios() {
     }
     // crctl's drain is Slurm's too.
     assert_eq!(s.node_state_of(by_crctl), "drained", "cell 6\n{}", s.diag());
+}
+
+/// Rounds of each task of the multi-node job (cell 2c).
+const SPREAD: u64 = 300;
+
+/// The nodes of cluster job `job` with a live member, sorted.
+fn member_nodes(c: &Cluster, job: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = c
+        .job_procs(job)
+        .into_iter()
+        .filter(|(_, _, alive)| *alive)
+        .map(|(n, _, _)| n)
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// Job `id` (cluster job `job`, batch output `out`) running on n1,n2:
+/// stops it on its signal (`scancel --batch --signal=USR1`: its batch
+/// step's cr_run checkpoints the whole job with --kill and holds its
+/// place), ends it (`scancel`), and resumes it in a new job on n2,n3
+/// (`sbatch --checkpoint --restart-from=slurm-ID -N2 -w n2,n3`, output
+/// `label.out`; a requeue onto a node of the old allocation would be
+/// refused by its slurmd until Slurm's credential of the old run expires,
+/// 2 minutes), n1's members on n2 and n2's on n3. `before` runs once the
+/// job is stopped. Returns the new job's id and its resume line.
+fn resume_on_n2_n3(
+    s: &Slurm,
+    c: &Cluster,
+    (id, job, out): (u32, &str, &str),
+    label: &str,
+    before: impl FnOnce(),
+) -> (u32, String) {
+    let what = format!("{label} ({job})");
+    assert_eq!(
+        member_nodes(c, job),
+        ["n1", "n2"],
+        "{what}: its members\n{}",
+        s.diag_job(id)
+    );
+    let sig = s.cmd(&["scancel", "--batch", "--signal=USR1", &id.to_string()]);
+    assert!(
+        sig.status.success(),
+        "{what}: scancel --signal\n{}",
+        sig.show()
+    );
+    wait_line(s, id, out, "its checkpoint on the signal", |l| {
+        l.starts_with(&format!(
+            "cr_run: signal 10: job checkpointed (cluster job {job})"
+        ))
+    });
+    before();
+    let last = committed(c, job).last().cloned().unwrap_or_default();
+    let end = s.cmd(&["scancel", &id.to_string()]);
+    assert!(end.status.success(), "{what}: scancel\n{}", end.show());
+    s.wait_job(id, &["CANCELLED"], SLURM_TIMEOUT);
+    let from = format!("--restart-from={job}");
+    let new_out =
+        s.c.dir
+            .join(format!("{label}.out"))
+            .to_string_lossy()
+            .into_owned();
+    let id2 = s.sbatch(&[
+        "--checkpoint",
+        &from,
+        "-N2",
+        "-w",
+        "n2,n3",
+        "-o",
+        &new_out,
+        "--wrap",
+        "true",
+    ]);
+    let resumed = format!("cr_run: job {job} resumed from {last} (");
+    wait_line(s, id2, &new_out, "its resume", |l| l.starts_with(&resumed));
+    let line = read_text(Path::new(&new_out))
+        .lines()
+        .find(|l| l.starts_with(&resumed))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        line.ends_with("; nodes n1->n2, n2->n3)"),
+        "{what}: n1's members go to n2, n2's to n3: {line}\n{}",
+        s.diag_job(id2)
+    );
+    assert_eq!(
+        member_nodes(c, job),
+        ["n2", "n3"],
+        "{what}: its live members after the resume\n{}",
+        s.diag_job(id2)
+    );
+    (id2, line)
+}
+
+/// Cell 2c: `sbatch --checkpoint -N2 -w n1,n2` whose batch script starts
+/// a self-checking task (wl_progress, its own output file) on each of
+/// its nodes with cr_rsh; stopped on its signal, resumed on n2,n3
+/// ([`resume_on_n2_n3`]): each task goes on from its round on its new
+/// node and the resuming job ends COMPLETED.
+fn spread_over_new_allocation(s: &Slurm, c: &Cluster) {
+    let (rsh, wl) = (bin_dir().join("cr_rsh"), workload_path("wl_progress"));
+    let path = |name: &str| c.dir.join(name).to_string_lossy().into_owned();
+    let outs = [path("spread-n1.out"), path("spread-n2.out")];
+    let task = |node: &str, out: &str| {
+        format!(
+            "{} {node} '{} {SPREAD} 2 50 >>{out} 2>&1 </dev/null'",
+            rsh.display(),
+            wl.display()
+        )
+    };
+    let script = format!(
+        "{} & a=$!; {} & b=$!; wait $a && wait $b",
+        task("n1", &outs[0]),
+        task("n2", &outs[1])
+    );
+    let batch_out = path("spread.out");
+    let id = s.sbatch(&[
+        "--checkpoint",
+        "-N2",
+        "-w",
+        "n1,n2",
+        "-o",
+        &batch_out,
+        "--open-mode=append",
+        "--wrap",
+        &script,
+    ]);
+    let job = format!("slurm-{id}");
+    for out in &outs {
+        wait_round(s, id, out, 20);
+    }
+    let mut stopped = Vec::new();
+    let (id2, line) = resume_on_n2_n3(s, c, (id, &job, &batch_out), "spread-resumed", || {
+        stopped = outs
+            .iter()
+            .map(|o| last_round(&read_text(Path::new(o))))
+            .collect();
+    });
+    let wait = SLURM_TIMEOUT + Duration::from_secs(SPREAD / 20);
+    s.wait_job(id2, &["COMPLETED"], wait);
+    for (out, at) in outs.iter().zip(&stopped) {
+        let text = read_text(Path::new(out));
+        assert_eq!(
+            check_progress(&text),
+            Ok((1, SPREAD)),
+            "cell 2c: task output {out} (stopped at round {at})\n{}",
+            s.diag_job(id2)
+        );
+        assert!(*at >= 20, "cell 2c: {out} stopped at round {at}");
+    }
+    println!(
+        "MEASURED: multi-node job {job} stopped at rounds {stopped:?} of {SPREAD} on n1,n2, resumed on n2,n3 by job {id2}: {line}"
+    );
+}
+
+/// Iterations of the MPI job (cell 2d), 5 ms each at least.
+const MPI_ITERS: u64 = 1500;
+
+/// Cell 2d: an Open MPI job (tests/workloads/mpi_check.c, ring, 4 ranks)
+/// submitted with `sbatch --checkpoint -N2 -w n1,n2`: mpirun in the batch
+/// script starts its daemon on n2 with cr_rsh (`--mca plm rsh`: not
+/// srun); checkpointed on request while it runs (`crctl checkpoint
+/// slurm-JOBID`), stopped on its signal, resumed on n2,n3
+/// ([`resume_on_n2_n3`]); it ends with the program's own `RESULT OK`
+/// (every rank's state equals a serial recomputation: the result of a
+/// run without checkpoints) and the job COMPLETED.
+fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
+    let out = c.dir.join("mpi.out").to_string_lossy().into_owned();
+    let iters = MPI_ITERS.to_string();
+    let argv = cr_tests::mpi::open_mpi(
+        &c.dir.join("tmp-mpi"),
+        4,
+        "n1:2,n2:2",
+        &[
+            ("plm", "rsh"),
+            ("ras", "^slurm"),
+            ("mpi_yield_when_idle", "1"),
+        ],
+        &[&prog.to_string_lossy(), "ring", &iters, "5000"],
+    );
+    let (k, v) = cr_tests::mpi::path_env();
+    let export = format!("--export=ALL,{k}={v}");
+    let id = s.sbatch(&[
+        "--checkpoint",
+        "-N2",
+        "-w",
+        "n1,n2",
+        "-o",
+        &out,
+        "--open-mode=append",
+        &export,
+        "--wrap",
+        &argv.join(" "),
+    ]);
+    let job = format!("slurm-{id}");
+    let progress = |text: &str| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("progress "))
+            .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
+    };
+    let past = |n: u64| {
+        poll_until(
+            &format!("MPI job {id} past iteration {n}"),
+            SLURM_TIMEOUT,
+            POLL_PERIOD,
+            || progress(&read_text(Path::new(&out))) >= n,
+            || s.diag_job(id),
+        )
+    };
+    past(100);
+    let ck = c.crctl(&["checkpoint", &job, "--freeze-timeout", "60"]);
+    assert!(
+        ck.status.success(),
+        "cell 2d: crctl checkpoint {job}\n{}\n{}",
+        ck.show(),
+        s.diag_job(id)
+    );
+    let first = progress(&read_text(Path::new(&out)));
+    past(first + 50);
+    let mut stopped = 0;
+    let (id2, line) = resume_on_n2_n3(s, c, (id, &job, &out), "mpi-resumed", || {
+        stopped = progress(&read_text(Path::new(&out)));
+    });
+    s.wait_job(id2, &["COMPLETED"], SLURM_TIMEOUT * 3);
+    let text = read_text(Path::new(&out));
+    // Its progress never went back (resumed, not started over).
+    let steps: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("progress "))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(
+        text.lines().any(|l| l.starts_with("RESULT OK ring"))
+            && !text.contains("FAIL")
+            && steps.windows(2).all(|w| w[0] < w[1])
+            && steps.last() == Some(&MPI_ITERS)
+            && stopped > first,
+        "cell 2d: the MPI job ends with its own RESULT OK after the resume (stopped at {stopped})\n{}",
+        s.diag_job(id2)
+    );
+    println!(
+        "MEASURED: MPI job {job} (4 ranks) checkpointed at iteration {first}, stopped at {stopped} of {MPI_ITERS} on n1,n2, resumed on n2,n3 by job {id2}: {line}; {}",
+        text.lines().find(|l| l.starts_with("RESULT ")).unwrap_or("")
+    );
 }

@@ -80,6 +80,14 @@ struct Cli {
         conflicts_with = "resume"
     )]
     resume_from: Option<String>,
+    /// With --resume or --resume-from: restart the job over these nodes
+    /// (repeatable; this node first), the i-th node of the checkpoint
+    /// (its nodes sorted by name) onto the i-th (modulo their number):
+    /// a multi-node job resumed over a new allocation (Slurm: the
+    /// requeued job's nodes). Default: all onto this node. cr_run waits
+    /// for the trees restored on the first.
+    #[arg(long, value_name = "NODE", requires = "job")]
+    on: Vec<String>,
     /// With --job: checkpoint the job every SECS seconds (the coordinator's
     /// periodic checkpoints, as `crctl job NAME --interval SECS`).
     #[arg(long, value_name = "SECS", requires = "job")]
@@ -131,6 +139,7 @@ fn run(cli: Cli) -> Result<u8, String> {
         let req = cr_rpc::pb::RestartRequest {
             job: job.clone(),
             checkpoint: if from == job { "" } else { from }.to_string(),
+            on: cli.on.clone(),
             ..Default::default()
         };
         let r = a.restart_job_required(req).map_err(|e| {
@@ -141,11 +150,12 @@ fn run(cli: Cli) -> Result<u8, String> {
             }
         })?;
         set_interval(a, job, cli.interval);
-        return resumed(a, job, &r, on_signal);
+        return resumed(a, job, &r, cli.on.first(), on_signal);
     }
     if let (Some(a), Some(job), true) = (agent.as_mut(), &cli.job, cli.resume) {
         let req = cr_rpc::pb::RestartRequest {
             job: job.clone(),
+            on: cli.on.clone(),
             ..Default::default()
         };
         if let Some(r) = a
@@ -153,7 +163,7 @@ fn run(cli: Cli) -> Result<u8, String> {
             .map_err(|e| format!("cannot resume job {job}: {e}"))?
         {
             set_interval(a, job, cli.interval);
-            return resumed(a, job, &r, on_signal);
+            return resumed(a, job, &r, cli.on.first(), on_signal);
         }
         tracing::info!(job, "no checkpoint to resume from: the command starts");
     }
@@ -379,25 +389,35 @@ fn set_interval(agent: &mut cr_rpc::local::Agent, job: &str, secs: Option<u32>) 
     }
 }
 
-/// `--resume` found a checkpoint: the job was restarted here (`r`); wait
+/// `--resume` found a checkpoint: the job was restarted (`r`), here or
+/// (`here`: this node's name, the first `--on`) over several nodes; wait
 /// for its trees on this node and exit with the first one's status. A
-/// SIGTERM, SIGINT or SIGHUP kills them (as it kills a job cr_run started).
+/// SIGTERM, SIGINT or SIGHUP kills them (as it kills a job cr_run started;
+/// the trees on other nodes end with the ones here that started them,
+/// through cr_rsh).
 fn resumed(
     agent: &mut cr_rpc::local::Agent,
     job: &str,
     r: &cr_rpc::pb::RestartReply,
+    here: Option<&String>,
     on_signal: Option<Watcher>,
 ) -> Result<u8, String> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let pids: Vec<i32> = r.procs.iter().map(|p| p.pid).collect();
+    let pids: Vec<i32> = r
+        .procs
+        .iter()
+        .filter(|p| here.is_none_or(|n| *n == p.node))
+        .map(|p| p.pid)
+        .collect();
     // One write: the resumed job already runs and may write to the same
     // file (a batch job's output), and eprintln! of a formatted line is
     // several writes on the unbuffered stderr.
     let line = format!(
-        "cr_run: job {job} resumed from {} ({} trees, {} ms)\n",
+        "cr_run: job {job} resumed from {} ({} trees, {} ms{})\n",
         r.checkpoint,
         pids.len(),
-        r.duration_ms
+        r.duration_ms,
+        moves(&r.placed)
     );
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
     if let Some(w) = &on_signal {
@@ -431,6 +451,25 @@ fn resumed(
         w.finish();
     }
     Ok(first.unwrap_or(0).clamp(0, 255) as u8)
+}
+
+/// `; nodes OLD->NEW, ...` for the nodes a restart moved (`placed`:
+/// `OLD_NODE:OLD_PID=NEW_NODE:NEW_PID`), each once, in their order; empty
+/// when none moved.
+fn moves(placed: &[String]) -> String {
+    let node = |s: &str| s.rsplit_once(':').map_or(s, |(n, _)| n).to_string();
+    let mut pairs: Vec<String> = Vec::new();
+    for (old, new) in placed.iter().filter_map(|p| p.split_once('=')) {
+        let (old, new) = (node(old), node(new));
+        let pair = format!("{old}->{new}");
+        if old != new && !pairs.contains(&pair) {
+            pairs.push(pair);
+        }
+    }
+    if pairs.is_empty() {
+        return String::new();
+    }
+    format!("; nodes {}", pairs.join(", "))
 }
 
 /// cr_run's exit status for the command's: its code, or 128 + its signal.
