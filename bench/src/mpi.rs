@@ -257,9 +257,9 @@ fn run_job(c: &Cluster, o: &Opts, prog: &str, job: &str, iters: usize, mut act: 
         match &act {
             Action::Nothing => ", no checkpoints".into(),
             Action::Checkpoints { interval, args } => format!(
-                ", a checkpoint every {} s (crctl checkpoint {})",
+                ", a checkpoint every {} s (crctl checkpoint{})",
                 interval.as_secs(),
-                args.join(" ")
+                args.iter().map(|a| format!(" {a}")).collect::<String>()
             ),
             Action::Limits(_) => ", to measure the limits".into(),
         }
@@ -285,6 +285,10 @@ fn run_job(c: &Cluster, o: &Opts, prog: &str, job: &str, iters: usize, mut act: 
     loop {
         if runner.proc.try_exit().is_some() {
             break;
+        }
+        if crate::check_interrupted().is_err() {
+            // Unwinds through the cluster's drop: everything is removed.
+            panic!("interrupted");
         }
         if t0.elapsed() > RUN_TIMEOUT {
             panic!(
@@ -410,7 +414,7 @@ fn measure(o: &Opts) -> (Limits, Run, Vec<Run>) {
                 }
             })
             .collect();
-        let job = format!("mpi-{}", mode.replace('+', "-"));
+        let job = format!("mpi-ckpt-{}", mode.replace('+', "-"));
         let act = Action::Checkpoints {
             interval,
             args: &args,
@@ -523,6 +527,7 @@ fn table(o: &Opts, lim: &Limits, plain: &Run, runs: &[Run]) -> String {
 
 /// `cr-bench mpi ARGS...`.
 pub fn run(o: Opts) -> Result<(), String> {
+    crate::install_signal_handlers();
     let (lim, plain, runs) = on_cluster("mpi", o.bin_dir.as_deref(), || measure(&o))?;
     print!("{}", table(&o, &lim, &plain, &runs));
     Ok(())
