@@ -25,7 +25,9 @@
 //! and/or `--non-blocking` as the mode says) every `--interval` seconds
 //! from its start; every run must end with the program's `RESULT OK`, all
 //! with the same result. The slowdown compares their wall times, from
-//! `cr_run`'s start to its exit. Retention keeps the last checkpoint only.
+//! `cr_run`'s start to its exit. Retention keeps the last checkpoint only;
+//! with `--incremental` the jobs are incremental (each checkpoint, and a
+//! pre-copy's first round, copies only what changed since the one before).
 //!
 //! Per checkpoint: `pause_ms` (CheckpointInfo: longest time a process of
 //! the job was frozen), `member_ms` (the longest `frozen_ms` of its
@@ -107,6 +109,12 @@ pub struct Opts {
         value_parser = MODES,
     )]
     modes: Vec<String>,
+    /// The checkpointed jobs are incremental (`crctl job J --incremental
+    /// on`): each checkpoint stores what changed since the one before,
+    /// and with pre-copy its first round copies only that too (else every
+    /// checkpoint copies the whole memory again).
+    #[arg(long)]
+    incremental: bool,
     /// Iterations between two progress lines of the program (the
     /// resolution of the stall it sees).
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = int_in::<usize>(1..))]
@@ -141,6 +149,8 @@ struct Run {
     wall: Duration,
     result: String,
     samples: Vec<Sample>,
+    /// The first line of each failed checkpoint's error.
+    failed: Vec<String>,
     /// Rank 0's progress lines: (iteration, wall clock s).
     progress: Vec<(u64, f64)>,
 }
@@ -273,11 +283,17 @@ fn run_job(c: &Cluster, o: &Opts, prog: &str, job: &str, iters: usize, mut act: 
             &format!("crctl job {job} --keep 1 to find the job"),
             Duration::from_secs(60),
             POLL_PERIOD,
-            || c.crctl(&["job", job, "--keep", "1"]).status.success(),
+            || {
+                let incr = if o.incremental { "on" } else { "off" };
+                c.crctl(&["job", job, "--keep", "1", "--incremental", incr])
+                    .status
+                    .success()
+            },
             || runner.describe(),
         );
     }
     let mut samples = Vec::new();
+    let mut failed = Vec::new();
     let mut next = match act {
         Action::Checkpoints { interval, .. } => Some(t0 + interval),
         _ => None,
@@ -306,9 +322,19 @@ fn run_job(c: &Cluster, o: &Opts, prog: &str, job: &str, iters: usize, mut act: 
         }
         match (next, &act) {
             (Some(at), Action::Checkpoints { interval, args }) if Instant::now() >= at => {
-                let mut cmd = vec!["checkpoint", job, "--freeze-timeout", "120"];
+                let mut cmd = vec!["--json", "checkpoint", job, "--freeze-timeout", "120"];
                 cmd.extend_from_slice(args);
-                let info = c.crctl_json(&cmd);
+                let out = c.crctl(&cmd);
+                // A checkpoint may fail (the job runs on, as the loop
+                // checks): counted, with its reason.
+                let info = if out.status.success() {
+                    serde_json::from_str(&out.stdout).unwrap_or_default()
+                } else {
+                    let why = out.stderr.lines().next().unwrap_or("").to_string();
+                    eprintln!("cr-bench:   checkpoint failed: {why}");
+                    failed.push(why);
+                    serde_json::Value::Null
+                };
                 // The job may have ended meanwhile: only committed ones count.
                 if jstr(&info, "state") == "committed" {
                     let s = sample(&info);
@@ -345,6 +371,7 @@ fn run_job(c: &Cluster, o: &Opts, prog: &str, job: &str, iters: usize, mut act: 
         wall,
         result: result.to_string(),
         samples,
+        failed,
         progress: mpi::progress_lines(&out),
     }
 }
@@ -439,7 +466,7 @@ fn table(o: &Opts, lim: &Limits, plain: &Run, runs: &[Run]) -> String {
     let _ = writeln!(
         s,
         "# Open MPI job, {} ranks x {} MiB on {} nodes, {} allreduce iterations \
-         (pace {} us, idle ranks {}, progress every {}); a checkpoint every {} s\n",
+         (pace {} us, idle ranks {}, progress every {}); a checkpoint every {} s{}\n",
         o.ranks,
         o.mib,
         o.nodes,
@@ -447,7 +474,8 @@ fn table(o: &Opts, lim: &Limits, plain: &Run, runs: &[Run]) -> String {
         o.pace_us,
         if o.spin { "spin" } else { "yield" },
         o.progress_every,
-        o.interval
+        o.interval,
+        if o.incremental { ", incremental" } else { "" }
     );
     let _ = writeln!(
         s,
@@ -460,7 +488,7 @@ fn table(o: &Opts, lim: &Limits, plain: &Run, runs: &[Run]) -> String {
     );
     let _ = writeln!(
         s,
-        "| mode | wall_s | slowdown | checkpoints | pause_ms median (max) | member_ms median \
+        "| mode | wall_s | slowdown | checkpoints (failed) | pause_ms median (max) | member_ms median \
          | stall_ms median (max) | lost_ms median | duration_ms median | pre_copy_ms median \
          | rounds | held_ms | overhead at 10 min |"
     );
@@ -494,10 +522,11 @@ fn table(o: &Opts, lim: &Limits, plain: &Run, runs: &[Run]) -> String {
         let b = r.wall.as_secs_f64();
         let _ = writeln!(
             s,
-            "| {} | {b:.1} | {:+.1} % | {} | {} ({}) | {} | {} ({}) | {} | {} | {} | {} | {} | {} |",
+            "| {} | {b:.1} | {:+.1} % | {} ({}) | {} ({}) | {} | {} ({}) | {} | {} | {} | {} | {} | {} |",
             r.mode,
             (b - a) / a * 100.0,
             r.samples.len(),
+            r.failed.len(),
             m(|x| x.pause),
             max(|x| x.pause),
             m(|x| x.member),
@@ -513,6 +542,11 @@ fn table(o: &Opts, lim: &Limits, plain: &Run, runs: &[Run]) -> String {
                 l / 1000.0 / OVERHEAD_INTERVAL_S * 100.0
             )),
         );
+    }
+    for r in runs {
+        for why in &r.failed {
+            let _ = writeln!(s, "\n{}: a checkpoint failed: {why}", r.mode);
+        }
     }
     let _ = writeln!(
         s,
@@ -542,11 +576,12 @@ mod tests {
     fn command_lines() {
         let o = parsed::<Opts>("mpi");
         assert!(o.ranks == 12 && o.nodes == 3 && o.mib == 256 && o.interval == 60 && !o.spin);
-        assert!(o.modes == ["plain", "pre-copy"] && o.progress_every == 5);
+        assert!(o.modes == ["plain", "pre-copy"] && o.progress_every == 5 && !o.incremental);
         let o = parsed::<Opts>(
             "mpi --ranks 6 --mib 0 --iters 100 --interval 5 --spin \
-             --modes pre-copy+non-blocking,non-blocking --progress-every 1",
+             --modes pre-copy+non-blocking,non-blocking --progress-every 1 --incremental",
         );
+        assert!(o.incremental);
         assert!(o.ranks == 6 && o.mib == 0 && o.iters == 100 && o.interval == 5 && o.spin);
         assert!(o.modes == ["pre-copy+non-blocking", "non-blocking"] && o.progress_every == 1);
         assert_refused(&[
@@ -572,6 +607,7 @@ mod tests {
             wall: Duration::ZERO,
             result: String::new(),
             samples: vec![s],
+            failed: Vec::new(),
             progress: p,
         };
         let per_iter = r.sec_per_iter().unwrap();
