@@ -34,10 +34,11 @@
 //! member images), `duration_ms` (freeze to commit), `pre_copy_ms` (the
 //! pre-dump rounds before the freeze), and what the MPI program saw, from
 //! its progress lines: `stall_ms`, the longest gap between two progress
-//! lines that overlaps the checkpoint (pre-copy and freeze) less the
-//! median gap of the run without checkpoints, and `lost_ms`, the time from
-//! the last progress line before the checkpoint to the first one after it
-//! less what the iterations done in between take without checkpoints. The
+//! lines that overlaps the checkpoint (pre-copy and freeze) less what its
+//! iterations take at the run's usual pace (its median gap: the machine
+//! is shared, the pace varies from run to run), and `lost_ms`, the time
+//! from the last progress line before the checkpoint to the first one
+//! after it less what the iterations done in between take at that pace. The
 //! overhead at a 10-minute interval is `lost_ms` / 600 s.
 //!
 //! Needs root, Open MPI (`openmpi-bin`, `libopenmpi-dev`) and the
@@ -161,8 +162,8 @@ fn gaps(p: &[(u64, f64)]) -> impl Iterator<Item = (f64, f64, u64)> + '_ {
 }
 
 impl Run {
-    /// Median seconds per iteration between progress lines (the pace of a
-    /// run without checkpoints).
+    /// Median seconds per iteration between progress lines: the run's
+    /// usual pace (checkpoints cover few of its gaps).
     fn sec_per_iter(&self) -> Option<f64> {
         let mut v: Vec<f64> = gaps(&self.progress)
             .filter(|g| g.2 > 0)
@@ -173,7 +174,7 @@ impl Run {
     }
 
     /// Fills every sample's `stall` and `lost` from the progress lines,
-    /// against `per_iter` seconds per iteration without checkpoints.
+    /// against `per_iter` seconds per iteration (the usual pace).
     fn seen(&mut self, per_iter: f64) {
         for s in &mut self.samples {
             let from = (s.started_ms.saturating_sub(s.pre_copy)) as f64 / 1000.0;
@@ -424,9 +425,6 @@ fn measure(o: &Opts) -> (Limits, Run, Vec<Run>) {
         panic!("the limits job ended before it printed progress");
     };
     let plain = run_job(&c, o, &prog, "mpi-plain", o.iters, Action::Nothing);
-    let per_iter = plain
-        .sec_per_iter()
-        .unwrap_or_else(|| panic!("the run without checkpoints printed too few progress lines"));
     let interval = Duration::from_secs(o.interval);
     let mut runs = Vec::new();
     for mode in &o.modes {
@@ -454,6 +452,11 @@ fn measure(o: &Opts) -> (Limits, Run, Vec<Run>) {
                 plain.result, run.result
             );
         }
+        // Against the run's own pace: the machine is shared, the pace
+        // varies from one run to the next.
+        let per_iter = run
+            .sec_per_iter()
+            .unwrap_or_else(|| panic!("job {job} printed too few progress lines"));
         run.seen(per_iter);
         runs.push(run);
     }
@@ -551,8 +554,8 @@ fn table(o: &Opts, lim: &Limits, plain: &Run, runs: &[Run]) -> String {
     let _ = writeln!(
         s,
         "\nstall_ms: longest progress gap over a checkpoint less the same iterations' time \
-         without checkpoints; lost_ms: time from the last progress line before a checkpoint \
-         (pre-copy included) to the first after it, less the same; overhead at 10 min: \
+         at the run's median pace; lost_ms: time from the last progress line before a \
+         checkpoint (pre-copy included) to the first after it, less the same; overhead at 10 min: \
          lost_ms / 600 s.\nresult of every run: {}",
         plain.result
     );
