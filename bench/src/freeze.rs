@@ -77,9 +77,15 @@ fn wait_stop(tid: i32) -> Res<bool> {
     }
 }
 
-/// Stop `pid` (all its threads), then at `all_stopped` read its memory,
-/// then at `all_read` let it go; how long it was stopped and the bytes read.
-fn pause_one(pid: i32, all_stopped: &Barrier, all_read: &Barrier) -> Res<(Duration, u64)> {
+/// Stop `pid` (all its threads), then at `all_stopped` read its memory
+/// (if `read`), then at `all_read` let it go; how long it was stopped and
+/// the bytes read.
+fn pause_one(
+    pid: i32,
+    read: bool,
+    all_stopped: &Barrier,
+    all_read: &Barrier,
+) -> Res<(Duration, u64)> {
     let tids = tasks(pid);
     let t0 = Instant::now();
     let mut seized = Vec::new();
@@ -94,7 +100,7 @@ fn pause_one(pid: i32, all_stopped: &Barrier, all_read: &Barrier) -> Res<(Durati
         res = res.and(wait_stop(tid).map(|_| 0));
     }
     all_stopped.wait();
-    if res.is_ok() {
+    if res.is_ok() && read {
         let mut buf = vec![0u8; CHUNK];
         let mut bytes = 0u64;
         for (start, len) in writable(pid).unwrap_or_default() {
@@ -122,6 +128,17 @@ fn pause_one(pid: i32, all_stopped: &Barrier, all_read: &Barrier) -> Res<(Durati
 /// The plainest pause of the processes `pids` (see the module docs): the
 /// longest time one was stopped, and the bytes read from all.
 pub(crate) fn limit_pause(pids: &[i32]) -> Res<(Duration, u64)> {
+    pause_all(pids, true)
+}
+
+/// The plainest pause without reading memory: all stopped at once and let
+/// go (what a freeze that copies nothing, e.g. after a pre-copy of a job
+/// that wrote nothing since, must do at least).
+pub(crate) fn stop_pause(pids: &[i32]) -> Res<Duration> {
+    pause_all(pids, false).map(|(d, _)| d)
+}
+
+fn pause_all(pids: &[i32], read: bool) -> Res<(Duration, u64)> {
     let n = pids.len();
     let all_stopped = Arc::new(Barrier::new(n));
     let all_read = Arc::new(Barrier::new(n));
@@ -129,7 +146,7 @@ pub(crate) fn limit_pause(pids: &[i32]) -> Res<(Duration, u64)> {
         .iter()
         .map(|&pid| {
             let (s, r) = (all_stopped.clone(), all_read.clone());
-            std::thread::spawn(move || pause_one(pid, &s, &r))
+            std::thread::spawn(move || pause_one(pid, read, &s, &r))
         })
         .collect();
     let mut longest = Duration::ZERO;

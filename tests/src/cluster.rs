@@ -1334,6 +1334,15 @@ fn cmdline(pid: i32) -> Vec<OsString> {
         .unwrap_or_default()
 }
 
+/// The live processes (PIDs in our namespace) running the program `prog`
+/// (their argv[0]), e.g. the ranks of an MPI job.
+pub fn program_pids(prog: &Path) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&pid| cmdline(pid).first().is_some_and(|a| Path::new(a) == prog) && is_alive(pid))
+        .collect()
+}
+
 /// The innermost PID of a process (last field of `NSpid:`): what it sees
 /// as its own PID.
 pub fn inner_pid(pid: i32) -> Option<i32> {

@@ -17,6 +17,20 @@ pub fn path_env() -> (String, String) {
     )
 }
 
+/// The `progress N [T]` lines of mpi_check's output: (N, T), T (the
+/// program's wall clock, seconds since the epoch) 0 when the line has none.
+pub fn progress_lines(output: &str) -> Vec<(u64, f64)> {
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix("progress "))
+        .filter_map(|rest| {
+            let mut w = rest.split_whitespace();
+            let n = w.next()?.parse().ok()?;
+            Some((n, w.next().and_then(|t| t.parse().ok()).unwrap_or(0.0)))
+        })
+        .collect()
+}
+
 /// Compiles tests/workloads/mpi_check.c with `mpicc` into `dir/name`.
 pub fn build_check(dir: &Path, mpicc: &str, name: &str) -> PathBuf {
     let out = dir.join(name);

@@ -83,15 +83,7 @@ impl<'c> Job<'c> {
     /// The `progress N [T]` lines it printed: (N, T), T (the program's
     /// wall clock, seconds) 0 when the line has none.
     fn progress_lines(&self) -> Vec<(u64, f64)> {
-        self.output()
-            .lines()
-            .filter_map(|l| l.strip_prefix("progress "))
-            .filter_map(|rest| {
-                let mut w = rest.split_whitespace();
-                let n = w.next()?.parse().ok()?;
-                Some((n, w.next().and_then(|t| t.parse().ok()).unwrap_or(0.0)))
-            })
-            .collect()
+        mpi::progress_lines(&self.output())
     }
 
     /// The last `progress N` it printed.

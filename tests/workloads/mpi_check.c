@@ -2,7 +2,7 @@
  * mpi_check: self-checking MPI workloads for the checkpoint tests
  * (tests/tests/mpi.rs, docs/MPI.md). Built with each MPI's mpicc.
  *
- *   mpi_check ring|allreduce|halo ITERATIONS PACE_US [BALLAST_MIB]
+ *   mpi_check ring|allreduce|halo ITERATIONS PACE_US [BALLAST_MIB [PROGRESS_EVERY]]
  *
  * ring       a token of 64 KiB goes round the ranks ITERATIONS times; every
  *            rank checks the iteration, the hop count and every byte of it,
@@ -17,6 +17,8 @@
  *
  * BALLAST_MIB (cr-bench mpi): every rank also holds that much memory of
  * its own, filled from its rank at start and checked whole at the end.
+ * PROGRESS_EVERY (default 50): iterations between two progress lines
+ * (cr-bench mpi prints them often, to see the job's stalls).
  *
  * At the end every rank also checks that its host name is still the one it
  * started with (a job restarted on other nodes keeps its own).
@@ -40,6 +42,7 @@
 #define CELLS 4096
 
 static int rank, size;
+static long progress_every = 50;
 
 static uint64_t mix(uint64_t a, uint64_t b)
 {
@@ -60,7 +63,7 @@ static void fail(const char *what, long iter, uint64_t got, uint64_t want)
 
 static void progress(long i, long iters)
 {
-    if (rank == 0 && (i % 50 == 0 || i == iters)) {
+    if (rank == 0 && (i % progress_every == 0 || i == iters)) {
         struct timespec t;
         clock_gettime(CLOCK_REALTIME, &t);
         printf("progress %ld %.3f\n", i, (double)t.tv_sec + t.tv_nsec / 1e9);
@@ -269,16 +272,19 @@ static int ballast_intact(const uint64_t *b, long words)
 
 int main(int argc, char **argv)
 {
-    if (argc != 4 && argc != 5) {
-        fprintf(stderr, "usage: mpi_check ring|allreduce|halo ITERATIONS PACE_US [BALLAST_MIB]\n");
+    if (argc < 4 || argc > 6 || (argc == 6 && atol(argv[5]) < 1)) {
+        fprintf(stderr, "usage: mpi_check ring|allreduce|halo ITERATIONS PACE_US "
+                        "[BALLAST_MIB [PROGRESS_EVERY]]\n");
         return 2;
     }
+    if (argc == 6)
+        progress_every = atol(argv[5]);
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *mode = argv[1];
     long iters = atol(argv[2]), pace = atol(argv[3]);
-    long ballast_words = argc == 5 ? atol(argv[4]) * (1L << 20) / 8 : 0;
+    long ballast_words = argc >= 5 ? atol(argv[4]) * (1L << 20) / 8 : 0;
     uint64_t *ballast = ballast_fill(ballast_words);
     connect_all();
     char host[256] = "";
