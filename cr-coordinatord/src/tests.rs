@@ -29,16 +29,20 @@ struct Fake {
 }
 
 impl Fake {
-    /// What PREPARE (or FREEZE after callbacks_first) of `session` returns
-    /// on `node`: every target frozen, the node's bookmarks.
-    fn frozen_reply(&self, node: &str, session: &str) -> pb::PrepareReply {
-        let bookmarks = self
-            .bookmarks
+    /// The bookmarks `node`'s PREPARE and DUMP return.
+    fn node_bookmarks(&self, node: &str) -> Vec<pb::Bookmark> {
+        self.bookmarks
             .lock()
             .unwrap()
             .get(node)
             .cloned()
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// What PREPARE (or FREEZE after callbacks_first) of `session` returns
+    /// on `node`: every target frozen, the node's bookmarks.
+    fn frozen_reply(&self, node: &str, session: &str) -> pb::PrepareReply {
+        let bookmarks = self.node_bookmarks(node);
         let n = self.prepared.lock().unwrap()[session][node].targets.len() as u32;
         pb::PrepareReply {
             bookmarks,
@@ -113,13 +117,7 @@ impl AgentApi for Fake {
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
         self.enter(node, "dump", &req.session).await?;
         let p = self.prepared.lock().unwrap()[&req.session][node].clone();
-        let marks = self
-            .bookmarks
-            .lock()
-            .unwrap()
-            .get(node)
-            .cloned()
-            .unwrap_or_default();
+        let marks = self.node_bookmarks(node);
         Ok(pb::DumpReply {
             images: p
                 .targets
