@@ -3,7 +3,9 @@
 //! lazy (`--lazy`: post-copy restore on the target) and both, next to the
 //! link's own limit measured in the same run. With `--lazy` the total runs
 //! until the target's agent logs that every page is in (its `ms` counts
-//! from the start of the member's restore).
+//! from the start of the member's restore), and the bytes copied count
+//! the page store's blocks the target got from the source after the
+//! release (post-copy), their time that of the post-copy stream.
 //!
 //! The cluster is the one of the end-to-end tests (`cr_tests::cluster`).
 //! For each (memory, dirty rate) a 2-member ring of `wl_ring` is started on
@@ -115,29 +117,43 @@ fn link_limit(c: &Cluster) -> f64 {
     got as f64 / (1 << 20) as f64 / t0.elapsed().as_secs_f64()
 }
 
-/// The `ms=` of the `n`-th "post-copy done" line of node `k`'s agent log
-/// (the moved member is the only one restored there), once there.
-fn post_copy_ms(c: &Cluster, k: usize, n: usize) -> u64 {
+/// The `FIELD=` values of the `n`-th line of node `k`'s agent log holding
+/// `marker` (the moved member is the only one restored there), once there.
+fn log_fields<const N: usize>(
+    c: &Cluster,
+    k: usize,
+    marker: &str,
+    n: usize,
+    fields: [&str; N],
+) -> [u64; N] {
     let log = c.agent_log(k);
     let mut found = None;
     cr_tests::wait_until(
-        &format!("n{k}'s agent to put every page of the moved member in"),
+        &format!("n{k}'s agent to log {marker:?}"),
         Duration::from_secs(600),
         || {
             let text = cr_tests::read_text(&log);
-            found = text
-                .lines()
-                .filter(|l| l.contains("post-copy done"))
-                .nth(n)
-                .and_then(|l| l.split("ms=").nth(1))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok());
+            found = text.lines().filter(|l| l.contains(marker)).nth(n).map(|l| {
+                fields.map(|f| {
+                    l.split(&format!(" {f}="))
+                        .nth(1)
+                        .and_then(|v| v.split_whitespace().next())
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0)
+                })
+            });
             found.is_some()
         },
         String::new,
     );
-    found.unwrap_or(0)
+    found.unwrap_or([0; N])
 }
+
+/// Lines of the target's log: every page in the process (its `ms` from
+/// the start of the restore), every block of the page store in from the
+/// source (its `bytes` and `ms`).
+const PAGES_IN: &str = "post-copy done";
+const BLOCKS_IN: &str = "every page block is in";
 
 /// Migrate member 0 of `ring` to node `to` in `mode`: (downtime, total,
 /// bytes copied, copy ms) and the checkpoint's id.
@@ -162,19 +178,29 @@ fn migrate(c: &Cluster, ring: &mut Ring, to: &str, mode: &str) -> ((u64, u64, u6
         args.push("--lazy");
     }
     let dst: usize = to.trim_start_matches('n').parse().expect("node name nK");
-    let seen = cr_tests::read_text(&c.agent_log(dst))
-        .matches("post-copy done")
-        .count();
+    let log = cr_tests::read_text(&c.agent_log(dst));
+    let (seen, seen_blocks) = (
+        log.matches(PAGES_IN).count(),
+        log.matches(BLOCKS_IN).count(),
+    );
     let r = c.crctl_json(&args);
     ring.adopt();
-    let after = if lazy { post_copy_ms(c, dst, seen) } else { 0 };
+    // Post-copy: the pages come after the release, from the source.
+    let ([after], [post_bytes, post_ms]) = if lazy {
+        (
+            log_fields(c, dst, PAGES_IN, seen, ["ms"]),
+            log_fields(c, dst, BLOCKS_IN, seen_blocks, ["bytes", "ms"]),
+        )
+    } else {
+        ([0], [0, 0])
+    };
     ring.wait_advanced(ADVANCE, "after a migration");
     (
         (
             ju64(&r, "downtime_ms"),
             ju64(&r, "downtime_ms") + ju64(&r, "pre_copy_ms") + after,
-            ju64(&r, "bytes") + ju64(&r, "pre_copy_bytes"),
-            ju64(&r, "copy_ms") + ju64(&r, "pre_copy_ms"),
+            ju64(&r, "bytes") + ju64(&r, "pre_copy_bytes") + post_bytes,
+            ju64(&r, "copy_ms") + ju64(&r, "pre_copy_ms") + post_ms,
         ),
         jstr(&r, "checkpoint"),
     )

@@ -195,6 +195,7 @@ impl Coordinator {
                 dirs: out.parents.get(k).cloned().into_iter().collect(),
                 what: format!("pre-copy round {round} of {job}"),
                 timeout_ms,
+                lazy: false,
             };
             async move {
                 let what = format!("FETCH from {}", k.0);

@@ -1129,7 +1129,15 @@ impl Coordinator {
         // FETCH: images restored on a node that lacks them.
         let t = Instant::now();
         let fetched = match self
-            .unless_stopped(self.fetch_images(&busy, job, &ck, &plan, deadline, &live))
+            .unless_stopped(self.fetch_images(
+                &busy,
+                job,
+                &ck,
+                &plan,
+                deadline,
+                &live,
+                opts.lazy_pages,
+            ))
             .await
             .and_then(|r| r)
         {
@@ -1322,6 +1330,7 @@ impl Coordinator {
         plan: &migrate::Plan,
         deadline: Instant,
         live: &crate::registry::Liveness,
+        lazy: bool,
     ) -> Result<Fetched, String> {
         let id = ck.id();
         let node_recs = self.catalog.read(|s| s.nodes.clone());
@@ -1351,7 +1360,7 @@ impl Coordinator {
         busy.phase("fetching images");
         let what = format!("restart of {job} from {id}");
         for ((dst, _), r) in self
-            .copy_images(job, id, &what, &calls, &node_recs, deadline)
+            .copy_images(job, id, &what, &calls, &node_recs, deadline, lazy)
             .await
         {
             let (dirs, bytes) = r.map_err(|e| format!("node {dst}: {e}"))?;
@@ -1426,7 +1435,7 @@ impl Coordinator {
         let what = format!("replica of {id}");
         let mut bytes = 0;
         for ((dst, src), r) in self
-            .copy_images(&job, &id, &what, &calls, &node_recs, deadline)
+            .copy_images(&job, &id, &what, &calls, &node_recs, deadline, false)
             .await
         {
             match r {
@@ -1462,7 +1471,9 @@ impl Coordinator {
     /// The FETCH calls of `calls`, in parallel: for each, the directories
     /// of its images on its target (by image index) and the bytes copied,
     /// or why it failed. Every copy made is recorded as a replica of
-    /// checkpoint `id`.
+    /// checkpoint `id`. With `lazy` (a post-copy restart) the page stores
+    /// are left to come while the restored processes run (see
+    /// `pb::FetchRequest::lazy`): the copy is complete once they are in.
     async fn copy_images(
         &self,
         job: &str,
@@ -1471,6 +1482,7 @@ impl Coordinator {
         calls: &Copies,
         node_recs: &BTreeMap<String, NodeRecord>,
         deadline: Instant,
+        lazy: bool,
     ) -> Vec<(NodePair, CopyResult)> {
         let timeout_ms = ms(deadline.saturating_duration_since(Instant::now())) as u32;
         let results = join_all(calls.iter().map(|((dst, src), imgs)| {
@@ -1483,6 +1495,7 @@ impl Coordinator {
                 dirs: imgs.iter().map(|(_, d)| d.clone()).collect(),
                 what: what.to_string(),
                 timeout_ms,
+                lazy,
             };
             let what = format!("FETCH from {src}");
             async move { timed(deadline, &what, dst, self.agents.fetch(dst, req)).await }

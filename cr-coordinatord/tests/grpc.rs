@@ -20,6 +20,7 @@ struct FakeAgent {
 impl pb::agent_server::Agent for FakeAgent {
     type ReadImageFileStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::FileChunk, Status>>;
+    type ServePagesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::PageBlock, Status>>;
 
     // This fake models shared storage: every image is on every node.
     async fn pre_dump(
@@ -47,6 +48,12 @@ impl pb::agent_server::Agent for FakeAgent {
         &self,
         _: Request<pb::ReadFileRequest>,
     ) -> Result<Response<Self::ReadImageFileStream>, Status> {
+        Err(Status::unimplemented("no images here"))
+    }
+    async fn serve_pages(
+        &self,
+        _: Request<tonic::Streaming<pb::PageWant>>,
+    ) -> Result<Response<Self::ServePagesStream>, Status> {
         Err(Status::unimplemented("no images here"))
     }
     async fn prepare(

@@ -168,6 +168,13 @@ pub enum RestoreError {
     /// could not all be put in; it was killed (its image is untouched).
     #[error("post-copy of process {pid} failed after it started running: {why}; the process was killed, its image is intact: restore it again")]
     LazyPages { pid: i32, why: String },
+    /// Post-copy between nodes: a block of a page store never came.
+    #[error("block {block} of {} did not come from the node that holds the image: {why}", store.display())]
+    RemotePages {
+        store: std::path::PathBuf,
+        block: u32,
+        why: String,
+    },
 }
 
 /// Attach a description of the step to a low-level error.

@@ -351,6 +351,11 @@ pub struct RestoreOptions {
     /// process is killed (the image stays intact).
     #[arg(long)]
     pub lazy_pages: bool,
+    /// Page stores still arriving from another node (set by the agent for
+    /// a post-copy migration): their blocks are asked for before they are
+    /// read ([`crate::kinds::memory::remote`]).
+    #[arg(skip)]
+    pub remote_pages: Option<std::sync::Arc<dyn crate::kinds::memory::remote::RemoteStores>>,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -369,6 +374,7 @@ impl Default for RestoreOptions {
             allow_changed_files: false,
             verify: false,
             lazy_pages: false,
+            remote_pages: None,
             progress: Progress::Off,
         }
     }

@@ -188,7 +188,7 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
         let (uid, _, gid, _) = proc::own_ids();
         kinds::sysv::check_owner(&ck, uid, gid)?;
     }
-    let pages = Pages::open(&chain)?;
+    let pages = Pages::open(&chain, opts.remote_pages.as_ref())?;
     let mut pieces: HashMap<u32, Vec<Piece>> = HashMap::new();
     for p in ck.processes.iter().filter(|p| !p.is_zombie()) {
         // A broken chain found now costs nothing; blocks are checked as

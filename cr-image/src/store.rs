@@ -293,6 +293,13 @@ impl StoreReader {
         Ok(buf)
     }
 
+    /// Block `id` as stored in the file (compressed or raw), unchecked: what
+    /// a post-copy source sends (the target checks it when it reads it).
+    pub fn stored(&self, id: u32) -> Result<&[u8]> {
+        let b = self.meta(id)?;
+        Ok(&self.map.bytes()[b.offset as usize..][..b.stored_len as usize])
+    }
+
     /// Whether block `id` is stored uncompressed.
     pub fn is_raw(&self, id: u32) -> bool {
         self.blocks.get(id as usize).is_some_and(|b| b.raw)

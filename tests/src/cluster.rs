@@ -1782,6 +1782,16 @@ impl<'c> Ring<'c> {
         reap_orphans();
     }
 
+    /// Forgets what the members last reported (their status files), once
+    /// they are all gone: after a member was lost, its peers' FAIL (they
+    /// saw it go) is not held against the job restarted from its
+    /// checkpoint, whose members write theirs again.
+    pub fn forget_statuses(&self) {
+        for m in &self.members {
+            let _ = std::fs::remove_file(&m.status);
+        }
+    }
+
     /// Kills every process of the ring (restored ones too) by PID.
     pub fn kill_all(&mut self) {
         for m in &mut self.members {

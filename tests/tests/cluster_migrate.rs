@@ -18,7 +18,9 @@
 //! * failures: the target's agent killed during the copy, the target's
 //!   link cut during the copy, the coordinator killed between the
 //!   checkpoint and the restart: the job runs on (or again) where it was,
-//!   no image and no partial copy is left on the target.
+//!   no image and no partial copy is left on the target; the source's
+//!   agent killed during a post-copy (`--lazy`): the moved member is lost,
+//!   and the job restarts from the migration's checkpoint.
 //!
 //! Each test prints `MEASURED:` lines: the downtime of each migration and
 //! the copy's rate.
@@ -252,8 +254,10 @@ fn migrate_member_then_job_then_restart_elsewhere() {
 
 /// `crctl migrate --lazy` of the member of a ring that holds 64 MiB it
 /// rewrites at 10 MB/s and checks: it runs on its target before its pages
-/// are in (the target's agent serves them from the fetched image through
-/// a userfaultfd, then logs that every page is in); then once more with
+/// are there (post-copy: the target fetched the image without its page
+/// store, whose blocks its agent gets from the source's agent, those the
+/// process faults on first, while it runs; it logs when every block is in
+/// and when every page is in the process); then once more with
 /// `--pre-copy` too. Every byte of the ring and the ballast are checked by
 /// the members.
 fn lazy_migrations(c: &Cluster) {
@@ -265,16 +269,30 @@ fn lazy_migrations(c: &Cluster) {
         ("n3", 3, Some("--pre-copy"), [3, 2, 3]),
     ] {
         let what = format!("member 0 to {to} with --lazy {}", extra.unwrap_or(""));
-        let done_before = read_text(&c.agent_log(k)).matches("post-copy done").count();
+        let log = read_text(&c.agent_log(k));
+        let done_before = log.matches("post-copy done").count();
+        let blocks_before = log.matches("every page block is in").count();
         let m0 = member_id(c, &ring, 0);
         let snap = ring.mins();
         let mut args = vec![job, "--member", m0.as_str(), "--to", to, "--lazy"];
         args.extend(extra);
-        migrate(c, &mut ring, &args, &what);
+        let r = migrate(c, &mut ring, &args, &what);
+        // The 64 MiB ballast was not copied before the member ran there.
+        ensure(
+            &ring,
+            ju64(&r, "bytes") < 16 << 20,
+            &format!("{what}: the pages should come after the restore, not before: {r:#}"),
+        );
         wait_until(
-            &format!("{to}'s agent to put every page of the moved member in"),
+            &format!(
+                "{to}'s agent to get every page block and put every page of the moved member in"
+            ),
             Duration::from_secs(120),
-            || read_text(&c.agent_log(k)).matches("post-copy done").count() > done_before,
+            || {
+                let log = read_text(&c.agent_log(k));
+                log.matches("post-copy done").count() > done_before
+                    && log.matches("every page block is in").count() > blocks_before
+            },
             || ring.diag(),
         );
         ring.wait_past(&snap, MARGIN, &format!("after {what}"));
@@ -587,7 +605,10 @@ fn migration_failures_roll_back() {
     let f = Faults::new(&h.dir);
     let c = Cluster::new(&h, 3);
     c.start_coordinator_with(&f.coord_env(), &[]);
-    c.start_agents_local(&[1, 2], &[]);
+    // n1 (every migration's source) with the hooks too, for post-copy.
+    let source_opts = agent_opts(&c, 1, &f.agent_env());
+    c.start_agent_with(1, &source_opts);
+    c.start_agents_local(&[2], &[]);
     let target_opts = agent_opts(&c, 3, &f.agent_env());
     c.start_agent_with(3, &target_opts);
     // The member on n1 holds 64 MiB, so that a copy takes a while.
@@ -684,4 +705,77 @@ fn migration_failures_roll_back() {
         images_on(&c, 3, "ring").is_empty(),
         "no image of the job on the target"
     );
+
+    // (4) Post-copy (--lazy), the source's agent killed while the moved
+    // member runs on the target with pages still missing (the source
+    // holds its push at the first block): the member is lost (killed on
+    // the target, one error in its agent's log), the target's incomplete
+    // copy is removed, and the job restarts from the migration's
+    // checkpoint, whose image the source kept.
+    std::fs::write(&f.agent_ctl, "postcopy").unwrap();
+    let m0 = member_id(&c, &ring, 0);
+    let args = [
+        "--json",
+        "migrate",
+        "ring",
+        "--member",
+        m0.as_str(),
+        "--to",
+        "n3",
+        "--lazy",
+    ];
+    let mut bg = run_to_fault(&c, &ring, &args, &f.agent_reached);
+    let out = bg.wait(Duration::from_secs(120), || ring.diag());
+    assert!(
+        out.status.success(),
+        "the lazy migration should succeed before the source is lost\n{}",
+        out.show()
+    );
+    let id = jstr(
+        &serde_json::from_str::<Value>(&out.stdout).expect("crctl --json migrate"),
+        "checkpoint",
+    );
+    ring.adopt();
+    ring.assert_on_nodes(&[3, 2, 1], "after the lazy migration");
+    c.kill_agent(1);
+    wait_until(
+        "the moved member to be killed on the target, its loss logged",
+        Duration::from_secs(60),
+        || {
+            ring.find_pids(0).is_empty()
+                && read_text(&c.agent_log(3)).contains("post-copy from the source failed")
+        },
+        || ring.diag(),
+    );
+    let log = read_text(&c.agent_log(3));
+    assert!(
+        log.contains("post-copy failed"),
+        "the target's agent should say the post-copy failed (the member killed)\n{log}"
+    );
+    assert!(
+        images_on(&c, 3, "ring")
+            .iter()
+            .all(|i| !i.starts_with(&format!("{id}/"))),
+        "the target's incomplete copy of {id} should be removed"
+    );
+    // The job restarts from its last checkpoint (the migration's).
+    ring.kill_all();
+    f.clear();
+    c.start_agent_with(1, &source_opts);
+    c.wait_members_gone("ring");
+    ring.forget_statuses();
+    let out = c.crctl(&["restart", "ring", "--checkpoint", &id]);
+    assert!(
+        out.status.success(),
+        "the job should restart from {id}\n{}\n{}",
+        out.show(),
+        ring.diag()
+    );
+    ring.adopt();
+    ring.wait_advanced(MARGIN, "after the restart from the migration's checkpoint");
+    ring.assert_on_nodes(
+        &placement,
+        "after the restart from the migration's checkpoint",
+    );
+    ring.assert_no_fail();
 }

@@ -1,10 +1,13 @@
 //! Fault points for the tests (docs/CLUSTER.md, "Test hooks"):
-//! `CR_AGENT_FAULT=STEP` (prepare, dump, commit, finish, restore; or
+//! `CR_AGENT_FAULT=STEP` (prepare, dump, commit, finish, restore, fetch,
+//! postcopy; or
 //! `@FILE`: the step written in FILE, read at each point) makes the
 //! session stop at that step (PREPARE: frozen and locked, before its reply;
 //! DUMP: before the dump; COMMIT: recorded, before its reply; FINISH:
 //! before the processes are let go; RESTORE: rebuilt, before its reply;
-//! FETCH: an image copy to this node, after its first chunk),
+//! FETCH: an image copy to this node, after its first chunk; POSTCOPY:
+//! this node serving a post-copy, its push held after the first block
+//! while the blocks asked for still go),
 //! write the step's name to `$CR_AGENT_FAULT_FILE` and wait until that
 //! file is removed (at most 10 minutes), so that a test can kill the agent
 //! or cut its link right there, then let it go on.

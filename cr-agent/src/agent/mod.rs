@@ -15,6 +15,7 @@ pub mod leases;
 pub mod link;
 pub mod local;
 pub mod members;
+pub mod postcopy;
 pub mod reaper;
 pub mod remote;
 pub mod sessions;
@@ -48,6 +49,8 @@ pub struct Shared {
     pub security: Security,
     /// The coordinator says the node is drained: new members are refused.
     pub drained: std::sync::atomic::AtomicBool,
+    /// Page stores arriving from other nodes (post-copy migration).
+    pub postcopies: Arc<postcopy::PostCopies>,
 }
 
 /// Bind the Unix socket: refused if another agent answers on it; a stale
@@ -106,6 +109,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         coordinator: std::sync::OnceLock::new(),
         security: sec.clone(),
         drained: std::sync::atomic::AtomicBool::new(false),
+        postcopies: Arc::default(),
         config,
     });
     shared.reaper.spawn(Duration::from_millis(100));

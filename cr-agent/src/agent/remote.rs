@@ -2,7 +2,7 @@
 //! of the coordinated protocol (see [`super::sessions`]) and the removal of
 //! images and network locks.
 
-use super::{sessions, transfer, Shared};
+use super::{postcopy, sessions, transfer, Shared};
 use cr_rpc::pb;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -96,6 +96,18 @@ fn unlock_image(dir: &Path) {
 impl pb::agent_server::Agent for AgentService {
     type ReadImageFileStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::FileChunk, Status>>;
+    type ServePagesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::PageBlock, Status>>;
+
+    async fn serve_pages(
+        &self,
+        req: Request<tonic::Streaming<pb::PageWant>>,
+    ) -> Result<Response<Self::ServePagesStream>, Status> {
+        from_peer(&req)?;
+        let rx = postcopy::serve(self.shared.clone(), req.into_inner()).await?;
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
 
     async fn pre_dump(
         &self,

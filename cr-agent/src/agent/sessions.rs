@@ -1270,6 +1270,10 @@ fn restore_session(
         reset_guard: RESET_GUARD_SECS,
         allow_changed_files: req.allow_changed_files,
         lazy_pages: req.lazy_pages,
+        // Stores a lazy fetch left to come (post-copy migration).
+        remote_pages: req.lazy_pages.then(|| {
+            shared.postcopies.clone() as Arc<dyn cr_engine::kinds::memory::remote::RemoteStores>
+        }),
         ..Default::default()
     };
     // Every tree rebuilt at once, each by a tracer thread of its own (which

@@ -42,7 +42,7 @@ const RESUME_PAUSE: Duration = Duration::from_millis(300);
 /// stream within about three periods, and the copy is resumed.
 const PEER_KEEPALIVE: Duration = Duration::from_secs(1);
 
-fn root(shared: &Shared) -> PathBuf {
+pub fn root(shared: &Shared) -> PathBuf {
     let r = &shared.config.images;
     r.canonicalize().unwrap_or_else(|_| r.clone())
 }
@@ -325,15 +325,22 @@ async fn copy_file(
     out.sync_all()
         .map_err(|e| fail(format!("{}: {e}", part.display())))?;
     drop(out);
-    let (h, size) = hash_file(part).map_err(|e| fail(format!("{}: {e}", part.display())))?;
-    if size != f.size || h != f.xxh3 {
+    if let Err(e) = check_whole(part, f.size, f.xxh3) {
         // Start the file over (the source changed it, or the copy is bad).
         let _ = std::fs::remove_file(part);
-        return Err((
-            format!("{}: the copy does not match the source's hash", f.path),
-            true,
-        ));
+        return Err((format!("{}: {e}", f.path), true));
     }
+    Ok(())
+}
+
+/// A copied file, checked whole against the source's size and hash (and
+/// remembered as such when it matches).
+pub fn check_whole(path: &Path, size: u64, xxh3: u64) -> Result<(), String> {
+    let (h, n) = hash_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if n != size || h != xxh3 {
+        return Err("the copy does not match the source's hash".into());
+    }
+    remember(path, h);
     Ok(())
 }
 
@@ -405,8 +412,10 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
     for d in manifest.dirs.iter().chain(&manifest.all_dirs) {
         under(&root, d)?;
     }
-    // Files already here (same size and hash) are not copied.
+    // Files already here (same size and hash) are not copied; with `lazy`,
+    // neither are the page stores of the images asked for (post-copy).
     let mut todo = Vec::new();
+    let mut lazy = Vec::new();
     let mut present = 0u64;
     for f in &manifest.files {
         let dst = under(&root, &f.path)?;
@@ -420,6 +429,12 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
             == Some((f.xxh3, f.size));
         if same {
             present += f.size;
+        } else if req.lazy && is_top_store(&manifest.dirs, &f.path) {
+            lazy.push(super::postcopy::Lazy {
+                rel: f.path.clone(),
+                size: f.size,
+                xxh3: f.xxh3,
+            });
         } else {
             todo.push(f.clone());
         }
@@ -491,6 +506,8 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
         put_in_place(&root, d).map_err(give_up)?;
     }
     staging.armed = false;
+    let lazy_bytes: u64 = lazy.iter().map(|l| l.size).sum();
+    super::postcopy::start(&shared, &root, from, client, lazy).map_err(give_up)?;
     // Checked on arrival: known from now on.
     for f in &todo {
         if let Ok(p) = under(&root, &f.path) {
@@ -504,6 +521,7 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
         bytes = total,
         ms,
         resumes,
+        lazy_bytes,
         mib_per_s = format!("{:.1}", total as f64 / (1 << 20) as f64 / (ms.max(1) as f64 / 1000.0)),
         "images fetched"
     );
@@ -517,6 +535,14 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
         present_bytes: present,
         ms,
         resumes,
+    })
+}
+
+/// Whether `path` (of a manifest) is the page store of one of the images
+/// `dirs` asked for (not of a parent): `pages-*.img` right in it.
+fn is_top_store(dirs: &[String], path: &str) -> bool {
+    path.rsplit_once('/').is_some_and(|(d, name)| {
+        dirs.iter().any(|x| x == d) && name.starts_with("pages-") && name.ends_with(".img")
     })
 }
 

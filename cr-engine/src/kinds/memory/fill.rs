@@ -5,6 +5,7 @@
 //! protections, madvise flags, memory locks and anonymous names.
 
 use super::pool;
+use super::remote::RemoteStores;
 use crate::error::{RestoreError, StepContext};
 use crate::restore::Rebuild;
 use cr_image::chain::{Chain, Piece, Source};
@@ -12,7 +13,9 @@ use cr_image::model::{Process, Vma, VmaKind};
 use cr_image::store::{StoreReader, PAGE};
 use cr_sys::mem::{write_vm, write_vm_many};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 const PR_SET_VMA: u64 = 0x53564d41;
 const PR_SET_VMA_ANON_NAME: u64 = 0;
@@ -21,11 +24,18 @@ const PR_SET_VMA_ANON_NAME: u64 = 0;
 pub struct Pages<'a> {
     chain: &'a Chain,
     readers: Vec<Option<StoreReader>>,
+    /// Stores still arriving (post-copy between nodes), and each link's
+    /// store file as they name it (canonical).
+    remote: Option<(Arc<dyn RemoteStores>, Vec<PathBuf>)>,
 }
 
 impl<'a> Pages<'a> {
-    /// Open (and size-check) the store of every image of the chain.
-    pub fn open(chain: &'a Chain) -> Result<Self, RestoreError> {
+    /// Open (and size-check) the store of every image of the chain; the
+    /// blocks of those in `remote` are waited for before they are read.
+    pub fn open(
+        chain: &'a Chain,
+        remote: Option<&Arc<dyn RemoteStores>>,
+    ) -> Result<Self, RestoreError> {
         let readers = chain
             .links
             .iter()
@@ -34,7 +44,72 @@ impl<'a> Pages<'a> {
                 None => Ok(None),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Pages { chain, readers })
+        let remote = remote.map(|r| {
+            let paths = readers
+                .iter()
+                .map(|rd| {
+                    rd.as_ref().map_or_else(PathBuf::new, |rd| {
+                        rd.path()
+                            .canonicalize()
+                            .unwrap_or_else(|_| rd.path().to_path_buf())
+                    })
+                })
+                .collect();
+            (r.clone(), paths)
+        });
+        Ok(Pages {
+            chain,
+            readers,
+            remote,
+        })
+    }
+
+    /// Whether block `block` of link `link`'s store can be read now; an
+    /// error when it never will.
+    pub fn has(&self, link: usize, block: u32) -> Result<bool, RestoreError> {
+        let Some((r, paths)) = &self.remote else {
+            return Ok(true);
+        };
+        r.has(&paths[link], block)
+            .map_err(|why| RestoreError::RemotePages {
+                store: paths[link].clone(),
+                block,
+                why,
+            })
+    }
+
+    /// Ask at once for every block of `pieces` not in yet (their pages are
+    /// about to be read).
+    pub fn want(&self, pieces: &[Piece]) {
+        let Some((r, paths)) = &self.remote else {
+            return;
+        };
+        let mut by_link: HashMap<usize, Vec<u32>> = HashMap::new();
+        for p in pieces {
+            if let Source::Store { link, loc } = p.src {
+                let v = by_link.entry(link).or_default();
+                if v.last() != Some(&loc.block) {
+                    v.push(loc.block);
+                }
+            }
+        }
+        for (link, blocks) in by_link {
+            r.want(&paths[link], &blocks);
+        }
+    }
+
+    /// Wait until block `block` of link `link`'s store can be read.
+    fn ready(&self, link: usize, block: u32) -> Result<(), RestoreError> {
+        let Some((r, paths)) = &self.remote else {
+            return Ok(());
+        };
+        let store = &paths[link];
+        r.wait(store, block)
+            .map_err(|why| RestoreError::RemotePages {
+                store: store.clone(),
+                block,
+                why,
+            })
     }
 
     /// Where every page of process `pid` lives (checks the chain covers them).
@@ -71,6 +146,7 @@ impl Pages<'_> {
         match piece.src {
             Source::Store { link, loc } => {
                 let reader = self.reader(link)?;
+                self.ready(link, loc.block)?;
                 if reader.is_raw(loc.block) {
                     let len = piece.pages as usize * PAGE;
                     return Ok(Some(reader.raw_slice(
@@ -303,6 +379,7 @@ pub fn fill(
                 match piece.src {
                     Source::Store { link, loc } => {
                         let reader = pages.reader(link)?;
+                        pages.ready(link, loc.block)?;
                         let at = loc.page as usize * PAGE;
                         if reader.is_raw(loc.block) {
                             // Straight from the mapped store file.

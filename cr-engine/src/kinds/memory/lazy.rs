@@ -27,6 +27,7 @@
 //! it read zeros where its data was) and the image is left intact.
 
 use super::fill::Pages;
+use super::remote::RemoteStores;
 use crate::error::{RestoreError, StepContext};
 use crate::restore::Rebuild;
 use cr_image::chain::{Chain, Piece, Source};
@@ -46,6 +47,8 @@ use tracing::{debug, info, warn};
 const FAULT_PAGES: u32 = 16;
 /// Pages of one background copy.
 const PUSH_PAGES: u32 = 256;
+/// Longest wait for a fault while no missing page is here to push.
+const ARRIVAL_WAIT_MS: i32 = 2;
 /// `CR_FAULT_INJECT` stage: the server fails at its first background copy
 /// after the process was released (runs).
 pub const FAULT_STAGE: &str = "lazy-transfer";
@@ -131,8 +134,20 @@ impl Missing {
     }
 
     /// Take out up to `max` pages from the lowest address missing.
+    #[cfg(test)]
     fn take_first(&mut self, max: u32) -> Option<Piece> {
-        let addr = *self.0.keys().next()?;
+        self.take_first_ready(max, |_| true)
+    }
+
+    /// Take out up to `max` pages from the lowest address missing whose
+    /// piece `ready` accepts (its block is in, for a store that arrives
+    /// from another node).
+    fn take_first_ready(
+        &mut self,
+        max: u32,
+        mut ready: impl FnMut(&Piece) -> bool,
+    ) -> Option<Piece> {
+        let addr = self.0.values().find(|p| ready(p))?.vaddr;
         self.take_at(addr, max)
     }
 
@@ -270,13 +285,14 @@ pub fn start(
     cx.stub
         .call("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])?;
     let dir: PathBuf = cx.r.img.path().to_path_buf();
+    let remote = cx.r.opts.remote_pages.clone();
     let bytes: u64 = pieces.iter().map(|p| p.pages as u64 * PAGE as u64).sum();
     let transfer = cx.r.stash.get::<Transfer>();
     let abort = transfer.abort.clone();
     debug!(pid, ranges = ranges.len(), bytes, "post-copy server starts");
     let h = std::thread::Builder::new()
         .name(format!("cr-lazy-{pid}"))
-        .spawn(move || serve(pid, ours, dir, pieces, &abort))
+        .spawn(move || serve(pid, ours, dir, remote, pieces, &abort))
         .map_err(|e| RestoreError::LazyPages {
             pid,
             why: format!("cannot start its page server: {e}"),
@@ -291,6 +307,7 @@ fn serve(
     pid: i32,
     fd: OwnedFd,
     dir: PathBuf,
+    remote: Option<Arc<dyn RemoteStores>>,
     pieces: Vec<Piece>,
     abort: &AtomicBool,
 ) -> Result<Stats, RestoreError> {
@@ -309,7 +326,7 @@ fn serve(
     let mut stats = Stats::default();
     let r = (|| -> Result<(), RestoreError> {
         let chain = Chain::open(&dir)?;
-        let pages = Pages::open(&chain)?;
+        let pages = Pages::open(&chain, remote.as_ref())?;
         let mut io = Io {
             pages: &pages,
             buf: Vec::new(),
@@ -402,7 +419,24 @@ fn run(
         let Some(s) = served.iter_mut().find(|s| !s.missing.is_empty()) else {
             return Ok(());
         };
-        let Some(p) = s.missing.take_first(PUSH_PAGES) else {
+        // The background push takes what is here (a store arriving from
+        // another node comes in its own order); with nothing to push, wait
+        // a moment for a fault.
+        let pages = io.pages;
+        let mut lost = None;
+        let ready = s.missing.take_first_ready(PUSH_PAGES, |p| match p.src {
+            Source::Store { link, loc } => pages.has(link, loc.block).unwrap_or_else(|e| {
+                lost.get_or_insert(e);
+                false
+            }),
+            _ => true,
+        });
+        if let Some(e) = lost {
+            return Err(e);
+        }
+        let Some(p) = ready else {
+            let fds: Vec<_> = served.iter().map(|s| s.fd.as_fd()).collect();
+            uffd::wait(&fds, ARRIVAL_WAIT_MS)?;
             continue;
         };
         stats.pushed_bytes += put(s, io, &p)?;

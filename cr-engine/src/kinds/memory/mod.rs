@@ -19,6 +19,7 @@ pub mod dump;
 pub mod fill;
 pub mod lazy;
 pub mod pool;
+pub mod remote;
 #[cfg(test)]
 mod tests;
 pub mod tracking;
@@ -318,6 +319,8 @@ impl Kind for Memory {
             Vec::new()
         };
         let (now, later) = lazy::split(cx.pieces, &lazy_ranges);
+        // Pages arriving from another node: those needed now first.
+        cx.pages.want(&now);
         let progress =
             cx.r.opts
                 .progress
