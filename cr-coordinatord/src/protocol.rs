@@ -1134,9 +1134,11 @@ impl Coordinator {
                 job,
                 &ck,
                 &plan,
-                deadline,
                 &live,
-                opts.lazy_pages,
+                Copying {
+                    deadline,
+                    lazy: opts.lazy_pages,
+                },
             ))
             .await
             .and_then(|r| r)
@@ -1328,9 +1330,8 @@ impl Coordinator {
         job: &str,
         ck: &CheckpointRecord,
         plan: &migrate::Plan,
-        deadline: Instant,
         live: &crate::registry::Liveness,
-        lazy: bool,
+        how: Copying,
     ) -> Result<Fetched, String> {
         let id = ck.id();
         let node_recs = self.catalog.read(|s| s.nodes.clone());
@@ -1360,7 +1361,7 @@ impl Coordinator {
         busy.phase("fetching images");
         let what = format!("restart of {job} from {id}");
         for ((dst, _), r) in self
-            .copy_images(job, id, &what, &calls, &node_recs, deadline, lazy)
+            .copy_images(job, id, &what, &calls, &node_recs, how)
             .await
         {
             let (dirs, bytes) = r.map_err(|e| format!("node {dst}: {e}"))?;
@@ -1435,7 +1436,17 @@ impl Coordinator {
         let what = format!("replica of {id}");
         let mut bytes = 0;
         for ((dst, src), r) in self
-            .copy_images(&job, &id, &what, &calls, &node_recs, deadline, false)
+            .copy_images(
+                &job,
+                &id,
+                &what,
+                &calls,
+                &node_recs,
+                Copying {
+                    deadline,
+                    lazy: false,
+                },
+            )
             .await
         {
             match r {
@@ -1481,9 +1492,9 @@ impl Coordinator {
         what: &str,
         calls: &Copies,
         node_recs: &BTreeMap<String, NodeRecord>,
-        deadline: Instant,
-        lazy: bool,
+        how: Copying,
     ) -> Vec<(NodePair, CopyResult)> {
+        let Copying { deadline, lazy } = how;
         let timeout_ms = ms(deadline.saturating_duration_since(Instant::now())) as u32;
         let results = join_all(calls.iter().map(|((dst, src), imgs)| {
             let req = pb::FetchRequest {
@@ -1547,6 +1558,14 @@ impl Coordinator {
 
 /// The nodes holding image `img`, with its directory there: the node that
 /// wrote it, then its replicas.
+/// How images are copied between agents: by when, and whether their page
+/// stores are left to come while the restored processes run (post-copy).
+#[derive(Clone, Copy)]
+struct Copying {
+    deadline: Instant,
+    lazy: bool,
+}
+
 fn holders(img: &pb::ImageInfo) -> Vec<(String, String)> {
     std::iter::once((img.node.clone(), img.dir.clone()))
         .chain(img.replicas.iter().filter_map(|r| {

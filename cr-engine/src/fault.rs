@@ -19,6 +19,11 @@ pub fn check(stage: &str) -> Result<(), CheckpointError> {
     }
 }
 
+/// Whether the environment asks for a fault at `stage`.
+pub fn armed(stage: &str) -> bool {
+    std::env::var(ENV).is_ok_and(|s| s == stage)
+}
+
 /// Fail a restore if the environment asks for a fault at `stage`.
 pub fn check_restore(stage: &str) -> Result<(), RestoreError> {
     match std::env::var(ENV) {

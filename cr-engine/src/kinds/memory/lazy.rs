@@ -376,7 +376,10 @@ fn run(
     abort: &AtomicBool,
 ) -> Result<(), RestoreError> {
     let mut events = Vec::new();
-    let mut pushes = 0u64;
+    // The test's fault fires at the first background copy after the
+    // release; until then (and only then) nothing is pushed, so that a
+    // fast restore cannot finish the transfer before it.
+    let inject = crate::fault::armed(FAULT_STAGE);
     loop {
         if abort.load(Ordering::Relaxed) {
             return Err(RestoreError::Interrupted("an abort of the transfer"));
@@ -419,6 +422,14 @@ fn run(
         let Some(s) = served.iter_mut().find(|s| !s.missing.is_empty()) else {
             return Ok(());
         };
+        if inject {
+            if released(pid) {
+                crate::fault::check_restore(FAULT_STAGE)?;
+            }
+            let fds: Vec<_> = served.iter().map(|s| s.fd.as_fd()).collect();
+            uffd::wait(&fds, ARRIVAL_WAIT_MS)?;
+            continue;
+        }
         // The background push takes what is here (a store arriving from
         // another node comes in its own order); with nothing to push, wait
         // a moment for a fault.
@@ -440,10 +451,6 @@ fn run(
             continue;
         };
         stats.pushed_bytes += put(s, io, &p)?;
-        pushes += 1;
-        if pushes % 16 == 1 && std::env::var_os(crate::fault::ENV).is_some() && released(pid) {
-            crate::fault::check_restore(FAULT_STAGE)?;
-        }
     }
 }
 
