@@ -199,22 +199,10 @@ pub fn start(
     let mut stores = Vec::new();
     for l in lazy {
         let path = transfer::under(root, &l.rel)?;
-        let dir = path
-            .parent()
-            .ok_or_else(|| format!("{}: not in an image directory", l.rel))?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let chain = cr_image::chain::Chain::open(dir)
-            .map_err(|e| format!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))?;
-        let store = chain
-            .top()
-            .ck
-            .store
-            .as_ref()
-            .filter(|s| s.name == name && s.size == l.size)
-            .ok_or_else(|| format!("{} is not the page store of its image", l.rel))?;
+        let (_, store) = image_store(&path)?;
+        if store.size != l.size {
+            return Err(format!("{}: not the size of its image's page store", l.rel));
+        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(true)
@@ -451,25 +439,33 @@ pub async fn serve(
     Ok(rx)
 }
 
-/// The store reader of page store file `path` (of the image it lies in).
-fn open_store(path: &Path) -> Result<cr_image::store::StoreReader, String> {
+/// The image that page store file `path` lies in, and its entry there.
+fn image_store(
+    path: &Path,
+) -> Result<(cr_image::chain::Chain, cr_image::model::PageStore), String> {
     let dir = path
         .parent()
-        .ok_or_else(|| format!("{}: not in an image", path.display()))?;
+        .ok_or_else(|| format!("{}: not in an image directory", path.display()))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let chain = cr_image::chain::Chain::open(dir)
         .map_err(|e| format!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))?;
-    let top = chain.top();
-    let store = top
+    let store = chain
+        .top()
         .ck
         .store
-        .as_ref()
+        .clone()
         .filter(|s| s.name == name)
         .ok_or_else(|| format!("{} is not the page store of its image", path.display()))?;
-    cr_image::store::StoreReader::open(&top.dir, store)
+    Ok((chain, store))
+}
+
+/// The store reader of page store file `path` (of the image it lies in).
+fn open_store(path: &Path) -> Result<cr_image::store::StoreReader, String> {
+    let (chain, store) = image_store(path)?;
+    cr_image::store::StoreReader::open(&chain.top().dir, &store)
         .map_err(|e| format!("{}: {}", path.display(), cr_sys::error::one_line(&e)))
 }
 
