@@ -772,13 +772,17 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
 /// launcher, the job it runs (its only child, PID 1 of the job's
 /// namespace); the same for a `cr_restart` waiting for what it restored.
 pub fn job_root(pid: i32) -> i32 {
-    let is_cr_run = proc::read_link(&format!("/proc/{pid}/exe"))
-        .map(|e| matches!(e.rsplit('/').next(), Some("cr_run" | "cr_restart")))
-        .unwrap_or(false);
     match proc::children(pid) {
-        Ok(kids) if is_cr_run && kids.len() == 1 => kids[0],
+        Ok(kids) if is_launcher(pid) && kids.len() == 1 => kids[0],
         _ => pid,
     }
+}
+
+/// Whether `pid` runs `cr_run` or `cr_restart` (a job's launcher).
+fn is_launcher(pid: i32) -> bool {
+    proc::read_link(&format!("/proc/{pid}/exe"))
+        .map(|e| matches!(e.rsplit('/').next(), Some("cr_run" | "cr_restart")))
+        .unwrap_or(false)
 }
 
 /// The records of `cr_run` jobs: the directory each was started with.
@@ -789,7 +793,13 @@ const JOBS: crate::pidstate::PidState = crate::pidstate::PidState("jobs");
 /// by cr_run or by the restore: never taken from the job's environment,
 /// which programs rewrite.
 pub fn job_dir(pid: i32) -> Option<PathBuf> {
-    let text = JOBS.read(pid)?;
+    // A job that has just started may not be recorded yet (its cr_run
+    // writes the record after the fork, while the job already runs); its
+    // cr_run records itself before it forks.
+    let text = JOBS.read(pid).or_else(|| {
+        let ppid = proc::stat(pid).ok()?.ppid;
+        is_launcher(ppid).then(|| JOBS.read(ppid)).flatten()
+    })?;
     let dir = text.trim_end_matches('\n');
     dir.starts_with('/').then(|| PathBuf::from(dir))
 }

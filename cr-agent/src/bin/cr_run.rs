@@ -189,6 +189,11 @@ fn run(cli: Cli) -> Result<u8, String> {
         cr_sys::ns::mount_proc_in_child(&mut cmd);
     }
     cr_sys::clone::kill_with_parent(&mut cmd, libc::SIGKILL);
+    // Recorded for cr_run itself first: the job runs (and may be named to
+    // cr_checkpoint) before its own record below is written.
+    let own_record = dir
+        .as_deref()
+        .and_then(|d| cr_engine::capture::record_job(std::process::id() as i32, d));
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", cli.command[0].to_string_lossy()))?;
@@ -231,7 +236,7 @@ fn run(cli: Cli) -> Result<u8, String> {
     if let Some(w) = on_signal {
         w.finish();
     }
-    if let Some(r) = record {
+    for r in [record, own_record].into_iter().flatten() {
         let _ = std::fs::remove_file(r);
     }
     let st = st.map_err(|e| format!("waiting for the job: {e}"))?;
