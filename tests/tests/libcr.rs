@@ -388,6 +388,14 @@ fn coordinated_callbacks_all_run_before_any_member_is_frozen() {
         || has(&flusher, "READY"),
         || diag(&flusher, &resp),
     );
+    // Both members known to the coordinator (an agent that has just
+    // started registers its member a moment later).
+    wait_until(
+        "both members in the coordinator's job",
+        LINE_TIMEOUT,
+        || c.job_procs(job).iter().filter(|p| p.2).count() == 2,
+        || diag(&flusher, &resp),
+    );
 
     let info = c.crctl_json(&["checkpoint", job, "--callback-timeout", "20s"]);
     assert_eq!(jstr(&info, "state"), "committed", "{info:#}");
