@@ -213,6 +213,7 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     kinds::timers::Timers::capture(&mut cx, &mut p)?;
     kinds::identity::Identity::capture(&mut cx, &mut p)?;
     kinds::task::Task::capture(&mut cx, &mut p)?;
+    kinds::cgroups::Cgroups::capture(&mut cx, &mut p)?;
     kinds::fds::Fds::capture(&mut cx, &mut p)?;
     kinds::memory::Memory::capture(&mut cx, &mut p)?;
     cx.probe.close().map_err(sys)?;

@@ -351,6 +351,13 @@ pub struct RestoreOptions {
     /// process is killed (the image stays intact).
     #[arg(long)]
     pub lazy_pages: bool,
+    /// Where the processes' control groups go: `auto`, back into the saved
+    /// groups when the root's group exists here, else under cr_restart's
+    /// own; `here`, the root in cr_restart's groups and the groups below
+    /// it made again under them (a job resumed in a new allocation);
+    /// `off`, every process in cr_restart's groups.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t)]
+    pub cgroups: crate::kinds::cgroups::CgroupMode,
     /// Page stores still arriving from another node (set by the agent for
     /// a post-copy migration): their blocks are asked for before they are
     /// read ([`crate::kinds::memory::remote`]).
@@ -374,6 +381,7 @@ impl Default for RestoreOptions {
             allow_changed_files: false,
             verify: false,
             lazy_pages: false,
+            cgroups: Default::default(),
             remote_pages: None,
             progress: Progress::Off,
         }

@@ -179,7 +179,7 @@ impl Ready {
 pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError> {
     let chain = Chain::open(dir)?;
     let img = chain.top().dir.clone();
-    let ck = chain.top().ck.clone();
+    let mut ck = chain.top().ck.clone();
     if ck.pre_dump {
         return Err(RestoreError::PreDump(dir.to_path_buf()));
     }
@@ -202,6 +202,7 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
     kinds::threads::check_affinity(&ck.processes, &cr_sys::sched::online_cpus()?)?;
     kinds::outside::check(&ck, &img, opts)?;
     kinds::inet::warn_other_netns(&ck);
+    kinds::cgroups::place(&mut ck, opts.cgroups)?;
     raise_fd_limit();
     interrupt_check()?;
     let me = cr_sys::fdio::pidfd_open(std::process::id() as i32)?;
@@ -346,6 +347,8 @@ pub fn rebuild(
             is_root,
             threads: Vec::new(),
         };
+        // Before the memory, which is then charged to the process's group.
+        kinds::cgroups::Cgroups::restore(&mut cx, p)?;
         kinds::memory::Memory::restore(&mut cx, p)?;
         kinds::task::Task::restore(&mut cx, p)?;
         kinds::identity::set_loginuid(&mut cx.stub, p)?;

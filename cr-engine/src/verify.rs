@@ -181,6 +181,7 @@ fn process(c: &mut Compare<'_>, image: &Process, now: &Process) {
     kinds::timers::verify(c, image, now);
     kinds::identity::verify(c, image, now);
     kinds::task::verify(c, image, now);
+    kinds::cgroups::verify(c, image, now);
     kinds::fds::verify(c, image, now);
     kinds::memory::verify(c, image, now);
 }

@@ -314,6 +314,64 @@ pub fn all_pids() -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// The control groups of process `pid` (/proc/PID/cgroup): for each
+/// hierarchy, its controllers comma-joined as the kernel lists them
+/// ("cpu,cpuacct", "name=systemd"; empty for the unified v2 hierarchy) and
+/// the group's path, relative to our cgroup namespace's root.
+pub fn cgroups(pid: i32) -> Result<Vec<(String, String)>> {
+    let list = process(pid)?
+        .cgroups()
+        .map_err(proc_err(format!("/proc/{pid}/cgroup")))?;
+    Ok(list
+        .0
+        .into_iter()
+        .map(|c| (c.controllers.join(","), c.pathname))
+        .collect())
+}
+
+/// Where a cgroup hierarchy is mounted in our mount namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupMount {
+    /// As [`cgroups`] names the hierarchy.
+    pub controllers: String,
+    /// The group at the mount point (a mount may show a subtree only).
+    pub root: String,
+    pub mount_point: PathBuf,
+}
+
+/// The mount of each cgroup hierarchy we are in (a hierarchy mounted
+/// nowhere here is left out). A v1 mount is the hierarchy whose
+/// controllers are all among its super options ("name=X" included).
+pub fn cgroup_mounts() -> Result<Vec<CgroupMount>> {
+    let me = Process::myself().map_err(proc_err("/proc/self".into()))?;
+    let mounts = me
+        .mountinfo()
+        .map_err(proc_err("/proc/self/mountinfo".into()))?;
+    let mut out = Vec::new();
+    for (controllers, _) in cgroups(std::process::id() as i32)? {
+        let of_it = |m: &&procfs::process::MountInfo| {
+            if controllers.is_empty() {
+                return m.fs_type == "cgroup2";
+            }
+            m.fs_type == "cgroup"
+                && controllers.split(',').all(|c| match c.split_once('=') {
+                    Some((k, v)) => m.super_options.get(k) == Some(&Some(v.to_string())),
+                    None => m.super_options.contains_key(c),
+                })
+        };
+        // The mount showing the whole hierarchy, if there is one.
+        let best = mounts.iter().filter(of_it).min_by_key(|m| m.root.len());
+        if let Some(m) = best {
+            out.push(CgroupMount {
+                controllers: controllers.clone(),
+                root: m.root.clone(),
+                mount_point: m.mount_point.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// The mount point of device `major:minor` (the root of one of its mounts,
 /// as our mount namespace sees it).
 pub fn mount_point(major: u32, minor: u32) -> Option<PathBuf> {
@@ -340,6 +398,15 @@ pub fn mount_points_of(pid: i32, dev: u64) -> Vec<PathBuf> {
         .filter(|m| m.majmin == majmin)
         .map(|m| m.mount_point.clone())
         .collect()
+}
+
+/// Write `text` to a kernel file (/proc, /sys, cgroupfs) in one write; the
+/// error names the file and the kernel's errno.
+pub fn write_string(path: &str, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| SysError::Syscall {
+        what: format!("writing {text:?} to {path}"),
+        source: crate::error::Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+    })
 }
 
 pub fn read_string(path: &str) -> Result<String> {

@@ -6,7 +6,7 @@
 //! Two patterns, each behind one small trait:
 //!
 //! - [`Kind`]: a section of every process (tree, task, memory, threads,
-//!   signals, timers, identity, fds). [`seccomp`] hooks in at fixed points
+//!   signals, timers, identity, fds, cgroups). [`seccomp`] hooks in at fixed points
 //!   of the threads' restore, as the very last system calls of each thread. The drivers (`capture::capture_process`
 //!   and `restore::rebuild`) call them in a fixed order, one line each.
 //! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, eventfds,
@@ -23,6 +23,7 @@
 //! image) before a restore begins. Adding a kind: its folder, its section in `cr_image::model` (and
 //! `proto/image.proto`), and one line in a driver or in [`FILE_KINDS`].
 
+pub mod cgroups;
 pub mod eventfds;
 pub mod external;
 pub mod fds;

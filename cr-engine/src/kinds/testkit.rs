@@ -118,6 +118,18 @@ fn read(dir: &Path) -> Checkpoint {
 /// sets up the resources) and `check` (code that checks them after the
 /// restore, calling `expect(cond, why)`).
 pub fn round_trip(name: &str, setup: &str, check: &str) -> RoundTrip {
+    round_trip_with(name, setup, check, |_| {})
+}
+
+/// [`round_trip`], with `between` run after the program is checkpointed
+/// and killed and before it is restored (it gets the program's directory:
+/// what changes there, or elsewhere, while the program is away).
+pub fn round_trip_with(
+    name: &str,
+    setup: &str,
+    check: &str,
+    between: impl FnOnce(&Path),
+) -> RoundTrip {
     let dir = std::env::temp_dir()
         .join("cr-engine-tests")
         .join(format!("{name}-{}", std::process::id()));
@@ -152,6 +164,7 @@ pub fn round_trip(name: &str, setup: &str, check: &str) -> RoundTrip {
     }
     // Killed and reaped by the checkpoint (we are its tracer and parent).
     drop(child);
+    between(&dir);
     let verify = RestoreOptions {
         verify: true,
         ..Default::default()

@@ -14,6 +14,7 @@
 //! [`mounts`] (a job's own mount namespace) and [`uts`] (its own host
 //! name).
 
+pub mod cgroups;
 pub mod fds;
 pub mod identity;
 pub mod memory;
@@ -30,6 +31,7 @@ pub mod timers;
 pub mod tree;
 pub mod uts;
 
+pub use cgroups::Cgroup;
 pub use fds::{Fd, FdKind, FdOwner, FileLock, LockKind, SharedFd};
 pub use identity::{Creds, Identity, RLimit};
 pub use memory::{
@@ -180,6 +182,8 @@ pub struct Process {
     pub ctty_pty: Option<u64>,
     /// kind "seccomp": the filters the threads' chains name.
     pub seccomp_filters: Vec<SeccompFilter>,
+    /// kind "cgroups": one per hierarchy, sorted by controllers.
+    pub cgroups: Vec<Cgroup>,
 }
 
 impl Process {
@@ -467,6 +471,7 @@ impl Process {
                 .into_iter()
                 .map(SeccompFilter::from_pb)
                 .collect::<Result<_, _>>()?,
+            cgroups: cgroups::from_pb(p.cgroups)?,
         })
     }
 
@@ -500,6 +505,7 @@ impl Process {
                 .iter()
                 .map(SeccompFilter::to_pb)
                 .collect(),
+            cgroups: self.cgroups.iter().map(Cgroup::to_pb).collect(),
         }
     }
 }

@@ -117,6 +117,16 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
         ns_sid: 0,
         state: ProcState::Running,
         exit_signal: 17,
+        cgroups: vec![
+            Cgroup {
+                controllers: String::new(),
+                path: "/job/rank".into(),
+            },
+            Cgroup {
+                controllers: "cpu,cpuacct".into(),
+                path: "/".into(),
+            },
+        ],
         task: Task {
             comm: "x".into(),
             exe: "/usr/bin/x".into(),
@@ -694,6 +704,13 @@ fn crafted_images_are_refused() {
             }
         }),
         ("exit signal 99", |c| c.processes[1].exit_signal = 99),
+        ("bad cgroup path", |c| {
+            c.processes[1].cgroups[0].path = "/job/../escape".into()
+        }),
+        ("cgroup hierarchy \"\" twice", |c| {
+            let again = c.processes[1].cgroups[0].clone();
+            c.processes[1].cgroups.push(again)
+        }),
         ("not a job-control stop", |c| {
             c.processes[1].state = ProcState::Stopped { signal: 9 }
         }),
