@@ -73,6 +73,15 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
             VmaKind::AnonShared
         }
         "/dev/zero (deleted)" if m.shared => VmaKind::AnonShared,
+        // io_setup's completion ring: the context it belongs to (its
+        // requests in flight, the kernel's own tail) lives in the kernel,
+        // out of reach; refused here rather than at restore.
+        "/[aio] (deleted)" | "/[aio]" => {
+            return Err(unsupported(format!(
+                "an AIO context (io_setup ring at {:#x}): its requests and completions are kept by the kernel",
+                m.start
+            )))
+        }
         // An attach of a System V segment; its inode is the segment's id.
         p if p.starts_with("/SYSV") && m.shared => VmaKind::SysvShm,
         // memfds and deleted files: their content becomes an object of the

@@ -3,6 +3,7 @@
 //! and the mm fields.
 
 use crate::kinds::testkit::round_trip;
+use std::time::{Duration, Instant};
 
 #[test]
 fn memory_round_trip() {
@@ -54,4 +55,57 @@ expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for 
     );
     assert_eq!(a.mm, b.mm, "the mm fields changed");
     assert!(a.memory.stats.pages_stored >= (32 << 20) / 4096);
+}
+
+/// Wait for file `path` to hold something (a program's answer).
+fn answer(path: &std::path::Path) -> String {
+    let t0 = Instant::now();
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(s) if !s.is_empty() => return s,
+            _ if t0.elapsed() > Duration::from_secs(30) => panic!("no {}", path.display()),
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// An AIO context (io_setup's ring) is refused by name before anything is
+/// saved, and the process runs on, untraced, its context intact.
+#[test]
+fn aio_context_is_refused_and_the_process_runs_on() {
+    let dir = std::env::temp_dir().join(format!("cr-engine-aio-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = r#"
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+ctx = ctypes.c_ulong(0)
+assert libc.syscall(206, 64, ctypes.byref(ctx)) == 0     # io_setup
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+open(sys.argv[1] + "/ready", "w").write("ready")
+signal.sigwait({signal.SIGUSR1})
+ok = libc.syscall(207, ctx) == 0                          # io_destroy
+open(sys.argv[1] + "/verdict", "w").write("OK" if ok else "FAIL io_destroy")
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", program])
+        .arg(&dir)
+        .spawn()
+        .expect("python3");
+    let pid = child.id() as i32;
+    answer(&dir.join("ready"));
+    let img = dir.join("img");
+    let err = crate::kinds::testkit::checkpoint_kill(pid, &img)
+        .expect_err("a process with an AIO context was checkpointed");
+    assert!(err.contains("AIO context"), "{err}");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status.contains("TracerPid:\t0\n"),
+        "left traced after the refusal:\n{status}"
+    );
+    cr_sys::ptrace::kill(pid, libc::SIGUSR1).unwrap();
+    let verdict = answer(&dir.join("verdict"));
+    let _ = child.wait();
+    assert_eq!(verdict, "OK", "the program after the refused checkpoint");
+    let _ = std::fs::remove_dir_all(&dir);
 }
