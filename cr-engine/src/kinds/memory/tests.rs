@@ -87,12 +87,22 @@ signal.sigwait({signal.SIGUSR1})
 ok = libc.syscall(207, ctx) == 0                          # io_destroy
 open(sys.argv[1] + "/verdict", "w").write("OK" if ok else "FAIL io_destroy")
 "#;
-    let mut child = std::process::Command::new("python3")
-        .args(["-c", program])
-        .arg(&dir)
-        .spawn()
-        .expect("python3");
-    let pid = child.id() as i32;
+    /// The program, killed if the test fails half-way.
+    struct Program(std::process::Child);
+    impl Drop for Program {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Program(
+        std::process::Command::new("python3")
+            .args(["-c", program])
+            .arg(&dir)
+            .spawn()
+            .expect("python3"),
+    );
+    let pid = child.0.id() as i32;
     answer(&dir.join("ready"));
     let img = dir.join("img");
     let err = crate::kinds::testkit::checkpoint_kill(pid, &img)
@@ -105,7 +115,7 @@ open(sys.argv[1] + "/verdict", "w").write("OK" if ok else "FAIL io_destroy")
     );
     cr_sys::ptrace::kill(pid, libc::SIGUSR1).unwrap();
     let verdict = answer(&dir.join("verdict"));
-    let _ = child.wait();
+    drop(child);
     assert_eq!(verdict, "OK", "the program after the refused checkpoint");
     let _ = std::fs::remove_dir_all(&dir);
 }
