@@ -67,6 +67,13 @@ pub fn dup_own(fd: RawFd) -> Result<OwnedFd> {
     own(r as i64, || format!("dup of our fd {fd}"))
 }
 
+/// The inode number of the file `fd` holds (a socket's: its socket:[N]).
+pub fn inode(fd: &OwnedFd) -> Result<u64> {
+    nix::sys::stat::fstat(fd)
+        .map(|st| st.st_ino)
+        .or_sys(|| "fstat".into())
+}
+
 /// F_GETFL.
 pub fn get_flags(fd: &OwnedFd) -> Result<i32> {
     fcntl(fd, FcntlArg::F_GETFL).or_sys(|| "fcntl(F_GETFL)".into())

@@ -365,13 +365,14 @@ fn objects() -> Vec<Object> {
                 family: 2,
                 sock_type: 1,
                 protocol: 6,
-                state: 1,
+                state: 4, // FIN-WAIT-1
                 local: "127.0.0.1:5000".parse().ok(),
                 remote: "127.0.0.1:6000".parse().ok(),
                 backlog: 0,
                 tcp: Some(TcpConnection {
                     send_queue: b"abc".to_vec(),
                     unsent: 1,
+                    fin_unsent: true,
                     ..Default::default()
                 }),
                 opts: vec![SockOpt {
