@@ -209,6 +209,8 @@ pub enum LockKind {
     Flock,
     Posix,
     Ofd,
+    /// A file lease (F_SETLEASE), held by the open file description.
+    Lease,
 }
 
 impl LockKind {
@@ -217,6 +219,7 @@ impl LockKind {
             LockKind::Flock => "flock",
             LockKind::Posix => "posix",
             LockKind::Ofd => "ofd",
+            LockKind::Lease => "lease",
         }
     }
 }
@@ -319,6 +322,7 @@ impl Fd {
                     pb::LockKind::Flock => LockKind::Flock,
                     pb::LockKind::Posix => LockKind::Posix,
                     pb::LockKind::Ofd => LockKind::Ofd,
+                    pb::LockKind::Lease => LockKind::Lease,
                 };
                 if l.start > i64::MAX as u64 || l.len > i64::MAX as u64 {
                     return Err(format!("a lock on bytes {}+{}", l.start, l.len));
@@ -442,6 +446,7 @@ impl Fd {
                         LockKind::Flock => pb::LockKind::Flock,
                         LockKind::Posix => pb::LockKind::Posix,
                         LockKind::Ofd => pb::LockKind::Ofd,
+                        LockKind::Lease => pb::LockKind::Lease,
                     }) as i32,
                     write: l.write,
                     start: l.start,

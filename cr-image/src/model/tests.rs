@@ -279,12 +279,20 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             ),
             Fd {
                 shared: Some(SharedFd { pid, fd: 2 }),
-                locks: vec![FileLock {
-                    kind: LockKind::Posix,
-                    write: true,
-                    start: 0,
-                    len: 0,
-                }],
+                locks: vec![
+                    FileLock {
+                        kind: LockKind::Posix,
+                        write: true,
+                        start: 0,
+                        len: 0,
+                    },
+                    FileLock {
+                        kind: LockKind::Lease,
+                        write: false,
+                        start: 0,
+                        len: 0,
+                    },
+                ],
                 owner: Some(FdOwner {
                     kind: 1,
                     pid: pid as i32,
