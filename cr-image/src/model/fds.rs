@@ -201,6 +201,8 @@ pub struct InotifyWatch {
     pub wd: i32,
     pub mask: u32,
     pub path: String,
+    /// A watched file removed since: its `DeletedFile` object.
+    pub deleted_file: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -291,6 +293,7 @@ impl Fd {
                         wd: w.wd,
                         mask: w.mask,
                         path: w.path,
+                        deleted_file: (w.deleted_file != 0).then_some(w.deleted_file),
                     })
                     .collect(),
             },
@@ -405,6 +408,7 @@ impl Fd {
                         wd: w.wd,
                         mask: w.mask,
                         path: w.path.clone(),
+                        deleted_file: w.deleted_file.unwrap_or(0),
                     })
                     .collect(),
             }),

@@ -263,11 +263,20 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             fd(
                 13,
                 FdKind::Inotify {
-                    watches: vec![InotifyWatch {
-                        wd: 1,
-                        mask: 2,
-                        path: "/tmp".into(),
-                    }],
+                    watches: vec![
+                        InotifyWatch {
+                            wd: 1,
+                            mask: 2,
+                            path: "/tmp".into(),
+                            deleted_file: None,
+                        },
+                        InotifyWatch {
+                            wd: 3,
+                            mask: 6,
+                            path: "/tmp/x (deleted)".into(),
+                            deleted_file: Some(77),
+                        },
+                    ],
                 },
             ),
             fd(
