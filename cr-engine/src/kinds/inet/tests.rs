@@ -1,6 +1,9 @@
 //! Round trip of kind "inet" (with the network lock of a --kill dump): a
 //! TCP listener, an established connection with data in flight both ways
-//! and options set (and its segment size), a bound UDP socket.
+//! and options set (and its segment size), a bound UDP socket; shut
+//! sockets; and one round trip per TCP state of a connection half closed
+//! or being made (FIN-WAIT-1/2, CLOSE-WAIT, LAST-ACK, CLOSING, SYN-SENT),
+//! each in a network namespace of its own.
 
 use crate::kinds::testkit::{in_new_netns, round_trip};
 
@@ -220,6 +223,20 @@ def pair():
     return a, b
 def port(s):
     return s.getsockname()[1]
+def exchanged():
+    """A pair, each end with the other's data acknowledged (not read)."""
+    a, b = pair()
+    b.sendall(b"b1 " * 100); a.sendall(b"a1 " * 100)
+    settled(a, b)
+    return a, b
+def to_the_end(a, want_a, b, want_b):
+    """Packets flow again: each end reads what it wants then the end, and
+    both connections close."""
+    undrop()
+    for s, want, who in ((a, want_a, "a"), (b, want_b, "b")):
+        got = read_to_eof(s)
+        expect(got == want, "%s read %d bytes of %d before the end" % (who, len(got), len(want)))
+    ends(a, CLOSE, "a"); ends(b, CLOSE, "b")
 "#;
 
 /// The TCP states of the image's sockets, sorted.
@@ -303,9 +320,7 @@ fn tcp_fin_wait1_and_last_ack_round_trip() {
     tcp_states_round_trip(
         "tcp-last-ack",
         r#"
-a, b = pair()
-b.sendall(b"b1 " * 100); a.sendall(b"a1 " * 100)
-settled(a, b)
+a, b = exchanged()
 drop("tcp sport %d tcp dport %d" % (port(b), port(a)))
 a.shutdown(socket.SHUT_WR)
 expect(wait_state(b, CLOSE_WAIT), "b did not get the FIN")
@@ -315,12 +330,7 @@ expect(wait_state(b, LAST_ACK) and state(a) == FIN_WAIT1, "not set up: %s %s" % 
 "#,
         r#"
 is_(a, FIN_WAIT1, "a"); is_(b, LAST_ACK, "b")
-undrop()
-got = read_to_eof(a)
-expect(got == b"b1 " * 100 + b"b2 " * 50, "a read %d bytes before the end" % len(got))
-got = read_to_eof(b)
-expect(got == b"a1 " * 100, "b read %d bytes before the end" % len(got))
-ends(a, CLOSE, "a"); ends(b, CLOSE, "b")
+to_the_end(a, b"b1 " * 100 + b"b2 " * 50, b, b"a1 " * 100)
 "#,
         &[4, 9],
     );
@@ -335,9 +345,7 @@ fn tcp_closing_round_trip() {
     tcp_states_round_trip(
         "tcp-closing",
         r#"
-a, b = pair()
-b.sendall(b"b1 " * 100); a.sendall(b"a1 " * 100)
-settled(a, b)
+a, b = exchanged()
 drop("tcp sport %d tcp dport %d" % (port(a), port(b)))
 a.shutdown(socket.SHUT_WR)
 b.shutdown(socket.SHUT_WR)
@@ -345,12 +353,7 @@ expect(wait_state(a, CLOSING) and state(b) == FIN_WAIT1, "not set up: %s %s" % (
 "#,
         r#"
 is_(a, CLOSING, "a"); is_(b, FIN_WAIT1, "b")
-undrop()
-got = read_to_eof(a)
-expect(got == b"b1 " * 100, "a read %d bytes before the end" % len(got))
-got = read_to_eof(b)
-expect(got == b"a1 " * 100, "b read %d bytes before the end" % len(got))
-ends(a, CLOSE, "a"); ends(b, CLOSE, "b")
+to_the_end(a, b"b1 " * 100, b, b"a1 " * 100)
 "#,
         &[4, 11],
     );
