@@ -155,6 +155,7 @@ pub fn tree(
             first: None,
         };
         process(&mut c, image, &now);
+        kinds::inet::verify(&mut c, ck, image, f.pid);
         if c.first.is_some() {
             difference = c.first;
             break;

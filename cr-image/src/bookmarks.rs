@@ -31,7 +31,8 @@ pub fn of(ck: &Checkpoint) -> Vec<Bookmark> {
             let ObjectKind::InetSocket(s) = &o.kind else {
                 return None;
             };
-            let t = s.tcp.as_ref()?;
+            // A connection still being made has nothing to line up.
+            let t = s.tcp.as_ref().filter(|_| s.state != 2)?;
             Some(Bookmark {
                 local: s.local?.to_string(),
                 remote: s.remote?.to_string(),

@@ -167,8 +167,14 @@ fn inet_summary(id: u64, s: &InetSocket) -> String {
     if s.protocol == 6 {
         let state = match s.state {
             1 => "ESTABLISHED",
+            2 => "SYN-SENT",
+            4 => "FIN-WAIT-1",
+            5 => "FIN-WAIT-2",
             7 => "CLOSE",
+            8 => "CLOSE-WAIT",
+            9 => "LAST-ACK",
             10 => "LISTEN",
+            11 => "CLOSING",
             _ => "?",
         };
         out.push_str(&format!(" {state}"));

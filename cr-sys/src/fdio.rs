@@ -67,6 +67,13 @@ pub fn dup_own(fd: RawFd) -> Result<OwnedFd> {
     own(r as i64, || format!("dup of our fd {fd}"))
 }
 
+/// The inode number of the file `fd` holds (a socket's: its socket:[N]).
+pub fn inode(fd: &OwnedFd) -> Result<u64> {
+    nix::sys::stat::fstat(fd)
+        .map(|st| st.st_ino)
+        .or_sys(|| "fstat".into())
+}
+
 /// F_GETFL.
 pub fn get_flags(fd: &OwnedFd) -> Result<i32> {
     fcntl(fd, FcntlArg::F_GETFL).or_sys(|| "fcntl(F_GETFL)".into())
@@ -729,9 +736,9 @@ pub fn inotify_rm_watch(fd: &OwnedFd, wd: i32) -> Result<()> {
     cvt(r as i64, || format!("inotify_rm_watch({wd})")).map(drop)
 }
 
-/// The path of the file behind an inotify watch's file handle, found by
-/// opening the handle on the mount `mount_fd` and reading the fd's link.
-pub fn path_of_handle(mount_fd: &OwnedFd, handle_type: i32, handle: &[u8]) -> Result<String> {
+/// An O_PATH fd of the file behind a file handle on the mount `mount_fd`
+/// (an inotify watch's; a removed file too, while something keeps it).
+pub fn open_handle(mount_fd: &OwnedFd, handle_type: i32, handle: &[u8]) -> Result<OwnedFd> {
     let mut raw = Vec::with_capacity(8 + handle.len());
     raw.extend_from_slice(&(handle.len() as u32).to_ne_bytes());
     raw.extend_from_slice(&handle_type.to_ne_bytes());
@@ -746,11 +753,7 @@ pub fn path_of_handle(mount_fd: &OwnedFd, handle_type: i32, handle: &[u8]) -> Re
             libc::O_PATH | libc::O_CLOEXEC,
         )
     };
-    let fd = own(r, || "open_by_handle_at".into())?;
-    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    std::fs::read_link(&link)
-        .map(|p| p.to_string_lossy().into_owned())
-        .map_err(|source| SysError::Io { path: link, source })
+    own(r, || "open_by_handle_at".into())
 }
 
 pub fn memfd_create(name: &str, flags: u32) -> Result<OwnedFd> {

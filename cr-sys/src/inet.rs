@@ -63,8 +63,14 @@ pub const SIOCOUTQNSD: u64 = 0x894B;
 /// TCP states (include/net/tcp_states.h).
 pub const TCP_ESTABLISHED: u8 = 1;
 pub const TCP_SYN_SENT: u8 = 2;
+pub const TCP_FIN_WAIT1: u8 = 4;
+pub const TCP_FIN_WAIT2: u8 = 5;
+pub const TCP_TIME_WAIT: u8 = 6;
 pub const TCP_CLOSE: u8 = 7;
+pub const TCP_CLOSE_WAIT: u8 = 8;
+pub const TCP_LAST_ACK: u8 = 9;
 pub const TCP_LISTEN: u8 = 10;
+pub const TCP_CLOSING: u8 = 11;
 
 /// The name of TCP state `s`.
 pub fn tcp_state_name(s: u8) -> &'static str {

@@ -143,11 +143,21 @@ fn dump_request(protocol: i32, ipv4: bool) -> (u32, Vec<u8>) {
     (seq, req)
 }
 
-/// The shutdown(2) bits (1 receive side, 2 send side) of the socket of
-/// `protocol` (TCP or UDP) and family `ipv4` or not whose file has inode
-/// `inode`; None if none has. The kernel keeps no other trace of a UDP
-/// socket's shutdown that could be read (poll shows the receive side only).
-pub fn shutdown_of(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<u8>> {
+/// What sock_diag tells of one socket found by its file's inode.
+#[derive(Debug, Clone, Copy)]
+pub struct Found {
+    /// The shutdown(2) bits (1 receive side, 2 send side).
+    pub shutdown: u8,
+    /// The address it is connected (or connecting) to: unlike
+    /// getpeername, known for a socket in SYN-SENT too.
+    pub remote: Option<SocketAddr>,
+}
+
+/// The socket of `protocol` (TCP or UDP) and family `ipv4` or not whose
+/// file has inode `inode`; None if none has. The kernel keeps no other
+/// trace of a UDP socket's shutdown that could be read (poll shows the
+/// receive side only).
+pub fn by_inode(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<Found>> {
     let (seq, req) = dump_request(protocol, ipv4);
     let mut found = None;
     let r = exchange(&req, seq, &mut |_, p| {
@@ -156,17 +166,24 @@ pub fn shutdown_of(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<u8>> 
             return Ok(());
         }
         let attrs = attributes(&p[MSG_LEN..]).map_err(|_| bad())?;
-        found = Some(
-            attrs
+        let remote = addr_at(p, MSG_DST, MSG_DPORT, ipv4).ok_or_else(bad)?;
+        found = Some(Found {
+            shutdown: attrs
                 .iter()
                 .find(|(t, _)| *t == INET_DIAG_SHUTDOWN)
                 .and_then(|(_, d)| d.first().copied())
                 .unwrap_or(0),
-        );
+            remote: (remote.port() != 0).then_some(remote),
+        });
         Ok(())
     });
     r.map_err(|e| e.into_sys_error(format!("sock_diag dump of sockets of protocol {protocol}")))?;
     Ok(found)
+}
+
+/// The shutdown(2) bits of a socket found as [`by_inode`] finds it.
+pub fn shutdown_of(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<u8>> {
+    Ok(by_inode(protocol, ipv4, inode)?.map(|f| f.shutdown))
 }
 
 /// Destroy the socket of `local` -> `remote` when no process holds it (see

@@ -43,6 +43,7 @@ pub mod sched;
 pub(crate) mod sock_diag;
 pub mod spank;
 pub mod sysv;
+pub mod tcp_segment;
 pub mod uffd;
 pub mod unix_diag;
 

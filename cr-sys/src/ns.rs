@@ -63,6 +63,14 @@ fn in_thread_ns<R: Send, E: Send + From<SysError>>(
     })
 }
 
+/// Move the calling thread (and the processes it starts from now on) into
+/// a new network namespace of its own, with nothing but a loopback device
+/// (down: see `ip link set lo up`).
+pub fn unshare_net() -> Result<()> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .or_sys(|| "unshare(network namespace)".into())
+}
+
 /// The host name and NIS domain name of the UTS namespace of process `pid`
 /// (read by a thread of ours that joins it: /proc/sys/kernel/hostname shows
 /// the reader's namespace, whoever's /proc it is).

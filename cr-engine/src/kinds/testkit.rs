@@ -114,6 +114,26 @@ fn read(dir: &Path) -> Checkpoint {
         .unwrap_or_else(|e| panic!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))
 }
 
+/// Run `f` on a thread of its own in a new network namespace (loopback
+/// up), where the program it starts and the checkpoint and restore it runs
+/// live: a test may drop packets there (nft) without touching the host's
+/// network.
+pub fn in_new_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            cr_sys::ns::unshare_net().expect("a network namespace of our own");
+            let up = Command::new("ip")
+                .args(["link", "set", "lo", "up"])
+                .status()
+                .expect("ip (iproute2)");
+            assert!(up.success(), "ip link set lo up: {up}");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
 /// Run the round trip of the program made of `setup` (python3 code that
 /// sets up the resources) and `check` (code that checks them after the
 /// restore, calling `expect(cond, why)`).

@@ -201,6 +201,8 @@ pub struct InotifyWatch {
     pub wd: i32,
     pub mask: u32,
     pub path: String,
+    /// A watched file removed since: its `DeletedFile` object.
+    pub deleted_file: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -209,6 +211,8 @@ pub enum LockKind {
     Flock,
     Posix,
     Ofd,
+    /// A file lease (F_SETLEASE), held by the open file description.
+    Lease,
 }
 
 impl LockKind {
@@ -217,6 +221,7 @@ impl LockKind {
             LockKind::Flock => "flock",
             LockKind::Posix => "posix",
             LockKind::Ofd => "ofd",
+            LockKind::Lease => "lease",
         }
     }
 }
@@ -288,6 +293,7 @@ impl Fd {
                         wd: w.wd,
                         mask: w.mask,
                         path: w.path,
+                        deleted_file: (w.deleted_file != 0).then_some(w.deleted_file),
                     })
                     .collect(),
             },
@@ -319,6 +325,7 @@ impl Fd {
                     pb::LockKind::Flock => LockKind::Flock,
                     pb::LockKind::Posix => LockKind::Posix,
                     pb::LockKind::Ofd => LockKind::Ofd,
+                    pb::LockKind::Lease => LockKind::Lease,
                 };
                 if l.start > i64::MAX as u64 || l.len > i64::MAX as u64 {
                     return Err(format!("a lock on bytes {}+{}", l.start, l.len));
@@ -401,6 +408,7 @@ impl Fd {
                         wd: w.wd,
                         mask: w.mask,
                         path: w.path.clone(),
+                        deleted_file: w.deleted_file.unwrap_or(0),
                     })
                     .collect(),
             }),
@@ -442,6 +450,7 @@ impl Fd {
                         LockKind::Flock => pb::LockKind::Flock,
                         LockKind::Posix => pb::LockKind::Posix,
                         LockKind::Ofd => pb::LockKind::Ofd,
+                        LockKind::Lease => pb::LockKind::Lease,
                     }) as i32,
                     write: l.write,
                     start: l.start,

@@ -177,12 +177,14 @@ pub struct InetSocket {
     #[serde(rename = "type")]
     pub sock_type: u32,
     pub protocol: u32,
-    /// TCP state (1 ESTABLISHED, 7 CLOSE, 10 LISTEN); UDP: 1 when connected.
+    /// TCP state (1 ESTABLISHED, 2 SYN-SENT, 4 FIN-WAIT-1, 5 FIN-WAIT-2,
+    /// 7 CLOSE, 8 CLOSE-WAIT, 9 LAST-ACK, 10 LISTEN, 11 CLOSING); UDP: 1
+    /// when connected.
     pub state: u32,
     pub local: Option<SocketAddr>,
     pub remote: Option<SocketAddr>,
     pub backlog: u32,
-    /// An established TCP connection, read in repair mode.
+    /// A TCP connection (see [`TCP_CONNECTED`]), read in repair mode.
     pub tcp: Option<TcpConnection>,
     /// Options that differ from a fresh socket's, in order.
     #[serde(rename = "options")]
@@ -218,6 +220,9 @@ pub struct TcpConnection {
     pub max_window: u32,
     pub rcv_wnd: u32,
     pub rcv_wup: u32,
+    /// The program's FIN never left (it waited behind data or a closed
+    /// window).
+    pub fin_unsent: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -253,6 +258,10 @@ const MAX_OPT: usize = 256;
 const TCP_ESTABLISHED: u32 = 1;
 const TCP_CLOSE: u32 = 7;
 const TCP_LISTEN: u32 = 10;
+/// The TCP states of a connection, whose state the image holds:
+/// ESTABLISHED, SYN-SENT, FIN-WAIT-1, FIN-WAIT-2, CLOSE-WAIT, LAST-ACK,
+/// CLOSING.
+pub const TCP_CONNECTED: [u32; 7] = [TCP_ESTABLISHED, 2, 4, 5, 8, 9, 11];
 
 fn addr(s: &str, what: &str) -> Result<Option<SocketAddr>, Bad> {
     if s.is_empty() {
@@ -530,8 +539,8 @@ fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
     }
     let local = addr(&s.local, "local")?;
     let remote = addr(&s.remote, "remote")?;
-    let established = tcp && s.state == TCP_ESTABLISHED;
-    if tcp && ![TCP_ESTABLISHED, TCP_CLOSE, TCP_LISTEN].contains(&s.state) {
+    let established = tcp && TCP_CONNECTED.contains(&s.state);
+    if tcp && !established && ![TCP_CLOSE, TCP_LISTEN].contains(&s.state) {
         return Err(format!("a TCP socket in state {}", s.state));
     }
     if established != s.tcp.is_some() || (established && (local.is_none() || remote.is_none())) {
@@ -560,6 +569,7 @@ fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
                 max_window: c.max_window,
                 rcv_wnd: c.rcv_wnd,
                 rcv_wup: c.rcv_wup,
+                fin_unsent: c.fin_unsent,
             })
         }
         None => None,
@@ -637,6 +647,7 @@ fn inet_to_pb(s: &InetSocket) -> pb::InetSocket {
             max_window: c.max_window,
             rcv_wnd: c.rcv_wnd,
             rcv_wup: c.rcv_wup,
+            fin_unsent: c.fin_unsent,
         }),
         opts: opts_to_pb(&s.opts),
     }

@@ -273,11 +273,20 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             fd(
                 13,
                 FdKind::Inotify {
-                    watches: vec![InotifyWatch {
-                        wd: 1,
-                        mask: 2,
-                        path: "/tmp".into(),
-                    }],
+                    watches: vec![
+                        InotifyWatch {
+                            wd: 1,
+                            mask: 2,
+                            path: "/tmp".into(),
+                            deleted_file: None,
+                        },
+                        InotifyWatch {
+                            wd: 3,
+                            mask: 6,
+                            path: "/tmp/x (deleted)".into(),
+                            deleted_file: Some(77),
+                        },
+                    ],
                 },
             ),
             fd(
@@ -289,12 +298,20 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             ),
             Fd {
                 shared: Some(SharedFd { pid, fd: 2 }),
-                locks: vec![FileLock {
-                    kind: LockKind::Posix,
-                    write: true,
-                    start: 0,
-                    len: 0,
-                }],
+                locks: vec![
+                    FileLock {
+                        kind: LockKind::Posix,
+                        write: true,
+                        start: 0,
+                        len: 0,
+                    },
+                    FileLock {
+                        kind: LockKind::Lease,
+                        write: false,
+                        start: 0,
+                        len: 0,
+                    },
+                ],
                 owner: Some(FdOwner {
                     kind: 1,
                     pid: pid as i32,
@@ -375,13 +392,14 @@ fn objects() -> Vec<Object> {
                 family: 2,
                 sock_type: 1,
                 protocol: 6,
-                state: 1,
+                state: 4, // FIN-WAIT-1
                 local: "127.0.0.1:5000".parse().ok(),
                 remote: "127.0.0.1:6000".parse().ok(),
                 backlog: 0,
                 tcp: Some(TcpConnection {
                     send_queue: b"abc".to_vec(),
                     unsent: 1,
+                    fin_unsent: true,
                     ..Default::default()
                 }),
                 opts: vec![SockOpt {

@@ -46,7 +46,7 @@ impl FileKind for EventFds {
         if kind == "[userfaultfd]" && cr_sys::dirty::is_tracker_fd(f.pid, f.fd) {
             return Some(Ok(None));
         }
-        Some(describe(f, kind).map(Some))
+        Some(describe(cx, f, kind).map(Some))
     }
 
     fn open(
@@ -67,7 +67,7 @@ impl FileKind for EventFds {
             FdKind::Epoll { .. } => {
                 fdio::epoll_create().step(|| format!("cannot create epoll {}", f.fd))
             }
-            FdKind::Inotify { watches } => inotify(f, watches),
+            FdKind::Inotify { watches } => inotify(cx.r, f, watches),
             FdKind::Pidfd { pid } => return Some(open_pidfd(cx, f, *pid)),
             _ => return None,
         };
@@ -192,7 +192,7 @@ fn open_pidfd(cx: &mut Rebuild<'_, '_>, f: &Fd, pid: u32) -> Result<Opened, Rest
 #[derive(Default)]
 struct Timers(Vec<(OwnedFd, TimerFd)>);
 
-fn describe(f: &OpenFd<'_>, kind: &str) -> Result<FdKind, String> {
+fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, kind: &str) -> Result<FdKind, String> {
     let info = &f.info;
     let get = |key: &str| info.get(key).map(str::trim);
     let hex = |key: &str| get(key).and_then(|v| u64::from_str_radix(v, 16).ok());
@@ -216,7 +216,7 @@ fn describe(f: &OpenFd<'_>, kind: &str) -> Result<FdKind, String> {
         "inotify" => FdKind::Inotify {
             watches: info
                 .all("inotify wd")
-                .map(inotify_watch)
+                .map(|v| inotify_watch(cx, v))
                 .collect::<Result<_, _>>()?,
         },
         other => {
@@ -313,8 +313,11 @@ fn epoll_item(pid: i32, epfd: i32, v: &str) -> Result<EpollItem, String> {
 /// One inotify watch from its fdinfo line (the part after "inotify wd:"):
 /// "1 ino:3c4a7 sdev:fe00000 mask:300 ignored_mask:0 fhandle-bytes:8
 /// fhandle-type:1 f_handle:a7c4030000000000". The path is found by opening
-/// the file handle on the watched file's mount.
-fn inotify_watch(v: &str) -> Result<InotifyWatch, String> {
+/// the file handle on the watched file's mount. A regular file removed
+/// since (something still holds it open, or the kernel would have dropped
+/// the watch) is saved as a deleted file's content object, the one an fd
+/// of it would have: the restore makes it again and watches that.
+fn inotify_watch(cx: &mut FdScan<'_>, v: &str) -> Result<InotifyWatch, String> {
     let bad = || format!("an inotify watch that cannot be read ({v})");
     let wd: i32 = v
         .split_whitespace()
@@ -350,16 +353,36 @@ fn inotify_watch(v: &str) -> Result<InotifyWatch, String> {
             cr_sys::error::one_line(&e)
         )
     })?;
-    let path = fdio::path_of_handle(&mfd, htype, &handle).map_err(|e| {
+    let unfound = |e: cr_sys::SysError| {
         format!(
             "an inotify watch whose file cannot be found ({})",
             cr_sys::error::one_line(&e)
         )
-    })?;
-    if path.ends_with(" (deleted)") {
-        return Err(format!("an inotify watch on the deleted file {path}"));
+    };
+    let file = fdio::open_handle(&mfd, htype, &handle).map_err(unfound)?;
+    let open = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+    let path = cr_sys::proc::read_link(&open).map_err(unfound)?;
+    let mut w = InotifyWatch {
+        wd,
+        mask,
+        path,
+        deleted_file: None,
+    };
+    let md =
+        std::fs::metadata(&open).map_err(|e| format!("an inotify watch on {}: {e}", w.path))?;
+    if md.nlink() == 0 {
+        if !md.is_file() {
+            return Err(format!(
+                "an inotify watch on the removed directory {} (not supported: only removed files are made again for a watch)",
+                w.path
+            ));
+        }
+        if let Some(objs) = cx.objects.as_deref_mut() {
+            crate::kinds::files::content_object(objs, &open, md.ino(), &w.path, false)?;
+        }
+        w.deleted_file = Some(md.ino());
     }
-    Ok(InotifyWatch { wd, mask, path })
+    Ok(w)
 }
 
 /// A timerfd for `f`, armed only at the release.
@@ -405,16 +428,35 @@ fn arm(fd: &OwnedFd, t: &TimerFd) -> Result<(), RestoreError> {
 
 /// An inotify instance with its watches at their saved numbers: watch
 /// descriptors are handed out cyclically, so a watch that came out too low
-/// is removed and added again until it gets its number.
-fn inotify(f: &Fd, watches: &[InotifyWatch]) -> Result<OwnedFd, RestoreError> {
+/// is removed and added again until it gets its number. A removed file is
+/// watched through the restorer's fd of its copy (made again by kind
+/// "files"), so the watch is on the file the processes hold.
+fn inotify(
+    r: &mut Restorer<'_>,
+    f: &Fd,
+    watches: &[InotifyWatch],
+) -> Result<OwnedFd, RestoreError> {
     let fd =
         fdio::inotify_init(libc::IN_NONBLOCK).step(|| format!("cannot create inotify {}", f.fd))?;
     let mut watches = watches.to_vec();
     watches.sort_by_key(|w| w.wd);
     for w in &watches {
         let what = || format!("cannot watch {} again (inotify fd {})", w.path, f.fd);
+        let (path, mask) = match w.deleted_file {
+            // The magic link is followed to the copy.
+            Some(id) => (
+                crate::kinds::files::map_path(r, id).ok_or_else(|| {
+                    RestoreError::Unsupported(format!(
+                        "{}: its file (object {id}) is missing from the image",
+                        what()
+                    ))
+                })?,
+                w.mask & !libc::IN_DONT_FOLLOW,
+            ),
+            None => (w.path.clone(), w.mask),
+        };
         loop {
-            let got = fdio::inotify_add_watch(&fd, &w.path, w.mask).step(what)?;
+            let got = fdio::inotify_add_watch(&fd, &path, mask).step(what)?;
             if got == w.wd {
                 break;
             }

@@ -133,3 +133,68 @@ expect(os.read(kept, 1) == b"x", "the pipe")
     );
     assert_eq!(before, items(&rt.after));
 }
+
+/// inotify watching a file removed while the program keeps it open: the
+/// watch comes back on the file made again, at its number (after a watch
+/// of the directory, one removed and one more, so the numbers have gaps);
+/// writing the removed file through the program's fd is reported on it.
+#[test]
+fn inotify_on_a_removed_file_round_trip() {
+    let rt = round_trip(
+        "inotify-deleted",
+        r#"
+IN_MODIFY, IN_ATTRIB, IN_CREATE = 0x2, 0x4, 0x100
+ino = libc.inotify_init1(os.O_NONBLOCK)
+def watch(path, mask):
+    return libc.inotify_add_watch(ino, path.encode(), mask)
+wdir = watch(DIR, IN_CREATE)
+p = os.path.join(DIR, "watched")
+f = open(p, "w+b"); f.write(b"before"); f.flush()
+gone = watch(os.path.join(DIR, "program.py"), IN_MODIFY)
+libc.inotify_rm_watch(ino, gone)
+wfile = watch(p, IN_MODIFY | IN_ATTRIB)
+os.unlink(p)
+def events():
+    out = []
+    while True:
+        try:
+            b = os.read(ino, 4096)
+        except BlockingIOError:
+            return out
+        i = 0
+        while i < len(b):
+            wd, mask, _, n = struct.unpack_from("iIII", b, i)
+            out.append((wd, mask))
+            i += 16 + n
+events()   # the unlink's IN_ATTRIB, the removed watch's IN_IGNORED
+"#,
+        r#"
+f.write(b" after"); f.flush()
+f.seek(0); expect(f.read() == b"before after", "the removed file's content")
+open(os.path.join(DIR, "new"), "w").close()
+got = events()
+expect((wfile, IN_MODIFY) in got, "no IN_MODIFY on watch %d of the removed file: %r" % (wfile, got))
+expect((wdir, IN_CREATE) in got, "no IN_CREATE on watch %d of the directory: %r" % (wdir, got))
+expect(os.readlink("/proc/self/fd/%d" % f.fileno()) == p + " (deleted)", "the fd of the removed file")
+"#,
+    );
+    let watches = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .filter_map(|f| match &f.kind {
+                cr_image::model::FdKind::Inotify { watches } => {
+                    let mut v: Vec<_> = watches
+                        .iter()
+                        .map(|w| (w.wd, w.mask, w.deleted_file.is_some()))
+                        .collect();
+                    v.sort();
+                    Some(v)
+                }
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = rt.roots();
+    assert_eq!(watches(a), vec![vec![(1, 0x100, false), (3, 0x6, true)]]);
+    assert_eq!(watches(a), watches(b));
+}

@@ -711,6 +711,15 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
                 };
                 c.same_list(&what, "epoll item", &sorted(x), &sorted(y));
             }
+            // A removed file watched is a copy made anew (another inode).
+            (FdKind::Inotify { watches: x }, FdKind::Inotify { watches: y }) => {
+                let shown = |v: &[cr_image::model::fds::InotifyWatch]| {
+                    v.iter()
+                        .map(|w| (w.wd, w.mask, w.path.clone(), w.deleted_file.is_some()))
+                        .collect::<Vec<_>>()
+                };
+                c.same_list(&what, "inotify watch", &shown(x), &shown(y));
+            }
             (
                 FdKind::Eventfd { .. }
                 | FdKind::Signalfd { .. }

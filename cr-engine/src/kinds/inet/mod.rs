@@ -137,12 +137,14 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
                     ));
                 }
             }
+            st if is_connection(st) => {}
             st => {
                 let peer = s.remote.map(|r| format!(" -> {r}")).unwrap_or_default();
                 return Err(format!(
-                    "a TCP socket {}{peer} in state {} (not supported; only listening, unconnected and established TCP sockets are saved)",
+                    "a TCP socket {}{peer} in state {} (not supported: {})",
                     show(&s.local),
-                    sys::tcp_state_name(st)
+                    sys::tcp_state_name(st),
+                    why_not(st)
                 ));
             }
         }
@@ -157,21 +159,32 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         return Ok(Some(kind));
     }
     s.opts = options(&sock, &sh, fresh);
-    if udp || (tcp && info.state == sys::TCP_ESTABLISHED) {
-        // A shut established TCP connection is not established any more but
-        // for its receive side.
-        let bits = cr_sys::inet_diag::shutdown_of(sh.protocol, sh.family == libc::AF_INET, ino)
+    let connected = tcp && is_connection(info.state);
+    if udp || connected {
+        // A shut TCP connection is in another state but for its receive
+        // side (which a FIN from the peer shuts too).
+        let found = cr_sys::inet_diag::by_inode(sh.protocol, sh.family == libc::AF_INET, ino)
             .unwrap_or_else(|e| {
                 tracing::warn!(pid, fd, error = %cr_sys::error::one_line(&e), "cannot tell whether the socket was shut; taken for open");
                 None
-            })
-            .unwrap_or(0);
+            });
+        let bits = found.map_or(0, |f| f.shutdown);
         s.shutdown = u32::from(bits) & if udp { 3 } else { 1 };
+        if info.state == sys::TCP_SYN_SENT {
+            // getpeername answers ENOTCONN while the connection is made.
+            s.remote = found.and_then(|f| f.remote);
+            if s.remote.is_none() {
+                return Err(format!(
+                    "a TCP socket {} connecting to an address sock_diag does not tell",
+                    show(&s.local)
+                ));
+            }
+        }
     }
     if udp && fdio::bytes_queued(&sock).unwrap_or(0) > 0 {
         tracing::warn!(pid, fd, local = %show(&s.local), "datagrams queued on a UDP socket are not saved");
     }
-    if tcp && info.state == sys::TCP_ESTABLISHED {
+    if connected {
         let reuse = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
         sys::set_repair(&sock, sys::REPAIR_ON).map_err(|e| {
             format!(
@@ -276,17 +289,68 @@ impl Drop for Repaired {
     }
 }
 
-/// The state of an established connection; `sock` is in repair mode.
+/// TCP states of a connection whose state is saved: established, being
+/// made (SYN-SENT), or closed on one side or both (the FIN-WAITs,
+/// CLOSE-WAIT, LAST-ACK, CLOSING).
+pub fn is_connection(state: u8) -> bool {
+    cr_image::model::objects::TCP_CONNECTED.contains(&u32::from(state))
+}
+
+/// Why a TCP socket in `state` cannot be saved, in a few words.
+fn why_not(state: u8) -> &'static str {
+    match state {
+        sys::TCP_TIME_WAIT => {
+            "no process holds a socket in TIME-WAIT: the kernel moves a held socket to CLOSE when both sides closed"
+        }
+        3 => "a connection accepted with TCP Fast Open whose handshake has not completed",
+        _ => "a state the kernel does not let a process hold",
+    }
+}
+
+/// The program's FIN follows write_seq (it shut its sending side).
+pub fn sent_fin(state: u8) -> bool {
+    matches!(
+        state,
+        sys::TCP_FIN_WAIT1 | sys::TCP_FIN_WAIT2 | sys::TCP_CLOSING | sys::TCP_LAST_ACK
+    )
+}
+
+/// The peer's FIN follows rcv_nxt (the peer shut its sending side).
+pub fn got_fin(state: u8) -> bool {
+    matches!(
+        state,
+        sys::TCP_CLOSE_WAIT | sys::TCP_CLOSING | sys::TCP_LAST_ACK
+    )
+}
+
+/// The state of a connection; `sock` is in repair mode. Sequence numbers
+/// and queues count data only: the kernel counts a FIN in write_seq, in
+/// SIOCOUTQ while it is not acknowledged, in SIOCOUTQNSD while it is not
+/// sent, and the peer's in rcv_nxt (SIOCINQ leaves it out).
 fn connection(sock: &OwnedFd, info: &sys::TcpInfo) -> Result<TcpConnection, SysError> {
     let mut c = TcpConnection::default();
     // Send side: the program is frozen, so write_seq is fixed; the queue
     // only loses acknowledged bytes at its head. Whatever the peek returns
     // ends at write_seq.
     sys::set_repair_queue(sock, TcpQueue::Send)?;
-    c.write_seq = sys::queue_seq(sock)?;
+    let write_seq = sys::queue_seq(sock)?;
+    if info.state == sys::TCP_SYN_SENT {
+        // The SYN takes one sequence number; nothing else is there yet.
+        c.write_seq = write_seq;
+        c.snd_una = write_seq.wrapping_sub(1);
+        c.snd_nxt = write_seq;
+        return Ok(c);
+    }
+    let ours = sent_fin(info.state);
+    let fin_acked = info.state == sys::TCP_FIN_WAIT2;
+    c.write_seq = write_seq.wrapping_sub(u32::from(ours));
     let outq = sys::ioctl_int(sock, sys::SIOCOUTQ)?.max(0) as usize;
+    let outq = outq.saturating_sub(usize::from(ours && !fin_acked));
     c.send_queue = sys::peek(sock, outq)?;
     let unsent = sys::ioctl_int(sock, sys::SIOCOUTQNSD)?.max(0) as usize;
+    // The FIN is the last thing queued: if anything is unsent, it is.
+    c.fin_unsent = ours && unsent > 0;
+    let unsent = unsent.saturating_sub(usize::from(c.fin_unsent));
     c.unsent = unsent.min(c.send_queue.len()) as u32;
     c.snd_una = c.write_seq.wrapping_sub(c.send_queue.len() as u32);
     c.snd_nxt = c.write_seq.wrapping_sub(c.unsent);
@@ -300,8 +364,16 @@ fn connection(sock: &OwnedFd, info: &sys::TcpInfo) -> Result<TcpConnection, SysE
         let data = sys::peek(sock, inq)?;
         let rcv2 = sys::queue_seq(sock)?;
         let inq2 = sys::ioctl_int(sock, sys::SIOCINQ)?.max(0) as usize;
+        // A FIN that arrived meanwhile changed the state read before.
+        let same_state = sys::tcp_info(sock)?.state == info.state;
+        if !same_state {
+            return Err(SysError::Syscall {
+                what: "reading the connection (its state changed meanwhile)".into(),
+                source: cr_sys::Errno(libc::EAGAIN),
+            });
+        }
         if rcv1 == rcv2 && inq == inq2 && data.len() == inq {
-            c.rcv_nxt = rcv1;
+            c.rcv_nxt = rcv1.wrapping_sub(u32::from(got_fin(info.state)));
             c.recv_queue = data;
             break;
         }
@@ -329,6 +401,56 @@ fn connection(sock: &OwnedFd, info: &sys::TcpInfo) -> Result<TcpConnection, SysE
     Ok(c)
 }
 
+/// `--verify` of a restored tree (before it runs): each TCP socket of the
+/// live process `pid` is in the state its image had, as far as the
+/// restore makes it before the release (a FIN that never left is sent
+/// then, and a connection being made connects then). A tree that was
+/// dumped and runs on is not compared: its connections go on moving.
+pub fn verify(c: &mut crate::verify::Compare<'_>, ck: &Checkpoint, image: &Process, pid: i32) {
+    if !c.restored {
+        return;
+    }
+    for f in &image.fds {
+        let FdKind::InetSocket { object } = f.kind else {
+            continue;
+        };
+        let Some(ObjectKind::InetSocket(s)) = ck
+            .objects
+            .iter()
+            .find(|o| o.id == object && matches!(o.kind, ObjectKind::InetSocket(_)))
+            .map(|o| &o.kind)
+        else {
+            continue;
+        };
+        if s.protocol as i32 != libc::IPPROTO_TCP {
+            continue;
+        }
+        let Ok(sock) = fdio::steal_fd(pid, f.fd) else {
+            continue; // the fd itself is compared by kind "fds"
+        };
+        let now = sys::tcp_info(&sock).map(|i| i.state).unwrap_or(0);
+        let want = before_release(s);
+        c.same(
+            &format!("fd {} (TCP {})", f.fd, show(&s.local)),
+            "state",
+            sys::tcp_state_name(want),
+            sys::tcp_state_name(now),
+        );
+    }
+}
+
+/// The state the restore gives socket `s` before the release.
+fn before_release(s: &InetSocket) -> u8 {
+    let state = s.state as u8;
+    let fin_unsent = s.tcp.as_ref().is_some_and(|c| c.fin_unsent);
+    match state {
+        sys::TCP_SYN_SENT => sys::TCP_CLOSE,
+        sys::TCP_FIN_WAIT1 | sys::TCP_CLOSING if fin_unsent => sys::TCP_ESTABLISHED,
+        sys::TCP_LAST_ACK if fin_unsent => sys::TCP_CLOSE_WAIT,
+        st => st,
+    }
+}
+
 /// An address as users read it ("(unbound)" when none).
 fn show(a: &Option<std::net::SocketAddr>) -> String {
     a.map_or_else(|| "(unbound)".into(), |a| a.to_string())
@@ -351,13 +473,18 @@ pub fn label(pid: i32, fd: i32) -> String {
         .filter(|a| a.port() != 0)
         .map(|a| a.to_string())
         .unwrap_or_else(|| "unbound".into());
-    let remote = sys::peer_addr(&sock)
+    let mut remote = sys::peer_addr(&sock)
         .ok()
         .flatten()
         .map(|a| format!(" -> {a}"))
         .unwrap_or_default();
     if is_tcp(&sh) {
         let info = sys::tcp_info(&sock).unwrap_or_default();
+        if info.state == sys::TCP_SYN_SENT {
+            remote = connecting_to(&sock)
+                .map(|a| format!(" -> {a}"))
+                .unwrap_or_default();
+        }
         let mut s = format!("TCP{v} {local}{remote} {}", sys::tcp_state_name(info.state));
         if info.state == sys::TCP_LISTEN && info.unacked > 0 {
             s += &format!(", {} connection(s) not accepted yet", info.unacked);
@@ -366,6 +493,17 @@ pub fn label(pid: i32, fd: i32) -> String {
     } else {
         format!("UDP{v} {local}{remote}")
     }
+}
+
+/// The address a TCP socket in SYN-SENT connects to (getpeername does not
+/// tell it yet: sock_diag does).
+fn connecting_to(sock: &OwnedFd) -> Option<std::net::SocketAddr> {
+    let ino = fdio::inode(sock).ok()?;
+    let v4 = shape(sock).family == libc::AF_INET;
+    cr_sys::inet_diag::by_inode(libc::IPPROTO_TCP, v4, ino)
+        .ok()
+        .flatten()
+        .and_then(|f| f.remote)
 }
 
 /// The addresses the network lock must hold for the TCP sockets of `pids`.
@@ -387,6 +525,12 @@ pub fn lock_set(pids: &[i32]) -> LockSet {
             };
             match sys::tcp_info(&sock).map(|i| i.state) {
                 Ok(sys::TCP_LISTEN) => set.listeners.push(local),
+                // Its SYNs (and the answer) wait for the restore.
+                Ok(sys::TCP_SYN_SENT) => {
+                    if let Some(remote) = connecting_to(&sock) {
+                        set.conns.push((local, remote));
+                    }
+                }
                 _ => {
                     if let Ok(Some(remote)) = sys::peer_addr(&sock) {
                         set.conns.push((local, remote));

@@ -73,6 +73,12 @@ pub struct Pending {
     reuse: i32,
     /// Its receive side was shut (shutdown(SHUT_RD) sends nothing).
     shut_rd: bool,
+    /// The program's FIN never left: sent after the unsent bytes.
+    fin: bool,
+    /// CLOSING with that FIN: the peer's FIN, forged after it.
+    peer_fin: Option<cr_sys::tcp_segment::Segment>,
+    /// SYN-SENT: connected (the SYN sent again) at the release.
+    connect: bool,
 }
 
 /// The restorer's TCP and UDP sockets by object, and the connections to
@@ -136,28 +142,37 @@ fn create(
     };
     let sock = sys::socket(s.family as i32, s.sock_type as i32, s.protocol as i32).step(what)?;
     let reuse = s.int_opt(libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
-    if s.protocol as i32 == libc::IPPROTO_TCP && s.state == sys::TCP_ESTABLISHED as u32 {
+    let state = s.state as u8;
+    if s.protocol as i32 == libc::IPPROTO_TCP && super::is_connection(state) {
         let c = s.tcp.as_ref().ok_or_else(|| {
-            RestoreError::Unsupported(format!("socket:[{id}] is established but has no TCP state"))
+            RestoreError::Unsupported(format!("socket:[{id}] is connected but has no TCP state"))
         })?;
         let (Some(l), Some(r)) = (local, remote) else {
             return Err(RestoreError::Unsupported(format!(
-                "established socket:[{id}] lacks an address"
+                "connected socket:[{id}] lacks an address"
             )));
         };
-        let unsent = repair(&sock, s, c, l, r).step(what)?;
-        debug!(id, local = %l, remote = %r, "TCP connection rebuilt in repair mode");
-        return Ok((
-            sock,
-            Some(Pending {
-                id,
-                local: l,
-                remote: r,
-                unsent,
-                reuse,
-                shut_rd: s.shutdown & 1 != 0,
-            }),
-        ));
+        let mut pending = Pending {
+            id,
+            local: l,
+            remote: r,
+            unsent: Vec::new(),
+            reuse,
+            shut_rd: s.shutdown & 1 != 0,
+            fin: c.fin_unsent,
+            peer_fin: None,
+            connect: state == sys::TCP_SYN_SENT,
+        };
+        if pending.connect {
+            before_connect(&sock, s, c, l).step(what)?;
+            debug!(id, local = %l, remote = %r, "TCP socket to connect at the release");
+        } else {
+            pending.unsent = repair(&sock, s, c, l, r).step(what)?;
+            pending.peer_fin = replay_fins(&sock, state, c, l, r).step(what)?;
+            set_window(&sock, c).step(what)?;
+            debug!(id, local = %l, remote = %r, state = sys::tcp_state_name(state), "TCP connection rebuilt in repair mode");
+        }
+        return Ok((sock, Some(pending)));
     }
     set_options(&sock, &s.opts).step(what)?;
     if let Some(l) = local {
@@ -260,24 +275,157 @@ fn repair(
     sys::set_repair_queue(sock, TcpQueue::Recv)?;
     fill(sock, &c.recv_queue, libc::SO_RCVBUF)?;
     sys::set_repair_queue(sock, TcpQueue::Send)?;
-    if c.max_window != 0 {
-        sys::set_repair_window(
-            sock,
-            &sys::RepairWindow {
-                snd_wl1: c.snd_wl1,
-                snd_wnd: c.snd_wnd,
-                max_window: c.max_window,
-                rcv_wnd: c.rcv_wnd,
-                rcv_wup: c.rcv_wup,
-            },
-        )?;
-    }
     for name in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
         if let Some(v) = s.int_opt(libc::SOL_SOCKET, name) {
             set_buffer(sock, name, v.max(0) as usize)?;
         }
     }
     Ok(c.send_queue[sent..].to_vec())
+}
+
+/// The windows as saved (TCP_REPAIR_WINDOW), once the FINs are back: the
+/// saved rcv_wup may count the peer's FIN, and the kernel takes none past
+/// rcv_nxt.
+fn set_window(sock: &OwnedFd, c: &TcpConnection) -> Result<(), SysError> {
+    if c.max_window == 0 {
+        return Ok(());
+    }
+    sys::set_repair_window(
+        sock,
+        &sys::RepairWindow {
+            snd_wl1: c.snd_wl1,
+            snd_wnd: c.snd_wnd,
+            max_window: c.max_window,
+            rcv_wnd: c.rcv_wnd,
+            rcv_wup: c.rcv_wup,
+        },
+    )
+}
+
+/// A connection rebuilt as established (repair mode, send queue selected)
+/// is brought to its saved `state`: the program's FIN is queued again with
+/// shutdown(SHUT_WR), which in repair mode counts it as sent without
+/// sending it; what the peer sent (its FIN, its ACK of ours) is forged
+/// through a raw socket (`cr_sys::tcp_segment`), in the order it came. A
+/// FIN that never left waits for the release (`Pending::fin`), and so
+/// does a peer's FIN that came after it (CLOSING): returned, to be forged
+/// then.
+fn replay_fins(
+    sock: &OwnedFd,
+    state: u8,
+    c: &TcpConnection,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Result<Option<cr_sys::tcp_segment::Segment>, SysError> {
+    use cr_sys::tcp_segment::{self as seg, Segment};
+    let ours = super::sent_fin(state) && !c.fin_unsent;
+    let theirs = super::got_fin(state);
+    if !ours && !theirs {
+        return Ok(None);
+    }
+    let window = if c.options as u8 & sys::TCPI_OPT_WSCALE != 0 {
+        c.snd_wnd >> c.snd_wscale
+    } else {
+        c.snd_wnd
+    };
+    let from_peer = |flags, ack| Segment {
+        from: remote,
+        to: local,
+        seq: c.rcv_nxt,
+        ack,
+        flags,
+        window: window.min(u32::from(u16::MAX)) as u16,
+    };
+    // LAST-ACK: the peer closed first; the others: the program did.
+    let ours_first = state != sys::TCP_LAST_ACK;
+    let peer_fin = from_peer(seg::FIN | seg::ACK, c.snd_una);
+    if state == sys::TCP_CLOSING && c.fin_unsent {
+        return Ok(Some(peer_fin));
+    }
+    if ours && ours_first {
+        our_fin(sock, sys::TCP_FIN_WAIT1)?;
+    }
+    if theirs {
+        // It acknowledges what the peer had of ours: the data sent, not
+        // our FIN (CLOSING: both FINs crossed).
+        let now = if ours && ours_first {
+            sys::TCP_CLOSING
+        } else {
+            sys::TCP_CLOSE_WAIT
+        };
+        seg::send(&peer_fin)?;
+        wait_state(sock, now)?;
+    }
+    if ours && !ours_first {
+        our_fin(sock, sys::TCP_LAST_ACK)?;
+    }
+    if state == sys::TCP_FIN_WAIT2 {
+        // The peer acknowledged our FIN.
+        seg::send(&from_peer(seg::ACK, c.write_seq.wrapping_add(1)))?;
+        wait_state(sock, sys::TCP_FIN_WAIT2)?;
+    }
+    Ok(None)
+}
+
+/// shutdown(SHUT_WR) in repair mode with the send queue selected: the FIN
+/// counts as sent (nothing leaves); the state becomes `then`.
+fn our_fin(sock: &OwnedFd, then: u8) -> Result<(), SysError> {
+    sys::set_repair_queue(sock, TcpQueue::Send)?;
+    cr_sys::fdio::shutdown(sock, libc::SHUT_WR)?;
+    wait_state(sock, then)
+}
+
+/// Wait (a moment: a looped-back segment is usually processed before
+/// sendto returns) until the connection is in `state`.
+fn wait_state(sock: &OwnedFd, state: u8) -> Result<(), SysError> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = sys::tcp_info(sock)?.state;
+        if now == state {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(SysError::Syscall {
+                what: format!(
+                    "bringing the connection to {} (it stays in {})",
+                    sys::tcp_state_name(state),
+                    sys::tcp_state_name(now)
+                ),
+                source: cr_sys::Errno(libc::ETIMEDOUT),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A socket in SYN-SENT: bound, its first sequence number set (the SYN
+/// sent again at the release carries the same one, so that a peer that
+/// answered the first SYN knows this one), left out of repair mode.
+fn before_connect(
+    sock: &OwnedFd,
+    s: &InetSocket,
+    c: &TcpConnection,
+    local: SocketAddr,
+) -> Result<(), SysError> {
+    sys::set_repair(sock, sys::REPAIR_ON)?;
+    set_options(sock, &s.opts)?;
+    sys::set_repair_queue(sock, TcpQueue::Send)?;
+    sys::set_queue_seq(sock, c.write_seq.wrapping_sub(1))?;
+    bind_over_remnants(sock, local)?;
+    sys::set_repair(sock, sys::REPAIR_OFF_NO_WP)
+}
+
+/// connect(2) without waiting (the program's socket may block): the SYN
+/// leaves, the connection completes or fails as the program's would have.
+fn connect_now(sock: &OwnedFd, remote: SocketAddr) -> Result<(), SysError> {
+    let flags = cr_sys::fdio::get_flags(sock)?;
+    cr_sys::fdio::set_flags(sock, flags | libc::O_NONBLOCK)?;
+    let r = match sys::connect(sock, &remote) {
+        Err(e) if e.errno() == Some(libc::EINPROGRESS) => Ok(()),
+        r => r,
+    };
+    cr_sys::fdio::set_flags(sock, flags)?;
+    r
 }
 
 /// Queue `data` on the selected repair queue, growing buffer `buf` when the
@@ -310,8 +458,14 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
     let held = r.stash.get::<Held>();
     let pending = std::mem::take(&mut held.pending);
     let sockets = &held.sockets;
-    if guard_secs > 0 && !pending.is_empty() {
-        let conns: Vec<_> = pending.iter().map(|p| (p.local, p.remote)).collect();
+    // Not a connection being made: a peer that is not there refuses it at
+    // once, as it would have refused the original.
+    let conns: Vec<_> = pending
+        .iter()
+        .filter(|p| !p.connect)
+        .map(|p| (p.local, p.remote))
+        .collect();
+    if guard_secs > 0 && !conns.is_empty() {
         if let Err(e) = cr_sys::netlock::guard_resets(&conns, guard_secs) {
             warn!(error = %cr_sys::error::one_line(&e), "no reset guard: a peer restored after this process may reset its connection");
         }
@@ -321,6 +475,13 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
         let Some(sock) = sockets.get(&p.id) else {
             continue;
         };
+        if p.connect {
+            let what = || format!("cannot connect socket:[{}] again", p.id);
+            cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, p.reuse)
+                .step(what)?;
+            connect_now(sock, p.remote).step(what)?;
+            continue;
+        }
         let what = || format!("cannot leave repair mode on socket:[{}]", p.id);
         sys::set_repair(sock, sys::REPAIR_OFF).step(what)?;
         cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, p.reuse)
@@ -328,14 +489,14 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
         if p.shut_rd {
             shutdown(sock, 1).step(|| format!("cannot shut socket:[{}] for reading", p.id))?;
         }
-        if !p.unsent.is_empty() {
-            unsent.push((sock, p.id, p.unsent));
+        if !p.unsent.is_empty() || p.fin {
+            unsent.push((sock, p.id, p.unsent, p.fin, p.peer_fin));
         }
     }
     // The unsent bytes fit in the send buffer they came from; a slow peer
     // may take a moment to open its window.
     let deadline = Instant::now() + Duration::from_secs(30);
-    for (sock, id, data) in unsent {
+    for (sock, id, data, fin, peer_fin) in unsent {
         let mut rest = &data[..];
         while !rest.is_empty() {
             let n = cr_sys::fdio::send_some(sock, rest)
@@ -350,6 +511,16 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
                 }
                 sys::wait_writable(sock, 100).step(|| format!("waiting to write socket:[{id}]"))?;
             }
+        }
+        // The program's FIN waited behind those bytes.
+        if fin {
+            cr_sys::fdio::shutdown(sock, libc::SHUT_WR)
+                .step(|| format!("cannot shut socket:[{id}] for writing"))?;
+        }
+        if let Some(seg) = peer_fin {
+            let what = || format!("cannot give socket:[{id}] its peer's FIN");
+            cr_sys::tcp_segment::send(&seg).step(what)?;
+            wait_state(sock, sys::TCP_CLOSING).step(what)?;
         }
     }
     Ok(())

@@ -1,8 +1,11 @@
 //! Round trip of kind "inet" (with the network lock of a --kill dump): a
 //! TCP listener, an established connection with data in flight both ways
-//! and options set (and its segment size), a bound UDP socket.
+//! and options set (and its segment size), a bound UDP socket; shut
+//! sockets; and one round trip per TCP state of a connection half closed
+//! or being made (FIN-WAIT-1/2, CLOSE-WAIT, LAST-ACK, CLOSING, SYN-SENT),
+//! each in a network namespace of its own.
 
-use crate::kinds::testkit::round_trip;
+use crate::kinds::testkit::{in_new_netns, round_trip};
 
 #[test]
 fn tcp_and_udp_round_trip() {
@@ -171,4 +174,278 @@ expect(s.recv(10) == b"still", "it still sends")
     };
     assert_eq!(shut(&rt.before), vec![0, 0, 0, 1, 1, 2]);
     assert_eq!(shut(&rt.before), shut(&rt.after));
+}
+
+/// Python helpers of the TCP state tests: a connection's state, waiting
+/// for one, reading to the end, and nft rules of the test's own network
+/// namespace that drop one direction of a connection (so that a FIN or
+/// its ACK stays in flight).
+const TCP_STATES: &str = r#"
+import select, subprocess, termios
+ESTABLISHED, SYN_SENT, FIN_WAIT1, FIN_WAIT2, CLOSE, CLOSE_WAIT, LAST_ACK, CLOSING = 1, 2, 4, 5, 7, 8, 9, 11
+NAMES = {1: "ESTABLISHED", 2: "SYN-SENT", 4: "FIN-WAIT-1", 5: "FIN-WAIT-2", 6: "TIME-WAIT", 7: "CLOSE", 8: "CLOSE-WAIT", 9: "LAST-ACK", 11: "CLOSING"}
+def state(s):
+    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+def wait_state(s, want, secs=30):
+    t = time.time() + secs
+    while state(s) != want and time.time() < t:
+        time.sleep(0.01)
+    return state(s) == want
+def is_(s, want, who):
+    expect(state(s) == want, "%s is %s, not %s" % (who, NAMES.get(state(s)), NAMES[want]))
+def ends(s, want, who):
+    expect(wait_state(s, want), "%s stays %s, not %s" % (who, NAMES.get(state(s)), NAMES[want]))
+def ioctl_int(s, req):
+    return struct.unpack("i", fcntl.ioctl(s.fileno(), req, b"\0" * 4))[0]
+def settled(*socks, secs=10):
+    t = time.time() + secs
+    while any(ioctl_int(s, termios.TIOCOUTQ) for s in socks) and time.time() < t:
+        time.sleep(0.01)
+def read_to_eof(s, secs=60):
+    s.settimeout(secs)
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            return got
+        got += d
+def nft(script):
+    subprocess.run(["nft", "-f", "-"], input=script.encode(), check=True)
+# Dropped on the way in: the sender's TCP counts what it sent as sent.
+def drop(rule):
+    nft("add table inet t\nadd chain inet t in { type filter hook input priority 0; }\nadd rule inet t in " + rule + " drop\n")
+def undrop():
+    nft("delete table inet t\n")
+def pair():
+    lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(1)
+    a = socket.create_connection(lis.getsockname()); b, _ = lis.accept()
+    lis.close()
+    return a, b
+def port(s):
+    return s.getsockname()[1]
+def exchanged():
+    """A pair, each end with the other's data acknowledged (not read)."""
+    a, b = pair()
+    b.sendall(b"b1 " * 100); a.sendall(b"a1 " * 100)
+    settled(a, b)
+    return a, b
+def to_the_end(a, want_a, b, want_b):
+    """Packets flow again: each end reads what it wants then the end, and
+    both connections close."""
+    undrop()
+    for s, want, who in ((a, want_a, "a"), (b, want_b, "b")):
+        got = read_to_eof(s)
+        expect(got == want, "%s read %d bytes of %d before the end" % (who, len(got), len(want)))
+    ends(a, CLOSE, "a"); ends(b, CLOSE, "b")
+"#;
+
+/// The TCP states of the image's sockets, sorted.
+fn tcp_states(c: &cr_image::model::Checkpoint) -> Vec<u32> {
+    let mut v: Vec<u32> = c
+        .objects
+        .iter()
+        .filter_map(|o| match &o.kind {
+            cr_image::model::ObjectKind::InetSocket(s) if s.protocol == 6 => Some(s.state),
+            _ => None,
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A round trip of `setup`/`check` (with [`TCP_STATES`]) in a network
+/// namespace of its own; the image holds sockets in `states` before and
+/// after.
+fn tcp_states_round_trip(name: &str, setup: &str, check: &str, states: &[u32]) {
+    let setup = format!("{TCP_STATES}{setup}");
+    let rt = in_new_netns(|| round_trip(name, &setup, check));
+    assert_eq!(tcp_states(&rt.before), states, "{name}: the first image");
+    assert_eq!(
+        tcp_states(&rt.after),
+        states,
+        "{name}: the image of the restored program"
+    );
+}
+
+/// FIN-WAIT-2 and CLOSE-WAIT: `a` shut its sending side and the peer `b`
+/// acknowledged the FIN; both have data not read yet. After the restore `b`
+/// reads its data then the end of the stream, and can still write to `a`;
+/// `a` reads all `b` wrote and cannot write; when `b` shuts too, `a` sees
+/// the end.
+#[test]
+fn tcp_fin_wait2_and_close_wait_round_trip() {
+    tcp_states_round_trip(
+        "tcp-fin-wait2",
+        r#"
+a, b = pair()
+b.sendall(b"to a " * 100)
+a.sendall(b"to b " * 500)
+a.shutdown(socket.SHUT_WR)
+expect(wait_state(a, FIN_WAIT2) and wait_state(b, CLOSE_WAIT), "not set up: %s %s" % (state(a), state(b)))
+"#,
+        r#"
+is_(a, FIN_WAIT2, "a"); is_(b, CLOSE_WAIT, "b")
+got = read_to_eof(b)
+expect(got == b"to b " * 500, "b read %d bytes before the end" % len(got))
+expect(b.recv(10) == b"", "b: the end again")
+b.sendall(b"after")
+a.settimeout(30)
+want = b"to a " * 100 + b"after"
+got = b""
+while len(got) < len(want):
+    d = a.recv(65536)
+    if not d:
+        break
+    got += d
+expect(got == want, "a read %d bytes of %d" % (len(got), len(want)))
+try:
+    a.send(b"x")
+    expect(False, "a wrote after its shutdown")
+except BrokenPipeError:
+    pass
+b.shutdown(socket.SHUT_WR)
+expect(a.recv(10) == b"", "a sees the end")
+ends(b, CLOSE, "b")
+"#,
+        &[5, 8],
+    );
+}
+
+/// FIN-WAIT-1 and LAST-ACK: nothing `b` sends reaches `a`: `a` shut its
+/// side (its FIN reached `b`, the ACK did not come back), `b` wrote more and
+/// shut its side too. Once packets flow again, each reads all the other
+/// wrote and the end, and both connections close.
+#[test]
+fn tcp_fin_wait1_and_last_ack_round_trip() {
+    tcp_states_round_trip(
+        "tcp-last-ack",
+        r#"
+a, b = exchanged()
+drop("tcp sport %d tcp dport %d" % (port(b), port(a)))
+a.shutdown(socket.SHUT_WR)
+expect(wait_state(b, CLOSE_WAIT), "b did not get the FIN")
+b.sendall(b"b2 " * 50)
+b.shutdown(socket.SHUT_WR)
+expect(wait_state(b, LAST_ACK) and state(a) == FIN_WAIT1, "not set up: %s %s" % (state(a), state(b)))
+"#,
+        r#"
+is_(a, FIN_WAIT1, "a"); is_(b, LAST_ACK, "b")
+to_the_end(a, b"b1 " * 100 + b"b2 " * 50, b, b"a1 " * 100)
+"#,
+        &[4, 9],
+    );
+}
+
+/// CLOSING (and FIN-WAIT-1): nothing `a` sends reaches `b`; both shut
+/// their sides, so the FINs crossed: `a` got `b`'s FIN before any ACK of
+/// its own. Once packets flow again, both read the other's data and the
+/// end, and both connections close.
+#[test]
+fn tcp_closing_round_trip() {
+    tcp_states_round_trip(
+        "tcp-closing",
+        r#"
+a, b = exchanged()
+drop("tcp sport %d tcp dport %d" % (port(a), port(b)))
+a.shutdown(socket.SHUT_WR)
+b.shutdown(socket.SHUT_WR)
+expect(wait_state(a, CLOSING) and state(b) == FIN_WAIT1, "not set up: %s %s" % (state(a), state(b)))
+"#,
+        r#"
+is_(a, CLOSING, "a"); is_(b, FIN_WAIT1, "b")
+to_the_end(a, b"b1 " * 100, b, b"a1 " * 100)
+"#,
+        &[4, 11],
+    );
+}
+
+/// FIN-WAIT-1 with the FIN never sent: `b` does not read, so `a`'s data
+/// waits unsent behind a closed window, and the FIN `a` queued waits
+/// behind it. After the restore `b` reads every byte and then the end;
+/// `a` gets to FIN-WAIT-2 and still reads what `b` writes.
+#[test]
+fn tcp_fin_behind_unsent_data_round_trip() {
+    tcp_states_round_trip(
+        "tcp-fin-unsent",
+        r#"
+SIOCOUTQNSD = 0x894B
+lis = socket.socket(); lis.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+lis.bind(("127.0.0.1", 0)); lis.listen(1)
+a = socket.socket(); a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+a.connect(lis.getsockname()); b, _ = lis.accept(); lis.close()
+a.setblocking(False)
+data = bytes(i % 251 for i in range(1 << 20))
+sent = 0
+deadline = time.time() + 20
+while time.time() < deadline:
+    try:
+        sent += a.send(data[sent:sent + 4096])
+    except BlockingIOError:
+        if ioctl_int(a, SIOCOUTQNSD) > 0:
+            break
+        time.sleep(0.01)
+a.setblocking(True)
+a.shutdown(socket.SHUT_WR)
+expect(state(a) == FIN_WAIT1 and ioctl_int(a, SIOCOUTQNSD) > 0, "not set up: %s, %d unsent" % (state(a), ioctl_int(a, SIOCOUTQNSD)))
+"#,
+        r#"
+is_(a, FIN_WAIT1, "a"); is_(b, ESTABLISHED, "b")
+got = read_to_eof(b)
+expect(got == data[:sent], "b read %d bytes of %d before the end" % (len(got), sent))
+ends(a, FIN_WAIT2, "a")
+b.sendall(b"late")
+a.settimeout(30)
+expect(a.recv(10) == b"late", "a reads after its shutdown")
+b.shutdown(socket.SHUT_WR)
+expect(a.recv(10) == b"", "a sees the end")
+"#,
+        &[1, 4],
+    );
+}
+
+/// SYN-SENT: non-blocking connects whose SYNs are dropped: to a listener,
+/// to a port where a listener comes only after the restore, and to a port
+/// where none ever comes. Once packets flow again the first two complete
+/// (and carry data), the third is refused.
+#[test]
+fn tcp_syn_sent_round_trip() {
+    tcp_states_round_trip(
+        "tcp-syn-sent",
+        r#"
+lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(4)
+def free_port():
+    t = socket.socket(); t.bind(("127.0.0.1", 0)); p = port(t); t.close()
+    return p
+later, never = free_port(), free_port()
+drop("tcp dport { %d, %d, %d }" % (port(lis), later, never))
+conns = []
+for p in (port(lis), later, never):
+    c = socket.socket(); c.setblocking(False)
+    expect(c.connect_ex(("127.0.0.1", p)) == errno.EINPROGRESS, "connect did not start")
+    conns.append(c)
+c1, c2, c3 = conns
+expect(all(state(c) == SYN_SENT for c in conns), "not set up: %s" % [state(c) for c in conns])
+def outcome(c):
+    p = select.poll(); p.register(c, select.POLLOUT)
+    p.poll(60000)
+    return c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+"#,
+        r#"
+for i, c in enumerate(conns):
+    is_(c, SYN_SENT, "c%d" % (i + 1))
+lis2 = socket.socket(); lis2.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+lis2.bind(("127.0.0.1", later)); lis2.listen(1)
+undrop()
+for c, l in ((c1, lis), (c2, lis2)):
+    err = outcome(c)
+    expect(err == 0, "connect to %d: %s" % (port(l), os.strerror(err)))
+    if err == 0:
+        s, _ = l.accept()
+        c.setblocking(True); c.sendall(b"hello"); s.settimeout(10)
+        expect(s.recv(10) == b"hello", "data over the connection to %d" % port(l))
+err = outcome(c3)
+expect(err == errno.ECONNREFUSED, "connect to a closed port: %s" % os.strerror(err))
+"#,
+        &[2, 2, 2, 10],
+    );
 }

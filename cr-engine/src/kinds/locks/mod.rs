@@ -1,5 +1,6 @@
-//! Kind "locks": file locks (flock, POSIX record locks, OFD locks), read
-//! with the fd that holds them and taken again when the fds are back.
+//! Kind "locks": file locks (flock, POSIX record locks, OFD locks) and
+//! file leases (F_SETLEASE), read with the fd that holds them and taken
+//! again when the fds of the process are back.
 //!
 //! They are read from the "lock:" lines of /proc/PID/fdinfo/FD (same format
 //! as /proc/locks):
@@ -8,7 +9,17 @@
 //! lock:   1: FLOCK  ADVISORY  WRITE 5122 fe:00:10010639 0 EOF
 //! lock:   1: POSIX  ADVISORY  WRITE 5122 fe:00:10010639 5 14
 //! lock:   1: OFDLCK ADVISORY  READ -1 fe:00:10010639 50 59
+//! lock:   1: LEASE  ACTIVE    WRITE 5122 fe:00:10010639 0 EOF
 //! ```
+//!
+//! A lease belongs to its open file description and is taken again with
+//! the same fcntl. The kernel grants a write lease only when no other open
+//! file description of the file exists, and a read lease only on a
+//! description opened read-only, with no writer: both held when the
+//! original took it, and the restore opens nothing else of the file. A
+//! lease being broken (an opener waits for its holder to give it up:
+//! BREAKING) is refused: the opener is outside the image and would not
+//! wait for the restored holder.
 //!
 //! The kernel lists a lock on the fd whose open file description took it
 //! (flock, OFD) or through which the process took it (POSIX). Lines
@@ -41,10 +52,17 @@ fn parse(line: &str) -> Result<Option<FileLock>, String> {
         "FLOCK" => LockKind::Flock,
         "POSIX" => LockKind::Posix,
         "OFDLCK" => LockKind::Ofd,
-        "LEASE" | "DELEG" => return Err("holding a file lease (not supported)".into()),
+        "LEASE" if w[2] == "ACTIVE" => LockKind::Lease,
+        "LEASE" => {
+            return Err(format!(
+                "holding a file lease that is being broken ({}: another process is opening the file and waits for it; not supported)",
+                w[2]
+            ))
+        }
+        "DELEG" => return Err("holding an NFS delegation (not supported)".into()),
         other => return Err(format!("holding a lock of kind {other} (not supported)")),
     };
-    if w[2] == "MANDATORY" {
+    if w[2] == "MANDATORY" && kind != LockKind::Lease {
         return Err("holding a mandatory lock (not supported)".into());
     }
     let write = match w[3] {
@@ -105,6 +123,23 @@ pub fn take(stub: &mut Stub<'_>, f: &Fd) -> Result<(), RestoreError> {
                 .step(what)?;
             }
             LockKind::Flock => {}
+            // Of the open file description: taken by its first holder.
+            LockKind::Lease if f.shared.is_none() => {
+                stub.call(
+                    "fcntl(F_SETLEASE)",
+                    libc::SYS_fcntl,
+                    [
+                        f.fd as u64,
+                        libc::F_SETLEASE as u64,
+                        lock_type as u64,
+                        0,
+                        0,
+                        0,
+                    ],
+                )
+                .step(what)?;
+            }
+            LockKind::Lease => {}
             LockKind::Ofd if f.shared.is_some() => {}
             LockKind::Posix | LockKind::Ofd => {
                 // struct flock: short l_type, short l_whence, off_t l_start,

@@ -13,7 +13,59 @@ fn lines() {
     assert!(parse("1: -> POSIX  ADVISORY  WRITE 77 fe:00:1 0 EOF")
         .unwrap()
         .is_none());
-    assert!(parse("1: LEASE  ACTIVE    READ 5 fe:00:1 0 EOF").is_err());
+    let l = parse("1: LEASE  ACTIVE    WRITE 5 fe:00:1 0 EOF")
+        .unwrap()
+        .unwrap();
+    assert_eq!((l.kind, l.write), (LockKind::Lease, true));
+    let e = parse("1: LEASE  BREAKING  UNLCK 5 fe:00:1 0 EOF").unwrap_err();
+    assert!(e.contains("being broken"), "{e}");
+}
+
+/// Round trip: a read lease on a file opened read-only and a write lease on
+/// a file opened read-write are held again: another process opening the
+/// files in a way that breaks them is told to wait (EWOULDBLOCK with
+/// O_NONBLOCK), and F_GETLEASE gives each lease's type.
+#[test]
+fn leases_round_trip() {
+    let rt = crate::kinds::testkit::round_trip(
+        "leases",
+        r#"
+F_SETLEASE, F_GETLEASE = 1024, 1025
+# A lease break signals its holder (SIGIO unless F_SETSIG said otherwise).
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+rp, wp = os.path.join(DIR, "read-leased"), os.path.join(DIR, "write-leased")
+for p in (rp, wp):
+    with open(p, "w") as f:
+        f.write("content")
+r = os.open(rp, os.O_RDONLY); fcntl.fcntl(r, F_SETLEASE, fcntl.F_RDLCK)
+w = os.open(wp, os.O_RDWR); fcntl.fcntl(w, F_SETLEASE, fcntl.F_WRLCK)
+"#,
+        r#"
+expect(fcntl.fcntl(r, F_GETLEASE) == fcntl.F_RDLCK, "read lease: %d" % fcntl.fcntl(r, F_GETLEASE))
+expect(fcntl.fcntl(w, F_GETLEASE) == fcntl.F_WRLCK, "write lease: %d" % fcntl.fcntl(w, F_GETLEASE))
+kid = os.fork()
+if kid == 0:
+    bad = 0
+    for p, mode, bit in ((rp, os.O_WRONLY, 1), (wp, os.O_RDONLY, 2)):
+        try:
+            os.close(os.open(p, mode | os.O_NONBLOCK)); bad |= bit
+        except BlockingIOError:
+            pass
+    os._exit(bad)
+_, st = os.waitpid(kid, 0)
+expect(os.WEXITSTATUS(st) == 0, "another process opened a leased file (%d)" % os.WEXITSTATUS(st))
+"#,
+    );
+    let (a, b) = rt.roots();
+    let leases = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .flat_map(|f| f.locks.iter().map(move |l| (f.fd, *l)))
+            .filter(|(_, l)| l.kind == LockKind::Lease)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(leases(a).len(), 2);
+    assert_eq!(leases(a), leases(b));
 }
 
 /// Round trip: a flock and a POSIX range lock are held again after the
