@@ -219,7 +219,7 @@ pub struct Arrival(Option<Arc<Rendezvous>>);
 
 impl Rendezvous {
     /// A meeting of `n` parties and their `n` arrivals.
-    pub fn new(n: usize) -> Vec<Arrival> {
+    pub fn arrivals(n: usize) -> Vec<Arrival> {
         let r = Arc::new(Rendezvous {
             left: Mutex::new(n),
             cv: Condvar::new(),
@@ -341,7 +341,7 @@ mod tests {
     #[test]
     fn rendezvous_waits_for_all_or_gives_up() {
         let arrived = Arc::new(Mutex::new(0usize));
-        let mut arrivals = Rendezvous::new(4);
+        let mut arrivals = Rendezvous::arrivals(4);
         let quitter = arrivals.pop().unwrap();
         let hs: Vec<_> = arrivals
             .into_iter()

@@ -579,7 +579,7 @@ fn callbacks_all(targets: &mut [Target]) -> Result<usize, String> {
 fn freeze_all(targets: Vec<Target>, session: &str) -> Result<(Vec<Member>, Vec<i32>), String> {
     let mut starting = Vec::with_capacity(targets.len());
     let mut failed = None;
-    let arrivals = Rendezvous::new(targets.len());
+    let arrivals = Rendezvous::arrivals(targets.len());
     for ((pid, dir, opts, coop, arena), arrival) in targets.into_iter().zip(arrivals) {
         let make = move || {
             let mut held = capture::freeze(pid, &opts, false, coop, move || arrival.wait())
@@ -1034,7 +1034,7 @@ fn dump_all(shared: &Shared, session: &str, f: &mut Frozen) -> Result<pb::DumpRe
     let pending: Vec<_> = f
         .held
         .iter()
-        .zip(Rendezvous::new(f.held.len()))
+        .zip(Rendezvous::arrivals(f.held.len()))
         .map(|(m, arrival)| {
             let (gate, node, pid) = (gate.clone(), shared.config.node.clone(), m.pid);
             m.tracer.run(move |h| {
