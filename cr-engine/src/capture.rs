@@ -68,9 +68,9 @@ pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpo
     // (Not with --verify, which compares the tree with its image before
     // it runs on.)
     let arena = (action == Action::Continue && !opts.verify)
-        .then(|| snapshot_arena(pid, opts.parent.is_some()))
+        .then(|| snapshot_arena(pid, opts.parent.is_some(), arena_budget()))
         .flatten();
-    let mut held = freeze(pid, opts, action != Action::Continue, None)?;
+    let mut held = freeze(pid, opts, action != Action::Continue, None, || {})?;
     held.arena = arena;
     let summary = held.dump()?;
     if opts.verify {
@@ -83,22 +83,26 @@ pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpo
     })
 }
 
+/// The most memory the copies of frozen trees may take on this machine:
+/// half of what is available now.
+pub fn arena_budget() -> u64 {
+    cr_sys::proc::mem_available().unwrap_or(0) / 2
+}
+
 /// Room for the memory of the tree of `pid` (what it has resident, plus
-/// an eighth), if that leaves at least half of the machine's available
-/// memory free; reserved and faulted in before the tree is frozen. An
+/// an eighth), if that fits in `budget` bytes (see [`arena_budget`]);
+/// reserved and faulted in now, before the tree is frozen. An
 /// incremental dump (`incremental`) copies only what changed since its
 /// parent, which is not known before the freeze: nothing is reserved
 /// ahead (faulting in room for all its memory cost seconds per GiB), its
 /// room is mapped when the copy needs it, within the same budget.
-fn snapshot_arena(pid: i32, incremental: bool) -> Option<dump::Arena> {
+pub fn snapshot_arena(pid: i32, incremental: bool, budget: u64) -> Option<dump::Arena> {
     let resident: u64 = tree::walk(pid)
         .unwrap_or_default()
         .iter()
         .filter_map(|&p| proc::status(p).ok())
         .map(|st| (st.rssanon.unwrap_or(0) + st.rssshmem.unwrap_or(0)) * 1024)
         .sum();
-    let available = cr_sys::proc::mem_available().unwrap_or(0);
-    let budget = available / 2;
     let want = if incremental {
         0
     } else {
@@ -107,7 +111,7 @@ fn snapshot_arena(pid: i32, incremental: bool) -> Option<dump::Arena> {
     if want > budget {
         info!(
             resident,
-            available, "not enough free memory to copy the processes out: they stay frozen until their memory is stored"
+            budget, "not enough free memory to copy the processes out: they stay frozen until their memory is stored"
         );
         return None;
     }
@@ -205,19 +209,64 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
         tree::ids(&stat, &status, f, &mut p);
         return Ok(p);
     }
+    // Where a frozen process's time goes, kind by kind (µs, at debug level).
+    let mut laps = Laps::new();
     let mut cx = Proc::open(f, d, &mut p)?;
+    laps.lap("open");
     kinds::threads::Threads::capture(&mut cx, &mut p)?;
+    laps.lap("threads");
     fault::check("after-registers")?;
     kinds::signals::Signals::capture(&mut cx, &mut p)?;
+    laps.lap("signals");
     kinds::seccomp::capture(&mut cx, &mut p)?;
+    laps.lap("seccomp");
     kinds::timers::Timers::capture(&mut cx, &mut p)?;
+    laps.lap("timers");
     kinds::identity::Identity::capture(&mut cx, &mut p)?;
+    laps.lap("identity");
     kinds::task::Task::capture(&mut cx, &mut p)?;
+    laps.lap("task");
     kinds::cgroups::Cgroups::capture(&mut cx, &mut p)?;
+    laps.lap("cgroups");
     kinds::fds::Fds::capture(&mut cx, &mut p)?;
+    laps.lap("fds");
     kinds::memory::Memory::capture(&mut cx, &mut p)?;
+    laps.lap("memory");
     cx.probe.close().map_err(sys)?;
+    laps.lap("close");
+    debug!(pid, laps = %laps, "process captured (µs per kind)");
     Ok(p)
+}
+
+/// Time laps of a capture, for the debug log.
+struct Laps {
+    at: Instant,
+    laps: Vec<(&'static str, u128)>,
+}
+
+impl Laps {
+    fn new() -> Laps {
+        Laps {
+            at: Instant::now(),
+            laps: Vec::new(),
+        }
+    }
+
+    /// The time since the previous lap, as `name`'s.
+    fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.laps.push((name, (now - self.at).as_micros()));
+        self.at = now;
+    }
+}
+
+impl std::fmt::Display for Laps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, us)) in self.laps.iter().enumerate() {
+            write!(f, "{}{name}={us}", if i == 0 { "" } else { " " })?;
+        }
+        Ok(())
+    }
 }
 
 /// The parent image, its chain checked (ids, presence) before anything is frozen.
@@ -274,12 +323,16 @@ pub fn callbacks(pid: i32, opts: &CheckpointOptions) -> Result<crate::coop::Coop
 /// change until [`Held::finish`] or the drop — what a coordinated
 /// checkpoint of several trees needs for a consistent cut. `called_back`:
 /// the tree's libcr callbacks already ran ([`callbacks`]); otherwise they
-/// run here, just before the freeze.
+/// run here, just before the freeze. `before_freeze` runs once the checks
+/// passed, right before the first thread is stopped (a coordinated
+/// checkpoint waits there until every member of the node is ready, so
+/// that none stays frozen while the others are still checked).
 pub fn freeze(
     pid: i32,
     opts: &CheckpointOptions,
     lock_network: bool,
     called_back: Option<crate::coop::Coop>,
+    before_freeze: impl FnOnce(),
 ) -> Result<Held, CheckpointError> {
     let t0 = Instant::now();
     tree::validate(pid)?;
@@ -313,6 +366,7 @@ pub fn freeze(
         arena: None,
         thawed_after: None,
     };
+    before_freeze();
     held.procs = tree::freeze(pid)?;
     held.frozen_at = Instant::now();
     debug!(root = pid, processes = held.procs.len(), "tree frozen");
@@ -378,9 +432,11 @@ impl Held {
         self.dir.path()
     }
 
-    /// How long the tree has been frozen.
+    /// How long the tree has been frozen (or was, if it runs again
+    /// before the end: see [`Held::dump_with`]).
     pub fn frozen_for(&self) -> Duration {
-        self.frozen_at.elapsed()
+        self.thawed_after
+            .unwrap_or_else(|| self.frozen_at.elapsed())
     }
 
     /// For a caller locking several trees in one nft transaction
@@ -409,12 +465,25 @@ impl Held {
         kinds::inet::bookmarks(&self.pids())
     }
 
-    /// Write and commit the image; the processes stay frozen.
+    /// Write and commit the image; the processes stay frozen, unless the
+    /// tree has an [`Held::arena`]: then they run on as soon as their
+    /// memory is copied into it, and the image is written meanwhile.
     pub fn dump(&mut self) -> Result<Summary, CheckpointError> {
+        self.dump_with(|| {})
+    }
+
+    /// [`Held::dump`], where `before_run_on` runs once the whole state of
+    /// the tree is read (its memory copied into the arena) and before its
+    /// processes run on; it is not called when they stay frozen (no arena,
+    /// or the dump failed first). A coordinated checkpoint waits there for
+    /// the other members of its node. The network lock, if any, holds
+    /// until [`Held::finish`] or the drop: a tree that runs on before its
+    /// image is committed cannot move its TCP connections meanwhile.
+    pub fn dump_with(&mut self, before_run_on: impl FnOnce()) -> Result<Summary, CheckpointError> {
         if let Some(d) = &self.dumped {
             return Ok(d.summary.clone());
         }
-        match self.dump_frozen() {
+        match self.dump_frozen(before_run_on) {
             Ok(mut d) => {
                 // Until the let-go, sockets are out of repair mode: should
                 // we die meanwhile, the processes run on as they were.
@@ -432,7 +501,8 @@ impl Held {
         }
     }
 
-    fn dump_frozen(&mut self) -> Result<Dumped, CheckpointError> {
+    fn dump_frozen(&mut self, before_run_on: impl FnOnce()) -> Result<Dumped, CheckpointError> {
+        let t_dump = Instant::now();
         let opts = &self.opts;
         let store = StoreWriter::create(&self.dir, &self.image_id[..16], opts.compress)?;
         let pids = self.pids();
@@ -463,12 +533,14 @@ impl Held {
         let uts = kinds::uts::capture(&images)?;
         let own_shm = mounts.as_ref().is_some_and(|m| m.dev_shm.is_some());
         let outside_files = kinds::outside::capture(&mut d, &pids, &images, own_shm)?;
+        let captured = t_dump.elapsed();
         if memory::has_snapshots(&mut d) {
             fault::check("after-snapshot")?;
+            before_run_on();
             // Everything is read: the processes run on while the copies of
             // their memory are stored (a dump that continues them holds no
-            // lock and no socket in repair mode).
-            drop(self.lock.take());
+            // socket in repair mode; the network lock of a coordinated
+            // checkpoint stays: it holds their connections until FINISH).
             tree::let_go(std::mem::take(&mut self.procs), Action::Continue)?;
             self.thawed_after = Some(self.frozen_at.elapsed());
             debug!(
@@ -478,6 +550,7 @@ impl Held {
             );
             memory::store_snapshots(&mut d, &mut images)?;
         }
+        let stored = t_dump.elapsed();
         let read = d.read;
         let trackers = memory::take_trackers(&mut d.stash);
         let (objects, held) = d.objects.finish();
@@ -507,9 +580,15 @@ impl Held {
         };
         fault::check("before-commit")?;
         self.dir.commit(&ck, opts.fsync())?;
-        let frozen = self
-            .thawed_after
-            .unwrap_or_else(|| self.frozen_at.elapsed());
+        debug!(
+            root,
+            capture_ms = captured.as_millis() as u64,
+            store_ms = (stored - captured).as_millis() as u64,
+            commit_ms = (t_dump.elapsed() - stored).as_millis() as u64,
+            ran_on = self.thawed_after.is_some(),
+            "image written (capture: state read while frozen; store: memory copied out stored; commit: page store, image, fsyncs)"
+        );
+        let frozen = self.frozen_for();
         let summary = summarize(root, &ck, read, frozen, self.t0);
         Ok(Dumped {
             summary,
@@ -552,6 +631,12 @@ impl Held {
     pub fn finish(mut self, action: Action) -> Result<(), CheckpointError> {
         // Dropped with the image still in `dumped`: the checkpoint is undone.
         fault::check("after-commit")?;
+        if self.thawed_after.is_some() && action != Action::Continue {
+            return Err(CheckpointError::unsupported(
+                self.root,
+                "the processes already run on (their memory was copied out): they cannot be stopped or killed with the checkpoint",
+            ));
+        }
         let Some(d) = self.dumped.take() else {
             return Err(CheckpointError::unsupported(
                 self.root,
@@ -582,7 +667,7 @@ impl Held {
             processes = d.summary.processes,
             bytes = d.summary.page_bytes,
             stored = d.summary.store_bytes,
-            frozen_ms = self.frozen_at.elapsed().as_millis() as u64,
+            frozen_ms = self.frozen_for().as_millis() as u64,
             "checkpoint committed"
         );
         self.let_go = true;

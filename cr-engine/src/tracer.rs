@@ -15,10 +15,11 @@
 //! The work that copies pages is bounded by the page workers' pool
 //! (`kinds::memory::pool`, one per CPU); a [`Gate`] bounds how many trees
 //! do the rest of their work (ptrace round trips, /proc reads, image
-//! writes and their fsyncs) at once.
+//! writes and their fsyncs) at once; a [`Rendezvous`] holds several trees
+//! at one point until each has reached it or given up.
 
 use std::sync::mpsc;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// A job for the tracer's thread: gets the value (None once ended).
@@ -203,10 +204,62 @@ impl Drop for Pass<'_> {
     }
 }
 
+/// A meeting point of `n` parties: each waits there ([`Arrival::wait`])
+/// until all have arrived. An [`Arrival`] dropped without waiting (its
+/// party failed or ended first, its job dropped unrun, its thread
+/// panicked) counts as arrived, so nobody waits for a party that will
+/// never come; every party's own work is bounded, so the wait is too.
+pub struct Rendezvous {
+    left: Mutex<usize>,
+    cv: Condvar,
+}
+
+/// One party's place at a [`Rendezvous`].
+pub struct Arrival(Option<Arc<Rendezvous>>);
+
+impl Rendezvous {
+    /// A meeting of `n` parties and their `n` arrivals.
+    pub fn arrivals(n: usize) -> Vec<Arrival> {
+        let r = Arc::new(Rendezvous {
+            left: Mutex::new(n),
+            cv: Condvar::new(),
+        });
+        (0..n).map(|_| Arrival(Some(r.clone()))).collect()
+    }
+
+    fn arrive(&self) -> std::sync::MutexGuard<'_, usize> {
+        let mut left = self.left.lock().unwrap_or_else(|p| p.into_inner());
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.cv.notify_all();
+        }
+        left
+    }
+}
+
+impl Arrival {
+    /// Arrive, and wait until every other party has arrived (or given up).
+    pub fn wait(mut self) {
+        if let Some(r) = self.0.take() {
+            let mut left = r.arrive();
+            while *left > 0 {
+                left = r.cv.wait(left).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            drop(r.arrive());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     /// Values are made, used and dropped on their own thread; many at once.
     #[test]
@@ -280,5 +333,38 @@ mod tests {
             h.join().unwrap();
         }
         assert!(inside.lock().unwrap().1 <= 2);
+    }
+
+    /// Nobody passes the rendezvous before every party arrived or gave
+    /// up; a party that gives up (drops its arrival) does not hold the
+    /// others.
+    #[test]
+    fn rendezvous_waits_for_all_or_gives_up() {
+        let arrived = Arc::new(Mutex::new(0usize));
+        let mut arrivals = Rendezvous::arrivals(4);
+        let quitter = arrivals.pop().unwrap();
+        let hs: Vec<_> = arrivals
+            .into_iter()
+            .map(|a| {
+                let arrived = arrived.clone();
+                std::thread::spawn(move || {
+                    *arrived.lock().unwrap() += 1;
+                    a.wait();
+                    // Everyone else arrived (the quitter gave up) before this.
+                    *arrived.lock().unwrap()
+                })
+            })
+            .collect();
+        // The three wait for the fourth until it gives up.
+        let t = std::time::Instant::now();
+        while *arrived.lock().unwrap() < 3 {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::yield_now();
+        }
+        assert!(hs.iter().all(|h| !h.is_finished()));
+        drop(quitter);
+        for h in hs {
+            assert_eq!(h.join().unwrap(), 3);
+        }
     }
 }

@@ -31,8 +31,9 @@
 use super::{fault, members, Shared};
 use cr_engine::capture::{self, Held};
 use cr_engine::coop::Coop;
+use cr_engine::kinds::memory::dump::Arena;
 use cr_engine::options::{Action, CheckpointOptions, RestoreOptions};
-use cr_engine::tracer::Tracer;
+use cr_engine::tracer::{Rendezvous, Tracer};
 use cr_rpc::pb;
 use serde_json::json;
 use std::collections::HashMap;
@@ -497,9 +498,29 @@ struct Prepared {
     threads: usize,
 }
 
-/// A member to checkpoint: its PID, image directory, options, and its
-/// processes' libcr callbacks once they ran (`callbacks_first`).
-type Target = (i32, PathBuf, CheckpointOptions, Option<Coop>);
+/// A member to checkpoint: its PID, image directory, options, its
+/// processes' libcr callbacks once they ran (`callbacks_first`), and the
+/// room its memory is copied into while frozen ([`reserve_arenas`]).
+type Target = (i32, PathBuf, CheckpointOptions, Option<Coop>, Option<Arena>);
+
+/// For a checkpoint that continues: room for every target's memory, out
+/// of one budget for the node (`capture::arena_budget`), reserved before
+/// anything is frozen. With it a member runs on as soon as its state is
+/// read, while its image is written ([`dump_all`]); without (no memory
+/// to spare), it stays frozen until its image is written. An incremental
+/// target reserves nothing ahead: its room is mapped as its copy needs
+/// it, within an equal share of what the others left.
+fn reserve_arenas(targets: &mut [Target]) {
+    let mut left = capture::arena_budget();
+    for t in targets.iter_mut().filter(|t| t.2.parent.is_none()) {
+        t.4 = capture::snapshot_arena(t.0, false, left);
+        left = left.saturating_sub(t.4.as_ref().map_or(0, |a| a.held() as u64));
+    }
+    let incremental = targets.iter().filter(|t| t.2.parent.is_some()).count() as u64;
+    for t in targets.iter_mut().filter(|t| t.2.parent.is_some()) {
+        t.4 = capture::snapshot_arena(t.0, true, left / incremental);
+    }
+}
 
 /// Run every target's libcr callbacks at once, nothing frozen
 /// (`callbacks_first`): how many processes took part. On a refusal or a
@@ -510,7 +531,7 @@ fn callbacks_all(targets: &mut [Target]) -> Result<usize, String> {
     let results: Vec<_> = std::thread::scope(|s| {
         let running: Vec<_> = targets
             .iter()
-            .map(|(pid, _, opts, _)| {
+            .map(|(pid, _, opts, ..)| {
                 let (pid, opts) = (*pid, opts.clone());
                 std::thread::Builder::new()
                     .name(format!("callbacks-{pid}"))
@@ -552,12 +573,20 @@ fn callbacks_all(targets: &mut [Target]) -> Result<usize, String> {
 /// Freeze every target at once, each on its tracer thread: the frozen
 /// members in the order of `targets` and the PIDs of those that exited
 /// before they were frozen; on any other failure the first (in that
-/// order), every member frozen meanwhile let go.
+/// order), every member frozen meanwhile let go. Each member's checks
+/// (`capture::freeze`) run before any member is stopped (a
+/// [`Rendezvous`]), so that none waits frozen for the others' checks.
 fn freeze_all(targets: Vec<Target>, session: &str) -> Result<(Vec<Member>, Vec<i32>), String> {
     let mut starting = Vec::with_capacity(targets.len());
     let mut failed = None;
-    for (pid, dir, opts, coop) in targets {
-        let make = move || capture::freeze(pid, &opts, false, coop).map_err(|e| one_line(&e));
+    let arrivals = Rendezvous::arrivals(targets.len());
+    for ((pid, dir, opts, coop, arena), arrival) in targets.into_iter().zip(arrivals) {
+        let make = move || {
+            let mut held = capture::freeze(pid, &opts, false, coop, move || arrival.wait())
+                .map_err(|e| one_line(&e))?;
+            held.arena = arena;
+            Ok::<_, String>(held)
+        };
         match Tracer::start(format!("freeze-{pid}"), make) {
             Ok(s) => starting.push((pid, dir, s)),
             Err(e) => {
@@ -703,7 +732,7 @@ fn checkpoint_session(
         }
         dirs.push(dir.clone());
         locks.push(lock_name(&req.session, t.pid));
-        targets.push((t.pid, dir, opts, None));
+        targets.push((t.pid, dir, opts, None, None));
     }
     if req.non_blocking && after != pb::After::Continue {
         let msg = format!(
@@ -753,6 +782,9 @@ fn checkpoint_session(
             }
             Err(_) => return "no FREEZE from the coordinator: its processes run on".into(),
         }
+    }
+    if after == pb::After::Continue {
+        reserve_arenas(&mut targets);
     }
     // Recorded before anything is locked or written.
     record.write(&locks, &dirs);
@@ -988,16 +1020,31 @@ fn to_pb(b: cr_image::bookmarks::Bookmark, pid: i32) -> pb::Bookmark {
 /// (killed while frozen) is dropped from the checkpoint and reported
 /// `gone`. Every dump runs to its end before the reply: a failure of one
 /// is reported once all are done (the coordinator then aborts them all).
+///
+/// Members with room for their memory ([`reserve_arenas`]) run on before
+/// their images are written, once every member of the node has its state
+/// read (a [`Rendezvous`]: members of one node may share memory, files
+/// or pipes, which the network lock does not hold); their connections
+/// stay held by the network lock until FINISH, so no byte moves between
+/// them and their peers until the checkpoint ends (docs/PROTOCOLS.md).
+/// An abort then removes the locks and the images: the processes already
+/// run.
 fn dump_all(shared: &Shared, session: &str, f: &mut Frozen) -> Result<pb::DumpReply, String> {
     let gate = Arc::new(cr_engine::tracer::Gate::new(parallel_trees()));
     let pending: Vec<_> = f
         .held
         .iter()
-        .map(|m| {
+        .zip(Rendezvous::arrivals(f.held.len()))
+        .map(|(m, arrival)| {
             let (gate, node, pid) = (gate.clone(), shared.config.node.clone(), m.pid);
             m.tracer.run(move |h| {
-                let _pass = gate.enter();
-                dump_member(h, &node, pid)
+                let mut pass = Some(gate.enter());
+                dump_member(h, &node, pid, || {
+                    // Others may need the gate to reach the rendezvous.
+                    drop(pass.take());
+                    arrival.wait();
+                    pass = Some(gate.enter());
+                })
             })
         })
         .collect();
@@ -1122,9 +1169,15 @@ fn dump_in_turn(
     Ok(reply)
 }
 
-/// Dump one member's tree (on its tracer thread) and describe its image.
-fn dump_member(h: &mut Held, node: &str, pid: i32) -> Result<pb::ImageInfo, String> {
-    let s = h.dump().map_err(|e| one_line(&e))?;
+/// Dump one member's tree (on its tracer thread) and describe its image;
+/// `before_run_on`: see `Held::dump_with`.
+fn dump_member(
+    h: &mut Held,
+    node: &str,
+    pid: i32,
+    before_run_on: impl FnOnce(),
+) -> Result<pb::ImageInfo, String> {
+    let s = h.dump_with(before_run_on).map_err(|e| one_line(&e))?;
     let dir = h.dir().to_path_buf();
     let ck = cr_image::ImageDir::open(&dir)
         .and_then(|d| d.read_checkpoint())

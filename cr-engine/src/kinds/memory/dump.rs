@@ -470,6 +470,11 @@ impl Arena {
         })
     }
 
+    /// Bytes mapped so far (reserved ahead, or mapped since).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
     /// A region of `len` bytes, or None when the budget is spent.
     pub fn take(&mut self, len: usize) -> Option<Region> {
         if let Some(first) = self.maps.first() {

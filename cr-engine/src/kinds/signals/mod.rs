@@ -4,7 +4,15 @@
 //!
 //! Capture: masks and pending signals (with their siginfo) come from ptrace
 //! (PTRACE_GETSIGMASK, PTRACE_PEEKSIGINFO), nothing is dequeued; actions
-//! and alternate stacks from injected rt_sigaction / sigaltstack. Restore:
+//! and alternate stacks from injected rt_sigaction / sigaltstack. Each
+//! injected call is a round trip through the frozen thread (a ptrace stop
+//! to wait for: milliseconds on a loaded machine), so rt_sigaction is
+//! asked only for the signals the process catches or ignores (SigCgt and
+//! SigIgn of /proc/PID/status) and for SIGCHLD (whose SA_NOCLDSTOP and
+//! SA_NOCLDWAIT act even with the default action); every other signal has
+//! its default action, whose flags and mask have no effect (they are
+//! restored as zero: a program reading its old action back sees no
+//! flags). Restore:
 //! the stub inherited our actions, so every one is set; pending signals
 //! are queued again from the process's main thread (the kernel lets a
 //! process send itself any si_code) and stay blocked until the release;
@@ -61,7 +69,8 @@ impl Kind for Signals {
                 size: crate::probe::word(&raw, 2),
             };
         }
-        p.signals.actions = actions(cx).map_err(sys)?;
+        let asked = cx.status.sigcgt | cx.status.sigign | bit(libc::SIGCHLD as u32);
+        p.signals.actions = actions(cx, asked).map_err(sys)?;
         Ok(())
     }
 
@@ -95,11 +104,19 @@ impl Kind for Signals {
 }
 
 /// Every signal's disposition, read with rt_sigaction(sig, NULL, &old).
-fn actions(cx: &mut Proc<'_, '_>) -> cr_sys::error::Result<Vec<SigAction>> {
+/// Signal `sig`'s bit in a signal set of /proc/PID/status.
+fn bit(sig: u32) -> u64 {
+    1u64 << (sig - 1)
+}
+
+/// The action of every signal of the set `asked` (see the module docs);
+/// those left out have their default action.
+fn actions(cx: &mut Proc<'_, '_>, asked: u64) -> cr_sys::error::Result<Vec<SigAction>> {
     let scratch = cx.probe.scratch()?;
+    let mut raw = vec![0u8; NSIG as usize * 32];
     cx.probe.on(0, |inj| {
         for sig in 1..=NSIG {
-            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
+            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 || asked & bit(sig) == 0 {
                 continue;
             }
             inj.call(
@@ -110,8 +127,11 @@ fn actions(cx: &mut Proc<'_, '_>) -> cr_sys::error::Result<Vec<SigAction>> {
         }
         Ok(())
     })?;
-    let mut raw = vec![0u8; NSIG as usize * 32];
     cx.probe.read(0, &mut raw)?;
+    // Never asked: left as zero (the default action).
+    for sig in (1..=NSIG).filter(|&s| asked & bit(s) == 0) {
+        raw[(sig as usize - 1) * 32..sig as usize * 32].fill(0);
+    }
     let mut out = Vec::new();
     for sig in 1..=NSIG {
         let w = |i: usize| crate::probe::word(&raw, (sig as usize - 1) * 4 + i);
