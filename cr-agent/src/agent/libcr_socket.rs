@@ -102,13 +102,12 @@ pub fn sweep(dir: &Path) -> usize {
             continue;
         }
         // A live libcr takes the empty connection as a stray message.
-        match std::os::unix::net::UnixStream::connect(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                if std::fs::remove_file(&path).is_ok() {
-                    removed += 1;
-                }
-            }
-            _ => {}
+        let refused = matches!(
+            std::os::unix::net::UnixStream::connect(&path),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+        );
+        if refused && std::fs::remove_file(&path).is_ok() {
+            removed += 1;
         }
     }
     if removed > 0 {
