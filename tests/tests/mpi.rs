@@ -383,7 +383,7 @@ fn mpich_c_programs() {
 /// job is killed (a checkpoint with --kill) and restarted from that first,
 /// self-requested checkpoint: rank 0 comes back inside its request
 /// ("restarted from the self checkpoint at iteration 100", its callback
-/// > 0), the job runs to its end, checkpointing itself twice more (the
+/// sees a restart), the job runs to its end, checkpointing itself twice more (the
 /// count it prints: its state is the one of the first checkpoint), and
 /// compares every rank's state with a serial recomputation (RESULT OK).
 #[test]
