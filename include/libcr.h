@@ -114,12 +114,13 @@ struct cr_checkpoint_info {
 /* What cr_get_restart_info() returns after a restart. The first two
  * fields are BLCR's; the others tell whether the process now runs on
  * another node or with other addresses (compared with when it was
- * frozen). */
+ * frozen). In a coordinated restart of a job, restart callbacks run only
+ * once every member of the job, on every node, runs again. */
 struct cr_restart_info {
     pid_t requester;              /* 0: not known */
     const char *src;              /* the image directory restored from */
-    const char *hostname_before;  /* host name at the checkpoint */
-    const char *hostname_now;     /* host name now */
+    const char *hostname_before;  /* the node's host name at the checkpoint (the checkpointer's) */
+    const char *hostname_now;     /* the node's host name now (the restorer's) */
     int node_changed;             /* 1 if the host names differ */
     int addresses_changed;        /* 1 if the IP addresses differ */
     const char *addresses_before; /* the node's IP addresses (not loopback), space separated */
@@ -217,8 +218,12 @@ extern int cri_init_checkpoint_args_t(cr_version_t version, cr_checkpoint_args_t
  * job's images: where the coordinator puts them). cr_fd, cr_signal,
  * cr_timeout and cr_flags are ignored. Returns 0 once the agent accepted,
  * with *handle set for cr_poll_checkpoint; the checkpoint then runs (this
- * program's callbacks too, in the library's thread). -1 with errno:
- * EINVAL (bad arguments, another target), CR_ENOSUPPORT (no agent, or
+ * program's callbacks too, in the library's thread). Without an agent,
+ * a checkpoint of one's own tree is taken by the standalone cr_checkpoint
+ * ($CR_CHECKPOINT_PROGRAM, else the one next to libcr.so, else on PATH),
+ * which detaches from the program and reports to it as the agent would.
+ * -1 with errno: EINVAL (bad arguments, another target), CR_ENOSUPPORT
+ * (CR_SCOPE_JOB without an agent, cr_checkpoint not found, or
  * CR_SCOPE_PGRP/CR_SCOPE_SESS), EPERM (the agent refused), EIO (no
  * cr_init). Do not call it inside a critical section: the checkpoint
  * would wait for it. */

@@ -148,6 +148,9 @@ impl AgentApi for Ring {
     async fn release(&self, node: &str, _: pb::SessionRequest) -> AgentResult<pb::ReleaseReply> {
         Err(format!("{node}: release is not simulated"))
     }
+    async fn job_back(&self, node: &str, _: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        Err(format!("{node}: job back is not simulated"))
+    }
     async fn remove(&self, _: &str, _: pb::RemoveRequest) -> AgentResult<pb::Empty> {
         Ok(pb::Empty {})
     }

@@ -32,6 +32,9 @@ pub trait AgentApi: Send + Sync {
     async fn finish(&self, node: &str, req: pb::FinishRequest) -> AgentResult<pb::FinishReply>;
     async fn restore(&self, node: &str, req: pb::RestoreRequest) -> AgentResult<pb::RestoreReply>;
     async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply>;
+    /// Every node released a restore with `job_barrier`: the restored
+    /// members' restart callbacks run now.
+    async fn job_back(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty>;
     async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
     async fn unlock(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty>;
     /// Start a job member on `node` (cr_rsh); agents that cannot refuse.
@@ -162,6 +165,9 @@ impl AgentApi for GrpcAgents {
     }
     async fn release(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::ReleaseReply> {
         call!(self, node, release, req)
+    }
+    async fn job_back(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        call!(self, node, job_back, req)
     }
     async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty> {
         call!(self, node, remove, req)

@@ -1191,6 +1191,7 @@ impl Coordinator {
                 timeout_ms,
                 allow_changed_files: opts.allow_changed_files,
                 lazy_pages: opts.lazy_pages,
+                job_barrier: true,
             };
             timed(deadline, "RESTORE", node, self.agents.restore(node, req))
         });
@@ -1266,6 +1267,22 @@ impl Coordinator {
             self.abort_all(&session, &failed).await;
         }
         tracing::info!(job, checkpoint = %id, phase = "release", ms = ms(t.elapsed()), members = members.len(), "phase done");
+        // JOBBACK: every node has let its members go, the job is back; only
+        // now do their restart callbacks run (one may need a member on
+        // another node). The members of a node whose RELEASE failed were
+        // killed; the others run their callbacks all the same.
+        let back_deadline = Instant::now() + BEST_EFFORT;
+        let calls = dsts.iter().filter(|n| !failed.contains(n)).map(|n| {
+            let req = pb::SessionRequest {
+                session: session.clone(),
+            };
+            timed(back_deadline, "JOBBACK", n, self.agents.job_back(n, req))
+        });
+        for (n, r) in join_all(calls).await {
+            if let Err(e) = r {
+                tracing::warn!(job, checkpoint = %id, node = %n, "{e}: its members run their restart callbacks after the restore's timeout");
+            }
+        }
         self.change_job(job, |j| {
             j.members = members.clone();
             j.restarting.clear();

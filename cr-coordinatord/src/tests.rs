@@ -179,6 +179,10 @@ impl AgentApi for Fake {
             generation: 100,
         })
     }
+    async fn job_back(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
+        self.enter(node, "job_back", &req.session).await?;
+        Ok(pb::Empty {})
+    }
     async fn remove(&self, node: &str, req: pb::RemoveRequest) -> AgentResult<pb::Empty> {
         self.enter(node, "remove", &req.dirs.join(",")).await?;
         self.removed.lock().unwrap().push((node.into(), req.dirs));

@@ -131,6 +131,12 @@ impl pb::agent_server::Agent for FakeAgent {
             generation: 10,
         }))
     }
+    async fn job_back(
+        &self,
+        _: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        Ok(Response::new(pb::Empty {}))
+    }
     async fn remove(&self, _: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
         Ok(Response::new(pb::Empty {}))
     }

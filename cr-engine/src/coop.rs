@@ -151,9 +151,10 @@ pub fn prepare(pids: &[i32], dest: &Path, limits: Limits) -> Result<Coop, Checkp
     for s in &mut sessions {
         wait_ready(s, deadline, limits)?;
     }
+    let freeze = wire::freeze_line(&wire::node_name());
     for s in &mut sessions {
         let c = s.reader.get_mut();
-        c.write_all(wire::FREEZE.as_bytes())
+        c.write_all(freeze.as_bytes())
             .map_err(|e| coop_error(s.pid, format!("libcr went away: {e}")))?;
     }
     // Each closes its end before waiting for the outcome: wait for that, so
@@ -286,9 +287,13 @@ impl Drop for Coop {
 /// callbacks return from `cr_checkpoint` with a value > 0.
 pub fn restarted(root: i32, dir: &Path) {
     let mut finder = Finder::default();
+    let restart = Outcome::Restart {
+        node: wire::node_name(),
+        dir: dir.display().to_string(),
+    };
     for pid in tree::walk(root).unwrap_or_default() {
         if let Some(path) = finder.socket_of(pid) {
-            tell(pid, &path, &Outcome::Restart(dir.display().to_string()));
+            tell(pid, &path, &restart);
         }
     }
 }

@@ -363,6 +363,11 @@ pub struct RestoreOptions {
     /// read ([`crate::kinds::memory::remote`]).
     #[arg(skip)]
     pub remote_pages: Option<std::sync::Arc<dyn crate::kinds::memory::remote::RemoteStores>>,
+    /// The release does not tell the tree's libcr programs that they were
+    /// restarted: the caller does ([`crate::coop::restarted`]) once the
+    /// whole job is back (the agent, at the coordinator's JOBBACK).
+    #[arg(skip)]
+    pub restart_callbacks_later: bool,
     /// How progress is shown (set by the tools: a bar on a terminal, JSON
     /// lines with --json).
     #[arg(skip)]
@@ -383,6 +388,7 @@ impl Default for RestoreOptions {
             lazy_pages: false,
             cgroups: Default::default(),
             remote_pages: None,
+            restart_callbacks_later: false,
             progress: Progress::Off,
         }
     }

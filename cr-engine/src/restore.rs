@@ -93,6 +93,11 @@ impl Ready {
         self.root_pid
     }
 
+    /// The image's directory.
+    pub fn image_dir(&self) -> &Path {
+        self.img.path()
+    }
+
     /// The image's root PID.
     pub fn image_pid(&self) -> i32 {
         self.ck.root_pid as i32
@@ -164,7 +169,9 @@ impl Ready {
         if let Some(d) = &ck.job_dir {
             crate::capture::record_job(root_pid, Path::new(d));
         }
-        crate::coop::restarted(root_pid, img.path());
+        if !opts.restart_callbacks_later {
+            crate::coop::restarted(root_pid, img.path());
+        }
         info!(
             root = root_pid,
             processes = ck.processes.len(),

@@ -97,9 +97,7 @@ pub fn lazy_bulk(
 
 /// The agent's Unix socket for local clients: `CR_AGENT_SOCKET` or the default.
 pub fn agent_socket() -> PathBuf {
-    std::env::var_os(crate::AGENT_SOCKET_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(crate::AGENT_SOCKET))
+    cr_proto::agent_socket()
 }
 
 /// A channel over the agent's Unix socket.

@@ -31,10 +31,7 @@ pub use error::RpcError;
 pub const COORDINATOR_PORT: u16 = 7170;
 /// Default port of a cr-agent's Agent service.
 pub const AGENT_PORT: u16 = 7171;
-/// Default path of a cr-agent's Unix socket for local clients.
-pub const AGENT_SOCKET: &str = "/run/cr/agent.sock";
-/// Environment variable naming the agent's Unix socket for local clients.
-pub const AGENT_SOCKET_ENV: &str = "CR_AGENT_SOCKET";
+pub use cr_proto::{AGENT_SOCKET, AGENT_SOCKET_ENV};
 /// TLS name of the coordinator's certificate unless configured otherwise.
 pub const COORDINATOR_NAME: &str = "cr-coordinatord";
 

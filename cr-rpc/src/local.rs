@@ -93,14 +93,6 @@ impl Agent {
             .map(|r| r.status)
     }
 
-    /// Ask for a checkpoint of the caller itself (its tree, or with
-    /// `req.job` its cluster job): answered once accepted, the outcome goes
-    /// to the caller's libcr socket.
-    pub fn request_checkpoint(&mut self, req: pb::SelfCheckpointRequest) -> Result<(), String> {
-        self.call(|mut c| async move { c.request_checkpoint(req).await })
-            .map(|_| ())
-    }
-
     /// Make `pid` a member of `job`; the content of the files `save_file`
     /// goes into each of its images.
     pub fn join(&mut self, job: &str, pid: i32, save_file: &[String]) -> Result<(), String> {

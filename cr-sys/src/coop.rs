@@ -33,6 +33,38 @@ pub fn install_rt_handler(sig: i32, handler: extern "C" fn(i32)) -> Result<()> {
     Ok(())
 }
 
+/// Close every fd from 3 up (close_range(2)): for the cr_checkpoint a
+/// libcr program starts on itself (no agent), which must hold none of the
+/// program's files (its sockets and pipes would have a holder outside the
+/// tree being checkpointed).
+pub fn close_inherited_fds() -> Result<()> {
+    // SAFETY: close_range takes integers; called at the start of a program
+    // that owns no fd above 2 yet (Rust's own are opened later).
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if r != 0 {
+        return Err(SysError::Syscall {
+            what: "close_range of the inherited fds".into(),
+            source: Errno::last(),
+        });
+    }
+    Ok(())
+}
+
+/// Run `f` when the process exits normally (atexit(3)): libcr removes its
+/// socket file then.
+pub fn at_exit(f: extern "C" fn()) -> Result<()> {
+    // SAFETY: `f` is an `extern "C"` function of libcr's code, which stays
+    // loaded as long as the program runs; atexit only records it.
+    let r = unsafe { libc::atexit(f) };
+    if r != 0 {
+        return Err(SysError::Syscall {
+            what: "atexit".into(),
+            source: Errno::last(),
+        });
+    }
+    Ok(())
+}
+
 /// Send signal `sig` to thread `tid` of process `pid` (tgkill(2)).
 pub fn tgkill(pid: i32, tid: i32, sig: i32) -> Result<()> {
     // SAFETY: tgkill takes three integers and touches no memory of ours.

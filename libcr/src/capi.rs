@@ -271,6 +271,7 @@ pub extern "C" fn cr_request_checkpoint(
             err(match e {
                 RequestError::Init(_) => libc::EIO,
                 RequestError::NoAgent => errors::CR_ENOSUPPORT,
+                RequestError::Fallback(_) => errors::CR_ENOSUPPORT,
                 RequestError::Refused(_) => libc::EPERM,
             })
         }

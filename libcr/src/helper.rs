@@ -33,6 +33,8 @@ use tracing::{debug, warn};
 /// What the threads of the process share once `cr_init` ran.
 struct Shared {
     listener: UnixListener,
+    /// The socket's file, removed at exit.
+    path: PathBuf,
     pid: i32,
     signal: i32,
     /// Signal threads → libcr thread.
@@ -104,9 +106,14 @@ fn start() -> Result<Shared, String> {
         .name("libcr".into())
         .spawn(serve)
         .map_err(|e| format!("cannot start the libcr thread: {e}"))?;
+    if let Err(e) = cr_sys::coop::at_exit(remove_socket) {
+        // The agent sweeps it once the process is gone.
+        debug!(error = %e, "libcr: the socket file will stay after the exit");
+    }
     debug!(path = %path.display(), "libcr listening");
     Ok(Shared {
         listener,
+        path,
         pid,
         signal,
         report_r,
@@ -114,6 +121,16 @@ fn start() -> Result<Shared, String> {
         outcome_r,
         outcome_w,
     })
+}
+
+/// At exit: the socket file goes with the process (not with a forked
+/// child that inherited the handler).
+extern "C" fn remove_socket() {
+    if let Some(Ok(s)) = SHARED.get() {
+        if std::process::id() as i32 == s.pid {
+            let _ = std::fs::remove_file(&s.path);
+        }
+    }
 }
 
 fn shared() -> &'static Shared {
@@ -434,7 +451,7 @@ fn checkpoint_thread() -> i32 {
     };
     let byte = match &outcome {
         Outcome::Continue => b'C',
-        Outcome::Restart(_) => b'R',
+        Outcome::Restart { .. } => b'R',
         Outcome::Abort => b'A',
     };
     for _ in 0..waiting {
@@ -442,7 +459,7 @@ fn checkpoint_thread() -> i32 {
     }
     match outcome {
         Outcome::Continue => 0,
-        Outcome::Restart(_) => 1,
+        Outcome::Restart { .. } => 1,
         Outcome::Abort => -errors::CR_ETEMPFAIL,
     }
 }
@@ -457,10 +474,10 @@ fn wait_outcome() -> Outcome {
     let _ = stream.set_read_timeout(None);
     let mut line = String::new();
     let _ = BufReader::new(&stream).read_line(&mut line);
-    if line != wire::FREEZE {
+    let Some(node) = wire::parse_freeze(&line) else {
         return Outcome::Abort;
-    }
-    info::remember_node();
+    };
+    info::remember_node(&node);
     // Closed before the freeze: nothing of the checkpointer in the image.
     drop(stream);
     let s = shared();
@@ -475,8 +492,8 @@ fn wait_outcome() -> Outcome {
             continue;
         }
         if let Some(o) = Outcome::parse(&line) {
-            if let Outcome::Restart(dir) = &o {
-                info::set_restarted(dir);
+            if let Outcome::Restart { node, dir } = &o {
+                info::set_restarted(node, dir);
                 RESTARTED.store(true, std::sync::atomic::Ordering::SeqCst);
             }
             debug!(?o, "libcr: checkpoint outcome");

@@ -1,7 +1,9 @@
 //! What callbacks can learn about the checkpoint in progress and, after a
-//! restart, about where the process now runs: the host name and the IP
-//! addresses of the node are remembered when the process is frozen and
-//! compared with the new ones after a restart.
+//! restart, about where the process now runs: the node's host name (the
+//! checkpointer's and the restorer's: a job in a UTS namespace of its own
+//! keeps its own name wherever it is restarted) and the IP addresses the
+//! process sees are remembered when the process is frozen and compared
+//! with the new ones after a restart.
 
 use std::sync::{Arc, Mutex};
 
@@ -45,11 +47,14 @@ static CHECKPOINT: Mutex<Option<Arc<CheckpointInfo>>> = Mutex::new(None);
 static RESTART: Mutex<Option<Arc<RestartInfo>>> = Mutex::new(None);
 static NODE: Mutex<Option<Node>> = Mutex::new(None);
 
-fn node() -> Node {
-    // The UTS namespace's name, as gethostname(2) returns it.
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim_end().to_string())
-        .unwrap_or_default();
+/// Where the process runs: on the node `hostname` names (the
+/// checkpointer's or restorer's; empty: the process's own host name).
+fn node(hostname: &str) -> Node {
+    let hostname = if hostname.is_empty() {
+        cr_proto::coop::node_name()
+    } else {
+        hostname.to_string()
+    };
     let mut addresses: Vec<String> = nix::ifaddrs::getifaddrs()
         .map(|it| {
             it.filter_map(|i| {
@@ -78,13 +83,14 @@ pub(crate) fn set_checkpoint(dest: &str) {
     }));
 }
 
-/// Just before the freeze.
-pub(crate) fn remember_node() {
-    *NODE.lock().unwrap_or_else(|e| e.into_inner()) = Some(node());
+/// Just before the freeze, on node `hostname` (the checkpointer's).
+pub(crate) fn remember_node(hostname: &str) {
+    *NODE.lock().unwrap_or_else(|e| e.into_inner()) = Some(node(hostname));
 }
 
-pub(crate) fn set_restarted(src: &str) {
-    let now = node();
+/// Restored from image `src` on node `hostname` (the restorer's).
+pub(crate) fn set_restarted(hostname: &str, src: &str) {
+    let now = node(hostname);
     let before = NODE.lock().unwrap_or_else(|e| e.into_inner()).take();
     let before = before.unwrap_or(Node {
         hostname: String::new(),

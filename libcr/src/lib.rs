@@ -39,6 +39,7 @@ mod helper;
 pub mod info;
 mod registry;
 mod request;
+mod standalone;
 pub use cr_proto::coop as wire;
 
 pub use helper::InitError;

@@ -1,6 +1,9 @@
 //! Checkpoints the program asks for (`cr_request_checkpoint`,
-//! [`crate::request_checkpoint`]): the node's agent is asked through its
-//! `Local.RequestCheckpoint` and answers at once; the checkpoint then goes
+//! [`crate::request_checkpoint`]): the node's agent is asked on its libcr
+//! socket (`SELF`, see `cr_proto::coop`; no gRPC) and answers at once
+//! (without an agent, a
+//! checkpoint of one's tree is taken by the standalone cr_checkpoint, see
+//! [`crate::standalone`]); the checkpoint then goes
 //! as any other (the callbacks run in the libcr thread meanwhile), and its
 //! end comes back on the libcr socket (`DONE`, see `cr_proto::coop`). A
 //! process restored from that checkpoint gets `RESTART` instead: its
@@ -9,10 +12,11 @@
 //! The connection to the agent is made inside a critical section, so that
 //! the freeze waits until it is closed: nothing of it is in the image.
 
-use crate::{cs, helper};
-use cr_proto::coop::Done;
-use cr_rpc::pb;
+use crate::{cs, helper, standalone};
+use cr_proto::coop::{self as wire, Done, SelfRequest};
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -41,8 +45,10 @@ fn table() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Option<Finished
 pub enum RequestError {
     #[error(transparent)]
     Init(#[from] helper::InitError),
-    #[error("libcr: no cr-agent answers on this node (CR_AGENT_SOCKET or the default socket): a checkpoint cannot be requested")]
+    #[error("libcr: no cr-agent answers on this node (CR_AGENT_SOCKET or the default socket): a checkpoint of the job cannot be requested")]
     NoAgent,
+    #[error(transparent)]
+    Fallback(#[from] standalone::FallbackError),
     #[error("libcr: the agent refused the checkpoint: {0}")]
     Refused(String),
 }
@@ -72,16 +78,45 @@ pub fn request(scope: Scope) -> Result<u64, RequestError> {
 }
 
 fn ask(id: u64, scope: Scope) -> Result<(), RequestError> {
-    let mut agent = cr_rpc::local::Agent::if_running().ok_or(RequestError::NoAgent)?;
+    let dir = std::env::var("CR_CHECKPOINT_DIR").unwrap_or_default();
+    let socket = wire::agent_libcr_socket(&cr_proto::agent_socket());
+    let Ok(mut agent) = UnixStream::connect(&socket) else {
+        return match scope {
+            Scope::Job => Err(RequestError::NoAgent),
+            Scope::Tree => Ok(standalone::start(
+                id,
+                Some(&dir).filter(|d| !d.is_empty()).map(String::as_str),
+            )?),
+        };
+    };
+    let ask = SelfRequest {
+        request: id,
+        job: scope == Scope::Job,
+        dir,
+    };
+    let refused =
+        |e: std::io::Error| RequestError::Refused(format!("no answer from the agent: {e}"));
+    // The agent answers once it accepted (a job's checkpoint: once the
+    // coordinator did).
     agent
-        .request_checkpoint(pb::SelfCheckpointRequest {
-            request: id,
-            job: scope == Scope::Job,
-            dir: std::env::var("CR_CHECKPOINT_DIR").unwrap_or_default(),
-            after: pb::After::Continue as i32,
-        })
-        .map_err(RequestError::Refused)
+        .set_read_timeout(Some(ANSWER_TIMEOUT))
+        .map_err(refused)?;
+    agent.write_all(ask.line().as_bytes()).map_err(refused)?;
+    let mut line = String::new();
+    BufReader::new(&agent)
+        .read_line(&mut line)
+        .map_err(refused)?;
+    match wire::parse_answer(&line) {
+        Some(r) => r.map_err(RequestError::Refused),
+        None => Err(RequestError::Refused(format!(
+            "unexpected answer from the agent: {}",
+            line.trim_end()
+        ))),
+    }
 }
+
+/// How long the agent may take to accept a request.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Wait up to `timeout` (None: no limit) for request `id` to end; its end
 /// (the request is then forgotten), or None if it has not ended yet (or

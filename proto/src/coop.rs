@@ -10,19 +10,22 @@
 //! 2. library → checkpointer, while the callbacks run: `START <id> <context> <name>`
 //!    when a callback starts, `REACHED <id>` when it calls `cr_checkpoint`;
 //!    then `READY` or `FAIL <reason>`;
-//! 3. after `READY`, checkpointer → library: `FREEZE`; the library closes the
+//! 3. after `READY`, checkpointer → library: `FREEZE <node>`; the library closes the
 //!    connection and waits on its listener (a socket bound to a name, which
 //!    the checkpoint saves and the restore brings back);
 //! 4. a new connection tells what happened: `CONTINUE` (the checkpoint is
-//!    done, or `ABORT`: it failed) from the checkpointer, or `RESTART <image
-//!    dir>` from the restorer once the restored processes run.
+//!    done, or `ABORT`: it failed) from the checkpointer, or `RESTART <node>
+//!    <image dir>` from the restorer once the restored processes run.
 //!
 //! A checkpointer that drops the connection before `FREEZE` (timeout,
 //! another process failed) aborts the checkpoint for this process.
 //!
-//! A checkpoint the program asked for (`cr_request_checkpoint`, through the
-//! agent's `Local.RequestCheckpoint`) ends with one more connection from
-//! the agent: `DONE <request> ok|error <message>`.
+//! A checkpoint the program asked for (`cr_request_checkpoint`) is asked
+//! on the agent's libcr socket ([`agent_libcr_socket`]; no gRPC, so that
+//! libcr links no RPC stack): `SELF <request> <job 0|1> <dir>`, answered
+//! `ACCEPTED` or `REFUSED <why>` (the agent's `Local.RequestCheckpoint`
+//! does the same over gRPC). It ends with one more connection from the
+//! agent: `DONE <request> ok|error <message>`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -45,6 +48,65 @@ pub fn is_socket_path(path: &str) -> bool {
         .file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.starts_with("libcr-") && n.ends_with(".sock"))
+}
+
+/// The agent's socket for libcr, next to its gRPC socket `agent_socket`:
+/// `<agent_socket>.libcr`.
+pub fn agent_libcr_socket(agent_socket: &Path) -> PathBuf {
+    let mut p = agent_socket.as_os_str().to_owned();
+    p.push(".libcr");
+    PathBuf::from(p)
+}
+
+/// A program asks the agent for a checkpoint of itself (the caller is
+/// known from the socket's credentials).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfRequest {
+    /// The library's number for the request, repeated in the DONE line.
+    pub request: u64,
+    /// The caller's whole cluster job, else the caller's tree.
+    pub job: bool,
+    /// Image directory of a tree's checkpoint (empty: the default).
+    pub dir: String,
+}
+
+impl SelfRequest {
+    pub fn line(&self) -> String {
+        format!(
+            "SELF {} {} {}\n",
+            self.request,
+            u8::from(self.job),
+            self.dir.replace('\n', " ")
+        )
+    }
+
+    pub fn parse(line: &str) -> Option<SelfRequest> {
+        let rest = line.trim_end_matches('\n').strip_prefix("SELF ")?;
+        let mut it = rest.splitn(3, ' ');
+        Some(SelfRequest {
+            request: it.next()?.parse().ok()?,
+            job: it.next()? == "1",
+            dir: it.next().unwrap_or("").to_string(),
+        })
+    }
+}
+
+/// The agent's answer to a [`SelfRequest`]: accepted, or why not.
+pub fn answer_line(r: &Result<(), String>) -> String {
+    match r {
+        Ok(()) => "ACCEPTED\n".into(),
+        Err(why) => format!("REFUSED {}\n", why.replace('\n', " ")),
+    }
+}
+
+/// Read an [`answer_line`]; None if it is neither.
+pub fn parse_answer(line: &str) -> Option<Result<(), String>> {
+    let line = line.trim_end_matches('\n');
+    match line.split_once(' ').unwrap_or((line, "")) {
+        ("ACCEPTED", _) => Some(Ok(())),
+        ("REFUSED", why) => Some(Err(why.to_string())),
+        _ => None,
+    }
 }
 
 /// What a checkpointer asks for.
@@ -128,8 +190,29 @@ impl Reply {
     }
 }
 
-/// The checkpointer's go-ahead after `READY`.
-pub const FREEZE: &str = "FREEZE\n";
+/// The checkpointer's go-ahead after `READY`: `FREEZE <node>`, the node's
+/// host name (the checkpointer's: a job in a UTS namespace of its own keeps
+/// the name it had, wherever it is restarted).
+pub fn freeze_line(node: &str) -> String {
+    format!("FREEZE {node}\n")
+}
+
+/// The node of a [`freeze_line`]; None if it is not one.
+pub fn parse_freeze(line: &str) -> Option<String> {
+    let line = line.trim_end_matches('\n');
+    match line.split_once(' ').unwrap_or((line, "")) {
+        ("FREEZE", node) => Some(node.to_string()),
+        _ => None,
+    }
+}
+
+/// The host name of this process's UTS namespace (for a checkpointer or a
+/// restorer: the node's).
+pub fn node_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim_end().to_string())
+        .unwrap_or_default()
+}
 
 /// What happened to the checkpoint, told on a new connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,8 +221,9 @@ pub enum Outcome {
     Continue,
     /// Failed or cancelled; the process runs on.
     Abort,
-    /// The process was restored from the image in this directory.
-    Restart(String),
+    /// The process was restored on `node` (the restorer's host name) from
+    /// the image in directory `dir`.
+    Restart { node: String, dir: String },
 }
 
 impl Outcome {
@@ -147,7 +231,7 @@ impl Outcome {
         match self {
             Outcome::Continue => "CONTINUE\n".into(),
             Outcome::Abort => "ABORT\n".into(),
-            Outcome::Restart(dir) => format!("RESTART {dir}\n"),
+            Outcome::Restart { node, dir } => format!("RESTART {node} {dir}\n"),
         }
     }
 
@@ -156,7 +240,13 @@ impl Outcome {
         match line.split_once(' ').unwrap_or((line, "")) {
             ("CONTINUE", _) => Some(Outcome::Continue),
             ("ABORT", _) => Some(Outcome::Abort),
-            ("RESTART", dir) => Some(Outcome::Restart(dir.to_string())),
+            ("RESTART", rest) => {
+                let (node, dir) = rest.split_once(' ').unwrap_or(("", rest));
+                Some(Outcome::Restart {
+                    node: node.to_string(),
+                    dir: dir.to_string(),
+                })
+            }
             _ => None,
         }
     }
@@ -226,11 +316,16 @@ mod tests {
         for o in [
             Outcome::Continue,
             Outcome::Abort,
-            Outcome::Restart("/x".into()),
+            Outcome::Restart {
+                node: "n3".into(),
+                dir: "/x y".into(),
+            },
         ] {
             assert_eq!(Outcome::parse(&o.line()), Some(o));
         }
         assert_eq!(Reply::parse("BOGUS"), None);
+        assert_eq!(parse_freeze(&freeze_line("n1")), Some("n1".into()));
+        assert_eq!(parse_freeze("READY"), None);
         let d = Done {
             request: 7,
             ok: false,
@@ -238,6 +333,19 @@ mod tests {
         };
         assert_eq!(Done::parse(&d.line()), Some(d));
         assert_eq!(Done::parse("DONE x ok"), None);
+        let q = SelfRequest {
+            request: 9,
+            job: true,
+            dir: "/img/a b".into(),
+        };
+        assert_eq!(SelfRequest::parse(&q.line()), Some(q));
+        for a in [Ok(()), Err("no such job".to_string())] {
+            assert_eq!(parse_answer(&answer_line(&a)), Some(a));
+        }
+        assert_eq!(
+            agent_libcr_socket(Path::new("/run/cr/agent.sock")),
+            Path::new("/run/cr/agent.sock.libcr")
+        );
         let p = socket_path(Path::new(DEFAULT_DIR), 4026531836, 1);
         assert!(is_socket_path(&p.display().to_string()));
         assert!(!is_socket_path("/run/other.sock"));

@@ -4,10 +4,13 @@
 //! OK or FAIL; the examples (libcr/examples/reconnect.{c,rs}) close and
 //! reopen a connection to a server outside their tree.
 
-use cr_tests::cluster::{jlist, jstr, ju64, node_ip, AgentOpts, Cluster};
+use cr_tests::cluster::{jlist, jstr, ju64, node_ip, AgentOpts, Cluster, CRCTL_TIMEOUT};
+use cr_tests::faults::Faults;
 use cr_tests::libcr::{build_c, repo_dir, LineServer};
 use cr_tests::*;
 use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn check_program(h: &Harness) -> std::path::PathBuf {
@@ -323,6 +326,56 @@ fn self_requested_checkpoint_through_the_agent() {
     );
 }
 
+/// No agent on the node: cr_request_checkpoint runs the standalone
+/// cr_checkpoint (found next to libcr.so) on the program itself, as BLCR's
+/// library did without a daemon; the program waits for it
+/// (cr_poll_checkpoint > 0, its callback sees 0) and runs on; the copy
+/// restarted from that image by cr_restart gets CR_ERESTARTED and its
+/// callback > 0.
+#[test]
+fn self_requested_checkpoint_without_an_agent() {
+    let h = Harness::new("libcr-request-standalone");
+    let exe = check_program(&h);
+    let img = h.image_dir("requested");
+    // CR_AGENT_SOCKET names a socket nobody listens on.
+    let no_agent = h.dir.join("no-agent.sock").display().to_string();
+    let img_s = img.display().to_string();
+    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["request", &no_agent, &img_s]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    // The program's libcr socket, removed when it exits.
+    let pidns = std::fs::metadata("/proc/self/ns/pid").expect("pidns").ino();
+    let sock = cr_proto::coop::socket_path(Path::new(cr_proto::coop::DEFAULT_DIR), pidns, pid);
+    assert!(sock.exists(), "no libcr socket {}", sock.display());
+    touch(&wl.workdir.join("ask"));
+    let line = wl.wait_line("the request's end", |l| {
+        l.starts_with("request ") || l.starts_with("FAIL")
+    });
+    assert_eq!(line, "request continued callback=0", "{}", wl.diag());
+    assert!(
+        img.join("checkpoint.img").is_file(),
+        "no image in {}\n{}",
+        img.display(),
+        wl.diag()
+    );
+    assert_running_untraced(pid, "after the checkpoint it asked for");
+    wl.go_and_expect_ok();
+    wl.remove_go();
+    assert!(
+        !sock.exists(),
+        "{} left after the program's exit",
+        sock.display()
+    );
+
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_line(&wl, "the restarted copy's poll", |l| {
+        l == "request restarted callback=1"
+    });
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "restart from the image the program asked for");
+}
+
 /// A coordinated checkpoint runs every member's callbacks, on every node,
 /// before it freezes any member: the callback of a member on n1 flushes
 /// its connection to a member on n2 (sends "flush K" and needs the answer
@@ -332,13 +385,36 @@ fn self_requested_checkpoint_through_the_agent() {
 /// whole job asked by the member on n1 itself, CR_SCOPE_JOB; one with
 /// --kill) and a restart of the job; the members check every ping and
 /// flush over their connection themselves and print OK.
+///
+/// The restart moves the member of n1 to n3 and holds n2's RELEASE (its
+/// agent's fault point) after n3 let its member go: the restart callback
+/// must not run before n2's member runs again (the job-wide barrier,
+/// JOBBACK; the program FAILs if it runs while the test holds n2). It then
+/// sees the new node and address (cr_get_restart_info: n1 → n3) and
+/// reopens its connection to n2's member, which checks that it comes from
+/// n3's address.
 #[test]
 fn coordinated_callbacks_all_run_before_any_member_is_frozen() {
     let h = Harness::new("libcr-coordinated");
     let exe = check_program(&h);
-    let c = Cluster::new(&h, 2);
+    let c = Cluster::new(&h, 3);
     c.start_coordinator();
-    c.start_agents(&[1, 2]);
+    let faults = Faults::new(&h.dir);
+    for k in 1..=3 {
+        c.start_agent_with(
+            k,
+            &AgentOpts {
+                env: if k == 2 {
+                    faults.agent_env()
+                } else {
+                    Vec::new()
+                },
+                no_wait: true,
+                ..Default::default()
+            },
+        );
+    }
+    c.wait_nodes_up(&[1, 2, 3]);
     let job = "flush";
     let work = |name: &str| {
         let d = h.dir.join(name);
@@ -436,14 +512,66 @@ fn coordinated_callbacks_all_run_before_any_member_is_frozen() {
         sp.wait(EXIT_TIMEOUT, String::new);
     }
     c.wait_members_gone(job);
-    c.crctl(&["restart", job, "--checkpoint", &id])
-        .assert_success("crctl restart of the job");
+    // n1's member goes to n3; n2's agent holds its RELEASE. While the
+    // test holds it, WORKDIR/held tells the program that a member of its
+    // job is still frozen.
+    touch(&w1.join("held"));
+    touch(&w1.join("moved"));
+    std::fs::write(&faults.agent_ctl, "release").expect("arm the fault");
+    let n3_log = c.agent_log(3);
+    let released_before = read_text(&n3_log).matches("restored tree released").count();
+    let mut restart = c.crctl_bg(&[
+        "restart",
+        job,
+        "--checkpoint",
+        &id,
+        "--on",
+        "n3",
+        "--on",
+        "n2",
+    ]);
+    wait_until(
+        "n2 held at RELEASE and n3's member released",
+        LINE_TIMEOUT,
+        || {
+            faults.agent_reached.exists()
+                && read_text(&n3_log).matches("restored tree released").count() > released_before
+        },
+        || format!("{}\n{}", restart.describe(), diag(&flusher, &resp)),
+    );
+    // n2 stays slow a moment longer: without the job-wide barrier, n3's
+    // restart callback (told at its own release) runs now and FAILs.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !has(&flusher, "callback 3 restarted"),
+        "the restart callback ran while n2's member was frozen\n{}",
+        diag(&flusher, &resp)
+    );
+    std::fs::remove_file(w1.join("held")).expect("rm held");
+    std::fs::write(&faults.agent_ctl, "").expect("disarm the fault");
+    std::fs::remove_file(&faults.agent_reached).expect("let n2 go on");
+    restart
+        .wait(CRCTL_TIMEOUT, || diag(&flusher, &resp))
+        .assert_success("crctl restart of the job, n1's member on n3");
     // The restored members write on into the same files.
     wait_until(
         "the callback's restart",
         LINE_TIMEOUT,
         || has(&flusher, "callback 3 restarted"),
         || diag(&flusher, &resp),
+    );
+    let f = read_text(&flusher.stdout);
+    assert!(
+        f.lines().any(|l| l.starts_with("moved from n1 (10.99.0.1")
+            && l.contains("to n3 (10.99.0.3")
+            && l.ends_with("node_changed=1 addresses_changed=1")),
+        "the restart callback did not see the new node and address\n{}",
+        diag(&flusher, &resp)
+    );
+    assert!(
+        has(&resp, "reopened from 10.99.0.3 (says 10.99.0.3)"),
+        "{}",
+        diag(&flusher, &resp)
     );
     touch(&w1.join("go"));
     wait_until(

@@ -18,8 +18,12 @@
 //!   name it started with, and run after the move at about the pace they
 //!   had before it. One cluster per test, the programs one after the other
 //!   as jobs of their own.
+//! * `mpi4py_checkpoints_itself_through_libcr`: an mpi4py program
+//!   (libcr/examples/mpi_selfckpt.py) that asks for a checkpoint of its
+//!   whole job every N iterations through libcr, killed and restarted from
+//!   one of its own checkpoints.
 
-use cr_tests::cluster::{node_name, Cluster, Spawned, POLL_PERIOD};
+use cr_tests::cluster::{jlist, jstr, node_name, Cluster, Spawned, POLL_PERIOD};
 use cr_tests::{bin_dir, mpi, read_text, script_path, tail, wait_until, Harness};
 use std::ffi::OsString;
 use std::time::Duration;
@@ -369,5 +373,81 @@ fn mpich_c_programs() {
             ("mpich-allreduce", mpich(&[&p, "allreduce", ITERS, PACE_US])),
             ("mpich-halo", mpich(&[&p, "halo", ITERS, PACE_US])),
         ],
+    );
+}
+
+/// An mpi4py program under Open MPI (6 ranks on 3 nodes) that checkpoints
+/// itself through libcr (Python ctypes binding libcr/python/libcr.py):
+/// every 100 iterations rank 0 asks for a checkpoint of the whole job
+/// (CR_SCOPE_JOB) and its callback sees it continue. After the first, the
+/// job is killed (a checkpoint with --kill) and restarted from that first,
+/// self-requested checkpoint: rank 0 comes back inside its request
+/// ("restarted from the self checkpoint at iteration 100", its callback
+/// sees a restart), the job runs to its end, checkpointing itself twice more (the
+/// count it prints: its state is the one of the first checkpoint), and
+/// compares every rank's state with a serial recomputation (RESULT OK).
+#[test]
+fn mpi4py_checkpoints_itself_through_libcr() {
+    let h = Harness::new("ompi-selfckpt");
+    let c = cluster(&h);
+    let script = cr_tests::libcr::repo_dir().join("libcr/examples/mpi_selfckpt.py");
+    let argv = open_mpi(
+        &h.dir.join("tmp-self"),
+        &[
+            MPI4PY_PYTHON,
+            &script.to_string_lossy(),
+            "300",
+            "100",
+            "20000",
+        ],
+    );
+    let a: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let libcr = bin_dir().join("libcr.so").display().to_string();
+    let name = "ompi-self";
+    let mut j = Job::start(&c, name, &a, &[("CR_LIBCR", libcr.as_str())]);
+    wait_until(
+        "the job's first self-requested checkpoint",
+        RUN_TIMEOUT,
+        || {
+            j.assert_no_fail();
+            j.output()
+                .lines()
+                .any(|l| l == "self checkpoint 1 at iteration 100 continued")
+        },
+        || j.diag(),
+    );
+    let listed = c.crctl_json(&["checkpoints", name]);
+    let committed: Vec<String> = jlist(&listed, "checkpoints")
+        .iter()
+        .filter(|k| jstr(k, "state") == "committed")
+        .map(|k| jstr(k, "id").to_string())
+        .collect();
+    assert_eq!(
+        committed.len(),
+        1,
+        "one checkpoint, the one the job asked for: {listed:#}\n{}",
+        j.diag()
+    );
+    j.checkpoint_kill();
+    let out = c.crctl(&["restart", name, "--checkpoint", &committed[0]]);
+    if !out.status.success() {
+        panic!(
+            "crctl restart from the self-requested checkpoint failed\n{}\n{}",
+            out.show(),
+            j.diag()
+        );
+    }
+    let line = j.wait_result("RESULT OK", RUN_TIMEOUT);
+    let text = j.output();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("restarted from the self checkpoint at iteration 100 ")),
+        "rank 0 did not come back inside its request\n{}",
+        j.diag()
+    );
+    assert!(
+        line.ends_with("self_checkpoints=2 restarts=1"),
+        "{line}\n{}",
+        j.diag()
     );
 }

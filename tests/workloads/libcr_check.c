@@ -22,10 +22,13 @@
  *                   (cr_poll_checkpoint): > 0 in the original, -1 with
  *                   CR_ERESTARTED in a copy restarted from that image; its
  *                   callback (req_cb) sees 0, resp. > 0.
- *   responder PORT  (without libcr) serves one connection on PORT: answers
- *                   "ping N" with "pong N" (N must go 1, 2, 3...),
- *                   "flush K" with "flushed K", "bye" with "bye", then
- *                   prints OK (or FAIL) and exits.
+ *   responder PORT  (without libcr) serves connections on PORT, one after
+ *                   the other: answers "ping N" with "pong N" (N must go
+ *                   1, 2, 3... across connections), "flush K" with
+ *                   "flushed K", "reopen" with "reopen" (then takes the
+ *                   next connection), "hello ADDR" with "hello ADDR" if
+ *                   the connection comes from ADDR, "bye" with "bye",
+ *                   then prints OK (or FAIL) and exits.
  *   flusher HOST PORT
  *                   connects to a responder and pings it from its main
  *                   thread; its thread-context callback (flush_cb) sends
@@ -34,6 +37,14 @@
  *                   only gets it if the peer still runs, i.e. if every
  *                   member's callbacks run before any member is frozen.
  *                   Prints "callback K continued|restarted" after each.
+ *                   Its restart half runs only once the whole job is back:
+ *                   it FAILs if WORKDIR/held exists (the test holds a node
+ *                   of the job frozen while it does); it reads
+ *                   cr_get_restart_info(), prints "moved from H1 (A1) to
+ *                   H2 (A2)" (the node and addresses before and now) and
+ *                   reopens its connection to the peer, which checks that
+ *                   it comes from the new address (A2). If WORKDIR/moved
+ *                   exists, the node and addresses must have changed.
  *                   When WORKDIR/ask appears, asks for a checkpoint of its
  *                   whole job (CR_SCOPE_JOB, through the agent at
  *                   $CR_AGENT_SOCKET) and says "job request continued"
@@ -299,6 +310,51 @@ static int exchange(const char *say, const char *want)
     return ok;
 }
 
+/* The peer, for reopening the connection. */
+static struct sockaddr_in peer;
+
+/* Connect to the peer (conn_lock held). */
+static int connect_peer(void)
+{
+    conn = socket(AF_INET, SOCK_STREAM, 0);
+    return conn >= 0 && connect(conn, (struct sockaddr *)&peer, sizeof peer) == 0 &&
+           (conn_in = fdopen(dup(conn), "r")) != NULL;
+}
+
+/* The restart half of flush_cb: the whole job must be back; look where
+ * this process runs now and reopen the connection from there. */
+static void rejoin(void)
+{
+    const struct cr_restart_info *ri = cr_get_restart_info();
+    char say[300], line[300];
+    if (exists("held"))
+        fail("a restart callback ran while a member of the job was still frozen");
+    if (!ri) {
+        fail("cr_get_restart_info() returned NULL after a restart");
+        return;
+    }
+    printf("moved from %s (%s) to %s (%s) node_changed=%d addresses_changed=%d\n",
+           ri->hostname_before, ri->addresses_before, ri->hostname_now, ri->addresses_now,
+           ri->node_changed, ri->addresses_changed);
+    if (exists("moved") && (!ri->node_changed || !ri->addresses_changed ||
+                            !strcmp(ri->hostname_before, ri->hostname_now)))
+        fail("the restart info does not say that the node and addresses changed");
+    if (!exchange("reopen\n", "reopen\n")) {
+        fail("no answer to reopen from the peer in the restart callback");
+        return;
+    }
+    pthread_mutex_lock(&conn_lock);
+    fclose(conn_in);
+    close(conn);
+    /* The first address (IPv4 sorts first; the node's eth0). */
+    snprintf(say, sizeof say, "hello %.*s\n", (int)strcspn(ri->addresses_now, " "),
+             ri->addresses_now);
+    if (!connect_peer() || write(conn, say, strlen(say)) != (ssize_t)strlen(say) ||
+        !fgets(line, sizeof line, conn_in) || strcmp(line, say) != 0)
+        fail("the reopened connection did not come from the new address");
+    pthread_mutex_unlock(&conn_lock);
+}
+
 static int flush_cb(void *arg)
 {
     char say[64], want[64];
@@ -312,8 +368,10 @@ static int flush_cb(void *arg)
     }
     flushes = k;
     rc = cr_checkpoint(CR_CHECKPOINT_READY);
-    if (rc > 0)
+    if (rc > 0) {
         flush_restarts++;
+        rejoin();
+    }
     printf("callback %d %s\n", k, rc > 0 ? "restarted" : rc == 0 ? "continued" : "cancelled");
     return 0;
 }
@@ -333,17 +391,34 @@ static int responder(int port_)
         return 1;
     }
     printf("READY\n");
+next:
     c = accept(ls, NULL, NULL);
-    close(ls);
-    in = fdopen(c, "r");
+    in = c < 0 ? NULL : fdopen(c, "r");
     if (c < 0 || !in) {
         printf("FAIL accept: %s\n", strerror(errno));
         return 1;
     }
     while (fgets(line, sizeof line, in)) {
         const char *reply = line;
+        char addr[256];
         int n;
-        if (sscanf(line, "ping %d", &n) == 1) {
+        if (!strcmp(line, "reopen\n")) {
+            if (write(c, line, strlen(line)) != (ssize_t)strlen(line))
+                fail("cannot answer reopen");
+            fclose(in);
+            goto next;
+        } else if (sscanf(line, "hello %255s", addr) == 1) {
+            struct sockaddr_in from;
+            socklen_t len = sizeof from;
+            char got[INET_ADDRSTRLEN] = "?";
+            if (getpeername(c, (struct sockaddr *)&from, &len) == 0)
+                inet_ntop(AF_INET, &from.sin_addr, got, sizeof got);
+            printf("reopened from %s (says %s)\n", got, addr);
+            if (strcmp(got, addr) != 0) {
+                snprintf(want, sizeof want, "wrong %s\n", got);
+                reply = want;
+            }
+        } else if (sscanf(line, "ping %d", &n) == 1) {
             if (n != pings + 1) {
                 snprintf(fail_reason, sizeof fail_reason, "ping %d after ping %d", n, pings);
                 break;
@@ -354,7 +429,7 @@ static int responder(int port_)
         } else if (sscanf(line, "flush %d", &n) == 1) {
             snprintf(want, sizeof want, "flushed %d\n", n);
             reply = want;
-        } else if (strcmp(line, "bye\n") != 0) {
+        } else if (strcmp(line, "bye\n") != 0 && strncmp(line, "hello ", 6) != 0) {
             fail("unexpected line");
             break;
         }
@@ -362,7 +437,7 @@ static int responder(int port_)
             fail("cannot answer");
             break;
         }
-        if (reply == line) {
+        if (reply == line && !strcmp(line, "bye\n")) {
             printf("served %d pings\n", pings);
             if (fail_reason[0]) {
                 printf("FAIL %s\n", fail_reason);
@@ -431,16 +506,12 @@ int main(int argc, char **argv)
             fail("callbacks did not run in BLCR's order");
         open_conn("final");
     } else if (!strcmp(mode, "flusher")) {
-        struct sockaddr_in a = {0};
         char say[64], want[64];
         int n = 0;
         struct timespec pace = {0, 20 * 1000 * 1000};
-        a.sin_family = AF_INET;
-        a.sin_port = htons(atoi(argv[4]));
-        conn = socket(AF_INET, SOCK_STREAM, 0);
-        if (inet_pton(AF_INET, argv[3], &a.sin_addr) != 1 || conn < 0 ||
-            connect(conn, (struct sockaddr *)&a, sizeof a) != 0 ||
-            !(conn_in = fdopen(dup(conn), "r"))) {
+        peer.sin_family = AF_INET;
+        peer.sin_port = htons(atoi(argv[4]));
+        if (inet_pton(AF_INET, argv[3], &peer.sin_addr) != 1 || !connect_peer()) {
             printf("FAIL connect to %s:%s: %s\n", argv[3], argv[4], strerror(errno));
             return 1;
         }

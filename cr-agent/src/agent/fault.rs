@@ -1,10 +1,11 @@
 //! Fault points for the tests (docs/CLUSTER.md, "Test hooks"):
-//! `CR_AGENT_FAULT=STEP` (prepare, dump, commit, finish, restore, fetch,
-//! postcopy; or
+//! `CR_AGENT_FAULT=STEP` (prepare, dump, commit, finish, restore, release,
+//! fetch, postcopy; or
 //! `@FILE`: the step written in FILE, read at each point) makes the
 //! session stop at that step (PREPARE: frozen and locked, before its reply;
 //! DUMP: before the dump; COMMIT: recorded, before its reply; FINISH:
 //! before the processes are let go; RESTORE: rebuilt, before its reply;
+//! RELEASE: a restore's, before the processes are let go;
 //! FETCH: an image copy to this node, after its first chunk; POSTCOPY:
 //! this node serving a post-copy, its push held after the first block
 //! while the blocks asked for still go),

@@ -73,81 +73,7 @@ impl pb::local_server::Local for LocalService {
         req: Request<pb::SelfCheckpointRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let who = caller(&req)?;
-        let r = req.into_inner();
-        let pid = who.pid;
-        if pid <= 0 {
-            return Err(Status::failed_precondition("the caller's pid is unknown"));
-        }
-        let request = r.request;
-        let work: std::pin::Pin<Box<dyn Future<Output = Result<String, Status>> + Send>> = if r.job
-        {
-            let job =
-                super::launch::job_of(&self.shared, pid).map_err(Status::failed_precondition)?;
-            let mut client = super::link::coordinator(&self.shared, "a job's checkpoint")?;
-            let mut q = Request::new(pb::CheckpointRequest {
-                job: job.clone(),
-                after: r.after,
-                from_node: self.shared.config.node.clone(),
-                uid: who.uid,
-                ..Default::default()
-            });
-            q.set_timeout(job_call_timeout(0));
-            tracing::info!(
-                job,
-                pid,
-                uid = who.uid,
-                "a member asked for a checkpoint of its job"
-            );
-            Box::pin(async move {
-                let info = super::link::relay(client.checkpoint(q).await)?;
-                Ok(format!("checkpoint {} of job {}", info.id, info.job))
-            })
-        } else {
-            let root = capture::job_root(pid);
-            let dir = if r.dir.is_empty() {
-                default_image_dir(pid, root)?
-            } else {
-                r.dir
-            };
-            let lr = pb::LocalCheckpointRequest {
-                pid,
-                dir: dir.clone(),
-                after: r.after,
-                ..Default::default()
-            };
-            let s = self.local_checkpoint(who, lr)?;
-            Box::pin(async move {
-                let s = s.await?;
-                Ok(format!(
-                    "checkpoint of {} processes into {dir}",
-                    s.processes
-                ))
-            })
-        };
-        tokio::spawn(async move {
-            let done = match work.await {
-                Ok(message) => Done {
-                    request,
-                    ok: true,
-                    message,
-                },
-                Err(s) => {
-                    tracing::warn!(
-                        pid,
-                        request,
-                        error = s.message(),
-                        "requested checkpoint failed"
-                    );
-                    Done {
-                        request,
-                        ok: false,
-                        message: s.message().to_string(),
-                    }
-                }
-            };
-            let _ =
-                tokio::task::spawn_blocking(move || cr_engine::coop::tell_done(pid, &done)).await;
-        });
+        self.request_self(who, req.into_inner())?;
         Ok(Response::new(pb::Empty {}))
     }
 
@@ -306,6 +232,88 @@ impl pb::local_server::Local for LocalService {
 }
 
 impl LocalService {
+    /// A program asks for a checkpoint of itself (`who`'s tree) or of its
+    /// whole job (`Local.RequestCheckpoint`, or libcr's `SELF` on the
+    /// agent's libcr socket): accepted now, carried out on its own; its
+    /// end goes to the program's libcr socket (DONE).
+    pub fn request_self(&self, who: Caller, r: pb::SelfCheckpointRequest) -> Result<(), Status> {
+        let pid = who.pid;
+        if pid <= 0 {
+            return Err(Status::failed_precondition("the caller's pid is unknown"));
+        }
+        let request = r.request;
+        let work: std::pin::Pin<Box<dyn Future<Output = Result<String, Status>> + Send>> = if r.job
+        {
+            let job =
+                super::launch::job_of(&self.shared, pid).map_err(Status::failed_precondition)?;
+            let mut client = super::link::coordinator(&self.shared, "a job's checkpoint")?;
+            let mut q = Request::new(pb::CheckpointRequest {
+                job: job.clone(),
+                after: r.after,
+                from_node: self.shared.config.node.clone(),
+                uid: who.uid,
+                ..Default::default()
+            });
+            q.set_timeout(job_call_timeout(0));
+            tracing::info!(
+                job,
+                pid,
+                uid = who.uid,
+                "a member asked for a checkpoint of its job"
+            );
+            Box::pin(async move {
+                let info = super::link::relay(client.checkpoint(q).await)?;
+                Ok(format!("checkpoint {} of job {}", info.id, info.job))
+            })
+        } else {
+            let root = capture::job_root(pid);
+            let dir = if r.dir.is_empty() {
+                default_image_dir(pid, root)?
+            } else {
+                r.dir
+            };
+            let lr = pb::LocalCheckpointRequest {
+                pid,
+                dir: dir.clone(),
+                after: r.after,
+                ..Default::default()
+            };
+            let s = self.local_checkpoint(who, lr)?;
+            Box::pin(async move {
+                let s = s.await?;
+                Ok(format!(
+                    "checkpoint of {} processes into {dir}",
+                    s.processes
+                ))
+            })
+        };
+        tokio::spawn(async move {
+            let done = match work.await {
+                Ok(message) => Done {
+                    request,
+                    ok: true,
+                    message,
+                },
+                Err(s) => {
+                    tracing::warn!(
+                        pid,
+                        request,
+                        error = s.message(),
+                        "requested checkpoint failed"
+                    );
+                    Done {
+                        request,
+                        ok: false,
+                        message: s.message().to_string(),
+                    }
+                }
+            };
+            let _ =
+                tokio::task::spawn_blocking(move || cr_engine::coop::tell_done(pid, &done)).await;
+        });
+        Ok(())
+    }
+
     /// A checkpoint of the tree of `r.pid` for `who`: checked now, carried
     /// out by the returned future.
     fn local_checkpoint(

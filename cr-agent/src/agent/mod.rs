@@ -10,8 +10,10 @@
 pub mod authz;
 pub mod config;
 pub mod fault;
+pub mod jobback;
 pub mod launch;
 pub mod leases;
+pub mod libcr_socket;
 pub mod link;
 pub mod local;
 pub mod members;
@@ -51,6 +53,8 @@ pub struct Shared {
     pub drained: std::sync::atomic::AtomicBool,
     /// Page stores arriving from other nodes (post-copy migration).
     pub postcopies: Arc<postcopy::PostCopies>,
+    /// Restored members whose restart callbacks wait for the whole job.
+    pub job_back: Arc<jobback::JobBack>,
 }
 
 /// Bind the Unix socket: refused if another agent answers on it; a stale
@@ -110,6 +114,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         security: sec.clone(),
         drained: std::sync::atomic::AtomicBool::new(false),
         postcopies: Arc::default(),
+        job_back: Arc::default(),
         config,
     });
     shared.reaper.spawn(Duration::from_millis(100));
@@ -117,6 +122,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let cfg = &shared.config;
 
     let uds = bind_socket(&cfg.socket)?;
+    let libcr_uds = bind_socket(&cr_proto::coop::agent_libcr_socket(&cfg.socket))?;
     let tcp = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
@@ -151,6 +157,12 @@ pub async fn serve(config: Config) -> Result<(), String> {
         );
     let remote = tokio::spawn(remote);
     let local = tokio::spawn(local);
+    let libcr = tokio::spawn(libcr_socket::serve(
+        shared.clone(),
+        libcr_uds,
+        stopped(stop_rx.clone()),
+    ));
+    let sweeper = tokio::spawn(libcr_socket::sweep_periodically());
     let link = tokio::spawn(link::run(shared.clone(), sec.clone()));
     info!(
         node = cfg.node,
@@ -164,6 +176,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let sig = cr_rpc::shutdown::signal().await;
     info!(signal = sig, "stopping");
     link.abort();
+    sweeper.abort();
     // Sessions in progress end as an abort would: the processes run on.
     // All at once, and bounded: a session that does not answer in time is
     // left to the exit (its tracees are detached by the kernel) and to the
@@ -187,6 +200,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let wait = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = remote.await;
         let _ = local.await;
+        let _ = libcr.await;
     });
     if wait.await.is_err() {
         warn!("requests still running after 5 s; stopping anyway");

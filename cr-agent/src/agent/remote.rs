@@ -269,6 +269,18 @@ impl pb::agent_server::Agent for AgentService {
         ok(r)
     }
 
+    async fn job_back(
+        &self,
+        req: Request<pb::SessionRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        from_coordinator(&self.shared, &req)?;
+        let session = req.into_inner().session;
+        let shared = self.shared.clone();
+        // Connects to every restored libcr program: off the runtime.
+        let _ = tokio::task::spawn_blocking(move || shared.job_back.tell(&session)).await;
+        Ok(Response::new(pb::Empty {}))
+    }
+
     async fn remove(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
         from_coordinator(&self.shared, &req)?;
         let dirs = req

@@ -1323,6 +1323,8 @@ fn restore_session(
         reset_guard: RESET_GUARD_SECS,
         allow_changed_files: req.allow_changed_files,
         lazy_pages: req.lazy_pages,
+        // Restart callbacks behind the job-wide barrier (JOBBACK).
+        restart_callbacks_later: req.job_barrier,
         // Stores a lazy fetch left to come (post-copy migration).
         remote_pages: req.lazy_pages.then(|| {
             shared.postcopies.clone() as Arc<dyn cr_engine::kinds::memory::remote::RemoteStores>
@@ -1406,7 +1408,8 @@ fn restore_session(
         };
         match cmd {
             Cmd::Release(r) => {
-                let res = release_all(shared, &req.job, readies);
+                fault::point("release", shared);
+                let res = release_all(shared, &req, readies);
                 let how = match &res {
                     Ok(_) => "released".to_string(),
                     Err(e) => format!("RELEASE failed: {e}"),
@@ -1467,10 +1470,10 @@ fn serve_lazy(pid: i32, lazy: cr_engine::kinds::memory::lazy::Transfer) {
 }
 
 /// Let every restored tree run, all at once (each from the thread that
-/// rebuilt it); they become members of `job`.
+/// rebuilt it); they become members of `req.job` (see [`super::jobback`] for `req.job_barrier`).
 fn release_all(
     shared: &Shared,
-    job: &str,
+    req: &pb::RestoreRequest,
     readies: Vec<Tracer<cr_engine::restore::Ready>>,
 ) -> Result<pb::ReleaseReply, String> {
     // The images' network locks (this namespace) in one nft transaction.
@@ -1498,22 +1501,25 @@ fn release_all(
                 // next one.
                 let save_file = r.saved_files();
                 let lazy = r.take_lazy();
+                let dir = r.image_dir().to_path_buf();
                 r.release()
                     .map(|pid| {
                         serve_lazy(pid, lazy);
-                        (pid, save_file)
+                        (pid, save_file, dir)
                     })
                     .map_err(|e| one_line(&e))
             })
         })
         .collect();
+    let mut released = Vec::new();
     for p in pending {
         match p.wait().map_err(|e| e.to_string()).and_then(|r| r) {
-            Ok((pid, save_file)) => {
+            Ok((pid, save_file, dir)) => {
                 shared.reaper.watch(pid);
+                released.push((pid, dir));
                 let (uid, command) = members::describe(pid);
                 let m = pb::Member {
-                    job: job.to_string(),
+                    job: req.job.clone(),
                     pid,
                     uid,
                     command,
@@ -1527,6 +1533,10 @@ fn release_all(
                 first_err.get_or_insert(e);
             }
         }
+    }
+    if req.job_barrier {
+        let limit = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
+        shared.job_back.hold(&req.session, released, limit);
     }
     match first_err {
         Some(e) => Err(e),

@@ -41,13 +41,29 @@ struct Cli {
     /// cluster job `slurm-JOBID`), as --job does.
     #[arg(long, value_name = "JOBID", conflicts_with = "pid")]
     slurm: Option<u32>,
+    /// For libcr (cr_request_checkpoint without an agent): detach from the
+    /// caller at once, checkpoint PID, and tell its libcr how request N
+    /// ended.
+    #[arg(long, value_name = "N", hide = true, requires = "pid")]
+    libcr_request: Option<u64>,
     /// Process to checkpoint, with all its descendants (for a job started with
     /// cr_run, the PID of cr_run or of the job).
     #[arg(required_unless_present_any = ["job", "slurm"])]
     pid: Option<i32>,
 }
 
+/// Set in the detached copy of a `--libcr-request` cr_checkpoint.
+const DETACHED_ENV: &str = "CR_LIBCR_DETACHED";
+
 fn main() -> ExitCode {
+    let detached = std::env::var_os(DETACHED_ENV).is_some();
+    if detached {
+        // The program's files stay the program's.
+        if let Err(e) = cr_sys::coop::close_inherited_fds() {
+            eprintln!("cr_checkpoint: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("CR_LOG"))
         .with_writer(std::io::stderr)
@@ -62,6 +78,9 @@ fn main() -> ExitCode {
     let Some(pid) = cli.pid.filter(|_| job.is_none()) else {
         return cluster_job(job.as_deref().unwrap_or_default(), &cli);
     };
+    if let Some(request) = cli.libcr_request {
+        return libcr_request(request, pid, detached, &mut cli);
+    }
     let pid = cr_engine::capture::job_root(pid);
     if cli.check {
         return check(pid, cli.quiet);
@@ -106,6 +125,58 @@ fn main() -> ExitCode {
             let code = cr_engine::interrupt::exit_code().unwrap_or(1);
             ExitCode::from(code.clamp(1, 255) as u8)
         }
+    }
+}
+
+/// `--libcr-request N`: the caller (libcr, in process `pid`) waits only
+/// for this copy to start a detached one, no part of its tree, which
+/// takes the checkpoint and tells libcr how it ended (DONE on its socket).
+fn libcr_request(request: u64, pid: i32, detached: bool, cli: &mut Cli) -> ExitCode {
+    if !detached {
+        let me = std::env::current_exe().unwrap_or_else(|_| "cr_checkpoint".into());
+        return match std::process::Command::new(&me)
+            .args(std::env::args_os().skip(1))
+            .env(DETACHED_ENV, "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cr_checkpoint: error: cannot start {}: {e}", me.display());
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let root = cr_engine::capture::job_root(pid);
+    let dir = cli.opts.image_dir(root);
+    cli.opts.dir = Some(dir.clone());
+    let _watch = cr_engine::interrupt::Watch::new();
+    let done = match checkpoint(root, &cli.opts) {
+        Ok(s) => cr_proto::coop::Done {
+            request,
+            ok: true,
+            message: format!(
+                "checkpoint of {} processes into {}",
+                s.processes,
+                dir.display()
+            ),
+        },
+        Err(e) => {
+            let e = cr_sys::error::one_line(&e);
+            eprintln!("cr_checkpoint: error: {e}");
+            cr_proto::coop::Done {
+                request,
+                ok: false,
+                message: e,
+            }
+        }
+    };
+    cr_engine::coop::tell_done(pid, &done);
+    if done.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
