@@ -966,11 +966,22 @@ fn packet_socket_refused_by_name() {
     refused_socket("packet", &["packet"]);
 }
 
-/// A TCP connection whose peer closed (CLOSE-WAIT) is not saved: refused
-/// by name, with its state.
+/// A TCP connection whose peer closed (CLOSE-WAIT), once refused, is now
+/// saved: `--check` finds it saveable, a checkpoint that continues leaves
+/// it as it was, and after --kill and a restore the workload reads the
+/// bytes before the end of the stream, then the end.
 #[test]
-fn tcp_close_wait_refused_by_name() {
-    refused_socket("tcp_close_wait", &["CLOSE-WAIT"]);
+fn tcp_close_wait_saved_and_restored() {
+    let h = Harness::new("ipc-close-wait");
+    let mut wl = h.spawn_python("py_ipc_refuse.py", &["tcp_close_wait"]);
+    wl.wait_ready();
+    wl.wait_line("SOCKFD", |l| l.starts_with("SOCKFD "));
+    let pid = wl.pid();
+    assert_check_ok(&h, pid, "tcp_close_wait");
+    h.checkpoint(&h.image_dir("img-cont"), &[], pid)
+        .assert_success("tcp_close_wait: cr_checkpoint (continue)");
+    assert_running_untraced(pid, "tcp_close_wait after a checkpoint that continues");
+    kill_restore_ok(&h, &mut wl, "tcp_close_wait");
 }
 
 /// A unix socket with a pipe's read end in flight (SCM_RIGHTS, not received

@@ -5,8 +5,8 @@ and a unix socketpair with queued data (which a failed checkpoint must not
 consume). MODE `netlink`: socket(AF_NETLINK, SOCK_RAW, NETLINK_ROUTE),
 bound; MODE `packet`: a packet socket (AF_PACKET) bound to the loopback
 device; MODE `tcp_close_wait`: a TCP connection to itself whose other end
-was closed (state CLOSE-WAIT, which the engine does not save); MODE `scm_rights`
-(saved since: the one mode not refused): a unix stream socket with a
+was closed (state CLOSE-WAIT; saved since); MODE `scm_rights`
+(saved since): a unix stream socket with a
 pipe's fd in flight (sent with SCM_RIGHTS, not received yet; the socket of
 SOCKFD is the receiving one). Prints
 `SOCKFD N` and `READY`, waits for WORKDIR/go, then checks that the socket
