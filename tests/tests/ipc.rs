@@ -966,39 +966,35 @@ fn packet_socket_refused_by_name() {
     refused_socket("packet", &["packet"]);
 }
 
-/// A TCP connection whose peer closed (CLOSE-WAIT), once refused, is now
-/// saved: `--check` finds it saveable, a checkpoint that continues leaves
-/// it as it was, and after --kill and a restore the workload reads the
-/// bytes before the end of the stream, then the end.
-#[test]
-fn tcp_close_wait_saved_and_restored() {
-    let h = Harness::new("ipc-close-wait");
-    let mut wl = h.spawn_python("py_ipc_refuse.py", &["tcp_close_wait"]);
+/// A mode of py_ipc_refuse.py that is saved now: `--check` finds every fd
+/// saveable, a checkpoint that continues leaves the socket as it was, and
+/// after --kill and a restore the workload checks it.
+fn saved_socket(mode: &str) {
+    let h = Harness::new(&format!("ipc-saved-{mode}"));
+    let mut wl = h.spawn_python("py_ipc_refuse.py", &[mode]);
     wl.wait_ready();
     wl.wait_line("SOCKFD", |l| l.starts_with("SOCKFD "));
     let pid = wl.pid();
-    assert_check_ok(&h, pid, "tcp_close_wait");
+    assert_check_ok(&h, pid, mode);
     h.checkpoint(&h.image_dir("img-cont"), &[], pid)
-        .assert_success("tcp_close_wait: cr_checkpoint (continue)");
-    assert_running_untraced(pid, "tcp_close_wait after a checkpoint that continues");
-    kill_restore_ok(&h, &mut wl, "tcp_close_wait");
+        .assert_success(&format!("{mode}: cr_checkpoint (continue)"));
+    assert_running_untraced(pid, &format!("{mode} after a checkpoint that continues"));
+    kill_restore_ok(&h, &mut wl, mode);
+}
+
+/// A TCP connection whose peer closed (CLOSE-WAIT), once refused: the
+/// restored workload reads the bytes before the end of the stream, then
+/// the end.
+#[test]
+fn tcp_close_wait_saved_and_restored() {
+    saved_socket("tcp_close_wait");
 }
 
 /// A unix socket with a pipe's read end in flight (SCM_RIGHTS, not received
-/// yet, the sender's copy closed): `--check` finds every fd saveable, a
-/// checkpoint that continues leaves it in flight, and after a checkpoint
-/// with --kill and a restore the workload receives the fd and reads the
+/// yet, the sender's copy closed): the checkpoint that continues leaves it
+/// in flight, and the restored workload receives the fd and reads the
 /// pipe's bytes through it.
 #[test]
 fn scm_rights_in_flight_kill_restore() {
-    let h = Harness::new("ipc-scm-rights");
-    let mut wl = h.spawn_python("py_ipc_refuse.py", &["scm_rights"]);
-    wl.wait_ready();
-    wl.wait_line("SOCKFD", |l| l.starts_with("SOCKFD "));
-    let pid = wl.pid();
-    assert_check_ok(&h, pid, "scm_rights");
-    h.checkpoint(&h.image_dir("img-cont"), &[], pid)
-        .assert_success("scm_rights: cr_checkpoint (continue)");
-    assert_running_untraced(pid, "scm_rights after a checkpoint that continues");
-    kill_restore_ok(&h, &mut wl, "scm_rights");
+    saved_socket("scm_rights");
 }
