@@ -520,6 +520,7 @@ fn coordinated_callbacks_all_run_before_any_member_is_frozen() {
     std::fs::write(&faults.agent_ctl, "release").expect("arm the fault");
     let n3_log = c.agent_log(3);
     let released_before = read_text(&n3_log).matches("restored tree released").count();
+    let held_before = read_text(&n3_log).matches("wait for JOBBACK").count();
     let mut restart = c.crctl_bg(&[
         "restart",
         job,
@@ -531,17 +532,19 @@ fn coordinated_callbacks_all_run_before_any_member_is_frozen() {
         "n2",
     ]);
     wait_until(
-        "n2 held at RELEASE and n3's member released",
+        "n2 held at RELEASE, n3's member released and its restart callbacks held for JOBBACK",
         LINE_TIMEOUT,
         || {
+            let log = read_text(&n3_log);
             faults.agent_reached.exists()
-                && read_text(&n3_log).matches("restored tree released").count() > released_before
+                && log.matches("restored tree released").count() > released_before
+                && log.matches("wait for JOBBACK").count() > held_before
         },
         || format!("{}\n{}", restart.describe(), diag(&flusher, &resp)),
     );
-    // n2 stays slow a moment longer: without the job-wide barrier, n3's
-    // restart callback (told at its own release) runs now and FAILs.
-    std::thread::sleep(Duration::from_secs(1));
+    // Without the job-wide barrier n3's agent tells its member at its own
+    // release (no JOBBACK wait is logged, and the wait above times out);
+    // with it, the callback has not run while n2 is held.
     assert!(
         !has(&flusher, "callback 3 restarted"),
         "the restart callback ran while n2's member was frozen\n{}",

@@ -28,6 +28,11 @@ impl JobBack {
         if trees.is_empty() {
             return;
         }
+        info!(
+            session,
+            trees = trees.len(),
+            "released trees wait for JOBBACK before their restart callbacks"
+        );
         self.lock().insert(session.to_string(), trees);
         let (me, session) = (self.clone(), session.to_string());
         let spawned = std::thread::Builder::new()

@@ -73,7 +73,9 @@ fn indent(code: &str) -> String {
         .collect::<String>()
 }
 
-fn wait_for(what: &str, path: &Path, timeout: Duration, log: &Path) -> String {
+/// Wait for the file `path` a program writes (whole, by a rename), showing
+/// its output `log` if it does not come.
+pub(crate) fn wait_for(what: &str, path: &Path, timeout: Duration, log: &Path) -> String {
     let t0 = Instant::now();
     loop {
         if let Ok(s) = std::fs::read_to_string(path) {
