@@ -150,6 +150,29 @@ pub fn object_summary(o: &Object) -> String {
             )
         }
         ObjectKind::InetSocket(s) => inet_summary(o.id, s),
+        ObjectKind::NetlinkSocket(n) => format!(
+            "netlink socket:[{}] protocol {} port id {} groups {:?}{}",
+            o.id,
+            n.protocol,
+            n.portid,
+            n.groups,
+            if n.dst_portid != 0 || n.dst_groups != 0 {
+                format!(" connected to {}/{:#x}", n.dst_portid, n.dst_groups)
+            } else {
+                String::new()
+            }
+        ),
+        ObjectKind::PacketSocket(p) => format!(
+            "packet socket:[{}] protocol {:#06x} on {} {} memberships",
+            o.id,
+            u16::from_be(p.protocol as u16),
+            if p.ifname.is_empty() {
+                "every interface"
+            } else {
+                &p.ifname
+            },
+            p.memberships.len()
+        ),
     }
 }
 

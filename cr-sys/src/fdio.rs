@@ -219,6 +219,35 @@ pub fn send_some(fd: &OwnedFd, data: &[u8]) -> Result<usize> {
     }
 }
 
+/// socket(2) of any family, type (with its SOCK_* flags) and protocol:
+/// nix names only some protocols, and raw, netlink and packet sockets may
+/// be of any.
+pub fn socket(family: i32, ty: i32, protocol: i32) -> Result<OwnedFd> {
+    // SAFETY: socket(2) takes no pointers; the fd it returns is ours alone.
+    let fd = unsafe { libc::socket(family, ty, protocol) };
+    if fd < 0 {
+        return Err(SysError::Syscall {
+            what: format!("socket({family}, {ty}, {protocol})"),
+            source: Errno::last(),
+        });
+    }
+    // SAFETY: fd was just returned by socket(2) and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Take one waiting message off a datagram socket and throw it away;
+/// false when none waits.
+pub fn recv_discard(fd: &OwnedFd) -> Result<bool> {
+    let mut byte = [0u8; 1];
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC;
+    match sock::recv(fd.as_raw_fd(), &mut byte, flags) {
+        Err(NixErrno::EAGAIN) => Ok(false),
+        r => r
+            .map(|_| true)
+            .or_sys(|| "recv of a message to drop".into()),
+    }
+}
+
 /// getsockopt of any level and option into `buf`; returns the length the
 /// kernel wrote. Raw: nix only has typed options, one per known name, and
 /// the engines save and restore options by number.

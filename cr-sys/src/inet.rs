@@ -18,7 +18,7 @@
 use crate::error::{Errno, NixResult, Result, SysError};
 use crate::fdio::{getsockopt_raw, ioctl_get_int, setsockopt_raw};
 use nix::errno::Errno as NixErrno;
-use nix::sys::socket::{self as sock, AddressFamily, MsgFlags, SockProtocol, SockaddrStorage};
+use nix::sys::socket::{self as sock, MsgFlags, SockaddrStorage};
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -92,24 +92,7 @@ pub fn tcp_state_name(s: u8) -> &'static str {
 
 /// `socket(family, ty | SOCK_CLOEXEC, protocol)`.
 pub fn socket(family: i32, ty: i32, protocol: i32) -> Result<OwnedFd> {
-    let family_ = AddressFamily::from_i32(family).ok_or(NixErrno::EAFNOSUPPORT);
-    // The protocols of IP sockets nix names; 0 lets the kernel choose.
-    let protocol_ = match protocol {
-        0 => Ok(None),
-        libc::IPPROTO_TCP => Ok(Some(SockProtocol::Tcp)),
-        libc::IPPROTO_UDP => Ok(Some(SockProtocol::Udp)),
-        libc::IPPROTO_SCTP => Ok(Some(SockProtocol::Sctp)),
-        libc::IPPROTO_ICMP => Ok(Some(SockProtocol::Icmp)),
-        libc::IPPROTO_ICMPV6 => Ok(Some(SockProtocol::IcmpV6)),
-        libc::IPPROTO_RAW => Ok(Some(SockProtocol::Raw)),
-        _ => Err(NixErrno::EPROTONOSUPPORT),
-    };
-    family_
-        .and_then(|f| {
-            let (t, flags) = crate::fdio::sock_type(ty)?;
-            sock::socket(f, t, flags, protocol_?)
-        })
-        .or_sys(|| format!("socket({family}, {ty}, {protocol})"))
+    crate::fdio::socket(family, ty, protocol)
 }
 
 fn from_storage(ss: &SockaddrStorage) -> Option<SocketAddr> {

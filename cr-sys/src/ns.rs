@@ -37,6 +37,16 @@ pub fn in_ipc_ns<R: Send, E: Send + From<SysError>>(
     in_thread_ns(ns, nix::sched::CloneFlags::CLONE_NEWIPC, "IPC", f)
 }
 
+/// Run `f` on a thread of its own in the network namespace `ns` (None:
+/// ours), where sock_diag queries and interface names are that
+/// namespace's.
+pub fn in_net_ns<R: Send, E: Send + From<SysError>>(
+    ns: Option<&OwnedFd>,
+    f: impl FnOnce() -> Result<R, E> + Send,
+) -> Result<R, E> {
+    in_thread_ns(ns, nix::sched::CloneFlags::CLONE_NEWNET, "network", f)
+}
+
 /// Run `f` on a thread of its own that joined the namespace `ns` (None:
 /// ours) of kind `flag` (one a thread may join alone: IPC, UTS, network).
 fn in_thread_ns<R: Send, E: Send + From<SysError>>(

@@ -291,21 +291,21 @@ fn unsupported_fd_in(bin: &str, mode: &str, kind: Option<&str>) {
 }
 
 #[test]
-fn checkpoint_refuses_netlink_socket() {
-    unsupported_fd("netlink", Some("netlink"));
+fn checkpoint_refuses_io_uring() {
+    unsupported_fd("io_uring", Some("io_uring"));
 }
 
 #[test]
-fn checkpoint_refuses_raw_socket() {
-    unsupported_fd("raw", Some("raw IPv4 socket"));
+fn checkpoint_refuses_packet_socket_with_a_ring() {
+    unsupported_fd("packet_ring", Some("receive ring"));
 }
 
 /// `cr_checkpoint --check` names the refused fd in one line, exits 1, and
 /// the process is untouched.
 #[test]
 fn check_names_unsupported_fd() {
-    let h = Harness::new("check-netlink");
-    let mut wl = h.spawn_wl("wl_pipe", &["netlink"]);
+    let h = Harness::new("check-io-uring");
+    let mut wl = h.spawn_wl("wl_pipe", &["io_uring"]);
     let ready = wl.wait_line("READY fds", |l| l.starts_with("READY fds "));
     let fd = ready.trim_start_matches("READY fds ").trim().to_string();
     let pid = wl.pid();
@@ -314,7 +314,7 @@ fn check_names_unsupported_fd() {
         &[OsStr::new("--check"), OsStr::new(&pid.to_string())],
         &RunOpts::default(),
     );
-    let line = out.assert_error("--check of a netlink holder", CK_ERR, &["netlink"]);
+    let line = out.assert_error("--check of an io_uring holder", CK_ERR, &["io_uring"]);
     assert!(
         line.contains(&format!("fd {fd}")),
         "--check should name fd {fd}: {line:?}"

@@ -956,14 +956,12 @@ fn check_refuses(h: &Harness, pid: i32, fd: i32, mode: &str, keywords: &[&str], 
     assert_running_untraced(pid, "after --check");
 }
 
+/// A netlink socket with a dump's answer not read yet: refused by name
+/// (netlink cannot show queued messages without taking them), and the
+/// workload then reads that answer in full.
 #[test]
-fn netlink_socket_refused_by_name() {
-    refused_socket("netlink", &["netlink"]);
-}
-
-#[test]
-fn packet_socket_refused_by_name() {
-    refused_socket("packet", &["packet"]);
+fn netlink_socket_with_unread_messages_refused_by_name() {
+    refused_socket("netlink_unread", &["netlink", "not read yet"]);
 }
 
 /// A mode of py_ipc_refuse.py that is saved now: `--check` finds every fd
@@ -980,6 +978,28 @@ fn saved_socket(mode: &str) {
         .assert_success(&format!("{mode}: cr_checkpoint (continue)"));
     assert_running_untraced(pid, &format!("{mode} after a checkpoint that continues"));
     kill_restore_ok(&h, &mut wl, mode);
+}
+
+/// A NETLINK_ROUTE socket in two multicast groups with a raised buffer:
+/// the restored workload finds its port id, groups and buffer, and its
+/// RTM_GETLINK dump is answered.
+#[test]
+fn netlink_socket_saved_and_restored() {
+    saved_socket("netlink");
+}
+
+/// A packet socket bound to lo for IPv4, all-multicast there: the restored
+/// workload finds it bound so and sees a datagram it sends over lo.
+#[test]
+fn packet_socket_saved_and_restored() {
+    saved_socket("packet");
+}
+
+/// A raw ICMP socket with an ICMP filter: the restored workload finds the
+/// filter and gets the reply to its echo request.
+#[test]
+fn raw_socket_saved_and_restored() {
+    saved_socket("raw");
 }
 
 /// A TCP connection whose peer closed (CLOSE-WAIT), once refused: the

@@ -23,7 +23,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const CK_ERR: &str = "cr_checkpoint: error: ";
 const PORT: &str = "5000";
 /// Messages (totals over a side's connections) that must flow after a
 /// checkpoint or restore to call it "the exchange goes on".
@@ -932,68 +931,6 @@ fn redis_keeps_its_data_and_client_connection() {
     let _ = cl2.call(&[b"SHUTDOWN", b"NOSAVE"]);
     let out = r.wait(EXIT_TIMEOUT, &wl);
     out.assert_success("cr_restart of redis after SHUTDOWN NOSAVE");
-}
-
-// ---------------------------------------------------------------------------
-// 8. Sockets that cannot be saved
-// ---------------------------------------------------------------------------
-
-/// A process holding a `kind` socket: the checkpoint is refused in one line
-/// naming the fd and the kind, `--check` says CANNOT BE SAVED, and the
-/// process goes on unharmed.
-fn refused_socket(kind: &str, words: &[&str]) {
-    let ns = Netns::new(kind);
-    let h = Harness::new(&format!("tcp-refuse-{kind}"));
-    let mut wl = h.spawn_wl("wl_tcp", &["hold", kind, &ns.name]);
-    let ready = wl.wait_line("READY fds", |l| l.starts_with("READY fds "));
-    let fd = ready.trim_start_matches("READY fds ").trim().to_string();
-    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
-    let pid = wl.pid();
-    let image = h.image_dir("img");
-    let out = h.checkpoint(&image, &["--kill"], pid);
-    let line = out.assert_error(
-        &format!("checkpoint of a {kind} socket holder"),
-        CK_ERR,
-        &[],
-    );
-    assert_mentions_any(&line, words, "the refusal");
-    assert!(
-        line.contains(&format!("fd {fd}")),
-        "the refusal should name fd {fd}: {line:?}"
-    );
-    assert_running_untraced(pid, "after a refused checkpoint");
-
-    let out = h.run_tool(
-        "cr_checkpoint",
-        &[OsStr::new("--check"), OsStr::new(&pid.to_string())],
-        &RunOpts::default(),
-    );
-    assert!(
-        out.status.code() == Some(1)
-            && out
-                .stdout
-                .lines()
-                .any(|l| l.contains(&format!("fd {fd} ")) && l.contains("CANNOT BE SAVED")),
-        "--check should list fd {fd} as CANNOT BE SAVED and exit 1\n{}",
-        out.show()
-    );
-    assert_running_untraced(pid, "after --check");
-    wl.go_and_expect_ok();
-}
-
-#[test]
-fn checkpoint_refuses_packet_socket() {
-    refused_socket("packet", &["packet"]);
-}
-
-#[test]
-fn checkpoint_refuses_raw_socket() {
-    refused_socket("raw", &["raw"]);
-}
-
-#[test]
-fn checkpoint_refuses_netlink_socket_by_name() {
-    refused_socket("netlink", &["netlink"]);
 }
 
 /// The TCP sockets of `ns` as /proc/net/tcp{,6} lists them, split in fields.

@@ -9,7 +9,7 @@
 //!   signals, timers, identity, fds, cgroups). [`seccomp`] hooks in at fixed points
 //!   of the threads' restore, as the very last system calls of each thread. The drivers (`capture::capture_process`
 //!   and `restore::rebuild`) call them in a fixed order, one line each.
-//! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, eventfds,
+//! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, netlink, packet, eventfds,
 //!   tty, external: what leads outside the tree). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
 //!   turn whether an fd is of its kind, and later which one opens it again.
 //!
@@ -33,11 +33,14 @@ pub mod inet;
 pub mod locks;
 pub mod memory;
 pub mod mounts;
+pub mod netlink;
 pub mod netlock;
 pub mod outside;
+pub mod packet;
 pub mod pipes;
 pub mod seccomp;
 pub mod signals;
+pub mod sockets;
 pub mod sockopts;
 pub mod sysv;
 pub mod task;
@@ -110,6 +113,8 @@ pub static FILE_KINDS: &[&dyn FileKind] = &[
     &pipes::Pipes,
     &unix::Unix,
     &inet::Inet,
+    &sockets::RemadeKind::<netlink::Netlink>::new(),
+    &sockets::RemadeKind::<packet::Packet>::new(),
     &eventfds::EventFds,
     &tty::Tty,
     &external::External,

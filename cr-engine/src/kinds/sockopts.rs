@@ -1,4 +1,4 @@
-//! Socket options of every socket kind (inet, unix): which are saved, read
+//! Socket options of every socket kind (inet, unix, netlink, packet): which are saved, read
 //! as raw bytes when they differ from a fresh socket's of the same shape,
 //! and set again at restore.
 
@@ -48,7 +48,53 @@ const OPTIONS: &[(i32, i32, usize)] = &[
     (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, 4),
     (libc::IPPROTO_TCP, libc::TCP_CONGESTION, 16),
     (libc::IPPROTO_TCP, libc::TCP_FASTOPEN, 4),
+    // Raw IP sockets: the header is the program's own, ICMP type filters,
+    // where IPv6 puts a checksum.
+    (libc::IPPROTO_IP, libc::IP_HDRINCL, 4),
+    (SOL_RAW, ICMP_FILTER, 4),
+    (libc::IPPROTO_IPV6, IPV6_CHECKSUM, 4),
+    (libc::IPPROTO_ICMPV6, ICMPV6_FILTER, 32),
 ];
+
+const SOL_RAW: i32 = 255;
+const ICMP_FILTER: i32 = 1;
+const IPV6_CHECKSUM: i32 = 7;
+const ICMPV6_FILTER: i32 = 1;
+
+/// The options of `level`: the table above, the netlink flags and the
+/// packet options.
+fn table() -> impl Iterator<Item = (i32, i32, usize)> {
+    OPTIONS
+        .iter()
+        .copied()
+        .chain(
+            cr_sys::netlink::FLAG_OPTIONS
+                .iter()
+                .map(|&n| (cr_sys::netlink::SOL_NETLINK, n, 4)),
+        )
+        .chain(
+            cr_sys::packet::OPTIONS
+                .iter()
+                .map(|&n| (cr_sys::packet::SOL_PACKET, n, 4)),
+        )
+}
+
+/// Whether options of `level` exist for sockets of shape `sh`.
+fn level_applies(level: i32, sh: &Shape) -> bool {
+    let ip = matches!(sh.family, libc::AF_INET | libc::AF_INET6);
+    let raw = ip && sh.ty == libc::SOCK_RAW;
+    match level {
+        libc::SOL_SOCKET => true,
+        libc::IPPROTO_IP => ip,
+        libc::IPPROTO_IPV6 => sh.family == libc::AF_INET6,
+        libc::IPPROTO_TCP => ip && sh.protocol == libc::IPPROTO_TCP,
+        SOL_RAW => raw && sh.family == libc::AF_INET && sh.protocol == libc::IPPROTO_ICMP,
+        libc::IPPROTO_ICMPV6 => raw && sh.protocol == libc::IPPROTO_ICMPV6,
+        cr_sys::netlink::SOL_NETLINK => sh.family == libc::AF_NETLINK,
+        cr_sys::packet::SOL_PACKET => sh.family == libc::AF_PACKET,
+        _ => false,
+    }
+}
 
 /// What kind of socket an fd is.
 pub struct Shape {
@@ -78,18 +124,21 @@ pub fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
     let fresh = fresh
         .0
         .entry(key)
-        .or_insert_with(|| sys::socket(sh.family, sh.ty, sh.protocol).ok())
+        .or_insert_with(|| fresh_socket(sh).ok())
         .as_ref();
     let ip = matches!(sh.family, libc::AF_INET | libc::AF_INET6);
     let mut out = Vec::new();
-    for &(level, name, max) in OPTIONS {
+    for (level, name, max) in table() {
         let multicast = level == libc::IPPROTO_IP
             && matches!(name, libc::IP_MULTICAST_TTL | libc::IP_MULTICAST_LOOP);
         let buffer = level == libc::SOL_SOCKET && matches!(name, libc::SO_SNDBUF | libc::SO_RCVBUF);
-        if (!ip && (level != libc::SOL_SOCKET || buffer))
-            || (level == libc::IPPROTO_IPV6 && sh.family != libc::AF_INET6)
-            || (level == libc::IPPROTO_TCP && sh.protocol != libc::IPPROTO_TCP)
+        // IPV6_CHECKSUM is a raw socket's option (an ICMPv6 one refuses it).
+        let checksum = level == libc::IPPROTO_IPV6 && name == IPV6_CHECKSUM;
+        if !level_applies(level, sh)
+            || (buffer && sh.family == libc::AF_UNIX)
             || (multicast && sh.protocol != libc::IPPROTO_UDP)
+            || (checksum && (sh.ty != libc::SOCK_RAW || sh.protocol == libc::IPPROTO_ICMPV6))
+            || (level == libc::IPPROTO_IP && name == libc::IP_HDRINCL && sh.ty != libc::SOCK_RAW)
         {
             continue;
         }
@@ -139,6 +188,16 @@ pub fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
         }
     }
     out
+}
+
+/// A socket of shape `sh` as made new. A packet socket's is made for no
+/// protocol, so that it receives nothing while it exists.
+fn fresh_socket(sh: &Shape) -> Result<OwnedFd, SysError> {
+    match sh.family {
+        libc::AF_NETLINK => cr_sys::netlink::socket(sh.ty, sh.protocol),
+        libc::AF_PACKET => cr_sys::packet::socket(sh.ty, 0),
+        _ => sys::socket(sh.family, sh.ty, sh.protocol),
+    }
 }
 
 /// Set saved options again, but SO_REUSEADDR (the caller sets it when it

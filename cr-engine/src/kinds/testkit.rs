@@ -230,3 +230,15 @@ pub fn round_trip_with(
     let _ = std::fs::remove_dir_all(&dir);
     rt
 }
+
+/// The objects of `c` that `pick` takes, in image order.
+pub fn objects_of<T: Clone>(
+    c: &cr_image::model::Checkpoint,
+    pick: impl Fn(&cr_image::model::ObjectKind) -> Option<&T>,
+) -> Vec<T> {
+    c.objects
+        .iter()
+        .filter_map(|o| pick(&o.kind))
+        .cloned()
+        .collect()
+}

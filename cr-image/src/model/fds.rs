@@ -93,6 +93,14 @@ pub enum FdKind {
     InetSocket {
         object: u64,
     },
+    // kind "netlink"
+    NetlinkSocket {
+        object: u64,
+    },
+    // kind "packet"
+    PacketSocket {
+        object: u64,
+    },
     // kind "eventfds"
     Eventfd {
         count: u64,
@@ -143,6 +151,8 @@ impl FdKind {
             FdKind::Fifo { object } => (ObjectTag::Fifo, object),
             FdKind::UnixSocket { object } => (ObjectTag::UnixSocket, object),
             FdKind::InetSocket { object } => (ObjectTag::InetSocket, object),
+            FdKind::NetlinkSocket { object } => (ObjectTag::NetlinkSocket, object),
+            FdKind::PacketSocket { object } => (ObjectTag::PacketSocket, object),
             FdKind::Pty { object, .. } => (ObjectTag::Pty, object),
             _ => return None,
         })
@@ -160,6 +170,8 @@ impl FdKind {
             FdKind::Fifo { .. } => "fifo",
             FdKind::UnixSocket { .. } => "unix_socket",
             FdKind::InetSocket { .. } => "inet_socket",
+            FdKind::NetlinkSocket { .. } => "netlink_socket",
+            FdKind::PacketSocket { .. } => "packet_socket",
             FdKind::Eventfd { .. } => "eventfd",
             FdKind::Signalfd { .. } => "signalfd",
             FdKind::Timerfd(_) => "timerfd",
@@ -256,6 +268,8 @@ impl Fd {
             Some(K::Fifo(r)) => FdKind::Fifo { object: obj(r) },
             Some(K::UnixSocket(r)) => FdKind::UnixSocket { object: obj(r) },
             Some(K::InetSocket(r)) => FdKind::InetSocket { object: obj(r) },
+            Some(K::NetlinkSocket(r)) => FdKind::NetlinkSocket { object: obj(r) },
+            Some(K::PacketSocket(r)) => FdKind::PacketSocket { object: obj(r) },
             Some(K::Eventfd(e)) => FdKind::Eventfd {
                 count: e.count,
                 semaphore: e.semaphore,
@@ -378,6 +392,8 @@ impl Fd {
             FdKind::Fifo { object } => K::Fifo(r(*object)),
             FdKind::UnixSocket { object } => K::UnixSocket(r(*object)),
             FdKind::InetSocket { object } => K::InetSocket(r(*object)),
+            FdKind::NetlinkSocket { object } => K::NetlinkSocket(r(*object)),
+            FdKind::PacketSocket { object } => K::PacketSocket(r(*object)),
             FdKind::Eventfd { count, semaphore } => K::Eventfd(pb::Eventfd {
                 count: *count,
                 semaphore: *semaphore,

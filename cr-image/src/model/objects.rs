@@ -28,6 +28,8 @@ pub enum ObjectTag {
     DeletedFile,
     Pty,
     SavedFile,
+    NetlinkSocket,
+    PacketSocket,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -42,6 +44,8 @@ pub enum ObjectKind {
     Pty(Pty),
     /// The content of an outside file (`--save-files`); `name` is its path.
     SavedFile(FileContent),
+    NetlinkSocket(NetlinkSocket),
+    PacketSocket(PacketSocket),
 }
 
 impl ObjectKind {
@@ -55,6 +59,8 @@ impl ObjectKind {
             ObjectKind::DeletedFile(_) => ObjectTag::DeletedFile,
             ObjectKind::Pty(_) => ObjectTag::Pty,
             ObjectKind::SavedFile(_) => ObjectTag::SavedFile,
+            ObjectKind::NetlinkSocket(_) => ObjectTag::NetlinkSocket,
+            ObjectKind::PacketSocket(_) => ObjectTag::PacketSocket,
         }
     }
 }
@@ -242,6 +248,49 @@ impl SockOpt {
     }
 }
 
+/// An AF_NETLINK socket (kind "netlink"); its queued messages are not
+/// saved (a socket with unread ones is refused).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct NetlinkSocket {
+    #[serde(rename = "type")]
+    pub sock_type: u32,
+    pub protocol: u32,
+    /// Bound port id; 0: never bound.
+    pub portid: u32,
+    /// Multicast groups joined, numbered from 1.
+    pub groups: Vec<u32>,
+    /// connect(2)ed to this port id and group mask (0, 0: not connected).
+    pub dst_portid: u32,
+    pub dst_groups: u32,
+    #[serde(rename = "options")]
+    pub opts: Vec<SockOpt>,
+}
+
+/// An AF_PACKET socket (kind "packet"), without rings or fanout.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct PacketSocket {
+    #[serde(rename = "type")]
+    pub sock_type: u32,
+    /// Ethertype in network byte order, as socket(2) takes it.
+    pub protocol: u32,
+    /// Bound interface by name; empty: every interface.
+    pub ifname: String,
+    #[serde(rename = "options")]
+    pub opts: Vec<SockOpt>,
+    pub memberships: Vec<PacketMembership>,
+}
+
+/// One PACKET_ADD_MEMBERSHIP entry, added `count` times.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct PacketMembership {
+    pub ifname: String,
+    /// PACKET_MR_* (0 multicast, 1 promiscuous, 2 all-multicast...).
+    pub kind: u32,
+    #[serde(serialize_with = "ser::hex_bytes")]
+    pub address: Vec<u8>,
+    pub count: u32,
+}
+
 impl InetSocket {
     /// The saved int option `level`/`name`.
     pub fn int_opt(&self, level: i32, name: i32) -> Option<i32> {
@@ -339,6 +388,16 @@ impl Object {
                 })
             }
             Some(K::InetSocket(s)) => ObjectKind::InetSocket(inet_from_pb(s)?),
+            Some(K::NetlinkSocket(s)) => ObjectKind::NetlinkSocket(NetlinkSocket {
+                sock_type: s.sock_type,
+                protocol: s.protocol,
+                portid: s.portid,
+                groups: s.groups,
+                dst_portid: s.dst_portid,
+                dst_groups: s.dst_groups,
+                opts: opts_from_pb(s.opts)?,
+            }),
+            Some(K::PacketSocket(s)) => ObjectKind::PacketSocket(packet_from_pb(s)?),
             Some(K::Memfd(f)) => ObjectKind::Memfd(content_from_pb(f)?),
             Some(K::DeletedFile(f)) => ObjectKind::DeletedFile(content_from_pb(f)?),
             Some(K::SavedFile(f)) => ObjectKind::SavedFile(content_from_pb(f)?),
@@ -411,6 +470,31 @@ impl Object {
                     .collect(),
             }),
             ObjectKind::InetSocket(s) => K::InetSocket(inet_to_pb(s)),
+            ObjectKind::NetlinkSocket(s) => K::NetlinkSocket(pb::NetlinkSocket {
+                sock_type: s.sock_type,
+                protocol: s.protocol,
+                portid: s.portid,
+                groups: s.groups.clone(),
+                dst_portid: s.dst_portid,
+                dst_groups: s.dst_groups,
+                opts: opts_to_pb(&s.opts),
+            }),
+            ObjectKind::PacketSocket(s) => K::PacketSocket(pb::PacketSocket {
+                sock_type: s.sock_type,
+                protocol: s.protocol,
+                ifname: s.ifname.clone(),
+                opts: opts_to_pb(&s.opts),
+                memberships: s
+                    .memberships
+                    .iter()
+                    .map(|m| pb::PacketMembership {
+                        ifname: m.ifname.clone(),
+                        kind: m.kind,
+                        address: m.address.clone(),
+                        count: m.count,
+                    })
+                    .collect(),
+            }),
             ObjectKind::Memfd(f) => K::Memfd(content_to_pb(f)),
             ObjectKind::DeletedFile(f) => K::DeletedFile(content_to_pb(f)),
             ObjectKind::SavedFile(f) => K::SavedFile(content_to_pb(f)),
@@ -530,8 +614,11 @@ fn content_to_pb(f: &FileContent) -> pb::FileContent {
 }
 
 fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
-    let (tcp, udp) = (s.protocol == 6, s.protocol == 17);
-    if !(s.family == 2 || s.family == 10) || !(tcp || udp) {
+    let tcp = s.protocol == 6 && s.sock_type == 1;
+    // UDP and ping (ICMP, ICMPv6) datagrams, or a raw socket of any protocol.
+    let datagram = (s.sock_type == 2 && [17, 1, 58].contains(&s.protocol))
+        || (s.sock_type == 3 && s.protocol < 256);
+    if !(s.family == 2 || s.family == 10) || !(tcp || datagram) {
         return Err(format!(
             "a socket of family {} and protocol {}",
             s.family, s.protocol
@@ -607,6 +694,43 @@ fn opts_from_pb(opts: Vec<pb::SockOpt>) -> Result<Vec<SockOpt>, String> {
             })
         })
         .collect()
+}
+
+/// Interface names are at most IFNAMSIZ - 1 bytes; a hardware address of
+/// a membership at most 32 (struct packet_diag_mclist).
+fn packet_from_pb(s: pb::PacketSocket) -> Result<PacketSocket, String> {
+    let name_ok = |n: &str| n.len() < 16 && !n.contains(['\0', '/']);
+    if !name_ok(&s.ifname) {
+        return Err(format!(
+            "packet socket bound to a bad interface name {:?}",
+            s.ifname
+        ));
+    }
+    let memberships = s
+        .memberships
+        .into_iter()
+        .map(|m| {
+            if !name_ok(&m.ifname) || m.address.len() > 32 {
+                return Err(format!(
+                    "damaged packet socket membership on {:?}",
+                    m.ifname
+                ));
+            }
+            Ok(PacketMembership {
+                ifname: m.ifname,
+                kind: m.kind,
+                address: m.address,
+                count: m.count,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(PacketSocket {
+        sock_type: s.sock_type,
+        protocol: s.protocol,
+        ifname: s.ifname,
+        opts: opts_from_pb(s.opts)?,
+        memberships,
+    })
 }
 
 fn opts_to_pb(opts: &[SockOpt]) -> Vec<pb::SockOpt> {

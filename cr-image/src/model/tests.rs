@@ -319,6 +319,9 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 signal: 10,
                 ..fd(15, FdKind::Regular { size: 10 })
             },
+            fd(16, FdKind::InetSocket { object: 42 }),
+            fd(17, FdKind::NetlinkSocket { object: 43 }),
+            fd(18, FdKind::PacketSocket { object: 44 }),
         ],
         ctty_pty: Some(3),
         seccomp_filters: vec![
@@ -408,6 +411,44 @@ fn objects() -> Vec<Object> {
                     value: vec![1, 0, 0, 0],
                 }],
                 shutdown: 1,
+            }),
+        ),
+        obj(
+            42,
+            ObjectKind::InetSocket(objects::InetSocket {
+                family: 2,
+                sock_type: 3, // a raw ICMP socket
+                protocol: 1,
+                state: 7,
+                local: "127.0.0.1:1".parse().ok(),
+                ..Default::default()
+            }),
+        ),
+        obj(
+            43,
+            ObjectKind::NetlinkSocket(objects::NetlinkSocket {
+                sock_type: 3,
+                protocol: 0,
+                portid: 4242,
+                groups: vec![1, 33],
+                dst_portid: 0,
+                dst_groups: 1,
+                opts: vec![],
+            }),
+        ),
+        obj(
+            44,
+            ObjectKind::PacketSocket(objects::PacketSocket {
+                sock_type: 2,
+                protocol: 0x0008,
+                ifname: "lo".into(),
+                opts: vec![],
+                memberships: vec![objects::PacketMembership {
+                    ifname: "lo".into(),
+                    kind: 1,
+                    address: vec![],
+                    count: 2,
+                }],
             }),
         ),
         obj(

@@ -3,9 +3,9 @@
 //! Holds one fd object and checks it after `go`. MODE `pipe`: both ends of a
 //! pipe (some data in it); `socket`: a unix socketpair (data queued);
 //! `eventfd`: an eventfd (read and written as a counter) — all three are
-//! saved and restored. `netlink`: a netlink socket and `raw`: a raw IPv4
-//! socket (ICMP) — both refused by the checkpointer, which must
-//! name them and leave the process unharmed. Prints `READY fds A B`, waits
+//! saved and restored. `io_uring`: an io_uring instance and `packet_ring`:
+//! a packet socket with a receive ring — both refused by the checkpointer,
+//! which must name them and leave the process unharmed. Prints `READY fds A B`, waits
 //! for `go`, then checks that the fds still work and prints OK or FAIL.
 
 use cr_tests::wl;
@@ -38,59 +38,56 @@ fn main() {
                 0
             }
         }
-        // SAFETY: socket has no pointer arguments.
-        "netlink" => unsafe {
-            let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0);
+        "io_uring" => {
+            // struct io_uring_params: 120 bytes, zeroed but for what the
+            // kernel fills in.
+            let mut params = [0u8; 120];
+            // SAFETY: params is the 120-byte struct io_uring_setup reads and writes.
+            let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) }
+                as i32;
             fds = [fd, fd];
             if fd < 0 {
                 -1
             } else {
                 0
             }
-        },
-        // SAFETY: socket has no pointer arguments.
-        "raw" => unsafe {
-            let fd = libc::socket(
-                libc::AF_INET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::IPPROTO_ICMP,
-            );
+        }
+        "packet_ring" => {
+            // SAFETY: socket has no pointer arguments.
+            let fd =
+                unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+            // struct tpacket_req: block size, block count, frame size, frame count.
+            let req: [u32; 4] = [4096, 1, 2048, 2];
+            // SAFETY: req is the 16-byte struct tpacket_req PACKET_RX_RING reads.
+            let r = unsafe { libc::setsockopt(fd, 263, 5, req.as_ptr().cast(), 16) };
             fds = [fd, fd];
-            if fd < 0 {
+            if fd < 0 || r != 0 {
                 -1
             } else {
                 0
             }
-        },
+        }
         other => wl::fail(&format!("unknown mode {other:?}")),
     };
     if r != 0 {
         wl::fail(&format!("{mode}: {}", std::io::Error::last_os_error()));
     }
     let (rd, wr) = (fds[0], fds[1]);
-    if mode == "netlink" || mode == "raw" {
+    if mode == "io_uring" || mode == "packet_ring" {
         wl::say(&format!("READY fds {rd}"));
         go.wait();
         let mut problems = Vec::new();
-        let mut ty: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: the kernel writes at most len bytes into ty.
-        let r = unsafe {
-            libc::getsockopt(
-                rd,
-                libc::SOL_SOCKET,
-                libc::SO_DOMAIN,
-                (&mut ty as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        let want = if mode == "raw" {
-            libc::AF_INET
+        // Still open and of the same kind.
+        let link = std::fs::read_link(format!("/proc/self/fd/{rd}"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let want = if mode == "io_uring" {
+            "anon_inode:[io_uring]"
         } else {
-            libc::AF_NETLINK
+            "socket:["
         };
-        if r != 0 || ty != want {
-            problems.push(format!("{mode} socket fd {rd}: domain {ty} (r {r})"));
+        if !link.starts_with(want) {
+            problems.push(format!("{mode} fd {rd} is now {link:?}"));
         }
         state.verify(&mut problems);
         wl::finish(&problems);

@@ -1,6 +1,5 @@
 //! wl_tcp WORKDIR ROLE [--netns NAME] ADDR PORT [--conns N] [--extra-accept]
 //! wl_tcp WORKDIR exec NETNS PROG [ARGS...]
-//! wl_tcp WORKDIR hold packet|raw|netlink [NETNS]
 //!
 //! TCP and UDP connections that check every byte they carry, for checkpoints
 //! of sockets. ROLE:
@@ -59,10 +58,6 @@
 //!
 //! `exec` mode: moves into network namespace NETNS, chdirs into WORKDIR and
 //! execs PROG (keeps the pid: a real program run in a namespace).
-//!
-//! `hold` mode: (in network namespace NETNS if given) holds a socket the
-//! checkpointer refuses (AF_PACKET, a raw IPv4 socket, netlink), prints `READY fds N`, waits for go, checks the
-//! socket is still there and prints OK.
 
 use cr_tests::wl::msg::{bad_word, encode, field, tag, MSG};
 use cr_tests::wl::{self, errno_str};
@@ -120,8 +115,7 @@ struct Opts {
 
 fn usage() -> &'static str {
     "wl_tcp WORKDIR server|client|udp-server|udp-client [--netns NAME] ADDR PORT \
-     [--conns N] [--extra-accept] | wl_tcp WORKDIR exec NETNS PROG [ARGS...] | \
-     wl_tcp WORKDIR hold packet|raw|netlink [NETNS]"
+     [--conns N] [--extra-accept] | wl_tcp WORKDIR exec NETNS PROG [ARGS...]"
 }
 
 fn parse(rest: &[String]) -> Opts {
@@ -1304,50 +1298,10 @@ fn exec_in(workdir: &std::path::Path, rest: &[String]) -> ! {
     wl::fail(&format!("exec {}: {}", rest[2], errno_str()))
 }
 
-fn hold(workdir: &std::path::Path, kind: &str, netns: Option<&String>) -> ! {
-    if let Some(ns) = netns {
-        enter_netns(ns);
-    }
-    let state = wl::ProcState::setup(workdir);
-    let go = wl::Go::new(workdir);
-    let (fam, ty, proto) = match kind {
-        "packet" => (
-            libc::AF_PACKET,
-            libc::SOCK_RAW,
-            i32::from((libc::ETH_P_ALL as u16).to_be()),
-        ),
-        "raw" => (libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP),
-        "netlink" => (libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
-        other => wl::fail(&format!("unknown socket kind {other:?}")),
-    };
-    // SAFETY: socket has no pointer arguments.
-    let fd = unsafe { libc::socket(fam, ty | libc::SOCK_CLOEXEC, proto) };
-    if fd < 0 {
-        wl::fail(&format!("socket({kind}): {}", errno_str()));
-    }
-    wl::say(&format!("READY fds {fd}"));
-    go.wait();
-    let mut problems = Vec::new();
-    match getopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN) {
-        Ok(d) if d == fam => {}
-        other => problems.push(format!(
-            "{kind} socket fd {fd}: SO_DOMAIN {other:?}, want {fam}"
-        )),
-    }
-    state.verify(&mut problems);
-    wl::finish(&problems)
-}
-
 fn main() {
     let args = wl::args(usage());
-    match args.rest.first().map(String::as_str) {
-        Some("exec") => exec_in(&args.workdir, &args.rest),
-        Some("hold") => hold(
-            &args.workdir,
-            args.rest.get(1).map_or("", String::as_str),
-            args.rest.get(2),
-        ),
-        _ => {}
+    if args.rest.first().map(String::as_str) == Some("exec") {
+        exec_in(&args.workdir, &args.rest);
     }
     let o = parse(&args.rest);
     if let Some(ns) = &o.netns {

@@ -1,5 +1,6 @@
 //! Kind "inet": IPv4 and IPv6 sockets: TCP listening, unconnected and
-//! established sockets, and UDP sockets, bound or connected.
+//! established sockets, and UDP, raw and ping sockets, bound or connected
+//! (the last three alike: address, connection, options).
 //!
 //! An established connection is read in repair mode (`TCP_REPAIR`, see
 //! `cr_sys::inet`) on a copy of the process's fd: sequence numbers, the
@@ -45,7 +46,8 @@ impl FileKind for Inet {
     }
 
     /// Any socket the unix kind did not take: TCP and UDP are described,
-    /// anything else is refused by name.
+    /// netlink and packet sockets handed to their kinds, anything else is
+    /// refused by name.
     fn describe(&self, cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
         let FDTarget::Socket(ino) = *f.target else {
             return None;
@@ -80,6 +82,33 @@ fn is_tcp(s: &Shape) -> bool {
         && s.protocol == libc::IPPROTO_TCP
 }
 
+/// A raw IP socket (any protocol) or a ping socket (ICMP datagrams):
+/// saved as UDP is, by address, connection and options.
+fn is_raw_or_ping(s: &Shape) -> bool {
+    matches!(s.family, libc::AF_INET | libc::AF_INET6)
+        && (s.ty == libc::SOCK_RAW
+            || (s.ty == libc::SOCK_DGRAM
+                && matches!(s.protocol, libc::IPPROTO_ICMP | libc::IPPROTO_ICMPV6)))
+}
+
+/// "TCP", "UDP", "raw IPv4 (protocol 1)", "ping (ICMP)".
+pub(crate) fn proto_name(family: i32, ty: i32, protocol: i32) -> String {
+    match (ty, protocol) {
+        (libc::SOCK_STREAM, _) => "TCP".into(),
+        (libc::SOCK_RAW, p) => {
+            let v = if family == libc::AF_INET6 {
+                "IPv6"
+            } else {
+                "IPv4"
+            };
+            format!("raw {v} (protocol {p})")
+        }
+        (_, libc::IPPROTO_ICMP) => "ping (ICMP)".into(),
+        (_, libc::IPPROTO_ICMPV6) => "ping (ICMPv6)".into(),
+        _ => "UDP".into(),
+    }
+}
+
 fn is_udp(s: &Shape) -> bool {
     matches!(s.family, libc::AF_INET | libc::AF_INET6)
         && s.ty == libc::SOCK_DGRAM
@@ -101,12 +130,16 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         return Ok(None); // closed meanwhile
     };
     let sh = shape(&sock);
-    let (tcp, udp) = (is_tcp(&sh), is_udp(&sh));
-    if !tcp && !udp {
+    match sh.family {
+        libc::AF_NETLINK => return super::netlink::describe(cx, f, ino, sock, &sh),
+        libc::AF_PACKET => return super::packet::describe(cx, f, ino, sock, &sh),
+        _ => {}
+    }
+    let (tcp, udp, raw) = (is_tcp(&sh), is_udp(&sh), is_raw_or_ping(&sh));
+    if !tcp && !udp && !raw {
         return Err(other_family(&sh));
     }
-    let name = if tcp { "TCP" } else { "UDP" };
-    let what = format!("a {name} socket");
+    let what = format!("a {} socket", proto_name(sh.family, sh.ty, sh.protocol));
     let local = sys::local_addr(&sock).map_err(err(&what))?;
     let remote = sys::peer_addr(&sock).map_err(err(&what))?;
     let mut s = InetSocket {
@@ -181,8 +214,8 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
             }
         }
     }
-    if udp && fdio::bytes_queued(&sock).unwrap_or(0) > 0 {
-        tracing::warn!(pid, fd, local = %show(&s.local), "datagrams queued on a UDP socket are not saved");
+    if (udp || raw) && fdio::bytes_queued(&sock).unwrap_or(0) > 0 {
+        tracing::warn!(pid, fd, local = %show(&s.local), socket = %what, "datagrams queued on a datagram socket are not saved");
     }
     if connected {
         let reuse = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
@@ -555,13 +588,8 @@ fn other_family(sh: &Shape) -> String {
             } else {
                 "IPv6"
             };
-            match sh.ty {
-                libc::SOCK_RAW => format!("a raw {v} socket (protocol {})", sh.protocol),
-                _ => format!("an {v} socket (type {}, protocol {})", sh.ty, sh.protocol),
-            }
+            format!("an {v} socket (type {}, protocol {})", sh.ty, sh.protocol)
         }
-        libc::AF_NETLINK => format!("a netlink socket (protocol {})", sh.protocol),
-        libc::AF_PACKET => "a packet socket".into(),
         libc::AF_UNIX => "a unix socket sock_diag does not know".into(),
         -1 => return "a socket that cannot be inspected (not supported)".into(),
         d => format!("a socket of family {d}"),

@@ -110,11 +110,7 @@ pub fn prepare(r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError
 
 /// A description of socket `id`, for a process to take.
 pub fn description(r: &mut Restorer<'_>, id: u64) -> Result<OwnedFd, RestoreError> {
-    let s = r.stash.get::<Held>().sockets.get(&id).ok_or_else(|| {
-        RestoreError::Unsupported(format!("socket:[{id}] is missing from the image"))
-    })?;
-    s.try_clone()
-        .map_err(|e| RestoreError::Unsupported(format!("cannot hand socket:[{id}] over: {e}")))
+    crate::kinds::sockets::hand_over(r.stash.get::<Held>().sockets.get(&id), id)
 }
 
 /// Create the socket of object `id`; established connections come back in
@@ -126,11 +122,7 @@ fn create(
 ) -> Result<(OwnedFd, Option<Pending>), RestoreError> {
     let local = s.local.map(|a| map.map(a));
     let remote = s.remote.map(|a| map.map(a));
-    let proto_name = if s.protocol as i32 == libc::IPPROTO_TCP {
-        "TCP"
-    } else {
-        "UDP"
-    };
+    let proto_name = super::proto_name(s.family as i32, s.sock_type as i32, s.protocol as i32);
     let what = || {
         format!(
             "cannot rebuild {proto_name} socket:[{id}] {}{}",
@@ -184,7 +176,7 @@ fn create(
     }
     if s.state == sys::TCP_LISTEN as u32 {
         cr_sys::fdio::listen(&sock, s.backlog as i32).step(what)?;
-    } else if let (Some(r), true) = (remote, s.protocol as i32 == libc::IPPROTO_UDP) {
+    } else if let (Some(r), true) = (remote, s.sock_type as i32 != libc::SOCK_STREAM) {
         sys::connect(&sock, &r).step(what)?;
     }
     if s.protocol as i32 == libc::IPPROTO_UDP {
