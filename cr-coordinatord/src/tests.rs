@@ -521,6 +521,7 @@ async fn refusals() {
             node: "n2".into(),
             members: vec![],
             generation: 2,
+            ..Default::default()
         })
         .unwrap();
     let j = env.coord.job("J").unwrap();
@@ -532,6 +533,7 @@ async fn refusals() {
             node: "n1".into(),
             members: vec![],
             generation: 2,
+            ..Default::default()
         })
         .unwrap();
     let e = env.ck().await.unwrap_err();
@@ -612,6 +614,7 @@ async fn restart_with_placement_and_address_map() {
             node: "n3".into(),
             members: vec![],
             generation: 2,
+            ..Default::default()
         })
         .unwrap();
     env.connect_n1_n2();
@@ -680,6 +683,7 @@ async fn restart_with_placement_and_address_map() {
             node: "n3".into(),
             members: vec![],
             generation: 50,
+            ..Default::default()
         })
         .unwrap();
     assert_eq!(env.coord.job("J").unwrap().state, "running");
@@ -689,6 +693,7 @@ async fn restart_with_placement_and_address_map() {
             node: "n3".into(),
             members: vec![],
             generation: 101,
+            ..Default::default()
         })
         .unwrap();
     assert_eq!(env.coord.job("J").unwrap().state, "stopped");
@@ -744,6 +749,7 @@ async fn registry_membership() {
                 node: node.into(),
                 members,
                 generation,
+                ..Default::default()
             })
             .unwrap()
     };
@@ -1058,6 +1064,7 @@ async fn launch_waits_for_the_callers_membership() {
                 node: "n1".into(),
                 members: vec![member("J", 101), member("K", 150)],
                 generation: 2,
+                ..Default::default()
             })
             .unwrap();
     });
