@@ -670,13 +670,17 @@ impl<'h> Cluster<'h> {
         }
     }
 
-    /// SIGKILLs the coordinator (by PID) and reaps it.
-    pub fn kill_coordinator(&self) {
-        let d = self
-            .coordinator
+    /// The running coordinator, no longer the cluster's to stop.
+    fn take_coordinator(&self) -> Daemon {
+        self.coordinator
             .borrow_mut()
             .take()
-            .expect("the coordinator is not running");
+            .expect("the coordinator is not running")
+    }
+
+    /// SIGKILLs the coordinator (by PID) and reaps it.
+    pub fn kill_coordinator(&self) {
+        let d = self.take_coordinator();
         let mut proc = d.proc;
         proc.kill_and_reap();
         assert!(
@@ -690,11 +694,7 @@ impl<'h> Cluster<'h> {
     /// Stops the coordinator as an operator would (SIGTERM) and waits until
     /// it exited; its exit status.
     pub fn stop_coordinator(&self) -> Option<std::process::ExitStatus> {
-        let d = self
-            .coordinator
-            .borrow_mut()
-            .take()
-            .expect("the coordinator is not running");
+        let d = self.take_coordinator();
         let mut proc = d.proc;
         proc.signal(libc::SIGTERM);
         let st = proc.wait_exit(DAEMON_TIMEOUT, || self.diag());

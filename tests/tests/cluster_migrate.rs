@@ -121,6 +121,20 @@ fn images_on(c: &Cluster, k: usize, job: &str) -> Vec<String> {
     v
 }
 
+/// `crctl nodes` lists `node` drained (or not).
+fn assert_listed(c: &Cluster, node: &str, drained: bool) {
+    let nodes = c.crctl(&["nodes"]);
+    assert!(
+        nodes
+            .stdout
+            .lines()
+            .any(|l| l.starts_with(node) && l.contains("drained") == drained),
+        "crctl nodes should list {node} {}drained:\n{}",
+        if drained { "" } else { "not " },
+        nodes.show()
+    );
+}
+
 /// Whether a partial copy is left in node `k`'s image root (as the node
 /// sees it).
 fn partial_copies(c: &Cluster, k: usize) -> bool {
@@ -528,15 +542,7 @@ fn drain_node_with_three_jobs() {
         ring.assert_no_fail();
     }
     // Listed drained; a new member is refused there.
-    let nodes = c.crctl(&["nodes"]);
-    assert!(
-        nodes
-            .stdout
-            .lines()
-            .any(|l| l.starts_with("n1") && l.contains("drained")),
-        "crctl nodes should show n1 drained:\n{}",
-        nodes.show()
-    );
+    assert_listed(&c, "n1", true);
     // The agent hears it with a heartbeat reply: wait for that.
     let log = c.agent_log(1);
     wait_until(
@@ -562,15 +568,7 @@ fn drain_node_with_three_jobs() {
     );
     let out = c.crctl(&["undrain", "n1"]);
     assert!(out.status.success(), "crctl undrain n1\n{}", out.show());
-    let nodes = c.crctl(&["nodes"]);
-    assert!(
-        nodes
-            .stdout
-            .lines()
-            .any(|l| l.starts_with("n1") && !l.contains("drained")),
-        "n1 should not be drained any more:\n{}",
-        nodes.show()
-    );
+    assert_listed(&c, "n1", false);
     for ring in &rings {
         ring.wait_advanced(MARGIN, "at the end");
         ring.assert_no_fail();
@@ -1087,15 +1085,7 @@ fn a_failing_health_check_drains_its_node() {
         &format!("no member may be left on n1: {now:?}"),
     );
     ring.assert_no_fail();
-    let nodes = c.crctl(&["nodes"]);
-    assert!(
-        nodes
-            .stdout
-            .lines()
-            .any(|l| l.starts_with("n1") && l.contains("drained")),
-        "crctl nodes should show n1 drained:\n{}",
-        nodes.show()
-    );
+    assert_listed(&c, "n1", true);
 
     // A script on n2: crctl drain --self, through n2's agent.
     let snap = ring.mins();
