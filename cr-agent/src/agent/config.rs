@@ -164,3 +164,49 @@ impl Config {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_health(cmd: Option<&str>, secs: Option<f64>, failures: Option<u32>) -> FileConfig {
+        FileConfig {
+            node: Some("n1".into()),
+            health_check: cmd.map(String::from),
+            health_interval_secs: secs,
+            health_failures: failures,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn health_check_keys() {
+        let h = Config::resolve(with_health(Some("true"), None, None))
+            .unwrap()
+            .health
+            .unwrap();
+        assert_eq!(h.interval, std::time::Duration::from_secs(30));
+        assert_eq!(h.failures, DEFAULT_HEALTH_FAILURES);
+        let h = Config::resolve(with_health(Some("test -w /x"), Some(0.2), Some(2)))
+            .unwrap()
+            .health
+            .unwrap();
+        assert_eq!(
+            (h.command.as_str(), h.interval.as_millis(), h.failures),
+            ("test -w /x", 200, 2)
+        );
+        // No command: no check, whatever the other keys say.
+        for cmd in [None, Some("  ")] {
+            let c = Config::resolve(with_health(cmd, Some(1.0), Some(1))).unwrap();
+            assert!(c.health.is_none());
+        }
+        for (secs, n, key) in [
+            (Some(0.0), None, "health_interval_secs"),
+            (Some(f64::NAN), None, "health_interval_secs"),
+            (None, Some(0), "health_failures"),
+        ] {
+            let e = Config::resolve(with_health(Some("true"), secs, n)).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
+    }
+}
