@@ -7,6 +7,7 @@
 use crate::agents::AgentApi;
 use crate::catalog::{self, Catalog, Change, JobRecord, State};
 use crate::error::Error;
+use crate::events::Events;
 use crate::registry::{Liveness, Registry};
 use cr_rpc::pb;
 use std::collections::BTreeMap;
@@ -56,9 +57,21 @@ pub(crate) enum OpKind {
     Restart,
 }
 
+impl OpKind {
+    /// The kind of its events.
+    fn event_kind(self) -> &'static str {
+        match self {
+            OpKind::Checkpoint => "checkpoint",
+            OpKind::Restart => "restart",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Active {
     kind: OpKind,
+    /// The checkpoint (restarted from), once known.
+    id: String,
     /// "checkpoint J-3", "restart of J from J-3".
     what: String,
     phase: String,
@@ -73,6 +86,8 @@ pub struct Coordinator {
     active: Mutex<BTreeMap<String, Active>>,
     started: Instant,
     stopping: watch::Sender<bool>,
+    /// What happens, for crctl watch and status.
+    pub(crate) events: Events,
 }
 
 /// The job's slot for one operation; freed on drop.
@@ -82,19 +97,58 @@ pub(crate) struct Busy<'a> {
 }
 
 impl Busy<'_> {
-    /// Name the operation (once its id is known) and its phase.
-    pub(crate) fn set(&self, what: &str, phase: &str) {
-        let mut a = self.coord.active.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(op) = a.get_mut(&self.job) {
-            op.what = what.to_string();
-            op.phase = phase.to_string();
-        }
+    /// Name the operation (once its checkpoint `id` is known) and its
+    /// phase.
+    pub(crate) fn set(&self, id: &str, what: &str, phase: &str) {
+        let op = {
+            let mut a = self.coord.active.lock().unwrap_or_else(|p| p.into_inner());
+            a.get_mut(&self.job).map(|op| {
+                op.id = id.to_string();
+                op.what = what.to_string();
+                op.phase = phase.to_string();
+                op.clone()
+            })
+        };
+        self.tell(op);
     }
 
     pub(crate) fn phase(&self, phase: &str) {
-        let mut a = self.coord.active.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(op) = a.get_mut(&self.job) {
-            op.phase = phase.to_string();
+        let op = {
+            let mut a = self.coord.active.lock().unwrap_or_else(|p| p.into_inner());
+            a.get_mut(&self.job).map(|op| {
+                op.phase = phase.to_string();
+                op.clone()
+            })
+        };
+        self.tell(op);
+    }
+
+    /// The operation ended: `phase` ("committed", "aborted", "done",
+    /// "failed") and one line.
+    pub(crate) fn end(&self, phase: &str, text: String) {
+        let op = self
+            .coord
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.job)
+            .cloned();
+        if let Some(op) = op {
+            self.coord
+                .events
+                .op_end(op.kind.event_kind(), &self.job, &op.id, phase, text);
+        }
+    }
+
+    fn tell(&self, op: Option<Active>) {
+        if let Some(op) = op {
+            self.coord.events.op_phase(
+                op.kind.event_kind(),
+                &self.job,
+                &op.id,
+                &op.what,
+                &op.phase,
+            );
         }
     }
 }
@@ -119,6 +173,7 @@ impl Coordinator {
             active: Mutex::new(BTreeMap::new()),
             started: Instant::now(),
             stopping: watch::channel(false).0,
+            events: Events::default(),
         }
     }
 
@@ -146,6 +201,7 @@ impl Coordinator {
             job.to_string(),
             Active {
                 kind,
+                id: String::new(),
                 what,
                 phase: "starting".into(),
             },
@@ -386,6 +442,8 @@ impl Coordinator {
             checkpoints,
             active,
             db: self.catalog.path().display().to_string(),
+            migrations: self.events.migrations(),
+            drains: self.events.drains(),
         }
     }
 

@@ -17,6 +17,7 @@
 //! * [`service`]: the gRPC Coordinator service (and who may call what:
 //!   `cr_rpc::identity`).
 //! * [`users`]: job requests an agent makes for one of its users.
+//! * [`events`]: what happens, for `crctl watch` and `crctl status`.
 //! * [`error`]: why a request failed.
 //! * [`fault`]: fault points for the tests.
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ pub mod catalog;
 pub mod config;
 pub mod coordinator;
 pub mod error;
+pub mod events;
 pub mod fault;
 pub mod launch;
 pub mod migrate;

@@ -382,10 +382,6 @@ impl Coordinator {
         }
         self.set_migration(job, Some(rec.clone()))?;
         tracing::info!(job, moves = ?rec.moves, "migration started");
-        let failed = |reason: String| Error::MigrationFailed {
-            job: job.into(),
-            reason,
-        };
         // With pre-copy, every member is pre-dumped while the job runs, the
         // moved ones fetched by their targets after each round.
         // (The job's own pre-copy setting applies to its migrations too.)
@@ -393,6 +389,40 @@ impl Coordinator {
             || self
                 .catalog
                 .read(|s| s.jobs.get(job).is_some_and(|j| j.pre_copy));
+        self.events
+            .migration_started(job, &rec.moves, pre_copy, lazy);
+        let res = self
+            .migrate_recorded(job, &moves, rec, timeout, (pre_copy, lazy), t0)
+            .await;
+        self.events.migration_end(
+            job,
+            match &res {
+                Ok(r) => Ok(r.downtime_ms),
+                Err(Error::MigrationFailed { reason, .. }) => Err((
+                    reason.clone(),
+                    reason.contains("the job was restarted where it was"),
+                )),
+                Err(e) => Err((e.to_string(), false)),
+            },
+        );
+        res
+    }
+
+    /// [`Coordinator::migrate_moves`] once recorded as `rec`: the
+    /// checkpoint, then the restart on the targets, or the roll back.
+    async fn migrate_recorded(
+        &self,
+        job: &str,
+        moves: &HashMap<(String, i32), String>,
+        mut rec: MigrationRecord,
+        timeout: Option<Duration>,
+        (pre_copy, lazy): (bool, bool),
+        t0: Instant,
+    ) -> Result<pb::MigrateReply, Error> {
+        let failed = |reason: String| Error::MigrationFailed {
+            job: job.into(),
+            reason,
+        };
         let opts = CheckpointOpts {
             timeout,
             pre_copy: pre_copy.then(|| moves.clone()),
@@ -561,7 +591,8 @@ impl Coordinator {
 
     /// Mark `node` drained (or not).
     fn set_drained(&self, node: &str, drained: bool) -> Result<NodeRecord, Error> {
-        self.catalog.update(|s| {
+        let was = self.is_drained(node);
+        let r = self.catalog.update(|s| {
             let mut n = s
                 .nodes
                 .get(node)
@@ -578,7 +609,12 @@ impl Coordinator {
                 })?;
             n.drained = drained;
             Ok::<_, Error>((vec![Change::Node(n.clone())], n))
-        })
+        });
+        if r.is_ok() && was != drained {
+            let phase = if drained { "drained" } else { "undrained" };
+            self.events.node(node, phase, "");
+        }
+        r
     }
 
     /// `crctl undrain NODE`.
@@ -596,15 +632,17 @@ impl Coordinator {
     }
 
     /// `crctl drain NODE`: drained, then every job's members on it
-    /// migrated off, job by job, within `deadline`.
+    /// migrated off, job by job, within `deadline`. `reason`: who asked
+    /// and why, when not an administrator (the node's own agent).
     pub async fn drain(
         &self,
         node: &str,
         deadline: Option<Duration>,
+        reason: &str,
     ) -> Result<pb::DrainReply, Error> {
         let until = Instant::now() + deadline.unwrap_or(self.settings.timeout);
         self.set_drained(node, true)?;
-        tracing::info!(node, "drained: moving its members off");
+        tracing::info!(node, reason, "drained: moving its members off");
         let jobs: Vec<(String, Vec<i32>)> = self.catalog.read(|s| {
             s.jobs
                 .values()
@@ -625,6 +663,21 @@ impl Coordinator {
             node: node.into(),
             ..Default::default()
         };
+        self.events.drain_started(node, jobs.len() as u32, reason);
+        let r = self.drain_jobs(node, jobs, until, &mut reply).await;
+        self.events.drain_done(node);
+        r.map(|()| reply)
+    }
+
+    /// The drain's migrations, job by job; what happened to each goes into
+    /// `reply`.
+    async fn drain_jobs(
+        &self,
+        node: &str,
+        jobs: Vec<(String, Vec<i32>)>,
+        until: Instant,
+        reply: &mut pb::DrainReply,
+    ) -> Result<(), Error> {
         // Members per candidate node, counting those placed by this drain.
         let live = self.liveness();
         let mut load: BTreeMap<String, usize> = self.catalog.read(|s| {
@@ -644,16 +697,16 @@ impl Coordinator {
         });
         for (job, pids) in jobs {
             if slurm_job(&job) {
-                reply.left.push(format!(
-                    "{job}: a Slurm job: Slurm moves it (checkpoint and requeue by cr-slurm-drain)"
-                ));
+                let why = "a Slurm job: Slurm moves it (checkpoint and requeue by cr-slurm-drain)";
+                self.events.drain_job(node, &job, "left", why);
+                reply.left.push(format!("{job}: {why}"));
                 continue;
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                reply
-                    .failed
-                    .push(format!("{job}: the drain's deadline passed first"));
+                let why = "the drain's deadline passed first";
+                self.events.drain_job(node, &job, "failed", why);
+                reply.failed.push(format!("{job}: {why}"));
                 continue;
             }
             let mut moves = HashMap::new();
@@ -665,17 +718,30 @@ impl Coordinator {
                 moves.insert((node.to_string(), pid), target.clone());
             }
             if moves.is_empty() {
-                reply
-                    .failed
-                    .push(format!("{job}: no other node is up and undrained"));
+                let why = "no other node is up and undrained";
+                self.events.drain_job(node, &job, "failed", why);
+                reply.failed.push(format!("{job}: {why}"));
                 continue;
             }
+            let mut to: Vec<String> = moves
+                .iter()
+                .map(|((n, p), t)| format!("{n}:{p} to {t}"))
+                .collect();
+            to.sort();
+            self.events.drain_job(node, &job, "moving", &to.join(", "));
             match self
                 .migrate_moves(&job, moves, Some(left), false, false)
                 .await
             {
-                Ok(r) => reply.migrations.push(r),
-                Err(e) => reply.failed.push(format!("{job}: {e}")),
+                Ok(r) => {
+                    let what = format!("{} (down {} ms)", r.moved.join(", "), r.downtime_ms);
+                    self.events.drain_job(node, &job, "moved", &what);
+                    reply.migrations.push(r);
+                }
+                Err(e) => {
+                    self.events.drain_job(node, &job, "failed", &e.to_string());
+                    reply.failed.push(format!("{job}: {e}"));
+                }
             }
         }
         tracing::info!(
@@ -684,7 +750,7 @@ impl Coordinator {
             failed = reply.failed.len(),
             "drain done"
         );
-        Ok(reply)
+        Ok(())
     }
 }
 

@@ -161,6 +161,7 @@ impl Coordinator {
             out.rounds = round;
             out.written += written;
             tracing::info!(job, round, bytes = written, "pre-copy round done");
+            self.events.pre_copy_round(job, round, written, out.fetched);
             let shrinking = last.is_none_or(|l| written * 4 < l * 3);
             last = Some(written);
             if written < SMALL_ROUND || !shrinking || Instant::now() >= deadline {
@@ -196,6 +197,7 @@ impl Coordinator {
                 what: format!("pre-copy round {round} of {job}"),
                 timeout_ms,
                 lazy: false,
+                job: job.to_string(),
             };
             async move {
                 let what = format!("FETCH from {}", k.0);

@@ -539,7 +539,7 @@ impl Coordinator {
             }
         };
         let id = rec.id().to_string();
-        busy.set(&format!("checkpoint {id}"), "preparing");
+        busy.set(&id, &format!("checkpoint {id}"), "preparing");
         tracing::info!(
             job,
             checkpoint = %id,
@@ -574,6 +574,7 @@ impl Coordinator {
             self.abort_all(&id, &hosts.names()).await;
             self.remove_pre_dumps(job, &pre).await;
             tracing::warn!(job, checkpoint = %id, ms = ms(t0.elapsed()), "checkpoint aborted: {reason}");
+            busy.end("aborted", format!("checkpoint {id}: aborted: {reason}"));
             return Err(Error::Aborted {
                 job: job.into(),
                 id,
@@ -588,6 +589,15 @@ impl Coordinator {
             busy.phase("removing old checkpoints");
             self.retain(job).await;
         }
+        let i = rec.info();
+        busy.end(
+            "committed",
+            format!(
+                "checkpoint {id}: committed, paused {} ms, {} written",
+                i.pause_ms,
+                crate::events::bytes(i.images.iter().map(|m| m.store_bytes).sum())
+            ),
+        );
         Ok(rec.info().clone())
     }
 
@@ -1107,7 +1117,7 @@ impl Coordinator {
             j.restarting = session.clone();
             Ok::<_, Error>((vec![Change::Job(j)], session))
         })?;
-        busy.set(&format!("restart of {job} from {id}"), "restoring");
+        busy.set(&id, &format!("restart of {job} from {id}"), "restarting");
         tracing::info!(job, checkpoint = %id, session = %session, on = ?plan.dst, map_addr = ?map_addr, "restart started");
         let fail = |reason: String| Error::RestartFailed {
             job: job.into(),
@@ -1147,6 +1157,10 @@ impl Coordinator {
             Err(reason) => {
                 clear_restarting();
                 tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
+                busy.end(
+                    "failed",
+                    format!("restart of {job} from {id}: failed: {reason}"),
+                );
                 return Err(fail(reason));
             }
         };
@@ -1156,6 +1170,9 @@ impl Coordinator {
         } else {
             0
         };
+        if fetched.bytes > 0 {
+            self.events.copied(job, fetched.bytes, fetch_ms);
+        }
         // Per target node, the indexes of its images.
         let order = group_by_node((0..images.len()).map(|k| (plan.dst[k].clone(), k)));
         let targets: Vec<(String, Vec<pb::RestoreTarget>)> = order
@@ -1217,6 +1234,10 @@ impl Coordinator {
                 self.abort_all(&session, &dsts).await;
                 clear_restarting();
                 tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
+                busy.end(
+                    "failed",
+                    format!("restart of {job} from {id}: failed: {reason}"),
+                );
                 return Err(fail(reason));
             }
         };
@@ -1291,6 +1312,10 @@ impl Coordinator {
         if !reasons.is_empty() {
             let reason = reasons.join("; ");
             tracing::warn!(job, checkpoint = %id, "restart failed: {reason}");
+            busy.end(
+                "failed",
+                format!("restart of {job} from {id}: failed: {reason}"),
+            );
             return Err(fail(reason));
         }
 
@@ -1317,6 +1342,13 @@ impl Coordinator {
 
         let duration_ms = ms(t0.elapsed());
         tracing::info!(job, checkpoint = %id, ms = duration_ms, processes = members.len(), "restart done");
+        busy.end(
+            "done",
+            format!(
+                "restart of {job} from {id}: done in {duration_ms} ms, {} processes running",
+                members.len()
+            ),
+        );
         Ok(pb::RestartReply {
             job: job.into(),
             checkpoint: id,
@@ -1524,6 +1556,7 @@ impl Coordinator {
                 what: what.to_string(),
                 timeout_ms,
                 lazy,
+                job: job.to_string(),
             };
             let what = format!("FETCH from {src}");
             async move { timed(deadline, &what, dst, self.agents.fetch(dst, req)).await }

@@ -170,12 +170,16 @@ impl Coordinator {
             });
         }
         let now = now_unix_ms();
+        let was_up;
         {
             let mut reg = self
                 .registry
                 .nodes
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
+            was_up = reg
+                .get(&req.node)
+                .is_some_and(|l| l.last_seen.elapsed() <= self.settings.node_timeout);
             self.catalog.update(|s| {
                 let mut changes = vec![Change::Node(NodeRecord {
                     name: req.node.clone(),
@@ -208,6 +212,9 @@ impl Coordinator {
             version = %req.version,
             "node registered"
         );
+        if !was_up {
+            self.events.node(&req.node, "up", "registered");
+        }
         self.resend_finish(&req.node);
         self.resend_abort(&req.node);
         Ok(pb::RegisterReply {
@@ -252,8 +259,10 @@ impl Coordinator {
                     .update(|s| Ok::<_, Error>((sync_members(s, &req.node, &req.members), ())))?;
             }
         }
+        self.events.transfers(&req.node, &req.transfers);
         if came_back {
             tracing::info!(node = %req.node, "node is up again");
+            self.events.node(&req.node, "up", "heartbeats again");
             self.resend_finish(&req.node);
             self.resend_abort(&req.node);
         }

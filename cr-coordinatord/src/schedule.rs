@@ -5,7 +5,7 @@
 //! gets its members' own checkpoints, each member on its interval spread by
 //! a fixed jitter ([`crate::recovery::jittered_ms`]), the most overdue
 //! member first, one at a time. Nodes that stop heartbeating are also
-//! logged here, once per outage.
+//! logged (and told to the watchers) here, once per outage.
 
 use crate::catalog::State;
 use crate::coordinator::{now_unix_ms, Coordinator};
@@ -123,6 +123,8 @@ async fn run(coord: Arc<Coordinator>) {
         }
         for n in coord.registry.newly_down(coord.settings.node_timeout) {
             tracing::warn!(node = %n, "node is down (no heartbeat)");
+            let why = coord.liveness().down_reason(&n);
+            coord.events.node(&n, "down", &why);
         }
         let live = coord.liveness();
         let now = now_unix_ms();

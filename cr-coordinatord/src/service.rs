@@ -265,12 +265,48 @@ impl pb::coordinator_server::Coordinator for Service {
         &self,
         req: Request<pb::DrainRequest>,
     ) -> Result<Response<pb::DrainReply>, Status> {
-        check_admin(&req, "Drain")?;
+        // An administrator, or a node's agent draining its own node.
+        let from = asker(&req, &req.get_ref().from_node, "Drain")?;
         let req = req.into_inner();
+        let reason = match &from {
+            Some(node) if *node != req.node => {
+                return Err(Status::permission_denied(format!(
+                    "node {node} may drain only itself, not {}",
+                    req.node
+                )))
+            }
+            Some(node) => {
+                let why = if req.reason.is_empty() {
+                    "no reason given"
+                } else {
+                    req.reason.as_str()
+                };
+                tracing::info!(node, reason = why, "drain asked by the node's own agent");
+                format!("asked by {node}'s agent: {why}")
+            }
+            None => String::new(),
+        };
         let c = self.0.clone();
         joined(
-            tokio::spawn(async move { c.drain(&req.node, timeout(req.deadline_secs)).await }).await,
+            tokio::spawn(async move {
+                c.drain(&req.node, timeout(req.deadline_secs), &reason)
+                    .await
+            })
+            .await,
         )
+    }
+
+    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Event, Status>>;
+
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        check_admin(&req, "Watch")?;
+        Ok(Response::new(crate::events::watch(
+            self.0.clone(),
+            req.into_inner().job,
+        )))
     }
 
     async fn undrain(

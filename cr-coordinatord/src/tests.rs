@@ -521,6 +521,7 @@ async fn refusals() {
             node: "n2".into(),
             members: vec![],
             generation: 2,
+            ..Default::default()
         })
         .unwrap();
     let j = env.coord.job("J").unwrap();
@@ -532,6 +533,7 @@ async fn refusals() {
             node: "n1".into(),
             members: vec![],
             generation: 2,
+            ..Default::default()
         })
         .unwrap();
     let e = env.ck().await.unwrap_err();
@@ -612,6 +614,7 @@ async fn restart_with_placement_and_address_map() {
             node: "n3".into(),
             members: vec![],
             generation: 2,
+            ..Default::default()
         })
         .unwrap();
     env.connect_n1_n2();
@@ -680,6 +683,7 @@ async fn restart_with_placement_and_address_map() {
             node: "n3".into(),
             members: vec![],
             generation: 50,
+            ..Default::default()
         })
         .unwrap();
     assert_eq!(env.coord.job("J").unwrap().state, "running");
@@ -689,6 +693,7 @@ async fn restart_with_placement_and_address_map() {
             node: "n3".into(),
             members: vec![],
             generation: 101,
+            ..Default::default()
         })
         .unwrap();
     assert_eq!(env.coord.job("J").unwrap().state, "stopped");
@@ -744,6 +749,7 @@ async fn registry_membership() {
                 node: node.into(),
                 members,
                 generation,
+                ..Default::default()
             })
             .unwrap()
     };
@@ -1058,6 +1064,7 @@ async fn launch_waits_for_the_callers_membership() {
                 node: "n1".into(),
                 members: vec![member("J", 101), member("K", 150)],
                 generation: 2,
+                ..Default::default()
             })
             .unwrap();
     });
@@ -1269,4 +1276,71 @@ async fn non_blocking_checkpoints_ask_the_agents_to_go_member_by_member() {
     assert!(env.fake.prepared.lock().unwrap()[&c.id]
         .values()
         .all(|r| r.non_blocking));
+}
+
+/// A watcher of job J sees its checkpoint's phases in order; a watcher
+/// that reads nothing never holds the coordinator up (it misses events and
+/// is told how many, then gets the newest); the coordinator's stop ends
+/// every watch with a `shutdown` event.
+#[tokio::test]
+async fn watchers_follow_phases_lag_alone_and_end_at_the_stop() {
+    use tokio_stream::StreamExt;
+    let env = Env::new(2);
+    env.connect_n1_n2();
+    let mut w = crate::events::watch(env.coord.clone(), "J".into());
+    let mut slow = crate::events::watch(env.coord.clone(), String::new());
+    assert_eq!(w.next().await.unwrap().unwrap().kind, "watching");
+    env.ck().await.unwrap();
+    let mut phases = Vec::new();
+    loop {
+        let e = w.next().await.unwrap().unwrap();
+        assert_eq!((e.kind.as_str(), e.job.as_str()), ("checkpoint", "J"));
+        phases.push(e.phase.clone());
+        if e.phase == "committed" {
+            assert_eq!(e.id, "J-1");
+            break;
+        }
+    }
+    assert_eq!(
+        phases,
+        [
+            "preparing",
+            "checking",
+            "dumping",
+            "committing",
+            "finishing",
+            "removing old checkpoints",
+            "committed"
+        ]
+    );
+    // Twice the buffer, sent while the slow watcher reads nothing: no send
+    // waits for it.
+    let n = 2 * crate::events::BUFFER;
+    for _ in 0..n {
+        env.coord.events.node("n9", "up", "");
+    }
+    env.coord.events.node("last", "up", "");
+    let (mut lagged, mut got) = (0, 0);
+    loop {
+        let e = slow.next().await.unwrap().unwrap();
+        match (e.kind.as_str(), e.node.as_str()) {
+            ("lagged", _) => lagged += e.lagged,
+            ("node", "n9") => got += 1,
+            ("node", "last") => break,
+            _ => {}
+        }
+    }
+    assert!(lagged > 0, "the slow watcher should be told it lagged");
+    assert!(
+        got <= n as u64 - lagged && got >= crate::events::BUFFER as u64 / 2,
+        "it gets the newest events: {got} of {n}, {lagged} missed"
+    );
+    // The job watcher saw none of them (not its job's).
+    env.coord.shutdown(Duration::from_secs(1)).await;
+    let mut last = None;
+    while let Some(e) = w.next().await {
+        last = Some(e.unwrap());
+    }
+    let last = last.expect("a last event");
+    assert_eq!(last.kind, "shutdown", "{last:?}");
 }

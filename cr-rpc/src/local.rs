@@ -159,6 +159,12 @@ impl Agent {
         self.call(|mut c| async move { c.restart_job(req).await })
     }
 
+    /// Drain this node (root only): the coordinator moves every member off
+    /// it; answered once the drain is over.
+    pub fn drain_node(&mut self, req: pb::DrainRequest) -> Result<pb::DrainReply, String> {
+        self.call(|mut c| async move { c.drain_node(req).await })
+    }
+
     /// Set cluster job `req.job`'s settings (periodic checkpoints) through
     /// the coordinator, as the caller's user.
     pub fn configure_job(&mut self, req: pb::ConfigureRequest) -> Result<pb::JobInfo, String> {

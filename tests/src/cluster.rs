@@ -285,6 +285,8 @@ pub struct AgentOpts {
     pub no_wait: bool,
     /// Its image root (default: [`Cluster::images`], shared by all nodes).
     pub images: Option<PathBuf>,
+    /// More flags (e.g. `--health-check CMD`).
+    pub args: Vec<String>,
 }
 
 /// A cluster of `nodes` nodes and a coordinator in network namespaces (see
@@ -668,13 +670,17 @@ impl<'h> Cluster<'h> {
         }
     }
 
-    /// SIGKILLs the coordinator (by PID) and reaps it.
-    pub fn kill_coordinator(&self) {
-        let d = self
-            .coordinator
+    /// The running coordinator, no longer the cluster's to stop.
+    fn take_coordinator(&self) -> Daemon {
+        self.coordinator
             .borrow_mut()
             .take()
-            .expect("the coordinator is not running");
+            .expect("the coordinator is not running")
+    }
+
+    /// SIGKILLs the coordinator (by PID) and reaps it.
+    pub fn kill_coordinator(&self) {
+        let d = self.take_coordinator();
         let mut proc = d.proc;
         proc.kill_and_reap();
         assert!(
@@ -683,6 +689,17 @@ impl<'h> Cluster<'h> {
             describe(proc.pid)
         );
         self.log_mark(&d.log, "cr-coordinatord killed (SIGKILL)");
+    }
+
+    /// Stops the coordinator as an operator would (SIGTERM) and waits until
+    /// it exited; its exit status.
+    pub fn stop_coordinator(&self) -> Option<std::process::ExitStatus> {
+        let d = self.take_coordinator();
+        let mut proc = d.proc;
+        proc.signal(libc::SIGTERM);
+        let st = proc.wait_exit(DAEMON_TIMEOUT, || self.diag());
+        self.log_mark(&d.log, "cr-coordinatord stopped (SIGTERM)");
+        st
     }
 
     /// Cuts node `k` off the bridge (`ip link set eth0 down` in its
@@ -775,6 +792,7 @@ impl<'h> Cluster<'h> {
             args.push("--coordinator".into());
             args.push(format!("{COORDINATOR_IP}:{COORDINATOR_PORT}").into());
         }
+        args.extend(o.args.iter().map(OsString::from));
         let log = self.agent_log(k);
         let started_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

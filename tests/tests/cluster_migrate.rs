@@ -121,6 +121,20 @@ fn images_on(c: &Cluster, k: usize, job: &str) -> Vec<String> {
     v
 }
 
+/// `crctl nodes` lists `node` drained (or not).
+fn assert_listed(c: &Cluster, node: &str, drained: bool) {
+    let nodes = c.crctl(&["nodes"]);
+    assert!(
+        nodes
+            .stdout
+            .lines()
+            .any(|l| l.starts_with(node) && l.contains("drained") == drained),
+        "crctl nodes should list {node} {}drained:\n{}",
+        if drained { "" } else { "not " },
+        nodes.show()
+    );
+}
+
 /// Whether a partial copy is left in node `k`'s image root (as the node
 /// sees it).
 fn partial_copies(c: &Cluster, k: usize) -> bool {
@@ -528,15 +542,7 @@ fn drain_node_with_three_jobs() {
         ring.assert_no_fail();
     }
     // Listed drained; a new member is refused there.
-    let nodes = c.crctl(&["nodes"]);
-    assert!(
-        nodes
-            .stdout
-            .lines()
-            .any(|l| l.starts_with("n1") && l.contains("drained")),
-        "crctl nodes should show n1 drained:\n{}",
-        nodes.show()
-    );
+    assert_listed(&c, "n1", true);
     // The agent hears it with a heartbeat reply: wait for that.
     let log = c.agent_log(1);
     wait_until(
@@ -562,15 +568,7 @@ fn drain_node_with_three_jobs() {
     );
     let out = c.crctl(&["undrain", "n1"]);
     assert!(out.status.success(), "crctl undrain n1\n{}", out.show());
-    let nodes = c.crctl(&["nodes"]);
-    assert!(
-        nodes
-            .stdout
-            .lines()
-            .any(|l| l.starts_with("n1") && !l.contains("drained")),
-        "n1 should not be drained any more:\n{}",
-        nodes.show()
-    );
+    assert_listed(&c, "n1", false);
     for ring in &rings {
         ring.wait_advanced(MARGIN, "at the end");
         ring.assert_no_fail();
@@ -778,4 +776,353 @@ fn migration_failures_roll_back() {
         "after the restart from the migration's checkpoint",
     );
     ring.assert_no_fail();
+}
+
+/// The JSON events `crctl --json watch` printed so far, one per line (a
+/// line still being written is left for the next look).
+fn events(watcher: &Spawned) -> Vec<Value> {
+    read_text(&watcher.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// `crctl ARGS` (a watch) in the background, once it says it watches.
+fn start_watcher(c: &Cluster, args: &[&str], hello: &str) -> Spawned {
+    let mut w = c.crctl_bg(args);
+    wait_until(
+        &format!("crctl {args:?} to say it watches"),
+        Duration::from_secs(30),
+        || read_text(&w.stdout).contains(hello) || w.proc.has_exited(),
+        || c.diag(),
+    );
+    assert!(
+        read_text(&w.stdout).contains(hello),
+        "crctl {args:?} ended before it watched\n{}",
+        w.diag()
+    );
+    w
+}
+
+/// `crctl watch` started before a pre-copy migration of a member of a
+/// ring (its memory rewritten at 10 MB/s) sees the migration's phases in
+/// order, its bytes never going back, each round's figures and its end,
+/// the same as crctl migrate says; held in the middle of a copy (the
+/// target's fetch hook), `crctl status --json` shows the migration in
+/// progress with its bytes. Every byte of the ring is checked by the
+/// members. Stopping the coordinator ends the watchers cleanly.
+#[test]
+fn watch_and_status_follow_a_pre_copy_migration() {
+    let h = Harness::new("cluster-watch");
+    let f = Faults::new(&h.dir);
+    let c = Cluster::new(&h, 3);
+    c.start_coordinator();
+    c.start_agents_local(&[1, 2], &[]);
+    let target_opts = agent_opts(&c, 3, &f.agent_env());
+    c.start_agent_with(3, &target_opts);
+    let mut ring = c.start_ring_ballast("watched", &[1, 2], "64:10");
+    ring.wait_advanced(MARGIN, "before the migration");
+    let mut json_watcher =
+        start_watcher(&c, &["--json", "watch", "--job", "watched"], "\"watching\"");
+    let mut text_watcher = start_watcher(&c, &["watch"], "watching everything");
+
+    // The migration, held in its first copy to n3.
+    std::fs::write(&f.agent_ctl, "fetch").unwrap();
+    let m0 = member_id(&c, &ring, 0);
+    let snap = ring.mins();
+    let args = [
+        "--json",
+        "migrate",
+        "watched",
+        "--member",
+        m0.as_str(),
+        "--to",
+        "n3",
+        "--pre-copy",
+    ];
+    let mut bg = run_to_fault(&c, &ring, &args, &f.agent_reached);
+    // The copy's bytes come with n3's heartbeats: a "progress" event.
+    wait_until(
+        "the watcher to see the held copy's bytes",
+        Duration::from_secs(30),
+        || {
+            events(&json_watcher)
+                .iter()
+                .any(|e| jstr(e, "phase") == "progress" && ju64(&e["migration"], "copy_bytes") > 0)
+        },
+        || format!("{}\n{}", json_watcher.describe(), ring.diag()),
+    );
+    let st = c.crctl_json(&["status"]);
+    let held = jlist(&st, "migrations")
+        .into_iter()
+        .find(|m| jstr(m, "job") == "watched")
+        .cloned()
+        .unwrap_or_else(|| panic!("crctl status --json shows no migration of watched: {st:#}"));
+    ensure(
+        &ring,
+        jstr(&held, "phase").starts_with("pre-copy round 1")
+            && jlist(&held, "moves").len() == 1
+            && held["pre_copy"] == Value::Bool(true)
+            && ju64(&held, "bytes_sent") >= ju64(&held, "copy_bytes")
+            && ju64(&held, "copy_total") >= ju64(&held, "copy_bytes")
+            && ju64(&held, "rate") > 0,
+        &format!("the migration in progress, as crctl status shows it: {held:#}"),
+    );
+    let text = c.crctl(&["status"]);
+    assert!(
+        text.stdout
+            .lines()
+            .any(|l| l.starts_with("migration") && l.contains("watched") && l.contains("sent")),
+        "crctl status should show the migration:\n{}",
+        text.show()
+    );
+    f.clear();
+    let out = bg.wait(Duration::from_secs(120), || ring.diag());
+    assert!(out.status.success(), "crctl migrate\n{}", out.show());
+    let r: Value = serde_json::from_str(&out.stdout).expect("crctl --json migrate");
+    ring.adopt();
+    ring.wait_past(&snap, MARGIN, "after the watched migration");
+    ring.assert_on_nodes(&[3, 2], "after the watched migration");
+    ring.assert_no_fail();
+
+    // What the watcher saw, up to the end of the migration.
+    wait_until(
+        "the watcher to see the migration end",
+        Duration::from_secs(30),
+        || {
+            events(&json_watcher)
+                .iter()
+                .any(|e| jstr(e, "kind") == "migration" && jstr(e, "phase") == "done")
+        },
+        || json_watcher.describe(),
+    );
+    let evs = events(&json_watcher);
+    assert!(
+        evs.iter().all(|e| jstr(e, "kind") != "lagged"),
+        "a watcher reading at once must not lag:\n{}",
+        read_text(&json_watcher.stdout)
+    );
+    let migs: Vec<&Value> = evs
+        .iter()
+        .filter(|e| jstr(e, "kind") == "migration")
+        .collect();
+    let phases: Vec<String> = migs.iter().map(|e| jstr(e, "phase")).collect();
+    println!("watched phases: {phases:?}");
+    let at = |p: &str| {
+        phases
+            .iter()
+            .position(|x| x == p)
+            .unwrap_or_else(|| panic!("no migration event of phase {p:?}: {phases:?}"))
+    };
+    let order = [
+        "started",
+        "pre-copy round 1",
+        "pre-copy round 1 done",
+        "preparing",
+        "dumping",
+        "committing",
+        "restarting",
+        "fetching images",
+        "restoring",
+        "releasing",
+        "done",
+    ];
+    for w in order.windows(2) {
+        assert!(
+            at(w[0]) < at(w[1]),
+            "phase {:?} should come before {:?}: {phases:?}",
+            w[0],
+            w[1]
+        );
+    }
+    assert_eq!(phases.first().map(String::as_str), Some("started"));
+    assert_eq!(phases.last().map(String::as_str), Some("done"));
+    assert!(
+        phases.iter().any(|p| p == "progress"),
+        "the held copy's bytes should come as progress events: {phases:?}"
+    );
+    let prog: Vec<&Value> = migs.iter().map(|e| &e["migration"]).collect();
+    for w in prog.windows(2) {
+        assert!(
+            ju64(w[1], "bytes_sent") >= ju64(w[0], "bytes_sent"),
+            "bytes sent may only grow: {:#} then {:#}",
+            w[0],
+            w[1]
+        );
+    }
+    let rounds = ju64(&r, "rounds");
+    for e in migs.iter().filter(|e| jstr(e, "phase").ends_with(" done")) {
+        let m = &e["migration"];
+        let n = ju64(m, "rounds");
+        assert!(
+            jstr(e, "phase") == format!("pre-copy round {n} done") && ju64(m, "bytes_sent") > 0,
+            "a pre-copy round's end says its round and the bytes sent: {e:#}"
+        );
+        if n >= 2 {
+            assert!(
+                ju64(m, "dirty_rate") > 0,
+                "round {n} should measure the job's dirty rate: {e:#}"
+            );
+        }
+    }
+    let done = &migs.last().expect("a migration event")["migration"];
+    assert_eq!(
+        ju64(done, "bytes_sent"),
+        ju64(&r, "bytes") + ju64(&r, "pre_copy_bytes"),
+        "the watcher's bytes sent are crctl migrate's (copy and pre-copy): {done:#}\n{r:#}"
+    );
+    assert_eq!(ju64(done, "downtime_ms"), ju64(&r, "downtime_ms"));
+    assert_eq!(ju64(done, "rounds"), rounds);
+    assert!(
+        jstr(done, "checkpoint") == jstr(&r, "checkpoint"),
+        "the migration's checkpoint: {done:#}"
+    );
+    println!(
+        "MEASURED: watched migration: {} events, {} rounds, {} bytes sent, down {} ms",
+        migs.len(),
+        rounds,
+        ju64(done, "bytes_sent"),
+        ju64(done, "downtime_ms")
+    );
+    // Every event of a job only: none of another job or of a node.
+    assert!(
+        evs.iter()
+            .skip(1)
+            .all(|e| jstr(e, "job") == "watched" || jstr(e, "kind") == "lagged"),
+        "--job watched shows that job's events only"
+    );
+    // The text watcher printed one line per event, the migration's too.
+    let text = read_text(&text_watcher.stdout);
+    println!("crctl watch printed:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" migration ") && l.contains(": done: down ")),
+        "the text watcher should print the migration's end:\n{text}"
+    );
+
+    // The coordinator stops: the watchers say so and end, status 0.
+    c.stop_coordinator();
+    for w in [&mut json_watcher, &mut text_watcher] {
+        let o = w.wait(Duration::from_secs(30), String::new);
+        assert!(
+            o.status.success() && o.stdout.contains("the coordinator is stopping"),
+            "a watcher ends cleanly when the coordinator stops\n{}",
+            o.show()
+        );
+    }
+    ring.wait_advanced(MARGIN, "with the coordinator stopped");
+    ring.assert_no_fail();
+}
+
+/// The health check of n1's agent fails (a file it tests appears): after
+/// two failures in a row the agent asks for the drain of its own node, its
+/// ring member is moved off and the job runs on OK; a watcher sees the
+/// drain, with the reason. Then `crctl drain --self` on n2 (through n2's
+/// agent socket, no certificate) drains n2 the same way.
+#[test]
+fn a_failing_health_check_drains_its_node() {
+    let h = Harness::new("cluster-health");
+    let c = Cluster::new(&h, 3);
+    let flag = c.dir.join("n1-is-broken");
+    c.start_coordinator();
+    let mut n1 = agent_opts(&c, 1, &[]);
+    n1.args = [
+        "--health-check",
+        &format!("test ! -e {}", flag.display()),
+        "--health-interval",
+        "0.2",
+        "--health-failures",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    c.start_agent_with(1, &n1);
+    c.start_agents_local(&[2, 3], &[]);
+    let mut ring = c.start_ring("healthy", &[1, 2]);
+    ring.wait_advanced(MARGIN, "before the health check fails");
+    let watcher = start_watcher(&c, &["--json", "watch"], "\"watching\"");
+
+    let snap = ring.mins();
+    std::fs::write(&flag, "broken\n").unwrap();
+    let drained = |e: &Value, node: &str| {
+        jstr(e, "kind") == "drain" && jstr(e, "phase") == "done" && jstr(e, "node") == node
+    };
+    wait_until(
+        "the watcher to see n1 drained by its health check",
+        Duration::from_secs(120),
+        || events(&watcher).iter().any(|e| drained(e, "n1")),
+        || format!("{}\n{}", c.diag(), ring.diag()),
+    );
+    let log = read_text(&c.agent_log(1));
+    assert!(
+        log.contains("health check failed") && log.contains("this node is drained"),
+        "n1's agent should log the failed checks and the drain:\n{log}"
+    );
+    let evs = events(&watcher);
+    let started = evs
+        .iter()
+        .find(|e| jstr(e, "kind") == "drain" && jstr(e, "phase") == "started")
+        .unwrap_or_else(|| panic!("no drain start seen: {evs:#?}"));
+    assert!(
+        jstr(&started["drain"], "reason").contains("health check")
+            && jstr(&started["drain"], "reason").contains("failed 2 times in a row"),
+        "the drain says why: {started:#}"
+    );
+    assert!(
+        evs.iter()
+            .any(|e| jstr(e, "kind") == "node" && jstr(e, "phase") == "drained"),
+        "the watcher should see n1 drained"
+    );
+    let done = evs.iter().find(|e| drained(e, "n1")).unwrap();
+    assert_eq!(ju64(&done["drain"], "moved"), 1, "{done:#}");
+    ring.adopt();
+    ring.wait_past(&snap, MARGIN, "after n1 was drained");
+    let now = ring.nodes_now();
+    ensure(
+        &ring,
+        now.iter().all(|k| k.is_some() && *k != Some(1)),
+        &format!("no member may be left on n1: {now:?}"),
+    );
+    ring.assert_no_fail();
+    assert_listed(&c, "n1", true);
+
+    // A script on n2: crctl drain --self, through n2's agent.
+    let snap = ring.mins();
+    let out = c.run_env(
+        Some(c.ns(2)),
+        "drain-self",
+        &cr_tests::tool_path("crctl"),
+        &["--json", "drain", "--self", "--reason", "maintenance"]
+            .iter()
+            .map(std::ffi::OsString::from)
+            .collect::<Vec<_>>(),
+        &[(
+            "CR_AGENT_SOCKET".to_string(),
+            c.socket(2).display().to_string(),
+        )],
+    );
+    assert!(out.status.success(), "crctl drain --self\n{}", out.show());
+    let r: Value = serde_json::from_str(&out.stdout).expect("crctl --json drain --self");
+    assert!(
+        jstr(&r, "node") == "n2" && jlist(&r, "migrations").len() == 1,
+        "n2's member moved off: {r:#}"
+    );
+    ring.adopt();
+    ring.wait_past(&snap, MARGIN, "after n2 drained itself");
+    ring.assert_on_nodes(&[3, 3], "after n1 and n2 were drained");
+    ring.assert_no_fail();
+    wait_until(
+        "the watcher to see n2 drained, with its reason",
+        Duration::from_secs(30),
+        || {
+            events(&watcher).iter().any(|e| {
+                jstr(e, "kind") == "drain"
+                    && jstr(e, "phase") == "started"
+                    && jstr(e, "node") == "n2"
+                    && jstr(&e["drain"], "reason").contains("maintenance")
+            })
+        },
+        || c.diag(),
+    );
 }

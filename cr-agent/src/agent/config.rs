@@ -1,6 +1,7 @@
 //! The agent's configuration: a TOML file (default `/etc/cr/agent.toml`)
 //! under command-line flags. Keys are documented in docs/CLUSTER.md.
 
+use super::health::HealthCheck;
 use cr_rpc::tls::TlsFiles;
 use cr_rpc::RpcError;
 use serde::Deserialize;
@@ -25,6 +26,9 @@ pub struct FileConfig {
     pub addresses: Option<Vec<String>>,
     pub heartbeat_ms: Option<u64>,
     pub lock_lease_ms: Option<u64>,
+    pub health_check: Option<String>,
+    pub health_interval_secs: Option<f64>,
+    pub health_failures: Option<u32>,
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
@@ -49,8 +53,15 @@ pub struct Config {
     /// Lease of a session's network locks: they lift by themselves this
     /// long after the agent stopped renewing them (it died).
     pub lock_lease_ms: u64,
+    /// Drain the node when this check fails (see [`super::health`]).
+    pub health: Option<HealthCheck>,
     pub tls: TlsFiles,
 }
+
+/// Default of `health_interval_secs`.
+pub const DEFAULT_HEALTH_INTERVAL_SECS: f64 = 30.0;
+/// Default of `health_failures`.
+pub const DEFAULT_HEALTH_FAILURES: u32 = 3;
 
 fn bad(what: String) -> RpcError {
     RpcError::Config {
@@ -101,7 +112,30 @@ impl Config {
                     what: "expected an IP address".into(),
                 })?;
         }
+        let health = match f.health_check.filter(|c| !c.trim().is_empty()) {
+            None => None,
+            Some(command) => {
+                let secs = f
+                    .health_interval_secs
+                    .unwrap_or(DEFAULT_HEALTH_INTERVAL_SECS);
+                if !(secs.is_finite() && (0.05..=86400.0).contains(&secs)) {
+                    return Err(bad(format!(
+                        "health_interval_secs = {secs}: expected 0.05 to 86400 seconds"
+                    )));
+                }
+                let failures = f.health_failures.unwrap_or(DEFAULT_HEALTH_FAILURES);
+                if failures == 0 {
+                    return Err(bad("health_failures = 0: expected at least 1".into()));
+                }
+                Some(HealthCheck {
+                    command,
+                    interval: std::time::Duration::from_secs_f64(secs),
+                    failures,
+                })
+            }
+        };
         Ok(Config {
+            health,
             node,
             listen,
             advertise,
@@ -128,5 +162,51 @@ impl Config {
                 insecure: f.insecure.unwrap_or(false),
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_health(cmd: Option<&str>, secs: Option<f64>, failures: Option<u32>) -> FileConfig {
+        FileConfig {
+            node: Some("n1".into()),
+            health_check: cmd.map(String::from),
+            health_interval_secs: secs,
+            health_failures: failures,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn health_check_keys() {
+        let h = Config::resolve(with_health(Some("true"), None, None))
+            .unwrap()
+            .health
+            .unwrap();
+        assert_eq!(h.interval, std::time::Duration::from_secs(30));
+        assert_eq!(h.failures, DEFAULT_HEALTH_FAILURES);
+        let h = Config::resolve(with_health(Some("test -w /x"), Some(0.2), Some(2)))
+            .unwrap()
+            .health
+            .unwrap();
+        assert_eq!(
+            (h.command.as_str(), h.interval.as_millis(), h.failures),
+            ("test -w /x", 200, 2)
+        );
+        // No command: no check, whatever the other keys say.
+        for cmd in [None, Some("  ")] {
+            let c = Config::resolve(with_health(cmd, Some(1.0), Some(1))).unwrap();
+            assert!(c.health.is_none());
+        }
+        for (secs, n, key) in [
+            (Some(0.0), None, "health_interval_secs"),
+            (Some(f64::NAN), None, "health_interval_secs"),
+            (None, Some(0), "health_failures"),
+        ] {
+            let e = Config::resolve(with_health(Some("true"), secs, n)).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
     }
 }

@@ -54,6 +54,7 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
                 node: cfg.node.clone(),
                 members,
                 generation,
+                transfers: shared.transfers.snapshot(),
             });
             req.set_timeout(rpc_timeout);
             client.heartbeat(req).await.map(|r| {

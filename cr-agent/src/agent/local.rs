@@ -229,6 +229,28 @@ impl pb::local_server::Local for LocalService {
             client.configure(q).await,
         )?))
     }
+
+    async fn drain_node(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainReply>, Status> {
+        let who = caller(&req)?;
+        if who.uid != 0 {
+            return Err(Status::permission_denied(format!(
+                "permission denied: only root may drain this node (uid {} asked)",
+                who.uid
+            )));
+        }
+        let r = req.into_inner();
+        let reason = if r.reason.is_empty() {
+            format!("crctl drain --self (pid {})", who.pid)
+        } else {
+            format!("{} (crctl drain --self, pid {})", r.reason, who.pid)
+        };
+        Ok(Response::new(
+            super::health::drain_self(&self.shared, &reason, r.deadline_secs).await?,
+        ))
+    }
 }
 
 impl LocalService {

@@ -5,11 +5,13 @@
 //! coordinated protocol on session threads ([`sessions`]), reaps the
 //! processes it restored ([`reaper`]), keeps the node registered with the
 //! coordinator ([`link`]) and starts job members for other nodes
-//! ([`launch`], cr_rsh). docs/CLUSTER.md describes it for users.
+//! ([`launch`], cr_rsh), and drains its node when its [`health`] check
+//! fails. docs/CLUSTER.md describes it for users.
 
 pub mod authz;
 pub mod config;
 pub mod fault;
+pub mod health;
 pub mod jobback;
 pub mod launch;
 pub mod leases;
@@ -55,6 +57,9 @@ pub struct Shared {
     pub postcopies: Arc<postcopy::PostCopies>,
     /// Restored members whose restart callbacks wait for the whole job.
     pub job_back: Arc<jobback::JobBack>,
+    /// Image copies to this node in progress, told to the coordinator
+    /// with the heartbeats.
+    pub transfers: transfer::Transfers,
 }
 
 /// Bind the Unix socket: refused if another agent answers on it; a stale
@@ -115,6 +120,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         drained: std::sync::atomic::AtomicBool::new(false),
         postcopies: Arc::default(),
         job_back: Arc::default(),
+        transfers: transfer::Transfers::default(),
         config,
     });
     shared.reaper.spawn(Duration::from_millis(100));
@@ -164,6 +170,10 @@ pub async fn serve(config: Config) -> Result<(), String> {
     ));
     let sweeper = tokio::spawn(libcr_socket::sweep_periodically());
     let link = tokio::spawn(link::run(shared.clone(), sec.clone()));
+    let health = cfg
+        .health
+        .clone()
+        .map(|h| tokio::spawn(health::run(shared.clone(), h)));
     info!(
         node = cfg.node,
         listen = %cfg.listen,
@@ -177,6 +187,9 @@ pub async fn serve(config: Config) -> Result<(), String> {
     info!(signal = sig, "stopping");
     link.abort();
     sweeper.abort();
+    if let Some(h) = health {
+        h.abort();
+    }
     // Sessions in progress end as an abort would: the processes run on.
     // All at once, and bounded: a session that does not answer in time is
     // left to the exit (its tracees are detached by the kernel) and to the

@@ -18,7 +18,9 @@
 //!   timeout; only a complete, checked image directory is renamed into
 //!   place, its `checkpoint.img` last. A fetch that gives up removes its
 //!   partial copy; the agent's start removes any it finds ([`sweep`]).
-//! * Progress (bytes, rate, time left) is logged every second.
+//! * Progress (bytes, rate, time left) is logged every second, and goes
+//!   to the coordinator with each heartbeat ([`Transfers`]): crctl watch
+//!   and crctl status show a migration's copy as it goes.
 
 use super::Shared;
 use cr_rpc::pb;
@@ -232,9 +234,30 @@ pub fn sweep(images: &Path) {
     }
 }
 
-/// Progress of a fetch, logged at most once a second.
+/// The copies to this node in progress, by a number of their own.
+#[derive(Default)]
+pub struct Transfers {
+    next: std::sync::atomic::AtomicU64,
+    now: std::sync::Mutex<HashMap<u64, pb::TransferProgress>>,
+}
+
+impl Transfers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, pb::TransferProgress>> {
+        self.now.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every copy in progress, as far as it got (for the heartbeat).
+    pub fn snapshot(&self) -> Vec<pb::TransferProgress> {
+        self.lock().values().cloned().collect()
+    }
+}
+
+/// Progress of a fetch, logged at most once a second, and kept in
+/// [`Transfers`] until it ends.
 struct Progress<'a> {
     shared: &'a Shared,
+    /// Its number in `shared.transfers`.
+    id: u64,
     /// The test hook "fetch" is still to be passed (after the first chunk).
     fault_pending: bool,
     what: String,
@@ -244,9 +267,19 @@ struct Progress<'a> {
     last: Instant,
 }
 
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        self.shared.transfers.lock().remove(&self.id);
+    }
+}
+
 impl Progress<'_> {
     fn add(&mut self, n: u64) {
         self.done += n;
+        if let Some(t) = self.shared.transfers.lock().get_mut(&self.id) {
+            t.bytes = self.done;
+            t.elapsed_ms = self.t0.elapsed().as_millis() as u64;
+        }
         if std::mem::take(&mut self.fault_pending) {
             // A test cuts the link or kills an agent with a copy half done.
             tokio::task::block_in_place(|| super::fault::point("fetch", self.shared));
@@ -449,8 +482,24 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
         present_bytes = present,
         "fetching images"
     );
+    let id = shared
+        .transfers
+        .next
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shared.transfers.lock().insert(
+        id,
+        pb::TransferProgress {
+            job: req.job.clone(),
+            what: req.what.clone(),
+            from_node: from.clone(),
+            bytes: 0,
+            total,
+            elapsed_ms: 0,
+        },
+    );
     let mut progress = Progress {
         shared: &shared,
+        id,
         fault_pending: true,
         what: req.what.clone(),
         total,

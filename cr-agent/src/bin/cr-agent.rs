@@ -53,6 +53,18 @@ struct Cli {
     /// Plain TCP without authentication (trusted networks and tests only).
     #[arg(long)]
     insecure: bool,
+    /// A command (run by /bin/sh -c) checking the node's health: after
+    /// --health-failures failures in a row (exit status not 0, or running
+    /// longer than the interval) the agent asks the coordinator to drain
+    /// this node.
+    #[arg(long, value_name = "CMD")]
+    health_check: Option<String>,
+    /// Run the health check every SECS seconds [default: 30].
+    #[arg(long, value_name = "SECS")]
+    health_interval: Option<f64>,
+    /// Failures in a row that drain the node [default: 3].
+    #[arg(long, value_name = "N")]
+    health_failures: Option<u32>,
 }
 
 fn config(cli: Cli) -> Result<Config, String> {
@@ -82,6 +94,15 @@ fn config(cli: Cli) -> Result<Config, String> {
     }
     if cli.insecure {
         f.insecure = Some(true);
+    }
+    if cli.health_check.is_some() {
+        f.health_check = cli.health_check;
+    }
+    if cli.health_interval.is_some() {
+        f.health_interval_secs = cli.health_interval;
+    }
+    if cli.health_failures.is_some() {
+        f.health_failures = cli.health_failures;
     }
     Config::resolve(f).map_err(|e| e.to_string())
 }

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
+use cr_coordinatord::events::bytes;
 use cr_rpc::pb;
 use cr_rpc::pb::coordinator_client::CoordinatorClient;
 use cr_rpc::tls::{Security, TlsFiles};
@@ -189,10 +190,29 @@ enum Cmd {
     },
     /// Move every job member off a node and refuse new ones there.
     Drain {
-        node: String,
+        /// The node (not with --self).
+        #[arg(required_unless_present = "self_", conflicts_with = "self_")]
+        node: Option<String>,
         /// Give up migrating after SECS (default: the coordinator's timeout).
         #[arg(long, value_name = "SECS")]
         deadline: Option<u32>,
+        /// Drain the node this runs on, through its agent's socket
+        /// ($CR_AGENT_SOCKET, default /run/cr/agent.sock; root only, no
+        /// certificate needed): for a health check or a script on the node.
+        #[arg(long = "self")]
+        self_: bool,
+        /// Why (logged by the coordinator, shown by crctl watch); with --self.
+        #[arg(long, requires = "self_")]
+        reason: Option<String>,
+    },
+    /// Print what happens, one line per event, as it happens (checkpoint
+    /// and restart phases, migrations with their bytes, rates and time
+    /// left, drains, nodes up, down and drained), until interrupted or the
+    /// coordinator stops. With --json: one JSON object per line.
+    Watch {
+        /// Only the events of this job.
+        #[arg(long, value_name = "JOB")]
+        job: Option<String>,
     },
     /// Accept new members on a drained node again.
     Undrain { node: String },
@@ -268,11 +288,53 @@ fn run(cli: Cli) -> Res<Option<Partial>> {
     if let Cmd::Pki { cmd } = &cli.cmd {
         return pki(cmd, cli.json).map(|_| None);
     }
+    if let Cmd::Drain {
+        self_: true,
+        deadline,
+        reason,
+        ..
+    } = &cli.cmd
+    {
+        return drain_self(cli.json, *deadline, reason.clone());
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(remote(cli))
+}
+
+/// `crctl drain --self`: through the node's agent (its Unix socket).
+fn drain_self(
+    as_json: bool,
+    deadline: Option<u32>,
+    reason: Option<String>,
+) -> Res<Option<Partial>> {
+    let socket = cr_rpc::channel::agent_socket();
+    let mut agent = cr_rpc::local::Agent::connect(&socket).map_err(|e| {
+        format!(
+            "no agent answers on {} ({e}): --self drains the node whose agent runs here",
+            socket.display()
+        )
+    })?;
+    let r = agent.drain_node(pb::DrainRequest {
+        deadline_secs: deadline.unwrap_or(0),
+        reason: reason.unwrap_or_default(),
+        ..Default::default()
+    })?;
+    out(as_json, drain_json(&r), || drain_text(&r));
+    Ok(drain_partial(&r))
+}
+
+/// Exit status 2 when not every job could be moved off.
+fn drain_partial(r: &pb::DrainReply) -> Option<Partial> {
+    (!r.failed.is_empty()).then(|| {
+        Partial(format!(
+            "node {} is drained, but not every job could be moved off: {}",
+            r.node,
+            r.failed.join("; ")
+        ))
+    })
 }
 
 fn pki(cmd: &PkiCmd, as_json: bool) -> Res<()> {
@@ -591,26 +653,49 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
             let r = conn.rpc(c.migrate(req).await)?;
             out(js, migrate_json(&r), || migrate_text(&r));
         }
-        Cmd::Drain { node, deadline } => {
+        Cmd::Drain { node, deadline, .. } => {
             let req = pb::DrainRequest {
-                node,
+                node: node.unwrap_or_default(),
                 deadline_secs: deadline.unwrap_or(0),
+                ..Default::default()
             };
             let r = conn.rpc(c.drain(req).await)?;
             out(js, drain_json(&r), || drain_text(&r));
-            if !r.failed.is_empty() {
-                partial = Some(Partial(format!(
-                    "node {} is drained, but not every job could be moved off: {}",
-                    r.node,
-                    r.failed.join("; ")
-                )));
+            partial = drain_partial(&r);
+        }
+        Cmd::Watch { job } => {
+            let req = pb::WatchRequest {
+                job: job.unwrap_or_default(),
+            };
+            let mut stream = conn.rpc(c.watch(req).await)?;
+            loop {
+                let msg = tokio::select! {
+                    m = stream.message() => m,
+                    // Interrupted: a normal end.
+                    _ = tokio::signal::ctrl_c() => break,
+                };
+                match msg {
+                    Ok(Some(ev)) => {
+                        if js {
+                            println!("{}", event_json(&ev));
+                        } else {
+                            println!("{}", event_text(&ev));
+                        }
+                    }
+                    // The coordinator ended the stream: it stops.
+                    Ok(None) => break,
+                    Err(s) => {
+                        conn.rpc::<()>(Err(s))?;
+                        break;
+                    }
+                }
             }
         }
         Cmd::Undrain { node } => {
             let n = conn.rpc(
                 c.undrain(pb::DrainRequest {
                     node,
-                    deadline_secs: 0,
+                    ..Default::default()
                 })
                 .await,
             )?;
@@ -658,7 +743,46 @@ fn status_json(s: &pb::StatusReply) -> Value {
         "version": s.version, "uptime_ms": s.uptime_ms, "nodes": s.nodes,
         "nodes_up": s.nodes_up, "jobs": s.jobs, "checkpoints": s.checkpoints,
         "active": s.active, "db": s.db,
+        "migrations": s.migrations.iter().map(migration_json).collect::<Vec<_>>(),
+        "drains": s.drains.iter().map(drain_progress_json).collect::<Vec<_>>(),
     })
+}
+
+fn migration_json(m: &pb::MigrationProgress) -> Value {
+    json!({
+        "job": m.job, "moves": m.moves, "phase": m.phase, "pre_copy": m.pre_copy,
+        "lazy": m.lazy, "checkpoint": m.checkpoint, "started_unix_ms": m.started_unix_ms,
+        "elapsed_ms": m.elapsed_ms, "rounds": m.rounds, "bytes_sent": m.bytes_sent,
+        "copy_bytes": m.copy_bytes, "copy_total": m.copy_total, "rate": m.rate,
+        "dirty_rate": m.dirty_rate, "eta_ms": m.eta_ms, "downtime_ms": m.downtime_ms,
+        "error": m.error,
+    })
+}
+
+fn drain_progress_json(d: &pb::DrainProgress) -> Value {
+    json!({
+        "node": d.node, "phase": d.phase, "jobs": d.jobs, "moved": d.moved,
+        "failed": d.failed, "left": d.left, "job": d.job,
+        "started_unix_ms": d.started_unix_ms, "reason": d.reason,
+    })
+}
+
+/// One line of JSON (crctl --json watch).
+fn event_json(e: &pb::Event) -> Value {
+    json!({
+        "unix_ms": e.unix_ms, "kind": e.kind, "job": e.job, "node": e.node,
+        "phase": e.phase, "id": e.id, "text": e.text,
+        "migration": e.migration.as_ref().map(migration_json),
+        "drain": e.drain.as_ref().map(drain_progress_json),
+        "lagged": e.lagged,
+    })
+}
+
+/// `HH:MM:SS.mmm KIND TEXT` (UTC).
+fn event_text(e: &pb::Event) -> String {
+    let t = datetime(e.unix_ms);
+    let time = t.split_once(' ').map_or(t.as_str(), |(_, hms)| hms);
+    format!("{time}.{:03} {:<10} {}", e.unix_ms % 1000, e.kind, e.text)
 }
 
 fn node_json(n: &pb::NodeInfo) -> Value {
@@ -895,21 +1019,6 @@ fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     o
 }
 
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 fn duration(ms: u64) -> String {
     let s = ms / 1000;
     match s {
@@ -968,6 +1077,41 @@ fn status_text(s: &pb::StatusReply) -> String {
                 "active       "
             } else {
                 "             "
+            }
+        );
+    }
+    for m in &s.migrations {
+        let mut l = format!(
+            "migration    {} ({}): {}, {} sent",
+            m.job,
+            m.moves.join(", "),
+            m.phase,
+            bytes(m.bytes_sent)
+        );
+        if m.rate > 0 {
+            let _ = write!(l, ", {}/s", bytes(m.rate));
+        }
+        if m.dirty_rate > 0 {
+            let _ = write!(l, ", dirty {}/s", bytes(m.dirty_rate));
+        }
+        if m.eta_ms > 0 {
+            let _ = write!(l, ", {} left", duration(m.eta_ms));
+        }
+        let _ = writeln!(o, "{l}, for {}", duration(m.elapsed_ms));
+    }
+    for d in &s.drains {
+        let _ = writeln!(
+            o,
+            "drain        {}: {} of {} jobs moved off, {} failed, {} left{}",
+            d.node,
+            d.moved,
+            d.jobs,
+            d.failed,
+            d.left,
+            if d.job.is_empty() {
+                String::new()
+            } else {
+                format!(", moving {}", d.job)
             }
         );
     }
