@@ -213,11 +213,18 @@ fn slurm_scenarios() {
     c.start_coordinator();
     c.start_agents(&[1, 2, 3]);
     let bin = bin_dir();
+    // The batch scripts' srun: a directory whose `srun` is cr_srun.
+    let stand_in = c.dir.join("srun-stand-in");
+    std::fs::create_dir_all(&stand_in).expect("mkdir srun-stand-in");
+    std::os::unix::fs::symlink(bin.join("cr_srun"), stand_in.join("srun"))
+        .expect("symlink srun-stand-in/srun");
     let plugin = format!(
-        "required {} cr_run={} cr_restart={} socket={}",
+        "required {} cr_run={} cr_restart={} cr_rsh={} srun_dir={} socket={}",
         bin.join("libcr_spank.so").display(),
         bin.join("cr_run").display(),
         bin.join("cr_restart").display(),
+        bin.join("cr_rsh").display(),
+        stand_in.display(),
         c.dir.join("%n.sock").display()
     );
     let s = Slurm::start(
@@ -328,6 +335,9 @@ fn slurm_scenarios() {
     // Cell 2c: a multi-node job, stopped by its signal and requeued onto
     // another pair of nodes, resumes spread over them.
     spread_over_new_allocation(&s, &c);
+    // Cell 2e: a job whose batch script runs an srun step, stopped and
+    // resumed onto other nodes.
+    srun_step_job(&s, &c);
     // Cell 2d: an Open MPI job, checkpointed, requeued onto other nodes.
     let prog = cr_tests::mpi::build_check(&h.dir, "mpicc.openmpi", "mpi_check_ompi");
     mpi_job(&s, &c, &prog);
@@ -733,6 +743,79 @@ fn spread_over_new_allocation(s: &Slurm, c: &Cluster) {
     }
     println!(
         "MEASURED: multi-node job {job} stopped at rounds {stopped:?} of {SPREAD} on n1,n2, resumed on n2,n3 by job {id2}: {line}"
+    );
+}
+
+/// Rounds of each task of the srun step (cell 2e).
+const STEP: u64 = 300;
+
+/// The lines of task `tag` in a shared output (`TAG line`), untagged.
+fn tagged(text: &str, tag: &str) -> String {
+    let pre = format!("{tag} ");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&pre))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Cell 2e: `sbatch --checkpoint -N2 -w n1,n2` whose batch script runs
+/// `srun -n2 -N2` of a self-checking multi-process program (wl_progress,
+/// one task per node, each tagging its lines `tRANK`): srun is the
+/// stand-in (cr_srun), each task a member on its node whose output comes
+/// to the batch script over a TCP connection between members. Stopped on
+/// its signal while the step runs (the whole job checkpointed with
+/// --kill), resumed on n2,n3 ([`resume_on_n2_n3`]): each task goes on
+/// from its round (one start, no round repeated or skipped), the step
+/// ends with status 0 and the batch script after it.
+fn srun_step_job(s: &Slurm, c: &Cluster) {
+    let wl = workload_path("wl_progress");
+    let out = c.dir.join("srun-step.out").to_string_lossy().into_owned();
+    let script = format!(
+        "srun -n2 -N2 sh -c 'WL_TAG=t$SLURM_PROCID exec {} {STEP} 2 50'; echo step ended $?",
+        wl.display()
+    );
+    let id = s.sbatch(&[
+        "--checkpoint",
+        "-N2",
+        "-w",
+        "n1,n2",
+        "-o",
+        &out,
+        "--open-mode=append",
+        "--wrap",
+        &script,
+    ]);
+    let job = format!("slurm-{id}");
+    for t in ["t0", "t1"] {
+        let line = format!("{t} progress 20");
+        wait_line(s, id, &out, &line, |l| l == line);
+    }
+    let mut stopped = Vec::new();
+    let (id2, line) = resume_on_n2_n3(s, c, (id, &job, &out), "srun-resumed", || {
+        let text = read_text(Path::new(&out));
+        stopped = ["t0", "t1"]
+            .iter()
+            .map(|t| last_round(&tagged(&text, t)))
+            .collect();
+    });
+    let wait = SLURM_TIMEOUT + Duration::from_secs(STEP / 20);
+    s.wait_job(id2, &["COMPLETED"], wait);
+    let text = read_text(Path::new(&out));
+    for (t, at) in ["t0", "t1"].iter().zip(&stopped) {
+        assert_eq!(
+            check_progress(&tagged(&text, t)),
+            Ok((1, STEP)),
+            "cell 2e: task {t} (stopped at round {at})\n{text}\n{}",
+            s.diag_job(id2)
+        );
+        assert!(*at >= 20, "cell 2e: task {t} stopped at round {at}");
+    }
+    assert!(
+        text.lines().any(|l| l == "step ended 0"),
+        "cell 2e: the batch script goes on after the step with its status 0\n{text}"
+    );
+    println!(
+        "MEASURED: srun step of job {job} (2 tasks on n1,n2) stopped at rounds {stopped:?} of {STEP}, resumed on n2,n3 by job {id2}: {line}"
     );
 }
 
