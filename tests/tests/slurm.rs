@@ -13,9 +13,12 @@
 //!    2c: a job on n1,n2 whose batch script starts a self-checking task on
 //!    each node with cr_rsh, stopped on its signal and resumed by `sbatch
 //!    --restart-from=slurm-N -N2 -w n2,n3`, resumes spread over them (n1's members on n2, n2's on n3), each task
-//!    going on from its round; 2d: the same with an Open MPI job (mpirun
-//!    in the batch script, its daemon on n2 started with cr_rsh),
-//!    checkpointed on request first, ending with its own `RESULT OK`;
+//!    going on from its round; 2e: the same with a batch script that
+//!    runs `srun -n2 -N2` of that task (srun: the stand-in cr_srun, the
+//!    tasks relayed to it as members); 2d: the same with an Open MPI job
+//!    (mpirun in the batch script, its daemon on n2 started with cr_rsh;
+//!    2f: with srun, `plm slurm`), checkpointed on request first, ending
+//!    with its own `RESULT OK`;
 //! 3. the node's agent is down: the same job still runs (and finishes OK),
 //!    and its output says it is not checkpointable;
 //! 4. time limit: a job with `--checkpoint-dir` and `--time=1
@@ -340,7 +343,9 @@ fn slurm_scenarios() {
     srun_step_job(&s, &c);
     // Cell 2d: an Open MPI job, checkpointed, requeued onto other nodes.
     let prog = cr_tests::mpi::build_check(&h.dir, "mpicc.openmpi", "mpi_check_ompi");
-    mpi_job(&s, &c, &prog);
+    mpi_job(&s, &c, &prog, "rsh");
+    // Cell 2f: the same with mpirun's daemons started by srun (plm slurm).
+    mpi_job(&s, &c, &prog, "slurm");
 
     // Cell 3: no agent on n3: the job runs without checkpoints and says so.
     c.kill_agent(3);
@@ -824,22 +829,29 @@ const MPI_ITERS: u64 = 1500;
 
 /// Cell 2d: an Open MPI job (tests/workloads/mpi_check.c, ring, 4 ranks)
 /// submitted with `sbatch --checkpoint -N2 -w n1,n2`: mpirun in the batch
-/// script starts its daemon on n2 with cr_rsh (`--mca plm rsh`: not
-/// srun); checkpointed on request while it runs (`crctl checkpoint
-/// slurm-JOBID`), stopped on its signal, resumed on n2,n3
-/// ([`resume_on_n2_n3`]); it ends with the program's own `RESULT OK`
-/// (every rank's state equals a serial recomputation: the result of a
-/// run without checkpoints) and the job COMPLETED.
-fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
-    let out = c.dir.join("mpi.out").to_string_lossy().into_owned();
+/// script starts its daemon on n2 with `plm` (`rsh`: cr_rsh; `slurm`:
+/// srun, which is the batch script's stand-in); checkpointed on request
+/// while it runs (`crctl checkpoint slurm-JOBID`), stopped on its signal,
+/// resumed on n2,n3 ([`resume_on_n2_n3`]); it ends with the program's own
+/// `RESULT OK` (every rank's state equals a serial recomputation: the
+/// result of a run without checkpoints) and the job COMPLETED.
+fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path, plm: &str) {
+    let label = format!("mpi-{plm}");
+    let out = c
+        .dir
+        .join(format!("{label}.out"))
+        .to_string_lossy()
+        .into_owned();
     let iters = MPI_ITERS.to_string();
     let argv = cr_tests::mpi::open_mpi(
-        &c.dir.join("tmp-mpi"),
+        &c.dir.join(format!("tmp-{label}")),
         4,
         "n1:2,n2:2",
         &[
-            ("plm", "rsh"),
-            ("ras", "^slurm"),
+            ("plm", plm),
+            // The allocation's slots (plm slurm: 2 tasks per node), or
+            // --host alone (rsh).
+            ("ras", if plm == "slurm" { "slurm" } else { "^slurm" }),
             ("mpi_yield_when_idle", "1"),
         ],
         &[&prog.to_string_lossy(), "ring", &iters, "5000"],
@@ -851,6 +863,7 @@ fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
         "-N2",
         "-w",
         "n1,n2",
+        "--ntasks-per-node=2",
         "-o",
         &out,
         "--open-mode=append",
@@ -879,14 +892,15 @@ fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
     let ck = c.crctl(&["checkpoint", &job, "--freeze-timeout", "60"]);
     assert!(
         ck.status.success(),
-        "cell 2d: crctl checkpoint {job}\n{}\n{}",
+        "cell 2d ({plm}): crctl checkpoint {job}\n{}\n{}",
         ck.show(),
         s.diag_job(id)
     );
     let first = progress(&read_text(Path::new(&out)));
     past(first + 50);
     let mut stopped = 0;
-    let (id2, line) = resume_on_n2_n3(s, c, (id, &job, &out), "mpi-resumed", || {
+    let resumed = format!("{label}-resumed");
+    let (id2, line) = resume_on_n2_n3(s, c, (id, &job, &out), &resumed, || {
         stopped = progress(&read_text(Path::new(&out)));
     });
     s.wait_job(id2, &["COMPLETED"], SLURM_TIMEOUT * 3);
@@ -903,11 +917,11 @@ fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
             && steps.windows(2).all(|w| w[0] < w[1])
             && steps.last() == Some(&MPI_ITERS)
             && stopped > first,
-        "cell 2d: the MPI job ends with its own RESULT OK after the resume (stopped at {stopped})\n{}",
+        "cell 2d ({plm}): the MPI job ends with its own RESULT OK after the resume (stopped at {stopped})\n{text}\n{}",
         s.diag_job(id2)
     );
     println!(
-        "MEASURED: MPI job {job} (4 ranks) checkpointed at iteration {first}, stopped at {stopped} of {MPI_ITERS} on n1,n2, resumed on n2,n3 by job {id2}: {line}; {}",
+        "MEASURED: MPI job {job} (4 ranks, plm {plm}) checkpointed at iteration {first}, stopped at {stopped} of {MPI_ITERS} on n1,n2, resumed on n2,n3 by job {id2}: {line}; {}",
         text.lines().find(|l| l.starts_with("RESULT ")).unwrap_or("")
     );
 }

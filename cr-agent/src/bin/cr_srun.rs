@@ -43,6 +43,7 @@ use cr_agent::relay::{
 };
 use nix::poll::PollTimeout;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -60,7 +61,16 @@ const RELAY_ENV: &str = "CR_SRUN_RELAY";
 /// How long a connecting task has to send its token and first frame.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What the stand-in asks its launcher for: one line of JSON.
+/// What the stand-in asks its launcher for: one line of JSON, a step to
+/// launch or (`wait`) the end of the real srun of one it launched.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum Request {
+    Wait { wait: u32 },
+    Launch(LaunchStep),
+}
+
+/// A step to launch.
 #[derive(Serialize, Deserialize)]
 struct LaunchStep {
     /// The real srun.
@@ -370,7 +380,7 @@ fn stand_in(args: Vec<OsString>) -> Result<u8, String> {
         relay: addrs.iter().map(|a| SocketAddr::new(*a, port)).collect(),
         token: token.clone(),
     };
-    let mut line = serde_json::to_string(&req).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_string(&Request::Launch(req)).map_err(|e| e.to_string())?;
     line.push('\n');
     launcher
         .write_all(line.as_bytes())
@@ -393,7 +403,20 @@ fn stand_in(args: Vec<OsString>) -> Result<u8, String> {
     drop(listener);
     drop(_starting);
     tracing::debug!(tasks = tasks.len(), "every task connected");
-    Ok(relay(tasks))
+    let status = relay(tasks);
+    // As srun, return once Slurm has the step's end: a batch script that
+    // ends right after would have its step cut short.
+    if let Some(pid) = got.pid {
+        let _ending = cr::critical_section();
+        let srun_ended = UnixStream::connect_addr(&addr).and_then(|mut s| {
+            s.write_all(format!("{{\"wait\":{pid}}}\n").as_bytes())?;
+            BufReader::new(&s).read_line(&mut String::new())
+        });
+        if let Err(e) = srun_ended {
+            tracing::warn!(error = %e, "cannot wait for the real srun");
+        }
+    }
+    Ok(status)
 }
 
 // ------------------------------------------------------------- launcher
@@ -416,6 +439,7 @@ fn launcher(job: &str) -> Result<u8, String> {
             .map_err(|e| format!("cannot tell cr_run: {e}"))?;
     }
     let me = nix::unistd::getuid().as_raw();
+    let ended = Ended::default();
     for conn in listener.incoming() {
         let Ok(s) = conn else { continue };
         // Abstract sockets are open to every user of the node.
@@ -425,20 +449,43 @@ fn launcher(job: &str) -> Result<u8, String> {
             tracing::warn!(?uid, "a stand-in of another user: refused");
             continue;
         }
-        std::thread::spawn(move || launch(s));
+        let ended = ended.clone();
+        std::thread::spawn(move || launch(s, ended));
     }
     Ok(0)
 }
 
+/// The real sruns launched, and their exit status once they ended.
+type Ended = std::sync::Arc<(
+    std::sync::Mutex<HashMap<u32, Option<i32>>>,
+    std::sync::Condvar,
+)>;
+
+/// How long a stand-in waits for the end of its real srun once its tasks
+/// ended.
+const SRUN_END_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// One request of a stand-in: runs the real srun, answers, and tells the
-/// stand-in if it ends (it has stopped listening once its step started).
-fn launch(s: UnixStream) {
+/// stand-in if it ends (it has stopped listening once its step started);
+/// or answers once a real srun it ran ended (at once for one it does not
+/// know: launched before a restart, by another launcher).
+fn launch(s: UnixStream, ended: Ended) {
     let mut line = String::new();
     if BufReader::new(&s).read_line(&mut line).is_err() {
         return;
     }
-    let req: LaunchStep = match serde_json::from_str(&line) {
-        Ok(r) => r,
+    let req = match serde_json::from_str(&line) {
+        Ok(Request::Launch(r)) => r,
+        Ok(Request::Wait { wait }) => {
+            let (lock, cv) = &*ended;
+            if let Ok(g) = lock.lock() {
+                let _ = cv.wait_timeout_while(g, SRUN_END_TIMEOUT, |m| {
+                    m.get(&wait).is_some_and(|st| st.is_none())
+                });
+            }
+            let _ = (&s).write_all(b"ended\n");
+            return;
+        }
         Err(e) => {
             tracing::warn!(error = %e, "a bad request");
             return;
@@ -477,10 +524,18 @@ fn launch(s: UnixStream) {
     let _ = (&s).write_all(out.as_bytes());
     drop(s);
     let Some(mut child) = child else { return };
+    let pid = child.id();
+    if let Ok(mut m) = ended.0.lock() {
+        m.insert(pid, None);
+    }
     let code = match child.wait() {
         Ok(st) => st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)),
         Err(_) => 255,
     };
+    if let Ok(mut m) = ended.0.lock() {
+        m.insert(pid, Some(code));
+    }
+    ended.1.notify_all();
     tracing::debug!(code, "real srun ended");
     for a in &req.relay {
         if let Ok(mut t) = TcpStream::connect_timeout(a, Duration::from_secs(2)) {
