@@ -12,7 +12,7 @@
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::BorrowedFd;
 
 /// The environment variable that carries the one-time token the serving
@@ -139,4 +139,23 @@ pub fn own_addresses() -> Result<Vec<IpAddr>, String> {
         return Err("this node has no network address other than loopback".into());
     }
     Ok(all)
+}
+
+/// A listening TCP socket on every address of this node (a port of its
+/// own), for the serving sides to connect back to: this node's addresses
+/// ([`own_addresses`]), the listener and its port.
+pub fn listen() -> Result<(Vec<IpAddr>, TcpListener, u16), String> {
+    let addrs = own_addresses()?;
+    let any: IpAddr = if addrs[0].is_ipv4() {
+        "0.0.0.0".parse().expect("an address")
+    } else {
+        "::".parse().expect("an address")
+    };
+    let listener =
+        TcpListener::bind(SocketAddr::new(any, 0)).map_err(|e| format!("cannot listen: {e}"))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| format!("listening socket: {e}"))?
+        .port();
+    Ok((addrs, listener, port))
 }

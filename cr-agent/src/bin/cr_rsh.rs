@@ -25,8 +25,8 @@
 #![forbid(unsafe_code)]
 
 use cr_agent::relay::{
-    own_addresses, read_some, send, token, wait_input, Frames, EXIT, STDERR, STDIN, STDIN_EOF,
-    STDOUT, TASK, TOKEN_ENV,
+    listen, read_some, send, token, wait_input, Frames, EXIT, STDERR, STDIN, STDIN_EOF, STDOUT,
+    TASK, TOKEN_ENV,
 };
 use nix::poll::PollTimeout;
 use std::ffi::OsString;
@@ -138,18 +138,7 @@ fn parse(args: &[String]) -> Result<Mode, String> {
 // ---------------------------------------------------------------- client
 
 fn client(host: &str, words: &[String], no_stdin: bool) -> Result<u8, String> {
-    let addrs = own_addresses()?;
-    let any: IpAddr = if addrs[0].is_ipv4() {
-        "0.0.0.0".parse().expect("an address")
-    } else {
-        "::".parse().expect("an address")
-    };
-    let listener =
-        TcpListener::bind(SocketAddr::new(any, 0)).map_err(|e| format!("cannot listen: {e}"))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| format!("listening socket: {e}"))?
-        .port();
+    let (addrs, listener, port) = listen()?;
     let token = token()?;
     let me = std::env::current_exe().map_err(|e| format!("cannot find cr_rsh itself: {e}"))?;
     let addr_list = addrs

@@ -38,8 +38,8 @@
 #![forbid(unsafe_code)]
 
 use cr_agent::relay::{
-    own_addresses, read_some, send, token, wait_input, Frames, EXIT, SRUN_EXIT, STDERR, STDIN,
-    STDIN_EOF, STDOUT, TASK, TOKEN_ENV,
+    listen, read_some, send, token, wait_input, Frames, EXIT, SRUN_EXIT, STDERR, STDIN, STDIN_EOF,
+    STDOUT, TASK, TOKEN_ENV,
 };
 use nix::poll::PollTimeout;
 use serde::{Deserialize, Serialize};
@@ -343,18 +343,7 @@ fn stand_in(args: Vec<OsString>) -> Result<u8, String> {
         tracing::warn!(error = %e, "libcr: a checkpoint may catch the step's start");
     }
     let _starting = cr::critical_section();
-    let addrs = own_addresses()?;
-    let any: IpAddr = if addrs[0].is_ipv4() {
-        "0.0.0.0".parse().expect("an address")
-    } else {
-        "::".parse().expect("an address")
-    };
-    let listener =
-        TcpListener::bind(SocketAddr::new(any, 0)).map_err(|e| format!("cannot listen: {e}"))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| format!("listening socket: {e}"))?
-        .port();
+    let (addrs, listener, port) = listen()?;
     let token = token()?;
     let list = addrs
         .iter()
