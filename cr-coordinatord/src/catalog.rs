@@ -265,12 +265,34 @@ impl CheckpointRecord {
             .collect()
     }
 
-    /// The nodes of its images sorted by name: node i goes to `--on[i]`.
+    /// The nodes of its images in host-list order ([`node_order`]): node
+    /// i goes to `--on[i]`.
     pub fn sorted_nodes(&self) -> Vec<String> {
         let mut n = self.nodes();
-        n.sort();
+        n.sort_by(|a, b| node_order(a, b));
         n
     }
+}
+
+/// The order of node names in which old nodes are mapped onto new ones
+/// (`--on`): Slurm's host-list order, which is the order of a job's
+/// allocation (`SLURM_JOB_NODELIST`, the batch node first) for the usual
+/// names: by the name without its trailing number, then by that number
+/// (`n9` before `n10`, `gpu2` before `n1`), then by its width (`n01`
+/// before `n1`).
+pub fn node_order(a: &str, b: &str) -> std::cmp::Ordering {
+    fn split(n: &str) -> (&str, &str) {
+        let cut = n.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        n.split_at(cut)
+    }
+    let ((pa, da), (pb, db)) = (split(a), split(b));
+    let num = |d: &str| d.trim_start_matches('0').to_string();
+    let (na, nb) = (num(da), num(db));
+    pa.cmp(pb)
+        .then(na.len().cmp(&nb.len()))
+        .then(na.cmp(&nb))
+        .then(db.len().cmp(&da.len()))
+        .then(a.cmp(b))
 }
 
 /// One change of the catalog; a batch of them is one transaction.
@@ -548,5 +570,17 @@ impl Catalog {
                 .cloned()
                 .collect()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_order;
+
+    #[test]
+    fn node_names_in_host_list_order() {
+        let mut n = vec!["n10", "n9", "gpu2", "n1", "n01", "gpu10", "login"];
+        n.sort_by(|a, b| node_order(a, b));
+        assert_eq!(n, ["gpu2", "gpu10", "login", "n01", "n1", "n9", "n10"]);
     }
 }

@@ -40,7 +40,8 @@ use std::time::{Duration, Instant};
 /// Where the images of a checkpoint are restored.
 #[derive(Debug, Clone)]
 pub enum Placement {
-    /// The i-th node of the checkpoint (sorted by name) goes to `on[i %
+    /// The i-th node of the checkpoint (in host-list order,
+    /// [`crate::catalog::node_order`]) goes to `on[i %
     /// len]`; empty: every image where it was made.
     Nodes(Vec<String>),
     /// These members (node, pid in the checkpoint) go to the node named;
@@ -83,7 +84,7 @@ pub fn plan(
     match placement {
         Placement::Nodes(on) => {
             let mut sources: Vec<&str> = ck.images.iter().map(|i| i.node.as_str()).collect();
-            sources.sort();
+            sources.sort_by(|a, b| crate::catalog::node_order(a, b));
             sources.dedup();
             let place: HashMap<&str, &str> = sources
                 .iter()
@@ -876,6 +877,21 @@ mod tests {
         .into_iter()
         .collect();
         assert!(plan("J", &ck, &nodes(), &Placement::Members(both)).is_ok());
+    }
+
+    #[test]
+    fn old_nodes_go_to_new_ones_in_host_list_order() {
+        // A job of n9 (its batch node, first of its allocation) and n10,
+        // resumed over n2,n3: n9 -> n2 (the new batch node), n10 -> n3.
+        let ck = pb::CheckpointInfo {
+            images: vec![img("n10", 20, vec![]), img("n9", 10, vec![])],
+            ..Default::default()
+        };
+        let mut all = nodes();
+        all.extend([node("n9", "10.0.0.9"), node("n10", "10.0.0.10")]);
+        let on = vec!["n2".to_string(), "n3".to_string()];
+        let p = plan("J", &ck, &all, &Placement::Nodes(on)).unwrap();
+        assert_eq!(p.dst, ["n3", "n2"]);
     }
 
     #[test]

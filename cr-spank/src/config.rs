@@ -11,6 +11,8 @@
 //! | `dir=PATH` | none | default of `--checkpoint-dir` (`%j`: the job id) |
 //! | `cr_restart=PATH` | `/usr/local/bin/cr_restart` | what `--restart-from` runs |
 //! | `signal=SIG` | `USR1` | the batch script's cr_run checkpoints the job (into its `--checkpoint-dir`) and stops it on SIG |
+//! | `cr_rsh=PATH` | `/usr/local/bin/cr_rsh` | what a task of an srun step relays through to its stand-in |
+//! | `srun_dir=DIR` | `/usr/local/lib/cr/srun` | a directory whose `srun` is `cr_srun`, put first on a checkpointable batch script's PATH (none there: its srun steps run as they are) |
 
 use std::path::PathBuf;
 
@@ -20,7 +22,7 @@ pub enum ConfigError {
     #[error("plugstack.conf argument {0:?} is not KEY=VALUE")]
     NotKeyValue(String),
     #[error(
-        "unknown plugstack.conf argument {0:?} (known: cr_run, cr_restart, socket, dir, signal)"
+        "unknown plugstack.conf argument {0:?} (known: cr_run, cr_restart, cr_rsh, srun_dir, socket, dir, signal)"
     )]
     Unknown(String),
 }
@@ -30,6 +32,9 @@ pub enum ConfigError {
 pub struct Config {
     pub cr_run: PathBuf,
     pub cr_restart: PathBuf,
+    pub cr_rsh: PathBuf,
+    /// Holds `srun`, the stand-in (`cr_srun`) of the batch script's srun.
+    pub srun_dir: PathBuf,
     /// The signal on which a batch job is checkpointed and stopped.
     pub signal: String,
     /// The agent's socket, `%n` not yet replaced.
@@ -42,6 +47,8 @@ impl Default for Config {
         Config {
             cr_run: PathBuf::from("/usr/local/bin/cr_run"),
             cr_restart: PathBuf::from("/usr/local/bin/cr_restart"),
+            cr_rsh: PathBuf::from("/usr/local/bin/cr_rsh"),
+            srun_dir: PathBuf::from("/usr/local/lib/cr/srun"),
             signal: "USR1".into(),
             socket: "/run/cr/agent.sock".into(),
             dir: None,
@@ -60,6 +67,8 @@ impl Config {
             match k {
                 "cr_run" => c.cr_run = PathBuf::from(v),
                 "cr_restart" => c.cr_restart = PathBuf::from(v),
+                "cr_rsh" => c.cr_rsh = PathBuf::from(v),
+                "srun_dir" => c.srun_dir = PathBuf::from(v),
                 "signal" => c.signal = v.to_string(),
                 "socket" => c.socket = v.to_string(),
                 "dir" => c.dir = Some(v.to_string()),

@@ -12,6 +12,31 @@ use std::process::Command;
 
 /// The step id of a batch script (`SLURM_BATCH_SCRIPT`).
 const BATCH_STEP: u32 = 0xffff_fffb;
+/// In a task of a step started by the batch script's srun stand-in
+/// (`cr_srun`): where it listens, `ADDR[,ADDR...] PORT`.
+const RELAY_ENV: &str = "CR_SRUN_RELAY";
+
+/// `word` quoted for `sh -c` (single quotes; a `'` as `'\''`).
+pub fn sh_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// The command of a task of a step whose stand-in is `cr_srun`:
+/// `cr_rsh --cr-serve-task ADDRS PORT 'ARGV'...` (it connects back to the
+/// stand-in, runs ARGV with `sh -c` and relays its stdio and status); None
+/// if `relay` is not `ADDRS PORT`.
+pub fn relayed(cr_rsh: &std::path::Path, relay: &str, argv: &[String]) -> Option<Vec<String>> {
+    let (addrs, port) = relay.trim().split_once(' ')?;
+    port.parse::<u16>().ok()?;
+    let words: Vec<String> = argv.iter().map(|w| sh_quote(w)).collect();
+    Some(vec![
+        cr_rsh.to_string_lossy().into_owned(),
+        "--cr-serve-task".into(),
+        addrs.to_string(),
+        port.to_string(),
+        words.join(" "),
+    ])
+}
 
 /// The cluster job of Slurm job `id`.
 pub fn job_name(id: u32) -> String {
@@ -164,8 +189,8 @@ pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
     }
     let id = sp.job_id().map_err(|e| e.to_string())?;
     let batch = sp.step_id().map_err(|e| e.to_string())? == BATCH_STEP;
-    let argv = sp.argv().map_err(|e| e.to_string())?;
-    let env = sp.env().map_err(|e| e.to_string())?;
+    let mut argv = sp.argv().map_err(|e| e.to_string())?;
+    let mut env = sp.env().map_err(|e| e.to_string())?;
     let from = from
         .map(|f| parse_restart_from(&f).map_err(|e| format!("cr_spank: --restart-from={f}: {e}")))
         .transpose()?;
@@ -213,8 +238,36 @@ pub fn wrap(sp: &Spank, cfg: &Config) -> Result<(), String> {
         .filter(|d| !d.is_empty())
         .or_else(|| cfg.dir.clone())
         .map(|d| d.replace("%j", &id.to_string()));
+    // A task of a step of the batch script's srun stand-in: it relays
+    // through a connection back to it (which a checkpoint captures).
+    let relay = env
+        .iter()
+        .find_map(|e| e.strip_prefix(&format!("{RELAY_ENV}=")))
+        .map(str::to_string);
+    if let (Some(r), false) = (relay, batch) {
+        env.retain(|e| !e.starts_with(&format!("{RELAY_ENV}=")));
+        match relayed(&cfg.cr_rsh, &r, &argv) {
+            Some(a) => argv = a,
+            None => say(&format!(
+                "job {id}: bad {RELAY_ENV} {r:?}: the task runs unrelayed"
+            )),
+        }
+    }
+    // The batch script's srun steps go through the stand-in (cr_srun, as
+    // `srun` first on its PATH) when the whole cluster job is checkpointed.
+    let stand_in = batch && dir.is_none() && cfg.srun_dir.join("srun").exists();
+    if stand_in {
+        let dir = cfg.srun_dir.to_string_lossy();
+        match env.iter_mut().find(|e| e.starts_with("PATH=")) {
+            Some(p) => *p = format!("PATH={dir}:{}", &p[5..]),
+            None => env.push(format!("PATH={dir}:/usr/bin:/bin")),
+        }
+    }
     let mut cmd = task_command(&cfg.cr_run, &env);
     cmd.arg("--job").arg(&job);
+    if stand_in {
+        cmd.arg("--srun-launcher");
+    }
     if let Some(d) = &dir {
         cmd.arg("--dir").arg(d);
     }
@@ -290,6 +343,25 @@ mod tests {
         assert_eq!(parse_interval("2h"), Ok(Some(7200)));
         assert!(parse_interval("0").is_err());
         assert!(parse_interval("x").is_err());
+    }
+
+    #[test]
+    fn relayed_tasks() {
+        let rsh = std::path::Path::new("/b/cr_rsh");
+        let argv = ["sh".to_string(), "-c".into(), "echo 'a b' $X".into()];
+        let a = relayed(rsh, "10.0.0.1,10.0.0.2 4242", &argv).expect("relayed");
+        assert_eq!(
+            a,
+            [
+                "/b/cr_rsh",
+                "--cr-serve-task",
+                "10.0.0.1,10.0.0.2",
+                "4242",
+                r#"'sh' '-c' 'echo '\''a b'\'' $X'"#
+            ]
+        );
+        assert_eq!(relayed(rsh, "10.0.0.1", &argv), None);
+        assert_eq!(relayed(rsh, "10.0.0.1 x", &argv), None);
     }
 
     #[test]

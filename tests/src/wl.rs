@@ -38,9 +38,16 @@ pub fn write_all_fd(fd: i32, mut buf: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Prints one line on stdout with a single write(2).
+/// Prints one line on stdout with a single write(2), after `TAG ` when
+/// `WL_TAG=TAG` is in the environment (the tasks of one srun step sharing
+/// one output).
 pub fn say(line: &str) {
+    let tag = std::env::var("WL_TAG").ok();
     let mut s = String::with_capacity(line.len() + 1);
+    if let Some(t) = tag {
+        s.push_str(&t);
+        s.push(' ');
+    }
     s.push_str(line);
     s.push('\n');
     // If stdout is gone there is nobody to tell.

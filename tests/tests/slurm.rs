@@ -13,9 +13,12 @@
 //!    2c: a job on n1,n2 whose batch script starts a self-checking task on
 //!    each node with cr_rsh, stopped on its signal and resumed by `sbatch
 //!    --restart-from=slurm-N -N2 -w n2,n3`, resumes spread over them (n1's members on n2, n2's on n3), each task
-//!    going on from its round; 2d: the same with an Open MPI job (mpirun
-//!    in the batch script, its daemon on n2 started with cr_rsh),
-//!    checkpointed on request first, ending with its own `RESULT OK`;
+//!    going on from its round; 2e: the same with a batch script that
+//!    runs `srun -n2 -N2` of that task (srun: the stand-in cr_srun, the
+//!    tasks relayed to it as members); 2d: the same with an Open MPI job
+//!    (mpirun in the batch script, its daemon on n2 started with cr_rsh;
+//!    2f: with srun, `plm slurm`), checkpointed on request first, ending
+//!    with its own `RESULT OK`;
 //! 3. the node's agent is down: the same job still runs (and finishes OK),
 //!    and its output says it is not checkpointable;
 //! 4. time limit: a job with `--checkpoint-dir` and `--time=1
@@ -213,11 +216,18 @@ fn slurm_scenarios() {
     c.start_coordinator();
     c.start_agents(&[1, 2, 3]);
     let bin = bin_dir();
+    // The batch scripts' srun: a directory whose `srun` is cr_srun.
+    let stand_in = c.dir.join("srun-stand-in");
+    std::fs::create_dir_all(&stand_in).expect("mkdir srun-stand-in");
+    std::os::unix::fs::symlink(bin.join("cr_srun"), stand_in.join("srun"))
+        .expect("symlink srun-stand-in/srun");
     let plugin = format!(
-        "required {} cr_run={} cr_restart={} socket={}",
+        "required {} cr_run={} cr_restart={} cr_rsh={} srun_dir={} socket={}",
         bin.join("libcr_spank.so").display(),
         bin.join("cr_run").display(),
         bin.join("cr_restart").display(),
+        bin.join("cr_rsh").display(),
+        stand_in.display(),
         c.dir.join("%n.sock").display()
     );
     let s = Slurm::start(
@@ -328,9 +338,14 @@ fn slurm_scenarios() {
     // Cell 2c: a multi-node job, stopped by its signal and requeued onto
     // another pair of nodes, resumes spread over them.
     spread_over_new_allocation(&s, &c);
+    // Cell 2e: a job whose batch script runs an srun step, stopped and
+    // resumed onto other nodes.
+    srun_step_job(&s, &c);
     // Cell 2d: an Open MPI job, checkpointed, requeued onto other nodes.
     let prog = cr_tests::mpi::build_check(&h.dir, "mpicc.openmpi", "mpi_check_ompi");
-    mpi_job(&s, &c, &prog);
+    mpi_job(&s, &c, &prog, "rsh");
+    // Cell 2f: the same with mpirun's daemons started by srun (plm slurm).
+    mpi_job(&s, &c, &prog, "slurm");
 
     // Cell 3: no agent on n3: the job runs without checkpoints and says so.
     c.kill_agent(3);
@@ -736,27 +751,107 @@ fn spread_over_new_allocation(s: &Slurm, c: &Cluster) {
     );
 }
 
+/// Rounds of each task of the srun step (cell 2e).
+const STEP: u64 = 300;
+
+/// The lines of task `tag` in a shared output (`TAG line`), untagged.
+fn tagged(text: &str, tag: &str) -> String {
+    let pre = format!("{tag} ");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&pre))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Cell 2e: `sbatch --checkpoint -N2 -w n1,n2` whose batch script runs
+/// `srun -n2 -N2` of a self-checking multi-process program (wl_progress,
+/// one task per node, each tagging its lines `tRANK`): srun is the
+/// stand-in (cr_srun), each task a member on its node whose output comes
+/// to the batch script over a TCP connection between members. Stopped on
+/// its signal while the step runs (the whole job checkpointed with
+/// --kill), resumed on n2,n3 ([`resume_on_n2_n3`]): each task goes on
+/// from its round (one start, no round repeated or skipped), the step
+/// ends with status 0 and the batch script after it.
+fn srun_step_job(s: &Slurm, c: &Cluster) {
+    let wl = workload_path("wl_progress");
+    let out = c.dir.join("srun-step.out").to_string_lossy().into_owned();
+    let script = format!(
+        "srun -n2 -N2 sh -c 'WL_TAG=t$SLURM_PROCID exec {} {STEP} 2 50'; echo step ended $?",
+        wl.display()
+    );
+    let id = s.sbatch(&[
+        "--checkpoint",
+        "-N2",
+        "-w",
+        "n1,n2",
+        "-o",
+        &out,
+        "--open-mode=append",
+        "--wrap",
+        &script,
+    ]);
+    let job = format!("slurm-{id}");
+    for t in ["t0", "t1"] {
+        let line = format!("{t} progress 20");
+        wait_line(s, id, &out, &line, |l| l == line);
+    }
+    let mut stopped = Vec::new();
+    let (id2, line) = resume_on_n2_n3(s, c, (id, &job, &out), "srun-resumed", || {
+        let text = read_text(Path::new(&out));
+        stopped = ["t0", "t1"]
+            .iter()
+            .map(|t| last_round(&tagged(&text, t)))
+            .collect();
+    });
+    let wait = SLURM_TIMEOUT + Duration::from_secs(STEP / 20);
+    s.wait_job(id2, &["COMPLETED"], wait);
+    let text = read_text(Path::new(&out));
+    for (t, at) in ["t0", "t1"].iter().zip(&stopped) {
+        assert_eq!(
+            check_progress(&tagged(&text, t)),
+            Ok((1, STEP)),
+            "cell 2e: task {t} (stopped at round {at})\n{text}\n{}",
+            s.diag_job(id2)
+        );
+        assert!(*at >= 20, "cell 2e: task {t} stopped at round {at}");
+    }
+    assert!(
+        text.lines().any(|l| l == "step ended 0"),
+        "cell 2e: the batch script goes on after the step with its status 0\n{text}"
+    );
+    println!(
+        "MEASURED: srun step of job {job} (2 tasks on n1,n2) stopped at rounds {stopped:?} of {STEP}, resumed on n2,n3 by job {id2}: {line}"
+    );
+}
+
 /// Iterations of the MPI job (cell 2d), 5 ms each at least.
 const MPI_ITERS: u64 = 1500;
 
 /// Cell 2d: an Open MPI job (tests/workloads/mpi_check.c, ring, 4 ranks)
 /// submitted with `sbatch --checkpoint -N2 -w n1,n2`: mpirun in the batch
-/// script starts its daemon on n2 with cr_rsh (`--mca plm rsh`: not
-/// srun); checkpointed on request while it runs (`crctl checkpoint
-/// slurm-JOBID`), stopped on its signal, resumed on n2,n3
-/// ([`resume_on_n2_n3`]); it ends with the program's own `RESULT OK`
-/// (every rank's state equals a serial recomputation: the result of a
-/// run without checkpoints) and the job COMPLETED.
-fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
-    let out = c.dir.join("mpi.out").to_string_lossy().into_owned();
+/// script starts its daemon on n2 with `plm` (`rsh`: cr_rsh; `slurm`:
+/// srun, which is the batch script's stand-in); checkpointed on request
+/// while it runs (`crctl checkpoint slurm-JOBID`), stopped on its signal,
+/// resumed on n2,n3 ([`resume_on_n2_n3`]); it ends with the program's own
+/// `RESULT OK` (every rank's state equals a serial recomputation: the
+/// result of a run without checkpoints) and the job COMPLETED.
+fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path, plm: &str) {
+    let label = format!("mpi-{plm}");
+    let out = c
+        .dir
+        .join(format!("{label}.out"))
+        .to_string_lossy()
+        .into_owned();
     let iters = MPI_ITERS.to_string();
     let argv = cr_tests::mpi::open_mpi(
-        &c.dir.join("tmp-mpi"),
+        &c.dir.join(format!("tmp-{label}")),
         4,
         "n1:2,n2:2",
         &[
-            ("plm", "rsh"),
-            ("ras", "^slurm"),
+            ("plm", plm),
+            // The allocation's slots (plm slurm: 2 tasks per node), or
+            // --host alone (rsh).
+            ("ras", if plm == "slurm" { "slurm" } else { "^slurm" }),
             ("mpi_yield_when_idle", "1"),
         ],
         &[&prog.to_string_lossy(), "ring", &iters, "5000"],
@@ -768,6 +863,7 @@ fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
         "-N2",
         "-w",
         "n1,n2",
+        "--ntasks-per-node=2",
         "-o",
         &out,
         "--open-mode=append",
@@ -796,14 +892,15 @@ fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
     let ck = c.crctl(&["checkpoint", &job, "--freeze-timeout", "60"]);
     assert!(
         ck.status.success(),
-        "cell 2d: crctl checkpoint {job}\n{}\n{}",
+        "cell 2d ({plm}): crctl checkpoint {job}\n{}\n{}",
         ck.show(),
         s.diag_job(id)
     );
     let first = progress(&read_text(Path::new(&out)));
     past(first + 50);
     let mut stopped = 0;
-    let (id2, line) = resume_on_n2_n3(s, c, (id, &job, &out), "mpi-resumed", || {
+    let resumed = format!("{label}-resumed");
+    let (id2, line) = resume_on_n2_n3(s, c, (id, &job, &out), &resumed, || {
         stopped = progress(&read_text(Path::new(&out)));
     });
     s.wait_job(id2, &["COMPLETED"], SLURM_TIMEOUT * 3);
@@ -820,11 +917,11 @@ fn mpi_job(s: &Slurm, c: &Cluster, prog: &Path) {
             && steps.windows(2).all(|w| w[0] < w[1])
             && steps.last() == Some(&MPI_ITERS)
             && stopped > first,
-        "cell 2d: the MPI job ends with its own RESULT OK after the resume (stopped at {stopped})\n{}",
+        "cell 2d ({plm}): the MPI job ends with its own RESULT OK after the resume (stopped at {stopped})\n{text}\n{}",
         s.diag_job(id2)
     );
     println!(
-        "MEASURED: MPI job {job} (4 ranks) checkpointed at iteration {first}, stopped at {stopped} of {MPI_ITERS} on n1,n2, resumed on n2,n3 by job {id2}: {line}; {}",
+        "MEASURED: MPI job {job} (4 ranks, plm {plm}) checkpointed at iteration {first}, stopped at {stopped} of {MPI_ITERS} on n1,n2, resumed on n2,n3 by job {id2}: {line}; {}",
         text.lines().find(|l| l.starts_with("RESULT ")).unwrap_or("")
     );
 }

@@ -24,7 +24,11 @@
 //! (i32 BE) from the serving side.
 #![forbid(unsafe_code)]
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use cr_agent::relay::{
+    listen, read_some, send, token, wait_input, Frames, EXIT, STDERR, STDIN, STDIN_EOF, STDOUT,
+    TASK, TOKEN_ENV,
+};
+use nix::poll::PollTimeout;
 use std::ffi::OsString;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -36,18 +40,10 @@ use std::time::{Duration, Instant};
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the serving side tries each address of cr_rsh.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The environment variable that carries the one-time token.
-const TOKEN_ENV: &str = "CR_RSH_TOKEN";
 /// Environment passed to the remote command (as ssh gives a login's).
 const PASS_ENV: &[&str] = &[
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TMPDIR", "TERM",
 ];
-
-const STDIN: u8 = 0;
-const STDIN_EOF: u8 = 1;
-const STDOUT: u8 = 2;
-const STDERR: u8 = 3;
-const EXIT: u8 = 4;
 
 /// ssh's options that take an argument (`ssh -p 22`, `-oX=Y`, `-l user`).
 const WITH_ARG: &str = "bcDEeFIiJLlmOopQRSWw";
@@ -63,18 +59,22 @@ enum Mode {
         words: Vec<String>,
         no_stdin: bool,
     },
-    /// `cr_rsh --cr-serve ADDR,... PORT COMMAND`: the remote side.
+    /// `cr_rsh --cr-serve ADDR,... PORT COMMAND`: the remote side;
+    /// `--cr-serve-task`: the same for a task of an srun step whose
+    /// stand-in is `cr_srun`, which first says which task it is.
     Serve {
         addrs: Vec<IpAddr>,
         port: u16,
         command: String,
+        task: bool,
     },
 }
 
 fn parse(args: &[String]) -> Result<Mode, String> {
-    if args.first().map(String::as_str) == Some("--cr-serve") {
+    let first = args.first().map(String::as_str);
+    if first == Some("--cr-serve") || first == Some("--cr-serve-task") {
         let [_, addrs, port, command] = args else {
-            return Err("usage: cr_rsh --cr-serve ADDR[,ADDR...] PORT COMMAND".into());
+            return Err("usage: cr_rsh --cr-serve[-task] ADDR[,ADDR...] PORT COMMAND".into());
         };
         let addrs = addrs
             .split(',')
@@ -85,6 +85,7 @@ fn parse(args: &[String]) -> Result<Mode, String> {
             addrs,
             port,
             command: command.clone(),
+            task: first == Some("--cr-serve-task"),
         });
     }
     let mut no_stdin = false;
@@ -134,126 +135,10 @@ fn parse(args: &[String]) -> Result<Mode, String> {
     })
 }
 
-/// Writes one frame.
-fn send(s: &mut TcpStream, kind: u8, data: &[u8]) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(5 + data.len());
-    buf.push(kind);
-    buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    buf.extend_from_slice(data);
-    s.write_all(&buf)
-}
-
-/// Frames as they arrive from a stream.
-#[derive(Default)]
-struct Frames {
-    buf: Vec<u8>,
-}
-
-impl Frames {
-    /// Appends what was read; returns the complete frames.
-    fn push(&mut self, data: &[u8]) -> Vec<(u8, Vec<u8>)> {
-        self.buf.extend_from_slice(data);
-        let mut out = Vec::new();
-        loop {
-            if self.buf.len() < 5 {
-                break;
-            }
-            let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
-            let end = 5 + len as usize;
-            if self.buf.len() < end {
-                break;
-            }
-            out.push((self.buf[0], self.buf[5..end].to_vec()));
-            self.buf.drain(..end);
-        }
-        out
-    }
-}
-
-/// Reads what is there (Ok(empty): end of file); retries EINTR.
-fn read_some(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; 65536];
-    loop {
-        match r.read(&mut buf) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(buf);
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Polls `fds` for input (a checkpoint or restore may interrupt: EINTR is
-/// an empty answer). Readable or hung up, per fd.
-fn wait_input(fds: &[BorrowedFd<'_>], timeout: PollTimeout) -> Result<Vec<bool>, String> {
-    let mut pfds: Vec<PollFd<'_>> = fds
-        .iter()
-        .map(|f| PollFd::new(*f, PollFlags::POLLIN))
-        .collect();
-    match poll(&mut pfds, timeout) {
-        Ok(_) => Ok(pfds
-            .iter()
-            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
-            .collect()),
-        Err(nix::errno::Errno::EINTR) => Ok(vec![false; fds.len()]),
-        Err(e) => Err(format!("poll: {e}")),
-    }
-}
-
-/// A one-time token (hex of 16 random bytes).
-fn token() -> Result<String, String> {
-    let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
-}
-
-/// This node's addresses a peer may connect to: the IPv4 ones (else the
-/// IPv6 ones) of the interfaces that are up, loopback left out.
-fn own_addresses() -> Result<Vec<IpAddr>, String> {
-    let mut v4 = Vec::new();
-    let mut v6 = Vec::new();
-    for ifa in nix::ifaddrs::getifaddrs().map_err(|e| format!("getifaddrs: {e}"))? {
-        use nix::net::if_::InterfaceFlags as F;
-        if !ifa.flags.contains(F::IFF_UP) || ifa.flags.contains(F::IFF_LOOPBACK) {
-            continue;
-        }
-        let Some(a) = ifa.address else { continue };
-        if let Some(s) = a.as_sockaddr_in() {
-            v4.push(IpAddr::V4(s.ip()));
-        } else if let Some(s) = a.as_sockaddr_in6() {
-            let ip = s.ip();
-            // Link-local addresses need a scope: not usable here.
-            if ip.segments()[0] & 0xffc0 != 0xfe80 {
-                v6.push(IpAddr::V6(ip));
-            }
-        }
-    }
-    let all = if v4.is_empty() { v6 } else { v4 };
-    if all.is_empty() {
-        return Err("this node has no network address other than loopback".into());
-    }
-    Ok(all)
-}
-
 // ---------------------------------------------------------------- client
 
 fn client(host: &str, words: &[String], no_stdin: bool) -> Result<u8, String> {
-    let addrs = own_addresses()?;
-    let any: IpAddr = if addrs[0].is_ipv4() {
-        "0.0.0.0".parse().expect("an address")
-    } else {
-        "::".parse().expect("an address")
-    };
-    let listener =
-        TcpListener::bind(SocketAddr::new(any, 0)).map_err(|e| format!("cannot listen: {e}"))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| format!("listening socket: {e}"))?
-        .port();
+    let (addrs, listener, port) = listen()?;
     let token = token()?;
     let me = std::env::current_exe().map_err(|e| format!("cannot find cr_rsh itself: {e}"))?;
     let addr_list = addrs
@@ -379,7 +264,24 @@ fn relay_client(sock: &mut TcpStream, no_stdin: bool, host: &str) -> Result<u8, 
 
 // ---------------------------------------------------------------- serve
 
-fn serve(addrs: &[IpAddr], port: u16, command: &str) -> Result<u8, String> {
+/// `--cr-serve-task`: this task's rank and its step's number of tasks,
+/// from Slurm's environment of the task.
+fn task_frame() -> Result<Vec<u8>, String> {
+    let num = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .ok_or_else(|| format!("no {k} in the task's environment"))
+    };
+    let rank = num("SLURM_PROCID")?;
+    let tasks = num("SLURM_STEP_NUM_TASKS").or_else(|_| num("SLURM_NTASKS"))?;
+    let mut f = rank.to_be_bytes().to_vec();
+    f.extend_from_slice(&tasks.to_be_bytes());
+    Ok(f)
+}
+
+fn serve(addrs: &[IpAddr], port: u16, command: &str, task: bool) -> Result<u8, String> {
+    let hello = task.then(task_frame).transpose()?;
     let token = std::env::var(TOKEN_ENV).map_err(|_| format!("no {TOKEN_ENV}"))?;
     let mut sock = None;
     let mut errors = Vec::new();
@@ -397,6 +299,9 @@ fn serve(addrs: &[IpAddr], port: u16, command: &str) -> Result<u8, String> {
     sock.set_nodelay(true).ok();
     sock.write_all(token.as_bytes())
         .map_err(|e| format!("connection to cr_rsh: {e}"))?;
+    if let Some(h) = &hello {
+        send(&mut sock, TASK, h).map_err(|e| format!("connection to cr_srun: {e}"))?;
+    }
     let shell = "/bin/sh";
     let mut child = Command::new(shell)
         .arg("-c")
@@ -532,7 +437,8 @@ fn main() -> ExitCode {
             addrs,
             port,
             command,
-        } => serve(&addrs, port, &command),
+            task,
+        } => serve(&addrs, port, &command, task),
     });
     match r {
         Ok(code) => ExitCode::from(code),

@@ -82,7 +82,8 @@ struct Cli {
     resume_from: Option<String>,
     /// With --resume or --resume-from: restart the job over these nodes
     /// (repeatable; this node first), the i-th node of the checkpoint
-    /// (its nodes sorted by name) onto the i-th (modulo their number):
+    /// (its nodes in host-list order: n9 before n10) onto the i-th
+    /// (modulo their number):
     /// a multi-node job resumed over a new allocation (Slurm: the
     /// requeued job's nodes). Default: all onto this node. cr_run waits
     /// for the trees restored on the first.
@@ -92,6 +93,11 @@ struct Cli {
     /// periodic checkpoints, as `crctl job NAME --interval SECS`).
     #[arg(long, value_name = "SECS", requires = "job")]
     interval: Option<u32>,
+    /// With --job: serve the job's `srun` stand-ins on this node (a Slurm
+    /// batch step: `cr_srun --cr-launcher JOB`, next to cr_run, runs the
+    /// real srun of each step outside the job; docs/SLURM.md).
+    #[arg(long, requires = "job")]
+    srun_launcher: bool,
     /// Write the job's PID (as seen from here) to this file.
     #[arg(long)]
     pid_file: Option<PathBuf>,
@@ -126,6 +132,11 @@ fn run(cli: Cli) -> Result<u8, String> {
         .iter()
         .map(|f| std::path::absolute(f).map_err(|e| format!("bad file {}: {e}", f.display())))
         .collect::<Result<_, _>>()?;
+    // A process of its own, made before the PID namespace (the real sruns
+    // it starts must not be in the job's), dying with cr_run.
+    if let (true, Some(job)) = (cli.srun_launcher, &cli.job) {
+        start_srun_launcher(job);
+    }
     // Its thread is made before the PID namespace: once cr_run has
     // unshared it, the kernel refuses new threads (EINVAL from clone).
     let on_signal = match (cli.checkpoint_signal.as_deref(), &dir, &cli.job) {
@@ -243,6 +254,43 @@ fn run(cli: Cli) -> Result<u8, String> {
     Ok(exit_code(st))
 }
 
+/// `--srun-launcher`: starts `cr_srun --cr-launcher JOB` (next to cr_run),
+/// killed when cr_run ends; a failure is said (the job's srun steps then
+/// run inside it and cannot be checkpointed while they run).
+fn start_srun_launcher(job: &str) {
+    let tool = sibling("cr_srun");
+    let mut cmd = Command::new(&tool);
+    cmd.args(["--cr-launcher", job])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped());
+    cr_sys::clone::kill_with_parent(&mut cmd, libc::SIGKILL);
+    let ready = cmd.spawn().and_then(|mut c| {
+        // Its `ready` once it listens (EOF: it failed, and said why).
+        let mut line = String::new();
+        let out = c.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?;
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)?;
+        match line.trim() {
+            "ready" => Ok(()),
+            _ => Err(std::io::Error::other("it did not start")),
+        }
+    });
+    if let Err(e) = ready {
+        eprintln!(
+            "cr_run: error: cannot run {} --cr-launcher: {e}; the job's srun steps cannot be \
+             checkpointed",
+            tool.display()
+        );
+    }
+}
+
+/// The program `name` next to cr_run (else on PATH).
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 /// A signal by name (`USR1`, `SIGUSR1`) or number.
 fn parse_signal(s: &str) -> Result<i32, String> {
     if let Ok(n) = s.parse::<i32>() {
@@ -292,10 +340,7 @@ impl Watcher {
 fn checkpoint_on(sig: i32, target: Target, hold: bool) -> Result<Watcher, String> {
     let mut signals = signal_hook::iterator::Signals::new([sig])
         .map_err(|e| format!("cannot watch signal {sig}: {e}"))?;
-    let tool = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join("cr_checkpoint")))
-        .unwrap_or_else(|| PathBuf::from("cr_checkpoint"));
+    let tool = sibling("cr_checkpoint");
     let job = Arc::new(AtomicI32::new(0));
     let started = Arc::new(AtomicBool::new(false));
     let (j, flag) = (job.clone(), started.clone());
