@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The end of `cr-bench coord --help`: what the columns measure.
-const PHASES: &str = "\
+pub(crate) const PHASES: &str = "\
 Phases, as seen by the agents (so with microsecond resolution):
   prepare  round start (busy check, id, `preparing` transaction) to the
            last PREPARE reply
@@ -41,15 +41,18 @@ pub struct Opts {
 
 /// When the phases of the current round started and ended, as the agents saw them.
 #[derive(Default, Clone, Copy)]
-struct Marks {
+pub(crate) struct Marks {
     prepare_last: Option<Instant>,
     dump_first: Option<Instant>,
     dump_last: Option<Instant>,
     finish_first: Option<Instant>,
 }
 
-/// The ring of fake agents: node `a{i}` (address ip(i)) hosts pid 1000+i.
-struct Ring {
+/// The ring of simulated agents: node `a{i}` hosts pid 1000+i, whose two
+/// connections go to the members of `a{i-1}` and `a{i+1}` (addresses
+/// ip(i)); what each agent answers, whatever carries the call (in-process
+/// here, real gRPC in [`crate::coordinator`]).
+pub(crate) struct Ring {
     n: usize,
     marks: Mutex<Marks>,
 }
@@ -58,11 +61,39 @@ fn ip(i: usize) -> String {
     format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
 }
 
-fn index(node: &str) -> usize {
+/// The index of node `a{i}`.
+pub(crate) fn index(node: &str) -> usize {
     node[1..].parse().unwrap_or(0)
 }
 
+/// The name of node `i`.
+pub(crate) fn node_name(i: usize) -> String {
+    format!("a{i}")
+}
+
+/// The member that node `i` reports.
+pub(crate) fn member(i: usize) -> pb::Member {
+    pb::Member {
+        job: JOB.into(),
+        pid: 1000 + i as i32,
+        uid: 0,
+        command: "sim".into(),
+        start_time: 1,
+        ..Default::default()
+    }
+}
+
+/// The job of the simulated agents.
+pub(crate) const JOB: &str = "bench";
+
 impl Ring {
+    pub(crate) fn new(n: usize) -> Ring {
+        Ring {
+            n,
+            marks: Mutex::new(Marks::default()),
+        }
+    }
+
     fn bookmarks(&self, i: usize) -> Vec<pb::Bookmark> {
         let next = (i + 1) % self.n;
         let prev = (i + self.n - 1) % self.n;
@@ -84,37 +115,32 @@ impl Ring {
     fn mark(&self, f: impl FnOnce(&mut Marks)) {
         f(&mut self.marks.lock().unwrap_or_else(|p| p.into_inner()));
     }
-}
 
-#[cr_coordinatord::async_trait]
-impl AgentApi for Ring {
-    /// The callbacks (no member uses libcr here).
-    async fn prepare(&self, _: &str, _: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
-        Ok(pb::PrepareReply::default())
-    }
-    /// One member per node.
-    async fn freeze(&self, node: &str, _: pb::SessionRequest) -> AgentResult<pb::PrepareReply> {
+    /// FREEZE of node `i`: its one member frozen.
+    pub(crate) fn freeze(&self, i: usize) -> pb::PrepareReply {
         let reply = pb::PrepareReply {
-            bookmarks: self.bookmarks(index(node)),
+            bookmarks: self.bookmarks(i),
             processes: 1,
             threads: 1,
             ..Default::default()
         };
         self.mark(|m| m.prepare_last = Some(Instant::now()));
-        Ok(reply)
+        reply
     }
-    async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
+
+    /// DUMP of node `i` in `session`: the image of its member.
+    pub(crate) fn dump(&self, i: usize, session: &str) -> pb::DumpReply {
         let now = Instant::now();
         self.mark(|m| {
             m.dump_first.get_or_insert(now);
         });
-        let i = index(node);
-        let job = req.session.rsplit_once('-').map_or("", |(j, _)| j);
+        let node = node_name(i);
+        let job = session.rsplit_once('-').map_or("", |(j, _)| j);
         let reply = pb::DumpReply {
             images: vec![pb::ImageInfo {
-                node: node.to_string(),
                 pid: 1000 + i as i32,
-                dir: format!("/images/{job}/{}/{node}-{}", req.session, 1000 + i),
+                dir: format!("/images/{job}/{session}/{node}-{}", 1000 + i),
+                node,
                 processes: 1,
                 page_bytes: 0,
                 store_bytes: 0,
@@ -127,7 +153,65 @@ impl AgentApi for Ring {
             gone: vec![],
         };
         self.mark(|m| m.dump_last = Some(Instant::now()));
-        Ok(reply)
+        reply
+    }
+
+    /// FINISH of any node.
+    pub(crate) fn finish(&self) -> pb::FinishReply {
+        let now = Instant::now();
+        self.mark(|m| {
+            m.finish_first.get_or_insert(now);
+        });
+        pb::FinishReply::default()
+    }
+
+    /// A new round starts: forget the last one's marks.
+    pub(crate) fn reset(&self) {
+        self.mark(|m| *m = Marks::default());
+    }
+
+    /// The phases of the round that started at `t0` and ended at `end`
+    /// with `info`, which must hold every agent's image and connection.
+    pub(crate) fn round(&self, t0: Instant, end: Instant, info: &pb::CheckpointInfo) -> Res<Round> {
+        if info.images.len() != self.n || info.connections as usize != self.n {
+            return Err(format!(
+                "checkpoint {}: {} images and {} connections, expected {} of each",
+                info.id,
+                info.images.len(),
+                info.connections,
+                self.n
+            ));
+        }
+        let m = *self.marks.lock().unwrap_or_else(|p| p.into_inner());
+        let (Some(pl), Some(df), Some(dl), Some(ff)) =
+            (m.prepare_last, m.dump_first, m.dump_last, m.finish_first)
+        else {
+            return Err("a phase was not seen by the agents".into());
+        };
+        let s = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+        Ok(Round {
+            prepare: s(t0, pl),
+            check: s(pl, df),
+            dump: s(df, dl),
+            commit: s(dl, ff),
+            finish: s(ff, end),
+            total: s(t0, end),
+        })
+    }
+}
+
+#[cr_coordinatord::async_trait]
+impl AgentApi for Ring {
+    /// The callbacks (no member uses libcr here).
+    async fn prepare(&self, _: &str, _: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
+        Ok(pb::PrepareReply::default())
+    }
+    /// One member per node.
+    async fn freeze(&self, node: &str, _: pb::SessionRequest) -> AgentResult<pb::PrepareReply> {
+        Ok(Ring::freeze(self, index(node)))
+    }
+    async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
+        Ok(Ring::dump(self, index(node), &req.session))
     }
     async fn commit(&self, _: &str, _: pb::SessionRequest) -> AgentResult<pb::Empty> {
         Ok(pb::Empty {})
@@ -136,11 +220,7 @@ impl AgentApi for Ring {
         Ok(pb::Empty {})
     }
     async fn finish(&self, _: &str, _: pb::FinishRequest) -> AgentResult<pb::FinishReply> {
-        let now = Instant::now();
-        self.mark(|m| {
-            m.finish_first.get_or_insert(now);
-        });
-        Ok(pb::FinishReply::default())
+        Ok(Ring::finish(self))
     }
     async fn restore(&self, node: &str, _: pb::RestoreRequest) -> AgentResult<pb::RestoreReply> {
         Err(format!("{node}: restore is not simulated"))
@@ -164,54 +244,28 @@ type Phase = (&'static str, fn(&Round) -> f64);
 
 /// Phase times of one round, in seconds.
 #[derive(Clone, Copy, Default)]
-struct Round {
+pub(crate) struct Round {
     prepare: f64,
     check: f64,
     dump: f64,
     commit: f64,
     finish: f64,
-    total: f64,
+    pub(crate) total: f64,
 }
 
-async fn one_round(coord: &Coordinator, ring: &Ring, agents: usize) -> Res<Round> {
-    ring.mark(|m| *m = Marks::default());
+async fn one_round(coord: &Coordinator, ring: &Ring) -> Res<Round> {
+    ring.reset();
     let t0 = Instant::now();
     let info = coord
-        .checkpoint("bench", pb::After::Continue, None)
+        .checkpoint(JOB, pb::After::Continue, None)
         .await
         .map_err(|e| e.to_string())?;
-    let end = Instant::now();
-    if info.images.len() != agents || info.connections as usize != agents {
-        return Err(format!(
-            "checkpoint {}: {} images and {} connections, expected {agents} of each",
-            info.id,
-            info.images.len(),
-            info.connections
-        ));
-    }
-    let m = *ring.marks.lock().unwrap_or_else(|p| p.into_inner());
-    let (Some(pl), Some(df), Some(dl), Some(ff)) =
-        (m.prepare_last, m.dump_first, m.dump_last, m.finish_first)
-    else {
-        return Err("a phase was not seen by the agents".into());
-    };
-    let s = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
-    Ok(Round {
-        prepare: s(t0, pl),
-        check: s(pl, df),
-        dump: s(df, dl),
-        commit: s(dl, ff),
-        finish: s(ff, end),
-        total: s(t0, end),
-    })
+    ring.round(t0, Instant::now(), &info)
 }
 
 async fn bench(o: &Opts, db: &Path) -> Res<Vec<Round>> {
     let catalog = Arc::new(Catalog::open(db).map_err(|e| e.to_string())?);
-    let ring = Arc::new(Ring {
-        n: o.agents,
-        marks: Mutex::new(Marks::default()),
-    });
+    let ring = Arc::new(Ring::new(o.agents));
     let settings = Settings {
         heartbeat_ms: 1000,
         node_timeout: Duration::from_secs(3600),
@@ -223,28 +277,22 @@ async fn bench(o: &Opts, db: &Path) -> Res<Vec<Round>> {
     for i in 0..o.agents {
         coord
             .register(pb::RegisterRequest {
-                node: format!("a{i}"),
+                node: node_name(i),
                 agent_addr: format!("{}:7171", ip(i)),
                 addresses: vec![ip(i)],
                 version: "sim".into(),
-                members: vec![pb::Member {
-                    job: "bench".into(),
-                    pid: 1000 + i as i32,
-                    uid: 0,
-                    command: "sim".into(),
-                    start_time: 1,
-                    ..Default::default()
-                }],
+                members: vec![member(i)],
                 generation: 1,
             })
+            .await
             .map_err(|e| e.to_string())?;
     }
     eprintln!("cr-bench coord: warm-up round ...");
-    one_round(&coord, &ring, o.agents).await?;
+    one_round(&coord, &ring).await?;
     let mut rounds = Vec::with_capacity(o.rounds);
     for r in 0..o.rounds {
         crate::check_interrupted()?;
-        let x = one_round(&coord, &ring, o.agents).await?;
+        let x = one_round(&coord, &ring).await?;
         eprintln!(
             "cr-bench coord: round {}/{}: {:.2} ms",
             r + 1,
@@ -256,7 +304,8 @@ async fn bench(o: &Opts, db: &Path) -> Res<Vec<Round>> {
     Ok(rounds)
 }
 
-fn stats(v: impl Iterator<Item = f64>) -> (f64, f64, f64) {
+/// Mean, min and max of `v` (seconds), in ms.
+pub(crate) fn stats(v: impl Iterator<Item = f64>) -> (f64, f64, f64) {
     let v: Vec<f64> = v.collect();
     let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
     let min = v.iter().copied().fold(f64::INFINITY, f64::min);
@@ -288,13 +337,20 @@ pub fn run(o: Opts) -> Res<()> {
         o.disk_base.display(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
+    print_rounds(o.agents, &rounds);
+    Ok(())
+}
+
+/// The tables of `rounds` with `agents` agents: means per phase, then each
+/// phase's mean, min and max.
+pub(crate) fn print_rounds(agents: usize, rounds: &[Round]) {
     println!("| agents | rounds | ms/round | prepare | check | dump | commit | finish |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mean = |f: fn(&Round) -> f64| stats(rounds.iter().map(f)).0;
     println!(
         "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-        o.agents,
-        o.rounds,
+        agents,
+        rounds.len(),
         mean(|r| r.total),
         mean(|r| r.prepare),
         mean(|r| r.check),
@@ -316,7 +372,6 @@ pub fn run(o: Opts) -> Res<()> {
         let (mean, min, max) = stats(rounds.iter().map(f));
         println!("| {name} | {mean:.2} | {min:.2} | {max:.2} |");
     }
-    Ok(())
 }
 
 #[cfg(test)]

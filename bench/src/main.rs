@@ -7,7 +7,9 @@
 //! connection benchmark (module [`tcp`]), `cr-bench incr ...` the
 //! incremental checkpoint, pre-dump and compression benchmark (module
 //! [`incr`]), `cr-bench coord ...` the coordinator's protocol cost with
-//! simulated agents (module [`coord`]), `cr-bench cluster ...` the pause of
+//! simulated agents (module [`coord`]), `cr-bench coordinator ...` the
+//! same round of a real cr-coordinatord over gRPC with up to a million
+//! simulated agents (module [`coordinator`]), `cr-bench cluster ...` the pause of
 //! a coordinated checkpoint of a multi-node job (module [`cluster`]),
 //! `cr-bench migrate ...` the downtime of a migration (module [`migrate`]),
 //! `cr-bench mpi ...` the cost of periodic checkpoints to a real MPI job
@@ -15,6 +17,7 @@
 
 mod cluster;
 mod coord;
+mod coordinator;
 mod fds;
 mod freeze;
 mod incr;
@@ -94,6 +97,12 @@ enum Bench {
     Incr(incr::IncrOpts),
     /// The coordinator's protocol cost with simulated agents.
     Coord(coord::Opts),
+    /// A coordinated round of a real cr-coordinatord with simulated
+    /// agents over gRPC, its RSS and CPU.
+    Coordinator(coordinator::Opts),
+    /// The simulated agents' server of `coordinator` (run by it).
+    #[command(hide = true)]
+    CoordinatorAgents(coordinator::AgentsOpts),
     /// Pause of a coordinated checkpoint of a ring job over nodes.
     Cluster(cluster::Opts),
     /// Downtime of a migration against memory and dirty rate.
@@ -1598,6 +1607,8 @@ fn main() {
         Some(Bench::Tcp(o)) => tcp::main(o),
         Some(Bench::Incr(o)) => incr::main(o),
         Some(Bench::Coord(o)) => coord::run(o),
+        Some(Bench::Coordinator(o)) => coordinator::run(o),
+        Some(Bench::CoordinatorAgents(o)) => coordinator::serve_agents(o),
         Some(Bench::Cluster(o)) => cluster::run(o),
         Some(Bench::Migrate(o)) => migrate::run(o),
         Some(Bench::Protocols(o)) => protocols::run(o),

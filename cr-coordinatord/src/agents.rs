@@ -93,6 +93,17 @@ impl GrpcAgents {
     }
 
     fn client(&self, node: &str) -> AgentResult<AgentClient<Channel>> {
+        // Reused as long as the node does not register again (which is
+        // the only way its address changes: see `reset`); no look into
+        // the catalog, whose lock every call would take.
+        if let Some((_, ch)) = self
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+        {
+            return Ok(AgentClient::new(ch.clone()));
+        }
         let addr = self
             .catalog
             .read(|s| s.nodes.get(node).map(|n| n.agent_addr.clone()))

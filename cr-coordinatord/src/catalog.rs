@@ -16,7 +16,7 @@
 use cr_rpc::pb;
 use prost::Message;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -49,6 +49,10 @@ pub enum CatalogError {
     },
     #[error("catalog {path}: {what}")]
     Db { path: PathBuf, what: String },
+    /// A write of a batch of changes failed (its message, for every change
+    /// of the batch).
+    #[error("{0}")]
+    Batch(String),
     #[error("catalog {path}: record {key:?} of table {table} is corrupt: {source}")]
     Decode {
         path: PathBuf,
@@ -309,7 +313,12 @@ pub enum Change {
 #[derive(Debug, Default)]
 pub struct State {
     pub nodes: BTreeMap<String, NodeRecord>,
+    /// Change them only through [`Change::Job`]: [`State::on_node`] follows.
     pub jobs: BTreeMap<String, JobRecord>,
+    /// Per node, the jobs with members there and their positions in the
+    /// job's `members`: a node's report touches only its own members, not
+    /// every member of every job (10,000 agents heartbeating).
+    by_node: HashMap<String, BTreeMap<String, Vec<usize>>>,
     /// Per job, its checkpoints by number.
     pub checkpoints: BTreeMap<String, BTreeMap<u64, CheckpointRecord>>,
     pub sequences: BTreeMap<String, u64>,
@@ -344,12 +353,40 @@ impl State {
         self.sequences.get(job).copied().unwrap_or(0)
     }
 
+    /// The jobs with members on `node`, each with their positions in its
+    /// `members`.
+    pub fn on_node(&self, node: &str) -> impl Iterator<Item = (&JobRecord, &[usize])> {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|(job, ks)| Some((self.jobs.get(job)?, ks.as_slice())))
+    }
+
     fn apply(&mut self, change: Change) {
         match change {
             Change::Node(n) => {
                 self.nodes.insert(n.name.clone(), n);
             }
             Change::Job(j) => {
+                if let Some(old) = self.jobs.get(&j.name) {
+                    for m in &old.members {
+                        if let Some(jobs) = self.by_node.get_mut(&m.node) {
+                            jobs.remove(&j.name);
+                            if jobs.is_empty() {
+                                self.by_node.remove(&m.node);
+                            }
+                        }
+                    }
+                }
+                for (k, m) in j.members.iter().enumerate() {
+                    self.by_node
+                        .entry(m.node.clone())
+                        .or_default()
+                        .entry(j.name.clone())
+                        .or_default()
+                        .push(k);
+                }
                 self.jobs.insert(j.name.clone(), j);
             }
             Change::Checkpoint(c) => {
@@ -493,7 +530,7 @@ impl Catalog {
         for row in t.iter().map_err(|e| self.db_err(e))? {
             let (k, v) = row.map_err(|e| self.db_err(e))?;
             let j: JobRecord = decode(&self.path, "jobs", k.value(), v.value())?;
-            s.jobs.insert(k.value().to_string(), j);
+            s.apply(Change::Job(j));
         }
         let t = tx.open_table(CHECKPOINTS).map_err(|e| self.db_err(e))?;
         for row in t.iter().map_err(|e| self.db_err(e))? {

@@ -310,11 +310,9 @@ impl Coordinator {
                         .last_seen_unix_ms(&n.name)
                         .unwrap_or(n.registered_unix_ms),
                     members: s
-                        .jobs
-                        .values()
-                        .flat_map(|j| &j.members)
-                        .filter(|m| m.alive && m.node == n.name)
-                        .count() as u32,
+                        .on_node(&n.name)
+                        .map(|(j, ks)| ks.iter().filter(|&&k| j.members[k].alive).count())
+                        .sum::<usize>() as u32,
                     version: n.version.clone(),
                     drained: n.drained,
                 })

@@ -41,6 +41,21 @@ enum MainError {
     Runtime(std::io::Error),
 }
 
+/// Listen queue of the Coordinator service: thousands of agents connect at
+/// once when it starts (tokio's default, 1024, would drop their SYNs and
+/// make them retry a second later; the kernel caps it at somaxconn).
+const LISTEN_BACKLOG: u32 = 65535;
+
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let sock = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    sock.listen(LISTEN_BACKLOG)
+}
+
 async fn serve(cfg: Config) -> Result<(), MainError> {
     let security = Security::load(&cfg.tls)?;
     let catalog = Arc::new(Catalog::open(&cfg.db)?);
@@ -83,12 +98,10 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
             }
         })?;
     }
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|source| MainError::Listen {
-            addr: cfg.listen,
-            source,
-        })?;
+    let listener = listen(cfg.listen).map_err(|source| MainError::Listen {
+        addr: cfg.listen,
+        source,
+    })?;
     let addr = listener.local_addr().unwrap_or(cfg.listen);
     tracing::info!(
         db = %cfg.db.display(),
@@ -120,6 +133,11 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
 fn main() {
     let args = Args::parse();
     cr_rpc::logging::init_daemon();
+    // A connection from and one to every agent: thousands of fds.
+    match cr_sys::limits::raise_nofile() {
+        Ok(n) => tracing::debug!("open files: up to {n}"),
+        Err(e) => tracing::warn!("cannot raise the limit of open files: {e}"),
+    }
     let res = Config::load(&args)
         .map_err(MainError::from)
         .and_then(|cfg| {

@@ -836,13 +836,20 @@ impl Coordinator {
         });
         let mut acked = Vec::new();
         let (mut paused, mut held) = (0, 0);
+        // Each node's images, not a scan of every image per reply.
+        let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
+        for (k, img) in rec.info().images.iter().enumerate() {
+            by_node.entry(img.node.clone()).or_default().push(k);
+        }
         for (n, r) in join_all(calls).await {
             match r {
                 Ok(reply) => {
                     paused = paused.max(reply.frozen_ms);
                     held = held.max(reply.held_ms);
                     // The real freeze of each member: until it was let go.
-                    for img in rec.info_mut().images.iter_mut().filter(|i| i.node == n) {
+                    let images = &mut rec.info_mut().images;
+                    for &k in by_node.get(&n).map_or(&[][..], Vec::as_slice) {
+                        let img = &mut images[k];
                         if let Some(&f) = reply.member_frozen_ms.get(&img.pid) {
                             img.frozen_ms = img.frozen_ms.max(f);
                         }

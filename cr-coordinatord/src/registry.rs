@@ -10,13 +10,14 @@
 //! When a node registers (or comes back up), FINISH is sent again for the
 //! committed checkpoints it has not acknowledged.
 
-use crate::catalog::{Change, JobRecord, MemberRecord, NodeRecord, State};
+use crate::catalog::{CatalogError, Change, JobRecord, MemberRecord, NodeRecord, State};
 use crate::coordinator::{now_unix_ms, Coordinator};
 use crate::error::Error;
 use cr_rpc::pb;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
 /// How long a re-sent FINISH may take.
 const FINISH_RESEND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,9 +32,10 @@ struct Live {
 }
 
 /// Liveness of the nodes registered since the coordinator started.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Registry {
     nodes: Mutex<HashMap<String, Live>>,
+    reports: Reports,
 }
 
 /// A snapshot of which nodes are up.
@@ -106,61 +108,217 @@ impl Registry {
     }
 }
 
-/// The catalog changes that make the jobs' members on `node` what it reports.
-pub(crate) fn sync_members(s: &State, node: &str, reported: &[pb::Member]) -> Vec<Change> {
-    let mut changed: BTreeMap<String, JobRecord> = BTreeMap::new();
-    let mut seen = vec![false; reported.len()];
-    for j in s.jobs.values() {
-        let mut upd: Option<JobRecord> = None;
-        for (k, m) in j.members.iter().enumerate() {
-            if m.node != node {
-                continue;
+/// What a Register says of its node besides its members.
+struct Registration {
+    agent_addr: String,
+    addresses: Vec<String>,
+    version: String,
+    at_unix_ms: u64,
+}
+
+/// A node's report (Register or Heartbeat) waiting for the next catalog
+/// transaction.
+struct Report {
+    node: String,
+    registration: Option<Registration>,
+    members: Vec<pb::Member>,
+    done: oneshot::Sender<Result<(), String>>,
+}
+
+/// Reports not written yet, and who writes them: the reports that come
+/// while one transaction is written go together into the next one (group
+/// commit), instead of one durable transaction each (10,000 agents
+/// registering at once, each rewriting its job's list of members).
+#[derive(Default)]
+pub(crate) struct Reports {
+    pending: Mutex<Vec<Report>>,
+    writer: tokio::sync::Mutex<()>,
+}
+
+/// The jobs a batch of reports changed so far, each with the positions of
+/// its members by node (made when the job is first changed).
+#[derive(Default)]
+struct Working {
+    jobs: BTreeMap<String, (JobRecord, HashMap<String, Vec<usize>>)>,
+}
+
+impl Working {
+    fn job(&mut self, s: &State, name: &str) -> &mut (JobRecord, HashMap<String, Vec<usize>>) {
+        self.jobs.entry(name.to_string()).or_insert_with(|| {
+            let j = s.jobs.get(name).cloned().unwrap_or_else(|| {
+                tracing::info!(job = %name, "new job");
+                JobRecord::new(name)
+            });
+            let mut at: HashMap<String, Vec<usize>> = HashMap::new();
+            for (k, m) in j.members.iter().enumerate() {
+                at.entry(m.node.clone()).or_default().push(k);
             }
-            let found = reported
-                .iter()
-                .position(|r| r.job == j.name && m.is(node, r));
+            (j, at)
+        })
+    }
+
+    /// The members of `node` in job `name` as changed so far: (member,
+    /// position).
+    fn members_on<'a>(
+        &'a self,
+        s: &'a State,
+        node: &str,
+    ) -> Vec<(&'a str, &'a JobRecord, Vec<usize>)> {
+        let mut out: Vec<(&str, &JobRecord, Vec<usize>)> = s
+            .on_node(node)
+            .filter(|(j, _)| !self.jobs.contains_key(&j.name))
+            .map(|(j, ks)| (j.name.as_str(), j, ks.to_vec()))
+            .collect();
+        for (name, (j, at)) in &self.jobs {
+            if let Some(ks) = at.get(node) {
+                out.push((name.as_str(), j, ks.clone()));
+            }
+        }
+        out
+    }
+}
+
+/// Make the members of `node` in the jobs what it reports, on top of the
+/// changes `w` of the reports before it. Only the node's own members are
+/// looked at (the catalog's index by node).
+fn sync_members(s: &State, w: &mut Working, node: &str, reported: &[pb::Member]) {
+    let mut seen = vec![false; reported.len()];
+    // (job, position, alive now) of the members whose liveness changes.
+    let mut flips: Vec<(String, usize, bool)> = Vec::new();
+    for (name, j, ks) in w.members_on(s, node) {
+        for k in ks {
+            let m = &j.members[k];
+            let found = reported.iter().position(|r| r.job == name && m.is(node, r));
             if let Some(i) = found {
                 seen[i] = true;
             }
             let alive = found.is_some();
             if m.alive != alive {
                 if !alive {
-                    tracing::info!(job = %j.name, node, pid = m.pid, "member is gone");
+                    tracing::info!(job = %name, node, pid = m.pid, "member is gone");
                 }
-                upd.get_or_insert_with(|| j.clone()).members[k].alive = alive;
+                flips.push((name.to_string(), k, alive));
             }
         }
-        if let Some(u) = upd {
-            changed.insert(u.name.clone(), u);
-        }
+    }
+    for (name, k, alive) in flips {
+        w.job(s, &name).0.members[k].alive = alive;
     }
     for (r, _) in reported.iter().zip(&seen).filter(|(_, s)| !**s) {
         if r.job.is_empty() {
             tracing::warn!(node, pid = r.pid, "member without a job name ignored");
             continue;
         }
-        let j = changed.entry(r.job.clone()).or_insert_with(|| {
-            s.jobs.get(&r.job).cloned().unwrap_or_else(|| {
-                tracing::info!(job = %r.job, node, "new job");
-                JobRecord::new(&r.job)
-            })
-        });
-        if j.members.iter().any(|m| m.is(node, r)) {
+        let (j, at) = w.job(s, &r.job);
+        let mine = at.get(node).map_or(&[][..], Vec::as_slice);
+        if mine.iter().any(|&k| j.members[k].is(node, r)) {
             continue; // reported twice
         }
         // A job none of whose members lives any more starts afresh.
         if !j.members.is_empty() && j.members.iter().all(|m| !m.alive) {
             j.members.clear();
+            at.clear();
         }
         tracing::info!(job = %r.job, node, pid = r.pid, command = %r.command, "new member");
+        at.entry(node.to_string())
+            .or_default()
+            .push(j.members.len());
         j.members.push(MemberRecord::from_member(node, r));
     }
-    changed.into_values().map(Change::Job).collect()
+}
+
+/// The catalog changes of a batch of reports, in their order.
+fn report_changes(
+    s: &State,
+    batch: &[(String, Option<Registration>, Vec<pb::Member>)],
+) -> Vec<Change> {
+    let mut changes = Vec::new();
+    let mut w = Working::default();
+    for (node, registration, members) in batch {
+        if let Some(r) = registration {
+            changes.push(Change::Node(NodeRecord {
+                name: node.clone(),
+                agent_addr: r.agent_addr.clone(),
+                addresses: r.addresses.clone(),
+                version: r.version.clone(),
+                registered_unix_ms: r.at_unix_ms,
+                // A drain outlives the agent's restarts.
+                drained: s.nodes.get(node).is_some_and(|n| n.drained),
+            }));
+        }
+        sync_members(s, &mut w, node, members);
+    }
+    changes.extend(w.jobs.into_values().map(|(j, _)| Change::Job(j)));
+    changes
 }
 
 impl Coordinator {
+    /// Queue a node's report for the next catalog transaction; the
+    /// receiver says how its write went.
+    fn queue_report(
+        &self,
+        node: &str,
+        registration: Option<Registration>,
+        members: Vec<pb::Member>,
+    ) -> oneshot::Receiver<Result<(), String>> {
+        let (done, rx) = oneshot::channel();
+        self.registry
+            .reports
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Report {
+                node: node.to_string(),
+                registration,
+                members,
+                done,
+            });
+        rx
+    }
+
+    /// Wait until the report of `rx` is written: by this call, with every
+    /// report queued by then in one transaction, or by the call that took
+    /// it in its own.
+    async fn written(&self, rx: oneshot::Receiver<Result<(), String>>) -> Result<(), Error> {
+        {
+            let _writer = self.registry.reports.writer.lock().await;
+            let batch = std::mem::take(
+                &mut *self
+                    .registry
+                    .reports
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            if !batch.is_empty() {
+                let (reports, done): (Vec<_>, Vec<_>) = batch
+                    .into_iter()
+                    .map(|r| ((r.node, r.registration, r.members), r.done))
+                    .unzip();
+                let catalog = self.catalog.clone();
+                // A durable write: not on the runtime's threads.
+                let res = tokio::task::spawn_blocking(move || {
+                    catalog
+                        .update(|s| Ok::<_, Error>((report_changes(s, &reports), ())))
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("the catalog write failed: {e}")));
+                for d in done {
+                    let _ = d.send(res.clone());
+                }
+            }
+        }
+        match rx.await {
+            Ok(r) => r.map_err(|what| Error::Catalog(CatalogError::Batch(what))),
+            Err(_) => Err(Error::Catalog(CatalogError::Batch(
+                "the report was dropped unwritten".into(),
+            ))),
+        }
+    }
+
     /// An agent (re)registers: record its node and members.
-    pub fn register(
+    pub async fn register(
         self: &Arc<Self>,
         req: pb::RegisterRequest,
     ) -> Result<pb::RegisterReply, Error> {
@@ -170,30 +328,29 @@ impl Coordinator {
             });
         }
         let now = now_unix_ms();
-        let was_up;
-        {
-            let mut reg = self
-                .registry
-                .nodes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            was_up = reg
-                .get(&req.node)
-                .is_some_and(|l| l.last_seen.elapsed() <= self.settings.node_timeout);
-            self.catalog.update(|s| {
-                let mut changes = vec![Change::Node(NodeRecord {
-                    name: req.node.clone(),
-                    agent_addr: req.agent_addr.clone(),
-                    addresses: req.addresses.clone(),
-                    version: req.version.clone(),
-                    registered_unix_ms: now,
-                    // A drain outlives the agent's restarts.
-                    drained: s.nodes.get(&req.node).is_some_and(|n| n.drained),
-                })];
-                changes.extend(sync_members(s, &req.node, &req.members));
-                Ok::<_, Error>((changes, ()))
-            })?;
-            reg.insert(
+        let was_up = self
+            .registry
+            .nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&req.node)
+            .is_some_and(|l| l.last_seen.elapsed() <= self.settings.node_timeout);
+        let rx = self.queue_report(
+            &req.node,
+            Some(Registration {
+                agent_addr: req.agent_addr.clone(),
+                addresses: req.addresses.clone(),
+                version: req.version.clone(),
+                at_unix_ms: now,
+            }),
+            req.members.clone(),
+        );
+        self.written(rx).await?;
+        self.registry
+            .nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
                 req.node.clone(),
                 Live {
                     last_seen: Instant::now(),
@@ -202,7 +359,6 @@ impl Coordinator {
                     down_logged: false,
                 },
             );
-        }
         self.agents.reset(&req.node);
         tracing::info!(
             node = %req.node,
@@ -224,11 +380,12 @@ impl Coordinator {
     }
 
     /// An agent's heartbeat with its current members.
-    pub fn heartbeat(
+    pub async fn heartbeat(
         self: &Arc<Self>,
         req: pb::HeartbeatRequest,
     ) -> Result<pb::HeartbeatReply, Error> {
         let came_back;
+        let queued;
         {
             let mut reg = self
                 .registry
@@ -253,11 +410,16 @@ impl Coordinator {
                     last = live.generation,
                     "stale member report ignored"
                 );
+                queued = None;
             } else {
                 live.generation = req.generation;
-                self.catalog
-                    .update(|s| Ok::<_, Error>((sync_members(s, &req.node, &req.members), ())))?;
+                // Queued under the lock: reports are written in the order
+                // of their generations.
+                queued = Some(self.queue_report(&req.node, None, req.members));
             }
+        }
+        if let Some(rx) = queued {
+            self.written(rx).await?;
         }
         self.events.transfers(&req.node, &req.transfers);
         if came_back {
@@ -275,19 +437,25 @@ impl Coordinator {
     /// Send FINISH again to `node` for the committed checkpoints it has not
     /// acknowledged (in the background).
     pub(crate) fn resend_finish(self: &Arc<Self>, node: &str) {
-        let pending: Vec<(String, i32)> = self
-            .catalog
-            .unfinished()
-            .into_iter()
-            .filter(|c| {
-                c.nodes().iter().any(|n| n == node)
-                    && !c.finished_nodes.iter().any(|n| n == node)
-                    // FINISH failed there and crctl said so: never again.
-                    && !c.info().unfinished.iter().any(|n| n == node)
-                    && !self.is_active_checkpoint(c.id())
-            })
-            .map(|c| (c.id().to_string(), c.info().after))
-            .collect();
+        // Only the ids: a checkpoint of 10,000 images is not copied for
+        // each of its 10,000 agents registering.
+        let pending: Vec<(String, i32)> = self.catalog.read(|s| {
+            s.checkpoints
+                .values()
+                .flat_map(|m| m.values())
+                .filter(|c| !c.finished && c.state() == crate::catalog::state::COMMITTED)
+                // The one being run (FINISH not sent yet) first: cheaper
+                // than a look through its images.
+                .filter(|c| !self.is_active_checkpoint(c.id()))
+                .filter(|c| {
+                    c.info().images.iter().any(|i| i.node == node)
+                        && !c.finished_nodes.iter().any(|n| n == node)
+                        // FINISH failed there and crctl said so: never again.
+                        && !c.info().unfinished.iter().any(|n| n == node)
+                })
+                .map(|c| (c.id().to_string(), c.info().after))
+                .collect()
+        });
         if pending.is_empty() {
             return;
         }

@@ -99,7 +99,7 @@ impl pb::coordinator_server::Coordinator for Service {
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
         check_node(&req, &req.get_ref().node)?;
-        Ok(Response::new(self.0.register(req.into_inner())?))
+        Ok(Response::new(self.0.register(req.into_inner()).await?))
     }
 
     async fn heartbeat(
@@ -107,7 +107,7 @@ impl pb::coordinator_server::Coordinator for Service {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
         check_node(&req, &req.get_ref().node)?;
-        Ok(Response::new(self.0.heartbeat(req.into_inner())?))
+        Ok(Response::new(self.0.heartbeat(req.into_inner()).await?))
     }
 
     async fn nodes(&self, req: Request<pb::Empty>) -> Result<Response<pb::NodesReply>, Status> {

@@ -226,7 +226,7 @@ fn bm(local: &str, remote: &str, pid: i32, seq: u32) -> pb::Bookmark {
 
 impl Env {
     /// Nodes n1..=n`nodes` (address 10.0.0.i), job J with member pid 100+i on each.
-    fn new(nodes: usize) -> Env {
+    async fn new(nodes: usize) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let cat = Arc::new(Catalog::open(&dir.path().join("cat.redb")).unwrap());
         let fake = Arc::new(Fake::default());
@@ -243,12 +243,12 @@ impl Env {
             fake,
         };
         for i in 1..=nodes {
-            env.register(i, vec![member("J", 100 + i as i32)]);
+            env.register(i, vec![member("J", 100 + i as i32)]).await;
         }
         env
     }
 
-    fn register(&self, i: usize, members: Vec<pb::Member>) {
+    async fn register(&self, i: usize, members: Vec<pb::Member>) {
         self.coord
             .register(pb::RegisterRequest {
                 node: format!("n{i}"),
@@ -258,6 +258,7 @@ impl Env {
                 members,
                 generation: 1,
             })
+            .await
             .unwrap();
     }
 
@@ -288,7 +289,7 @@ impl Env {
 
 #[tokio::test]
 async fn checkpoint_commits_and_ids_increment() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.connect_n1_n2();
     let c = env.ck().await.unwrap();
     assert_eq!(c.id, "J-1");
@@ -325,7 +326,7 @@ async fn checkpoint_commits_and_ids_increment() {
 
 #[tokio::test]
 async fn failing_prepare_aborts_every_agent() {
-    let env = Env::new(3);
+    let env = Env::new(3).await;
     env.fake.set_fail("n2", "prepare", "cannot freeze pid 102");
     let e = env.ck().await.unwrap_err();
     assert!(matches!(e, Error::Aborted { .. }), "{e}");
@@ -357,7 +358,7 @@ async fn failing_prepare_aborts_every_agent() {
 
 #[tokio::test]
 async fn failing_dump_aborts() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.fake.set_fail("n1", "dump", "disk full");
     let e = env.ck().await.unwrap_err();
     assert!(e.to_string().contains("node n1: DUMP: disk full"), "{e}");
@@ -367,7 +368,7 @@ async fn failing_dump_aborts() {
 
 #[tokio::test]
 async fn inconsistent_cut_aborts() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     {
         let mut b = env.fake.bookmarks.lock().unwrap();
         // n2 received up to 1200, n1 wrote only up to 1000.
@@ -389,7 +390,7 @@ async fn inconsistent_cut_aborts() {
 
 #[tokio::test]
 async fn external_connection_aborts_unless_allowed() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.connect_n1_n2();
     env.fake
         .bookmarks
@@ -429,7 +430,7 @@ async fn external_connection_aborts_unless_allowed() {
 
 #[tokio::test]
 async fn loopback_addresses_count_per_node() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     // The same loopback pair on both nodes: each matches on its own node.
     for (n, pid) in [("n1", 101), ("n2", 102)] {
         env.fake.bookmarks.lock().unwrap().insert(
@@ -462,7 +463,7 @@ async fn loopback_addresses_count_per_node() {
 
 #[tokio::test]
 async fn timeout_aborts() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.fake
         .hang
         .lock()
@@ -485,7 +486,7 @@ async fn timeout_aborts() {
 
 #[tokio::test]
 async fn one_operation_at_a_time() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.fake
         .hang
         .lock()
@@ -508,7 +509,7 @@ async fn one_operation_at_a_time() {
 
 #[tokio::test]
 async fn refusals() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     let e = env
         .coord
         .checkpoint("nope", pb::After::Continue, None)
@@ -523,6 +524,7 @@ async fn refusals() {
             generation: 2,
             ..Default::default()
         })
+        .await
         .unwrap();
     let j = env.coord.job("J").unwrap();
     assert_eq!(j.state, "partial");
@@ -535,6 +537,7 @@ async fn refusals() {
             generation: 2,
             ..Default::default()
         })
+        .await
         .unwrap();
     let e = env.ck().await.unwrap_err();
     assert_eq!(e.to_string(), "job J has no live member");
@@ -542,7 +545,7 @@ async fn refusals() {
 
 #[tokio::test]
 async fn retention_removes_the_oldest_beyond_keep() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.coord
         .configure(&pb::ConfigureRequest {
             job: "J".into(),
@@ -583,7 +586,7 @@ async fn retention_removes_the_oldest_beyond_keep() {
 
 #[tokio::test]
 async fn incremental_dumps_name_their_parent() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.coord.set_incremental("J", true).unwrap();
     env.ck().await.unwrap();
     env.ck().await.unwrap();
@@ -595,7 +598,7 @@ async fn incremental_dumps_name_their_parent() {
 
 #[tokio::test]
 async fn restart_refused_while_members_alive() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.ck().await.unwrap();
     let e = env.coord.restart("J", None, &[], None).await.unwrap_err();
     assert_eq!(
@@ -607,7 +610,7 @@ async fn restart_refused_while_members_alive() {
 
 #[tokio::test]
 async fn restart_with_placement_and_address_map() {
-    let env = Env::new(3);
+    let env = Env::new(3).await;
     // Only n1 and n2 host J; n3 is spare.
     env.coord
         .heartbeat(pb::HeartbeatRequest {
@@ -616,6 +619,7 @@ async fn restart_with_placement_and_address_map() {
             generation: 2,
             ..Default::default()
         })
+        .await
         .unwrap();
     env.connect_n1_n2();
     let c = env
@@ -685,6 +689,7 @@ async fn restart_with_placement_and_address_map() {
             generation: 50,
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(env.coord.job("J").unwrap().state, "running");
     // ...a newer one is not.
@@ -695,6 +700,7 @@ async fn restart_with_placement_and_address_map() {
             generation: 101,
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(env.coord.job("J").unwrap().state, "stopped");
 
@@ -725,7 +731,7 @@ async fn restart_with_placement_and_address_map() {
 
 #[tokio::test]
 async fn failing_restore_aborts_all() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.coord
         .checkpoint("J", pb::After::Kill, None)
         .await
@@ -742,19 +748,22 @@ async fn failing_restore_aborts_all() {
 
 #[tokio::test]
 async fn registry_membership() {
-    let env = Env::new(1);
+    let env = Env::new(1).await;
     let hb = |node: &str, members, generation| {
-        env.coord
-            .heartbeat(pb::HeartbeatRequest {
-                node: node.into(),
-                members,
-                generation,
-                ..Default::default()
-            })
-            .unwrap()
+        env.coord.heartbeat(pb::HeartbeatRequest {
+            node: node.into(),
+            members,
+            generation,
+            ..Default::default()
+        })
     };
-    assert!(hb("stranger", vec![], 1).register_again);
-    assert!(!hb("n1", vec![member("J", 101), member("K", 500)], 2).register_again);
+    assert!(hb("stranger", vec![], 1).await.unwrap().register_again);
+    assert!(
+        !hb("n1", vec![member("J", 101), member("K", 500)], 2)
+            .await
+            .unwrap()
+            .register_again
+    );
     let jobs = env.coord.jobs().jobs;
     assert_eq!(
         jobs.iter().map(|j| j.name.as_str()).collect::<Vec<_>>(),
@@ -763,12 +772,14 @@ async fn registry_membership() {
     assert_eq!(jobs[1].external, "abort");
     assert_eq!(jobs[1].interval_secs, 0);
     // Stale report ignored.
-    hb("n1", vec![], 1);
+    hb("n1", vec![], 1).await.unwrap();
     assert_eq!(env.coord.job("K").unwrap().state, "running");
-    hb("n1", vec![member("J", 101)], 3);
+    hb("n1", vec![member("J", 101)], 3).await.unwrap();
     assert_eq!(env.coord.job("K").unwrap().state, "stopped");
     // A new member of a stopped job starts it afresh.
-    hb("n1", vec![member("J", 101), member("K", 600)], 4);
+    hb("n1", vec![member("J", 101), member("K", 600)], 4)
+        .await
+        .unwrap();
     let k = env.coord.job("K").unwrap();
     assert_eq!(k.procs.len(), 1);
     assert_eq!(k.procs[0].pid, 600);
@@ -778,7 +789,7 @@ async fn registry_membership() {
 
 #[tokio::test]
 async fn failed_finish_is_reported_and_never_sent_again() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.fake
         .set_fail("n2", "finish", "unavailable: connection refused");
     let c = env.ck().await.unwrap();
@@ -794,14 +805,14 @@ async fn failed_finish_is_reported_and_never_sent_again() {
     assert!(rec.finished, "nothing is left to send");
     assert_eq!(rec.finished_nodes, ["n1"]);
     env.fake.fail.lock().unwrap().clear();
-    env.register(2, vec![member("J", 102)]);
+    env.register(2, vec![member("J", 102)]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(env.fake.nodes_called("finish"), ["n1", "n2"]);
 }
 
 #[tokio::test]
 async fn past_the_freeze_bound_every_node_thaws() {
-    let env = Env::new(3);
+    let env = Env::new(3).await;
     env.fake.hang.lock().unwrap().insert(("n2".into(), "dump"));
     let t0 = std::time::Instant::now();
     let e = env
@@ -844,7 +855,7 @@ fn default_freeze_bound_grows_with_the_last_dump() {
 
 #[tokio::test]
 async fn stop_aborts_the_checkpoint_in_progress() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.fake.hang.lock().unwrap().insert(("n1".into(), "dump"));
     let c = env.coord.clone();
     let op = tokio::spawn(async move { c.checkpoint("J", pb::After::Continue, None).await });
@@ -956,6 +967,7 @@ async fn coordinator_restart_keeps_the_catalog() {
             generation: 1,
             ..Default::default()
         })
+        .await
         .unwrap();
     }
     c.checkpoint("J", pb::After::Continue, None).await.unwrap();
@@ -970,6 +982,7 @@ async fn coordinator_restart_keeps_the_catalog() {
             node: "n1".into(),
             ..Default::default()
         })
+        .await
         .unwrap()
         .register_again
     );
@@ -1026,6 +1039,7 @@ async fn checkpoint_lost_in_a_crash_is_aborted_when_agents_register() {
         generation: 1,
         ..Default::default()
     })
+    .await
     .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -1055,7 +1069,7 @@ async fn checkpoint_lost_in_a_crash_is_aborted_when_agents_register() {
 /// one it is refused after a bound.
 #[tokio::test]
 async fn launch_waits_for_the_callers_membership() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     let coord = env.coord.clone();
     let later = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1066,6 +1080,7 @@ async fn launch_waits_for_the_callers_membership() {
                 generation: 2,
                 ..Default::default()
             })
+            .await
             .unwrap();
     });
     let req = |job: &str| pb::LaunchRequest {
@@ -1087,7 +1102,7 @@ async fn launch_waits_for_the_callers_membership() {
 
 #[tokio::test]
 async fn a_user_acts_only_on_own_jobs_and_pulls_restarts_to_its_node() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.connect_n1_n2();
     // Members and images of J run as uid 1000.
     env.coord.check_user_job("J", "n1", 1000).await.unwrap();
@@ -1123,7 +1138,7 @@ async fn a_user_acts_only_on_own_jobs_and_pulls_restarts_to_its_node() {
 
 #[tokio::test]
 async fn uncoordinated_members_form_a_recovery_line() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.coord
         .configure(&pb::ConfigureRequest {
             job: "J".into(),
@@ -1222,7 +1237,7 @@ async fn uncoordinated_members_form_a_recovery_line() {
 
 #[tokio::test]
 async fn non_blocking_checkpoints_ask_the_agents_to_go_member_by_member() {
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     // By the job's mode: every node's PREPARE asks for it, CONTINUE only.
     env.coord
         .configure(&pb::ConfigureRequest {
@@ -1285,7 +1300,7 @@ async fn non_blocking_checkpoints_ask_the_agents_to_go_member_by_member() {
 #[tokio::test]
 async fn watchers_follow_phases_lag_alone_and_end_at_the_stop() {
     use tokio_stream::StreamExt;
-    let env = Env::new(2);
+    let env = Env::new(2).await;
     env.connect_n1_n2();
     let mut w = crate::events::watch(env.coord.clone(), "J".into());
     let mut slow = crate::events::watch(env.coord.clone(), String::new());

@@ -17,6 +17,7 @@ fn endpoint(
     domain: &str,
     timeout: Duration,
     keepalive: Duration,
+    while_idle: bool,
 ) -> Result<Endpoint, RpcError> {
     let bad = |what: String| RpcError::Address {
         addr: addr.to_string(),
@@ -29,7 +30,7 @@ fn endpoint(
         .tcp_nodelay(true)
         .http2_keep_alive_interval(keepalive)
         .keep_alive_timeout(keepalive * 2)
-        .keep_alive_while_idle(true);
+        .keep_alive_while_idle(while_idle);
     if let Some(tls) = sec.client(domain) {
         ep = ep.tls_config(tls).map_err(|e| bad(e.to_string()))?;
     }
@@ -43,7 +44,7 @@ pub async fn connect(
     domain: &str,
     timeout: Duration,
 ) -> Result<Channel, RpcError> {
-    endpoint(addr, sec, domain, timeout, KEEPALIVE)?
+    endpoint(addr, sec, domain, timeout, KEEPALIVE, true)?
         .connect()
         .await
         .map_err(|e| RpcError::Connect {
@@ -59,12 +60,14 @@ pub fn lazy(
     domain: &str,
     timeout: Duration,
 ) -> Result<Channel, RpcError> {
-    lazy_with_keepalive(addr, sec, domain, timeout, KEEPALIVE)
+    Ok(endpoint(addr, sec, domain, timeout, KEEPALIVE, true)?.connect_lazy())
 }
 
 /// [`lazy`] with its own keepalive period: a call in flight on a
 /// connection whose peer stopped answering (a cut link) fails within
-/// three periods instead of hanging until its own timeout.
+/// three periods instead of hanging until its own timeout. Only while
+/// calls are in flight: a coordinator holds one such channel per node, and
+/// pinging thousands of idle ones every second is most of its work.
 pub fn lazy_with_keepalive(
     addr: &str,
     sec: &Security,
@@ -72,7 +75,7 @@ pub fn lazy_with_keepalive(
     timeout: Duration,
     keepalive: Duration,
 ) -> Result<Channel, RpcError> {
-    Ok(endpoint(addr, sec, domain, timeout, keepalive)?.connect_lazy())
+    Ok(endpoint(addr, sec, domain, timeout, keepalive, false)?.connect_lazy())
 }
 
 /// HTTP/2 flow-control windows of a channel that carries bulk data (image
@@ -89,7 +92,7 @@ pub fn lazy_bulk(
     timeout: Duration,
     keepalive: Duration,
 ) -> Result<Channel, RpcError> {
-    Ok(endpoint(addr, sec, domain, timeout, keepalive)?
+    Ok(endpoint(addr, sec, domain, timeout, keepalive, true)?
         .initial_stream_window_size(BULK_STREAM_WINDOW)
         .initial_connection_window_size(BULK_CONNECTION_WINDOW)
         .connect_lazy())

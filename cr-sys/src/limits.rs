@@ -49,6 +49,23 @@ pub fn set(pid: i32, res: u32, soft: u64, hard: u64) -> Result<()> {
     Ok(())
 }
 
+/// Raise this process's soft limit of open files to its hard one (a
+/// daemon with a connection to and from each of thousands of nodes needs
+/// more than the usual soft 1024); the limit now.
+pub fn raise_nofile() -> Result<u64> {
+    let me = std::process::id() as i32;
+    let res = libc::RLIMIT_NOFILE as usize;
+    let path = format!("/proc/{me}/limits");
+    let (soft, hard) = *get_all(me)?.get(res).ok_or_else(|| SysError::Parse {
+        path,
+        what: "no line for open files".into(),
+    })?;
+    if soft < hard {
+        set(me, res as u32, hard, hard)?;
+    }
+    Ok(hard)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
