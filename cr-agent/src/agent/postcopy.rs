@@ -270,14 +270,15 @@ pub fn start(
             }
             Err(e) => {
                 // Left registered, failed: every later look at them says so.
-                warn!(from = a.from, error = e, "post-copy from the source failed: the processes still missing pages are killed, the incomplete copy is removed");
-                a.lock().failed = Some(e);
+                a.lock().failed = Some(e.clone());
                 a.cond.notify_all();
                 for s in &a.stores {
                     if let Some(d) = s.path.parent() {
                         let _ = std::fs::remove_dir_all(d);
                     }
                 }
+                // Said once it is true: the processes were told, the copy is gone.
+                warn!(from = a.from, error = e, "post-copy from the source failed: the processes still missing pages are killed, the incomplete copy is removed");
             }
         }
     });
