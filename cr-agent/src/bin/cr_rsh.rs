@@ -280,6 +280,31 @@ fn task_frame() -> Result<Vec<u8>, String> {
     Ok(f)
 }
 
+/// The port of the step's PMI server, when its cr_srun serves one (on the
+/// addresses of the relay).
+const PMI_ENV: &str = "CR_SRUN_PMI";
+
+/// The PMI-1 environment of a task's rank when its cr_srun serves the
+/// step's PMI (`CR_SRUN_PMI`): its server on the address this task
+/// reached cr_srun at, its id being the task's rank.
+fn pmi_env(relay: &TcpStream) -> Vec<(String, String)> {
+    let (Ok(port), Ok(to)) = (std::env::var(PMI_ENV), relay.peer_addr()) else {
+        return Vec::new();
+    };
+    let (Ok(rank), Ok(size)) = (
+        std::env::var("SLURM_PROCID"),
+        std::env::var("SLURM_STEP_NUM_TASKS").or_else(|_| std::env::var("SLURM_NTASKS")),
+    ) else {
+        return Vec::new();
+    };
+    vec![
+        ("PMI_PORT".into(), format!("{}:{port}", to.ip())),
+        ("PMI_ID".into(), rank.clone()),
+        ("PMI_RANK".into(), rank),
+        ("PMI_SIZE".into(), size),
+    ]
+}
+
 fn serve(addrs: &[IpAddr], port: u16, command: &str, task: bool) -> Result<u8, String> {
     let hello = task.then(task_frame).transpose()?;
     let token = std::env::var(TOKEN_ENV).map_err(|_| format!("no {TOKEN_ENV}"))?;
@@ -296,6 +321,7 @@ fn serve(addrs: &[IpAddr], port: u16, command: &str, task: bool) -> Result<u8, S
         }
     }
     let mut sock = sock.ok_or_else(|| format!("cannot reach cr_rsh: {}", errors.join("; ")))?;
+    let pmi = if task { pmi_env(&sock) } else { Vec::new() };
     sock.set_nodelay(true).ok();
     sock.write_all(token.as_bytes())
         .map_err(|e| format!("connection to cr_rsh: {e}"))?;
@@ -307,6 +333,9 @@ fn serve(addrs: &[IpAddr], port: u16, command: &str, task: bool) -> Result<u8, S
         .arg("-c")
         .arg(command)
         .env_remove(TOKEN_ENV)
+        .env_remove(PMI_ENV)
+        .env_remove("PMI_FD")
+        .envs(pmi)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
