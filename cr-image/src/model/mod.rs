@@ -39,7 +39,7 @@ pub use memory::{
     PageStore, ShmOwner, StoreBlock, Vma, VmaKind, AIO_EVENT,
 };
 pub use mounts::{MountNs, Tmpfs, TmpfsEntry, TmpfsKind};
-pub use objects::{Object, ObjectKind, ObjectTag};
+pub use objects::{inet_proto_name, Object, ObjectKind, ObjectTag};
 pub use outside::OutsideFile;
 pub use seccomp::{SeccompFilter, SeccompMode, ThreadSeccomp};
 pub use signals::{AltStack, SigAction, SigInfo, Signals};
