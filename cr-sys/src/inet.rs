@@ -122,9 +122,10 @@ pub fn ping_group_range() -> Result<(u32, u32)> {
 pub fn socket_as_group(family: i32, ty: i32, protocol: i32, gid: u32) -> Result<OwnedFd> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            let keep = u32::MAX as libc::c_long; // -1: unchanged
-                                                 // SAFETY: setresgid takes no pointers; it changes this thread's
-                                                 // credentials only, and the thread ends right after.
+            // -1: unchanged.
+            let keep = u32::MAX as libc::c_long;
+            // SAFETY: setresgid takes no pointers; it changes this thread's
+            // credentials only, and the thread ends right after.
             let r = unsafe { libc::syscall(libc::SYS_setresgid, keep, gid as libc::c_long, keep) };
             if r != 0 {
                 return Err(SysError::Syscall {
