@@ -228,6 +228,7 @@ mod tests {
             anon_name: String::new(),
             shm_owner: None,
             object: None,
+            aio: None,
         }
     }
 

@@ -35,11 +35,11 @@ pub use cgroups::Cgroup;
 pub use fds::{Fd, FdKind, FdOwner, FileLock, LockKind, SharedFd};
 pub use identity::{Creds, Identity, RLimit};
 pub use memory::{
-    Compression, DirtyMethod, MemStats, Memory, Mm, PageAt, PageExtent, PageFile, PageRun,
-    PageStore, ShmOwner, StoreBlock, Vma, VmaKind,
+    AioRing, Compression, DirtyMethod, MemStats, Memory, Mm, PageAt, PageExtent, PageFile, PageRun,
+    PageStore, ShmOwner, StoreBlock, Vma, VmaKind, AIO_EVENT,
 };
 pub use mounts::{MountNs, Tmpfs, TmpfsEntry, TmpfsKind};
-pub use objects::{Object, ObjectKind, ObjectTag};
+pub use objects::{inet_proto_name, Object, ObjectKind, ObjectTag};
 pub use outside::OutsideFile;
 pub use seccomp::{SeccompFilter, SeccompMode, ThreadSeccomp};
 pub use signals::{AltStack, SigAction, SigInfo, Signals};
