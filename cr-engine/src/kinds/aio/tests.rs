@@ -132,6 +132,7 @@ answer("verdict", "OK" if ok else "FAIL io_destroy")
     let pid = child.0.id() as i32;
     wait_for(
         "the program",
+        pid,
         &dir.join("ready"),
         Duration::from_secs(30),
         &log,
@@ -151,6 +152,7 @@ answer("verdict", "OK" if ok else "FAIL io_destroy")
     cr_sys::ptrace::kill(pid, libc::SIGUSR1).unwrap();
     let verdict = wait_for(
         "the verdict",
+        pid,
         &dir.join("verdict"),
         Duration::from_secs(30),
         &log,
