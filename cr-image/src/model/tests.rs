@@ -547,6 +547,10 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
             hostname: "n1".into(),
             domainname: "(none)".into(),
         }),
+        cgroupns: Some(vec![Cgroup {
+            controllers: String::new(),
+            path: "/job".into(),
+        }]),
         outside_files: vec![OutsideFile {
             path: "/usr/bin/python3".into(),
             used_by: "the executable of process 100".into(),
