@@ -533,6 +533,7 @@ impl Held {
         tree::refuse_foreign_namespaces(&images)?;
         let uts = kinds::uts::capture(&images)?;
         let cgroupns = kinds::cgroups::capture_ns(&images)?;
+        let netns = kinds::netns::capture(&images)?;
         let own_shm = mounts.as_ref().is_some_and(|m| m.dev_shm.is_some());
         let outside_files = kinds::outside::capture(&mut d, &pids, &images, own_shm)?;
         let captured = t_dump.elapsed();
@@ -579,6 +580,7 @@ impl Held {
             job_dir: job_dir(root).map(|d| d.display().to_string()),
             uts,
             cgroupns,
+            netns,
             outside_files,
         };
         fault::check("before-commit")?;
@@ -838,6 +840,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             job_dir: None,
             uts: None,
             cgroupns: None,
+            netns: None,
             outside_files: Vec::new(),
         };
         fault::check("before-commit")?;

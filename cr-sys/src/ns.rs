@@ -14,9 +14,12 @@ pub fn id(pid: i32, kind: &str) -> Result<String> {
     crate::proc::read_link(&format!("/proc/{pid}/ns/{kind}"))
 }
 
-/// Whether process `pid` is in another namespace `kind` than we are.
+/// Whether process `pid` is in another namespace `kind` than the calling
+/// thread (a thread may have joined another network, IPC or UTS
+/// namespace than its process's main thread).
 pub fn differs(pid: i32, kind: &str) -> Result<bool> {
-    Ok(id(pid, kind)? != id(std::process::id() as i32, kind)?)
+    let ours = crate::proc::read_link(&format!("/proc/thread-self/ns/{kind}"))?;
+    Ok(id(pid, kind)? != ours)
 }
 
 /// An fd of the namespace `kind` of process `pid` (keeps it alive).
@@ -93,6 +96,55 @@ fn in_thread_ns<R: Send, E: Send + From<SysError>>(
 pub fn unshare_net() -> Result<()> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
         .or_sys(|| "unshare(network namespace)".into())
+}
+
+/// Bring the loopback device of the calling thread's network namespace up
+/// (a new namespace has it down; `ip link set lo up`).
+pub fn loopback_up() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .or_sys(|| "socket for SIOCSIFFLAGS".into())?;
+    // SAFETY: ifreq is plain old data; all zeros is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of `req`,
+    // which lives for the call.
+    let got = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
+    if got < 0 {
+        return Err(nix::errno::Errno::last()).or_sys(|| "SIOCGIFFLAGS of lo".into());
+    }
+    // SAFETY: the kernel filled the flags member of the union just above.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
+    let set = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
+    if set < 0 {
+        return Err(nix::errno::Errno::last()).or_sys(|| "SIOCSIFFLAGS of lo (up)".into());
+    }
+    Ok(())
+}
+
+/// The network devices of process `pid`'s network namespace, each with
+/// whether it is up, by name.
+pub fn net_devices(pid: i32) -> Result<Vec<(String, bool)>> {
+    let ns = open(pid, "net")?;
+    in_net_ns(Some(&ns), || {
+        let mut out: Vec<(String, bool)> = Vec::new();
+        for a in nix::ifaddrs::getifaddrs().or_sys(|| "getifaddrs".into())? {
+            if !out.iter().any(|(n, _)| *n == a.interface_name) {
+                let up = a.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP);
+                out.push((a.interface_name.clone(), up));
+            }
+        }
+        out.sort();
+        Ok::<_, SysError>(out)
+    })
 }
 
 /// The host name and NIS domain name of the UTS namespace of process `pid`

@@ -164,3 +164,27 @@ fn cr_run_as_non_root_names_no_pidns() {
     );
     out.assert_success("cr_run --no-pidns as nobody");
 }
+
+/// A sandbox in a network namespace of its own with loopback alone
+/// (as `unshare -n` makes), holding TCP and UDP sockets on 127.0.0.1: cr_restart
+/// makes a new namespace like it, where the sockets come back and work.
+#[test]
+fn a_network_namespace_of_its_own_is_made_again() {
+    let h = Harness::new("netns-own");
+    let mut wl = h.spawn_python("py_netns.py", &[]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &["--kill"], pid)
+        .assert_success("checkpoint of a process in a network namespace of its own");
+    wl.reap_killed();
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_blocked_in(&wl, POLL_SLEEP_SYSCALLS, Duration::from_secs(60));
+    wl.go();
+    let res = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(
+        &res,
+        &wl,
+        "restore of a process in a network namespace of its own",
+    );
+}

@@ -37,6 +37,7 @@ pub mod memory;
 pub mod mounts;
 pub mod netlink;
 pub mod netlock;
+pub mod netns;
 pub mod outside;
 pub mod packet;
 pub mod pipes;

@@ -19,6 +19,7 @@ pub mod fds;
 pub mod identity;
 pub mod memory;
 pub mod mounts;
+pub mod netns;
 pub mod objects;
 pub mod outside;
 pub mod seccomp;
@@ -39,6 +40,7 @@ pub use memory::{
     PageStore, ShmOwner, StoreBlock, Vma, VmaKind, AIO_EVENT,
 };
 pub use mounts::{MountNs, Tmpfs, TmpfsEntry, TmpfsKind};
+pub use netns::{NetDevice, NetNs};
 pub use objects::{inet_proto_name, Object, ObjectKind, ObjectTag};
 pub use outside::OutsideFile;
 pub use seccomp::{SeccompFilter, SeccompMode, ThreadSeccomp};
@@ -114,6 +116,9 @@ pub struct Checkpoint {
     /// kind "cgroups": the root group of the tree's own cgroup namespace in
     /// each hierarchy (None: the checkpointer's namespace).
     pub cgroupns: Option<Vec<Cgroup>>,
+    /// kind "netns": the tree's own network namespace (None: the
+    /// checkpointer's).
+    pub netns: Option<NetNs>,
     /// Files outside the image it relies on, as they were.
     pub outside_files: Vec<OutsideFile>,
 }
@@ -290,6 +295,10 @@ impl Checkpoint {
                 .cgroupns
                 .map(|c| at(cgroups::from_pb(c.roots), || "its cgroup namespace".into()))
                 .transpose()?,
+            netns: p
+                .netns
+                .map(|n| at(NetNs::from_pb(n), || "its network namespace".into()))
+                .transpose()?,
             outside_files: p
                 .outside_files
                 .into_iter()
@@ -330,6 +339,7 @@ impl Checkpoint {
             cgroupns: self.cgroupns.as_ref().map(|roots| pb::CgroupNs {
                 roots: roots.iter().map(Cgroup::to_pb).collect(),
             }),
+            netns: self.netns.as_ref().map(NetNs::to_pb),
             outside_files: self.outside_files.iter().map(OutsideFile::to_pb).collect(),
         }
     }

@@ -551,6 +551,12 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
             controllers: String::new(),
             path: "/job".into(),
         }]),
+        netns: Some(NetNs {
+            devices: vec![NetDevice {
+                name: "lo".into(),
+                up: true,
+            }],
+        }),
         outside_files: vec![OutsideFile {
             path: "/usr/bin/python3".into(),
             used_by: "the executable of process 100".into(),

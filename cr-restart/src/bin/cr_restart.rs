@@ -52,13 +52,24 @@ fn main() -> ExitCode {
         eprintln!("cr_restart: error: {msg}");
         ExitCode::FAILURE
     };
+    // A tree that had a network namespace of its own with loopback alone
+    // gets a new one, made by this process before anything of the image.
+    let own_netns = if cli.netns.is_none() {
+        own_netns(&cli.dir)
+    } else {
+        None
+    };
     // Post-copy pages are served by this process (see --lazy-pages).
-    let agent =
-        if cli.standalone || cli.opts.shell_job || cli.netns.is_some() || cli.opts.lazy_pages {
-            None
-        } else {
-            cr_rpc::local::Agent::if_running()
-        };
+    let agent = if cli.standalone
+        || cli.opts.shell_job
+        || cli.netns.is_some()
+        || own_netns.is_some()
+        || cli.opts.lazy_pages
+    {
+        None
+    } else {
+        cr_rpc::local::Agent::if_running()
+    };
     if let Some(agent) = agent {
         return exit_with(&cli, through_agent(agent, &cli), fail);
     }
@@ -70,6 +81,14 @@ fn main() -> ExitCode {
         };
         if let Err(e) = cr_sys::inet::enter_netns(&path) {
             return fail(cr_sys::error::one_line(&e));
+        }
+    }
+    if let Some(n) = &own_netns {
+        if let Err(e) = cr_engine::kinds::netns::make(n) {
+            return fail(format!(
+                "cannot make the tree's network namespace again: {}",
+                cr_sys::error::one_line(&e)
+            ));
         }
     }
     cli.opts.progress = if cli.json {
@@ -105,6 +124,15 @@ fn main() -> ExitCode {
         }
     });
     exit_with(&cli, result.map_err(|e| cr_sys::error::one_line(&e)), fail)
+}
+
+/// The network namespace the image at `dir` asks a restore to make (see
+/// `cr_engine::kinds::netns`); an unreadable image is reported later.
+fn own_netns(dir: &std::path::Path) -> Option<cr_image::model::NetNs> {
+    let ck = cr_image::dir::ImageDir::open(dir)
+        .and_then(|d| d.read_checkpoint())
+        .ok()?;
+    cr_engine::kinds::netns::restorable(&ck).cloned()
 }
 
 /// Say the restored PID: alone on a line, or as JSON.

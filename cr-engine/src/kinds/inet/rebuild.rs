@@ -573,7 +573,11 @@ pub fn warn_other_netns(ck: &Checkpoint) {
     let boot = proc::sys_value("/proc/sys/kernel/random/boot_id");
     let here = proc::read_link("/proc/self/ns/net").unwrap_or_default();
     let m = &ck.meta;
-    if has_inet && !m.netns.is_empty() && m.boot_id == boot && m.netns != here {
+    // (A namespace of its own made again by cr_restart is another one.)
+    let made = crate::kinds::netns::restorable(ck).is_some()
+        && cr_sys::ns::net_devices(std::process::id() as i32)
+            .is_ok_and(|d| d.len() == 1 && d[0].0 == "lo");
+    if has_inet && !made && !m.netns.is_empty() && m.boot_id == boot && m.netns != here {
         warn!(
             image = m.netns,
             here, "the image's sockets lived in another network namespace of this host; they are restored into this one (see cr_restart --netns)"
