@@ -263,6 +263,17 @@ impl Env {
             .unwrap();
     }
 
+    /// Heartbeats of n1, n2, ... with (free MiB, RSS MiB of its member)
+    /// each ([`report`]).
+    async fn report(&self, nodes: &[(u64, u64)]) {
+        for (i, &(free, rss)) in nodes.iter().enumerate() {
+            self.coord
+                .heartbeat(report(i + 1, free, rss))
+                .await
+                .unwrap();
+        }
+    }
+
     /// A consistent connection between the members of n1 and n2.
     fn connect_n1_n2(&self) {
         let mut b = self.fake.bookmarks.lock().unwrap();
@@ -1361,31 +1372,33 @@ async fn watchers_follow_phases_lag_alone_and_end_at_the_stop() {
     assert_eq!(last.kind, "shutdown", "{last:?}");
 }
 
-/// A drain whose member fits on no other node (their agents report less
-/// free memory than its RSS) is refused by name: the node is not drained,
-/// no agent is asked anything. With room on n3 only, the plan sends it there.
-#[tokio::test]
-async fn drain_places_by_free_memory_and_refuses_without_room() {
-    let env = Env::new(3).await;
-    let cap = |mib: u64| pb::NodeCapacity {
-        mem_free: mib << 20,
-        mem_source: "meminfo".into(),
-        cpus: 2.0,
-        load: 0.0,
-    };
-    let report = |i: usize, free: u64, rss: u64| pb::HeartbeatRequest {
+/// Heartbeat of node n`i` with its member of J (pid 100+i) at `rss` MiB
+/// and `free` MiB free on 2 idle CPUs.
+fn report(i: usize, free: u64, rss: u64) -> pb::HeartbeatRequest {
+    pb::HeartbeatRequest {
         node: format!("n{i}"),
         members: vec![pb::Member {
             rss: rss << 20,
             ..member("J", 100 + i as i32)
         }],
         generation: 2,
-        capacity: Some(cap(free)),
+        capacity: Some(pb::NodeCapacity {
+            mem_free: free << 20,
+            mem_source: "meminfo".into(),
+            cpus: 2.0,
+            load: 0.0,
+        }),
         ..Default::default()
-    };
-    env.coord.heartbeat(report(1, 1000, 300)).await.unwrap();
-    env.coord.heartbeat(report(2, 200, 1)).await.unwrap();
-    env.coord.heartbeat(report(3, 250, 1)).await.unwrap();
+    }
+}
+
+/// A drain whose member fits on no other node (their agents report less
+/// free memory than its RSS) is refused by name: the node is not drained,
+/// no agent is asked anything. With room on n3 only, the plan sends it there.
+#[tokio::test]
+async fn drain_places_by_free_memory_and_refuses_without_room() {
+    let env = Env::new(3).await;
+    env.report(&[(1000, 300), (200, 1), (250, 1)]).await;
     let calls = env.fake.calls.lock().unwrap().len();
     let e = env.coord.drain("n1", None, "").await.unwrap_err();
     let text = e.to_string();
@@ -1416,24 +1429,7 @@ async fn drain_places_by_free_memory_and_refuses_without_room() {
 #[tokio::test]
 async fn migrate_and_restart_without_a_target_use_placement() {
     let env = Env::new(3).await;
-    let report = |i: usize, free: u64, rss: u64| pb::HeartbeatRequest {
-        node: format!("n{i}"),
-        members: vec![pb::Member {
-            rss: rss << 20,
-            ..member("J", 100 + i as i32)
-        }],
-        generation: 2,
-        capacity: Some(pb::NodeCapacity {
-            mem_free: free << 20,
-            mem_source: "meminfo".into(),
-            cpus: 2.0,
-            load: 0.0,
-        }),
-        ..Default::default()
-    };
-    env.coord.heartbeat(report(1, 1000, 30)).await.unwrap();
-    env.coord.heartbeat(report(2, 10, 1)).await.unwrap();
-    env.coord.heartbeat(report(3, 20, 1)).await.unwrap();
+    env.report(&[(1000, 30), (10, 1), (20, 1)]).await;
     let calls = env.fake.calls.lock().unwrap().len();
     let e = env
         .coord
