@@ -59,6 +59,14 @@ pub enum Error {
         mib: u64,
         best: String,
     },
+    #[error("cannot {op} without {flag}: no node has room for {what} ({mib} MiB; {best}); name one with {flag}")]
+    NoTarget {
+        op: String,
+        flag: String,
+        what: String,
+        mib: u64,
+        best: String,
+    },
     #[error("node {node} is drained (crctl undrain {node} lifts it)")]
     Drained { node: String },
     #[error("migration of job {job} failed: {reason}")]
@@ -97,6 +105,7 @@ impl From<Error> for tonic::Status {
             | Error::NodeDown { .. }
             | Error::Drained { .. }
             | Error::NoRoom { .. }
+            | Error::NoTarget { .. }
             | Error::Stopping => Code::FailedPrecondition,
             Error::Aborted { .. }
             | Error::PreCopyFailed { .. }

@@ -23,6 +23,15 @@
 //! writes and the restart copies only what changed since; retention runs
 //! once the job runs again (not during the downtime).
 //!
+//! Without a target (`crctl migrate` without `--to`), the members go to
+//! the node [`crate::placement`] chooses among those up, undrained and not
+//! running a moved member: the member's, or the whole job's, size must
+//! fit in its free memory. A restart without `--on`
+//! ([`Placement::Auto`]) restores every image where it was made, except
+//! those of a node that is down, unknown or drained: each such node's
+//! images go together to the node placement chooses (its addresses
+//! rewritten as with `--on`).
+//!
 //! A drain marks the node drained (no new member is placed or accepted
 //! there; a restart elsewhere never picks it) and migrates every job's
 //! members off it, each to the up, undrained node chosen by free memory
@@ -49,6 +58,12 @@ pub enum Placement {
     /// These members (node, pid in the checkpoint) go to the node named;
     /// the others stay.
     Members(HashMap<(String, i32), String>),
+    /// Every image where it was made, but those of a node that is down,
+    /// unknown or drained on the node [`crate::placement`] chooses, a
+    /// whole node at a time (`crctl restart` without `--on`). Resolved
+    /// into [`Placement::Nodes`] by the restart once it knows the
+    /// checkpoint; [`plan`] takes it as the same nodes.
+    Auto,
 }
 
 /// The restart's plan: per image (in the checkpoint's order) its node and
@@ -75,6 +90,15 @@ fn sockaddr(s: &str) -> Option<SocketAddr> {
     s.parse::<SocketAddr>().ok().map(canon)
 }
 
+/// The nodes of the images of `ck`, in host-list order
+/// ([`crate::catalog::node_order`]): how [`Placement::Nodes`] numbers them.
+pub fn source_nodes(ck: &pb::CheckpointInfo) -> Vec<&str> {
+    let mut sources: Vec<&str> = ck.images.iter().map(|i| i.node.as_str()).collect();
+    sources.sort_by(|a, b| crate::catalog::node_order(a, b));
+    sources.dedup();
+    sources
+}
+
 /// The plan of `placement` for the images of `ck`, with the nodes' records.
 pub fn plan(
     job: &str,
@@ -83,11 +107,14 @@ pub fn plan(
     placement: &Placement,
 ) -> Result<Plan, String> {
     let mut out = Plan::default();
+    let same = Vec::new();
     match placement {
-        Placement::Nodes(on) => {
-            let mut sources: Vec<&str> = ck.images.iter().map(|i| i.node.as_str()).collect();
-            sources.sort_by(|a, b| crate::catalog::node_order(a, b));
-            sources.dedup();
+        Placement::Nodes(_) | Placement::Auto => {
+            let on = match placement {
+                Placement::Nodes(on) => on,
+                _ => &same,
+            };
+            let sources = source_nodes(ck);
             let place: HashMap<&str, &str> = sources
                 .iter()
                 .enumerate()
@@ -238,7 +265,8 @@ impl Coordinator {
     }
 
     /// `crctl migrate`: the members named by `member` (NODE:PID or #INDEX;
-    /// empty: all) of `job` to node `to`.
+    /// empty: all) of `job` to node `to` (empty: the node placement
+    /// chooses, see [`Coordinator::choose_target`]).
     pub async fn migrate(
         &self,
         job: &str,
@@ -302,6 +330,24 @@ impl Coordinator {
                 what: format!("member {}:{} of job {job} is not running", m.node, m.pid),
             });
         }
+        let to = if to.is_empty() {
+            let sized: Vec<(String, i32, u64)> = chosen
+                .iter()
+                .map(|m| {
+                    let bytes = self.member_bytes(job, &m.node, m.pid, &live);
+                    (m.node.clone(), m.pid, bytes)
+                })
+                .collect();
+            let what = if member.is_empty() {
+                format!("job {job} ({} members)", sized.len())
+            } else {
+                format!("member {}:{}", sized[0].0, sized[0].1)
+            };
+            self.choose_target(&format!("migrate job {job}"), &what, &sized, &live)?
+        } else {
+            to.to_string()
+        };
+        let to = to.as_str();
         let moves: HashMap<(String, i32), String> = chosen
             .iter()
             .filter(|m| m.node != to)
@@ -315,6 +361,135 @@ impl Coordinator {
         self.check_target(job, to, &live)?;
         self.migrate_moves(job, moves, timeout, pre_copy, lazy)
             .await
+    }
+
+    /// The node `members` (node, pid, bytes) all go to when no target is
+    /// named: one that is up, undrained and none of theirs, with room for
+    /// all of them ([`crate::placement`]); else why none (`op`, `what`:
+    /// for the message).
+    fn choose_target(
+        &self,
+        op: &str,
+        what: &str,
+        members: &[(String, i32, u64)],
+        live: &crate::registry::Liveness,
+    ) -> Result<String, Error> {
+        use crate::placement::{place, Sized};
+        let bytes: u64 = members.iter().map(|m| m.2).sum();
+        let nodes = self.candidates(live, |n| members.iter().any(|m| m.0 == n));
+        let no_target = |best: String| Error::NoTarget {
+            op: op.into(),
+            flag: "--to".into(),
+            what: what.into(),
+            mib: bytes.div_ceil(1 << 20),
+            best,
+        };
+        match place(&nodes, &[Sized { key: (), bytes }]) {
+            Ok(p) => {
+                let (_, to) = p
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| no_target("no other node is up and undrained".into()))?;
+                tracing::info!(what, bytes, to, "target chosen by free memory and CPU");
+                Ok(to)
+            }
+            Err(e) => {
+                tracing::warn!(what, bytes, "no target has room");
+                Err(no_target(e.best_text()))
+            }
+        }
+    }
+
+    /// [`Placement::Auto`] for checkpoint `ck` of `job`: every node of the
+    /// checkpoint (in host-list order) to itself when it is up and
+    /// undrained, else its images, together, to the node placement
+    /// chooses, where the images staying there count as used memory.
+    pub(crate) fn auto_placement(
+        &self,
+        job: &str,
+        ck: &pb::CheckpointInfo,
+        nodes: &BTreeMap<String, NodeRecord>,
+        live: &crate::registry::Liveness,
+    ) -> Result<Placement, Error> {
+        use crate::placement::{place, Sized};
+        let sources = source_nodes(ck);
+        let size = |n: &str| -> u64 {
+            ck.images
+                .iter()
+                .filter(|i| i.node == n)
+                .map(|i| i.page_bytes)
+                .sum()
+        };
+        let why_not = |n: &str| match nodes.get(n) {
+            None => Some("unknown"),
+            Some(r) if r.drained => Some("drained"),
+            Some(_) if !live.is_up(n) => Some("down"),
+            Some(_) => None,
+        };
+        let gone: Vec<Sized<String>> = sources
+            .iter()
+            .filter(|n| why_not(n).is_some())
+            .map(|n| Sized {
+                key: n.to_string(),
+                bytes: size(n),
+            })
+            .collect();
+        if gone.is_empty() {
+            return Ok(Placement::Nodes(Vec::new()));
+        }
+        let mut cands = self.candidates(live, |_| false);
+        for c in &mut cands {
+            if let Some(cap) = &mut c.capacity {
+                cap.mem_free = cap.mem_free.saturating_sub(size(&c.name));
+            }
+        }
+        let no_target = |n: &str, bytes: u64, best: String| Error::NoTarget {
+            op: format!("restart job {job} from {}", ck.id),
+            flag: "--on".into(),
+            what: format!("the images of {n} ({})", why_not(n).unwrap_or("up")),
+            mib: bytes.div_ceil(1 << 20),
+            best,
+        };
+        let placed: HashMap<String, String> = match place(&cands, &gone) {
+            Ok(p) if p.len() == gone.len() => p.into_iter().collect(),
+            Ok(_) => {
+                return Err(no_target(
+                    &gone[0].key,
+                    gone[0].bytes,
+                    "no node is up and undrained".into(),
+                ))
+            }
+            Err(e) => return Err(no_target(&e.key, e.bytes, e.best_text())),
+        };
+        let on: Vec<String> = sources
+            .iter()
+            .map(|n| placed.get(*n).cloned().unwrap_or_else(|| n.to_string()))
+            .collect();
+        tracing::info!(job, checkpoint = %ck.id, moved = ?placed, "restart: nodes down or drained replaced by free memory and CPU");
+        Ok(Placement::Nodes(on))
+    }
+
+    /// The nodes members may go to: up, undrained, not `excluded`, with
+    /// their capacity and live members.
+    fn candidates(
+        &self,
+        live: &crate::registry::Liveness,
+        excluded: impl Fn(&str) -> bool,
+    ) -> Vec<crate::placement::Candidate> {
+        self.catalog.read(|s| {
+            s.nodes
+                .values()
+                .filter(|n| !n.drained && !excluded(&n.name) && live.is_up(&n.name))
+                .map(|n| crate::placement::Candidate {
+                    name: n.name.clone(),
+                    capacity: live.capacity(&n.name).cloned(),
+                    members: s
+                        .on_node(&n.name)
+                        .map(|(j, ks)| ks.iter().filter(|&&k| j.members[k].alive).count())
+                        .sum(),
+                })
+                .collect()
+        })
     }
 
     /// `to` can take members: registered, up, not drained.
@@ -716,22 +891,9 @@ impl Coordinator {
         node: &str,
         jobs: &[(String, Vec<i32>)],
     ) -> Result<HashMap<(String, i32), String>, Error> {
-        use crate::placement::{place, Candidate, Sized};
+        use crate::placement::{place, Sized};
         let live = self.liveness();
-        let nodes: Vec<Candidate> = self.catalog.read(|s| {
-            s.nodes
-                .values()
-                .filter(|n| !n.drained && n.name != node && live.is_up(&n.name))
-                .map(|n| Candidate {
-                    name: n.name.clone(),
-                    capacity: live.capacity(&n.name).cloned(),
-                    members: s
-                        .on_node(&n.name)
-                        .map(|(j, ks)| ks.iter().filter(|&&k| j.members[k].alive).count())
-                        .sum(),
-                })
-                .collect()
-        });
+        let nodes = self.candidates(&live, |n| n == node);
         let members: Vec<Sized<(String, i32)>> = jobs
             .iter()
             .filter(|(j, _)| !slurm_job(j))
@@ -744,10 +906,7 @@ impl Coordinator {
         match place(&nodes, &members) {
             Ok(p) => Ok(p.into_iter().collect()),
             Err(e) => {
-                let best = match e.best {
-                    Some((n, free)) => format!("most free: {n} with {} MiB", free >> 20),
-                    None => "none reported its free memory".into(),
-                };
+                let best = e.best_text();
                 tracing::warn!(node, job = %e.key.0, pid = e.key.1, bytes = e.bytes, "drain refused: no room");
                 Err(Error::NoRoom {
                     node: node.into(),

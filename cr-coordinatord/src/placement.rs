@@ -10,6 +10,11 @@
 //! capacity (an older agent) takes any member, after every node that did.
 //! A member no node can hold refuses the whole drain (see
 //! [`NoRoom`]): nothing is moved.
+//!
+//! The same choice serves `crctl migrate` without `--to` (one item: the
+//! member, or the whole job, on a node it does not run on) and `crctl
+//! restart` without `--on` (one item per node of the checkpoint that is
+//! down or drained: its images, kept together).
 
 use cr_rpc::pb;
 
@@ -37,6 +42,16 @@ pub struct NoRoom<K> {
     pub key: K,
     pub bytes: u64,
     pub best: Option<(String, u64)>,
+}
+
+impl<K> NoRoom<K> {
+    /// The most free memory left, for a refusal's message.
+    pub fn best_text(&self) -> String {
+        match &self.best {
+            Some((n, free)) => format!("most free: {n} with {} MiB", free >> 20),
+            None => "none reported its free memory".into(),
+        }
+    }
 }
 
 /// Per member (in the order given) its node; an empty `nodes` places

@@ -1082,6 +1082,14 @@ impl Coordinator {
         }
 
         // Placement and address map.
+        let auto;
+        let placement = match placement {
+            Placement::Auto => {
+                auto = self.auto_placement(job, ck.info(), &node_recs, &live)?;
+                &auto
+            }
+            p => p,
+        };
         let plan = migrate::plan(job, ck.info(), &node_recs, placement).map_err(|what| {
             Error::Invalid {
                 what: format!("job {job} from {id}: {what}"),

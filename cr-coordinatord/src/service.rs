@@ -202,7 +202,13 @@ impl pb::coordinator_server::Coordinator for Service {
                     line: req.line,
                     ..Default::default()
                 };
-                c.restart_placed(&req.job, ck.as_deref(), &Placement::Nodes(req.on), &opts)
+                // No --on: where it was, but off nodes down or drained.
+                let placement = if req.on.is_empty() {
+                    Placement::Auto
+                } else {
+                    Placement::Nodes(req.on)
+                };
+                c.restart_placed(&req.job, ck.as_deref(), &placement, &opts)
                     .await
             })
             .await,
@@ -238,12 +244,7 @@ impl pb::coordinator_server::Coordinator for Service {
         check_admin(&req, "Migrate")?;
         let req = req.into_inner();
         job_name(&req.job)?;
-        if req.to.is_empty() {
-            return Err(Error::Invalid {
-                what: "no target node named (--to NODE)".into(),
-            }
-            .into());
-        }
+        // No --to: the coordinator chooses (Coordinator::migrate).
         let c = self.0.clone();
         joined(
             tokio::spawn(async move {

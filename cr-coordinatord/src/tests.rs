@@ -263,6 +263,17 @@ impl Env {
             .unwrap();
     }
 
+    /// Heartbeats of n1, n2, ... with (free MiB, RSS MiB of its member)
+    /// each ([`report`]).
+    async fn report(&self, nodes: &[(u64, u64)]) {
+        for (i, &(free, rss)) in nodes.iter().enumerate() {
+            self.coord
+                .heartbeat(report(i + 1, free, rss))
+                .await
+                .unwrap();
+        }
+    }
+
     /// A consistent connection between the members of n1 and n2.
     fn connect_n1_n2(&self) {
         let mut b = self.fake.bookmarks.lock().unwrap();
@@ -1361,31 +1372,33 @@ async fn watchers_follow_phases_lag_alone_and_end_at_the_stop() {
     assert_eq!(last.kind, "shutdown", "{last:?}");
 }
 
-/// A drain whose member fits on no other node (their agents report less
-/// free memory than its RSS) is refused by name: the node is not drained,
-/// no agent is asked anything. With room on n3 only, the plan sends it there.
-#[tokio::test]
-async fn drain_places_by_free_memory_and_refuses_without_room() {
-    let env = Env::new(3).await;
-    let cap = |mib: u64| pb::NodeCapacity {
-        mem_free: mib << 20,
-        mem_source: "meminfo".into(),
-        cpus: 2.0,
-        load: 0.0,
-    };
-    let report = |i: usize, free: u64, rss: u64| pb::HeartbeatRequest {
+/// Heartbeat of node n`i` with its member of J (pid 100+i) at `rss` MiB
+/// and `free` MiB free on 2 idle CPUs.
+fn report(i: usize, free: u64, rss: u64) -> pb::HeartbeatRequest {
+    pb::HeartbeatRequest {
         node: format!("n{i}"),
         members: vec![pb::Member {
             rss: rss << 20,
             ..member("J", 100 + i as i32)
         }],
         generation: 2,
-        capacity: Some(cap(free)),
+        capacity: Some(pb::NodeCapacity {
+            mem_free: free << 20,
+            mem_source: "meminfo".into(),
+            cpus: 2.0,
+            load: 0.0,
+        }),
         ..Default::default()
-    };
-    env.coord.heartbeat(report(1, 1000, 300)).await.unwrap();
-    env.coord.heartbeat(report(2, 200, 1)).await.unwrap();
-    env.coord.heartbeat(report(3, 250, 1)).await.unwrap();
+    }
+}
+
+/// A drain whose member fits on no other node (their agents report less
+/// free memory than its RSS) is refused by name: the node is not drained,
+/// no agent is asked anything. With room on n3 only, the plan sends it there.
+#[tokio::test]
+async fn drain_places_by_free_memory_and_refuses_without_room() {
+    let env = Env::new(3).await;
+    env.report(&[(1000, 300), (200, 1), (250, 1)]).await;
     let calls = env.fake.calls.lock().unwrap().len();
     let e = env.coord.drain("n1", None, "").await.unwrap_err();
     let text = e.to_string();
@@ -1406,4 +1419,65 @@ async fn drain_places_by_free_memory_and_refuses_without_room() {
         plan.get(&("J".to_string(), 101)).map(String::as_str),
         Some("n3")
     );
+}
+
+/// Without --to a migration goes where placement says: not the member's
+/// node, not one without room for it (refused by name while none has
+/// room, no agent asked anything). A restart without --on restores the
+/// images of a drained node, together, on the node with the most room,
+/// and the others where they were.
+#[tokio::test]
+async fn migrate_and_restart_without_a_target_use_placement() {
+    let env = Env::new(3).await;
+    env.report(&[(1000, 30), (10, 1), (20, 1)]).await;
+    let calls = env.fake.calls.lock().unwrap().len();
+    let e = env
+        .coord
+        .migrate("J", "n1:101", "", None, false, false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cannot migrate job J without --to: no node has room for member n1:101 (30 MiB; \
+         most free: n3 with 20 MiB); name one with --to"
+    );
+    assert_eq!(env.fake.calls.lock().unwrap().len(), calls);
+    // The whole job: no node it does not run on.
+    let e = env.coord.migrate("J", "", "", None, false, false).await;
+    assert!(
+        e.as_ref().unwrap_err().to_string().contains(
+            "no node has room for job J (3 members) (32 MiB; no other node is up and undrained)"
+        ),
+        "{e:?}"
+    );
+    // Room on n3 (n2 still has none).
+    env.coord.heartbeat(report(3, 500, 1)).await.unwrap();
+    let r = env
+        .coord
+        .migrate("J", "n1:101", "", None, false, false)
+        .await
+        .unwrap();
+    assert_eq!(r.moved.len(), 1, "{r:?}");
+    assert!(r.moved[0].starts_with("n1:101 -> n3:"), "{r:?}");
+
+    // Stopped; n3 drained: its images go to n1 (room), n2's stay.
+    env.coord
+        .checkpoint("J", pb::After::Kill, None)
+        .await
+        .unwrap();
+    env.coord.drain("n3", None, "").await.unwrap();
+    let r = env
+        .coord
+        .restart_placed("J", None, &Placement::Auto, &RestartOpts::default())
+        .await
+        .unwrap();
+    assert_eq!(r.map_addr, ["10.0.0.3=10.0.0.1"]);
+    let mut on: Vec<&str> = r
+        .placed
+        .iter()
+        .filter_map(|p| p.split_once('='))
+        .map(|(_, new)| new.split_once(':').unwrap().0)
+        .collect();
+    on.sort();
+    assert_eq!(on, ["n1", "n1", "n2"], "{r:?}");
 }

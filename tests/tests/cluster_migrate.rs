@@ -11,6 +11,10 @@
 //!   (`--to`); then a checkpoint restarted on a node that never held it;
 //! * a node with 3 jobs drained: every member moved off, the node listed
 //!   drained, a new member refused there, undrained;
+//! * targets chosen by placement (no `--to`, no `--on`) with one node
+//!   whose cgroup leaves it almost no free memory: a member migrated, a
+//!   node drained and a job restarted, each onto the node with room and
+//!   never the capped one; refused in one line when no node has room;
 //! * on the same cluster, checkpoints with pre-copy (`crctl checkpoint
 //!   --pre-copy`, the job's `--pre-copy on`) of a ring whose member holds a
 //!   checked ballast: killed and restarted, the pre-dumps removed with the
@@ -573,6 +577,145 @@ fn drain_node_with_three_jobs() {
         ring.wait_advanced(MARGIN, "at the end");
         ring.assert_no_fail();
     }
+}
+
+/// A directory holding what the agent reads of a cgroup v2 group
+/// (`cgroup.procs`, `memory.max`, `memory.current`; cr-sys
+/// `capacity::read`), standing for the cgroup of a node that has `free`
+/// bytes left under its `memory.max`: given to `cr-agent --node-cgroup`.
+/// (This host's cgroup v2 may have no memory controller to cap a real
+/// group with: a hybrid hierarchy keeps it on v1.)
+fn capped_cgroup(c: &Cluster, k: usize, free: u64) -> String {
+    let dir = c.dir.join(format!("cgroup-{}", node_name(k)));
+    std::fs::create_dir_all(&dir).expect("mkdir the node's cgroup");
+    let max: u64 = 64 << 20;
+    for (f, v) in [
+        ("cgroup.procs", String::new()),
+        ("memory.max", format!("{max}\n")),
+        ("memory.current", format!("{}\n", max - free)),
+    ] {
+        std::fs::write(dir.join(f), v).expect("write the node's cgroup files");
+    }
+    dir.to_string_lossy().into_owned()
+}
+
+/// Free memory `crctl nodes` shows for `node` (None: not reported).
+fn mem_free(c: &Cluster, node: &str) -> Option<u64> {
+    let v = c.crctl_json(&["nodes"]);
+    jlist(&v, "nodes")
+        .into_iter()
+        .find(|n| jstr(n, "name") == node)
+        .and_then(|n| {
+            n.get("capacity")
+                .filter(|c| !c.is_null())
+                .map(|c| ju64(c, "mem_free"))
+        })
+}
+
+/// Targets chosen by free memory and CPU when none is named. n1's agent
+/// reports 256 KiB free (its node cgroup's `memory.max` nearly used up),
+/// less than any member's RSS; n2 and n3 report the host's memory. The
+/// ring starts on n3, n3, n2, so that by member count alone n1, the
+/// emptiest node, would be chosen each time:
+/// (a) `crctl migrate --member` (member 2, on n2) without `--to` lands on
+/// n3; (b) `crctl drain n3` puts all three on n2; (c) with n3 drained a
+/// migration without `--to` is refused in one line (nothing moved, the
+/// ring runs on); (d) stopped with `checkpoint --kill`, n2 drained and n3
+/// undrained, `crctl restart` without `--on` brings n2's images to n3.
+/// Every byte of the ring is checked by its members throughout.
+#[test]
+fn targets_chosen_by_room_when_not_named() {
+    let h = Harness::new("cluster-place");
+    let c = Cluster::new(&h, 3);
+    c.start_coordinator();
+    let capped = capped_cgroup(&c, 1, 256 << 10);
+    for k in 1..=3 {
+        let mut o = agent_opts(&c, k, &[]);
+        o.no_wait = true;
+        if k == 1 {
+            o.args = vec!["--node-cgroup".into(), capped.clone()];
+        }
+        c.start_agent_with(k, &o);
+    }
+    c.wait_nodes_up(&[1, 2, 3]);
+    cr_tests::cluster::poll_until(
+        "n1 to report its capped free memory",
+        Duration::from_secs(20),
+        cr_tests::cluster::POLL_PERIOD,
+        || mem_free(&c, "n1").is_some_and(|f| f <= 256 << 10),
+        || format!("crctl nodes:\n{}\n{}", c.crctl(&["nodes"]).show(), c.diag()),
+    );
+    let mut ring = c.start_ring("placed", &[3, 3, 2]);
+    ring.wait_advanced(MARGIN, "before any move");
+
+    // (a) member 2: n2 -> n3, not n1.
+    let m2 = member_id(&c, &ring, 2);
+    let snap = ring.mins();
+    let r = migrate(&c, &mut ring, &["placed", "--member", &m2], "no --to");
+    let moved: Vec<String> = jlist(&r, "moved")
+        .iter()
+        .map(|v| v.as_str().unwrap_or("").to_string())
+        .collect();
+    ensure(
+        &ring,
+        moved.len() == 1 && moved[0].starts_with(&format!("{m2} -> n3:")),
+        &format!("member {m2} should go to n3, the node with room: {r:#}"),
+    );
+    ring.wait_past(&snap, MARGIN, "after member 2 moved without --to");
+    ring.assert_on_nodes(&[3, 3, 3], "after member 2 moved without --to");
+    ring.assert_no_fail();
+
+    // (b) drain n3: everything to n2, nothing to n1.
+    let snap = ring.mins();
+    let out = c.crctl(&["--json", "drain", "n3"]);
+    if !out.status.success() {
+        panic!("crctl drain n3 failed\n{}\n{}", out.show(), ring.diag());
+    }
+    ring.adopt();
+    ring.wait_past(&snap, MARGIN, "after the drain of n3");
+    ring.assert_on_nodes(&[2, 2, 2], "after the drain of n3");
+    ring.assert_no_fail();
+    assert_listed(&c, "n3", true);
+
+    // (c) no node with room: refused in one line, nothing moved.
+    let m0 = member_id(&c, &ring, 0);
+    let out = c.crctl(&["migrate", "placed", "--member", &m0]);
+    ensure(
+        &ring,
+        !out.status.success()
+            && out.stderr.starts_with(CRCTL_ERR)
+            && out.stderr.trim_end().lines().count() == 1
+            && out
+                .stderr
+                .contains(&format!("no node has room for member {m0}"))
+            && out.stderr.contains("most free: n1"),
+        &format!(
+            "a migration without --to and without room must be refused:\n{}",
+            out.show()
+        ),
+    );
+    ring.wait_advanced(MARGIN, "after the refused migration");
+    ring.assert_on_nodes(&[2, 2, 2], "after the refused migration");
+    ring.assert_no_fail();
+
+    // (d) stopped, n2 drained, n3 undrained: a restart without --on goes
+    // to n3 (n1 has no room), its images fetched from n2.
+    c.crctl_json(&["checkpoint", "placed", "--kill"]);
+    ring.wait_gone("after checkpoint --kill");
+    let snap = ring.mins();
+    for args in [["undrain", "n3"], ["drain", "n2"]] {
+        let out = c.crctl(&args);
+        assert!(out.status.success(), "crctl {args:?}\n{}", out.show());
+    }
+    let r = restart_fetching(&c, &mut ring, &[], "without --on, n2 drained");
+    ensure(
+        &ring,
+        ju64(&r, "fetched_bytes") > 0,
+        &format!("n3 should fetch n2's images: {r:#}"),
+    );
+    ring.wait_past(&snap, MARGIN, "after the restart without --on");
+    ring.assert_on_nodes(&[3, 3, 3], "after the restart without --on");
+    ring.assert_no_fail();
 }
 
 /// The migration `bg` failed, saying the job was restarted where it was,

@@ -98,7 +98,8 @@ enum Cmd {
         #[arg(long, value_name = "ID")]
         checkpoint: Option<String>,
         /// Target nodes: the i-th node of the checkpoint goes to the
-        /// (i mod n)-th --on (default: the same nodes).
+        /// (i mod n)-th --on (default: the same nodes, but the images of a
+        /// node that is down or drained go to the node with the most room).
         #[arg(long, value_name = "NODE")]
         on: Vec<String>,
         #[arg(long, value_name = "SECS")]
@@ -169,9 +170,11 @@ enum Cmd {
     /// (stop-and-copy: checkpoint, copy of the images, restart there).
     Migrate {
         job: String,
-        /// Target node.
+        /// Target node (default: the one with the most room, by free
+        /// memory and CPU, among those up, undrained and not running the
+        /// members moved).
         #[arg(long, value_name = "NODE")]
-        to: String,
+        to: Option<String>,
         /// The member to move: NODE:PID as `crctl job JOB` lists it, or
         /// #N (its row); default: the whole job.
         #[arg(long, value_name = "M")]
@@ -644,7 +647,7 @@ async fn remote(cli: Cli) -> Res<Option<Partial>> {
         } => {
             let req = pb::MigrateRequest {
                 job,
-                to,
+                to: to.unwrap_or_default(),
                 member: member.unwrap_or_default(),
                 timeout_secs: timeout.unwrap_or(0),
                 pre_copy,
