@@ -982,6 +982,23 @@ pub fn mkfifo(path: &str, mode: u32) -> Result<()> {
     cvt(r as i64, || format!("mkfifo {path}")).map(drop)
 }
 
+/// Make the device node `path`: `mode` holds its type (S_IFCHR or
+/// S_IFBLK) and permission bits (the umask is undone: the bits are set
+/// again with chmod), `rdev` its device number.
+pub fn mknod(path: &str, mode: u32, rdev: u64) -> Result<()> {
+    use nix::sys::stat::{Mode, SFlag};
+    let kind = SFlag::from_bits_truncate(mode & libc::S_IFMT);
+    let perm = Mode::from_bits_truncate(mode & 0o7777);
+    nix::sys::stat::mknod(path, kind, perm, rdev).or_sys(|| format!("mknod {path}"))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777)).map_err(|e| {
+        SysError::Syscall {
+            what: format!("chmod {path}"),
+            source: Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    })
+}
+
 /// Set the access and modification times of the file open as `fd`, in
 /// nanoseconds since the epoch (futimens).
 pub fn set_file_times(fd: &OwnedFd, atime_ns: i64, mtime_ns: i64) -> Result<()> {

@@ -68,8 +68,16 @@ pub enum FdKind {
         size: u64,
     },
     Directory,
+    /// A device node: `mode` its permission bits (a removed node is
+    /// made again with them).
     CharDevice {
         rdev: u64,
+        mode: u32,
+    },
+    /// A block device opened by path (its content is the disk's).
+    BlockDevice {
+        rdev: u64,
+        mode: u32,
     },
     Memfd {
         object: u64,
@@ -164,6 +172,7 @@ impl FdKind {
             FdKind::Regular { .. } => "regular",
             FdKind::Directory => "directory",
             FdKind::CharDevice { .. } => "char_device",
+            FdKind::BlockDevice { .. } => "block_device",
             FdKind::Memfd { .. } => "memfd",
             FdKind::DeletedFile { .. } => "deleted_file",
             FdKind::Pipe { .. } => "pipe",
@@ -261,7 +270,14 @@ impl Fd {
             None => return Err("of a kind this build does not know".into()),
             Some(K::Regular(r)) => FdKind::Regular { size: r.size },
             Some(K::Directory(_)) => FdKind::Directory,
-            Some(K::CharDevice(c)) => FdKind::CharDevice { rdev: c.rdev },
+            Some(K::CharDevice(c)) => FdKind::CharDevice {
+                rdev: c.rdev,
+                mode: c.mode,
+            },
+            Some(K::BlockDevice(c)) => FdKind::BlockDevice {
+                rdev: c.rdev,
+                mode: c.mode,
+            },
             Some(K::Memfd(r)) => FdKind::Memfd { object: obj(r) },
             Some(K::DeletedFile(r)) => FdKind::DeletedFile { object: obj(r) },
             Some(K::Pipe(r)) => FdKind::Pipe { object: obj(r) },
@@ -385,7 +401,14 @@ impl Fd {
         let kind = match &self.kind {
             FdKind::Regular { size } => K::Regular(pb::RegularFile { size: *size }),
             FdKind::Directory => K::Directory(pb::Empty {}),
-            FdKind::CharDevice { rdev } => K::CharDevice(pb::CharDevice { rdev: *rdev }),
+            FdKind::CharDevice { rdev, mode } => K::CharDevice(pb::CharDevice {
+                rdev: *rdev,
+                mode: *mode,
+            }),
+            FdKind::BlockDevice { rdev, mode } => K::BlockDevice(pb::CharDevice {
+                rdev: *rdev,
+                mode: *mode,
+            }),
             FdKind::Memfd { object } => K::Memfd(r(*object)),
             FdKind::DeletedFile { object } => K::DeletedFile(r(*object)),
             FdKind::Pipe { object } => K::Pipe(r(*object)),

@@ -251,7 +251,13 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             fd(1, FdKind::Pipe { object: 11 }),
             fd(2, FdKind::Regular { size: 10 }),
             fd(3, FdKind::Directory),
-            fd(4, FdKind::CharDevice { rdev: 0x103 }),
+            fd(
+                4,
+                FdKind::CharDevice {
+                    rdev: 0x103,
+                    mode: 0o666,
+                },
+            ),
             fd(5, FdKind::Memfd { object: 21 }),
             fd(6, FdKind::UnixSocket { object: 31 }),
             fd(7, FdKind::UnixSocket { object: 32 }),

@@ -677,7 +677,7 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             (FdKind::Regular { .. } | FdKind::PathOnly, _) => {
                 c.same(&what, "path", &a.path, &b.path);
             }
-            (FdKind::Directory | FdKind::CharDevice { .. }, _) => {
+            (FdKind::Directory | FdKind::CharDevice { .. } | FdKind::BlockDevice { .. }, _) => {
                 c.same(&what, "path", &a.path, &b.path);
                 c.same(&what, "state", &a.kind, &b.kind);
             }
