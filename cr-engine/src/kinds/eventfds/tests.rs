@@ -313,3 +313,33 @@ expect(len(ev) == 1 and b"early\0" in ev[0][2], "the queued event %r" % ev)
         "a fanotify group with 24 bytes of events not read yet",
     );
 }
+
+/// A fanotify group asking for permission events is refused by name
+/// before anything is frozen, and the program runs on: its marked file
+/// opens once the program answers (FAN_ALLOW).
+#[test]
+fn fanotify_permission_events_are_refused() {
+    crate::kinds::testkit::refused(
+        "fanotify-perm",
+        &format!(
+            "{FANOTIFY_PY}{}",
+            r#"
+W = os.path.join(DIR, "guarded"); os.mkdir(W)
+open(os.path.join(W, "f"), "w").close()
+g = fan_init(0x4)      # FAN_CLASS_CONTENT, blocking reads
+fan_mark(g, FAN_MARK_ADD, 0x10000 | FAN_EVENT_ON_CHILD, W)      # FAN_OPEN_PERM
+"#
+        ),
+        r#"
+pid = os.fork()
+if pid == 0:
+    os.open(os.path.join(W, "f"), os.O_RDONLY); os._exit(0)
+ev = fan_events(g)
+expect(len(ev) == 1 and ev[0][0] & 0x10000, "the permission event %r" % ev)
+os.write(g, struct.pack("=iI", ev[0][1], 1))     # FAN_ALLOW
+os.close(ev[0][1])
+expect(os.waitpid(pid, 0)[1] == 0, "the open allowed")
+"#,
+        "a fanotify mark asking for permission events",
+    );
+}
