@@ -765,6 +765,33 @@ pub fn inotify_rm_watch(fd: &OwnedFd, wd: i32) -> Result<()> {
     cvt(r as i64, || format!("inotify_rm_watch({wd})")).map(drop)
 }
 
+/// A fanotify group (fanotify_init with exactly `flags`: the group keeps
+/// them, FAN_CLOEXEC included, and shows them in fdinfo), close-on-exec
+/// in our table in any case.
+pub fn fanotify_init(flags: u32, event_flags: u32) -> Result<OwnedFd> {
+    // Raw: the workspace's nix is built without its fanotify module.
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::fanotify_init(flags, event_flags) };
+    let fd = own(r as i64, || {
+        format!("fanotify_init({flags:#x}, {event_flags:#x})")
+    })?;
+    fcntl(&fd, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+        .or_sys(|| "fcntl(F_SETFD, FD_CLOEXEC)".into())?;
+    Ok(fd)
+}
+
+/// fanotify_mark of the fanotify group `fd` on `path`.
+pub fn fanotify_mark(fd: &OwnedFd, flags: u32, mask: u64, path: &str) -> Result<()> {
+    let what = || format!("fanotify_mark({flags:#x}, {mask:#x}) on {path}");
+    let c = std::ffi::CString::new(path).map_err(|_| SysError::Syscall {
+        what: what(),
+        source: Errno(libc::EINVAL),
+    })?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    let r = unsafe { libc::fanotify_mark(fd.as_raw_fd(), flags, mask, libc::AT_FDCWD, c.as_ptr()) };
+    cvt(r as i64, what).map(drop)
+}
+
 /// An O_PATH fd of the file behind a file handle on the mount `mount_fd`
 /// (an inotify watch's; a removed file too, while something keeps it).
 pub fn open_handle(mount_fd: &OwnedFd, handle_type: i32, handle: &[u8]) -> Result<OwnedFd> {
@@ -980,6 +1007,23 @@ pub fn mkfifo(path: &str, mode: u32) -> Result<()> {
     // SAFETY: `c` is a NUL-terminated string that outlives the call.
     let r = unsafe { libc::mkfifo(c.as_ptr(), mode as libc::mode_t) };
     cvt(r as i64, || format!("mkfifo {path}")).map(drop)
+}
+
+/// Make the device node `path`: `mode` holds its type (S_IFCHR or
+/// S_IFBLK) and permission bits (the umask is undone: the bits are set
+/// again with chmod), `rdev` its device number.
+pub fn mknod(path: &str, mode: u32, rdev: u64) -> Result<()> {
+    use nix::sys::stat::{Mode, SFlag};
+    let kind = SFlag::from_bits_truncate(mode & libc::S_IFMT);
+    let perm = Mode::from_bits_truncate(mode & 0o7777);
+    nix::sys::stat::mknod(path, kind, perm, rdev).or_sys(|| format!("mknod {path}"))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777)).map_err(|e| {
+        SysError::Syscall {
+            what: format!("chmod {path}"),
+            source: Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    })
 }
 
 /// Set the access and modification times of the file open as `fd`, in

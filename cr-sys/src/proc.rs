@@ -244,6 +244,135 @@ impl FdInfo {
     }
 }
 
+/// The file a watch or mark of inotify or fanotify is on, as fdinfo shows
+/// it: "sdev:fe00000 ... fhandle-bytes:8 fhandle-type:1 f_handle:a7c40300...".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedHandle {
+    /// The filesystem's device (kernel encoding: major << 20 | minor).
+    pub sdev: u64,
+    pub handle_type: i32,
+    pub handle: Vec<u8>,
+}
+
+impl WatchedHandle {
+    /// Read from the words of one fdinfo line.
+    pub fn parse(line: &str) -> Option<WatchedHandle> {
+        let sdev = u64::from_str_radix(&field(line, "sdev:")?, 16).ok()?;
+        let handle_type = i32::from_str_radix(&field(line, "fhandle-type:")?, 16).ok()?;
+        let hex = field(line, "f_handle:")?;
+        let handle = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        Some(WatchedHandle {
+            sdev,
+            handle_type,
+            handle,
+        })
+    }
+
+    /// (major, minor) of its filesystem.
+    pub fn dev(&self) -> (u32, u32) {
+        ((self.sdev >> 20) as u32, (self.sdev & 0xfffff) as u32)
+    }
+}
+
+/// The value of the word `name` ("mask:") of an fdinfo line.
+fn field(line: &str, name: &str) -> Option<String> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(name).map(str::to_string))
+}
+
+fn hex_field(line: &str, name: &str) -> Option<u32> {
+    u32::from_str_radix(&field(line, name)?, 16).ok()
+}
+
+/// A fanotify group as its fdinfo shows it: "fanotify flags:c02
+/// event-flags:8000", then one line per mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanotifyInfo {
+    /// fanotify_init's flags and event_f_flags.
+    pub flags: u32,
+    pub event_flags: u32,
+    pub marks: Vec<FanotifyMarkInfo>,
+}
+
+/// What a fanotify mark is on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FanotifyObject {
+    /// "fanotify ino:a0402b sdev:fe00000 ... f_handle:..."
+    Inode(WatchedHandle),
+    /// "fanotify mnt_id:1b ..." (the id of /proc/PID/mountinfo).
+    Mount { mnt_id: u64 },
+    /// "fanotify sdev:fe00000 ..." (FAN_MARK_FILESYSTEM).
+    Filesystem { sdev: u64 },
+    /// A line of another kind (a newer kernel's): its key.
+    Other(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanotifyMarkInfo {
+    pub on: FanotifyObject,
+    pub mflags: u32,
+    pub mask: u32,
+    pub ignored_mask: u32,
+}
+
+impl FdInfo {
+    /// The fanotify group of this fdinfo (None: not one, or unreadable;
+    /// a mark line that cannot be read is `Other`).
+    pub fn fanotify(&self) -> Option<FanotifyInfo> {
+        let head = self.get("fanotify flags")?;
+        let flags = u32::from_str_radix(head.split_whitespace().next()?, 16).ok()?;
+        let event_flags = hex_field(head, "event-flags:")?;
+        let marks = self
+            .extra
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("fanotify ")?, v)))
+            .filter(|(k, _)| *k != "flags")
+            .map(|(k, v)| {
+                // The key's value is the line's first word.
+                let line = format!("{k}:{v}");
+                let first = || u64::from_str_radix(v.split_whitespace().next()?, 16).ok();
+                let on = match k {
+                    "ino" => WatchedHandle::parse(&line).map(FanotifyObject::Inode),
+                    "mnt_id" => first().map(|mnt_id| FanotifyObject::Mount { mnt_id }),
+                    "sdev" => first().map(|sdev| FanotifyObject::Filesystem { sdev }),
+                    _ => None,
+                };
+                let mark = |on| {
+                    Some(FanotifyMarkInfo {
+                        on,
+                        mflags: hex_field(&line, "mflags:")?,
+                        mask: hex_field(&line, "mask:")?,
+                        ignored_mask: hex_field(&line, "ignored_mask:")?,
+                    })
+                };
+                on.and_then(mark).unwrap_or(FanotifyMarkInfo {
+                    on: FanotifyObject::Other(line),
+                    mflags: 0,
+                    mask: 0,
+                    ignored_mask: 0,
+                })
+            })
+            .collect();
+        Some(FanotifyInfo {
+            flags,
+            event_flags,
+            marks,
+        })
+    }
+}
+
+/// The mount point of the mount whose id (mountinfo's first field) is
+/// `mnt_id`, as our mount namespace sees it.
+pub fn mount_point_by_id(mnt_id: u64) -> Option<PathBuf> {
+    let mounts = Process::myself().ok()?.mountinfo().ok()?;
+    mounts
+        .iter()
+        .find(|m| m.mnt_id as u64 == mnt_id)
+        .map(|m| m.mount_point.clone())
+}
+
 /// /proc/PID/fdinfo/FD.
 pub fn fdinfo(pid: i32, fd: i32) -> Result<FdInfo> {
     Ok(FdInfo::parse(&read_string(&format!(
@@ -476,6 +605,45 @@ pub fn is_dev(dev: u64, major: u64, minor: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fanotify_fdinfo_is_read() {
+        let f = FdInfo::parse(
+            "pos:\t0\nflags:\t04002\nmnt_id:\t17\nino:\t1038\n\
+             fanotify flags:c02 event-flags:8000\n\
+             fanotify ino:a0402b sdev:fe00000 mflags:200 mask:40000100 ignored_mask:1 fhandle-bytes:8 fhandle-type:1 f_handle:2b40a00005be4072\n\
+             fanotify sdev:fe00000 mflags:0 mask:8 ignored_mask:0\n\
+             fanotify mnt_id:1b mflags:40 mask:20 ignored_mask:2\n\
+             fanotify mnt_ns:4 mflags:0 mask:1000000 ignored_mask:0\n",
+        );
+        let g = f.fanotify().expect("a fanotify group");
+        assert_eq!((g.flags, g.event_flags), (0xc02, 0x8000));
+        assert_eq!(g.marks.len(), 4);
+        let h = WatchedHandle {
+            sdev: 0xfe00000,
+            handle_type: 1,
+            handle: vec![0x2b, 0x40, 0xa0, 0x00, 0x05, 0xbe, 0x40, 0x72],
+        };
+        assert_eq!(h.dev(), (254, 0));
+        assert_eq!(
+            g.marks[0],
+            FanotifyMarkInfo {
+                on: FanotifyObject::Inode(h),
+                mflags: 0x200,
+                mask: 0x4000_0100,
+                ignored_mask: 1,
+            }
+        );
+        assert_eq!(
+            g.marks[1].on,
+            FanotifyObject::Filesystem { sdev: 0xfe00000 }
+        );
+        assert_eq!(g.marks[1].mask, 8);
+        assert_eq!(g.marks[2].on, FanotifyObject::Mount { mnt_id: 0x1b });
+        assert_eq!((g.marks[2].mflags, g.marks[2].ignored_mask), (0x40, 2));
+        assert!(matches!(&g.marks[3].on, FanotifyObject::Other(l) if l.starts_with("mnt_ns:")));
+        assert_eq!(FdInfo::parse("pos:\t0\n").fanotify(), None);
+    }
 
     #[test]
     fn fdinfo_flags_are_octal() {

@@ -15,7 +15,7 @@
 use crate::options::{Action, CheckpointOptions, RestoreOptions};
 use cr_image::model::{Checkpoint, Process};
 use cr_image::ImageDir;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -162,34 +162,8 @@ pub fn round_trip_with(
     check: &str,
     between: impl FnOnce(&Path),
 ) -> RoundTrip {
-    let dir = std::env::temp_dir()
-        .join("cr-engine-tests")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test directory");
-    let script = format!("{PROLOGUE}{setup}{MIDDLE}{}{EPILOGUE}", indent(check));
-    let script_path = dir.join("program.py");
-    std::fs::write(&script_path, script).expect("write the program");
-    let log = dir.join("output");
-    let out = std::fs::File::create(&log).expect("output file");
-    let child = Command::new("python3")
-        .arg(&script_path)
-        .arg(&dir)
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("dup"))
-        .stderr(out)
-        .spawn()
-        .expect("python3 (the round-trip tests need it)");
+    let (dir, log, child) = start(name, setup, check);
     let pid = child.id() as i32;
-    wait_for(
-        "the program to be ready",
-        pid,
-        &dir.join("ready"),
-        Duration::from_secs(30),
-        &log,
-    );
-
     let img = dir.join("img");
     if let Err(e) = checkpoint_kill(pid, &img) {
         reap(pid);
@@ -220,27 +194,98 @@ pub fn round_trip_with(
             cr_sys::error::one_line(&e)
         );
     }
-    cr_sys::ptrace::kill(pid, libc::SIGUSR1).expect("ask the program to check itself");
-    let verdict = wait_for(
-        "the verdict",
-        pid,
-        &dir.join("verdict"),
-        Duration::from_secs(30),
-        &log,
-    );
-    reap(pid);
-    assert_eq!(
-        verdict.trim(),
-        "OK",
-        "{name}: the restored program found its resources different\noutput:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    verdict(pid, &dir, &log, &format!("{name}: the restored program"));
     let rt = RoundTrip {
         before: read(&img),
         after: read(&img2),
     };
     let _ = std::fs::remove_dir_all(&dir);
     rt
+}
+
+/// Ask program `pid` (SIGUSR1) to check its resources, wait for its
+/// verdict, end it, and assert the verdict is OK (`who` names it).
+fn verdict(pid: i32, dir: &Path, log: &Path, who: &str) {
+    cr_sys::ptrace::kill(pid, libc::SIGUSR1).expect("ask the program to check itself");
+    let verdict = wait_for(
+        "the verdict",
+        pid,
+        &dir.join("verdict"),
+        Duration::from_secs(30),
+        log,
+    );
+    reap(pid);
+    assert_eq!(
+        verdict.trim(),
+        "OK",
+        "{who} found its resources different\noutput:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// Start the program made of `setup` and `check` (see [`round_trip`]) in
+/// a directory of its own, and wait until it is ready: its directory, its
+/// output file, the child.
+fn start(name: &str, setup: &str, check: &str) -> (PathBuf, PathBuf, std::process::Child) {
+    let dir = std::env::temp_dir()
+        .join("cr-engine-tests")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test directory");
+    let script = format!("{PROLOGUE}{setup}{MIDDLE}{}{EPILOGUE}", indent(check));
+    let script_path = dir.join("program.py");
+    std::fs::write(&script_path, script).expect("write the program");
+    let log = dir.join("output");
+    let out = std::fs::File::create(&log).expect("output file");
+    let child = Command::new("python3")
+        .arg(&script_path)
+        .arg(&dir)
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("dup"))
+        .stderr(out)
+        .spawn()
+        .expect("python3 (the round-trip tests need it)");
+    wait_for(
+        "the program to be ready",
+        child.id() as i32,
+        &dir.join("ready"),
+        Duration::from_secs(30),
+        &log,
+    );
+    (dir, log, child)
+}
+
+/// The refusal of the program made of `setup` and `check` (see
+/// [`round_trip`]): its checkpoint fails with an error that contains
+/// `says`, and the program runs on, untraced, and finds its resources as
+/// they were. The error is returned.
+pub fn refused(name: &str, setup: &str, check: &str, says: &str) -> String {
+    let (dir, log, child) = start(name, setup, check);
+    let pid = child.id() as i32;
+    let err = match checkpoint_kill(pid, &dir.join("img")) {
+        Ok(()) => {
+            drop(child);
+            panic!("{name}: checkpointed, but should have been refused ({says})");
+        }
+        Err(e) => e,
+    };
+    let traced = cr_sys::proc::read_string(&format!("/proc/{pid}/status"))
+        .map(|s| !s.contains("TracerPid:\t0\n"))
+        .unwrap_or(true);
+    if !err.contains(says) || traced {
+        reap(pid);
+        panic!("{name}: refused with {err:?} (want {says:?}); left traced: {traced}");
+    }
+    verdict(
+        pid,
+        &dir,
+        &log,
+        &format!("{name}: the program after the refused checkpoint"),
+    );
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+    err
 }
 
 /// The objects of `c` that `pick` takes, in image order.

@@ -68,8 +68,18 @@ pub enum FdKind {
         size: u64,
     },
     Directory,
+    /// A device node: `mode` its permission bits (a removed node is
+    /// made again with them).
     CharDevice {
         rdev: u64,
+        #[serde(serialize_with = "ser::octal")]
+        mode: u32,
+    },
+    /// A block device opened by path (its content is the disk's).
+    BlockDevice {
+        rdev: u64,
+        #[serde(serialize_with = "ser::octal")]
+        mode: u32,
     },
     Memfd {
         object: u64,
@@ -116,6 +126,13 @@ pub enum FdKind {
     },
     Inotify {
         watches: Vec<InotifyWatch>,
+    },
+    /// A fanotify group: fanotify_init's flags and event flags, and its
+    /// marks.
+    Fanotify {
+        flags: u32,
+        event_flags: u32,
+        marks: Vec<FanotifyMark>,
     },
     /// An O_PATH fd of a FIFO, socket file or device.
     PathOnly,
@@ -164,6 +181,7 @@ impl FdKind {
             FdKind::Regular { .. } => "regular",
             FdKind::Directory => "directory",
             FdKind::CharDevice { .. } => "char_device",
+            FdKind::BlockDevice { .. } => "block_device",
             FdKind::Memfd { .. } => "memfd",
             FdKind::DeletedFile { .. } => "deleted_file",
             FdKind::Pipe { .. } => "pipe",
@@ -177,6 +195,7 @@ impl FdKind {
             FdKind::Timerfd(_) => "timerfd",
             FdKind::Epoll { .. } => "epoll",
             FdKind::Inotify { .. } => "inotify",
+            FdKind::Fanotify { .. } => "fanotify",
             FdKind::Pidfd { .. } => "pidfd",
             FdKind::PathOnly => "path_only",
             FdKind::Pty { .. } => "pty",
@@ -215,6 +234,28 @@ pub struct InotifyWatch {
     pub path: String,
     /// A watched file removed since: its `DeletedFile` object.
     pub deleted_file: Option<u64>,
+}
+
+/// One mark of a fanotify group.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct FanotifyMark {
+    pub on: FanotifyMarkOn,
+    /// The marked file (found from its file handle), or a mount point of
+    /// the marked mount or filesystem.
+    pub path: String,
+    /// FAN_MARK_IGNORED_SURV_MODIFY, FAN_MARK_EVICTABLE, FAN_MARK_IGNORE.
+    pub mflags: u32,
+    pub mask: u32,
+    pub ignored_mask: u32,
+}
+
+/// What a fanotify mark is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FanotifyMarkOn {
+    Inode,
+    Mount,
+    Filesystem,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -261,7 +302,14 @@ impl Fd {
             None => return Err("of a kind this build does not know".into()),
             Some(K::Regular(r)) => FdKind::Regular { size: r.size },
             Some(K::Directory(_)) => FdKind::Directory,
-            Some(K::CharDevice(c)) => FdKind::CharDevice { rdev: c.rdev },
+            Some(K::CharDevice(c)) => FdKind::CharDevice {
+                rdev: c.rdev,
+                mode: c.mode,
+            },
+            Some(K::BlockDevice(c)) => FdKind::BlockDevice {
+                rdev: c.rdev,
+                mode: c.mode,
+            },
             Some(K::Memfd(r)) => FdKind::Memfd { object: obj(r) },
             Some(K::DeletedFile(r)) => FdKind::DeletedFile { object: obj(r) },
             Some(K::Pipe(r)) => FdKind::Pipe { object: obj(r) },
@@ -310,6 +358,31 @@ impl Fd {
                         deleted_file: (w.deleted_file != 0).then_some(w.deleted_file),
                     })
                     .collect(),
+            },
+            Some(K::Fanotify(g)) => FdKind::Fanotify {
+                flags: g.flags,
+                event_flags: g.event_flags,
+                marks: g
+                    .marks
+                    .into_iter()
+                    .map(|m| {
+                        let on = match known(m.on, "a fanotify mark")? {
+                            pb::FanotifyMarkOn::Unspecified => {
+                                return Err("a fanotify mark on something unknown".to_string())
+                            }
+                            pb::FanotifyMarkOn::FanotifyInode => FanotifyMarkOn::Inode,
+                            pb::FanotifyMarkOn::FanotifyMount => FanotifyMarkOn::Mount,
+                            pb::FanotifyMarkOn::FanotifyFilesystem => FanotifyMarkOn::Filesystem,
+                        };
+                        Ok(FanotifyMark {
+                            on,
+                            path: m.path,
+                            mflags: m.mflags,
+                            mask: m.mask,
+                            ignored_mask: m.ignored_mask,
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
             },
             Some(K::Pidfd(p)) => FdKind::Pidfd { pid: p.pid },
             Some(K::PathOnly(_)) => FdKind::PathOnly,
@@ -385,7 +458,14 @@ impl Fd {
         let kind = match &self.kind {
             FdKind::Regular { size } => K::Regular(pb::RegularFile { size: *size }),
             FdKind::Directory => K::Directory(pb::Empty {}),
-            FdKind::CharDevice { rdev } => K::CharDevice(pb::CharDevice { rdev: *rdev }),
+            FdKind::CharDevice { rdev, mode } => K::CharDevice(pb::CharDevice {
+                rdev: *rdev,
+                mode: *mode,
+            }),
+            FdKind::BlockDevice { rdev, mode } => K::BlockDevice(pb::CharDevice {
+                rdev: *rdev,
+                mode: *mode,
+            }),
             FdKind::Memfd { object } => K::Memfd(r(*object)),
             FdKind::DeletedFile { object } => K::DeletedFile(r(*object)),
             FdKind::Pipe { object } => K::Pipe(r(*object)),
@@ -425,6 +505,28 @@ impl Fd {
                         mask: w.mask,
                         path: w.path.clone(),
                         deleted_file: w.deleted_file.unwrap_or(0),
+                    })
+                    .collect(),
+            }),
+            FdKind::Fanotify {
+                flags,
+                event_flags,
+                marks,
+            } => K::Fanotify(pb::Fanotify {
+                flags: *flags,
+                event_flags: *event_flags,
+                marks: marks
+                    .iter()
+                    .map(|m| pb::FanotifyMark {
+                        on: match m.on {
+                            FanotifyMarkOn::Inode => pb::FanotifyMarkOn::FanotifyInode,
+                            FanotifyMarkOn::Mount => pb::FanotifyMarkOn::FanotifyMount,
+                            FanotifyMarkOn::Filesystem => pb::FanotifyMarkOn::FanotifyFilesystem,
+                        } as i32,
+                        path: m.path.clone(),
+                        mflags: m.mflags,
+                        mask: m.mask,
+                        ignored_mask: m.ignored_mask,
                     })
                     .collect(),
             }),

@@ -1,7 +1,7 @@
 //! The typed image: round trips, the checks of [`Checkpoint::decode`], and a
 //! fixed-seed fuzz pass over the whole read path.
 
-use super::fds::{EpollItem, InotifyWatch, TimerFd};
+use super::fds::{EpollItem, FanotifyMark, FanotifyMarkOn, InotifyWatch, TimerFd};
 use super::objects::{FileContent, Pipe, Pty, SockOpt, TcpConnection, UnixSocket};
 use super::*;
 use crate::dir::ImageDir;
@@ -251,7 +251,13 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             fd(1, FdKind::Pipe { object: 11 }),
             fd(2, FdKind::Regular { size: 10 }),
             fd(3, FdKind::Directory),
-            fd(4, FdKind::CharDevice { rdev: 0x103 }),
+            fd(
+                4,
+                FdKind::CharDevice {
+                    rdev: 0x103,
+                    mode: 0o666,
+                },
+            ),
             fd(5, FdKind::Memfd { object: 21 }),
             fd(6, FdKind::UnixSocket { object: 31 }),
             fd(7, FdKind::UnixSocket { object: 32 }),
@@ -337,6 +343,36 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             fd(16, FdKind::InetSocket { object: 42 }),
             fd(17, FdKind::NetlinkSocket { object: 43 }),
             fd(18, FdKind::PacketSocket { object: 44 }),
+            fd(
+                20,
+                FdKind::Fanotify {
+                    flags: 0xc02,
+                    event_flags: 0x8000,
+                    marks: vec![
+                        FanotifyMark {
+                            on: FanotifyMarkOn::Inode,
+                            path: "/tmp/w".into(),
+                            mflags: 0x200,
+                            mask: 0x4000_0100,
+                            ignored_mask: 1,
+                        },
+                        FanotifyMark {
+                            on: FanotifyMarkOn::Filesystem,
+                            path: "/".into(),
+                            mflags: 0,
+                            mask: 8,
+                            ignored_mask: 0,
+                        },
+                    ],
+                },
+            ),
+            fd(
+                21,
+                FdKind::BlockDevice {
+                    rdev: 0x700,
+                    mode: 0o600,
+                },
+            ),
         ],
         ctty_pty: Some(3),
         seccomp_filters: vec![

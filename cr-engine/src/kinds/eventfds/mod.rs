@@ -2,7 +2,8 @@
 //! /proc/PID/fdinfo — eventfd (count, semaphore mode), signalfd (mask),
 //! timerfd (clock, time left, period, unread expirations), epoll (the
 //! interest list with events and data), inotify (the watches, found by
-//! their file handles, with their watch numbers) and pidfds of processes
+//! their file handles, with their watch numbers), fanotify (the group's
+//! flags and marks: see [`fanotify`]) and pidfds of processes
 //! of the tree (which process; a pidfd of a process outside the tree, or
 //! of one that has exited, is refused: a restore cannot give it that
 //! process again).
@@ -14,6 +15,7 @@
 //! inside the process (pidfd_open of the restored process, by its PID as
 //! the process sees it).
 
+pub mod fanotify;
 #[cfg(test)]
 mod tests;
 
@@ -24,7 +26,7 @@ use crate::restore::{Rebuild, Restorer};
 use cr_image::model::fds::{EpollItem, InotifyWatch, TimerFd};
 use cr_image::model::{Fd, FdKind, Process};
 use cr_sys::fdio;
-use cr_sys::proc::{FDTarget, FdInfo};
+use cr_sys::proc::{FDTarget, FdInfo, WatchedHandle};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 
@@ -68,6 +70,11 @@ impl FileKind for EventFds {
                 fdio::epoll_create().step(|| format!("cannot create epoll {}", f.fd))
             }
             FdKind::Inotify { watches } => inotify(cx.r, f, watches),
+            FdKind::Fanotify {
+                flags,
+                event_flags,
+                marks,
+            } => fanotify::group(f, *flags, *event_flags, marks),
             FdKind::Pidfd { pid } => return Some(open_pidfd(cx, f, *pid)),
             _ => return None,
         };
@@ -213,6 +220,7 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, kind: &str) -> Result<FdKind, S
                 .map(|v| epoll_item(f.pid, f.fd, v))
                 .collect::<Result<_, _>>()?,
         },
+        "[fanotify]" => fanotify::describe(f)?,
         "inotify" => FdKind::Inotify {
             watches: info
                 .all("inotify wd")
@@ -324,44 +332,14 @@ fn inotify_watch(cx: &mut FdScan<'_>, v: &str) -> Result<InotifyWatch, String> {
         .next()
         .and_then(|w| w.parse().ok())
         .ok_or_else(bad)?;
-    let field = |name: &str| -> Option<String> {
-        v.split_whitespace()
-            .find_map(|w| w.strip_prefix(name).map(str::to_string))
-    };
-    let sdev = field("sdev:")
-        .and_then(|s| u64::from_str_radix(&s, 16).ok())
+    let mask = v
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("mask:"))
+        .and_then(|s| u32::from_str_radix(s, 16).ok())
         .ok_or_else(bad)?;
-    let mask = field("mask:")
-        .and_then(|s| u32::from_str_radix(&s, 16).ok())
-        .ok_or_else(bad)?;
-    let htype = field("fhandle-type:")
-        .and_then(|s| i32::from_str_radix(&s, 16).ok())
-        .ok_or_else(bad)?;
-    let handle = field("f_handle:").ok_or_else(bad)?;
-    let handle: Vec<u8> = (0..handle.len() / 2)
-        .map(|i| u8::from_str_radix(&handle[2 * i..2 * i + 2], 16))
-        .collect::<Result<_, _>>()
-        .map_err(|_| bad())?;
-    let (maj, min) = ((sdev >> 20) as u32, (sdev & 0xfffff) as u32);
-    let mount = cr_sys::proc::mount_point(maj, min).ok_or_else(|| {
-        format!("an inotify watch on device {maj}:{min}, which has no mount here")
-    })?;
-    let mount = mount.to_string_lossy();
-    let mfd = fdio::open(&mount, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| {
-        format!(
-            "an inotify watch on {mount}: {}",
-            cr_sys::error::one_line(&e)
-        )
-    })?;
-    let unfound = |e: cr_sys::SysError| {
-        format!(
-            "an inotify watch whose file cannot be found ({})",
-            cr_sys::error::one_line(&e)
-        )
-    };
-    let file = fdio::open_handle(&mfd, htype, &handle).map_err(unfound)?;
+    let handle = WatchedHandle::parse(v).ok_or_else(bad)?;
+    let (file, path) = watched_file(&handle, "an inotify watch")?;
     let open = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
-    let path = cr_sys::proc::read_link(&open).map_err(unfound)?;
     let mut w = InotifyWatch {
         wd,
         mask,
@@ -383,6 +361,28 @@ fn inotify_watch(cx: &mut FdScan<'_>, v: &str) -> Result<InotifyWatch, String> {
         w.deleted_file = Some(md.ino());
     }
     Ok(w)
+}
+
+/// The file behind the file handle of a watch (`what`: "an inotify
+/// watch", "a fanotify mark"), opened on its filesystem's mount: an O_PATH
+/// fd of it, and its path (" (deleted)" when it was removed).
+fn watched_file(h: &WatchedHandle, what: &str) -> Result<(OwnedFd, String), String> {
+    let (maj, min) = h.dev();
+    let mount = cr_sys::proc::mount_point(maj, min)
+        .ok_or_else(|| format!("{what} on device {maj}:{min}, which has no mount here"))?;
+    let mount = mount.to_string_lossy();
+    let mfd = fdio::open(&mount, libc::O_RDONLY | libc::O_DIRECTORY)
+        .map_err(|e| format!("{what} on {mount}: {}", cr_sys::error::one_line(&e)))?;
+    let unfound = |e: cr_sys::SysError| {
+        format!(
+            "{what} whose file cannot be found from its handle on {mount} ({})",
+            cr_sys::error::one_line(&e)
+        )
+    };
+    let file = fdio::open_handle(&mfd, h.handle_type, &h.handle).map_err(unfound)?;
+    let open = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+    let path = cr_sys::proc::read_link(&open).map_err(unfound)?;
+    Ok((file, path))
 }
 
 /// A timerfd for `f`, armed only at the release.

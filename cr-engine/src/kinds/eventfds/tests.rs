@@ -198,3 +198,148 @@ expect(os.readlink("/proc/self/fd/%d" % f.fileno()) == p + " (deleted)", "the fd
     assert_eq!(watches(a), vec![vec![(1, 0x100, false), (3, 0x6, true)]]);
     assert_eq!(watches(a), watches(b));
 }
+
+/// The fanotify helpers of the programs: the calls through ctypes, and
+/// the events of a group (struct fanotify_event_metadata, then its info
+/// records) as (mask, fd, record bytes).
+const FANOTIFY_PY: &str = r#"
+libc.fanotify_init.argtypes = [ctypes.c_uint, ctypes.c_uint]
+libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
+FAN_ACCESS, FAN_CLOSE_WRITE, FAN_CREATE, FAN_EVENT_ON_CHILD, FAN_ONDIR = 0x1, 0x8, 0x100, 0x08000000, 0x40000000
+FAN_NONBLOCK, FAN_REPORT_DFID_NAME = 0x2, 0xc00
+FAN_MARK_ADD, FAN_MARK_MOUNT, FAN_MARK_IGNORED_MASK, FAN_MARK_IGNORED_SURV_MODIFY, FAN_MARK_FILESYSTEM = 0x1, 0x10, 0x20, 0x40, 0x100
+def fan_init(flags):
+    fd = libc.fanotify_init(flags, os.O_RDONLY)
+    if fd < 0: raise OSError(ctypes.get_errno(), "fanotify_init")
+    return fd
+def fan_mark(fd, flags, mask, path):
+    if libc.fanotify_mark(fd, flags, mask, -100, path.encode()) != 0:
+        raise OSError(ctypes.get_errno(), "fanotify_mark " + path)
+def fan_events(fd):
+    out = []
+    try:
+        buf = os.read(fd, 65536)
+    except BlockingIOError:
+        return out
+    off = 0
+    while off < len(buf):
+        n, vers, _, mlen, mask, efd, pid = struct.unpack_from("=IBBHQii", buf, off)
+        out.append((mask, efd, buf[off + mlen:off + n]))
+        off += n
+    return out
+def fan_lines(fd):
+    return sorted(l for l in open("/proc/self/fdinfo/%d" % fd).read().splitlines() if l.startswith("fanotify"))
+"#;
+
+/// Two fanotify groups: one reporting directory handles and names with a
+/// mark on a directory (FAN_CREATE); one plain, with a mark on the same
+/// directory for its children's FAN_CLOSE_WRITE, an ignore mask on one of
+/// them, and ignore-only marks on the mount and the filesystem. After the
+/// restore the groups list the same marks, the first sees a file created
+/// in the directory (by name), the second the child written and closed
+/// (with an fd of it) and not the ignored one.
+#[test]
+fn fanotify_round_trip() {
+    let rt = round_trip(
+        "fanotify",
+        &format!(
+            "{FANOTIFY_PY}{}",
+            r#"
+W = os.path.join(DIR, "watched"); os.mkdir(W)
+for name in ("child", "quiet"):
+    open(os.path.join(W, name), "w").close()
+named = fan_init(FAN_REPORT_DFID_NAME | FAN_NONBLOCK)
+fan_mark(named, FAN_MARK_ADD, FAN_CREATE | FAN_ONDIR, W)
+plain = fan_init(FAN_NONBLOCK)
+fan_mark(plain, FAN_MARK_ADD, FAN_CLOSE_WRITE | FAN_EVENT_ON_CHILD, W)
+fan_mark(plain, FAN_MARK_ADD | FAN_MARK_IGNORED_MASK | FAN_MARK_IGNORED_SURV_MODIFY, FAN_CLOSE_WRITE, os.path.join(W, "quiet"))
+# Ignoring FAN_ACCESS (which the group does not ask for), surviving
+# changes (any write on the mount would clear them).
+fan_mark(plain, FAN_MARK_ADD | FAN_MARK_MOUNT | FAN_MARK_IGNORED_MASK | FAN_MARK_IGNORED_SURV_MODIFY, FAN_ACCESS, W)
+fan_mark(plain, FAN_MARK_ADD | FAN_MARK_FILESYSTEM | FAN_MARK_IGNORED_MASK | FAN_MARK_IGNORED_SURV_MODIFY, FAN_ACCESS, W)
+before = (fan_lines(named), fan_lines(plain))
+"#
+        ),
+        r#"
+after = (fan_lines(named), fan_lines(plain))
+expect(after == before, "the groups' fdinfo %r, was %r" % (after, before))
+expect(fan_events(named) == [] and fan_events(plain) == [], "no events before the program's own")
+open(os.path.join(W, "new"), "w").close()
+ev = fan_events(named)
+expect(len(ev) == 1 and ev[0][0] & FAN_CREATE and b"new\0" in ev[0][2], "the create event %r" % ev)
+for name in ("quiet", "child"):
+    with open(os.path.join(W, name), "w") as f: f.write("x")
+ev = fan_events(plain)
+paths = [os.readlink("/proc/self/fd/%d" % e[1]) for e in ev if e[1] >= 0]
+for e in ev:
+    if e[1] >= 0: os.close(e[1])
+want = [os.path.join(W, "new"), os.path.join(W, "child")]
+expect([e[0] for e in ev] == [FAN_CLOSE_WRITE] * 2 and paths == want, "the close-write events %r on %r" % (ev, paths))
+"#,
+    );
+    let (a, b) = rt.roots();
+    let marks = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .filter_map(|f| match &f.kind {
+                cr_image::model::FdKind::Fanotify { marks, .. } => Some(marks.len()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(marks(a), vec![1, 4]);
+    assert_eq!(marks(a), marks(b));
+}
+
+/// A fanotify group with an event not read yet is refused by name (the
+/// kernel cannot queue it again), and the program runs on and reads it.
+#[test]
+fn fanotify_with_queued_events_is_refused() {
+    crate::kinds::testkit::refused(
+        "fanotify-queued",
+        &format!(
+            "{FANOTIFY_PY}{}",
+            r#"
+W = os.path.join(DIR, "watched"); os.mkdir(W)
+g = fan_init(FAN_REPORT_DFID_NAME | FAN_NONBLOCK)
+fan_mark(g, FAN_MARK_ADD, FAN_CREATE, W)
+open(os.path.join(W, "early"), "w").close()
+"#
+        ),
+        r#"
+ev = fan_events(g)
+expect(len(ev) == 1 and b"early\0" in ev[0][2], "the queued event %r" % ev)
+"#,
+        "a fanotify group with 24 bytes of events not read yet",
+    );
+}
+
+/// A fanotify group asking for permission events is refused by name
+/// before anything is frozen, and the program runs on: its marked file
+/// opens once the program answers (FAN_ALLOW).
+#[test]
+fn fanotify_permission_events_are_refused() {
+    crate::kinds::testkit::refused(
+        "fanotify-perm",
+        &format!(
+            "{FANOTIFY_PY}{}",
+            r#"
+W = os.path.join(DIR, "guarded"); os.mkdir(W)
+open(os.path.join(W, "f"), "w").close()
+g = fan_init(0x4)      # FAN_CLASS_CONTENT, blocking reads
+fan_mark(g, FAN_MARK_ADD, 0x10000 | FAN_EVENT_ON_CHILD, W)      # FAN_OPEN_PERM
+"#
+        ),
+        r#"
+pid = os.fork()
+if pid == 0:
+    os.open(os.path.join(W, "f"), os.O_RDONLY); os._exit(0)
+ev = fan_events(g)
+expect(len(ev) == 1 and ev[0][0] & 0x10000, "the permission event %r" % ev)
+os.write(g, struct.pack("=iI", ev[0][1], 1))     # FAN_ALLOW
+os.close(ev[0][1])
+expect(os.waitpid(pid, 0)[1] == 0, "the open allowed")
+"#,
+        "a fanotify mark asking for permission events",
+    );
+}

@@ -627,6 +627,7 @@ fn summary(f: &Fd, link: &str) -> String {
         }
         FdKind::Epoll { items } => format!("{link} ({} watched fds)", items.len()),
         FdKind::Inotify { watches } => format!("{link} ({} watches)", watches.len()),
+        FdKind::Fanotify { marks, .. } => format!("{link} ({} marks)", marks.len()),
         k => {
             let name = k.name().replace('_', " ");
             if link.starts_with('/') {
@@ -677,7 +678,7 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             (FdKind::Regular { .. } | FdKind::PathOnly, _) => {
                 c.same(&what, "path", &a.path, &b.path);
             }
-            (FdKind::Directory | FdKind::CharDevice { .. }, _) => {
+            (FdKind::Directory | FdKind::CharDevice { .. } | FdKind::BlockDevice { .. }, _) => {
                 c.same(&what, "path", &a.path, &b.path);
                 c.same(&what, "state", &a.kind, &b.kind);
             }
@@ -719,6 +720,35 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
                         .collect::<Vec<_>>()
                 };
                 c.same_list(&what, "inotify watch", &shown(x), &shown(y));
+            }
+            // The kernel lists a group's marks newest first. An ignore
+            // mask without FAN_MARK_IGNORED_SURV_MODIFY is the kernel's to
+            // clear at the next change of the file (or anywhere on the
+            // mount or filesystem): not compared.
+            (
+                FdKind::Fanotify {
+                    flags: fx,
+                    event_flags: ex,
+                    marks: x,
+                },
+                FdKind::Fanotify {
+                    flags: fy,
+                    event_flags: ey,
+                    marks: y,
+                },
+            ) => {
+                c.same(&what, "fanotify flags", &(fx, ex), &(fy, ey));
+                let sorted = |v: &[cr_image::model::fds::FanotifyMark]| {
+                    let mut v = v.to_vec();
+                    for m in &mut v {
+                        if m.mflags & libc::FAN_MARK_IGNORED_SURV_MODIFY == 0 {
+                            m.ignored_mask = 0;
+                        }
+                    }
+                    v.sort();
+                    v
+                };
+                c.same_list(&what, "fanotify mark", &sorted(x), &sorted(y));
             }
             (
                 FdKind::Eventfd { .. }

@@ -1,9 +1,9 @@
-//! Ghost files: a directory or a FIFO removed while a process still used
-//! it (its working directory, an open fd), which /proc shows as
-//! "PATH (deleted)". The restore makes it again at PATH (with any missing
-//! parent directories), opens it in the restorer, and removes what it
-//! made: the processes then hold a removed directory or FIFO of the same
-//! path, as before. One per path, shared by every process that used it
+//! Ghost files: a directory, a FIFO or a device node removed while a
+//! process still used it (its working directory, an open fd), which /proc
+//! shows as "PATH (deleted)". The restore makes it again at PATH (with any
+//! missing parent directories), opens it in the restorer, and removes what
+//! it made: the processes then hold a removed directory, FIFO or device
+//! node of the same path, as before. One per path, shared by every process that used it
 //! (a fork's children share their parent's working directory).
 //!
 //! A path taken since by another file cannot be used: refused by name
@@ -43,6 +43,22 @@ pub fn fifo(r: &mut Restorer<'_>, shown: &str) -> Result<RawFd, RestoreError> {
     make(r, shown, |p| {
         fdio::mkfifo(p, 0o600)?;
         fdio::open(p, libc::O_RDWR | libc::O_NONBLOCK)
+    })
+}
+
+/// The restorer's O_PATH fd of the removed device node shown as `shown`,
+/// made again with `mode` (its type, S_IFCHR or S_IFBLK, and permission
+/// bits) and device number `rdev`. Each fd of it is a description opened
+/// anew through /proc/self/fd (which reopens the removed node).
+pub fn device(
+    r: &mut Restorer<'_>,
+    shown: &str,
+    mode: u32,
+    rdev: u64,
+) -> Result<RawFd, RestoreError> {
+    make(r, shown, |p| {
+        fdio::mknod(p, mode, rdev)?;
+        fdio::open(p, libc::O_PATH)
     })
 }
 

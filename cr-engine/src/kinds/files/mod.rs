@@ -1,6 +1,8 @@
 //! Kind "files": regular files and directories (reopened by path, with
 //! their flags and offset), the character devices that carry no state
-//! (/dev/null, zero, full, random, urandom), and files whose content
+//! (/dev/null, zero, full, random, urandom) and block devices (reopened by
+//! path; a node removed while open is made again with its device number
+//! and mode, opened and removed: see [`ghost`]), and files whose content
 //! exists nowhere else: memfds (content, seals), files deleted while open
 //! and O_TMPFILE files (content saved in the image, restored as an unnamed
 //! file in the same directory). Mappings of such files refer to the same
@@ -85,7 +87,10 @@ impl FileKind for Files {
         } else if ft.is_char_device() {
             let r = md.rdev();
             if SAFE_CHAR_DEVICES.contains(&(major(r), minor(r))) {
-                Ok(Some(FdKind::CharDevice { rdev: r }))
+                Ok(Some(FdKind::CharDevice {
+                    rdev: r,
+                    mode: md.mode() & 0o7777,
+                }))
             } else {
                 Err(format!(
                     "the character device {} ({}:{}, not supported)",
@@ -96,8 +101,16 @@ impl FileKind for Files {
             }
         } else if ft.is_socket() {
             Err(format!("a socket bound at {} (not supported)", f.link))
+        } else if ft.is_block_device() {
+            Ok(Some(FdKind::BlockDevice {
+                rdev: md.rdev(),
+                mode: md.mode() & 0o7777,
+            }))
         } else {
-            Err(format!("the block device {} (not supported)", f.link))
+            Err(format!(
+                "{} (a file of unknown type, not supported)",
+                f.link
+            ))
         })
     }
 
@@ -121,9 +134,16 @@ impl FileKind for Files {
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {
         Some(match f.kind {
+            FdKind::CharDevice { rdev, mode } | FdKind::BlockDevice { rdev, mode }
+                if ghost::removed(&f.path).is_some() =>
+            {
+                let block = matches!(f.kind, FdKind::BlockDevice { .. });
+                ghost_device(cx.r, f, rdev, mode, block).map(Opened::Ours)
+            }
             FdKind::Regular { .. }
             | FdKind::Directory
             | FdKind::CharDevice { .. }
+            | FdKind::BlockDevice { .. }
             | FdKind::PathOnly => reopen(cx, f, 0).map(|()| Opened::InStub),
             FdKind::Memfd { object } => {
                 description(cx.r, f, ObjectTag::Memfd, object).map(Opened::Ours)
@@ -389,6 +409,31 @@ fn description(
     fdio::reopen(file, accmode).step(what)
 }
 
+/// A new description, with the flags and offset of `f`, of the device
+/// node removed while open that `f` shows (made again as a ghost).
+fn ghost_device(
+    r: &mut Restorer<'_>,
+    f: &Fd,
+    rdev: u64,
+    mode: u32,
+    block: bool,
+) -> Result<OwnedFd, RestoreError> {
+    let kind = if block { libc::S_IFBLK } else { libc::S_IFCHR };
+    // An image without the mode (older): the node is only ours anyway.
+    let perm = if mode == 0 { 0o600 } else { mode };
+    let g = ghost::device(r, &f.path, kind | perm, rdev)?;
+    let flags = (f.flags as i32) & !(OPEN_ONLY | libc::O_CLOEXEC);
+    let what = || format!("cannot open the removed device {} as fd {}", f.path, f.fd);
+    let fd = fdio::open(&format!("/proc/self/fd/{g}"), flags).step(what)?;
+    let mut file = File::from(fd);
+    if f.pos != 0 {
+        use std::io::Seek;
+        file.seek(std::io::SeekFrom::Start(f.pos))
+            .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())))?;
+    }
+    Ok(OwnedFd::from(file))
+}
+
 /// Path through which a process maps the content object `id`.
 pub fn map_path(r: &mut Restorer<'_>, id: u64) -> Option<String> {
     let held = r.stash.get::<Held>();
@@ -434,7 +479,7 @@ pub fn reopen(cx: &mut Rebuild<'_, '_>, f: &Fd, extra: i32) -> Result<(), Restor
     }
     // An O_PATH fd has no offset (lseek fails with EBADF).
     let seekable = !fds::is_path_only(f.flags)
-        && (matches!(f.kind, FdKind::Regular { .. })
+        && (matches!(f.kind, FdKind::Regular { .. } | FdKind::BlockDevice { .. })
             || (f.kind == FdKind::Directory && f.pos != 0));
     if seekable {
         fds::seek(stub, f)?;

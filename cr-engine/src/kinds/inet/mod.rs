@@ -15,7 +15,9 @@
 //!
 //! Socket options whose value differs from a fresh socket's are saved as
 //! raw bytes and set again at restore. Datagrams queued on a UDP socket are
-//! not saved (UDP may lose them anyway).
+//! not saved (UDP may lose them anyway). A TCP socket whose connection
+//! ended (CLOSE: reset by the peer) with bytes not read yet is refused: a
+//! closed socket cannot be given them again.
 //!
 //! Restore: see [`rebuild`].
 
@@ -144,7 +146,22 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         info = sys::tcp_info(&sock).map_err(err(&what))?;
         s.state = info.state as u32;
         match info.state {
-            sys::TCP_ESTABLISHED | sys::TCP_CLOSE => {}
+            sys::TCP_ESTABLISHED => {}
+            // A connection that ended (reset by the peer, or closed both
+            // ways) may still hold bytes the program has not read: no
+            // repair-mode call puts bytes back in a closed socket, and a
+            // fresh one would lose them. SIOCINQ counts one byte less
+            // when the socket is done (it takes off a FIN), so a reset
+            // socket holding a single byte is not seen.
+            sys::TCP_CLOSE => {
+                let unread = fdio::bytes_queued(&sock).unwrap_or(0);
+                if unread > 0 {
+                    return Err(format!(
+                        "a TCP socket {} in state CLOSE with {unread} bytes received and not read (not supported: a closed socket cannot be given them again)",
+                        show(&s.local)
+                    ));
+                }
+            }
             sys::TCP_LISTEN => {
                 s.backlog = info.sacked;
                 if info.unacked > 0 && cx.tree.lock_network && !cx.tree.skip_in_flight {

@@ -3,7 +3,8 @@
 //! and options set (and its segment size), a bound UDP socket; shut
 //! sockets; and one round trip per TCP state of a connection half closed
 //! or being made (FIN-WAIT-1/2, CLOSE-WAIT, LAST-ACK, CLOSING, SYN-SENT),
-//! each in a network namespace of its own.
+//! each in a network namespace of its own; and the refusal of a reset
+//! connection with bytes not read.
 
 use crate::kinds::testkit::{in_new_netns, round_trip};
 
@@ -489,4 +490,41 @@ expect(echo(2) == (0, 2, b"cr-ping"), "the echo reply after the restore")
         .count()
     };
     assert_eq!((pings(&rt.before), pings(&rt.after)), (1, 1));
+}
+
+/// A TCP connection reset by its peer (SO_LINGER 0) before the program
+/// read what the peer sent: in state CLOSE with bytes in its receive
+/// queue, which no repair-mode call can put back in a closed socket.
+/// Refused by name, and the program runs on: it reads the bytes, then the
+/// reset, then the end.
+#[test]
+fn tcp_reset_with_unread_data_is_refused() {
+    let err = in_new_netns(|| {
+        crate::kinds::testkit::refused(
+            "tcp-reset-unread",
+            &format!(
+                "{TCP_STATES}{}",
+                r#"
+lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(1)
+c = socket.create_connection(lis.getsockname())
+s, _ = lis.accept(); lis.close()
+s.send(b"unread bytes")
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)); s.close()
+ends(c, CLOSE, "c")
+expect(ioctl_int(c, termios.FIONREAD) > 0, "c has the bytes")
+"#
+            ),
+            r#"
+c.settimeout(5)
+expect(c.recv(100) == b"unread bytes", "the bytes")
+try:
+    c.recv(100); expect(False, "no reset after the bytes")
+except ConnectionResetError:
+    pass
+expect(c.recv(100) == b"", "the end after the reset")
+"#,
+            "in state CLOSE with",
+        )
+    });
+    assert!(err.contains("received and not read"), "{err}");
 }

@@ -157,7 +157,10 @@ impl FileKind for Tty {
         if is_dev_tty(r) {
             let ctty = proc::stat(f.pid).map(|s| s.tty_nr as u64).unwrap_or(0);
             if cx.tree.pty_masters.ctty(ctty, &[]).is_some() {
-                return Some(Ok(Some(FdKind::CharDevice { rdev: r })));
+                return Some(Ok(Some(FdKind::CharDevice {
+                    rdev: r,
+                    mode: md.mode() & 0o7777,
+                })));
             }
         }
         let master = proc::is_dev(r, 5, 2);
@@ -218,7 +221,7 @@ impl FileKind for Tty {
     ) -> Option<Result<Opened, RestoreError>> {
         Some(match &f.kind {
             // /dev/tty waits until the controlling terminal is back.
-            FdKind::CharDevice { rdev } if is_dev_tty(*rdev) => Ok(Opened::Later),
+            FdKind::CharDevice { rdev, .. } if is_dev_tty(*rdev) => Ok(Opened::Later),
             FdKind::Pty { object, master } => pty_end(cx.r, f, *object, *master).map(Opened::Ours),
             _ => return None,
         })
@@ -386,7 +389,7 @@ pub fn controlling_tty(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), Rest
 /// Fd `fd` of `p` is a /dev/tty opened again only at the end.
 pub fn deferred(p: &Process, fd: i32) -> bool {
     p.fd(fd).is_some_and(|f| {
-        f.shared.is_none() && matches!(f.kind, FdKind::CharDevice { rdev } if is_dev_tty(rdev))
+        f.shared.is_none() && matches!(f.kind, FdKind::CharDevice { rdev, .. } if is_dev_tty(rdev))
     })
 }
 
