@@ -350,23 +350,6 @@ pub fn place(ck: &mut Checkpoint, mode: CgroupMode) -> Result<(), RestoreError> 
         .map(|p| p.cgroups.clone())
         .unwrap_or_default();
     for p in ck.processes.iter_mut().filter(|p| !p.is_zombie()) {
-        let mut placed = Vec::with_capacity(here.own.len());
-        for (controllers, own) in &here.own {
-            let saved = p.cgroups.iter().find(|c| &c.controllers == controllers);
-            let root = root_groups.iter().find(|c| &c.controllers == controllers);
-            let path = match (here.mount(controllers), saved, root) {
-                (Some(m), Some(saved), Some(root)) => {
-                    target(mode, &root.path, &saved.path, own, |g| {
-                        dir_of(m, g).is_some_and(|d| d.is_dir())
-                    })
-                }
-                _ => own.clone(),
-            };
-            placed.push(Cgroup {
-                controllers: controllers.clone(),
-                path,
-            });
-        }
         for c in &p.cgroups {
             if !here.own.iter().any(|(h, _)| h == &c.controllers) {
                 warn!(
@@ -377,31 +360,35 @@ pub fn place(ck: &mut Checkpoint, mode: CgroupMode) -> Result<(), RestoreError> 
                 );
             }
         }
-        placed.sort();
-        p.cgroups = placed;
+        p.cgroups = placed(&here, mode, &root_groups, &p.cgroups);
     }
+    // The namespace's roots go where their groups go.
     if let Some(roots) = ck.cgroupns.take() {
-        let mut placed = Vec::with_capacity(here.own.len());
-        for (controllers, own) in &here.own {
-            let saved = roots.iter().find(|c| &c.controllers == controllers);
-            let root = root_groups.iter().find(|c| &c.controllers == controllers);
-            let path = match (here.mount(controllers), saved, root) {
-                (Some(m), Some(saved), Some(root)) => {
-                    target(mode, &root.path, &saved.path, own, |g| {
-                        dir_of(m, g).is_some_and(|d| d.is_dir())
-                    })
-                }
-                _ => own.clone(),
-            };
-            placed.push(Cgroup {
-                controllers: controllers.clone(),
-                path,
-            });
-        }
-        placed.sort();
-        ck.cgroupns = Some(placed);
+        ck.cgroupns = Some(placed(&here, mode, &root_groups, &roots));
     }
     Ok(())
+}
+
+/// Where groups `saved` (one per hierarchy) go, given the root's saved
+/// groups: one entry per hierarchy the restorer is in, sorted.
+fn placed(here: &Here, mode: CgroupMode, root_groups: &[Cgroup], saved: &[Cgroup]) -> Vec<Cgroup> {
+    let mut out = Vec::with_capacity(here.own.len());
+    for (controllers, own) in &here.own {
+        let saved = saved.iter().find(|c| &c.controllers == controllers);
+        let root = root_groups.iter().find(|c| &c.controllers == controllers);
+        let path = match (here.mount(controllers), saved, root) {
+            (Some(m), Some(saved), Some(root)) => target(mode, &root.path, &saved.path, own, |g| {
+                dir_of(m, g).is_some_and(|d| d.is_dir())
+            }),
+            _ => own.clone(),
+        };
+        out.push(Cgroup {
+            controllers: controllers.clone(),
+            path,
+        });
+    }
+    out.sort();
+    out
 }
 
 /// `--verify`: the group in every hierarchy.

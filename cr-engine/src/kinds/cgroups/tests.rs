@@ -58,6 +58,45 @@ fn a_namespace_root_is_the_group_less_what_the_namespace_shows() {
     assert_eq!(ns_root("/a/c", "/b"), None);
 }
 
+/// Python helpers of the programs: `mine()` yields (mount point, my group)
+/// for each hierarchy (a v1 mount whose super options hold all of the
+/// hierarchy's controllers, or the v2 mount); `make(d)` makes a group (a
+/// v1 cpuset one with its parent's CPUs and memory nodes);
+/// `enter_groups(tag)` makes TAG-PID and TAG-PID/sub under the process's
+/// group in every hierarchy, lists them in the file "groups" (removed by
+/// the test) and moves the process into the TAG-PID ones.
+const GROUP_HELPERS: &str = r#"
+def mine():
+    mounts = []
+    for line in open("/proc/self/mountinfo"):
+        a, b = line.split(" - ")
+        fs, opts = b.split()[0], set(b.split()[2].split(","))
+        if a.split()[3] == "/" and fs in ("cgroup", "cgroup2"):
+            mounts.append((fs, opts, a.split()[4]))
+    for line in open("/proc/self/cgroup"):
+        _, ctrl, path = line.rstrip("\n").split(":", 2)
+        for fs, opts, point in mounts:
+            ok = fs == "cgroup2" if not ctrl else fs == "cgroup" and set(ctrl.split(",")) <= opts
+            if ok:
+                yield point, path.rstrip("/")
+                break
+def make(d):
+    os.mkdir(d)
+    for f in ("cpuset.cpus", "cpuset.mems"):
+        if os.path.exists(d + "/" + f):
+            open(d + "/" + f, "w").write(open(os.path.dirname(d) + "/" + f).read().strip())
+def enter_groups(tag):
+    tops, subs = [], []
+    for m, path in list(mine()):
+        top = m + path + "/%s-%d" % (tag, os.getpid())
+        make(top); make(top + "/sub")
+        tops.append(top); subs.append(top + "/sub")
+    write_in_dir("groups", "\n".join(subs + tops))
+    for t in tops:
+        open(t + "/cgroup.procs", "w").write(str(os.getpid()))
+    return tops, subs
+"#;
+
 /// The groups the program made, deepest first: removed when the test
 /// ends, passed or not.
 #[derive(Default)]
@@ -95,37 +134,11 @@ fn parent_and_child_come_back_into_their_groups() {
     let made = Groups::default();
     let rt = round_trip_with(
         "cgroups",
-        r#"
+        &[
+            GROUP_HELPERS,
+            r#"
 me = os.getpid()
-def mine():
-    # (mount point, my group) for each hierarchy: a v1 mount whose super
-    # options hold all of the hierarchy's controllers, or the v2 mount.
-    mounts = []
-    for line in open("/proc/self/mountinfo"):
-        a, b = line.split(" - ")
-        fs, opts = b.split()[0], set(b.split()[2].split(","))
-        if a.split()[3] == "/" and fs in ("cgroup", "cgroup2"):
-            mounts.append((fs, opts, a.split()[4]))
-    for line in open("/proc/self/cgroup"):
-        _, ctrl, path = line.rstrip("\n").split(":", 2)
-        for fs, opts, point in mounts:
-            ok = fs == "cgroup2" if not ctrl else fs == "cgroup" and set(ctrl.split(",")) <= opts
-            if ok:
-                yield point, path.rstrip("/")
-                break
-def make(d):
-    os.mkdir(d)
-    for f in ("cpuset.cpus", "cpuset.mems"):
-        if os.path.exists(d + "/" + f):
-            open(d + "/" + f, "w").write(open(os.path.dirname(d) + "/" + f).read().strip())
-tops, subs = [], []
-for m, path in list(mine()):
-    top = m + path + "/crtest-%d" % me
-    make(top); make(top + "/sub")
-    tops.append(top); subs.append(top + "/sub")
-write_in_dir("groups", "\n".join(subs + tops))
-for t in tops:
-    open(t + "/cgroup.procs", "w").write(str(me))
+tops, subs = enter_groups("crtest")
 r, w = os.pipe()
 child = os.fork()
 if child == 0:
@@ -140,6 +153,8 @@ before = open("/proc/self/cgroup").read()
 child_before = open("/proc/%d/cgroup" % child).read()
 expect(len(tops) > 0, "no cgroup hierarchy mounted with its root")
 "#,
+        ]
+        .concat(),
         r#"
 now = open("/proc/self/cgroup").read()
 expect(now == before, "parent: cgroups %r, were %r" % (now, before))
@@ -180,35 +195,11 @@ fn own_cgroup_namespace_round_trip() {
     let made = Groups::default();
     let rt = round_trip_with(
         "cgroupns",
-        r#"
+        &[
+            GROUP_HELPERS,
+            r#"
 me = os.getpid()
-def mine():
-    mounts = []
-    for line in open("/proc/self/mountinfo"):
-        a, b = line.split(" - ")
-        fs, opts = b.split()[0], set(b.split()[2].split(","))
-        if a.split()[3] == "/" and fs in ("cgroup", "cgroup2"):
-            mounts.append((fs, opts, a.split()[4]))
-    for line in open("/proc/self/cgroup"):
-        _, ctrl, path = line.rstrip("\n").split(":", 2)
-        for fs, opts, point in mounts:
-            ok = fs == "cgroup2" if not ctrl else fs == "cgroup" and set(ctrl.split(",")) <= opts
-            if ok:
-                yield point, path.rstrip("/")
-                break
-def make(d):
-    os.mkdir(d)
-    for f in ("cpuset.cpus", "cpuset.mems"):
-        if os.path.exists(d + "/" + f):
-            open(d + "/" + f, "w").write(open(os.path.dirname(d) + "/" + f).read().strip())
-tops, subs = [], []
-for m, path in list(mine()):
-    top = m + path + "/crns-%d" % me
-    make(top); make(top + "/sub")
-    tops.append(top); subs.append(top + "/sub")
-write_in_dir("groups", "\n".join(subs + tops))
-for t in tops:
-    open(t + "/cgroup.procs", "w").write(str(me))
+tops, subs = enter_groups("crns")
 outer_ns = os.readlink("/proc/self/ns/cgroup")
 expect(libc.unshare(0x02000000) == 0, "unshare(CLONE_NEWCGROUP)")
 for s in subs:
@@ -226,6 +217,8 @@ child_before = open("/proc/%d/cgroup" % child).read()
 expect(len(tops) > 0, "no cgroup hierarchy mounted with its root")
 expect(all(l.endswith(":/sub") for l in before.splitlines()), "before: %r" % before)
 "#,
+        ]
+        .concat(),
         r#"
 now = open("/proc/self/cgroup").read()
 expect(now == before, "parent: cgroups %r, were %r" % (now, before))
