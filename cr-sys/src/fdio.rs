@@ -792,6 +792,19 @@ pub fn memfd_create(name: &str, flags: u32) -> Result<OwnedFd> {
         .or_sys(|| format!("memfd_create({name})"))
 }
 
+/// Allocate bytes `off..off + len` of `fd` now (fallocate mode 0), so
+/// later writes there allocate nothing (for a memfd: its pages exist).
+pub fn fallocate(fd: BorrowedFd<'_>, off: u64, len: u64, what: &str) -> Result<()> {
+    nix::fcntl::fallocate(
+        fd,
+        nix::fcntl::FallocateFlags::empty(),
+        off as libc::off_t,
+        len as libc::off_t,
+    )
+    .map(drop)
+    .or_sys(|| format!("fallocate({what}, {len} bytes at {off})"))
+}
+
 /// Bytes of the `struct termios` buffer TCGETS and TCSETS use.
 const TERMIOS_SIZE: usize = std::mem::size_of::<libc::termios>();
 

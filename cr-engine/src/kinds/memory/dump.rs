@@ -28,6 +28,7 @@ use cr_sys::pagemap::{
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -417,111 +418,117 @@ pub struct Copy<'a> {
     pub live: bool,
     /// The pages were copied out while the process was frozen (see
     /// [`snapshot`]): they are taken from there, not from the process.
-    pub snapshot: Option<(&'a Snapshot, &'a [u8])>,
+    pub snapshot: Option<(&'a Snapshot, &'a Arena)>,
 }
 
-/// The process's memory a plan names, copied into our own memory while
-/// it is frozen, so it can run on while the pages are hashed, compared
-/// and written (checkpoint-and-continue: the freeze is the copy).
+/// The process's memory a plan names, copied out while it is frozen, so
+/// it can run on while the pages are hashed, compared and written
+/// (checkpoint-and-continue: the freeze is the copy).
 pub struct Snapshot {
     pub region: Region,
     /// Where each run of the plan starts in the region.
     offsets: Vec<usize>,
 }
 
-/// Room in our memory for snapshots: reserved (and faulted in) before the
-/// tree is frozen, so the freeze pays only the copy; a process that does
-/// not fit gets a mapping of its own while the budget lasts.
+/// Room for snapshots: a memfd whose pages are allocated before the tree
+/// is frozen, so the freeze pays only the copy. The pages pass through
+/// a bounded buffer per worker and are never mapped here, so they do
+/// not count in the checkpointer's resident set (its peak RSS stays
+/// bounded at any image size); they are still memory of the machine
+/// (shmem, swappable), held until the dump is stored. A process that
+/// does not fit in what was reserved gets room added while the budget
+/// lasts.
 pub struct Arena {
-    maps: Vec<memmap2::MmapMut>,
-    /// Bytes of `maps[0]` handed out.
+    file: File,
+    /// Bytes of `file` allocated.
+    held: usize,
+    /// Bytes of `file` handed out.
     used: usize,
     /// Most bytes held in all.
     budget: usize,
-    held: usize,
 }
 
-/// Bytes `len` at `start` of arena map `map`.
+/// Bytes `len` at `start` of the arena's file.
 #[derive(Debug, Clone, Copy)]
 pub struct Region {
-    map: usize,
     start: usize,
     len: usize,
 }
 
 impl Arena {
-    /// `reserve` bytes mapped and faulted in now, at most `budget` in all.
+    /// `reserve` bytes allocated now, at most `budget` in all.
     pub fn new(reserve: usize, budget: usize) -> std::io::Result<Arena> {
-        let mut maps = Vec::new();
-        if reserve > 0 {
-            let mut m = memmap2::MmapMut::map_anon(reserve)?;
-            let _ = m.advise(memmap2::Advice::HugePage);
-            // Fault every page in now rather than during the freeze.
-            for off in (0..reserve).step_by(PAGE_SIZE as usize) {
-                m[off] = 0;
-            }
-            maps.push(m);
-        }
-        Ok(Arena {
-            maps,
+        let file = File::from(
+            cr_sys::fdio::memfd_create("cr-snapshot", 0).map_err(std::io::Error::other)?,
+        );
+        let mut a = Arena {
+            file,
+            held: 0,
             used: 0,
             budget,
-            held: reserve,
-        })
+        };
+        a.grow(reserve)?;
+        Ok(a)
     }
 
-    /// Bytes mapped so far (reserved ahead, or mapped since).
+    /// Allocate `more` bytes at the end of the file.
+    fn grow(&mut self, more: usize) -> std::io::Result<()> {
+        if more > 0 {
+            cr_sys::fdio::fallocate(
+                self.file.as_fd(),
+                self.held as u64,
+                more as u64,
+                "snapshot memfd",
+            )
+            .map_err(std::io::Error::other)?;
+            self.held += more;
+        }
+        Ok(())
+    }
+
+    /// Bytes allocated so far (reserved ahead, or added since).
     pub fn held(&self) -> usize {
         self.held
     }
 
     /// A region of `len` bytes, or None when the budget is spent.
     pub fn take(&mut self, len: usize) -> Option<Region> {
-        if let Some(first) = self.maps.first() {
-            if first.len() - self.used >= len {
-                let r = Region {
-                    map: 0,
-                    start: self.used,
-                    len,
-                };
-                self.used += len;
-                return Some(r);
+        let end = self.used + len;
+        if end > self.held {
+            if end > self.budget {
+                return None;
             }
+            self.grow(end - self.held).ok()?;
         }
-        if self.held + len > self.budget || len == 0 {
-            return (len == 0).then_some(Region {
-                map: 0,
-                start: 0,
-                len: 0,
-            });
-        }
-        let m = memmap2::MmapMut::map_anon(len).ok()?;
-        let _ = m.advise(memmap2::Advice::HugePage);
-        self.maps.push(m);
-        if self.maps.len() == 1 {
-            // Nothing was reserved ahead: this map is the first, and full.
-            self.used = len;
-        }
-        self.held += len;
-        Some(Region {
-            map: self.maps.len() - 1,
-            start: 0,
+        let r = Region {
+            start: self.used,
             len,
+        };
+        self.used = end;
+        Some(r)
+    }
+
+    /// Write `b` at `off` of region `r`.
+    fn write(&self, r: &Region, off: usize, b: &[u8]) -> Result<(), CheckpointError> {
+        debug_assert!(off + b.len() <= r.len);
+        self.file
+            .write_all_at(b, (r.start + off) as u64)
+            .map_err(|e| self.error("write", e))
+    }
+
+    /// Fill `b` from `off` of region `r`.
+    fn read(&self, r: &Region, off: usize, b: &mut [u8]) -> Result<(), CheckpointError> {
+        debug_assert!(off + b.len() <= r.len);
+        self.file
+            .read_exact_at(b, (r.start + off) as u64)
+            .map_err(|e| self.error("read", e))
+    }
+
+    fn error(&self, what: &str, source: std::io::Error) -> CheckpointError {
+        CheckpointError::Sys(cr_sys::SysError::Io {
+            path: format!("{what} of the snapshot memfd"),
+            source,
         })
-    }
-
-    pub fn bytes(&self, r: &Region) -> &[u8] {
-        match self.maps.get(r.map) {
-            Some(m) => &m[r.start..r.start + r.len],
-            None => &[],
-        }
-    }
-
-    fn bytes_mut(&mut self, r: &Region) -> &mut [u8] {
-        match self.maps.get_mut(r.map) {
-            Some(m) => &mut m[r.start..r.start + r.len],
-            None => &mut [],
-        }
     }
 }
 
@@ -579,39 +586,38 @@ fn read_run(
 pub fn snapshot(
     pid: i32,
     plan: &Plan,
-    arena: &mut Arena,
+    arena: &Arena,
     region: Region,
     workers: usize,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Snapshot, CheckpointError> {
     let procmem = procmem_for(pid, plan)?;
     let mut offsets = Vec::with_capacity(plan.runs.len());
-    let mut pieces = Vec::with_capacity(plan.runs.len());
-    let mut rest = arena.bytes_mut(&region);
     let mut off = 0;
     for r in &plan.runs {
-        let len = (r.pages * PAGE_SIZE) as usize;
-        let (piece, tail) = rest.split_at_mut(len);
         offsets.push(off);
-        pieces.push((r, piece));
-        off += len;
-        rest = tail;
+        off += (r.pages * PAGE_SIZE) as usize;
     }
-    let queue = Mutex::new(pieces.into_iter());
+    let next = AtomicUsize::new(0);
     let copied = AtomicU64::new(0);
     let half = plan.runs.len() / 2;
-    let taken = AtomicUsize::new(0);
     pool::run(workers.min(plan.runs.len().max(1)), |stop| {
+        // One run at a time through this buffer: the process's pages
+        // never sit in our own memory all at once.
+        let mut buf = vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize];
         let mut ok = vec![true; MAX_RUN_PAGES as usize];
         while !stop.stopped() {
-            let Some((r, piece)) = queue.lock().unwrap_or_else(|p| p.into_inner()).next() else {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(r) = plan.runs.get(i) else {
                 return Ok::<(), CheckpointError>(());
             };
-            if taken.fetch_add(1, Ordering::Relaxed) == half {
+            if i == half {
                 fault::check("mid-memory")?;
             }
-            read_run(pid, plan, procmem.as_ref(), r, piece, false, &mut ok)?;
-            let done = copied.fetch_add(piece.len() as u64, Ordering::Relaxed) + piece.len() as u64;
+            let b = &mut buf[..(r.pages * PAGE_SIZE) as usize];
+            read_run(pid, plan, procmem.as_ref(), r, b, false, &mut ok)?;
+            arena.write(&region, offsets[i], b)?;
+            let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
             progress(done);
         }
         Ok(())
@@ -657,9 +663,10 @@ pub fn copy(
                 let len = (r.pages * PAGE_SIZE) as usize;
                 let mut ok = vec![true; r.pages as usize];
                 let b: &[u8] = match a.snapshot {
-                    Some((snap, bytes)) => {
-                        let at = snap.offsets[i];
-                        &bytes[at..at + len]
+                    Some((snap, arena)) => {
+                        let b = &mut buf[..len];
+                        arena.read(&snap.region, snap.offsets[i], b)?;
+                        b
                     }
                     None => {
                         if i == half {
