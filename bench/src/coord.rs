@@ -283,6 +283,7 @@ async fn bench(o: &Opts, db: &Path) -> Res<Vec<Round>> {
                 version: "sim".into(),
                 members: vec![member(i)],
                 generation: 1,
+                ..Default::default()
             })
             .await
             .map_err(|e| e.to_string())?;

@@ -376,6 +376,7 @@ fn register_req(i: usize, port: u16, generation: u64) -> pb::RegisterRequest {
         version: "sim".into(),
         members: vec![member(i)],
         generation,
+        ..Default::default()
     }
 }
 

@@ -5,4 +5,5 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod pmi;
 pub mod relay;

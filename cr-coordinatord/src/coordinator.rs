@@ -315,6 +315,7 @@ impl Coordinator {
                         .sum::<usize>() as u32,
                     version: n.version.clone(),
                     drained: n.drained,
+                    capacity: live.capacity(&n.name).cloned(),
                 })
                 .collect()
         });

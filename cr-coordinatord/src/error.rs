@@ -51,6 +51,14 @@ pub enum Error {
         node: String,
         reason: String,
     },
+    #[error("cannot drain {node}: member {member} of job {job} ({mib} MiB) fits on no other node ({best}); nothing was moved")]
+    NoRoom {
+        node: String,
+        member: String,
+        job: String,
+        mib: u64,
+        best: String,
+    },
     #[error("node {node} is drained (crctl undrain {node} lifts it)")]
     Drained { node: String },
     #[error("migration of job {job} failed: {reason}")]
@@ -88,6 +96,7 @@ impl From<Error> for tonic::Status {
             // Not Unavailable: clients show that code as a transport failure.
             | Error::NodeDown { .. }
             | Error::Drained { .. }
+            | Error::NoRoom { .. }
             | Error::Stopping => Code::FailedPrecondition,
             Error::Aborted { .. }
             | Error::PreCopyFailed { .. }

@@ -31,6 +31,7 @@ pub mod events;
 pub mod fault;
 pub mod launch;
 pub mod migrate;
+pub mod placement;
 pub mod precopy;
 pub mod protocol;
 pub mod recovery;

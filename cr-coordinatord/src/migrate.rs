@@ -25,8 +25,10 @@
 //!
 //! A drain marks the node drained (no new member is placed or accepted
 //! there; a restart elsewhere never picks it) and migrates every job's
-//! members off it, each to the up, undrained node with the fewest members
-//! (Slurm jobs excepted: Slurm moves them, see [`slurm_job`]).
+//! members off it, each to the up, undrained node chosen by free memory
+//! and CPU ([`crate::placement`]; Slurm jobs excepted: Slurm moves them,
+//! see [`slurm_job`]). A member no node has room for refuses the drain
+//! before anything is moved or the node is marked.
 
 use crate::catalog::{Change, MigrationRecord, NodeRecord};
 use crate::coordinator::{now_unix_ms, Coordinator};
@@ -632,9 +634,11 @@ impl Coordinator {
             })
     }
 
-    /// `crctl drain NODE`: drained, then every job's members on it
-    /// migrated off, job by job, within `deadline`. `reason`: who asked
-    /// and why, when not an administrator (the node's own agent).
+    /// `crctl drain NODE`: every job's members on it placed elsewhere
+    /// ([`crate::placement`]; a member no node can hold refuses the drain,
+    /// nothing moved, the node not drained), then the node drained and
+    /// the members migrated off, job by job, within `deadline`. `reason`:
+    /// who asked and why, when not an administrator (the node's own agent).
     pub async fn drain(
         &self,
         node: &str,
@@ -642,8 +646,10 @@ impl Coordinator {
         reason: &str,
     ) -> Result<pb::DrainReply, Error> {
         let until = Instant::now() + deadline.unwrap_or(self.settings.timeout);
-        self.set_drained(node, true)?;
-        tracing::info!(node, reason, "drained: moving its members off");
+        if !self.catalog.read(|s| s.nodes.contains_key(node)) {
+            // set_drained names the known nodes.
+            self.set_drained(node, true)?;
+        }
         let jobs: Vec<(String, Vec<i32>)> = self.catalog.read(|s| {
             s.jobs
                 .values()
@@ -660,42 +666,110 @@ impl Coordinator {
                 .filter(|(_, p)| !p.is_empty())
                 .collect()
         });
+        let targets = self.drain_plan(node, &jobs)?;
+        self.set_drained(node, true)?;
+        tracing::info!(node, reason, "drained: moving its members off");
         let mut reply = pb::DrainReply {
             node: node.into(),
             ..Default::default()
         };
         self.events.drain_started(node, jobs.len() as u32, reason);
-        let r = self.drain_jobs(node, jobs, until, &mut reply).await;
+        let r = self
+            .drain_jobs(node, jobs, targets, until, &mut reply)
+            .await;
         self.events.drain_done(node);
         r.map(|()| reply)
     }
 
-    /// The drain's migrations, job by job; what happened to each goes into
-    /// `reply`.
+    /// Size in bytes of member `pid` of `job` on `node`: the larger of its
+    /// resident memory at the agent's last report and its image's pages
+    /// in the job's last committed checkpoint.
+    fn member_bytes(
+        &self,
+        job: &str,
+        node: &str,
+        pid: i32,
+        live: &crate::registry::Liveness,
+    ) -> u64 {
+        let image = self.catalog.read(|s| {
+            s.checkpoints
+                .get(job)
+                .into_iter()
+                .flat_map(|c| c.values().rev())
+                .filter_map(|c| c.info.as_ref())
+                .find(|i| i.state == "committed")
+                .and_then(|i| {
+                    i.images
+                        .iter()
+                        .find(|im| im.node == node && im.pid == pid)
+                        .map(|im| im.page_bytes)
+                })
+                .unwrap_or(0)
+        });
+        live.rss(node, pid).max(image)
+    }
+
+    /// The target of each member of `jobs` on `node` (Slurm jobs left
+    /// out), or why the drain is refused.
+    pub(crate) fn drain_plan(
+        &self,
+        node: &str,
+        jobs: &[(String, Vec<i32>)],
+    ) -> Result<HashMap<(String, i32), String>, Error> {
+        use crate::placement::{place, Candidate, Sized};
+        let live = self.liveness();
+        let nodes: Vec<Candidate> = self.catalog.read(|s| {
+            s.nodes
+                .values()
+                .filter(|n| !n.drained && n.name != node && live.is_up(&n.name))
+                .map(|n| Candidate {
+                    name: n.name.clone(),
+                    capacity: live.capacity(&n.name).cloned(),
+                    members: s
+                        .on_node(&n.name)
+                        .map(|(j, ks)| ks.iter().filter(|&&k| j.members[k].alive).count())
+                        .sum(),
+                })
+                .collect()
+        });
+        let members: Vec<Sized<(String, i32)>> = jobs
+            .iter()
+            .filter(|(j, _)| !slurm_job(j))
+            .flat_map(|(j, pids)| pids.iter().map(move |p| (j, *p)))
+            .map(|(j, pid)| Sized {
+                bytes: self.member_bytes(j, node, pid, &live),
+                key: (j.clone(), pid),
+            })
+            .collect();
+        match place(&nodes, &members) {
+            Ok(p) => Ok(p.into_iter().collect()),
+            Err(e) => {
+                let best = match e.best {
+                    Some((n, free)) => format!("most free: {n} with {} MiB", free >> 20),
+                    None => "none reported its free memory".into(),
+                };
+                tracing::warn!(node, job = %e.key.0, pid = e.key.1, bytes = e.bytes, "drain refused: no room");
+                Err(Error::NoRoom {
+                    node: node.into(),
+                    member: format!("{node}:{}", e.key.1),
+                    job: e.key.0,
+                    mib: e.bytes.div_ceil(1 << 20),
+                    best,
+                })
+            }
+        }
+    }
+
+    /// The drain's migrations, job by job, each member to its target in
+    /// `targets`; what happened to each goes into `reply`.
     async fn drain_jobs(
         &self,
         node: &str,
         jobs: Vec<(String, Vec<i32>)>,
+        targets: HashMap<(String, i32), String>,
         until: Instant,
         reply: &mut pb::DrainReply,
     ) -> Result<(), Error> {
-        // Members per candidate node, counting those placed by this drain.
-        let live = self.liveness();
-        let mut load: BTreeMap<String, usize> = self.catalog.read(|s| {
-            s.nodes
-                .values()
-                .filter(|n| !n.drained && n.name != node && live.is_up(&n.name))
-                .map(|n| {
-                    let c = s
-                        .jobs
-                        .values()
-                        .flat_map(|j| &j.members)
-                        .filter(|m| m.alive && m.node == n.name)
-                        .count();
-                    (n.name.clone(), c)
-                })
-                .collect()
-        });
         for (job, pids) in jobs {
             if slurm_job(&job) {
                 let why = "a Slurm job: Slurm moves it (checkpoint and requeue by cr-slurm-drain)";
@@ -710,14 +784,13 @@ impl Coordinator {
                 reply.failed.push(format!("{job}: {why}"));
                 continue;
             }
-            let mut moves = HashMap::new();
-            for pid in pids {
-                let Some((target, n)) = load.iter_mut().min_by_key(|(_, c)| **c) else {
-                    break;
-                };
-                *n += 1;
-                moves.insert((node.to_string(), pid), target.clone());
-            }
+            let moves: HashMap<(String, i32), String> = pids
+                .iter()
+                .filter_map(|&pid| {
+                    let t = targets.get(&(job.clone(), pid))?;
+                    Some(((node.to_string(), pid), t.clone()))
+                })
+                .collect();
             if moves.is_empty() {
                 let why = "no other node is up and undrained";
                 self.events.drain_job(node, &job, "failed", why);

@@ -29,6 +29,15 @@ struct Live {
     generation: u64,
     /// "node is down" was logged.
     down_logged: bool,
+    /// The node's last reported capacity.
+    capacity: Option<pb::NodeCapacity>,
+    /// Resident bytes of each member (by PID) at the last report.
+    rss: HashMap<i32, u64>,
+}
+
+/// Members' resident bytes by PID, from a report.
+fn rss_of(members: &[pb::Member]) -> HashMap<i32, u64> {
+    members.iter().map(|m| (m.pid, m.rss)).collect()
 }
 
 /// Liveness of the nodes registered since the coordinator started.
@@ -43,6 +52,8 @@ pub(crate) struct Registry {
 pub(crate) struct Liveness {
     nodes: HashMap<String, (Duration, u64)>,
     timeout: Duration,
+    capacity: HashMap<String, pb::NodeCapacity>,
+    rss: HashMap<String, HashMap<i32, u64>>,
 }
 
 impl Liveness {
@@ -54,6 +65,21 @@ impl Liveness {
 
     pub(crate) fn last_seen_unix_ms(&self, node: &str) -> Option<u64> {
         self.nodes.get(node).map(|(_, t)| *t)
+    }
+
+    /// `node`'s last reported capacity.
+    pub(crate) fn capacity(&self, node: &str) -> Option<&pb::NodeCapacity> {
+        self.capacity.get(node)
+    }
+
+    /// Resident bytes of member `pid` of `node` at its last report (0:
+    /// unknown).
+    pub(crate) fn rss(&self, node: &str, pid: i32) -> u64 {
+        self.rss
+            .get(node)
+            .and_then(|m| m.get(&pid))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Why `node` is down.
@@ -68,14 +94,25 @@ impl Liveness {
 impl Registry {
     pub(crate) fn snapshot(&self, timeout: Duration) -> Liveness {
         let now = Instant::now();
-        let nodes = self
-            .nodes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let reg = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let nodes = reg
             .iter()
             .map(|(n, l)| (n.clone(), (now - l.last_seen, l.last_seen_unix_ms)))
             .collect();
-        Liveness { nodes, timeout }
+        let capacity = reg
+            .iter()
+            .filter_map(|(n, l)| Some((n.clone(), l.capacity.clone()?)))
+            .collect();
+        let rss = reg
+            .iter()
+            .map(|(n, l)| (n.clone(), l.rss.clone()))
+            .collect();
+        Liveness {
+            nodes,
+            timeout,
+            capacity,
+            rss,
+        }
     }
 
     /// Reports older than `generation` from `node` are ignored from now on.
@@ -357,6 +394,8 @@ impl Coordinator {
                     last_seen_unix_ms: now,
                     generation: req.generation,
                     down_logged: false,
+                    capacity: req.capacity.clone(),
+                    rss: rss_of(&req.members),
                 },
             );
         self.agents.reset(&req.node);
@@ -403,6 +442,9 @@ impl Coordinator {
             live.last_seen = Instant::now();
             live.last_seen_unix_ms = now_unix_ms();
             live.down_logged = false;
+            if req.capacity.is_some() {
+                live.capacity = req.capacity.clone();
+            }
             if req.generation < live.generation {
                 tracing::debug!(
                     node = %req.node,
@@ -413,6 +455,7 @@ impl Coordinator {
                 queued = None;
             } else {
                 live.generation = req.generation;
+                live.rss = rss_of(&req.members);
                 // Queued under the lock: reports are written in the order
                 // of their generations.
                 queued = Some(self.queue_report(&req.node, None, req.members));

@@ -257,6 +257,7 @@ impl Env {
                 version: "test".into(),
                 members,
                 generation: 1,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -1358,4 +1359,51 @@ async fn watchers_follow_phases_lag_alone_and_end_at_the_stop() {
     }
     let last = last.expect("a last event");
     assert_eq!(last.kind, "shutdown", "{last:?}");
+}
+
+/// A drain whose member fits on no other node (their agents report less
+/// free memory than its RSS) is refused by name: the node is not drained,
+/// no agent is asked anything. With room on n3 only, the plan sends it there.
+#[tokio::test]
+async fn drain_places_by_free_memory_and_refuses_without_room() {
+    let env = Env::new(3).await;
+    let cap = |mib: u64| pb::NodeCapacity {
+        mem_free: mib << 20,
+        mem_source: "meminfo".into(),
+        cpus: 2.0,
+        load: 0.0,
+    };
+    let report = |i: usize, free: u64, rss: u64| pb::HeartbeatRequest {
+        node: format!("n{i}"),
+        members: vec![pb::Member {
+            rss: rss << 20,
+            ..member("J", 100 + i as i32)
+        }],
+        generation: 2,
+        capacity: Some(cap(free)),
+        ..Default::default()
+    };
+    env.coord.heartbeat(report(1, 1000, 300)).await.unwrap();
+    env.coord.heartbeat(report(2, 200, 1)).await.unwrap();
+    env.coord.heartbeat(report(3, 250, 1)).await.unwrap();
+    let calls = env.fake.calls.lock().unwrap().len();
+    let e = env.coord.drain("n1", None, "").await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("member n1:101 of job J (300 MiB)") && text.contains("n3 with 250 MiB"),
+        "{text}"
+    );
+    assert!(!env.coord.is_drained("n1"));
+    assert_eq!(env.fake.calls.lock().unwrap().len(), calls);
+    let nodes = env.coord.nodes().nodes;
+    let n3 = nodes.iter().find(|n| n.name == "n3").unwrap();
+    assert_eq!(n3.capacity.as_ref().unwrap().mem_free, 250 << 20);
+    // Room on n3 only.
+    env.coord.heartbeat(report(3, 400, 1)).await.unwrap();
+    let jobs = vec![("J".to_string(), vec![101])];
+    let plan = env.coord.drain_plan("n1", &jobs).unwrap();
+    assert_eq!(
+        plan.get(&("J".to_string(), 101)).map(String::as_str),
+        Some("n3")
+    );
 }

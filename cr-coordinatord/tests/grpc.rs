@@ -296,6 +296,7 @@ async fn checkpoint_and_restart_over_mutual_tls() {
                     ..Default::default()
                 }],
                 generation: 1,
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -530,7 +530,9 @@ impl Held {
         // Read while nothing runs: System V objects and a job's mounts.
         let sysv = kinds::sysv::capture(&d, &images)?;
         let mounts = kinds::mounts::capture(&d, &images)?;
+        tree::refuse_foreign_namespaces(&images)?;
         let uts = kinds::uts::capture(&images)?;
+        let cgroupns = kinds::cgroups::capture_ns(&images)?;
         let own_shm = mounts.as_ref().is_some_and(|m| m.dev_shm.is_some());
         let outside_files = kinds::outside::capture(&mut d, &pids, &images, own_shm)?;
         let captured = t_dump.elapsed();
@@ -576,6 +578,7 @@ impl Held {
             mounts,
             job_dir: job_dir(root).map(|d| d.display().to_string()),
             uts,
+            cgroupns,
             outside_files,
         };
         fault::check("before-commit")?;
@@ -834,6 +837,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             mounts: None,
             job_dir: None,
             uts: None,
+            cgroupns: None,
             outside_files: Vec::new(),
         };
         fault::check("before-commit")?;

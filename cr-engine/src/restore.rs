@@ -357,6 +357,7 @@ pub fn rebuild(
         // Before the memory, which is then charged to the process's group.
         kinds::cgroups::Cgroups::restore(&mut cx, p)?;
         kinds::memory::Memory::restore(&mut cx, p)?;
+        kinds::aio::restore_process(&mut cx, p)?;
         kinds::task::Task::restore(&mut cx, p)?;
         kinds::identity::set_loginuid(&mut cx.stub, p)?;
         kinds::fds::Fds::restore(&mut cx, p)?;

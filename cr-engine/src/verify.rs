@@ -161,6 +161,11 @@ pub fn tree(
             break;
         }
     }
+    if difference.is_none() {
+        if let Some(root) = procs.first() {
+            difference = kinds::cgroups::verify_ns(ck, root.pid);
+        }
+    }
     let elapsed = t0.elapsed();
     debug!(
         processes = procs.len(),
@@ -228,6 +233,7 @@ mod tests {
             anon_name: String::new(),
             shm_owner: None,
             object: None,
+            aio: None,
         }
     }
 

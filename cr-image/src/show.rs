@@ -176,9 +176,10 @@ pub fn object_summary(o: &Object) -> String {
     }
 }
 
-/// "tcp 10.0.0.1:5000 -> 10.0.0.2:40000 ESTABLISHED snd_una=... ..."
+/// "tcp socket:[7] (v4) 10.0.0.1:5000 -> 10.0.0.2:40000 ESTABLISHED
+/// snd_una=... ...", "udp ...", "raw ipv4 (protocol 255) ...", "ping (icmp) ...".
 fn inet_summary(id: u64, s: &InetSocket) -> String {
-    let proto_name = if s.protocol == 6 { "tcp" } else { "udp" };
+    let proto_name = s.proto_name().to_lowercase();
     let family = if s.family == 10 { "v6" } else { "v4" };
     let local = s
         .local
@@ -367,5 +368,32 @@ fn sysv_text(s: &mut String, v: &crate::model::SysvIpc) {
             q.messages.len(),
             q.messages.iter().map(|m| m.text.len()).sum::<usize>()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inet_summary;
+    use crate::model::objects::InetSocket;
+
+    /// Raw and ping sockets are named as such, not as UDP.
+    #[test]
+    fn inet_sockets_are_labelled_by_kind() {
+        let sock = |family, sock_type, protocol| InetSocket {
+            family,
+            sock_type,
+            protocol,
+            ..Default::default()
+        };
+        let label = |s: &InetSocket| {
+            let sum = inet_summary(1, s);
+            sum[..sum.find(" socket:").expect("a socket summary")].to_string()
+        };
+        assert_eq!(label(&sock(2, 1, 6)), "tcp");
+        assert_eq!(label(&sock(2, 2, 17)), "udp");
+        assert_eq!(label(&sock(2, 3, 255)), "raw ipv4 (protocol 255)");
+        assert_eq!(label(&sock(10, 3, 58)), "raw ipv6 (protocol 58)");
+        assert_eq!(label(&sock(2, 2, 1)), "ping (icmp)");
+        assert_eq!(label(&sock(10, 2, 58)), "ping (icmpv6)");
     }
 }

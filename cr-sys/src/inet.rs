@@ -95,6 +95,51 @@ pub fn socket(family: i32, ty: i32, protocol: i32) -> Result<OwnedFd> {
     crate::fdio::socket(family, ty, protocol)
 }
 
+/// The groups allowed to make ping sockets (ICMP datagram sockets) in the
+/// caller's network namespace: net.ipv4.ping_group_range, low and high
+/// (low above high: none).
+pub fn ping_group_range() -> Result<(u32, u32)> {
+    let path = "/proc/sys/net/ipv4/ping_group_range";
+    let text = std::fs::read_to_string(path).map_err(|source| SysError::Io {
+        path: path.into(),
+        source,
+    })?;
+    let mut it = text.split_whitespace().map(str::parse::<u32>);
+    match (it.next(), it.next()) {
+        (Some(Ok(lo)), Some(Ok(hi))) => Ok((lo, hi)),
+        _ => Err(SysError::Syscall {
+            what: format!("{path} reads {:?}", text.trim()),
+            source: Errno(libc::EINVAL),
+        }),
+    }
+}
+
+/// [`socket`] made with effective group `gid`: the kernel lets only the
+/// groups of net.ipv4.ping_group_range make ping sockets, whatever the
+/// caller's capabilities. Made on a thread of its own that alone changes
+/// its group (the raw system call: glibc's setresgid changes every
+/// thread's) and then ends; it shares the caller's network namespace.
+pub fn socket_as_group(family: i32, ty: i32, protocol: i32, gid: u32) -> Result<OwnedFd> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // -1: unchanged.
+            let keep = u32::MAX as libc::c_long;
+            // SAFETY: setresgid takes no pointers; it changes this thread's
+            // credentials only, and the thread ends right after.
+            let r = unsafe { libc::syscall(libc::SYS_setresgid, keep, gid as libc::c_long, keep) };
+            if r != 0 {
+                return Err(SysError::Syscall {
+                    what: format!("setresgid(-1, {gid}, -1) to make a ping socket"),
+                    source: Errno::last(),
+                });
+            }
+            socket(family, ty, protocol)
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
 fn from_storage(ss: &SockaddrStorage) -> Option<SocketAddr> {
     if let Some(sin) = ss.as_sockaddr_in() {
         return Some(SocketAddr::V4(SocketAddrV4::from(*sin)));

@@ -22,6 +22,7 @@
 //! - [`ns`]: namespaces: another process's, its IPC namespace from a thread, a job's mounts.
 //! - [`spank`]: Slurm's SPANK plugin interface (for the cr-spank plugin).
 
+pub mod capacity;
 pub mod clone;
 pub mod coop;
 pub mod dirty;

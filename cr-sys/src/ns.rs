@@ -47,8 +47,22 @@ pub fn in_net_ns<R: Send, E: Send + From<SysError>>(
     in_thread_ns(ns, nix::sched::CloneFlags::CLONE_NEWNET, "network", f)
 }
 
+/// The control groups of process `pid` as it sees them itself: paths
+/// relative to the root of its own cgroup namespace (read from a thread
+/// that joined it: the kernel shows /proc/PID/cgroup relative to the
+/// reader's namespace). Same shape as [`crate::proc::cgroups`].
+pub fn cgroups_seen_by(pid: i32) -> Result<Vec<(String, String)>> {
+    let ns = open(pid, "cgroup")?;
+    in_thread_ns(
+        Some(&ns),
+        nix::sched::CloneFlags::CLONE_NEWCGROUP,
+        "cgroup",
+        || crate::proc::cgroups(pid),
+    )
+}
+
 /// Run `f` on a thread of its own that joined the namespace `ns` (None:
-/// ours) of kind `flag` (one a thread may join alone: IPC, UTS, network).
+/// ours) of kind `flag` (one a thread may join alone: IPC, UTS, network, cgroup).
 fn in_thread_ns<R: Send, E: Send + From<SysError>>(
     ns: Option<&OwnedFd>,
     flag: nix::sched::CloneFlags,

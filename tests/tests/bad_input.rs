@@ -456,3 +456,25 @@ fn restore_fails_cleanly_when_mapped_file_is_gone() {
 fn restore_fails_cleanly_when_open_file_is_gone() {
     restore_with_missing("wl_append", &["5"], "files/plain.dat");
 }
+
+/// A process in a user or time namespace of its own (`unshare -U -r`,
+/// `unshare -T`): restored in ours it would see other ids or clocks, so
+/// the checkpoint is refused naming the namespace; the process runs on.
+#[test]
+fn checkpoint_refuses_own_user_and_time_namespaces() {
+    for (flags, kind) in [
+        (&["-U", "-r"][..], "user namespace"),
+        (&["-T"][..], "time namespace"),
+    ] {
+        let h = Harness::new(&format!("ns-{}", flags[0].trim_start_matches('-')));
+        let exe = workload_path("wl_counter");
+        let mut pre: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
+        pre.push(exe.as_os_str());
+        let mut wl = h.spawn_program("wl_counter", Path::new("/usr/bin/unshare"), &pre, &["5"]);
+        wl.wait_ready();
+        let img = h.image_dir("img");
+        let out = h.checkpoint(&img, &["--kill"], wl.pid());
+        out.assert_error(&format!("checkpoint in a {kind}"), CK_ERR, &[kind]);
+        assert_unharmed(&mut wl, &format!("after a refused checkpoint in a {kind}"));
+    }
+}

@@ -33,6 +33,7 @@ pub struct FileConfig {
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
     pub insecure: Option<bool>,
+    pub node_cgroup: Option<PathBuf>,
 }
 
 /// Everything resolved.
@@ -56,6 +57,9 @@ pub struct Config {
     /// Drain the node when this check fails (see [`super::health`]).
     pub health: Option<HealthCheck>,
     pub tls: TlsFiles,
+    /// The node's cgroup v2 directory whose limits lower the capacity
+    /// reported (None: the agent's own cgroup; see `cr_sys::capacity`).
+    pub node_cgroup: Option<PathBuf>,
 }
 
 /// Default of `health_interval_secs`.
@@ -134,7 +138,16 @@ impl Config {
                 })
             }
         };
+        if let Some(d) = &f.node_cgroup {
+            if !d.join("cgroup.procs").exists() {
+                return Err(bad(format!(
+                    "node_cgroup = {}: not a cgroup v2 directory",
+                    d.display()
+                )));
+            }
+        }
         Ok(Config {
+            node_cgroup: f.node_cgroup,
             health,
             node,
             listen,

@@ -48,13 +48,17 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
         // link is noticed within LOST_AFTER periods, not after RPC_TIMEOUTs.
         let rpc_timeout = (period * 2).clamp(Duration::from_secs(1), RPC_TIMEOUT);
         shared.members.sweep();
-        let (members, generation) = shared.members.snapshot();
+        let (mut members, generation) = shared.members.snapshot();
+        for m in &mut members {
+            m.rss = cr_sys::capacity::tree_rss(m.pid);
+        }
         let res = if registered {
             let mut req = tonic::Request::new(pb::HeartbeatRequest {
                 node: cfg.node.clone(),
                 members,
                 generation,
                 transfers: shared.transfers.snapshot(),
+                capacity: capacity(cfg.node_cgroup.as_deref()),
             });
             req.set_timeout(rpc_timeout);
             client.heartbeat(req).await.map(|r| {
@@ -73,6 +77,7 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 members,
                 generation,
+                capacity: capacity(cfg.node_cgroup.as_deref()),
             });
             req.set_timeout(RPC_TIMEOUT);
             client.register(req).await.map(|r| {
@@ -129,6 +134,22 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = shared.wake.notified() => {}
+        }
+    }
+}
+
+/// What the node can take now (None, logged, if it cannot be read).
+fn capacity(cgroup: Option<&std::path::Path>) -> Option<pb::NodeCapacity> {
+    match cr_sys::capacity::read(cgroup) {
+        Ok(c) => Some(pb::NodeCapacity {
+            mem_free: c.mem_free,
+            mem_source: c.mem_source,
+            cpus: c.cpus,
+            load: c.load,
+        }),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the node's capacity");
+            None
         }
     }
 }

@@ -164,6 +164,7 @@ impl pb::local_server::Local for LocalService {
             command,
             start_time,
             save_file: m.save_file,
+            rss: 0,
         });
         self.shared.wake.notify_one();
         Ok(Response::new(pb::Empty {}))

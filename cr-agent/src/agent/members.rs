@@ -54,6 +54,7 @@ fn from_json(v: &Value) -> Option<Member> {
         uid: v.get("uid")?.as_u64()? as u32,
         command: v.get("command")?.as_str()?.to_string(),
         start_time: v.get("start_time")?.as_u64()?,
+        rss: 0,
         save_file: v
             .get("save_file")
             .and_then(Value::as_array)

@@ -1525,6 +1525,7 @@ fn release_all(
                     command,
                     start_time: members::start_time(pid).unwrap_or(0),
                     save_file,
+                    rss: 0,
                 };
                 out.generation = shared.members.add(m.clone());
                 out.members.push(m);

@@ -65,6 +65,12 @@ struct Cli {
     /// Failures in a row that drain the node [default: 3].
     #[arg(long, value_name = "N")]
     health_failures: Option<u32>,
+    /// The node's cgroup v2 directory (a node run as a container): the free
+    /// memory and CPUs reported to the coordinator are lowered by its (and
+    /// its ancestors') memory.max and cpu.max [default: the agent's own
+    /// cgroup].
+    #[arg(long, value_name = "DIR")]
+    node_cgroup: Option<PathBuf>,
 }
 
 fn config(cli: Cli) -> Result<Config, String> {
@@ -87,7 +93,8 @@ fn config(cli: Cli) -> Result<Config, String> {
         state_dir,
         ca,
         cert,
-        key
+        key,
+        node_cgroup
     );
     if !cli.addresses.is_empty() {
         f.addresses = Some(cli.addresses);

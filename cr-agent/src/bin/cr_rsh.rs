@@ -266,7 +266,8 @@ fn relay_client(sock: &mut TcpStream, no_stdin: bool, host: &str) -> Result<u8, 
 
 /// `--cr-serve-task`: this task's rank and its step's number of tasks,
 /// from Slurm's environment of the task.
-fn task_frame() -> Result<Vec<u8>, String> {
+/// The task's rank and the step's task count, from Slurm's environment.
+fn task_slot() -> Result<(u32, u32), String> {
     let num = |k: &str| {
         std::env::var(k)
             .ok()
@@ -275,13 +276,36 @@ fn task_frame() -> Result<Vec<u8>, String> {
     };
     let rank = num("SLURM_PROCID")?;
     let tasks = num("SLURM_STEP_NUM_TASKS").or_else(|_| num("SLURM_NTASKS"))?;
+    Ok((rank, tasks))
+}
+
+fn task_frame((rank, tasks): (u32, u32)) -> Vec<u8> {
     let mut f = rank.to_be_bytes().to_vec();
     f.extend_from_slice(&tasks.to_be_bytes());
-    Ok(f)
+    f
+}
+
+/// The port of the step's PMI server, when its cr_srun serves one (on the
+/// addresses of the relay).
+const PMI_ENV: &str = "CR_SRUN_PMI";
+
+/// The PMI-1 environment of a task's rank when its cr_srun serves the
+/// step's PMI (`CR_SRUN_PMI`): its server on the address this task
+/// reached cr_srun at, its id being the task's rank.
+fn pmi_env(relay: &TcpStream, (rank, size): (u32, u32)) -> Vec<(String, String)> {
+    let (Ok(port), Ok(to)) = (std::env::var(PMI_ENV), relay.peer_addr()) else {
+        return Vec::new();
+    };
+    vec![
+        ("PMI_PORT".into(), format!("{}:{port}", to.ip())),
+        ("PMI_ID".into(), rank.to_string()),
+        ("PMI_RANK".into(), rank.to_string()),
+        ("PMI_SIZE".into(), size.to_string()),
+    ]
 }
 
 fn serve(addrs: &[IpAddr], port: u16, command: &str, task: bool) -> Result<u8, String> {
-    let hello = task.then(task_frame).transpose()?;
+    let slot = task.then(task_slot).transpose()?;
     let token = std::env::var(TOKEN_ENV).map_err(|_| format!("no {TOKEN_ENV}"))?;
     let mut sock = None;
     let mut errors = Vec::new();
@@ -296,17 +320,22 @@ fn serve(addrs: &[IpAddr], port: u16, command: &str, task: bool) -> Result<u8, S
         }
     }
     let mut sock = sock.ok_or_else(|| format!("cannot reach cr_rsh: {}", errors.join("; ")))?;
+    let pmi = slot.map_or_else(Vec::new, |slot| pmi_env(&sock, slot));
     sock.set_nodelay(true).ok();
     sock.write_all(token.as_bytes())
         .map_err(|e| format!("connection to cr_rsh: {e}"))?;
-    if let Some(h) = &hello {
-        send(&mut sock, TASK, h).map_err(|e| format!("connection to cr_srun: {e}"))?;
+    if let Some(slot) = slot {
+        send(&mut sock, TASK, &task_frame(slot))
+            .map_err(|e| format!("connection to cr_srun: {e}"))?;
     }
     let shell = "/bin/sh";
     let mut child = Command::new(shell)
         .arg("-c")
         .arg(command)
         .env_remove(TOKEN_ENV)
+        .env_remove(PMI_ENV)
+        .env_remove("PMI_FD")
+        .envs(pmi)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

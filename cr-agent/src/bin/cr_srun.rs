@@ -58,6 +58,10 @@ use std::time::Duration;
 /// The environment variable that tells a task's plugin where its stand-in
 /// listens: `ADDR[,ADDR...] PORT`.
 const RELAY_ENV: &str = "CR_SRUN_RELAY";
+/// The environment variable that tells a task's plugin the port of the
+/// step's PMI server (on the addresses of [`RELAY_ENV`]), when cr_srun
+/// serves the step's PMI itself.
+const PMI_ENV: &str = "CR_SRUN_PMI";
 /// How long a connecting task has to send its token and first frame.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -318,6 +322,118 @@ fn relay(mut tasks: Vec<Task>) -> u8 {
         .unwrap_or(0) as u8
 }
 
+/// The MPI plugin asked for (`--mpi=TYPE`, `--mpi TYPE`, or
+/// `SLURM_MPI_TYPE`), and the arguments for the real srun when cr_srun
+/// serves the step's PMI itself: then with `--mpi=none`, Slurm's own PMI
+/// (in slurmstepd, gone after a restore) left out.
+///
+/// cr_srun serves PMI-1 (what Slurm's `pmi2` plugin also serves, and
+/// what MPICH's ranks speak) for `pmi2`, `pmi1` and when no type is named;
+/// `none` is left alone, and `pmix` (Open MPI's direct launch) too, with a
+/// warning: its server would not survive a restore.
+fn mpi_plugin(args: &[OsString]) -> (Option<String>, Vec<OsString>) {
+    let mut kind = std::env::var("SLURM_MPI_TYPE").ok();
+    let mut rest = Vec::with_capacity(args.len() + 1);
+    let mut it = args.iter();
+    let mut command_started = false;
+    while let Some(a) = it.next() {
+        let s = a.to_string_lossy();
+        if command_started {
+            rest.push(a.clone());
+            continue;
+        }
+        if let Some(v) = s.strip_prefix("--mpi=") {
+            kind = Some(v.to_string());
+        } else if s == "--mpi" {
+            kind = it.next().map(|v| v.to_string_lossy().into_owned());
+        } else {
+            // The first word that is no option starts the command (an
+            // option's own value is taken as its next word only with `=`
+            // absent; the command's words are never looked at).
+            command_started = !s.starts_with('-') && !takes_value(rest.last());
+            rest.push(a.clone());
+        }
+    }
+    match kind.as_deref() {
+        None | Some("pmi2") | Some("pmi1") | Some("pmi") => {
+            let mut with = vec![OsString::from("--mpi=none")];
+            with.extend(rest);
+            (Some(kind.unwrap_or_else(|| "pmi2".into())), with)
+        }
+        Some(k) => {
+            if k.starts_with("pmix") {
+                eprintln!(
+                    "cr_srun: warning: --mpi={k}: Slurm's PMIx server does not survive a \
+                     restore; use --mpi=pmi2 for a step that must resume"
+                );
+            }
+            (None, args.to_vec())
+        }
+    }
+}
+
+/// Whether srun option `prev` (the word before) takes the next word as
+/// its value (`-n 4`, `--ntasks 4`): a short option of one letter, or a
+/// long one without `=`, that is not one of srun's switches.
+fn takes_value(prev: Option<&OsString>) -> bool {
+    const SWITCHES: &[&str] = &[
+        "-l",
+        "--label",
+        "-u",
+        "--unbuffered",
+        "-v",
+        "--verbose",
+        "-Q",
+        "--quiet",
+        "-X",
+        "--disable-status",
+        "-Z",
+        "--no-allocate",
+        "-O",
+        "--overcommit",
+        "-E",
+        "--preserve-env",
+        "-k",
+        "--no-kill",
+        "-K",
+        "--kill-on-bad-exit",
+        "-s",
+        "--oversubscribe",
+        "--exclusive",
+        "--overlap",
+        "--pty",
+        "--multi-prog",
+        "--exact",
+        "--whole",
+        "-H",
+        "--hold",
+        "-I",
+        "--immediate",
+        "--contiguous",
+        "--test-only",
+    ];
+    let Some(p) = prev.map(|p| p.to_string_lossy()) else {
+        return false;
+    };
+    let is_short = p.len() == 2 && p.starts_with('-') && !p.starts_with("--");
+    let is_long = p.starts_with("--") && !p.contains('=');
+    (is_short || is_long) && !SWITCHES.contains(&p.as_ref())
+}
+
+/// A rank asked to abort the step (PMI_Abort): cr_srun ends with its code,
+/// and with it every task (their relays close), as srun ends a step one of
+/// whose tasks aborted. The aborting rank prints why and exits by itself:
+/// its output has a moment to come through the relay first.
+fn pmi_abort(code: i32) {
+    std::thread::sleep(ABORT_GRACE);
+    eprintln!("cr_srun: a task aborted the step (PMI abort, exit code {code})");
+    let _ = std::io::stdout().flush();
+    std::process::exit(code.clamp(1, 255));
+}
+
+/// How long the tasks' output may still come after a rank aborted.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
 /// `srun ARGS...` in the batch script (see the module docs).
 fn stand_in(args: Vec<OsString>) -> Result<u8, String> {
     let (srun, path) = real_srun()?;
@@ -343,7 +459,17 @@ fn stand_in(args: Vec<OsString>) -> Result<u8, String> {
         tracing::warn!(error = %e, "libcr: a checkpoint may catch the step's start");
     }
     let _starting = cr::critical_section();
+    let (mpi, args) = mpi_plugin(&args);
     let (addrs, listener, port) = listen()?;
+    // The step's PMI server, its port told to the tasks; it serves once the
+    // step's size is known (ranks that connect before wait in its backlog).
+    let pmi = match &mpi {
+        Some(_) => {
+            let (_, l, p) = listen()?;
+            Some((l, p))
+        }
+        None => None,
+    };
     let token = token()?;
     let list = addrs
         .iter()
@@ -351,8 +477,17 @@ fn stand_in(args: Vec<OsString>) -> Result<u8, String> {
         .collect::<Vec<_>>()
         .join(",");
     let mut env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k != "PATH" && k != RELAY_ENV && k != TOKEN_ENV)
+        .filter(|(k, _)| {
+            k != "PATH"
+                && k != RELAY_ENV
+                && k != TOKEN_ENV
+                && k != PMI_ENV
+                && (mpi.is_none() || k != "SLURM_MPI_TYPE")
+        })
         .collect();
+    if let Some((_, p)) = &pmi {
+        env.push((PMI_ENV.into(), p.to_string()));
+    }
     env.push(("PATH".into(), path.to_string_lossy().into_owned()));
     env.push((RELAY_ENV.into(), format!("{list} {port}")));
     env.push((TOKEN_ENV.into(), token.clone()));
@@ -390,6 +525,12 @@ fn stand_in(args: Vec<OsString>) -> Result<u8, String> {
         Err(status) => return Ok(status),
     };
     drop(listener);
+    if let Some((l, _)) = pmi {
+        let kvsname = format!("kvs_{job}_{}", std::process::id());
+        cr_agent::pmi::serve(l, tasks.len(), kvsname, pmi_abort)
+            .map_err(|e| format!("cannot start the step's PMI server: {e}"))?;
+        tracing::debug!(mpi, tasks = tasks.len(), "PMI served by the stand-in");
+    }
     drop(_starting);
     tracing::debug!(tasks = tasks.len(), "every task connected");
     let status = relay(tasks);

@@ -790,6 +790,10 @@ fn node_json(n: &pb::NodeInfo) -> Value {
         "name": n.name, "agent_addr": n.agent_addr, "addresses": n.addresses,
         "state": n.state, "last_seen_unix_ms": n.last_seen_unix_ms,
         "members": n.members, "version": n.version, "drained": n.drained,
+        "capacity": n.capacity.as_ref().map(|c| json!({
+            "mem_free": c.mem_free, "mem_source": c.mem_source,
+            "cpus": c.cpus, "load": c.load,
+        })),
     })
 }
 
@@ -1139,6 +1143,16 @@ fn nodes_text(nodes: &[pb::NodeInfo]) -> String {
                     n.addresses.join(",")
                 },
                 n.members.to_string(),
+                match &n.capacity {
+                    Some(c) => format!("{} MiB", c.mem_free >> 20),
+                    None => "-".into(),
+                },
+                n.capacity
+                    .as_ref()
+                    .map_or("-".into(), |c| format!("{:.1}", c.cpus)),
+                n.capacity
+                    .as_ref()
+                    .map_or("-".into(), |c| format!("{:.2}", c.load)),
                 datetime(n.last_seen_unix_ms),
                 n.version.clone(),
             ]
@@ -1151,6 +1165,9 @@ fn nodes_text(nodes: &[pb::NodeInfo]) -> String {
             "AGENT",
             "ADDRESSES",
             "MEMBERS",
+            "MEM FREE",
+            "CPUS",
+            "LOAD",
             "LAST SEEN (UTC)",
             "VERSION",
         ],

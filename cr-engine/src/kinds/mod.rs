@@ -17,12 +17,14 @@
 //! (holding TCP connections still between dump and restore) serve the
 //! others. Three kinds belong to the whole tree rather than to a process:
 //! [`sysv`] (System V IPC objects; the memory kind attaches the segments),
+//! [`aio`] (AIO contexts, read from their rings with the mappings),
 //! [`mounts`] (a job's own mount namespace) and [`uts`] (its own host
 //! name), captured after the processes and made before any is rebuilt. [`outside`] records the files
 //! outside the image the processes rely on, checked (or put back from the
 //! image) before a restore begins. Adding a kind: its folder, its section in `cr_image::model` (and
 //! `proto/image.proto`), and one line in a driver or in [`FILE_KINDS`].
 
+pub mod aio;
 pub mod cgroups;
 pub mod eventfds;
 pub mod external;

@@ -73,13 +73,23 @@ fn indent(code: &str) -> String {
         .collect::<String>()
 }
 
-/// Wait for the file `path` a program writes (whole, by a rename), showing
-/// its output `log` if it does not come.
-pub(crate) fn wait_for(what: &str, path: &Path, timeout: Duration, log: &Path) -> String {
+/// Wait for the file `path` program `pid` writes (whole, by a rename),
+/// showing its output `log` if it does not come: at once when the program
+/// has died (gone, or a zombie), at the latest after `timeout`.
+pub(crate) fn wait_for(what: &str, pid: i32, path: &Path, timeout: Duration, log: &Path) -> String {
     let t0 = Instant::now();
     loop {
         if let Ok(s) = std::fs::read_to_string(path) {
             return s;
+        }
+        let dead = cr_sys::proc::stat(pid).map_or(true, |st| st.state == 'Z');
+        // Its last write may have landed just before its death.
+        if dead && !path.exists() {
+            let out = std::fs::read_to_string(log).unwrap_or_default();
+            panic!(
+                "the program (PID {pid}) died before {what} ({})\nprogram output:\n{out}",
+                path.display()
+            );
         }
         if t0.elapsed() > timeout {
             let out = std::fs::read_to_string(log).unwrap_or_default();
@@ -174,6 +184,7 @@ pub fn round_trip_with(
     let pid = child.id() as i32;
     wait_for(
         "the program to be ready",
+        pid,
         &dir.join("ready"),
         Duration::from_secs(30),
         &log,
@@ -212,6 +223,7 @@ pub fn round_trip_with(
     cr_sys::ptrace::kill(pid, libc::SIGUSR1).expect("ask the program to check itself");
     let verdict = wait_for(
         "the verdict",
+        pid,
         &dir.join("verdict"),
         Duration::from_secs(30),
         &log,

@@ -71,6 +71,8 @@ pub enum VmaKind {
     Vsyscall,
     /// An attach of a System V shared memory segment (`inode`: its id).
     SysvShm,
+    /// The completion ring of an AIO context (`aio`: its state).
+    Aio,
 }
 
 impl VmaKind {
@@ -117,6 +119,7 @@ impl VmaKind {
             P::VvarVclock => VmaKind::VvarVclock,
             P::Vsyscall => VmaKind::Vsyscall,
             P::SysvShm => VmaKind::SysvShm,
+            P::Aio => VmaKind::Aio,
         })
     }
 
@@ -134,6 +137,7 @@ impl VmaKind {
             VmaKind::VvarVclock => P::VvarVclock,
             VmaKind::Vsyscall => P::Vsyscall,
             VmaKind::SysvShm => P::SysvShm,
+            VmaKind::Aio => P::Aio,
         }
     }
 }
@@ -161,6 +165,55 @@ pub struct Vma {
     pub shm_owner: Option<ShmOwner>,
     /// A mapping of a memfd or deleted file: its content object.
     pub object: Option<u64>,
+    /// An AIO ring: the state of its context.
+    pub aio: Option<AioRing>,
+}
+
+/// Size of struct io_event, and of the header of struct aio_ring.
+pub const AIO_EVENT: usize = 32;
+
+/// What a program sees of an AIO context: its completion ring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AioRing {
+    /// Events the ring holds.
+    pub nr: u32,
+    /// Next event to reap; next to complete.
+    pub head: u32,
+    pub tail: u32,
+    /// The completed events not yet reaped (head to tail), 32 bytes each.
+    #[serde(rename = "events_bytes", serialize_with = "ser::len")]
+    pub events: Vec<u8>,
+}
+
+impl AioRing {
+    /// Completed events not yet reaped.
+    pub fn pending(&self) -> u32 {
+        (self.tail + self.nr - self.head) % self.nr.max(1)
+    }
+
+    fn from_pb(a: pb::AioRing, len: u64) -> Result<AioRing, Bad> {
+        let ring = AioRing {
+            nr: a.nr,
+            head: a.head,
+            tail: a.tail,
+            events: a.events,
+        };
+        let fits = (ring.nr as u64 + 1) * AIO_EVENT as u64 <= len;
+        if ring.nr < 2 || !fits || ring.head >= ring.nr || ring.tail >= ring.nr {
+            return Err(format!(
+                "an AIO ring of {len} bytes with {} events, head {}, tail {}",
+                ring.nr, ring.head, ring.tail
+            ));
+        }
+        if ring.events.len() != ring.pending() as usize * AIO_EVENT {
+            return Err(format!(
+                "an AIO ring with {} pending events but {} bytes of them",
+                ring.pending(),
+                ring.events.len()
+            ));
+        }
+        Ok(ring)
+    }
 }
 
 impl Vma {
@@ -202,6 +255,12 @@ impl Vma {
         {
             return Err(format!("bad VmFlag {f:?}"));
         }
+        let aio = match (kind, v.aio) {
+            (VmaKind::Aio, Some(a)) => Some(AioRing::from_pb(a, v.end - v.start)?),
+            (VmaKind::Aio, None) => return Err("an AIO ring without its state".into()),
+            (_, Some(_)) => return Err("AIO ring state on another mapping".into()),
+            (_, None) => None,
+        };
         Ok(Vma {
             start: v.start,
             end: v.end,
@@ -220,6 +279,7 @@ impl Vma {
                 end: o.end,
             }),
             object: Some(v.object).filter(|&o| o != 0),
+            aio,
         })
     }
 
@@ -242,6 +302,12 @@ impl Vma {
                 end: o.end,
             }),
             object: self.object.unwrap_or(0),
+            aio: self.aio.as_ref().map(|a| pb::AioRing {
+                nr: a.nr,
+                head: a.head,
+                tail: a.tail,
+                events: a.events.clone(),
+            }),
         }
     }
 }
@@ -787,8 +853,13 @@ pub(crate) fn validate(
                 vi += 1;
             }
             match p.vmas.get(vi) {
-                // A segment's memory is the segment's, not the process's.
-                Some(v) if v.start <= at && !v.kind.is_special() && v.kind != VmaKind::SysvShm => {
+                // A segment's memory is the segment's, not the process's;
+                // an AIO ring's is its context's.
+                Some(v)
+                    if v.start <= at
+                        && !v.kind.is_special()
+                        && !matches!(v.kind, VmaKind::SysvShm | VmaKind::Aio) =>
+                {
                     at = v.end
                 }
                 _ => {

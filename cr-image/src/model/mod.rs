@@ -35,11 +35,11 @@ pub use cgroups::Cgroup;
 pub use fds::{Fd, FdKind, FdOwner, FileLock, LockKind, SharedFd};
 pub use identity::{Creds, Identity, RLimit};
 pub use memory::{
-    Compression, DirtyMethod, MemStats, Memory, Mm, PageAt, PageExtent, PageFile, PageRun,
-    PageStore, ShmOwner, StoreBlock, Vma, VmaKind,
+    AioRing, Compression, DirtyMethod, MemStats, Memory, Mm, PageAt, PageExtent, PageFile, PageRun,
+    PageStore, ShmOwner, StoreBlock, Vma, VmaKind, AIO_EVENT,
 };
 pub use mounts::{MountNs, Tmpfs, TmpfsEntry, TmpfsKind};
-pub use objects::{Object, ObjectKind, ObjectTag};
+pub use objects::{inet_proto_name, Object, ObjectKind, ObjectTag};
 pub use outside::OutsideFile;
 pub use seccomp::{SeccompFilter, SeccompMode, ThreadSeccomp};
 pub use signals::{AltStack, SigAction, SigInfo, Signals};
@@ -111,6 +111,9 @@ pub struct Checkpoint {
     pub job_dir: Option<String>,
     /// kind "uts": the tree's own UTS namespace (None: the host's).
     pub uts: Option<UtsNs>,
+    /// kind "cgroups": the root group of the tree's own cgroup namespace in
+    /// each hierarchy (None: the checkpointer's namespace).
+    pub cgroupns: Option<Vec<Cgroup>>,
     /// Files outside the image it relies on, as they were.
     pub outside_files: Vec<OutsideFile>,
 }
@@ -283,6 +286,10 @@ impl Checkpoint {
                 .uts
                 .map(|u| at(UtsNs::from_pb(u), || "its UTS namespace".into()))
                 .transpose()?,
+            cgroupns: p
+                .cgroupns
+                .map(|c| at(cgroups::from_pb(c.roots), || "its cgroup namespace".into()))
+                .transpose()?,
             outside_files: p
                 .outside_files
                 .into_iter()
@@ -320,6 +327,9 @@ impl Checkpoint {
             mounts: self.mounts.as_ref().map(MountNs::to_pb),
             job_dir: self.job_dir.clone().unwrap_or_default(),
             uts: self.uts.as_ref().map(UtsNs::to_pb),
+            cgroupns: self.cgroupns.as_ref().map(|roots| pb::CgroupNs {
+                roots: roots.iter().map(Cgroup::to_pb).collect(),
+            }),
             outside_files: self.outside_files.iter().map(OutsideFile::to_pb).collect(),
         }
     }

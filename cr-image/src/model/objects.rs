@@ -291,7 +291,37 @@ pub struct PacketMembership {
     pub count: u32,
 }
 
+/// How a socket of `family`, `ty` and `protocol` is named in messages and
+/// `cr_image show`: "TCP", "UDP", "raw IPv4 (protocol 1)", "ping (ICMP)".
+pub fn inet_proto_name(family: i32, ty: i32, protocol: i32) -> String {
+    // <sys/socket.h> and <netinet/in.h> (this crate does not use libc).
+    const SOCK_STREAM: i32 = 1;
+    const SOCK_RAW: i32 = 3;
+    const AF_INET6: i32 = 10;
+    const IPPROTO_ICMP: i32 = 1;
+    const IPPROTO_ICMPV6: i32 = 58;
+    match (ty, protocol) {
+        (SOCK_STREAM, _) => "TCP".into(),
+        (SOCK_RAW, p) => {
+            let v = if family == AF_INET6 { "IPv6" } else { "IPv4" };
+            format!("raw {v} (protocol {p})")
+        }
+        (_, IPPROTO_ICMP) => "ping (ICMP)".into(),
+        (_, IPPROTO_ICMPV6) => "ping (ICMPv6)".into(),
+        _ => "UDP".into(),
+    }
+}
+
 impl InetSocket {
+    /// Its kind, as [`inet_proto_name`] names it.
+    pub fn proto_name(&self) -> String {
+        inet_proto_name(
+            self.family as i32,
+            self.sock_type as i32,
+            self.protocol as i32,
+        )
+    }
+
     /// The saved int option `level`/`name`.
     pub fn int_opt(&self, level: i32, name: i32) -> Option<i32> {
         self.opts

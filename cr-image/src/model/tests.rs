@@ -45,6 +45,16 @@ fn thread(tid: u32) -> Thread {
     }
 }
 
+/// An AIO ring of two pages with two completed events not yet reaped.
+fn aio_ring() -> AioRing {
+    AioRing {
+        nr: 255,
+        head: 254,
+        tail: 1,
+        events: (0..64).collect(),
+    }
+}
+
 fn vma(start: u64, end: u64, kind: VmaKind) -> Vma {
     Vma {
         start,
@@ -64,6 +74,7 @@ fn vma(start: u64, end: u64, kind: VmaKind) -> Vma {
         anon_name: String::new(),
         shm_owner: None,
         object: None,
+        aio: None,
     }
 }
 
@@ -155,6 +166,10 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 inode: 5,
                 pgoff: 4096,
                 ..vma(0x4000_0000, 0x4000_1000, VmaKind::SysvShm)
+            },
+            Vma {
+                aio: Some(aio_ring()),
+                ..vma(0x5000_0000, 0x5000_2000, VmaKind::Aio)
             },
             vma(0x7fff_0000_0000, 0x7fff_0000_2000, VmaKind::Vdso),
         ],
@@ -532,6 +547,10 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
             hostname: "n1".into(),
             domainname: "(none)".into(),
         }),
+        cgroupns: Some(vec![Cgroup {
+            controllers: String::new(),
+            path: "/job".into(),
+        }]),
         outside_files: vec![OutsideFile {
             path: "/usr/bin/python3".into(),
             used_by: "the executable of process 100".into(),

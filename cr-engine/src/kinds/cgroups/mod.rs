@@ -28,6 +28,14 @@
 //!
 //! A v1 cpuset group made by the restore gets its parent's CPUs and memory
 //! nodes (a new cpuset is empty and takes no process).
+//!
+//! A tree in a cgroup namespace of its own (`unshare -C`) sees its groups
+//! relative to the namespace's root, the groups its creator was in when it
+//! unshared. Capture reads /proc/PID/cgroup once more from a thread that
+//! joined the namespace ([`capture_ns`]): the difference is that root.
+//! The restore maps the root like any group ([`place`]), moves the root's
+//! stub there and has it unshare a new namespace before it forks the others
+//! ([`enter_ns`]); then each process goes into its own group as usual.
 
 #[cfg(test)]
 mod tests;
@@ -38,6 +46,7 @@ use crate::kinds::Kind;
 use crate::restore::Rebuild;
 use cr_image::model::{Cgroup, Checkpoint, Process};
 use cr_sys::proc::{self, CgroupMount};
+use cr_sys::ptrace::Tracee;
 use cr_sys::SysError;
 use std::path::{Path, PathBuf};
 use tracing::{debug, warn};
@@ -73,40 +82,150 @@ impl Kind for Cgroups {
     }
 
     fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+        // In a namespace of its own the root's stub left the restorer's
+        // groups (for the namespace's root): every group is written.
+        let own_ns = cx.r.ck.cgroupns.is_some();
         let here = cx.r.stash.get::<Here>();
-        let pid = cx.stub.pid();
         here.load()?;
         for c in &p.cgroups {
-            if here.own(&c.controllers) == Some(c.path.as_str()) {
+            if !own_ns && here.own(&c.controllers) == Some(c.path.as_str()) {
                 continue;
             }
-            let Some(m) = here.mount(&c.controllers) else {
-                continue;
-            };
-            let dir = dir_of(m, &c.path).ok_or_else(|| {
-                RestoreError::Unsupported(format!(
-                    "cgroup {}:{} of process {} is outside the hierarchy's mount at {}",
-                    c.controllers,
-                    c.path,
-                    p.pid,
-                    m.mount_point.display()
-                ))
-            })?;
-            make(&dir, m).step(|| format!("cannot create cgroup {}:{}", c.controllers, c.path))?;
-            proc::write_string(
-                &dir.join("cgroup.procs").display().to_string(),
-                &pid.to_string(),
-            )
-            .step(|| {
-                format!(
-                    "cannot move process {} into cgroup {}:{}",
-                    p.pid, c.controllers, c.path
-                )
-            })?;
-            debug!(pid, hierarchy = %c.controllers, path = %c.path, "process put into its cgroup");
+            put(here, cx.stub.pid(), p.pid, c)?;
         }
         Ok(())
     }
+}
+
+/// Put stub `pid` (process `saved` of the image) into group `c`, made if
+/// missing; a hierarchy not mounted here is left alone.
+fn put(here: &Here, pid: i32, saved: u32, c: &Cgroup) -> Result<(), RestoreError> {
+    let Some(m) = here.mount(&c.controllers) else {
+        return Ok(());
+    };
+    let dir = dir_of(m, &c.path).ok_or_else(|| {
+        RestoreError::Unsupported(format!(
+            "cgroup {}:{} of process {saved} is outside the hierarchy's mount at {}",
+            c.controllers,
+            c.path,
+            m.mount_point.display()
+        ))
+    })?;
+    make(&dir, m).step(|| format!("cannot create cgroup {}:{}", c.controllers, c.path))?;
+    proc::write_string(
+        &dir.join("cgroup.procs").display().to_string(),
+        &pid.to_string(),
+    )
+    .step(|| {
+        format!(
+            "cannot move process {saved} into cgroup {}:{}",
+            c.controllers, c.path
+        )
+    })?;
+    debug!(pid, hierarchy = %c.controllers, path = %c.path, "process put into its cgroup");
+    Ok(())
+}
+
+/// The root of the cgroup namespace of the tree `images` (root first) in
+/// each hierarchy, as we see the groups; None when the tree shares ours.
+/// Every live process of the tree must be in the root's namespace.
+pub fn capture_ns(images: &[Process]) -> Result<Option<Vec<Cgroup>>, CheckpointError> {
+    let Some(root) = images.first().map(|p| p.pid as i32) else {
+        return Ok(None);
+    };
+    let sys = |e| CheckpointError::from_sys(root, e);
+    if !cr_sys::ns::differs(root, "cgroup").map_err(sys)? {
+        return Ok(None);
+    }
+    crate::kinds::tree::same_namespace(images, "cgroup", "a cgroup")?;
+    let roots = ns_roots(root).map_err(|why| CheckpointError::unsupported(root, why))?;
+    debug!(root, ?roots, "cgroup namespace saved");
+    Ok(Some(roots))
+}
+
+/// The root of process `pid`'s cgroup namespace in each hierarchy: its
+/// group as we see it, less the part its namespace shows.
+fn ns_roots(pid: i32) -> Result<Vec<Cgroup>, String> {
+    let outside = proc::cgroups(pid).map_err(|e| cr_sys::error::one_line(&e))?;
+    let inside = cr_sys::ns::cgroups_seen_by(pid).map_err(|e| cr_sys::error::one_line(&e))?;
+    let mut roots = Vec::with_capacity(outside.len());
+    for (controllers, full) in outside {
+        let rel = inside
+            .iter()
+            .find(|(c, _)| *c == controllers)
+            .map(|(_, r)| r.as_str())
+            .unwrap_or("/");
+        let root = ns_root(&full, rel).ok_or_else(|| {
+            format!(
+                "a cgroup namespace whose root is not above the process's group \
+                 {controllers}:{full} (it shows {rel})"
+            )
+        })?;
+        roots.push(Cgroup {
+            controllers,
+            path: root,
+        });
+    }
+    roots.sort();
+    Ok(roots)
+}
+
+/// The namespace root of a group that is `full` from the hierarchy's root
+/// and `rel` from the namespace's; None when `rel` climbs above the
+/// namespace ("/../x": the process moved out of it).
+fn ns_root(full: &str, rel: &str) -> Option<String> {
+    if rel == "/" {
+        return Some(full.to_string());
+    }
+    if rel.split('/').any(|c| c == "..") {
+        return None;
+    }
+    let root = full.strip_suffix(rel)?;
+    Some(if root.is_empty() {
+        "/".into()
+    } else {
+        root.into()
+    })
+}
+
+/// Move the root's stub `root` (before it forks the others) into the roots
+/// of the image's cgroup namespace and have it unshare a new one there.
+pub fn enter_ns(ck: &Checkpoint, root: &mut Tracee) -> Result<(), RestoreError> {
+    let Some(roots) = &ck.cgroupns else {
+        return Ok(());
+    };
+    let mut here = Here::default();
+    here.load()?;
+    for c in roots {
+        put(&here, root.tid(), ck.root_pid, c)?;
+    }
+    crate::kinds::tree::restore::inject_once(
+        root,
+        "unshare",
+        libc::SYS_unshare,
+        [libc::CLONE_NEWCGROUP as u64, 0, 0, 0, 0, 0],
+    )?;
+    debug!(root = root.tid(), ?roots, "cgroup namespace made");
+    Ok(())
+}
+
+/// `--verify`: the tree whose root is `pid` now has the image's cgroup
+/// namespace (a difference named, or None).
+pub fn verify_ns(ck: &Checkpoint, pid: i32) -> Option<String> {
+    let now = match cr_sys::ns::differs(pid, "cgroup") {
+        Ok(false) => None,
+        Ok(true) => match ns_roots(pid) {
+            Ok(r) => Some(r),
+            Err(why) => return Some(format!("cgroup namespace: {why}")),
+        },
+        Err(e) => return Some(format!("cgroup namespace: {}", cr_sys::error::one_line(&e))),
+    };
+    (now != ck.cgroupns).then(|| {
+        format!(
+            "cgroup namespace: roots {:?} in the image, {:?} now",
+            ck.cgroupns, now
+        )
+    })
 }
 
 /// The restorer's own groups and the hierarchies' mounts, read once per
@@ -260,6 +379,27 @@ pub fn place(ck: &mut Checkpoint, mode: CgroupMode) -> Result<(), RestoreError> 
         }
         placed.sort();
         p.cgroups = placed;
+    }
+    if let Some(roots) = ck.cgroupns.take() {
+        let mut placed = Vec::with_capacity(here.own.len());
+        for (controllers, own) in &here.own {
+            let saved = roots.iter().find(|c| &c.controllers == controllers);
+            let root = root_groups.iter().find(|c| &c.controllers == controllers);
+            let path = match (here.mount(controllers), saved, root) {
+                (Some(m), Some(saved), Some(root)) => {
+                    target(mode, &root.path, &saved.path, own, |g| {
+                        dir_of(m, g).is_some_and(|d| d.is_dir())
+                    })
+                }
+                _ => own.clone(),
+            };
+            placed.push(Cgroup {
+                controllers: controllers.clone(),
+                path,
+            });
+        }
+        placed.sort();
+        ck.cgroupns = Some(placed);
     }
     Ok(())
 }

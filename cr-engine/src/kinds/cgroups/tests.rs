@@ -2,7 +2,7 @@
 //! round trip of a parent and child in groups of their own in every
 //! hierarchy mounted here, the child's removed while they are away.
 
-use super::{target, CgroupMode};
+use super::{ns_root, target, CgroupMode};
 use crate::kinds::testkit::round_trip_with;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -46,6 +46,16 @@ fn here_and_off_ignore_the_saved_root_group() {
     assert_eq!(target(CgroupMode::Here, "/", "/b", "/", all), "/b");
     assert_eq!(target(CgroupMode::Here, "/", "/b/c", "/r", all), "/r/b/c");
     assert_eq!(target(CgroupMode::Off, "/a", "/a/b", "/r", all), "/r");
+}
+
+#[test]
+fn a_namespace_root_is_the_group_less_what_the_namespace_shows() {
+    assert_eq!(ns_root("/a/b", "/").as_deref(), Some("/a/b"));
+    assert_eq!(ns_root("/a/b/sub", "/sub").as_deref(), Some("/a/b"));
+    assert_eq!(ns_root("/sub", "/sub").as_deref(), Some("/"));
+    // Moved out of its namespace, or a path that does not end the same.
+    assert_eq!(ns_root("/x", "/../x"), None);
+    assert_eq!(ns_root("/a/c", "/b"), None);
 }
 
 /// The groups the program made, deepest first: removed when the test
@@ -159,5 +169,89 @@ expect("crtest-%d/sub" % me in child_now, "child not in its own group: %r" % chi
         child.cgroups.iter().all(|c| c.path.ends_with("/sub")),
         "the child's groups after the restore: {:?}",
         child.cgroups
+    );
+}
+
+/// A process that unshared a cgroup namespace in a group of its own, then
+/// moved itself and its child into a group below: after the restore both
+/// are in a new namespace with the same root, seeing the same paths.
+#[test]
+fn own_cgroup_namespace_round_trip() {
+    let made = Groups::default();
+    let rt = round_trip_with(
+        "cgroupns",
+        r#"
+me = os.getpid()
+def mine():
+    mounts = []
+    for line in open("/proc/self/mountinfo"):
+        a, b = line.split(" - ")
+        fs, opts = b.split()[0], set(b.split()[2].split(","))
+        if a.split()[3] == "/" and fs in ("cgroup", "cgroup2"):
+            mounts.append((fs, opts, a.split()[4]))
+    for line in open("/proc/self/cgroup"):
+        _, ctrl, path = line.rstrip("\n").split(":", 2)
+        for fs, opts, point in mounts:
+            ok = fs == "cgroup2" if not ctrl else fs == "cgroup" and set(ctrl.split(",")) <= opts
+            if ok:
+                yield point, path.rstrip("/")
+                break
+def make(d):
+    os.mkdir(d)
+    for f in ("cpuset.cpus", "cpuset.mems"):
+        if os.path.exists(d + "/" + f):
+            open(d + "/" + f, "w").write(open(os.path.dirname(d) + "/" + f).read().strip())
+tops, subs = [], []
+for m, path in list(mine()):
+    top = m + path + "/crns-%d" % me
+    make(top); make(top + "/sub")
+    tops.append(top); subs.append(top + "/sub")
+write_in_dir("groups", "\n".join(subs + tops))
+for t in tops:
+    open(t + "/cgroup.procs", "w").write(str(me))
+outer_ns = os.readlink("/proc/self/ns/cgroup")
+expect(libc.unshare(0x02000000) == 0, "unshare(CLONE_NEWCGROUP)")
+for s in subs:
+    open(s + "/cgroup.procs", "w").write(str(me))
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    libc.prctl(1, signal.SIGKILL)                  # PR_SET_PDEATHSIG
+    os.write(w, b"x")
+    while True:
+        time.sleep(1000)
+os.read(r, 1)
+before = open("/proc/self/cgroup").read()
+child_before = open("/proc/%d/cgroup" % child).read()
+expect(len(tops) > 0, "no cgroup hierarchy mounted with its root")
+expect(all(l.endswith(":/sub") for l in before.splitlines()), "before: %r" % before)
+"#,
+        r#"
+now = open("/proc/self/cgroup").read()
+expect(now == before, "parent: cgroups %r, were %r" % (now, before))
+child_now = open("/proc/%d/cgroup" % child).read()
+expect(child_now == child_before, "child: cgroups %r, were %r" % (child_now, child_before))
+ns = os.readlink("/proc/self/ns/cgroup")
+expect(ns == os.readlink("/proc/%d/ns/cgroup" % child), "the child left its parent's namespace")
+expect(ns != outer_ns, "back in the outer cgroup namespace %s" % ns)
+"#,
+        |dir: &Path| {
+            let list = std::fs::read_to_string(dir.join("groups")).expect("the program's groups");
+            *made.0.borrow_mut() = list.lines().map(PathBuf::from).collect();
+        },
+    );
+    drop(made);
+    let roots = rt
+        .before
+        .cgroupns
+        .as_ref()
+        .expect("the cgroup namespace saved");
+    assert!(
+        roots.iter().all(|c| c.path.contains("/crns-")),
+        "namespace roots: {roots:?}"
+    );
+    assert_eq!(
+        rt.before.cgroupns, rt.after.cgroupns,
+        "namespace roots changed"
     );
 }

@@ -91,23 +91,7 @@ fn is_raw_or_ping(s: &Shape) -> bool {
                 && matches!(s.protocol, libc::IPPROTO_ICMP | libc::IPPROTO_ICMPV6)))
 }
 
-/// "TCP", "UDP", "raw IPv4 (protocol 1)", "ping (ICMP)".
-pub(crate) fn proto_name(family: i32, ty: i32, protocol: i32) -> String {
-    match (ty, protocol) {
-        (libc::SOCK_STREAM, _) => "TCP".into(),
-        (libc::SOCK_RAW, p) => {
-            let v = if family == libc::AF_INET6 {
-                "IPv6"
-            } else {
-                "IPv4"
-            };
-            format!("raw {v} (protocol {p})")
-        }
-        (_, libc::IPPROTO_ICMP) => "ping (ICMP)".into(),
-        (_, libc::IPPROTO_ICMPV6) => "ping (ICMPv6)".into(),
-        _ => "UDP".into(),
-    }
-}
+pub(crate) use cr_image::model::inet_proto_name as proto_name;
 
 fn is_udp(s: &Shape) -> bool {
     matches!(s.family, libc::AF_INET | libc::AF_INET6)

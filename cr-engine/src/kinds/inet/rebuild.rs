@@ -113,6 +113,32 @@ pub fn description(r: &mut Restorer<'_>, id: u64) -> Result<OwnedFd, RestoreErro
     crate::kinds::sockets::hand_over(r.stash.get::<Held>().sockets.get(&id), id)
 }
 
+/// Whether `s` is a ping socket (an ICMP datagram socket).
+fn is_ping(s: &InetSocket) -> bool {
+    s.sock_type as i32 == libc::SOCK_DGRAM
+        && matches!(s.protocol as i32, libc::IPPROTO_ICMP | libc::IPPROTO_ICMPV6)
+}
+
+/// A ping socket the restorer's own group may not make (outside
+/// net.ipv4.ping_group_range, which binds root too): made as the first
+/// group of the range, on a thread of its own.
+fn ping_socket(s: &InetSocket) -> Result<OwnedFd, SysError> {
+    let (lo, hi) = sys::ping_group_range()?;
+    if lo > hi {
+        return Err(SysError::Syscall {
+            what: format!(
+                "no group may make ping sockets in this network namespace (net.ipv4.ping_group_range is {lo} {hi})"
+            ),
+            source: cr_sys::Errno(libc::EACCES),
+        });
+    }
+    debug!(
+        gid = lo,
+        "ping socket made as a group of net.ipv4.ping_group_range"
+    );
+    sys::socket_as_group(s.family as i32, s.sock_type as i32, s.protocol as i32, lo)
+}
+
 /// Create the socket of object `id`; established connections come back in
 /// repair mode with a [`Pending`] for the release.
 fn create(
@@ -132,7 +158,10 @@ fn create(
             remote.map(|a| format!(" -> {a}")).unwrap_or_default()
         )
     };
-    let sock = sys::socket(s.family as i32, s.sock_type as i32, s.protocol as i32).step(what)?;
+    let sock = match sys::socket(s.family as i32, s.sock_type as i32, s.protocol as i32) {
+        Err(e) if e.errno() == Some(libc::EACCES) && is_ping(s) => ping_socket(s).step(what)?,
+        r => r.step(what)?,
+    };
     let reuse = s.int_opt(libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
     let state = s.state as u8;
     if s.protocol as i32 == libc::IPPROTO_TCP && super::is_connection(state) {

@@ -449,3 +449,44 @@ expect(err == errno.ECONNREFUSED, "connect to a closed port: %s" % os.strerror(e
         &[2, 2, 2, 10],
     );
 }
+
+/// A ping socket of a program whose group is in net.ipv4.ping_group_range
+/// while the restorer's (root's group 0) is not: the kernel refuses root
+/// too, so the restore makes it as a group of the range. After the restore
+/// the program pings through it and gets its echo reply.
+#[test]
+fn ping_socket_restored_outside_the_restorers_group_range() {
+    let rt = in_new_netns(|| {
+        std::fs::write("/proc/sys/net/ipv4/ping_group_range", "4242 4242")
+            .expect("set ping_group_range in the test's network namespace");
+        round_trip(
+            "inet-ping",
+            r#"
+os.setgroups([]); os.setgid(4242)
+ping = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+def echo(seq):
+    ping.sendto(struct.pack("!BBHHH", 8, 0, 0, 0, seq) + b"cr-ping", ("127.0.0.1", 0))
+    ping.settimeout(5)
+    reply = ping.recv(64)
+    return reply[0], struct.unpack("!H", reply[6:8])[0], reply[8:]
+assert echo(1) == (0, 1, b"cr-ping"), "a ping before the checkpoint"
+"#,
+            r#"
+expect(os.getgid() == 4242, "the group: %d" % os.getgid())
+expect(ping.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == socket.IPPROTO_ICMP, "the protocol")
+expect(ping.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_DGRAM, "the type")
+expect(echo(2) == (0, 2, b"cr-ping"), "the echo reply after the restore")
+"#,
+        )
+    });
+    let pings = |c: &cr_image::model::Checkpoint| {
+        crate::kinds::testkit::objects_of(c, |k| match k {
+            cr_image::model::ObjectKind::InetSocket(s) => Some(s),
+            _ => None,
+        })
+        .into_iter()
+        .filter(|s| s.sock_type == 2 && s.protocol == 1)
+        .count()
+    };
+    assert_eq!((pings(&rt.before), pings(&rt.after)), (1, 1));
+}

@@ -74,15 +74,8 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
             VmaKind::AnonShared
         }
         "/dev/zero (deleted)" if m.shared => VmaKind::AnonShared,
-        // io_setup's completion ring: the context it belongs to (its
-        // requests in flight, the kernel's own tail) lives in the kernel,
-        // out of reach; refused here rather than at restore.
-        "/[aio] (deleted)" | "/[aio]" => {
-            return Err(unsupported(format!(
-                "an AIO context (io_setup ring at {:#x}): its requests and completions are kept by the kernel",
-                m.start
-            )))
-        }
+        // io_setup's completion ring: kind "aio" reads it.
+        "/[aio] (deleted)" | "/[aio]" => VmaKind::Aio,
         // An attach of a System V segment; its inode is the segment's id.
         p if p.starts_with("/SYSV") && m.shared => VmaKind::SysvShm,
         // memfds and deleted files: their content becomes an object of the
@@ -110,7 +103,7 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         shared: m.shared,
         kind,
         pgoff: m.offset,
-        path: if kind.is_file() || kind == VmaKind::SysvShm {
+        path: if kind.is_file() || matches!(kind, VmaKind::SysvShm | VmaKind::Aio) {
             path
         } else {
             String::new()
@@ -121,6 +114,7 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         anon_name,
         shm_owner: None,
         object: None,
+        aio: None,
     })
 }
 

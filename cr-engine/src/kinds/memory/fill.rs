@@ -231,6 +231,10 @@ pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, Resto
             sysv.attach(&mut cx.stub, cx.r, i)?;
             continue;
         }
+        // Made by io_setup (kind "aio"), once every other mapping is in.
+        if v.kind == VmaKind::Aio {
+            continue;
+        }
         let mut prot = v.prot as u64;
         if fill {
             prot |= libc::PROT_READ as u64 | libc::PROT_WRITE as u64;
@@ -429,7 +433,7 @@ pub fn finish(cx: &mut Rebuild<'_, '_>, p: &Process, filled: &[bool]) -> Result<
     ];
     let stub = &mut cx.stub;
     for (v, &filled) in p.vmas.iter().zip(filled) {
-        if v.kind.is_special() {
+        if v.kind.is_special() || v.kind == VmaKind::Aio {
             continue;
         }
         let len = v.len();

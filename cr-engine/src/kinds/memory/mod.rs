@@ -150,6 +150,9 @@ fn mappings(
         .iter()
         .map(|m| dump::classify(pid, m))
         .collect::<Result<Vec<_>, _>>()?;
+    for v in vmas.iter_mut().filter(|v| v.kind == VmaKind::Aio) {
+        v.aio = Some(crate::kinds::aio::capture(pid, v)?);
+    }
     if !live {
         for v in vmas.iter_mut().filter(|v| v.kind.is_file()) {
             v.object = files::mapping_object(cx, v)?;
@@ -530,5 +533,6 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         };
         let (ox, oy) = (owner(&x.shm_owner, false), owner(&y.shm_owner, true));
         c.same(&what, "shared with", &ox, &oy);
+        c.same(&what, "AIO ring", &x.aio, &y.aio);
     }
 }

@@ -3,8 +3,6 @@
 //! and the mm fields.
 
 use crate::kinds::testkit::round_trip;
-use crate::kinds::testkit::wait_for;
-use std::time::Duration;
 
 #[test]
 fn memory_round_trip() {
@@ -59,71 +57,4 @@ expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for 
     );
     assert_eq!(a.mm, b.mm, "the mm fields changed");
     assert!(a.memory.stats.pages_stored >= (32 << 20) / 4096);
-}
-
-/// An AIO context (io_setup's ring) is refused by name before anything is
-/// saved, and the process runs on, untraced, its context intact.
-#[test]
-fn aio_context_is_refused_and_the_process_runs_on() {
-    let dir = std::env::temp_dir().join(format!("cr-engine-aio-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join("errors");
-    let program = r#"
-import ctypes, os, signal, sys
-libc = ctypes.CDLL(None, use_errno=True)
-ctx = ctypes.c_ulong(0)
-assert libc.syscall(206, 64, ctypes.byref(ctx)) == 0     # io_setup
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-def answer(name, text):
-    open(sys.argv[1] + "/" + name + ".tmp", "w").write(text)
-    os.rename(sys.argv[1] + "/" + name + ".tmp", sys.argv[1] + "/" + name)
-answer("ready", "ready")
-signal.sigwait({signal.SIGUSR1})
-ok = libc.syscall(207, ctx) == 0                          # io_destroy
-answer("verdict", "OK" if ok else "FAIL io_destroy")
-"#;
-    /// The program, killed if the test fails half-way.
-    struct Program(std::process::Child);
-    impl Drop for Program {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let child = Program(
-        std::process::Command::new("python3")
-            .args(["-c", program])
-            .arg(&dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("errors file"))
-            .spawn()
-            .expect("python3"),
-    );
-    let pid = child.0.id() as i32;
-    wait_for(
-        "the program",
-        &dir.join("ready"),
-        Duration::from_secs(30),
-        &log,
-    );
-    let img = dir.join("img");
-    let err = crate::kinds::testkit::checkpoint_kill(pid, &img)
-        .expect_err("a process with an AIO context was checkpointed");
-    assert!(err.contains("AIO context"), "{err}");
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    assert!(
-        status.contains("TracerPid:\t0\n"),
-        "left traced after the refusal:\n{status}"
-    );
-    cr_sys::ptrace::kill(pid, libc::SIGUSR1).unwrap();
-    let verdict = wait_for(
-        "the verdict",
-        &dir.join("verdict"),
-        Duration::from_secs(30),
-        &log,
-    );
-    drop(child);
-    assert_eq!(verdict, "OK", "the program after the refused checkpoint");
-    let _ = std::fs::remove_dir_all(&dir);
 }

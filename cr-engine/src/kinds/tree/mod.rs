@@ -166,6 +166,32 @@ pub fn same_namespace(images: &[Process], kind: &str, what: &str) -> Result<(), 
     Ok(())
 }
 
+/// Namespaces a restore cannot make again: a tree in a user or time
+/// namespace other than the checkpointer's is refused by name (restored
+/// in ours, it would see other ids or clocks and run on silently wrong).
+pub fn refuse_foreign_namespaces(images: &[Process]) -> Result<(), CheckpointError> {
+    for p in images.iter().filter(|p| !p.is_zombie()) {
+        let pid = p.pid as i32;
+        for (kind, why) in [
+            (
+                "user",
+                "a user namespace of its own (its ids and capabilities are mapped there)",
+            ),
+            ("time", "a time namespace of its own (its clock offsets)"),
+            (
+                "time_for_children",
+                "a time namespace for its children (unshare -T)",
+            ),
+        ] {
+            // A kernel without the kind has no link: nothing to refuse.
+            if cr_sys::ns::differs(pid, kind).unwrap_or(false) {
+                return Err(CheckpointError::unsupported(pid, why));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether `root` is PID 1 of a PID namespace below ours (started by
 /// cr_run), so the tree is restored into a new namespace.
 pub fn pidns_root(root: i32) -> Result<bool, CheckpointError> {

@@ -140,8 +140,11 @@ pub fn spawn(ck: &Checkpoint, ids: &mut Ids, shell_job: bool) -> Result<Vec<Trac
     };
     let mut guard = StubGuard(root_pid);
     let mut stubs: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
-    stubs[0] = Some(Tracee::seize(root_pid, STUB_OPTIONS, OnDrop::Kill)?);
+    let mut root_stub = Tracee::seize(root_pid, STUB_OPTIONS, OnDrop::Kill)?;
     guard.0 = 0;
+    // Before it forks: its children are born in the namespace.
+    crate::kinds::cgroups::enter_ns(ck, &mut root_stub)?;
+    stubs[0] = Some(root_stub);
     ids.outer.insert(root.pid, root_pid);
     debug!(root_pid, pidns = ids.pidns, "root stub seized");
     for i in 0..procs.len() {
