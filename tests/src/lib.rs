@@ -328,6 +328,9 @@ pub struct Proc {
     exclude_start: Option<u64>,
     status: Option<ExitStatus>,
     done: bool,
+    /// Its peak RSS in KiB (`ru_maxrss` from wait4), once reaped as our
+    /// direct child.
+    pub max_rss_kib: Option<u64>,
 }
 
 impl Proc {
@@ -343,6 +346,7 @@ impl Proc {
             exclude_start: None,
             status: None,
             done: false,
+            max_rss_kib: None,
         }
     }
 
@@ -358,6 +362,7 @@ impl Proc {
             exclude_start: None,
             status: None,
             done: false,
+            max_rss_kib: None,
         }
     }
 
@@ -375,6 +380,7 @@ impl Proc {
             exclude_start: held,
             status: None,
             done: false,
+            max_rss_kib: None,
         }
     }
 
@@ -402,11 +408,14 @@ impl Proc {
         if self.done {
             return Some(self.status);
         }
-        if let Some(child) = self.child.as_mut() {
-            match child.try_wait() {
-                Ok(Some(st)) => {
+        if self.child.is_some() {
+            // wait4 rather than Child::try_wait: its rusage gives the peak
+            // RSS (the std handle, never waited on, reaps nothing on drop).
+            match cr_sys::rusage::try_reap(self.pid) {
+                Ok(Some(e)) => {
                     self.done = true;
-                    self.status = Some(st);
+                    self.status = Some(ExitStatus::from_raw(e.status));
+                    self.max_rss_kib = Some(e.max_rss_kib);
                     return Some(self.status);
                 }
                 Ok(None) => return None,
@@ -566,6 +575,8 @@ pub struct ToolOutput {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// The tool's peak RSS in KiB (`ru_maxrss`), when it was our child.
+    pub max_rss_kib: Option<u64>,
 }
 
 impl ToolOutput {
@@ -880,6 +891,7 @@ impl Harness {
             stdout: read_text(&out),
             stderr: read_text(&err),
             elapsed: t0.elapsed(),
+            max_rss_kib: child.max_rss_kib,
         }
     }
 
@@ -1447,6 +1459,7 @@ impl Restore {
             stdout: read_text(&self.out),
             stderr: read_text(&self.err),
             elapsed: t0.elapsed(),
+            max_rss_kib: self.cr.max_rss_kib,
         }
     }
 

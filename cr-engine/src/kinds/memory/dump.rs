@@ -21,7 +21,7 @@ use crate::{fault, CheckpointError};
 use cr_image::chain::{push_run, MemIndex};
 use cr_image::model::{MemStats, Memory, PageAt, Vma, VmaKind};
 use cr_image::store::{is_zero, page_hash, Loc, OpenBlock, StoreWriter};
-use cr_sys::mem::{read_vm, ProcMem};
+use cr_sys::mem::{read_vm, FileWindow, ProcMem};
 use cr_sys::pagemap::{
     is_pte_marker, Pagemap, PFN_MASK, PM_FILE, PM_PRESENT, PM_SOFT_DIRTY, PM_SWAP,
 };
@@ -31,6 +31,7 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::ops::Range;
 use std::sync::Mutex;
 
 /// Largest run of pages copied (and checksummed) as one unit.
@@ -422,14 +423,18 @@ pub struct Snapshot {
     pub region: Region,
     /// Where each run of the plan starts in the region.
     offsets: Vec<usize>,
+    /// The runs copied through one window each (see [`windows`]).
+    windows: Vec<Range<usize>>,
 }
 
 /// Room for snapshots: a memfd whose pages are allocated before the tree
-/// is frozen, so the freeze pays only the copy. The pages pass through
-/// a bounded buffer per worker and are never mapped here, so they do
-/// not count in the checkpointer's resident set (its peak RSS stays
-/// bounded at any image size); they are still memory of the machine
-/// (shmem, swappable), held until the dump is stored. A process that
+/// is frozen, so the freeze pays only the copy. The process's pages are
+/// read straight into a window of it (one copy; see [`snapshot`]), and
+/// hashed and stored from a window of it (see [`copy`]); each window is
+/// unmapped once done, so at most [`pool::window_bytes`] per worker count
+/// in the checkpointer's resident set (its peak RSS stays bounded at any
+/// image size). The pages are still memory of the machine (shmem,
+/// swappable) until they are stored: then they are freed. A process that
 /// does not fit in what was reserved gets room added while the budget
 /// lasts.
 pub struct Arena {
@@ -502,28 +507,51 @@ impl Arena {
         Some(r)
     }
 
-    /// Write `b` at `off` of region `r`.
-    fn write(&self, r: &Region, off: usize, b: &[u8]) -> Result<(), CheckpointError> {
-        debug_assert!(off + b.len() <= r.len);
-        self.file
-            .write_all_at(b, (r.start + off) as u64)
-            .map_err(|e| self.error("write", e))
+    /// Bytes `off..off + len` of region `r`, mapped (one worker's
+    /// window: windows over the same bytes never live at once).
+    fn window(&self, r: &Region, off: usize, len: usize) -> Result<FileWindow, CheckpointError> {
+        debug_assert!(off + len <= r.len);
+        FileWindow::map(&self.file, (r.start + off) as u64, len, "the snapshot memfd")
+            .map_err(CheckpointError::Sys)
     }
 
-    /// Fill `b` from `off` of region `r`.
-    fn read(&self, r: &Region, off: usize, b: &mut [u8]) -> Result<(), CheckpointError> {
-        debug_assert!(off + b.len() <= r.len);
-        self.file
-            .read_exact_at(b, (r.start + off) as u64)
-            .map_err(|e| self.error("read", e))
+    /// Give bytes `off..off + len` of region `r` back to the machine: they
+    /// are stored.
+    fn free(&self, r: &Region, off: usize, len: usize) -> Result<(), CheckpointError> {
+        cr_sys::fdio::punch_hole(
+            self.file.as_fd(),
+            (r.start + off) as u64,
+            len as u64,
+            "snapshot memfd",
+        )
+        .map_err(CheckpointError::Sys)
     }
+}
 
-    fn error(&self, what: &str, source: std::io::Error) -> CheckpointError {
-        CheckpointError::Sys(cr_sys::SysError::Io {
-            path: format!("{what} of the snapshot memfd"),
-            source,
-        })
+/// The runs of `plan` (starting at `offsets` in a snapshot) in groups of
+/// consecutive runs of at most `window` bytes together (a run alone may
+/// fill one), each copied through one mapped window.
+fn windows(plan: &Plan, offsets: &[usize], window: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut first = 0;
+    for (i, r) in plan.runs.iter().enumerate() {
+        let end = offsets[i] + (r.pages * PAGE_SIZE) as usize;
+        if i > first && end - offsets[first] > window {
+            out.push(first..i);
+            first = i;
+        }
     }
+    if first < plan.runs.len() {
+        out.push(first..plan.runs.len());
+    }
+    out
+}
+
+/// Where group `g` of runs lies in the snapshot: (offset, bytes).
+fn span(plan: &Plan, offsets: &[usize], g: &Range<usize>) -> (usize, usize) {
+    let last = &plan.runs[g.end - 1];
+    let end = offsets[g.end - 1] + (last.pages * PAGE_SIZE) as usize;
+    (offsets[g.start], end - offsets[g.start])
 }
 
 /// Open /proc/PID/mem if a run of `plan` needs it.
@@ -575,8 +603,9 @@ fn read_run(
 }
 
 /// Copy what `plan` says must be read into `region` of `arena`, on the
-/// worker pool, while the process is frozen. `progress` gets the bytes
-/// copied so far.
+/// worker pool, while the process is frozen: each worker maps a window of
+/// the arena and reads runs of the process straight into it (one copy per
+/// page), then unmaps it. `progress` gets the bytes copied so far.
 pub fn snapshot(
     pid: i32,
     plan: &Plan,
@@ -592,31 +621,40 @@ pub fn snapshot(
         offsets.push(off);
         off += (r.pages * PAGE_SIZE) as usize;
     }
+    let workers = workers.max(1);
+    let windows = windows(plan, &offsets, pool::window_bytes(workers));
     let next = AtomicUsize::new(0);
     let copied = AtomicU64::new(0);
     let half = plan.runs.len() / 2;
-    pool::run(workers.min(plan.runs.len().max(1)), |stop| {
-        // One run at a time through this buffer: the process's pages
-        // never sit in our own memory all at once.
-        let mut buf = vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize];
+    pool::run(workers.min(windows.len().max(1)), |stop| {
         let mut ok = vec![true; MAX_RUN_PAGES as usize];
         while !stop.stopped() {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(r) = plan.runs.get(i) else {
+            let Some(g) = windows.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 return Ok::<(), CheckpointError>(());
             };
-            if i == half {
+            if g.contains(&half) {
                 fault::check("mid-memory")?;
             }
-            let b = &mut buf[..(r.pages * PAGE_SIZE) as usize];
-            read_run(pid, plan, procmem.as_ref(), r, b, false, &mut ok)?;
-            arena.write(&region, offsets[i], b)?;
-            let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
+            let (at, len) = span(plan, &offsets, g);
+            let mut w = arena.window(&region, at, len)?;
+            let bytes = w.bytes_mut();
+            for i in g.clone() {
+                let r = &plan.runs[i];
+                let b = &mut bytes[offsets[i] - at..][..(r.pages * PAGE_SIZE) as usize];
+                read_run(pid, plan, procmem.as_ref(), r, b, false, &mut ok)?;
+            }
+            // Unmapped now: its pages leave our resident set.
+            drop(w);
+            let done = copied.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
             progress(done);
         }
         Ok(())
     })?;
-    Ok(Snapshot { region, offsets })
+    Ok(Snapshot {
+        region,
+        offsets,
+        windows,
+    })
 }
 
 /// Hash, compare and store what `plan` says must be read (from the process,
@@ -644,25 +682,45 @@ pub fn copy(
             .get(i)
             .is_some_and(|v| v.kind == VmaKind::FilePrivate)
     };
-    let workers = a.workers.min(plan.runs.len().max(1));
+    // From a snapshot: the windows it was copied through, each mapped
+    // again, hashed and stored in place, then freed. From the process:
+    // one run at a time through a buffer per worker.
+    let singles: Vec<Range<usize>>;
+    let groups = match a.snapshot {
+        Some((snap, _)) => &snap.windows,
+        None => {
+            singles = (0..plan.runs.len()).map(|i| i..i + 1).collect();
+            &singles
+        }
+    };
+    let workers = a.workers.min(groups.len().max(1));
     pool::run(workers, |stop| {
-        let mut buf = vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize];
+        let mut buf = match a.snapshot {
+            Some(_) => Vec::new(),
+            None => vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize],
+        };
         let mut block: Option<OpenBlock> = None;
         let result = (|| -> Result<(), CheckpointError> {
             while !stop.stopped() {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(r) = plan.runs.get(i) else {
+                let Some(g) = groups.get(next.fetch_add(1, Ordering::Relaxed)) else {
                     return Ok(());
                 };
+                let window = match a.snapshot {
+                    Some((snap, arena)) => {
+                        let (at, len) = span(&plan, &snap.offsets, g);
+                        Some((arena.window(&snap.region, at, len)?, at, len))
+                    }
+                    None => None,
+                };
+                for i in g.clone() {
+                let r = &plan.runs[i];
                 let len = (r.pages * PAGE_SIZE) as usize;
                 let mut ok = vec![true; r.pages as usize];
-                let b: &[u8] = match a.snapshot {
-                    Some((snap, arena)) => {
-                        let b = &mut buf[..len];
-                        arena.read(&snap.region, snap.offsets[i], b)?;
-                        b
+                let b: &[u8] = match (&window, a.snapshot) {
+                    (Some((w, at, _)), Some((snap, _))) => {
+                        &w.bytes()[snap.offsets[i] - at..][..len]
                     }
-                    None => {
+                    _ => {
                         if i == half {
                             fault::check("mid-memory")?;
                         }
@@ -699,6 +757,12 @@ pub fn copy(
                 *outcomes[i].lock().unwrap_or_else(|p| p.into_inner()) = out;
                 let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
                 progress(done);
+                }
+                if let (Some((w, at, len)), Some((snap, arena))) = (window, a.snapshot) {
+                    // Stored: unmapped, and given back to the machine.
+                    drop(w);
+                    arena.free(&snap.region, at, len)?;
+                }
             }
             Ok(())
         })();
