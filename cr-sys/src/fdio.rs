@@ -792,19 +792,6 @@ pub fn memfd_create(name: &str, flags: u32) -> Result<OwnedFd> {
         .or_sys(|| format!("memfd_create({name})"))
 }
 
-/// Allocate bytes `off..off + len` of `fd` now (fallocate mode 0), so
-/// later writes there allocate nothing (for a memfd: its pages exist).
-pub fn fallocate(fd: BorrowedFd<'_>, off: u64, len: u64, what: &str) -> Result<()> {
-    nix::fcntl::fallocate(
-        fd,
-        nix::fcntl::FallocateFlags::empty(),
-        off as libc::off_t,
-        len as libc::off_t,
-    )
-    .map(drop)
-    .or_sys(|| format!("fallocate({what}, {len} bytes at {off})"))
-}
-
 /// Free bytes `off..off + len` of `fd` (fallocate PUNCH_HOLE, the size
 /// kept): for a memfd, its pages go back to the machine; they read as
 /// zeros.

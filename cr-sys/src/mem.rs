@@ -264,9 +264,7 @@ impl FileMap {
         // holds included) faults the very same bytes back in from the
         // page cache, so no reference sees its memory change.
         // (memmap2 widens the start to its page; madvise the length.)
-        let _ = unsafe {
-            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, len)
-        };
+        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, len) };
     }
 }
 

@@ -1039,6 +1039,11 @@ impl Harness {
     /// `cr_restart --detach DIR`: checks it exits 0 and prints `pid` alone on a
     /// line, and returns the restored process (reparented to us as subreaper).
     pub fn restore_detach(&self, dir: &Path, pid: i32) -> Proc {
+        self.restore_detach_out(dir, pid).0
+    }
+
+    /// Like `restore_detach`, with cr_restart's result too.
+    pub fn restore_detach_out(&self, dir: &Path, pid: i32) -> (Proc, ToolOutput) {
         let out = self.run_tool(
             "cr_restart",
             &[OsStr::new("--detach"), dir.as_os_str()],
@@ -1056,7 +1061,7 @@ impl Harness {
             "cr_restart --detach must print the pid alone on one line\n{}",
             out.show()
         );
-        Proc::adopt(pid, "restored process (detached)", None)
+        (Proc::adopt(pid, "restored process (detached)", None), out)
     }
 
     /// `cr_image ARGS...`.

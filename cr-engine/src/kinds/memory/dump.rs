@@ -28,10 +28,10 @@ use cr_sys::pagemap::{
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
 use std::fs::File;
+use std::ops::Range;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::ops::Range;
 use std::sync::Mutex;
 
 /// Largest run of pages copied (and checksummed) as one unit.
@@ -470,18 +470,21 @@ impl Arena {
         Ok(a)
     }
 
-    /// Allocate `more` bytes at the end of the file.
+    /// Allocate `more` bytes at the end of the file, written with zeros.
+    /// (fallocate alone is not enough: shmem leaves the pages it allocates
+    /// to be cleared at their first fault, which would then fall in the
+    /// freeze, when a window over them is mapped.)
     fn grow(&mut self, more: usize) -> std::io::Result<()> {
-        if more > 0 {
-            cr_sys::fdio::fallocate(
-                self.file.as_fd(),
-                self.held as u64,
-                more as u64,
-                "snapshot memfd",
-            )
-            .map_err(std::io::Error::other)?;
-            self.held += more;
+        const CHUNK: usize = 1 << 20;
+        let zeros = vec![0u8; CHUNK.min(more)];
+        let end = self.held + more;
+        let mut at = self.held;
+        while at < end {
+            let n = (end - at).min(CHUNK);
+            self.file.write_all_at(&zeros[..n], at as u64)?;
+            at += n;
         }
+        self.held = end;
         Ok(())
     }
 
@@ -511,8 +514,13 @@ impl Arena {
     /// window: windows over the same bytes never live at once).
     fn window(&self, r: &Region, off: usize, len: usize) -> Result<FileWindow, CheckpointError> {
         debug_assert!(off + len <= r.len);
-        FileWindow::map(&self.file, (r.start + off) as u64, len, "the snapshot memfd")
-            .map_err(CheckpointError::Sys)
+        FileWindow::map(
+            &self.file,
+            (r.start + off) as u64,
+            len,
+            "the snapshot memfd",
+        )
+        .map_err(CheckpointError::Sys)
     }
 
     /// Give bytes `off..off + len` of region `r` back to the machine: they
@@ -713,50 +721,50 @@ pub fn copy(
                     None => None,
                 };
                 for i in g.clone() {
-                let r = &plan.runs[i];
-                let len = (r.pages * PAGE_SIZE) as usize;
-                let mut ok = vec![true; r.pages as usize];
-                let b: &[u8] = match (&window, a.snapshot) {
-                    (Some((w, at, _)), Some((snap, _))) => {
-                        &w.bytes()[snap.offsets[i] - at..][..len]
-                    }
-                    _ => {
-                        if i == half {
-                            fault::check("mid-memory")?;
+                    let r = &plan.runs[i];
+                    let len = (r.pages * PAGE_SIZE) as usize;
+                    let mut ok = vec![true; r.pages as usize];
+                    let b: &[u8] = match (&window, a.snapshot) {
+                        (Some((w, at, _)), Some((snap, _))) => {
+                            &w.bytes()[snap.offsets[i] - at..][..len]
                         }
-                        let b = &mut buf[..len];
-                        read_run(pid, &plan, procmem.as_ref(), r, b, a.live, &mut ok)?;
-                        b
-                    }
-                };
-                let mut out = Vec::with_capacity(r.pages as usize);
-                for (k, page) in b.chunks_exact(PAGE_SIZE as usize).enumerate() {
-                    let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
-                    out.push(if !ok[k] {
-                        Outcome::Skip
-                    } else if is_zero(page) {
-                        if file_private(vaddr) {
-                            Outcome::Zero
-                        } else {
-                            Outcome::Skip
-                        }
-                    } else {
-                        let h = page_hash(page);
-                        let h64 = h as u64;
-                        if a.parent.and_then(|ix| ix.hash_of(vaddr)) == Some(h64) {
-                            Outcome::Parent(h64)
-                        } else {
-                            let (loc, dup) = a.store.add(&mut block, h, page)?;
-                            if dup {
-                                dups.fetch_add(1, Ordering::Relaxed);
+                        _ => {
+                            if i == half {
+                                fault::check("mid-memory")?;
                             }
-                            Outcome::Store(loc, h64)
+                            let b = &mut buf[..len];
+                            read_run(pid, &plan, procmem.as_ref(), r, b, a.live, &mut ok)?;
+                            b
                         }
-                    });
-                }
-                *outcomes[i].lock().unwrap_or_else(|p| p.into_inner()) = out;
-                let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
-                progress(done);
+                    };
+                    let mut out = Vec::with_capacity(r.pages as usize);
+                    for (k, page) in b.chunks_exact(PAGE_SIZE as usize).enumerate() {
+                        let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
+                        out.push(if !ok[k] {
+                            Outcome::Skip
+                        } else if is_zero(page) {
+                            if file_private(vaddr) {
+                                Outcome::Zero
+                            } else {
+                                Outcome::Skip
+                            }
+                        } else {
+                            let h = page_hash(page);
+                            let h64 = h as u64;
+                            if a.parent.and_then(|ix| ix.hash_of(vaddr)) == Some(h64) {
+                                Outcome::Parent(h64)
+                            } else {
+                                let (loc, dup) = a.store.add(&mut block, h, page)?;
+                                if dup {
+                                    dups.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Outcome::Store(loc, h64)
+                            }
+                        });
+                    }
+                    *outcomes[i].lock().unwrap_or_else(|p| p.into_inner()) = out;
+                    let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
+                    progress(done);
                 }
                 if let (Some((w, at, len)), Some((snap, arena))) = (window, a.snapshot) {
                     // Stored: unmapped, and given back to the machine.
