@@ -125,6 +125,8 @@ pub struct ProcStatus {
     pub tracer_pid: i32,
     pub ppid: i32,
     pub name: String,
+    /// `VmRSS:` in KiB (0 for a zombie).
+    pub vm_rss_kib: u64,
 }
 
 /// Reads /proc/PID/status; None if the process does not exist.
@@ -135,6 +137,7 @@ pub fn proc_status(pid: i32) -> Option<ProcStatus> {
         tracer_pid: -1,
         ppid: -1,
         name: String::new(),
+        vm_rss_kib: 0,
     };
     for line in text.lines() {
         if let Some(v) = line.strip_prefix("State:") {
@@ -145,6 +148,8 @@ pub fn proc_status(pid: i32) -> Option<ProcStatus> {
             st.ppid = v.trim().parse().unwrap_or(-1);
         } else if let Some(v) = line.strip_prefix("Name:") {
             st.name = v.trim().to_string();
+        } else if let Some(v) = line.strip_prefix("VmRSS:") {
+            st.vm_rss_kib = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
         }
     }
     Some(st)

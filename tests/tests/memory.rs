@@ -198,15 +198,6 @@ fn assert_rss_bounded(out: &ToolOutput, what: &str) {
     );
 }
 
-/// Resident KiB of `pid` (VmRSS).
-fn vm_rss_kib(pid: i32) -> u64 {
-    read_text(std::path::Path::new(&format!("/proc/{pid}/status")))
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS for {pid}"))
-}
-
 /// The tools' peak RSS stays bounded below the memory they move: a
 /// process with 256 MiB of written memory checkpointed in the default
 /// mode (it runs on: its memory is copied out while frozen and stored
@@ -219,7 +210,7 @@ fn memory_256mib_tools_peak_rss_bounded() {
     wl.wait_ready();
     wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
     let pid = wl.pid();
-    let resident = vm_rss_kib(pid);
+    let resident = proc_status(pid).map_or(0, |st| st.vm_rss_kib);
     assert!(
         resident > 3 * TOOL_RSS_BOUND_KIB,
         "the workload has only {resident} KiB resident: the bound would say nothing"
