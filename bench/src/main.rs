@@ -915,6 +915,7 @@ struct Sample {
     /// time of the tool and how long the process was frozen.
     cont_wall_s: Option<f64>,
     cont_frozen_s: Option<f64>,
+    cont_rss_kib: Option<u64>,
     dump_s: Option<f64>,
     dump_rss_kib: Option<u64>,
     restore_s: Option<f64>,
@@ -1021,9 +1022,10 @@ fn run_one(
 
     // --- checkpoint that continues ---
     check_interrupted()?;
-    let (wall, frozen) = continue_dump(bins, opts, &run_dir, pid, len)?;
+    let (wall, frozen, rss) = continue_dump(bins, opts, &run_dir, pid, len)?;
     s.cont_wall_s = Some(wall);
     s.cont_frozen_s = Some(frozen);
+    s.cont_rss_kib = Some(rss);
 
     // --- dump ---
     check_interrupted()?;
@@ -1093,7 +1095,7 @@ fn continue_dump(
     run_dir: &Path,
     pid: i32,
     len: usize,
-) -> Res<(f64, f64)> {
+) -> Res<(f64, f64, u64)> {
     let img = run_dir.join("img-continue");
     prewarm_file(opts, run_dir, len)?;
     settle(run_dir);
@@ -1113,7 +1115,7 @@ fn continue_dump(
     }
     // Free the space (the tmpfs holds one image at a time).
     fs::remove_dir_all(&img).map_err(|e| format!("rm {}: {e}", img.display()))?;
-    Ok((t.secs, frozen))
+    Ok((t.secs, frozen, t.maxrss_kib))
 }
 
 // ---------------------------------------------------------------------------
@@ -1280,22 +1282,23 @@ fn markdown(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
     );
     let _ = writeln!(
         o,
-        "| size | fs | copy s | frozen s | frozen ÷ copy | checkpoint wall s |"
+        "| size | fs | copy s | frozen s | frozen ÷ copy | checkpoint wall s | peak RSS MiB |"
     );
-    let _ = writeln!(o, "|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|");
     for r in rows {
         let best = |f: fn(&Sample) -> Option<f64>| min_secs(r, f);
         let copy = best(|s| s.pvm_fresh_s);
         let frozen = best(|s| s.cont_frozen_s);
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             size_label(r.size_mib),
             r.fs.name(),
             fmt_opt(copy, 3),
             fmt_opt(frozen, 3),
             fmt_opt(pct(frozen, copy).map(|p| p / 100.0), 2),
             fmt_opt(best(|s| s.cont_wall_s), 3),
+            fmt_opt(max_rss_mib(r, |s| s.cont_rss_kib), 1),
         );
     }
     let _ = writeln!(o);
@@ -1405,6 +1408,7 @@ fn json(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
                         "limit_restore_s": s.limit_restore_s,
                         "continue_wall_s": s.cont_wall_s,
                         "continue_frozen_s": s.cont_frozen_s,
+                        "continue_maxrss_kib": s.cont_rss_kib,
                         "dump_s": s.dump_s,
                         "dump_maxrss_kib": s.dump_rss_kib,
                         "restore_s": s.restore_s,

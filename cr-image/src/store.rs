@@ -305,6 +305,15 @@ impl StoreReader {
         self.blocks.get(id as usize).is_some_and(|b| b.raw)
     }
 
+    /// Drop block `id` from our resident set (its bytes stay in the page
+    /// cache; the next read maps them again): see
+    /// [`cr_sys::mem::FileMap::release`].
+    pub fn release(&self, id: u32) {
+        if let Ok(b) = self.meta(id) {
+            self.map.release(b.offset as usize, b.stored_len as usize);
+        }
+    }
+
     /// `len` bytes from byte `at` of raw block `id`, straight from the
     /// mapped file (the block's checksum is verified on first use).
     pub fn raw_slice(&self, id: u32, at: usize, len: usize) -> Result<&[u8]> {

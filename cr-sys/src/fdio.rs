@@ -819,6 +819,21 @@ pub fn memfd_create(name: &str, flags: u32) -> Result<OwnedFd> {
         .or_sys(|| format!("memfd_create({name})"))
 }
 
+/// Free bytes `off..off + len` of `fd` (fallocate PUNCH_HOLE, the size
+/// kept): for a memfd, its pages go back to the machine; they read as
+/// zeros.
+pub fn punch_hole(fd: BorrowedFd<'_>, off: u64, len: u64, what: &str) -> Result<()> {
+    nix::fcntl::fallocate(
+        fd,
+        nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        off as libc::off_t,
+        len as libc::off_t,
+    )
+    .map(drop)
+    .or_sys(|| format!("fallocate(PUNCH_HOLE, {what}, {len} bytes at {off})"))
+}
+
 /// Bytes of the `struct termios` buffer TCGETS and TCSETS use.
 const TERMIOS_SIZE: usize = std::mem::size_of::<libc::termios>();
 

@@ -42,6 +42,7 @@ pub mod proc;
 pub mod ptrace;
 pub mod regs;
 pub mod remote;
+pub mod rusage;
 pub mod sched;
 pub(crate) mod sock_diag;
 pub mod spank;

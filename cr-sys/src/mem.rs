@@ -245,6 +245,66 @@ impl FileMap {
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
     }
+
+    /// Drop our page table entries for bytes `off..off + len` (widened to
+    /// whole pages): the file's pages stay in the page cache, but no
+    /// longer count in our resident set. A restore reading a store of any
+    /// size through the map keeps its RSS bounded this way.
+    pub fn release(&self, off: usize, len: usize) {
+        let Some(map) = &self.map else {
+            return;
+        };
+        let len = len.min(map.len().saturating_sub(off));
+        if len == 0 {
+            return;
+        }
+        // SAFETY: the map is a shared, read-only mapping of a file that is
+        // only read. MADV_DONTNEED on such a mapping only zaps our page
+        // table entries: the next access (a slice another thread still
+        // holds included) faults the very same bytes back in from the
+        // page cache, so no reference sees its memory change.
+        // (memmap2 widens the start to its page; madvise the length.)
+        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, len) };
+    }
+}
+
+/// Bytes of a file mapped shared and writable, every page faulted in at
+/// once (MAP_POPULATE), and unmapped when dropped: a bounded window into a
+/// large memfd, so that data can be copied into it without a buffer while
+/// only the window counts in our resident set (memfd pages are shmem:
+/// they count in RssShmem only while mapped).
+pub struct FileWindow {
+    map: memmap2::MmapMut,
+}
+
+impl FileWindow {
+    /// Map bytes `off..off + len` of `file` (`off` a multiple of the page
+    /// size, `len` > 0). For files private to this process (a memfd it
+    /// created and never passes on) that stay at least `off + len` long
+    /// while mapped; windows over one range must not be alive at once.
+    pub fn map(file: &File, off: u64, len: usize, what: &str) -> Result<Self> {
+        // SAFETY: the caller maps only a file of its own (a memfd no other
+        // process holds) that is not truncated while the window lives, and
+        // never two windows over the same bytes at once: the bytes behind
+        // the slices handed out change only through them.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(off)
+                .len(len)
+                .populate()
+                .map_mut(file)
+        }
+        .map_err(io_err(format!("window of {len} bytes at {off} of {what}")))?;
+        Ok(FileWindow { map })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map
+    }
 }
 
 /// Write several pieces into process `pid` with as few process_vm_writev

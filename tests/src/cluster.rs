@@ -264,6 +264,7 @@ impl Spawned {
             stdout: read_text(&self.stdout),
             stderr: read_text(&self.stderr),
             elapsed: t0.elapsed(),
+            max_rss_kib: self.proc.max_rss_kib,
         }
     }
 }

@@ -125,6 +125,8 @@ pub struct ProcStatus {
     pub tracer_pid: i32,
     pub ppid: i32,
     pub name: String,
+    /// `VmRSS:` in KiB (0 for a zombie).
+    pub vm_rss_kib: u64,
 }
 
 /// Reads /proc/PID/status; None if the process does not exist.
@@ -135,6 +137,7 @@ pub fn proc_status(pid: i32) -> Option<ProcStatus> {
         tracer_pid: -1,
         ppid: -1,
         name: String::new(),
+        vm_rss_kib: 0,
     };
     for line in text.lines() {
         if let Some(v) = line.strip_prefix("State:") {
@@ -145,6 +148,8 @@ pub fn proc_status(pid: i32) -> Option<ProcStatus> {
             st.ppid = v.trim().parse().unwrap_or(-1);
         } else if let Some(v) = line.strip_prefix("Name:") {
             st.name = v.trim().to_string();
+        } else if let Some(v) = line.strip_prefix("VmRSS:") {
+            st.vm_rss_kib = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
         }
     }
     Some(st)
@@ -328,6 +333,9 @@ pub struct Proc {
     exclude_start: Option<u64>,
     status: Option<ExitStatus>,
     done: bool,
+    /// Its peak RSS in KiB (`ru_maxrss` from wait4), once reaped as our
+    /// direct child.
+    pub max_rss_kib: Option<u64>,
 }
 
 impl Proc {
@@ -343,6 +351,7 @@ impl Proc {
             exclude_start: None,
             status: None,
             done: false,
+            max_rss_kib: None,
         }
     }
 
@@ -358,6 +367,7 @@ impl Proc {
             exclude_start: None,
             status: None,
             done: false,
+            max_rss_kib: None,
         }
     }
 
@@ -375,6 +385,7 @@ impl Proc {
             exclude_start: held,
             status: None,
             done: false,
+            max_rss_kib: None,
         }
     }
 
@@ -402,11 +413,14 @@ impl Proc {
         if self.done {
             return Some(self.status);
         }
-        if let Some(child) = self.child.as_mut() {
-            match child.try_wait() {
-                Ok(Some(st)) => {
+        if self.child.is_some() {
+            // wait4 rather than Child::try_wait: its rusage gives the peak
+            // RSS (the std handle, never waited on, reaps nothing on drop).
+            match cr_sys::rusage::try_reap(self.pid) {
+                Ok(Some(e)) => {
                     self.done = true;
-                    self.status = Some(st);
+                    self.status = Some(ExitStatus::from_raw(e.status));
+                    self.max_rss_kib = Some(e.max_rss_kib);
                     return Some(self.status);
                 }
                 Ok(None) => return None,
@@ -566,6 +580,8 @@ pub struct ToolOutput {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// The tool's peak RSS in KiB (`ru_maxrss`), when it was our child.
+    pub max_rss_kib: Option<u64>,
 }
 
 impl ToolOutput {
@@ -880,6 +896,7 @@ impl Harness {
             stdout: read_text(&out),
             stderr: read_text(&err),
             elapsed: t0.elapsed(),
+            max_rss_kib: child.max_rss_kib,
         }
     }
 
@@ -1027,6 +1044,11 @@ impl Harness {
     /// `cr_restart --detach DIR`: checks it exits 0 and prints `pid` alone on a
     /// line, and returns the restored process (reparented to us as subreaper).
     pub fn restore_detach(&self, dir: &Path, pid: i32) -> Proc {
+        self.restore_detach_out(dir, pid).0
+    }
+
+    /// Like `restore_detach`, with cr_restart's result too.
+    pub fn restore_detach_out(&self, dir: &Path, pid: i32) -> (Proc, ToolOutput) {
         let out = self.run_tool(
             "cr_restart",
             &[OsStr::new("--detach"), dir.as_os_str()],
@@ -1044,7 +1066,7 @@ impl Harness {
             "cr_restart --detach must print the pid alone on one line\n{}",
             out.show()
         );
-        Proc::adopt(pid, "restored process (detached)", None)
+        (Proc::adopt(pid, "restored process (detached)", None), out)
     }
 
     /// `cr_image ARGS...`.
@@ -1447,6 +1469,7 @@ impl Restore {
             stdout: read_text(&self.out),
             stderr: read_text(&self.err),
             elapsed: t0.elapsed(),
+            max_rss_kib: self.cr.max_rss_kib,
         }
     }
 

@@ -179,3 +179,74 @@ fn memory_lazy_pages_failure_kills_and_keeps_image() {
     let out = r.wait(EXIT_TIMEOUT, &wl);
     assert_restored_ok(&out, &wl, "restore after a failed post-copy");
 }
+
+/// Most a tool may hold resident at once, in KiB, whatever the size of
+/// the memory it checkpoints or restores (issue 22).
+const TOOL_RSS_BOUND_KIB: u64 = 64 * 1024;
+
+/// Asserts the tool's peak RSS (ru_maxrss from wait4) is within
+/// [`TOOL_RSS_BOUND_KIB`].
+fn assert_rss_bounded(out: &ToolOutput, what: &str) {
+    let kib = out
+        .max_rss_kib
+        .unwrap_or_else(|| panic!("{what}: no peak RSS (not reaped as our child)"));
+    eprintln!("{what}: peak RSS {:.1} MiB", kib as f64 / 1024.0);
+    assert!(
+        kib < TOOL_RSS_BOUND_KIB,
+        "{what}: peak RSS {kib} KiB, over the bound of {TOOL_RSS_BOUND_KIB} KiB\n{}",
+        out.show()
+    );
+}
+
+/// The tools' peak RSS stays bounded below the memory they move: a
+/// process with 256 MiB of written memory checkpointed in the default
+/// mode (it runs on: its memory is copied out while frozen and stored
+/// while it runs), then with --kill, and restored (--detach); each tool
+/// under 64 MiB, and the restored process checks every page.
+#[test]
+fn memory_256mib_tools_peak_rss_bounded() {
+    let h = Harness::new("memory-rss");
+    let mut wl = h.spawn_wl("wl_memory", &["256"]);
+    wl.wait_ready();
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+    let pid = wl.pid();
+    let resident = proc_status(pid).map_or(0, |st| st.vm_rss_kib);
+    assert!(
+        resident > 3 * TOOL_RSS_BOUND_KIB,
+        "the workload has only {resident} KiB resident: the bound would say nothing"
+    );
+    let debug = RunOpts {
+        env: vec![("CR_LOG".into(), "debug".into())],
+        ..RunOpts::default()
+    };
+
+    // The default mode: the process runs on.
+    let out = h.checkpoint_with(&h.image_dir("continue"), &[], pid, &debug);
+    out.assert_success("cr_checkpoint (continue)");
+    assert!(
+        out.stderr.contains("ran_on=true"),
+        "the process did not run on before its memory was stored (no snapshot)\n{}",
+        out.show()
+    );
+    assert_rss_bounded(&out, "cr_checkpoint (continue)");
+    assert_running_untraced(pid, "after the checkpoint that continues");
+
+    let img = h.image_dir("kill");
+    let out = checkpoint_kill(&h, &mut wl, &img);
+    assert_rss_bounded(&out, "cr_checkpoint --kill");
+
+    // Detached: a cr_restart that waits for the restored process would
+    // count its peak RSS too (wait4 gives the largest of a child and the
+    // children it reaped).
+    let (mut restored, out) = h.restore_detach_out(&img, pid);
+    assert_rss_bounded(&out, "cr_restart --detach");
+    wl.go();
+    let st = restored.wait_exit(EXIT_TIMEOUT, || wl.diag());
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "restored workload ended with {}\n{}",
+        status_str(st),
+        wl.diag()
+    );
+    assert_eq!(wl.lines(), ["READY", "OK"], "whole stdout of the workload");
+}

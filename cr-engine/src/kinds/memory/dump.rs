@@ -21,13 +21,15 @@ use crate::{fault, CheckpointError};
 use cr_image::chain::{push_run, MemIndex};
 use cr_image::model::{MemStats, Memory, PageAt, Vma, VmaKind};
 use cr_image::store::{is_zero, page_hash, Loc, OpenBlock, StoreWriter};
-use cr_sys::mem::{read_vm, ProcMem};
+use cr_sys::mem::{read_vm, FileWindow, ProcMem};
 use cr_sys::pagemap::{
     is_pte_marker, Pagemap, PFN_MASK, PM_FILE, PM_PRESENT, PM_SOFT_DIRTY, PM_SWAP,
 };
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
 use std::fs::File;
+use std::ops::Range;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -411,112 +413,153 @@ pub struct Copy<'a> {
     pub live: bool,
     /// The pages were copied out while the process was frozen (see
     /// [`snapshot`]): they are taken from there, not from the process.
-    pub snapshot: Option<(&'a Snapshot, &'a [u8])>,
+    pub snapshot: Option<(&'a Snapshot, &'a Arena)>,
 }
 
-/// The process's memory a plan names, copied into our own memory while
-/// it is frozen, so it can run on while the pages are hashed, compared
-/// and written (checkpoint-and-continue: the freeze is the copy).
+/// The process's memory a plan names, copied out while it is frozen, so
+/// it can run on while the pages are hashed, compared and written
+/// (checkpoint-and-continue: the freeze is the copy).
 pub struct Snapshot {
     pub region: Region,
     /// Where each run of the plan starts in the region.
     offsets: Vec<usize>,
+    /// The runs copied through one window each (see [`windows`]).
+    windows: Vec<Range<usize>>,
 }
 
-/// Room in our memory for snapshots: reserved (and faulted in) before the
-/// tree is frozen, so the freeze pays only the copy; a process that does
-/// not fit gets a mapping of its own while the budget lasts.
+/// Room for snapshots: a memfd whose pages are allocated before the tree
+/// is frozen, so the freeze pays only the copy. The process's pages are
+/// read straight into a window of it (one copy; see [`snapshot`]), and
+/// hashed and stored from a window of it (see [`copy`]); each window is
+/// unmapped once done, so at most [`pool::window_bytes`] per worker count
+/// in the checkpointer's resident set (its peak RSS stays bounded at any
+/// image size). The pages are still memory of the machine (shmem,
+/// swappable) until they are stored: then they are freed. A process that
+/// does not fit in what was reserved gets room added while the budget
+/// lasts.
 pub struct Arena {
-    maps: Vec<memmap2::MmapMut>,
-    /// Bytes of `maps[0]` handed out.
+    file: File,
+    /// Bytes of `file` allocated.
+    held: usize,
+    /// Bytes of `file` handed out.
     used: usize,
     /// Most bytes held in all.
     budget: usize,
-    held: usize,
 }
 
-/// Bytes `len` at `start` of arena map `map`.
+/// Bytes `len` at `start` of the arena's file.
 #[derive(Debug, Clone, Copy)]
 pub struct Region {
-    map: usize,
     start: usize,
     len: usize,
 }
 
 impl Arena {
-    /// `reserve` bytes mapped and faulted in now, at most `budget` in all.
+    /// `reserve` bytes allocated now, at most `budget` in all.
     pub fn new(reserve: usize, budget: usize) -> std::io::Result<Arena> {
-        let mut maps = Vec::new();
-        if reserve > 0 {
-            let mut m = memmap2::MmapMut::map_anon(reserve)?;
-            let _ = m.advise(memmap2::Advice::HugePage);
-            // Fault every page in now rather than during the freeze.
-            for off in (0..reserve).step_by(PAGE_SIZE as usize) {
-                m[off] = 0;
-            }
-            maps.push(m);
-        }
-        Ok(Arena {
-            maps,
+        let file = File::from(
+            cr_sys::fdio::memfd_create("cr-snapshot", 0).map_err(std::io::Error::other)?,
+        );
+        let mut a = Arena {
+            file,
+            held: 0,
             used: 0,
             budget,
-            held: reserve,
-        })
+        };
+        a.grow(reserve)?;
+        Ok(a)
     }
 
-    /// Bytes mapped so far (reserved ahead, or mapped since).
+    /// Allocate `more` bytes at the end of the file, written with zeros.
+    /// (fallocate alone is not enough: shmem leaves the pages it allocates
+    /// to be cleared at their first fault, which would then fall in the
+    /// freeze, when a window over them is mapped.)
+    fn grow(&mut self, more: usize) -> std::io::Result<()> {
+        const CHUNK: usize = 1 << 20;
+        let zeros = vec![0u8; CHUNK.min(more)];
+        let end = self.held + more;
+        let mut at = self.held;
+        while at < end {
+            let n = (end - at).min(CHUNK);
+            self.file.write_all_at(&zeros[..n], at as u64)?;
+            at += n;
+        }
+        self.held = end;
+        Ok(())
+    }
+
+    /// Bytes allocated so far (reserved ahead, or added since).
     pub fn held(&self) -> usize {
         self.held
     }
 
     /// A region of `len` bytes, or None when the budget is spent.
     pub fn take(&mut self, len: usize) -> Option<Region> {
-        if let Some(first) = self.maps.first() {
-            if first.len() - self.used >= len {
-                let r = Region {
-                    map: 0,
-                    start: self.used,
-                    len,
-                };
-                self.used += len;
-                return Some(r);
+        let end = self.used + len;
+        if end > self.held {
+            if end > self.budget {
+                return None;
             }
+            self.grow(end - self.held).ok()?;
         }
-        if self.held + len > self.budget || len == 0 {
-            return (len == 0).then_some(Region {
-                map: 0,
-                start: 0,
-                len: 0,
-            });
-        }
-        let m = memmap2::MmapMut::map_anon(len).ok()?;
-        let _ = m.advise(memmap2::Advice::HugePage);
-        self.maps.push(m);
-        if self.maps.len() == 1 {
-            // Nothing was reserved ahead: this map is the first, and full.
-            self.used = len;
-        }
-        self.held += len;
-        Some(Region {
-            map: self.maps.len() - 1,
-            start: 0,
+        let r = Region {
+            start: self.used,
             len,
-        })
+        };
+        self.used = end;
+        Some(r)
     }
 
-    pub fn bytes(&self, r: &Region) -> &[u8] {
-        match self.maps.get(r.map) {
-            Some(m) => &m[r.start..r.start + r.len],
-            None => &[],
-        }
+    /// Bytes `off..off + len` of region `r`, mapped (one worker's
+    /// window: windows over the same bytes never live at once).
+    fn window(&self, r: &Region, off: usize, len: usize) -> Result<FileWindow, CheckpointError> {
+        debug_assert!(off + len <= r.len);
+        FileWindow::map(
+            &self.file,
+            (r.start + off) as u64,
+            len,
+            "the snapshot memfd",
+        )
+        .map_err(CheckpointError::Sys)
     }
 
-    fn bytes_mut(&mut self, r: &Region) -> &mut [u8] {
-        match self.maps.get_mut(r.map) {
-            Some(m) => &mut m[r.start..r.start + r.len],
-            None => &mut [],
+    /// Give bytes `off..off + len` of region `r` back to the machine: they
+    /// are stored.
+    fn free(&self, r: &Region, off: usize, len: usize) -> Result<(), CheckpointError> {
+        cr_sys::fdio::punch_hole(
+            self.file.as_fd(),
+            (r.start + off) as u64,
+            len as u64,
+            "snapshot memfd",
+        )
+        .map_err(CheckpointError::Sys)
+    }
+}
+
+/// The runs of `plan` (starting at `offsets` in a snapshot) in groups of
+/// consecutive runs of at most `window` bytes together (a run alone may
+/// fill one), each copied through one mapped window.
+fn windows(plan: &Plan, offsets: &[usize], window: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut first = 0;
+    for (i, r) in plan.runs.iter().enumerate() {
+        let end = offsets[i] + (r.pages * PAGE_SIZE) as usize;
+        if i > first && end - offsets[first] > window {
+            out.push(first..i);
+            first = i;
         }
     }
+    if first < plan.runs.len() {
+        out.push(first..plan.runs.len());
+    }
+    out
+}
+
+/// Where group `g` of runs lies in the snapshot: (offset, bytes).
+fn span(plan: &Plan, offsets: &[usize], g: &Range<usize>) -> (usize, usize) {
+    let last = &plan.runs[g.end - 1];
+    let end = offsets[g.end - 1] + (last.pages * PAGE_SIZE) as usize;
+    (offsets[g.start], end - offsets[g.start])
 }
 
 /// Open /proc/PID/mem if a run of `plan` needs it.
@@ -568,49 +611,58 @@ fn read_run(
 }
 
 /// Copy what `plan` says must be read into `region` of `arena`, on the
-/// worker pool, while the process is frozen. `progress` gets the bytes
-/// copied so far.
+/// worker pool, while the process is frozen: each worker maps a window of
+/// the arena and reads runs of the process straight into it (one copy per
+/// page), then unmaps it. `progress` gets the bytes copied so far.
 pub fn snapshot(
     pid: i32,
     plan: &Plan,
-    arena: &mut Arena,
+    arena: &Arena,
     region: Region,
     workers: usize,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Snapshot, CheckpointError> {
     let procmem = procmem_for(pid, plan)?;
     let mut offsets = Vec::with_capacity(plan.runs.len());
-    let mut pieces = Vec::with_capacity(plan.runs.len());
-    let mut rest = arena.bytes_mut(&region);
     let mut off = 0;
     for r in &plan.runs {
-        let len = (r.pages * PAGE_SIZE) as usize;
-        let (piece, tail) = rest.split_at_mut(len);
         offsets.push(off);
-        pieces.push((r, piece));
-        off += len;
-        rest = tail;
+        off += (r.pages * PAGE_SIZE) as usize;
     }
-    let queue = Mutex::new(pieces.into_iter());
+    let workers = workers.max(1);
+    let windows = windows(plan, &offsets, pool::window_bytes(workers));
+    let next = AtomicUsize::new(0);
     let copied = AtomicU64::new(0);
     let half = plan.runs.len() / 2;
-    let taken = AtomicUsize::new(0);
-    pool::run(workers.min(plan.runs.len().max(1)), |stop| {
+    pool::run(workers.min(windows.len().max(1)), |stop| {
         let mut ok = vec![true; MAX_RUN_PAGES as usize];
         while !stop.stopped() {
-            let Some((r, piece)) = queue.lock().unwrap_or_else(|p| p.into_inner()).next() else {
+            let Some(g) = windows.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 return Ok::<(), CheckpointError>(());
             };
-            if taken.fetch_add(1, Ordering::Relaxed) == half {
+            if g.contains(&half) {
                 fault::check("mid-memory")?;
             }
-            read_run(pid, plan, procmem.as_ref(), r, piece, false, &mut ok)?;
-            let done = copied.fetch_add(piece.len() as u64, Ordering::Relaxed) + piece.len() as u64;
+            let (at, len) = span(plan, &offsets, g);
+            let mut w = arena.window(&region, at, len)?;
+            let bytes = w.bytes_mut();
+            for i in g.clone() {
+                let r = &plan.runs[i];
+                let b = &mut bytes[offsets[i] - at..][..(r.pages * PAGE_SIZE) as usize];
+                read_run(pid, plan, procmem.as_ref(), r, b, false, &mut ok)?;
+            }
+            // Unmapped now: its pages leave our resident set.
+            drop(w);
+            let done = copied.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
             progress(done);
         }
         Ok(())
     })?;
-    Ok(Snapshot { region, offsets })
+    Ok(Snapshot {
+        region,
+        offsets,
+        windows,
+    })
 }
 
 /// Hash, compare and store what `plan` says must be read (from the process,
@@ -638,60 +690,87 @@ pub fn copy(
             .get(i)
             .is_some_and(|v| v.kind == VmaKind::FilePrivate)
     };
-    let workers = a.workers.min(plan.runs.len().max(1));
+    // From a snapshot: the windows it was copied through, each mapped
+    // again, hashed and stored in place, then freed. From the process:
+    // one run at a time through a buffer per worker.
+    let singles: Vec<Range<usize>>;
+    let groups = match a.snapshot {
+        Some((snap, _)) => &snap.windows,
+        None => {
+            singles = (0..plan.runs.len()).map(|i| i..i + 1).collect();
+            &singles
+        }
+    };
+    let workers = a.workers.min(groups.len().max(1));
     pool::run(workers, |stop| {
-        let mut buf = vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize];
+        let mut buf = match a.snapshot {
+            Some(_) => Vec::new(),
+            None => vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize],
+        };
         let mut block: Option<OpenBlock> = None;
         let result = (|| -> Result<(), CheckpointError> {
             while !stop.stopped() {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(r) = plan.runs.get(i) else {
+                let Some(g) = groups.get(next.fetch_add(1, Ordering::Relaxed)) else {
                     return Ok(());
                 };
-                let len = (r.pages * PAGE_SIZE) as usize;
-                let mut ok = vec![true; r.pages as usize];
-                let b: &[u8] = match a.snapshot {
-                    Some((snap, bytes)) => {
-                        let at = snap.offsets[i];
-                        &bytes[at..at + len]
+                let window = match a.snapshot {
+                    Some((snap, arena)) => {
+                        let (at, len) = span(&plan, &snap.offsets, g);
+                        Some((arena.window(&snap.region, at, len)?, at, len))
                     }
-                    None => {
-                        if i == half {
-                            fault::check("mid-memory")?;
-                        }
-                        let b = &mut buf[..len];
-                        read_run(pid, &plan, procmem.as_ref(), r, b, a.live, &mut ok)?;
-                        b
-                    }
+                    None => None,
                 };
-                let mut out = Vec::with_capacity(r.pages as usize);
-                for (k, page) in b.chunks_exact(PAGE_SIZE as usize).enumerate() {
-                    let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
-                    out.push(if !ok[k] {
-                        Outcome::Skip
-                    } else if is_zero(page) {
-                        if file_private(vaddr) {
-                            Outcome::Zero
-                        } else {
-                            Outcome::Skip
+                for i in g.clone() {
+                    let r = &plan.runs[i];
+                    let len = (r.pages * PAGE_SIZE) as usize;
+                    let mut ok = vec![true; r.pages as usize];
+                    let b: &[u8] = match (&window, a.snapshot) {
+                        (Some((w, at, _)), Some((snap, _))) => {
+                            &w.bytes()[snap.offsets[i] - at..][..len]
                         }
-                    } else {
-                        let h = page_hash(page);
-                        let h64 = h as u64;
-                        if a.parent.and_then(|ix| ix.hash_of(vaddr)) == Some(h64) {
-                            Outcome::Parent(h64)
-                        } else {
-                            let (loc, dup) = a.store.add(&mut block, h, page)?;
-                            if dup {
-                                dups.fetch_add(1, Ordering::Relaxed);
+                        _ => {
+                            if i == half {
+                                fault::check("mid-memory")?;
                             }
-                            Outcome::Store(loc, h64)
+                            let b = &mut buf[..len];
+                            read_run(pid, &plan, procmem.as_ref(), r, b, a.live, &mut ok)?;
+                            b
                         }
-                    });
+                    };
+                    let mut out = Vec::with_capacity(r.pages as usize);
+                    for (k, page) in b.chunks_exact(PAGE_SIZE as usize).enumerate() {
+                        let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
+                        out.push(if !ok[k] {
+                            Outcome::Skip
+                        } else if is_zero(page) {
+                            if file_private(vaddr) {
+                                Outcome::Zero
+                            } else {
+                                Outcome::Skip
+                            }
+                        } else {
+                            let h = page_hash(page);
+                            let h64 = h as u64;
+                            if a.parent.and_then(|ix| ix.hash_of(vaddr)) == Some(h64) {
+                                Outcome::Parent(h64)
+                            } else {
+                                let (loc, dup) = a.store.add(&mut block, h, page)?;
+                                if dup {
+                                    dups.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Outcome::Store(loc, h64)
+                            }
+                        });
+                    }
+                    *outcomes[i].lock().unwrap_or_else(|p| p.into_inner()) = out;
+                    let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
+                    progress(done);
                 }
-                *outcomes[i].lock().unwrap_or_else(|p| p.into_inner()) = out;
-                let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
-                progress(done);
+                if let (Some((w, at, len)), Some((snap, arena))) = (window, a.snapshot) {
+                    // Stored: unmapped, and given back to the machine.
+                    drop(w);
+                    arena.free(&snap.region, at, len)?;
+                }
             }
             Ok(())
         })();

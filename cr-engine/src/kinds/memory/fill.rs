@@ -347,7 +347,11 @@ fn open_restorer_path(
 }
 
 /// Fill every page of `pieces` into process `pid` on `workers` workers;
-/// returns the bytes written.
+/// returns the bytes written. Each worker takes a batch of pieces whose
+/// stored pages fit in its window ([`pool::window_bytes`]), writes them
+/// from the mapped store, then drops the store blocks it read from our
+/// resident set ([`StoreReader::release`]): the restorer's RSS stays
+/// bounded at any image size, the pages stay in the page cache.
 pub fn fill(
     pid: i32,
     pages: &Pages<'_>,
@@ -358,23 +362,24 @@ pub fn fill(
     /// Pieces one worker takes at a time (written with one process_vm_writev
     /// when their blocks are raw).
     const BATCH: usize = 256;
+    let workers = workers.max(1);
+    let batches = batches(pieces, BATCH, pool::window_bytes(workers));
     let next = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
     let zero = vec![0u8; PAGE * 64];
-    let workers = workers.min(pieces.len().div_ceil(BATCH).max(1));
+    let workers = workers.min(batches.len().max(1));
     pool::run(workers, |stop| {
         let mut buf = Vec::new();
         // The compressed block decompressed in `buf`.
         let mut cached: Option<(usize, u32)> = None;
+        // The store blocks this batch read through the map.
+        let mut read: Vec<(usize, u32)> = Vec::new();
         while !stop.stopped() {
             crate::interrupt::check().map_err(RestoreError::Interrupted)?;
-            let start = next.fetch_add(BATCH, Ordering::Relaxed);
-            let Some(batch) = pieces.get(start..(start + BATCH).min(pieces.len())) else {
+            let Some(batch) = batches.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 return Ok(());
             };
-            if batch.is_empty() {
-                return Ok(());
-            }
+            let batch = &pieces[batch.clone()];
             let mut raw: Vec<(u64, &[u8])> = Vec::with_capacity(batch.len());
             let mut bytes = 0u64;
             for piece in batch {
@@ -384,6 +389,9 @@ pub fn fill(
                     Source::Store { link, loc } => {
                         let reader = pages.reader(link)?;
                         pages.ready(link, loc.block)?;
+                        if read.last() != Some(&(link, loc.block)) {
+                            read.push((link, loc.block));
+                        }
                         let at = loc.page as usize * PAGE;
                         if reader.is_raw(loc.block) {
                             // Straight from the mapped store file.
@@ -408,12 +416,38 @@ pub fn fill(
                 }
             }
             write_vm_many(pid, &raw)?;
+            drop(raw);
+            for (link, block) in read.drain(..) {
+                pages.reader(link)?.release(block);
+            }
             let d = done.fetch_add(bytes, Ordering::Relaxed) + bytes;
             progress(d);
         }
         Ok(())
     })?;
     Ok(done.into_inner())
+}
+
+/// `pieces` in batches of consecutive pieces: at most `most` pieces, and
+/// at most `window` bytes of stored pages (a piece alone may exceed it).
+fn batches(pieces: &[Piece], most: usize, window: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut first, mut stored) = (0, 0);
+    for (i, p) in pieces.iter().enumerate() {
+        let len = match p.src {
+            Source::Store { .. } => p.pages as usize * PAGE,
+            _ => 0,
+        };
+        if i > first && (i - first == most || stored + len > window) {
+            out.push(first..i);
+            (first, stored) = (i, 0);
+        }
+        stored += len;
+    }
+    if first < pieces.len() {
+        out.push(first..pieces.len());
+    }
+    out
 }
 
 /// Bytes `pieces` fill.

@@ -207,7 +207,7 @@ fn store_process(
     };
     let progress = d.opts.progress.start(what, bytes);
     let arena = d.arena.as_deref();
-    let snapshot = snap.zip(arena).map(|(s, a)| (s, a.bytes(&s.region)));
+    let snapshot = snap.zip(arena);
     let mem = dump::copy(
         &dump::Copy {
             pid,

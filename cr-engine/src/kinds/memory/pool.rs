@@ -26,6 +26,18 @@ fn pool() -> &'static rayon::ThreadPool {
     })
 }
 
+/// Bytes of mapped pages all workers together hold at once, where they
+/// work through a mapping (the snapshot memfd of a dump, the page store
+/// of a restore): what bounds the tools' resident set at any image size.
+const WINDOWS_BYTES: usize = 16 << 20;
+
+/// Bytes one of `workers` workers maps at a time: a share of
+/// [`WINDOWS_BYTES`], between 1 MiB (one run of pages) and 4 MiB (past
+/// that, fewer unmaps gain nothing).
+pub fn window_bytes(workers: usize) -> usize {
+    (WINDOWS_BYTES / workers.max(1)).clamp(1 << 20, 4 << 20)
+}
+
 /// Raised when a worker fails: the others stop taking work.
 #[derive(Default)]
 pub struct Stop(AtomicBool);
