@@ -707,6 +707,8 @@ pub fn copy(
             Some(_) => Vec::new(),
             None => vec![0u8; (MAX_RUN_PAGES * PAGE_SIZE) as usize],
         };
+        // Which pages of the run could be read (all of a snapshot's).
+        let mut ok = vec![true; MAX_RUN_PAGES as usize];
         let mut block: Option<OpenBlock> = None;
         let result = (|| -> Result<(), CheckpointError> {
             while !stop.stopped() {
@@ -723,7 +725,6 @@ pub fn copy(
                 for i in g.clone() {
                     let r = &plan.runs[i];
                     let len = (r.pages * PAGE_SIZE) as usize;
-                    let mut ok = vec![true; r.pages as usize];
                     let b: &[u8] = match (&window, a.snapshot) {
                         (Some((w, at, _)), Some((snap, _))) => {
                             &w.bytes()[snap.offsets[i] - at..][..len]
@@ -733,6 +734,7 @@ pub fn copy(
                                 fault::check("mid-memory")?;
                             }
                             let b = &mut buf[..len];
+                            ok[..r.pages as usize].fill(true);
                             read_run(pid, &plan, procmem.as_ref(), r, b, a.live, &mut ok)?;
                             b
                         }
