@@ -24,15 +24,10 @@ const RSS_SLACK_KIB: i64 = 24 * 1024;
 /// (open fds, VmRSS in KiB) of a process.
 fn usage(pid: i32) -> (i64, i64) {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()) as i64;
-    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+    let rss = cr_sys::proc::status(pid)
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0);
+        .and_then(|st| st.vmrss)
+        .map_or(0, |kib| kib as i64);
     (fds, rss)
 }
 

@@ -958,6 +958,27 @@ fn lingering_fin_wait1(ns: &Netns) -> usize {
         .count()
 }
 
+/// Whether some socket probes a zero window (timer 4) with nothing left
+/// to read, while its peer has nothing left to send: killed now, that
+/// socket's owner sends a FIN (not a reset) that waits behind its unsent
+/// data.
+fn drained_zero_window(table: &[Vec<String>]) -> bool {
+    let queues = |f: &Vec<String>| -> (u64, u64) {
+        let (tx, rx) = f[4].split_once(':').unwrap_or(("?", "?"));
+        (
+            u64::from_str_radix(tx, 16).unwrap_or(u64::MAX),
+            u64::from_str_radix(rx, 16).unwrap_or(u64::MAX),
+        )
+    };
+    table.iter().any(|f| {
+        f[5].starts_with("04:")
+            && queues(f).1 == 0
+            && table
+                .iter()
+                .any(|p| p[1] == f[2] && p[2] == f[1] && queues(p).0 == 0)
+    })
+}
+
 /// Both ends checkpointed with --kill and restored. Then the restored pair
 /// crashes the hard way: the client stops reading (SIGSTOP) until the
 /// server's connection to it has a closed window, the server is killed
@@ -984,11 +1005,14 @@ fn tcp_pair_restored_again_over_lingering_sockets() {
         .expect("restored client")
         .restored
         .signal(libc::SIGSTOP);
-    // A sender probing a zero window (timer 4) is a full connection.
+    // A sender probing a zero window (timer 4) is a full connection. The
+    // server must also have read all the client sent: killed with unread
+    // bytes, its close() would send a reset instead of a FIN, and nothing
+    // would linger.
     wait_until(
-        "a connection to the stopped client with a closed window",
+        "a connection to the stopped client with a closed window, all the client's bytes read",
         Duration::from_secs(20),
-        || tcp_table(&ns).iter().any(|f| f[5].starts_with("04:")),
+        || drained_zero_window(&tcp_table(&ns)),
         || ns.diag(),
     );
     drop(s.restore.take());
