@@ -15,6 +15,8 @@ fn main() {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Image chunks are sliced out of the received buffer, not copied.
+        .bytes(".cr.cluster.v1.FileChunk.data")
         .compile_fds(fds)
         .expect("generate Rust code from .proto files");
 }

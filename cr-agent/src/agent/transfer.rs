@@ -105,19 +105,23 @@ fn remember(path: &Path, h: u64) {
 
 /// XXH3-64 and size of a file, read whole.
 fn hash_file(path: &Path) -> std::io::Result<(u64, u64)> {
-    let mut f = std::fs::File::open(path)?;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let size = hash_into(std::fs::File::open(path)?, &mut h)?;
+    Ok((h.digest(), size))
+}
+
+/// Feed everything `r` reads to `h`; how many bytes that was.
+fn hash_into(mut r: impl Read, h: &mut xxhash_rust::xxh3::Xxh3) -> std::io::Result<u64> {
     let mut buf = vec![0u8; CHUNK];
     let mut size = 0u64;
     loop {
-        let n = f.read(&mut buf)?;
+        let n = r.read(&mut buf)?;
         if n == 0 {
-            break;
+            return Ok(size);
         }
         h.update(&buf[..n]);
         size += n as u64;
     }
-    Ok((h.digest(), size))
 }
 
 /// The manifest of images `dirs` (absolute, under the image root) and of
@@ -211,7 +215,7 @@ pub fn read_file(
                 let chunk = pb::FileChunk {
                     offset: off,
                     xxh3: cr_image::checksum(&buf),
-                    data: buf,
+                    data: buf.into(),
                 };
                 off += n as u64;
                 if tx.blocking_send(Ok(chunk)).is_err() {
@@ -327,6 +331,14 @@ async fn copy_file(
             .map_err(|e| fail(format!("{}: {e}", part.display())))?;
         have = 0;
     }
+    // The whole file's hash, computed as it is written (a resumed copy
+    // reads back what it already has), so the copy is not read again.
+    let mut whole = xxhash_rust::xxh3::Xxh3::new();
+    if have > 0 {
+        std::fs::File::open(part)
+            .and_then(|p| hash_into(p.take(have), &mut whole))
+            .map_err(|e| fail(format!("{}: {e}", part.display())))?;
+    }
     if have < f.size {
         let mut stream = client
             .read_image_file(pb::ReadFileRequest {
@@ -351,6 +363,7 @@ async fn copy_file(
             }
             out.write_all(&chunk.data)
                 .map_err(|e| fail(format!("{}: {e}", part.display())))?;
+            whole.update(&chunk.data);
             have += chunk.data.len() as u64;
             progress.add(chunk.data.len() as u64);
         }
@@ -358,10 +371,13 @@ async fn copy_file(
     out.sync_all()
         .map_err(|e| fail(format!("{}: {e}", part.display())))?;
     drop(out);
-    if let Err(e) = check_whole(part, f.size, f.xxh3) {
+    if have != f.size || whole.digest() != f.xxh3 {
         // Start the file over (the source changed it, or the copy is bad).
         let _ = std::fs::remove_file(part);
-        return Err((format!("{}: {e}", f.path), true));
+        return Err((
+            format!("{}: the copy does not match the source's hash", f.path),
+            true,
+        ));
     }
     Ok(())
 }
