@@ -34,8 +34,10 @@
 //!
 //! A drain marks the node drained (no new member is placed or accepted
 //! there; a restart elsewhere never picks it) and migrates every job's
-//! members off it, each to the up, undrained node chosen by free memory
-//! and CPU ([`crate::placement`]; Slurm jobs excepted: Slurm moves them,
+//! members off it, to the up, undrained nodes chosen by free memory
+//! and CPU (a job's members there together when a node has room, else
+//! in their groups connected over loopback: `drain_plan`;
+//! [`crate::placement`]; Slurm jobs excepted: Slurm moves them,
 //! see [`slurm_job`]). A member no node has room for refuses the drain
 //! before anything is moved or the node is marked.
 
@@ -84,6 +86,59 @@ fn canon(a: SocketAddr) -> SocketAddr {
         },
         IpAddr::V4(_) => a,
     }
+}
+
+/// `pids` (members on `node`) in groups connected over loopback in
+/// checkpoint `ck` (a member it did not hold is a group of its own), in
+/// the order of `pids`.
+fn loopback_groups(ck: Option<&pb::CheckpointInfo>, node: &str, pids: &[i32]) -> Vec<Vec<i32>> {
+    let here: Vec<&pb::ImageInfo> = ck
+        .map(|c| c.images.iter().filter(|i| i.node == node).collect())
+        .unwrap_or_default();
+    let mut links = Vec::new();
+    for a in &here {
+        let lo = a
+            .bookmarks
+            .iter()
+            .filter(|b| sockaddr(&b.local).is_some_and(|l| l.ip().is_loopback()));
+        for b in lo {
+            for o in &here {
+                if o.pid != a.pid && o.bookmarks.iter().any(|ob| ob.local == b.remote) {
+                    links.push((a.pid, o.pid));
+                }
+            }
+        }
+    }
+    // Union of the linked members, in the order of `pids`.
+    let mut group: Vec<usize> = (0..pids.len()).collect();
+    fn root(g: &mut [usize], mut i: usize) -> usize {
+        while g[i] != i {
+            g[i] = g[g[i]];
+            i = g[i];
+        }
+        i
+    }
+    for (a, b) in links {
+        let (Some(i), Some(j)) = (
+            pids.iter().position(|&p| p == a),
+            pids.iter().position(|&p| p == b),
+        ) else {
+            continue;
+        };
+        let (ri, rj) = (root(&mut group, i), root(&mut group, j));
+        group[ri.max(rj)] = ri.min(rj);
+    }
+    let mut out: Vec<Vec<i32>> = Vec::new();
+    let mut slot: HashMap<usize, usize> = HashMap::new();
+    for (i, &pid) in pids.iter().enumerate() {
+        let r = root(&mut group, i);
+        let k = *slot.entry(r).or_insert_with(|| {
+            out.push(Vec::new());
+            out.len() - 1
+        });
+        out[k].push(pid);
+    }
+    out
 }
 
 fn sockaddr(s: &str) -> Option<SocketAddr> {
@@ -886,6 +941,12 @@ impl Coordinator {
 
     /// The target of each member of `jobs` on `node` (Slurm jobs left
     /// out), or why the drain is refused.
+    ///
+    /// Members connected over loopback must land on one node (their
+    /// connection cannot be rewritten to another address), so a job's
+    /// members on `node` are first placed as one bundle; when no node
+    /// holds every bundle, as the groups its last committed checkpoint
+    /// shows connected over loopback; only then is the drain refused.
     pub(crate) fn drain_plan(
         &self,
         node: &str,
@@ -894,29 +955,73 @@ impl Coordinator {
         use crate::placement::{place, Sized};
         let live = self.liveness();
         let nodes = self.candidates(&live, |n| n == node);
-        let members: Vec<Sized<(String, i32)>> = jobs
-            .iter()
-            .filter(|(j, _)| !slurm_job(j))
-            .flat_map(|(j, pids)| pids.iter().map(move |p| (j, *p)))
-            .map(|(j, pid)| Sized {
-                bytes: self.member_bytes(j, node, pid, &live),
-                key: (j.clone(), pid),
-            })
-            .collect();
-        match place(&nodes, &members) {
-            Ok(p) => Ok(p.into_iter().collect()),
+        let jobs: Vec<&(String, Vec<i32>)> = jobs.iter().filter(|(j, _)| !slurm_job(j)).collect();
+        let sized = |groups: Vec<(String, Vec<i32>)>| -> Vec<Sized<(String, Vec<i32>)>> {
+            groups
+                .into_iter()
+                .map(|(j, pids)| Sized {
+                    bytes: pids
+                        .iter()
+                        .map(|&pid| self.member_bytes(&j, node, pid, &live))
+                        .sum(),
+                    key: (j, pids),
+                })
+                .collect()
+        };
+        let whole = sized(jobs.iter().map(|(j, p)| (j.clone(), p.clone())).collect());
+        let placed = place(&nodes, &whole).or_else(|_| {
+            let groups = jobs
+                .iter()
+                .flat_map(|(j, pids)| {
+                    self.loopback_groups(j, node, pids)
+                        .into_iter()
+                        .map(move |g| (j.clone(), g))
+                })
+                .collect();
+            place(&nodes, &sized(groups))
+        });
+        match placed {
+            Ok(p) => Ok(p
+                .into_iter()
+                .flat_map(|((j, pids), to)| {
+                    pids.into_iter()
+                        .map(move |pid| ((j.clone(), pid), to.clone()))
+                })
+                .collect()),
             Err(e) => {
                 let best = e.best_text();
-                tracing::warn!(node, job = %e.key.0, pid = e.key.1, bytes = e.bytes, "drain refused: no room");
+                let (job, pids) = e.key;
+                let member = pids
+                    .iter()
+                    .map(|p| format!("{node}:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(" + ");
+                tracing::warn!(node, job, member, bytes = e.bytes, "drain refused: no room");
                 Err(Error::NoRoom {
                     node: node.into(),
-                    member: format!("{node}:{}", e.key.1),
-                    job: e.key.0,
+                    member,
+                    job,
                     mib: e.bytes.div_ceil(1 << 20),
                     best,
                 })
             }
         }
+    }
+
+    /// `pids` (members of `job` on `node`) in groups connected over
+    /// loopback, as the job's last committed checkpoint recorded their
+    /// connections.
+    fn loopback_groups(&self, job: &str, node: &str, pids: &[i32]) -> Vec<Vec<i32>> {
+        let ck = self.catalog.read(|s| {
+            s.checkpoints
+                .get(job)
+                .into_iter()
+                .flat_map(|c| c.values().rev())
+                .filter_map(|c| c.info.as_ref())
+                .find(|i| i.state == "committed")
+                .cloned()
+        });
+        loopback_groups(ck.as_ref(), node, pids)
     }
 
     /// The drain's migrations, job by job, each member to its target in
@@ -1090,6 +1195,24 @@ mod tests {
         assert_eq!(p.dst, ["n1", "n3", "n1"]);
         assert_eq!(p.map_addr, ["10.0.0.2:7301=10.0.0.3"]);
         assert_eq!(p.own_map[1], ["10.0.0.2=10.0.0.3"]);
+    }
+
+    #[test]
+    fn drain_groups_follow_loopback_connections() {
+        let mut ck = ring();
+        // A (10) and C (30) on n1 talk over loopback; 40 is a new member.
+        ck.images[0].bookmarks[0] = bm("127.0.0.1:7300", "127.0.0.1:5000");
+        ck.images[2].bookmarks[0] = bm("127.0.0.1:5000", "127.0.0.1:7300");
+        assert_eq!(
+            loopback_groups(Some(&ck), "n1", &[30, 40, 10]),
+            [vec![30, 10], vec![40]]
+        );
+        // Over the node's address they may part; without a checkpoint too.
+        assert_eq!(
+            loopback_groups(Some(&ring()), "n1", &[10, 30]),
+            [vec![10], vec![30]]
+        );
+        assert_eq!(loopback_groups(None, "n1", &[10]), [vec![10]]);
     }
 
     #[test]
