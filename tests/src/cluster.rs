@@ -1156,7 +1156,7 @@ impl<'h> Cluster<'h> {
     /// Starts a ring job (see [`Ring`]) through `cr_run --job`, and waits
     /// until every member has carried messages both ways.
     pub fn start_ring(&self, job: &str, placement: &[usize]) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, true, None, &[]);
+        let mut r = Ring::launch(self, job, placement, true, None, &[], false);
         r.wait_up();
         r
     }
@@ -1164,7 +1164,16 @@ impl<'h> Cluster<'h> {
     /// [`Cluster::start_ring`] whose member 0 holds a ballast
     /// (`MIB[:DIRTY_MB_S]`, see wl_ring).
     pub fn start_ring_ballast(&self, job: &str, placement: &[usize], ballast: &str) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, true, Some(ballast), &[]);
+        let mut r = Ring::launch(self, job, placement, true, Some(ballast), &[], false);
+        r.wait_up();
+        r
+    }
+
+    /// [`Cluster::start_ring`] whose members listen on every address and
+    /// connect to a next member on the same node over 127.0.0.1: those
+    /// two must stay together wherever they go.
+    pub fn start_ring_loopback(&self, job: &str, placement: &[usize]) -> Ring<'_> {
+        let mut r = Ring::launch(self, job, placement, true, None, &[], true);
         r.wait_up();
         r
     }
@@ -1177,7 +1186,7 @@ impl<'h> Cluster<'h> {
         placement: &[usize],
         env: &[(String, String)],
     ) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, true, None, env);
+        let mut r = Ring::launch(self, job, placement, true, None, env, false);
         r.wait_up();
         r
     }
@@ -1185,7 +1194,7 @@ impl<'h> Cluster<'h> {
     /// A ring whose members are started directly in their nodes'
     /// namespaces (no cr_run, no agent): for the harness's own checks.
     pub fn start_ring_direct(&self, job: &str, placement: &[usize]) -> Ring<'_> {
-        let mut r = Ring::launch(self, job, placement, false, None, &[]);
+        let mut r = Ring::launch(self, job, placement, false, None, &[], false);
         r.wait_up();
         r
     }
@@ -1459,6 +1468,7 @@ impl<'c> Ring<'c> {
         via_cr_run: bool,
         ballast: Option<&str>,
         env: &[(String, String)],
+        loopback: bool,
     ) -> Ring<'c> {
         let n = placement.len();
         assert!(n > 0 && n <= 1000, "a ring has 1 to 1000 members");
@@ -1473,8 +1483,16 @@ impl<'c> Ring<'c> {
                 status.clone().into_os_string(),
                 i.to_string().into(),
                 n.to_string().into(),
-                addr(i).into(),
-                addr((i + 1) % n).into(),
+                if loopback {
+                    format!("0.0.0.0:{}", RING_PORT_BASE + i as u16).into()
+                } else {
+                    addr(i).into()
+                },
+                if loopback && placement[(i + 1) % n] == k {
+                    format!("127.0.0.1:{}", RING_PORT_BASE + ((i + 1) % n) as u16).into()
+                } else {
+                    addr((i + 1) % n).into()
+                },
             ];
             argv.extend(ballast.filter(|_| i == 0).map(OsString::from));
             let label = format!("{job}-{i}");

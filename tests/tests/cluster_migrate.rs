@@ -506,8 +506,9 @@ fn replicas_outlive_their_node() {
     ring.assert_no_fail();
 }
 
-/// A node with 3 jobs drained: every member moved off, every job runs on
-/// OK; the node is listed drained and refuses a new member; undrained.
+/// A node with 3 jobs drained: every member moved off (two members
+/// connected over loopback together), every job runs on OK; the node is
+/// listed drained and refuses a new member; undrained.
 #[test]
 fn drain_node_with_three_jobs() {
     let h = Harness::new("cluster-drain");
@@ -517,7 +518,9 @@ fn drain_node_with_three_jobs() {
     let mut rings: Vec<Ring> = vec![
         c.start_ring("a", &[1, 2]),
         c.start_ring("b", &[1, 3]),
-        c.start_ring("c", &[1, 1, 2]),
+        // c's members 0 and 1 talk over 127.0.0.1 on n1: they must land
+        // on one node.
+        c.start_ring_loopback("c", &[1, 1, 2]),
     ];
     let snaps: Vec<Vec<u64>> = rings.iter().map(|r| r.mins()).collect();
     let out = c.crctl(&["--json", "drain", "n1"]);
@@ -545,6 +548,12 @@ fn drain_node_with_three_jobs() {
         );
         ring.assert_no_fail();
     }
+    let c_now = rings[2].nodes_now();
+    ensure(
+        &rings[2],
+        c_now[0] == c_now[1],
+        &format!("ring c's loopback peers must stay together: {c_now:?}"),
+    );
     // Listed drained; a new member is refused there.
     assert_listed(&c, "n1", true);
     // The agent hears it with a heartbeat reply: wait for that.
