@@ -225,8 +225,19 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
     for k in FILE_KINDS {
         k.prepare(&mut r, &ck)?;
     }
-    // Stubs, parents before children, with sessions and groups.
-    let mut stubs = kinds::tree::restore::spawn(&ck, &mut r.ids, opts.shell_job)?;
+    // Stubs, parents before children, with sessions and groups; each
+    // fills the memory it shares copy-on-write before it forks.
+    let mut cow = memory::cow::Cow::new(&ck, &pages, &pieces, opts.workers(), opts.lazy_pages);
+    let mut stubs = kinds::tree::restore::spawn(
+        &ck,
+        &mut r.ids,
+        opts.shell_job,
+        &mut |i: usize, t: &mut Tracee| {
+            interrupt_check()?;
+            cow.before_fork(i, t)
+        },
+    )?;
+    *r.stash.get::<memory::cow::Placed>() = cow.into_placed();
     // What the whole tree shares, in its namespaces: host name, mounts
     // (and ptys), IPC objects.
     kinds::uts::prepare(&ck, &mut stubs[0])?;
@@ -344,7 +355,8 @@ pub fn rebuild(
         kinds::threads::drop_stub_rseq(&mut stub, &own_rseq)?;
         let park = memory::map_scratch(&mut stub, &p.vmas, &stub_maps)?;
         kinds::fds::keep_only_grab_fd(&mut stub, p, r.grab_pidfd)?;
-        memory::unmap_stub(&mut stub, &stub_maps)?;
+        let kept = r.stash.get::<memory::cow::Placed>().ranges(p.pid);
+        memory::unmap_stub(&mut stub, &stub_maps, &kept)?;
         memory::vdso::move_to_saved(&mut stub, &stub_maps, &p.vmas, park, ip)?;
         let mut cx = Rebuild {
             stub,

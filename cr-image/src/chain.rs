@@ -227,7 +227,7 @@ pub enum Source {
     Parent,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {
     pub vaddr: u64,
     pub pages: u32,

@@ -4,6 +4,7 @@
 //! buffer; every block's checksum verified before use), then set the final
 //! protections, madvise flags, memory locks and anonymous names.
 
+use super::cow::Slot;
 use super::pool;
 use super::remote::RemoteStores;
 use crate::error::{RestoreError, StepContext};
@@ -217,16 +218,30 @@ fn vmas_with_pages(vmas: &[Vma], pieces: &[Piece]) -> Vec<bool> {
     has
 }
 
-/// Map every VMA (writable where pages must be filled); returns which were.
-pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, RestoreError> {
-    let fill = vmas_with_pages(&p.vmas, cx.pieces);
+/// Map every VMA (writable where pages must be filled), moving those
+/// already filled in `slots` (memory shared copy-on-write, see
+/// [`super::cow`]) into place; returns which are writable until
+/// [`finish`].
+pub fn map_all(
+    cx: &mut Rebuild<'_, '_>,
+    p: &Process,
+    slots: &[Slot],
+) -> Result<Vec<bool>, RestoreError> {
+    let mut fill = vmas_with_pages(&p.vmas, cx.pieces);
     let mut files: HashMap<(String, bool), u64> = HashMap::new();
     let mut shm_fds = Vec::new();
     let mut sysv = crate::kinds::sysv::Attaches::new(&p.vmas);
-    for (i, (v, &fill)) in p.vmas.iter().zip(&fill).enumerate() {
+    for (i, v) in p.vmas.iter().enumerate() {
         if v.kind.is_special() {
             continue;
         }
+        if let Some(s) = slots.iter().find(|s| s.start == v.start && s.end == v.end) {
+            move_slot(cx, s)?;
+            // Mapped writable in its slot.
+            fill[i] = true;
+            continue;
+        }
+        let fill = fill[i];
         if v.kind == VmaKind::SysvShm {
             sysv.attach(&mut cx.stub, cx.r, i)?;
             continue;
@@ -322,6 +337,33 @@ pub fn map_all(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<Vec<bool>, Resto
             .call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
     }
     Ok(fill)
+}
+
+/// Move the memory filled in slot `s` to its saved address (the pages
+/// keep being shared with the relatives that hold them).
+fn move_slot(cx: &mut Rebuild<'_, '_>, s: &Slot) -> Result<(), RestoreError> {
+    let len = s.end - s.start;
+    let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
+    let got = cx
+        .stub
+        .call(
+            "mremap",
+            libc::SYS_mremap,
+            [s.at, len, len, flags, s.start, 0],
+        )
+        .step(|| {
+            format!(
+                "cannot move the memory shared copy-on-write from {:#x} to {:#x}-{:#x}",
+                s.at, s.start, s.end
+            )
+        })?;
+    if got != s.start {
+        return Err(RestoreError::Unsupported(format!(
+            "mapping {:#x}-{:#x} moved to {got:#x}",
+            s.start, s.end
+        )));
+    }
+    Ok(())
 }
 
 /// Open in the stub `path` as the restorer sees it. A job with a /proc of

@@ -6,6 +6,8 @@
 //! - [`tracking`]: which pages were written since the parent image
 //!   (userfaultfd write-protect, soft-dirty, or page hashes);
 //! - [`fill`]: map every mapping again and fill its pages;
+//! - [`cow`]: memory a parent shares copy-on-write with its children,
+//!   filled before the stubs fork, so it is shared again;
 //! - [`vdso`]: the kernel's special mappings.
 //!
 //! Capture runs in two steps ([`plan_process`] while the process is frozen,
@@ -15,6 +17,7 @@
 //! filled, then its protections and advice; the mm fields last
 //! ([`set_mm`]), once the old executable is no longer mapped.
 
+pub mod cow;
 pub mod dump;
 pub mod fill;
 pub mod lazy;
@@ -310,7 +313,9 @@ impl Kind for Memory {
     /// mappings are filled now; those inside are served once the process
     /// runs ([`lazy`]).
     fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
-        let filled = fill::map_all(cx, p)?;
+        // Mappings already filled and shared with a relative ([`cow`]).
+        let placed = cx.r.stash.get::<cow::Placed>().take(p.pid);
+        let filled = fill::map_all(cx, p, &placed)?;
         let lazy_ranges: Vec<(u64, u64)> = if cx.r.opts.lazy_pages {
             p.vmas
                 .iter()
@@ -321,7 +326,10 @@ impl Kind for Memory {
         } else {
             Vec::new()
         };
-        let (now, later) = lazy::split(cx.pieces, &lazy_ranges);
+        let mut in_slots: Vec<(u64, u64)> = placed.iter().map(|s| (s.start, s.end)).collect();
+        in_slots.sort();
+        let rest = lazy::split(cx.pieces, &in_slots).0;
+        let (now, later) = lazy::split(&rest, &lazy_ranges);
         // Pages arriving from another node: those needed now first.
         cx.pages.want(&now);
         let progress =
@@ -378,8 +386,13 @@ pub fn free_range(mut used: Vec<(u64, u64)>, len: u64, align: u64) -> Option<u64
 }
 
 /// Unmap everything of the stub (`maps`) except the kernel's special
-/// mappings and the scratch area with its parking room.
-pub fn unmap_stub(stub: &mut Stub<'_>, maps: &[MapEntry]) -> Result<(), RestoreError> {
+/// mappings, the scratch area with its parking room and the ranges `kept`
+/// (memory shared copy-on-write, see [`cow`]).
+pub fn unmap_stub(
+    stub: &mut Stub<'_>,
+    maps: &[MapEntry],
+    kept: &[(u64, u64)],
+) -> Result<(), RestoreError> {
     let mut keep: Vec<(u64, u64)> = maps
         .iter()
         .filter(|m| {
@@ -391,6 +404,7 @@ pub fn unmap_stub(stub: &mut Stub<'_>, maps: &[MapEntry]) -> Result<(), RestoreE
         .map(|m| (m.start, m.end))
         .collect();
     keep.push((stub.scratch, stub.scratch + SCRATCH + PARK));
+    keep.extend_from_slice(kept);
     keep.sort();
     let mut from = PAGE_SIZE;
     for (s, e) in keep.into_iter().chain([(TASK_TOP, TASK_TOP)]) {

@@ -128,8 +128,16 @@ impl Drop for StubGuard {
 }
 
 /// A stub per process of the image, parents before children, each seized
-/// (and killed if we die); sessions and groups set.
-pub fn spawn(ck: &Checkpoint, ids: &mut Ids, shell_job: bool) -> Result<Vec<Tracee>, RestoreError> {
+/// (and killed if we die); sessions and groups set. `before_fork(i, stub)`
+/// runs in the stub of every live process `i` (image order) before it
+/// forks its children, which inherit what it did (memory shared
+/// copy-on-write: `kinds::memory::cow`).
+pub fn spawn(
+    ck: &Checkpoint,
+    ids: &mut Ids,
+    shell_job: bool,
+    before_fork: &mut dyn FnMut(usize, &mut Tracee) -> Result<(), RestoreError>,
+) -> Result<Vec<Tracee>, RestoreError> {
     let procs = &ck.processes;
     let root = &procs[0];
     let ns = namespaces(ck);
@@ -155,6 +163,9 @@ pub fn spawn(ck: &Checkpoint, ids: &mut Ids, shell_job: bool) -> Result<Vec<Trac
         // A session leader creates its session before forking: children inherit it.
         if ids.sid_pgid(p).0 == ids.inner(p.pid) && !p.is_zombie() {
             inject_once(&mut t, "setsid", libc::SYS_setsid, [0; 6])?;
+        }
+        if !p.is_zombie() {
+            before_fork(i, &mut t)?;
         }
         for (j, c) in procs.iter().enumerate().skip(1) {
             if c.ppid == p.pid {

@@ -1,0 +1,505 @@
+//! Private anonymous memory a parent and its child share copy-on-write,
+//! shared again by the restore.
+//!
+//! A process that filled private anonymous memory and then forked shares
+//! those pages with its child until either writes one. Restored one process
+//! at a time, every page would be written in each process: the memory
+//! doubles and a program comparing physical frames (pagemap) sees them
+//! apart. So, while the stubs are forked (`kinds::tree::restore::spawn`),
+//! each stub first fills, at a spare address ("slot"), the mappings it
+//! shares with its parent or a child, before it forks its children:
+//!
+//! - a mapping a process has exactly as its parent has it (same bounds,
+//!   protection, kind, flags and name; private anonymous or heap, not the
+//!   stack, not `MADV_DONTFORK`/`MADV_WIPEONFORK`) is kept as inherited at
+//!   the fork: only its pages whose saved content differs from the
+//!   parent's page at that address are written (the image's store holds
+//!   each content once, so "same place in the store" is "same content"),
+//!   and the pages the parent had and it had not are dropped
+//!   (`MADV_DONTNEED`: they read as zero, as before);
+//! - a mapping it shares with a child, not inherited, is mapped afresh in
+//!   its slot and filled whole;
+//! - inherited slots it does not keep are unmapped.
+//!
+//! Its rebuild then moves each slot to the mapping's saved address
+//! (`mremap`, which moves the page tables: the pages stay shared) instead
+//! of mapping it, and fills only the other pages ([`Placed`]).
+//!
+//! The slots lie in one free area of the root's stub (inherited by every
+//! stub), clear of every saved mapping of the tree, so that no move lands
+//! on a slot still waiting. Pages that were equal by chance (not really
+//! shared) are shared too: harmless, a write copies them. A restore with
+//! `--lazy-pages` shares nothing (its pages arrive after the release).
+
+use super::fill::{self, Pages};
+use super::{compared_flags, free_range};
+use crate::error::{RestoreError, StepContext};
+use cr_image::chain::{Piece, Source};
+use cr_image::model::{Checkpoint, Process, Vma, VmaKind};
+use cr_image::store::{Loc, PAGE};
+use cr_sys::ptrace::Tracee;
+use cr_sys::remote::{find_syscall_insn, Injector};
+use std::collections::HashMap;
+use tracing::{debug, info};
+
+/// Slots start at the same offset in a 2 MiB frame as their mapping (a
+/// huge page moved stays one).
+const HUGE: u64 = 2 << 20;
+
+/// A mapping held at `at` until its process's rebuild moves it to
+/// `start..end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub start: u64,
+    pub end: u64,
+    pub at: u64,
+}
+
+/// The slots each process (by image PID) holds when its rebuild starts.
+#[derive(Default)]
+pub struct Placed(HashMap<u32, Vec<Slot>>);
+
+impl Placed {
+    /// The address ranges of process `pid`'s slots (kept while its stub's
+    /// own memory goes).
+    pub fn ranges(&self, pid: u32) -> Vec<(u64, u64)> {
+        self.0.get(&pid).map_or_else(Vec::new, |s| {
+            s.iter().map(|s| (s.at, s.at + s.end - s.start)).collect()
+        })
+    }
+
+    /// Process `pid`'s slots, taken by the restore of its memory.
+    pub fn take(&mut self, pid: u32) -> Vec<Slot> {
+        self.0.remove(&pid).unwrap_or_default()
+    }
+}
+
+/// Whether `v` may be shared with a relative: private anonymous memory
+/// (heap included) that a fork copies; not the stack (it grows down, and
+/// is written at once anyway).
+fn shareable(v: &Vma) -> bool {
+    matches!(v.kind, VmaKind::AnonPrivate | VmaKind::Heap)
+        && !v.shared
+        && !v.has_flag("gd")
+        && !v.has_flag("dc")
+        && !v.has_flag("wf")
+}
+
+/// Whether `a` and `b` are the same mapping as a fork leaves it.
+fn same(a: &Vma, b: &Vma) -> bool {
+    a.start == b.start
+        && a.end == b.end
+        && a.prot == b.prot
+        && a.kind == b.kind
+        && a.anon_name == b.anon_name
+        && compared_flags(a) == compared_flags(b)
+}
+
+/// What the stubs of one restore share, decided from the image.
+pub struct Cow<'a> {
+    procs: &'a [Process],
+    pages: &'a Pages<'a>,
+    pieces: &'a HashMap<u32, Vec<Piece>>,
+    workers: usize,
+    /// Per process (image order): the parent's index.
+    parent: Vec<Option<usize>>,
+    /// Per process: indices of its VMAs it holds in slots before it forks.
+    held: Vec<Vec<usize>>,
+    /// Slot address of every held (start, end), once laid out.
+    slots: HashMap<(u64, u64), u64>,
+    laid_out: bool,
+    placed: Placed,
+}
+
+impl<'a> Cow<'a> {
+    /// The plan for `ck` (nothing shared with `lazy`: see the module docs).
+    pub fn new(
+        ck: &'a Checkpoint,
+        pages: &'a Pages<'a>,
+        pieces: &'a HashMap<u32, Vec<Piece>>,
+        workers: usize,
+        lazy: bool,
+    ) -> Cow<'a> {
+        let procs = &ck.processes[..];
+        let live = |p: &Process| !p.is_zombie();
+        let parent: Vec<Option<usize>> = procs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                procs[..i]
+                    .iter()
+                    .position(|q| q.pid == p.ppid && live(q))
+                    .filter(|_| live(p))
+            })
+            .collect();
+        let mut held: Vec<Vec<usize>> = vec![Vec::new(); procs.len()];
+        for (i, p) in procs.iter().enumerate() {
+            if lazy || !live(p) {
+                continue;
+            }
+            let from_parent = |v: &Vma| {
+                parent[i].is_some_and(|j| held[j].iter().any(|&k| same(&procs[j].vmas[k], v)))
+            };
+            let with_child = |v: &Vma| {
+                procs
+                    .iter()
+                    .filter(|c| c.ppid == p.pid && live(c) && c.pid != p.pid)
+                    .any(|c| c.vmas.iter().any(|w| same(v, w)))
+            };
+            let mine = p
+                .vmas
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| shareable(v) && (from_parent(v) || with_child(v)))
+                .map(|(k, _)| k)
+                .collect();
+            held[i] = mine;
+        }
+        Cow {
+            procs,
+            pages,
+            pieces,
+            workers,
+            parent,
+            held,
+            slots: HashMap::new(),
+            laid_out: false,
+            placed: Placed::default(),
+        }
+    }
+
+    /// The slots every process holds, for the rebuilds.
+    pub fn into_placed(self) -> Placed {
+        self.placed
+    }
+
+    /// Lay the slots out in a range free in the root's stub (`root`) and
+    /// in every saved mapping of the tree.
+    fn lay_out(&mut self, root: i32) -> Result<(), RestoreError> {
+        let mut ranges: Vec<(u64, u64)> = self
+            .held
+            .iter()
+            .zip(self.procs)
+            .flat_map(|(h, p)| h.iter().map(|&k| (p.vmas[k].start, p.vmas[k].end)))
+            .collect();
+        ranges.sort();
+        ranges.dedup();
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let len: u64 = ranges.iter().map(|(s, e)| e - s + HUGE + PAGE as u64).sum();
+        let mut used: Vec<(u64, u64)> = self
+            .procs
+            .iter()
+            .flat_map(|p| p.vmas.iter().map(|v| (v.start, v.end)))
+            .collect();
+        let ours = cr_sys::proc::maps(root)?;
+        used.extend(ours.iter().map(|m| (m.start, m.end)));
+        let base = free_range(used, len, HUGE).ok_or_else(|| {
+            RestoreError::Unsupported(format!(
+                "no free address range of {len} bytes for the memory shared copy-on-write"
+            ))
+        })?;
+        let mut at = base;
+        for (s, e) in ranges {
+            let off = (s % HUGE + HUGE - at % HUGE) % HUGE;
+            at += off;
+            self.slots.insert((s, e), at);
+            at += e - s + PAGE as u64;
+        }
+        debug!(
+            base,
+            len,
+            slots = self.slots.len(),
+            "copy-on-write slots laid out"
+        );
+        Ok(())
+    }
+
+    fn slot(&self, v: &Vma) -> u64 {
+        self.slots[&(v.start, v.end)]
+    }
+
+    /// Process `i`'s step in its stub `t`, before it forks its children:
+    /// keep what it inherited and shares, write what differs, map and fill
+    /// what it shares with its children only, drop the rest.
+    pub fn before_fork(&mut self, i: usize, t: &mut Tracee) -> Result<(), RestoreError> {
+        // In the root's stub, the first: every stub is a fork of it.
+        if !self.laid_out {
+            self.lay_out(t.tid())?;
+            self.laid_out = true;
+        }
+        let procs = self.procs;
+        let p = &procs[i];
+        let inherited: Vec<&Vma> = self.parent[i].map_or_else(Vec::new, |j| {
+            self.held[j].iter().map(|&k| &procs[j].vmas[k]).collect()
+        });
+        let held: Vec<&Vma> = self.held[i].iter().map(|&k| &p.vmas[k]).collect();
+        if inherited.is_empty() && held.is_empty() {
+            return Ok(());
+        }
+        let pid = t.tid();
+        let none = Vec::new();
+        let mine = self.pieces.get(&p.pid).unwrap_or(&none);
+        let theirs = self.parent[i]
+            .and_then(|j| self.pieces.get(&procs[j].pid))
+            .unwrap_or(&none);
+        let ip = find_syscall_insn(pid)?;
+        let mut inj = Injector::new(t, ip)?;
+        for v in inherited
+            .iter()
+            .filter(|v| !held.iter().any(|h| same(h, v)))
+        {
+            let at = self.slot(v);
+            inj.call("munmap", libc::SYS_munmap, [at, v.len(), 0, 0, 0, 0])
+                .step(|| format!("cannot unmap the inherited copy of {:#x}", v.start))?;
+        }
+        let mut writes = Vec::new();
+        let (mut kept, mut dropped) = (0u64, 0u64);
+        for v in &held {
+            let at = self.slot(v);
+            let shift = |x: u64| x - v.start + at;
+            let own = inside(mine, v.start, v.end);
+            if inherited.iter().any(|h| same(h, v)) {
+                let d = diff(&own, &inside(theirs, v.start, v.end));
+                for &(s, e) in &d.drop {
+                    inj.call(
+                        "madvise",
+                        libc::SYS_madvise,
+                        [shift(s), e - s, libc::MADV_DONTNEED as u64, 0, 0, 0],
+                    )
+                    .step(|| format!("cannot drop the inherited pages {s:#x}-{e:#x}"))?;
+                    dropped += (e - s) / PAGE as u64;
+                }
+                kept += d.same;
+                writes.extend(d.write.into_iter().map(|w| Piece {
+                    vaddr: shift(w.vaddr),
+                    ..w
+                }));
+                continue;
+            }
+            let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+            if v.has_flag("nr") {
+                flags |= libc::MAP_NORESERVE;
+            }
+            let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+            let got = inj
+                .call(
+                    "mmap",
+                    libc::SYS_mmap,
+                    [at, v.len(), prot, flags as u64, u64::MAX, 0],
+                )
+                .step(|| format!("cannot map {:#x}-{:#x} at {at:#x}", v.start, v.end))?;
+            if got != at {
+                return Err(RestoreError::Unsupported(format!(
+                    "mapping {:#x}-{:#x} landed at {got:#x}, not {at:#x}",
+                    v.start, v.end
+                )));
+            }
+            writes.extend(own.into_iter().map(|w| Piece {
+                vaddr: shift(w.vaddr),
+                ..w
+            }));
+        }
+        inj.finish()?;
+        self.pages.want(&writes);
+        let written = fill::fill(pid, self.pages, &writes, self.workers, &|_| {})?;
+        info!(
+            pid = p.pid,
+            mappings = held.len(),
+            shared_pages = kept,
+            written_pages = written / PAGE as u64,
+            dropped_pages = dropped,
+            "memory shared copy-on-write in place"
+        );
+        let slots = held
+            .iter()
+            .map(|v| Slot {
+                start: v.start,
+                end: v.end,
+                at: self.slot(v),
+            })
+            .collect();
+        self.placed.0.insert(p.pid, slots);
+        Ok(())
+    }
+}
+
+/// The pieces of `pieces` (sorted) inside `[start, end)`.
+fn inside(pieces: &[Piece], start: u64, end: u64) -> Vec<Piece> {
+    super::lazy::split(pieces, &[(start, end)]).1
+}
+
+/// How a child's pages in one mapping differ from its parent's.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Diff {
+    /// The child's pieces to write (its content differs, or the parent had none).
+    write: Vec<Piece>,
+    /// Ranges the parent had pages in and the child none.
+    drop: Vec<(u64, u64)>,
+    /// Pages kept as inherited.
+    same: u64,
+}
+
+/// Where the page at `addr` of piece `p` is.
+fn source_at(p: &Piece, addr: u64) -> Source {
+    match p.src {
+        Source::Store { link, loc } => Source::Store {
+            link,
+            loc: Loc {
+                block: loc.block,
+                page: loc.page + ((addr - p.vaddr) / PAGE as u64) as u32,
+            },
+        },
+        s => s,
+    }
+}
+
+/// Page by page, `child` (sorted pieces) against `parent` (sorted pieces)
+/// over the same range.
+fn diff(child: &[Piece], parent: &[Piece]) -> Diff {
+    let page = PAGE as u64;
+    let end = |p: &Piece| p.vaddr + p.pages as u64 * page;
+    let mut d = Diff::default();
+    // Every address where either side starts or stops holding pages.
+    let mut cuts: Vec<u64> = child
+        .iter()
+        .chain(parent)
+        .flat_map(|p| [p.vaddr, end(p)])
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let (mut ci, mut pi) = (0, 0);
+    for w in cuts.windows(2) {
+        let (s, e) = (w[0], w[1]);
+        while child.get(ci).is_some_and(|p| end(p) <= s) {
+            ci += 1;
+        }
+        while parent.get(pi).is_some_and(|p| end(p) <= s) {
+            pi += 1;
+        }
+        let c = child.get(ci).filter(|p| p.vaddr <= s);
+        let q = parent.get(pi).filter(|p| p.vaddr <= s);
+        match (c, q) {
+            (None, None) => {}
+            (None, Some(_)) => match d.drop.last_mut() {
+                Some(last) if last.1 == s => last.1 = e,
+                _ => d.drop.push((s, e)),
+            },
+            (Some(c), q) => {
+                // Within [s, e) both sides are single pieces: compare page by page.
+                let mut a = s;
+                while a < e {
+                    let differs = q.is_none_or(|q| source_at(c, a) != source_at(q, a));
+                    if differs {
+                        push_page(&mut d.write, c, a);
+                    } else {
+                        d.same += 1;
+                    }
+                    a += page;
+                }
+            }
+        }
+    }
+    d
+}
+
+/// Add page `addr` of piece `c` to `out`, extending the last piece when
+/// it continues it.
+fn push_page(out: &mut Vec<Piece>, c: &Piece, addr: u64) {
+    let src = source_at(c, addr);
+    if let Some(last) = out.last_mut() {
+        let follows = last.vaddr + last.pages as u64 * PAGE as u64 == addr
+            && source_at(last, addr - PAGE as u64) == prev_source(src);
+        if follows {
+            last.pages += 1;
+            return;
+        }
+    }
+    out.push(Piece {
+        vaddr: addr,
+        pages: 1,
+        src,
+    });
+}
+
+/// The source of the page before one at `s` in the same run, as a stored
+/// piece continues it (a zero piece continues a zero piece).
+fn prev_source(s: Source) -> Source {
+    match s {
+        Source::Store { link, loc } if loc.page > 0 => Source::Store {
+            link,
+            loc: Loc {
+                block: loc.block,
+                page: loc.page - 1,
+            },
+        },
+        Source::Store { .. } => Source::Parent,
+        s => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = PAGE as u64;
+
+    fn stored(vaddr: u64, pages: u32, block: u32, page: u32) -> Piece {
+        Piece {
+            vaddr,
+            pages,
+            src: Source::Store {
+                link: 0,
+                loc: Loc { block, page },
+            },
+        }
+    }
+
+    #[test]
+    fn equal_pages_are_kept_differing_ones_written_missing_ones_dropped() {
+        // Parent: 8 pages from block 1. Child: the same first 3, then 2 of
+        // its own (block 2), then the parent's 6th, then nothing.
+        let parent = [stored(0x10000, 8, 1, 0)];
+        let child = [
+            stored(0x10000, 3, 1, 0),
+            stored(0x10000 + 3 * P, 2, 2, 0),
+            stored(0x10000 + 5 * P, 1, 1, 5),
+        ];
+        let d = diff(&child, &parent);
+        assert_eq!(d.same, 4);
+        assert_eq!(d.write, vec![stored(0x10000 + 3 * P, 2, 2, 0)]);
+        assert_eq!(d.drop, vec![(0x10000 + 6 * P, 0x10000 + 8 * P)]);
+    }
+
+    #[test]
+    fn pages_the_parent_lacks_are_written() {
+        let child = [
+            stored(0x20000, 2, 3, 4),
+            Piece {
+                vaddr: 0x20000 + 2 * P,
+                pages: 2,
+                src: Source::Zero,
+            },
+        ];
+        let parent = [Piece {
+            vaddr: 0x20000 + 3 * P,
+            pages: 1,
+            src: Source::Zero,
+        }];
+        let d = diff(&child, &parent);
+        assert_eq!(d.same, 1);
+        assert_eq!(
+            d.write,
+            vec![
+                stored(0x20000, 2, 3, 4),
+                Piece {
+                    vaddr: 0x20000 + 2 * P,
+                    pages: 1,
+                    src: Source::Zero
+                }
+            ]
+        );
+        assert!(d.drop.is_empty());
+    }
+}
