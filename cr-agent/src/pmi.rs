@@ -15,7 +15,11 @@
 //! `PMI_ID=RANK` connects, introduces itself (`cmd=initack pmiid=RANK`),
 //! and then asks for sizes, its key-value space, `put`s and `get`s
 //! between `barrier_in`s, and ends with `finalize`. Each connection is
-//! served by a thread of its own; a barrier waits for every rank.
+//! served by a thread of its own; a barrier waits for every rank. Every
+//! request, and the count of each barrier as ranks enter it, is logged
+//! at debug level (`CR_LOG=cr_agent::pmi=debug` in the batch script's
+//! environment: in the job's output), to tell a rank that never asked
+//! from a request the server lost.
 //!
 //! `PMI_process_mapping` (which ranks share a node, for shared memory)
 //! puts each rank on a node of its own: each task of the step is a member
@@ -133,6 +137,7 @@ fn client(s: &Service, conn: TcpStream, abort: fn(i32)) -> std::io::Result<()> {
         }
         let w = words(&line);
         let cmd = w.get("cmd").copied().unwrap_or("");
+        tracing::debug!(rank, request = line.trim(), "PMI request");
         let answer = match cmd {
             "initack" => {
                 let r = w
@@ -182,6 +187,7 @@ fn client(s: &Service, conn: TcpStream, abort: fn(i32)) -> std::io::Result<()> {
                 let mut st = s.lock();
                 let passed = st.barriers;
                 st.in_barrier += 1;
+                tracing::debug!(rank, passed, in_barrier = st.in_barrier, "PMI barrier entered");
                 if st.in_barrier == s.size {
                     st.in_barrier = 0;
                     st.barriers += 1;
