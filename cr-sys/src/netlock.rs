@@ -32,6 +32,16 @@ impl LockSet {
     pub fn is_empty(&self) -> bool {
         self.conns.is_empty()
     }
+
+    /// Whether the tables of a lock made from `self` (see [`lock_many`])
+    /// are exactly the tables `other` would make, and hold everything it
+    /// holds (and maybe more: connections closed since).
+    pub fn covers(&self, other: &LockSet) -> bool {
+        self.conns.is_empty() == other.conns.is_empty()
+            && self.listeners.is_empty() == other.listeners.is_empty()
+            && other.conns.iter().all(|c| self.conns.contains(c))
+            && other.listeners.iter().all(|l| self.listeners.contains(l))
+    }
 }
 
 fn nft_failed(what: String, detail: &str) -> SysError {
