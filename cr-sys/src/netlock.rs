@@ -478,6 +478,32 @@ fn table_exists(pid: Option<i32>, name: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// A lock made before the freeze is kept only if it makes the same
+    /// tables and holds every connection found once frozen.
+    #[test]
+    fn covers_needs_the_same_tables_and_every_connection() {
+        let a: SocketAddr = "10.0.0.1:5000".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:6000".parse().unwrap();
+        let c: SocketAddr = "10.0.0.3:7000".parse().unwrap();
+        let before = LockSet {
+            conns: vec![(a, b), (a, c)],
+            listeners: vec![],
+        };
+        let closed_one = LockSet {
+            conns: vec![(a, b)],
+            listeners: vec![],
+        };
+        assert!(before.covers(&before));
+        assert!(before.covers(&closed_one));
+        assert!(!closed_one.covers(&before), "a new connection");
+        assert!(!before.covers(&LockSet::default()), "a table fewer");
+        let listening = LockSet {
+            conns: vec![(a, b)],
+            listeners: vec![a],
+        };
+        assert!(!before.covers(&listening), "a listeners' table more");
+    }
+
     #[test]
     fn connections_held_at_both_ends_are_listed_once() {
         let (a, b): (SocketAddr, SocketAddr) = (
