@@ -114,14 +114,11 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
     let stop = coord.clone();
     let res = builder
         .add_service(Service::server(coord.clone()))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            async move {
-                let sig = cr_rpc::shutdown::signal().await;
-                tracing::info!("{sig}: stopping");
-                stop.shutdown(STOP_GRACE).await;
-            },
-        )
+        .serve_with_incoming_shutdown(cr_rpc::channel::incoming(listener), async move {
+            let sig = cr_rpc::shutdown::signal().await;
+            tracing::info!("{sig}: stopping");
+            stop.shutdown(STOP_GRACE).await;
+        })
         .await;
     sched.abort();
     recovery.abort();

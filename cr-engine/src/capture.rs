@@ -120,6 +120,14 @@ pub fn snapshot_arena(pid: i32, incremental: bool, budget: u64) -> Option<dump::
         .ok()
 }
 
+/// What the network lock of the tree of `pid` must hold now, while it
+/// runs (nothing: no TCP socket). A coordinated checkpoint installs it
+/// before the freeze, and checks it against [`Held::plan_lock`] once the
+/// tree is frozen.
+pub fn lock_set(pid: i32) -> cr_sys::netlock::LockSet {
+    kinds::inet::lock_set(&tree::walk(pid).unwrap_or_default())
+}
+
 /// What every process's capture of one dump shares.
 pub struct Dump<'a> {
     pub opts: &'a CheckpointOptions,
@@ -238,14 +246,20 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     Ok(p)
 }
 
-/// Time laps of a capture, for the debug log.
-struct Laps {
+/// Time laps of a capture (or of a coordinated step), for the debug log.
+pub struct Laps {
     at: Instant,
     laps: Vec<(&'static str, u128)>,
 }
 
+impl Default for Laps {
+    fn default() -> Laps {
+        Laps::new()
+    }
+}
+
 impl Laps {
-    fn new() -> Laps {
+    pub fn new() -> Laps {
         Laps {
             at: Instant::now(),
             laps: Vec::new(),
@@ -253,7 +267,7 @@ impl Laps {
     }
 
     /// The time since the previous lap, as `name`'s.
-    fn lap(&mut self, name: &'static str) {
+    pub fn lap(&mut self, name: &'static str) {
         let now = Instant::now();
         self.laps.push((name, (now - self.at).as_micros()));
         self.at = now;
@@ -539,7 +553,9 @@ impl Held {
         let captured = t_dump.elapsed();
         if memory::has_snapshots(&mut d) {
             fault::check("after-snapshot")?;
+            let t_wait = Instant::now();
             before_run_on();
+            let waited = t_wait.elapsed();
             // Everything is read: the processes run on while the copies of
             // their memory are stored (a dump that continues them holds no
             // socket in repair mode; the network lock of a coordinated
@@ -549,7 +565,9 @@ impl Held {
             debug!(
                 root = self.root,
                 frozen_ms = self.frozen_at.elapsed().as_millis() as u64,
-                "tree runs again; storing its memory"
+                capture_ms = captured.as_millis() as u64,
+                waited_ms = waited.as_millis() as u64,
+                "tree runs again; storing its memory (capture: its state read; waited: for the others)"
             );
             memory::store_snapshots(&mut d, &mut images)?;
         }

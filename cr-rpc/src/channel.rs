@@ -1,15 +1,26 @@
 //! gRPC channels: to a daemon over TCP (TLS as configured), or to the
-//! node's agent over its Unix socket.
+//! node's agent over its Unix socket; and the daemons' side of them
+//! ([`incoming`]).
 
 use crate::tls::Security;
 use crate::RpcError;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// HTTP/2 keepalive of the channels: a ping every this long, the
 /// connection dropped when one is not answered within twice that.
 pub const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// The connections a daemon accepts on `listener`, with Nagle's algorithm
+/// off (TCP_NODELAY, as the channels have): a reply's HTTP/2 frames are
+/// written in several small writes, and with Nagle on the last waits for
+/// the peer's delayed ACK, 40 ms on Linux. (tonic's
+/// `Server::tcp_nodelay` only applies to the listeners it binds itself.)
+pub fn incoming(listener: tokio::net::TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
+}
 
 fn endpoint(
     addr: &str,

@@ -32,6 +32,16 @@ impl LockSet {
     pub fn is_empty(&self) -> bool {
         self.conns.is_empty()
     }
+
+    /// Whether the tables of a lock made from `self` (see [`lock_many`])
+    /// are exactly the tables `other` would make, and hold everything it
+    /// holds (and maybe more: connections closed since).
+    pub fn covers(&self, other: &LockSet) -> bool {
+        self.conns.is_empty() == other.conns.is_empty()
+            && self.listeners.is_empty() == other.listeners.is_empty()
+            && other.conns.iter().all(|c| self.conns.contains(c))
+            && other.listeners.iter().all(|l| self.listeners.contains(l))
+    }
 }
 
 fn nft_failed(what: String, detail: &str) -> SysError {
@@ -467,6 +477,32 @@ fn table_exists(pid: Option<i32>, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock made before the freeze is kept only if it makes the same
+    /// tables and holds every connection found once frozen.
+    #[test]
+    fn covers_needs_the_same_tables_and_every_connection() {
+        let a: SocketAddr = "10.0.0.1:5000".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:6000".parse().unwrap();
+        let c: SocketAddr = "10.0.0.3:7000".parse().unwrap();
+        let before = LockSet {
+            conns: vec![(a, b), (a, c)],
+            listeners: vec![],
+        };
+        let closed_one = LockSet {
+            conns: vec![(a, b)],
+            listeners: vec![],
+        };
+        assert!(before.covers(&before));
+        assert!(before.covers(&closed_one));
+        assert!(!closed_one.covers(&before), "a new connection");
+        assert!(!before.covers(&LockSet::default()), "a table fewer");
+        let listening = LockSet {
+            conns: vec![(a, b)],
+            listeners: vec![a],
+        };
+        assert!(!before.covers(&listening), "a listeners' table more");
+    }
 
     #[test]
     fn connections_held_at_both_ends_are_listed_once() {

@@ -149,10 +149,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .add_service(pb::agent_server::AgentServer::new(remote::AgentService {
             shared: shared.clone(),
         }))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(tcp),
-            stopped(stop_rx.clone()),
-        );
+        .serve_with_incoming_shutdown(cr_rpc::channel::incoming(tcp), stopped(stop_rx.clone()));
     let local = tonic::transport::Server::builder()
         .add_service(pb::local_server::LocalServer::new(local::LocalService {
             shared: shared.clone(),

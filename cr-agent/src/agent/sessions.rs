@@ -29,7 +29,7 @@
 //! uncommitted images, so its processes' connections flow again.
 
 use super::{fault, members, Shared};
-use cr_engine::capture::{self, Held};
+use cr_engine::capture::{self, Held, Laps};
 use cr_engine::coop::Coop;
 use cr_engine::kinds::memory::dump::Arena;
 use cr_engine::options::{Action, CheckpointOptions, RestoreOptions};
@@ -42,7 +42,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 type Reply<T> = oneshot::Sender<Result<T, String>>;
 
@@ -491,6 +491,103 @@ fn unlock_thawed(thawed: &[Thawed]) {
     }
 }
 
+/// The network locks of a blocking checkpoint's members, installed
+/// before the freeze (one nft transaction per namespace, leased like the
+/// others): the members run with their connections held for the few ms
+/// until they are frozen, as they run with them held after their thaw
+/// until FINISH. Once frozen, each member's lock is planned again
+/// (`Held::plan_lock`); if a connection came meanwhile, these locks are
+/// removed and made again. Removed on drop unless handed over
+/// ([`EarlyLock::into_leases`]).
+struct EarlyLock {
+    /// What each target's lock holds (absent: nothing).
+    sets: HashMap<i32, cr_sys::netlock::LockSet>,
+    leases: Vec<super::leases::Lease>,
+    /// The tables made, by a pid of their namespace.
+    tables: Vec<(i32, Vec<String>)>,
+}
+
+impl EarlyLock {
+    /// The locks of `targets` as they are now (None: none to make, or nft
+    /// failed: the locks are then made after the freeze, as before).
+    fn install(
+        shared: &Shared,
+        session: &str,
+        targets: &[Target],
+        until: Instant,
+    ) -> Option<EarlyLock> {
+        let sets: HashMap<i32, cr_sys::netlock::LockSet> = targets
+            .iter()
+            .map(|t| (t.0, capture::lock_set(t.0)))
+            .filter(|(_, set)| !(set.conns.is_empty() && set.listeners.is_empty()))
+            .collect();
+        if sets.is_empty() {
+            return None;
+        }
+        let mut early = EarlyLock {
+            sets,
+            leases: Vec::new(),
+            tables: Vec::new(),
+        };
+        let groups = by_netns(
+            early
+                .sets
+                .iter()
+                .map(|(&pid, set)| (pid, vec![(lock_name(session, pid), set.clone())])),
+        );
+        for (pid, locks) in groups {
+            let tables = locks
+                .iter()
+                .flat_map(|(name, _)| [name.clone(), format!("{name}_syn")])
+                .collect();
+            match shared.leases.install(pid, locks, until) {
+                Ok(l) => {
+                    early.leases.push(l);
+                    early.tables.push((pid, tables));
+                }
+                Err(e) => {
+                    info!(session, error = %one_line(&e), "cannot lock the network before the freeze: locked once frozen");
+                    return None;
+                }
+            }
+        }
+        Some(early)
+    }
+
+    /// Whether these locks are those the frozen members `held` need
+    /// (`prepared`: their locks planned again), every one of them alive.
+    fn covers(&self, held: &[Member], prepared: &[Prepared]) -> bool {
+        let empty = cr_sys::netlock::LockSet::default();
+        held.len() == prepared.len()
+            && self
+                .sets
+                .keys()
+                .all(|pid| held.iter().any(|m| m.pid == *pid))
+            && held.iter().zip(prepared).all(|(m, p)| {
+                let before = self.sets.get(&m.pid).unwrap_or(&empty);
+                before.covers(p.lock.as_ref().unwrap_or(&empty))
+            })
+    }
+
+    /// The leases, handed over with the tables they renew (removed with
+    /// the members' own locks from now on).
+    fn into_leases(mut self) -> Vec<super::leases::Lease> {
+        self.tables.clear();
+        std::mem::take(&mut self.leases)
+    }
+}
+
+impl Drop for EarlyLock {
+    fn drop(&mut self) {
+        self.leases.clear();
+        for (pid, tables) in &self.tables {
+            if let Err(e) = cr_sys::netlock::unlock_many(Some(*pid), tables) {
+                warn!(error = %one_line(&e), "cannot remove the network locks made before the freeze");
+            }
+        }
+    }
+}
+
 /// What PREPARE learns of a frozen member before its lock is taken.
 struct Prepared {
     lock: Option<cr_sys::netlock::LockSet>,
@@ -788,6 +885,11 @@ fn checkpoint_session(
     }
     // Recorded before anything is locked or written.
     record.write(&locks, &dirs);
+    // Blocking: the network locks go in before the freeze (nft takes
+    // tens of ms), checked once the members are frozen.
+    let early = (!req.non_blocking)
+        .then(|| EarlyLock::install(shared, &req.session, &targets, deadline + LEASE_MARGIN))
+        .flatten();
     // Non-blocking: nothing is frozen before DUMP (`dump_in_turn`).
     let mut in_turn = Vec::new();
     let (held, gone) = if req.non_blocking {
@@ -802,17 +904,42 @@ fn checkpoint_session(
             Err(msg) => return fail(Vec::new(), msg, ready),
         }
     };
+    // Where the time of PREPARE goes (the members frozen from `frozen`).
+    let mut laps = Laps::new();
+    laps.lap("freeze");
     let prepared = match plan_all(&held, &req.session) {
         Ok(p) => p,
         Err(msg) => return fail(held, msg, ready),
     };
+    laps.lap("plan");
     // Every tree's connections held still in one nft transaction per
-    // network namespace, leased until the freeze bound.
-    let plans = by_netns(held.iter().zip(&prepared).filter_map(|(m, p)| {
-        let set = p.lock.clone()?;
-        Some((m.pid, vec![(lock_name(&req.session, m.pid), set)]))
-    }));
-    let mut frozen = Frozen::of(held);
+    // network namespace, leased until the freeze bound: the locks made
+    // before the freeze if they hold every connection the frozen members
+    // have, else made again now.
+    let covered = early.as_ref().is_some_and(|e| e.covers(&held, &prepared));
+    let mut frozen;
+    let plans = match early {
+        Some(e) if covered => {
+            frozen = Frozen::of(held);
+            frozen.leases = e.into_leases();
+            Vec::new()
+        }
+        early => {
+            if early.is_some() {
+                info!(
+                    session = req.session,
+                    "the members' connections changed before the freeze: their network locks are made again"
+                );
+            }
+            drop(early);
+            let plans = by_netns(held.iter().zip(&prepared).filter_map(|(m, p)| {
+                let set = p.lock.clone()?;
+                Some((m.pid, vec![(lock_name(&req.session, m.pid), set)]))
+            }));
+            frozen = Frozen::of(held);
+            plans
+        }
+    };
     for (pid, locks) in plans {
         match shared.leases.install(pid, locks, deadline + LEASE_MARGIN) {
             Ok(l) => frozen.leases.push(l),
@@ -822,10 +949,12 @@ fn checkpoint_session(
             }
         }
     }
+    laps.lap("lock");
     let bookmarks = match bookmarks_all(&frozen.held) {
         Ok(b) => b,
         Err(msg) => return fail(std::mem::take(&mut frozen.held), msg, ready),
     };
+    laps.lap("bookmarks");
     let freeze_ms = t0.elapsed().as_millis() as u64;
     fault::point("prepare", shared);
     let mut reply = pb::PrepareReply {
@@ -852,6 +981,8 @@ fn checkpoint_session(
         bound_ms = bound.as_millis() as u64,
         "prepared"
     );
+    debug!(session = req.session, laps = %laps, "PREPARE's time (µs per step)");
+    let prepared_at = Instant::now();
     if ready.send(Ok(reply)).is_err() {
         // The caller went away: nothing more will come.
         frozen.abort();
@@ -903,6 +1034,11 @@ fn checkpoint_session(
         }
         match cmd {
             Cmd::Dump(r) => {
+                debug!(
+                    session = req.session,
+                    waited_ms = prepared_at.elapsed().as_millis() as u64,
+                    "DUMP came (waited since the PREPARE reply, the members frozen)"
+                );
                 fault::point("dump", shared);
                 let res = if req.non_blocking {
                     let until = deadline + LEASE_MARGIN;
