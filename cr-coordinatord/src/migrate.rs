@@ -1012,15 +1012,9 @@ impl Coordinator {
     /// loopback, as the job's last committed checkpoint recorded their
     /// connections.
     fn loopback_groups(&self, job: &str, node: &str, pids: &[i32]) -> Vec<Vec<i32>> {
-        let ck = self.catalog.read(|s| {
-            s.checkpoints
-                .get(job)
-                .into_iter()
-                .flat_map(|c| c.values().rev())
-                .filter_map(|c| c.info.as_ref())
-                .find(|i| i.state == "committed")
-                .cloned()
-        });
+        let ck = self
+            .catalog
+            .read(|s| s.latest_committed(job).map(|c| c.info().clone()));
         loopback_groups(ck.as_ref(), node, pids)
     }
 
