@@ -194,10 +194,33 @@ impl Go {
         false
     }
 
-    /// Polls for `go` every 20 ms (nanosleep).
-    pub fn wait(&self) {
-        while !self.check() {
+    /// A trigger file of another name: one a process of a workload makes
+    /// for another to wait for.
+    pub fn at(path: &Path) -> Go {
+        Go {
+            path: cpath(path),
+            started: mono_ns(),
+        }
+    }
+
+    /// Whether the file exists within `limit`, polled every 20 ms
+    /// (nanosleep).
+    pub fn appeared(&self, limit: Duration) -> bool {
+        let deadline = mono_ns().saturating_add(limit.as_nanos() as u64);
+        while !exists(&self.path) {
+            if mono_ns() > deadline {
+                return false;
+            }
             sleep_ms(20);
+        }
+        true
+    }
+
+    /// Waits for `go`; fails the workload once SELF_TIMEOUT has passed.
+    pub fn wait(&self) {
+        let spent = Duration::from_nanos(mono_ns().saturating_sub(self.started));
+        if !self.appeared(SELF_TIMEOUT.saturating_sub(spent)) {
+            fail("timed out waiting for the go file");
         }
     }
 }

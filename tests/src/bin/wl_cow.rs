@@ -26,7 +26,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PAGE: usize = 4096;
 const WORDS: usize = PAGE / 8;
@@ -193,15 +193,9 @@ fn check_sharing(mem: &Mem, me: Role, parent: i32) -> Vec<String> {
     f
 }
 
+/// Whether `p` appears within a minute (another process of the tree makes it).
 fn wait_file(p: &Path) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !p.exists() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    true
+    cr_tests::wl::Go::at(p).appeared(Duration::from_secs(60))
 }
 
 fn touch(p: &Path) {
