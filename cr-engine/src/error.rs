@@ -21,6 +21,8 @@ pub enum CheckpointError {
         #[source]
         source: Errno,
     },
+    #[error("process {pid} is traced by process {tracer} (a debugger or tracer: ptrace allows one tracer); detach it first")]
+    Traced { pid: i32, tracer: i32 },
     #[error("process {pid}: {what}: not supported yet")]
     Unsupported { pid: i32, what: String },
     #[error("process {pid}: its {conns} TCP connection(s) cannot be held still for the dump")]
@@ -64,10 +66,17 @@ impl CheckpointError {
     /// Map a low-level error of an operation on `pid` to the clearest variant.
     pub fn from_sys(pid: i32, e: SysError) -> Self {
         match &e {
-            SysError::Ptrace { source, .. } if source.0 == libc::EPERM => {
-                CheckpointError::PermissionDenied {
-                    pid,
-                    source: *source,
+            SysError::Ptrace { source, tid, .. } if source.0 == libc::EPERM => {
+                // Seizing a thread another tracer holds fails with EPERM too.
+                let me = std::process::id() as i32;
+                match cr_sys::proc::task_status(pid, *tid).map(|s| s.tracerpid) {
+                    Ok(tracer) if tracer != 0 && tracer != me => {
+                        CheckpointError::Traced { pid: *tid, tracer }
+                    }
+                    _ => CheckpointError::PermissionDenied {
+                        pid,
+                        source: *source,
+                    },
                 }
             }
             SysError::Ptrace { source, .. } if source.0 == libc::ESRCH => {

@@ -329,6 +329,7 @@ mod tests {
             pending: Vec::new(),
             sigaltstack: Default::default(),
             seccomp: Default::default(),
+            comm: String::new(),
         }];
         let mut now = image.clone();
         now.threads[0].pdeathsig = 9;

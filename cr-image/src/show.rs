@@ -121,6 +121,17 @@ pub fn object_summary(o: &Object) -> String {
             p.capacity
         ),
         ObjectKind::Fifo(f) => format!("fifo {} {} bytes buffered", f.path, f.data.len()),
+        ObjectKind::Mqueue(q) => format!(
+            "message queue {}{} mode {:#o} owner {}:{}, {} of {} messages of up to {} bytes queued",
+            q.name,
+            if q.unlinked { " (unlinked)" } else { "" },
+            q.mode,
+            q.uid,
+            q.gid,
+            q.messages.len(),
+            q.maxmsg,
+            q.msgsize
+        ),
         ObjectKind::Memfd(f) => {
             format!("memfd:{} {} bytes, seals {:#x}", f.name, f.size, f.seals)
         }

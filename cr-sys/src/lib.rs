@@ -18,6 +18,7 @@
 //! - [`inet`]: IPv4/IPv6 socket addresses and options, TCP repair mode.
 //! - [`netlock`]: holding TCP connections still (nft) between dump and restore.
 //! - [`sysv`]: System V shared memory, semaphores and message queues.
+//! - [`mqueue`]: POSIX message queues another process holds.
 //! - [`uffd`]: userfaultfd in missing mode for post-copy restore.
 //! - [`ns`]: namespaces: another process's, its IPC namespace from a thread, a job's mounts.
 //! - [`spank`]: Slurm's SPANK plugin interface (for the cr-spank plugin).
@@ -33,6 +34,7 @@ pub mod inet;
 pub mod inet_diag;
 pub mod limits;
 pub mod mem;
+pub mod mqueue;
 pub mod netlink;
 pub mod netlock;
 pub mod ns;

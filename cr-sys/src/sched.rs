@@ -1,8 +1,9 @@
-//! CPU affinity of any thread (sched_getaffinity / sched_setaffinity on a
-//! TID, from outside the process), the machine's online CPUs, and the
-//! kernel's CPU list notation ("0-3,8").
+//! CPU affinity and I/O priority of any thread (sched_getaffinity /
+//! sched_setaffinity, ioprio_get / ioprio_set on a TID, from outside the
+//! process), the machine's online CPUs, and the kernel's CPU list notation
+//! ("0-3,8").
 
-use crate::error::{NixResult, Result, SysError};
+use crate::error::{Errno, NixResult, Result, SysError};
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
@@ -30,6 +31,51 @@ pub fn set_affinity(tid: i32, cpus: &[u32]) -> Result<()> {
         set.set(c as usize).or_sys(what)?;
     }
     sched_setaffinity(Pid::from_raw(tid), &set).or_sys(what)
+}
+
+/// ioprio_get / ioprio_set's `which`: one thread, by TID.
+const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+
+/// The I/O priority of thread `tid` as ioprio_get returns it (class << 13
+/// | level); 0 when none was ever set (the kernel then derives one from
+/// the nice value).
+pub fn io_priority(tid: i32) -> Result<u32> {
+    // SAFETY: ioprio_get takes two integers and touches no memory of ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_get,
+            IOPRIO_WHO_PROCESS,
+            tid as libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: format!("ioprio_get of thread {tid}"),
+            source: Errno::last(),
+        });
+    }
+    Ok(r as u32)
+}
+
+/// Set the I/O priority of thread `tid` (CAP_SYS_ADMIN for the real-time
+/// class, CAP_SYS_NICE for another user's thread).
+pub fn set_io_priority(tid: i32, prio: u32) -> Result<()> {
+    // SAFETY: ioprio_set takes three integers and touches no memory of ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            tid as libc::c_long,
+            prio as libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: format!("ioprio_set of thread {tid} to {prio:#x}"),
+            source: Errno::last(),
+        });
+    }
+    Ok(())
 }
 
 /// The CPUs online on this machine (/sys/devices/system/cpu/online).

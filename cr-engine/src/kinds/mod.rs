@@ -9,7 +9,7 @@
 //!   signals, timers, identity, fds, cgroups). [`seccomp`] hooks in at fixed points
 //!   of the threads' restore, as the very last system calls of each thread. The drivers (`capture::capture_process`
 //!   and `restore::rebuild`) call them in a fixed order, one line each.
-//! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, netlink, packet, eventfds,
+//! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, netlink, packet, eventfds, mqueue,
 //!   tty, external: what leads outside the tree). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
 //!   turn whether an fd is of its kind, and later which one opens it again.
 //!
@@ -35,6 +35,7 @@ pub mod inet;
 pub mod locks;
 pub mod memory;
 pub mod mounts;
+pub mod mqueue;
 pub mod netlink;
 pub mod netlock;
 pub mod netns;
@@ -119,6 +120,7 @@ pub static FILE_KINDS: &[&dyn FileKind] = &[
     &sockets::RemadeKind::<netlink::Netlink>::new(),
     &sockets::RemadeKind::<packet::Packet>::new(),
     &eventfds::EventFds,
+    &mqueue::Mqueues,
     &tty::Tty,
     &external::External,
     &files::Files,

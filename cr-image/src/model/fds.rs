@@ -111,6 +111,10 @@ pub enum FdKind {
     PacketSocket {
         object: u64,
     },
+    // kind "mqueue"
+    Mqueue {
+        object: u64,
+    },
     // kind "eventfds"
     Eventfd {
         count: u64,
@@ -170,6 +174,7 @@ impl FdKind {
             FdKind::InetSocket { object } => (ObjectTag::InetSocket, object),
             FdKind::NetlinkSocket { object } => (ObjectTag::NetlinkSocket, object),
             FdKind::PacketSocket { object } => (ObjectTag::PacketSocket, object),
+            FdKind::Mqueue { object } => (ObjectTag::Mqueue, object),
             FdKind::Pty { object, .. } => (ObjectTag::Pty, object),
             _ => return None,
         })
@@ -190,6 +195,7 @@ impl FdKind {
             FdKind::InetSocket { .. } => "inet_socket",
             FdKind::NetlinkSocket { .. } => "netlink_socket",
             FdKind::PacketSocket { .. } => "packet_socket",
+            FdKind::Mqueue { .. } => "mqueue",
             FdKind::Eventfd { .. } => "eventfd",
             FdKind::Signalfd { .. } => "signalfd",
             FdKind::Timerfd(_) => "timerfd",
@@ -318,6 +324,7 @@ impl Fd {
             Some(K::InetSocket(r)) => FdKind::InetSocket { object: obj(r) },
             Some(K::NetlinkSocket(r)) => FdKind::NetlinkSocket { object: obj(r) },
             Some(K::PacketSocket(r)) => FdKind::PacketSocket { object: obj(r) },
+            Some(K::Mqueue(r)) => FdKind::Mqueue { object: obj(r) },
             Some(K::Eventfd(e)) => FdKind::Eventfd {
                 count: e.count,
                 semaphore: e.semaphore,
@@ -474,6 +481,7 @@ impl Fd {
             FdKind::InetSocket { object } => K::InetSocket(r(*object)),
             FdKind::NetlinkSocket { object } => K::NetlinkSocket(r(*object)),
             FdKind::PacketSocket { object } => K::PacketSocket(r(*object)),
+            FdKind::Mqueue { object } => K::Mqueue(r(*object)),
             FdKind::Eventfd { count, semaphore } => K::Eventfd(pb::Eventfd {
                 count: *count,
                 semaphore: *semaphore,

@@ -1,7 +1,8 @@
 //! What fds (of one or several processes) and mappings share, saved once
 //! per image: pipes and FIFOs with their buffered bytes (kind "pipes"),
 //! unix sockets ("unix"), TCP/UDP sockets ("inet"), the content of memfds
-//! and deleted files ("files"), pseudo-terminal pairs ("tty").
+//! and deleted files ("files"), pseudo-terminal pairs ("tty"), POSIX
+//! message queues with their messages ("mqueue").
 
 use super::fds::{Fd, FdKind, TERMIOS_LEN, WINSIZE_LEN};
 use super::memory::PageFile;
@@ -30,6 +31,7 @@ pub enum ObjectTag {
     SavedFile,
     NetlinkSocket,
     PacketSocket,
+    Mqueue,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -46,6 +48,7 @@ pub enum ObjectKind {
     SavedFile(FileContent),
     NetlinkSocket(NetlinkSocket),
     PacketSocket(PacketSocket),
+    Mqueue(Mqueue),
 }
 
 impl ObjectKind {
@@ -61,6 +64,7 @@ impl ObjectKind {
             ObjectKind::SavedFile(_) => ObjectTag::SavedFile,
             ObjectKind::NetlinkSocket(_) => ObjectTag::NetlinkSocket,
             ObjectKind::PacketSocket(_) => ObjectTag::PacketSocket,
+            ObjectKind::Mqueue(_) => ObjectTag::Mqueue,
         }
     }
 }
@@ -73,6 +77,33 @@ pub struct Pipe {
     /// F_GETPIPE_SZ.
     pub capacity: u32,
 }
+
+/// A POSIX message queue (kind "mqueue").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mqueue {
+    /// Its name with the leading '/'.
+    pub name: String,
+    /// Unlinked while open: made again under no name.
+    pub unlinked: bool,
+    #[serde(serialize_with = "ser::octal")]
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub maxmsg: i64,
+    pub msgsize: i64,
+    /// In the order they are received: (priority, bytes).
+    #[serde(serialize_with = "mq_messages")]
+    pub messages: Vec<(u32, Vec<u8>)>,
+}
+
+fn mq_messages<S: serde::Serializer>(v: &[(u32, Vec<u8>)], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(v.len() as u64)
+}
+
+/// Largest message count and size accepted (the kernel's hard limits are
+/// 65536 and 16 MiB).
+const MQ_MAX_MSG: i64 = 65536;
+const MQ_MAX_MSGSIZE: i64 = 16 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Fifo {
@@ -428,6 +459,39 @@ impl Object {
                 opts: opts_from_pb(s.opts)?,
             }),
             Some(K::PacketSocket(s)) => ObjectKind::PacketSocket(packet_from_pb(s)?),
+            Some(K::Mqueue(q)) => {
+                if !(1..=MQ_MAX_MSG).contains(&q.maxmsg)
+                    || !(1..=MQ_MAX_MSGSIZE).contains(&q.msgsize)
+                    || q.messages.len() as i64 > q.maxmsg
+                    || q.messages.iter().any(|m| m.data.len() as i64 > q.msgsize)
+                {
+                    return Err(format!(
+                        "message queue {}: {} messages of up to {} bytes in a queue of {} x {}",
+                        q.name,
+                        q.messages.len(),
+                        q.messages.iter().map(|m| m.data.len()).max().unwrap_or(0),
+                        q.maxmsg,
+                        q.msgsize
+                    ));
+                }
+                if !q.name.starts_with('/') || q.name[1..].contains('/') || q.name.len() > 255 {
+                    return Err(format!("bad message queue name {:?}", q.name));
+                }
+                ObjectKind::Mqueue(Mqueue {
+                    name: q.name,
+                    unlinked: q.unlinked,
+                    mode: q.mode,
+                    uid: q.uid,
+                    gid: q.gid,
+                    maxmsg: q.maxmsg,
+                    msgsize: q.msgsize,
+                    messages: q
+                        .messages
+                        .into_iter()
+                        .map(|m| (m.priority, m.data))
+                        .collect(),
+                })
+            }
             Some(K::Memfd(f)) => ObjectKind::Memfd(content_from_pb(f)?),
             Some(K::DeletedFile(f)) => ObjectKind::DeletedFile(content_from_pb(f)?),
             Some(K::SavedFile(f)) => ObjectKind::SavedFile(content_from_pb(f)?),
@@ -508,6 +572,23 @@ impl Object {
                 dst_portid: s.dst_portid,
                 dst_groups: s.dst_groups,
                 opts: opts_to_pb(&s.opts),
+            }),
+            ObjectKind::Mqueue(q) => K::Mqueue(pb::Mqueue {
+                name: q.name.clone(),
+                unlinked: q.unlinked,
+                mode: q.mode,
+                uid: q.uid,
+                gid: q.gid,
+                maxmsg: q.maxmsg,
+                msgsize: q.msgsize,
+                messages: q
+                    .messages
+                    .iter()
+                    .map(|(priority, data)| pb::MqMessage {
+                        priority: *priority,
+                        data: data.clone(),
+                    })
+                    .collect(),
             }),
             ObjectKind::PacketSocket(s) => K::PacketSocket(pb::PacketSocket {
                 sock_type: s.sock_type,

@@ -36,6 +36,10 @@ pub struct Task {
     pub thp_disable: bool,
     /// Root directory (chroot; "/" or empty: the checkpointer's own).
     pub root: String,
+    /// Timer slack of the main thread in ns (0: not known).
+    pub timer_slack_ns: u64,
+    /// ioprio_get() of the main thread (class << 13 | level; 0: never set).
+    pub ioprio: u32,
 }
 
 fn cmdline<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -61,6 +65,10 @@ impl Task {
         if !(-20..=19).contains(&t.nice) {
             return Err(format!("nice value {} outside -20..19", t.nice));
         }
+        // Classes: none, real-time, best-effort, idle; levels 0-7.
+        if t.ioprio >> 13 > 3 || t.ioprio & 0x1fff > 7 {
+            return Err(format!("unknown I/O priority {:#x}", t.ioprio));
+        }
         if !(-1000..=1000).contains(&t.oom_score_adj) {
             return Err(format!(
                 "oom_score_adj {} outside -1000..1000",
@@ -82,6 +90,8 @@ impl Task {
             child_subreaper: t.child_subreaper,
             thp_disable: t.thp_disable,
             root: t.root,
+            timer_slack_ns: t.timer_slack_ns,
+            ioprio: t.ioprio,
         })
     }
 
@@ -101,6 +111,8 @@ impl Task {
             child_subreaper: self.child_subreaper,
             thp_disable: self.thp_disable,
             root: self.root.clone(),
+            timer_slack_ns: self.timer_slack_ns,
+            ioprio: self.ioprio,
         }
     }
 }

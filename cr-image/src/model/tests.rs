@@ -38,6 +38,7 @@ fn thread(tid: u32) -> Thread {
             s
         })],
         sigaltstack: AltStack::default(),
+        comm: "worker".into(),
         seccomp: ThreadSeccomp {
             mode: SeccompMode::Filter,
             chain: vec![0, 1, 0],
@@ -153,6 +154,8 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             child_subreaper: true,
             thp_disable: true,
             root: "/".into(),
+            timer_slack_ns: 60_000,
+            ioprio: 2 << 13 | 6,
         },
         mm: Mm {
             auxv: vec![0; 64],

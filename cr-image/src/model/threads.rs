@@ -46,6 +46,8 @@ pub struct Thread {
     pub sigaltstack: AltStack,
     /// kind "seccomp": its mode and filter chain.
     pub seccomp: ThreadSeccomp,
+    /// Its name (PR_SET_NAME; empty: as its creator's).
+    pub comm: String,
 }
 
 /// struct user_regs_struct (x86_64).
@@ -128,6 +130,7 @@ impl Thread {
                 .collect::<Result<_, _>>()?,
             sigaltstack: AltStack::from_pb(t.sigaltstack),
             seccomp: ThreadSeccomp::from_pb(t.seccomp_mode, t.seccomp_chain)?,
+            comm: t.comm,
         })
     }
 
@@ -152,6 +155,7 @@ impl Thread {
             sigaltstack: Some(self.sigaltstack.to_pb()),
             seccomp_mode: self.seccomp.mode_pb(),
             seccomp_chain: self.seccomp.chain.clone(),
+            comm: self.comm.clone(),
         }
     }
 }

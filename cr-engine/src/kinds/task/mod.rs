@@ -1,24 +1,28 @@
 //! Kind "task": what a process is apart from its resources — its name
 //! (comm), executable (path and GNU build id), working directory, umask,
 //! personality, command line, scheduling (policy with
-//! SCHED_RESET_ON_FORK, real-time priority, nice), OOM score adjustment,
-//! and the prctl switches child-subreaper and THP-disable.
+//! SCHED_RESET_ON_FORK, real-time priority, nice), I/O priority, timer
+//! slack, OOM score adjustment, and the prctl switches child-subreaper and
+//! THP-disable.
 //!
 //! Capture reads /proc (stat, status, personality, cwd and exe links,
-//! cmdline, oom_score_adj), the executable's build id (goblin), and asks
-//! the process (sched_getscheduler, PR_GET_CHILD_SUBREAPER,
-//! PR_GET_THP_DISABLE). Restore sets them by injected system calls
-//! (chdir, umask, personality, PR_SET_NAME, sched_setscheduler,
-//! setpriority, the prctls) before the other threads are made, so they
-//! inherit the scheduling; oom_score_adj is written from the restorer. The
-//! executable link comes back with the mm fields (kind "memory").
+//! cmdline, oom_score_adj, timerslack_ns), the executable's build id
+//! (goblin), ioprio_get, and asks the process (sched_getscheduler,
+//! PR_GET_CHILD_SUBREAPER, PR_GET_THP_DISABLE). Restore sets them by
+//! injected system calls (chdir, umask, personality, PR_SET_NAME,
+//! sched_setscheduler, setpriority, the prctls) before the other threads
+//! are made, so they inherit the scheduling, I/O priority and timer slack;
+//! oom_score_adj, timerslack_ns and the I/O priority are set from the
+//! restorer. The executable link comes back with the mm fields (kind
+//! "memory").
 //!
 //! A chroot comes back last of all ([`chroot`], before the credentials):
 //! every path of the image (cwd, files, mappings) is as the checkpointer
 //! saw it, from outside the chroot.
 //!
-//! Scheduling is the main thread's: a thread given another policy or nice
-//! value of its own comes back with the main thread's.
+//! Scheduling, I/O priority and timer slack are the main thread's: a
+//! thread given other values of its own comes back with the main thread's.
+//! (/proc has timerslack_ns for the whole process only: the main thread.)
 
 #[cfg(test)]
 mod tests;
@@ -89,6 +93,10 @@ impl Kind for Task {
         t.oom_score_adj = proc::sys_value(&format!("/proc/{pid}/oom_score_adj"))
             .parse()
             .unwrap_or(0);
+        t.timer_slack_ns = proc::sys_value(&format!("/proc/{pid}/timerslack_ns"))
+            .parse()
+            .unwrap_or(0);
+        t.ioprio = cr_sys::sched::io_priority(pid).map_err(sys)?;
         let scratch = cx.probe.scratch().map_err(sys)?;
         cx.probe
             .call(
@@ -168,19 +176,32 @@ impl Kind for Task {
                 [PR_SET_THP_DISABLE, 1, 0, 0, 0, 0],
             )?;
         }
+        let write = |file: &str, value: String| {
+            let path = format!("/proc/{}/{file}", stub.pid());
+            std::fs::write(&path, &value)
+                .map_err(|source| cr_sys::SysError::Io {
+                    path: path.clone(),
+                    source,
+                })
+                .step(|| format!("cannot set {file} {value}"))
+        };
         // Lowering it below what the restorer has needs CAP_SYS_RESOURCE.
-        let path = format!("/proc/{}/oom_score_adj", stub.pid());
-        std::fs::write(&path, t.oom_score_adj.to_string())
-            .map_err(|source| cr_sys::SysError::Io {
-                path: path.clone(),
-                source,
-            })
-            .step(|| format!("cannot set oom_score_adj {}", t.oom_score_adj))?;
+        write("oom_score_adj", t.oom_score_adj.to_string())?;
+        // Another process's: CAP_SYS_NICE. A real-time thread's is 0 (not
+        // settable, and not used).
+        if t.timer_slack_ns != 0 {
+            write("timerslack_ns", t.timer_slack_ns.to_string())?;
+        }
+        if t.ioprio != 0 {
+            cr_sys::sched::set_io_priority(stub.pid(), t.ioprio)
+                .step(|| format!("cannot set I/O priority {:#x}", t.ioprio))?;
+        }
         Ok(())
     }
 }
 
-/// `--verify`: name, executable, working directory, umask, personality.
+/// `--verify`: name, executable, working directory, umask, personality,
+/// scheduling, I/O priority, timer slack, oom_score_adj, the prctls.
 pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
     let (a, b) = (&image.task, &now.task);
     c.same("task", "name", &a.comm, &b.comm);
@@ -205,6 +226,10 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
     );
     c.same("scheduling", "nice", &a.nice, &b.nice);
     c.same("task", "oom_score_adj", &a.oom_score_adj, &b.oom_score_adj);
+    if a.timer_slack_ns != 0 {
+        c.same("task", "timer slack", &a.timer_slack_ns, &b.timer_slack_ns);
+    }
+    c.same("task", "I/O priority", &a.ioprio, &b.ioprio);
     c.same(
         "task",
         "child subreaper",

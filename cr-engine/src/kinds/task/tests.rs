@@ -43,6 +43,8 @@ os.setpriority(os.PRIO_PROCESS, 0, 7)
 open("/proc/self/oom_score_adj", "w").write("523")
 libc.prctl(36, 1, 0, 0, 0)                         # PR_SET_CHILD_SUBREAPER
 libc.prctl(41, 1, 0, 0, 0)                         # PR_SET_THP_DISABLE
+libc.prctl(29, 61000, 0, 0, 0)                     # PR_SET_TIMERSLACK
+libc.syscall(251, 1, 0, 2 << 13 | 6)               # ioprio_set(self, best-effort 6)
 "#,
         r#"
 pol = libc.syscall(145, 0)                         # sched_getscheduler
@@ -54,11 +56,15 @@ v = ctypes.c_int(0)
 libc.prctl(37, ctypes.byref(v), 0, 0, 0)           # PR_GET_CHILD_SUBREAPER
 expect(v.value == 1, "child subreaper %d" % v.value)
 expect(libc.prctl(42, 0, 0, 0, 0) == 1, "THP disabled")
+expect(libc.prctl(30, 0, 0, 0, 0) == 61000, "timer slack %d" % libc.prctl(30, 0, 0, 0, 0))
+prio = libc.syscall(252, 1, 0)                     # ioprio_get(self)
+expect(prio == 2 << 13 | 6, "I/O priority %#x" % prio)
 "#,
     );
     let (a, b) = rt.roots();
     assert_eq!(a.task, b.task);
     assert_eq!((a.task.nice, a.task.oom_score_adj), (7, 523));
+    assert_eq!((a.task.timer_slack_ns, a.task.ioprio), (61000, 2 << 13 | 6));
 }
 
 /// A real-time policy with its priority.

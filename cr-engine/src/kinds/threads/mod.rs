@@ -1,6 +1,6 @@
 //! Kind "threads": every thread of a process with its TID, registers (with
 //! the syscall-restart fix-ups at restore), XSAVE area, rseq registration,
-//! clear-child-tid address, parent-death signal and CPU affinity. (A
+//! name, clear-child-tid address, parent-death signal and CPU affinity. (A
 //! thread's signal state is kind "signals".)
 //!
 //! CPU affinity: a thread bound to some CPUs (taskset, Open MPI's rank
@@ -129,6 +129,7 @@ impl Kind for Threads {
                 sigaltstack: AltStack::default(),
                 // Read by kind "seccomp".
                 seccomp: Default::default(),
+                comm: st.name,
             });
         }
         let scratch = cx.probe.scratch().map_err(sys)?;
@@ -171,8 +172,20 @@ impl Kind for Threads {
         let is_root = cx.is_root;
         let mut done = Vec::with_capacity(others.len());
         for (mut t, th) in others.into_iter().zip(&p.threads[1..]) {
+            // A thread is made with its creator's name.
+            let name = (!th.comm.is_empty() && th.comm != p.task.comm)
+                .then(|| cx.stub.put_str(&th.comm))
+                .transpose()?;
             let mut inj = Injector::new(&mut t, ip)?;
             thread_state(&mut inj, th)?;
+            if let Some(name) = name {
+                inj.call(
+                    "prctl(PR_SET_NAME)",
+                    libc::SYS_prctl,
+                    [libc::PR_SET_NAME as u64, name, 0, 0, 0, 0],
+                )
+                .step(|| format!("cannot name thread {} {:?}", th.tid, th.comm))?;
+            }
             signals::restore_thread(&mut inj, pid, args, th)?;
             identity::set_creds(&mut inj, args, th.tid, &p.identity.creds)?;
             // After the credentials: changing them clears it.
@@ -417,6 +430,9 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             &legacy(&a.xstate),
             &legacy(&b.xstate),
         );
+        if !a.comm.is_empty() {
+            c.same(&what, "name", &a.comm, &b.comm);
+        }
         c.same(&what, "rseq", &a.rseq, &b.rseq);
         c.same(
             &what,

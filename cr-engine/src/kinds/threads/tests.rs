@@ -15,6 +15,8 @@ tids = [0] * 4
 go = threading.Event()
 def work(i):
     local.me = i * 1000
+    if i % 2:
+        libc.prctl(15, b"worker-%d" % i, 0, 0, 0)  # PR_SET_NAME: odd ones renamed
     tids[i] = threading.get_native_id()
     while True:
         counts[i] += 1
@@ -30,17 +32,22 @@ before = list(counts)
 time.sleep(0.2)
 expect(all(c > b for c, b in zip(counts, before)), "threads stopped: %r -> %r" % (before, counts))
 expect(sorted(int(t) for t in os.listdir("/proc/self/task")) == sorted([os.getpid()] + tids), "tids")
+main = open("/proc/self/comm").read().strip()
+for i, t in enumerate(tids):
+    name = open("/proc/self/task/%d/comm" % t).read().strip()
+    expect(name == ("worker-%d" % i if i % 2 else main), "thread %d is named %r" % (i, name))
 "#,
     );
     let (a, b) = rt.roots();
     let ids = |p: &cr_image::model::Process| {
         p.threads
             .iter()
-            .map(|t| (t.tid, t.rseq.is_some(), t.xstate.len()))
+            .map(|t| (t.tid, t.rseq.is_some(), t.xstate.len(), t.comm.clone()))
             .collect::<Vec<_>>()
     };
     assert_eq!(ids(a), ids(b));
     assert_eq!(a.threads.len(), 5);
+    assert_eq!(a.threads[2].comm, "worker-1");
 }
 
 /// Each thread's robust futex list (glibc registers one per thread, in its
@@ -155,6 +162,7 @@ fn affinity_to_an_absent_cpu_is_refused() {
         pending: Vec::new(),
         sigaltstack: Default::default(),
         seccomp: Default::default(),
+        comm: String::new(),
     };
     let procs = [Process {
         pid: 40,
