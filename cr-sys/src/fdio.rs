@@ -1032,6 +1032,11 @@ pub fn mknod(path: &str, mode: u32, rdev: u64) -> Result<()> {
     let kind = SFlag::from_bits_truncate(mode & libc::S_IFMT);
     let perm = Mode::from_bits_truncate(mode & 0o7777);
     nix::sys::stat::mknod(path, kind, perm, rdev).or_sys(|| format!("mknod {path}"))?;
+    chmod(path, mode)
+}
+
+/// Set the permission bits of `mode` (& 07777) on `path` (chmod).
+pub fn chmod(path: &str, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777)).map_err(|e| {
         SysError::Syscall {

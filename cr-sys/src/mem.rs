@@ -1,6 +1,15 @@
 //! Reading and writing another process's memory: process_vm_readv/writev
 //! (fast, but only for pages the target may access itself) and
 //! /proc/PID/mem (slower, but reaches PROT_NONE and read-only pages).
+//!
+//! The kernel surprises here: process_vm_readv *pins* the pages it reads
+//! (FOLL_PIN), and since Linux 5.19 a read pin of an anonymous page that
+//! may be shared copy-on-write (mapped by a parent and its forked
+//! children) first gives the reader's target a private copy ("unshare",
+//! so the pinned page cannot change under a later fork): reading the
+//! memory of a process tree that runs on breaks its sharing, page by page
+//! (its Pss grows to its Rss). /proc/PID/mem takes plain references
+//! (FOLL_GET) and never copies: read such pages through [`ProcMem`].
 
 use crate::error::{io_err, Errno, Result, SysError};
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};

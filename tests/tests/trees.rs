@@ -2,7 +2,8 @@
 //! python3), pending signals with payloads and interval timers, a fork tree
 //! with shared memory, sessions, groups and a zombie, a tree sharing private
 //! memory copy-on-write, and a bash loop with its child process — each
-//! checkpointed, killed and restored, and checked by the program itself.
+//! checkpointed, killed and restored, and checked by the program itself
+//! (the copy-on-write tree also checkpointed while it runs on).
 
 use cr_tests::*;
 use std::time::{Duration, Instant};
@@ -255,6 +256,52 @@ fn memory_shared_copy_on_write_stays_shared_after_restore() {
     assert!(
         after <= before + before / 5,
         "the restored tree uses {after} kB (Pss), it used {before} kB\n{}",
+        wl.diag()
+    );
+}
+
+/// The same tree checkpointed three times while it runs on (a full dump,
+/// one that starts dirty tracking, one incremental from it): reading its
+/// pages must not end their sharing (process_vm_readv's read pin would
+/// copy every shared page), so after the checkpoints the unchanged pages
+/// are still the parent's (pagemap PFNs, checked by the processes), the
+/// content is intact, and the tree's Pss is what it was.
+#[test]
+fn memory_shared_copy_on_write_stays_shared_after_checkpoints_that_continue() {
+    let h = Harness::new("cowcont");
+    let mut wl = h.spawn_wl("wl_cow", &["64", "4"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    assert_eq!(tree_pids(pid).len(), 6, "{}", wl.diag());
+    let (a, b, c) = (h.image_dir("a"), h.image_dir("b"), h.image_dir("c"));
+    let t0 = Instant::now();
+    for (img, opts) in [
+        (&a, vec![]),
+        (
+            &b,
+            vec!["--track-mem", "--parent", a.to_str().expect("utf-8")],
+        ),
+        (&c, vec!["--parent", b.to_str().expect("utf-8")]),
+    ] {
+        h.checkpoint(img, &opts, pid)
+            .assert_success(&format!("cr_checkpoint {opts:?} (continue)"));
+    }
+    let took = t0.elapsed();
+    wl.go_and_expect_ok();
+    let text = wl.output();
+    let (before, after) = (
+        figure(&text, "pss_before_kb"),
+        figure(&text, "pss_after_kb"),
+    );
+    eprintln!(
+        "tree Pss {before} kB before, {after} kB after three checkpoints that continue (Rss {} kB, {} kB); checkpoints {took:?}",
+        figure(&text, "rss_before_kb"),
+        figure(&text, "rss_after_kb"),
+    );
+    // Unshared, the tree would hold 6 x 64 MiB.
+    assert!(
+        after <= before + before / 5,
+        "after the checkpoints the tree uses {after} kB (Pss), it used {before} kB\n{}",
         wl.diag()
     );
 }

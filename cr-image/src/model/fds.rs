@@ -68,18 +68,23 @@ pub enum FdKind {
         size: u64,
     },
     Directory,
-    /// A device node: `mode` its permission bits (a removed node is
-    /// made again with them).
+    /// A device node: `mode` its permission bits, `uid` and `gid` its
+    /// owner (a removed node is made again with them).
     CharDevice {
         rdev: u64,
         #[serde(serialize_with = "ser::octal")]
         mode: u32,
+        uid: u32,
+        gid: u32,
     },
-    /// A block device opened by path (its content is the disk's).
+    /// A block device opened by path (its content is the disk's); the
+    /// rest as for a character device.
     BlockDevice {
         rdev: u64,
         #[serde(serialize_with = "ser::octal")]
         mode: u32,
+        uid: u32,
+        gid: u32,
     },
     Memfd {
         object: u64,
@@ -311,10 +316,14 @@ impl Fd {
             Some(K::CharDevice(c)) => FdKind::CharDevice {
                 rdev: c.rdev,
                 mode: c.mode,
+                uid: c.uid,
+                gid: c.gid,
             },
             Some(K::BlockDevice(c)) => FdKind::BlockDevice {
                 rdev: c.rdev,
                 mode: c.mode,
+                uid: c.uid,
+                gid: c.gid,
             },
             Some(K::Memfd(r)) => FdKind::Memfd { object: obj(r) },
             Some(K::DeletedFile(r)) => FdKind::DeletedFile { object: obj(r) },
@@ -465,13 +474,27 @@ impl Fd {
         let kind = match &self.kind {
             FdKind::Regular { size } => K::Regular(pb::RegularFile { size: *size }),
             FdKind::Directory => K::Directory(pb::Empty {}),
-            FdKind::CharDevice { rdev, mode } => K::CharDevice(pb::CharDevice {
+            FdKind::CharDevice {
+                rdev,
+                mode,
+                uid,
+                gid,
+            } => K::CharDevice(pb::CharDevice {
                 rdev: *rdev,
                 mode: *mode,
+                uid: *uid,
+                gid: *gid,
             }),
-            FdKind::BlockDevice { rdev, mode } => K::BlockDevice(pb::CharDevice {
+            FdKind::BlockDevice {
+                rdev,
+                mode,
+                uid,
+                gid,
+            } => K::BlockDevice(pb::CharDevice {
                 rdev: *rdev,
                 mode: *mode,
+                uid: *uid,
+                gid: *gid,
             }),
             FdKind::Memfd { object } => K::Memfd(r(*object)),
             FdKind::DeletedFile { object } => K::DeletedFile(r(*object)),

@@ -259,6 +259,8 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 FdKind::CharDevice {
                     rdev: 0x103,
                     mode: 0o666,
+                    uid: 1234,
+                    gid: 2345,
                 },
             ),
             fd(5, FdKind::Memfd { object: 21 }),
@@ -374,6 +376,8 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 FdKind::BlockDevice {
                     rdev: 0x700,
                     mode: 0o600,
+                    uid: 0,
+                    gid: 6,
                 },
             ),
         ],

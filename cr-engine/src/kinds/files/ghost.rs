@@ -46,18 +46,27 @@ pub fn fifo(r: &mut Restorer<'_>, shown: &str) -> Result<RawFd, RestoreError> {
     })
 }
 
+/// A device node as it was: `mode` its type (S_IFCHR or S_IFBLK) and
+/// permission bits, `rdev` its device number, `owner` its uid and gid.
+#[derive(Debug, Clone, Copy)]
+pub struct Node {
+    pub mode: u32,
+    pub rdev: u64,
+    pub owner: (u32, u32),
+}
+
 /// The restorer's O_PATH fd of the removed device node shown as `shown`,
-/// made again with `mode` (its type, S_IFCHR or S_IFBLK, and permission
-/// bits) and device number `rdev`. Each fd of it is a description opened
-/// anew through /proc/self/fd (which reopens the removed node).
-pub fn device(
-    r: &mut Restorer<'_>,
-    shown: &str,
-    mode: u32,
-    rdev: u64,
-) -> Result<RawFd, RestoreError> {
+/// made again as `node` (owner included: chown before it is removed
+/// again; then its permission bits once more, which chown may clear).
+/// Each fd of it is a description opened anew through /proc/self/fd
+/// (which reopens the removed node).
+pub fn device(r: &mut Restorer<'_>, shown: &str, node: Node) -> Result<RawFd, RestoreError> {
     make(r, shown, |p| {
-        fdio::mknod(p, mode, rdev)?;
+        fdio::mknod(p, node.mode, node.rdev)?;
+        let (uid, gid) = node.owner;
+        std::os::unix::fs::lchown(p, Some(uid), Some(gid))
+            .map_err(|e| io(e, &format!("chown {uid}:{gid}"), p))?;
+        fdio::chmod(p, node.mode)?;
         fdio::open(p, libc::O_PATH)
     })
 }

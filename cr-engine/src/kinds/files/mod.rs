@@ -90,6 +90,8 @@ impl FileKind for Files {
                 Ok(Some(FdKind::CharDevice {
                     rdev: r,
                     mode: md.mode() & 0o7777,
+                    uid: md.uid(),
+                    gid: md.gid(),
                 }))
             } else {
                 Err(format!(
@@ -105,6 +107,8 @@ impl FileKind for Files {
             Ok(Some(FdKind::BlockDevice {
                 rdev: md.rdev(),
                 mode: md.mode() & 0o7777,
+                uid: md.uid(),
+                gid: md.gid(),
             }))
         } else {
             Err(format!(
@@ -134,11 +138,25 @@ impl FileKind for Files {
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {
         Some(match f.kind {
-            FdKind::CharDevice { rdev, mode } | FdKind::BlockDevice { rdev, mode }
-                if ghost::removed(&f.path).is_some() =>
-            {
+            FdKind::CharDevice {
+                rdev,
+                mode,
+                uid,
+                gid,
+            }
+            | FdKind::BlockDevice {
+                rdev,
+                mode,
+                uid,
+                gid,
+            } if ghost::removed(&f.path).is_some() => {
                 let block = matches!(f.kind, FdKind::BlockDevice { .. });
-                ghost_device(cx.r, f, rdev, mode, block).map(Opened::Ours)
+                let node = ghost::Node {
+                    mode,
+                    rdev,
+                    owner: (uid, gid),
+                };
+                ghost_device(cx.r, f, node, block).map(Opened::Ours)
             }
             FdKind::Regular { .. }
             | FdKind::Directory
@@ -414,14 +432,20 @@ fn description(
 fn ghost_device(
     r: &mut Restorer<'_>,
     f: &Fd,
-    rdev: u64,
-    mode: u32,
+    node: ghost::Node,
     block: bool,
 ) -> Result<OwnedFd, RestoreError> {
     let kind = if block { libc::S_IFBLK } else { libc::S_IFCHR };
     // An image without the mode (older): the node is only ours anyway.
-    let perm = if mode == 0 { 0o600 } else { mode };
-    let g = ghost::device(r, &f.path, kind | perm, rdev)?;
+    let perm = if node.mode == 0 { 0o600 } else { node.mode };
+    let g = ghost::device(
+        r,
+        &f.path,
+        ghost::Node {
+            mode: kind | perm,
+            ..node
+        },
+    )?;
     let flags = (f.flags as i32) & !(OPEN_ONLY | libc::O_CLOEXEC);
     let what = || format!("cannot open the removed device {} as fd {}", f.path, f.fd);
     let fd = fdio::open(&format!("/proc/self/fd/{g}"), flags).step(what)?;

@@ -177,9 +177,10 @@ for fd, what in ((d, "the deleted file"), (m, "the memfd")):
 }
 
 /// Device nodes outside /dev: two removed while open (a /dev/null and a
-/// /dev/zero of the program's own, one in a directory removed too, one
-/// open twice through a dup) and one still linked. The restored program
-/// holds removed nodes of the same paths, device numbers and modes, that
+/// /dev/zero of the program's own, owned by other users, one in a
+/// directory removed too, one open twice through a dup) and one still
+/// linked. The restored program holds removed nodes of the same paths,
+/// device numbers, modes and owners, that
 /// still work as those devices, and nothing is left on disk.
 #[test]
 fn removed_device_nodes_round_trip() {
@@ -194,6 +195,7 @@ zero = os.path.join(sub, "zero-node")
 os.mknod(zero, stat.S_IFCHR | 0o640, os.makedev(1, 5)); os.chmod(zero, 0o640)
 kept = os.path.join(DIR, "kept-null")
 os.mknod(kept, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+os.chown(nul, 1234, 2345); os.chown(zero, 4321, 5432); os.chmod(zero, 0o640)
 fn = os.open(nul, os.O_WRONLY)
 fz = os.open(zero, os.O_RDONLY | os.O_NONBLOCK); fz2 = os.dup(fz)
 fk = os.open(kept, os.O_RDWR)
@@ -201,8 +203,9 @@ os.unlink(nul); os.unlink(zero); os.rmdir(sub)
 "#,
         r#"
 link = lambda fd: os.readlink("/proc/self/fd/%d" % fd)
-for fd, path, dev, mode in ((fn, nul, (1, 3), 0o620), (fz, zero, (1, 5), 0o640)):
+for fd, path, dev, mode, owner in ((fn, nul, (1, 3), 0o620, (1234, 2345)), (fz, zero, (1, 5), 0o640, (4321, 5432))):
     st = os.fstat(fd)
+    expect((st.st_uid, st.st_gid) == owner, "fd %d owner %d:%d" % (fd, st.st_uid, st.st_gid))
     expect(link(fd) == path + " (deleted)", "fd %d is %r" % (fd, link(fd)))
     expect(stat.S_ISCHR(st.st_mode), "fd %d a character device" % fd)
     expect((os.major(st.st_rdev), os.minor(st.st_rdev)) == dev, "fd %d device %x" % (fd, st.st_rdev))
@@ -237,7 +240,7 @@ impl Drop for Loop {
 /// Block devices: a loop device open by its /dev path, and a node of the
 /// same device made by the program and removed while open. Each comes
 /// back at its offset, reading the disk's bytes; the removed one a
-/// removed block node of the same path, device number and mode.
+/// removed block node of the same path, device number, mode and owner.
 #[test]
 fn block_devices_round_trip() {
     use std::os::unix::fs::MetadataExt;
@@ -259,7 +262,7 @@ fn block_devices_round_trip() {
 import stat
 LOOP = "{loop}"; RDEV = {rdev}
 node = os.path.join(DIR, "blk")
-os.mknod(node, stat.S_IFBLK | 0o600, RDEV); os.chmod(node, 0o604)
+os.mknod(node, stat.S_IFBLK | 0o600, RDEV); os.chown(node, 1234, 2345); os.chmod(node, 0o604)
 gb = os.open(node, os.O_RDONLY); os.lseek(gb, 5000, 0)
 lb = os.open(LOOP, os.O_RDONLY); os.lseek(lb, 7000, 0)
 os.unlink(node)
@@ -276,6 +279,7 @@ st = os.fstat(gb)
 expect(link(gb) == node + " (deleted)", "the removed node %r" % link(gb))
 expect(stat.S_ISBLK(st.st_mode) and st.st_rdev == RDEV, "the removed node's device")
 expect(st.st_mode & 0o7777 == 0o604, "the removed node's mode %o" % (st.st_mode & 0o7777))
+expect((st.st_uid, st.st_gid) == (1234, 2345), "the removed node's owner %d:%d" % (st.st_uid, st.st_gid))
 expect(not os.path.exists(node), "the removed node left behind")
 expect(os.lseek(gb, 0, 1) == 5000, "the removed node's offset")
 expect(os.read(gb, 16) == want(5000, 16), "the disk's bytes through the removed node")

@@ -23,7 +23,7 @@ use cr_image::model::{MemStats, Memory, PageAt, Vma, VmaKind};
 use cr_image::store::{is_zero, page_hash, Loc, OpenBlock, StoreWriter};
 use cr_sys::mem::{read_vm, FileWindow, ProcMem};
 use cr_sys::pagemap::{
-    is_pte_marker, Pagemap, PFN_MASK, PM_FILE, PM_PRESENT, PM_SOFT_DIRTY, PM_SWAP,
+    is_pte_marker, Pagemap, PFN_MASK, PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SOFT_DIRTY, PM_SWAP,
 };
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
@@ -134,11 +134,28 @@ fn stored(kind: VmaKind, pm: u64) -> bool {
 enum Src {
     /// process_vm_readv at the run's address.
     Vm,
-    /// /proc/PID/mem (VMA not readable by the process itself).
+    /// /proc/PID/mem: a VMA not readable by the process itself, or a page
+    /// the process may share copy-on-write with another (see [`page_src`]).
     Forced,
     /// The shared memory object opened through /proc/PID/map_files (index
     /// into the open files), at object offset `src_off`.
     Shm(usize),
+}
+
+/// Where page `pm` (its pagemap entry) of a VMA read from `src` is read
+/// from. A page that is not mapped by this process alone (a private page
+/// shared copy-on-write with a parent or child since a fork), or that is
+/// swapped out (it may be), is read through /proc/PID/mem: process_vm_readv
+/// pins the pages it reads, and the kernel copies a shared anonymous page
+/// for a read pin ("unshare", Linux 5.19+), which would end its sharing
+/// in every process a checkpoint lets run on (see `cr_sys::mem`).
+fn page_src(src: Src, pm: u64) -> Src {
+    let maybe_shared = pm & PM_SWAP != 0 || (pm & PM_PRESENT != 0 && pm & PM_EXCLUSIVE == 0);
+    if src == Src::Vm && maybe_shared {
+        Src::Forced
+    } else {
+        src
+    }
 }
 
 /// A run of pages to read.
@@ -340,7 +357,7 @@ pub fn plan(
                 };
                 match known {
                     Some(h) => parent_page(&mut p, page, h),
-                    None => read_page(&mut p, v.start, page, src, page),
+                    None => read_page(&mut p, v.start, page, page_src(src, pm), page),
                 }
             }
             addr += n * PAGE_SIZE;
@@ -363,6 +380,7 @@ fn within(ranges: &[(u64, u64)], start: u64, end: u64) -> bool {
 /// from `cursor`) or, when the parent holds nothing for it, was empty
 /// then and still is: a swapped one (or a userfaultfd marker, which shows
 /// as swapped) is left out, a present one is read (as [`plan`] would).
+/// Only the pages read have their pagemap entries read (for [`page_src`]).
 fn plan_tracked(
     p: &mut Plan,
     pid: i32,
@@ -376,25 +394,55 @@ fn plan_tracked(
     let mut held = Vec::new();
     cr_sys::dirty::scan_categories(pagemap.file(), pid, v.start, v.end, &mut held)
         .map_err(|e| CheckpointError::from_sys(pid, e))?;
+    // What becomes of each page of a chunk: Some(hash) the parent's, None
+    // read, and the pages left out are not listed.
+    let mut chunk: Vec<(u64, Option<u64>)> = Vec::new();
+    let mut entries = Vec::new();
     for (a, b, cat) in held {
         if cat & PAGE_IS_PFNZERO != 0 {
             p.zero_pfn_pages += (b - a) / PAGE_SIZE;
             continue; // the shared zero page: nothing to keep
         }
         let present = cat & PAGE_IS_PRESENT != 0;
-        for page in (a..b).step_by(PAGE_SIZE as usize) {
-            let known = if in_ranges(written, page) {
-                None
-            } else {
-                cursor.hash_of(page)
-            };
-            match known {
-                Some(h) => parent_page(p, page, h),
-                None if present || in_ranges(written, page) => {
-                    read_page(p, v.start, page, src, page)
+        let mut at = a;
+        while at < b {
+            let end = b.min(at + PAGEMAP_CHUNK * PAGE_SIZE);
+            chunk.clear();
+            for page in (at..end).step_by(PAGE_SIZE as usize) {
+                let written = in_ranges(written, page);
+                match if written { None } else { cursor.hash_of(page) } {
+                    Some(h) => chunk.push((page, Some(h))),
+                    None if present || written => chunk.push((page, None)),
+                    None => {}
                 }
-                None => {}
             }
+            // The pagemap entries of the pages read (where they are read
+            // from depends on them: see `page_src`), one read per
+            // contiguous stretch.
+            let mut i = 0;
+            while i < chunk.len() {
+                let (page, known) = chunk[i];
+                if let Some(h) = known {
+                    parent_page(p, page, h);
+                    i += 1;
+                    continue;
+                }
+                let n = chunk[i..]
+                    .iter()
+                    .enumerate()
+                    .take_while(|&(k, &(q, h))| h.is_none() && q == page + k as u64 * PAGE_SIZE)
+                    .count();
+                entries.resize(n, 0);
+                pagemap
+                    .read(page, &mut entries)
+                    .map_err(|e| CheckpointError::from_sys(pid, e))?;
+                for (k, &pm) in entries.iter().enumerate() {
+                    let q = page + k as u64 * PAGE_SIZE;
+                    read_page(p, v.start, q, page_src(src, pm), q);
+                }
+                i += n;
+            }
+            at = end;
         }
     }
     Ok(())

@@ -160,6 +160,8 @@ impl FileKind for Tty {
                 return Some(Ok(Some(FdKind::CharDevice {
                     rdev: r,
                     mode: md.mode() & 0o7777,
+                    uid: md.uid(),
+                    gid: md.gid(),
                 })));
             }
         }
