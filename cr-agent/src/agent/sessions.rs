@@ -200,7 +200,7 @@ impl Sessions {
         }
         info!(
             ms = t0.elapsed().as_millis() as u64,
-            "killed members gone before the restore"
+            "waited for killed members to be gone"
         );
     }
 
