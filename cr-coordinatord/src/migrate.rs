@@ -660,6 +660,9 @@ impl Coordinator {
             timeout,
             pre_copy: pre_copy.then(|| moves.clone()),
             defer_retention: true,
+            // Restored on their targets: their exit (the unmapping of
+            // their memory) is not waited for inside the downtime.
+            exit_later: moves.keys().cloned().collect(),
             ..Default::default()
         };
         let ck = match self.checkpoint_on(job, pb::After::Kill, &opts).await {
@@ -681,6 +684,7 @@ impl Coordinator {
         rec.checkpoint = ck.id.clone();
         self.set_migration(job, Some(rec.clone()))?;
         crate::fault::point("migrate").await;
+        let restart_at = t0.elapsed();
         let placement = Placement::Members(moves.clone());
         let res = self
             .restart_placed(
@@ -697,9 +701,11 @@ impl Coordinator {
         match res {
             Ok(r) => {
                 let _ = self.set_migration(job, None);
-                // From the freeze on: the pre-copy ran before it.
+                // From the freeze (the pre-copy ran before it) to the
+                // release of every member (they run from then on).
                 let duration_ms = t0.elapsed().as_millis() as u64;
-                let downtime_ms = duration_ms.saturating_sub(ck.pre_copy_ms);
+                let released_ms = restart_at.as_millis() as u64 + r.released_ms;
+                let downtime_ms = released_ms.saturating_sub(ck.pre_copy_ms);
                 let mut moved: Vec<String> = r
                     .placed
                     .iter()

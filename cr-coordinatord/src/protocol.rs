@@ -225,6 +225,10 @@ pub struct CheckpointOpts {
     pub non_blocking: bool,
     /// Limits for members linked with libcr (None: the agents' defaults).
     pub coop: Option<pb::Cooperation>,
+    /// With KILL: members (node, pid) whose exit FINISH does not wait for
+    /// (a migration's moved members: restored elsewhere, see
+    /// FinishRequest.exit_later).
+    pub exit_later: Vec<MemberKey>,
 }
 
 /// How a restart runs (besides where: [`Placement`]).
@@ -582,8 +586,15 @@ impl Coordinator {
             });
         }
 
-        self.finish_checkpoint(&busy, &mut rec, &hosts, after, deadline, t0)
-            .await;
+        self.finish_checkpoint(
+            &busy,
+            &mut rec,
+            &hosts,
+            (after, &opts.exit_later),
+            deadline,
+            t0,
+        )
+        .await;
         self.replicate(&busy, &mut rec, jobrec.replicas).await;
         if !opts.defer_retention {
             busy.phase("removing old checkpoints");
@@ -806,7 +817,7 @@ impl Coordinator {
         busy: &Busy<'_>,
         rec: &mut CheckpointRecord,
         hosts: &Hosts,
-        after: pb::After,
+        (after, exit_later): (pb::After, &[MemberKey]),
         deadline: Instant,
         t0: Instant,
     ) {
@@ -831,6 +842,11 @@ impl Coordinator {
             let req = pb::FinishRequest {
                 session: id.clone(),
                 after: after as i32,
+                exit_later: exit_later
+                    .iter()
+                    .filter(|(m, _)| m == n)
+                    .map(|(_, p)| *p)
+                    .collect(),
             };
             timed(finish_deadline, "FINISH", n, self.agents.finish(n, req))
         });
@@ -1302,6 +1318,7 @@ impl Coordinator {
         if !failed.is_empty() {
             self.abort_all(&session, &failed).await;
         }
+        let released_ms = ms(t0.elapsed());
         tracing::info!(job, checkpoint = %id, phase = "release", ms = ms(t.elapsed()), members = members.len(), "phase done");
         // JOBBACK: every node has let its members go, the job is back; only
         // now do their restart callbacks run (one may need a member on
@@ -1382,6 +1399,7 @@ impl Coordinator {
             fetched_bytes: fetched.bytes,
             fetch_ms,
             placed,
+            released_ms,
         })
     }
 

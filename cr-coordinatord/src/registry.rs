@@ -509,6 +509,7 @@ impl Coordinator {
                 let req = pb::FinishRequest {
                     session: id.clone(),
                     after,
+                    ..Default::default()
                 };
                 match tokio::time::timeout(FINISH_RESEND_TIMEOUT, me.agents.finish(&node, req))
                     .await

@@ -133,6 +133,18 @@ impl Members {
         changed
     }
 
+    /// Drop the members `pids` (killed, their exit still under way: not
+    /// to be reported as running meanwhile).
+    pub fn forget(&self, pids: &[i32]) {
+        let mut st = self.lock();
+        let before = st.list.len();
+        st.list.retain(|m| !pids.contains(&m.pid));
+        if st.list.len() != before {
+            st.generation += 1;
+            self.save(&st);
+        }
+    }
+
     /// The live members and the generation of this list.
     pub fn snapshot(&self) -> (Vec<Member>, u64) {
         let st = self.lock();

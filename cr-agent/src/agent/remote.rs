@@ -241,7 +241,11 @@ impl pb::agent_server::Agent for AgentService {
         from_coordinator(&self.shared, &req)?;
         let r = req.into_inner();
         let after = pb::After::try_from(r.after).unwrap_or(pb::After::Continue);
-        let res = self.shared.sessions.finish(&r.session, after).await;
+        let res = self
+            .shared
+            .sessions
+            .finish(&r.session, after, r.exit_later)
+            .await;
         // Committed: images kept in doubt by a session that ended alone stay.
         sessions::forget_in_doubt(&self.shared.config.state_dir, &r.session, false);
         ok(res)
@@ -320,7 +324,11 @@ impl pb::agent_server::Agent for AgentService {
     async fn unlock(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::Empty>, Status> {
         from_coordinator(&self.shared, &req)?;
         let dirs = req.into_inner().dirs;
+        let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || {
+            // The locks of moved images go once their killed members are
+            // gone (a migration's FINISH did not wait for their exit).
+            shared.sessions.wait_exits();
             for d in dirs {
                 unlock_image(Path::new(&d));
             }

@@ -57,7 +57,8 @@ enum Cmd {
     /// coordinator: images already written stay until the coordinator
     /// decides, see [`forget_in_doubt`]).
     Abort(bool, Reply<()>),
-    Finish(pb::After, Reply<pb::FinishReply>),
+    /// FINISH: what to do, and the members whose exit is not waited for.
+    Finish(pb::After, Vec<i32>, Reply<pb::FinishReply>),
     Release(Reply<pb::ReleaseReply>),
 }
 
@@ -82,6 +83,9 @@ const ENDED_KEPT: usize = 256;
 pub struct Sessions {
     map: Mutex<HashMap<String, mpsc::Sender<Cmd>>>,
     ended: Mutex<std::collections::VecDeque<(String, String)>>,
+    /// Threads waiting for members killed by a FINISH that did not wait
+    /// for their exit ([`finish_killed_later`]).
+    exiting: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Sessions {
@@ -174,8 +178,34 @@ impl Sessions {
         }
         self.send(id, |r| Cmd::Abort(false, r)).await
     }
-    pub async fn finish(&self, id: &str, after: pb::After) -> Result<pb::FinishReply, String> {
-        self.send(id, |r| Cmd::Finish(after, r)).await
+    pub async fn finish(
+        &self,
+        id: &str,
+        after: pb::After,
+        exit_later: Vec<i32>,
+    ) -> Result<pb::FinishReply, String> {
+        self.send(id, |r| Cmd::Finish(after, exit_later, r)).await
+    }
+
+    /// Wait until the members killed by a FINISH that did not wait for
+    /// their exit are gone (their PIDs, ports and memory free again).
+    pub fn wait_exits(&self) {
+        let waiting: Vec<_> = std::mem::take(&mut *self.exiting());
+        if waiting.is_empty() {
+            return;
+        }
+        let t0 = Instant::now();
+        for t in waiting {
+            let _ = t.join();
+        }
+        info!(
+            ms = t0.elapsed().as_millis() as u64,
+            "waited for killed members to be gone"
+        );
+    }
+
+    fn exiting(&self) -> std::sync::MutexGuard<'_, Vec<std::thread::JoinHandle<()>>> {
+        self.exiting.lock().unwrap_or_else(|p| p.into_inner())
     }
     pub async fn release(&self, id: &str) -> Result<pb::ReleaseReply, String> {
         self.send(id, Cmd::Release).await
@@ -784,7 +814,7 @@ fn checkpoint_session(
     let record = Record::new(&shared.config.state_dir, &req.session);
     // The reaper lets the targets alone while this session traces them.
     let pids: Vec<i32> = req.targets.iter().map(|t| t.pid).collect();
-    let _loan = shared.reaper.lend(&pids);
+    let loan = shared.reaper.lend(&pids);
     let mut locks = Vec::new();
     let mut dirs = Vec::new();
     let fail = |held: Vec<Member>, msg: String, ready: Reply<pb::PrepareReply>| {
@@ -1075,7 +1105,7 @@ fn checkpoint_session(
                     let _ = r.send(Ok(()));
                 }
             }
-            Cmd::Finish(after, r) => {
+            Cmd::Finish(after, exit_later, r) => {
                 if !committed && dumped {
                     // Only a committed checkpoint is ever finished: the
                     // coordinator committed, and its COMMIT was lost (it
@@ -1091,7 +1121,11 @@ fn checkpoint_session(
                     continue;
                 }
                 fault::point("finish", shared);
-                let res = finish_all(frozen, action(after));
+                let later = (after == pb::After::Kill).then_some(&exit_later[..]);
+                let res = match later.filter(|l| !l.is_empty()) {
+                    None => finish_all(frozen, action(after)),
+                    Some(later) => finish_killed_later(shared, frozen, later, loan),
+                };
                 record.clear();
                 let how = match &res {
                     Ok(_) => format!("finished ({})", after.as_str_name()),
@@ -1373,6 +1407,90 @@ fn release_locks(held: &[Member], action: Action) {
 /// kept for the image, for good, after a kill or stop); how long each was
 /// frozen.
 fn finish_all(f: Frozen, action: Action) -> Result<pb::FinishReply, String> {
+    let (reply, later) = let_all_go(f, action, &[]);
+    if let Some(l) = later {
+        l.wait(); // none: every member was waited for
+    }
+    reply
+}
+
+/// FINISH with KILL of a session some of whose members (`later`) are
+/// restored on another node (a migration): every tree is killed, but the
+/// reply does not wait for those members' exit (a process of 1 GiB takes
+/// a quarter of a second to unmap its memory: that was inside the
+/// migration's downtime). They are no longer reported as members; a
+/// thread of its own waits for their exit, holding the reaper's `loan`
+/// and the network locks' leases until then, and a later RESTORE on this
+/// node waits for that thread ([`Sessions::wait_exits`]).
+fn finish_killed_later(
+    shared: &Shared,
+    f: Frozen,
+    later: &[i32],
+    loan: super::reaper::Loan,
+) -> Result<pb::FinishReply, String> {
+    if !f.thawed.is_empty() {
+        // A non-blocking session's members run already: nothing to defer.
+        return finish_all(f, Action::Kill);
+    }
+    shared.members.forget(later);
+    let (reply, rest) = let_all_go(f, Action::Kill, later);
+    if let Some(rest) = rest {
+        let spawned = std::thread::Builder::new()
+            .name("killed-exits".into())
+            .spawn(move || {
+                let t0 = Instant::now();
+                rest.wait();
+                drop(loan);
+                info!(
+                    ms = t0.elapsed().as_millis() as u64,
+                    "killed members gone (their exit was not waited for by FINISH)"
+                );
+            });
+        match spawned {
+            Ok(t) => shared.sessions.exiting().push(t),
+            Err(e) => {
+                warn!(error = %e, "cannot start a thread to wait for killed members: they are gone when the next restore starts")
+            }
+        }
+    }
+    reply
+}
+
+/// What [`let_all_go`] left to wait for: members being let go, and the
+/// network locks' leases, made permanent once they are (after a kill or
+/// stop: a member is never left running behind a lock that does not lift).
+struct LetGo {
+    pending: Vec<(i32, LetGoResult)>,
+    leases: Vec<super::leases::Lease>,
+    action: Action,
+}
+
+type LetGoResult = cr_engine::tracer::Pending<(u64, Result<(), String>)>;
+
+impl LetGo {
+    /// Wait for every member (a failure is logged: the reply went).
+    fn wait(self) {
+        for (pid, p) in self.pending {
+            if let Err(e) = p.wait().map_or_else(|e| Err(e.to_string()), |r| r.1) {
+                warn!(pid, error = e, "letting a checkpointed process go failed");
+            }
+        }
+        if self.action != Action::Continue {
+            for l in self.leases {
+                l.make_permanent();
+            }
+        }
+    }
+}
+
+/// Let every tree go as [`finish_all`] says, waiting for each but the
+/// members in `later` (their frozen time is taken as they are let go);
+/// what is left to wait for when `later` is not empty.
+fn let_all_go(
+    f: Frozen,
+    action: Action,
+    later: &[i32],
+) -> (Result<pb::FinishReply, String>, Option<LetGo>) {
     let Frozen {
         held,
         mut leases,
@@ -1384,25 +1502,33 @@ fn finish_all(f: Frozen, action: Action) -> Result<pb::FinishReply, String> {
     release_locks(&held, action);
     // A non-blocking session's: already running, only their locks go.
     unlock_thawed(&thawed);
-    let pending: Vec<_> = held
-        .into_iter()
-        .map(|m| {
-            let pid = m.pid;
-            let p = m.tracer.end(move |h| {
-                let frozen = h.frozen_for().as_millis() as u64;
-                (frozen, h.finish(action).map_err(|e| one_line(&e)))
-            });
-            (pid, p)
-        })
-        .collect();
-    let mut first_err = None;
     let mut reply = pb::FinishReply::default();
     for t in &thawed {
         reply.frozen_ms = reply.frozen_ms.max(t.frozen_ms);
         reply.member_frozen_ms.insert(t.pid, t.frozen_ms);
         reply.held_ms = reply.held_ms.max(t.since.elapsed().as_millis() as u64);
     }
-    for (pid, p) in pending {
+    let (mut now, mut rest) = (Vec::new(), Vec::new());
+    for m in held {
+        let pid = m.pid;
+        let (ftx, frx) = mpsc::channel();
+        let p = m.tracer.end(move |h| {
+            let frozen = h.frozen_for().as_millis() as u64;
+            let _ = ftx.send(frozen);
+            (frozen, h.finish(action).map_err(|e| one_line(&e)))
+        });
+        if later.contains(&pid) {
+            // Sent as its tracer starts to let it go.
+            let frozen = frx.recv().unwrap_or(0);
+            reply.frozen_ms = reply.frozen_ms.max(frozen);
+            reply.member_frozen_ms.insert(pid, frozen);
+            rest.push((pid, p));
+        } else {
+            now.push((pid, p));
+        }
+    }
+    let mut first_err = None;
+    for (pid, p) in now {
         let (frozen, res) = match p.wait() {
             Ok(r) => r,
             Err(e) => (0, Err(e.to_string())),
@@ -1414,18 +1540,23 @@ fn finish_all(f: Frozen, action: Action) -> Result<pb::FinishReply, String> {
             first_err.get_or_insert(format!("process {pid}: {e}"));
         }
     }
-    // Killed or stopped: the lock belongs to the image now (cr_restart
-    // removes it); only then does it stop expiring, so a member is never
-    // left running behind a lock that does not lift.
-    if action != Action::Continue {
-        for l in leases {
-            l.make_permanent();
-        }
-    }
-    match first_err {
+    let rest = LetGo {
+        pending: rest,
+        leases,
+        action,
+    };
+    // The leases stay held (renewed) until the members left are gone.
+    let rest = if rest.pending.is_empty() {
+        rest.wait();
+        None
+    } else {
+        Some(rest)
+    };
+    let res = match first_err {
         Some(e) => Err(e),
         None => Ok(reply),
-    }
+    };
+    (res, rest)
 }
 
 /// RESTORE: rebuild the targets frozen on a session thread; their PIDs.
@@ -1452,6 +1583,9 @@ fn restore_session(
     ready: Reply<pb::RestoreReply>,
 ) -> String {
     let timeout = Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
+    // Members killed here whose exit a FINISH did not wait for may hold
+    // what this restore needs (a rolled-back migration's PIDs, ports).
+    shared.sessions.wait_exits();
     let opts = RestoreOptions {
         workers: Some(shared.workers),
         map_addr,
@@ -1572,7 +1706,7 @@ fn reply_err(cmd: Cmd, msg: String) {
         Cmd::Freeze(r) => drop(r.send(Err(msg))),
         Cmd::Dump(r) => drop(r.send(Err(msg))),
         Cmd::Commit(r) | Cmd::Abort(_, r) => drop(r.send(Err(msg))),
-        Cmd::Finish(_, r) => drop(r.send(Err(msg))),
+        Cmd::Finish(_, _, r) => drop(r.send(Err(msg))),
         Cmd::Release(r) => drop(r.send(Err(msg))),
     }
 }
