@@ -32,6 +32,37 @@ pub fn set_affinity(tid: i32, cpus: &[u32]) -> Result<()> {
     sched_setaffinity(Pid::from_raw(tid), &set).or_sys(what)
 }
 
+/// SCHED_RESET_ON_FORK as sched_getscheduler(2) ORs it into the policy.
+const SCHED_RESET_ON_FORK: u32 = 0x4000_0000;
+/// SCHED_FLAG_RESET_ON_FORK of sched_attr.sched_flags.
+const SCHED_FLAG_RESET_ON_FORK: u64 = 1;
+
+/// The scheduling policy of thread `tid` exactly as sched_getscheduler(2)
+/// run by that thread answers it (SCHED_RESET_ON_FORK ORed in), read from
+/// outside with sched_getattr(2): no system call injected into it.
+pub fn policy(tid: i32) -> Result<u32> {
+    // struct sched_attr up to sched_period (SCHED_ATTR_SIZE_VER0 is 48).
+    let mut attr = [0u32; 14];
+    let size = std::mem::size_of_val(&attr) as u32;
+    // Raw: neither libc nor nix wraps sched_getattr.
+    // SAFETY: attr is a writable buffer of `size` bytes.
+    let r = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, attr.as_mut_ptr(), size, 0u32) };
+    if r != 0 {
+        return Err(SysError::Syscall {
+            what: format!("sched_getattr of thread {tid}"),
+            source: crate::Errno::last(),
+        });
+    }
+    // { u32 size; u32 sched_policy; u64 sched_flags; ... }
+    let policy = attr[1];
+    let flags = u64::from(attr[2]) | u64::from(attr[3]) << 32;
+    Ok(if flags & SCHED_FLAG_RESET_ON_FORK != 0 {
+        policy | SCHED_RESET_ON_FORK
+    } else {
+        policy
+    })
+}
+
 /// The CPUs online on this machine (/sys/devices/system/cpu/online).
 pub fn online_cpus() -> Result<Vec<u32>> {
     let path = "/sys/devices/system/cpu/online";
