@@ -335,15 +335,8 @@ impl Kind for Fds {
 /// O_ASYNC mode.
 fn may_signal(f: &Fd) -> bool {
     f.flags as i32 & libc::O_ASYNC != 0
-        || matches!(
-            f.kind,
-            FdKind::Pipe { .. }
-                | FdKind::Fifo { .. }
-                | FdKind::UnixSocket { .. }
-                | FdKind::InetSocket { .. }
-                | FdKind::Pty { .. }
-                | FdKind::Inherited { .. }
-        )
+        || closes_quietly(f)
+        || matches!(f.kind, FdKind::Inherited { .. })
 }
 
 /// Whether closing a copy of the fd has no effect beyond dropping a
