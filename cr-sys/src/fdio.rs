@@ -52,6 +52,24 @@ pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, pid: i32, fd: i32) -> Result<OwnedFd> 
     own(r, || format!("pidfd_getfd of fd {fd} of process {pid}"))
 }
 
+/// The I/O signal owner (F_GETOWN_EX: its kind and PID) and signal
+/// (F_GETSIG) of the open file description behind our fd `fd`: what the
+/// process holding another fd of it would be told, but for the PID, which
+/// is seen from our PID namespace (0, no owner, is the same in every one).
+pub fn signal_owner(fd: BorrowedFd<'_>) -> Result<(i32, i32, i32)> {
+    const F_GETSIG: i32 = 11;
+    const F_GETOWN_EX: i32 = 16;
+    let mut owner = [0i32; 2];
+    // SAFETY: F_GETOWN_EX writes one struct f_owner_ex { int type; pid_t pid; }
+    // into `owner`, which is exactly that size.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), F_GETOWN_EX, owner.as_mut_ptr()) };
+    cvt(r as i64, || "fcntl(F_GETOWN_EX)".to_string())?;
+    // SAFETY: F_GETSIG takes no argument.
+    let sig = unsafe { libc::fcntl(fd.as_raw_fd(), F_GETSIG) };
+    let sig = cvt(sig as i64, || "fcntl(F_GETSIG)".to_string())?;
+    Ok((owner[0], owner[1], sig as i32))
+}
+
 /// Take fd `fd` of process `pid` (see [`pidfd_getfd`]).
 pub fn steal_fd(pid: i32, fd: i32) -> Result<OwnedFd> {
     let pidfd = pidfd_open(pid)?;

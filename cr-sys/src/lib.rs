@@ -3,6 +3,7 @@
 //!
 //! - [`ptrace`]: a seized thread as a value whose `Drop` detaches it.
 //! - [`remote`]: running system calls inside a stopped tracee.
+//! - [`deadline`]: a per-thread timer that ends a blocking wait at a deadline.
 //! - [`mem`]: reading and writing another process's memory.
 //! - [`pagemap`]: which pages of a range are present, swapped or file pages.
 //! - [`dirty`]: which pages a process wrote since a point in time
@@ -26,6 +27,7 @@
 pub mod capacity;
 pub mod clone;
 pub mod coop;
+pub mod deadline;
 pub mod dirty;
 pub mod elf;
 pub mod error;

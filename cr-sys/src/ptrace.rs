@@ -149,13 +149,38 @@ pub enum WaitFailed {
     Timeout,
 }
 
-/// waitpid(`tid`, `flags` | WNOHANG | __WALL) until it reports a status or
-/// `timeout` passes; the raw status. Statuses come within microseconds of
-/// the event almost always, so the first polls only yield the CPU; later
-/// ones sleep (up to 1 ms). A blocking waitpid cannot be given a deadline,
-/// and one waiting forever is how a tracer hangs for good.
+/// One waitpid(tid, flags | __WALL); EINTR is returned, not retried.
+fn wait_once(tid: i32, flags: i32) -> std::result::Result<i32, Errno> {
+    let mut status = 0;
+    // SAFETY: status is a valid out pointer.
+    let r = unsafe { libc::waitpid(tid, &mut status, flags | libc::__WALL) };
+    if r == -1 {
+        return Err(Errno::last());
+    }
+    Ok(status)
+}
+
+/// waitpid(`tid`, `flags` | __WALL) until it reports a status or `timeout`
+/// passes; the raw status. A status already there is taken at once
+/// (WNOHANG); otherwise the thread sleeps in a blocking waitpid that its
+/// own timer interrupts at the deadline (`crate::deadline`), so a tracer
+/// neither spins on a CPU that its frozen tracees need to run their
+/// injected calls nor hangs for good on a thread stuck in the kernel.
+/// Threads that cannot have a timer poll: yields first, then sleeps of up
+/// to 1 ms.
 pub fn wait_timed(tid: i32, flags: i32, timeout: Duration) -> std::result::Result<i32, WaitFailed> {
     let deadline = Instant::now() + timeout;
+    match wait_raw(tid, flags | libc::WNOHANG) {
+        Ok((0, _)) => {}
+        Ok((_, status)) => return Ok(status),
+        Err(e) => return Err(WaitFailed::Errno(e)),
+    }
+    if let Some(r) = crate::deadline::blocking(deadline, || wait_once(tid, flags)) {
+        return r.map_err(|e| match e.0 {
+            libc::ETIMEDOUT => WaitFailed::Timeout,
+            _ => WaitFailed::Errno(e),
+        });
+    }
     let mut polls = 0u32;
     let mut pause = Duration::from_micros(20);
     loop {

@@ -1,6 +1,6 @@
-//! CPU affinity and I/O priority of any thread (sched_getaffinity /
-//! sched_setaffinity, ioprio_get / ioprio_set on a TID, from outside the
-//! process), the machine's online CPUs, and the kernel's CPU list notation
+//! CPU affinity, I/O priority and scheduling policy of any thread
+//! (sched_getaffinity / sched_setaffinity, ioprio_get / ioprio_set,
+//! sched_getattr on a TID, from outside the process), the machine's online CPUs, and the kernel's CPU list notation
 //! ("0-3,8").
 
 use crate::error::{Errno, NixResult, Result, SysError};
@@ -76,6 +76,37 @@ pub fn set_io_priority(tid: i32, prio: u32) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// SCHED_RESET_ON_FORK as sched_getscheduler(2) ORs it into the policy.
+const SCHED_RESET_ON_FORK: u32 = 0x4000_0000;
+/// SCHED_FLAG_RESET_ON_FORK of sched_attr.sched_flags.
+const SCHED_FLAG_RESET_ON_FORK: u64 = 1;
+
+/// The scheduling policy of thread `tid` exactly as sched_getscheduler(2)
+/// run by that thread answers it (SCHED_RESET_ON_FORK ORed in), read from
+/// outside with sched_getattr(2): no system call injected into it.
+pub fn policy(tid: i32) -> Result<u32> {
+    // struct sched_attr up to sched_period (SCHED_ATTR_SIZE_VER0 is 48).
+    let mut attr = [0u32; 14];
+    let size = std::mem::size_of_val(&attr) as u32;
+    // Raw: neither libc nor nix wraps sched_getattr.
+    // SAFETY: attr is a writable buffer of `size` bytes.
+    let r = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, attr.as_mut_ptr(), size, 0u32) };
+    if r != 0 {
+        return Err(SysError::Syscall {
+            what: format!("sched_getattr of thread {tid}"),
+            source: crate::Errno::last(),
+        });
+    }
+    // { u32 size; u32 sched_policy; u64 sched_flags; ... }
+    let policy = attr[1];
+    let flags = u64::from(attr[2]) | u64::from(attr[3]) << 32;
+    Ok(if flags & SCHED_FLAG_RESET_ON_FORK != 0 {
+        policy | SCHED_RESET_ON_FORK
+    } else {
+        policy
+    })
 }
 
 /// The CPUs online on this machine (/sys/devices/system/cpu/online).

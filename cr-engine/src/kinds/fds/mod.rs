@@ -28,7 +28,7 @@ use cr_image::model::{Fd, FdKind, FdOwner, Object, ObjectTag, Process, SharedFd}
 use cr_image::ImageDir;
 use cr_sys::proc::{self, FDTarget, FdInfo};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 pub struct Fds;
 
@@ -335,26 +335,55 @@ impl Kind for Fds {
 /// O_ASYNC mode.
 fn may_signal(f: &Fd) -> bool {
     f.flags as i32 & libc::O_ASYNC != 0
-        || matches!(
-            f.kind,
-            FdKind::Pipe { .. }
-                | FdKind::Fifo { .. }
-                | FdKind::UnixSocket { .. }
-                | FdKind::InetSocket { .. }
-                | FdKind::Pty { .. }
-                | FdKind::Inherited { .. }
-        )
+        || closes_quietly(f)
+        || matches!(f.kind, FdKind::Inherited { .. })
+}
+
+/// Whether closing a copy of the fd has no effect beyond dropping a
+/// reference (pipes, sockets, terminals have no `flush` operation).
+fn closes_quietly(f: &Fd) -> bool {
+    matches!(
+        f.kind,
+        FdKind::Pipe { .. }
+            | FdKind::Fifo { .. }
+            | FdKind::UnixSocket { .. }
+            | FdKind::InetSocket { .. }
+            | FdKind::Pty { .. }
+    )
 }
 
 /// F_GETOWN_EX and F_GETSIG of each open file description that may have
-/// them (asked once, through its first fd).
+/// them (asked once, through its first fd). Read from outside, on a copy
+/// of the fd (pidfd_getfd: the same description); only a description with
+/// an owner is asked again inside the process, by injected fcntl calls,
+/// for the owner's PID as the process sees it (its PID namespace). Each
+/// injected call is a round trip through the frozen process.
 fn signal_owners(cx: &mut Proc<'_, '_>, fds: &mut [Fd]) -> Result<(), CheckpointError> {
     let pid = cx.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
+    let mut pidfd = None;
     for f in fds
         .iter_mut()
         .filter(|f| f.shared.is_none() && may_signal(f))
     {
+        if pidfd.is_none() {
+            pidfd = cr_sys::fdio::pidfd_open(pid).ok();
+        }
+        // From outside, for kinds whose close runs no flush of a driver or
+        // file system (our copy is closed right away); any failure (a
+        // security module refusing the copy) leaves it to the injected calls.
+        let outside = pidfd
+            .as_ref()
+            .filter(|_| closes_quietly(f))
+            .and_then(|pidfd| {
+                let ours = cr_sys::fdio::pidfd_getfd(pidfd.as_fd(), pid, f.fd).ok()?;
+                cr_sys::fdio::signal_owner(ours.as_fd()).ok()
+            });
+        if let Some((_, 0, sig)) = outside {
+            f.owner = None;
+            f.signal = sig;
+            continue;
+        }
         let scratch = cx.probe.scratch().map_err(sys)?;
         let fd = f.fd as u64;
         let sig = cx

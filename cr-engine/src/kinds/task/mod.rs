@@ -7,8 +7,8 @@
 //!
 //! Capture reads /proc (stat, status, personality, cwd and exe links,
 //! cmdline, oom_score_adj, timerslack_ns), the executable's build id
-//! (goblin), ioprio_get, and asks the process (sched_getscheduler,
-//! PR_GET_CHILD_SUBREAPER, PR_GET_THP_DISABLE). Restore sets them by
+//! (goblin), ioprio_get and sched_getattr from outside, and asks the
+//! process (PR_GET_CHILD_SUBREAPER, PR_GET_THP_DISABLE). Restore sets them by
 //! injected system calls (chdir, umask, personality, PR_SET_NAME,
 //! sched_setscheduler, setpriority, the prctls) before the other threads
 //! are made, so they inherit the scheduling, I/O priority and timer slack;
@@ -84,10 +84,9 @@ impl Kind for Task {
         // Through the magic link: the very file, even if replaced or deleted since.
         t.exe_build_id =
             cr_sys::elf::file_build_id(&format!("/proc/{pid}/exe")).unwrap_or_default();
-        t.sched_policy = cx
-            .probe
-            .call("sched_getscheduler", libc::SYS_sched_getscheduler, [0; 6])
-            .map_err(sys)? as u32;
+        // sched_getattr from outside: what sched_getscheduler in the
+        // process would answer, without a round trip through it.
+        t.sched_policy = cr_sys::sched::policy(pid).map_err(sys)?;
         t.sched_priority = cx.stat.rt_priority.unwrap_or(0);
         t.nice = cx.stat.nice as i32;
         t.oom_score_adj = proc::sys_value(&format!("/proc/{pid}/oom_score_adj"))
