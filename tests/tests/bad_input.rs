@@ -97,6 +97,47 @@ fn checkpoint_permission_denied_as_nobody() {
     assert_unharmed(&mut wl, "after a refused checkpoint as nobody");
 }
 
+/// A process a debugger (another tracer) holds: refused naming the tracer,
+/// not as "permission denied"; once the tracer lets go, the process runs on
+/// as before.
+#[test]
+fn checkpoint_of_a_process_another_tracer_holds() {
+    let h = Harness::new("traced");
+    let mut wl = h.spawn_wl("wl_counter", &["5"]);
+    wl.wait_ready();
+    let seized = h.dir.join("seized");
+    let script = format!(
+        "import ctypes, time\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         assert libc.ptrace(0x4206, {}, None, None) == 0, ctypes.get_errno()  # PTRACE_SEIZE\n\
+         open({:?}, 'w').close()\n\
+         time.sleep(600)\n",
+        wl.pid(),
+        seized.display().to_string()
+    );
+    let mut tracer = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .spawn()
+        .expect("python3");
+    wait_until(
+        "the tracer to seize the workload",
+        Duration::from_secs(20),
+        || seized.exists(),
+        || describe(wl.pid()),
+    );
+    let img = h.image_dir("img");
+    let out = h.checkpoint(&img, &[], wl.pid());
+    out.assert_error(
+        "checkpoint of a traced process",
+        CK_ERR,
+        &[&format!("is traced by process {}", tracer.id())],
+    );
+    // Its tracer gone, the process is let go by the kernel.
+    tracer.kill().expect("kill the tracer");
+    tracer.wait().expect("reap the tracer");
+    assert_unharmed(&mut wl, "after a refused checkpoint of a traced process");
+}
+
 #[test]
 fn restore_missing_image_dir() {
     let h = Harness::new("missingdir");

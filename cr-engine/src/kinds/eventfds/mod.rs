@@ -83,15 +83,29 @@ impl FileKind for EventFds {
 
     /// The epoll interest lists, registered inside the process so each item
     /// carries the process's own fd number.
+    ///
+    /// An EPOLLONESHOT item that fired and was not armed again shows no
+    /// events (the kernel clears them), but adding it anew arms it for
+    /// EPOLLERR and EPOLLHUP. Such items are added first, armed for every
+    /// event, and made to fire once (epoll_wait) if their file is ready for
+    /// any: they are then as disarmed as they were. One whose file is ready
+    /// for nothing stays armed for errors and hang-ups only.
     fn after_fds(&self, cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
         for f in p.fds.iter().filter(|f| f.shared.is_none()) {
             let FdKind::Epoll { items } = &f.kind else {
                 continue;
             };
-            for it in items {
+            let mut order: Vec<&EpollItem> = items.iter().collect();
+            order.sort_by_key(|it| !disarmed(it.events));
+            for it in order {
+                let rearm = disarmed(it.events);
+                let events = match rearm {
+                    true => it.events | EPOLL_ALL,
+                    false => it.events,
+                };
                 // struct epoll_event is packed on x86_64: u32 events, u64 data.
                 let mut ev = Vec::with_capacity(12);
-                ev.extend_from_slice(&it.events.to_le_bytes());
+                ev.extend_from_slice(&events.to_le_bytes());
                 ev.extend_from_slice(&it.data.to_le_bytes());
                 let addr = cx.stub.put(&ev)?;
                 let what = || format!("cannot watch fd {} again in epoll fd {}", it.tfd, f.fd);
@@ -124,6 +138,9 @@ impl FileKind for EventFds {
                         .step(what)?;
                 }
                 r.step(what)?;
+                if rearm {
+                    disarm(cx, f.fd, it, addr).step(what)?;
+                }
             }
         }
         Ok(())
@@ -260,6 +277,61 @@ fn timer_state(info: &FdInfo) -> Option<TimerFd> {
 /// One "tfd: 6 events: 80000019 data: 6 pos:0 ino:40e sdev:10" line (the
 /// part after "tfd:") of epoll `epfd`. The watched file must still be open
 /// in the process: at that number, or (dup'ed, then closed) at another.
+/// EPOLLEXCLUSIVE, EPOLLWAKEUP, EPOLLONESHOT, EPOLLET: how an item
+/// reports, not what.
+const EPOLL_MODE_BITS: u32 = 0xf000_0000;
+/// Every event an item can wait for.
+const EPOLL_ALL: u32 = (libc::EPOLLIN
+    | libc::EPOLLPRI
+    | libc::EPOLLOUT
+    | libc::EPOLLRDNORM
+    | libc::EPOLLRDBAND
+    | libc::EPOLLWRNORM
+    | libc::EPOLLWRBAND
+    | libc::EPOLLMSG
+    | libc::EPOLLRDHUP) as u32;
+
+/// A one-shot item that fired and was not armed again.
+pub fn disarmed(events: u32) -> bool {
+    events & libc::EPOLLONESHOT as u32 != 0 && events & !EPOLL_MODE_BITS == 0
+}
+
+/// Make the one-shot item `it` just added to epoll fd `epfd` (armed for
+/// every event) fire once if its file is ready, else arm it for nothing
+/// but what the kernel always adds (errors, hang-ups). Only disarmed items
+/// are in the set yet: the one event epoll_wait reports is this item's.
+fn disarm(
+    cx: &mut Rebuild<'_, '_>,
+    epfd: i32,
+    it: &EpollItem,
+    ev: u64,
+) -> cr_sys::error::Result<()> {
+    let fired = cx.stub.call(
+        "epoll_wait",
+        libc::SYS_epoll_wait,
+        [epfd as u64, ev, 1, 0, 0, 0],
+    )?;
+    if fired == 0 {
+        let mut back = Vec::with_capacity(12);
+        back.extend_from_slice(&it.events.to_le_bytes());
+        back.extend_from_slice(&it.data.to_le_bytes());
+        let addr = cx.stub.put(&back)?;
+        cx.stub.call(
+            "epoll_ctl",
+            libc::SYS_epoll_ctl,
+            [
+                epfd as u64,
+                libc::EPOLL_CTL_MOD as u64,
+                it.tfd as u64,
+                addr,
+                0,
+                0,
+            ],
+        )?;
+    }
+    Ok(())
+}
+
 fn epoll_item(pid: i32, epfd: i32, v: &str) -> Result<EpollItem, String> {
     let mut words = v.split_whitespace();
     let tfd: i32 = words

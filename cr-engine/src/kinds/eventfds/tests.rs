@@ -41,6 +41,38 @@ expect(len(os.read(ino, 4096)) > 0, "inotify event")
     }
 }
 
+/// EPOLLONESHOT items that fired and were not armed again stay disarmed
+/// (one whose file is ready, one whose file is ready for nothing); an
+/// armed one-shot item and an edge-triggered one work as before.
+#[test]
+fn fired_one_shot_epoll_items_round_trip() {
+    round_trip(
+        "epoll-oneshot",
+        r#"
+import select
+r1, w1 = os.pipe(); r2, w2 = os.pipe(); r3, w3 = os.pipe(); r4, w4 = os.pipe()
+ep = select.epoll()
+ep.register(r1, select.EPOLLIN | select.EPOLLONESHOT)   # fires now: data below
+ep.register(r2, select.EPOLLIN | select.EPOLLONESHOT)   # fires, then drained
+ep.register(r3, select.EPOLLIN | select.EPOLLONESHOT)   # stays armed
+ep.register(r4, select.EPOLLIN | select.EPOLLET)
+os.write(w1, b"a"); os.write(w2, b"b")
+fired = sorted(fd for fd, _ in ep.poll(0))
+assert fired == sorted([r1, r2]), fired
+os.read(r2, 1)
+"#,
+        r#"
+expect(ep.poll(0) == [], "nothing to report yet: %r" % ep.poll(0))
+os.write(w2, b"c"); os.write(w3, b"d"); os.write(w4, b"e")
+got = sorted(fd for fd, _ in ep.poll(0))
+expect(got == sorted([r3, r4]), "only the armed items report: %r" % got)
+expect(ep.poll(0) == [], "each reported once")
+ep.modify(r1, select.EPOLLIN | select.EPOLLONESHOT)
+expect(ep.poll(0) == [(r1, select.EPOLLIN)], "armed again, the first reports its data")
+"#,
+    );
+}
+
 /// pidfds of processes of the tree (its own, its child's, one
 /// non-blocking): each comes back naming the same restored process; the
 /// child (which dies with its parent: PR_SET_PDEATHSIG) is ended through

@@ -740,8 +740,17 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             }
             // The kernel lists an interest list in its own order.
             (FdKind::Epoll { items: x }, FdKind::Epoll { items: y }) => {
+                // A fired one-shot item whose file was ready for nothing
+                // comes back armed for errors and hang-ups (see
+                // `eventfds::after_fds`).
+                let quiet = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
                 let sorted = |v: &[cr_image::model::fds::EpollItem]| {
                     let mut v = v.to_vec();
+                    for i in v.iter_mut() {
+                        if crate::kinds::eventfds::disarmed(i.events & !quiet) {
+                            i.events &= !quiet;
+                        }
+                    }
                     v.sort_by_key(|i| (i.tfd, i.events, i.data));
                     v
                 };
