@@ -17,7 +17,6 @@ use nix::mqueue::{self, MQ_OFlag, MqAttr, MqdT};
 use nix::sys::stat::Mode;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 
 /// statfs f_type of the mqueue file system.
 pub const MQUEUE_MAGIC: i64 = 0x1980_0202;
@@ -56,37 +55,21 @@ impl Queue {
     /// Open the queue fd `fd` of `pid` holds, for reading and writing,
     /// without blocking.
     pub fn of_fd(pid: i32, fd: i32) -> Result<Queue> {
-        let path = format!("/proc/{pid}/fd/{fd}");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|source| SysError::Io {
-                path: path.clone(),
-                source,
-            })?;
+        let queue = crate::fdio::open(
+            &format!("/proc/{pid}/fd/{fd}"),
+            libc::O_RDWR | libc::O_NONBLOCK,
+        )?;
         Ok(Queue {
-            fd: file.into(),
+            fd: queue,
             what: format!("the message queue of fd {fd} of process {pid}"),
         })
     }
 
-    /// Another description of the same queue with `flags` (access mode,
-    /// O_NONBLOCK): what a process's fd is opened as at restore.
-    pub fn reopen(&self, flags: i32) -> Result<OwnedFd> {
-        let path = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
-        let mode = flags & libc::O_ACCMODE;
-        let file = std::fs::OpenOptions::new()
-            .read(mode != libc::O_WRONLY)
-            .write(mode != libc::O_RDONLY)
-            .custom_flags(flags & libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|source| SysError::Io {
-                path: format!("{} (reopened as {path})", self.what),
-                source,
-            })?;
-        Ok(file.into())
+    /// Another description of the same queue with access mode `accmode`
+    /// (non-blocking; the fd's own flags are set when it is handed over):
+    /// what a process's fd is opened as at restore.
+    pub fn reopen(&self, accmode: i32) -> Result<OwnedFd> {
+        crate::fdio::reopen(&self.fd, accmode & libc::O_ACCMODE)
     }
 
     /// Make queue `name` ("/name") in this thread's IPC namespace, which
