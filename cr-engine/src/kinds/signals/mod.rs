@@ -14,8 +14,9 @@
 //! restored as zero: a program reading its old action back sees no
 //! flags). Restore:
 //! the stub inherited our actions, so every one is set; pending signals
-//! are queued again from the process's main thread (the kernel lets a
-//! process send itself any si_code) and stay blocked until the release;
+//! are queued again, the process's from its main thread and each thread's
+//! from that thread (the kernel lets a thread send itself any si_code, but
+//! not another thread a tgkill's), and stay blocked until the release;
 //! each thread's mask is set when its injector finishes.
 
 #[cfg(test)]
@@ -174,8 +175,10 @@ pub fn restore_thread(
     Ok(())
 }
 
-/// Queue again every signal that was pending, with its siginfo, from the
-/// main thread; they stay pending (blocked) until the release.
+/// Queue again every signal that was pending for the whole process, and
+/// the main thread's own, with their siginfo, from the main thread; they
+/// stay pending (blocked) until the release. The other threads queue
+/// their own ([`queue_thread_pending`]).
 pub fn queue_pending(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
     let ids = &cx.r.ids;
     let pid = ids.inner(p.pid) as u64;
@@ -190,18 +193,59 @@ pub fn queue_pending(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), Restor
         )
         .step(|| format!("cannot queue pending signal {sig}"))?;
     }
-    for th in &p.threads {
-        for info in &th.pending {
-            let sig = info.signo();
-            let addr = stub.put(info.bytes())?;
-            stub.call(
-                "rt_tgsigqueueinfo",
-                libc::SYS_rt_tgsigqueueinfo,
-                [pid, ids.inner_tid(th) as u64, sig as u64, addr, 0, 0],
-            )
-            .step(|| format!("cannot queue pending signal {sig} of thread {}", th.tid))?;
-        }
+    let main = &p.threads[0];
+    for info in &main.pending {
+        let addr = stub.put(info.bytes())?;
+        queue_for_thread(
+            &mut stub.inj,
+            pid,
+            ids.inner_tid(main) as u64,
+            addr,
+            info,
+            main,
+        )?;
     }
+    Ok(())
+}
+
+/// Queue again the signals pending for thread `th` alone, from inside that
+/// thread (`inj` runs in it; `args` is scratch memory of the stub, whose
+/// PID here is `pid`; `ids` are the process's and the thread's IDs in the
+/// process's PID namespace).
+///
+/// The kernel lets only the target thread itself queue a signal whose
+/// siginfo says it came from kill/tgkill (`si_code` >= 0 or SI_TKILL, what
+/// `pthread_kill` sends): rt_tgsigqueueinfo from another thread of the
+/// same process fails with EPERM.
+pub fn queue_thread_pending(
+    inj: &mut Injector<'_>,
+    pid: i32,
+    ids: (u32, u32),
+    args: u64,
+    th: &Thread,
+) -> Result<(), RestoreError> {
+    for info in &th.pending {
+        mem::write_vm(pid, args, info.bytes())?;
+        queue_for_thread(inj, ids.0 as u64, ids.1 as u64, args, info, th)?;
+    }
+    Ok(())
+}
+
+fn queue_for_thread(
+    inj: &mut Injector<'_>,
+    pid: u64,
+    tid: u64,
+    addr: u64,
+    info: &SigInfo,
+    th: &Thread,
+) -> Result<(), RestoreError> {
+    let sig = info.signo();
+    inj.call(
+        "rt_tgsigqueueinfo",
+        libc::SYS_rt_tgsigqueueinfo,
+        [pid, tid, sig as u64, addr, 0, 0],
+    )
+    .step(|| format!("cannot queue pending signal {sig} of thread {}", th.tid))?;
     Ok(())
 }
 

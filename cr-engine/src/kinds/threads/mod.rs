@@ -187,6 +187,8 @@ impl Kind for Threads {
                 .step(|| format!("cannot name thread {} {:?}", th.tid, th.comm))?;
             }
             signals::restore_thread(&mut inj, pid, args, th)?;
+            let ids = (cx.r.ids.inner(p.pid), cx.r.ids.inner_tid(th));
+            signals::queue_thread_pending(&mut inj, pid, ids, args, th)?;
             identity::set_creds(&mut inj, args, th.tid, &p.identity.creds)?;
             // After the credentials: changing them clears it.
             set_pdeathsig(&mut inj, th, is_root)?;
