@@ -27,15 +27,60 @@ const OPTIONS: &[(i32, i32, usize)] = &[
     (libc::SOL_SOCKET, libc::SO_PASSSEC, 4),
     (libc::SOL_SOCKET, libc::SO_SNDBUF, 4),
     (libc::SOL_SOCKET, libc::SO_RCVBUF, 4),
+    (libc::SOL_SOCKET, libc::SO_DONTROUTE, 4),
+    (libc::SOL_SOCKET, libc::SO_PEEK_OFF, 4),
+    (libc::SOL_SOCKET, libc::SO_BUSY_POLL, 4),
+    (libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, 8),
+    // What a received message's control data carries (timestamps, the
+    // count of dropped packets, the error queue in select): programs that
+    // ask for it parse it and break when it is missing.
+    (libc::SOL_SOCKET, libc::SO_TIMESTAMP, 4),
+    (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 4),
+    (libc::SOL_SOCKET, libc::SO_TIMESTAMPING, 8),
+    (libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 4),
+    (libc::SOL_SOCKET, libc::SO_SELECT_ERR_QUEUE, 4),
+    (libc::SOL_SOCKET, libc::SO_ZEROCOPY, 4),
     (libc::IPPROTO_IP, libc::IP_TOS, 4),
     (libc::IPPROTO_IP, libc::IP_TTL, 4),
     (libc::IPPROTO_IP, libc::IP_FREEBIND, 4),
     (libc::IPPROTO_IP, libc::IP_TRANSPARENT, 4),
     (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 4),
     (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 4),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_IF, 4),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, 4),
+    (libc::IPPROTO_IP, libc::IP_PKTINFO, 4),
+    (libc::IPPROTO_IP, libc::IP_RECVTTL, 4),
+    (libc::IPPROTO_IP, libc::IP_RECVTOS, 4),
+    (libc::IPPROTO_IP, libc::IP_RECVOPTS, 4),
+    (libc::IPPROTO_IP, libc::IP_RETOPTS, 4),
+    (libc::IPPROTO_IP, libc::IP_RECVERR, 4),
+    (libc::IPPROTO_IP, libc::IP_RECVORIGDSTADDR, 4),
+    (libc::IPPROTO_IP, libc::IP_RECVFRAGSIZE, 4),
+    (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, 4),
+    (libc::IPPROTO_IP, libc::IP_BIND_ADDRESS_NO_PORT, 4),
+    (libc::IPPROTO_IP, libc::IP_CHECKSUM, 4),
+    (libc::IPPROTO_IP, libc::IP_PASSSEC, 4),
+    (libc::IPPROTO_IP, libc::IP_OPTIONS, 40),
     (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 4),
     (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, 4),
     (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_IF, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVERR, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVPATHMTU, 4),
+    (libc::IPPROTO_IPV6, IPV6_RECVORIGDSTADDR, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, 4),
+    (libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 4),
+    (libc::IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 4),
+    (libc::IPPROTO_IPV6, IPV6_FREEBIND, 4),
+    (libc::IPPROTO_IPV6, IPV6_TRANSPARENT, 4),
+    (libc::IPPROTO_UDP, UDP_CORK, 4),
+    (libc::IPPROTO_UDP, UDP_SEGMENT, 4),
+    (libc::IPPROTO_UDP, UDP_GRO, 4),
     (libc::IPPROTO_TCP, libc::TCP_NODELAY, 4),
     (libc::IPPROTO_TCP, libc::TCP_CORK, 4),
     (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 4),
@@ -48,6 +93,10 @@ const OPTIONS: &[(i32, i32, usize)] = &[
     (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, 4),
     (libc::IPPROTO_TCP, libc::TCP_CONGESTION, 16),
     (libc::IPPROTO_TCP, libc::TCP_FASTOPEN, 4),
+    (libc::IPPROTO_TCP, libc::TCP_THIN_LINEAR_TIMEOUTS, 4),
+    (libc::IPPROTO_TCP, libc::TCP_INQ, 4),
+    (libc::IPPROTO_TCP, TCP_TX_DELAY, 4),
+    (libc::IPPROTO_TCP, libc::TCP_SAVE_SYN, 4),
     // Raw IP sockets: the header is the program's own, ICMP type filters,
     // where IPv6 puts a checksum.
     (libc::IPPROTO_IP, libc::IP_HDRINCL, 4),
@@ -57,6 +106,15 @@ const OPTIONS: &[(i32, i32, usize)] = &[
 ];
 
 const SOL_RAW: i32 = 255;
+// Missing from the libc crate (linux/in6.h, linux/tcp.h, linux/udp.h).
+const IPV6_AUTOFLOWLABEL: i32 = 70;
+const IPV6_RECVORIGDSTADDR: i32 = 74;
+const IPV6_TRANSPARENT: i32 = 75;
+const IPV6_FREEBIND: i32 = 78;
+const TCP_TX_DELAY: i32 = 37;
+const UDP_CORK: i32 = 1;
+const UDP_SEGMENT: i32 = 103;
+const UDP_GRO: i32 = 104;
 const ICMP_FILTER: i32 = 1;
 const IPV6_CHECKSUM: i32 = 7;
 const ICMPV6_FILTER: i32 = 1;
@@ -88,6 +146,7 @@ fn level_applies(level: i32, sh: &Shape) -> bool {
         libc::IPPROTO_IP => ip,
         libc::IPPROTO_IPV6 => sh.family == libc::AF_INET6,
         libc::IPPROTO_TCP => ip && sh.protocol == libc::IPPROTO_TCP,
+        libc::IPPROTO_UDP => ip && sh.protocol == libc::IPPROTO_UDP,
         SOL_RAW => raw && sh.family == libc::AF_INET && sh.protocol == libc::IPPROTO_ICMP,
         libc::IPPROTO_ICMPV6 => raw && sh.protocol == libc::IPPROTO_ICMPV6,
         cr_sys::netlink::SOL_NETLINK => sh.family == libc::AF_NETLINK,
@@ -129,14 +188,31 @@ pub fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
     let ip = matches!(sh.family, libc::AF_INET | libc::AF_INET6);
     let mut out = Vec::new();
     for (level, name, max) in table() {
-        let multicast = level == libc::IPPROTO_IP
-            && matches!(name, libc::IP_MULTICAST_TTL | libc::IP_MULTICAST_LOOP);
+        let multicast = (level == libc::IPPROTO_IP
+            && matches!(
+                name,
+                libc::IP_MULTICAST_TTL
+                    | libc::IP_MULTICAST_LOOP
+                    | libc::IP_MULTICAST_IF
+                    | libc::IP_MULTICAST_ALL
+            ))
+            || (level == libc::IPPROTO_IPV6
+                && matches!(
+                    name,
+                    libc::IPV6_MULTICAST_HOPS | libc::IPV6_MULTICAST_LOOP | libc::IPV6_MULTICAST_IF
+                ));
+        // Timestamping with OPT_ID is refused on a TCP socket that is not
+        // connected yet, which a repaired one is when its options are set.
+        let timestamping = level == libc::SOL_SOCKET
+            && name == libc::SO_TIMESTAMPING
+            && sh.protocol == libc::IPPROTO_TCP;
         let buffer = level == libc::SOL_SOCKET && matches!(name, libc::SO_SNDBUF | libc::SO_RCVBUF);
         // IPV6_CHECKSUM is a raw socket's option (an ICMPv6 one refuses it).
         let checksum = level == libc::IPPROTO_IPV6 && name == IPV6_CHECKSUM;
         if !level_applies(level, sh)
             || (buffer && sh.family == libc::AF_UNIX)
             || (multicast && sh.protocol != libc::IPPROTO_UDP)
+            || timestamping
             || (checksum && (sh.ty != libc::SOCK_RAW || sh.protocol == libc::IPPROTO_ICMPV6))
             || (level == libc::IPPROTO_IP && name == libc::IP_HDRINCL && sh.ty != libc::SOCK_RAW)
         {

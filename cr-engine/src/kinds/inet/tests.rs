@@ -96,6 +96,49 @@ expect(t.getsockopt(socket.SOL_SOCKET, SO_BUF_LOCK) == 2, "SO_BUF_LOCK %d" % t.g
     );
 }
 
+/// Options that make received messages carry control data (IP_PKTINFO,
+/// SO_TIMESTAMP, IPV6_RECVPKTINFO, TCP_INQ), and others of UDP and IPv6,
+/// come back: the program reads the control data it asked for.
+#[test]
+fn control_data_and_ipv6_options_round_trip() {
+    round_trip(
+        "cmsgopts",
+        r#"
+IP_PKTINFO, SO_TIMESTAMP, TCP_INQ, UDP_GRO, SO_PEEK_OFF = 8, 29, 36, 104, 42
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0))
+u.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+u.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+u.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+u6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); u6.bind(("::1", 0))
+u6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+u6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 9)
+u6.setsockopt(socket.SOL_SOCKET, SO_PEEK_OFF, 0)
+lis = socket.socket(socket.AF_INET6); lis.bind(("::1", 0)); lis.listen(1)
+t = socket.socket(socket.AF_INET6); t.setsockopt(socket.IPPROTO_TCP, TCP_INQ, 1)
+t.connect(lis.getsockname()); s, _ = lis.accept()
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+tx6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+def levels(anc):
+    return sorted((l, ty) for l, ty, _ in anc)
+"#,
+        r#"
+tx.sendto(b"four", u.getsockname())
+data, anc, _, _ = u.recvmsg(100, 1024)
+expect(data == b"four", "IPv4 datagram")
+expect(levels(anc) == [(socket.IPPROTO_IP, IP_PKTINFO), (socket.SOL_SOCKET, SO_TIMESTAMP)], f"IPv4 control data {levels(anc)}")
+expect(u.getsockopt(socket.IPPROTO_UDP, UDP_GRO) == 1, "UDP_GRO")
+tx6.sendto(b"six", u6.getsockname())
+data, anc, _, _ = u6.recvmsg(100, 1024)
+expect(data == b"six" and levels(anc) == [(socket.IPPROTO_IPV6, socket.IPV6_PKTINFO)], f"IPv6 control data {levels(anc)}")
+expect(u6.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS) == 9, "IPV6_MULTICAST_HOPS")
+expect(u6.getsockopt(socket.SOL_SOCKET, SO_PEEK_OFF) == 0, "SO_PEEK_OFF")
+s.sendall(b"inq")
+data, anc, _, _ = t.recvmsg(100, 1024)
+expect(data == b"inq" and levels(anc) == [(socket.IPPROTO_TCP, TCP_INQ)], f"TCP_INQ control data {levels(anc)}")
+"#,
+    );
+}
+
 /// `OLD:PORT=NEW` rewrites one endpoint and wins over `OLD=NEW`; an
 /// IPv4-mapped address stays mapped.
 #[test]
