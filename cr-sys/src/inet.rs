@@ -460,6 +460,57 @@ pub fn peek(fd: &OwnedFd, max: usize) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Every datagram waiting in a UDP socket's receive queue, oldest first,
+/// with its sender; nothing is consumed.
+///
+/// A plain MSG_PEEK only ever shows the first datagram. With a peek offset
+/// (SO_PEEK_OFF, Linux 4.12 for UDP) each peek moves the offset past what
+/// it copied, so the next one shows the next datagram. The socket's own
+/// peek offset (-1: off) is put back afterwards. The caller holds the
+/// program still (a reader would race with us). An empty datagram that
+/// was peeked at before is skipped by every later peek at an offset (the
+/// kernel marks it peeked and steps over it): such a one is not seen.
+pub fn peek_datagrams(fd: &OwnedFd) -> Result<Vec<(SocketAddr, Vec<u8>)>> {
+    let old = get_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, "SO_PEEK_OFF")?;
+    set_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0, "SO_PEEK_OFF")?;
+    let got = peek_all(fd);
+    let back = set_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, old, "SO_PEEK_OFF");
+    let got = got?;
+    back?;
+    Ok(got)
+}
+
+/// Larger than any UDP payload (a GRO socket's coalesced one included).
+const DATAGRAM_MAX: usize = 65536;
+
+fn peek_all(fd: &OwnedFd) -> Result<Vec<(SocketAddr, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; DATAGRAM_MAX + 1];
+    loop {
+        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC;
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let r = sock::recvmsg::<SockaddrStorage>(fd.as_raw_fd(), &mut iov, None, flags);
+        let (n, from) = match r {
+            Err(NixErrno::EAGAIN) => return Ok(out),
+            Err(e) => return Err(e).or_sys(|| "recvmsg(MSG_PEEK) of a datagram".into()),
+            Ok(m) => (m.bytes, m.address.as_ref().and_then(from_storage)),
+        };
+        if n > DATAGRAM_MAX {
+            return Err(SysError::Syscall {
+                what: format!("a queued datagram of {n} bytes"),
+                source: Errno(libc::EMSGSIZE),
+            });
+        }
+        let Some(from) = from else {
+            return Err(SysError::Syscall {
+                what: "a queued datagram without its sender's address".into(),
+                source: Errno(libc::EAFNOSUPPORT),
+            });
+        };
+        out.push((from, buf[..n].to_vec()));
+    }
+}
+
 /// Wait until the socket is writable or `timeout_ms` passed.
 pub fn wait_writable(fd: &OwnedFd, timeout_ms: i32) -> Result<bool> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};

@@ -32,6 +32,7 @@ pub mod dirty;
 pub mod elf;
 pub mod error;
 pub mod fdio;
+pub mod forged;
 pub mod inet;
 pub mod inet_diag;
 pub mod limits;
@@ -51,7 +52,6 @@ pub mod sched;
 pub(crate) mod sock_diag;
 pub mod spank;
 pub mod sysv;
-pub mod tcp_segment;
 pub mod uffd;
 pub mod unix_diag;
 

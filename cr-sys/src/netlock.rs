@@ -204,8 +204,8 @@ fn leased_script(name: &str, set: &LockSet, lease: Option<Duration>) -> String {
         elements_clause(&c6, lease)
     );
     // The segments a restore forges for half-closed connections pass
-    // (see `tcp_segment`).
-    let mark = crate::tcp_segment::REPAIR_MARK;
+    // (see `forged`).
+    let mark = crate::forged::REPAIR_MARK;
     for (chain, hook) in [("in", "input"), ("out", "output")] {
         s += &format!(
             "  chain {chain} {{ type filter hook {hook} priority -160; policy accept;\n    meta mark {mark:#x} accept\n    ip saddr . tcp sport . ip daddr . tcp dport @c4 drop\n    ip6 saddr . tcp sport . ip6 daddr . tcp dport @c6 drop\n"

@@ -229,6 +229,16 @@ pub struct InetSocket {
     /// shutdown(2) bits (1 receive side, 2 send side): of a UDP socket, or
     /// the receive side of an established TCP connection.
     pub shutdown: u32,
+    /// UDP: the datagrams received and not read yet, oldest first.
+    pub received: Vec<Datagram>,
+}
+
+/// A datagram waiting in a socket's receive queue, and who sent it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Datagram {
+    pub from: SocketAddr,
+    #[serde(rename = "bytes", serialize_with = "ser::len")]
+    pub data: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -364,6 +374,9 @@ impl InetSocket {
 
 /// Largest socket option value accepted.
 const MAX_OPT: usize = 256;
+/// The largest UDP payload (IPv4: 65535 minus the IP and UDP headers; a
+/// GRO socket can hold more in one, up to 64 KiB of segments).
+const MAX_DATAGRAM: usize = 65536;
 /// TCP states as the kernel numbers them.
 const TCP_ESTABLISHED: u32 = 1;
 const TCP_CLOSE: u32 = 7;
@@ -783,6 +796,18 @@ fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
         tcp: tcp_state,
         opts: opts_from_pb(s.opts)?,
         shutdown: s.shutdown & 3,
+        received: s
+            .received
+            .into_iter()
+            .map(|d| {
+                let from = addr(&d.from, "datagram sender")?
+                    .ok_or_else(|| "a datagram without its sender".to_string())?;
+                if d.data.len() > MAX_DATAGRAM {
+                    return Err(format!("a datagram of {} bytes", d.data.len()));
+                }
+                Ok(Datagram { from, data: d.data })
+            })
+            .collect::<Result<_, Bad>>()?,
     })
 }
 
@@ -885,5 +910,13 @@ fn inet_to_pb(s: &InetSocket) -> pb::InetSocket {
             fin_unsent: c.fin_unsent,
         }),
         opts: opts_to_pb(&s.opts),
+        received: s
+            .received
+            .iter()
+            .map(|d| pb::Datagram {
+                from: show_addr(&Some(d.from)),
+                data: d.data.clone(),
+            })
+            .collect(),
     }
 }

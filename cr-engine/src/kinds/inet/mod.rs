@@ -15,7 +15,10 @@
 //!
 //! Socket options whose value differs from a fresh socket's are saved as
 //! raw bytes and set again at restore. Datagrams queued on a UDP socket are
-//! not saved (UDP may lose them anyway). A TCP socket whose connection
+//! saved with their senders, peeked without being consumed
+//! (`cr_sys::inet::peek_datagrams`), and sent again to the rebuilt socket
+//! as if from those senders (`cr_sys::forged`); a raw or ping socket's are
+//! not (they may be lost anyway). A TCP socket whose connection
 //! ended (CLOSE: reset by the peer) with bytes not read yet is refused: a
 //! closed socket cannot be given them again.
 //!
@@ -32,7 +35,7 @@ use crate::kinds::fds::{FdScan, OpenFd};
 use crate::kinds::sockopts::{options, shape, Fresh, Shape};
 use crate::kinds::{Described, FileKind, HeldState, Opened};
 use crate::restore::{Rebuild, Restorer};
-use cr_image::model::objects::{InetSocket, TcpConnection};
+use cr_image::model::objects::{Datagram, InetSocket, TcpConnection};
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process};
 use cr_sys::inet::{self as sys, TcpQueue};
 use cr_sys::netlock::LockSet;
@@ -215,8 +218,25 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
             }
         }
     }
+    if udp {
+        corked(&sock, &s, cx.tree.lock_network && !cx.tree.skip_in_flight)?;
+    }
     if (udp || raw) && fdio::bytes_queued(&sock).unwrap_or(0) > 0 {
-        tracing::warn!(pid, fd, local = %show(&s.local), socket = %what, "datagrams queued on a datagram socket are not saved");
+        if udp {
+            match sys::peek_datagrams(&sock) {
+                Ok(v) => {
+                    s.received = v
+                        .into_iter()
+                        .map(|(from, data)| Datagram { from, data })
+                        .collect();
+                }
+                Err(e) => {
+                    tracing::warn!(pid, fd, local = %show(&s.local), error = %cr_sys::error::one_line(&e), "datagrams queued on a UDP socket cannot be read; not saved");
+                }
+            }
+        } else {
+            tracing::warn!(pid, fd, local = %show(&s.local), socket = %what, "datagrams queued on a raw or ping socket are not saved");
+        }
     }
     if connected {
         let reuse = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
@@ -255,6 +275,38 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         kind: ObjectKind::InetSocket(s),
     });
     Ok(Some(kind))
+}
+
+/// A UDP socket holding data written under UDP_CORK (or MSG_MORE) and not
+/// sent yet: no interface shows those bytes. Refused when the tree is
+/// about to be killed or stopped (`refuse`: the bytes would be lost); else
+/// a warning (the program keeps them; an image restored later lacks them).
+/// SIOCOUTQ also counts datagrams sent and not yet freed by the stack:
+/// those leave within moments, corked ones stay.
+fn corked(sock: &OwnedFd, s: &InetSocket, refuse: bool) -> Result<(), String> {
+    let unsent = || sys::ioctl_int(sock, sys::SIOCOUTQ).unwrap_or(0);
+    if unsent() == 0 {
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
+    while std::time::Instant::now() < deadline {
+        if unsent() == 0 {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let why = format!(
+        "a UDP socket {} holding {} bytes corked (UDP_CORK or MSG_MORE) and not sent yet",
+        show(&s.local),
+        unsent()
+    );
+    if refuse {
+        return Err(format!(
+            "{why} (not supported: the kernel cannot show them; use --tcp-skip-in-flight to drop them)"
+        ));
+    }
+    tracing::warn!("{why}: not saved (the program keeps them; a restore of this image lacks them)");
+    Ok(())
 }
 
 /// A socket held in repair mode by the dump. Dropping it leaves repair mode

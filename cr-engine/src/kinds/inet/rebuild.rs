@@ -76,7 +76,7 @@ pub struct Pending {
     /// The program's FIN never left: sent after the unsent bytes.
     fin: bool,
     /// CLOSING with that FIN: the peer's FIN, forged after it.
-    peer_fin: Option<cr_sys::tcp_segment::Segment>,
+    peer_fin: Option<cr_sys::forged::Segment>,
     /// SYN-SENT: connected (the SYN sent again) at the release.
     connect: bool,
 }
@@ -203,6 +203,11 @@ fn create(
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, reuse)
             .step(what)?;
     }
+    if let (Some(l), false) = (local, s.received.is_empty()) {
+        // Before connect(): a datagram queued before the program connected
+        // may come from another sender, which a connected socket refuses.
+        requeue(&sock, s, l, map).step(what)?;
+    }
     if s.state == sys::TCP_LISTEN as u32 {
         cr_sys::fdio::listen(&sock, s.backlog as i32).step(what)?;
     } else if let (Some(r), true) = (remote, s.sock_type as i32 != libc::SOCK_STREAM) {
@@ -212,6 +217,53 @@ fn create(
         shutdown(&sock, s.shutdown).step(what)?;
     }
     Ok((sock, None))
+}
+
+/// Give the rebuilt UDP socket `sock` (bound to `local`) the datagrams
+/// that waited in its receive queue, each forged as coming from its sender
+/// (rewritten like every address), oldest first; then wait until they are
+/// all queued (a looped-back packet is taken in by the network stack
+/// shortly after it was sent, not by the send itself).
+fn requeue(
+    sock: &OwnedFd,
+    s: &InetSocket,
+    local: SocketAddr,
+    map: &AddrMap,
+) -> Result<(), SysError> {
+    for d in &s.received {
+        let from = map.map(d.from);
+        // A socket bound to the wildcard address is reached through the
+        // loopback address of the sender's family.
+        let to_ip = match (sys::canonical_ip(local.ip()), sys::canonical_ip(from.ip())) {
+            (ip, _) if !ip.is_unspecified() => ip,
+            (_, IpAddr::V4(_)) => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            (_, IpAddr::V6(_)) => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        };
+        cr_sys::forged::send_datagram(&cr_sys::forged::Datagram {
+            from,
+            to: SocketAddr::new(to_ip, local.port()),
+            payload: &d.data,
+        })?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let queued = sys::peek_datagrams(sock)?.len();
+        if queued >= s.received.len() {
+            debug!(%local, datagrams = queued, "UDP receive queue given back");
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(SysError::Syscall {
+                what: format!(
+                    "{} of the {} datagrams queued at {local} came back (dropped by a filter or a full receive buffer?)",
+                    queued,
+                    s.received.len()
+                ),
+                source: cr_sys::Errno(libc::ETIMEDOUT),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Bind `sock` to `local`; when the port is taken by sockets no process
@@ -327,7 +379,7 @@ fn set_window(sock: &OwnedFd, c: &TcpConnection) -> Result<(), SysError> {
 /// is brought to its saved `state`: the program's FIN is queued again with
 /// shutdown(SHUT_WR), which in repair mode counts it as sent without
 /// sending it; what the peer sent (its FIN, its ACK of ours) is forged
-/// through a raw socket (`cr_sys::tcp_segment`), in the order it came. A
+/// through a raw socket (`cr_sys::forged`), in the order it came. A
 /// FIN that never left waits for the release (`Pending::fin`), and so
 /// does a peer's FIN that came after it (CLOSING): returned, to be forged
 /// then.
@@ -337,8 +389,8 @@ fn replay_fins(
     c: &TcpConnection,
     local: SocketAddr,
     remote: SocketAddr,
-) -> Result<Option<cr_sys::tcp_segment::Segment>, SysError> {
-    use cr_sys::tcp_segment::{self as seg, Segment};
+) -> Result<Option<cr_sys::forged::Segment>, SysError> {
+    use cr_sys::forged::{self as seg, Segment};
     let ours = super::sent_fin(state) && !c.fin_unsent;
     let theirs = super::got_fin(state);
     if !ours && !theirs {
@@ -540,7 +592,7 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
         }
         if let Some(seg) = peer_fin {
             let what = || format!("cannot give socket:[{id}] its peer's FIN");
-            cr_sys::tcp_segment::send(&seg).step(what)?;
+            cr_sys::forged::send(&seg).step(what)?;
             wait_state(sock, sys::TCP_CLOSING).step(what)?;
         }
     }

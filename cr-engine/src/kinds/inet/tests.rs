@@ -139,6 +139,86 @@ expect(data == b"inq" and levels(anc) == [(socket.IPPROTO_TCP, TCP_INQ)], f"TCP_
     );
 }
 
+/// Datagrams waiting in UDP receive queues come back, in order, each from
+/// its sender: one whose sender's socket is closed, a large one, IPv4 and
+/// IPv6 ones on a socket bound to the IPv6 wildcard, and one queued before
+/// its socket connected elsewhere. Nothing more arrives.
+#[test]
+fn udp_receive_queues_round_trip() {
+    round_trip(
+        "udpqueue",
+        r#"
+SO_PEEK_OFF = 42
+def udp(family, addr):
+    s = socket.socket(family, socket.SOCK_DGRAM); s.bind((addr, 0)); return s
+s1, s2, s3 = (udp(socket.AF_INET, "127.0.0.1") for _ in range(3))
+a2, a3 = s2.getsockname(), s3.getsockname()
+s2.sendto(b"from a closed socket", s1.getsockname()); s3.sendto(b"second", s1.getsockname())
+s3.sendto(b"L" * 60000, s1.getsockname())
+s2.close()
+w = udp(socket.AF_INET6, "::"); v4 = udp(socket.AF_INET, "127.0.0.1"); v6 = udp(socket.AF_INET6, "::1")
+v4.sendto(b"four", ("127.0.0.1", w.getsockname()[1])); v6.sendto(b"six", ("::1", w.getsockname()[1]))
+c = udp(socket.AF_INET, "127.0.0.1"); s1.sendto(b"before connect", c.getsockname()); c.connect(a3)
+def queued(s):
+    # Datagrams in the queue, counted by peeking at a moving offset.
+    s.setsockopt(socket.SOL_SOCKET, SO_PEEK_OFF, 0); n = 0
+    try:
+        while True:
+            s.recv(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT); n += 1
+    except BlockingIOError:
+        pass
+    s.setsockopt(socket.SOL_SOCKET, SO_PEEK_OFF, -1)
+    return n
+# Loopback delivery may lag behind sendto: wait until all are queued.
+t = time.time() + 10
+while [queued(s) for s in (s1, w, c)] != [3, 2, 1] and time.time() < t:
+    time.sleep(0.001)
+expect([queued(s) for s in (s1, w, c)] == [3, 2, 1], "datagrams queued before the checkpoint")
+for s in (s1, w, c): s.setblocking(False)
+"#,
+        r#"
+expect(s1.recvfrom(100) == (b"from a closed socket", a2), "1st")
+expect(s1.recvfrom(100) == (b"second", a3), "2nd")
+expect(s1.recvfrom(65536) == (b"L" * 60000, a3), "the large one")
+d, a = w.recvfrom(100)
+expect((d, a[0], a[1]) == (b"four", "::ffff:127.0.0.1", v4.getsockname()[1]), "IPv4 on the IPv6 wildcard %r" % ((d, a),))
+d, a = w.recvfrom(100)
+expect((d, a[:2]) == (b"six", v6.getsockname()[:2]), "IPv6 %r" % ((d, a),))
+expect(c.recv(100) == b"before connect", "queued before connect()")
+for s in (s1, w, c):
+    try:
+        s.recv(100); expect(False, "one datagram too many")
+    except BlockingIOError:
+        pass
+s3.sendto(b"after", c.getsockname())
+c.setblocking(True); c.settimeout(5); expect(c.recv(100) == b"after", "the connected socket receives")
+"#,
+    );
+}
+
+/// Bytes written under UDP_CORK and not sent yet cannot be read from the
+/// kernel: a checkpoint that kills is refused, and the program still sends
+/// them as one datagram when it uncorks.
+#[test]
+fn corked_udp_socket_is_refused() {
+    let err = crate::kinds::testkit::refused(
+        "udpcork",
+        r#"
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); rx.bind(("127.0.0.1", 0))
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); tx.bind(("127.0.0.1", 0))
+tx.setsockopt(socket.IPPROTO_UDP, 1, 1)  # UDP_CORK
+tx.sendto(b"part 1, ", rx.getsockname()); tx.sendto(b"part 2", rx.getsockname())
+"#,
+        r#"
+tx.setsockopt(socket.IPPROTO_UDP, 1, 0)
+rx.settimeout(5)
+expect(rx.recvfrom(100) == (b"part 1, part 2", tx.getsockname()), "the corked datagram")
+"#,
+        "corked",
+    );
+    assert!(err.contains("not sent yet"), "{err}");
+}
+
 /// `OLD:PORT=NEW` rewrites one endpoint and wins over `OLD=NEW`; an
 /// IPv4-mapped address stays mapped.
 #[test]
