@@ -469,6 +469,7 @@ fn objects() -> Vec<Object> {
                     value: vec![1, 0, 0, 0],
                 }],
                 shutdown: 1,
+                received: vec![],
             }),
         ),
         obj(
