@@ -482,7 +482,9 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
     let root = root(&shared);
-    let channel = shared.peers.channel(&shared.security, &req.from_addr, &req.from_node)?;
+    let channel = shared
+        .peers
+        .channel(&shared.security, &req.from_addr, &req.from_node)?;
     let mut client =
         pb::agent_client::AgentClient::new(channel).max_decoding_message_size(4 * CHUNK);
     let from = &req.from_node;
