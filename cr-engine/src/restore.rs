@@ -30,7 +30,69 @@ use cr_sys::remote::{find_syscall_insn, Injector};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::time::{Duration, Instant};
 use tracing::{debug, info};
+
+/// How long the steps of one restore took, logged once the tree is rebuilt
+/// (`restore steps`): where a migration's restore goes.
+struct Steps {
+    t: Instant,
+    done: Vec<(&'static str, Duration)>,
+}
+
+impl Steps {
+    fn start() -> Self {
+        Steps {
+            t: Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    /// Step `what` ends now.
+    fn mark(&mut self, what: &'static str) {
+        let now = Instant::now();
+        self.done.push((what, now - self.t));
+        self.t = now;
+    }
+}
+
+impl std::fmt::Display for Steps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (k, (what, d)) in self.done.iter().enumerate() {
+            let sep = if k == 0 { "" } else { ", " };
+            write!(f, "{sep}{what} {:.1}", d.as_secs_f64() * 1e3)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for RebuildTimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        write!(
+            f,
+            "memory {:.1} (maps {:.1}, pages now {:.1}, userfaultfd {:.1}), fds {:.1}",
+            ms(self.memory),
+            ms(self.maps),
+            ms(self.pages_now),
+            ms(self.lazy),
+            ms(self.fds)
+        )
+    }
+}
+
+/// Time spent in the main kinds of [`rebuild`], over every process.
+#[derive(Default)]
+pub(crate) struct RebuildTimes {
+    pub memory: Duration,
+    /// Of `memory`: the mappings made, the pages written before the
+    /// release (those a lazy restore cannot leave for later, waited for
+    /// when they come from another node), the userfaultfds set up.
+    pub maps: Duration,
+    pub pages_now: Duration,
+    pub lazy: Duration,
+    pub fds: Duration,
+}
 
 /// What the rebuild of every process of one restore shares.
 pub struct Restorer<'a> {
@@ -134,6 +196,7 @@ impl Ready {
 
     /// Let every process run, all at once; the root's PID.
     pub fn release(self) -> Result<i32, RestoreError> {
+        let t0 = Instant::now();
         let Ready {
             ck,
             opts,
@@ -176,6 +239,7 @@ impl Ready {
             root = root_pid,
             processes = ck.processes.len(),
             pidns = r.ids.pidns,
+            ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
             "restored tree released"
         );
         Ok(root_pid)
@@ -184,6 +248,7 @@ impl Ready {
 
 /// Rebuild the tree of the image in `dir`, every process frozen (see [`Ready`]).
 pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError> {
+    let mut steps = Steps::start();
     let chain = Chain::open(dir)?;
     let img = chain.top().dir.clone();
     let mut ck = chain.top().ck.clone();
@@ -202,6 +267,7 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
         // they are used.
         pieces.insert(p.pid, pages.resolve(p.pid)?);
     }
+    steps.mark("image");
     let ids = Ids::new(&ck);
     ids.check_free(&ck)?;
     kinds::sysv::check(&ck)?;
@@ -221,10 +287,12 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
         stash: Stash::default(),
         grab_pidfd: me.as_raw_fd(),
     };
+    steps.mark("checks");
     // Pipes, sockets and file contents first, in the restorer.
     for k in FILE_KINDS {
         k.prepare(&mut r, &ck)?;
     }
+    steps.mark("files");
     // Stubs, parents before children, with sessions and groups; each
     // fills the memory it shares copy-on-write before it forks.
     let mut cow = memory::cow::Cow::new(&ck, &pages, &pieces, opts.workers(), opts.lazy_pages);
@@ -238,11 +306,13 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
         },
     )?;
     *r.stash.get::<memory::cow::Placed>() = cow.into_placed();
+    steps.mark("stubs");
     // What the whole tree shares, in its namespaces: host name, mounts
     // (and ptys), IPC objects.
     kinds::uts::prepare(&ck, &mut stubs[0])?;
     kinds::mounts::prepare(&mut r, &mut stubs[0])?;
     kinds::sysv::prepare(&mut r, stubs[0].tid())?;
+    steps.mark("namespaces");
     let mut threads = Vec::with_capacity(ck.processes.len());
     for (p, t) in ck.processes.iter().zip(stubs.iter_mut()) {
         interrupt_check()?;
@@ -254,10 +324,21 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
             rebuild(t, &mut r, p, &pages, pieces)?
         });
     }
+    steps.mark("processes");
+    // Of "processes".
+    let kinds = r.stash.take::<RebuildTimes>().unwrap_or_default();
     if opts.verify {
         verify(&ck, &img, &mut stubs, &mut threads)?;
     }
     crate::fault::check_restore("restore-rebuilt")?;
+    info!(
+        image = %img.path().display(),
+        processes = ck.processes.len(),
+        lazy_pages = opts.lazy_pages,
+        ms = %steps,
+        processes_ms = %kinds,
+        "restore steps"
+    );
     let Restorer { ids, stash, .. } = r;
     Ok(Ready {
         root_pid: stubs[0].tid(),
@@ -368,11 +449,15 @@ pub fn rebuild(
         };
         // Before the memory, which is then charged to the process's group.
         kinds::cgroups::Cgroups::restore(&mut cx, p)?;
+        let t = Instant::now();
         kinds::memory::Memory::restore(&mut cx, p)?;
+        cx.r.stash.get::<RebuildTimes>().memory += t.elapsed();
         kinds::aio::restore_process(&mut cx, p)?;
         kinds::task::Task::restore(&mut cx, p)?;
         kinds::identity::set_loginuid(&mut cx.stub, p)?;
+        let t = Instant::now();
         kinds::fds::Fds::restore(&mut cx, p)?;
+        cx.r.stash.get::<RebuildTimes>().fds += t.elapsed();
         memory::set_mm(&mut cx, p)?;
         kinds::signals::Signals::restore(&mut cx, p)?;
         kinds::threads::Threads::restore(&mut cx, p)?;

@@ -278,6 +278,10 @@ fn migrate_member_then_job_then_restart_elsewhere() {
 /// and when every page is in the process); then once more with
 /// `--pre-copy` too. Every byte of the ring and the ballast are checked by
 /// the members.
+/// What a post-copy target's agent logs for a store the source did not
+/// hash whole.
+const BLOCK_CHECKED: &str = "store checked block by block against its image's hashes";
+
 fn lazy_migrations(c: &Cluster) {
     let job = "lazy";
     let mut ring = c.start_ring_ballast(job, &[1, 2, 3], "64:10");
@@ -290,6 +294,7 @@ fn lazy_migrations(c: &Cluster) {
         let log = read_text(&c.agent_log(k));
         let done_before = log.matches("post-copy done").count();
         let blocks_before = log.matches("every page block is in").count();
+        let checked_before = log.matches(BLOCK_CHECKED).count();
         let m0 = member_id(c, &ring, 0);
         let snap = ring.mins();
         let mut args = vec![job, "--member", m0.as_str(), "--to", to, "--lazy"];
@@ -312,6 +317,14 @@ fn lazy_migrations(c: &Cluster) {
                     && log.matches("every page block is in").count() > blocks_before
             },
             || ring.diag(),
+        );
+        // The source listed the store unhashed (its manifest does not read
+        // the whole store before the restore): the target checked it block
+        // by block once complete.
+        ensure(
+            &ring,
+            read_text(&c.agent_log(k)).matches(BLOCK_CHECKED).count() > checked_before,
+            &format!("{what}: {to}'s agent should check the page store block by block"),
         );
         ring.wait_past(&snap, MARGIN, &format!("after {what}"));
         ring.assert_on_nodes(&placement, &format!("after {what}"));
@@ -1206,10 +1219,16 @@ fn a_failing_health_check_drains_its_node() {
         || events(&watcher).iter().any(|e| drained(e, "n1")),
         || format!("{}\n{}", c.diag(), ring.diag()),
     );
-    let log = read_text(&c.agent_log(1));
-    assert!(
-        log.contains("health check failed") && log.contains("this node is drained"),
-        "n1's agent should log the failed checks and the drain:\n{log}"
+    // The coordinator tells the watcher before its reply to the agent's
+    // DRAIN arrives: the agent's line may come a little later.
+    wait_until(
+        "n1's agent to log the failed checks and the drain",
+        Duration::from_secs(30),
+        || {
+            let log = read_text(&c.agent_log(1));
+            log.contains("health check failed") && log.contains("this node is drained")
+        },
+        || read_text(&c.agent_log(1)),
     );
     let evs = events(&watcher);
     let started = evs

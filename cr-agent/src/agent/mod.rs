@@ -60,6 +60,8 @@ pub struct Shared {
     /// Image copies to this node in progress, told to the coordinator
     /// with the heartbeats.
     pub transfers: transfer::Transfers,
+    /// Channels to other agents (image copies, post-copy), kept open.
+    pub peers: transfer::Peers,
 }
 
 /// Bind the Unix socket: refused if another agent answers on it; a stale
@@ -121,6 +123,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         postcopies: Arc::default(),
         job_back: Arc::default(),
         transfers: transfer::Transfers::default(),
+        peers: transfer::Peers::default(),
         config,
     });
     shared.reaper.spawn(Duration::from_millis(100));

@@ -14,9 +14,13 @@
 //!
 //! Every block comes with the XXH3-64 of its bytes, checked on arrival,
 //! and is checked again against the image's own block hash when the
-//! restore reads it; once every block is in, the file is checked as a
-//! whole against the source's manifest: the copy is then an ordinary,
-//! complete image (the replica the coordinator recorded).
+//! restore reads it; once every block is in, the file is checked again,
+//! every block against the image's own block hashes (the source lists
+//! such a store unhashed in its manifest: hashing it whole there would
+//! hold the restore back by a read of the whole store; a store the
+//! manifest does hash is checked against that hash instead): the copy is
+//! then an ordinary, complete image (the replica the coordinator
+//! recorded).
 //!
 //! The source ([`serve`]) reads the blocks with the image format's own
 //! store reader and keeps serving until the target has every block
@@ -53,7 +57,8 @@ struct Store {
     /// Offset and length of each block in the file.
     blocks: Vec<(u64, u32)>,
     size: u64,
-    xxh3: u64,
+    /// The whole file's hash, when the source's manifest gave it.
+    xxh3: Option<u64>,
 }
 
 #[derive(Default)]
@@ -175,11 +180,12 @@ impl cr_engine::kinds::memory::remote::RemoteStores for PostCopies {
 }
 
 /// A page store left out of a lazy fetch: `rel` (relative to the image
-/// root, as the source's manifest named it, with its size and hash).
+/// root, as the source's manifest named it, with its size and hash if the
+/// manifest gave one).
 pub struct Lazy {
     pub rel: String,
     pub size: u64,
-    pub xxh3: u64,
+    pub xxh3: Option<u64>,
 }
 
 /// Make the stores `lazy` (their images in place under `root` but for
@@ -337,21 +343,45 @@ async fn fill(
         bytes += b.data.len() as u64;
         put(a, &b)?;
     }
-    // Whole files, checked against the source's manifest.
+    // Whole files, checked against the source's manifest, or block by
+    // block against the image's own hashes.
     let a2 = a.clone();
     tokio::task::spawn_blocking(move || {
         for s in &a2.stores {
             s.file
                 .sync_all()
                 .map_err(|e| format!("{}: {e}", s.path.display()))?;
-            transfer::check_whole(&s.path, s.size, s.xxh3)
-                .map_err(|e| format!("{}: {e}", s.rel))?;
+            match s.xxh3 {
+                Some(h) => transfer::check_whole(&s.path, s.size, h),
+                None => check_blocks(&s.path).map(|n| {
+                    info!(
+                        store = s.rel,
+                        blocks = n,
+                        "post-copy: store checked block by block against its image's hashes"
+                    )
+                }),
+            }
+            .map_err(|e| format!("{}: {e}", s.rel))?;
         }
         Ok::<_, String>(())
     })
     .await
     .map_err(|e| e.to_string())??;
     Ok(bytes)
+}
+
+/// Every block of the complete page store file `path`, checked against
+/// the block hashes of the image it lies in; how many there are.
+fn check_blocks(path: &Path) -> Result<usize, String> {
+    let r = open_store(path)?;
+    let mut buf = Vec::new();
+    for id in 0..r.nr_blocks() {
+        let id = id as u32;
+        r.block(id, &mut buf)
+            .map_err(|e| cr_sys::error::one_line(&e))?;
+        r.release(id);
+    }
+    Ok(r.nr_blocks())
 }
 
 /// Write block `b` into its store (checked first) and wake its waiters.

@@ -164,14 +164,15 @@ impl pb::agent_server::Agent for AgentService {
         req: Request<pb::ManifestRequest>,
     ) -> Result<Response<pb::Manifest>, Status> {
         from_peer(&req)?;
+        let req = req.into_inner();
         let dirs = req
-            .into_inner()
             .dirs
             .iter()
             .map(|d| self.own_image(d).map(|p| p.display().to_string()))
             .collect::<Result<Vec<_>, _>>()?;
         let sh = self.shared.clone();
-        let r = tokio::task::spawn_blocking(move || transfer::manifest(&sh, &dirs))
+        let lazy = req.lazy;
+        let r = tokio::task::spawn_blocking(move || transfer::manifest(&sh, &dirs, lazy))
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
         r.map(Response::new).map_err(Status::not_found)

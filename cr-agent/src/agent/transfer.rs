@@ -125,8 +125,11 @@ fn hash_into(mut r: impl Read, h: &mut xxhash_rust::xxh3::Xxh3) -> std::io::Resu
 }
 
 /// The manifest of images `dirs` (absolute, under the image root) and of
-/// their parents.
-pub fn manifest(shared: &Shared, dirs: &[String]) -> Result<pb::Manifest, String> {
+/// their parents. With `lazy`, the page stores of `dirs` themselves are
+/// listed unhashed: the puller gets them block by block (post-copy), each
+/// block checked by its own hash, and hashing a store of 1 GiB whole here
+/// would delay the migration's restore by as long as that read takes.
+pub fn manifest(shared: &Shared, dirs: &[String], lazy: bool) -> Result<pb::Manifest, String> {
     let root = root(shared);
     let rel = |p: &Path| -> Result<String, String> {
         let c = p
@@ -163,11 +166,24 @@ pub fn manifest(shared: &Shared, dirs: &[String]) -> Result<pb::Manifest, String
         names.sort();
         for n in names {
             let p = dir.join(&n);
-            let (xxh3, size) = file_hash(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let path = format!("{d}/{n}");
+            let io = |e: std::io::Error| format!("{}: {e}", p.display());
+            if lazy && is_top_store(&out.dirs, &path) {
+                let size = std::fs::metadata(&p).map_err(io)?.len();
+                out.files.push(pb::ImageFile {
+                    path,
+                    size,
+                    xxh3: 0,
+                    unhashed: true,
+                });
+                continue;
+            }
+            let (xxh3, size) = file_hash(&p).map_err(io)?;
             out.files.push(pb::ImageFile {
-                path: format!("{d}/{n}"),
+                path,
                 size,
                 xxh3,
+                unhashed: false,
             });
         }
     }
@@ -253,6 +269,42 @@ impl Transfers {
     /// Every copy in progress, as far as it got (for the heartbeat).
     pub fn snapshot(&self) -> Vec<pb::TransferProgress> {
         self.lock().values().cloned().collect()
+    }
+}
+
+/// Channels to other agents, by address and node name, kept open from one
+/// fetch to the next: the fetch of a migration's final image (the job
+/// frozen) reuses the connection (TCP, TLS, HTTP/2) its pre-copy rounds
+/// opened. A channel whose connection failed (a cut link, a restarted
+/// agent: the keepalive notices) connects again at its next call.
+#[derive(Default)]
+pub struct Peers {
+    channels: std::sync::Mutex<HashMap<(String, String), tonic::transport::Channel>>,
+}
+
+impl Peers {
+    /// The channel to `node`'s agent at `addr`, made at the first call.
+    pub fn channel(
+        &self,
+        security: &cr_rpc::tls::Security,
+        addr: &str,
+        node: &str,
+    ) -> Result<tonic::transport::Channel, String> {
+        let mut m = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (addr.to_string(), node.to_string());
+        if let Some(ch) = m.get(&key) {
+            return Ok(ch.clone());
+        }
+        let ch = cr_rpc::channel::lazy_bulk(
+            addr,
+            security,
+            node,
+            Duration::from_secs(3),
+            PEER_KEEPALIVE,
+        )
+        .map_err(|e| e.to_string())?;
+        m.insert(key, ch.clone());
+        Ok(ch)
     }
 }
 
@@ -430,37 +482,50 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_millis(u64::from(req.timeout_ms.max(1000)));
     let root = root(&shared);
-    let channel = cr_rpc::channel::lazy_bulk(
-        &req.from_addr,
-        &shared.security,
-        &req.from_node,
-        Duration::from_secs(3),
-        PEER_KEEPALIVE,
-    )
-    .map_err(|e| e.to_string())?;
+    let channel = shared
+        .peers
+        .channel(&shared.security, &req.from_addr, &req.from_node)?;
     let mut client =
         pb::agent_client::AgentClient::new(channel).max_decoding_message_size(4 * CHUNK);
     let from = &req.from_node;
     let mut resumes = 0u32;
-    // Retried while the deadline allows: a failure of the transport.
+    // With `lazy`, the source does not hash the page stores it will serve
+    // block by block; but a store already here (shared storage, a copy
+    // made before) can only be recognised by its hash: then the manifest is
+    // asked for again, hashed whole.
+    let mut lazy_manifest = req.lazy;
     let manifest = loop {
-        match client
+        // Retried while the deadline allows: a failure of the transport.
+        let m = match client
             .image_manifest(pb::ManifestRequest {
                 dirs: req.dirs.clone(),
+                lazy: lazy_manifest,
             })
             .await
         {
-            Ok(m) => break m.into_inner(),
+            Ok(m) => m.into_inner(),
             Err(s) if is_transport(&s) && Instant::now() + RESUME_PAUSE < deadline => {
                 resumes += 1;
                 tokio::time::sleep(RESUME_PAUSE).await;
+                continue;
             }
             Err(s) => return Err(format!("{from}: {}", cr_rpc::status_line(&s))),
+        };
+        for d in m.dirs.iter().chain(&m.all_dirs) {
+            under(&root, d)?;
         }
+        let mut here = false;
+        for f in m.files.iter().filter(|f| f.unhashed) {
+            if !(req.lazy && is_top_store(&m.dirs, &f.path)) {
+                return Err(format!("{from} listed {} unhashed", f.path));
+            }
+            here |= under(&root, &f.path)?.exists();
+        }
+        if !here {
+            break m;
+        }
+        lazy_manifest = false;
     };
-    for d in manifest.dirs.iter().chain(&manifest.all_dirs) {
-        under(&root, d)?;
-    }
     // Files already here (same size and hash) are not copied; with `lazy`,
     // neither are the page stores of the images asked for (post-copy).
     let mut todo = Vec::new();
@@ -468,6 +533,15 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
     let mut present = 0u64;
     for f in &manifest.files {
         let dst = under(&root, &f.path)?;
+        if f.unhashed {
+            // Not here (checked above): to come block by block.
+            lazy.push(super::postcopy::Lazy {
+                rel: f.path.clone(),
+                size: f.size,
+                xxh3: None,
+            });
+            continue;
+        }
         let same = tokio::task::spawn_blocking({
             let dst = dst.clone();
             move || file_hash(&dst).ok()
@@ -482,7 +556,7 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
             lazy.push(super::postcopy::Lazy {
                 rel: f.path.clone(),
                 size: f.size,
-                xxh3: f.xxh3,
+                xxh3: Some(f.xxh3),
             });
         } else {
             todo.push(f.clone());
@@ -496,6 +570,7 @@ pub async fn fetch(shared: Arc<Shared>, req: pb::FetchRequest) -> Result<pb::Fet
         files = todo.len(),
         bytes = total,
         present_bytes = present,
+        manifest_ms = t0.elapsed().as_millis() as u64,
         "fetching images"
     );
     let id = shared

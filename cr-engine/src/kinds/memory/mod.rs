@@ -315,7 +315,10 @@ impl Kind for Memory {
     fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
         // Mappings already filled and shared with a relative ([`cow`]).
         let placed = cx.r.stash.get::<cow::Placed>().take(p.pid);
+        let t = std::time::Instant::now();
         let filled = fill::map_all(cx, p, &placed)?;
+        cx.r.stash.get::<crate::restore::RebuildTimes>().maps += t.elapsed();
+        let t = std::time::Instant::now();
         let lazy_ranges: Vec<(u64, u64)> = if cx.r.opts.lazy_pages {
             p.vmas
                 .iter()
@@ -340,8 +343,11 @@ impl Kind for Memory {
             progress.set(d)
         })?;
         progress.finish();
+        cx.r.stash.get::<crate::restore::RebuildTimes>().pages_now += t.elapsed();
         if !lazy_ranges.is_empty() {
+            let t = std::time::Instant::now();
             lazy::start(cx, &lazy_ranges, later)?;
+            cx.r.stash.get::<crate::restore::RebuildTimes>().lazy += t.elapsed();
         }
         fill::finish(cx, p, &filled)
     }
