@@ -75,7 +75,7 @@ impl Kind for Signals {
     }
 
     /// Every signal's action (the stub inherited ours).
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         let stub = &mut cx.stub;
         for sig in 1..=NSIG {
             if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
@@ -176,7 +176,7 @@ pub fn restore_thread(
 
 /// Queue again every signal that was pending, with its siginfo, from the
 /// main thread; they stay pending (blocked) until the release.
-pub fn queue_pending(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn queue_pending(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let ids = &cx.r.ids;
     let pid = ids.inner(p.pid) as u64;
     let stub = &mut cx.stub;
