@@ -64,6 +64,29 @@ pub struct Rebuild<'s, 'r, 't> {
     pub fill: Option<memory::Deferred>,
 }
 
+impl<'s, 'r, 't> Rebuild<'s, 'r, 't> {
+    fn new(
+        stub: Stub<'t>,
+        r: &'s mut Restorer<'r>,
+        pages: &'s Pages<'s>,
+        pieces: &'s [Piece],
+        p: &Process,
+        defer_fill: bool,
+    ) -> Self {
+        let is_root = p.pid == r.ck.root_pid;
+        Rebuild {
+            stub,
+            r,
+            pages,
+            pieces,
+            is_root,
+            threads: Vec::new(),
+            defer_fill,
+            fill: None,
+        }
+    }
+}
+
 /// Restore the image in `dir`: the whole process tree, every process with
 /// its PID and every thread with its TID. The root runs again as a child of
 /// the caller when this returns its PID (with `--lazy-pages`, once every
@@ -512,7 +535,6 @@ pub fn rebuild_start<'t>(
     let own_rseq = tracee.get_rseq()?;
     let stub_maps = proc::maps(pid)?;
     let ip = find_syscall_insn(pid)?;
-    let is_root = p.pid == r.ck.root_pid;
     let mut stub = Stub::new(Injector::new(tracee, ip)?);
     kinds::threads::drop_stub_rseq(&mut stub, &own_rseq)?;
     let park = memory::map_scratch(&mut stub, &p.vmas, &stub_maps)?;
@@ -520,16 +542,7 @@ pub fn rebuild_start<'t>(
     let kept = r.stash.get::<memory::cow::Placed>().ranges(p.pid);
     memory::unmap_stub(&mut stub, &stub_maps, &kept)?;
     memory::vdso::move_to_saved(&mut stub, &stub_maps, &p.vmas, park, ip)?;
-    let mut cx = Rebuild {
-        stub,
-        r,
-        pages,
-        pieces,
-        is_root,
-        threads: Vec::new(),
-        defer_fill,
-        fill: None,
-    };
+    let mut cx = Rebuild::new(stub, r, pages, pieces, p, defer_fill);
     // Before the memory, which is then charged to the process's group.
     kinds::cgroups::Cgroups::restore(&mut cx, p)?;
     kinds::memory::Memory::restore(&mut cx, p)?;
@@ -550,17 +563,7 @@ pub fn rebuild_end(
     phases: &mut Phases,
 ) -> Result<Vec<Tracee>, RestoreError> {
     let Started { stub, fill } = started;
-    let is_root = p.pid == r.ck.root_pid;
-    let mut cx = Rebuild {
-        stub,
-        r,
-        pages,
-        pieces,
-        is_root,
-        threads: Vec::new(),
-        defer_fill: false,
-        fill: None,
-    };
+    let mut cx = Rebuild::new(stub, r, pages, pieces, p, false);
     let t = Instant::now();
     let (fds0, threads0) = (phases.fds, phases.threads);
     if let Some(d) = fill {
