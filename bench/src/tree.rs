@@ -44,7 +44,6 @@ pub struct Opts {
     bin_dir: Option<PathBuf>,
 }
 
-#[derive(Default)]
 struct Sample {
     /// One cr_restart of the tree.
     tree_s: Option<f64>,
@@ -67,13 +66,18 @@ pub fn run(o: Opts) -> Res<()> {
     for rep in 0..o.reps {
         check_interrupted()?;
         eprintln!("cr-bench tree: rep {}/{} ...", rep + 1, o.reps);
-        let mut s = Sample::default();
-        s.limit1_s = Some(limit_fill(o.procs, o.mib * MIB, 1)?);
-        s.limit_s = Some(limit_fill(o.procs, o.mib * MIB, cpus)?);
-        s.tree_s = Some(tree_once(&o, &tools, &target.dir, rep)?);
+        let limit1_s = Some(limit_fill(o.procs, o.mib * MIB, 1)?);
+        let limit_s = Some(limit_fill(o.procs, o.mib * MIB, cpus)?);
+        let tree_s = Some(tree_once(&o, &tools, &target.dir, rep)?);
         reap_strays();
-        s.serial_s = Some(serial_once(&o, &tools, &target.dir, rep)?);
+        let serial_s = Some(serial_once(&o, &tools, &target.dir, rep)?);
         reap_strays();
+        let s = Sample {
+            tree_s,
+            serial_s,
+            limit1_s,
+            limit_s,
+        };
         eprintln!(
             "cr-bench tree:   tree {:.3} s, serial {:.3} s, ratio {:.2}, limit {:.3} s ({} threads), {:.3} s (1 thread)",
             s.tree_s.unwrap_or(f64::NAN),

@@ -244,8 +244,8 @@ fn main() {
     }
     let private = map(len, false);
     fill_private(0, private);
-    for k in SLOT_WORDS / 2..SLOT_WORDS {
-        shared[k].store(!pattern(0, k), Ordering::SeqCst);
+    for (k, w) in shared[..SLOT_WORDS].iter().enumerate().skip(SLOT_WORDS / 2) {
+        w.store(!pattern(0, k), Ordering::SeqCst);
     }
     let ready = read_exact(back[0], procs - 1);
     assert_eq!(ready.len(), procs - 1, "children ready");
