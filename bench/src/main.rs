@@ -13,7 +13,8 @@
 //! a coordinated checkpoint of a multi-node job (module [`cluster`]),
 //! `cr-bench migrate ...` the downtime of a migration (module [`migrate`]),
 //! `cr-bench mpi ...` the cost of periodic checkpoints to a real MPI job
-//! (module [`mpi`]).
+//! (module [`mpi`]), `cr-bench tree ...` the restore of one process tree
+//! against single-process restores in a row (module [`tree`]).
 
 mod cluster;
 mod coord;
@@ -26,6 +27,7 @@ mod migrate;
 mod mpi;
 mod protocols;
 mod tcp;
+mod tree;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use std::ffi::{CString, OsStr};
@@ -112,6 +114,8 @@ enum Bench {
     Protocols(protocols::Opts),
     /// Pause, checkpoint time and slowdown of a checkpointed MPI job.
     Mpi(mpi::Opts),
+    /// Restore of one process tree against single-process restores in a row.
+    Tree(tree::Opts),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
@@ -1617,6 +1621,7 @@ fn main() {
         Some(Bench::Migrate(o)) => migrate::run(o),
         Some(Bench::Protocols(o)) => protocols::run(o),
         Some(Bench::Mpi(o)) => mpi::run(o),
+        Some(Bench::Tree(o)) => tree::run(o),
         None => real_main(cli.opts),
     };
     let code = match res {

@@ -2,8 +2,9 @@
 //! fail at that stage, so tests can prove a failed checkpoint never harms
 //! the application. Stages: after-seize, after-registers, mid-memory,
 //! pre-dump-frozen, before-commit; of a restore ([`check_restore`]):
-//! restore-rebuilt (every process rebuilt, nothing released), to prove a
-//! failed restore leaves nothing behind.
+//! restore-rebuilt (every process rebuilt, nothing released) and
+//! restore-mid-tree (pages of some processes still being written, others
+//! not rebuilt yet), to prove a failed restore leaves nothing behind.
 
 use crate::{CheckpointError, RestoreError};
 

@@ -27,7 +27,7 @@ use cr_image::ImageDir;
 use cr_sys::proc;
 use cr_sys::ptrace::{wait_raw, Tracee};
 use cr_sys::remote::{find_syscall_insn, Injector};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -107,9 +107,11 @@ pub struct Restorer<'a> {
     pub grab_pidfd: i32,
 }
 
-/// One process being rebuilt: its stub and what the kinds need.
-pub struct Rebuild<'s, 'r> {
-    pub stub: Stub<'s>,
+/// One process being rebuilt: its stub (which lives as long as the
+/// tracee it drives, `'t`: a rebuild may be left half done while others
+/// go on, see [`rebuild_start`]) and what the kinds need.
+pub struct Rebuild<'s, 'r, 't> {
+    pub stub: Stub<'t>,
     pub r: &'s mut Restorer<'r>,
     pub pages: &'s Pages<'s>,
     /// Where every page of the process is.
@@ -117,6 +119,33 @@ pub struct Rebuild<'s, 'r> {
     pub is_root: bool,
     /// The process's other threads, once created (`kinds::threads`).
     pub threads: Vec<Tracee>,
+    /// Whether the memory kind leaves its page fill to the caller
+    /// ([`memory::Deferred`] in `fill`) instead of filling at once.
+    pub defer_fill: bool,
+    pub fill: Option<memory::Deferred>,
+}
+
+impl<'s, 'r, 't> Rebuild<'s, 'r, 't> {
+    fn new(
+        stub: Stub<'t>,
+        r: &'s mut Restorer<'r>,
+        pages: &'s Pages<'s>,
+        pieces: &'s [Piece],
+        p: &Process,
+        defer_fill: bool,
+    ) -> Self {
+        let is_root = p.pid == r.ck.root_pid;
+        Rebuild {
+            stub,
+            r,
+            pages,
+            pieces,
+            is_root,
+            threads: Vec::new(),
+            defer_fill,
+            fill: None,
+        }
+    }
 }
 
 /// Restore the image in `dir`: the whole process tree, every process with
@@ -295,6 +324,8 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
     steps.mark("files");
     // Stubs, parents before children, with sessions and groups; each
     // fills the memory it shares copy-on-write before it forks.
+    let mut phases = Phases::default();
+    let t_stubs = Instant::now();
     let mut cow = memory::cow::Cow::new(&ck, &pages, &pieces, opts.workers(), opts.lazy_pages);
     let mut stubs = kinds::tree::restore::spawn(
         &ck,
@@ -307,29 +338,48 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
     )?;
     *r.stash.get::<memory::cow::Placed>() = cow.into_placed();
     steps.mark("stubs");
+    phases.stubs = t_stubs.elapsed();
     // What the whole tree shares, in its namespaces: host name, mounts
     // (and ptys), IPC objects.
     kinds::uts::prepare(&ck, &mut stubs[0])?;
     kinds::mounts::prepare(&mut r, &mut stubs[0])?;
     kinds::sysv::prepare(&mut r, stubs[0].tid())?;
     steps.mark("namespaces");
-    let mut threads = Vec::with_capacity(ck.processes.len());
-    for (p, t) in ck.processes.iter().zip(stubs.iter_mut()) {
-        interrupt_check()?;
-        threads.push(if p.is_zombie() {
-            Vec::new()
-        } else {
-            let pieces = pieces.get(&p.pid).map_or(&[][..], |v| v.as_slice());
-            debug!(pid = t.tid(), "rebuilding");
-            rebuild(t, &mut r, p, &pages, pieces)?
-        });
-    }
+    let mut threads: Vec<Vec<Tracee>> = ck.processes.iter().map(|_| Vec::new()).collect();
+    let t_rebuild = Instant::now();
+    rebuild_all(
+        &ck,
+        &mut r,
+        &mut stubs,
+        &mut threads,
+        &pages,
+        &pieces,
+        opts,
+        &mut phases,
+    )?;
+    let rebuilt = t_rebuild.elapsed();
     steps.mark("processes");
     // Of "processes".
     let kinds = r.stash.take::<RebuildTimes>().unwrap_or_default();
     if opts.verify {
+        let t = Instant::now();
         verify(&ck, &img, &mut stubs, &mut threads)?;
+        phases.verify = t.elapsed();
     }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    info!(
+        processes = ck.processes.len(),
+        stubs_ms = ms(phases.stubs),
+        rebuild_ms = ms(rebuilt),
+        start_ms = ms(phases.start),
+        fill_ms = ms(phases.fill),
+        fill_wait_ms = ms(phases.fill_wait),
+        fds_ms = ms(phases.fds),
+        threads_ms = ms(phases.threads),
+        other_ms = ms(phases.other),
+        verify_ms = ms(phases.verify),
+        "tree rebuilt (fill: summed over processes, overlaps the rest)"
+    );
     crate::fault::check_restore("restore-rebuilt")?;
     info!(
         image = %img.path().display(),
@@ -350,6 +400,95 @@ pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError>
         threads,
         me,
         ck,
+    })
+}
+
+/// Rebuild every process of the tree in the image's order. Our thread,
+/// the tracer of every stub (ptrace ties a tracee to the thread that
+/// seized it), makes every injected call; the pages of a process are
+/// written by the worker pool (`process_vm_writev` needs no ptrace) while
+/// this thread goes on with the next processes, at most `workers`
+/// processes ahead. The rest of a process's rebuild waits for its own
+/// pages: nothing after its mappings touches them, and no later process
+/// needs anything of its rest (their mappings only need the files and
+/// shared memory objects already made). A failure returns once every
+/// fill started has ended; the caller then kills every stub.
+#[allow(clippy::too_many_arguments)]
+fn rebuild_all(
+    ck: &Checkpoint,
+    r: &mut Restorer<'_>,
+    stubs: &mut [Tracee],
+    threads: &mut [Vec<Tracee>],
+    pages: &Pages<'_>,
+    pieces: &HashMap<u32, Vec<Piece>>,
+    opts: &RestoreOptions,
+    phases: &mut Phases,
+) -> Result<(), RestoreError> {
+    // A single process gains nothing (its fill uses every worker), and
+    // post-copy pages are placed by the memory kind itself.
+    let defer = !opts.lazy_pages && ck.processes.len() > 1;
+    let workers = opts.workers();
+    let ahead = workers.clamp(1, 8);
+    let progress = opts.progress;
+    let pieces_of = |p: &Process| pieces.get(&p.pid).map_or(&[][..], |v| v.as_slice());
+    type Filled = (memory::Deferred, Duration, Result<u64, RestoreError>);
+    std::thread::scope(|s| {
+        let mut flight = VecDeque::new();
+        let mut end_one = |flight: &mut VecDeque<(
+            usize,
+            Started<'_>,
+            Option<std::thread::ScopedJoinHandle<'_, Filled>>,
+        )>,
+                           r: &mut Restorer<'_>,
+                           phases: &mut Phases|
+         -> Result<(), RestoreError> {
+            let Some((i, mut started, job)) = flight.pop_front() else {
+                return Ok(());
+            };
+            let p = &ck.processes[i];
+            if let Some(job) = job {
+                let t = Instant::now();
+                let (d, took, res) = job
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                phases.fill_wait += t.elapsed();
+                phases.fill += took;
+                res?;
+                started.fill = Some(d);
+            }
+            debug!(pid = p.pid, "rebuilding the rest");
+            threads[i] = rebuild_end(started, r, p, pages, pieces_of(p), phases)?;
+            Ok(())
+        };
+        for (i, (p, t)) in ck.processes.iter().zip(stubs.iter_mut()).enumerate() {
+            interrupt_check()?;
+            if p.is_zombie() {
+                continue;
+            }
+            debug!(pid = t.tid(), "rebuilding");
+            let t0 = Instant::now();
+            let mut started = rebuild_start(t, r, p, pages, pieces_of(p), defer)?;
+            phases.start += t0.elapsed();
+            let job = started.fill.take().map(|d| {
+                s.spawn(move || {
+                    let t = Instant::now();
+                    let res = d.fill(pages, workers, &progress);
+                    (d, t.elapsed(), res)
+                })
+            });
+            flight.push_back((i, started, job));
+            if flight.len() > 1 {
+                // Tests: a failure with fills in flight and processes left.
+                crate::fault::check_restore("restore-mid-tree")?;
+            }
+            while flight.len() > ahead {
+                end_one(&mut flight, r, phases)?;
+            }
+        }
+        while !flight.is_empty() {
+            end_one(&mut flight, r, phases)?;
+        }
+        Ok(())
     })
 }
 
@@ -425,63 +564,127 @@ pub fn rebuild(
     pages: &Pages<'_>,
     pieces: &[Piece],
 ) -> Result<Vec<Tracee>, RestoreError> {
+    let started = rebuild_start(tracee, r, p, pages, pieces, false)?;
+    rebuild_end(started, r, p, pages, pieces, &mut Phases::default())
+}
+
+/// A process whose rebuild stopped after its mappings were made (see
+/// [`rebuild_start`]): its stub, and its pages to fill when deferred.
+pub struct Started<'t> {
+    stub: Stub<'t>,
+    pub fill: Option<memory::Deferred>,
+}
+
+/// Where the time of a tree's restore went, summed over its processes
+/// (logged once per restore, see [`prepare`]).
+#[derive(Default, Debug)]
+pub struct Phases {
+    /// Stubs forked, sessions and groups, memory shared copy-on-write.
+    pub stubs: Duration,
+    /// Stub cleanup, mappings (injected calls, one thread).
+    pub start: Duration,
+    /// Pages written (workers; overlaps the others when deferred).
+    pub fill: Duration,
+    /// Waited for a deferred fill to end.
+    pub fill_wait: Duration,
+    /// File descriptors.
+    pub fds: Duration,
+    /// Threads created, registers.
+    pub threads: Duration,
+    /// Every other step of a process (task, signals, timers, identity...).
+    pub other: Duration,
+    pub verify: Duration,
+}
+
+/// The first part of the rebuild of one process: the stub emptied, every
+/// mapping made; with `defer_fill`, the pages are not written yet
+/// ([`Started::fill`]: the caller writes them, from any thread, before
+/// [`rebuild_end`]), else the memory is complete.
+pub fn rebuild_start<'t>(
+    tracee: &'t mut Tracee,
+    r: &mut Restorer<'_>,
+    p: &Process,
+    pages: &Pages<'_>,
+    pieces: &[Piece],
+    defer_fill: bool,
+) -> Result<Started<'t>, RestoreError> {
     let pid = tracee.tid();
     kinds::threads::check_cpu(r.ck, tracee)?;
     let own_rseq = tracee.get_rseq()?;
     let stub_maps = proc::maps(pid)?;
     let ip = find_syscall_insn(pid)?;
-    let is_root = p.pid == r.ck.root_pid;
-    let threads = {
-        let mut stub = Stub::new(Injector::new(tracee, ip)?);
-        kinds::threads::drop_stub_rseq(&mut stub, &own_rseq)?;
-        let park = memory::map_scratch(&mut stub, &p.vmas, &stub_maps)?;
-        kinds::fds::keep_only_grab_fd(&mut stub, p, r.grab_pidfd)?;
-        let kept = r.stash.get::<memory::cow::Placed>().ranges(p.pid);
-        memory::unmap_stub(&mut stub, &stub_maps, &kept)?;
-        memory::vdso::move_to_saved(&mut stub, &stub_maps, &p.vmas, park, ip)?;
-        let mut cx = Rebuild {
-            stub,
-            r,
-            pages,
-            pieces,
-            is_root,
-            threads: Vec::new(),
-        };
-        // Before the memory, which is then charged to the process's group.
-        kinds::cgroups::Cgroups::restore(&mut cx, p)?;
-        let t = Instant::now();
-        kinds::memory::Memory::restore(&mut cx, p)?;
-        cx.r.stash.get::<RebuildTimes>().memory += t.elapsed();
-        kinds::aio::restore_process(&mut cx, p)?;
-        kinds::task::Task::restore(&mut cx, p)?;
-        kinds::identity::set_loginuid(&mut cx.stub, p)?;
-        let t = Instant::now();
-        kinds::fds::Fds::restore(&mut cx, p)?;
-        cx.r.stash.get::<RebuildTimes>().fds += t.elapsed();
-        memory::set_mm(&mut cx, p)?;
-        kinds::signals::Signals::restore(&mut cx, p)?;
-        kinds::threads::Threads::restore(&mut cx, p)?;
-        kinds::signals::queue_pending(&mut cx, p)?;
-        kinds::timers::Timers::restore(&mut cx, p)?;
-        kinds::sysv::restore_process(&mut cx, p)?;
-        kinds::task::chroot(&mut cx, p)?;
-        kinds::identity::Identity::restore(&mut cx, p)?;
-        kinds::threads::set_pdeathsig(&mut cx.stub.inj, &p.threads[0], cx.is_root)?;
-        let Rebuild {
-            mut stub, threads, ..
-        } = cx;
-        let scratch = stub.scratch;
-        stub.call(
-            "munmap",
-            libc::SYS_munmap,
-            [scratch, crate::stub::SCRATCH, 0, 0, 0, 0],
-        )
-        .step(|| "cannot unmap the restorer's scratch memory".into())?;
-        kinds::seccomp::restore_main(&mut stub.inj, p)?;
-        stub.inj.finish_with_mask(p.threads[0].sigmask)?;
-        threads
-    };
-    kinds::threads::set_registers(tracee, &p.threads[0])?;
+    let mut stub = Stub::new(Injector::new(tracee, ip)?);
+    kinds::threads::drop_stub_rseq(&mut stub, &own_rseq)?;
+    let park = memory::map_scratch(&mut stub, &p.vmas, &stub_maps)?;
+    kinds::fds::keep_only_grab_fd(&mut stub, p, r.grab_pidfd)?;
+    let kept = r.stash.get::<memory::cow::Placed>().ranges(p.pid);
+    memory::unmap_stub(&mut stub, &stub_maps, &kept)?;
+    memory::vdso::move_to_saved(&mut stub, &stub_maps, &p.vmas, park, ip)?;
+    let mut cx = Rebuild::new(stub, r, pages, pieces, p, defer_fill);
+    // Before the memory, which is then charged to the process's group.
+    kinds::cgroups::Cgroups::restore(&mut cx, p)?;
+    let t = Instant::now();
+    kinds::memory::Memory::restore(&mut cx, p)?;
+    cx.r.stash.get::<RebuildTimes>().memory += t.elapsed();
+    Ok(Started {
+        stub: cx.stub,
+        fill: cx.fill,
+    })
+}
+
+/// The rest of the rebuild of a process begun by [`rebuild_start`] (its
+/// pages written if they were deferred); returns its other threads.
+pub fn rebuild_end(
+    started: Started<'_>,
+    r: &mut Restorer<'_>,
+    p: &Process,
+    pages: &Pages<'_>,
+    pieces: &[Piece],
+    phases: &mut Phases,
+) -> Result<Vec<Tracee>, RestoreError> {
+    let Started { stub, fill } = started;
+    let mut cx = Rebuild::new(stub, r, pages, pieces, p, false);
+    let t = Instant::now();
+    let (fds0, threads0) = (phases.fds, phases.threads);
+    if let Some(d) = fill {
+        memory::finish_deferred(&mut cx, p, d)?;
+    }
+    kinds::aio::restore_process(&mut cx, p)?;
+    kinds::task::Task::restore(&mut cx, p)?;
+    kinds::identity::set_loginuid(&mut cx.stub, p)?;
+    let t_fds = Instant::now();
+    kinds::fds::Fds::restore(&mut cx, p)?;
+    phases.fds += t_fds.elapsed();
+    cx.r.stash.get::<RebuildTimes>().fds += t_fds.elapsed();
+    memory::set_mm(&mut cx, p)?;
+    kinds::signals::Signals::restore(&mut cx, p)?;
+    let t_threads = Instant::now();
+    kinds::threads::Threads::restore(&mut cx, p)?;
+    phases.threads += t_threads.elapsed();
+    kinds::signals::queue_pending(&mut cx, p)?;
+    kinds::timers::Timers::restore(&mut cx, p)?;
+    kinds::sysv::restore_process(&mut cx, p)?;
+    kinds::task::chroot(&mut cx, p)?;
+    kinds::identity::Identity::restore(&mut cx, p)?;
+    kinds::threads::set_pdeathsig(&mut cx.stub.inj, &p.threads[0], cx.is_root)?;
+    let Rebuild {
+        mut stub, threads, ..
+    } = cx;
+    let scratch = stub.scratch;
+    stub.call(
+        "munmap",
+        libc::SYS_munmap,
+        [scratch, crate::stub::SCRATCH, 0, 0, 0, 0],
+    )
+    .step(|| "cannot unmap the restorer's scratch memory".into())?;
+    kinds::seccomp::restore_main(&mut stub.inj, p)?;
+    let t_regs = Instant::now();
+    stub.inj.finish_with_mask_then(p.threads[0].sigmask, |t| {
+        kinds::threads::set_registers(t, &p.threads[0])
+    })??;
+    phases.threads += t_regs.elapsed();
+    let own = (phases.fds - fds0) + (phases.threads - threads0);
+    phases.other += t.elapsed().saturating_sub(own);
     Ok(threads)
 }
 

@@ -167,6 +167,18 @@ impl<'a> Injector<'a> {
         self.restore()
     }
 
+    /// [`Injector::finish_with_mask`], then `then` on the tracee (its
+    /// final registers, once the injector no longer needs it).
+    pub fn finish_with_mask_then<R>(
+        mut self,
+        mask: u64,
+        then: impl FnOnce(&Tracee) -> R,
+    ) -> Result<R> {
+        self.saved_mask = mask;
+        self.restore()?;
+        Ok(then(self.t))
+    }
+
     fn restore(&mut self) -> Result<()> {
         if self.done {
             return Ok(());

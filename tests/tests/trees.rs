@@ -305,3 +305,58 @@ fn memory_shared_copy_on_write_stays_shared_after_checkpoints_that_continue() {
         wl.diag()
     );
 }
+
+/// Sixteen processes (a root and fifteen children), each with 4 MiB of
+/// private memory of its own, all sharing anonymous shared memory and
+/// 1 MiB copy-on-write, with a pipe from the root to each child holding an
+/// unread message and a pipe back: checkpointed, killed, restored with
+/// `--verify` (the processes' pages are written by the worker pool while
+/// the next ones are rebuilt); every process checks its memory and its
+/// pipe, the root collects the answers and prints OK. Before that, a
+/// restore failing halfway through the tree leaves no process behind.
+#[test]
+fn sixteen_process_tree_with_private_shared_memory_and_pipes() {
+    let h = Harness::new("bigtree");
+    let mut wl = h.spawn_wl("wl_bigtree", &["16", "4"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let pids = tree_pids(pid);
+    assert_eq!(
+        pids.len(),
+        16,
+        "root and 15 children: {pids:?}\n{}",
+        wl.diag()
+    );
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    reap_descendants(&pids[1..]);
+    // A restore failing while pages are still being written into some
+    // processes and others are not rebuilt yet leaves nothing behind.
+    let mut r = h.restore_bg_env(&img, pid, &[("CR_FAULT_INJECT", "restore-mid-tree")]);
+    let out = r.wait_plain(TOOL_TIMEOUT);
+    out.assert_error(
+        "injected restore failure",
+        "cr_restart: error: ",
+        &["restore-mid-tree"],
+    );
+    wait_until(
+        "the failed restore's processes to be gone",
+        Duration::from_secs(10),
+        || {
+            reap_orphans();
+            pids.iter().all(|p| !is_alive(*p))
+        },
+        || wl.diag(),
+    );
+    let mut r = h.restore_bg(&img, pid);
+    wait_until(
+        "the restored tree",
+        Duration::from_secs(60),
+        || tree_pids(pid).len() == 16,
+        || wl.diag(),
+    );
+    assert_eq!(tree_pids(pid), pids, "restored tree has other PIDs");
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "16-process tree restore");
+}

@@ -73,7 +73,7 @@ pub trait Kind {
     /// Fill this kind's section of `p` from the frozen process `cx.pid`.
     fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError>;
     /// Give the stub `cx` this kind's saved state from `p`.
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError>;
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError>;
 }
 
 /// A kind of open file.
@@ -95,13 +95,13 @@ pub trait FileKind: Sync {
     /// Open fd `f` of `p` again (None: not mine).
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>>;
 
     /// After every fd of `p` is open (epoll lists watch them).
-    fn after_fds(&self, _cx: &mut Rebuild<'_, '_>, _p: &Process) -> Result<(), RestoreError> {
+    fn after_fds(&self, _cx: &mut Rebuild<'_, '_, '_>, _p: &Process) -> Result<(), RestoreError> {
         Ok(())
     }
 

@@ -69,7 +69,7 @@ impl<T: Remade> FileKind for RemadeKind<T> {
 
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         _p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {

@@ -97,7 +97,7 @@ fn requests_for(nr: u32) -> u64 {
 }
 
 /// Make the AIO contexts of `p` again, each ring at its saved address.
-pub fn restore_process(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn restore_process(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     for v in p.vmas.iter().filter(|v| v.kind == VmaKind::Aio) {
         let ring = v.aio.as_ref().ok_or_else(|| {
             RestoreError::Unsupported(format!("the AIO ring at {:#x} has no state", v.start))
@@ -109,7 +109,7 @@ pub fn restore_process(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), Rest
 
 /// One context: io_setup, move the ring, bring head and tail, put back the
 /// pending events.
-fn restore_ring(cx: &mut Rebuild<'_, '_>, v: &Vma, ring: &AioRing) -> Result<(), RestoreError> {
+fn restore_ring(cx: &mut Rebuild<'_, '_, '_>, v: &Vma, ring: &AioRing) -> Result<(), RestoreError> {
     let what = || format!("the AIO context at {:#x}", v.start);
     let stub = &mut cx.stub;
     let pid = stub.pid();
@@ -222,7 +222,7 @@ fn restore_ring(cx: &mut Rebuild<'_, '_>, v: &Vma, ring: &AioRing) -> Result<(),
 /// unreaped (iocbs, their pointers, an event buffer and a timeout at
 /// `base`, as [`restore_ring`] lays them out).
 fn advance(
-    cx: &mut Rebuild<'_, '_>,
+    cx: &mut Rebuild<'_, '_, '_>,
     ctx: u64,
     base: u64,
     reap: u64,

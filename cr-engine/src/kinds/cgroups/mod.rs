@@ -81,7 +81,7 @@ impl Kind for Cgroups {
         Ok(())
     }
 
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         // In a namespace of its own the root's stub left the restorer's
         // groups (for the namespace's root): every group is written.
         let own_ns = cx.r.ck.cgroupns.is_some();

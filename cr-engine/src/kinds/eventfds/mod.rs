@@ -53,7 +53,7 @@ impl FileKind for EventFds {
 
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         _p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {
@@ -90,7 +90,7 @@ impl FileKind for EventFds {
     /// event, and made to fire once (epoll_wait) if their file is ready for
     /// any: they are then as disarmed as they were. One whose file is ready
     /// for nothing stays armed for errors and hang-ups only.
-    fn after_fds(&self, cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn after_fds(&self, cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         for f in p.fds.iter().filter(|f| f.shared.is_none()) {
             let FdKind::Epoll { items } = &f.kind else {
                 continue;
@@ -184,7 +184,7 @@ fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
 
 /// pidfd_open, inside the process, of the restored process `pid` of the
 /// image (by the PID the process sees it with), at the fd's number.
-fn open_pidfd(cx: &mut Rebuild<'_, '_>, f: &Fd, pid: u32) -> Result<Opened, RestoreError> {
+fn open_pidfd(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, pid: u32) -> Result<Opened, RestoreError> {
     let ck = cx.r.ck;
     let target = ck
         .processes
@@ -301,7 +301,7 @@ pub fn disarmed(events: u32) -> bool {
 /// but what the kernel always adds (errors, hang-ups). Only disarmed items
 /// are in the set yet: the one event epoll_wait reports is this item's.
 fn disarm(
-    cx: &mut Rebuild<'_, '_>,
+    cx: &mut Rebuild<'_, '_, '_>,
     epfd: i32,
     it: &EpollItem,
     ev: u64,

@@ -121,7 +121,7 @@ impl FileKind for External {
 
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {

@@ -289,7 +289,7 @@ impl Kind for Fds {
         Ok(())
     }
 
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         for f in &p.fds {
             let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
             if let Some(s) = f.shared {
@@ -516,7 +516,7 @@ pub fn seek(stub: &mut Stub<'_>, f: &Fd) -> Result<(), RestoreError> {
 /// dup'ed in the same process, or taken from the other process with
 /// pidfd_getfd (the same description, so the offset stays shared).
 fn share(
-    cx: &mut Rebuild<'_, '_>,
+    cx: &mut Rebuild<'_, '_, '_>,
     p: &Process,
     f: &Fd,
     s: SharedFd,

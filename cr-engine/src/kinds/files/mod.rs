@@ -133,7 +133,7 @@ impl FileKind for Files {
 
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         _p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {
@@ -470,7 +470,7 @@ pub fn map_path(r: &mut Restorer<'_>, id: u64) -> Option<String> {
 
 /// A file, directory or device opened again by path inside the stub, at
 /// its number; `extra` open flags are added.
-pub fn reopen(cx: &mut Rebuild<'_, '_>, f: &Fd, extra: i32) -> Result<(), RestoreError> {
+pub fn reopen(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, extra: i32) -> Result<(), RestoreError> {
     let flags = ((f.flags as i32) & !OPEN_ONLY) | extra;
     let cloexec = (flags & libc::O_CLOEXEC) as u64;
     if let FdKind::Regular { .. } = f.kind {

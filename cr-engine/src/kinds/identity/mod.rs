@@ -79,7 +79,7 @@ impl Kind for Identity {
 
     /// Resource limits, then the main thread's credentials: the last steps
     /// before its registers.
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         let pid = cx.stub.pid();
         set_rlimits(pid, &p.identity.rlimits)?;
         let args = cx.stub.thread_args();

@@ -66,7 +66,7 @@ impl FileKind for Inet {
 
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         _p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {

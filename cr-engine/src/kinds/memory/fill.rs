@@ -223,7 +223,7 @@ fn vmas_with_pages(vmas: &[Vma], pieces: &[Piece]) -> Vec<bool> {
 /// [`super::cow`]) into place; returns which are writable until
 /// [`finish`].
 pub fn map_all(
-    cx: &mut Rebuild<'_, '_>,
+    cx: &mut Rebuild<'_, '_, '_>,
     p: &Process,
     slots: &[Slot],
 ) -> Result<Vec<bool>, RestoreError> {
@@ -341,7 +341,7 @@ pub fn map_all(
 
 /// Move the memory filled in slot `s` to its saved address (the pages
 /// keep being shared with the relatives that hold them).
-fn move_slot(cx: &mut Rebuild<'_, '_>, s: &Slot) -> Result<(), RestoreError> {
+fn move_slot(cx: &mut Rebuild<'_, '_, '_>, s: &Slot) -> Result<(), RestoreError> {
     let len = s.end - s.start;
     let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
     let got = cx
@@ -370,7 +370,7 @@ fn move_slot(cx: &mut Rebuild<'_, '_>, s: &Slot) -> Result<(), RestoreError> {
 /// its own (kind "mounts") does not show the restorer's PIDs there: a
 /// /proc path is then opened relative to the restorer's /proc.
 fn open_restorer_path(
-    cx: &mut Rebuild<'_, '_>,
+    cx: &mut Rebuild<'_, '_, '_>,
     path: &str,
     flags: i32,
 ) -> cr_sys::error::Result<u64> {
@@ -498,7 +498,11 @@ pub fn bytes(pieces: &[Piece]) -> u64 {
 }
 
 /// Final protections, madvise flags, memory locks and anonymous VMA names.
-pub fn finish(cx: &mut Rebuild<'_, '_>, p: &Process, filled: &[bool]) -> Result<(), RestoreError> {
+pub fn finish(
+    cx: &mut Rebuild<'_, '_, '_>,
+    p: &Process,
+    filled: &[bool],
+) -> Result<(), RestoreError> {
     const ADVICE: &[(&str, i32)] = &[
         ("dc", libc::MADV_DONTFORK),
         ("dd", libc::MADV_DONTDUMP),

@@ -262,7 +262,7 @@ impl Drop for Transfer {
 /// sorted) on a userfaultfd created in it, take that fd and start serving
 /// `pieces` (the stored pages of those ranges) at once.
 pub fn start(
-    cx: &mut Rebuild<'_, '_>,
+    cx: &mut Rebuild<'_, '_, '_>,
     ranges: &[(u64, u64)],
     pieces: Vec<Piece>,
 ) -> Result<(), RestoreError> {

@@ -312,7 +312,7 @@ impl Kind for Memory {
     /// With `--lazy-pages` only the pages outside private anonymous
     /// mappings are filled now; those inside are served once the process
     /// runs ([`lazy`]).
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         // Mappings already filled and shared with a relative ([`cow`]).
         let placed = cx.r.stash.get::<cow::Placed>().take(p.pid);
         let t = std::time::Instant::now();
@@ -333,6 +333,16 @@ impl Kind for Memory {
         in_slots.sort();
         let rest = lazy::split(cx.pieces, &in_slots).0;
         let (now, later) = lazy::split(&rest, &lazy_ranges);
+        if cx.defer_fill && lazy_ranges.is_empty() {
+            // The caller fills these pages on the pool while it rebuilds
+            // other processes, then calls [`finish_deferred`].
+            cx.fill = Some(Deferred {
+                pid: cx.stub.pid(),
+                now,
+                filled,
+            });
+            return Ok(());
+        }
         // Pages arriving from another node: those needed now first.
         cx.pages.want(&now);
         let progress =
@@ -351,6 +361,45 @@ impl Kind for Memory {
         }
         fill::finish(cx, p, &filled)
     }
+}
+
+/// The fill of one process left to the caller of the rebuild
+/// ([`Rebuild::defer_fill`]): its mappings are in place, writable where
+/// pages go, and nothing else of the rebuild touches them until
+/// [`finish_deferred`].
+pub struct Deferred {
+    /// The stub's PID.
+    pub pid: i32,
+    /// The pages to write (the memory shared copy-on-write is in already).
+    pub now: Vec<cr_image::chain::Piece>,
+    /// Which mappings are writable until [`finish_deferred`].
+    filled: Vec<bool>,
+}
+
+impl Deferred {
+    /// Write the pages into the process (any thread may: no ptrace).
+    pub fn fill(
+        &self,
+        pages: &fill::Pages<'_>,
+        workers: usize,
+        progress: &cr_image::progress::Progress,
+    ) -> Result<u64, RestoreError> {
+        pages.want(&self.now);
+        let bar = progress.start("restoring memory", fill::bytes(&self.now));
+        let n = fill::fill(self.pid, pages, &self.now, workers, &|d| bar.set(d))?;
+        bar.finish();
+        Ok(n)
+    }
+}
+
+/// The last step of a deferred memory restore, once its pages are in:
+/// final protections, madvise flags, locks and names.
+pub fn finish_deferred(
+    cx: &mut Rebuild<'_, '_, '_>,
+    p: &Process,
+    d: Deferred,
+) -> Result<(), RestoreError> {
+    fill::finish(cx, p, &d.filled)
 }
 
 /// Map the stub's scratch area at an address neither the saved mappings
@@ -425,7 +474,7 @@ pub fn unmap_stub(
 }
 
 /// PR_SET_MM_MAP: code/data/brk/stack/arg/env bounds, auxv and the exe link.
-pub fn set_mm(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn set_mm(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let stub = &mut cx.stub;
     let m = &p.mm;
     let exe = &p.task.exe;

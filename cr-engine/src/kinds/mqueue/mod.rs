@@ -60,7 +60,7 @@ impl FileKind for Mqueues {
 
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         _p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {
@@ -118,7 +118,7 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
     Ok(Some(FdKind::Mqueue { object: ino }))
 }
 
-fn open(cx: &mut Rebuild<'_, '_>, f: &Fd, object: u64) -> Result<Opened, RestoreError> {
+fn open(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, object: u64) -> Result<Opened, RestoreError> {
     if !cx.r.stash.get::<Made>().0.contains_key(&object) {
         let Some(ObjectKind::Mqueue(m)) =
             cx.r.ck.object(ObjectTag::Mqueue, object).map(|o| &o.kind)

@@ -76,7 +76,7 @@ impl Kind for Signals {
     }
 
     /// Every signal's action (the stub inherited ours).
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         let stub = &mut cx.stub;
         for sig in 1..=NSIG {
             if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
@@ -179,7 +179,7 @@ pub fn restore_thread(
 /// the main thread's own, with their siginfo, from the main thread; they
 /// stay pending (blocked) until the release. The other threads queue
 /// their own ([`queue_thread_pending`]).
-pub fn queue_pending(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn queue_pending(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let ids = &cx.r.ids;
     let pid = ids.inner(p.pid) as u64;
     let stub = &mut cx.stub;

@@ -643,7 +643,7 @@ fn make_all(
 /// Give process `p` (its stub in `cx`) the last operation on the
 /// semaphores whose last operation was its own: an increment and a
 /// decrement in one atomic call, which leave the value as it is.
-pub fn restore_process(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn restore_process(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let Some(s) = &cx.r.ck.sysv else {
         return Ok(());
     };

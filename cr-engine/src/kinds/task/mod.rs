@@ -119,7 +119,7 @@ impl Kind for Task {
         Ok(())
     }
 
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         let t = &p.task;
         // A working directory removed since is made again, and removed.
         let ghost = match crate::kinds::files::ghost::removed(&t.cwd) {
@@ -240,7 +240,7 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
 
 /// The process's root directory (chroot), once everything it opens by
 /// path is open: the paths of the image are seen from outside it.
-pub fn chroot(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn chroot(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let root = &p.task.root;
     if root.is_empty() || root == "/" {
         return Ok(());

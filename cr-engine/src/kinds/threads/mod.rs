@@ -158,7 +158,7 @@ impl Kind for Threads {
 
     /// The other threads, each complete (its registers set), and the main
     /// thread's own state (its registers come last, after every other kind).
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         let others = create(&mut cx.stub, &p.threads[1..], &cx.r.ids)?;
         // After they are made: a new thread inherits its creator's.
         set_affinity(cx.stub.pid(), &p.threads[0])?;

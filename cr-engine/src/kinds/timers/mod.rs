@@ -154,7 +154,7 @@ impl Kind for Timers {
         Ok(())
     }
 
-    fn restore(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         for t in &p.timers.itimers {
             let addr = cx
                 .stub
@@ -217,7 +217,7 @@ fn two_times(times: [u64; 2], per_sec: u64) -> Vec<u8> {
 }
 
 /// Create POSIX timer `t` with its id and arm it with what it had left.
-fn posix_timer(cx: &mut Rebuild<'_, '_>, t: &PosixTimer) -> Result<(), RestoreError> {
+fn posix_timer(cx: &mut Rebuild<'_, '_, '_>, t: &PosixTimer) -> Result<(), RestoreError> {
     let what = || format!("cannot create POSIX timer {} (clock {})", t.id, t.clockid);
     // struct sigevent: sigev_value, sigev_signo, sigev_notify, then the
     // union (sigev_notify_thread_id first), 64 bytes in all.

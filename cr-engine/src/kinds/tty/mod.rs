@@ -217,7 +217,7 @@ impl FileKind for Tty {
 
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         _p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {
@@ -334,7 +334,7 @@ fn pty_end(
 /// A session leader whose controlling terminal was a pty of the image takes
 /// it again (TIOCSCTTY on one of its slave fds) and gives it its foreground
 /// process group.
-pub fn controlling_tty(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn controlling_tty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let Some(index) = p.ctty_pty else {
         return Ok(());
     };
@@ -397,7 +397,7 @@ pub fn deferred(p: &Process, fd: i32) -> bool {
 
 /// The /dev/tty fds, opened again now that the process's session has its
 /// controlling terminal back (and the fds that share them).
-pub fn reopen_dev_tty(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn reopen_dev_tty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     for f in p.fds.iter().filter(|f| deferred(p, f.fd)) {
         files::reopen(cx, f, libc::O_NOCTTY)?;
         for d in p

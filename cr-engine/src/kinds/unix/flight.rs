@@ -31,7 +31,7 @@ pub struct Flying {
 
 /// The files in flight `p` (just rebuilt, every fd open) gives: those it
 /// holds itself, and (the root) those no process holds.
-pub fn open(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+pub fn open(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let ck: &Checkpoint = cx.r.ck;
     let pid = cx.stub.pid();
     let grab = cx.stub.grab_pidfd;
@@ -75,7 +75,7 @@ pub fn open(cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
 /// Open file `f` in flight by its kind, in the stub of `p` at fd `spare`
 /// if it opens there; the restorer's copy.
 fn open_one(
-    cx: &mut Rebuild<'_, '_>,
+    cx: &mut Rebuild<'_, '_, '_>,
     p: &Process,
     f: &Fd,
     spare: i32,

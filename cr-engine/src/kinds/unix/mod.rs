@@ -84,7 +84,7 @@ impl FileKind for Unix {
         Ok(())
     }
 
-    fn after_fds(&self, cx: &mut Rebuild<'_, '_>, p: &Process) -> Result<(), RestoreError> {
+    fn after_fds(&self, cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         flight::open(cx, p)
     }
 
@@ -100,7 +100,7 @@ impl FileKind for Unix {
 
     fn open(
         &self,
-        cx: &mut Rebuild<'_, '_>,
+        cx: &mut Rebuild<'_, '_, '_>,
         _p: &Process,
         f: &Fd,
     ) -> Option<Result<Opened, RestoreError>> {
