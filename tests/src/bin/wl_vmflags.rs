@@ -25,14 +25,16 @@ struct Region {
 }
 
 impl Region {
-    fn page(&self, i: usize) -> &mut [u64] {
+    fn page(&self, i: usize) -> &[u64] {
         // SAFETY: `base` maps PAGES read-write pages for the whole run.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(i * WORDS), WORDS) }
+        unsafe { std::slice::from_raw_parts(self.base.add(i * WORDS), WORDS) }
     }
 
     fn fill(&mut self, i: usize, s: u64) {
         self.seeds[i] = s;
-        wl::fill_page(self.page(i), s);
+        // SAFETY: as in `page`; `&mut self`: no other view of it now.
+        let page = unsafe { std::slice::from_raw_parts_mut(self.base.add(i * WORDS), WORDS) };
+        wl::fill_page(page, s);
     }
 
     fn check(&self, problems: &mut Vec<String>) {
@@ -128,9 +130,9 @@ fn main() {
     wl::say("READY");
     wl::Go::at(&args.workdir.join("change")).wait();
 
-    // SAFETY (the three madvise calls): whole regions of ours.
-    let advise = |r: &Region, advice: i32| unsafe {
-        libc::madvise(r.base as *mut libc::c_void, PAGES * PAGE, advice)
+    let advise = |r: &Region, advice: i32| {
+        // SAFETY: a whole region of ours; advice changes no content here.
+        unsafe { libc::madvise(r.base as *mut libc::c_void, PAGES * PAGE, advice) }
     };
     wl::check(advise(&regions[0], libc::MADV_DONTDUMP), "MADV_DONTDUMP");
     wl::check(
