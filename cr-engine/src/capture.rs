@@ -151,6 +151,9 @@ pub struct Dump<'a> {
     /// Where memory is copied while the tree is frozen, to be stored once
     /// it runs again (checkpoint-and-continue); None: stored while frozen.
     pub arena: Option<&'a mut dump::Arena>,
+    /// Each process's mappings with their VmFlags, read from smaps before
+    /// the freeze (see [`memory::EarlyMaps`]).
+    pub early: Option<&'a memory::EarlyMaps>,
 }
 
 /// One frozen process being captured: what the kinds read it with.
@@ -379,7 +382,9 @@ pub fn freeze(
         let_go: false,
         arena: None,
         thawed_after: None,
+        early: memory::EarlyMaps::read(&tree::walk(pid)?),
     };
+    fault::hold("before-freeze")?;
     before_freeze();
     held.procs = tree::freeze(pid)?;
     held.frozen_at = Instant::now();
@@ -415,6 +420,8 @@ pub struct Held {
     pub arena: Option<dump::Arena>,
     /// How long the tree was frozen, once it runs again before the end.
     thawed_after: Option<Duration>,
+    /// The mappings read before the freeze, for their VmFlags.
+    early: memory::EarlyMaps,
 }
 
 /// What a written image leaves to do when the processes are let go.
@@ -426,6 +433,9 @@ struct Dumped {
     kept: Vec<(i32, DirtyMethod, i32)>,
     /// Trackers no longer wanted: released only after the processes run on.
     released: Vec<std::os::fd::OwnedFd>,
+    /// Mappings whose VmFlags came from the read before the freeze:
+    /// checked again when the processes are let go.
+    borrowed: memory::Borrowed,
     /// The image's data files (page store, content files): the directory
     /// keeps them, and loses the replaced image's, once the processes
     /// are let go; a checkpoint called off removes them.
@@ -536,6 +546,7 @@ impl Held {
             stash: Stash::default(),
             read: 0,
             arena: self.arena.as_mut(),
+            early: Some(&self.early),
         };
         let mut images = Vec::with_capacity(self.procs.len());
         for f in self.procs.iter_mut() {
@@ -574,6 +585,7 @@ impl Held {
         let stored = t_dump.elapsed();
         let read = d.read;
         let trackers = memory::take_trackers(&mut d.stash);
+        let borrowed = d.stash.take::<memory::Borrowed>().unwrap_or_default();
         let (objects, held) = d.objects.finish();
         let store = store.finish(opts.fsync())?;
         let root = self.root;
@@ -618,6 +630,7 @@ impl Held {
             held,
             kept: trackers.kept,
             released: trackers.released,
+            borrowed,
             files: data_files(&ck),
         })
     }
@@ -660,13 +673,22 @@ impl Held {
                 "the processes already run on (their memory was copied out): they cannot be stopped or killed with the checkpoint",
             ));
         }
+        // VmFlags taken from before the freeze (see `memory::flags`): read
+        // again now, exactly, when the processes stay frozen to the end;
+        // once they run again otherwise. A difference undoes the image
+        // (here by the drop).
+        let runs_on = action == Action::Continue || self.thawed_after.is_some();
+        if !runs_on {
+            if let Some(d) = &self.dumped {
+                d.borrowed.check(true)?;
+            }
+        }
         let Some(d) = self.dumped.take() else {
             return Err(CheckpointError::unsupported(
                 self.root,
                 "the processes cannot be let go before their image is written",
             ));
         };
-        after_commit(&self.dir, &self.image_id, self.parent.as_ref(), &d.kept);
         // A lock kept for a dump that ends the processes belongs to the
         // image: cr_restart removes it. After a CONTINUE it goes now.
         if let Some(l) = self.lock.take() {
@@ -680,6 +702,14 @@ impl Held {
             }
         }
         tree::let_go(std::mem::take(&mut self.procs), action)?;
+        if runs_on {
+            if let Err(e) = d.borrowed.check(false) {
+                // The drop tells libcr it failed and lets the rest go.
+                self.dir.undo(&d.files);
+                return Err(e);
+            }
+        }
+        after_commit(&self.dir, &self.image_id, self.parent.as_ref(), &d.kept);
         if let Some(c) = self.coop.take() {
             c.finish();
         }
@@ -815,6 +845,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             stash: Stash::default(),
             read: 0,
             arena: None,
+            early: None,
         };
         let mut procs = tree::freeze(root)?;
         let frozen_at = Instant::now();

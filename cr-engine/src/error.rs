@@ -54,6 +54,14 @@ pub enum CheckpointError {
     Interrupted(&'static str),
     /// `--verify`: the tree differs from the image just written (or could
     /// not be captured again).
+    #[error("process {pid}: the flags of mapping {start:#x}-{end:#x} changed during the checkpoint (madvise or mlock: {before} -> {after}); the image is removed and the processes run on; checkpoint again")]
+    FlagsChanged {
+        pid: i32,
+        start: u64,
+        end: u64,
+        before: String,
+        after: String,
+    },
     #[error("--verify: {0}; the image is removed and the processes run on")]
     Verify(String),
     /// A program linked with libcr refused the checkpoint, or its callbacks

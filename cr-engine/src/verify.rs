@@ -139,6 +139,7 @@ pub fn tree(
         stash: Stash::default(),
         read: 0,
         arena: None,
+        early: None,
     };
     let mut difference = None;
     for (f, image) in procs.iter_mut().zip(&ck.processes) {

@@ -296,6 +296,34 @@ impl MemCursor<'_, '_> {
         let idx = self.ix.hash_at[self.i] + ((vaddr - r.vaddr) / PAGE as u64) as usize;
         self.ix.mem.hashes.get(idx).copied()
     }
+
+    /// The hashes of the parent's pages from `vaddr` to the end of the run
+    /// that holds it (what [`MemCursor::hash_of`] gives page by page, in
+    /// one slice); `Err(next)` when the parent stores no page at `vaddr`:
+    /// `next` is where that stops being so (the next run, or the end of a
+    /// run of zero pages; `u64::MAX`: never).
+    pub fn hashes_from(&mut self, vaddr: u64) -> Result<&[u64], u64> {
+        let runs = &self.ix.mem.runs;
+        while runs.get(self.i).is_some_and(|r| r.end() <= vaddr) {
+            self.i += 1;
+        }
+        let Some(r) = runs.get(self.i) else {
+            return Err(u64::MAX);
+        };
+        if r.vaddr > vaddr {
+            return Err(r.vaddr);
+        }
+        if r.at == PageAt::Zero {
+            return Err(r.end());
+        }
+        let first = self.ix.hash_at[self.i];
+        let idx = first + ((vaddr - r.vaddr) / PAGE as u64) as usize;
+        self.ix
+            .mem
+            .hashes
+            .get(idx..first + r.pages as usize)
+            .ok_or(r.end())
+    }
 }
 
 /// Append `pages` pages at `vaddr` to `runs`, merging with the last run
@@ -638,5 +666,54 @@ pub fn check_overwrite(path: &Path) -> Result<()> {
                 d.display()
             ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod cursor_tests {
+    use super::*;
+    use crate::model::{Memory, PageRun};
+
+    /// hashes_from gives, from any page of a stored run, the rest of its
+    /// hashes; before a run, in a zero run and past the end, where that
+    /// stops.
+    #[test]
+    fn hashes_from_gives_the_rest_of_a_run() {
+        let p = PAGE as u64;
+        let mem = Memory {
+            runs: vec![
+                PageRun {
+                    vaddr: 10 * p,
+                    pages: 3,
+                    at: PageAt::Parent,
+                },
+                PageRun {
+                    vaddr: 13 * p,
+                    pages: 2,
+                    at: PageAt::Zero,
+                },
+                PageRun {
+                    vaddr: 20 * p,
+                    pages: 2,
+                    at: PageAt::Store { block: 0, page: 0 },
+                },
+            ],
+            hashes: vec![1, 2, 3, 4, 5],
+            ..Memory::default()
+        };
+        let ix = MemIndex::new(&mem);
+        let mut c = ix.cursor();
+        assert_eq!(c.hashes_from(5 * p), Err(10 * p));
+        assert_eq!(c.hashes_from(10 * p), Ok(&[1u64, 2, 3][..]));
+        assert_eq!(c.hashes_from(11 * p), Ok(&[2u64, 3][..]));
+        assert_eq!(c.hashes_from(13 * p), Err(15 * p));
+        assert_eq!(c.hashes_from(15 * p), Err(20 * p));
+        assert_eq!(c.hashes_from(21 * p), Ok(&[5u64][..]));
+        assert_eq!(c.hashes_from(22 * p), Err(u64::MAX));
+        for page in 10..22 {
+            let mut fresh = ix.cursor();
+            let first = fresh.hashes_from(page * p).ok().map(|h| h[0]);
+            assert_eq!(first, ix.cursor().hash_of(page * p), "page {page}");
+        }
     }
 }

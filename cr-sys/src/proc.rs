@@ -60,6 +60,30 @@ impl MapEntry {
     pub fn has_flag(&self, f: &str) -> bool {
         self.vm_flags.iter().any(|x| x == f)
     }
+
+    /// Whether `o` has the same line in /proc/PID/maps: bounds,
+    /// protection, sharing, offset, device, inode and path (VmFlags aside).
+    pub fn same_line(&self, o: &MapEntry) -> bool {
+        (
+            self.start,
+            self.end,
+            self.prot,
+            self.shared,
+            self.offset,
+            self.dev_major,
+            self.dev_minor,
+            self.inode,
+        ) == (
+            o.start,
+            o.end,
+            o.prot,
+            o.shared,
+            o.offset,
+            o.dev_major,
+            o.dev_minor,
+            o.inode,
+        ) && self.path == o.path
+    }
 }
 
 /// The mnemonics of smaps' VmFlags that `procfs` knows, by bit.
@@ -158,6 +182,27 @@ pub fn smaps(pid: i32) -> Result<Vec<MapEntry>> {
         .smaps()
         .map_err(proc_err(format!("/proc/{pid}/smaps")))?;
     Ok(m.iter().map(map_entry).collect())
+}
+
+/// The mappings of a process from /proc/PID/maps, each with the VmFlags
+/// of the entry of `earlier` (an [`smaps`] read, sorted by address) that
+/// has the same line; None when some line has no such entry (a mapping
+/// made, moved, split or changed since). Reading maps walks no page, where
+/// smaps counts every resident page of every mapping for Rss/Pss (and
+/// seq_file computes a record twice when it does not fit what is left of
+/// its buffer): for a large process the difference is most of a second.
+/// madvise and mlock change VmFlags without changing the line: what the
+/// caller makes of flags read earlier is up to it.
+pub fn maps_with_flags(pid: i32, earlier: &[MapEntry]) -> Result<Option<Vec<MapEntry>>> {
+    let mut now = maps(pid)?;
+    for m in now.iter_mut() {
+        let i = earlier.partition_point(|e| e.start < m.start);
+        match earlier.get(i) {
+            Some(e) if e.same_line(m) => m.vm_flags = e.vm_flags.clone(),
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(now))
 }
 
 /// /proc/PID/stat.
@@ -644,6 +689,40 @@ mod tests {
         assert!(matches!(&g.marks[3].on, FanotifyObject::Other(l) if l.starts_with("mnt_ns:")));
         assert_eq!(FdInfo::parse("pos:\t0\n").fanotify(), None);
     }
+
+    /// maps_with_flags: the flags of smaps on every unchanged line; None
+    /// once a line differs. On a `cat` that echoed a line (started, then
+    /// blocked reading: its mappings hold still).
+    #[test]
+    fn maps_take_the_flags_of_unchanged_lines() {
+        use std::io::{BufRead, BufReader, Write};
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("cat runs");
+        let pid = child.id() as i32;
+        let mut input = child.stdin.take().expect("its stdin");
+        input.write_all(b"up\n").expect("write to cat");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("its stdout"))
+            .read_line(&mut line)
+            .expect("cat echoes");
+        assert_eq!(line, "up\n");
+        let full = smaps(pid).expect("smaps of cat");
+        assert!(full.iter().any(|m| !m.vm_flags.is_empty()));
+        let cheap = maps_with_flags(pid, &full).expect("maps of cat");
+        assert_eq!(cheap.as_deref(), Some(&full[..]));
+        let mut moved = full.clone();
+        moved[0].end += PAGE;
+        assert_eq!(maps_with_flags(pid, &moved).expect("maps of cat"), None);
+        assert_eq!(maps_with_flags(pid, &full[1..]).expect("maps of cat"), None);
+        drop(input);
+        child.wait().expect("cat ends at end of input");
+    }
+
+    const PAGE: u64 = 4096;
 
     #[test]
     fn fdinfo_flags_are_octal() {

@@ -864,3 +864,121 @@ fn soft_dirty_refused_without_kernel_support() {
         "restore after the soft-dirty refusals",
     );
 }
+
+/// Restores `img` of the `wl_vmflags` workload (checked with --verify, as
+/// every restore of the suite), lets it check its memory and VmFlags.
+fn restore_vmflags(h: &Harness, wl: &Workload, img: &Path, ctx: &str) {
+    let mut r = h.restore_bg(img, wl.pid());
+    r.wait_blocked_in(wl, POLL_SLEEP_SYSCALLS, Duration::from_secs(60));
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, wl);
+    assert_restored_ok(&out, wl, ctx);
+    assert_eq!(wl.lines(), ["READY", "CHANGED", "OK"], "{ctx}: stdout");
+}
+
+/// Starts `wl_vmflags` and waits until it is ready and asleep.
+fn spawn_vmflags(h: &Harness, args: &[&str]) -> Workload {
+    let mut wl = h.spawn_wl("wl_vmflags", args);
+    wl.wait_line("READY", |l| l == "READY");
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+    wl
+}
+
+/// Tells `wl_vmflags` to madvise its regions (their maps lines unchanged)
+/// and map a new one; waits until it did.
+fn change_vmflags(wl: &mut Workload) {
+    touch(&wl.workdir.join("change"));
+    wl.wait_line("CHANGED", |l| l == "CHANGED");
+    wl.wait_blocked_in(POLL_SLEEP_SYSCALLS, Duration::from_secs(10));
+}
+
+/// Pre-dumped, then VmFlags changed by madvise without changing the maps
+/// lines (MADV_DONTDUMP, MADV_WIPEONFORK, MADV_HUGEPAGE) and a new mapping,
+/// then checkpointed on the pre-dump (the flags of unchanged lines are
+/// read before the freeze, see `memory::flags`), killed and restored: the
+/// workload finds its memory and its flags.
+#[test]
+fn pre_dump_then_madvise_vmflags_restored() {
+    let h = Harness::new("incr-predump-vmflags");
+    let mut wl = spawn_vmflags(&h, &["new"]);
+    let pid = wl.pid();
+    let pre = h.image_dir("predump");
+    h.checkpoint(&pre, &["--pre-dump"], pid)
+        .assert_success("cr_checkpoint --pre-dump");
+    change_vmflags(&mut wl);
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &["--parent", s(&pre), "--kill"], pid)
+        .assert_success("cr_checkpoint --parent PREDUMP --kill");
+    wl.reap_killed();
+    let v = stats(&h, &img);
+    assert_parent(&h, &v, &pre);
+    restore_vmflags(&h, &wl, &img, "restore after madvise over a pre-dump");
+}
+
+/// VmFlags changed by madvise between the read of smaps (before the
+/// freeze) and the freeze, the maps lines unchanged: the checkpoint that
+/// continues the process finds it when it reads them again after the
+/// thaw, fails in one line, removes its image, and the process runs on;
+/// a checkpoint taken again saves and restores the new flags.
+#[test]
+fn madvise_before_the_freeze_vmflags_caught() {
+    let h = Harness::new("incr-vmflags-race");
+    // No new mapping: every line of maps stays, so the flags read before
+    // the freeze are taken.
+    let mut wl = spawn_vmflags(&h, &[]);
+    let pid = wl.pid();
+    let pre = h.image_dir("predump");
+    h.checkpoint(&pre, &["--pre-dump"], pid)
+        .assert_success("cr_checkpoint --pre-dump");
+    let hold = h.image_dir("hold");
+    std::fs::create_dir_all(&hold).expect("hold dir");
+    let img = h.image_dir("img");
+    let pid_s = pid.to_string();
+    let args: Vec<&OsStr> = vec![
+        OsStr::new("--dir"),
+        os(&img),
+        OsStr::new("--parent"),
+        os(&pre),
+        OsStr::new(&pid_s),
+    ];
+    let run = RunOpts {
+        env: vec![(
+            "CR_FAULT_HOLD".into(),
+            format!("before-freeze:{}", s(&hold)),
+        )],
+        ..RunOpts::default()
+    };
+    let (mut ck, out, err, cmdline) = h.start_tool(&tool_path("cr_checkpoint"), &args, &run);
+    let held = hold.join("held");
+    wait_until(
+        "cr_checkpoint to hold before the freeze",
+        Duration::from_secs(30),
+        || held.exists(),
+        || files_diag(&out, &err),
+    );
+    change_vmflags(&mut wl);
+    touch(&hold.join("release"));
+    let st = ck.wait_exit(EXIT_TIMEOUT, || files_diag(&out, &err));
+    let stderr = read_text(&err);
+    assert!(
+        st.is_some_and(|s| !s.success()),
+        "{cmdline} should fail\n{}",
+        files_diag(&out, &err)
+    );
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with(CK_ERR))
+        .unwrap_or_else(|| panic!("no error line\n{}", files_diag(&out, &err)));
+    assert_mentions_any(line, &["flags"], "madvise before the freeze");
+    assert!(
+        !img.join("checkpoint.img").exists(),
+        "the failed checkpoint left its image"
+    );
+    assert_running_untraced(pid, "after the checkpoint that failed");
+
+    let img = h.image_dir("img2");
+    h.checkpoint(&img, &["--parent", s(&pre), "--kill"], pid)
+        .assert_success("cr_checkpoint --parent PREDUMP --kill, again");
+    wl.reap_killed();
+    restore_vmflags(&h, &wl, &img, "restore of the checkpoint taken again");
+}

@@ -266,6 +266,21 @@ fn read_page(p: &mut Plan, vma_start: u64, vaddr: u64, src: Src, src_off: u64) {
 }
 
 /// Append page `page`, unchanged since the parent (hash `h`), to the plan.
+/// The pages from `page` on are the parent's, with these `hashes`.
+fn parent_pages(p: &mut Plan, page: u64, hashes: &[u64]) {
+    match p.items.last_mut() {
+        Some(Item::Parent { vaddr, hashes: hs })
+            if *vaddr + hs.len() as u64 * PAGE_SIZE == page =>
+        {
+            hs.extend_from_slice(hashes)
+        }
+        _ => p.items.push(Item::Parent {
+            vaddr: page,
+            hashes: hashes.to_vec(),
+        }),
+    }
+}
+
 fn parent_page(p: &mut Plan, page: u64, h: u64) {
     match p.items.last_mut() {
         Some(Item::Parent { vaddr, hashes })
@@ -394,10 +409,10 @@ fn plan_tracked(
     let mut held = Vec::new();
     cr_sys::dirty::scan_categories(pagemap.file(), pid, v.start, v.end, &mut held)
         .map_err(|e| CheckpointError::from_sys(pid, e))?;
-    // What becomes of each page of a chunk: Some(hash) the parent's, None
-    // read, and the pages left out are not listed.
-    let mut chunk: Vec<(u64, Option<u64>)> = Vec::new();
-    let mut entries = Vec::new();
+    // Stretch by stretch, not page by page: the pages written since the
+    // parent are read; the others take the parent's hashes, a run of the
+    // parent at a time (one copy of its slice of hashes); those the parent
+    // lacks are read if present.
     for (a, b, cat) in held {
         if cat & PAGE_IS_PFNZERO != 0 {
             p.zero_pfn_pages += (b - a) / PAGE_SIZE;
@@ -406,44 +421,62 @@ fn plan_tracked(
         let present = cat & PAGE_IS_PRESENT != 0;
         let mut at = a;
         while at < b {
-            let end = b.min(at + PAGEMAP_CHUNK * PAGE_SIZE);
-            chunk.clear();
-            for page in (at..end).step_by(PAGE_SIZE as usize) {
-                let written = in_ranges(written, page);
-                match if written { None } else { cursor.hash_of(page) } {
-                    Some(h) => chunk.push((page, Some(h))),
-                    None if present || written => chunk.push((page, None)),
-                    None => {}
+            let wi = written.partition_point(|w| w.1 <= at);
+            let (end, is_written) = match written.get(wi) {
+                Some(&(ws, we)) if ws <= at => (we.min(b), true),
+                Some(&(ws, _)) => (ws.min(b), false),
+                None => (b, false),
+            };
+            if is_written {
+                read_stretch(p, pid, pagemap, v, src, at, end)?;
+                at = end;
+                continue;
+            }
+            while at < end {
+                match cursor.hashes_from(at) {
+                    Ok(hashes) => {
+                        let n = hashes.len().min(((end - at) / PAGE_SIZE) as usize);
+                        parent_pages(p, at, &hashes[..n]);
+                        at += n as u64 * PAGE_SIZE;
+                    }
+                    Err(next) => {
+                        let stop = next.min(end);
+                        if present {
+                            read_stretch(p, pid, pagemap, v, src, at, stop)?;
+                        }
+                        at = stop;
+                    }
                 }
             }
-            // The pagemap entries of the pages read (where they are read
-            // from depends on them: see `page_src`), one read per
-            // contiguous stretch.
-            let mut i = 0;
-            while i < chunk.len() {
-                let (page, known) = chunk[i];
-                if let Some(h) = known {
-                    parent_page(p, page, h);
-                    i += 1;
-                    continue;
-                }
-                let n = chunk[i..]
-                    .iter()
-                    .enumerate()
-                    .take_while(|&(k, &(q, h))| h.is_none() && q == page + k as u64 * PAGE_SIZE)
-                    .count();
-                entries.resize(n, 0);
-                pagemap
-                    .read(page, &mut entries)
-                    .map_err(|e| CheckpointError::from_sys(pid, e))?;
-                for (k, &pm) in entries.iter().enumerate() {
-                    let q = page + k as u64 * PAGE_SIZE;
-                    read_page(p, v.start, q, page_src(src, pm), q);
-                }
-                i += n;
-            }
-            at = end;
         }
+    }
+    Ok(())
+}
+
+/// Read the pages `[start, end)` of `v` (where from depends on their
+/// pagemap entries: see `page_src`).
+fn read_stretch(
+    p: &mut Plan,
+    pid: i32,
+    pagemap: &Pagemap,
+    v: &Vma,
+    src: Src,
+    start: u64,
+    end: u64,
+) -> Result<(), CheckpointError> {
+    let mut entries = Vec::new();
+    let mut at = start;
+    while at < end {
+        let n = ((end - at) / PAGE_SIZE).min(PAGEMAP_CHUNK);
+        entries.resize(n as usize, 0);
+        pagemap
+            .read(at, &mut entries)
+            .map_err(|e| CheckpointError::from_sys(pid, e))?;
+        for (k, &pm) in entries.iter().enumerate() {
+            let q = at + k as u64 * PAGE_SIZE;
+            read_page(p, v.start, q, page_src(src, pm), q);
+        }
+        at += n * PAGE_SIZE;
     }
     Ok(())
 }

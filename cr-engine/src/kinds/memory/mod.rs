@@ -8,7 +8,8 @@
 //! - [`fill`]: map every mapping again and fill its pages;
 //! - [`cow`]: memory a parent shares copy-on-write with its children,
 //!   filled before the stubs fork, so it is shared again;
-//! - [`vdso`]: the kernel's special mappings.
+//! - [`vdso`]: the kernel's special mappings;
+//! - [`flags`]: the mappings' VmFlags read before the freeze, checked after.
 //!
 //! Capture runs in two steps ([`plan_process`] while the process is frozen,
 //! [`copy_process`] which may run after it is let go: a pre-dump), so a
@@ -20,6 +21,7 @@
 pub mod cow;
 pub mod dump;
 pub mod fill;
+pub mod flags;
 pub mod lazy;
 pub mod pool;
 pub mod remote;
@@ -29,6 +31,7 @@ pub mod tracking;
 pub mod vdso;
 
 pub use fill::Pages;
+pub use flags::{Borrowed, EarlyMaps};
 
 use crate::capture::{Dump, Proc};
 use crate::error::{CheckpointError, RestoreError, StepContext};
@@ -148,7 +151,9 @@ fn mappings(
     let sys = |e| CheckpointError::from_sys(pid, e);
     // Our scratch page is not the process's memory.
     cx.probe.unmap().map_err(sys)?;
-    let maps = proc::smaps(pid).map_err(sys)?;
+    // A capture for --verify compares with smaps read now, frozen.
+    let early = cx.d.early.filter(|_| !cx.d.verifying());
+    let maps = flags::read_frozen(pid, early, cx.d.stash.get::<Borrowed>()).map_err(sys)?;
     let mut vmas = maps
         .iter()
         .map(|m| dump::classify(pid, m))

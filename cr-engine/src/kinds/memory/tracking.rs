@@ -180,18 +180,40 @@ pub fn begin(
             let tracked = ranges(maps, |_, m| registered(m));
             let pm = pagemap().map_err(sys)?;
             let mut written = Vec::new();
+            let mut lost = None;
             for &(a, e) in &tracked {
-                kd::scan_written_and_reset(&pm, pid, a, e, &mut written).map_err(sys)?;
+                match kd::scan_written_and_reset(&pm, pid, a, e, &mut written) {
+                    Ok(()) => {}
+                    // A range no longer registered: its `uw` came from
+                    // smaps read before the freeze (`memory::flags`), and
+                    // the program has since replaced the mapping by one of
+                    // the same line. The tracker cannot vouch for it.
+                    Err(err) if err.errno() == Some(libc::EPERM) => {
+                        lost = Some((a, e));
+                        break;
+                    }
+                    Err(err) => return Err(sys(err)),
+                }
             }
-            debug!(
-                pid,
-                tracked = tracked.len(),
-                written = written.len(),
-                "uffd-wp dirty ranges"
-            );
-            b.dirty = Dirty::Uffd { tracked, written };
-            b.used = method;
-            scanned = true;
+            match lost {
+                None => {
+                    debug!(
+                        pid,
+                        tracked = tracked.len(),
+                        written = written.len(),
+                        "uffd-wp dirty ranges"
+                    );
+                    b.dirty = Dirty::Uffd { tracked, written };
+                    b.used = method;
+                    scanned = true;
+                }
+                Some((a, e)) => warn!(
+                    pid,
+                    start = a,
+                    end = e,
+                    "a range of the dirty tracker is no longer registered (mapping replaced); pages are compared by hash"
+                ),
+            }
         }
         Some(s) if method == DirtyMethod::SoftDirty && s.method == method => {
             b.dirty = Dirty::SoftDirty;
