@@ -206,6 +206,10 @@ pub fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
         let timestamping = level == libc::SOL_SOCKET
             && name == libc::SO_TIMESTAMPING
             && sh.protocol == libc::IPPROTO_TCP;
+        // Only TCP and UDP sockets may set it.
+        let zerocopy = level == libc::SOL_SOCKET
+            && name == libc::SO_ZEROCOPY
+            && !(ip && matches!(sh.protocol, libc::IPPROTO_TCP | libc::IPPROTO_UDP));
         let buffer = level == libc::SOL_SOCKET && matches!(name, libc::SO_SNDBUF | libc::SO_RCVBUF);
         // IPV6_CHECKSUM is a raw socket's option (an ICMPv6 one refuses it).
         let checksum = level == libc::IPPROTO_IPV6 && name == IPV6_CHECKSUM;
@@ -213,6 +217,7 @@ pub fn options(sock: &OwnedFd, sh: &Shape, fresh: &mut Fresh) -> Vec<SockOpt> {
             || (buffer && sh.family == libc::AF_UNIX)
             || (multicast && sh.protocol != libc::IPPROTO_UDP)
             || timestamping
+            || zerocopy
             || (checksum && (sh.ty != libc::SOCK_RAW || sh.protocol == libc::IPPROTO_ICMPV6))
             || (level == libc::IPPROTO_IP && name == libc::IP_HDRINCL && sh.ty != libc::SOCK_RAW)
         {
@@ -297,6 +302,16 @@ pub fn set_options(sock: &OwnedFd, opts: &[SockOpt]) -> Result<(), SysError> {
             }
         }
         if let Err(e) = sys::setsockopt_bytes(sock, o.level, o.name, &o.value) {
+            // Saved as 0 (off) because no fresh socket of the shape could be
+            // made to compare with (a ping socket outside the restorer's
+            // group range), on a socket that cannot set it at all: off it is.
+            let unsettable = matches!(
+                e.errno(),
+                Some(libc::EOPNOTSUPP | libc::ENOPROTOOPT | libc::EINVAL)
+            );
+            if unsettable && o.value.iter().all(|&b| b == 0) {
+                continue;
+            }
             if o.level == libc::IPPROTO_TCP && o.name == libc::TCP_CONGESTION {
                 tracing::warn!(error = %cr_sys::error::one_line(&e), "congestion control not available here; the default is used");
                 continue;
