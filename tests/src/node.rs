@@ -41,8 +41,10 @@ mount -t tmpfs -o mode=1777,size=4g cr-node-shm /dev/shm
 mount -t tmpfs -o mode=0700,size=8g cr-node-root "$2"
 mount --bind "$3" /etc/hosts
 # Copies of other tests' network namespaces (bind mounts under /run/netns)
-# would keep them alive as long as this node lives.
-if mountpoint -q /run/netns; then umount -R -l /run/netns; fi
+# would keep them alive as long as this node lives. A test running beside
+# this one may remove its namespace while ours is copied: umount -R then
+# fails on that gone entry, and the lazy umount of the top one still does.
+if mountpoint -q /run/netns; then umount -R -l /run/netns 2>/dev/null || umount -l /run/netns || true; fi
 for m in $(awk '$2 ~ "^/run/netns/" {print $2}' /proc/self/mounts); do umount -l "$m" || true; done
 echo ready
 exec sleep infinity
