@@ -382,7 +382,15 @@ pub fn freeze(
         let_go: false,
         arena: None,
         thawed_after: None,
-        early: memory::EarlyMaps::read(&tree::walk(pid)?),
+        // Off unless asked for: a program that changes a mapping's flags
+        // without changing its line (a JVM committing its heap drops
+        // `nr`) makes the check after the thaw fail a checkpoint that
+        // would have succeeded.
+        early: if std::env::var_os(memory::EARLY_FLAGS_ENV).is_some() {
+            memory::EarlyMaps::read(&tree::walk(pid)?)
+        } else {
+            memory::EarlyMaps::default()
+        },
     };
     fault::hold("before-freeze")?;
     before_freeze();

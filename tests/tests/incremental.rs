@@ -942,10 +942,14 @@ fn madvise_before_the_freeze_vmflags_caught() {
         OsStr::new(&pid_s),
     ];
     let run = RunOpts {
-        env: vec![(
-            "CR_FAULT_HOLD".into(),
-            format!("before-freeze:{}", s(&hold)),
-        )],
+        env: vec![
+            (
+                "CR_FAULT_HOLD".into(),
+                format!("before-freeze:{}", s(&hold)),
+            ),
+            // The flags read before the freeze (off by default).
+            ("CR_EARLY_VMFLAGS".into(), "1".into()),
+        ],
         ..RunOpts::default()
     };
     let (mut ck, out, err, cmdline) = h.start_tool(&tool_path("cr_checkpoint"), &args, &run);

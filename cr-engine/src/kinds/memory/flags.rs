@@ -6,6 +6,8 @@
 //! for a big mapping (the record that no longer fits its buffer is
 //! computed, dropped and computed again). So:
 //!
+//! Experimental, off unless [`EARLY_FLAGS_ENV`] is set:
+//!
 //! 1. [`EarlyMaps::read`]: smaps of every process of the tree, read while
 //!    it still runs (before the freeze);
 //! 2. [`read_frozen`]: while frozen, only /proc/PID/maps (no page walk);
@@ -32,6 +34,13 @@
 //! the tracker's own scan (see `tracking::begin`).
 
 use super::VM_FLAGS_NOT_COMPARED;
+
+/// Set (to anything) in a checkpoint's environment, it reads the flags
+/// before the freeze as described above; unset, smaps is read while
+/// frozen. Off by default: a program that changes a mapping's flags
+/// without changing its line while the checkpoint runs (a JVM committing
+/// its heap drops `nr`, seen in CI) fails the check and so the checkpoint.
+pub const EARLY_FLAGS_ENV: &str = "CR_EARLY_VMFLAGS";
 use crate::CheckpointError;
 use cr_sys::proc::{self, MapEntry};
 use std::collections::HashMap;
