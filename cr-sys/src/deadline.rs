@@ -132,6 +132,28 @@ impl ThreadTimer {
     }
 }
 
+/// Ask `ready` every `every` until it answers or `limit` has passed:
+/// `Ok(Some(..))` with the first answer, `Ok(None)` when the time is up
+/// (the caller says what never came). For a state the kernel offers no
+/// wait for: a socket's queues or TCP state, which move on their own
+/// within a moment.
+pub fn poll<T, E>(
+    limit: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> Result<Option<T>, E>,
+) -> Result<Option<T>, E> {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(t) = ready()? {
+            return Ok(Some(t));
+        }
+        if Instant::now() >= end {
+            return Ok(None);
+        }
+        std::thread::sleep(every);
+    }
+}
+
 #[cfg(test)]
 impl ThreadTimer {
     /// Time left to its next expiry (zero: disarmed).

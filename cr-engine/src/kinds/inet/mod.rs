@@ -285,15 +285,14 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
 /// those leave within moments, corked ones stay.
 fn corked(sock: &OwnedFd, s: &InetSocket, refuse: bool) -> Result<(), String> {
     let unsent = || sys::ioctl_int(sock, sys::SIOCOUTQ).unwrap_or(0);
-    if unsent() == 0 {
+    // Sent data leaves the queue within a moment; corked data stays.
+    let sent = cr_sys::deadline::poll(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_millis(1),
+        || Ok::<_, ()>((unsent() == 0).then_some(())),
+    );
+    if sent.is_ok_and(|s| s.is_some()) {
         return Ok(());
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
-    while std::time::Instant::now() < deadline {
-        if unsent() == 0 {
-            return Ok(());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let why = format!(
         "a UDP socket {} holding {} bytes corked (UDP_CORK or MSG_MORE) and not sent yet",

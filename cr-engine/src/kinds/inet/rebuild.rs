@@ -245,25 +245,23 @@ fn requeue(
             payload: &d.data,
         })?;
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let queued = sys::peek_datagrams(sock)?.len();
-        if queued >= s.received.len() {
-            debug!(%local, datagrams = queued, "UDP receive queue given back");
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(SysError::Syscall {
-                what: format!(
-                    "{} of the {} datagrams queued at {local} came back (dropped by a filter or a full receive buffer?)",
-                    queued,
-                    s.received.len()
-                ),
-                source: cr_sys::Errno(libc::ETIMEDOUT),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(1));
+    let mut queued = 0;
+    let back = cr_sys::deadline::poll(Duration::from_secs(2), Duration::from_millis(1), || {
+        queued = sys::peek_datagrams(sock)?.len();
+        Ok::<_, SysError>((queued >= s.received.len()).then_some(()))
+    })?;
+    if back.is_none() {
+        return Err(SysError::Syscall {
+            what: format!(
+                "{} of the {} datagrams queued at {local} came back (dropped by a filter or a full receive buffer?)",
+                queued,
+                s.received.len()
+            ),
+            source: cr_sys::Errno(libc::ETIMEDOUT),
+        });
     }
+    debug!(%local, datagrams = queued, "UDP receive queue given back");
+    Ok(())
 }
 
 /// Bind `sock` to `local`; when the port is taken by sockets no process
@@ -451,24 +449,22 @@ fn our_fin(sock: &OwnedFd, then: u8) -> Result<(), SysError> {
 /// Wait (a moment: a looped-back segment is usually processed before
 /// sendto returns) until the connection is in `state`.
 fn wait_state(sock: &OwnedFd, state: u8) -> Result<(), SysError> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let now = sys::tcp_info(sock)?.state;
-        if now == state {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(SysError::Syscall {
-                what: format!(
-                    "bringing the connection to {} (it stays in {})",
-                    sys::tcp_state_name(state),
-                    sys::tcp_state_name(now)
-                ),
-                source: cr_sys::Errno(libc::ETIMEDOUT),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(2));
+    let mut now = 0;
+    let reached = cr_sys::deadline::poll(Duration::from_secs(5), Duration::from_millis(2), || {
+        now = sys::tcp_info(sock)?.state;
+        Ok::<_, SysError>((now == state).then_some(()))
+    })?;
+    if reached.is_none() {
+        return Err(SysError::Syscall {
+            what: format!(
+                "bringing the connection to {} (it stays in {})",
+                sys::tcp_state_name(state),
+                sys::tcp_state_name(now)
+            ),
+            source: cr_sys::Errno(libc::ETIMEDOUT),
+        });
     }
+    Ok(())
 }
 
 /// A socket in SYN-SENT: bound, its first sequence number set (the SYN
