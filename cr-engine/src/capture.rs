@@ -382,11 +382,9 @@ pub fn freeze(
         let_go: false,
         arena: None,
         thawed_after: None,
-        // Off unless asked for: a program that changes a mapping's flags
-        // without changing its line (a JVM committing its heap drops
-        // `nr`) makes the check after the thaw fail a checkpoint that
-        // would have succeeded.
-        early: if std::env::var_os(memory::EARLY_FLAGS_ENV).is_some() {
+        // Not with --verify: it reads smaps while frozen anyway, and
+        // compares every flag.
+        early: if memory::early_wanted() && !opts.verify {
             memory::EarlyMaps::read(&tree::walk(pid)?)
         } else {
             memory::EarlyMaps::default()
@@ -688,7 +686,7 @@ impl Held {
         let runs_on = action == Action::Continue || self.thawed_after.is_some();
         if !runs_on {
             if let Some(d) = &self.dumped {
-                d.borrowed.check(true)?;
+                d.borrowed.check()?;
             }
         }
         let Some(d) = self.dumped.take() else {
@@ -711,7 +709,7 @@ impl Held {
         }
         tree::let_go(std::mem::take(&mut self.procs), action)?;
         if runs_on {
-            if let Err(e) = d.borrowed.check(false) {
+            if let Err(e) = d.borrowed.check() {
                 // The drop tells libcr it failed and lets the rest go.
                 self.dir.undo(&d.files);
                 return Err(e);

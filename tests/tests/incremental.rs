@@ -942,14 +942,10 @@ fn madvise_before_the_freeze_vmflags_caught() {
         OsStr::new(&pid_s),
     ];
     let run = RunOpts {
-        env: vec![
-            (
-                "CR_FAULT_HOLD".into(),
-                format!("before-freeze:{}", s(&hold)),
-            ),
-            // The flags read before the freeze (off by default).
-            ("CR_EARLY_VMFLAGS".into(), "1".into()),
-        ],
+        env: vec![(
+            "CR_FAULT_HOLD".into(),
+            format!("before-freeze:{}", s(&hold)),
+        )],
         ..RunOpts::default()
     };
     let (mut ck, out, err, cmdline) = h.start_tool(&tool_path("cr_checkpoint"), &args, &run);

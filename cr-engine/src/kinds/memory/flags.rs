@@ -6,7 +6,7 @@
 //! for a big mapping (the record that no longer fits its buffer is
 //! computed, dropped and computed again). So:
 //!
-//! Experimental, off unless [`EARLY_FLAGS_ENV`] is set:
+//! On unless [`EARLY_FLAGS_ENV`] is `0`:
 //!
 //! 1. [`EarlyMaps::read`]: smaps of every process of the tree, read while
 //!    it still runs (before the freeze);
@@ -18,8 +18,10 @@
 //!    changing the line, so the flags that were taken from the early read
 //!    are read again when the processes are let go: still frozen for a
 //!    checkpoint that stops or kills them (exact), right after the thaw for
-//!    one that continues them. Flags that differ from the early read fail
-//!    the checkpoint (the image is removed, the processes run on).
+//!    one that continues them. Flags that a restore needs right and that
+//!    differ from the early read fail the checkpoint (the image is
+//!    removed, the processes run on); others (advice, `nr`) are logged and
+//!    the image keeps the early read's (see [`CHECKED`]).
 //!
 //! After the thaw the program may have changed a mapping again: a
 //! mapping whose line changed is compared with every mapping now over its
@@ -33,14 +35,16 @@
 //! read but replaced since by a new mapping of the same line is caught by
 //! the tracker's own scan (see `tracking::begin`).
 
-use super::VM_FLAGS_NOT_COMPARED;
-
-/// Set (to anything) in a checkpoint's environment, it reads the flags
-/// before the freeze as described above; unset, smaps is read while
-/// frozen. Off by default: a program that changes a mapping's flags
-/// without changing its line while the checkpoint runs (a JVM committing
-/// its heap drops `nr`, seen in CI) fails the check and so the checkpoint.
+/// Set to `0` in a checkpoint's environment, smaps is read while frozen
+/// (a page walk of all resident memory inside the freeze) instead of as
+/// described above.
 pub const EARLY_FLAGS_ENV: &str = "CR_EARLY_VMFLAGS";
+
+/// Whether this checkpoint reads the flags before the freeze (see
+/// [`EARLY_FLAGS_ENV`]).
+pub fn early_wanted() -> bool {
+    std::env::var_os(EARLY_FLAGS_ENV).is_none_or(|v| v != "0")
+}
 use crate::CheckpointError;
 use cr_sys::proc::{self, MapEntry};
 use std::collections::HashMap;
@@ -90,22 +94,31 @@ pub fn read_frozen(
     proc::smaps(pid)
 }
 
-/// Advice only: huge pages wanted or not, KSM merging, read-ahead. A
+/// The flags a restore needs right: a child must not inherit (`dc`) or
+/// must get zeroes (`wf`), locked in memory (`lo`), left out of core
+/// dumps (`dd`). The rest the check lets pass: advice (huge pages, KSM,
+/// read-ahead) costs performance when stale, never correctness, and a
 /// program may change it at any time (Go's runtime toggles huge-page
-/// advice on its heap as it grows and scavenges); a stale value costs
-/// performance, never correctness.
-const ADVICE: &[&str] = &["hg", "nh", "mg", "sr", "sl"];
+/// advice on its heap); `nr` (no swap reserved) only decides whether the
+/// restore's mmap is charged, and a JVM drops it on its heap as it commits
+/// memory (seen in CI). A mapping that gained `nr` is the exception: the
+/// image, without it, would have the restore reserve what may be far more
+/// than the machine has.
+const CHECKED: &[&str] = &["dc", "wf", "lo", "dd"];
 
-/// The flags compared: what the program asked for, less the protection
-/// (`rd`, `wr`, `ex`: in the line, and mprotect may change it after the
-/// thaw), and, unless `exact`, less the advice ([`ADVICE`]).
-fn asked(flags: &[String], exact: bool) -> Vec<&str> {
-    flags
-        .iter()
-        .map(String::as_str)
-        .filter(|f| !VM_FLAGS_NOT_COMPARED.contains(f) && !["rd", "wr", "ex"].contains(f))
-        .filter(|f| exact || !ADVICE.contains(f))
-        .collect()
+/// What of `now` differs from `before` on the flags a restore needs
+/// (see [`CHECKED`]), as (before, after) lists for the error message.
+fn differs(before: &[String], now: &[String]) -> Option<(String, String)> {
+    let pick = |f: &[String]| -> Vec<String> {
+        f.iter()
+            .filter(|x| CHECKED.contains(&x.as_str()))
+            .cloned()
+            .collect()
+    };
+    let has = |f: &[String], x: &str| f.iter().any(|y| y == x);
+    let (b, n) = (pick(before), pick(now));
+    let gained_nr = has(now, "nr") && !has(before, "nr");
+    (b != n || gained_nr).then(|| (before.join(" "), now.join(" ")))
 }
 
 impl Borrowed {
@@ -115,13 +128,10 @@ impl Borrowed {
 
     /// Read smaps again and compare the flags of every borrowed mapping
     /// with those of the mappings over its range now (see the module
-    /// docs). A process gone meanwhile has nothing to compare. `exact`:
-    /// the processes are still frozen, every flag is compared; else they
-    /// run again and a change of advice alone is let pass (it may as well
-    /// have come after the thaw; the image keeps the early read's advice),
-    /// so that a program that keeps changing it does not fail every
-    /// checkpoint.
-    pub fn check(&self, exact: bool) -> Result<(), CheckpointError> {
+    /// docs), on the flags a restore needs ([`CHECKED`]); a difference on
+    /// the others is logged and the image keeps the early read's. A
+    /// process gone meanwhile has nothing to compare.
+    pub fn check(&self) -> Result<(), CheckpointError> {
         for (pid, maps) in &self.0 {
             let pid = *pid;
             let now = match proc::smaps(pid) {
@@ -134,19 +144,26 @@ impl Borrowed {
                 Err(e) => return Err(CheckpointError::from_sys(pid, e)),
             };
             for b in maps {
-                let want = asked(&b.vm_flags, exact);
                 let i = now.partition_point(|n| n.end <= b.start);
                 let over = now[i..].iter().take_while(|n| n.start < b.end);
                 for n in over {
-                    let got = asked(&n.vm_flags, exact);
-                    if got != want {
+                    if let Some((before, after)) = differs(&b.vm_flags, &n.vm_flags) {
                         return Err(CheckpointError::FlagsChanged {
                             pid,
                             start: b.start,
                             end: b.end,
-                            before: want.join(" "),
-                            after: got.join(" "),
+                            before,
+                            after,
                         });
+                    }
+                    if n.vm_flags != b.vm_flags {
+                        debug!(
+                            pid,
+                            start = b.start,
+                            before = %b.vm_flags.join(" "),
+                            after = %n.vm_flags.join(" "),
+                            "flags changed since the early read (not needed by a restore)"
+                        );
                     }
                 }
             }

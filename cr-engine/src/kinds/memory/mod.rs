@@ -31,7 +31,7 @@ pub mod tracking;
 pub mod vdso;
 
 pub use fill::Pages;
-pub use flags::{Borrowed, EarlyMaps, EARLY_FLAGS_ENV};
+pub use flags::{early_wanted, Borrowed, EarlyMaps, EARLY_FLAGS_ENV};
 
 use crate::capture::{Dump, Proc};
 use crate::error::{CheckpointError, RestoreError, StepContext};
