@@ -176,3 +176,34 @@ impl Borrowed {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::differs;
+
+    fn f(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    /// What fails a checkpoint and what is let pass, by flag.
+    #[test]
+    fn only_the_flags_a_restore_needs_count() {
+        // A JVM committing its heap: nr dropped.
+        assert_eq!(differs(&f("mr mw me nr"), &f("mr mw me")), None);
+        // Advice and protection changes.
+        assert_eq!(differs(&f("rd wr mr mw hg"), &f("rd mr mw nh")), None);
+        for (before, after) in [
+            ("rd wr mr mw", "rd wr mr mw dd"),
+            ("rd wr mr mw wf", "rd wr mr mw"),
+            ("rd wr mr mw", "rd wr mr mw dc"),
+            ("rd wr mr mw", "rd wr mr mw lo"),
+            ("mr mw me", "mr mw me nr"),
+        ] {
+            assert_eq!(
+                differs(&f(before), &f(after)),
+                Some((before.into(), after.into())),
+                "{before} -> {after}"
+            );
+        }
+    }
+}
