@@ -306,6 +306,74 @@ fn memory_shared_copy_on_write_stays_shared_after_checkpoints_that_continue() {
     );
 }
 
+/// A figure `name=VALUE` of every line of `log` holding `what`.
+fn log_figures(log: &str, what: &str, name: &str) -> Vec<u64> {
+    let key = format!("{name}=");
+    log.lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(key.as_str()))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
+/// Six processes whose children each map 4 MiB of private memory after
+/// the fork at the very address and size of the 4 MiB the root maps after
+/// the fork (and all share 1 MiB copy-on-write): same bounds and flags,
+/// none of the pages. The restore keeps only the copy-on-write memory as
+/// inherited (its log: no process writes a whole 4 MiB over an inherited
+/// copy while the stubs are forked) and maps the rest afresh; every
+/// process checks its private and copy-on-write memory and its pipe.
+#[test]
+fn children_mapping_memory_after_the_fork_at_the_parents_address_get_their_own() {
+    let h = Harness::new("samemap");
+    let mut wl = h.spawn_wl("wl_bigtree", &["6", "4"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let pids = tree_pids(pid);
+    assert_eq!(
+        pids.len(),
+        6,
+        "root and 5 children: {pids:?}\n{}",
+        wl.diag()
+    );
+    let img = h.image_dir("img");
+    checkpoint_kill(&h, &mut wl, &img);
+    reap_descendants(&pids[1..]);
+    let mut r = h.restore_bg_env(&img, pid, &[("CR_LOG", "info")]);
+    wait_until(
+        "the restored tree",
+        Duration::from_secs(60),
+        || tree_pids(pid).len() == 6,
+        || wl.diag(),
+    );
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(
+        &out,
+        &wl,
+        "restore of a tree mapping at its parent's address",
+    );
+    let what = "memory shared copy-on-write in place";
+    let shared = log_figures(&out.stderr, what, "shared_pages");
+    let written = log_figures(&out.stderr, what, "written_pages");
+    // The root fills the 1 MiB (256 pages) its children keep; a child
+    // keeps it whole. 4 MiB are 1024 pages.
+    assert_eq!(written.len(), 6, "one line per process:\n{}", out.stderr);
+    assert!(
+        written.iter().all(|&w| w < 1024),
+        "pages written over an inherited copy: {written:?}\n{}",
+        out.stderr
+    );
+    assert!(
+        shared.iter().filter(|&&s| s >= 256).count() == 5,
+        "the copy-on-write memory is not kept by every child: {shared:?}\n{}",
+        out.stderr
+    );
+}
+
 /// Sixteen processes (a root and fifteen children), each with 4 MiB of
 /// private memory of its own, all sharing anonymous shared memory and
 /// 1 MiB copy-on-write, with a pipe from the root to each child holding an
