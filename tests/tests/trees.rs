@@ -30,6 +30,26 @@ fn reap_descendants(pids: &[i32]) {
     }
 }
 
+/// `wl` with `args`, a tree of `n` processes (`what`), checkpointed with
+/// `--kill`, its descendants reaped: the workload, its PIDs (root first)
+/// and the image.
+fn killed_tree(
+    h: &Harness,
+    wl: &str,
+    args: &[&str],
+    n: usize,
+    what: &str,
+) -> (Workload, Vec<i32>, std::path::PathBuf) {
+    let mut wl = h.spawn_wl(wl, args);
+    wl.wait_ready();
+    let pids = tree_pids(wl.pid());
+    assert_eq!(pids.len(), n, "{what}: {pids:?}\n{}", wl.diag());
+    let img = h.image_dir("img");
+    checkpoint_kill(h, &mut wl, &img);
+    reap_descendants(&pids[1..]);
+    (wl, pids, img)
+}
+
 fn last_total(out: &str) -> u64 {
     out.lines()
         .filter_map(|l| l.strip_prefix("total "))
@@ -223,19 +243,14 @@ fn figure(out: &str, name: &str) -> u64 {
 #[test]
 fn memory_shared_copy_on_write_stays_shared_after_restore() {
     let h = Harness::new("cow");
-    let mut wl = h.spawn_wl("wl_cow", &["64", "4"]);
-    wl.wait_ready();
-    let pid = wl.pid();
-    let pids = tree_pids(pid);
-    assert_eq!(
-        pids.len(),
+    let (wl, pids, img) = killed_tree(
+        &h,
+        "wl_cow",
+        &["64", "4"],
         6,
-        "root, 4 children, a grandchild: {pids:?}\n{}",
-        wl.diag()
+        "root, 4 children, a grandchild",
     );
-    let img = h.image_dir("img");
-    checkpoint_kill(&h, &mut wl, &img);
-    reap_descendants(&pids[1..]);
+    let pid = pids[0];
     let t0 = Instant::now();
     let mut r = h.restore_bg(&img, pid);
     wl.go();
@@ -329,19 +344,8 @@ fn log_figures(log: &str, what: &str, name: &str) -> Vec<u64> {
 #[test]
 fn children_mapping_memory_after_the_fork_at_the_parents_address_get_their_own() {
     let h = Harness::new("samemap");
-    let mut wl = h.spawn_wl("wl_bigtree", &["6", "4"]);
-    wl.wait_ready();
-    let pid = wl.pid();
-    let pids = tree_pids(pid);
-    assert_eq!(
-        pids.len(),
-        6,
-        "root and 5 children: {pids:?}\n{}",
-        wl.diag()
-    );
-    let img = h.image_dir("img");
-    checkpoint_kill(&h, &mut wl, &img);
-    reap_descendants(&pids[1..]);
+    let (wl, pids, img) = killed_tree(&h, "wl_bigtree", &["6", "4"], 6, "root and 5 children");
+    let pid = pids[0];
     let mut r = h.restore_bg_env(&img, pid, &[("CR_LOG", "info")]);
     wait_until(
         "the restored tree",
@@ -385,19 +389,9 @@ fn children_mapping_memory_after_the_fork_at_the_parents_address_get_their_own()
 #[test]
 fn sixteen_process_tree_with_private_shared_memory_and_pipes() {
     let h = Harness::new("bigtree");
-    let mut wl = h.spawn_wl("wl_bigtree", &["16", "4"]);
-    wl.wait_ready();
-    let pid = wl.pid();
-    let pids = tree_pids(pid);
-    assert_eq!(
-        pids.len(),
-        16,
-        "root and 15 children: {pids:?}\n{}",
-        wl.diag()
-    );
-    let img = h.image_dir("img");
-    checkpoint_kill(&h, &mut wl, &img);
-    reap_descendants(&pids[1..]);
+    let (mut wl, pids, img) =
+        killed_tree(&h, "wl_bigtree", &["16", "4"], 16, "root and 15 children");
+    let pid = pids[0];
     // A restore failing while pages are still being written into some
     // processes and others are not rebuilt yet leaves nothing behind.
     let mut r = h.restore_bg_env(&img, pid, &[("CR_FAULT_INJECT", "restore-mid-tree")]);
