@@ -389,8 +389,7 @@ fn children_mapping_memory_after_the_fork_at_the_parents_address_get_their_own()
 #[test]
 fn sixteen_process_tree_with_private_shared_memory_and_pipes() {
     let h = Harness::new("bigtree");
-    let (mut wl, pids, img) =
-        killed_tree(&h, "wl_bigtree", &["16", "4"], 16, "root and 15 children");
+    let (wl, pids, img) = killed_tree(&h, "wl_bigtree", &["16", "4"], 16, "root and 15 children");
     let pid = pids[0];
     // A restore failing while pages are still being written into some
     // processes and others are not rebuilt yet leaves nothing behind.
