@@ -50,6 +50,16 @@ fn killed_tree(
     (wl, pids, img)
 }
 
+/// Wait until the restored tree of `pid` has `n` processes.
+fn wait_tree(pid: i32, n: usize, within: Duration, wl: &Workload) {
+    wait_until(
+        "the restored tree",
+        within,
+        || tree_pids(pid).len() == n,
+        || wl.diag(),
+    );
+}
+
 fn last_total(out: &str) -> u64 {
     out.lines()
         .filter_map(|l| l.strip_prefix("total "))
@@ -166,12 +176,7 @@ fn fork_tree_with_shared_memory_sessions_groups_and_a_zombie() {
     checkpoint_kill(&h, &mut wl, &img);
     reap_descendants(&pids[1..]);
     let mut r = h.restore_bg(&img, pid);
-    wait_until(
-        "the restored tree",
-        Duration::from_secs(30),
-        || tree_pids(pid).len() == 4,
-        || wl.diag(),
-    );
+    wait_tree(pid, 4, Duration::from_secs(30), &wl);
     assert_eq!(tree_pids(pid), pids, "restored tree has other PIDs");
     wl.go();
     let out = r.wait(EXIT_TIMEOUT, &wl);
@@ -347,12 +352,7 @@ fn children_mapping_memory_after_the_fork_at_the_parents_address_get_their_own()
     let (wl, pids, img) = killed_tree(&h, "wl_bigtree", &["6", "4"], 6, "root and 5 children");
     let pid = pids[0];
     let mut r = h.restore_bg_env(&img, pid, &[("CR_LOG", "info")]);
-    wait_until(
-        "the restored tree",
-        Duration::from_secs(60),
-        || tree_pids(pid).len() == 6,
-        || wl.diag(),
-    );
+    wait_tree(pid, 6, Duration::from_secs(60), &wl);
     wl.go();
     let out = r.wait(EXIT_TIMEOUT, &wl);
     assert_restored_ok(
@@ -410,12 +410,7 @@ fn sixteen_process_tree_with_private_shared_memory_and_pipes() {
         || wl.diag(),
     );
     let mut r = h.restore_bg(&img, pid);
-    wait_until(
-        "the restored tree",
-        Duration::from_secs(60),
-        || tree_pids(pid).len() == 16,
-        || wl.diag(),
-    );
+    wait_tree(pid, 16, Duration::from_secs(60), &wl);
     assert_eq!(tree_pids(pid), pids, "restored tree has other PIDs");
     wl.go();
     let out = r.wait(EXIT_TIMEOUT, &wl);
