@@ -2,9 +2,10 @@
 //!
 //! The tracee's registers are pointed at an existing `syscall` instruction
 //! (two bytes `0f 05` found in its vDSO or another executable mapping, so
-//! nothing in its memory is modified) and it is resumed with PTRACE_SYSCALL
-//! twice: the syscall-entry stop, then the syscall-exit stop where `rax`
-//! holds the result. It never executes a user-space instruction of its own.
+//! nothing in its memory is modified) and it is single-stepped
+//! (PTRACE_SINGLESTEP) over it: one SIGTRAP stop once the call returned,
+//! where `rax` holds the result. It never executes a user-space
+//! instruction of its own.
 //!
 //! While an [`Injector`] lives, every signal is blocked in the tracee (so no
 //! signal is dequeued by our syscalls); its mask and registers come back
@@ -85,41 +86,47 @@ impl<'a> Injector<'a> {
         regs.r8 = args[4];
         regs.r9 = args[5];
         self.t.set_regs(&regs)?;
-        for phase in ["syscall entry", "syscall exit"] {
-            self.t.resume(libc::PTRACE_SYSCALL, 0)?;
-            let mut group_stops = 0;
-            loop {
-                let stop = self.t.wait_stop()?;
-                tracing::trace!(tid = self.t.tid(), nr, phase, ?stop, "stop while injecting");
-                match stop {
-                    Stop::Syscall => break,
-                    // An injected clone3 reports the new thread or process first.
-                    Stop::Event { event, .. }
-                        if event == PTRACE_EVENT_CLONE || event == PTRACE_EVENT_FORK =>
-                    {
-                        self.new_task = Some(self.t.event_msg()? as i32);
-                        self.t.resume(libc::PTRACE_SYSCALL, 0)?;
-                    }
-                    // A process that was stopped (SIGSTOP) when seized reports
-                    // its group-stop again once resumed; it stays stopped for
-                    // its parent, we just go on.
-                    Stop::Event { event, sig }
-                        if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 =>
-                    {
-                        group_stops += 1;
-                        self.t.resume(libc::PTRACE_SYSCALL, 0)?;
-                    }
-                    other => {
-                        return Err(SysError::UnexpectedStop {
-                            tid: self.t.tid(),
-                            status: match other {
-                                Stop::Signal(s) => s,
-                                Stop::Event { event, sig } => (event << 16) | sig,
-                                Stop::Syscall => 0,
-                            },
-                            during: phase,
-                        })
-                    }
+        // One stop per call: single-stepping the `syscall` instruction
+        // stops the tracee with SIGTRAP once the call returned (the
+        // kernel reports the step at the syscall's exit), where resuming
+        // with PTRACE_SYSCALL stopped it twice (entry and exit), each stop
+        // a round trip through the scheduler. The SIGTRAP is dropped by
+        // the next resume (signal 0); a clone3's child starts without the
+        // step (copy_process turns it off).
+        let phase = "injected syscall";
+        self.t.resume(libc::PTRACE_SINGLESTEP, 0)?;
+        let mut group_stops = 0;
+        loop {
+            let stop = self.t.wait_stop()?;
+            tracing::trace!(tid = self.t.tid(), nr, phase, ?stop, "stop while injecting");
+            match stop {
+                Stop::Signal(libc::SIGTRAP) => break,
+                // An injected clone3 reports the new thread or process first.
+                Stop::Event { event, .. }
+                    if event == PTRACE_EVENT_CLONE || event == PTRACE_EVENT_FORK =>
+                {
+                    self.new_task = Some(self.t.event_msg()? as i32);
+                    self.t.resume(libc::PTRACE_SINGLESTEP, 0)?;
+                }
+                // A process that was stopped (SIGSTOP) when seized reports
+                // its group-stop again once resumed; it stays stopped for
+                // its parent, we just go on.
+                Stop::Event { event, sig }
+                    if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 =>
+                {
+                    group_stops += 1;
+                    self.t.resume(libc::PTRACE_SINGLESTEP, 0)?;
+                }
+                other => {
+                    return Err(SysError::UnexpectedStop {
+                        tid: self.t.tid(),
+                        status: match other {
+                            Stop::Signal(s) => s,
+                            Stop::Event { event, sig } => (event << 16) | sig,
+                            Stop::Syscall => 0,
+                        },
+                        during: phase,
+                    })
                 }
             }
         }

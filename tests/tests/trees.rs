@@ -30,6 +30,36 @@ fn reap_descendants(pids: &[i32]) {
     }
 }
 
+/// `wl` with `args`, a tree of `n` processes (`what`), checkpointed with
+/// `--kill`, its descendants reaped: the workload, its PIDs (root first)
+/// and the image.
+fn killed_tree(
+    h: &Harness,
+    wl: &str,
+    args: &[&str],
+    n: usize,
+    what: &str,
+) -> (Workload, Vec<i32>, std::path::PathBuf) {
+    let mut wl = h.spawn_wl(wl, args);
+    wl.wait_ready();
+    let pids = tree_pids(wl.pid());
+    assert_eq!(pids.len(), n, "{what}: {pids:?}\n{}", wl.diag());
+    let img = h.image_dir("img");
+    checkpoint_kill(h, &mut wl, &img);
+    reap_descendants(&pids[1..]);
+    (wl, pids, img)
+}
+
+/// Wait until the restored tree of `pid` has `n` processes.
+fn wait_tree(pid: i32, n: usize, within: Duration, wl: &Workload) {
+    wait_until(
+        "the restored tree",
+        within,
+        || tree_pids(pid).len() == n,
+        || wl.diag(),
+    );
+}
+
 fn last_total(out: &str) -> u64 {
     out.lines()
         .filter_map(|l| l.strip_prefix("total "))
@@ -146,12 +176,7 @@ fn fork_tree_with_shared_memory_sessions_groups_and_a_zombie() {
     checkpoint_kill(&h, &mut wl, &img);
     reap_descendants(&pids[1..]);
     let mut r = h.restore_bg(&img, pid);
-    wait_until(
-        "the restored tree",
-        Duration::from_secs(30),
-        || tree_pids(pid).len() == 4,
-        || wl.diag(),
-    );
+    wait_tree(pid, 4, Duration::from_secs(30), &wl);
     assert_eq!(tree_pids(pid), pids, "restored tree has other PIDs");
     wl.go();
     let out = r.wait(EXIT_TIMEOUT, &wl);
@@ -223,19 +248,14 @@ fn figure(out: &str, name: &str) -> u64 {
 #[test]
 fn memory_shared_copy_on_write_stays_shared_after_restore() {
     let h = Harness::new("cow");
-    let mut wl = h.spawn_wl("wl_cow", &["64", "4"]);
-    wl.wait_ready();
-    let pid = wl.pid();
-    let pids = tree_pids(pid);
-    assert_eq!(
-        pids.len(),
+    let (wl, pids, img) = killed_tree(
+        &h,
+        "wl_cow",
+        &["64", "4"],
         6,
-        "root, 4 children, a grandchild: {pids:?}\n{}",
-        wl.diag()
+        "root, 4 children, a grandchild",
     );
-    let img = h.image_dir("img");
-    checkpoint_kill(&h, &mut wl, &img);
-    reap_descendants(&pids[1..]);
+    let pid = pids[0];
     let t0 = Instant::now();
     let mut r = h.restore_bg(&img, pid);
     wl.go();
@@ -306,6 +326,58 @@ fn memory_shared_copy_on_write_stays_shared_after_checkpoints_that_continue() {
     );
 }
 
+/// A figure `name=VALUE` of every line of `log` holding `what`.
+fn log_figures(log: &str, what: &str, name: &str) -> Vec<u64> {
+    let key = format!("{name}=");
+    log.lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(key.as_str()))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
+/// Six processes whose children each map 4 MiB of private memory after
+/// the fork at the very address and size of the 4 MiB the root maps after
+/// the fork (and all share 1 MiB copy-on-write): same bounds and flags,
+/// none of the pages. The restore keeps only the copy-on-write memory as
+/// inherited (its log: no process writes a whole 4 MiB over an inherited
+/// copy while the stubs are forked) and maps the rest afresh; every
+/// process checks its private and copy-on-write memory and its pipe.
+#[test]
+fn children_mapping_memory_after_the_fork_at_the_parents_address_get_their_own() {
+    let h = Harness::new("samemap");
+    let (wl, pids, img) = killed_tree(&h, "wl_bigtree", &["6", "4"], 6, "root and 5 children");
+    let pid = pids[0];
+    let mut r = h.restore_bg_env(&img, pid, &[("CR_LOG", "info")]);
+    wait_tree(pid, 6, Duration::from_secs(60), &wl);
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(
+        &out,
+        &wl,
+        "restore of a tree mapping at its parent's address",
+    );
+    let what = "memory shared copy-on-write in place";
+    let shared = log_figures(&out.stderr, what, "shared_pages");
+    let written = log_figures(&out.stderr, what, "written_pages");
+    // The root fills the 1 MiB (256 pages) its children keep; a child
+    // keeps it whole. 4 MiB are 1024 pages.
+    assert_eq!(written.len(), 6, "one line per process:\n{}", out.stderr);
+    assert!(
+        written.iter().all(|&w| w < 1024),
+        "pages written over an inherited copy: {written:?}\n{}",
+        out.stderr
+    );
+    assert!(
+        shared.iter().filter(|&&s| s >= 256).count() == 5,
+        "the copy-on-write memory is not kept by every child: {shared:?}\n{}",
+        out.stderr
+    );
+}
+
 /// Sixteen processes (a root and fifteen children), each with 4 MiB of
 /// private memory of its own, all sharing anonymous shared memory and
 /// 1 MiB copy-on-write, with a pipe from the root to each child holding an
@@ -317,19 +389,8 @@ fn memory_shared_copy_on_write_stays_shared_after_checkpoints_that_continue() {
 #[test]
 fn sixteen_process_tree_with_private_shared_memory_and_pipes() {
     let h = Harness::new("bigtree");
-    let mut wl = h.spawn_wl("wl_bigtree", &["16", "4"]);
-    wl.wait_ready();
-    let pid = wl.pid();
-    let pids = tree_pids(pid);
-    assert_eq!(
-        pids.len(),
-        16,
-        "root and 15 children: {pids:?}\n{}",
-        wl.diag()
-    );
-    let img = h.image_dir("img");
-    checkpoint_kill(&h, &mut wl, &img);
-    reap_descendants(&pids[1..]);
+    let (wl, pids, img) = killed_tree(&h, "wl_bigtree", &["16", "4"], 16, "root and 15 children");
+    let pid = pids[0];
     // A restore failing while pages are still being written into some
     // processes and others are not rebuilt yet leaves nothing behind.
     let mut r = h.restore_bg_env(&img, pid, &[("CR_FAULT_INJECT", "restore-mid-tree")]);
@@ -349,12 +410,7 @@ fn sixteen_process_tree_with_private_shared_memory_and_pipes() {
         || wl.diag(),
     );
     let mut r = h.restore_bg(&img, pid);
-    wait_until(
-        "the restored tree",
-        Duration::from_secs(60),
-        || tree_pids(pid).len() == 16,
-        || wl.diag(),
-    );
+    wait_tree(pid, 16, Duration::from_secs(60), &wl);
     assert_eq!(tree_pids(pid), pids, "restored tree has other PIDs");
     wl.go();
     let out = r.wait(EXIT_TIMEOUT, &wl);

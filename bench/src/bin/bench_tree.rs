@@ -107,10 +107,10 @@ fn main() {
 
 /// `len` bytes of fresh memory written with the data of `index`. The
 /// mapping is `index` pages longer than `len`: every process's has other
-/// bounds, else a restore would take the children's mappings (made after
-/// the fork, at the same address as the root's) for memory shared
-/// copy-on-write with the root (`cr-engine` kinds/memory/cow.rs), which
-/// is another case (see bench/README.md).
+/// bounds: a restore before branch `tree2` took the children's mappings
+/// (made after the fork, at the same address as the root's) for memory
+/// shared copy-on-write with the root (`cr-engine` kinds/memory/cow.rs);
+/// kept so that builds compare alike (see bench/README.md).
 fn fill(index: usize, len: usize) -> &'static mut [u64] {
     // SAFETY: anonymous private mapping with no address hint.
     let addr = unsafe {

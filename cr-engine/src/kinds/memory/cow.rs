@@ -11,8 +11,11 @@
 //!
 //! - a mapping a process has exactly as its parent has it (same bounds,
 //!   protection, kind, flags and name; private anonymous or heap, not the
-//!   stack, not `MADV_DONTFORK`/`MADV_WIPEONFORK`) is kept as inherited at
-//!   the fork: only its pages whose saved content differs from the
+//!   stack, not `MADV_DONTFORK`/`MADV_WIPEONFORK`), and at least half of
+//!   whose saved pages are the parent's, is kept as inherited at the fork
+//!   (a child that mapped memory after the fork where its parent did too
+//!   has the same mapping and none of the pages: it is mapped afresh by
+//!   its rebuild, its pages written by the worker pool): only its pages whose saved content differs from the
 //!   parent's page at that address are written (the image's store holds
 //!   each content once, so "same place in the store" is "same content"),
 //!   and the pages the parent had and it had not are dropped
@@ -103,7 +106,10 @@ pub struct Cow<'a> {
     workers: usize,
     /// Per process (image order): the parent's index.
     parent: Vec<Option<usize>>,
-    /// Per process: indices of its VMAs it holds in slots before it forks.
+    /// Per process: indices of its VMAs it keeps as inherited from its parent.
+    kept: Vec<Vec<usize>>,
+    /// Per process: indices of its VMAs it holds in slots before it forks
+    /// (those it keeps, and those a child keeps).
     held: Vec<Vec<usize>>,
     /// Slot address of every held (start, end), once laid out.
     slots: HashMap<(u64, u64), u64>,
@@ -132,35 +138,61 @@ impl<'a> Cow<'a> {
                     .filter(|_| live(p))
             })
             .collect();
-        let mut held: Vec<Vec<usize>> = vec![Vec::new(); procs.len()];
-        for (i, p) in procs.iter().enumerate() {
-            if lazy || !live(p) {
-                continue;
-            }
-            let from_parent = |v: &Vma| {
-                parent[i].is_some_and(|j| held[j].iter().any(|&k| same(&procs[j].vmas[k], v)))
-            };
-            let with_child = |v: &Vma| {
-                procs
+        let none = Vec::new();
+        let pieces_of = |p: &Process| pieces.get(&p.pid).unwrap_or(&none);
+        // What each process keeps as inherited: a mapping its parent has
+        // the same, most of whose pages are still the parent's. Bounds
+        // and flags alone do not tell: a child that mapped memory after
+        // the fork where its parent did too has the same mapping, none of
+        // the pages, and is better given a mapping of its own (filled with
+        // the other pages by the worker pool) than every page written over
+        // an inherited copy while the stubs are forked.
+        let kept: Vec<Vec<usize>> = procs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let Some(j) = parent[i].filter(|_| !lazy) else {
+                    return Vec::new();
+                };
+                let q = &procs[j];
+                p.vmas
                     .iter()
-                    .filter(|c| c.ppid == p.pid && live(c) && c.pid != p.pid)
-                    .any(|c| c.vmas.iter().any(|w| same(v, w)))
-            };
-            let mine = p
-                .vmas
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| shareable(v) && (from_parent(v) || with_child(v)))
-                .map(|(k, _)| k)
-                .collect();
-            held[i] = mine;
-        }
+                    .enumerate()
+                    .filter(|(_, v)| {
+                        shareable(v)
+                            && q.vmas.iter().any(|w| shareable(w) && same(w, v))
+                            && mostly_inherited(pieces_of(p), pieces_of(q), v.start, v.end)
+                    })
+                    .map(|(k, _)| k)
+                    .collect()
+            })
+            .collect();
+        // What each process holds in slots: what it keeps, and what a
+        // child of it keeps.
+        let held: Vec<Vec<usize>> = procs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let kept_by_child = |v: &Vma| {
+                    (0..procs.len())
+                        .filter(|&c| parent[c] == Some(i))
+                        .any(|c| kept[c].iter().any(|&k| same(v, &procs[c].vmas[k])))
+                };
+                p.vmas
+                    .iter()
+                    .enumerate()
+                    .filter(|&(k, v)| kept[i].contains(&k) || kept_by_child(v))
+                    .map(|(k, _)| k)
+                    .collect()
+            })
+            .collect();
         Cow {
             procs,
             pages,
             pieces,
             workers,
             parent,
+            kept,
             held,
             slots: HashMap::new(),
             laid_out: false,
@@ -235,6 +267,7 @@ impl<'a> Cow<'a> {
             self.held[j].iter().map(|&k| &procs[j].vmas[k]).collect()
         });
         let held: Vec<&Vma> = self.held[i].iter().map(|&k| &p.vmas[k]).collect();
+        let keeps: Vec<&Vma> = self.kept[i].iter().map(|&k| &p.vmas[k]).collect();
         if inherited.is_empty() && held.is_empty() {
             return Ok(());
         }
@@ -248,7 +281,7 @@ impl<'a> Cow<'a> {
         let mut inj = Injector::new(t, ip)?;
         for v in inherited
             .iter()
-            .filter(|v| !held.iter().any(|h| same(h, v)))
+            .filter(|v| !keeps.iter().any(|h| same(h, v)))
         {
             let at = self.slot(v);
             inj.call("munmap", libc::SYS_munmap, [at, v.len(), 0, 0, 0, 0])
@@ -260,7 +293,7 @@ impl<'a> Cow<'a> {
             let at = self.slot(v);
             let shift = |x: u64| x - v.start + at;
             let own = inside(mine, v.start, v.end);
-            if inherited.iter().any(|h| same(h, v)) {
+            if keeps.iter().any(|h| same(h, v)) {
                 let d = diff(&own, &inside(theirs, v.start, v.end));
                 for &(s, e) in &d.drop {
                     inj.call(
@@ -307,6 +340,7 @@ impl<'a> Cow<'a> {
         info!(
             pid = p.pid,
             mappings = held.len(),
+            kept_mappings = keeps.len(),
             shared_pages = kept,
             written_pages = written / PAGE as u64,
             dropped_pages = dropped,
@@ -339,6 +373,14 @@ struct Diff {
     drop: Vec<(u64, u64)>,
     /// Pages kept as inherited.
     same: u64,
+}
+
+/// Whether at least as many of `child`'s pages in `[start, end)` are its
+/// parent's (`parent`: the parent's pieces) as are its own, and at least one.
+fn mostly_inherited(child: &[Piece], parent: &[Piece], start: u64, end: u64) -> bool {
+    let d = diff(&inside(child, start, end), &inside(parent, start, end));
+    let written: u64 = d.write.iter().map(|w| u64::from(w.pages)).sum();
+    d.same > 0 && d.same >= written
 }
 
 /// Where the page at `addr` of piece `p` is.
@@ -470,6 +512,22 @@ mod tests {
         assert_eq!(d.same, 4);
         assert_eq!(d.write, vec![stored(0x10000 + 3 * P, 2, 2, 0)]);
         assert_eq!(d.drop, vec![(0x10000 + 6 * P, 0x10000 + 8 * P)]);
+    }
+
+    #[test]
+    fn a_mapping_is_kept_only_when_most_of_its_pages_are_the_parents() {
+        let (s, e) = (0x10000, 0x10000 + 8 * P);
+        let parent = [stored(s, 8, 1, 0)];
+        // Mapped after the fork where the parent mapped too: all its own.
+        assert!(!mostly_inherited(&[stored(s, 8, 2, 0)], &parent, s, e));
+        // Nothing saved: nothing to keep.
+        assert!(!mostly_inherited(&[], &parent, s, e));
+        // Half rewritten: kept.
+        let half = [stored(s, 4, 1, 0), stored(s + 4 * P, 4, 2, 0)];
+        assert!(mostly_inherited(&half, &parent, s, e));
+        // One page of eight the parent's: mapped afresh.
+        let one = [stored(s, 1, 1, 0), stored(s + P, 7, 2, 0)];
+        assert!(!mostly_inherited(&one, &parent, s, e));
     }
 
     #[test]

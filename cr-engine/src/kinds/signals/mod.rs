@@ -13,7 +13,11 @@
 //! its default action, whose flags and mask have no effect (they are
 //! restored as zero: a program reading its old action back sees no
 //! flags). Restore:
-//! the stub inherited our actions, so every one is set; pending signals
+//! the stub inherited our actions; for the same reason, only the signals
+//! the process had another action for, those the stub catches or ignores
+//! (its own SigCgt and SigIgn) and SIGCHLD are set, each an injected call
+//! (62 calls for every process were a third of a small process's rebuild
+//! in a tree restore, see docs/PERFORMANCE.md); pending signals
 //! are queued again, the process's from its main thread and each thread's
 //! from that thread (the kernel lets a thread send itself any si_code, but
 //! not another thread a tgkill's), and stay blocked until the release;
@@ -75,14 +79,20 @@ impl Kind for Signals {
         Ok(())
     }
 
-    /// Every signal's action (the stub inherited ours).
+    /// Every signal's action (the stub inherited ours): those that are not
+    /// the default in the image or in the stub, and SIGCHLD.
     fn restore(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         let stub = &mut cx.stub;
+        let own = cr_sys::proc::status(stub.inj.pid())?;
+        let not_default = own.sigcgt | own.sigign | bit(libc::SIGCHLD as u32);
         for sig in 1..=NSIG {
             if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
                 continue;
             }
             let a = p.signals.action(sig);
+            if a.is_none() && not_default & bit(sig) == 0 {
+                continue;
+            }
             let mut act = Vec::with_capacity(32);
             for v in [
                 a.map_or(0, |a| a.handler),
