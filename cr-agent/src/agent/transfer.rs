@@ -103,6 +103,72 @@ fn remember(path: &Path, h: u64) {
     }
 }
 
+/// What a manifest needs of an image's `checkpoint.img`: its id and its
+/// parent, by path, valid while that file keeps its size and modification
+/// time (a pre-copy's pre-dumps are decoded once, not at every fetch: each
+/// holds the page map of the whole memory, 2 MB at 1 GiB).
+static LINKS: std::sync::OnceLock<std::sync::Mutex<Links>> = std::sync::OnceLock::new();
+
+/// `checkpoint.img` → (size, mtime in ns, image id, parent).
+type Links = HashMap<PathBuf, (u64, i128, String, Option<cr_image::model::ParentRef>)>;
+
+/// The id and parent of the image in `dir`, from [`LINKS`] when its
+/// `checkpoint.img` has not changed.
+fn image_link(dir: &Path) -> Result<(String, Option<cr_image::model::ParentRef>), String> {
+    let file = dir.join(cr_image::dir::CHECKPOINT_FILE);
+    let (size, mtime) = stamp(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let links = || {
+        LINKS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    };
+    if let Some((s, m, id, parent)) = links().get(&file) {
+        if *s == size && *m == mtime {
+            return Ok((id.clone(), parent.clone()));
+        }
+    }
+    let ck = cr_image::ImageDir::open(dir)
+        .and_then(|d| d.read_checkpoint())
+        .map_err(|e| format!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))?;
+    let (id, parent) = (ck.meta.image_id, ck.parent);
+    links().insert(file, (size, mtime, id.clone(), parent.clone()));
+    Ok((id, parent))
+}
+
+/// The directories of the image in `dir` and of every parent it is
+/// incremental on, itself first (what [`cr_image::chain::Chain::open`]
+/// opens, with the same checks of each parent's id).
+fn chain_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut out = vec![dir.clone()];
+    let (_, mut parent) = image_link(&dir)?;
+    while let Some(p) = parent {
+        let child = out.last().expect("one link at least");
+        let pdir = cr_image::chain::parent_dir(child, &p);
+        let pdir = pdir
+            .canonicalize()
+            .map_err(|e| format!("{}: its parent {}: {e}", child.display(), pdir.display()))?;
+        if out.contains(&pdir) {
+            return Err(format!("{}: its chain of parents loops", dir.display()));
+        }
+        let (id, next) =
+            image_link(&pdir).map_err(|e| format!("{}: its parent: {e}", child.display()))?;
+        if id != p.image_id {
+            return Err(format!(
+                "{}: its parent {} now holds another image",
+                child.display(),
+                pdir.display()
+            ));
+        }
+        out.push(pdir);
+        parent = next;
+    }
+    Ok(out)
+}
+
 /// XXH3-64 and size of a file, read whole.
 fn hash_file(path: &Path) -> std::io::Result<(u64, u64)> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -144,12 +210,11 @@ pub fn manifest(shared: &Shared, dirs: &[String], lazy: bool) -> Result<pb::Mani
     let mut out = pb::Manifest::default();
     let mut seen = HashSet::new();
     for d in dirs {
-        let chain = cr_image::chain::Chain::open(Path::new(d))
-            .map_err(|e| format!("{d}: {}", cr_sys::error::one_line(&e)))?;
+        let links = chain_dirs(Path::new(d))?;
         out.dirs.push(rel(Path::new(d))?);
         // Parents first: a child is never in place before its parent.
-        for link in chain.links.iter().rev() {
-            let r = rel(link.dir.path())?;
+        for link in links.iter().rev() {
+            let r = rel(link)?;
             if seen.insert(r.clone()) {
                 out.all_dirs.push(r);
             }
