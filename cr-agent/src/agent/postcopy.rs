@@ -291,6 +291,34 @@ pub fn start(
     Ok(())
 }
 
+/// The blocks wanted, as messages to the source: every block asked for
+/// since the last message goes in the next one (a restore asks for all the
+/// blocks it must write before the release at once: one message, not one
+/// per block).
+struct Batches(tokio::sync::mpsc::UnboundedReceiver<pb::PageRef>);
+
+impl tokio_stream::Stream for Batches {
+    type Item = pb::PageWant;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<pb::PageWant>> {
+        let Some(first) = std::task::ready!(self.0.poll_recv(cx)) else {
+            return std::task::Poll::Ready(None);
+        };
+        let mut want = vec![first];
+        while let Ok(w) = self.0.try_recv() {
+            want.push(w);
+        }
+        debug!(blocks = want.len(), "post-copy: blocks wanted");
+        std::task::Poll::Ready(Some(pb::PageWant {
+            want,
+            ..Default::default()
+        }))
+    }
+}
+
 /// Receive every block of `a`'s stores (the push, and the blocks asked
 /// for through `wants`); then check each file whole. The bytes received.
 async fn fill(
@@ -312,15 +340,7 @@ async fn fill(
         .await
         .map_err(lost)?
         .into_inner();
-    let asks = tokio_stream::once(first(false)).chain(
-        tokio_stream::wrappers::UnboundedReceiverStream::new(wants).map(|w| {
-            debug!(store = w.store, block = w.block, "post-copy: block wanted");
-            pb::PageWant {
-                want: vec![w],
-                ..Default::default()
-            }
-        }),
-    );
+    let asks = tokio_stream::once(first(false)).chain(Batches(wants));
     let mut asked = client.serve_pages(asks).await.map_err(lost)?.into_inner();
     let mut bytes = 0u64;
     let mut push_open = true;
@@ -471,9 +491,11 @@ pub async fn serve(
 }
 
 /// The image that page store file `path` lies in, and its entry there.
-fn image_store(
-    path: &Path,
-) -> Result<(cr_image::chain::Chain, cr_image::model::PageStore), String> {
+/// Only that image is read, not its parents: a store holds the blocks of
+/// its own image, and the parents' metadata (2 MB each at 1 GiB, five or
+/// more of them after pre-copy rounds) would be decoded for nothing while
+/// a restore waits for its first block.
+fn image_store(path: &Path) -> Result<(cr_image::ImageDir, cr_image::model::PageStore), String> {
     let dir = path
         .parent()
         .ok_or_else(|| format!("{}: not in an image directory", path.display()))?;
@@ -481,22 +503,22 @@ fn image_store(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let chain = cr_image::chain::Chain::open(dir)
+    let image = cr_image::ImageDir::open(dir)
         .map_err(|e| format!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))?;
-    let store = chain
-        .top()
-        .ck
+    let ck = image
+        .read_checkpoint()
+        .map_err(|e| format!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))?;
+    let store = ck
         .store
-        .clone()
         .filter(|s| s.name == name)
         .ok_or_else(|| format!("{} is not the page store of its image", path.display()))?;
-    Ok((chain, store))
+    Ok((image, store))
 }
 
 /// The store reader of page store file `path` (of the image it lies in).
 fn open_store(path: &Path) -> Result<cr_image::store::StoreReader, String> {
-    let (chain, store) = image_store(path)?;
-    cr_image::store::StoreReader::open(&chain.top().dir, &store)
+    let (image, store) = image_store(path)?;
+    cr_image::store::StoreReader::open(&image, &store)
         .map_err(|e| format!("{}: {}", path.display(), cr_sys::error::one_line(&e)))
 }
 

@@ -103,6 +103,91 @@ fn remember(path: &Path, h: u64) {
     }
 }
 
+/// What a manifest needs of an image's `checkpoint.img`: its id and its
+/// parent, by path, valid while that file keeps its size and modification
+/// time (a pre-copy's pre-dumps are decoded once, not at every fetch: each
+/// holds the page map of the whole memory, 2 MB at 1 GiB).
+static LINKS: std::sync::OnceLock<std::sync::Mutex<Links>> = std::sync::OnceLock::new();
+
+/// `checkpoint.img` → (size, mtime in ns, image id and parent).
+type Links = HashMap<PathBuf, (u64, i128, Link)>;
+
+/// An image's id and the parent it is incremental on.
+type Link = (String, Option<cr_image::model::ParentRef>);
+
+/// The id and parent of the image in `dir`, from [`LINKS`] when its
+/// `checkpoint.img` has not changed.
+fn image_link(dir: &Path) -> Result<Link, String> {
+    cached_link(dir, &|dir| {
+        let ck = cr_image::ImageDir::open(dir)
+            .and_then(|d| d.read_checkpoint())
+            .map_err(|e| format!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))?;
+        Ok((ck.meta.image_id, ck.parent))
+    })
+}
+
+/// The link of the image in `dir`: [`LINKS`]'s while its `checkpoint.img`
+/// keeps its stamp, else `decode`'s (then remembered).
+fn cached_link(dir: &Path, decode: &dyn Fn(&Path) -> Result<Link, String>) -> Result<Link, String> {
+    let file = dir.join(cr_image::dir::CHECKPOINT_FILE);
+    let (size, mtime) = stamp(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let links = || {
+        LINKS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    };
+    if let Some((s, m, link)) = links().get(&file) {
+        if *s == size && *m == mtime {
+            return Ok(link.clone());
+        }
+    }
+    let link = decode(dir)?;
+    links().insert(file, (size, mtime, link.clone()));
+    Ok(link)
+}
+
+/// The directories of the image in `dir` and of every parent it is
+/// incremental on, itself first (what [`cr_image::chain::Chain::open`]
+/// opens, with the same checks of each parent's id).
+fn chain_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    walk_chain(dir, &image_link)
+}
+
+/// [`chain_dirs`], each image's link given by `link`.
+fn walk_chain(
+    dir: &Path,
+    link: &dyn Fn(&Path) -> Result<Link, String>,
+) -> Result<Vec<PathBuf>, String> {
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut out = vec![dir.clone()];
+    let (_, mut parent) = link(&dir)?;
+    while let Some(p) = parent {
+        let child = out.last().expect("one link at least");
+        let pdir = cr_image::chain::parent_dir(child, &p);
+        let pdir = pdir
+            .canonicalize()
+            .map_err(|e| format!("{}: its parent {}: {e}", child.display(), pdir.display()))?;
+        if out.contains(&pdir) {
+            return Err(format!("{}: its chain of parents loops", dir.display()));
+        }
+        let (id, next) =
+            link(&pdir).map_err(|e| format!("{}: its parent: {e}", child.display()))?;
+        if id != p.image_id {
+            return Err(format!(
+                "{}: its parent {} now holds another image",
+                child.display(),
+                pdir.display()
+            ));
+        }
+        out.push(pdir);
+        parent = next;
+    }
+    Ok(out)
+}
+
 /// XXH3-64 and size of a file, read whole.
 fn hash_file(path: &Path) -> std::io::Result<(u64, u64)> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -144,12 +229,11 @@ pub fn manifest(shared: &Shared, dirs: &[String], lazy: bool) -> Result<pb::Mani
     let mut out = pb::Manifest::default();
     let mut seen = HashSet::new();
     for d in dirs {
-        let chain = cr_image::chain::Chain::open(Path::new(d))
-            .map_err(|e| format!("{d}: {}", cr_sys::error::one_line(&e)))?;
+        let links = chain_dirs(Path::new(d))?;
         out.dirs.push(rel(Path::new(d))?);
         // Parents first: a child is never in place before its parent.
-        for link in chain.links.iter().rev() {
-            let r = rel(link.dir.path())?;
+        for link in links.iter().rev() {
+            let r = rel(link)?;
             if seen.insert(r.clone()) {
                 out.all_dirs.push(r);
             }
@@ -716,4 +800,78 @@ fn is_transport(s: &Status) -> bool {
         s.code(),
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cr_image::model::ParentRef;
+    use std::cell::Cell;
+
+    /// A fresh directory of its own under the system's temporary one.
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cr-agent-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d.canonicalize().unwrap()
+    }
+
+    fn parent(path: &str, id: &str) -> Option<ParentRef> {
+        Some(ParentRef {
+            path: path.into(),
+            image_id: id.into(),
+        })
+    }
+
+    #[test]
+    fn chain_walked_with_parent_checks() {
+        let root = scratch("chain");
+        for d in ["a", "b", "c"] {
+            std::fs::create_dir(root.join(d)).unwrap();
+        }
+        let links = |a_parent: Option<ParentRef>, b_id: &str| {
+            let mut m: HashMap<PathBuf, Link> = HashMap::new();
+            m.insert(root.join("a"), ("A".into(), a_parent));
+            m.insert(root.join("b"), (b_id.into(), parent("../a", "A")));
+            m.insert(root.join("c"), ("C".into(), parent("../b", "B")));
+            m
+        };
+        let walk = |m: &HashMap<PathBuf, Link>| {
+            walk_chain(&root.join("c"), &|d| {
+                m.get(d)
+                    .cloned()
+                    .ok_or_else(|| format!("{} unknown", d.display()))
+            })
+        };
+        let dirs = walk(&links(None, "B")).unwrap();
+        assert_eq!(dirs, [root.join("c"), root.join("b"), root.join("a")]);
+        // A parent that now holds another image, a loop, a missing parent.
+        let e = walk(&links(None, "X")).unwrap_err();
+        assert!(e.contains("now holds another image"), "{e}");
+        let e = walk(&links(parent("../c", "C"), "B")).unwrap_err();
+        assert!(e.contains("loops"), "{e}");
+        let e = walk(&links(parent("../gone", "G"), "B")).unwrap_err();
+        assert!(e.contains("gone"), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn link_decoded_again_once_its_file_changes() {
+        let dir = scratch("link");
+        let file = dir.join(cr_image::dir::CHECKPOINT_FILE);
+        std::fs::write(&file, b"first").unwrap();
+        let decoded = Cell::new(0);
+        let decode = |_: &Path| {
+            decoded.set(decoded.get() + 1);
+            Ok((format!("id{}", decoded.get()), None))
+        };
+        assert_eq!(cached_link(&dir, &decode).unwrap().0, "id1");
+        assert_eq!(cached_link(&dir, &decode).unwrap().0, "id1");
+        assert_eq!(decoded.get(), 1);
+        // Another image written in its place (another size).
+        std::fs::write(&file, b"the second image").unwrap();
+        assert_eq!(cached_link(&dir, &decode).unwrap().0, "id2");
+        assert_eq!(decoded.get(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
