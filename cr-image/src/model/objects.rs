@@ -145,6 +145,20 @@ pub struct Pty {
     /// /dev/pts); the object id is then (K << 32) | index.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub devpts: String,
+    /// Input waiting on the slave side, as its line discipline holds it:
+    /// the complete lines of a canonical terminal (each as one read
+    /// returns it; a line ended by EOF without the EOF character)...
+    #[serde(serialize_with = "ser::total_len")]
+    pub input_lines: Vec<Vec<u8>>,
+    /// ...and the rest (the line being typed; all of a non-canonical
+    /// terminal's input).
+    #[serde(serialize_with = "ser::len")]
+    pub input: Vec<u8>,
+    /// Written on the slave side, not yet read on the master side.
+    #[serde(serialize_with = "ser::len")]
+    pub output: Vec<u8>,
+    /// The master is in packet mode (TIOCPKT).
+    pub packet: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -527,6 +541,10 @@ impl Object {
                     winsize: p.winsize,
                     locked: p.locked,
                     devpts: p.devpts,
+                    input_lines: p.input_lines,
+                    input: p.input,
+                    output: p.output,
+                    packet: p.packet,
                 })
             }
         };
@@ -629,6 +647,10 @@ impl Object {
                 winsize: p.winsize.clone(),
                 locked: p.locked,
                 devpts: p.devpts.clone(),
+                input_lines: p.input_lines.clone(),
+                input: p.input.clone(),
+                output: p.output.clone(),
+                packet: p.packet,
             }),
         };
         pb::Object {
