@@ -111,6 +111,12 @@ pub struct Fifo {
     #[serde(rename = "buffered", serialize_with = "ser::len")]
     pub data: Vec<u8>,
     pub capacity: u32,
+    /// Permission bits (0: not saved) and owner, for a FIFO removed while
+    /// open (made again with them).
+    #[serde(serialize_with = "ser::octal")]
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// The content of a file that exists nowhere else.
@@ -426,6 +432,9 @@ impl Object {
                 path: f.path,
                 data: f.data,
                 capacity: f.capacity,
+                mode: f.mode & 0o7777,
+                uid: f.uid,
+                gid: f.gid,
             }),
             Some(K::UnixSocket(u)) => {
                 if !u.queue_from.is_empty() && u.queue_from.len() != u.queue.len() {
@@ -562,6 +571,9 @@ impl Object {
                 path: f.path.clone(),
                 data: f.data.clone(),
                 capacity: f.capacity,
+                mode: f.mode,
+                uid: f.uid,
+                gid: f.gid,
             }),
             ObjectKind::UnixSocket(u) => K::UnixSocket(pb::UnixSocket {
                 sock_type: u.sock_type,
