@@ -79,7 +79,8 @@ fn canonical(t: &[u8]) -> bool {
 /// Take everything queued in the pair: `slave` is a non-blocking
 /// description of our own of its slave, `master` its master (the
 /// program's description may block: it is polled before each read). On
-/// an error, what was taken is put back.
+/// an error, what was taken is put back. The caller checks first that it
+/// can put bytes back ([`may_put_back`]).
 pub fn take(master: &OwnedFd, slave: &OwnedFd) -> Result<Queued> {
     let mut q = Queued::default();
     match take_into(master, slave, &mut q) {
@@ -342,6 +343,17 @@ fn inject(fd: &OwnedFd, bytes: &[u8]) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// Whether we may hand bytes to terminal `fd`'s line discipline (see
+/// [`inject`]): TIOCSTI checks the caller's rights before it reads its
+/// byte, so one given no byte (a null pointer) fails with EFAULT when it
+/// would have worked, and puts nothing in.
+pub fn may_put_back(fd: &OwnedFd) -> bool {
+    // SAFETY: a null pointer, which the kernel checks (EFAULT) and never
+    // writes through.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TIOCSTI, std::ptr::null::<u8>()) };
+    r < 0 && Errno::last().0 == libc::EFAULT
 }
 
 /// Whether the pty master `fd` is in packet mode (TIOCGPKT).

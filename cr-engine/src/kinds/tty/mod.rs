@@ -326,6 +326,14 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
     p.termios = fdio::tcgets(&slave).map_err(err)?;
     p.winsize = fdio::get_winsize(&slave).unwrap_or_default();
     p.packet = ptyq::packet_mode(&m).map_err(err)?;
+    if !ptyq::may_put_back(&slave) {
+        // Taken out, they could not be put back: left alone, unsaved.
+        warn!(
+            pty = index,
+            "the bytes queued in the pseudo-terminal are not saved (putting them back needs CAP_SYS_ADMIN)"
+        );
+        return Ok(p);
+    }
     let q = ptyq::take(&m, &slave).map_err(err)?;
     ptyq::put(&m, &slave, &q).map_err(|e| {
         format!(
