@@ -202,6 +202,17 @@ impl FileKind for Tty {
             if let Some(objs) = cx.objects.as_deref_mut() {
                 if !objs.contains(cr_image::model::ObjectTag::Pty, id) {
                     match pty_state(at, index) {
+                        // A foreground group is named by its leader, which
+                        // must be of the tree.
+                        Ok(p) if p.fg_pgrp != 0 && !cx.tree.in_tree(p.fg_pgrp as i32) => objs
+                            .insert(Object {
+                                id,
+                                kind: ObjectKind::Pty(Pty {
+                                    devpts,
+                                    fg_pgrp: 0,
+                                    ..p
+                                }),
+                            }),
                         Ok(p) => objs.insert(Object {
                             id,
                             kind: ObjectKind::Pty(Pty { devpts, ..p }),
@@ -322,7 +333,9 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
     }
     let slave = fdio::pty_peer(&m, libc::O_RDWR | libc::O_NONBLOCK).map_err(err)?;
     p.locked = false;
-    p.fg_pgrp = fdio::foreground(&slave).unwrap_or(0).max(0) as u32;
+    // Read on the master: on a slave, TIOCGPGRP answers only the
+    // terminal's own session (ENOTTY to us).
+    p.fg_pgrp = fdio::foreground(&m).unwrap_or(0).max(0) as u32;
     p.termios = fdio::tcgets(&slave).map_err(err)?;
     p.winsize = fdio::get_winsize(&slave).unwrap_or_default();
     p.packet = ptyq::packet_mode(&m).map_err(err)?;

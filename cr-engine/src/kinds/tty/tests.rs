@@ -259,3 +259,54 @@ expect(read_now(s) is None, "nothing more on the slave")
     assert_eq!(output.len(), 18 * 600);
     assert_eq!(q, queues(&rt.after));
 }
+
+/// A session whose controlling terminal is a pty of the tree, with a job
+/// of its own (another process group) in the foreground: the terminal's
+/// foreground group is that job again, not the session leader's.
+#[test]
+fn pty_foreground_job_round_trip() {
+    let rt = round_trip(
+        "tty-foreground",
+        r#"
+import termios
+m, s = os.openpty()
+r, w = os.pipe()
+leader = os.fork()
+if leader == 0:
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG
+    os.setsid()
+    fcntl.ioctl(s, termios.TIOCSCTTY, 0)
+    job = os.fork()
+    if job == 0:
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+        os.setpgid(0, 0)
+        while True:
+            time.sleep(60)
+    os.setpgid(job, job)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    os.tcsetpgrp(s, job)
+    os.write(w, struct.pack("i", job))
+    while True:
+        time.sleep(60)
+job = struct.unpack("i", os.read(r, 4))[0]
+def fg():
+    return struct.unpack("i", fcntl.ioctl(m, termios.TIOCGPGRP, b"\0" * 4))[0]
+expect(fg() == job, "setup: foreground group %d, not the job %d" % (fg(), job))
+if problems:
+    raise SystemExit("; ".join(problems))
+"#,
+        r#"
+expect(fg() == job, "foreground group %d, was the job %d" % (fg(), job))
+expect(os.getsid(leader) == leader and os.getpgid(job) == job, "session and job")
+"#,
+    );
+    let fg = |c: &Checkpoint| {
+        pty_objects(c)
+            .into_iter()
+            .map(|(_, p)| p.fg_pgrp)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(fg(&rt.before).len(), 1);
+    assert_ne!(fg(&rt.before), vec![0]);
+    assert_eq!(fg(&rt.before), fg(&rt.after));
+}
