@@ -165,6 +165,11 @@ pub struct Pty {
     pub output: Vec<u8>,
     /// The master is in packet mode (TIOCPKT).
     pub packet: bool,
+    /// Permission bits (0: not saved) and owner of the slave's node.
+    #[serde(serialize_with = "ser::octal")]
+    pub slave_mode: u32,
+    pub slave_uid: u32,
+    pub slave_gid: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -554,6 +559,9 @@ impl Object {
                     input: p.input,
                     output: p.output,
                     packet: p.packet,
+                    slave_mode: p.slave_mode & 0o7777,
+                    slave_uid: p.slave_uid,
+                    slave_gid: p.slave_gid,
                 })
             }
         };
@@ -663,6 +671,9 @@ impl Object {
                 input: p.input.clone(),
                 output: p.output.clone(),
                 packet: p.packet,
+                slave_mode: p.slave_mode,
+                slave_uid: p.slave_uid,
+                slave_gid: p.slave_gid,
             }),
         };
         pb::Object {

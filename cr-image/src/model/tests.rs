@@ -523,6 +523,9 @@ fn objects() -> Vec<Object> {
                 input: b"cd /".to_vec(),
                 output: b"$ ".to_vec(),
                 packet: true,
+                slave_mode: 0o620,
+                slave_uid: 1000,
+                slave_gid: 5,
             }),
         ),
     ]

@@ -283,6 +283,11 @@ pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), Res
         if !p.winsize.is_empty() {
             fdio::set_winsize(&slave, &p.winsize).step(what)?;
         }
+        // Its node as grantpt (or the program) left it, not the
+        // restorer's.
+        if p.slave_mode != 0 {
+            fdio::set_owner_and_mode(&slave, p.slave_uid, p.slave_gid, p.slave_mode).step(what)?;
+        }
         ptyq::put(&m, &slave, &queued(p)).step(|| {
             format!(
                 "cannot put back the bytes queued in pseudo-terminal {}",
@@ -327,6 +332,9 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
         input: Vec::new(),
         output: Vec::new(),
         packet: false,
+        slave_mode: 0,
+        slave_uid: 0,
+        slave_gid: 0,
     };
     if fdio::pty_locked(&m).map_err(err)? {
         return Ok(p);
@@ -338,6 +346,12 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
     p.fg_pgrp = fdio::foreground(&m).unwrap_or(0).max(0) as u32;
     p.termios = fdio::tcgets(&slave).map_err(err)?;
     p.winsize = fdio::get_winsize(&slave).unwrap_or_default();
+    let node = slave
+        .try_clone()
+        .and_then(|f| std::fs::File::from(f).metadata())
+        .map_err(|e| format!("pseudo-terminal {index}, whose slave cannot be read: {e}"))?;
+    p.slave_mode = node.mode() & 0o7777;
+    (p.slave_uid, p.slave_gid) = (node.uid(), node.gid());
     p.packet = ptyq::packet_mode(&m).map_err(err)?;
     if !ptyq::may_put_back(&slave) {
         // Taken out, they could not be put back: left alone, unsaved.

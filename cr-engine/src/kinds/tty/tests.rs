@@ -310,3 +310,32 @@ expect(os.getsid(leader) == leader and os.getpgid(job) == job, "session and job"
     assert_ne!(fg(&rt.before), vec![0]);
     assert_eq!(fg(&rt.before), fg(&rt.after));
 }
+
+/// The slave's node keeps the owner and mode the program gave it
+/// (grantpt's work), not the restorer's.
+#[test]
+fn pty_slave_owner_and_mode_round_trip() {
+    let rt = round_trip(
+        "tty-owner",
+        r#"
+m, s = os.openpty()
+os.fchown(s, 1234, 5)
+os.fchmod(s, 0o600)
+"#,
+        r#"
+st = os.fstat(s)
+expect((st.st_uid, st.st_gid) == (1234, 5), "owner %d:%d" % (st.st_uid, st.st_gid))
+expect(st.st_mode & 0o7777 == 0o600, "mode %o" % (st.st_mode & 0o7777))
+st = os.stat(os.ttyname(s))
+expect((st.st_uid, st.st_mode & 0o7777) == (1234, 0o600), "the node by its path")
+"#,
+    );
+    let owners = |c: &Checkpoint| {
+        pty_objects(c)
+            .into_iter()
+            .map(|(_, p)| (p.slave_mode, p.slave_uid, p.slave_gid))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(owners(&rt.before), vec![(0o600, 1234, 5)]);
+    assert_eq!(owners(&rt.before), owners(&rt.after));
+}
