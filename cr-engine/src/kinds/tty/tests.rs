@@ -16,6 +16,11 @@ fn pty_objects(c: &Checkpoint) -> Vec<(u64, &Pty)> {
         .collect()
 }
 
+/// What `f` takes from each pty object of an image.
+fn of_ptys<T>(c: &Checkpoint, f: impl Fn(&Pty) -> T) -> Vec<T> {
+    pty_objects(c).into_iter().map(|(_, p)| f(p)).collect()
+}
+
 #[test]
 fn pty_round_trip() {
     let rt = round_trip(
@@ -35,12 +40,7 @@ os.write(m, b"typed")
 expect(os.read(s, 10) == b"typed", "the pair is connected")
 "#,
     );
-    let ptys = |c: &Checkpoint| {
-        pty_objects(c)
-            .into_iter()
-            .map(|(_, p)| (p.index, p.termios.clone(), p.winsize.clone()))
-            .collect::<Vec<_>>()
-    };
+    let ptys = |c: &Checkpoint| of_ptys(c, |p| (p.index, p.termios.clone(), p.winsize.clone()));
     assert_eq!(ptys(&rt.before).len(), 1);
     assert_eq!(ptys(&rt.before), ptys(&rt.after));
 }
@@ -124,17 +124,14 @@ expect(os.read(s2, 10) == b"two\n", "pair 2 is connected")
 type Queues = (Vec<Vec<u8>>, Vec<u8>, Vec<u8>, bool);
 
 fn queues(c: &Checkpoint) -> Vec<Queues> {
-    pty_objects(c)
-        .into_iter()
-        .map(|(_, p)| {
-            (
-                p.input_lines.clone(),
-                p.input.clone(),
-                p.output.clone(),
-                p.packet,
-            )
-        })
-        .collect()
+    of_ptys(c, |p| {
+        (
+            p.input_lines.clone(),
+            p.input.clone(),
+            p.output.clone(),
+            p.packet,
+        )
+    })
 }
 
 /// Reading helpers of the programs below: `read_exactly` waits (with a
@@ -300,12 +297,7 @@ expect(fg() == job, "foreground group %d, was the job %d" % (fg(), job))
 expect(os.getsid(leader) == leader and os.getpgid(job) == job, "session and job")
 "#,
     );
-    let fg = |c: &Checkpoint| {
-        pty_objects(c)
-            .into_iter()
-            .map(|(_, p)| p.fg_pgrp)
-            .collect::<Vec<_>>()
-    };
+    let fg = |c: &Checkpoint| of_ptys(c, |p| p.fg_pgrp);
     assert_eq!(fg(&rt.before).len(), 1);
     assert_ne!(fg(&rt.before), vec![0]);
     assert_eq!(fg(&rt.before), fg(&rt.after));
@@ -330,12 +322,7 @@ st = os.stat(os.ttyname(s))
 expect((st.st_uid, st.st_mode & 0o7777) == (1234, 0o600), "the node by its path")
 "#,
     );
-    let owners = |c: &Checkpoint| {
-        pty_objects(c)
-            .into_iter()
-            .map(|(_, p)| (p.slave_mode, p.slave_uid, p.slave_gid))
-            .collect::<Vec<_>>()
-    };
+    let owners = |c: &Checkpoint| of_ptys(c, |p| (p.slave_mode, p.slave_uid, p.slave_gid));
     assert_eq!(owners(&rt.before), vec![(0o600, 1234, 5)]);
     assert_eq!(owners(&rt.before), owners(&rt.after));
 }
