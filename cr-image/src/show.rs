@@ -138,9 +138,13 @@ pub fn object_summary(o: &Object) -> String {
         ObjectKind::DeletedFile(f) => format!("deleted file {} {} bytes", f.name, f.size),
         ObjectKind::SavedFile(f) => format!("saved file {} {} bytes", f.name, f.size),
         ObjectKind::Pty(p) => format!(
-            "pty /dev/pts/{}{}",
+            "pty /dev/pts/{}{}, {} lines and {} bytes of input, {} bytes of output queued{}",
             p.index,
-            if p.locked { " (locked)" } else { "" }
+            if p.locked { " (locked)" } else { "" },
+            p.input_lines.len(),
+            p.input.len(),
+            p.output.len(),
+            if p.packet { ", packet mode" } else { "" }
         ),
         ObjectKind::UnixSocket(u) => {
             let ty = match u.sock_type {

@@ -1064,6 +1064,19 @@ pub fn chmod(path: &str, mode: u32) -> Result<()> {
     })
 }
 
+/// fchown `fd` to `uid`:`gid`, then fchmod it to `mode` (after: chown may
+/// clear set-user-ID and set-group-ID).
+pub fn set_owner_and_mode(fd: &OwnedFd, uid: u32, gid: u32, mode: u32) -> Result<()> {
+    nix::unistd::fchown(
+        fd,
+        Some(nix::unistd::Uid::from_raw(uid)),
+        Some(nix::unistd::Gid::from_raw(gid)),
+    )
+    .or_sys(|| format!("fchown {uid}:{gid}"))?;
+    nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::from_bits_retain(mode & 0o7777))
+        .or_sys(|| format!("fchmod {:o}", mode & 0o7777))
+}
+
 /// Set the access and modification times of the file open as `fd`, in
 /// nanoseconds since the epoch (futimens).
 pub fn set_file_times(fd: &OwnedFd, atime_ns: i64, mtime_ns: i64) -> Result<()> {

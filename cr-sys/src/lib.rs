@@ -16,6 +16,7 @@
 //! - [`limits`]: resource limits of another process.
 //! - [`sched`]: CPU affinity of any thread, the online CPUs.
 //! - [`fdio`]: pipes, sockets and other fd objects the engines hold themselves.
+//! - [`ptyq`]: the bytes queued in a pseudo-terminal pair, taken out and put back.
 //! - [`inet`]: IPv4/IPv6 socket addresses and options, TCP repair mode.
 //! - [`netlock`]: holding TCP connections still (nft) between dump and restore.
 //! - [`sysv`]: System V shared memory, semaphores and message queues.
@@ -45,6 +46,7 @@ pub mod packet;
 pub mod pagemap;
 pub mod proc;
 pub mod ptrace;
+pub mod ptyq;
 pub mod regs;
 pub mod remote;
 pub mod rusage;

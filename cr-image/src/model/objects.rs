@@ -111,6 +111,12 @@ pub struct Fifo {
     #[serde(rename = "buffered", serialize_with = "ser::len")]
     pub data: Vec<u8>,
     pub capacity: u32,
+    /// Permission bits (0: not saved) and owner, for a FIFO removed while
+    /// open (made again with them).
+    #[serde(serialize_with = "ser::octal")]
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// The content of a file that exists nowhere else.
@@ -145,6 +151,25 @@ pub struct Pty {
     /// /dev/pts); the object id is then (K << 32) | index.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub devpts: String,
+    /// Input waiting on the slave side, as its line discipline holds it:
+    /// the complete lines of a canonical terminal (each as one read
+    /// returns it; a line ended by EOF without the EOF character)...
+    #[serde(serialize_with = "ser::total_len")]
+    pub input_lines: Vec<Vec<u8>>,
+    /// ...and the rest (the line being typed; all of a non-canonical
+    /// terminal's input).
+    #[serde(serialize_with = "ser::len")]
+    pub input: Vec<u8>,
+    /// Written on the slave side, not yet read on the master side.
+    #[serde(serialize_with = "ser::len")]
+    pub output: Vec<u8>,
+    /// The master is in packet mode (TIOCPKT).
+    pub packet: bool,
+    /// Permission bits (0: not saved) and owner of the slave's node.
+    #[serde(serialize_with = "ser::octal")]
+    pub slave_mode: u32,
+    pub slave_uid: u32,
+    pub slave_gid: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -412,6 +437,9 @@ impl Object {
                 path: f.path,
                 data: f.data,
                 capacity: f.capacity,
+                mode: f.mode & 0o7777,
+                uid: f.uid,
+                gid: f.gid,
             }),
             Some(K::UnixSocket(u)) => {
                 if !u.queue_from.is_empty() && u.queue_from.len() != u.queue.len() {
@@ -527,6 +555,13 @@ impl Object {
                     winsize: p.winsize,
                     locked: p.locked,
                     devpts: p.devpts,
+                    input_lines: p.input_lines,
+                    input: p.input,
+                    output: p.output,
+                    packet: p.packet,
+                    slave_mode: p.slave_mode & 0o7777,
+                    slave_uid: p.slave_uid,
+                    slave_gid: p.slave_gid,
                 })
             }
         };
@@ -544,6 +579,9 @@ impl Object {
                 path: f.path.clone(),
                 data: f.data.clone(),
                 capacity: f.capacity,
+                mode: f.mode,
+                uid: f.uid,
+                gid: f.gid,
             }),
             ObjectKind::UnixSocket(u) => K::UnixSocket(pb::UnixSocket {
                 sock_type: u.sock_type,
@@ -629,6 +667,13 @@ impl Object {
                 winsize: p.winsize.clone(),
                 locked: p.locked,
                 devpts: p.devpts.clone(),
+                input_lines: p.input_lines.clone(),
+                input: p.input.clone(),
+                output: p.output.clone(),
+                packet: p.packet,
+                slave_mode: p.slave_mode,
+                slave_uid: p.slave_uid,
+                slave_gid: p.slave_gid,
             }),
         };
         pb::Object {

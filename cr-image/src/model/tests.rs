@@ -519,6 +519,13 @@ fn objects() -> Vec<Object> {
                 winsize: vec![0; 8],
                 locked: false,
                 devpts: String::new(),
+                input_lines: vec![b"ls\n".to_vec(), Vec::new()],
+                input: b"cd /".to_vec(),
+                output: b"$ ".to_vec(),
+                packet: true,
+                slave_mode: 0o620,
+                slave_uid: 1000,
+                slave_gid: 5,
             }),
         ),
     ]

@@ -90,6 +90,16 @@ impl FileKind for EventFds {
     /// event, and made to fire once (epoll_wait) if their file is ready for
     /// any: they are then as disarmed as they were. One whose file is ready
     /// for nothing stays armed for errors and hang-ups only.
+    ///
+    /// An edge-triggered (EPOLLET) item whose file is ready is reported
+    /// once after the restore (adding it finds it ready), so an edge that
+    /// was not reported yet is not lost. Whether one was already reported
+    /// cannot be read (the ready list is the kernel's, fdinfo does not show
+    /// it, and only epoll_wait, which consumes it, would): one reported
+    /// before the checkpoint, its data still unread, is reported once more.
+    /// An edge-triggered program reads until EAGAIN on each report, and the
+    /// kernel repeats edges itself (every write to a readable pipe), so a
+    /// repeated edge is harmless where a lost one would hang it.
     fn after_fds(&self, cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         for f in p.fds.iter().filter(|f| f.shared.is_none()) {
             let FdKind::Epoll { items } = &f.kind else {

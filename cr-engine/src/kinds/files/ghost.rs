@@ -38,15 +38,22 @@ pub fn dir(r: &mut Restorer<'_>, shown: &str) -> Result<RawFd, RestoreError> {
 }
 
 /// The restorer's fd (read and write, non-blocking: it never waits for a
-/// peer) of the removed FIFO shown as `shown`, made again.
-pub fn fifo(r: &mut Restorer<'_>, shown: &str) -> Result<RawFd, RestoreError> {
+/// peer) of the removed FIFO shown as `shown`, made again as `node`
+/// (permission bits and owner; None: an older image, 0600 and ours).
+pub fn fifo(r: &mut Restorer<'_>, shown: &str, node: Option<Node>) -> Result<RawFd, RestoreError> {
     make(r, shown, |p| {
         fdio::mkfifo(p, 0o600)?;
-        fdio::open(p, libc::O_RDWR | libc::O_NONBLOCK)
+        // Opened before its mode is set: a FIFO of mode 0 opens for root
+        // only, and the restorer may run without CAP_DAC_OVERRIDE.
+        let fd = fdio::open(p, libc::O_RDWR | libc::O_NONBLOCK)?;
+        if let Some(node) = node {
+            set_owner_and_mode(p, node)?;
+        }
+        Ok(fd)
     })
 }
 
-/// A device node as it was: `mode` its type (S_IFCHR or S_IFBLK) and
+/// A device node or FIFO as it was: `mode` its type (S_IFCHR, S_IFBLK or S_IFIFO) and
 /// permission bits, `rdev` its device number, `owner` its uid and gid.
 #[derive(Debug, Clone, Copy)]
 pub struct Node {
@@ -63,12 +70,18 @@ pub struct Node {
 pub fn device(r: &mut Restorer<'_>, shown: &str, node: Node) -> Result<RawFd, RestoreError> {
     make(r, shown, |p| {
         fdio::mknod(p, node.mode, node.rdev)?;
-        let (uid, gid) = node.owner;
-        std::os::unix::fs::lchown(p, Some(uid), Some(gid))
-            .map_err(|e| io(e, &format!("chown {uid}:{gid}"), p))?;
-        fdio::chmod(p, node.mode)?;
+        set_owner_and_mode(p, node)?;
         fdio::open(p, libc::O_PATH)
     })
+}
+
+/// Chown `p` to `node`'s owner, then give it `node`'s permission bits
+/// (again: chown may clear set-user-ID and set-group-ID).
+fn set_owner_and_mode(p: &str, node: Node) -> cr_sys::error::Result<()> {
+    let (uid, gid) = node.owner;
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid))
+        .map_err(|e| io(e, &format!("chown {uid}:{gid}"), p))?;
+    fdio::chmod(p, node.mode)
 }
 
 fn io(e: std::io::Error, what: &str, p: &str) -> cr_sys::SysError {

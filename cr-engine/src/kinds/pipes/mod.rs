@@ -85,13 +85,16 @@ impl FileKind for Pipes {
                 match read_pipe(f) {
                     Ok((data, capacity)) => objs.insert(Object {
                         id: ino,
-                        kind: match fifo {
-                            Some(path) => ObjectKind::Fifo(Fifo {
+                        kind: match (fifo, f.md.as_ref()) {
+                            (Some(path), Some(md)) => ObjectKind::Fifo(Fifo {
                                 path: path.to_string(),
                                 data,
                                 capacity,
+                                mode: md.mode() & 0o7777,
+                                uid: md.uid(),
+                                gid: md.gid(),
                             }),
-                            None => ObjectKind::Pipe(Pipe { data, capacity }),
+                            _ => ObjectKind::Pipe(Pipe { data, capacity }),
                         },
                     }),
                     Err(e) => return Some(Err(e)),
@@ -114,10 +117,16 @@ impl FileKind for Pipes {
                     Ends::new(rd, Some(wr))
                 }
                 ObjectKind::Fifo(f) => {
-                    // A FIFO removed while open is made again (and removed).
+                    // A FIFO removed while open is made again, with its
+                    // mode and owner (and removed).
                     let rw = match files::ghost::removed(&f.path) {
                         Some(_) => {
-                            let g = files::ghost::fifo(r, &f.path)?;
+                            let node = (f.mode != 0).then_some(files::ghost::Node {
+                                mode: libc::S_IFIFO | f.mode,
+                                rdev: 0,
+                                owner: (f.uid, f.gid),
+                            });
+                            let g = files::ghost::fifo(r, &f.path, node)?;
                             fdio::open(
                                 &format!("/proc/self/fd/{g}"),
                                 libc::O_RDWR | libc::O_NONBLOCK,

@@ -40,3 +40,37 @@ expect(os.read(r, 10) == b"more", "the pipe still works")
     };
     assert_eq!(buffered(&rt.before), buffered(&rt.after));
 }
+
+/// A FIFO removed while open comes back with its permission bits and
+/// owner (not the restorer's 0600 and root).
+#[test]
+fn removed_fifo_keeps_its_mode_and_owner() {
+    let rt = round_trip(
+        "pipes-ghost-fifo-owner",
+        r#"
+fifo = os.path.join(DIR, "owned-fifo"); os.mkfifo(fifo)
+os.chown(fifo, 1234, 5678); os.chmod(fifo, 0o2640)
+fr = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK); fw = os.open(fifo, os.O_WRONLY)
+os.write(fw, b"owned")
+os.unlink(fifo)
+"#,
+        r#"
+st = os.fstat(fr)
+expect(st.st_mode & 0o7777 == 0o2640, "mode %o" % (st.st_mode & 0o7777))
+expect((st.st_uid, st.st_gid) == (1234, 5678), "owner %d:%d" % (st.st_uid, st.st_gid))
+expect(os.read(fr, 100) == b"owned", "the FIFO's bytes")
+expect(os.readlink("/proc/self/fd/%d" % fr) == fifo + " (deleted)", "still removed")
+"#,
+    );
+    let owners = |c: &cr_image::model::Checkpoint| {
+        crate::kinds::testkit::objects_of(c, |k| match k {
+            cr_image::model::ObjectKind::Fifo(f) => Some(f),
+            _ => None,
+        })
+        .into_iter()
+        .map(|f| (f.mode, f.uid, f.gid))
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(owners(&rt.before), vec![(0o2640, 1234, 5678)]);
+    assert_eq!(owners(&rt.before), owners(&rt.after));
+}

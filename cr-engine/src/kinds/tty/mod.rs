@@ -7,7 +7,10 @@
 //! a pty of another instance than /dev/pts is made again through the
 //! `ptmx` of that mount (still mounted at the restore). A session leader
 //! gets its controlling terminal back, and /dev/tty fds are opened again
-//! once it has. A terminal outside the tree (the one a job was started
+//! once it has. The bytes queued in a pair (input the slave has not read,
+//! output the master has not) are taken out while the tree is frozen and
+//! put back at once, and again at the restore, past the line discipline
+//! (see `cr_sys::ptyq`). A terminal outside the tree (the one a job was started
 //! from) leads outside: kind [`external`](crate::kinds::external).
 
 #[cfg(test)]
@@ -21,7 +24,8 @@ use cr_image::model::objects::Pty;
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, Process};
 use cr_sys::fdio;
 use cr_sys::proc::{self, dev_major as major, FDTarget};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use cr_sys::ptyq::{self, Queued};
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
@@ -68,9 +72,13 @@ fn instance(pid: i32, fd: i32, link: &str) -> Option<u64> {
 #[derive(Default)]
 pub struct Masters {
     /// Instance -> its mount point (/dev/pts if it is one of them) and
-    /// the indexes of the masters held.
-    instances: BTreeMap<u64, (String, BTreeSet<u32>)>,
+    /// the indexes of the masters held, each with a (process, fd) holding
+    /// it.
+    instances: BTreeMap<u64, (String, BTreeMap<u32, FdOf>)>,
 }
+
+/// A process and one of its fds.
+type FdOf = (i32, i32);
 
 impl Masters {
     /// Master fd `fd` of `pid` (what its link reads: `link`) is pty `index`.
@@ -87,16 +95,16 @@ impl Masters {
                 .or(points.first())
                 .map(|m| m.to_string_lossy().into_owned())
                 .unwrap_or_else(|| cr_sys::ns::DEV_PTS.into());
-            (mount, BTreeSet::new())
+            (mount, BTreeMap::new())
         });
-        e.1.insert(index);
+        e.1.entry(index).or_insert((pid, fd));
     }
 
     /// The object id of pty `index` of instance `dev`, if the tree holds
     /// its master, with the instance's mount point (empty: /dev/pts).
     fn id(&self, dev: u64, index: u32) -> Option<(u64, &str)> {
         let (mount, held) = self.instances.get(&dev)?;
-        if !held.contains(&index) {
+        if !held.contains_key(&index) {
             return None;
         }
         if mount == cr_sys::ns::DEV_PTS {
@@ -111,6 +119,12 @@ impl Masters {
         others.sort();
         let k = others.iter().position(|&(_, d)| d == dev)? as u64;
         Some((((k + 1) << 32) | index as u64, mount))
+    }
+
+    /// A (process, fd) holding the master of pty `index` of instance
+    /// `dev`.
+    fn master(&self, dev: u64, index: u32) -> Option<FdOf> {
+        self.instances.get(&dev)?.1.get(&index).copied()
     }
 
     /// The pty object that is the controlling terminal `tty_nr` (field 7
@@ -176,9 +190,10 @@ impl FileKind for Tty {
         let held = index.and_then(|index| {
             let dev = instance(f.pid, f.fd, &f.link)?;
             let (id, devpts) = cx.tree.pty_masters.id(dev, index)?;
-            Some((index, id, devpts.to_string()))
+            let at = cx.tree.pty_masters.master(dev, index)?;
+            Some((index, id, devpts.to_string(), at))
         });
-        if let Some((index, id, devpts)) = held {
+        if let Some((index, id, devpts, at)) = held {
             if !devpts.is_empty() && cr_sys::ns::differs(f.pid, "mnt").unwrap_or(true) {
                 return Some(Err(format!(
                     "pseudo-terminal {index} of the devpts mounted at {devpts} in the job's own mount namespace (only its /dev/pts is made again)"
@@ -186,7 +201,18 @@ impl FileKind for Tty {
             }
             if let Some(objs) = cx.objects.as_deref_mut() {
                 if !objs.contains(cr_image::model::ObjectTag::Pty, id) {
-                    match pty_state(f, index, master) {
+                    match pty_state(at, index) {
+                        // A foreground group is named by its leader, which
+                        // must be of the tree.
+                        Ok(p) if p.fg_pgrp != 0 && !cx.tree.in_tree(p.fg_pgrp as i32) => objs
+                            .insert(Object {
+                                id,
+                                kind: ObjectKind::Pty(Pty {
+                                    devpts,
+                                    fg_pgrp: 0,
+                                    ..p
+                                }),
+                            }),
                         Ok(p) => objs.insert(Object {
                             id,
                             kind: ObjectKind::Pty(Pty { devpts, ..p }),
@@ -250,12 +276,26 @@ pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), Res
         };
         let m =
             fdio::open_pty_index(ptmx, p.index).step(|| format!("{} (through {ptmx})", what()))?;
-        let slave = fdio::pty_peer(&m, libc::O_RDWR).step(what)?;
+        let slave = fdio::pty_peer(&m, libc::O_RDWR | libc::O_NONBLOCK).step(what)?;
         if !p.termios.is_empty() {
             fdio::tcsets(slave.as_fd(), &p.termios).step(what)?;
         }
         if !p.winsize.is_empty() {
             fdio::set_winsize(&slave, &p.winsize).step(what)?;
+        }
+        // Its node as grantpt (or the program) left it, not the
+        // restorer's.
+        if p.slave_mode != 0 {
+            fdio::set_owner_and_mode(&slave, p.slave_uid, p.slave_gid, p.slave_mode).step(what)?;
+        }
+        ptyq::put(&m, &slave, &queued(p)).step(|| {
+            format!(
+                "cannot put back the bytes queued in pseudo-terminal {}",
+                p.index
+            )
+        })?;
+        if p.packet {
+            ptyq::set_packet_mode(&m, true).step(what)?;
         }
         if p.locked {
             fdio::set_pty_locked(&m, true).step(what)?;
@@ -269,40 +309,78 @@ pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), Res
 #[derive(Default)]
 struct Held(HashMap<u64, OwnedFd>);
 
-/// The pty pair `index` (`f` is its master or a slave): terminal settings,
-/// window size and foreground group. Bytes in flight in the pair's buffers
-/// are not saved.
-fn pty_state(f: &OpenFd<'_>, index: u32, master: bool) -> Result<Pty, String> {
+/// The pty pair `index`, whose master process `at.0` holds as fd `at.1`:
+/// terminal settings, window size, foreground group, packet mode, and the
+/// bytes queued in both directions (taken out and put back at once: the
+/// processes may run on).
+fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
     let err = |e: cr_sys::SysError| {
         format!(
             "pseudo-terminal {index}, whose state cannot be read: {}",
             cr_sys::error::one_line(&e)
         )
     };
-    let fd = fdio::steal_fd(f.pid, f.fd).map_err(err)?;
-    if master && fdio::pty_locked(&fd).map_err(err)? {
-        return Ok(Pty {
-            index,
-            fg_pgrp: 0,
-            termios: Vec::new(),
-            winsize: Vec::new(),
-            locked: true,
-            devpts: String::new(),
-        });
-    }
-    let slave = if master {
-        fdio::pty_peer(&fd, libc::O_RDONLY).map_err(err)?
-    } else {
-        fd
-    };
-    Ok(Pty {
+    let m = fdio::steal_fd(at.0, at.1).map_err(err)?;
+    let mut p = Pty {
         index,
-        fg_pgrp: fdio::foreground(&slave).unwrap_or(0).max(0) as u32,
-        termios: fdio::tcgets(&slave).map_err(err)?,
-        winsize: fdio::get_winsize(&slave).unwrap_or_default(),
-        locked: false,
+        fg_pgrp: 0,
+        termios: Vec::new(),
+        winsize: Vec::new(),
+        locked: true,
         devpts: String::new(),
-    })
+        input_lines: Vec::new(),
+        input: Vec::new(),
+        output: Vec::new(),
+        packet: false,
+        slave_mode: 0,
+        slave_uid: 0,
+        slave_gid: 0,
+    };
+    if fdio::pty_locked(&m).map_err(err)? {
+        return Ok(p);
+    }
+    let slave = fdio::pty_peer(&m, libc::O_RDWR | libc::O_NONBLOCK).map_err(err)?;
+    p.locked = false;
+    // Read on the master: on a slave, TIOCGPGRP answers only the
+    // terminal's own session (ENOTTY to us).
+    p.fg_pgrp = fdio::foreground(&m).unwrap_or(0).max(0) as u32;
+    p.termios = fdio::tcgets(&slave).map_err(err)?;
+    p.winsize = fdio::get_winsize(&slave).unwrap_or_default();
+    let node = slave
+        .try_clone()
+        .and_then(|f| std::fs::File::from(f).metadata())
+        .map_err(|e| format!("pseudo-terminal {index}, whose slave cannot be read: {e}"))?;
+    p.slave_mode = node.mode() & 0o7777;
+    (p.slave_uid, p.slave_gid) = (node.uid(), node.gid());
+    p.packet = ptyq::packet_mode(&m).map_err(err)?;
+    if !ptyq::may_put_back(&slave) {
+        // Taken out, they could not be put back: left alone, unsaved.
+        warn!(
+            pty = index,
+            "the bytes queued in the pseudo-terminal are not saved (putting them back needs CAP_SYS_ADMIN)"
+        );
+        return Ok(p);
+    }
+    let q = ptyq::take(&m, &slave).map_err(err)?;
+    ptyq::put(&m, &slave, &q).map_err(|e| {
+        format!(
+            "pseudo-terminal {index}, whose queued bytes cannot be put back: {}",
+            cr_sys::error::one_line(&e)
+        )
+    })?;
+    p.input_lines = q.lines;
+    p.input = q.input;
+    p.output = q.output;
+    Ok(p)
+}
+
+/// The bytes an image's pty holds.
+fn queued(p: &Pty) -> Queued {
+    Queued {
+        lines: p.input_lines.clone(),
+        input: p.input.clone(),
+        output: p.output.clone(),
+    }
 }
 
 fn pty_end(

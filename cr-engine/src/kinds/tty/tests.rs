@@ -16,6 +16,11 @@ fn pty_objects(c: &Checkpoint) -> Vec<(u64, &Pty)> {
         .collect()
 }
 
+/// What `f` takes from each pty object of an image.
+fn of_ptys<T>(c: &Checkpoint, f: impl Fn(&Pty) -> T) -> Vec<T> {
+    pty_objects(c).into_iter().map(|(_, p)| f(p)).collect()
+}
+
 #[test]
 fn pty_round_trip() {
     let rt = round_trip(
@@ -35,12 +40,7 @@ os.write(m, b"typed")
 expect(os.read(s, 10) == b"typed", "the pair is connected")
 "#,
     );
-    let ptys = |c: &Checkpoint| {
-        pty_objects(c)
-            .into_iter()
-            .map(|(_, p)| (p.index, p.termios.clone(), p.winsize.clone()))
-            .collect::<Vec<_>>()
-    };
+    let ptys = |c: &Checkpoint| of_ptys(c, |p| (p.index, p.termios.clone(), p.winsize.clone()));
     assert_eq!(ptys(&rt.before).len(), 1);
     assert_eq!(ptys(&rt.before), ptys(&rt.after));
 }
@@ -117,4 +117,212 @@ expect(os.read(s2, 10) == b"two\n", "pair 2 is connected")
     assert_eq!(before[0].1, before[1].1, "the same index in both");
     assert_eq!(before[1].2, mnt.to_string_lossy());
     assert_eq!(before, ptys(&rt.after));
+}
+
+/// The queues of a pty pair as the image holds them: complete lines of
+/// input, the rest of the input, output, packet mode.
+type Queues = (Vec<Vec<u8>>, Vec<u8>, Vec<u8>, bool);
+
+fn queues(c: &Checkpoint) -> Vec<Queues> {
+    of_ptys(c, |p| {
+        (
+            p.input_lines.clone(),
+            p.input.clone(),
+            p.output.clone(),
+            p.packet,
+        )
+    })
+}
+
+/// Reading helpers of the programs below: `read_exactly` waits (with a
+/// deadline) for `n` bytes; `read_now` takes what a non-blocking read
+/// gives (None: nothing to read).
+const READERS: &str = r#"
+import select
+def read_exactly(fd, n, packet=False):
+    out, end = b"", time.time() + 20
+    while len(out) < n and time.time() < end:
+        if select.select([fd], [], [], 0.5)[0]:
+            b = os.read(fd, 65536)
+            if packet:
+                b = b[1:] if b[:1] == b"\0" else b""
+            out += b
+    return out
+def read_now(fd):
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+def queued(fd):
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+def wait_queued(fd, n):
+    end = time.time() + 20
+    while queued(fd) < n and time.time() < end:
+        time.sleep(0.01)
+    return queued(fd)
+"#;
+
+/// A canonical terminal with echo: lines typed on the master and not yet
+/// read (one ended by a newline the line discipline made from a CR, one by
+/// EOF, one of EOF alone), a line half typed (with an erase in it), and
+/// output of the slave (with the echoes) the master has not read. After
+/// the restore and a checkpoint that continues, each read gives what it
+/// would have: the lines one by one, the half line only once completed,
+/// nothing echoed or translated twice.
+#[test]
+fn pty_queued_canonical_input_and_output_round_trip() {
+    let rt = round_trip(
+        "tty-queued",
+        &format!(
+            "import termios\n{READERS}{}",
+            r#"
+m, s = os.openpty()
+attrs = termios.tcgetattr(s)
+expect(attrs[3] & termios.ICANON and attrs[3] & termios.ECHO, "a canonical terminal with echo")
+os.write(m, b"first line\r" + b"eof-ended\x04" + b"\x04" + b"partial\x7fL")
+ECHO = b"first line\r\neof-endedpartial\x08 \x08L"
+expect(wait_queued(m, len(ECHO)) == len(ECHO), "echo of the typed input")
+os.write(s, b"from the slave\n")
+OUTPUT = ECHO + b"from the slave\r\n"
+expect(wait_queued(m, len(OUTPUT)) == len(OUTPUT), "the slave's output")
+if problems:
+    raise SystemExit("setup: " + "; ".join(problems))
+"#
+        ),
+        r#"
+expect(termios.tcgetattr(s) == attrs, "terminal settings")
+os.set_blocking(s, False)
+os.set_blocking(m, False)
+expect(read_now(m) == OUTPUT, "the master's queue")
+expect(read_now(s) == b"first line\n", "first line")
+expect(read_now(s) == b"eof-ended", "the line ended by EOF")
+expect(read_now(s) == b"", "EOF alone")
+expect(read_now(s) is None, "the half-typed line is not a line yet")
+os.write(m, b"ine\r")
+expect(read_exactly(s, 11) == b"partiaLine\n", "the half-typed line, completed")
+expect(read_exactly(m, 5) == b"ine\r\n", "the echo of what completes it, once")
+"#,
+    );
+    let q = queues(&rt.before);
+    assert_eq!(
+        q,
+        vec![(
+            vec![b"first line\n".to_vec(), b"eof-ended".to_vec(), Vec::new()],
+            b"partiaL".to_vec(),
+            b"first line\r\neof-endedpartial\x08 \x08Lfrom the slave\r\n".to_vec(),
+            false
+        )]
+    );
+    assert_eq!(q, queues(&rt.after));
+}
+
+/// A raw terminal holding more than its line discipline does in both
+/// directions (the rest waits in the kernel's flip buffers), every byte
+/// value but two in its input (^C, ^D, ^S, CR: none acts), the master in
+/// packet mode: all of it comes back, in order, once.
+#[test]
+fn pty_queued_raw_bytes_and_packet_mode_round_trip() {
+    let rt = round_trip(
+        "tty-queued-raw",
+        &format!(
+            "import termios, tty\n{READERS}{}",
+            r#"
+TIOCPKT, TIOCGPKT = 0x5420, 0x80045438
+m, s = os.openpty()
+tty.setraw(s)
+attrs = termios.tcgetattr(s)
+fcntl.ioctl(m, TIOCPKT, struct.pack("i", 1))
+IN = bytes(b for b in range(256) if b not in (0xfe, 0xff)) * 24
+OUT = b"".join(b"output line %05d\n" % i for i in range(600))
+os.write(m, IN)
+os.write(s, OUT)
+wait_queued(s, 4095)
+"#
+        ),
+        r#"
+expect(termios.tcgetattr(s) == attrs, "terminal settings")
+expect(struct.unpack("i", fcntl.ioctl(m, TIOCGPKT, b"\0" * 4))[0] == 1, "packet mode")
+expect(read_exactly(s, len(IN)) == IN, "the slave's input")
+expect(read_exactly(m, len(OUT), packet=True) == OUT, "the slave's output")
+os.set_blocking(s, False)
+expect(read_now(s) is None, "nothing more on the slave")
+"#,
+    );
+    let q = queues(&rt.before);
+    assert_eq!(q.len(), 1);
+    let (lines, input, output, packet) = &q[0];
+    assert!(lines.is_empty() && *packet);
+    assert_eq!(input.len(), 254 * 24);
+    assert_eq!(output.len(), 18 * 600);
+    assert_eq!(q, queues(&rt.after));
+}
+
+/// A session whose controlling terminal is a pty of the tree, with a job
+/// of its own (another process group) in the foreground: the terminal's
+/// foreground group is that job again, not the session leader's.
+#[test]
+fn pty_foreground_job_round_trip() {
+    let rt = round_trip(
+        "tty-foreground",
+        r#"
+import termios
+m, s = os.openpty()
+r, w = os.pipe()
+leader = os.fork()
+if leader == 0:
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG
+    os.setsid()
+    fcntl.ioctl(s, termios.TIOCSCTTY, 0)
+    job = os.fork()
+    if job == 0:
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+        os.setpgid(0, 0)
+        while True:
+            time.sleep(60)
+    os.setpgid(job, job)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    os.tcsetpgrp(s, job)
+    os.write(w, struct.pack("i", job))
+    while True:
+        time.sleep(60)
+job = struct.unpack("i", os.read(r, 4))[0]
+def fg():
+    return struct.unpack("i", fcntl.ioctl(m, termios.TIOCGPGRP, b"\0" * 4))[0]
+expect(fg() == job, "setup: foreground group %d, not the job %d" % (fg(), job))
+if problems:
+    raise SystemExit("; ".join(problems))
+"#,
+        r#"
+expect(fg() == job, "foreground group %d, was the job %d" % (fg(), job))
+expect(os.getsid(leader) == leader and os.getpgid(job) == job, "session and job")
+"#,
+    );
+    let fg = |c: &Checkpoint| of_ptys(c, |p| p.fg_pgrp);
+    assert_eq!(fg(&rt.before).len(), 1);
+    assert_ne!(fg(&rt.before), vec![0]);
+    assert_eq!(fg(&rt.before), fg(&rt.after));
+}
+
+/// The slave's node keeps the owner and mode the program gave it
+/// (grantpt's work), not the restorer's.
+#[test]
+fn pty_slave_owner_and_mode_round_trip() {
+    let rt = round_trip(
+        "tty-owner",
+        r#"
+m, s = os.openpty()
+os.fchown(s, 1234, 5)
+os.fchmod(s, 0o600)
+"#,
+        r#"
+st = os.fstat(s)
+expect((st.st_uid, st.st_gid) == (1234, 5), "owner %d:%d" % (st.st_uid, st.st_gid))
+expect(st.st_mode & 0o7777 == 0o600, "mode %o" % (st.st_mode & 0o7777))
+st = os.stat(os.ttyname(s))
+expect((st.st_uid, st.st_mode & 0o7777) == (1234, 0o600), "the node by its path")
+"#,
+    );
+    let owners = |c: &Checkpoint| of_ptys(c, |p| (p.slave_mode, p.slave_uid, p.slave_gid));
+    assert_eq!(owners(&rt.before), vec![(0o600, 1234, 5)]);
+    assert_eq!(owners(&rt.before), owners(&rt.after));
 }
