@@ -277,8 +277,27 @@ impl Ready {
 
 /// Rebuild the tree of the image in `dir`, every process frozen (see [`Ready`]).
 pub fn prepare(dir: &Path, opts: &RestoreOptions) -> Result<Ready, RestoreError> {
-    let mut steps = Steps::start();
+    let steps = Steps::start();
     let chain = Chain::open(dir)?;
+    prepare_chain(dir, chain, steps, opts)
+}
+
+/// [`prepare`] of the image at `dir`, its chain already open (read once
+/// by a caller that looked at the image first).
+pub fn prepare_opened(
+    dir: &Path,
+    chain: Chain,
+    opts: &RestoreOptions,
+) -> Result<Ready, RestoreError> {
+    prepare_chain(dir, chain, Steps::start(), opts)
+}
+
+fn prepare_chain(
+    dir: &Path,
+    chain: Chain,
+    mut steps: Steps,
+    opts: &RestoreOptions,
+) -> Result<Ready, RestoreError> {
     let img = chain.top().dir.clone();
     let mut ck = chain.top().ck.clone();
     if ck.pre_dump {

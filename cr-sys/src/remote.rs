@@ -2,9 +2,11 @@
 //!
 //! The tracee's registers are pointed at an existing `syscall` instruction
 //! (two bytes `0f 05` found in its vDSO or another executable mapping, so
-//! nothing in its memory is modified) and it is single-stepped
-//! (PTRACE_SINGLESTEP) over it: one SIGTRAP stop once the call returned,
-//! where `rax` holds the result. It never executes a user-space
+//! nothing in its memory is modified) and it is resumed over it: a
+//! restore's stub single-stepped (PTRACE_SINGLESTEP, one SIGTRAP stop once
+//! the call returned), anything else with PTRACE_SYSCALL twice (the
+//! syscall-entry stop, then the syscall-exit stop; see `syscall_raw` for
+//! why). `rax` then holds the result. It never executes a user-space
 //! instruction of its own.
 //!
 //! While an [`Injector`] lives, every signal is blocked in the tracee (so no
@@ -86,47 +88,59 @@ impl<'a> Injector<'a> {
         regs.r8 = args[4];
         regs.r9 = args[5];
         self.t.set_regs(&regs)?;
-        // One stop per call: single-stepping the `syscall` instruction
-        // stops the tracee with SIGTRAP once the call returned (the
-        // kernel reports the step at the syscall's exit), where resuming
-        // with PTRACE_SYSCALL stopped it twice (entry and exit), each stop
-        // a round trip through the scheduler. The SIGTRAP is dropped by
-        // the next resume (signal 0); a clone3's child starts without the
-        // step (copy_process turns it off).
-        let phase = "injected syscall";
-        self.t.resume(libc::PTRACE_SINGLESTEP, 0)?;
-        let mut group_stops = 0;
-        loop {
-            let stop = self.t.wait_stop()?;
-            tracing::trace!(tid = self.t.tid(), nr, phase, ?stop, "stop while injecting");
-            match stop {
-                Stop::Signal(libc::SIGTRAP) => break,
-                // An injected clone3 reports the new thread or process first.
-                Stop::Event { event, .. }
-                    if event == PTRACE_EVENT_CLONE || event == PTRACE_EVENT_FORK =>
-                {
-                    self.new_task = Some(self.t.event_msg()? as i32);
-                    self.t.resume(libc::PTRACE_SINGLESTEP, 0)?;
-                }
-                // A process that was stopped (SIGSTOP) when seized reports
-                // its group-stop again once resumed; it stays stopped for
-                // its parent, we just go on.
-                Stop::Event { event, sig }
-                    if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 =>
-                {
-                    group_stops += 1;
-                    self.t.resume(libc::PTRACE_SINGLESTEP, 0)?;
-                }
-                other => {
-                    return Err(SysError::UnexpectedStop {
-                        tid: self.t.tid(),
-                        status: match other {
-                            Stop::Signal(s) => s,
-                            Stop::Event { event, sig } => (event << 16) | sig,
-                            Stop::Syscall => 0,
-                        },
-                        during: phase,
-                    })
+        // A stub that dies with its tracer (a restore's) is single-stepped
+        // over the `syscall` instruction: one stop, with SIGTRAP, once the
+        // call returned (the kernel reports the step at the syscall's
+        // exit; a clone3's child starts without the step). Anything else
+        // (a program being checkpointed) is resumed with PTRACE_SYSCALL
+        // and stops twice, at entry and exit: single-stepping leaves the
+        // trap flag set in its registers until the next resume that is not
+        // a step (PTRACE_SETREGS cannot clear it), and a tracer that dies
+        // before that resume (an agent killed mid-checkpoint) would leave
+        // the program running with it: SIGTRAP after one instruction,
+        // which kills it.
+        let step = self.t.dies_with_tracer();
+        let (req, phases): (_, &[&str]) = if step {
+            (libc::PTRACE_SINGLESTEP, &["injected syscall (step)"])
+        } else {
+            (libc::PTRACE_SYSCALL, &["syscall entry", "syscall exit"])
+        };
+        for &phase in phases {
+            self.t.resume(req, 0)?;
+            let mut group_stops = 0;
+            loop {
+                let stop = self.t.wait_stop()?;
+                tracing::trace!(tid = self.t.tid(), nr, phase, ?stop, "stop while injecting");
+                match stop {
+                    Stop::Signal(libc::SIGTRAP) if step => break,
+                    Stop::Syscall if !step => break,
+                    // An injected clone3 reports the new thread or process first.
+                    Stop::Event { event, .. }
+                        if event == PTRACE_EVENT_CLONE || event == PTRACE_EVENT_FORK =>
+                    {
+                        self.new_task = Some(self.t.event_msg()? as i32);
+                        self.t.resume(req, 0)?;
+                    }
+                    // A process that was stopped (SIGSTOP) when seized reports
+                    // its group-stop again once resumed; it stays stopped for
+                    // its parent, we just go on.
+                    Stop::Event { event, sig }
+                        if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 =>
+                    {
+                        group_stops += 1;
+                        self.t.resume(req, 0)?;
+                    }
+                    other => {
+                        return Err(SysError::UnexpectedStop {
+                            tid: self.t.tid(),
+                            status: match other {
+                                Stop::Signal(s) => s,
+                                Stop::Event { event, sig } => (event << 16) | sig,
+                                Stop::Syscall => 0,
+                            },
+                            during: phase,
+                        })
+                    }
                 }
             }
         }

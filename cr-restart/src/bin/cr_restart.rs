@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use cr_engine::restore::{prepare, wait_exit};
+use cr_engine::restore::{prepare, prepare_opened, wait_exit};
 use cr_engine::RestoreOptions;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -54,10 +54,12 @@ fn main() -> ExitCode {
     };
     // A tree that had a network namespace of its own with loopback alone
     // gets a new one, made by this process before anything of the image.
-    let own_netns = if cli.netns.is_none() {
-        own_netns(&cli.dir)
-    } else {
-        None
+    // The image is read once, here; an unreadable one is reported by
+    // `prepare`, which reads it again.
+    let chain = cr_image::chain::Chain::open(&cli.dir);
+    let own_netns = match &chain {
+        Ok(c) if cli.netns.is_none() => cr_engine::kinds::netns::restorable(&c.top().ck).cloned(),
+        _ => None,
     };
     // Post-copy pages are served by this process (see --lazy-pages).
     let agent = if cli.standalone
@@ -98,7 +100,11 @@ fn main() -> ExitCode {
     };
     // Ctrl-C or SIGTERM during the restore: nothing of the image runs.
     let watch = cr_engine::interrupt::Watch::new();
-    let restored = prepare(&cli.dir, &cli.opts).and_then(|mut ready| {
+    let prepared = match chain {
+        Ok(c) => prepare_opened(&cli.dir, c, &cli.opts),
+        Err(_) => prepare(&cli.dir, &cli.opts),
+    };
+    let restored = prepared.and_then(|mut ready| {
         let lazy = ready.take_lazy();
         ready.release().map(|pid| (pid, lazy))
     });
@@ -124,15 +130,6 @@ fn main() -> ExitCode {
         }
     });
     exit_with(&cli, result.map_err(|e| cr_sys::error::one_line(&e)), fail)
-}
-
-/// The network namespace the image at `dir` asks a restore to make (see
-/// `cr_engine::kinds::netns`); an unreadable image is reported later.
-fn own_netns(dir: &std::path::Path) -> Option<cr_image::model::NetNs> {
-    let ck = cr_image::dir::ImageDir::open(dir)
-        .and_then(|d| d.read_checkpoint())
-        .ok()?;
-    cr_engine::kinds::netns::restorable(&ck).cloned()
 }
 
 /// Say the restored PID: alone on a line, or as JSON.
