@@ -292,12 +292,6 @@ pub fn kill(pid: i32, sig: i32) -> std::result::Result<(), Errno> {
 }
 
 impl Tracee {
-    /// A stub that dies with its tracer ([`OnDrop::Kill`]: seized or
-    /// inherited with PTRACE_O_EXITKILL), never left running by us.
-    pub fn dies_with_tracer(&self) -> bool {
-        matches!(self.on_drop, OnDrop::Kill)
-    }
-
     /// PTRACE_SEIZE `tid` with `options` (PTRACE_O_*), then stop it with
     /// PTRACE_INTERRUPT and wait for the stop. Signals that arrive first are
     /// delivered as usual, so nothing the application expects is lost.

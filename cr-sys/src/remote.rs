@@ -2,12 +2,10 @@
 //!
 //! The tracee's registers are pointed at an existing `syscall` instruction
 //! (two bytes `0f 05` found in its vDSO or another executable mapping, so
-//! nothing in its memory is modified) and it is resumed over it: a
-//! restore's stub single-stepped (PTRACE_SINGLESTEP, one SIGTRAP stop once
-//! the call returned), anything else with PTRACE_SYSCALL twice (the
-//! syscall-entry stop, then the syscall-exit stop; see `syscall_raw` for
-//! why). `rax` then holds the result. It never executes a user-space
-//! instruction of its own.
+//! nothing in its memory is modified) and it is resumed with PTRACE_SYSCALL
+//! twice: the syscall-entry stop, then the syscall-exit stop where `rax`
+//! holds the result (`syscall_raw` says why it is not single-stepped). It
+//! never executes a user-space instruction of its own.
 //!
 //! While an [`Injector`] lives, every signal is blocked in the tracee (so no
 //! signal is dequeued by our syscalls); its mask and registers come back
@@ -88,32 +86,26 @@ impl<'a> Injector<'a> {
         regs.r8 = args[4];
         regs.r9 = args[5];
         self.t.set_regs(&regs)?;
-        // A stub that dies with its tracer (a restore's) is single-stepped
-        // over the `syscall` instruction: one stop, with SIGTRAP, once the
-        // call returned (the kernel reports the step at the syscall's
-        // exit; a clone3's child starts without the step). Anything else
-        // (a program being checkpointed) is resumed with PTRACE_SYSCALL
-        // and stops twice, at entry and exit: single-stepping leaves the
-        // trap flag set in its registers until the next resume that is not
-        // a step (PTRACE_SETREGS cannot clear it), and a tracer that dies
-        // before that resume (an agent killed mid-checkpoint) would leave
-        // the program running with it: SIGTRAP after one instruction,
-        // which kills it.
-        let step = self.t.dies_with_tracer();
-        let (req, phases): (_, &[&str]) = if step {
-            (libc::PTRACE_SINGLESTEP, &["injected syscall (step)"])
-        } else {
-            (libc::PTRACE_SYSCALL, &["syscall entry", "syscall exit"])
-        };
-        for &phase in phases {
+        // Resumed with PTRACE_SYSCALL: two stops, at entry and exit. Not
+        // single-stepped over the `syscall` instruction (one stop), for
+        // two reasons the kernel gives: the step's SIGTRAP is forced, and
+        // a forced signal that is blocked (every signal is, while we
+        // inject) resets the tracee's action for it to SIG_DFL (a Go
+        // program's SIGTRAP handler was lost at restore); and a step
+        // leaves the trap flag set until the next resume that is not a
+        // step (PTRACE_SETREGS cannot clear it), so a tracer that dies in
+        // between (an agent killed mid-checkpoint) leaves the program to
+        // die of SIGTRAP after one instruction.
+        let req = libc::PTRACE_SYSCALL;
+        let phases = ["syscall entry", "syscall exit"];
+        for phase in phases {
             self.t.resume(req, 0)?;
             let mut group_stops = 0;
             loop {
                 let stop = self.t.wait_stop()?;
                 tracing::trace!(tid = self.t.tid(), nr, phase, ?stop, "stop while injecting");
                 match stop {
-                    Stop::Signal(libc::SIGTRAP) if step => break,
-                    Stop::Syscall if !step => break,
+                    Stop::Syscall => break,
                     // An injected clone3 reports the new thread or process first.
                     Stop::Event { event, .. }
                         if event == PTRACE_EVENT_CLONE || event == PTRACE_EVENT_FORK =>
