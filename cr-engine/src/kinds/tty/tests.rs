@@ -278,13 +278,13 @@ if leader == 0:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)
         os.setpgid(0, 0)
         while True:
-            time.sleep(60)
+            signal.pause()
     os.setpgid(job, job)
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     os.tcsetpgrp(s, job)
     os.write(w, struct.pack("i", job))
     while True:
-        time.sleep(60)
+        signal.pause()
 job = struct.unpack("i", os.read(r, 4))[0]
 def fg():
     return struct.unpack("i", fcntl.ioctl(m, termios.TIOCGPGRP, b"\0" * 4))[0]
