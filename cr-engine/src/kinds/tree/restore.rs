@@ -329,9 +329,11 @@ pub fn release(
             _ => live.push((p, t, th)),
         }
     }
+    let mut stopping = Vec::new();
     for (p, t, th) in live.into_iter().rev() {
         let mut sig = 0;
         if let ProcState::Stopped { signal } = p.state {
+            stopping.push(t.tid());
             sig = libc::SIGSTOP;
             if signal != libc::SIGSTOP && stop_signal(procs, p, signal) {
                 // Queued while every thread is held: delivered, as a
@@ -351,7 +353,32 @@ pub fn release(
         }
         t.detach(sig)?;
     }
+    wait_stopped(&stopping);
     Ok(())
+}
+
+/// Wait until each of `pids` is in its group stop again. The stop signal
+/// queued at the release is taken only once the process runs, after the
+/// detach: without this wait, a restore could return (and a checkpoint
+/// right after it see a running process with a stop signal pending)
+/// before `ps` shows the process stopped.
+fn wait_stopped(pids: &[i32]) {
+    for &pid in pids {
+        let stopped = cr_sys::deadline::poll(
+            std::time::Duration::from_secs(5),
+            std::time::Duration::from_millis(1),
+            || {
+                Ok::<_, cr_sys::SysError>(match proc::stat(pid) {
+                    Ok(st) => matches!(st.state, 'T' | 't').then_some(()),
+                    // Gone (killed meanwhile): nothing to wait for.
+                    Err(_) => Some(()),
+                })
+            },
+        );
+        if !matches!(stopped, Ok(Some(()))) {
+            tracing::warn!(pid, "restored process not stopped again within 5 s");
+        }
+    }
 }
 
 /// Whether job-control signal `signal` (SIGTSTP, SIGTTIN, SIGTTOU) stops
