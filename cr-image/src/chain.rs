@@ -2,7 +2,7 @@
 //! since the parent" refers to its parent directory (by path and image
 //! id), which may refer to its own, and so on.
 //!
-//! - [`Chain::open`] follows and checks the references (a missing parent,
+//! - [`walk`] (and [`Chain::open`] with it) follows and checks the references (a missing parent,
 //!   or a directory now holding another image, is refused by name);
 //! - [`Chain::resolve`] says for every page of a process where its bytes
 //!   are (which image's store, which block);
@@ -67,43 +67,65 @@ pub fn relative_path(child: &Path, parent: &Path) -> String {
     }
 }
 
+/// Follow the chain of the image at `path`: `open` reads one image and
+/// gives what its caller keeps of it, its image id and the parent it is
+/// incremental on; the walk checks each parent (it exists, it still holds
+/// the image the child was made on, no loop). Every reader of chains
+/// (a restore's [`Chain::open`], the agents' image transfers with their
+/// cache of links) walks with it. Returns each directory (as its child's
+/// link names it) with its value, `path` first.
+pub fn walk<T>(
+    path: &Path,
+    mut open: impl FnMut(&Path) -> Result<(T, String, Option<ParentRef>)>,
+) -> Result<Vec<(PathBuf, T)>> {
+    let (top, _, mut parent) = open(path)?;
+    let mut out = vec![(path.to_path_buf(), top)];
+    let mut seen: Vec<PathBuf> = path.canonicalize().into_iter().collect();
+    while let Some(p) = parent {
+        let child = out.last().expect("one link at least").0.clone();
+        let ppath = parent_dir(&child, &p);
+        let parent_err = |what: String| ImageError::Parent {
+            child: child.clone(),
+            parent: ppath.clone(),
+            what,
+        };
+        if let Ok(c) = ppath.canonicalize() {
+            if seen.contains(&c) {
+                return Err(parent_err("its chain of parents loops".into()));
+            }
+            seen.push(c);
+        }
+        if out.len() >= MAX_DEPTH {
+            return Err(parent_err(format!(
+                "the chain is deeper than {MAX_DEPTH} images"
+            )));
+        }
+        let (value, id, next) = open(&ppath).map_err(|e| parent_err(crate::one_line(&e)))?;
+        if id != p.image_id {
+            return Err(parent_err(format!(
+                "it now holds another image (id {}, expected {})",
+                short(&id),
+                short(&p.image_id)
+            )));
+        }
+        out.push((ppath, value));
+        parent = next;
+    }
+    Ok(out)
+}
+
 impl Chain {
     /// Open the image at `path` and every parent it refers to.
     pub fn open(path: &Path) -> Result<Chain> {
-        let dir = ImageDir::open(path)?;
-        let ck = dir.read_checkpoint()?;
-        let mut links = vec![Link { dir, ck }];
-        loop {
-            let last = links.last().expect("one link at least");
-            let Some(p) = last.ck.parent.clone() else {
-                break;
-            };
-            let child = last.dir.path().to_path_buf();
-            let ppath = parent_dir(&child, &p);
-            let parent_err = |what: String| ImageError::Parent {
-                child: child.clone(),
-                parent: ppath.clone(),
-                what,
-            };
-            if links.len() >= MAX_DEPTH {
-                return Err(parent_err(format!(
-                    "the chain is deeper than {MAX_DEPTH} images (a loop?)"
-                )));
-            }
-            let pdir = ImageDir::open(&ppath).map_err(|e| parent_err(crate::one_line(&e)))?;
-            let pck = pdir
-                .read_checkpoint()
-                .map_err(|e| parent_err(crate::one_line(&e)))?;
-            if pck.meta.image_id != p.image_id {
-                return Err(parent_err(format!(
-                    "it now holds another image (id {}, expected {})",
-                    short(&pck.meta.image_id),
-                    short(&p.image_id)
-                )));
-            }
-            links.push(Link { dir: pdir, ck: pck });
-        }
-        Ok(Chain { links })
+        let links = walk(path, |p| {
+            let dir = ImageDir::open(p)?;
+            let ck = dir.read_checkpoint()?;
+            let (id, parent) = (ck.meta.image_id.clone(), ck.parent.clone());
+            Ok((Link { dir, ck }, id, parent))
+        })?;
+        Ok(Chain {
+            links: links.into_iter().map(|(_, l)| l).collect(),
+        })
     }
 
     pub fn top(&self) -> &Link {

@@ -117,20 +117,24 @@ type Link = (String, Option<cr_image::model::ParentRef>);
 
 /// The id and parent of the image in `dir`, from [`LINKS`] when its
 /// `checkpoint.img` has not changed.
-fn image_link(dir: &Path) -> Result<Link, String> {
+fn image_link(dir: &Path) -> cr_image::Result<Link> {
     cached_link(dir, &|dir| {
-        let ck = cr_image::ImageDir::open(dir)
-            .and_then(|d| d.read_checkpoint())
-            .map_err(|e| format!("{}: {}", dir.display(), cr_sys::error::one_line(&e)))?;
+        let ck = cr_image::ImageDir::open(dir)?.read_checkpoint()?;
         Ok((ck.meta.image_id, ck.parent))
     })
 }
 
 /// The link of the image in `dir`: [`LINKS`]'s while its `checkpoint.img`
 /// keeps its stamp, else `decode`'s (then remembered).
-fn cached_link(dir: &Path, decode: &dyn Fn(&Path) -> Result<Link, String>) -> Result<Link, String> {
+fn cached_link(
+    dir: &Path,
+    decode: &dyn Fn(&Path) -> cr_image::Result<Link>,
+) -> cr_image::Result<Link> {
     let file = dir.join(cr_image::dir::CHECKPOINT_FILE);
-    let (size, mtime) = stamp(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let (size, mtime) = stamp(&file).map_err(|source| cr_image::ImageError::Io {
+        path: file.clone(),
+        source,
+    })?;
     let links = || {
         LINKS
             .get_or_init(Default::default)
@@ -147,9 +151,9 @@ fn cached_link(dir: &Path, decode: &dyn Fn(&Path) -> Result<Link, String>) -> Re
     Ok(link)
 }
 
-/// The directories of the image in `dir` and of every parent it is
-/// incremental on, itself first (what [`cr_image::chain::Chain::open`]
-/// opens, with the same checks of each parent's id).
+/// The directories (canonical) of the image in `dir` and of every parent
+/// it is incremental on, itself first: [`cr_image::chain::walk`] with
+/// links from [`LINKS`].
 fn chain_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
     walk_chain(dir, &image_link)
 }
@@ -157,35 +161,24 @@ fn chain_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
 /// [`chain_dirs`], each image's link given by `link`.
 fn walk_chain(
     dir: &Path,
-    link: &dyn Fn(&Path) -> Result<Link, String>,
+    link: &dyn Fn(&Path) -> cr_image::Result<Link>,
 ) -> Result<Vec<PathBuf>, String> {
+    let msg = |e: cr_image::ImageError| cr_sys::error::one_line(&e);
     let dir = dir
         .canonicalize()
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut out = vec![dir.clone()];
-    let (_, mut parent) = link(&dir)?;
-    while let Some(p) = parent {
-        let child = out.last().expect("one link at least");
-        let pdir = cr_image::chain::parent_dir(child, &p);
-        let pdir = pdir
-            .canonicalize()
-            .map_err(|e| format!("{}: its parent {}: {e}", child.display(), pdir.display()))?;
-        if out.contains(&pdir) {
-            return Err(format!("{}: its chain of parents loops", dir.display()));
-        }
-        let (id, next) =
-            link(&pdir).map_err(|e| format!("{}: its parent: {e}", child.display()))?;
-        if id != p.image_id {
-            return Err(format!(
-                "{}: its parent {} now holds another image",
-                child.display(),
-                pdir.display()
-            ));
-        }
-        out.push(pdir);
-        parent = next;
-    }
-    Ok(out)
+    let links = cr_image::chain::walk(&dir, |d| {
+        let (id, parent) = link(d)?;
+        Ok(((), id, parent))
+    })
+    .map_err(msg)?;
+    links
+        .into_iter()
+        .map(|(d, ())| {
+            d.canonicalize()
+                .map_err(|e| format!("{}: {e}", d.display()))
+        })
+        .collect()
 }
 
 /// XXH3-64 and size of a file, read whole.
@@ -838,9 +831,9 @@ mod tests {
         };
         let walk = |m: &HashMap<PathBuf, Link>| {
             walk_chain(&root.join("c"), &|d| {
-                m.get(d)
+                m.get(&d.canonicalize().unwrap_or_else(|_| d.to_path_buf()))
                     .cloned()
-                    .ok_or_else(|| format!("{} unknown", d.display()))
+                    .ok_or_else(|| cr_image::ImageError::MissingDir(d.to_path_buf()))
             })
         };
         let dirs = walk(&links(None, "B")).unwrap();
