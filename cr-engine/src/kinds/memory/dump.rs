@@ -504,7 +504,7 @@ pub struct Snapshot {
     pub region: Region,
     /// Where each run of the plan starts in the region.
     offsets: Vec<usize>,
-    /// The runs copied through one window each (see [`windows`]).
+    /// The runs copied through one window each (see [`pool::groups`]).
     windows: Vec<Range<usize>>,
 }
 
@@ -617,25 +617,6 @@ impl Arena {
     }
 }
 
-/// The runs of `plan` (starting at `offsets` in a snapshot) in groups of
-/// consecutive runs of at most `window` bytes together (a run alone may
-/// fill one), each copied through one mapped window.
-fn windows(plan: &Plan, offsets: &[usize], window: usize) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let mut first = 0;
-    for (i, r) in plan.runs.iter().enumerate() {
-        let end = offsets[i] + (r.pages * PAGE_SIZE) as usize;
-        if i > first && end - offsets[first] > window {
-            out.push(first..i);
-            first = i;
-        }
-    }
-    if first < plan.runs.len() {
-        out.push(first..plan.runs.len());
-    }
-    out
-}
-
 /// Where group `g` of runs lies in the snapshot: (offset, bytes).
 fn span(plan: &Plan, offsets: &[usize], g: &Range<usize>) -> (usize, usize) {
     let last = &plan.runs[g.end - 1];
@@ -711,7 +692,13 @@ pub fn snapshot(
         off += (r.pages * PAGE_SIZE) as usize;
     }
     let workers = workers.max(1);
-    let windows = windows(plan, &offsets, pool::window_bytes(workers));
+    // Consecutive runs, at most a window's bytes together (a run alone may
+    // fill one), each group copied through one mapped window.
+    let windows = pool::groups(
+        plan.runs.iter().map(|r| (r.pages * PAGE_SIZE) as usize),
+        usize::MAX,
+        pool::window_bytes(workers),
+    );
     let next = AtomicUsize::new(0);
     let copied = AtomicU64::new(0);
     let half = plan.runs.len() / 2;

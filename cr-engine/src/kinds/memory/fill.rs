@@ -405,7 +405,15 @@ pub fn fill(
     /// when their blocks are raw).
     const BATCH: usize = 256;
     let workers = workers.max(1);
-    let batches = batches(pieces, BATCH, pool::window_bytes(workers));
+    // At most BATCH pieces and a window's bytes of stored pages together.
+    let batches = pool::groups(
+        pieces.iter().map(|p| match p.src {
+            Source::Store { .. } => p.pages as usize * PAGE,
+            _ => 0,
+        }),
+        BATCH,
+        pool::window_bytes(workers),
+    );
     let next = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
     let zero = vec![0u8; PAGE * 64];
@@ -468,28 +476,6 @@ pub fn fill(
         Ok(())
     })?;
     Ok(done.into_inner())
-}
-
-/// `pieces` in batches of consecutive pieces: at most `most` pieces, and
-/// at most `window` bytes of stored pages (a piece alone may exceed it).
-fn batches(pieces: &[Piece], most: usize, window: usize) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let (mut first, mut stored) = (0, 0);
-    for (i, p) in pieces.iter().enumerate() {
-        let len = match p.src {
-            Source::Store { .. } => p.pages as usize * PAGE,
-            _ => 0,
-        };
-        if i > first && (i - first == most || stored + len > window) {
-            out.push(first..i);
-            (first, stored) = (i, 0);
-        }
-        stored += len;
-    }
-    if first < pieces.len() {
-        out.push(first..pieces.len());
-    }
-    out
 }
 
 /// Bytes `pieces` fill.

@@ -38,6 +38,30 @@ pub fn window_bytes(workers: usize) -> usize {
     (WINDOWS_BYTES / workers.max(1)).clamp(1 << 20, 4 << 20)
 }
 
+/// Consecutive items (of `lens` bytes each) in groups of at most `most`
+/// items and `budget` bytes together (an item alone may exceed it): the
+/// pieces one worker takes at a time, through one window.
+pub fn groups(
+    lens: impl IntoIterator<Item = usize>,
+    most: usize,
+    budget: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut first, mut bytes, mut n) = (0, 0, 0);
+    for (i, len) in lens.into_iter().enumerate() {
+        if i > first && (i - first == most || bytes + len > budget) {
+            out.push(first..i);
+            (first, bytes) = (i, 0);
+        }
+        bytes += len;
+        n = i + 1;
+    }
+    if first < n {
+        out.push(first..n);
+    }
+    out
+}
+
 /// Raised when a worker fails: the others stop taking work.
 #[derive(Default)]
 pub struct Stop(AtomicBool);
@@ -69,5 +93,22 @@ pub fn run<E: Send>(n: usize, work: impl Fn(&Stop) -> Result<(), E> + Sync) -> R
     match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::groups;
+
+    #[test]
+    fn groups_keep_to_the_count_and_the_budget() {
+        assert_eq!(groups([], 4, 10), Vec::<std::ops::Range<usize>>::new());
+        // A budget of 10: 4+4 fits, a third does not; an item of 30 alone.
+        assert_eq!(
+            groups([4, 4, 4, 30, 1], 9, 10),
+            vec![0..2, 2..3, 3..4, 4..5]
+        );
+        // At most 2 items; items of no bytes count only as items.
+        assert_eq!(groups([0, 0, 0, 0, 0], 2, 10), vec![0..2, 2..4, 4..5]);
     }
 }
