@@ -364,6 +364,14 @@ pub fn freeze(
         Some(c) => c,
         None => crate::coop::prepare(&tree::walk(pid)?, &path, opts.coop_limits())?,
     };
+    // Connections queued on listeners cannot be saved once the processes
+    // end: let the running program accept them first (before the
+    // checks, which refuse them).
+    let _drain = if lock_network && !opts.tcp_skip_in_flight {
+        kinds::netlock::AcceptDrain::run(pid, &tree::walk(pid)?, kinds::netlock::ACCEPT_WAIT)?
+    } else {
+        None
+    };
     preflight(pid, opts)?;
     let dir = ImageDir::create(&path)?;
     let mut held = Held {

@@ -169,7 +169,7 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
                 s.backlog = info.sacked;
                 if info.unacked > 0 && cx.tree.lock_network && !cx.tree.skip_in_flight {
                     return Err(format!(
-                        "a TCP socket listening on {} with {} connection(s) not yet accepted (not supported: they cannot be put back in its queue; use --tcp-skip-in-flight to drop them)",
+                        "a TCP socket listening on {} with {} connection(s) not yet accepted (not supported: they cannot be put back in its queue, and the program did not accept them while the checkpoint waited; use --tcp-skip-in-flight to drop them)",
                         show(&s.local), info.unacked
                     ));
                 }
@@ -591,9 +591,10 @@ fn connecting_to(sock: &OwnedFd) -> Option<std::net::SocketAddr> {
         .and_then(|f| f.remote)
 }
 
-/// The addresses the network lock must hold for the TCP sockets of `pids`.
-pub fn lock_set(pids: &[i32]) -> LockSet {
-    let mut set = LockSet::default();
+/// Each TCP socket the processes `pids` hold: a copy of its fd, its local
+/// address and its TCP info (sockets that went away meanwhile are left out).
+fn tcp_sockets(pids: &[i32]) -> Vec<(OwnedFd, std::net::SocketAddr, sys::TcpInfo)> {
+    let mut out = Vec::new();
     for &pid in pids {
         for (fd, target) in cr_sys::proc::fds(pid).unwrap_or_default() {
             if !matches!(target, FDTarget::Socket(_)) {
@@ -605,21 +606,30 @@ pub fn lock_set(pids: &[i32]) -> LockSet {
             if !is_tcp(&shape(&sock)) {
                 continue;
             }
-            let Ok(Some(local)) = sys::local_addr(&sock) else {
+            let (Ok(Some(local)), Ok(info)) = (sys::local_addr(&sock), sys::tcp_info(&sock)) else {
                 continue;
             };
-            match sys::tcp_info(&sock).map(|i| i.state) {
-                Ok(sys::TCP_LISTEN) => set.listeners.push(local),
-                // Its SYNs (and the answer) wait for the restore.
-                Ok(sys::TCP_SYN_SENT) => {
-                    if let Some(remote) = connecting_to(&sock) {
-                        set.conns.push((local, remote));
-                    }
+            out.push((sock, local, info));
+        }
+    }
+    out
+}
+
+/// The addresses the network lock must hold for the TCP sockets of `pids`.
+pub fn lock_set(pids: &[i32]) -> LockSet {
+    let mut set = LockSet::default();
+    for (sock, local, info) in tcp_sockets(pids) {
+        match info.state {
+            sys::TCP_LISTEN => set.listeners.push(local),
+            // Its SYNs (and the answer) wait for the restore.
+            sys::TCP_SYN_SENT => {
+                if let Some(remote) = connecting_to(&sock) {
+                    set.conns.push((local, remote));
                 }
-                _ => {
-                    if let Ok(Some(remote)) = sys::peer_addr(&sock) {
-                        set.conns.push((local, remote));
-                    }
+            }
+            _ => {
+                if let Ok(Some(remote)) = sys::peer_addr(&sock) {
+                    set.conns.push((local, remote));
                 }
             }
         }
@@ -629,6 +639,19 @@ pub fn lock_set(pids: &[i32]) -> LockSet {
     set.listeners.sort();
     set.listeners.dedup();
     set
+}
+
+/// The TCP listeners of `pids` with connections waiting to be accepted:
+/// (address, how many).
+pub fn accept_queues(pids: &[i32]) -> Vec<(std::net::SocketAddr, u32)> {
+    let mut out: Vec<_> = tcp_sockets(pids)
+        .into_iter()
+        .filter(|(_, _, i)| i.state == sys::TCP_LISTEN && i.unacked > 0)
+        .map(|(_, local, i)| (local, i.unacked))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Name the family (and protocol) of a socket that is not supported.

@@ -651,3 +651,81 @@ expect(c.recv(100) == b"", "the end after the reset")
     });
     assert!(err.contains("received and not read"), "{err}");
 }
+
+/// A server that accepts slowly (one connection every 0.3 s, its own
+/// pace), with three connections queued and their first bytes sent when
+/// the checkpoint (--kill) starts: the dump holds new connections off and
+/// waits for the program to accept the queued ones, then freezes; after
+/// the restore the server has all three, each with its bytes, and they
+/// carry data both ways.
+#[test]
+fn tcp_connections_queued_on_a_listener_are_accepted_before_the_freeze() {
+    let rt = in_new_netns(|| {
+        round_trip(
+            "tcp-accept-drain",
+            r#"
+import threading
+lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(8)
+clients = [socket.create_connection(lis.getsockname()) for i in range(3)]
+for i, c in enumerate(clients):
+    c.send(b"hello %d" % i)
+served = []
+def server():
+    for i in range(3):
+        time.sleep(0.3)    # the server's pace: one connection at a time
+        s, _ = lis.accept()
+        served.append((s, s.recv(100)))
+t = threading.Thread(target=server); t.start()
+"#,
+            r#"
+t.join(10)
+expect(not t.is_alive(), "the server still waits for connections")
+expect(sorted(d for _, d in served) == [b"hello 0", b"hello 1", b"hello 2"], "what the server got: %r" % [d for _, d in served])
+for (s, d), i in zip(served, range(3)):
+    s.send(b"reply " + d)
+for c in clients:
+    c.settimeout(5)
+    got = c.recv(100)
+    expect(got.startswith(b"reply hello"), "reply %r" % got)
+n = socket.create_connection(lis.getsockname()); a, _ = lis.accept()
+n.send(b"new"); expect(a.recv(10) == b"new", "a new connection after the restore")
+"#,
+        )
+    });
+    let listeners: Vec<_> = rt
+        .before
+        .objects
+        .iter()
+        .filter_map(|o| match &o.kind {
+            cr_image::model::ObjectKind::InetSocket(s) if s.state == 10 => Some(s.local),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(listeners.len(), 1, "one listener in the image");
+}
+
+/// A listener whose program never accepts its queued connection: after
+/// the wait, the dump refuses it by name, and the program runs on and
+/// accepts the connection with its bytes.
+#[test]
+fn tcp_connection_never_accepted_is_refused_after_the_wait() {
+    let err = in_new_netns(|| {
+        crate::kinds::testkit::refused(
+            "tcp-never-accepted",
+            r#"
+lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(8)
+c = socket.create_connection(lis.getsockname()); c.send(b"early")
+"#,
+            r#"
+s, _ = lis.accept()
+expect(s.recv(10) == b"early", "the queued connection's bytes")
+s.send(b"late"); c.settimeout(5); expect(c.recv(10) == b"late", "the reply")
+"#,
+            "not yet accepted",
+        )
+    });
+    assert!(
+        err.contains("did not accept them while the checkpoint waited"),
+        "{err}"
+    );
+}

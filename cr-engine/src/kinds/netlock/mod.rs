@@ -3,7 +3,9 @@
 //! is read until the processes are gone (the lock then belongs to the image
 //! and the restore removes it) or run on (it goes at once). Listeners are
 //! held (SYNs dropped) only while the dump runs, so no connection lands in
-//! an accept queue after the queues were checked.
+//! an accept queue after the queues were checked; before the freeze of a
+//! dump whose processes end, they are held while the program accepts the
+//! connections already queued ([`AcceptDrain`]).
 
 #[cfg(test)]
 mod tests;
@@ -121,6 +123,76 @@ impl Drop for NetLock {
             cr_sys::netlock::unlock(Some(self.pid), &self.name)
                 .err()
                 .map(warn);
+        }
+    }
+}
+
+/// How long a dump whose processes end waits, before the freeze, for
+/// them to accept the connections queued on their TCP listeners.
+pub const ACCEPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// New connections to a tree's listeners held off (their SYNs dropped;
+/// clients send them again a second later) while the tree, still running,
+/// accepts those already queued: a connection in an accept queue cannot
+/// be saved (no call puts one back in a queue), a connection accepted is
+/// an ordinary one. Removed on drop, once the dump's own lock holds the
+/// listeners.
+pub struct AcceptDrain {
+    pid: i32,
+    name: String,
+}
+
+impl AcceptDrain {
+    /// Before the freeze of the tree `pids` (root `root`) for a dump whose
+    /// processes end: if its listeners have connections queued, hold new
+    /// ones off and wait up to `limit` for the program to accept the queued
+    /// ones (None: nothing was queued). Past `limit` the dump goes on and
+    /// refuses the listener by name, as without the wait.
+    pub fn run(
+        root: i32,
+        pids: &[i32],
+        limit: std::time::Duration,
+    ) -> Result<Option<AcceptDrain>, CheckpointError> {
+        let queued = inet::accept_queues(pids);
+        if queued.is_empty() {
+            return Ok(None);
+        }
+        let listeners = inet::lock_set(pids).listeners;
+        let name = format!("cr_accept_{root}_{}", std::process::id());
+        cr_sys::netlock::hold_listeners(root, &name, &listeners).map_err(|e| {
+            CheckpointError::NetLock {
+                pid: root,
+                conns: 0,
+                source: e,
+            }
+        })?;
+        let drain = AcceptDrain { pid: root, name };
+        let t0 = std::time::Instant::now();
+        let mut left = queued.clone();
+        let done = cr_sys::deadline::poll(limit, std::time::Duration::from_millis(2), || {
+            left = inet::accept_queues(pids);
+            Ok::<_, CheckpointError>(left.is_empty().then_some(()))
+        })?;
+        match done {
+            Some(()) => debug!(
+                ?queued,
+                ms = t0.elapsed().as_millis() as u64,
+                "the program accepted its queued connections before the freeze"
+            ),
+            None => warn!(
+                ?left,
+                ms = t0.elapsed().as_millis() as u64,
+                "connections still queued on listeners after the wait"
+            ),
+        }
+        Ok(Some(drain))
+    }
+}
+
+impl Drop for AcceptDrain {
+    fn drop(&mut self) {
+        if let Err(e) = cr_sys::netlock::unlock(Some(self.pid), &self.name) {
+            warn!(error = %cr_sys::error::one_line(&e), "removing the listeners' hold failed");
         }
     }
 }
