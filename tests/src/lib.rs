@@ -1162,32 +1162,47 @@ impl Workload {
         what: &str,
         timeout: Duration,
         pred: impl Fn(&str) -> bool,
-        mut alive: impl FnMut() -> bool,
+        alive: impl FnMut() -> bool,
         extra: impl Fn() -> String,
     ) -> String {
+        match self.line_within(timeout, pred, alive) {
+            Ok(l) => l,
+            Err(LineMissing::Stopped) => panic!(
+                "{} stopped while waiting for {what}\n{}\n{}",
+                self.label,
+                extra(),
+                self.diag()
+            ),
+            Err(LineMissing::TimedOut) => panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}\n{}",
+                extra(),
+                self.diag()
+            ),
+        }
+    }
+
+    /// The first stdout line that satisfies `pred`, once written within
+    /// `timeout` while `alive` says the writer lives; else why not.
+    pub fn line_within(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+        mut alive: impl FnMut() -> bool,
+    ) -> Result<String, LineMissing> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(l) = self.output().lines().find(|l| pred(l)) {
-                return l.to_string();
+                return Ok(l.to_string());
             }
             if !alive() {
                 // One more look: the line may have been written just before exit.
                 if let Some(l) = self.output().lines().find(|l| pred(l)) {
-                    return l.to_string();
+                    return Ok(l.to_string());
                 }
-                panic!(
-                    "{} stopped while waiting for {what}\n{}\n{}",
-                    self.label,
-                    extra(),
-                    self.diag()
-                );
+                return Err(LineMissing::Stopped);
             }
             if Instant::now() > deadline {
-                panic!(
-                    "timed out after {timeout:?} waiting for {what}\n{}\n{}",
-                    extra(),
-                    self.diag()
-                );
+                return Err(LineMissing::TimedOut);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -1713,4 +1728,13 @@ pub fn check_records(p: &Path) -> Result<u64, String> {
         }
     }
     Ok(data.len() as u64 / REC)
+}
+
+/// Why [`Workload::line_within`] found no line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LineMissing {
+    /// The writer ended.
+    Stopped,
+    /// Not within the time given.
+    TimedOut,
 }
