@@ -222,6 +222,7 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     }
     // Where a frozen process's time goes, kind by kind (µs, at debug level).
     let mut laps = Laps::new();
+    let stops = cr_sys::remote::stops();
     let mut cx = Proc::open(f, d, &mut p)?;
     laps.lap("open");
     kinds::threads::Threads::capture(&mut cx, &mut p)?;
@@ -245,7 +246,9 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     laps.lap("memory");
     cx.probe.close().map_err(sys)?;
     laps.lap("close");
-    debug!(pid, laps = %laps, "process captured (µs per kind)");
+    // Stops: of its threads, waited for by injected calls.
+    let stops = cr_sys::remote::stops() - stops;
+    debug!(pid, laps = %laps, stops, "process captured (µs per kind)");
     Ok(p)
 }
 

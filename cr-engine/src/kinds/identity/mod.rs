@@ -48,24 +48,26 @@ impl Kind for Identity {
             keep_caps: false,
             dumpable: 0,
         };
-        let (keep_caps, dumpable) = cx
+        let got = cx
             .probe
-            .on(0, |inj| {
-                let keep = inj.call(
-                    "prctl(PR_GET_KEEPCAPS)",
-                    libc::SYS_prctl,
-                    [libc::PR_GET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
-                )?;
-                let dumpable = inj.call(
-                    "prctl(PR_GET_DUMPABLE)",
-                    libc::SYS_prctl,
-                    [libc::PR_GET_DUMPABLE as u64, 0, 0, 0, 0, 0],
-                )?;
-                Ok((keep == 1, dumpable as u32))
-            })
+            .calls(
+                0,
+                &[
+                    (
+                        "prctl(PR_GET_KEEPCAPS)",
+                        libc::SYS_prctl,
+                        [libc::PR_GET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
+                    ),
+                    (
+                        "prctl(PR_GET_DUMPABLE)",
+                        libc::SYS_prctl,
+                        [libc::PR_GET_DUMPABLE as u64, 0, 0, 0, 0, 0],
+                    ),
+                ],
+            )
             .map_err(sys)?;
-        creds.keep_caps = keep_caps;
-        creds.dumpable = dumpable.min(2);
+        creds.keep_caps = got[0] == 1;
+        creds.dumpable = (got[1] as u32).min(2);
         p.identity.creds = creds;
         p.identity.rlimits = limits::get_all(pid)
             .map_err(sys)?

@@ -31,7 +31,7 @@ use crate::error::{CheckpointError, RestoreError, StepContext};
 use crate::kinds::Kind;
 use crate::restore::Rebuild;
 use cr_image::model::signals::NSIG;
-use cr_image::model::{AltStack, Process, SigAction, SigInfo, Thread};
+use cr_image::model::{Process, SigAction, SigInfo, Thread};
 use cr_sys::mem;
 use cr_sys::remote::Injector;
 
@@ -55,25 +55,8 @@ impl Kind for Signals {
             th.sigmask = t.get_sigmask().map_err(sys)?;
             th.pending = siginfos(t.pending_signals(false).map_err(sys)?);
         }
-        let scratch = cx.probe.scratch().map_err(sys)?;
-        for (i, th) in p.threads.iter_mut().enumerate() {
-            cx.probe
-                .on(i, |inj| {
-                    inj.call(
-                        "sigaltstack",
-                        libc::SYS_sigaltstack,
-                        [0, scratch, 0, 0, 0, 0],
-                    )
-                })
-                .map_err(sys)?;
-            let mut raw = [0u8; 24];
-            cx.probe.read(0, &mut raw).map_err(sys)?;
-            th.sigaltstack = AltStack {
-                sp: crate::probe::word(&raw, 0),
-                flags: crate::probe::word(&raw, 1) as u32 as i32,
-                size: crate::probe::word(&raw, 2),
-            };
-        }
+        // Each thread's alternate signal stack: read by kind "threads",
+        // in the same stop of the thread as its other per-thread state.
         let asked = cx.status.sigcgt | cx.status.sigign | bit(libc::SIGCHLD as u32);
         p.signals.actions = actions(cx, asked).map_err(sys)?;
         Ok(())
@@ -125,19 +108,19 @@ fn bit(sig: u32) -> u64 {
 fn actions(cx: &mut Proc<'_, '_>, asked: u64) -> cr_sys::error::Result<Vec<SigAction>> {
     let scratch = cx.probe.scratch()?;
     let mut raw = vec![0u8; NSIG as usize * 32];
-    cx.probe.on(0, |inj| {
-        for sig in 1..=NSIG {
-            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 || asked & bit(sig) == 0 {
-                continue;
-            }
-            inj.call(
+    let calls: Vec<_> = (1..=NSIG)
+        .filter(|&sig| {
+            sig != libc::SIGKILL as u32 && sig != libc::SIGSTOP as u32 && asked & bit(sig) != 0
+        })
+        .map(|sig| {
+            (
                 "rt_sigaction",
                 libc::SYS_rt_sigaction,
                 [sig as u64, 0, scratch + (sig as u64 - 1) * 32, 8, 0, 0],
-            )?;
-        }
-        Ok(())
-    })?;
+            )
+        })
+        .collect();
+    cx.probe.calls(0, &calls)?;
     cx.probe.read(0, &mut raw)?;
     // Never asked: left as zero (the default action).
     for sig in (1..=NSIG).filter(|&s| asked & bit(s) == 0) {

@@ -97,25 +97,28 @@ impl Kind for Task {
             .unwrap_or(0);
         t.ioprio = cr_sys::sched::io_priority(pid).map_err(sys)?;
         let scratch = cx.probe.scratch().map_err(sys)?;
-        cx.probe
-            .call(
-                "prctl(PR_GET_CHILD_SUBREAPER)",
-                libc::SYS_prctl,
-                [PR_GET_CHILD_SUBREAPER, scratch, 0, 0, 0, 0],
+        let got = cx
+            .probe
+            .calls(
+                0,
+                &[
+                    (
+                        "prctl(PR_GET_CHILD_SUBREAPER)",
+                        libc::SYS_prctl,
+                        [PR_GET_CHILD_SUBREAPER, scratch, 0, 0, 0, 0],
+                    ),
+                    (
+                        "prctl(PR_GET_THP_DISABLE)",
+                        libc::SYS_prctl,
+                        [PR_GET_THP_DISABLE, 0, 0, 0, 0, 0],
+                    ),
+                ],
             )
             .map_err(sys)?;
         let mut raw = [0u8; 4];
         cx.probe.read(0, &mut raw).map_err(sys)?;
         t.child_subreaper = i32::from_le_bytes(raw) != 0;
-        t.thp_disable = cx
-            .probe
-            .call(
-                "prctl(PR_GET_THP_DISABLE)",
-                libc::SYS_prctl,
-                [PR_GET_THP_DISABLE, 0, 0, 0, 0, 0],
-            )
-            .map_err(sys)?
-            != 0;
+        t.thp_disable = got[1] != 0;
         Ok(())
     }
 
