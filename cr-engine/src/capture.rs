@@ -164,6 +164,8 @@ pub struct Proc<'p, 'd> {
     /// In a job-control stop before we came.
     pub stopped: bool,
     pub probe: Probe<'p>,
+    /// What the kinds ask the main thread, asked at once.
+    pub main: crate::asked::MainAnswers,
     pub d: &'p mut Dump<'d>,
 }
 
@@ -196,12 +198,15 @@ impl<'p, 'd> Proc<'p, 'd> {
             proc::status(pid).map_err(sys)?,
         );
         tree::ids(&stat, &status, f, p);
+        let mut probe = Probe::open(&mut f.tracees).map_err(sys)?;
+        let main = crate::asked::main_thread(&mut probe, &status).map_err(sys)?;
         Ok(Proc {
             pid,
             stat,
             status,
             stopped: f.stopped.is_some(),
-            probe: Probe::open(&mut f.tracees).map_err(sys)?,
+            probe,
+            main,
             d,
         })
     }

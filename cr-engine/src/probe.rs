@@ -121,9 +121,7 @@ impl<'a> Probe<'a> {
         }
         self.scratch()?;
         let pid = self.pid();
-        let code = self
-            .code
-            .filter(|_| trap_free(pid, self.tracees[i].tid()));
+        let code = self.code.filter(|_| trap_free(pid, self.tracees[i].tid()));
         let mut inj = Injector::new(&mut self.tracees[i], self.ip)?;
         let mut out = Vec::with_capacity(calls.len());
         match code {

@@ -256,7 +256,11 @@ impl<'a> Injector<'a> {
             // A SIGTRAP someone sent meanwhile was taken for the program:
             // sent again, pending until the program runs.
             let tgid = crate::proc::status(tid).map_or(tid, |s| s.tgid);
-            tracing::debug!(tid, code = i32::from_le_bytes([info[8], info[9], info[10], info[11]]), "SIGTRAP sent to the program during a batch: sent again");
+            tracing::debug!(
+                tid,
+                code = i32::from_le_bytes([info[8], info[9], info[10], info[11]]),
+                "SIGTRAP sent to the program during a batch: sent again"
+            );
             crate::coop::tgkill(tgid, tid, libc::SIGTRAP)?;
         }
         let mut raw = vec![0u8; calls.len() * 8];

@@ -48,26 +48,9 @@ impl Kind for Identity {
             keep_caps: false,
             dumpable: 0,
         };
-        let got = cx
-            .probe
-            .calls(
-                0,
-                &[
-                    (
-                        "prctl(PR_GET_KEEPCAPS)",
-                        libc::SYS_prctl,
-                        [libc::PR_GET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
-                    ),
-                    (
-                        "prctl(PR_GET_DUMPABLE)",
-                        libc::SYS_prctl,
-                        [libc::PR_GET_DUMPABLE as u64, 0, 0, 0, 0, 0],
-                    ),
-                ],
-            )
-            .map_err(sys)?;
-        creds.keep_caps = got[0] == 1;
-        creds.dumpable = (got[1] as u32).min(2);
+        // Asked with the rest of the main thread's state (`crate::asked`).
+        creds.keep_caps = cx.main.keep_caps;
+        creds.dumpable = cx.main.dumpable;
         p.identity.creds = creds;
         p.identity.rlimits = limits::get_all(pid)
             .map_err(sys)?

@@ -49,7 +49,13 @@ fn pipe_outside(cx: &mut FdScan<'_>, ino: u64) -> Option<i32> {
         }
         cx.tree.stash.get::<Outside>().0 = Some(held);
     }
-    cx.tree.stash.get::<Outside>().0.as_ref()?.get(&ino).copied()
+    cx.tree
+        .stash
+        .get::<Outside>()
+        .0
+        .as_ref()?
+        .get(&ino)
+        .copied()
 }
 
 impl FileKind for Pipes {

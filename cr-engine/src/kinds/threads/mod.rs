@@ -38,7 +38,7 @@ use std::collections::BTreeSet;
 
 pub struct Threads;
 
-const PR_GET_TID_ADDRESS: u64 = 40;
+pub(crate) const PR_GET_TID_ADDRESS: u64 = 40;
 const RSEQ_FLAG_UNREGISTER: u64 = 1;
 
 /// Seize and stop every thread of `pid`; the main thread comes first.
@@ -135,8 +135,15 @@ impl Kind for Threads {
         let scratch = cx.probe.scratch().map_err(sys)?;
         // What only the thread can tell, in one stop of it (a batch): its
         // clear-child-tid address, parent-death signal and alternate
-        // signal stack (kind "signals" keeps the latter).
-        for (i, th) in p.threads.iter_mut().enumerate() {
+        // signal stack (kind "signals" keeps the latter). The main thread
+        // was asked with the rest (`crate::asked`).
+        let main = &cx.main;
+        if let Some(th) = p.threads.first_mut() {
+            th.clear_child_tid = main.clear_child_tid;
+            th.pdeathsig = main.pdeathsig;
+            th.sigaltstack = main.sigaltstack;
+        }
+        for (i, th) in p.threads.iter_mut().enumerate().skip(1) {
             cx.probe
                 .calls(
                     i,

@@ -92,19 +92,9 @@ impl Kind for Timers {
         let pid = cx.pid;
         let sys = |e| CheckpointError::from_sys(pid, e);
         let scratch = cx.probe.scratch().map_err(sys)?;
-        let itimers: Vec<_> = (0..3u64)
-            .map(|which| {
-                (
-                    "getitimer",
-                    libc::SYS_getitimer,
-                    [which, scratch + which * 32, 0, 0, 0, 0],
-                )
-            })
-            .collect();
-        cx.probe.calls(0, &itimers).map_err(sys)?;
-        let mut raw = [0u8; 96];
-        cx.probe.read(0, &mut raw).map_err(sys)?;
-        let word = |i| crate::probe::word(&raw, i);
+        // Asked with the rest of the main thread's state (`crate::asked`).
+        let raw = &cx.main.itimers;
+        let word = |i| crate::probe::word(raw, i);
         p.timers.itimers = (0..3)
             .filter_map(|w| {
                 let b = w * 4;
