@@ -185,11 +185,13 @@ impl Proc<'_, '_> {
 
 impl<'p, 'd> Proc<'p, 'd> {
     /// The frozen, live process `f`, with its section of kind "tree" filled
-    /// in `p` (ids and state).
+    /// in `p` (ids and state); with `ask`, its main thread asked what the
+    /// kinds need of it ([`Proc::main`]; a pre-dump needs none of it).
     fn open(
         f: &'p mut Frozen,
         d: &'p mut Dump<'d>,
         p: &mut Process,
+        ask: bool,
     ) -> Result<Self, CheckpointError> {
         let pid = f.pid;
         let sys = |e| CheckpointError::from_sys(pid, e);
@@ -199,7 +201,11 @@ impl<'p, 'd> Proc<'p, 'd> {
         );
         tree::ids(&stat, &status, f, p);
         let mut probe = Probe::open(&mut f.tracees).map_err(sys)?;
-        let main = crate::asked::main_thread(&mut probe, &status).map_err(sys)?;
+        let main = if ask {
+            crate::asked::main_thread(&mut probe, &status).map_err(sys)?
+        } else {
+            Default::default()
+        };
         Ok(Proc {
             pid,
             stat,
@@ -228,7 +234,7 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     // Where a frozen process's time goes, kind by kind (µs, at debug level).
     let mut laps = Laps::new();
     let stops = cr_sys::remote::stops();
-    let mut cx = Proc::open(f, d, &mut p)?;
+    let mut cx = Proc::open(f, d, &mut p, true)?;
     laps.lap("open");
     kinds::threads::Threads::capture(&mut cx, &mut p)?;
     laps.lap("threads");
@@ -868,7 +874,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             let pid = f.pid;
             let sys = |e| CheckpointError::from_sys(pid, e);
             let mut p = Process::default();
-            let mut cx = Proc::open(f, &mut d, &mut p)?;
+            let mut cx = Proc::open(f, &mut d, &mut p, false)?;
             let plan = memory::plan_process(&mut cx, &mut p, true)?;
             cx.probe.close().map_err(sys)?;
             work.push((p, plan));
