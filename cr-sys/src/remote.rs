@@ -51,7 +51,8 @@ pub const BATCH_MAX: usize = 45;
 const CALL_CODE: u64 = 82;
 /// Where a batch's results are, from the start of its code page.
 const RESULTS_AT: u64 = crate::PAGE_SIZE - 8 * BATCH_MAX as u64;
-const _: () = assert!(BATCH_MAX as u64 * CALL_CODE + 1 <= RESULTS_AT);
+// The code of a full batch and its int3 fit before the results.
+const _: () = assert!(BATCH_MAX as u64 * CALL_CODE < RESULTS_AT);
 /// si_code of a signal the kernel sends (an `int3`'s SIGTRAP).
 const SI_KERNEL: i32 = 0x80;
 
@@ -198,17 +199,7 @@ impl<'a> Injector<'a> {
                         group_stops += 1;
                         self.t.resume(req, 0)?;
                     }
-                    other => {
-                        return Err(SysError::UnexpectedStop {
-                            tid: self.t.tid(),
-                            status: match other {
-                                Stop::Signal(s) => s,
-                                Stop::Event { event, sig } => (event << 16) | sig,
-                                Stop::Syscall => 0,
-                            },
-                            during: phase,
-                        })
-                    }
+                    other => return Err(unexpected(self.t.tid(), other, phase)),
                 }
             }
         }
@@ -305,17 +296,7 @@ impl<'a> Injector<'a> {
                     group_stops += 1;
                     self.t.resume(libc::PTRACE_CONT, 0)?;
                 }
-                other => {
-                    return Err(SysError::UnexpectedStop {
-                        tid: self.t.tid(),
-                        status: match other {
-                            Stop::Signal(s) => s,
-                            Stop::Event { event, sig } => (event << 16) | sig,
-                            Stop::Syscall => 0,
-                        },
-                        during: "batch",
-                    })
-                }
+                other => return Err(unexpected(self.t.tid(), other, "batch")),
             }
         }
     }
@@ -401,6 +382,19 @@ pub fn find_syscall_insn(pid: i32) -> Result<u64> {
         }
     }
     Err(SysError::NoSyscallInsn { pid })
+}
+
+/// The error of a stop an injection did not expect.
+fn unexpected(tid: i32, stop: Stop, during: &'static str) -> SysError {
+    SysError::UnexpectedStop {
+        tid,
+        status: match stop {
+            Stop::Signal(s) => s,
+            Stop::Event { event, sig } => (event << 16) | sig,
+            Stop::Syscall => 0,
+        },
+        during,
+    }
 }
 
 fn is_stop_signal(sig: i32) -> bool {
