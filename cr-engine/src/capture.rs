@@ -164,6 +164,8 @@ pub struct Proc<'p, 'd> {
     /// In a job-control stop before we came.
     pub stopped: bool,
     pub probe: Probe<'p>,
+    /// What the kinds ask the main thread, asked at once.
+    pub main: crate::asked::MainAnswers,
     pub d: &'p mut Dump<'d>,
 }
 
@@ -183,11 +185,13 @@ impl Proc<'_, '_> {
 
 impl<'p, 'd> Proc<'p, 'd> {
     /// The frozen, live process `f`, with its section of kind "tree" filled
-    /// in `p` (ids and state).
+    /// in `p` (ids and state); with `ask`, its main thread asked what the
+    /// kinds need of it ([`Proc::main`]; a pre-dump needs none of it).
     fn open(
         f: &'p mut Frozen,
         d: &'p mut Dump<'d>,
         p: &mut Process,
+        ask: bool,
     ) -> Result<Self, CheckpointError> {
         let pid = f.pid;
         let sys = |e| CheckpointError::from_sys(pid, e);
@@ -196,12 +200,19 @@ impl<'p, 'd> Proc<'p, 'd> {
             proc::status(pid).map_err(sys)?,
         );
         tree::ids(&stat, &status, f, p);
+        let mut probe = Probe::open(&mut f.tracees).map_err(sys)?;
+        let main = if ask {
+            crate::asked::main_thread(&mut probe, &status).map_err(sys)?
+        } else {
+            Default::default()
+        };
         Ok(Proc {
             pid,
             stat,
             status,
             stopped: f.stopped.is_some(),
-            probe: Probe::open(&mut f.tracees).map_err(sys)?,
+            probe,
+            main,
             d,
         })
     }
@@ -222,7 +233,8 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     }
     // Where a frozen process's time goes, kind by kind (µs, at debug level).
     let mut laps = Laps::new();
-    let mut cx = Proc::open(f, d, &mut p)?;
+    let stops = cr_sys::remote::stops();
+    let mut cx = Proc::open(f, d, &mut p, true)?;
     laps.lap("open");
     kinds::threads::Threads::capture(&mut cx, &mut p)?;
     laps.lap("threads");
@@ -245,7 +257,9 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     laps.lap("memory");
     cx.probe.close().map_err(sys)?;
     laps.lap("close");
-    debug!(pid, laps = %laps, "process captured (µs per kind)");
+    // Stops: of its threads, waited for by injected calls.
+    let stops = cr_sys::remote::stops() - stops;
+    debug!(pid, laps = %laps, stops, "process captured (µs per kind)");
     Ok(p)
 }
 
@@ -868,7 +882,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             let pid = f.pid;
             let sys = |e| CheckpointError::from_sys(pid, e);
             let mut p = Process::default();
-            let mut cx = Proc::open(f, &mut d, &mut p)?;
+            let mut cx = Proc::open(f, &mut d, &mut p, false)?;
             let plan = memory::plan_process(&mut cx, &mut p, true)?;
             cx.probe.close().map_err(sys)?;
             work.push((p, plan));

@@ -25,6 +25,7 @@
 //! `cr_sys`, and every image value they use was checked by `cr_image`.
 #![forbid(unsafe_code)]
 
+mod asked;
 pub mod capture;
 pub mod check;
 pub mod coop;

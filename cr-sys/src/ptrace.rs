@@ -564,6 +564,20 @@ impl Tracee {
             .map_err(|e| self.failed("geteventmsg", e.into()))
     }
 
+    /// PTRACE_GETSIGINFO: the raw siginfo of the signal this thread is
+    /// stopped for (a signal-delivery-stop).
+    pub fn siginfo(&self) -> Result<[u8; SIGINFO_SIZE]> {
+        let mut buf = [0u8; SIGINFO_SIZE];
+        ptrace_raw(
+            libc::PTRACE_GETSIGINFO,
+            self.tid,
+            0,
+            buf.as_mut_ptr() as usize,
+        )
+        .map_err(|source| self.failed("getsiginfo", source))?;
+        Ok(buf)
+    }
+
     /// Pending signals without dequeuing them: the thread's own queue, or
     /// the process-wide one (`shared`). Each entry is a raw siginfo_t.
     pub fn pending_signals(&self, shared: bool) -> Result<Vec<Vec<u8>>> {

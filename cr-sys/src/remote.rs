@@ -10,11 +10,87 @@
 //! While an [`Injector`] lives, every signal is blocked in the tracee (so no
 //! signal is dequeued by our syscalls); its mask and registers come back
 //! when the injector is finished or dropped.
+//!
+//! [`Injector::batch`] runs several system calls in one stop instead of two
+//! per call: a few bytes of code written into an executable page of the
+//! tracee (the caller's) set each call's registers, make it and store its
+//! result, then end on an `int3`. The tracee is resumed with PTRACE_CONT
+//! and stops once, at the SIGTRAP of that `int3`, which the tracer takes
+//! and discards. That SIGTRAP is forced by the kernel: forced while blocked
+//! or ignored it would reset the program's SIGTRAP action to SIG_DFL (the
+//! lesson of single-stepping), so during a batch every signal but SIGTRAP
+//! is blocked, and the caller batches only a thread whose SIGTRAP is
+//! neither ignored nor pending ([`trap_free`]).
 
 use crate::error::{Errno, Result, SysError};
 use crate::ptrace::{Stop, Tracee, PTRACE_EVENT_CLONE, PTRACE_EVENT_FORK, PTRACE_EVENT_STOP};
 use crate::regs::UserRegs;
+use std::cell::Cell;
 use std::os::unix::fs::FileExt;
+
+thread_local! {
+    /// Stops of tracees this thread waited for while injecting.
+    static STOPS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many stops of tracees the calling thread has waited for while
+/// injecting system calls (for the debug log: the difference over a step).
+pub fn stops() -> u64 {
+    STOPS.with(Cell::get)
+}
+
+fn count_stop() {
+    STOPS.with(|c| c.set(c.get() + 1));
+}
+
+/// The most system calls one [`Injector::batch`] runs: its code and
+/// results fill one page.
+pub const BATCH_MAX: usize = 45;
+/// Bytes of code per call of a batch (7 x `mov r64, imm64`, `syscall`,
+/// `mov [abs64], rax`).
+const CALL_CODE: u64 = 82;
+/// Where a batch's results are, from the start of its code page.
+const RESULTS_AT: u64 = crate::PAGE_SIZE - 8 * BATCH_MAX as u64;
+// The code of a full batch and its int3 fit before the results.
+const _: () = assert!(BATCH_MAX as u64 * CALL_CODE < RESULTS_AT);
+/// si_code of a signal the kernel sends (an `int3`'s SIGTRAP).
+const SI_KERNEL: i32 = 0x80;
+
+/// The machine code (x86-64) of a batch: each call's number and arguments
+/// into its registers, `syscall`, its result stored at `results + 8 * i`;
+/// then `int3`.
+fn batch_code(calls: &[(i64, [u64; 6])], results: u64) -> Vec<u8> {
+    /// `rex opcode imm64`: `mov r64, imm64` or `mov [abs64], rax`.
+    fn imm(c: &mut Vec<u8>, rex: u8, opcode: u8, v: u64) {
+        c.extend_from_slice(&[rex, opcode]);
+        c.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut c = Vec::with_capacity(calls.len() * CALL_CODE as usize + 1);
+    for (i, (nr, a)) in calls.iter().enumerate() {
+        imm(&mut c, 0x48, 0xb8, *nr as u64); // mov rax, nr
+        imm(&mut c, 0x48, 0xbf, a[0]); // mov rdi
+        imm(&mut c, 0x48, 0xbe, a[1]); // mov rsi
+        imm(&mut c, 0x48, 0xba, a[2]); // mov rdx
+        imm(&mut c, 0x49, 0xba, a[3]); // mov r10
+        imm(&mut c, 0x49, 0xb8, a[4]); // mov r8
+        imm(&mut c, 0x49, 0xb9, a[5]); // mov r9
+        c.extend_from_slice(&[0x0f, 0x05]); // syscall
+        imm(&mut c, 0x48, 0xa3, results + 8 * i as u64); // mov [results + 8i], rax
+    }
+    c.push(0xcc); // int3
+    c
+}
+
+/// Whether thread `tid` of process `pid` can run a batch: SIGTRAP neither
+/// ignored nor pending (for the thread or the process), and no seccomp
+/// filter (one could refuse, or kill for, the executable page a batch
+/// runs from).
+pub fn trap_free(pid: i32, tid: i32) -> bool {
+    let trap = 1u64 << (libc::SIGTRAP - 1);
+    crate::proc::task_status(pid, tid).is_ok_and(|st| {
+        (st.sigign | st.sigpnd | st.shdpnd) & trap == 0 && st.seccomp.unwrap_or(1) == 0
+    })
+}
 
 pub struct Injector<'a> {
     t: &'a mut Tracee,
@@ -103,6 +179,7 @@ impl<'a> Injector<'a> {
             let mut group_stops = 0;
             loop {
                 let stop = self.t.wait_stop()?;
+                count_stop();
                 tracing::trace!(tid = self.t.tid(), nr, phase, ?stop, "stop while injecting");
                 match stop {
                     Stop::Syscall => break,
@@ -122,17 +199,7 @@ impl<'a> Injector<'a> {
                         group_stops += 1;
                         self.t.resume(req, 0)?;
                     }
-                    other => {
-                        return Err(SysError::UnexpectedStop {
-                            tid: self.t.tid(),
-                            status: match other {
-                                Stop::Signal(s) => s,
-                                Stop::Event { event, sig } => (event << 16) | sig,
-                                Stop::Syscall => 0,
-                            },
-                            during: phase,
-                        })
-                    }
+                    other => return Err(unexpected(self.t.tid(), other, phase)),
                 }
             }
         }
@@ -151,6 +218,87 @@ impl<'a> Injector<'a> {
             });
         }
         Ok(r as u64)
+    }
+
+    /// Run `calls` (number, arguments) one after the other in one stop;
+    /// their raw results (`-errno` on failure), in order. `code` is a page
+    /// of the tracee that is executable and writable (the code and the
+    /// results go there); at most [`BATCH_MAX`] calls. Only for a thread
+    /// that is [`trap_free`] (see the module docs).
+    pub fn batch(&mut self, code: u64, calls: &[(i64, [u64; 6])]) -> Result<Vec<i64>> {
+        assert!(calls.len() <= BATCH_MAX, "batch of {} calls", calls.len());
+        let tid = self.t.tid();
+        let bytes = batch_code(calls, code + RESULTS_AT);
+        crate::mem::write_vm(tid, code, &bytes)?;
+        let mut regs = self.saved;
+        regs.rip = code;
+        // As for one call: no syscall restart on resume.
+        regs.orig_rax = u64::MAX;
+        self.t.set_regs(&regs)?;
+        let trap = 1u64 << (libc::SIGTRAP - 1);
+        self.t.set_sigmask(!trap)?;
+        let end = code + bytes.len() as u64;
+        let ran = self.run_to_trap(end);
+        // Blocked again before anything else can happen (the drop puts the
+        // program's own mask back).
+        self.t.set_sigmask(!0u64)?;
+        let foreign = ran?;
+        if let Some(info) = foreign {
+            // A SIGTRAP someone sent meanwhile was taken for the program:
+            // sent again, pending until the program runs.
+            let tgid = crate::proc::status(tid).map_or(tid, |s| s.tgid);
+            tracing::debug!(
+                tid,
+                code = i32::from_le_bytes([info[8], info[9], info[10], info[11]]),
+                "SIGTRAP sent to the program during a batch: sent again"
+            );
+            crate::coop::tgkill(tgid, tid, libc::SIGTRAP)?;
+        }
+        let mut raw = vec![0u8; calls.len() * 8];
+        crate::mem::read_vm(tid, code + RESULTS_AT, &mut raw)?;
+        Ok(raw
+            .chunks_exact(8)
+            .map(|w| i64::from_le_bytes(w.try_into().unwrap_or([0; 8])))
+            .collect())
+    }
+
+    /// Resume the tracee until it stops at the SIGTRAP of the `int3` that
+    /// ends at `end`. Returns the siginfo of a SIGTRAP someone else sent
+    /// meanwhile, which was taken from the program's queue.
+    fn run_to_trap(&mut self, end: u64) -> Result<Option<[u8; crate::ptrace::SIGINFO_SIZE]>> {
+        let mut foreign = None;
+        let mut group_stops = 0;
+        self.t.resume(libc::PTRACE_CONT, 0)?;
+        loop {
+            let stop = self.t.wait_stop()?;
+            count_stop();
+            tracing::trace!(tid = self.t.tid(), ?stop, "stop while running a batch");
+            match stop {
+                Stop::Signal(libc::SIGTRAP) => {
+                    let info = self.t.siginfo()?;
+                    let code = i32::from_le_bytes([info[8], info[9], info[10], info[11]]);
+                    let at_end = self.t.get_regs()?.rip == end;
+                    if !(at_end && code == SI_KERNEL) {
+                        // Not ours (ours, if merged into it, is gone too).
+                        foreign = Some(info);
+                    }
+                    if at_end {
+                        return Ok(foreign);
+                    }
+                    // Discarded now, sent again once the batch is done.
+                    self.t.resume(libc::PTRACE_CONT, 0)?;
+                }
+                // As in `syscall_raw`: a stopped process reports its
+                // group-stop again once resumed.
+                Stop::Event { event, sig }
+                    if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 =>
+                {
+                    group_stops += 1;
+                    self.t.resume(libc::PTRACE_CONT, 0)?;
+                }
+                other => return Err(unexpected(self.t.tid(), other, "batch")),
+            }
+        }
     }
 
     /// Map `len` bytes of private anonymous read-write memory in the tracee
@@ -234,6 +382,19 @@ pub fn find_syscall_insn(pid: i32) -> Result<u64> {
         }
     }
     Err(SysError::NoSyscallInsn { pid })
+}
+
+/// The error of a stop an injection did not expect.
+fn unexpected(tid: i32, stop: Stop, during: &'static str) -> SysError {
+    SysError::UnexpectedStop {
+        tid,
+        status: match stop {
+            Stop::Signal(s) => s,
+            Stop::Event { event, sig } => (event << 16) | sig,
+            Stop::Syscall => 0,
+        },
+        during,
+    }
 }
 
 fn is_stop_signal(sig: i32) -> bool {

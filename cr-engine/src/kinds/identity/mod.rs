@@ -48,24 +48,9 @@ impl Kind for Identity {
             keep_caps: false,
             dumpable: 0,
         };
-        let (keep_caps, dumpable) = cx
-            .probe
-            .on(0, |inj| {
-                let keep = inj.call(
-                    "prctl(PR_GET_KEEPCAPS)",
-                    libc::SYS_prctl,
-                    [libc::PR_GET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
-                )?;
-                let dumpable = inj.call(
-                    "prctl(PR_GET_DUMPABLE)",
-                    libc::SYS_prctl,
-                    [libc::PR_GET_DUMPABLE as u64, 0, 0, 0, 0, 0],
-                )?;
-                Ok((keep == 1, dumpable as u32))
-            })
-            .map_err(sys)?;
-        creds.keep_caps = keep_caps;
-        creds.dumpable = dumpable.min(2);
+        // Asked with the rest of the main thread's state (`crate::asked`).
+        creds.keep_caps = cx.main.keep_caps;
+        creds.dumpable = cx.main.dumpable;
         p.identity.creds = creds;
         p.identity.rlimits = limits::get_all(pid)
             .map_err(sys)?

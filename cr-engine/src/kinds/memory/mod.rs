@@ -267,7 +267,8 @@ impl Kind for Memory {
     fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
         let pid = cx.pid;
         let sys = |e| CheckpointError::from_sys(pid, e);
-        let brk = cx.probe.call("brk", libc::SYS_brk, [0; 6]).map_err(sys)?;
+        // Asked with the rest of the main thread's state (`crate::asked`).
+        let brk = cx.main.brk;
         let s = &cx.stat;
         p.mm = Mm {
             start_code: s.startcode,

@@ -340,23 +340,33 @@ fn register_remote(
     }
     let pid = probe.pid();
     let scratch = probe.scratch()?;
-    probe.on(0, |inj| {
-        let mut done = Vec::new();
-        for &(a, e) in ranges {
-            let reg = [a, e - a, kd::UFFDIO_REGISTER_MODE_WP, 0];
-            mem::write_vm(pid, scratch, &words(&reg))?;
-            let r = inj.syscall_raw(
-                libc::SYS_ioctl,
-                [fd as u64, kd::UFFDIO_REGISTER, scratch, 0, 0, 0],
-            )?;
+    // As many ranges per stop as the scratch page holds arguments (32
+    // bytes each).
+    let mut done = Vec::new();
+    for group in ranges.chunks((Probe::SCRATCH / 32) as usize) {
+        let args: Vec<u64> = group
+            .iter()
+            .flat_map(|&(a, e)| [a, e - a, kd::UFFDIO_REGISTER_MODE_WP, 0])
+            .collect();
+        mem::write_vm(pid, scratch, &words(&args))?;
+        let calls: Vec<_> = (0..group.len() as u64)
+            .map(|k| {
+                (
+                    "ioctl(UFFDIO_REGISTER)",
+                    libc::SYS_ioctl,
+                    [fd as u64, kd::UFFDIO_REGISTER, scratch + 32 * k, 0, 0, 0],
+                )
+            })
+            .collect();
+        for (&(a, e), r) in group.iter().zip(probe.calls_raw(0, &calls)?) {
             if r == 0 {
                 done.push((a, e));
             } else {
                 debug!(pid, start = a, end = e, errno = -r, "range not trackable");
             }
         }
-        Ok(done)
-    })
+    }
+    Ok(done)
 }
 
 pub(crate) fn words(w: &[u64]) -> Vec<u8> {

@@ -25,26 +25,37 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 pub struct Pipes;
 
-/// Pipe inode -> a process outside the tree holding it (cached).
+/// Pipe inode -> a process outside the tree holding it: every pipe held
+/// outside the tree, gathered in one pass over the other processes the
+/// first time a pipe with an end missing in the tree is looked at (None:
+/// not yet).
 #[derive(Default)]
-struct Outside(HashMap<u64, Option<i32>>);
+struct Outside(Option<HashMap<u64, i32>>);
 
 /// A process outside the tree holding pipe `ino`, if any.
 fn pipe_outside(cx: &mut FdScan<'_>, ino: u64) -> Option<i32> {
-    if let Some(v) = cx.tree.stash.get::<Outside>().0.get(&ino) {
-        return *v;
+    if cx.tree.stash.get::<Outside>().0.is_none() {
+        let me = std::process::id() as i32;
+        let mut held = HashMap::new();
+        for p in proc::all_pids() {
+            if cx.tree.in_tree(p) || p == me {
+                continue;
+            }
+            for (_, t) in proc::fds(p).unwrap_or_default() {
+                if let proc::FDTarget::Pipe(i) = t {
+                    held.entry(i).or_insert(p);
+                }
+            }
+        }
+        cx.tree.stash.get::<Outside>().0 = Some(held);
     }
-    let me = std::process::id() as i32;
-    let found = proc::all_pids()
-        .into_iter()
-        .filter(|&p| !cx.tree.in_tree(p) && p != me)
-        .find(|&p| {
-            proc::fds(p)
-                .map(|l| l.iter().any(|(_, t)| *t == proc::FDTarget::Pipe(ino)))
-                .unwrap_or(false)
-        });
-    cx.tree.stash.get::<Outside>().0.insert(ino, found);
-    found
+    cx.tree
+        .stash
+        .get::<Outside>()
+        .0
+        .as_ref()?
+        .get(&ino)
+        .copied()
 }
 
 impl FileKind for Pipes {

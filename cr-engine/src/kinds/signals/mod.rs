@@ -31,7 +31,7 @@ use crate::error::{CheckpointError, RestoreError, StepContext};
 use crate::kinds::Kind;
 use crate::restore::Rebuild;
 use cr_image::model::signals::NSIG;
-use cr_image::model::{AltStack, Process, SigAction, SigInfo, Thread};
+use cr_image::model::{Process, SigAction, SigInfo, Thread};
 use cr_sys::mem;
 use cr_sys::remote::Injector;
 
@@ -55,27 +55,9 @@ impl Kind for Signals {
             th.sigmask = t.get_sigmask().map_err(sys)?;
             th.pending = siginfos(t.pending_signals(false).map_err(sys)?);
         }
-        let scratch = cx.probe.scratch().map_err(sys)?;
-        for (i, th) in p.threads.iter_mut().enumerate() {
-            cx.probe
-                .on(i, |inj| {
-                    inj.call(
-                        "sigaltstack",
-                        libc::SYS_sigaltstack,
-                        [0, scratch, 0, 0, 0, 0],
-                    )
-                })
-                .map_err(sys)?;
-            let mut raw = [0u8; 24];
-            cx.probe.read(0, &mut raw).map_err(sys)?;
-            th.sigaltstack = AltStack {
-                sp: crate::probe::word(&raw, 0),
-                flags: crate::probe::word(&raw, 1) as u32 as i32,
-                size: crate::probe::word(&raw, 2),
-            };
-        }
-        let asked = cx.status.sigcgt | cx.status.sigign | bit(libc::SIGCHLD as u32);
-        p.signals.actions = actions(cx, asked).map_err(sys)?;
+        // Each thread's alternate signal stack: read by kind "threads",
+        // in the same stop of the thread as its other per-thread state.
+        p.signals.actions = actions(cx);
         Ok(())
     }
 
@@ -120,32 +102,13 @@ fn bit(sig: u32) -> u64 {
     1u64 << (sig - 1)
 }
 
-/// The action of every signal of the set `asked` (see the module docs);
-/// those left out have their default action.
-fn actions(cx: &mut Proc<'_, '_>, asked: u64) -> cr_sys::error::Result<Vec<SigAction>> {
-    let scratch = cx.probe.scratch()?;
-    let mut raw = vec![0u8; NSIG as usize * 32];
-    cx.probe.on(0, |inj| {
-        for sig in 1..=NSIG {
-            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 || asked & bit(sig) == 0 {
-                continue;
-            }
-            inj.call(
-                "rt_sigaction",
-                libc::SYS_rt_sigaction,
-                [sig as u64, 0, scratch + (sig as u64 - 1) * 32, 8, 0, 0],
-            )?;
-        }
-        Ok(())
-    })?;
-    cx.probe.read(0, &mut raw)?;
-    // Never asked: left as zero (the default action).
-    for sig in (1..=NSIG).filter(|&s| asked & bit(s) == 0) {
-        raw[(sig as usize - 1) * 32..sig as usize * 32].fill(0);
-    }
+/// The action of every signal the main thread was asked about
+/// (`crate::asked`); the others have their default action.
+fn actions(cx: &Proc<'_, '_>) -> Vec<SigAction> {
+    let raw = &cx.main.actions;
     let mut out = Vec::new();
     for sig in 1..=NSIG {
-        let w = |i: usize| crate::probe::word(&raw, (sig as usize - 1) * 4 + i);
+        let w = |i: usize| crate::probe::word(raw, (sig as usize - 1) * 4 + i);
         let (handler, flags, restorer, mask) = (w(0), w(1), w(2), w(3));
         if handler != 0 || flags != 0 || mask != 0 {
             out.push(SigAction {
@@ -157,7 +120,7 @@ fn actions(cx: &mut Proc<'_, '_>, asked: u64) -> cr_sys::error::Result<Vec<SigAc
             });
         }
     }
-    Ok(out)
+    out
 }
 
 /// A thread's alternate signal stack (the stub inherited ours: always

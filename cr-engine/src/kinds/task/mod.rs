@@ -37,9 +37,7 @@ use cr_sys::proc;
 pub struct Task;
 
 const PR_SET_CHILD_SUBREAPER: u64 = 36;
-const PR_GET_CHILD_SUBREAPER: u64 = 37;
 const PR_SET_THP_DISABLE: u64 = 41;
-const PR_GET_THP_DISABLE: u64 = 42;
 
 /// The scheduling policy (with SCHED_RESET_ON_FORK) and real-time priority,
 /// then the nice value (which a real-time policy keeps for later).
@@ -96,26 +94,9 @@ impl Kind for Task {
             .parse()
             .unwrap_or(0);
         t.ioprio = cr_sys::sched::io_priority(pid).map_err(sys)?;
-        let scratch = cx.probe.scratch().map_err(sys)?;
-        cx.probe
-            .call(
-                "prctl(PR_GET_CHILD_SUBREAPER)",
-                libc::SYS_prctl,
-                [PR_GET_CHILD_SUBREAPER, scratch, 0, 0, 0, 0],
-            )
-            .map_err(sys)?;
-        let mut raw = [0u8; 4];
-        cx.probe.read(0, &mut raw).map_err(sys)?;
-        t.child_subreaper = i32::from_le_bytes(raw) != 0;
-        t.thp_disable = cx
-            .probe
-            .call(
-                "prctl(PR_GET_THP_DISABLE)",
-                libc::SYS_prctl,
-                [PR_GET_THP_DISABLE, 0, 0, 0, 0, 0],
-            )
-            .map_err(sys)?
-            != 0;
+        // Asked with the rest of the main thread's state (`crate::asked`).
+        t.child_subreaper = cx.main.child_subreaper;
+        t.thp_disable = cx.main.thp_disable;
         Ok(())
     }
 

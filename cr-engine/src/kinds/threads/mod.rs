@@ -38,7 +38,7 @@ use std::collections::BTreeSet;
 
 pub struct Threads;
 
-const PR_GET_TID_ADDRESS: u64 = 40;
+pub(crate) const PR_GET_TID_ADDRESS: u64 = 40;
 const RSEQ_FLAG_UNREGISTER: u64 = 1;
 
 /// Seize and stop every thread of `pid`; the main thread comes first.
@@ -118,7 +118,7 @@ impl Kind for Threads {
                     len: rseq.len,
                     signature: rseq.signature,
                 }),
-                // Read below and by kind "signals".
+                // Read below, with the alternate signal stack.
                 clear_child_tid: 0,
                 pdeathsig: 0,
                 robust_list,
@@ -133,25 +133,48 @@ impl Kind for Threads {
             });
         }
         let scratch = cx.probe.scratch().map_err(sys)?;
-        for (i, th) in p.threads.iter_mut().enumerate() {
+        // What only the thread can tell, in one stop of it (a batch): its
+        // clear-child-tid address, parent-death signal and alternate
+        // signal stack (kind "signals" keeps the latter). The main thread
+        // was asked with the rest (`crate::asked`).
+        let main = &cx.main;
+        if let Some(th) = p.threads.first_mut() {
+            th.clear_child_tid = main.clear_child_tid;
+            th.pdeathsig = main.pdeathsig;
+            th.sigaltstack = main.sigaltstack;
+        }
+        for (i, th) in p.threads.iter_mut().enumerate().skip(1) {
             cx.probe
-                .on(i, |inj| {
-                    inj.call(
-                        "prctl(PR_GET_TID_ADDRESS)",
-                        libc::SYS_prctl,
-                        [PR_GET_TID_ADDRESS, scratch, 0, 0, 0, 0],
-                    )?;
-                    inj.call(
-                        "prctl(PR_GET_PDEATHSIG)",
-                        libc::SYS_prctl,
-                        [libc::PR_GET_PDEATHSIG as u64, scratch + 8, 0, 0, 0, 0],
-                    )
-                })
+                .calls(
+                    i,
+                    &[
+                        (
+                            "prctl(PR_GET_TID_ADDRESS)",
+                            libc::SYS_prctl,
+                            [PR_GET_TID_ADDRESS, scratch, 0, 0, 0, 0],
+                        ),
+                        (
+                            "prctl(PR_GET_PDEATHSIG)",
+                            libc::SYS_prctl,
+                            [libc::PR_GET_PDEATHSIG as u64, scratch + 8, 0, 0, 0, 0],
+                        ),
+                        (
+                            "sigaltstack",
+                            libc::SYS_sigaltstack,
+                            [0, scratch + 16, 0, 0, 0, 0],
+                        ),
+                    ],
+                )
                 .map_err(sys)?;
-            let mut raw = [0u8; 12];
+            let mut raw = [0u8; 40];
             cx.probe.read(0, &mut raw).map_err(sys)?;
             th.clear_child_tid = crate::probe::word(&raw, 0);
             th.pdeathsig = i32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
+            th.sigaltstack = AltStack {
+                sp: crate::probe::word(&raw, 2),
+                flags: crate::probe::word(&raw, 3) as u32 as i32,
+                size: crate::probe::word(&raw, 4),
+            };
         }
         Ok(())
     }

@@ -92,21 +92,9 @@ impl Kind for Timers {
         let pid = cx.pid;
         let sys = |e| CheckpointError::from_sys(pid, e);
         let scratch = cx.probe.scratch().map_err(sys)?;
-        cx.probe
-            .on(0, |inj| {
-                for which in 0..3u64 {
-                    inj.call(
-                        "getitimer",
-                        libc::SYS_getitimer,
-                        [which, scratch + which * 32, 0, 0, 0, 0],
-                    )?;
-                }
-                Ok(())
-            })
-            .map_err(sys)?;
-        let mut raw = [0u8; 96];
-        cx.probe.read(0, &mut raw).map_err(sys)?;
-        let word = |i| crate::probe::word(&raw, i);
+        // Asked with the rest of the main thread's state (`crate::asked`).
+        let raw = &cx.main.itimers;
+        let word = |i| crate::probe::word(raw, i);
         p.timers.itimers = (0..3)
             .filter_map(|w| {
                 let b = w * 4;
@@ -124,28 +112,38 @@ impl Kind for Timers {
             return Ok(());
         };
         let mut timers = parse_timers(&text).map_err(|w| CheckpointError::unsupported(pid, w))?;
-        for t in timers.iter_mut() {
-            let id = t.id as u64;
-            let overrun = cx
-                .probe
-                .on(0, |inj| {
-                    inj.call(
-                        "timer_gettime",
-                        libc::SYS_timer_gettime,
-                        [id, scratch, 0, 0, 0, 0],
-                    )?;
-                    inj.call(
-                        "timer_getoverrun",
-                        libc::SYS_timer_getoverrun,
-                        [id, 0, 0, 0, 0, 0],
-                    )
+        // Each timer's setting and overrun, as many timers per stop as
+        // the scratch page holds settings.
+        const PER_PAGE: usize = (crate::probe::Probe::SCRATCH / 32) as usize;
+        for group in timers.chunks_mut(PER_PAGE) {
+            let calls: Vec<_> = group
+                .iter()
+                .enumerate()
+                .flat_map(|(k, t)| {
+                    let id = t.id as u64;
+                    [
+                        (
+                            "timer_gettime",
+                            libc::SYS_timer_gettime,
+                            [id, scratch + k as u64 * 32, 0, 0, 0, 0],
+                        ),
+                        (
+                            "timer_getoverrun",
+                            libc::SYS_timer_getoverrun,
+                            [id, 0, 0, 0, 0, 0],
+                        ),
+                    ]
                 })
-                .map_err(sys)?;
-            let mut spec = [0u8; 32];
-            cx.probe.read(0, &mut spec).map_err(sys)?;
-            t.interval_ns = timespec_ns(&spec, 0);
-            t.value_ns = timespec_ns(&spec, 2);
-            t.overrun = overrun as i32;
+                .collect();
+            let got = cx.probe.calls(0, &calls).map_err(sys)?;
+            let mut specs = vec![0u8; group.len() * 32];
+            cx.probe.read(0, &mut specs).map_err(sys)?;
+            for (k, t) in group.iter_mut().enumerate() {
+                let spec = &specs[k * 32..k * 32 + 32];
+                t.interval_ns = timespec_ns(spec, 0);
+                t.value_ns = timespec_ns(spec, 2);
+                t.overrun = got[2 * k + 1] as i32;
+            }
         }
         // /proc lists the newest timer first; keep the image in id order
         // (the order a kernel without preset ids would hand them out).
