@@ -39,6 +39,8 @@ fn thread(tid: u32) -> Thread {
         })],
         sigaltstack: AltStack::default(),
         comm: "worker".into(),
+        timer_slack_ns: 50_000,
+        ioprio: Some(2 << 13 | 4),
         seccomp: ThreadSeccomp {
             mode: SeccompMode::Filter,
             chain: vec![0, 1, 0],
