@@ -615,6 +615,88 @@ expect(echo(2) == (0, 2, b"cr-ping"), "the echo reply after the restore")
     assert_eq!((pings(&rt.before), pings(&rt.after)), (1, 1));
 }
 
+/// Ping sockets keep their echo identifier (the kernel's "port" of an ICMP
+/// datagram socket: it rewrites the id of every echo request sent and
+/// hands a reply only to the socket of its id): one given its id by the
+/// kernel at its first send, one bound to an id of its own, an ICMPv6 one,
+/// and connected ones of both families (given their id by the connect;
+/// getpeername hides their peer). After the restore each has its id again
+/// and gets replies with it; the connected ones, and a connected raw ICMP
+/// socket, send without an address.
+#[test]
+fn ping_sockets_keep_their_echo_id() {
+    let rt = in_new_netns(|| {
+        std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 0")
+            .expect("set ping_group_range in the test's network namespace");
+        round_trip(
+            "inet-ping-id",
+            r#"
+def ping(family, bind=None):
+    s = socket.socket(family, socket.SOCK_DGRAM,
+                      socket.IPPROTO_ICMP if family == socket.AF_INET else socket.IPPROTO_ICMPV6)
+    if bind is not None:
+        s.bind(("0.0.0.0" if family == socket.AF_INET else "::", bind))
+    return s
+def echo(s, seq):
+    v4 = s.family == socket.AF_INET
+    request = struct.pack("!BBHHH", 8 if v4 else 128, 0, 0, 0xbeef, seq) + b"cr-ping"
+    if s in connected:
+        s.send(request)
+    else:
+        s.sendto(request, ("127.0.0.1" if v4 else "::1", 0))
+    s.settimeout(5)
+    reply = s.recv(64)
+    kind, ident, got = struct.unpack("!BxxxHH", reply[:8])
+    expect(kind == (0 if v4 else 129) and got == seq and reply[8:] == b"cr-ping", "echo reply %r" % reply)
+    return ident
+pings = {"auto": ping(socket.AF_INET), "bound": ping(socket.AF_INET, 4321), "v6": ping(socket.AF_INET6),
+         "connected": ping(socket.AF_INET), "connected v6": ping(socket.AF_INET6)}
+pings["connected"].connect(("127.0.0.1", 0)); pings["connected v6"].connect(("::1", 0))
+connected = [pings["connected"], pings["connected v6"]]
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+raw.connect(("127.0.0.1", 0))
+ids = {name: echo(s, 1) for name, s in pings.items()}
+assert ids["bound"] == 4321, "the bound id %d" % ids["bound"]
+for name, s in pings.items():
+    assert s.getsockname()[1] == ids[name], "%s: id %d, bound to %r" % (name, ids[name], s.getsockname())
+"#,
+            r#"
+for name, s in pings.items():
+    expect(s.getsockname()[1] == ids[name], "%s: bound to %r, had id %d" % (name, s.getsockname(), ids[name]))
+    got = echo(s, 2)
+    expect(got == ids[name], "%s: reply with id %d, had %d" % (name, got, ids[name]))
+try:
+    raw.send(struct.pack("!BBHHH", 8, 0, 0, 0xbeef, 3) + b"cr-raw")
+except OSError as e:
+    expect(False, "the connected raw socket: %r" % e)
+"#,
+        )
+    });
+    let ids = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<_> = crate::kinds::testkit::objects_of(c, |k| match k {
+            cr_image::model::ObjectKind::InetSocket(s) => Some(s),
+            _ => None,
+        })
+        .into_iter()
+        .map(|s| {
+            let port = |a: Option<std::net::SocketAddr>| a.map(|a| a.port());
+            (s.sock_type, s.protocol, port(s.local), port(s.remote))
+        })
+        .collect();
+        v.sort();
+        v
+    };
+    let (a, b) = (ids(&rt.before), ids(&rt.after));
+    assert_eq!(a, b);
+    assert_eq!(a.len(), 6, "{a:?}");
+    assert!(a.contains(&(2, 1, Some(4321), None)), "{a:?}");
+    assert_eq!(
+        a.iter().filter(|s| s.3 == Some(0)).count(),
+        3,
+        "connected: {a:?}"
+    );
+}
+
 /// A TCP connection reset by its peer (SO_LINGER 0) before the program
 /// read what the peer sent: in state CLOSE with bytes in its receive
 /// queue, which no repair-mode call can put back in a closed socket.
