@@ -157,6 +157,7 @@ pub fn tree(
         };
         process(&mut c, image, &now);
         kinds::inet::verify(&mut c, ck, image, f.pid);
+        kinds::tty::verify(&mut c, ck, image, f.pid);
         if c.first.is_some() {
             difference = c.first;
             break;

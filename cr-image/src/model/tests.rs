@@ -525,6 +525,7 @@ fn objects() -> Vec<Object> {
                 input: b"cd /".to_vec(),
                 output: b"$ ".to_vec(),
                 packet: true,
+                packet_status: 0x21,
                 slave_mode: 0o620,
                 slave_uid: 1000,
                 slave_gid: 5,
