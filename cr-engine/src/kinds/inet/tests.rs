@@ -2,7 +2,8 @@
 //! TCP listener, an established connection with data in flight both ways
 //! and options set (and its segment size), a bound UDP socket; shut
 //! sockets; and one round trip per TCP state of a connection half closed
-//! or being made (FIN-WAIT-1/2, CLOSE-WAIT, LAST-ACK, CLOSING, SYN-SENT),
+//! or being made (FIN-WAIT-1/2, CLOSE-WAIT, LAST-ACK, CLOSING, over IPv4
+//! and IPv6: the peer segments forged at restore; SYN-SENT),
 //! each in a network namespace of its own; and the refusal of a reset
 //! connection with bytes not read.
 
@@ -300,7 +301,8 @@ expect(s.recv(10) == b"still", "it still sends")
     assert_eq!(shut(&rt.before), shut(&rt.after));
 }
 
-/// Python helpers of the TCP state tests: a connection's state, waiting
+/// Python helpers of the TCP state tests (connections over 127.0.0.1, or
+/// ::1 where a test sets FAMILY and LOOPBACK): a connection's state, waiting
 /// for one, reading to the end, and nft rules of the test's own network
 /// namespace that drop one direction of a connection (so that a FIN or
 /// its ACK stays in flight).
@@ -340,9 +342,10 @@ def drop(rule):
     nft("add table inet t\nadd chain inet t in { type filter hook input priority 0; }\nadd rule inet t in " + rule + " drop\n")
 def undrop():
     nft("delete table inet t\n")
+FAMILY, LOOPBACK = socket.AF_INET, "127.0.0.1"
 def pair():
-    lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(1)
-    a = socket.create_connection(lis.getsockname()); b, _ = lis.accept()
+    lis = socket.socket(FAMILY); lis.bind((LOOPBACK, 0)); lis.listen(1)
+    a = socket.create_connection(lis.getsockname()[:2]); b, _ = lis.accept()
     lis.close()
     return a, b
 def port(s):
@@ -381,7 +384,24 @@ fn tcp_states(c: &cr_image::model::Checkpoint) -> Vec<u32> {
 /// namespace of its own; the image holds sockets in `states` before and
 /// after.
 fn tcp_states_round_trip(name: &str, setup: &str, check: &str, states: &[u32]) {
-    let setup = format!("{TCP_STATES}{setup}");
+    tcp_states_round_trip_in(Family::V4, name, setup, check, states)
+}
+
+/// The address family of the connections [`TCP_STATES`]'s `pair()` makes.
+#[derive(Clone, Copy)]
+enum Family {
+    V4,
+    /// Over ::1: the peer's segments forged at restore are IPv6 ones.
+    V6,
+}
+
+/// [`tcp_states_round_trip`] with connections of `family`.
+fn tcp_states_round_trip_in(family: Family, name: &str, setup: &str, check: &str, states: &[u32]) {
+    let family = match family {
+        Family::V4 => "",
+        Family::V6 => "FAMILY, LOOPBACK = socket.AF_INET6, \"::1\"\n",
+    };
+    let setup = format!("{TCP_STATES}{family}{setup}");
     let rt = in_new_netns(|| round_trip(name, &setup, check));
     assert_eq!(tcp_states(&rt.before), states, "{name}: the first image");
     assert_eq!(
@@ -398,8 +418,18 @@ fn tcp_states_round_trip(name: &str, setup: &str, check: &str, states: &[u32]) {
 /// the end.
 #[test]
 fn tcp_fin_wait2_and_close_wait_round_trip() {
-    tcp_states_round_trip(
-        "tcp-fin-wait2",
+    tcp_fin_wait2_and_close_wait(Family::V4, "tcp-fin-wait2");
+}
+
+#[test]
+fn tcp_fin_wait2_and_close_wait_round_trip_ipv6() {
+    tcp_fin_wait2_and_close_wait(Family::V6, "tcp-fin-wait2-v6");
+}
+
+fn tcp_fin_wait2_and_close_wait(family: Family, name: &str) {
+    tcp_states_round_trip_in(
+        family,
+        name,
         r#"
 a, b = pair()
 b.sendall(b"to a " * 100)
@@ -441,8 +471,18 @@ ends(b, CLOSE, "b")
 /// wrote and the end, and both connections close.
 #[test]
 fn tcp_fin_wait1_and_last_ack_round_trip() {
-    tcp_states_round_trip(
-        "tcp-last-ack",
+    tcp_fin_wait1_and_last_ack(Family::V4, "tcp-last-ack");
+}
+
+#[test]
+fn tcp_fin_wait1_and_last_ack_round_trip_ipv6() {
+    tcp_fin_wait1_and_last_ack(Family::V6, "tcp-last-ack-v6");
+}
+
+fn tcp_fin_wait1_and_last_ack(family: Family, name: &str) {
+    tcp_states_round_trip_in(
+        family,
+        name,
         r#"
 a, b = exchanged()
 drop("tcp sport %d tcp dport %d" % (port(b), port(a)))
@@ -466,8 +506,18 @@ to_the_end(a, b"b1 " * 100 + b"b2 " * 50, b, b"a1 " * 100)
 /// end, and both connections close.
 #[test]
 fn tcp_closing_round_trip() {
-    tcp_states_round_trip(
-        "tcp-closing",
+    tcp_closing(Family::V4, "tcp-closing");
+}
+
+#[test]
+fn tcp_closing_round_trip_ipv6() {
+    tcp_closing(Family::V6, "tcp-closing-v6");
+}
+
+fn tcp_closing(family: Family, name: &str) {
+    tcp_states_round_trip_in(
+        family,
+        name,
         r#"
 a, b = exchanged()
 drop("tcp sport %d tcp dport %d" % (port(a), port(b)))
