@@ -187,15 +187,20 @@ fn take_output(master: &OwnedFd, out: &mut Vec<u8>) -> Result<()> {
 /// Whether `fd` has something to read now (poll also runs the terminal's
 /// pending input processing first when nothing is ready).
 fn readable(fd: &OwnedFd) -> Result<bool> {
+    polled(fd, libc::POLLIN)
+}
+
+/// Whether poll says `events` of `fd` now (without waiting).
+fn polled(fd: &OwnedFd, events: libc::c_short) -> Result<bool> {
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
+        events,
         revents: 0,
     };
     // SAFETY: one pollfd, which we own, for the duration of the call.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
     cvt(r as i64, || "poll of a pseudo-terminal".into())?;
-    Ok(p.revents & libc::POLLIN != 0)
+    Ok(p.revents & events != 0)
 }
 
 /// Put `q` back into the pair (empty queues): `slave` is a non-blocking
@@ -389,15 +394,7 @@ pub const PKT_IOCTL: u8 = 0x40;
 /// Whether master `fd` in packet mode has a status byte pending (POLLPRI,
 /// which n_tty reports exactly then), without taking it.
 pub fn status_pending(master: &OwnedFd) -> Result<bool> {
-    let mut p = libc::pollfd {
-        fd: master.as_raw_fd(),
-        events: libc::POLLPRI,
-        revents: 0,
-    };
-    // SAFETY: one pollfd, which we own, for the duration of the call.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    cvt(r as i64, || "poll of a pseudo-terminal master".into())?;
-    Ok(p.revents & libc::POLLPRI != 0)
+    polled(master, libc::POLLPRI)
 }
 
 /// Take the status byte pending on master `fd` in packet mode (0: none):

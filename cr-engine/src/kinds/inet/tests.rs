@@ -395,6 +395,22 @@ enum Family {
     V6,
 }
 
+/// The round trip `body(family, name)` as two tests: over IPv4 (`v4`) and
+/// over IPv6 (`v6`, its name with "-v6").
+macro_rules! both_families {
+    ($v4:ident, $v6:ident, $body:ident, $name:literal) => {
+        #[test]
+        fn $v4() {
+            $body(Family::V4, $name);
+        }
+
+        #[test]
+        fn $v6() {
+            $body(Family::V6, concat!($name, "-v6"));
+        }
+    };
+}
+
 /// [`tcp_states_round_trip`] with connections of `family`.
 fn tcp_states_round_trip_in(family: Family, name: &str, setup: &str, check: &str, states: &[u32]) {
     let family = match family {
@@ -411,21 +427,18 @@ fn tcp_states_round_trip_in(family: Family, name: &str, setup: &str, check: &str
     );
 }
 
+both_families!(
+    tcp_fin_wait2_and_close_wait_round_trip,
+    tcp_fin_wait2_and_close_wait_round_trip_ipv6,
+    tcp_fin_wait2_and_close_wait,
+    "tcp-fin-wait2"
+);
+
 /// FIN-WAIT-2 and CLOSE-WAIT: `a` shut its sending side and the peer `b`
 /// acknowledged the FIN; both have data not read yet. After the restore `b`
 /// reads its data then the end of the stream, and can still write to `a`;
 /// `a` reads all `b` wrote and cannot write; when `b` shuts too, `a` sees
 /// the end.
-#[test]
-fn tcp_fin_wait2_and_close_wait_round_trip() {
-    tcp_fin_wait2_and_close_wait(Family::V4, "tcp-fin-wait2");
-}
-
-#[test]
-fn tcp_fin_wait2_and_close_wait_round_trip_ipv6() {
-    tcp_fin_wait2_and_close_wait(Family::V6, "tcp-fin-wait2-v6");
-}
-
 fn tcp_fin_wait2_and_close_wait(family: Family, name: &str) {
     tcp_states_round_trip_in(
         family,
@@ -465,20 +478,17 @@ ends(b, CLOSE, "b")
     );
 }
 
+both_families!(
+    tcp_fin_wait1_and_last_ack_round_trip,
+    tcp_fin_wait1_and_last_ack_round_trip_ipv6,
+    tcp_fin_wait1_and_last_ack,
+    "tcp-last-ack"
+);
+
 /// FIN-WAIT-1 and LAST-ACK: nothing `b` sends reaches `a`: `a` shut its
 /// side (its FIN reached `b`, the ACK did not come back), `b` wrote more and
 /// shut its side too. Once packets flow again, each reads all the other
 /// wrote and the end, and both connections close.
-#[test]
-fn tcp_fin_wait1_and_last_ack_round_trip() {
-    tcp_fin_wait1_and_last_ack(Family::V4, "tcp-last-ack");
-}
-
-#[test]
-fn tcp_fin_wait1_and_last_ack_round_trip_ipv6() {
-    tcp_fin_wait1_and_last_ack(Family::V6, "tcp-last-ack-v6");
-}
-
 fn tcp_fin_wait1_and_last_ack(family: Family, name: &str) {
     tcp_states_round_trip_in(
         family,
@@ -500,20 +510,17 @@ to_the_end(a, b"b1 " * 100 + b"b2 " * 50, b, b"a1 " * 100)
     );
 }
 
+both_families!(
+    tcp_closing_round_trip,
+    tcp_closing_round_trip_ipv6,
+    tcp_closing,
+    "tcp-closing"
+);
+
 /// CLOSING (and FIN-WAIT-1): nothing `a` sends reaches `b`; both shut
 /// their sides, so the FINs crossed: `a` got `b`'s FIN before any ACK of
 /// its own. Once packets flow again, both read the other's data and the
 /// end, and both connections close.
-#[test]
-fn tcp_closing_round_trip() {
-    tcp_closing(Family::V4, "tcp-closing");
-}
-
-#[test]
-fn tcp_closing_round_trip_ipv6() {
-    tcp_closing(Family::V6, "tcp-closing-v6");
-}
-
 fn tcp_closing(family: Family, name: &str) {
     tcp_states_round_trip_in(
         family,
