@@ -631,15 +631,23 @@ expect(err == errno.ECONNREFUSED, "connect to a closed port: %s" % os.strerror(e
     );
 }
 
+/// Run `f` in a network namespace of its own whose
+/// net.ipv4.ping_group_range is `range`.
+fn with_ping_groups<T: Send>(range: &str, f: impl FnOnce() -> T + Send) -> T {
+    in_new_netns(|| {
+        std::fs::write("/proc/sys/net/ipv4/ping_group_range", range)
+            .expect("set ping_group_range in the test's network namespace");
+        f()
+    })
+}
+
 /// A ping socket of a program whose group is in net.ipv4.ping_group_range
 /// while the restorer's (root's group 0) is not: the kernel refuses root
 /// too, so the restore makes it as a group of the range. After the restore
 /// the program pings through it and gets its echo reply.
 #[test]
 fn ping_socket_restored_outside_the_restorers_group_range() {
-    let rt = in_new_netns(|| {
-        std::fs::write("/proc/sys/net/ipv4/ping_group_range", "4242 4242")
-            .expect("set ping_group_range in the test's network namespace");
+    let rt = with_ping_groups("4242 4242", || {
         round_trip(
             "inet-ping",
             r#"
@@ -682,9 +690,7 @@ expect(echo(2) == (0, 2, b"cr-ping"), "the echo reply after the restore")
 /// socket, send without an address.
 #[test]
 fn ping_sockets_keep_their_echo_id() {
-    let rt = in_new_netns(|| {
-        std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 0")
-            .expect("set ping_group_range in the test's network namespace");
+    let rt = with_ping_groups("0 0", || {
         round_trip(
             "inet-ping-id",
             r#"
