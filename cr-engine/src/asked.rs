@@ -39,6 +39,8 @@ pub struct MainAnswers {
     pub child_subreaper: bool,
     pub thp_disable: bool,
     pub brk: u64,
+    /// prctl(PR_GET_TIMERSLACK) (0 for a real-time thread).
+    pub timer_slack_ns: u64,
 }
 
 /// Signal `sig`'s bit in a signal set of /proc/PID/status.
@@ -117,6 +119,12 @@ pub fn main_thread(probe: &mut Probe<'_>, status: &Status) -> Result<MainAnswers
             [PR_GET_THP_DISABLE, 0, 0, 0, 0, 0],
         ),
         ("brk", libc::SYS_brk, [0; 6]),
+        // Answered as the return value (0 for a real-time thread).
+        (
+            "prctl(PR_GET_TIMERSLACK)",
+            libc::SYS_prctl,
+            [libc::PR_GET_TIMERSLACK as u64, 0, 0, 0, 0, 0],
+        ),
     ]);
     let got = probe.calls(0, &calls)?;
     let r = &got[first..];
@@ -142,5 +150,6 @@ pub fn main_thread(probe: &mut Probe<'_>, status: &Status) -> Result<MainAnswers
         child_subreaper: word(at(SUBREAPER), 0) as u32 != 0,
         thp_disable: r[9] != 0,
         brk: r[10],
+        timer_slack_ns: r[11],
     })
 }

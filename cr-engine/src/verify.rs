@@ -157,6 +157,7 @@ pub fn tree(
         };
         process(&mut c, image, &now);
         kinds::inet::verify(&mut c, ck, image, f.pid);
+        kinds::tty::verify(&mut c, ck, image, f.pid);
         if c.first.is_some() {
             difference = c.first;
             break;
@@ -331,6 +332,8 @@ mod tests {
             sigaltstack: Default::default(),
             seccomp: Default::default(),
             comm: String::new(),
+            timer_slack_ns: 0,
+            ioprio: None,
         }];
         let mut now = image.clone();
         now.threads[0].pdeathsig = 9;
@@ -346,6 +349,17 @@ mod tests {
         now.threads[0].affinity = vec![1];
         let got = first(&image, &now, false).unwrap_or_default();
         assert!(got.contains("thread 40: CPU affinity"), "{got}");
+        // Timer slack and I/O priority, when the image knows them.
+        image.threads[0].timer_slack_ns = 50_000;
+        image.threads[0].ioprio = Some(0);
+        let mut now = image.clone();
+        now.threads[0].timer_slack_ns = 61_000;
+        let got = first(&image, &now, false).unwrap_or_default();
+        assert!(got.contains("thread 40: timer slack"), "{got}");
+        let mut now = image.clone();
+        now.threads[0].ioprio = Some(3 << 13);
+        let got = first(&image, &now, false).unwrap_or_default();
+        assert!(got.contains("thread 40: I/O priority"), "{got}");
     }
 
     #[test]

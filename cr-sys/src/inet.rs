@@ -541,3 +541,67 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
         v4 => v4,
     }
 }
+
+/// The peer of a connected raw or ping socket of process `pid` (inode
+/// `inode`), which getpeername hides: such a socket has no peer port, and
+/// the kernel answers ENOTCONN whenever the peer's port is 0. Its line in
+/// /proc/PID/net/`table` (raw, raw6, icmp, icmp6: the process's network
+/// namespace) has the address. None when it is not connected.
+pub fn datagram_peer(pid: i32, table: &str, inode: u64) -> Result<Option<SocketAddr>> {
+    let path = format!("/proc/{pid}/net/{table}");
+    let text = std::fs::read_to_string(&path).map_err(crate::error::io_err(&path))?;
+    Ok(peer_in_table(&text, inode))
+}
+
+/// The remote address of socket `inode` in the text of a /proc/net table
+/// of datagram sockets (`sl local rem st ... uid timeout inode ...`), when
+/// its state is established (connected). Each 32-bit word of an address is
+/// printed as the host reads the bytes of the network-order address.
+fn peer_in_table(text: &str, inode: u64) -> Option<SocketAddr> {
+    let inode = inode.to_string();
+    let cols: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|c| c.get(9) == Some(&inode.as_str()))?;
+    if u8::from_str_radix(cols.get(3)?, 16).ok()? != TCP_ESTABLISHED {
+        return None;
+    }
+    let (addr, port) = cols.get(2)?.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for i in (0..addr.len()).step_by(8) {
+        let word = u32::from_str_radix(addr.get(i..i + 8)?, 16).ok()?;
+        bytes.extend_from_slice(&word.to_ne_bytes());
+    }
+    let ip = match bytes.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
+        16 => IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use super::peer_in_table;
+
+    #[test]
+    fn connected_datagram_sockets_are_found_by_inode() {
+        let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n  \
+            57: 0100007F:0001 0200007F:0000 01 00000000:00000000 00:00000000 00000000     0        0 13288854 2 000000001172c638 0\n  \
+            58: 00000000:0001 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 13288855 2 000000001172c638 0\n";
+        assert_eq!(
+            peer_in_table(v4, 13288854),
+            Some("127.0.0.2:0".parse().unwrap())
+        );
+        assert_eq!(peer_in_table(v4, 13288855), None, "not connected");
+        assert_eq!(peer_in_table(v4, 1), None, "not there");
+        let v6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n   \
+            91: 00000000000000000000000001000000:003A 00000000000000000000000001000000:0000 01 00000000:00000000 00:00000000 00000000     0        0 13288853 2 000000002f516664 0\n";
+        assert_eq!(
+            peer_in_table(v6, 13288853),
+            Some("[::1]:0".parse().unwrap())
+        );
+    }
+}

@@ -23,6 +23,14 @@
 //! - The line discipline holds at most 4095 bytes; what the writer sent
 //!   beyond that waited unprocessed (flip buffers) and is written to the
 //!   master again, to be processed then, as it would have been.
+//! - A master in packet mode (TIOCPKT) may have a status byte pending
+//!   (the slave's flushes, output stops and starts, flow-control and
+//!   EXTPROC changes), which its next read returns alone, and which poll
+//!   reports as POLLPRI. Turning packet mode on clears it, and while packet
+//!   mode is on every termios change of the slave touching flow control
+//!   (IXON with ^S/^Q) or EXTPROC sets bits of it: the queues are taken
+//!   out and put back with packet mode off, and the status is taken before
+//!   and made again after ([`take_status`], [`put_status`]).
 //! - The slave's output waits in the master's line discipline, which is
 //!   always raw (the master's termios cannot be changed: termios ioctls on
 //!   a master act on the slave): put back with TIOCSTI on the master; more
@@ -179,15 +187,20 @@ fn take_output(master: &OwnedFd, out: &mut Vec<u8>) -> Result<()> {
 /// Whether `fd` has something to read now (poll also runs the terminal's
 /// pending input processing first when nothing is ready).
 fn readable(fd: &OwnedFd) -> Result<bool> {
+    polled(fd, libc::POLLIN)
+}
+
+/// Whether poll says `events` of `fd` now (without waiting).
+fn polled(fd: &OwnedFd, events: libc::c_short) -> Result<bool> {
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
+        events,
         revents: 0,
     };
     // SAFETY: one pollfd, which we own, for the duration of the call.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
     cvt(r as i64, || "poll of a pseudo-terminal".into())?;
-    Ok(p.revents & libc::POLLIN != 0)
+    Ok(p.revents & events != 0)
 }
 
 /// Put `q` back into the pair (empty queues): `slave` is a non-blocking
@@ -367,4 +380,129 @@ pub fn set_packet_mode(master: &OwnedFd, on: bool) -> Result<()> {
     // SAFETY: TIOCPKT reads one int.
     let r = unsafe { libc::ioctl(master.as_raw_fd(), TIOCPKT, &v) };
     cvt(r as i64, || "ioctl(TIOCPKT)".into()).map(drop)
+}
+
+/// Bits of a packet-mode status byte (TIOCPKT_*).
+pub const PKT_FLUSHREAD: u8 = 0x01;
+pub const PKT_FLUSHWRITE: u8 = 0x02;
+pub const PKT_STOP: u8 = 0x04;
+pub const PKT_START: u8 = 0x08;
+pub const PKT_NOSTOP: u8 = 0x10;
+pub const PKT_DOSTOP: u8 = 0x20;
+pub const PKT_IOCTL: u8 = 0x40;
+
+/// Whether master `fd` in packet mode has a status byte pending (POLLPRI,
+/// which n_tty reports exactly then), without taking it.
+pub fn status_pending(master: &OwnedFd) -> Result<bool> {
+    polled(master, libc::POLLPRI)
+}
+
+/// Take the status byte pending on master `fd` in packet mode (0: none):
+/// a read then returns it alone, whatever else is queued.
+pub fn take_status(master: &OwnedFd) -> Result<u8> {
+    if !status_pending(master)? {
+        return Ok(0);
+    }
+    let mut b = [0u8; 1];
+    match nix::unistd::read(master, &mut b) {
+        Ok(1) => Ok(b[0]),
+        Ok(n) => Err(SysError::Syscall {
+            what: format!("read of a pseudo-terminal's status byte gave {n} bytes"),
+            source: Errno(libc::EIO),
+        }),
+        Err(e) => Err(e).or_sys(|| "read of a pseudo-terminal's status byte".into()),
+    }
+}
+
+const TCFLSH: libc::c_ulong = 0x540B;
+const TCXONC: libc::c_ulong = 0x540A;
+
+fn ioctl_arg(fd: &OwnedFd, req: libc::c_ulong, arg: libc::c_int, what: &str) -> Result<()> {
+    // SAFETY: these requests take an integer argument, no pointer.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, arg as libc::c_ulong) };
+    cvt(r as i64, || format!("ioctl({what})")).map(drop)
+}
+
+/// Make status byte `status` pending again on a pair whose master is in
+/// packet mode (with no status pending), from the slave as the program
+/// made each bit: a flush (TCFLSH) for FLUSHREAD and FLUSHWRITE, done only
+/// with that queue empty (`q`, what was put back; None: not known); the flow control
+/// changed away and back for DOSTOP and NOSTOP, termios set again for
+/// IOCTL (EXTPROC); output stopped and started (TCXONC) for START; for
+/// STOP the output is started and stopped again, as ^Q and ^S do with
+/// IXON (the characters handed to the line discipline), else as TCXONC
+/// does (a terminal stopped by TCXONC and one stopped by ^S then differ
+/// only in what restarts it: ^Q does not restart the former). Returns the names
+/// of the bits that could not be made again (the caller warns).
+pub fn put_status(slave: &OwnedFd, status: u8, q: Option<&Queued>) -> Result<Vec<&'static str>> {
+    let mut lost = Vec::new();
+    let no_input = q.is_some_and(|q| q.lines.is_empty() && q.input.is_empty());
+    let no_output = q.is_some_and(|q| q.output.is_empty());
+    let t0 = fdio::tcgets(slave)?;
+    let extproc = flag(&t0, LFLAG) & libc::EXTPROC != 0;
+    let flow = |t: &[u8]| {
+        flag(t, IFLAG) & libc::IXON != 0
+            && t[CC + libc::VSTOP] == 0o23
+            && t[CC + libc::VSTART] == 0o21
+    };
+    let mut flush = |bit: u8, empty: bool, how: libc::c_int, name: &'static str| -> Result<()> {
+        if status & bit == 0 {
+            return Ok(());
+        }
+        if !empty {
+            lost.push(name);
+            return Ok(());
+        }
+        ioctl_arg(slave, TCFLSH, how, "TCFLSH")
+    };
+    flush(PKT_FLUSHREAD, no_input, libc::TCIFLUSH, "FLUSHREAD")?;
+    flush(PKT_FLUSHWRITE, no_output, libc::TCOFLUSH, "FLUSHWRITE")?;
+    if status & (PKT_DOSTOP | PKT_NOSTOP) != 0 {
+        // The bit set is the one of the flow control the change ends in.
+        let want_on = status & PKT_DOSTOP != 0;
+        if flow(&t0) == want_on && !(extproc && status & PKT_IOCTL == 0) {
+            let mut other = t0.clone();
+            if want_on {
+                other[CC + libc::VSTART] = 0;
+            } else {
+                set_flag(&mut other, IFLAG, flag(&t0, IFLAG) | libc::IXON);
+                other[CC + libc::VSTOP] = 0o23;
+                other[CC + libc::VSTART] = 0o21;
+            }
+            fdio::tcsets(slave.as_fd(), &other)?;
+            fdio::tcsets(slave.as_fd(), &t0)?;
+        } else {
+            lost.push(if want_on { "DOSTOP" } else { "NOSTOP" });
+        }
+    }
+    if status & PKT_IOCTL != 0 && !(extproc && status & (PKT_DOSTOP | PKT_NOSTOP) != 0) {
+        if extproc {
+            fdio::tcsets(slave.as_fd(), &t0)?;
+        } else if no_input {
+            // Switching EXTPROC resets the line state: only with no input.
+            let mut with = t0.clone();
+            set_flag(&mut with, LFLAG, flag(&t0, LFLAG) | libc::EXTPROC);
+            fdio::tcsets(slave.as_fd(), &with)?;
+            fdio::tcsets(slave.as_fd(), &t0)?;
+        } else {
+            lost.push("IOCTL");
+        }
+    }
+    if status & PKT_START != 0 {
+        ioctl_arg(slave, TCXONC, libc::TCOOFF, "TCXONC")?;
+        ioctl_arg(slave, TCXONC, libc::TCOON, "TCXONC")?;
+    }
+    if status & PKT_STOP != 0 {
+        // A stopped terminal is stopped again only after a start (a dump
+        // that lets it run on finds it stopped still): the kernel sets the
+        // bit only when it stops a running one.
+        ioctl_arg(slave, TCXONC, libc::TCOON, "TCXONC")?;
+        let (start, stop) = (t0[CC + libc::VSTART], t0[CC + libc::VSTOP]);
+        if flag(&t0, IFLAG) & libc::IXON != 0 && start != 0 && stop != 0 {
+            inject(slave, &[start, stop])?;
+        } else {
+            ioctl_arg(slave, TCXONC, libc::TCOOFF, "TCXONC")?;
+        }
+    }
+    Ok(lost)
 }

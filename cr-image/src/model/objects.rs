@@ -165,6 +165,9 @@ pub struct Pty {
     pub output: Vec<u8>,
     /// The master is in packet mode (TIOCPKT).
     pub packet: bool,
+    /// The status byte pending for the master's next read in packet mode
+    /// (TIOCPKT_* bits; 0: none).
+    pub packet_status: u8,
     /// Permission bits (0: not saved) and owner of the slave's node.
     #[serde(serialize_with = "ser::octal")]
     pub slave_mode: u32,
@@ -559,6 +562,8 @@ impl Object {
                     input: p.input,
                     output: p.output,
                     packet: p.packet,
+                    packet_status: u8::try_from(p.packet_status)
+                        .map_err(|_| format!("pty status byte {:#x}", p.packet_status))?,
                     slave_mode: p.slave_mode & 0o7777,
                     slave_uid: p.slave_uid,
                     slave_gid: p.slave_gid,
@@ -671,6 +676,7 @@ impl Object {
                 input: p.input.clone(),
                 output: p.output.clone(),
                 packet: p.packet,
+                packet_status: p.packet_status.into(),
                 slave_mode: p.slave_mode,
                 slave_uid: p.slave_uid,
                 slave_gid: p.slave_gid,

@@ -42,6 +42,15 @@ pub struct Task {
     pub ioprio: u32,
 }
 
+/// An I/O priority as ioprio_get answers it: classes none, real-time,
+/// best-effort, idle; levels 0-7.
+pub(crate) fn check_ioprio(prio: u32) -> Result<(), Bad> {
+    if prio >> 13 > 3 || prio & 0x1fff > 7 {
+        return Err(format!("unknown I/O priority {prio:#x}"));
+    }
+    Ok(())
+}
+
 fn cmdline<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeSeq;
     let text = String::from_utf8_lossy(v);
@@ -65,10 +74,7 @@ impl Task {
         if !(-20..=19).contains(&t.nice) {
             return Err(format!("nice value {} outside -20..19", t.nice));
         }
-        // Classes: none, real-time, best-effort, idle; levels 0-7.
-        if t.ioprio >> 13 > 3 || t.ioprio & 0x1fff > 7 {
-            return Err(format!("unknown I/O priority {:#x}", t.ioprio));
-        }
+        check_ioprio(t.ioprio)?;
         if !(-1000..=1000).contains(&t.oom_score_adj) {
             return Err(format!(
                 "oom_score_adj {} outside -1000..1000",

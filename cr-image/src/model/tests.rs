@@ -39,6 +39,8 @@ fn thread(tid: u32) -> Thread {
         })],
         sigaltstack: AltStack::default(),
         comm: "worker".into(),
+        timer_slack_ns: 50_000,
+        ioprio: Some(2 << 13 | 4),
         seccomp: ThreadSeccomp {
             mode: SeccompMode::Filter,
             chain: vec![0, 1, 0],
@@ -523,6 +525,7 @@ fn objects() -> Vec<Object> {
                 input: b"cd /".to_vec(),
                 output: b"$ ".to_vec(),
                 packet: true,
+                packet_status: 0x21,
                 slave_mode: 0o620,
                 slave_uid: 1000,
                 slave_gid: 5,

@@ -48,6 +48,11 @@ pub struct Thread {
     pub seccomp: ThreadSeccomp,
     /// Its name (PR_SET_NAME; empty: as its creator's).
     pub comm: String,
+    /// PR_GET_TIMERSLACK, in ns (0: not known; a real-time thread has none).
+    pub timer_slack_ns: u64,
+    /// ioprio_get() of this thread (class << 13 | level; 0: never set;
+    /// None: not in the image, the thread keeps the main thread's).
+    pub ioprio: Option<u32>,
 }
 
 /// struct user_regs_struct (x86_64).
@@ -131,6 +136,8 @@ impl Thread {
             sigaltstack: AltStack::from_pb(t.sigaltstack),
             seccomp: ThreadSeccomp::from_pb(t.seccomp_mode, t.seccomp_chain)?,
             comm: t.comm,
+            timer_slack_ns: t.timer_slack_ns,
+            ioprio: t.ioprio,
         })
     }
 
@@ -156,6 +163,8 @@ impl Thread {
             seccomp_mode: self.seccomp.mode_pb(),
             seccomp_chain: self.seccomp.chain.clone(),
             comm: self.comm.clone(),
+            timer_slack_ns: self.timer_slack_ns,
+            ioprio: self.ioprio,
         }
     }
 }
@@ -182,6 +191,9 @@ pub(crate) fn validate(p: &Process) -> Result<(), Bad> {
                 "a CPU affinity not ascending or beyond CPU {MAX_CPUS}: {:?}",
                 t.affinity
             ));
+        }
+        if let Some(prio) = t.ioprio {
+            super::task::check_ioprio(prio).or_else(bad)?;
         }
         if let Some(r) = t.rseq {
             if r.len < 32 || r.len > 4096 || r.addr % 32 != 0 {

@@ -41,6 +41,7 @@ use cr_sys::inet::{self as sys, TcpQueue};
 use cr_sys::netlock::LockSet;
 use cr_sys::proc::FDTarget;
 use cr_sys::{fdio, SysError};
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 
 pub struct Inet;
@@ -88,12 +89,26 @@ fn is_tcp(s: &Shape) -> bool {
 }
 
 /// A raw IP socket (any protocol) or a ping socket (ICMP datagrams):
-/// saved as UDP is, by address, connection and options.
+/// saved as UDP is, by address, connection and options. A ping socket's
+/// port is its echo identifier (bound, or given at its first send or
+/// connect), bound again at restore; the peer of a connected one comes
+/// from /proc/PID/net (getpeername hides it, see
+/// [`cr_sys::inet::datagram_peer`]).
 fn is_raw_or_ping(s: &Shape) -> bool {
     matches!(s.family, libc::AF_INET | libc::AF_INET6)
         && (s.ty == libc::SOCK_RAW
             || (s.ty == libc::SOCK_DGRAM
                 && matches!(s.protocol, libc::IPPROTO_ICMP | libc::IPPROTO_ICMPV6)))
+}
+
+/// The /proc/PID/net table listing a raw or ping socket of shape `s`.
+fn datagram_table(s: &Shape) -> &'static str {
+    match (s.family == libc::AF_INET6, s.ty == libc::SOCK_RAW) {
+        (false, true) => "raw",
+        (true, true) => "raw6",
+        (false, false) => "icmp",
+        (true, false) => "icmp6",
+    }
 }
 
 pub(crate) use cr_image::model::inet_proto_name as proto_name;
@@ -113,6 +128,22 @@ fn err(what: &str) -> impl Fn(SysError) -> String + '_ {
     }
 }
 
+/// The local address and the peer of socket `sock` (inode `ino`) of
+/// process `pid`; a raw or ping socket's peer from /proc.
+fn addresses(
+    pid: i32,
+    sock: &OwnedFd,
+    sh: &Shape,
+    ino: u64,
+) -> Result<(Option<SocketAddr>, Option<SocketAddr>), SysError> {
+    let local = sys::local_addr(sock)?;
+    let mut remote = sys::peer_addr(sock)?;
+    if remote.is_none() && is_raw_or_ping(sh) {
+        remote = sys::datagram_peer(pid, datagram_table(sh), ino)?;
+    }
+    Ok((local, remote))
+}
+
 fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
     let (pid, fd) = (f.pid, f.fd);
     let Ok(sock) = fdio::steal_fd(pid, fd) else {
@@ -129,8 +160,7 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
         return Err(other_family(&sh));
     }
     let what = format!("a {} socket", proto_name(sh.family, sh.ty, sh.protocol));
-    let local = sys::local_addr(&sock).map_err(err(&what))?;
-    let remote = sys::peer_addr(&sock).map_err(err(&what))?;
+    let (local, remote) = addresses(pid, &sock, &sh, ino).map_err(err(&what))?;
     let mut s = InetSocket {
         family: sh.family as u32,
         sock_type: sh.ty as u32,
@@ -486,15 +516,13 @@ fn connection(sock: &OwnedFd, info: &sys::TcpInfo) -> Result<TcpConnection, SysE
     Ok(c)
 }
 
-/// `--verify` of a restored tree (before it runs): each TCP socket of the
-/// live process `pid` is in the state its image had, as far as the
-/// restore makes it before the release (a FIN that never left is sent
-/// then, and a connection being made connects then). A tree that was
-/// dumped and runs on is not compared: its connections go on moving.
+/// `--verify` (before the tree runs): each TCP socket of a restored live
+/// process `pid` is in the state its image had, as far as the restore
+/// makes it before the release (a FIN that never left is sent then, and a
+/// connection being made connects then); a tree that was dumped and runs
+/// on has its TCP states not compared (its connections go on moving).
+/// Each datagram socket has its ports and connection ([`verify_datagram`]).
 pub fn verify(c: &mut crate::verify::Compare<'_>, ck: &Checkpoint, image: &Process, pid: i32) {
-    if !c.restored {
-        return;
-    }
     for f in &image.fds {
         let FdKind::InetSocket { object } = f.kind else {
             continue;
@@ -507,12 +535,16 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, ck: &Checkpoint, image: &Proce
         else {
             continue;
         };
-        if s.protocol as i32 != libc::IPPROTO_TCP {
-            continue;
-        }
         let Ok(sock) = fdio::steal_fd(pid, f.fd) else {
             continue; // the fd itself is compared by kind "fds"
         };
+        if s.protocol as i32 != libc::IPPROTO_TCP {
+            verify_datagram(c, s, f.fd, pid, &sock);
+            continue;
+        }
+        if !c.restored {
+            continue;
+        }
         let now = sys::tcp_info(&sock).map(|i| i.state).unwrap_or(0);
         let want = before_release(s);
         c.same(
@@ -522,6 +554,45 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, ck: &Checkpoint, image: &Proce
             sys::tcp_state_name(now),
         );
     }
+}
+
+/// A UDP, raw or ping socket `s` at fd `fd` of the live process `pid`:
+/// its port (a ping socket's echo identifier) and its peer's, and whether
+/// it is connected. (Not the addresses themselves: `--map-addr` may
+/// rewrite them.)
+fn verify_datagram(
+    c: &mut crate::verify::Compare<'_>,
+    s: &InetSocket,
+    fd: i32,
+    pid: i32,
+    sock: &OwnedFd,
+) {
+    use std::os::unix::fs::MetadataExt;
+    let sh = shape(sock);
+    let what = format!(
+        "fd {fd} ({} {})",
+        proto_name(sh.family, sh.ty, sh.protocol),
+        show(&s.local)
+    );
+    let ino = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).map_or(0, |m| m.ino());
+    let (local, remote) = match addresses(pid, sock, &sh, ino) {
+        Ok(a) => a,
+        Err(e) => {
+            c.differ(
+                &what,
+                format!("addresses unreadable: {}", cr_sys::error::one_line(&e)),
+            );
+            return;
+        }
+    };
+    let port = |a: Option<SocketAddr>| a.map_or(0, |a| a.port());
+    c.same(&what, "port", &port(s.local), &port(local));
+    c.same(
+        &what,
+        "peer port (connected)",
+        &s.remote.map(|a| a.port()),
+        &remote.map(|a| a.port()),
+    );
 }
 
 /// The state the restore gives socket `s` before the release.

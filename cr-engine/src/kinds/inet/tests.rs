@@ -2,7 +2,8 @@
 //! TCP listener, an established connection with data in flight both ways
 //! and options set (and its segment size), a bound UDP socket; shut
 //! sockets; and one round trip per TCP state of a connection half closed
-//! or being made (FIN-WAIT-1/2, CLOSE-WAIT, LAST-ACK, CLOSING, SYN-SENT),
+//! or being made (FIN-WAIT-1/2, CLOSE-WAIT, LAST-ACK, CLOSING, over IPv4
+//! and IPv6: the peer segments forged at restore; SYN-SENT),
 //! each in a network namespace of its own; and the refusal of a reset
 //! connection with bytes not read.
 
@@ -300,7 +301,8 @@ expect(s.recv(10) == b"still", "it still sends")
     assert_eq!(shut(&rt.before), shut(&rt.after));
 }
 
-/// Python helpers of the TCP state tests: a connection's state, waiting
+/// Python helpers of the TCP state tests (connections over 127.0.0.1, or
+/// ::1 where a test sets FAMILY and LOOPBACK): a connection's state, waiting
 /// for one, reading to the end, and nft rules of the test's own network
 /// namespace that drop one direction of a connection (so that a FIN or
 /// its ACK stays in flight).
@@ -340,9 +342,10 @@ def drop(rule):
     nft("add table inet t\nadd chain inet t in { type filter hook input priority 0; }\nadd rule inet t in " + rule + " drop\n")
 def undrop():
     nft("delete table inet t\n")
+FAMILY, LOOPBACK = socket.AF_INET, "127.0.0.1"
 def pair():
-    lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(1)
-    a = socket.create_connection(lis.getsockname()); b, _ = lis.accept()
+    lis = socket.socket(FAMILY); lis.bind((LOOPBACK, 0)); lis.listen(1)
+    a = socket.create_connection(lis.getsockname()[:2]); b, _ = lis.accept()
     lis.close()
     return a, b
 def port(s):
@@ -381,7 +384,40 @@ fn tcp_states(c: &cr_image::model::Checkpoint) -> Vec<u32> {
 /// namespace of its own; the image holds sockets in `states` before and
 /// after.
 fn tcp_states_round_trip(name: &str, setup: &str, check: &str, states: &[u32]) {
-    let setup = format!("{TCP_STATES}{setup}");
+    tcp_states_round_trip_in(Family::V4, name, setup, check, states)
+}
+
+/// The address family of the connections [`TCP_STATES`]'s `pair()` makes.
+#[derive(Clone, Copy)]
+enum Family {
+    V4,
+    /// Over ::1: the peer's segments forged at restore are IPv6 ones.
+    V6,
+}
+
+/// The round trip `body(family, name)` as two tests: over IPv4 (`v4`) and
+/// over IPv6 (`v6`, its name with "-v6").
+macro_rules! both_families {
+    ($v4:ident, $v6:ident, $body:ident, $name:literal) => {
+        #[test]
+        fn $v4() {
+            $body(Family::V4, $name);
+        }
+
+        #[test]
+        fn $v6() {
+            $body(Family::V6, concat!($name, "-v6"));
+        }
+    };
+}
+
+/// [`tcp_states_round_trip`] with connections of `family`.
+fn tcp_states_round_trip_in(family: Family, name: &str, setup: &str, check: &str, states: &[u32]) {
+    let family = match family {
+        Family::V4 => "",
+        Family::V6 => "FAMILY, LOOPBACK = socket.AF_INET6, \"::1\"\n",
+    };
+    let setup = format!("{TCP_STATES}{family}{setup}");
     let rt = in_new_netns(|| round_trip(name, &setup, check));
     assert_eq!(tcp_states(&rt.before), states, "{name}: the first image");
     assert_eq!(
@@ -391,15 +427,22 @@ fn tcp_states_round_trip(name: &str, setup: &str, check: &str, states: &[u32]) {
     );
 }
 
+both_families!(
+    tcp_fin_wait2_and_close_wait_round_trip,
+    tcp_fin_wait2_and_close_wait_round_trip_ipv6,
+    tcp_fin_wait2_and_close_wait,
+    "tcp-fin-wait2"
+);
+
 /// FIN-WAIT-2 and CLOSE-WAIT: `a` shut its sending side and the peer `b`
 /// acknowledged the FIN; both have data not read yet. After the restore `b`
 /// reads its data then the end of the stream, and can still write to `a`;
 /// `a` reads all `b` wrote and cannot write; when `b` shuts too, `a` sees
 /// the end.
-#[test]
-fn tcp_fin_wait2_and_close_wait_round_trip() {
-    tcp_states_round_trip(
-        "tcp-fin-wait2",
+fn tcp_fin_wait2_and_close_wait(family: Family, name: &str) {
+    tcp_states_round_trip_in(
+        family,
+        name,
         r#"
 a, b = pair()
 b.sendall(b"to a " * 100)
@@ -435,14 +478,21 @@ ends(b, CLOSE, "b")
     );
 }
 
+both_families!(
+    tcp_fin_wait1_and_last_ack_round_trip,
+    tcp_fin_wait1_and_last_ack_round_trip_ipv6,
+    tcp_fin_wait1_and_last_ack,
+    "tcp-last-ack"
+);
+
 /// FIN-WAIT-1 and LAST-ACK: nothing `b` sends reaches `a`: `a` shut its
 /// side (its FIN reached `b`, the ACK did not come back), `b` wrote more and
 /// shut its side too. Once packets flow again, each reads all the other
 /// wrote and the end, and both connections close.
-#[test]
-fn tcp_fin_wait1_and_last_ack_round_trip() {
-    tcp_states_round_trip(
-        "tcp-last-ack",
+fn tcp_fin_wait1_and_last_ack(family: Family, name: &str) {
+    tcp_states_round_trip_in(
+        family,
+        name,
         r#"
 a, b = exchanged()
 drop("tcp sport %d tcp dport %d" % (port(b), port(a)))
@@ -460,14 +510,21 @@ to_the_end(a, b"b1 " * 100 + b"b2 " * 50, b, b"a1 " * 100)
     );
 }
 
+both_families!(
+    tcp_closing_round_trip,
+    tcp_closing_round_trip_ipv6,
+    tcp_closing,
+    "tcp-closing"
+);
+
 /// CLOSING (and FIN-WAIT-1): nothing `a` sends reaches `b`; both shut
 /// their sides, so the FINs crossed: `a` got `b`'s FIN before any ACK of
 /// its own. Once packets flow again, both read the other's data and the
 /// end, and both connections close.
-#[test]
-fn tcp_closing_round_trip() {
-    tcp_states_round_trip(
-        "tcp-closing",
+fn tcp_closing(family: Family, name: &str) {
+    tcp_states_round_trip_in(
+        family,
+        name,
         r#"
 a, b = exchanged()
 drop("tcp sport %d tcp dport %d" % (port(a), port(b)))
@@ -574,15 +631,23 @@ expect(err == errno.ECONNREFUSED, "connect to a closed port: %s" % os.strerror(e
     );
 }
 
+/// Run `f` in a network namespace of its own whose
+/// net.ipv4.ping_group_range is `range`.
+fn with_ping_groups<T: Send>(range: &str, f: impl FnOnce() -> T + Send) -> T {
+    in_new_netns(|| {
+        std::fs::write("/proc/sys/net/ipv4/ping_group_range", range)
+            .expect("set ping_group_range in the test's network namespace");
+        f()
+    })
+}
+
 /// A ping socket of a program whose group is in net.ipv4.ping_group_range
 /// while the restorer's (root's group 0) is not: the kernel refuses root
 /// too, so the restore makes it as a group of the range. After the restore
 /// the program pings through it and gets its echo reply.
 #[test]
 fn ping_socket_restored_outside_the_restorers_group_range() {
-    let rt = in_new_netns(|| {
-        std::fs::write("/proc/sys/net/ipv4/ping_group_range", "4242 4242")
-            .expect("set ping_group_range in the test's network namespace");
+    let rt = with_ping_groups("4242 4242", || {
         round_trip(
             "inet-ping",
             r#"
@@ -613,6 +678,86 @@ expect(echo(2) == (0, 2, b"cr-ping"), "the echo reply after the restore")
         .count()
     };
     assert_eq!((pings(&rt.before), pings(&rt.after)), (1, 1));
+}
+
+/// Ping sockets keep their echo identifier (the kernel's "port" of an ICMP
+/// datagram socket: it rewrites the id of every echo request sent and
+/// hands a reply only to the socket of its id): one given its id by the
+/// kernel at its first send, one bound to an id of its own, an ICMPv6 one,
+/// and connected ones of both families (given their id by the connect;
+/// getpeername hides their peer). After the restore each has its id again
+/// and gets replies with it; the connected ones, and a connected raw ICMP
+/// socket, send without an address.
+#[test]
+fn ping_sockets_keep_their_echo_id() {
+    let rt = with_ping_groups("0 0", || {
+        round_trip(
+            "inet-ping-id",
+            r#"
+def ping(family, bind=None):
+    s = socket.socket(family, socket.SOCK_DGRAM,
+                      socket.IPPROTO_ICMP if family == socket.AF_INET else socket.IPPROTO_ICMPV6)
+    if bind is not None:
+        s.bind(("0.0.0.0" if family == socket.AF_INET else "::", bind))
+    return s
+def echo(s, seq):
+    v4 = s.family == socket.AF_INET
+    request = struct.pack("!BBHHH", 8 if v4 else 128, 0, 0, 0xbeef, seq) + b"cr-ping"
+    if s in connected:
+        s.send(request)
+    else:
+        s.sendto(request, ("127.0.0.1" if v4 else "::1", 0))
+    s.settimeout(5)
+    reply = s.recv(64)
+    kind, ident, got = struct.unpack("!BxxxHH", reply[:8])
+    expect(kind == (0 if v4 else 129) and got == seq and reply[8:] == b"cr-ping", "echo reply %r" % reply)
+    return ident
+pings = {"auto": ping(socket.AF_INET), "bound": ping(socket.AF_INET, 4321), "v6": ping(socket.AF_INET6),
+         "connected": ping(socket.AF_INET), "connected v6": ping(socket.AF_INET6)}
+pings["connected"].connect(("127.0.0.1", 0)); pings["connected v6"].connect(("::1", 0))
+connected = [pings["connected"], pings["connected v6"]]
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+raw.connect(("127.0.0.1", 0))
+ids = {name: echo(s, 1) for name, s in pings.items()}
+assert ids["bound"] == 4321, "the bound id %d" % ids["bound"]
+for name, s in pings.items():
+    assert s.getsockname()[1] == ids[name], "%s: id %d, bound to %r" % (name, ids[name], s.getsockname())
+"#,
+            r#"
+for name, s in pings.items():
+    expect(s.getsockname()[1] == ids[name], "%s: bound to %r, had id %d" % (name, s.getsockname(), ids[name]))
+    got = echo(s, 2)
+    expect(got == ids[name], "%s: reply with id %d, had %d" % (name, got, ids[name]))
+try:
+    raw.send(struct.pack("!BBHHH", 8, 0, 0, 0xbeef, 3) + b"cr-raw")
+except OSError as e:
+    expect(False, "the connected raw socket: %r" % e)
+"#,
+        )
+    });
+    let ids = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<_> = crate::kinds::testkit::objects_of(c, |k| match k {
+            cr_image::model::ObjectKind::InetSocket(s) => Some(s),
+            _ => None,
+        })
+        .into_iter()
+        .map(|s| {
+            let port = |a: Option<std::net::SocketAddr>| a.map(|a| a.port());
+            (s.sock_type, s.protocol, port(s.local), port(s.remote))
+        })
+        .collect();
+        v.sort();
+        v
+    };
+    let (a, b) = (ids(&rt.before), ids(&rt.after));
+    assert_eq!(a, b);
+    assert_eq!(a.len(), 6, "{a:?}");
+    assert!(a.contains(&(2, 1, Some(4321), None)), "{a:?}");
+    assert_eq!(
+        a.iter().filter(|s| s.3 == Some(0)).count(),
+        3,
+        "connected: {a:?}"
+    );
 }
 
 /// A TCP connection reset by its peer (SO_LINGER 0) before the program

@@ -20,9 +20,10 @@
 //! every path of the image (cwd, files, mappings) is as the checkpointer
 //! saw it, from outside the chroot.
 //!
-//! Scheduling, I/O priority and timer slack are the main thread's: a
-//! thread given other values of its own comes back with the main thread's.
-//! (/proc has timerslack_ns for the whole process only: the main thread.)
+//! Scheduling, I/O priority and timer slack here are the main thread's;
+//! the other threads are made with them, then get their own I/O priority
+//! and timer slack (kind "threads"). A thread given a scheduling policy or
+//! nice value of its own comes back with the main thread's.
 
 #[cfg(test)]
 mod tests;

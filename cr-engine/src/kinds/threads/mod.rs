@@ -1,7 +1,15 @@
 //! Kind "threads": every thread of a process with its TID, registers (with
 //! the syscall-restart fix-ups at restore), XSAVE area, rseq registration,
-//! name, clear-child-tid address, parent-death signal and CPU affinity. (A
-//! thread's signal state is kind "signals".)
+//! name, clear-child-tid address, parent-death signal, CPU affinity, timer
+//! slack and I/O priority. (A thread's signal state is kind "signals".)
+//!
+//! Timer slack and I/O priority are each thread's own (a worker thread
+//! lowers its own I/O class, an event loop widens its own slack). /proc has
+//! timerslack_ns for the main thread only, so each thread is asked
+//! (PR_GET_TIMERSLACK) and sets its own again (PR_SET_TIMERSLACK); the I/O
+//! priority is read and set from outside by TID (ioprio_get/ioprio_set,
+//! IOPRIO_WHO_PROCESS). A new thread inherits both from the main thread
+//! (kind "task" sets those first), then gets its own.
 //!
 //! CPU affinity: a thread bound to some CPUs (taskset, Open MPI's rank
 //! binding, pthread_setaffinity_np) gets its set again, from the restorer
@@ -130,6 +138,9 @@ impl Kind for Threads {
                 // Read by kind "seccomp".
                 seccomp: Default::default(),
                 comm: st.name,
+                // Read below.
+                timer_slack_ns: 0,
+                ioprio: Some(cr_sys::sched::io_priority(t.tid()).map_err(sys)?),
             });
         }
         let scratch = cx.probe.scratch().map_err(sys)?;
@@ -142,9 +153,11 @@ impl Kind for Threads {
             th.clear_child_tid = main.clear_child_tid;
             th.pdeathsig = main.pdeathsig;
             th.sigaltstack = main.sigaltstack;
+            th.timer_slack_ns = main.timer_slack_ns;
         }
         for (i, th) in p.threads.iter_mut().enumerate().skip(1) {
-            cx.probe
+            let got = cx
+                .probe
                 .calls(
                     i,
                     &[
@@ -163,6 +176,13 @@ impl Kind for Threads {
                             libc::SYS_sigaltstack,
                             [0, scratch + 16, 0, 0, 0, 0],
                         ),
+                        // Answered as the return value (0 for a real-time
+                        // thread).
+                        (
+                            "prctl(PR_GET_TIMERSLACK)",
+                            libc::SYS_prctl,
+                            [libc::PR_GET_TIMERSLACK as u64, 0, 0, 0, 0, 0],
+                        ),
                     ],
                 )
                 .map_err(sys)?;
@@ -175,6 +195,7 @@ impl Kind for Threads {
                 flags: crate::probe::word(&raw, 3) as u32 as i32,
                 size: crate::probe::word(&raw, 4),
             };
+            th.timer_slack_ns = got[3];
         }
         Ok(())
     }
@@ -187,6 +208,7 @@ impl Kind for Threads {
         set_affinity(cx.stub.pid(), &p.threads[0])?;
         for (t, th) in others.iter().zip(&p.threads[1..]) {
             set_affinity(t.tid(), th)?;
+            set_io_priority(t.tid(), th)?;
         }
         let ip = cx.stub.inj.syscall_ip();
         let pid = cx.stub.pid();
@@ -201,6 +223,7 @@ impl Kind for Threads {
                 .transpose()?;
             let mut inj = Injector::new(&mut t, ip)?;
             thread_state(&mut inj, th)?;
+            set_timer_slack(&mut inj, th)?;
             if let Some(name) = name {
                 inj.call(
                     "prctl(PR_SET_NAME)",
@@ -287,6 +310,44 @@ fn set_affinity(tid: i32, th: &Thread) -> Result<(), RestoreError> {
             cr_sys::sched::cpu_list(&th.affinity)
         )
     })
+}
+
+/// The I/O priority of thread `tid` (ours) as `th` had it, 0 (never set)
+/// included: a new thread inherits the main thread's.
+fn set_io_priority(tid: i32, th: &Thread) -> Result<(), RestoreError> {
+    let Some(prio) = th.ioprio else {
+        return Ok(());
+    };
+    cr_sys::sched::set_io_priority(tid, prio)
+        .step(|| format!("cannot set I/O priority {prio:#x} of thread {}", th.tid))
+}
+
+/// The thread's own timer slack, set by itself (the kernel offers no other
+/// way for a thread but the main one). 0: not known, or a real-time thread
+/// (which has none: the kernel ignores the call).
+fn set_timer_slack(inj: &mut Injector<'_>, th: &Thread) -> Result<(), RestoreError> {
+    if th.timer_slack_ns == 0 {
+        return Ok(());
+    }
+    inj.call(
+        "prctl(PR_SET_TIMERSLACK)",
+        libc::SYS_prctl,
+        [
+            libc::PR_SET_TIMERSLACK as u64,
+            th.timer_slack_ns,
+            0,
+            0,
+            0,
+            0,
+        ],
+    )
+    .step(|| {
+        format!(
+            "cannot set timer slack {} ns of thread {}",
+            th.timer_slack_ns, th.tid
+        )
+    })?;
+    Ok(())
 }
 
 /// Our glibc registered rseq for the stub; the kernel would write to that
@@ -426,7 +487,7 @@ pub fn set_registers(t: &Tracee, th: &Thread) -> Result<(), RestoreError> {
 /// `--verify`: every thread with its ids, registers (after the restart
 /// fix-ups a restore makes), FPU/SSE state, rseq, robust list, clear-child-tid,
 /// parent-death signal, CPU affinity (a restored thread only when it was
-/// bound), and its share of kind "signals" (mask, pending
+/// bound), timer slack (when known), I/O priority (when in the image), and its share of kind "signals" (mask, pending
 /// signals, alternate stack) and of kind "seccomp" (mode, filters).
 pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
     let pidns = c.pidns;
@@ -479,6 +540,12 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         // A restored unbound thread runs where the restore put it.
         if !(c.restored && a.affinity.is_empty()) {
             c.same(&what, "CPU affinity", &a.affinity, &b.affinity);
+        }
+        if a.timer_slack_ns != 0 {
+            c.same(&what, "timer slack", &a.timer_slack_ns, &b.timer_slack_ns);
+        }
+        if a.ioprio.is_some() {
+            c.same(&what, "I/O priority", &a.ioprio, &b.ioprio);
         }
         c.same(&what, "signal mask", &a.sigmask, &b.sigmask);
         let fired = signals::timer_signals(image, Some(a.ns_tid as i32));

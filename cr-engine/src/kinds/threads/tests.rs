@@ -163,6 +163,8 @@ fn affinity_to_an_absent_cpu_is_refused() {
         sigaltstack: Default::default(),
         seccomp: Default::default(),
         comm: String::new(),
+        timer_slack_ns: 0,
+        ioprio: None,
     };
     let procs = [Process {
         pid: 40,
@@ -174,5 +176,64 @@ fn affinity_to_an_absent_cpu_is_refused() {
     assert_eq!(
         err.to_string(),
         "thread 41 of process 40 is bound to CPUs 1,6-7, but CPUs 6-7 are not online on this machine (online: 0-3)"
+    );
+}
+
+/// Timer slack and I/O priority per thread: a worker made before the main
+/// thread changed its own keeps the defaults (I/O priority never set), one
+/// sets values of its own, one made after keeps what it inherited.
+#[test]
+fn timer_slack_and_io_priority_per_thread_round_trip() {
+    let rt = round_trip(
+        "thread-slack-ioprio",
+        r#"
+import threading
+def mine():
+    return (libc.prctl(30, 0, 0, 0, 0), libc.syscall(252, 1, 0))  # PR_GET_TIMERSLACK, ioprio_get(self)
+asked = threading.Event()
+made = threading.Semaphore(0)
+answers = {}
+def work(name, own):
+    if own:
+        libc.prctl(29, 123457, 0, 0, 0)            # PR_SET_TIMERSLACK
+        libc.syscall(251, 1, 0, 3 << 13)           # ioprio_set(self, idle)
+    answers[name] = mine()
+    made.release()
+    asked.wait()
+    answers[name + " after"] = mine()
+def start(name, own):
+    t = threading.Thread(target=work, args=(name, own), daemon=True)
+    t.start()
+    expect(made.acquire(timeout=10), "worker %s did not start" % name)
+    return t
+ts = [start("early", False)]
+libc.prctl(29, 61000, 0, 0, 0)
+libc.syscall(251, 1, 0, 2 << 13 | 6)              # best-effort 6
+ts += [start("own", True), start("late", False)]
+main = mine()
+expect(answers["early"][1] == 0 and answers["own"] == (123457, 3 << 13), "set up: %r" % answers)
+expect(answers["late"] == main == (61000, 2 << 13 | 6), "inherited: %r, main %r" % (answers, main))
+"#,
+        r#"
+expect(mine() == main, "main thread %r, was %r" % (mine(), main))
+asked.set()
+for t in ts: t.join(10)
+for name in ("early", "own", "late"):
+    expect(answers.get(name + " after") == answers[name],
+           "worker %s: %r, was %r" % (name, answers.get(name + " after"), answers[name]))
+"#,
+    );
+    let (a, b) = rt.roots();
+    let own = |p: &cr_image::model::Process| {
+        p.threads
+            .iter()
+            .map(|t| (t.timer_slack_ns, t.ioprio))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(own(a), own(b));
+    assert_eq!(own(a)[1].1, Some(0), "the early worker's I/O priority");
+    assert_eq!(
+        own(a)[2..],
+        [(123457, Some(3 << 13)), (61000, Some(2 << 13 | 6))]
     );
 }

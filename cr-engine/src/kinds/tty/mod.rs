@@ -288,7 +288,8 @@ pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), Res
         if p.slave_mode != 0 {
             fdio::set_owner_and_mode(&slave, p.slave_uid, p.slave_gid, p.slave_mode).step(what)?;
         }
-        ptyq::put(&m, &slave, &queued(p)).step(|| {
+        let q = queued(p);
+        ptyq::put(&m, &slave, &q).step(|| {
             format!(
                 "cannot put back the bytes queued in pseudo-terminal {}",
                 p.index
@@ -296,6 +297,7 @@ pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), Res
         })?;
         if p.packet {
             ptyq::set_packet_mode(&m, true).step(what)?;
+            put_status(&slave, p.index, p.packet_status, Some(&q)).step(what)?;
         }
         if p.locked {
             fdio::set_pty_locked(&m, true).step(what)?;
@@ -332,6 +334,7 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
         input: Vec::new(),
         output: Vec::new(),
         packet: false,
+        packet_status: 0,
         slave_mode: 0,
         slave_uid: 0,
         slave_gid: 0,
@@ -357,12 +360,22 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
         // Taken out, they could not be put back: left alone, unsaved.
         warn!(
             pty = index,
-            "the bytes queued in the pseudo-terminal are not saved (putting them back needs CAP_SYS_ADMIN)"
+            "the bytes queued in the pseudo-terminal and its packet-mode status are not saved (putting them back needs CAP_SYS_ADMIN)"
         );
         return Ok(p);
     }
-    let q = ptyq::take(&m, &slave).map_err(err)?;
-    ptyq::put(&m, &slave, &q).map_err(|e| {
+    // The queues are taken and put back with packet mode off: our termios
+    // changes would set status bits (see `cr_sys::ptyq`).
+    if p.packet {
+        p.packet_status = ptyq::take_status(&m).map_err(err)?;
+        ptyq::set_packet_mode(&m, false).map_err(err)?;
+    }
+    let moved = ptyq::take(&m, &slave).and_then(|q| ptyq::put(&m, &slave, &q).map(|()| q));
+    if p.packet {
+        ptyq::set_packet_mode(&m, true).map_err(err)?;
+        put_status(&slave, index, p.packet_status, moved.as_ref().ok()).map_err(err)?;
+    }
+    let q = moved.map_err(|e| {
         format!(
             "pseudo-terminal {index}, whose queued bytes cannot be put back: {}",
             cr_sys::error::one_line(&e)
@@ -372,6 +385,75 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
     p.input = q.input;
     p.output = q.output;
     Ok(p)
+}
+
+/// Make packet-mode status byte `status` of pty `index` pending again
+/// (its master in packet mode, `q` put back); the bits the kernel offers no
+/// way to make again with those queues are named in a warning.
+fn put_status(
+    slave: &OwnedFd,
+    index: u32,
+    status: u8,
+    q: Option<&Queued>,
+) -> Result<(), cr_sys::SysError> {
+    if status == 0 {
+        return Ok(());
+    }
+    let lost = ptyq::put_status(slave, status, q)?;
+    if !lost.is_empty() {
+        warn!(
+            pty = index,
+            status,
+            ?lost,
+            "bits of the pseudo-terminal's packet-mode status byte cannot be made again with its queues as they are"
+        );
+    }
+    Ok(())
+}
+
+/// `--verify`: each pty master the live process `pid` holds is in packet
+/// mode as its image says, and has a status byte pending if the image had
+/// one (POLLPRI: which bits is not seen without taking the byte).
+pub fn verify(c: &mut crate::verify::Compare<'_>, ck: &Checkpoint, image: &Process, pid: i32) {
+    let mut seen = std::collections::HashSet::new();
+    for f in &image.fds {
+        let FdKind::Pty {
+            object,
+            master: true,
+        } = f.kind
+        else {
+            continue;
+        };
+        if !seen.insert(object) {
+            continue;
+        }
+        let Some(p) = ck.objects.iter().find_map(|o| match &o.kind {
+            ObjectKind::Pty(p) if o.id == object => Some(p),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let Ok(m) = fdio::steal_fd(pid, f.fd) else {
+            continue; // the fd itself is compared by kind "fds"
+        };
+        let what = format!("fd {} (master of pseudo-terminal {})", f.fd, p.index);
+        let now = ptyq::packet_mode(&m).and_then(|on| Ok((on, on && ptyq::status_pending(&m)?)));
+        match now {
+            Ok((packet, pending)) => {
+                c.same(&what, "packet mode", &p.packet, &packet);
+                c.same(
+                    &what,
+                    "packet-mode status byte pending",
+                    &(p.packet && p.packet_status != 0),
+                    &pending,
+                );
+            }
+            Err(e) => c.differ(
+                &what,
+                format!("unreadable: {}", cr_sys::error::one_line(&e)),
+            ),
+        }
+    }
 }
 
 /// The bytes an image's pty holds.

@@ -326,3 +326,61 @@ expect((st.st_uid, st.st_mode & 0o7777) == (1234, 0o600), "the node by its path"
     assert_eq!(owners(&rt.before), vec![(0o600, 1234, 5)]);
     assert_eq!(owners(&rt.before), owners(&rt.after));
 }
+
+/// A master in packet mode with a status byte pending, in two pairs: the
+/// slave's input flushed and its flow control turned off (FLUSHREAD |
+/// NOSTOP) with output queued behind the status; output stopped by ^S
+/// (STOP). After the restore, and a checkpoint that continues, each read
+/// gives the status byte alone first, then the data; ^Q restarts the
+/// stopped one (START).
+#[test]
+fn pty_packet_mode_status_byte_round_trip() {
+    let rt = round_trip(
+        "tty-packet-status",
+        &format!(
+            "import termios\n{READERS}{}",
+            r#"
+TIOCPKT = 0x5420
+FLUSHREAD, FLUSHWRITE, STOP, START, NOSTOP = 0x01, 0x02, 0x04, 0x08, 0x10
+def packet_pty():
+    m, s = os.openpty()
+    fcntl.ioctl(m, TIOCPKT, struct.pack("i", 1))
+    return m, s
+m1, s1 = packet_pty()
+termios.tcflush(s1, termios.TCIFLUSH)
+attrs = termios.tcgetattr(s1)
+attrs[0] &= ~termios.IXON
+termios.tcsetattr(s1, termios.TCSANOW, attrs)
+os.write(s1, b"behind the status")
+m2, s2 = packet_pty()
+attrs2 = termios.tcgetattr(s2)
+expect(attrs2[0] & termios.IXON, "IXON on the second pair")
+os.write(m2, b"\x13")                              # ^S typed: output stops
+def status(m):
+    # Waiting for POLLPRI alone may not wake: the kernel wakes the master's
+    # readers of a new status with POLLIN only (pty_start).
+    expect(select.select([m], [], [m], 10)[2] == [m], "no status pending (POLLPRI)")
+    return os.read(m, 100)
+wait_queued(m1, 17)
+expect(select.select([m2], [], [m2], 10)[2] == [m2], "setup: output not stopped")
+"#
+        ),
+        r#"
+expect(status(m1) == bytes([FLUSHREAD | NOSTOP]), "status of pair 1")
+expect(read_exactly(m1, 17, packet=True) == b"behind the status", "the data after the status")
+expect(termios.tcgetattr(s1) == attrs, "pair 1's settings")
+expect(status(m2) == bytes([STOP]), "status of pair 2")
+os.set_blocking(s2, False)
+try:
+    n = os.write(s2, b"x")
+except BlockingIOError:
+    n = 0
+expect(n == 0, "pair 2's output is not stopped")
+os.write(m2, b"\x11")                              # ^Q: output starts
+expect(status(m2) == bytes([START]), "pair 2 started")
+"#,
+    );
+    let st = |c: &Checkpoint| of_ptys(c, |p| (p.packet, p.packet_status));
+    assert_eq!(st(&rt.before), vec![(true, 0x11), (true, 0x04)]);
+    assert_eq!(st(&rt.before), st(&rt.after));
+}
