@@ -21,6 +21,14 @@
 //! environment: in the job's output), to tell a rank that never asked
 //! from a request the server lost.
 //!
+//! A barrier that has waited [`BARRIER_WARN`] for ranks that never entered
+//! it says so once, naming them (a warning, in the job's output): MPICH
+//! 4.0.2's ranks over UCX's TCP transport can deadlock in `MPI_Finalize`
+//! that way, a rank spinning in its endpoint closes while the peer whose
+//! answer it waits for sits in the finalize barrier (docs/SLURM.md). The
+//! barrier itself is never released early: that would break what it
+//! promises every rank.
+//!
 //! `PMI_process_mapping` (which ranks share a node, for shared memory)
 //! puts each rank on a node of its own: each task of the step is a member
 //! of the job of its own, with its own PID namespace and its own /dev/shm,
@@ -32,6 +40,10 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long a barrier waits before it names the ranks it still waits for.
+pub const BARRIER_WARN: Duration = Duration::from_secs(60);
 
 /// Longest key-value space name, key and value a client may use (as MPICH's
 /// own launcher says: values longer than this are split by the client).
@@ -46,6 +58,10 @@ struct State {
     /// Ranks in the current barrier, and how many barriers were passed.
     in_barrier: usize,
     barriers: u64,
+    /// The ranks in the current barrier (by `PMI_ID`).
+    entered: Vec<bool>,
+    /// The last barrier whose wait was reported.
+    warned: Option<u64>,
 }
 
 /// A step's PMI service.
@@ -62,9 +78,23 @@ impl Service {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.changed.wait(g).unwrap_or_else(|e| e.into_inner())
+    /// Waits for a change, at most `d`.
+    fn wait<'a>(&self, g: MutexGuard<'a, State>, d: Duration) -> MutexGuard<'a, State> {
+        self.changed
+            .wait_timeout(g, d)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0)
     }
+}
+
+/// The ranks not (yet) in a barrier.
+fn missing(entered: &[bool]) -> Vec<usize> {
+    entered
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !**e)
+        .map(|(r, _)| r)
+        .collect()
 }
 
 /// Serves the PMI of a step of `size` ranks on `listener`, in background
@@ -79,7 +109,10 @@ pub fn serve(
     let service = Arc::new(Service {
         size,
         kvsname,
-        state: Mutex::new(State::default()),
+        state: Mutex::new(State {
+            entered: vec![false; size],
+            ..State::default()
+        }),
         changed: Condvar::new(),
     });
     std::thread::Builder::new()
@@ -187,14 +220,33 @@ fn client(s: &Service, conn: TcpStream, abort: fn(i32)) -> std::io::Result<()> {
                 let mut st = s.lock();
                 let passed = st.barriers;
                 st.in_barrier += 1;
+                if let Some(e) = rank.and_then(|r| st.entered.get_mut(r)) {
+                    *e = true;
+                }
                 tracing::debug!(rank, passed, in_barrier = st.in_barrier, "PMI barrier entered");
                 if st.in_barrier == s.size {
                     st.in_barrier = 0;
                     st.barriers += 1;
+                    st.entered.iter_mut().for_each(|e| *e = false);
                     s.changed.notify_all();
                 } else {
+                    let warn_at = Instant::now() + BARRIER_WARN;
                     while st.barriers == passed {
-                        st = s.wait(st);
+                        let left = warn_at.saturating_duration_since(Instant::now());
+                        if left.is_zero() && st.warned != Some(passed) {
+                            st.warned = Some(passed);
+                            tracing::warn!(
+                                barrier = passed,
+                                waiting = st.in_barrier,
+                                missing = ?missing(&st.entered),
+                                "PMI: a barrier has waited {} s for ranks that never entered it \
+                                 (MPICH 4.0.2 over UCX's TCP transport can deadlock so in \
+                                 MPI_Finalize: docs/SLURM.md)",
+                                BARRIER_WARN.as_secs()
+                            );
+                        }
+                        let d = if left.is_zero() { Duration::from_secs(3600) } else { left };
+                        st = s.wait(st, d);
                     }
                 }
                 "cmd=barrier_out rc=0\n".to_string()
@@ -233,6 +285,12 @@ mod tests {
     fn each_rank_is_a_node_of_its_own() {
         assert_eq!(process_mapping(4), "(vector,(0,4,1))");
         assert_eq!(process_mapping(1), "(vector,(0,1,1))");
+    }
+
+    #[test]
+    fn a_barrier_names_the_ranks_it_waits_for() {
+        assert_eq!(missing(&[true, false, true, false]), vec![1, 3]);
+        assert!(missing(&[true, true]).is_empty());
     }
 
     #[test]
