@@ -38,6 +38,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 pub struct Unix;
 
 const TCP_LISTEN: u8 = 10;
+/// unix_diag state of a connected stream or seqpacket socket.
+const TCP_ESTABLISHED: u8 = 1;
 
 /// The host's unix sockets by inode (one sock_diag dump per scan).
 #[derive(Default)]
@@ -296,7 +298,7 @@ fn describe_data(
         // `cr_checkpoint --check` looks into the queue for files in flight
         // it could not save. Not done before every dump: a peek marks
         // empty datagrams, which later peeks with an offset no longer see.
-        if deep && u.state != TCP_LISTEN {
+        if deep && has_queue(u) {
             if let Ok(Ok(q)) =
                 fdio::steal_fd(pid, fd).map(|s| fdio::peek_queue(&s, stream, zero_ends))
             {
@@ -318,7 +320,7 @@ fn describe_data(
         )
     };
     let sock = fdio::steal_fd(pid, fd).map_err(err)?;
-    if u.state != TCP_LISTEN {
+    if has_queue(u) {
         let q = fdio::peek_queue(&sock, stream, zero_ends).map_err(err)?;
         if !stream && q.iter().any(|m| !m.from.is_empty()) {
             s.queue_from = q.iter().map(|m| m.from.clone()).collect();
@@ -346,6 +348,14 @@ fn describe_data(
         kind: ObjectKind::UnixSocket(s),
     });
     Ok(Some(FdKind::UnixSocket { object: ino }))
+}
+
+/// Whether the socket can hold a receive queue: a datagram socket always;
+/// a stream or seqpacket one only once connected (the kernel refuses to
+/// read one that never was: EINVAL for a stream, ENOTCONN for seqpacket;
+/// one whose peer has gone stays connected, with what the peer sent).
+fn has_queue(u: &UnixSock) -> bool {
+    u.sock_type as i32 == libc::SOCK_DGRAM || u.state == TCP_ESTABLISHED
 }
 
 fn kind_name(sock_type: u8) -> &'static str {
