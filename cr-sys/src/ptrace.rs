@@ -34,6 +34,10 @@ const XSTATE_BUF: usize = 64 * 1024;
 pub const PTRACE_EVENT_STOP: i32 = 128;
 pub const PTRACE_EVENT_CLONE: i32 = 3;
 pub const PTRACE_EVENT_FORK: i32 = 1;
+/// Option: the tracee's seccomp filters do not judge its system calls
+/// while it is traced (needs CAP_SYS_ADMIN and a tracer without filters
+/// of its own; the seize fails with EPERM otherwise).
+pub const PTRACE_O_SUSPEND_SECCOMP: u64 = 1 << 21;
 
 /// What a ptrace-stop was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

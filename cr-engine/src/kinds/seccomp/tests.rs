@@ -64,3 +64,50 @@ expect(open("/proc/self/status").read().count("Seccomp:\t2") == 1, "filter mode"
         .iter()
         .all(|t| t.seccomp.mode == SeccompMode::Filter));
 }
+
+/// A thread whose filter makes `prctl` fail with an errno of its own (the
+/// checkpoint asks each thread its tid address with `prctl`) is captured
+/// and restored all the same (the filters are suspended while traced),
+/// and its filter still answers the program the same way afterwards.
+#[test]
+fn filter_refusing_the_calls_a_checkpoint_injects() {
+    let install = r#"
+class sock_filter(ctypes.Structure): _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class sock_fprog(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(sock_filter))]
+prog = [
+    (0x20, 0, 0, 0),                       # ld [0] (nr)
+    (0x15, 0, 1, 157),                     # jeq #prctl
+    (0x06, 0, 0, 0x00050000 | 1234),       # ret ERRNO(1234)
+    (0x06, 0, 0, 0x7fff0000),              # ret ALLOW
+]
+def install():
+    arr = (sock_filter * len(prog))(*[sock_filter(*i) for i in prog])
+    fp = sock_fprog(len(prog), arr)
+    assert libc.syscall(317, 1, 0, ctypes.byref(fp)) == 0, ctypes.get_errno()   # seccomp(SET_MODE_FILTER)
+def prctl_errno():
+    r = libc.prctl(16, 0, 0, 0, 0)   # PR_GET_KEEPCAPS
+    return ctypes.get_errno() if r < 0 else 0
+libc.prctl(38, 1, 0, 0, 0)   # no_new_privs
+import threading
+seen = []
+again = threading.Event()
+def filtered():
+    install()
+    seen.append(prctl_errno())
+    again.wait()
+    seen.append(prctl_errno())
+    while True: time.sleep(1)
+threading.Thread(target=filtered, daemon=True).start()
+while not seen: time.sleep(0.01)
+"#;
+    round_trip(
+        "seccomp-prctl",
+        install,
+        r#"
+expect(prctl_errno() == 0, "the main thread has no filter")
+again.set()
+while len(seen) < 2: time.sleep(0.01)
+expect(seen == [1234, 1234], "the thread's filter still refuses prctl: %r" % seen)
+"#,
+    );
+}

@@ -48,14 +48,22 @@ pub struct Threads;
 
 pub(crate) const PR_GET_TID_ADDRESS: u64 = 40;
 const RSEQ_FLAG_UNREGISTER: u64 = 1;
+use cr_sys::ptrace::PTRACE_O_SUSPEND_SECCOMP;
 
 /// Seize and stop every thread of `pid`; the main thread comes first.
 ///
 /// A thread may create another while we seize the rest, so the thread list
 /// is read again until it holds no thread we have not seized. Threads that
 /// exit meanwhile are skipped.
+///
+/// Seized with PTRACE_O_SUSPEND_SECCOMP where the kernel allows it (it
+/// needs CAP_SYS_ADMIN and a tracer without a filter of its own): a
+/// program's seccomp filter would otherwise judge the system calls the
+/// checkpoint injects, and one that refuses `prctl` (answering an errno of
+/// its choice) or kills on it would fail the checkpoint or the program.
+/// The filters act again once the threads are let go.
 pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
-    let options = libc::PTRACE_O_TRACESYSGOOD as u64;
+    let mut options = libc::PTRACE_O_TRACESYSGOOD as u64 | PTRACE_O_SUSPEND_SECCOMP;
     let mut tracees: Vec<Tracee> = Vec::new();
     let mut seen = BTreeSet::new();
     loop {
@@ -66,7 +74,18 @@ pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
                 continue;
             }
             new = true;
-            match Tracee::seize(tid, options, OnDrop::Detach) {
+            let mut seized = Tracee::seize(tid, options, OnDrop::Detach);
+            if let Err(SysError::Ptrace { source, .. }) = &seized {
+                if source.0 == libc::EPERM && options & PTRACE_O_SUSPEND_SECCOMP != 0 {
+                    tracing::debug!(
+                        pid,
+                        "seccomp filters cannot be suspended here (no CAP_SYS_ADMIN, or a filter of our own)"
+                    );
+                    options &= !PTRACE_O_SUSPEND_SECCOMP;
+                    seized = Tracee::seize(tid, options, OnDrop::Detach);
+                }
+            }
+            match seized {
                 Ok(t) => {
                     hide_our_stop(&t).map_err(|e| CheckpointError::from_sys(pid, e))?;
                     tracees.push(t)
