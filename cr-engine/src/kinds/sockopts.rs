@@ -28,6 +28,8 @@ const OPTIONS: &[(i32, i32, usize)] = &[
     (libc::SOL_SOCKET, libc::SO_SNDBUF, 4),
     (libc::SOL_SOCKET, libc::SO_RCVBUF, 4),
     (libc::SOL_SOCKET, libc::SO_DONTROUTE, 4),
+    // UDP over IPv4 without checksums.
+    (libc::SOL_SOCKET, libc::SO_NO_CHECK, 4),
     (libc::SOL_SOCKET, libc::SO_PEEK_OFF, 4),
     (libc::SOL_SOCKET, libc::SO_BUSY_POLL, 4),
     (libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, 8),

@@ -66,7 +66,7 @@ expect(u.recv(10) == b"udp", "the UDP socket")
     );
 }
 
-/// A classic BPF socket filter (and its lock) and SO_BUF_LOCK come back:
+/// A classic BPF socket filter (and its lock), SO_BUF_LOCK and SO_NO_CHECK come back:
 /// the filter still drops short datagrams and lets long ones through.
 #[test]
 fn socket_filter_and_buffer_lock_round_trip() {
@@ -83,6 +83,7 @@ u.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", 4, ctypes.ad
 u.setsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER, 1)
 t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, SO_BUF_LOCK, 2)
 tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+tx.setsockopt(socket.SOL_SOCKET, 11, 1)   # SO_NO_CHECK: sent without UDP checksums
 def filtered():
     tx.sendto(b"s" * 10, u.getsockname())
     tx.sendto(b"L" * 200, u.getsockname())
@@ -93,6 +94,7 @@ expect(filtered() == b"L" * 200, "the filter does not work before the checkpoint
 expect(filtered() == b"L" * 200, "the short datagram was not dropped: no filter")
 expect(u.getsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER) == 1, "SO_LOCK_FILTER")
 expect(t.getsockopt(socket.SOL_SOCKET, SO_BUF_LOCK) == 2, "SO_BUF_LOCK %d" % t.getsockopt(socket.SOL_SOCKET, SO_BUF_LOCK))
+expect(tx.getsockopt(socket.SOL_SOCKET, 11) == 1, "SO_NO_CHECK")
 "#,
     );
 }

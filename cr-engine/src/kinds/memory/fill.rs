@@ -496,6 +496,9 @@ pub fn finish(
         ("nh", libc::MADV_NOHUGEPAGE),
         ("wf", libc::MADV_WIPEONFORK),
         ("mg", libc::MADV_MERGEABLE),
+        // Read-ahead advice (VM_SEQ_READ, VM_RAND_READ).
+        ("sr", libc::MADV_SEQUENTIAL),
+        ("rr", libc::MADV_RANDOM),
     ];
     let stub = &mut cx.stub;
     for (v, &filled) in p.vmas.iter().zip(filled) {

@@ -1,5 +1,6 @@
 //! Round trip of kind "memory": anonymous memory with a pattern, a
-//! read-only region, a private file mapping written to, madvise advice,
+//! read-only region, a private file mapping written to, madvise advice
+//! (fork, read-ahead),
 //! and the mm fields.
 
 use crate::kinds::testkit::round_trip;
@@ -25,6 +26,12 @@ addr = ctypes.addressof(ctypes.c_char.from_buffer(ro))
 libc.mprotect(ctypes.c_void_p(addr), 8192, 1)   # PROT_READ
 big.madvise(mmap.MADV_DONTFORK, 0, 1 << 20)
 start = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(big))
+seq = mmap.mmap(-1, 8192); seq.madvise(mmap.MADV_SEQUENTIAL)
+rnd = mmap.mmap(-1, 8192); rnd.madvise(mmap.MADV_RANDOM)
+def vmflags(m):
+    at = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(m))
+    rest = open("/proc/self/smaps").read().split(at, 1)[1]
+    return [l for l in rest.splitlines() if l.startswith("VmFlags:")][0].split()[1:]
 "#,
         r#"
 expect(hashlib.sha256(big).hexdigest() == digest, "the anonymous pattern")
@@ -34,6 +41,7 @@ maps = open("/proc/self/maps").read()
 smaps = open("/proc/self/smaps").read().split(start, 1)[1]
 flags = [l for l in smaps.splitlines() if l.startswith("VmFlags:")][0]
 expect(" dc" in flags, "the madvise flag: " + flags)
+expect("sr" in vmflags(seq) and "rr" in vmflags(rnd), "the read-ahead advice: %r %r" % (vmflags(seq), vmflags(rnd)))
 expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for l in maps.splitlines()), "the protection")
 "#,
     );
