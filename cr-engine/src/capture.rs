@@ -382,7 +382,7 @@ pub fn freeze(
     // end: let the running program accept them first (before the
     // checks, which refuse them).
     let _drain = if lock_network && !opts.tcp_skip_in_flight {
-        kinds::netlock::AcceptDrain::run(pid, &tree::walk(pid)?, kinds::netlock::ACCEPT_WAIT)?
+        kinds::netlock::AcceptDrain::run(pid, &tree::walk(pid)?, kinds::drain::WAIT)?
     } else {
         None
     };
