@@ -205,3 +205,30 @@ pub fn restore_options(r: &pb::LocalRestoreRequest) -> Result<RestoreOptions, St
         ..Default::default()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the user asked for reaches the agent's engine unchanged: the
+    /// action and the switches about what cannot be saved.
+    #[test]
+    fn checkpoint_switches_cross_the_wire() {
+        let mut o = CheckpointOptions {
+            tcp_skip_in_flight: true,
+            skip_queued_events: true,
+            ..Default::default()
+        };
+        o.set_action(Action::Kill);
+        let back = checkpoint_options(&checkpoint_request(7, Path::new("/img"), &o)).unwrap();
+        assert_eq!(back.action(), Action::Kill);
+        assert!(back.tcp_skip_in_flight && back.skip_queued_events);
+        let plain = checkpoint_options(&checkpoint_request(
+            7,
+            Path::new("/img"),
+            &CheckpointOptions::default(),
+        ))
+        .unwrap();
+        assert!(!plain.tcp_skip_in_flight && !plain.skip_queued_events);
+    }
+}
