@@ -331,6 +331,7 @@ fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> 
     let mut fds = TreeFds::new(&pids);
     fds.lock_network = opts.action() != Action::Continue;
     fds.skip_in_flight = opts.tcp_skip_in_flight;
+    fds.skip_queued_events = opts.skip_queued_events;
     for &p in &pids {
         match proc::stat(p) {
             Ok(s) if s.state != 'Z' => kinds::fds::preflight(p, &mut fds)?,
@@ -382,10 +383,15 @@ pub fn freeze(
     // end: let the running program accept them first (before the
     // checks, which refuse them).
     let _drain = if lock_network && !opts.tcp_skip_in_flight {
-        kinds::netlock::AcceptDrain::run(pid, &tree::walk(pid)?, kinds::netlock::ACCEPT_WAIT)?
+        kinds::netlock::AcceptDrain::run(pid, &tree::walk(pid)?, kinds::drain::WAIT)?
     } else {
         None
     };
+    // Likewise inotify and fanotify events queued and not read yet (a
+    // coordinated checkpoint, whose network lock comes later, too).
+    if opts.action() != Action::Continue && !opts.skip_queued_events {
+        kinds::eventfds::wait_for_reads(&tree::walk(pid)?, kinds::drain::WAIT);
+    }
     preflight(pid, opts)?;
     let dir = ImageDir::create(&path)?;
     let mut held = Held {
@@ -562,6 +568,7 @@ impl Held {
         let mut fds = TreeFds::new(&pids);
         fds.lock_network = opts.action() != Action::Continue;
         fds.skip_in_flight = opts.tcp_skip_in_flight;
+        fds.skip_queued_events = opts.skip_queued_events;
         let mut d = Dump {
             opts,
             dir: &self.dir,

@@ -82,6 +82,13 @@ pub struct CheckpointOptions {
     /// of refusing the checkpoint. Their clients will see a reset.
     #[arg(long)]
     pub tcp_skip_in_flight: bool,
+    /// With --kill or --stop, drop inotify and fanotify events queued and
+    /// not read yet (the kernel cannot queue them again) instead of
+    /// refusing the checkpoint when the program has not read them within
+    /// a short wait. The restored program will not see them; its watches
+    /// and marks still work.
+    #[arg(long)]
+    pub skip_queued_events: bool,
     /// Incremental checkpoint: store only the pages written since this
     /// earlier image of the same processes, and refer to it for the rest
     /// (`cr_restart` follows the chain).

@@ -334,6 +334,7 @@ mod tests {
             comm: String::new(),
             timer_slack_ns: 0,
             ioprio: None,
+            sched: None,
         }];
         let mut now = image.clone();
         now.threads[0].pdeathsig = 9;
@@ -360,6 +361,20 @@ mod tests {
         now.threads[0].ioprio = Some(3 << 13);
         let got = first(&image, &now, false).unwrap_or_default();
         assert!(got.contains("thread 40: I/O priority"), "{got}");
+        // Each thread's scheduling, when the image knows it.
+        image.threads[0].sched = Some(cr_image::model::Sched {
+            policy: 3,
+            priority: 0,
+            nice: 5,
+        });
+        let mut now = image.clone();
+        now.threads[0].sched = Some(cr_image::model::Sched {
+            policy: 0,
+            priority: 0,
+            nice: 5,
+        });
+        let got = first(&image, &now, false).unwrap_or_default();
+        assert!(got.contains("thread 40: scheduling"), "{got}");
     }
 
     #[test]

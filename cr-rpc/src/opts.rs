@@ -58,6 +58,7 @@ pub fn checkpoint_request(
         workers: o.workers.unwrap_or(0) as u32,
         no_fsync: o.no_fsync,
         tcp_skip_in_flight: o.tcp_skip_in_flight,
+        skip_queued_events: o.skip_queued_events,
         ipc_keys: o.ipc_keys.clone(),
         ipc_owners: o.ipc_owners.clone(),
         save_files_limit: o.save_files.unwrap_or(0),
@@ -103,6 +104,7 @@ pub fn checkpoint_options(r: &pb::LocalCheckpointRequest) -> Result<CheckpointOp
         no_fsync: r.no_fsync,
         workers: (r.workers > 0).then_some(r.workers as usize),
         tcp_skip_in_flight: r.tcp_skip_in_flight,
+        skip_queued_events: r.skip_queued_events,
         ipc_keys: r.ipc_keys.clone(),
         ipc_owners: r.ipc_owners.clone(),
         save_files: (r.save_files_limit > 0).then_some(r.save_files_limit),
@@ -202,4 +204,31 @@ pub fn restore_options(r: &pb::LocalRestoreRequest) -> Result<RestoreOptions, St
         verify: r.verify,
         ..Default::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the user asked for reaches the agent's engine unchanged: the
+    /// action and the switches about what cannot be saved.
+    #[test]
+    fn checkpoint_switches_cross_the_wire() {
+        let mut o = CheckpointOptions {
+            tcp_skip_in_flight: true,
+            skip_queued_events: true,
+            ..Default::default()
+        };
+        o.set_action(Action::Kill);
+        let back = checkpoint_options(&checkpoint_request(7, Path::new("/img"), &o)).unwrap();
+        assert_eq!(back.action(), Action::Kill);
+        assert!(back.tcp_skip_in_flight && back.skip_queued_events);
+        let plain = checkpoint_options(&checkpoint_request(
+            7,
+            Path::new("/img"),
+            &CheckpointOptions::default(),
+        ))
+        .unwrap();
+        assert!(!plain.tcp_skip_in_flight && !plain.skip_queued_events);
+    }
 }

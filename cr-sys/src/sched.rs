@@ -1,6 +1,7 @@
-//! CPU affinity, I/O priority and scheduling policy of any thread
+//! CPU affinity, I/O priority and scheduling of any thread
 //! (sched_getaffinity / sched_setaffinity, ioprio_get / ioprio_set,
-//! sched_getattr on a TID, from outside the process), the machine's online CPUs, and the kernel's CPU list notation
+//! sched_getattr / sched_setscheduler, getpriority / setpriority on a
+//! TID, from outside the process), the machine's online CPUs, and the kernel's CPU list notation
 //! ("0-3,8").
 
 use crate::error::{Errno, NixResult, Result, SysError};
@@ -83,11 +84,10 @@ const SCHED_RESET_ON_FORK: u32 = 0x4000_0000;
 /// SCHED_FLAG_RESET_ON_FORK of sched_attr.sched_flags.
 const SCHED_FLAG_RESET_ON_FORK: u64 = 1;
 
-/// The scheduling policy of thread `tid` exactly as sched_getscheduler(2)
-/// run by that thread answers it (SCHED_RESET_ON_FORK ORed in), read from
-/// outside with sched_getattr(2): no system call injected into it.
-pub fn policy(tid: i32) -> Result<u32> {
-    // struct sched_attr up to sched_period (SCHED_ATTR_SIZE_VER0 is 48).
+/// struct sched_attr of thread `tid` up to sched_period
+/// (SCHED_ATTR_SIZE_VER0 is 48 bytes), as u32 words: { u32 size; u32
+/// sched_policy; u64 sched_flags; s32 sched_nice; u32 sched_priority; ... }.
+fn sched_attr(tid: i32) -> Result<[u32; 14]> {
     let mut attr = [0u32; 14];
     let size = std::mem::size_of_val(&attr) as u32;
     // Raw: neither libc nor nix wraps sched_getattr.
@@ -99,14 +99,79 @@ pub fn policy(tid: i32) -> Result<u32> {
             source: crate::Errno::last(),
         });
     }
-    // { u32 size; u32 sched_policy; u64 sched_flags; ... }
+    Ok(attr)
+}
+
+/// The scheduling policy of thread `tid` exactly as sched_getscheduler(2)
+/// run by that thread answers it (SCHED_RESET_ON_FORK ORed in), read from
+/// outside with sched_getattr(2): no system call injected into it.
+pub fn policy(tid: i32) -> Result<u32> {
+    sched_attr(tid).map(|a| policy_of(&a))
+}
+
+/// The policy of a [`sched_attr`], with SCHED_RESET_ON_FORK ORed in.
+fn policy_of(attr: &[u32; 14]) -> u32 {
     let policy = attr[1];
     let flags = u64::from(attr[2]) | u64::from(attr[3]) << 32;
-    Ok(if flags & SCHED_FLAG_RESET_ON_FORK != 0 {
+    if flags & SCHED_FLAG_RESET_ON_FORK != 0 {
         policy | SCHED_RESET_ON_FORK
     } else {
         policy
-    })
+    }
+}
+
+/// The scheduling of thread `tid`, from outside: its policy (as
+/// [`policy`]), real-time priority (0 for a policy that has none) and
+/// nice value (getpriority(PRIO_PROCESS, TID): each thread has its own on
+/// Linux; a real-time thread keeps one for when it leaves its policy).
+pub fn scheduling(tid: i32) -> Result<(u32, u32, i32)> {
+    let attr = sched_attr(tid)?;
+    // Raw: the system call answers 20 - nice (1..40), never an ambiguous -1.
+    // SAFETY: getpriority takes two integers and touches no memory of ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getpriority,
+            libc::PRIO_PROCESS as libc::c_long,
+            tid as libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: format!("getpriority of thread {tid}"),
+            source: Errno::last(),
+        });
+    }
+    Ok((policy_of(&attr), attr[5], 20 - r as i32))
+}
+
+/// Give thread `tid` scheduling `policy` (SCHED_RESET_ON_FORK ORed in as
+/// sched_getscheduler answers it) with real-time `priority`, then nice
+/// value `nice` (which a real-time policy keeps for later). From outside:
+/// CAP_SYS_NICE for a real-time policy, a lower nice value or another
+/// user's thread.
+pub fn set_scheduling(tid: i32, policy: u32, priority: u32, nice: i32) -> Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority as i32,
+    };
+    // SAFETY: param is a valid sched_param that outlives the call.
+    let r = unsafe { libc::sched_setscheduler(tid, policy as i32, &param) };
+    if r != 0 {
+        return Err(SysError::Syscall {
+            what: format!(
+                "sched_setscheduler of thread {tid} to policy {policy:#x} priority {priority}"
+            ),
+            source: Errno::last(),
+        });
+    }
+    // SAFETY: setpriority takes integers only.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if r != 0 {
+        return Err(SysError::Syscall {
+            what: format!("setpriority of thread {tid} to nice {nice}"),
+            source: Errno::last(),
+        });
+    }
+    Ok(())
 }
 
 /// The CPUs online on this machine (/sys/devices/system/cpu/online).

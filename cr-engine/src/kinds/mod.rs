@@ -13,8 +13,10 @@
 //!   tty, external: what leads outside the tree). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
 //!   turn whether an fd is of its kind, and later which one opens it again.
 //!
-//! [`locks`] (file locks, read with the fds that hold them) and [`netlock`]
-//! (holding TCP connections still between dump and restore) serve the
+//! [`locks`] (file locks, read with the fds that hold them), [`netlock`]
+//! (holding TCP connections still between dump and restore) and [`drain`]
+//! (before the freeze of a dump whose processes end, a short wait for the
+//! program to take what is queued for it and cannot be saved) serve the
 //! others. Three kinds belong to the whole tree rather than to a process:
 //! [`sysv`] (System V IPC objects; the memory kind attaches the segments),
 //! [`aio`] (AIO contexts, read from their rings with the mappings),
@@ -26,6 +28,7 @@
 
 pub mod aio;
 pub mod cgroups;
+pub mod drain;
 pub mod eventfds;
 pub mod external;
 pub mod fds;

@@ -109,12 +109,22 @@ fn reap(pid: i32) {
 
 /// Checkpoint `pid` into `img` and kill it.
 pub fn checkpoint_kill(pid: i32, img: &Path) -> Result<(), String> {
+    checkpoint_kill_with(pid, img, |_| {})
+}
+
+/// [`checkpoint_kill`], with the options `tweak` changes.
+fn checkpoint_kill_with(
+    pid: i32,
+    img: &Path,
+    tweak: impl FnOnce(&mut CheckpointOptions),
+) -> Result<(), String> {
     let mut opts = CheckpointOptions {
         dir: Some(img.to_path_buf()),
         no_fsync: true,
         ..Default::default()
     };
     opts.set_action(Action::Kill);
+    tweak(&mut opts);
     crate::checkpoint(pid, &opts)
         .map(|_| ())
         .map_err(|e| cr_sys::error::one_line(&e))
@@ -162,10 +172,22 @@ pub fn round_trip_with(
     check: &str,
     between: impl FnOnce(&Path),
 ) -> RoundTrip {
+    round_trip_opts(name, setup, check, |_| {}, between)
+}
+
+/// [`round_trip_with`], the program checkpointed (and killed) with the
+/// options `tweak` changes (`cr_checkpoint --kill` and more).
+pub fn round_trip_opts(
+    name: &str,
+    setup: &str,
+    check: &str,
+    tweak: impl FnOnce(&mut CheckpointOptions),
+    between: impl FnOnce(&Path),
+) -> RoundTrip {
     let (dir, log, child) = start(name, setup, check);
     let pid = child.id() as i32;
     let img = dir.join("img");
-    if let Err(e) = checkpoint_kill(pid, &img) {
+    if let Err(e) = checkpoint_kill_with(pid, &img, tweak) {
         reap(pid);
         panic!("checkpoint of {name}: {e}");
     }
@@ -181,19 +203,7 @@ pub fn round_trip_with(
     assert_eq!(restored, pid, "restored with its PID");
 
     let img2 = dir.join("img-after");
-    let again = CheckpointOptions {
-        dir: Some(img2.clone()),
-        no_fsync: true,
-        verify: true,
-        ..Default::default()
-    };
-    if let Err(e) = crate::checkpoint(pid, &again) {
-        reap(pid);
-        panic!(
-            "checkpoint of the restored {name}: {}",
-            cr_sys::error::one_line(&e)
-        );
-    }
+    checkpoint_continue(pid, &img2, &format!("the restored {name}"));
     verdict(pid, &dir, &log, &format!("{name}: the restored program"));
     let rt = RoundTrip {
         before: read(&img),
@@ -201,6 +211,21 @@ pub fn round_trip_with(
     };
     let _ = std::fs::remove_dir_all(&dir);
     rt
+}
+
+/// Checkpoint `pid` (`who`) into `img` with --verify, the processes
+/// continuing; a failure ends the program and the test.
+fn checkpoint_continue(pid: i32, img: &Path, who: &str) {
+    let opts = CheckpointOptions {
+        dir: Some(img.to_path_buf()),
+        no_fsync: true,
+        verify: true,
+        ..Default::default()
+    };
+    if let Err(e) = crate::checkpoint(pid, &opts) {
+        reap(pid);
+        panic!("checkpoint of {who}: {}", cr_sys::error::one_line(&e));
+    }
 }
 
 /// Ask program `pid` (SIGUSR1) to check its resources, wait for its
@@ -286,6 +311,27 @@ pub fn refused(name: &str, setup: &str, check: &str, says: &str) -> String {
     drop(child);
     let _ = std::fs::remove_dir_all(&dir);
     err
+}
+
+/// The checkpoint of the program made of `setup` and `check` (see
+/// [`round_trip`]) that continues it, with --verify: it succeeds, and the
+/// program, which ran on, finds its resources as they were. The image is
+/// returned.
+pub fn continued(name: &str, setup: &str, check: &str) -> Checkpoint {
+    let (dir, log, child) = start(name, setup, check);
+    let pid = child.id() as i32;
+    let img = dir.join("img");
+    checkpoint_continue(pid, &img, name);
+    verdict(
+        pid,
+        &dir,
+        &log,
+        &format!("{name}: the program after the checkpoint"),
+    );
+    drop(child);
+    let ck = read(&img);
+    let _ = std::fs::remove_dir_all(&dir);
+    ck
 }
 
 /// The objects of `c` that `pick` takes, in image order.

@@ -46,7 +46,7 @@ pub use outside::OutsideFile;
 pub use seccomp::{SeccompFilter, SeccompMode, ThreadSeccomp};
 pub use signals::{AltStack, SigAction, SigInfo, Signals};
 pub use sysv::{IpcPerm, MsgQueue, SemSet, ShmSegment, SysvIpc, SysvMessage};
-pub use task::Task;
+pub use task::{Sched, Task};
 pub use threads::{GpRegs, Rseq, Thread};
 pub use timers::{ITimer, Notify, PosixTimer, Timers};
 pub use tree::ProcState;

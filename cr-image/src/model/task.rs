@@ -62,18 +62,67 @@ fn cmdline<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
     seq.end()
 }
 
-impl Task {
-    pub(crate) fn from_pb(t: pb::Task) -> Result<Task, Bad> {
-        let policy = t.sched_policy & !SCHED_RESET_ON_FORK;
+/// The scheduling of one thread: policy (SCHED_*, with
+/// SCHED_RESET_ON_FORK), real-time priority, nice value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Sched {
+    pub policy: u32,
+    pub priority: u32,
+    pub nice: i32,
+}
+
+impl Sched {
+    /// A policy the kernel knows, a real-time priority, a nice value.
+    pub(crate) fn check(&self) -> Result<(), Bad> {
+        let policy = self.policy & !SCHED_RESET_ON_FORK;
         if policy > 6 || policy == 4 {
-            return Err(format!("unknown scheduling policy {}", t.sched_policy));
+            return Err(format!("unknown scheduling policy {:#x}", self.policy));
         }
-        if t.sched_priority > 99 {
-            return Err(format!("real-time priority {} above 99", t.sched_priority));
+        if self.priority > 99 {
+            return Err(format!("real-time priority {} above 99", self.priority));
         }
-        if !(-20..=19).contains(&t.nice) {
-            return Err(format!("nice value {} outside -20..19", t.nice));
+        if !(-20..=19).contains(&self.nice) {
+            return Err(format!("nice value {} outside -20..19", self.nice));
         }
+        Ok(())
+    }
+
+    pub(crate) fn from_pb(s: pb::ThreadSched) -> Result<Sched, Bad> {
+        let s = Sched {
+            policy: s.policy,
+            priority: s.priority,
+            nice: s.nice,
+        };
+        s.check()?;
+        Ok(s)
+    }
+
+    pub(crate) fn to_pb(self) -> pb::ThreadSched {
+        pb::ThreadSched {
+            policy: self.policy,
+            priority: self.priority,
+            nice: self.nice,
+        }
+    }
+}
+
+impl Task {
+    /// The main thread's scheduling.
+    pub fn sched(&self) -> Sched {
+        Sched {
+            policy: self.sched_policy,
+            priority: self.sched_priority,
+            nice: self.nice,
+        }
+    }
+
+    pub(crate) fn from_pb(t: pb::Task) -> Result<Task, Bad> {
+        Sched {
+            policy: t.sched_policy,
+            priority: t.sched_priority,
+            nice: t.nice,
+        }
+        .check()?;
         check_ioprio(t.ioprio)?;
         if !(-1000..=1000).contains(&t.oom_score_adj) {
             return Err(format!(

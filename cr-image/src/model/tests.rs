@@ -41,6 +41,11 @@ fn thread(tid: u32) -> Thread {
         comm: "worker".into(),
         timer_slack_ns: 50_000,
         ioprio: Some(2 << 13 | 4),
+        sched: Some(Sched {
+            policy: 5 | crate::model::task::SCHED_RESET_ON_FORK,
+            priority: 0,
+            nice: 7,
+        }),
         seccomp: ThreadSeccomp {
             mode: SeccompMode::Filter,
             chain: vec![0, 1, 0],

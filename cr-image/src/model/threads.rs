@@ -1,9 +1,11 @@
 //! Section of kind "threads": per thread its registers, XSAVE area, rseq
-//! registration, clear-child-tid address and parent-death signal; and its
+//! registration, clear-child-tid address, parent-death signal, affinity,
+//! timer slack, I/O priority and scheduling; and its
 //! share of kind "signals" (mask, pending signals, alternate stack).
 
 use super::seccomp::ThreadSeccomp;
 use super::signals::{AltStack, SigInfo};
+use super::task::Sched;
 use super::{need, pb, ser, Bad, Process};
 use serde::Serialize;
 
@@ -53,6 +55,9 @@ pub struct Thread {
     /// ioprio_get() of this thread (class << 13 | level; 0: never set;
     /// None: not in the image, the thread keeps the main thread's).
     pub ioprio: Option<u32>,
+    /// Its own scheduling (policy, real-time priority, nice; None: not in
+    /// the image, the thread keeps the main thread's).
+    pub sched: Option<Sched>,
 }
 
 /// struct user_regs_struct (x86_64).
@@ -138,6 +143,7 @@ impl Thread {
             comm: t.comm,
             timer_slack_ns: t.timer_slack_ns,
             ioprio: t.ioprio,
+            sched: t.sched.map(Sched::from_pb).transpose()?,
         })
     }
 
@@ -165,6 +171,7 @@ impl Thread {
             comm: self.comm.clone(),
             timer_slack_ns: self.timer_slack_ns,
             ioprio: self.ioprio,
+            sched: self.sched.map(Sched::to_pb),
         }
     }
 }

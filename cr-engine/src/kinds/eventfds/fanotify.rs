@@ -10,15 +10,16 @@
 //! mark of a kind this build does not know (a newer kernel's), a mark
 //! asking for permission events (every open of a marked file, the
 //! checkpoint's and the restore's own included, would wait for an answer
-//! from a program that is stopped), and a group
-//! with events queued and not yet read: the kernel has no way to queue
-//! them again, and dropping them would make the program miss what
-//! happened. That is seen cheaply, with FIONREAD on a copy of the fd
-//! (pidfd_getfd). Events read but not answered yet (permission events
-//! waiting for the program's verdict) are not seen and not saved.
+//! from a program that is stopped), and, in a dump whose processes end, a
+//! group with events queued and not yet read after the program was given
+//! a short while to read them (see [`super::refuse_queued`]): the kernel
+//! has no way to queue them again, and dropping them would make the
+//! program miss what happened. Events read but not answered yet
+//! (permission events waiting for the program's verdict) are not seen and
+//! not saved.
 
 use crate::error::{RestoreError, StepContext};
-use crate::kinds::fds::OpenFd;
+use crate::kinds::fds::{FdScan, OpenFd};
 use cr_image::model::fds::{FanotifyMark, FanotifyMarkOn};
 use cr_image::model::{Fd, FdKind};
 use cr_sys::fdio;
@@ -32,24 +33,12 @@ const PERMISSION_EVENTS: u64 =
     libc::FAN_OPEN_PERM | libc::FAN_ACCESS_PERM | libc::FAN_OPEN_EXEC_PERM | 0x0010_0000;
 
 /// The group open as fd `f`, from its fdinfo.
-pub fn describe(f: &OpenFd<'_>) -> Result<FdKind, String> {
+pub fn describe(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
     let g = f
         .info
         .fanotify()
         .ok_or("a fanotify group whose fdinfo cannot be read")?;
-    let queued = fdio::steal_fd(f.pid, f.fd)
-        .and_then(|fd| fdio::bytes_queued(&fd))
-        .map_err(|e| {
-            format!(
-                "a fanotify group whose queue cannot be looked at ({})",
-                cr_sys::error::one_line(&e)
-            )
-        })?;
-    if queued > 0 {
-        return Err(format!(
-            "a fanotify group with {queued} bytes of events not read yet (not supported: the kernel cannot queue them again; read them first)"
-        ));
-    }
+    super::refuse_queued(cx, f, "a fanotify group")?;
     let marks = g
         .marks
         .iter()

@@ -14,6 +14,14 @@
 //! armed at the release, when the tree starts running; a pidfd is opened
 //! inside the process (pidfd_open of the restored process, by its PID as
 //! the process sees it).
+//!
+//! Events queued in an inotify instance or a fanotify group and not read
+//! yet cannot be queued again in the one the restore makes: a dump whose
+//! processes end (`--kill`, `--stop`) first gives the running program a
+//! short while to read them ([`wait_for_reads`], see `kinds::drain`), then
+//! refuses what is still queued by name ([`refuse_queued`]), unless
+//! `--skip-queued-events` (they are dropped, with a warning). A dump that
+//! continues the processes leaves them their instances, queues and all.
 
 pub mod fanotify;
 #[cfg(test)]
@@ -29,6 +37,7 @@ use cr_sys::fdio;
 use cr_sys::proc::{FDTarget, FdInfo, WatchedHandle};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
 
 pub struct EventFds;
 
@@ -247,13 +256,16 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, kind: &str) -> Result<FdKind, S
                 .map(|v| epoll_item(f.pid, f.fd, v))
                 .collect::<Result<_, _>>()?,
         },
-        "[fanotify]" => fanotify::describe(f)?,
-        "inotify" => FdKind::Inotify {
-            watches: info
-                .all("inotify wd")
-                .map(|v| inotify_watch(cx, v))
-                .collect::<Result<_, _>>()?,
-        },
+        "[fanotify]" => fanotify::describe(cx, f)?,
+        "inotify" => {
+            refuse_queued(cx, f, "an inotify instance")?;
+            FdKind::Inotify {
+                watches: info
+                    .all("inotify wd")
+                    .map(|v| inotify_watch(cx, v))
+                    .collect::<Result<_, _>>()?,
+            }
+        }
         other => {
             let name = other.trim_matches(|c| c == '[' || c == ']');
             return Err(format!("a {name} (anon_inode:{other}, not supported)"));
@@ -556,4 +568,84 @@ fn inotify(
     let mut buf = [0u8; 4096];
     while fdio::read_nonblock(&fd, &mut buf).is_ok_and(|n| n > 0) {}
     Ok(fd)
+}
+
+/// The bytes of events queued in the inotify instance or fanotify group
+/// open as fd `fd` of `pid` and not read yet: FIONREAD on a copy of the
+/// fd (pidfd_getfd).
+fn bytes_queued(pid: i32, fd: i32) -> cr_sys::error::Result<usize> {
+    fdio::steal_fd(pid, fd).and_then(|copy| fdio::bytes_queued(&copy))
+}
+
+/// Events queued in `f` (`what`: "an inotify instance", "a fanotify
+/// group") and not read yet, in a dump whose processes end: refused by
+/// name (the restore makes a new instance, and the kernel has no way to
+/// queue them in it again), unless `--skip-queued-events` (dropped, with a
+/// warning). A dump that continues the processes leaves them their queue.
+pub(crate) fn refuse_queued(cx: &FdScan<'_>, f: &OpenFd<'_>, what: &str) -> Result<(), String> {
+    if !cx.tree.lock_network {
+        return Ok(());
+    }
+    let queued = bytes_queued(f.pid, f.fd).map_err(|e| {
+        format!(
+            "{what} whose queue cannot be looked at ({})",
+            cr_sys::error::one_line(&e)
+        )
+    })?;
+    if queued == 0 {
+        return Ok(());
+    }
+    if cx.tree.skip_queued_events {
+        // Once, from the scan of the frozen tree (not the pre-flight's).
+        if cx.objects.is_some() {
+            tracing::warn!(
+                pid = f.pid,
+                fd = f.fd,
+                bytes = queued,
+                "{what} with events not read yet: dropped (--skip-queued-events); the restored program will not see them"
+            );
+        }
+        return Ok(());
+    }
+    Err(format!(
+        "{what} with {queued} bytes of events not read yet (not supported: the kernel cannot queue them again, and the program did not read them while the checkpoint waited; have it read them first, or use --skip-queued-events to drop them)"
+    ))
+}
+
+/// Before the freeze of a dump whose processes end: if inotify instances
+/// or fanotify groups of `pids` have events queued, give the running
+/// program up to `limit` to read them (see `kinds::drain`), looking at
+/// their queues again every few milliseconds. What is still queued after
+/// is refused by the scan ([`refuse_queued`]).
+pub fn wait_for_reads(pids: &[i32], limit: Duration) {
+    // (pid, fd, bytes queued) and a copy of the fd.
+    let mut queues: Vec<((i32, i32, usize), OwnedFd)> = Vec::new();
+    for &pid in pids {
+        for (fd, target) in cr_sys::proc::fds(pid).unwrap_or_default() {
+            if !matches!(&target, FDTarget::AnonInode(k) if k == "inotify" || k == "[fanotify]") {
+                continue;
+            }
+            // One that cannot be looked at is refused by the scan.
+            let Ok(copy) = fdio::steal_fd(pid, fd) else {
+                continue;
+            };
+            match fdio::bytes_queued(&copy) {
+                Ok(bytes) if bytes > 0 => queues.push(((pid, fd, bytes), copy)),
+                _ => {}
+            }
+        }
+    }
+    if queues.is_empty() {
+        return;
+    }
+    let queued: Vec<(i32, i32, usize)> = queues.iter().map(|(q, _)| *q).collect();
+    crate::kinds::drain::wait("inotify and fanotify events", &queued, limit, || {
+        queues
+            .iter()
+            .filter_map(|&((pid, fd, _), ref copy)| {
+                let bytes = fdio::bytes_queued(copy).unwrap_or(0);
+                (bytes > 0).then_some((pid, fd, bytes))
+            })
+            .collect()
+    });
 }

@@ -1,7 +1,7 @@
 //! Round trip of kind "eventfds": an eventfd with its count, an epoll set
 //! watching it, a signalfd, an armed timerfd, an inotify watch.
 
-use crate::kinds::testkit::round_trip;
+use crate::kinds::testkit::{round_trip, round_trip_opts};
 
 #[test]
 fn event_fds_round_trip() {
@@ -19,7 +19,10 @@ class itimerspec(ctypes.Structure): _fields_ = [("interval", timespec), ("value"
 tfd = libc.timerfd_create(1, 0)
 libc.timerfd_settime(tfd, 0, ctypes.byref(itimerspec(timespec(0, 0), timespec(300, 0))), None)
 ino = libc.inotify_init1(os.O_NONBLOCK)
-wd = libc.inotify_add_watch(ino, DIR.encode(), 0x100)    # IN_CREATE
+# A directory of its own: an event in the test's (its "ready" file) would
+# be queued, unread, at the checkpoint.
+W = os.path.join(DIR, "watched"); os.mkdir(W)
+wd = libc.inotify_add_watch(ino, W.encode(), 0x100)    # IN_CREATE
 "#,
         r#"
 expect(ep.poll(0) == [(ev, select.EPOLLIN)], "epoll sees the eventfd")
@@ -28,7 +31,7 @@ cur = itimerspec(); libc.timerfd_gettime(tfd, ctypes.byref(cur))
 expect(0 < cur.value.s <= 300, "timerfd time left %d" % cur.value.s)
 os.kill(os.getpid(), signal.SIGUSR2)
 expect(len(os.read(sfd, 128)) == 128, "signalfd")
-open(os.path.join(DIR, "new"), "w").close()
+open(os.path.join(W, "new"), "w").close()
 expect(len(os.read(ino, 4096)) > 0, "inotify event")
 "#,
     );
@@ -212,7 +215,10 @@ IN_MODIFY, IN_ATTRIB, IN_CREATE = 0x2, 0x4, 0x100
 ino = libc.inotify_init1(os.O_NONBLOCK)
 def watch(path, mask):
     return libc.inotify_add_watch(ino, path.encode(), mask)
-wdir = watch(DIR, IN_CREATE)
+# A directory of its own: an event in the test's (its "ready" file) would
+# be queued, unread, at the checkpoint.
+W = os.path.join(DIR, "watched-dir"); os.mkdir(W)
+wdir = watch(W, IN_CREATE)
 p = os.path.join(DIR, "watched")
 f = open(p, "w+b"); f.write(b"before"); f.flush()
 gone = watch(os.path.join(DIR, "program.py"), IN_MODIFY)
@@ -236,7 +242,7 @@ events()   # the unlink's IN_ATTRIB, the removed watch's IN_IGNORED
         r#"
 f.write(b" after"); f.flush()
 f.seek(0); expect(f.read() == b"before after", "the removed file's content")
-open(os.path.join(DIR, "new"), "w").close()
+open(os.path.join(W, "new"), "w").close()
 got = events()
 expect((wfile, IN_MODIFY) in got, "no IN_MODIFY on watch %d of the removed file: %r" % (wfile, got))
 expect((wdir, IN_CREATE) in got, "no IN_CREATE on watch %d of the directory: %r" % (wdir, got))
@@ -406,5 +412,136 @@ os.close(ev[0][1])
 expect(os.waitpid(pid, 0)[1] == 0, "the open allowed")
 "#,
         "a fanotify mark asking for permission events",
+    );
+}
+
+/// The inotify helpers of the programs: an instance (blocking reads)
+/// watching a directory of its own for IN_CREATE, three files created in
+/// it (three events of 32 bytes queued), and its events as (wd, name).
+const INOTIFY_QUEUED_PY: &str = r#"
+import select
+IN_CREATE = 0x100
+W = os.path.join(DIR, "watched"); os.mkdir(W)
+ino = libc.inotify_init1(0)
+wd = libc.inotify_add_watch(ino, W.encode(), IN_CREATE)
+def queued():
+    return struct.unpack("i", fcntl.ioctl(ino, 0x541B, b"\0" * 4))[0]      # FIONREAD
+def parse(b):
+    out, i = [], 0
+    while i < len(b):
+        w, mask, _, n = struct.unpack_from("iIII", b, i)
+        out.append((w, b[i + 16:i + 16 + n].rstrip(b"\0").decode()))
+        i += 16 + n
+    return out
+def events(timeout):
+    out = []
+    while select.select([ino], [], [], timeout)[0]:
+        out += parse(os.read(ino, 4096))
+        timeout = 0
+    return out
+names = ["e0", "e1", "e2"]
+for n in names:
+    open(os.path.join(W, n), "w").close()
+assert queued() == 96, queued()
+"#;
+
+/// An inotify instance with three events queued when the checkpoint
+/// (--kill) starts, which the program reads at its own pace (one every
+/// 0.25 s, on a thread of its own): the dump waits for it to read them
+/// before the freeze; after the restore the program has had each event
+/// exactly once, none is queued again, and its watch reports a new file.
+#[test]
+fn inotify_events_read_while_the_checkpoint_waits_round_trip() {
+    let rt = round_trip(
+        "inotify-drain",
+        &format!(
+            "{INOTIFY_QUEUED_PY}{}",
+            r#"
+import threading
+got = []
+def reader():
+    for _ in names:
+        time.sleep(0.25)    # the program's pace
+        got.extend(parse(os.read(ino, 32)))     # one event at a time
+t = threading.Thread(target=reader); t.start()
+"#
+        ),
+        r#"
+t.join(10)
+expect(not t.is_alive(), "the reader still waits for events")
+expect(got == [(wd, n) for n in names], "the events read: %r" % got)
+expect(queued() == 0, "%d bytes queued again" % queued())
+open(os.path.join(W, "after"), "w").close()
+ev = events(5)
+expect(ev == [(wd, "after")], "the watch after the restore: %r" % ev)
+"#,
+    );
+    let (a, b) = rt.roots();
+    let inotify =
+        |p: &cr_image::model::Process| p.fds.iter().filter(|f| f.kind.name() == "inotify").count();
+    assert_eq!((inotify(a), inotify(b)), (1, 1));
+}
+
+/// An inotify instance whose program never reads its queued events: after
+/// the wait the dump refuses it by name (process, fd, bytes, why, what to
+/// do), and the program runs on and reads every event, its watch still
+/// working.
+#[test]
+fn inotify_events_never_read_are_refused_after_the_wait() {
+    let err = crate::kinds::testkit::refused(
+        "inotify-queued",
+        INOTIFY_QUEUED_PY,
+        r#"
+ev = events(0)
+expect(ev == [(wd, n) for n in names], "the queued events %r" % ev)
+open(os.path.join(W, "after"), "w").close()
+ev = events(5)
+expect(ev == [(wd, "after")], "the watch after the refusal: %r" % ev)
+"#,
+        "an inotify instance with 96 bytes of events not read yet",
+    );
+    assert!(err.contains("process ") && err.contains(": fd "), "{err}");
+    assert!(
+        err.contains("did not read them while the checkpoint waited")
+            && err.contains("--skip-queued-events"),
+        "{err}"
+    );
+}
+
+/// --skip-queued-events: the queued events are dropped (the program is
+/// told so by their absence), the checkpoint goes on, and the restored
+/// program's watch reports what happens next.
+#[test]
+fn inotify_events_skipped_round_trip() {
+    let rt = round_trip_opts(
+        "inotify-skip",
+        INOTIFY_QUEUED_PY,
+        r#"
+expect(queued() == 0, "%d bytes of dropped events queued" % queued())
+open(os.path.join(W, "after"), "w").close()
+ev = events(5)
+expect(ev == [(wd, "after")], "the watch after the restore: %r" % ev)
+"#,
+        |o| o.skip_queued_events = true,
+        |_| {},
+    );
+    let (a, _) = rt.roots();
+    assert!(
+        a.fds.iter().any(|f| f.kind.name() == "inotify"),
+        "the inotify instance is in the image"
+    );
+}
+
+/// A checkpoint that continues the program leaves it its inotify instance,
+/// queue and all: not refused, and the program then reads every event.
+#[test]
+fn inotify_events_queued_at_a_checkpoint_that_continues() {
+    crate::kinds::testkit::continued(
+        "inotify-continue",
+        INOTIFY_QUEUED_PY,
+        r#"
+ev = events(0)
+expect(ev == [(wd, n) for n in names], "the queued events %r" % ev)
+"#,
     );
 }

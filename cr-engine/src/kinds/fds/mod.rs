@@ -50,6 +50,9 @@ pub struct TreeFds {
     /// Drop connections not yet accepted by a TCP listener instead of
     /// refusing the dump (`--tcp-skip-in-flight`).
     pub skip_in_flight: bool,
+    /// Drop inotify and fanotify events queued and not read yet instead of
+    /// refusing the dump (`--skip-queued-events`).
+    pub skip_queued_events: bool,
     /// What the file kinds keep during the scan.
     pub stash: Stash,
 }

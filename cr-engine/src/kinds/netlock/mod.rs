@@ -127,10 +127,6 @@ impl Drop for NetLock {
     }
 }
 
-/// How long a dump whose processes end waits, before the freeze, for
-/// them to accept the connections queued on their TCP listeners.
-pub const ACCEPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// New connections to a tree's listeners held off (their SYNs dropped;
 /// clients send them again a second later) while the tree, still running,
 /// accepts those already queued: a connection in an accept queue cannot
@@ -167,24 +163,9 @@ impl AcceptDrain {
             }
         })?;
         let drain = AcceptDrain { pid: root, name };
-        let t0 = std::time::Instant::now();
-        let mut left = queued.clone();
-        let done = cr_sys::deadline::poll(limit, std::time::Duration::from_millis(2), || {
-            left = inet::accept_queues(pids);
-            Ok::<_, CheckpointError>(left.is_empty().then_some(()))
-        })?;
-        match done {
-            Some(()) => debug!(
-                ?queued,
-                ms = t0.elapsed().as_millis() as u64,
-                "the program accepted its queued connections before the freeze"
-            ),
-            None => warn!(
-                ?left,
-                ms = t0.elapsed().as_millis() as u64,
-                "connections still queued on listeners after the wait"
-            ),
-        }
+        crate::kinds::drain::wait("connections on listeners", &queued, limit, || {
+            inet::accept_queues(pids)
+        });
         Ok(Some(drain))
     }
 }

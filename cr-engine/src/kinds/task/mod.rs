@@ -21,9 +21,8 @@
 //! saw it, from outside the chroot.
 //!
 //! Scheduling, I/O priority and timer slack here are the main thread's;
-//! the other threads are made with them, then get their own I/O priority
-//! and timer slack (kind "threads"). A thread given a scheduling policy or
-//! nice value of its own comes back with the main thread's.
+//! the other threads are made with them, then get their own scheduling,
+//! I/O priority and timer slack (kind "threads").
 
 #[cfg(test)]
 mod tests;

@@ -1,15 +1,23 @@
 //! Kind "threads": every thread of a process with its TID, registers (with
 //! the syscall-restart fix-ups at restore), XSAVE area, rseq registration,
 //! name, clear-child-tid address, parent-death signal, CPU affinity, timer
-//! slack and I/O priority. (A thread's signal state is kind "signals".)
+//! slack, I/O priority and scheduling (policy with SCHED_RESET_ON_FORK,
+//! real-time priority, nice value). (A thread's signal state is kind
+//! "signals".)
 //!
-//! Timer slack and I/O priority are each thread's own (a worker thread
-//! lowers its own I/O class, an event loop widens its own slack). /proc has
+//! Timer slack, I/O priority and scheduling are each thread's own (a worker
+//! thread lowers its own I/O class or goes SCHED_BATCH or SCHED_IDLE, an
+//! event loop widens its own slack, an audio thread is real-time). /proc has
 //! timerslack_ns for the main thread only, so each thread is asked
 //! (PR_GET_TIMERSLACK) and sets its own again (PR_SET_TIMERSLACK); the I/O
 //! priority is read and set from outside by TID (ioprio_get/ioprio_set,
-//! IOPRIO_WHO_PROCESS). A new thread inherits both from the main thread
-//! (kind "task" sets those first), then gets its own.
+//! IOPRIO_WHO_PROCESS); so is the scheduling (sched_getattr and
+//! getpriority, sched_setscheduler and setpriority, by TID: the nice value
+//! is per thread on Linux). A new thread inherits them from the main
+//! thread (kind "task" sets those first; SCHED_RESET_ON_FORK resets what
+//! it inherits), then gets its own: its scheduling last, once nothing more
+//! is injected into it (a SCHED_IDLE thread may hardly run on a busy
+//! machine).
 //!
 //! CPU affinity: a thread bound to some CPUs (taskset, Open MPI's rank
 //! binding, pthread_setaffinity_np) gets its set again, from the restorer
@@ -37,7 +45,7 @@ use crate::error::{CheckpointError, RestoreError, StepContext};
 use crate::kinds::{identity, seccomp, signals, Kind};
 use crate::restore::Rebuild;
 use crate::stub::Stub;
-use cr_image::model::{AltStack, Checkpoint, Process, Rseq, Thread};
+use cr_image::model::{AltStack, Checkpoint, Process, Rseq, Sched, Thread};
 use cr_sys::clone::CloneError;
 use cr_sys::ptrace::{OnDrop, RseqConfig, Tracee};
 use cr_sys::remote::Injector;
@@ -160,6 +168,7 @@ impl Kind for Threads {
                 // Read below.
                 timer_slack_ns: 0,
                 ioprio: Some(cr_sys::sched::io_priority(t.tid()).map_err(sys)?),
+                sched: Some(sched(t.tid()).map_err(sys)?),
             });
         }
         let scratch = cx.probe.scratch().map_err(sys)?;
@@ -260,6 +269,7 @@ impl Kind for Threads {
             seccomp::restore_thread(&mut inj, p, th, scratch, crate::stub::SCRATCH)?;
             inj.finish_with_mask(th.sigmask)?;
             set_registers(&t, th)?;
+            set_scheduling(t.tid(), th)?;
             done.push(t);
         }
         cx.threads = done;
@@ -339,6 +349,30 @@ fn set_io_priority(tid: i32, th: &Thread) -> Result<(), RestoreError> {
     };
     cr_sys::sched::set_io_priority(tid, prio)
         .step(|| format!("cannot set I/O priority {prio:#x} of thread {}", th.tid))
+}
+
+/// The scheduling of thread `tid` (policy, real-time priority, nice).
+fn sched(tid: i32) -> Result<Sched, SysError> {
+    let (policy, priority, nice) = cr_sys::sched::scheduling(tid)?;
+    Ok(Sched {
+        policy,
+        priority,
+        nice,
+    })
+}
+
+/// The scheduling of thread `tid` (ours) as `th` had it: a new thread
+/// inherits the main thread's.
+fn set_scheduling(tid: i32, th: &Thread) -> Result<(), RestoreError> {
+    let Some(s) = th.sched else {
+        return Ok(());
+    };
+    cr_sys::sched::set_scheduling(tid, s.policy, s.priority, s.nice).step(|| {
+        format!(
+            "cannot set scheduling policy {:#x} priority {} nice {} of thread {}",
+            s.policy, s.priority, s.nice, th.tid
+        )
+    })
 }
 
 /// The thread's own timer slack, set by itself (the kernel offers no other
@@ -506,7 +540,8 @@ pub fn set_registers(t: &Tracee, th: &Thread) -> Result<(), RestoreError> {
 /// `--verify`: every thread with its ids, registers (after the restart
 /// fix-ups a restore makes), FPU/SSE state, rseq, robust list, clear-child-tid,
 /// parent-death signal, CPU affinity (a restored thread only when it was
-/// bound), timer slack (when known), I/O priority (when in the image), and its share of kind "signals" (mask, pending
+/// bound), timer slack (when known), I/O priority and scheduling (when in
+/// the image), and its share of kind "signals" (mask, pending
 /// signals, alternate stack) and of kind "seccomp" (mode, filters).
 pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
     let pidns = c.pidns;
@@ -565,6 +600,9 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         }
         if a.ioprio.is_some() {
             c.same(&what, "I/O priority", &a.ioprio, &b.ioprio);
+        }
+        if a.sched.is_some() {
+            c.same(&what, "scheduling", &a.sched, &b.sched);
         }
         c.same(&what, "signal mask", &a.sigmask, &b.sigmask);
         let fired = signals::timer_signals(image, Some(a.ns_tid as i32));

@@ -165,6 +165,7 @@ fn affinity_to_an_absent_cpu_is_refused() {
         comm: String::new(),
         timer_slack_ns: 0,
         ioprio: None,
+        sched: None,
     };
     let procs = [Process {
         pid: 40,
@@ -235,5 +236,86 @@ for name in ("early", "own", "late"):
     assert_eq!(
         own(a)[2..],
         [(123457, Some(3 << 13)), (61000, Some(2 << 13 | 6))]
+    );
+}
+
+/// Scheduling per thread: the main thread SCHED_OTHER nice 0, a worker
+/// SCHED_BATCH nice 5, one SCHED_IDLE, one SCHED_OTHER nice 3, one
+/// SCHED_FIFO priority 10 with SCHED_RESET_ON_FORK that set nice -4
+/// before (kept for when it leaves its policy). Each thread's values are
+/// read from inside, by the main thread (by TID) and by the thread
+/// itself, after the kill-restore and the checkpoint that continues (both
+/// with --verify, which compares them thread by thread).
+#[test]
+fn scheduling_per_thread_round_trip() {
+    let rt = round_trip(
+        "thread-sched",
+        r#"
+import threading
+def of(tid):
+    return (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority, os.getpriority(os.PRIO_PROCESS, tid))
+asked = threading.Event()
+made = threading.Semaphore(0)
+tids, answers = {}, {}
+def work(name, setup):
+    tids[name] = threading.get_native_id()
+    setup()
+    answers[name] = of(0)
+    made.release()
+    asked.wait()
+    answers[name + " after"] = of(0)
+def start(name, setup):
+    t = threading.Thread(target=work, args=(name, setup), daemon=True)
+    t.start()
+    expect(made.acquire(timeout=10), "worker %s did not start" % name)
+    return t
+def batch():
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0)); os.setpriority(os.PRIO_PROCESS, 0, 5)
+def idle():
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+def nice3():
+    os.setpriority(os.PRIO_PROCESS, 0, 3)
+def fifo():
+    os.setpriority(os.PRIO_PROCESS, 0, -4)
+    os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(10))
+want = {
+    "batch": (os.SCHED_BATCH, 0, 5),
+    "idle": (os.SCHED_IDLE, 0, 0),
+    "nice3": (os.SCHED_OTHER, 0, 3),
+    "fifo": (os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, 10, -4),
+}
+ts = [start(n, f) for n, f in (("batch", batch), ("idle", idle), ("nice3", nice3), ("fifo", fifo))]
+main = of(0)
+expect(main == (os.SCHED_OTHER, 0, 0), "main thread set up: %r" % (main,))
+for n in want:
+    expect(answers[n] == want[n], "worker %s set up: %r" % (n, answers[n]))
+"#,
+        r#"
+expect(of(0) == main, "main thread %r, was %r" % (of(0), main))
+for n in want:
+    expect(of(tids[n]) == want[n], "worker %s seen by TID: %r, was %r" % (n, of(tids[n]), want[n]))
+asked.set()
+for t in ts: t.join(20)
+for n in want:
+    expect(answers.get(n + " after") == want[n], "worker %s itself: %r, was %r" % (n, answers.get(n + " after"), want[n]))
+"#,
+    );
+    let (a, b) = rt.roots();
+    let sched = |p: &cr_image::model::Process| {
+        p.threads
+            .iter()
+            .map(|t| t.sched.map(|s| (s.policy, s.priority, s.nice)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(sched(a), sched(b));
+    assert_eq!(
+        sched(a),
+        [
+            Some((0, 0, 0)),
+            Some((3, 0, 5)),
+            Some((5, 0, 0)),
+            Some((0, 0, 3)),
+            Some((1 | 0x4000_0000, 10, -4)),
+        ]
     );
 }
