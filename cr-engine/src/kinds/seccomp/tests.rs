@@ -85,7 +85,7 @@ def install():
     fp = sock_fprog(len(prog), arr)
     assert libc.syscall(317, 1, 0, ctypes.byref(fp)) == 0, ctypes.get_errno()   # seccomp(SET_MODE_FILTER)
 def prctl_errno():
-    r = libc.prctl(16, 0, 0, 0, 0)   # PR_GET_KEEPCAPS
+    r = libc.prctl(7, 0, 0, 0, 0)   # PR_GET_KEEPCAPS
     return ctypes.get_errno() if r < 0 else 0
 libc.prctl(38, 1, 0, 0, 0)   # no_new_privs
 import threading
@@ -104,7 +104,7 @@ while not seen: time.sleep(0.01)
         "seccomp-prctl",
         install,
         r#"
-expect(prctl_errno() == 0, "the main thread has no filter")
+expect(prctl_errno() == 0, "the main thread has no filter: errno %d" % prctl_errno())
 again.set()
 while len(seen) < 2: time.sleep(0.01)
 expect(seen == [1234, 1234], "the thread's filter still refuses prctl: %r" % seen)
