@@ -38,7 +38,7 @@ pub fn describe(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
         .info
         .fanotify()
         .ok_or("a fanotify group whose fdinfo cannot be read")?;
-    super::refuse_queued(cx, f, "a fanotify group")?;
+    super::refuse_queued(cx, f, "a fanotify group", true)?;
     let marks = g
         .marks
         .iter()

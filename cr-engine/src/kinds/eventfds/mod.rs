@@ -18,9 +18,9 @@
 //! Events queued in an inotify instance or a fanotify group and not read
 //! yet cannot be queued again in the one the restore makes: a dump whose
 //! processes end (`--kill`, `--stop`) first gives the running program a
-//! short while to read them ([`wait_for_reads`], see `kinds::drain`), then
-//! refuses what is still queued by name ([`refuse_queued`]), unless
-//! `--skip-queued-events` (they are dropped, with a warning). A dump that
+//! short while to read them ([`wait_for_reads`], see `kinds::drain`); what
+//! is still queued is then dropped with a warning (inotify) or refused by
+//! name (fanotify, unless `--skip-queued-events`), see [`refuse_queued`]. A dump that
 //! continues the processes leaves them their instances, queues and all.
 
 pub mod fanotify;
@@ -258,7 +258,7 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, kind: &str) -> Result<FdKind, S
         },
         "[fanotify]" => fanotify::describe(cx, f)?,
         "inotify" => {
-            refuse_queued(cx, f, "an inotify instance")?;
+            refuse_queued(cx, f, "an inotify instance", false)?;
             FdKind::Inotify {
                 watches: info
                     .all("inotify wd")
@@ -578,11 +578,21 @@ fn bytes_queued(pid: i32, fd: i32) -> cr_sys::error::Result<usize> {
 }
 
 /// Events queued in `f` (`what`: "an inotify instance", "a fanotify
-/// group") and not read yet, in a dump whose processes end: refused by
-/// name (the restore makes a new instance, and the kernel has no way to
-/// queue them in it again), unless `--skip-queued-events` (dropped, with a
-/// warning). A dump that continues the processes leaves them their queue.
-pub(crate) fn refuse_queued(cx: &FdScan<'_>, f: &OpenFd<'_>, what: &str) -> Result<(), String> {
+/// group") and not read yet, in a dump whose processes end (the restore
+/// makes a new instance, and the kernel has no way to queue them in it
+/// again). A fanotify group's are refused by name (a supervisor may be
+/// owed an answer), unless `--skip-queued-events`. An inotify instance's
+/// (`strict` false) are dropped with a warning, as with that option: inotify
+/// already lets events go (its queue overflows), programs watching files
+/// re-scan what they watch, and CRIU drops them too, so refusing would
+/// fail checkpoints users expect to work. A dump that continues the
+/// processes leaves them their queue.
+pub(crate) fn refuse_queued(
+    cx: &FdScan<'_>,
+    f: &OpenFd<'_>,
+    what: &str,
+    strict: bool,
+) -> Result<(), String> {
     if !cx.tree.lock_network {
         return Ok(());
     }
@@ -595,14 +605,14 @@ pub(crate) fn refuse_queued(cx: &FdScan<'_>, f: &OpenFd<'_>, what: &str) -> Resu
     if queued == 0 {
         return Ok(());
     }
-    if cx.tree.skip_queued_events {
+    if cx.tree.skip_queued_events || !strict {
         // Once, from the scan of the frozen tree (not the pre-flight's).
         if cx.objects.is_some() {
             tracing::warn!(
                 pid = f.pid,
                 fd = f.fd,
                 bytes = queued,
-                "{what} with events not read yet: dropped (--skip-queued-events); the restored program will not see them"
+                "{what} with events not read yet: dropped; the restored program will not see them"
             );
         }
         return Ok(());
