@@ -334,8 +334,37 @@ fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> 
     fds.skip_queued_events = opts.skip_queued_events;
     for &p in &pids {
         match proc::stat(p) {
-            Ok(s) if s.state != 'Z' => kinds::fds::preflight(p, &mut fds)?,
+            Ok(s) if s.state != 'Z' => {
+                if p != pid && pids.contains(&s.ppid) {
+                    shared_with_parent(p, s.ppid)?;
+                }
+                kinds::fds::preflight(p, &mut fds)?
+            }
             _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A child process that shares its fd table or its fs information (cwd,
+/// root, umask) with its parent (clone with CLONE_FILES or CLONE_FS but
+/// not CLONE_VM): refused by name. A restore would give each its own
+/// copy, and what one then opened, closed or changed the other would no
+/// longer see.
+fn shared_with_parent(pid: i32, parent: i32) -> Result<(), CheckpointError> {
+    use cr_sys::mem::{shares, Shared};
+    for (what, name) in [
+        (Shared::FdTable, "file descriptor table (CLONE_FILES)"),
+        (
+            Shared::FsInfo,
+            "working directory, root and umask (CLONE_FS)",
+        ),
+    ] {
+        if shares(pid, parent, what).unwrap_or(false) {
+            return Err(CheckpointError::unsupported(
+                pid,
+                format!("a process sharing its {name} with its parent {parent} (not supported: a restore would give each its own)"),
+            ));
         }
     }
     Ok(())

@@ -209,6 +209,30 @@ pub fn is_epoll_target(pid: i32, fd: i32, epfd: i32, tfd: i32) -> Result<bool> {
     Ok(r == 0)
 }
 
+/// What two processes may share since a clone without CLONE_VM (kcmp
+/// types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shared {
+    /// The file descriptor table (CLONE_FILES).
+    FdTable = 2,
+    /// The working directory, root and umask (CLONE_FS).
+    FsInfo = 3,
+}
+
+/// Whether processes `pid1` and `pid2` share `what` (kcmp KCMP_FILES,
+/// KCMP_FS).
+pub fn shares(pid1: i32, pid2: i32, what: Shared) -> Result<bool> {
+    // SAFETY: kcmp takes only integers.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, what as i64, 0i64, 0i64) };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: format!("kcmp ({what:?}) of processes {pid1} and {pid2}"),
+            source: Errno::last(),
+        });
+    }
+    Ok(r == 0)
+}
+
 fn kcmp_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<i64> {
     const KCMP_FILE: i64 = 0;
     // Raw: nix has no kcmp.

@@ -123,3 +123,30 @@ expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child after SI
     );
     assert_eq!(states(&rt.before), states(&rt.after));
 }
+
+/// A child cloned with CLONE_FILES (no CLONE_VM) shares its parent's fd
+/// table: refused by name (a restore would give each its own table), and
+/// the two run on sharing it. Before, the restore gave them two tables
+/// and what one opened the other no longer saw.
+#[test]
+fn child_sharing_the_fd_table_is_refused() {
+    let err = crate::kinds::testkit::refused(
+        "shared-fdtable",
+        r#"
+r, w = os.pipe()
+child = libc.syscall(56, 0x400 | 17, 0, 0, 0, 0)   # clone(CLONE_FILES | SIGCHLD)
+if child == 0:
+    libc.prctl(1, 9, 0, 0, 0)   # PR_SET_PDEATHSIG: SIGKILL
+    fd = os.open(os.path.join(DIR, "from-child"), os.O_CREAT | os.O_WRONLY)
+    os.write(w, struct.pack("i", fd))
+    while True: time.sleep(1)
+expect(child > 0, "clone: %d" % ctypes.get_errno())
+fd = struct.unpack("i", os.read(r, 4))[0]
+"#,
+        r#"
+expect(os.readlink("/proc/self/fd/%d" % fd).endswith("from-child"), "the child's fd in our table")
+"#,
+        "sharing its file descriptor table (CLONE_FILES) with its parent",
+    );
+    assert!(err.contains("not supported"), "{err}");
+}
