@@ -60,7 +60,8 @@ fn batchable(nr: i64, args: [u64; 6]) -> bool {
         libc::SYS_mremap,
         libc::SYS_mprotect,
     ];
-    !NOT.contains(&nr) && !(nr == libc::SYS_prctl && args[0] == libc::PR_SET_SECCOMP as u64)
+    let seccomp = nr == libc::SYS_prctl && args[0] == libc::PR_SET_SECCOMP as u64;
+    !(NOT.contains(&nr) || seccomp)
 }
 
 /// A call queued by [`Stub::later`].
