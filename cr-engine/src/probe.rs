@@ -27,7 +27,7 @@ pub struct Probe<'a> {
 }
 
 /// Whether batches may be used at all (`CR_BATCH_CALLS=0`: never).
-fn batching_wanted() -> bool {
+pub(crate) fn batching_wanted() -> bool {
     std::env::var("CR_BATCH_CALLS").map_or(true, |v| v != "0")
 }
 

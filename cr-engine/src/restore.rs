@@ -690,12 +690,14 @@ pub fn rebuild_end(
         mut stub, threads, ..
     } = cx;
     let scratch = stub.scratch;
-    stub.call(
-        "munmap",
-        libc::SYS_munmap,
-        [scratch, crate::stub::SCRATCH, 0, 0, 0, 0],
-    )
-    .step(|| "cannot unmap the restorer's scratch memory".into())?;
+    // With the batches' code page, its range (the parking room between
+    // is empty: nothing of the image is there, see `memory::map_scratch`).
+    let len = match stub.code.take() {
+        Some(code) => code + cr_sys::PAGE_SIZE - scratch,
+        None => crate::stub::SCRATCH,
+    };
+    stub.call("munmap", libc::SYS_munmap, [scratch, len, 0, 0, 0, 0])
+        .step(|| "cannot unmap the restorer's scratch memory".into())?;
     kinds::seccomp::restore_main(&mut stub.inj, p)?;
     let t_regs = Instant::now();
     stub.inj.finish_with_mask_then(p.threads[0].sigmask, |t| {

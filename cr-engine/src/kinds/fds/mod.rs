@@ -300,6 +300,7 @@ impl Kind for Fds {
                     continue; // dup'ed after /dev/tty is opened again
                 }
                 share(cx, p, f, s, cloexec)?;
+                cx.stub.flush()?;
                 continue;
             }
             let opened = FILE_KINDS
@@ -316,6 +317,9 @@ impl Kind for Fds {
             if let Opened::Ours(ours) = opened {
                 give(&mut cx.stub, p, f, ours, cloexec)?;
             }
+            // What this fd queued (its number, flags, offset) is done
+            // before the next is looked at.
+            cx.stub.flush()?;
         }
         for k in FILE_KINDS {
             k.after_fds(cx, p)?;
@@ -326,6 +330,7 @@ impl Kind for Fds {
         take_signal_owners(&mut cx.stub, p)?;
         tty::controlling_tty(cx, p)?;
         tty::reopen_dev_tty(cx, p)?;
+        cx.stub.flush()?;
         if let Some(h) = cx.stub.grab_pidfd.take() {
             cx.stub.call("close", libc::SYS_close, [h, 0, 0, 0, 0, 0])?;
         }
@@ -483,7 +488,7 @@ fn give(
     let settable =
         libc::O_APPEND | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME | libc::O_NONBLOCK;
     let flags = (f.flags as i32) & !OPEN_ONLY;
-    stub.call(
+    stub.later(
         "fcntl(F_SETFL)",
         libc::SYS_fcntl,
         [
@@ -494,8 +499,8 @@ fn give(
             0,
             0,
         ],
-    )
-    .step(|| format!("cannot set the flags of fd {}", f.fd))?;
+        format!("cannot set the flags of fd {}", f.fd),
+    )?;
     if matches!(f.kind, FdKind::Memfd { .. } | FdKind::DeletedFile { .. }) && f.pos != 0 {
         seek(stub, f)?;
     }
@@ -504,14 +509,15 @@ fn give(
     Ok(())
 }
 
-/// lseek fd `f` of the stub to its saved offset.
+/// lseek fd `f` of the stub to its saved offset: queued
+/// ([`Stub::later`]; flushed once the fd is done, see `Fds::restore`).
 pub fn seek(stub: &mut Stub<'_>, f: &Fd) -> Result<(), RestoreError> {
-    stub.call(
+    stub.later(
         "lseek",
         libc::SYS_lseek,
         [f.fd as u64, f.pos, libc::SEEK_SET as u64, 0, 0, 0],
-    )
-    .step(|| format!("cannot seek fd {} ({}) to {}", f.fd, f.path, f.pos))?;
+        format!("cannot seek fd {} ({}) to {}", f.fd, f.path, f.pos),
+    )?;
     Ok(())
 }
 

@@ -317,25 +317,24 @@ pub fn map_all(
                 (u64::MAX, 0)
             }
         };
-        let got = cx
-            .stub
-            .call(
-                "mmap",
-                libc::SYS_mmap,
-                [v.start, v.len(), prot, flags, fd, off],
-            )
-            .step(|| format!("cannot map {:#x}-{:#x} {}", v.start, v.end, v.path))?;
-        if got != v.start {
-            return Err(RestoreError::Unsupported(format!(
-                "mapping {:#x}-{:#x} landed at {got:#x}",
-                v.start, v.end
-            )));
-        }
+        // Queued: MAP_FIXED_NOREPLACE maps exactly there or fails
+        // (EEXIST), so the address it returns need not be looked at.
+        cx.stub.later(
+            "mmap",
+            libc::SYS_mmap,
+            [v.start, v.len(), prot, flags, fd, off],
+            format!("cannot map {:#x}-{:#x} {}", v.start, v.end, v.path),
+        )?;
     }
     for fd in files.into_values().chain(shm_fds) {
-        cx.stub
-            .call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+        cx.stub.later(
+            "close",
+            libc::SYS_close,
+            [fd, 0, 0, 0, 0, 0],
+            format!("cannot close fd {fd} of the stub's mappings"),
+        )?;
     }
+    cx.stub.flush()?;
     Ok(fill)
 }
 
@@ -344,25 +343,16 @@ pub fn map_all(
 fn move_slot(cx: &mut Rebuild<'_, '_, '_>, s: &Slot) -> Result<(), RestoreError> {
     let len = s.end - s.start;
     let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
-    let got = cx
-        .stub
-        .call(
-            "mremap",
-            libc::SYS_mremap,
-            [s.at, len, len, flags, s.start, 0],
-        )
-        .step(|| {
-            format!(
-                "cannot move the memory shared copy-on-write from {:#x} to {:#x}-{:#x}",
-                s.at, s.start, s.end
-            )
-        })?;
-    if got != s.start {
-        return Err(RestoreError::Unsupported(format!(
-            "mapping {:#x}-{:#x} moved to {got:#x}",
-            s.start, s.end
-        )));
-    }
+    // Queued (see `map_all`): MREMAP_FIXED moves exactly there or fails.
+    cx.stub.later(
+        "mremap",
+        libc::SYS_mremap,
+        [s.at, len, len, flags, s.start, 0],
+        format!(
+            "cannot move the memory shared copy-on-write from {:#x} to {:#x}-{:#x}",
+            s.at, s.start, s.end
+        ),
+    )?;
     Ok(())
 }
 
@@ -507,36 +497,43 @@ pub fn finish(
         }
         let len = v.len();
         if filled && v.prot != (libc::PROT_READ | libc::PROT_WRITE) as u32 {
-            stub.call(
+            stub.later(
                 "mprotect",
                 libc::SYS_mprotect,
                 [v.start, len, v.prot as u64, 0, 0, 0],
-            )
-            .step(|| format!("cannot protect {:#x}-{:#x}", v.start, v.end))?;
+                format!("cannot protect {:#x}-{:#x}", v.start, v.end),
+            )?;
         }
         for (flag, advice) in ADVICE {
             if v.has_flag(flag) {
-                stub.call(
+                stub.later(
                     "madvise",
                     libc::SYS_madvise,
                     [v.start, len, *advice as u64, 0, 0, 0],
-                )
-                .step(|| format!("cannot madvise({flag}) {:#x}-{:#x}", v.start, v.end))?;
+                    format!("cannot madvise({flag}) {:#x}-{:#x}", v.start, v.end),
+                )?;
             }
         }
         if v.has_flag("lo") {
-            stub.call("mlock", libc::SYS_mlock, [v.start, len, 0, 0, 0, 0])
-                .step(|| format!("cannot lock {:#x}-{:#x} in memory", v.start, v.end))?;
+            stub.later(
+                "mlock",
+                libc::SYS_mlock,
+                [v.start, len, 0, 0, 0, 0],
+                format!("cannot lock {:#x}-{:#x} in memory", v.start, v.end),
+            )?;
         }
         if !v.anon_name.is_empty() {
             let name = stub.put_str(&v.anon_name)?;
-            stub.call(
+            stub.later(
                 "prctl(PR_SET_VMA)",
                 libc::SYS_prctl,
                 [PR_SET_VMA, PR_SET_VMA_ANON_NAME, v.start, len, name, 0],
-            )
-            .step(|| format!("cannot name {:#x}-{:#x}", v.start, v.end))?;
+                format!("cannot name {:#x}-{:#x}", v.start, v.end),
+            )?;
         }
     }
+    // The calls of one mapping run in order, the mappings one after the
+    // other as before.
+    stub.flush()?;
     Ok(())
 }

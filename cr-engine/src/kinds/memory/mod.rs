@@ -410,7 +410,10 @@ pub fn finish_deferred(
 
 /// Map the stub's scratch area at an address neither the saved mappings
 /// nor the stub's own use; returns where the vDSO may be parked (right
-/// after it).
+/// after it). After the parking room, the page where batches of queued
+/// calls run ([`Stub::code`]), mapped read-write-executable when batches
+/// are wanted and the stub can run them (see `crate::probe`): not where
+/// W^X is enforced, which refuses it.
 pub fn map_scratch(
     stub: &mut Stub<'_>,
     saved: &[Vma],
@@ -418,13 +421,23 @@ pub fn map_scratch(
 ) -> Result<u64, RestoreError> {
     let mut used: Vec<(u64, u64)> = saved.iter().map(|v| (v.start, v.end)).collect();
     used.extend(ours.iter().map(|m| (m.start, m.end)));
-    let cand = free_range(used, SCRATCH + PARK, PAGE_SIZE).ok_or_else(|| {
+    let cand = free_range(used, SCRATCH + PARK + PAGE_SIZE, PAGE_SIZE).ok_or_else(|| {
         RestoreError::Unsupported("no free address range for the restorer".into())
     })?;
     stub.inj
         .mmap_anon(cand, SCRATCH)
         .step(|| format!("cannot map scratch memory at {cand:#x}"))?;
     stub.scratch = cand;
+    let pid = stub.pid();
+    if crate::probe::batching_wanted() && cr_sys::remote::trap_free(pid, pid) {
+        let at = cand + SCRATCH + PARK;
+        let rwx = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+        let r = stub
+            .inj
+            .syscall_raw(libc::SYS_mmap, [at, PAGE_SIZE, rwx, flags, u64::MAX, 0])?;
+        stub.code = (r as u64 == at).then_some(at);
+    }
     Ok(cand + SCRATCH)
 }
 
@@ -464,18 +477,23 @@ pub fn unmap_stub(
         })
         .map(|m| (m.start, m.end))
         .collect();
-    keep.push((stub.scratch, stub.scratch + SCRATCH + PARK));
+    keep.push((stub.scratch, stub.scratch + SCRATCH + PARK + PAGE_SIZE));
     keep.extend_from_slice(kept);
     keep.sort();
     let mut from = PAGE_SIZE;
     for (s, e) in keep.into_iter().chain([(TASK_TOP, TASK_TOP)]) {
         let s = s.min(TASK_TOP);
         if s > from {
-            stub.call("munmap", libc::SYS_munmap, [from, s - from, 0, 0, 0, 0])
-                .step(|| format!("cannot unmap the stub's memory {from:#x}-{s:#x}"))?;
+            stub.later(
+                "munmap",
+                libc::SYS_munmap,
+                [from, s - from, 0, 0, 0, 0],
+                format!("cannot unmap the stub's memory {from:#x}-{s:#x}"),
+            )?;
         }
         from = from.max(e);
     }
+    stub.flush()?;
     Ok(())
 }
 

@@ -85,13 +85,19 @@ impl Kind for Signals {
                 act.extend_from_slice(&v.to_le_bytes());
             }
             let addr = stub.put(&act)?;
-            stub.call(
-                "rt_sigaction",
-                libc::SYS_rt_sigaction,
-                [sig as u64, addr, 0, 8, 0, 0],
-            )
-            .step(|| format!("cannot restore the action of signal {sig}"))?;
+            let args = [sig as u64, addr, 0, 8, 0, 0];
+            let what = || format!("cannot restore the action of signal {sig}");
+            if sig == libc::SIGTRAP as u32 {
+                // Alone, after the ones queued: the `int3` ending a batch
+                // would reset an ignored SIGTRAP to SIG_DFL (then no more
+                // batches: `Stub::flush` looks before each).
+                stub.call("rt_sigaction", libc::SYS_rt_sigaction, args)
+                    .step(what)?;
+            } else {
+                stub.later("rt_sigaction", libc::SYS_rt_sigaction, args, what())?;
+            }
         }
+        stub.flush()?;
         Ok(())
     }
 }

@@ -120,42 +120,48 @@ impl Kind for Task {
             }
             None => {
                 let cwd = stub.put_str(&t.cwd)?;
-                stub.call("chdir", libc::SYS_chdir, [cwd, 0, 0, 0, 0, 0])
-                    .step(what)?;
+                stub.later("chdir", libc::SYS_chdir, [cwd, 0, 0, 0, 0, 0], what())?;
             }
         }
-        stub.call(
+        // Queued ([`Stub::later`]): run together, in order, with what
+        // `sched` asks.
+        stub.later(
             "umask",
             libc::SYS_umask,
             [t.umask as u64 & 0o777, 0, 0, 0, 0, 0],
+            "cannot set the umask".into(),
         )?;
-        stub.call(
+        stub.later(
             "personality",
             libc::SYS_personality,
             [t.personality as u64, 0, 0, 0, 0, 0],
-        )
-        .step(|| format!("cannot set personality {:#x}", t.personality))?;
+            format!("cannot set personality {:#x}", t.personality),
+        )?;
         let comm = stub.put_str(&t.comm)?;
-        stub.call(
+        stub.later(
             "prctl(PR_SET_NAME)",
             libc::SYS_prctl,
             [libc::PR_SET_NAME as u64, comm, 0, 0, 0, 0],
+            format!("cannot name the process {:?}", t.comm),
         )?;
         sched(stub, t)?;
         if t.child_subreaper {
-            stub.call(
+            stub.later(
                 "prctl(PR_SET_CHILD_SUBREAPER)",
                 libc::SYS_prctl,
                 [PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0, 0],
+                "cannot make the process a child subreaper".into(),
             )?;
         }
         if t.thp_disable {
-            stub.call(
+            stub.later(
                 "prctl(PR_SET_THP_DISABLE)",
                 libc::SYS_prctl,
                 [PR_SET_THP_DISABLE, 1, 0, 0, 0, 0],
+                "cannot disable transparent huge pages".into(),
             )?;
         }
+        stub.flush()?;
         let write = |file: &str, value: String| {
             let path = format!("/proc/{}/{file}", stub.pid());
             std::fs::write(&path, &value)
