@@ -178,8 +178,9 @@ impl FileKind for Files {
 #[derive(Default)]
 struct Held {
     files: HashMap<(ObjectTag, u64), OwnedFd>,
-    /// Deleted files whose O_TMPFILE description was handed out already.
-    tmpfile_taken: HashSet<u64>,
+    /// Content objects whose own description (made with O_TMPFILE, or by
+    /// memfd_create) was handed out already.
+    own_taken: HashSet<u64>,
 }
 
 /// The content of a memfd or deleted file reachable at `open_path` (a /proc
@@ -416,10 +417,12 @@ fn description(
     })?;
     // A file made with O_TMPFILE keeps that in its flags; our own
     // description was made the same way, so the first such fd gets it.
-    if f.flags as i32 & O_TMPFILE_BIT != 0
-        && accmode == libc::O_RDWR
-        && held.tmpfile_taken.insert(id)
-    {
+    // Likewise a memfd's read-write fd: the one memfd_create returns does
+    // not count as a writer (it is not opened through a path), and only
+    // then may the program execute the memfd (execveat AT_EMPTY_PATH);
+    // one opened again read-write through /proc would make that ETXTBSY.
+    let own_kind = f.flags as i32 & O_TMPFILE_BIT != 0 || tag == ObjectTag::Memfd;
+    if own_kind && accmode == libc::O_RDWR && held.own_taken.insert(id) {
         return file
             .try_clone()
             .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())));

@@ -299,3 +299,30 @@ expect(os.read(lb, 16) == want(7000, 16), "the disk's bytes")
     drop(dev);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A program that runs a memfd it wrote (a script, as runc and others run
+/// a memfd copy of themselves): after the restore it still can. Before the
+/// fix its fd was opened again read-write through /proc, which counts as
+/// a writer, and execveat failed with ETXTBSY.
+#[test]
+fn executable_memfd_round_trip() {
+    round_trip(
+        "memfd-exec",
+        r##"
+script = os.memfd_create("cr-script", 0)
+os.write(script, b"#!/bin/sh\nexit 7\n")
+def run():
+    child = os.fork()
+    if child == 0:
+        try: os.execve(script, ["script"], {})
+        except OSError as e: os._exit(100 + e.errno % 100)
+    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+expect(run() == 7, "the memfd runs before the checkpoint")
+"##,
+        r#"
+got = run()
+expect(got == 7, "the memfd runs after the restore: exit %d (126 = ETXTBSY)" % got)
+expect(os.lseek(script, 0, os.SEEK_CUR) == 17, "its offset")
+"#,
+    );
+}
