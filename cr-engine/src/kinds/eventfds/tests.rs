@@ -482,21 +482,21 @@ expect(ev == [(wd, "after")], "the watch after the restore: %r" % ev)
     assert_eq!((inotify(a), inotify(b)), (1, 1));
 }
 
+/// The check of a program whose queued events were dropped: nothing is
+/// queued after the restore, and its watch reports what happens next.
+const DROPPED_CHECK: &str = r#"
+expect(queued() == 0, "%d bytes of dropped events queued" % queued())
+open(os.path.join(W, "after"), "w").close()
+ev = events(5)
+expect(ev == [(wd, "after")], "the watch after the restore: %r" % ev)
+"#;
+
 /// An inotify instance whose program never reads its queued events: after
 /// the wait the dump drops them (with a warning) and goes on; the restored
 /// program has nothing queued and its watch reports what happens next.
 #[test]
 fn inotify_events_never_read_are_dropped_after_the_wait() {
-    round_trip(
-        "inotify-queued",
-        INOTIFY_QUEUED_PY,
-        r#"
-expect(queued() == 0, "%d bytes of dropped events queued" % queued())
-open(os.path.join(W, "after"), "w").close()
-ev = events(5)
-expect(ev == [(wd, "after")], "the watch after the restore: %r" % ev)
-"#,
-    );
+    round_trip("inotify-queued", INOTIFY_QUEUED_PY, DROPPED_CHECK);
 }
 
 /// --skip-queued-events: the queued events are dropped (the program is
@@ -507,12 +507,7 @@ fn inotify_events_skipped_round_trip() {
     let rt = round_trip_opts(
         "inotify-skip",
         INOTIFY_QUEUED_PY,
-        r#"
-expect(queued() == 0, "%d bytes of dropped events queued" % queued())
-open(os.path.join(W, "after"), "w").close()
-ev = events(5)
-expect(ev == [(wd, "after")], "the watch after the restore: %r" % ev)
-"#,
+        DROPPED_CHECK,
         |o| o.skip_queued_events = true,
         |_| {},
     );
