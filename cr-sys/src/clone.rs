@@ -53,6 +53,28 @@ pub fn spawn_stub_in_new_pidns(ns: u64) -> Result<i32, CloneError> {
 }
 
 fn spawn(pid: i32, flags: u64) -> Result<i32, CloneError> {
+    // A process just reaped is gone from /proc a moment before its number
+    // is free again (the kernel releases the numbers after it unhashes the
+    // task; with thousands of mappings to tear down, tens of milliseconds
+    // later): clone3 says EEXIST for a number nobody holds. Retried while
+    // /proc shows no holder, for a bounded time.
+    let deadline = std::time::Instant::now() + RELEASE_WAIT;
+    loop {
+        match spawn_once(pid, flags) {
+            Err(CloneError::PidInUse(_))
+                if pid != 1 && !pid_exists(pid) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// How long [`spawn`] waits for a number being released.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn spawn_once(pid: i32, flags: u64) -> Result<i32, CloneError> {
     let tids = [pid];
     let args = CloneArgs {
         flags,
