@@ -127,7 +127,7 @@ fn ip_packet(
         _ => return Err("one end IPv4, the other IPv6"),
     };
     let mut c = fold(sum16(sum16(0, &pseudo), &l4));
-    if proto == libc::IPPROTO_UDP as u8 && c == 0 {
+    if [libc::IPPROTO_UDP as u8, libc::IPPROTO_UDPLITE as u8].contains(&proto) && c == 0 {
         c = 0xffff; // 0 means "no checksum" in UDP
     }
     l4[checksum_at..checksum_at + 2].copy_from_slice(&c.to_be_bytes());
@@ -152,12 +152,16 @@ pub fn send(s: &Segment) -> Result<()> {
     send_raw(s.to, packet(s), what)
 }
 
-/// A UDP datagram from `from` to `to` (our socket) carrying `payload`.
+/// A UDP (or UDP-Lite) datagram from `from` to `to` (our socket) carrying
+/// `payload`.
 #[derive(Debug, Clone, Copy)]
 pub struct Datagram<'a> {
     pub from: SocketAddr,
     pub to: SocketAddr,
     pub payload: &'a [u8],
+    /// UDP-Lite (RFC 3828): the header's length field is the checksum
+    /// coverage instead, 0 for all of it (what any receiver accepts).
+    pub lite: bool,
 }
 
 /// The whole packet (IP header, UDP header, payload) of `d`.
@@ -166,10 +170,15 @@ pub fn datagram(d: &Datagram<'_>) -> std::result::Result<Vec<u8>, &'static str> 
     let mut u = Vec::with_capacity(usize::from(len));
     u.extend_from_slice(&d.from.port().to_be_bytes());
     u.extend_from_slice(&d.to.port().to_be_bytes());
-    u.extend_from_slice(&len.to_be_bytes());
+    let (proto, field) = if d.lite {
+        (libc::IPPROTO_UDPLITE, 0)
+    } else {
+        (libc::IPPROTO_UDP, len)
+    };
+    u.extend_from_slice(&field.to_be_bytes());
     u.extend_from_slice(&[0, 0]);
     u.extend_from_slice(d.payload);
-    ip_packet(d.from.ip(), d.to.ip(), libc::IPPROTO_UDP as u8, u, 6)
+    ip_packet(d.from.ip(), d.to.ip(), proto as u8, u, 6)
 }
 
 /// Send `d` through a raw socket marked [`REPAIR_MARK`].
@@ -254,6 +263,7 @@ mod tests {
                 from: from.parse().unwrap(),
                 to: to.parse().unwrap(),
                 payload,
+                lite: false,
             };
             let p = datagram(&d).unwrap();
             let n = 8 + payload.len();

@@ -83,6 +83,9 @@ const OPTIONS: &[(i32, i32, usize)] = &[
     (libc::IPPROTO_UDP, UDP_CORK, 4),
     (libc::IPPROTO_UDP, UDP_SEGMENT, 4),
     (libc::IPPROTO_UDP, UDP_GRO, 4),
+    // UDP-Lite: how much of each datagram its checksum covers.
+    (libc::IPPROTO_UDPLITE, UDPLITE_SEND_CSCOV, 4),
+    (libc::IPPROTO_UDPLITE, UDPLITE_RECV_CSCOV, 4),
     (libc::IPPROTO_TCP, libc::TCP_NODELAY, 4),
     (libc::IPPROTO_TCP, libc::TCP_CORK, 4),
     (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 4),
@@ -117,6 +120,8 @@ const TCP_TX_DELAY: i32 = 37;
 const UDP_CORK: i32 = 1;
 const UDP_SEGMENT: i32 = 103;
 const UDP_GRO: i32 = 104;
+const UDPLITE_SEND_CSCOV: i32 = 10;
+const UDPLITE_RECV_CSCOV: i32 = 11;
 const ICMP_FILTER: i32 = 1;
 const IPV6_CHECKSUM: i32 = 7;
 const ICMPV6_FILTER: i32 = 1;
@@ -148,7 +153,9 @@ fn level_applies(level: i32, sh: &Shape) -> bool {
         libc::IPPROTO_IP => ip,
         libc::IPPROTO_IPV6 => sh.family == libc::AF_INET6,
         libc::IPPROTO_TCP => ip && sh.protocol == libc::IPPROTO_TCP,
-        libc::IPPROTO_UDP => ip && sh.protocol == libc::IPPROTO_UDP,
+        // UDP-Lite sockets take UDP's options too.
+        libc::IPPROTO_UDP => ip && matches!(sh.protocol, libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE),
+        libc::IPPROTO_UDPLITE => ip && sh.protocol == libc::IPPROTO_UDPLITE,
         SOL_RAW => raw && sh.family == libc::AF_INET && sh.protocol == libc::IPPROTO_ICMP,
         libc::IPPROTO_ICMPV6 => raw && sh.protocol == libc::IPPROTO_ICMPV6,
         cr_sys::netlink::SOL_NETLINK => sh.family == libc::AF_NETLINK,

@@ -369,6 +369,7 @@ pub fn inet_proto_name(family: i32, ty: i32, protocol: i32) -> String {
     const AF_INET6: i32 = 10;
     const IPPROTO_ICMP: i32 = 1;
     const IPPROTO_ICMPV6: i32 = 58;
+    const IPPROTO_UDPLITE: i32 = 136;
     match (ty, protocol) {
         (SOCK_STREAM, _) => "TCP".into(),
         (SOCK_RAW, p) => {
@@ -377,6 +378,7 @@ pub fn inet_proto_name(family: i32, ty: i32, protocol: i32) -> String {
         }
         (_, IPPROTO_ICMP) => "ping (ICMP)".into(),
         (_, IPPROTO_ICMPV6) => "ping (ICMPv6)".into(),
+        (_, IPPROTO_UDPLITE) => "UDP-Lite".into(),
         _ => "UDP".into(),
     }
 }
@@ -790,9 +792,10 @@ fn content_to_pb(f: &FileContent) -> pb::FileContent {
 
 fn inet_from_pb(s: pb::InetSocket) -> Result<InetSocket, Bad> {
     let tcp = s.protocol == 6 && s.sock_type == 1;
-    // UDP and ping (ICMP, ICMPv6) datagrams, or a raw socket of any protocol.
-    let datagram = (s.sock_type == 2 && [17, 1, 58].contains(&s.protocol))
-        || (s.sock_type == 3 && s.protocol < 256);
+    // UDP, UDP-Lite and ping (ICMP, ICMPv6) datagrams, or a raw socket of
+    // any protocol below IPPROTO_MAX (263: 256-262 exist too).
+    let datagram = (s.sock_type == 2 && [17, 136, 1, 58].contains(&s.protocol))
+        || (s.sock_type == 3 && s.protocol < 263);
     if !(s.family == 2 || s.family == 10) || !(tcp || datagram) {
         return Err(format!(
             "a socket of family {} and protocol {}",
