@@ -710,12 +710,13 @@ impl Held {
             ));
         }
         let ck = self.dir.read_checkpoint()?;
-        let v = crate::verify::tree(&ck, &mut self.procs, &self.dir, false).map_err(|e| {
-            CheckpointError::Verify(format!(
-                "cannot capture the tree again: {}",
-                cr_sys::error::one_line(&e)
-            ))
-        })?;
+        let v =
+            crate::verify::tree(&ck, &mut self.procs, &self.dir, false, false).map_err(|e| {
+                CheckpointError::Verify(format!(
+                    "cannot capture the tree again: {}",
+                    cr_sys::error::one_line(&e)
+                ))
+            })?;
         info!(
             root = self.root,
             us = v.elapsed.as_micros() as u64,

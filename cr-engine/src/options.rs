@@ -327,6 +327,13 @@ pub struct RestoreOptions {
     /// (on other hosts) find each other; 0 turns the guard off.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub reset_guard: u32,
+    /// TCP connections (established, half closed or being made) come back
+    /// closed, as after a reset: reads give end-of-file, writes fail with
+    /// EPIPE. For a restore where the peers are gone (a host no longer
+    /// reachable, a peer not restored); listeners and UDP sockets are
+    /// restored as usual.
+    #[arg(long)]
+    pub tcp_close: bool,
     /// Bind an fd that led outside the tree (a pipe or socket shared with
     /// a process outside, a terminal) to TARGET (repeatable). FD is `N`
     /// (fd N of every process where it led outside), `PID:N`, or the key
@@ -388,6 +395,7 @@ impl Default for RestoreOptions {
             workers: None,
             map_addr: Vec::new(),
             reset_guard: 60,
+            tcp_close: false,
             inherit_fd: Vec::new(),
             external_to_null: false,
             allow_changed_files: false,

@@ -382,7 +382,7 @@ fn prepare_chain(
     let kinds = r.stash.take::<RebuildTimes>().unwrap_or_default();
     if opts.verify {
         let t = Instant::now();
-        verify(&ck, &img, &mut stubs, &mut threads)?;
+        verify(&ck, &img, &mut stubs, &mut threads, opts.tcp_close)?;
         phases.verify = t.elapsed();
     }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -518,6 +518,7 @@ fn verify(
     img: &ImageDir,
     stubs: &mut Vec<Tracee>,
     threads: &mut Vec<Vec<Tracee>>,
+    tcp_closed: bool,
 ) -> Result<(), RestoreError> {
     let mut procs: Vec<Frozen> = stubs
         .drain(..)
@@ -533,7 +534,7 @@ fn verify(
             tracees: std::iter::once(stub).chain(others).collect(),
         })
         .collect();
-    let verdict = crate::verify::tree(ck, &mut procs, img, true);
+    let verdict = crate::verify::tree(ck, &mut procs, img, true, tcp_closed);
     // The same threads, back where the release expects them.
     for f in procs {
         let mut t = f.tracees.into_iter();

@@ -39,6 +39,8 @@ pub struct Compare<'a> {
     pub pidns: bool,
     /// The process is the tree's root.
     pub root: bool,
+    /// Its TCP connections were restored closed (`cr_restart --tcp-close`).
+    pub tcp_closed: bool,
     /// The first difference, in words.
     first: Option<String>,
 }
@@ -118,6 +120,7 @@ pub fn tree(
     procs: &mut [Frozen],
     dir: &ImageDir,
     restored: bool,
+    tcp_closed: bool,
 ) -> Result<Verdict, CheckpointError> {
     let t0 = Instant::now();
     let pids: HashMap<u32, u32> = procs
@@ -153,6 +156,7 @@ pub fn tree(
             restored,
             pidns: ck.pidns,
             root: image.pid == ck.root_pid,
+            tcp_closed,
             first: None,
         };
         process(&mut c, image, &now);
@@ -215,6 +219,7 @@ mod tests {
             restored: true,
             pidns,
             root: false,
+            tcp_closed: false,
             first: None,
         };
         process(&mut c, image, now);

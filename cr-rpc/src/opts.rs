@@ -172,6 +172,7 @@ pub fn restore_request(dir: &Path, o: &RestoreOptions) -> pb::LocalRestoreReques
         external_to_null: o.external_to_null,
         allow_changed_files: o.allow_changed_files,
         verify: o.verify,
+        tcp_close: o.tcp_close,
     }
 }
 
@@ -202,6 +203,7 @@ pub fn restore_options(r: &pb::LocalRestoreRequest) -> Result<RestoreOptions, St
         external_to_null: r.external_to_null,
         allow_changed_files: r.allow_changed_files,
         verify: r.verify,
+        tcp_close: r.tcp_close,
         ..Default::default()
     })
 }

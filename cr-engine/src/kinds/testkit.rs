@@ -184,6 +184,19 @@ pub fn round_trip_opts(
     tweak: impl FnOnce(&mut CheckpointOptions),
     between: impl FnOnce(&Path),
 ) -> RoundTrip {
+    round_trip_restoring(name, setup, check, tweak, between, |_| {})
+}
+
+/// [`round_trip_opts`], the program restored (with --verify) with the
+/// options `restoring` changes (`cr_restart --tcp-close` and more).
+pub fn round_trip_restoring(
+    name: &str,
+    setup: &str,
+    check: &str,
+    tweak: impl FnOnce(&mut CheckpointOptions),
+    between: impl FnOnce(&Path),
+    restoring: impl FnOnce(&mut RestoreOptions),
+) -> RoundTrip {
     let (dir, log, child) = start(name, setup, check);
     let pid = child.id() as i32;
     let img = dir.join("img");
@@ -194,10 +207,11 @@ pub fn round_trip_opts(
     // Killed and reaped by the checkpoint (we are its tracer and parent).
     drop(child);
     between(&dir);
-    let verify = RestoreOptions {
+    let mut verify = RestoreOptions {
         verify: true,
         ..Default::default()
     };
+    restoring(&mut verify);
     let restored = crate::restore(&img, &verify)
         .unwrap_or_else(|e| panic!("restore of {name}: {}", cr_sys::error::one_line(&e)));
     assert_eq!(restored, pid, "restored with its PID");

@@ -99,13 +99,58 @@ pub fn prepare(r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError
     });
     let (listeners, others): (Vec<_>, Vec<_>) =
         inet.partition(|(_, s)| s.state == sys::TCP_LISTEN as u32);
+    let shared = shared_ports(listeners.iter().chain(&others).map(|(_, s)| *s));
+    let tcp_close = r.opts.tcp_close;
     let held = r.stash.get::<Held>();
+    let mut reuse_later = Vec::new();
     for (id, s) in listeners.into_iter().chain(others) {
-        let (sock, pending) = create(id, s, &map)?;
+        let port = port_key(s);
+        let share = port.is_some_and(|k| shared.contains(&k));
+        let (sock, pending) = create(id, s, &map, tcp_close, share)?;
+        if share {
+            reuse_later.push((
+                id,
+                s.int_opt(libc::SOL_SOCKET, libc::SO_REUSEPORT).unwrap_or(0),
+            ));
+        }
         held.sockets.insert(id, sock);
         held.pending.extend(pending);
     }
+    // Once all are bound and listening: a program may have turned
+    // SO_REUSEPORT off on one of them after it bound (the kernel checks
+    // the option only at bind and listen).
+    for (id, reuse) in reuse_later {
+        if let Some(sock) = held.sockets.get(&id) {
+            cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_REUSEPORT, reuse)
+                .step(|| format!("cannot set SO_REUSEPORT of socket:[{id}]"))?;
+        }
+    }
     Ok(())
+}
+
+/// The port a socket not connected over TCP holds alone or with others
+/// (protocol, port), if bound.
+fn port_key(s: &InetSocket) -> Option<(u32, u16)> {
+    let connection = s.protocol as i32 == libc::IPPROTO_TCP && super::is_connection(s.state as u8);
+    s.local
+        .filter(|_| !connection)
+        .map(|l| (s.protocol, l.port()))
+}
+
+/// Ports that several sockets of the image bind (with SO_REUSEPORT, at
+/// the time they bound): each is bound with the option on, and given its
+/// own value once all are (see [`prepare`]).
+fn shared_ports<'a>(
+    socks: impl Iterator<Item = &'a InetSocket>,
+) -> std::collections::HashSet<(u32, u16)> {
+    let mut seen = std::collections::HashSet::new();
+    let mut shared = std::collections::HashSet::new();
+    for k in socks.filter_map(port_key) {
+        if !seen.insert(k) {
+            shared.insert(k);
+        }
+    }
+    shared
 }
 
 /// A description of socket `id`, for a process to take.
@@ -140,11 +185,14 @@ fn ping_socket(s: &InetSocket) -> Result<OwnedFd, SysError> {
 }
 
 /// Create the socket of object `id`; established connections come back in
-/// repair mode with a [`Pending`] for the release.
+/// repair mode with a [`Pending`] for the release, or closed (`tcp_close`,
+/// `cr_restart --tcp-close`).
 fn create(
     id: u64,
     s: &InetSocket,
     map: &AddrMap,
+    tcp_close: bool,
+    shared_port: bool,
 ) -> Result<(OwnedFd, Option<Pending>), RestoreError> {
     let local = s.local.map(|a| map.map(a));
     let remote = s.remote.map(|a| map.map(a));
@@ -164,6 +212,16 @@ fn create(
     };
     let reuse = s.int_opt(libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
     let state = s.state as u8;
+    if s.protocol as i32 == libc::IPPROTO_TCP && super::is_connection(state) && tcp_close {
+        // A socket never connected, shut both ways: the kernel refuses the
+        // call (ENOTCONN) but keeps the bits, so reads end at once, poll
+        // reports a hang-up and writes fail with EPIPE, as on a connection
+        // reset. Unbound: the old port stays free.
+        set_options(&sock, &s.opts).step(what)?;
+        shutdown(&sock, 3).step(what)?;
+        debug!(id, local = ?local, remote = ?remote, "TCP connection restored closed (--tcp-close)");
+        return Ok((sock, None));
+    }
     if s.protocol as i32 == libc::IPPROTO_TCP && super::is_connection(state) {
         let c = s.tcp.as_ref().ok_or_else(|| {
             RestoreError::Unsupported(format!("socket:[{id}] is connected but has no TCP state"))
@@ -196,6 +254,9 @@ fn create(
         return Ok((sock, Some(pending)));
     }
     set_options(&sock, &s.opts).step(what)?;
+    if shared_port {
+        cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1).step(what)?;
+    }
     if let Some(l) = local {
         // Let the old port's TIME-WAIT remnants not stand in the way.
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).step(what)?;
@@ -213,7 +274,7 @@ fn create(
     } else if let (Some(r), true) = (remote, s.sock_type as i32 != libc::SOCK_STREAM) {
         sys::connect(&sock, &r).step(what)?;
     }
-    if s.protocol as i32 == libc::IPPROTO_UDP {
+    if matches!(s.protocol as i32, libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE) {
         shutdown(&sock, s.shutdown).step(what)?;
     }
     Ok((sock, None))
@@ -243,6 +304,7 @@ fn requeue(
             from,
             to: SocketAddr::new(to_ip, local.port()),
             payload: &d.data,
+            lite: s.protocol as i32 == libc::IPPROTO_UDPLITE,
         })?;
     }
     let mut queued = 0;

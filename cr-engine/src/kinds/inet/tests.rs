@@ -199,6 +199,132 @@ c.setblocking(True); c.settimeout(5); expect(c.recv(100) == b"after", "the conne
     );
 }
 
+/// UDP-Lite sockets (bound, connected, shut, with their checksum coverage
+/// and a datagram queued, given back as UDP-Lite) and a raw socket of a
+/// protocol above 255 (the kernel takes up to IPPROTO_MAX, 262) come back.
+#[test]
+fn udplite_and_high_protocol_raw_round_trip() {
+    round_trip(
+        "udplite",
+        r#"
+UDPLITE, SEND_CSCOV, RECV_CSCOV = 136, 10, 11
+def lite(addr=("127.0.0.1", 0)):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, UDPLITE); s.bind(addr); return s
+a = lite(); b = lite(); b.connect(a.getsockname())
+b.setsockopt(UDPLITE, SEND_CSCOV, 20); a.setsockopt(UDPLITE, RECV_CSCOV, 12)
+b.send(b"queued lite")
+c = lite(("0.0.0.0", 0)); c.connect(a.getsockname()); c.shutdown(socket.SHUT_WR)
+r = socket.socket(socket.AF_INET, socket.SOCK_RAW, 256)
+t = time.time() + 10
+while time.time() < t:
+    try:
+        a.recv(100, socket.MSG_PEEK | socket.MSG_DONTWAIT); break
+    except BlockingIOError:
+        time.sleep(0.001)
+"#,
+        r#"
+a.settimeout(5)
+expect(a.recvfrom(100) == (b"queued lite", b.getsockname()), "the queued UDP-Lite datagram")
+expect(b.getsockopt(UDPLITE, SEND_CSCOV) == 20, "UDPLITE_SEND_CSCOV")
+expect(a.getsockopt(UDPLITE, RECV_CSCOV) == 12, "UDPLITE_RECV_CSCOV")
+expect(a.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == UDPLITE, "a UDP-Lite socket")
+b.send(b"after"); expect(a.recv(100) == b"after", "the connected one sends")
+try:
+    c.send(b"x"); expect(False, "the shut socket sent")
+except BrokenPipeError:
+    pass
+expect(r.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == 256, "raw protocol 256")
+"#,
+    );
+}
+
+/// `cr_restart --tcp-close`: an established connection (both ends in the
+/// tree, data in flight) and one whose peer is outside come back closed
+/// (end-of-file, POLLHUP, EPIPE, state CLOSE); the listener still accepts.
+#[test]
+fn tcp_close_restores_connections_closed() {
+    let rt = crate::kinds::testkit::round_trip_restoring(
+        "tcpclose",
+        r#"
+import select
+lis = socket.socket(); lis.bind(("127.0.0.1", 0)); lis.listen(4)
+c = socket.create_connection(lis.getsockname()); s, _ = lis.accept()
+c.send(b"in flight")
+def closed(sock, who):
+    expect(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == 7, who + " is not CLOSE")
+    expect(sock.recv(10, socket.MSG_DONTWAIT) == b"", who + " does not read end-of-file")
+    p = select.poll(); p.register(sock, select.POLLIN)
+    expect(dict(p.poll(0)).get(sock.fileno(), 0) & select.POLLHUP, who + " has no POLLHUP")
+    try:
+        sock.send(b"x", socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL); expect(False, who + " sent")
+    except BrokenPipeError:
+        pass
+"#,
+        r#"
+closed(c, "the client end"); closed(s, "the server end")
+n = socket.create_connection(lis.getsockname()); a, _ = lis.accept()
+n.send(b"new"); expect(a.recv(10) == b"new", "a new connection to the listener")
+"#,
+        |_| {},
+        |_| {},
+        |o| o.tcp_close = true,
+    );
+    let states = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<u32> = crate::kinds::testkit::objects_of(c, |k| match k {
+            cr_image::model::ObjectKind::InetSocket(s) => Some(&s.state),
+            _ => None,
+        });
+        v.sort();
+        v
+    };
+    assert_eq!(
+        states(&rt.before),
+        vec![1, 1, 10],
+        "two established, one listener"
+    );
+    assert_eq!(
+        states(&rt.after),
+        vec![7, 7, 10],
+        "two closed, one listener"
+    );
+}
+
+/// Two listeners sharing a port with SO_REUSEPORT, one of which turned the
+/// option off after it bound, come back on that port with their own
+/// values, and both accept.
+#[test]
+fn listeners_sharing_a_port_round_trip() {
+    round_trip(
+        "reuseport",
+        r#"
+def listener(port):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    l.bind(("127.0.0.1", port)); l.listen(8); return l
+l1 = listener(0); port = l1.getsockname()[1]; l2 = listener(port)
+l1.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 0)
+"#,
+        r#"
+expect(l1.getsockname()[1] == port and l2.getsockname()[1] == port, "the shared port")
+expect(l1.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 0, "SO_REUSEPORT turned off")
+expect(l2.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1, "SO_REUSEPORT on")
+# Connections spread over both listeners (by a hash of the source port),
+# each accepted before the next is made.
+l1.setblocking(False); l2.setblocking(False)
+got, conns = set(), []
+for _ in range(64):
+    conns.append(socket.create_connection(("127.0.0.1", port)))
+    for l in (l1, l2):
+        try:
+            l.accept(); got.add(l.fileno())
+        except BlockingIOError:
+            pass
+    if len(got) == 2:
+        break
+expect(got == {l1.fileno(), l2.fileno()}, "both listeners accept")
+"#,
+    );
+}
+
 /// Bytes written under UDP_CORK and not sent yet cannot be read from the
 /// kernel: a checkpoint that kills is refused, and the program still sends
 /// them as one datagram when it uncorks.
