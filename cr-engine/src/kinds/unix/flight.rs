@@ -6,9 +6,10 @@
 //! description again: taken from the rebuilt process once its fds are
 //! open. Any other is opened by its kind in the root's stub (at a spare
 //! number, then taken by the restorer and closed there). The queues that
-//! carry files are written last, just before the tree runs
-//! ([`super::rebuild::finish`]); the restorer's copies are closed then, the
-//! messages holding the files as the original queue did.
+//! carry files are written once every file is open again (after the
+//! last process that gives one is rebuilt; [`super::rebuild::finish`]);
+//! the restorer's copies are closed then, the messages holding the files
+//! as the original queue did.
 
 use super::rebuild::Later;
 use crate::error::{RestoreError, StepContext};
@@ -107,6 +108,22 @@ fn open_one(
             f.path
         ))),
     }
+}
+
+/// Whether every file in flight is open again.
+pub fn all_open(ck: &Checkpoint, got: &Files<Option<OwnedFd>>) -> bool {
+    ck.objects.iter().all(|o| {
+        let ObjectKind::UnixSocket(u) = &o.kind else {
+            return true;
+        };
+        u.in_flight.iter().all(|m| {
+            got.get(&o.id)
+                .and_then(|by| by.get(&m.message))
+                .is_some_and(|slots| {
+                    slots.len() == m.fds.len() && slots.iter().all(Option::is_some)
+                })
+        })
+    })
 }
 
 /// Every file in flight, each opened again; or which one is missing.

@@ -86,18 +86,21 @@ impl FileKind for Unix {
         Ok(())
     }
 
+    /// The files in flight `p` gives; once every one is open again, the
+    /// queues carrying them are written (before `--verify` looks: a closed
+    /// peer's end, which writes them, is then closed too).
     fn after_fds(&self, cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
-        flight::open(cx, p)
+        flight::open(cx, p)?;
+        let ck = cx.r.ck;
+        let flying = cx.r.stash.get::<Flying>();
+        if flying.later.is_some() && flight::all_open(ck, &flying.files) {
+            finish(cx.r)?;
+        }
+        Ok(())
     }
 
     fn release(&self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
-        let Some(Flying { later, files }) = r.stash.take::<Flying>() else {
-            return Ok(());
-        };
-        let Some(later) = later else { return Ok(()) };
-        let files = flight::check_all(r.ck, files)?;
-        let held = &r.stash.get::<Held>().0;
-        rebuild::finish(r.ck, held, later, &files)
+        finish(r)
     }
 
     fn open(
@@ -119,6 +122,18 @@ impl FileKind for Unix {
             ))),
         })
     }
+}
+
+/// The queues carrying files in flight, written once (see
+/// [`rebuild::finish`]).
+fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
+    let Some(Flying { later, files }) = r.stash.take::<Flying>() else {
+        return Ok(());
+    };
+    let Some(later) = later else { return Ok(()) };
+    let files = flight::check_all(r.ck, files)?;
+    let held = &r.stash.get::<Held>().0;
+    rebuild::finish(r.ck, held, later, &files)
 }
 
 /// Where the file of a socket bound at `path` is now, when it was renamed
