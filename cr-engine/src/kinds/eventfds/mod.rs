@@ -129,7 +129,20 @@ impl FileKind for EventFds {
                 let addr = cx.stub.put(&ev)?;
                 let what = || format!("cannot watch fd {} again in epoll fd {}", it.tfd, f.fd);
                 // A file open at another number: `tfd` is its copy while it
-                // is registered (the item keeps the key it was added with).
+                // is registered (the item keeps the key it was added with);
+                // a file of the process at `tfd` waits at a free number.
+                let mut aside = None;
+                if let (Some(_), Some(now)) = (it.open_as, p.fd(it.tfd)) {
+                    let free = cx
+                        .stub
+                        .call(
+                            "fcntl(F_DUPFD_CLOEXEC)",
+                            libc::SYS_fcntl,
+                            [it.tfd as u64, libc::F_DUPFD_CLOEXEC as u64, 0, 0, 0, 0],
+                        )
+                        .step(what)?;
+                    aside = Some((free, now.flags & libc::O_CLOEXEC as u32 != 0));
+                }
                 if let Some(n) = it.open_as {
                     cx.stub
                         .call(
@@ -151,7 +164,15 @@ impl FileKind for EventFds {
                         0,
                     ],
                 );
-                if it.open_as.is_some() {
+                if let Some((free, cloexec)) = aside {
+                    let flag = if cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+                    cx.stub
+                        .call("dup3", libc::SYS_dup3, [free, it.tfd as u64, flag, 0, 0, 0])
+                        .step(what)?;
+                    cx.stub
+                        .call("close", libc::SYS_close, [free, 0, 0, 0, 0, 0])
+                        .step(what)?;
+                } else if it.open_as.is_some() {
                     cx.stub
                         .call("close", libc::SYS_close, [it.tfd as u64, 0, 0, 0, 0, 0])
                         .step(what)?;
@@ -250,12 +271,22 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, kind: &str) -> Result<FdKind, S
         "[timerfd]" => {
             FdKind::Timerfd(timer_state(info).ok_or("a timerfd whose state cannot be read")?)
         }
-        "[eventpoll]" => FdKind::Epoll {
-            items: info
-                .all("tfd")
-                .map(|v| epoll_item(f.pid, f.fd, v))
-                .collect::<Result<_, _>>()?,
-        },
+        "[eventpoll]" => {
+            // The items with the same key, counted in the order listed.
+            let mut seen: std::collections::HashMap<&str, u32> = Default::default();
+            FdKind::Epoll {
+                items: info
+                    .all("tfd")
+                    .map(|v| {
+                        let n = seen
+                            .entry(v.split_whitespace().next().unwrap_or(""))
+                            .or_default();
+                        *n += 1;
+                        epoll_item(f.pid, f.fd, v, *n - 1)
+                    })
+                    .collect::<Result<_, _>>()?,
+            }
+        }
         "[fanotify]" => fanotify::describe(cx, f)?,
         "inotify" => {
             refuse_queued(cx, f, "an inotify instance", false)?;
@@ -354,7 +385,8 @@ fn disarm(
     Ok(())
 }
 
-fn epoll_item(pid: i32, epfd: i32, v: &str) -> Result<EpollItem, String> {
+/// One epoll item from its fdinfo line, the `toff`th with its key.
+fn epoll_item(pid: i32, epfd: i32, v: &str, toff: u32) -> Result<EpollItem, String> {
     let mut words = v.split_whitespace();
     let tfd: i32 = words
         .next()
@@ -392,20 +424,19 @@ fn epoll_item(pid: i32, epfd: i32, v: &str) -> Result<EpollItem, String> {
         .ok()
         .map(|m| m.ino());
     if ino.is_some() && open != ino {
-        if open.is_some() {
-            return Err(format!(
-                "an epoll watching a file that fd {tfd} no longer is (its number taken by another file; not supported)"
-            ));
-        }
-        // Closed: the file may still be open at another number.
+        // Closed, or its number taken by another file: the file may still
+        // be open at another number.
         let fds = cr_sys::proc::fds(pid).map_err(|e| cr_sys::error::one_line(&e))?;
-        item.open_as = fds
-            .iter()
-            .map(|(n, _)| *n)
-            .find(|&n| cr_sys::mem::is_epoll_target(pid, n, epfd, tfd).unwrap_or(false));
+        item.open_as = fds.iter().map(|(n, _)| *n).find(|&n| {
+            n != tfd && cr_sys::mem::is_epoll_target(pid, n, epfd, tfd, toff).unwrap_or(false)
+        });
         if item.open_as.is_none() {
+            let now = match open {
+                Some(_) => "its number taken by another file",
+                None => "closed",
+            };
             return Err(format!(
-                "an epoll watching a file that is open nowhere in the process (fd {tfd} closed; the kernel gives no way to reach that file)"
+                "an epoll watching a file that is open nowhere in the process (fd {tfd} {now}; the kernel gives no way to reach that file)"
             ));
         }
     }
