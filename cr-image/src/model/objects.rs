@@ -133,6 +133,8 @@ pub struct FileContent {
     /// Access and modification times, ns since the epoch (0: not saved).
     pub atime_ns: i64,
     pub mtime_ns: i64,
+    /// Owner and group to give back (a deleted file), None: the restorer's.
+    pub owner: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -773,6 +775,7 @@ fn content_from_pb(f: pb::FileContent) -> Result<FileContent, Bad> {
         content,
         atime_ns: f.atime_ns,
         mtime_ns: f.mtime_ns,
+        owner: f.uid.zip(f.gid),
     })
 }
 
@@ -785,6 +788,8 @@ fn content_to_pb(f: &FileContent) -> pb::FileContent {
         content: f.content.as_ref().map(PageFile::to_pb),
         atime_ns: f.atime_ns,
         mtime_ns: f.mtime_ns,
+        uid: f.owner.map(|o| o.0),
+        gid: f.owner.map(|o| o.1),
     }
 }
 

@@ -488,19 +488,22 @@ fn give(
     let settable =
         libc::O_APPEND | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME | libc::O_NONBLOCK;
     let flags = (f.flags as i32) & !OPEN_ONLY;
-    stub.later(
-        "fcntl(F_SETFL)",
-        libc::SYS_fcntl,
-        [
-            f.fd as u64,
-            libc::F_SETFL as u64,
-            (flags & settable) as u64,
-            0,
-            0,
-            0,
-        ],
-        format!("cannot set the flags of fd {}", f.fd),
-    )?;
+    // An O_PATH fd has no status flags to set (fcntl refuses: EBADF).
+    if !is_path_only(f.flags) {
+        stub.later(
+            "fcntl(F_SETFL)",
+            libc::SYS_fcntl,
+            [
+                f.fd as u64,
+                libc::F_SETFL as u64,
+                (flags & settable) as u64,
+                0,
+                0,
+                0,
+            ],
+            format!("cannot set the flags of fd {}", f.fd),
+        )?;
+    }
     if matches!(f.kind, FdKind::Memfd { .. } | FdKind::DeletedFile { .. }) && f.pos != 0 {
         seek(stub, f)?;
     }
@@ -722,7 +725,13 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             (FdKind::Regular { .. } | FdKind::PathOnly, _) => {
                 c.same(&what, "path", &a.path, &b.path);
             }
-            (FdKind::Directory | FdKind::CharDevice { .. } | FdKind::BlockDevice { .. }, _) => {
+            (
+                FdKind::Directory
+                | FdKind::CharDevice { .. }
+                | FdKind::BlockDevice { .. }
+                | FdKind::RemovedSymlink { .. },
+                _,
+            ) => {
                 c.same(&what, "path", &a.path, &b.path);
                 c.same(&what, "state", &a.kind, &b.kind);
             }
