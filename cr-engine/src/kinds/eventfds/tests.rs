@@ -182,16 +182,7 @@ expect(os.read(kept, 1) == b"x", "the pipe")
 "#,
     );
     let items = |c: &cr_image::model::Checkpoint| -> Vec<(i32, Option<i32>)> {
-        c.processes[0]
-            .fds
-            .iter()
-            .filter_map(|f| match &f.kind {
-                cr_image::model::FdKind::Epoll { items } => Some(items.clone()),
-                _ => None,
-            })
-            .flatten()
-            .map(|i| (i.tfd, i.open_as))
-            .collect()
+        epoll_items(c).iter().map(|i| (i.tfd, i.open_as)).collect()
     };
     let before = items(&rt.before);
     assert_eq!(before.len(), 1);
@@ -568,14 +559,8 @@ expect(os.fstat(900).st_ino == os.fstat(pipes[3][0]).st_ino, "fd 900 is the last
 "#,
     );
     let items = |c: &cr_image::model::Checkpoint| -> Vec<(i32, u64, Option<i32>)> {
-        let mut v: Vec<_> = c.processes[0]
-            .fds
+        let mut v: Vec<_> = epoll_items(c)
             .iter()
-            .filter_map(|f| match &f.kind {
-                cr_image::model::FdKind::Epoll { items } => Some(items.clone()),
-                _ => None,
-            })
-            .flatten()
             .map(|i| (i.tfd, i.data, i.open_as))
             .collect();
         v.sort();
@@ -589,4 +574,17 @@ expect(os.fstat(900).st_ino == os.fstat(pipes[3][0]).st_ino, "fd 900 is the last
     let datas: Vec<u64> = before.iter().map(|i| i.1).collect();
     assert_eq!(datas, vec![100, 101, 102, 103]);
     assert_eq!(items(&rt.after).len(), 4);
+}
+
+/// The items of every epoll of the root process of `c`.
+fn epoll_items(c: &cr_image::model::Checkpoint) -> Vec<cr_image::model::fds::EpollItem> {
+    c.processes[0]
+        .fds
+        .iter()
+        .filter_map(|f| match &f.kind {
+            cr_image::model::FdKind::Epoll { items } => Some(items.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
 }
