@@ -721,8 +721,19 @@ impl Object {
                                 ));
                             }
                         }
-                        if matches!(f.kind, FdKind::Epoll { .. }) {
-                            return Err("an epoll in flight".into());
+                        // Registered again in the root: its keys are
+                        // the root's fd numbers.
+                        if let FdKind::Epoll { items } = &f.kind {
+                            let root = ck.process(ck.root_pid);
+                            let held = |n: i32| root.and_then(|r| r.fd(n)).is_some();
+                            if let Some(it) =
+                                items.iter().find(|it| !held(it.open_as.unwrap_or(it.tfd)))
+                            {
+                                return Err(format!(
+                                    "an epoll in flight watches fd {}, which the root does not hold",
+                                    it.tfd
+                                ));
+                            }
                         }
                     }
                 }

@@ -36,6 +36,8 @@ pub struct Fds;
 #[derive(Default)]
 pub struct TreeFds {
     pids: HashSet<i32>,
+    /// The tree's root (the first of the pids given).
+    pub root: i32,
     /// Pipe inode -> (a read end is open in the tree, a write end is).
     pub pipe_ends: HashMap<u64, (bool, bool)>,
     /// Socket inodes open in the tree.
@@ -62,6 +64,7 @@ impl TreeFds {
     pub fn new(pids: &[i32]) -> TreeFds {
         let mut s = TreeFds {
             pids: pids.iter().copied().collect(),
+            root: pids.first().copied().unwrap_or(0),
             ..Default::default()
         };
         for &pid in pids {
