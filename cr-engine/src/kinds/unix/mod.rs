@@ -412,6 +412,14 @@ fn in_flight(cx: &mut FdScan<'_>, holder: i32, fds: &[OwnedFd]) -> Result<Vec<Fd
             Ok(None) => return Err(format!("file {i} in flight that cannot be looked at")),
             Err(why) => return Err(format!("file {i} in flight, {why}")),
         };
+        if let FdKind::Epoll { items } = &d.kind {
+            if let Some(it) = items.iter().find(|it| it.open_as.is_some()) {
+                return Err(format!(
+                    "file {i} in flight, an epoll watching fd {} of the root, closed or reused since (not supported)",
+                    it.tfd
+                ));
+            }
+        }
         let text = cr_sys::proc::target_text(&target);
         d.shared = cx.tree.pids().into_iter().find_map(|pid| {
             let list = cr_sys::proc::fds(pid).ok()?;
