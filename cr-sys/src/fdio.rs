@@ -85,6 +85,15 @@ pub fn dup_own(fd: RawFd) -> Result<OwnedFd> {
     own(r as i64, || format!("dup of our fd {fd}"))
 }
 
+/// The target of the symbolic link `fd` holds (an O_PATH | O_NOFOLLOW fd
+/// of the link: readlinkat with an empty path).
+pub fn link_target(fd: &OwnedFd) -> Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStringExt;
+    nix::fcntl::readlinkat(fd, "")
+        .map(|t| t.into_vec())
+        .or_sys(|| format!("readlink of fd {}", fd.as_raw_fd()))
+}
+
 /// The inode number of the file `fd` holds (a socket's: its socket:[N]).
 pub fn inode(fd: &OwnedFd) -> Result<u64> {
     nix::sys::stat::fstat(fd)

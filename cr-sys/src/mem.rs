@@ -181,20 +181,28 @@ pub fn same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> Result<bool> {
     Ok(kcmp_file(pid1, fd1, pid2, fd2)? == 0)
 }
 
-/// Whether fd `fd` of `pid` is the file item `tfd` of epoll `epfd` (of the
-/// same process) watches (kcmp KCMP_EPOLL_TFD): the item's file may be open
-/// at another number than its key.
-pub fn is_epoll_target(pid: i32, fd: i32, epfd: i32, tfd: i32) -> Result<bool> {
+/// Whether fd `fd` of `pid` is the file item `tfd` of epoll `epfd` (of
+/// process `epid`) watches (kcmp KCMP_EPOLL_TFD): the item's file may be
+/// open at another number than its key. `toff` picks among the items with
+/// key `tfd` (several files added as the same number, closed between): the
+/// kernel counts them in the order fdinfo lists them.
+pub fn is_epoll_target(
+    pid: i32,
+    fd: i32,
+    epid: i32,
+    epfd: i32,
+    tfd: i32,
+    toff: u32,
+) -> Result<bool> {
     const KCMP_EPOLL_TFD: i64 = 7;
-    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }: the first item
-    // registered with key `tfd`.
-    let slot: [u32; 3] = [epfd as u32, tfd as u32, 0];
+    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }.
+    let slot: [u32; 3] = [epfd as u32, tfd as u32, toff];
     // SAFETY: kcmp only reads the slot, which lives through the call.
     let r = unsafe {
         libc::syscall(
             libc::SYS_kcmp,
             pid,
-            pid,
+            epid,
             KCMP_EPOLL_TFD,
             fd as i64,
             slot.as_ptr(),
@@ -202,7 +210,7 @@ pub fn is_epoll_target(pid: i32, fd: i32, epfd: i32, tfd: i32) -> Result<bool> {
     };
     if r < 0 {
         return Err(SysError::Syscall {
-            what: format!("kcmp of fd {fd} of {pid} and item {tfd} of epoll {epfd}"),
+            what: format!("kcmp of fd {fd} of {pid} and item {tfd} of epoll {epfd} of {epid}"),
             source: Errno::last(),
         });
     }

@@ -145,6 +145,13 @@ pub enum FdKind {
     },
     /// An O_PATH fd of a FIFO, socket file or device.
     PathOnly,
+    /// An O_PATH fd of a symbolic link removed since (its path is
+    /// "PATH (deleted)"): its target and owner.
+    RemovedSymlink {
+        target: Vec<u8>,
+        uid: u32,
+        gid: u32,
+    },
     /// A pidfd of process `pid` of the image.
     Pidfd {
         pid: u32,
@@ -209,6 +216,7 @@ impl FdKind {
             FdKind::Fanotify { .. } => "fanotify",
             FdKind::Pidfd { .. } => "pidfd",
             FdKind::PathOnly => "path_only",
+            FdKind::RemovedSymlink { .. } => "removed_symlink",
             FdKind::Pty { .. } => "pty",
             FdKind::Inherited { .. } => "inherited",
         }
@@ -402,6 +410,11 @@ impl Fd {
             },
             Some(K::Pidfd(p)) => FdKind::Pidfd { pid: p.pid },
             Some(K::PathOnly(_)) => FdKind::PathOnly,
+            Some(K::RemovedSymlink(s)) => FdKind::RemovedSymlink {
+                target: s.target,
+                uid: s.uid,
+                gid: s.gid,
+            },
             Some(K::Pty(p)) => FdKind::Pty {
                 object: p.id,
                 master: p.master,
@@ -563,6 +576,11 @@ impl Fd {
             }),
             FdKind::Pidfd { pid } => K::Pidfd(pb::Pidfd { pid: *pid }),
             FdKind::PathOnly => K::PathOnly(pb::Empty {}),
+            FdKind::RemovedSymlink { target, uid, gid } => K::RemovedSymlink(pb::RemovedSymlink {
+                target: target.clone(),
+                uid: *uid,
+                gid: *gid,
+            }),
             FdKind::Pty { object, master } => K::Pty(pb::PtyEnd {
                 id: *object,
                 master: *master,

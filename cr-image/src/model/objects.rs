@@ -133,6 +133,8 @@ pub struct FileContent {
     /// Access and modification times, ns since the epoch (0: not saved).
     pub atime_ns: i64,
     pub mtime_ns: i64,
+    /// Owner and group to give back (a deleted file), None: the restorer's.
+    pub owner: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -721,8 +723,19 @@ impl Object {
                                 ));
                             }
                         }
-                        if matches!(f.kind, FdKind::Epoll { .. }) {
-                            return Err("an epoll in flight".into());
+                        // Registered again in the root: its keys are
+                        // the root's fd numbers.
+                        if let FdKind::Epoll { items } = &f.kind {
+                            let root = ck.process(ck.root_pid);
+                            let held = |n: i32| root.and_then(|r| r.fd(n)).is_some();
+                            if let Some(it) =
+                                items.iter().find(|it| !held(it.open_as.unwrap_or(it.tfd)))
+                            {
+                                return Err(format!(
+                                    "an epoll in flight watches fd {}, which the root does not hold",
+                                    it.tfd
+                                ));
+                            }
                         }
                     }
                 }
@@ -775,6 +788,7 @@ fn content_from_pb(f: pb::FileContent) -> Result<FileContent, Bad> {
         content,
         atime_ns: f.atime_ns,
         mtime_ns: f.mtime_ns,
+        owner: f.uid.zip(f.gid),
     })
 }
 
@@ -787,6 +801,8 @@ fn content_to_pb(f: &FileContent) -> pb::FileContent {
         content: f.content.as_ref().map(PageFile::to_pb),
         atime_ns: f.atime_ns,
         mtime_ns: f.mtime_ns,
+        uid: f.owner.map(|o| o.0),
+        gid: f.owner.map(|o| o.1),
     }
 }
 

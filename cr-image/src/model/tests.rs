@@ -421,6 +421,7 @@ fn objects() -> Vec<Object> {
                 seals: 0,
                 atime_ns: 1_700_000_000_123_456_789,
                 mtime_ns: 1_600_000_000_000_000_001,
+                owner: Some((1000, 100)),
                 content: Some(PageFile {
                     name: "file-21.img".into(),
                     size: 8192,

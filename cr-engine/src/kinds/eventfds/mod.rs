@@ -111,56 +111,7 @@ impl FileKind for EventFds {
     /// repeated edge is harmless where a lost one would hang it.
     fn after_fds(&self, cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
         for f in p.fds.iter().filter(|f| f.shared.is_none()) {
-            let FdKind::Epoll { items } = &f.kind else {
-                continue;
-            };
-            let mut order: Vec<&EpollItem> = items.iter().collect();
-            order.sort_by_key(|it| !disarmed(it.events));
-            for it in order {
-                let rearm = disarmed(it.events);
-                let events = match rearm {
-                    true => it.events | EPOLL_ALL,
-                    false => it.events,
-                };
-                // struct epoll_event is packed on x86_64: u32 events, u64 data.
-                let mut ev = Vec::with_capacity(12);
-                ev.extend_from_slice(&events.to_le_bytes());
-                ev.extend_from_slice(&it.data.to_le_bytes());
-                let addr = cx.stub.put(&ev)?;
-                let what = || format!("cannot watch fd {} again in epoll fd {}", it.tfd, f.fd);
-                // A file open at another number: `tfd` is its copy while it
-                // is registered (the item keeps the key it was added with).
-                if let Some(n) = it.open_as {
-                    cx.stub
-                        .call(
-                            "dup3",
-                            libc::SYS_dup3,
-                            [n as u64, it.tfd as u64, libc::O_CLOEXEC as u64, 0, 0, 0],
-                        )
-                        .step(what)?;
-                }
-                let r = cx.stub.call(
-                    "epoll_ctl",
-                    libc::SYS_epoll_ctl,
-                    [
-                        f.fd as u64,
-                        libc::EPOLL_CTL_ADD as u64,
-                        it.tfd as u64,
-                        addr,
-                        0,
-                        0,
-                    ],
-                );
-                if it.open_as.is_some() {
-                    cx.stub
-                        .call("close", libc::SYS_close, [it.tfd as u64, 0, 0, 0, 0, 0])
-                        .step(what)?;
-                }
-                r.step(what)?;
-                if rearm {
-                    disarm(cx, f.fd, it, addr).step(what)?;
-                }
-            }
+            watch(cx, p, f)?;
         }
         Ok(())
     }
@@ -172,6 +123,83 @@ impl FileKind for EventFds {
         }
         Ok(())
     }
+}
+
+/// Register the interest list of epoll `f` of `p` (every fd of `p` open):
+/// see [`EventFds::after_fds`].
+pub fn watch(cx: &mut Rebuild<'_, '_, '_>, p: &Process, f: &Fd) -> Result<(), RestoreError> {
+    let FdKind::Epoll { items } = &f.kind else {
+        return Ok(());
+    };
+    let mut order: Vec<&EpollItem> = items.iter().collect();
+    order.sort_by_key(|it| !disarmed(it.events));
+    for it in order {
+        let rearm = disarmed(it.events);
+        let events = match rearm {
+            true => it.events | EPOLL_ALL,
+            false => it.events,
+        };
+        // struct epoll_event is packed on x86_64: u32 events, u64 data.
+        let mut ev = Vec::with_capacity(12);
+        ev.extend_from_slice(&events.to_le_bytes());
+        ev.extend_from_slice(&it.data.to_le_bytes());
+        let addr = cx.stub.put(&ev)?;
+        let what = || format!("cannot watch fd {} again in epoll fd {}", it.tfd, f.fd);
+        // A file open at another number: `tfd` is its copy while it
+        // is registered (the item keeps the key it was added with);
+        // a file of the process at `tfd` waits at a free number.
+        let mut aside = None;
+        if let (Some(_), Some(now)) = (it.open_as, p.fd(it.tfd)) {
+            let free = cx
+                .stub
+                .call(
+                    "fcntl(F_DUPFD_CLOEXEC)",
+                    libc::SYS_fcntl,
+                    [it.tfd as u64, libc::F_DUPFD_CLOEXEC as u64, 0, 0, 0, 0],
+                )
+                .step(what)?;
+            aside = Some((free, now.flags & libc::O_CLOEXEC as u32 != 0));
+        }
+        if let Some(n) = it.open_as {
+            cx.stub
+                .call(
+                    "dup3",
+                    libc::SYS_dup3,
+                    [n as u64, it.tfd as u64, libc::O_CLOEXEC as u64, 0, 0, 0],
+                )
+                .step(what)?;
+        }
+        let r = cx.stub.call(
+            "epoll_ctl",
+            libc::SYS_epoll_ctl,
+            [
+                f.fd as u64,
+                libc::EPOLL_CTL_ADD as u64,
+                it.tfd as u64,
+                addr,
+                0,
+                0,
+            ],
+        );
+        if let Some((free, cloexec)) = aside {
+            let flag = if cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+            cx.stub
+                .call("dup3", libc::SYS_dup3, [free, it.tfd as u64, flag, 0, 0, 0])
+                .step(what)?;
+            cx.stub
+                .call("close", libc::SYS_close, [free, 0, 0, 0, 0, 0])
+                .step(what)?;
+        } else if it.open_as.is_some() {
+            cx.stub
+                .call("close", libc::SYS_close, [it.tfd as u64, 0, 0, 0, 0, 0])
+                .step(what)?;
+        }
+        r.step(what)?;
+        if rearm {
+            disarm(cx, f.fd, it, addr).step(what)?;
+        }
+    }
+    Ok(())
 }
 
 /// PIDFD_NONBLOCK and PIDFD_THREAD: the flags of a pidfd pidfd_open takes.
@@ -250,12 +278,25 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, kind: &str) -> Result<FdKind, S
         "[timerfd]" => {
             FdKind::Timerfd(timer_state(info).ok_or("a timerfd whose state cannot be read")?)
         }
-        "[eventpoll]" => FdKind::Epoll {
-            items: info
-                .all("tfd")
-                .map(|v| epoll_item(f.pid, f.fd, v))
-                .collect::<Result<_, _>>()?,
-        },
+        "[eventpoll]" => {
+            // Whose fd numbers the keys are: an epoll in flight over a unix
+            // socket is looked at in our table, its keys the sender's.
+            let owner = cx.tree.stash.get::<EpollOwner>().0.unwrap_or(f.pid);
+            // The items with the same key, counted in the order listed.
+            let mut seen: std::collections::HashMap<&str, u32> = Default::default();
+            FdKind::Epoll {
+                items: info
+                    .all("tfd")
+                    .map(|v| {
+                        let n = seen
+                            .entry(v.split_whitespace().next().unwrap_or(""))
+                            .or_default();
+                        *n += 1;
+                        epoll_item(owner, f.pid, f.fd, v, *n - 1)
+                    })
+                    .collect::<Result<_, _>>()?,
+            }
+        }
         "[fanotify]" => fanotify::describe(cx, f)?,
         "inotify" => {
             refuse_queued(cx, f, "an inotify instance", false)?;
@@ -354,7 +395,14 @@ fn disarm(
     Ok(())
 }
 
-fn epoll_item(pid: i32, epfd: i32, v: &str) -> Result<EpollItem, String> {
+/// The process whose fd numbers the keys of the epoll being described are,
+/// when not the process holding it (None).
+#[derive(Default)]
+pub struct EpollOwner(pub Option<i32>);
+
+/// One epoll item (of epoll `epfd` of `epid`, its keys fd numbers of
+/// `pid`) from its fdinfo line, the `toff`th with its key.
+fn epoll_item(pid: i32, epid: i32, epfd: i32, v: &str, toff: u32) -> Result<EpollItem, String> {
     let mut words = v.split_whitespace();
     let tfd: i32 = words
         .next()
@@ -392,20 +440,19 @@ fn epoll_item(pid: i32, epfd: i32, v: &str) -> Result<EpollItem, String> {
         .ok()
         .map(|m| m.ino());
     if ino.is_some() && open != ino {
-        if open.is_some() {
-            return Err(format!(
-                "an epoll watching a file that fd {tfd} no longer is (its number taken by another file; not supported)"
-            ));
-        }
-        // Closed: the file may still be open at another number.
+        // Closed, or its number taken by another file: the file may still
+        // be open at another number.
         let fds = cr_sys::proc::fds(pid).map_err(|e| cr_sys::error::one_line(&e))?;
-        item.open_as = fds
-            .iter()
-            .map(|(n, _)| *n)
-            .find(|&n| cr_sys::mem::is_epoll_target(pid, n, epfd, tfd).unwrap_or(false));
+        item.open_as = fds.iter().map(|(n, _)| *n).find(|&n| {
+            n != tfd && cr_sys::mem::is_epoll_target(pid, n, epid, epfd, tfd, toff).unwrap_or(false)
+        });
         if item.open_as.is_none() {
+            let now = match open {
+                Some(_) => "its number taken by another file",
+                None => "closed",
+            };
             return Err(format!(
-                "an epoll watching a file that is open nowhere in the process (fd {tfd} closed; the kernel gives no way to reach that file)"
+                "an epoll watching a file that is open nowhere in the process (fd {tfd} {now}; the kernel gives no way to reach that file)"
             ));
         }
     }

@@ -182,16 +182,7 @@ expect(os.read(kept, 1) == b"x", "the pipe")
 "#,
     );
     let items = |c: &cr_image::model::Checkpoint| -> Vec<(i32, Option<i32>)> {
-        c.processes[0]
-            .fds
-            .iter()
-            .filter_map(|f| match &f.kind {
-                cr_image::model::FdKind::Epoll { items } => Some(items.clone()),
-                _ => None,
-            })
-            .flatten()
-            .map(|i| (i.tfd, i.open_as))
-            .collect()
+        epoll_items(c).iter().map(|i| (i.tfd, i.open_as)).collect()
     };
     let before = items(&rt.before);
     assert_eq!(before.len(), 1);
@@ -530,4 +521,70 @@ ev = events(0)
 expect(ev == [(wd, n) for n in names], "the queued events %r" % ev)
 "#,
     );
+}
+
+/// Epoll items whose key is a number the program reused: pipes added under
+/// the same fd number one after the other (closed between, each still open
+/// elsewhere), and under a number another pipe holds now. Each item keeps
+/// its key and data and reports its own pipe; the fd at the reused number
+/// is still its own file. Before the fix the restore added the first
+/// pipe several times ("file exists"), and a number taken by another file
+/// was refused at checkpoint.
+#[test]
+fn epoll_items_under_reused_numbers_round_trip() {
+    let rt = round_trip(
+        "eventfds-epoll-reused",
+        r#"
+import select
+ep = select.epoll()
+pipes = [os.pipe() for _ in range(4)]
+for i, (r, w) in enumerate(pipes):
+    os.dup2(r, 900)
+    ep.register(900, select.EPOLLIN)
+    libc.epoll_ctl(ep.fileno(), 3, 900, ctypes.byref(ctypes.create_string_buffer(struct.pack("=IQ", 1, 100 + i), 12)))
+    if i < 3:
+        os.close(900)
+"#,
+        r#"
+import select
+expect(ep.poll(0) == [], "no event before a write")
+for i, (r, w) in enumerate(pipes):
+    os.write(w, b"x")
+    raw = ctypes.create_string_buffer(12 * 8)
+    n = libc.epoll_wait(ep.fileno(), raw, 8, 1000)
+    got = [struct.unpack_from("=IQ", raw, 12 * k) for k in range(max(n, 0))]
+    expect(got == [(1, 100 + i)], "pipe %d reported as %r" % (i, got))
+    expect(os.read(r, 1) == b"x", "pipe %d" % i)
+expect(os.fstat(900).st_ino == os.fstat(pipes[3][0]).st_ino, "fd 900 is the last pipe")
+"#,
+    );
+    let items = |c: &cr_image::model::Checkpoint| -> Vec<(i32, u64, Option<i32>)> {
+        let mut v: Vec<_> = epoll_items(c)
+            .iter()
+            .map(|i| (i.tfd, i.data, i.open_as))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = items(&rt.before);
+    assert_eq!(before.len(), 4, "{before:?}");
+    assert!(before.iter().all(|i| i.0 == 900), "{before:?}");
+    let elsewhere = before.iter().filter(|i| i.2.is_some()).count();
+    assert_eq!(elsewhere, 3, "three watched through another fd: {before:?}");
+    let datas: Vec<u64> = before.iter().map(|i| i.1).collect();
+    assert_eq!(datas, vec![100, 101, 102, 103]);
+    assert_eq!(items(&rt.after).len(), 4);
+}
+
+/// The items of every epoll of the root process of `c`.
+fn epoll_items(c: &cr_image::model::Checkpoint) -> Vec<cr_image::model::fds::EpollItem> {
+    c.processes[0]
+        .fds
+        .iter()
+        .filter_map(|f| match &f.kind {
+            cr_image::model::FdKind::Epoll { items } => Some(items.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
 }

@@ -36,6 +36,8 @@ pub struct Fds;
 #[derive(Default)]
 pub struct TreeFds {
     pids: HashSet<i32>,
+    /// The tree's root (the first of the pids given).
+    pub root: i32,
     /// Pipe inode -> (a read end is open in the tree, a write end is).
     pub pipe_ends: HashMap<u64, (bool, bool)>,
     /// Socket inodes open in the tree.
@@ -62,6 +64,7 @@ impl TreeFds {
     pub fn new(pids: &[i32]) -> TreeFds {
         let mut s = TreeFds {
             pids: pids.iter().copied().collect(),
+            root: pids.first().copied().unwrap_or(0),
             ..Default::default()
         };
         for &pid in pids {
@@ -488,19 +491,22 @@ fn give(
     let settable =
         libc::O_APPEND | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME | libc::O_NONBLOCK;
     let flags = (f.flags as i32) & !OPEN_ONLY;
-    stub.later(
-        "fcntl(F_SETFL)",
-        libc::SYS_fcntl,
-        [
-            f.fd as u64,
-            libc::F_SETFL as u64,
-            (flags & settable) as u64,
-            0,
-            0,
-            0,
-        ],
-        format!("cannot set the flags of fd {}", f.fd),
-    )?;
+    // An O_PATH fd has no status flags to set (fcntl refuses: EBADF).
+    if !is_path_only(f.flags) {
+        stub.later(
+            "fcntl(F_SETFL)",
+            libc::SYS_fcntl,
+            [
+                f.fd as u64,
+                libc::F_SETFL as u64,
+                (flags & settable) as u64,
+                0,
+                0,
+                0,
+            ],
+            format!("cannot set the flags of fd {}", f.fd),
+        )?;
+    }
     if matches!(f.kind, FdKind::Memfd { .. } | FdKind::DeletedFile { .. }) && f.pos != 0 {
         seek(stub, f)?;
     }
@@ -722,7 +728,13 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             (FdKind::Regular { .. } | FdKind::PathOnly, _) => {
                 c.same(&what, "path", &a.path, &b.path);
             }
-            (FdKind::Directory | FdKind::CharDevice { .. } | FdKind::BlockDevice { .. }, _) => {
+            (
+                FdKind::Directory
+                | FdKind::CharDevice { .. }
+                | FdKind::BlockDevice { .. }
+                | FdKind::RemovedSymlink { .. },
+                _,
+            ) => {
                 c.same(&what, "path", &a.path, &b.path);
                 c.same(&what, "state", &a.kind, &b.kind);
             }

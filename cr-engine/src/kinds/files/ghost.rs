@@ -1,9 +1,9 @@
-//! Ghost files: a directory, a FIFO or a device node removed while a
-//! process still used it (its working directory, an open fd), which /proc
-//! shows as "PATH (deleted)". The restore makes it again at PATH (with any
-//! missing parent directories), opens it in the restorer, and removes what
-//! it made: the processes then hold a removed directory, FIFO or device
-//! node of the same path, as before. One per path, shared by every process that used it
+//! Ghost files: a directory, a FIFO, a device node or a symbolic link (an
+//! O_PATH fd of it) removed while a process still used it (its working
+//! directory, an open fd), which /proc shows as "PATH (deleted)". The
+//! restore makes it again at PATH (with any missing parent directories),
+//! opens it in the restorer, and removes what it made: the processes then
+//! hold a removed file of the same path and type, as before. One per path, shared by every process that used it
 //! (a fork's children share their parent's working directory).
 //!
 //! A path taken since by another file cannot be used: refused by name
@@ -72,6 +72,24 @@ pub fn device(r: &mut Restorer<'_>, shown: &str, node: Node) -> Result<RawFd, Re
         fdio::mknod(p, node.mode, node.rdev)?;
         set_owner_and_mode(p, node)?;
         fdio::open(p, libc::O_PATH)
+    })
+}
+
+/// The restorer's O_PATH fd of the removed symbolic link shown as `shown`,
+/// made again pointing at `target`, owned by `owner`.
+pub fn symlink(
+    r: &mut Restorer<'_>,
+    shown: &str,
+    target: &[u8],
+    owner: (u32, u32),
+) -> Result<RawFd, RestoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    make(r, shown, |p| {
+        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target), p)
+            .map_err(|e| io(e, "symlink", p))?;
+        std::os::unix::fs::lchown(p, Some(owner.0), Some(owner.1))
+            .map_err(|e| io(e, &format!("chown {}:{}", owner.0, owner.1), p))?;
+        fdio::open(p, libc::O_PATH | libc::O_NOFOLLOW)
     })
 }
 

@@ -63,7 +63,9 @@ impl FileKind for Files {
             }))
         };
         if fds::is_path_only(f.info.flags) {
-            return Some(if md.nlink() == 0 && !ft.is_dir() {
+            return Some(if md.nlink() == 0 && ft.is_symlink() {
+                removed_symlink(f, md)
+            } else if md.nlink() == 0 && !ft.is_dir() {
                 Err(format!(
                     "an O_PATH fd of {}, deleted (it has no path to open again)",
                     f.link
@@ -158,6 +160,15 @@ impl FileKind for Files {
                 };
                 ghost_device(cx.r, f, node, block).map(Opened::Ours)
             }
+            FdKind::RemovedSymlink {
+                ref target,
+                uid,
+                gid,
+            } => ghost::symlink(cx.r, &f.path, target, (uid, gid))
+                .and_then(|g| {
+                    fdio::dup_own(g).step(|| format!("cannot open {} as fd {}", f.path, f.fd))
+                })
+                .map(Opened::Ours),
             FdKind::Regular { .. }
             | FdKind::Directory
             | FdKind::CharDevice { .. }
@@ -172,6 +183,25 @@ impl FileKind for Files {
             _ => return None,
         })
     }
+}
+
+/// An O_PATH fd of a symbolic link removed since: its target (read through
+/// a copy of the fd) and owner.
+fn removed_symlink(f: &OpenFd<'_>, md: &std::fs::Metadata) -> Described {
+    let err = |e: cr_sys::SysError| {
+        format!(
+            "an O_PATH fd of the removed symbolic link {}, whose target cannot be read: {}",
+            f.link,
+            cr_sys::error::one_line(&e)
+        )
+    };
+    let copy = fdio::steal_fd(f.pid, f.fd).map_err(err)?;
+    let target = fdio::link_target(&copy).map_err(err)?;
+    Ok(Some(FdKind::RemovedSymlink {
+        target,
+        uid: md.uid(),
+        gid: md.gid(),
+    }))
 }
 
 /// The restorer's memfds and unnamed files, by object.
@@ -240,6 +270,7 @@ pub fn content_object(
         content: Some(content),
         atime_ns: md.atime() * 1_000_000_000 + md.atime_nsec(),
         mtime_ns: md.mtime() * 1_000_000_000 + md.mtime_nsec(),
+        owner: (!memfd).then(|| (md.uid(), md.gid())),
     };
     objects.insert(Object {
         id: ino,
@@ -381,6 +412,13 @@ fn file_object(r: &Restorer<'_>, obj: &FileContent, memfd: bool) -> Result<Owned
     // plainly, 0666 with MFD_NOEXEC_SEAL, whose F_SEAL_EXEC the seals below
     // give back), and a program may fchmod it.
     use std::os::unix::fs::PermissionsExt;
+    if let Some((uid, gid)) = obj.owner {
+        // Before the mode: chown may clear set-user-ID and set-group-ID.
+        let md = file.metadata().map_err(what)?;
+        if (md.uid(), md.gid()) != (uid, gid) {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(what)?;
+        }
+    }
     if file.metadata().map_err(what)?.mode() & 0o7777 != obj.mode {
         file.set_permissions(std::fs::Permissions::from_mode(obj.mode))
             .map_err(what)?;

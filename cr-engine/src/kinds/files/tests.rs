@@ -326,3 +326,70 @@ expect(os.lseek(script, 0, os.SEEK_CUR) == 17, "its offset")
 "#,
     );
 }
+
+/// A file removed while open, whose owner, group and mode the program had
+/// changed: the file made again has them. Before the fix it had the
+/// restorer's owner ("u(g)id changed", zdtm unlink_fstat00).
+#[test]
+fn removed_file_owner_and_mode_round_trip() {
+    round_trip(
+        "files-deleted-owner",
+        r#"
+p = os.path.join(DIR, "gone")
+fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"data")
+os.fchown(fd, 4321, 8765)
+os.fchmod(fd, 0o2751)
+os.unlink(p)
+"#,
+        r#"
+st = os.fstat(fd)
+expect((st.st_uid, st.st_gid) == (4321, 8765), "owner %d:%d" % (st.st_uid, st.st_gid))
+expect(st.st_mode & 0o7777 == 0o2751, "mode %o" % (st.st_mode & 0o7777))
+expect(st.st_nlink == 0, "still removed")
+expect(os.pread(fd, 10, 0) == b"data", "its content")
+"#,
+    );
+}
+
+/// An O_PATH fd of a symbolic link removed since (and two dups of it): it
+/// comes back as an O_PATH fd of a removed symbolic link with the same
+/// target and owner, at the same path, and nothing is left on disk.
+/// Before the fix the checkpoint was refused (zdtm symlink01).
+#[test]
+fn removed_symlink_path_fd_round_trip() {
+    let rt = round_trip(
+        "files-removed-symlink",
+        r#"
+import stat
+O_PATH = 0o10000000
+link = os.path.join(DIR, "link")
+os.symlink("/some/where/else", link)
+os.lchown(link, 1234, 5678)
+fd = os.open(link, O_PATH | os.O_NOFOLLOW)
+fd2 = os.dup(fd)
+os.unlink(link)
+"#,
+        r#"
+import stat
+st = os.fstat(fd)
+expect(stat.S_ISLNK(st.st_mode), "a symbolic link, mode %o" % st.st_mode)
+expect(st.st_nlink == 0, "removed")
+expect((st.st_uid, st.st_gid) == (1234, 5678), "owner %d:%d" % (st.st_uid, st.st_gid))
+expect(os.readlink("", dir_fd=fd) == "/some/where/else", "its target")
+expect(os.readlink("", dir_fd=fd2) == "/some/where/else", "its dup's target")
+expect(os.readlink("/proc/self/fd/%d" % fd) == link + " (deleted)", "its path")
+expect(not os.path.lexists(link), "nothing left at its path")
+"#,
+    );
+    let (a, b) = rt.roots();
+    let kinds = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .map(|f| (f.fd, f.kind.clone()))
+            .filter(|(_, k)| k.name() == "removed_symlink")
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(a).len(), 2, "{:?}", a.fds);
+    assert_eq!(kinds(a), kinds(b));
+}

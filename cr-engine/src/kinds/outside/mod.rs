@@ -272,6 +272,7 @@ fn save(
             content: Some(content),
             atime_ns: 0,
             mtime_ns: 0,
+            owner: None,
         }),
     });
     Ok(id)

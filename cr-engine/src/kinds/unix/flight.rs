@@ -6,18 +6,19 @@
 //! description again: taken from the rebuilt process once its fds are
 //! open. Any other is opened by its kind in the root's stub (at a spare
 //! number, then taken by the restorer and closed there). The queues that
-//! carry files are written last, just before the tree runs
-//! ([`super::rebuild::finish`]); the restorer's copies are closed then, the
-//! messages holding the files as the original queue did.
+//! carry files are written once every file is open again (after the
+//! last process that gives one is rebuilt; [`super::rebuild::finish`]);
+//! the restorer's copies are closed then, the messages holding the files
+//! as the original queue did.
 
 use super::rebuild::Later;
 use crate::error::{RestoreError, StepContext};
 use crate::kinds::{Opened, FILE_KINDS};
 use crate::restore::Rebuild;
-use cr_image::model::{Checkpoint, Fd, ObjectKind, Process};
+use cr_image::model::{Checkpoint, Fd, FdKind, ObjectKind, Process};
 use cr_sys::fdio;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Socket id -> message -> the files it carries, by place.
 pub type Files<T> = HashMap<u64, HashMap<u32, Vec<T>>>;
@@ -93,6 +94,7 @@ fn open_one(
             )))
         })?;
     match opened {
+        Opened::Ours(fd) if matches!(f.kind, FdKind::Epoll { .. }) => watch(cx, p, f, fd, spare),
         Opened::Ours(fd) => Ok(fd),
         Opened::InStub => {
             let pid = cx.stub.pid();
@@ -107,6 +109,63 @@ fn open_one(
             f.path
         ))),
     }
+}
+
+/// Epoll `fd` in flight (`f`), its interest list registered again in the
+/// stub of the root `p` (its keys are the root's fd numbers), where it
+/// stays at a number neither the root nor a key uses (from `spare`) for
+/// the while.
+fn watch(
+    cx: &mut Rebuild<'_, '_, '_>,
+    p: &Process,
+    f: &Fd,
+    fd: OwnedFd,
+    spare: i32,
+) -> Result<OwnedFd, RestoreError> {
+    let FdKind::Epoll { items } = &f.kind else {
+        return Ok(fd);
+    };
+    let grab = cx.stub.grab_pidfd;
+    let at = (spare..)
+        .find(|&n| {
+            !crate::kinds::fds::needed(p, n)
+                && grab != Some(n as u64)
+                && items.iter().all(|it| it.tfd != n)
+        })
+        .unwrap_or(spare);
+    let what = || {
+        format!(
+            "cannot watch again what the epoll {} in flight watched",
+            f.path
+        )
+    };
+    cx.stub.grab(fd.as_raw_fd(), at, true).step(what)?;
+    cx.stub.flush().step(what)?;
+    drop(fd);
+    let mut here = f.clone();
+    here.fd = at;
+    crate::kinds::eventfds::watch(cx, p, &here)?;
+    let back = fdio::steal_fd(cx.stub.pid(), at).step(what)?;
+    cx.stub
+        .call("close", libc::SYS_close, [at as u64, 0, 0, 0, 0, 0])
+        .step(what)?;
+    Ok(back)
+}
+
+/// Whether every file in flight is open again.
+pub fn all_open(ck: &Checkpoint, got: &Files<Option<OwnedFd>>) -> bool {
+    ck.objects.iter().all(|o| {
+        let ObjectKind::UnixSocket(u) = &o.kind else {
+            return true;
+        };
+        u.in_flight.iter().all(|m| {
+            got.get(&o.id)
+                .and_then(|by| by.get(&m.message))
+                .is_some_and(|slots| {
+                    slots.len() == m.fds.len() && slots.iter().all(Option::is_some)
+                })
+        })
+    })
 }
 
 /// Every file in flight, each opened again; or which one is missing.

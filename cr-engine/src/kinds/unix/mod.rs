@@ -23,6 +23,7 @@ mod tests;
 use flight::Flying;
 
 use crate::error::RestoreError;
+use crate::kinds::eventfds::EpollOwner;
 use crate::kinds::fds::{FdScan, OpenFd};
 use crate::kinds::sockopts::{options, shape, Fresh};
 use crate::kinds::{external, Described, FileKind, Opened};
@@ -86,18 +87,21 @@ impl FileKind for Unix {
         Ok(())
     }
 
+    /// The files in flight `p` gives; once every one is open again, the
+    /// queues carrying them are written (before `--verify` looks: a closed
+    /// peer's end, which writes them, is then closed too).
     fn after_fds(&self, cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
-        flight::open(cx, p)
+        flight::open(cx, p)?;
+        let ck = cx.r.ck;
+        let flying = cx.r.stash.get::<Flying>();
+        if flying.later.is_some() && flight::all_open(ck, &flying.files) {
+            finish(cx.r)?;
+        }
+        Ok(())
     }
 
     fn release(&self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
-        let Some(Flying { later, files }) = r.stash.take::<Flying>() else {
-            return Ok(());
-        };
-        let Some(later) = later else { return Ok(()) };
-        let files = flight::check_all(r.ck, files)?;
-        let held = &r.stash.get::<Held>().0;
-        rebuild::finish(r.ck, held, later, &files)
+        finish(r)
     }
 
     fn open(
@@ -119,6 +123,18 @@ impl FileKind for Unix {
             ))),
         })
     }
+}
+
+/// The queues carrying files in flight, written once (see
+/// [`rebuild::finish`]).
+fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
+    let Some(Flying { later, files }) = r.stash.take::<Flying>() else {
+        return Ok(());
+    };
+    let Some(later) = later else { return Ok(()) };
+    let files = flight::check_all(r.ck, files)?;
+    let held = &r.stash.get::<Held>().0;
+    rebuild::finish(r.ck, held, later, &files)
 }
 
 /// Where the file of a socket bound at `path` is now, when it was renamed
@@ -303,7 +319,7 @@ fn describe_data(
                 fdio::steal_fd(pid, fd).map(|s| fdio::peek_queue(&s, stream, zero_ends))
             {
                 for m in &q {
-                    in_flight(cx, &m.fds)
+                    in_flight(cx, pid, &m.fds)
                         .map_err(|e| format!("a unix {kind} socket carrying {e}"))?;
                 }
             }
@@ -329,7 +345,7 @@ fn describe_data(
             if !m.fds.is_empty() {
                 s.in_flight.push(InFlight {
                     message: i as u32,
-                    fds: in_flight(cx, &m.fds)
+                    fds: in_flight(cx, pid, &m.fds)
                         .map_err(|e| format!("a unix {kind} socket carrying {e}"))?,
                 });
             }
@@ -369,8 +385,11 @@ fn kind_name(sock_type: u8) -> &'static str {
 /// Files in flight with one queued message (a peek put a copy of each in
 /// our table), each described as an fd of its own kind, numbered by its
 /// place in the message; one the tree holds too (the same open file
-/// description: the sender kept it) names that fd.
-fn in_flight(cx: &mut FdScan<'_>, fds: &[OwnedFd]) -> Result<Vec<Fd>, String> {
+/// description: the sender kept it) names that fd. An epoll's keys are fd
+/// numbers of `holder`, the process holding the socket (sent by itself),
+/// which must be the tree's root (its items are registered again in the
+/// root, which opens the files no process holds).
+fn in_flight(cx: &mut FdScan<'_>, holder: i32, fds: &[OwnedFd]) -> Result<Vec<Fd>, String> {
     let me = std::process::id() as i32;
     let mut out = Vec::with_capacity(fds.len());
     for (i, file) in fds.iter().enumerate() {
@@ -379,15 +398,27 @@ fn in_flight(cx: &mut FdScan<'_>, fds: &[OwnedFd]) -> Result<Vec<Fd>, String> {
             .ok()
             .and_then(|all| all.into_iter().find(|(n, _)| *n == raw).map(|(_, t)| t))
             .ok_or_else(|| format!("file {i} in flight that cannot be looked at"))?;
-        let mut d = match crate::kinds::fds::describe(cx, me, raw, &target) {
+        let epoll = matches!(&target, FDTarget::AnonInode(k) if k == "[eventpoll]");
+        if epoll && holder != cx.tree.root {
+            return Err(format!(
+                "file {i} in flight, an epoll held by a process other than the tree's root (not supported)"
+            ));
+        }
+        cx.tree.stash.get::<EpollOwner>().0 = Some(holder);
+        let d = crate::kinds::fds::describe(cx, me, raw, &target);
+        cx.tree.stash.get::<EpollOwner>().0 = None;
+        let mut d = match d {
             Ok(Some(d)) => d,
             Ok(None) => return Err(format!("file {i} in flight that cannot be looked at")),
             Err(why) => return Err(format!("file {i} in flight, {why}")),
         };
-        if matches!(d.kind, FdKind::Epoll { .. }) {
-            return Err(format!(
-                "file {i} in flight, an epoll (what it watches is not open anywhere; not supported)"
-            ));
+        if let FdKind::Epoll { items } = &d.kind {
+            if let Some(it) = items.iter().find(|it| it.open_as.is_some()) {
+                return Err(format!(
+                    "file {i} in flight, an epoll watching fd {} of the root, closed or reused since (not supported)",
+                    it.tfd
+                ));
+            }
         }
         let text = cr_sys::proc::target_text(&target);
         d.shared = cx.tree.pids().into_iter().find_map(|pid| {

@@ -30,12 +30,136 @@ fn is_path(name: &[u8]) -> bool {
     !name.is_empty() && name[0] != 0
 }
 
-fn unlink_socket_file(name: &[u8]) {
-    use std::os::unix::fs::FileTypeExt;
+/// The files bound sockets of this host hold (sock_diag's device, in the
+/// kernel's encoding, and inode, truncated to 32 bits); None when they
+/// cannot be listed.
+fn live_socket_files() -> Option<HashSet<(u32, u64)>> {
+    let all = cr_sys::unix_diag::dump_all().ok()?;
+    Some(all.values().filter_map(|s| s.vfs).collect())
+}
+
+/// Remove the socket file at `name` when it is stale: a socket file no
+/// socket of this host is bound to any more (the checkpointed program's,
+/// left when it was killed). Any other file is left alone.
+fn unlink_socket_file(name: &[u8], live: Option<&HashSet<(u32, u64)>>) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let p = String::from_utf8_lossy(name).into_owned();
-    if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_socket()) {
+    let Ok(md) = std::fs::symlink_metadata(&p) else {
+        return;
+    };
+    if !md.file_type().is_socket() {
+        return;
+    }
+    let kdev = (libc::major(md.dev()) << 20) | libc::minor(md.dev());
+    if live.is_some_and(|l| !l.contains(&(kdev, md.ino() & 0xffff_ffff))) {
         let _ = std::fs::remove_file(&p);
     }
+}
+
+/// Where the files of sockets bound at a name that no longer named them
+/// wait (at a temporary name) until every connection to them is made, and
+/// the directories made for them (gone at the checkpoint).
+#[derive(Default)]
+struct Ghosts {
+    /// Socket id -> the temporary path of its file.
+    at: HashMap<u64, String>,
+    /// Directories made for the binds, in the order made.
+    dirs: Vec<String>,
+}
+
+impl Ghosts {
+    /// Remove the files and the directories made for them.
+    fn clear(&mut self) {
+        for (_, p) in self.at.drain() {
+            let _ = std::fs::remove_file(p);
+        }
+        for d in self.dirs.drain(..).rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+
+    /// Where to connect to socket `id` of the image: (directory, name).
+    fn target<'a>(&'a self, id: u64, s: &'a UnixSocket) -> (&'a str, &'a [u8]) {
+        match self.at.get(&id) {
+            Some(p) => ("", p.as_bytes()),
+            None => (&s.cwd, &s.name),
+        }
+    }
+}
+
+fn sys(what: String) -> impl FnOnce(std::io::Error) -> cr_sys::SysError {
+    move |e: std::io::Error| cr_sys::SysError::Syscall {
+        what,
+        source: cr_sys::Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
+/// Bind `fd` (socket `id`) at the path its name no longer named: the
+/// missing directories are made, a file now at the path is moved aside
+/// meanwhile, and the new socket file goes to a temporary name next to the
+/// nearest directory that existed (removed by [`Ghosts::clear`]).
+fn bind_ghost(
+    fd: &OwnedFd,
+    id: u64,
+    s: &UnixSocket,
+    ghosts: &mut Ghosts,
+) -> Result<(), RestoreError> {
+    use std::path::{Path, PathBuf};
+    let what = || format!("cannot bind socket:[{id}]");
+    let path = PathBuf::from(abs_path(&s.cwd, &s.name));
+    let mut missing = Vec::new();
+    let mut base = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+    while std::fs::symlink_metadata(&base).is_err() {
+        missing.push(base.clone());
+        match base.parent() {
+            Some(p) => base = p.to_path_buf(),
+            None => break,
+        }
+    }
+    for d in missing.iter().rev() {
+        std::fs::create_dir(d)
+            .map_err(sys(format!("mkdir {}", d.display())))
+            .step(what)?;
+        ghosts.dirs.push(d.display().to_string());
+    }
+    let me = std::process::id();
+    let parked = PathBuf::from(format!("{}.cr-parked-{me}", path.display()));
+    let temp = base.join(format!(".cr-ghost-socket-{me}-{id}"));
+    // Renames replace what they move onto: neither name may be taken.
+    if let Some(taken) = [&parked, &temp]
+        .into_iter()
+        .find(|p| std::fs::symlink_metadata(p).is_ok())
+    {
+        return Err(RestoreError::Unsupported(format!(
+            "cannot bind socket:[{id}] at {}: its temporary name {} is taken",
+            path.display(),
+            taken.display()
+        )));
+    }
+    let park = std::fs::symlink_metadata(&path).is_ok();
+    if park {
+        std::fs::rename(&path, &parked)
+            .map_err(sys(format!("rename {} aside", path.display())))
+            .step(what)?;
+    }
+    let bound = from_dir(&s.cwd, &s.name, || fdio::bind_unix(fd, &s.name))
+        .step(what)
+        .and_then(|()| {
+            std::fs::rename(&path, &temp)
+                .map_err(sys(format!("rename {}", path.display())))
+                .step(what)
+        });
+    if bound.is_err() {
+        let _ = std::fs::remove_file(&path);
+    }
+    if park {
+        std::fs::rename(&parked, &path)
+            .map_err(sys(format!("rename {} back", parked.display())))
+            .step(what)?;
+    }
+    bound?;
+    ghosts.at.insert(id, temp.display().to_string());
+    Ok(())
 }
 
 /// Run `f` from directory `cwd` when `name` is a relative path (names are
@@ -63,33 +187,21 @@ fn abs_path(cwd: &str, name: &[u8]) -> String {
     }
 }
 
-/// Bind a socket to its saved name; a name that no longer named it is
-/// remembered in `unlink`, removed once every connection is made.
-fn bind(
-    fd: &OwnedFd,
-    id: u64,
-    s: &UnixSocket,
-    unlink: &mut Vec<String>,
-) -> Result<(), RestoreError> {
+/// Bind a socket to its saved name; one bound at a name that no longer
+/// named it waits in `ghosts` until every connection is made.
+fn bind(fd: &OwnedFd, id: u64, s: &UnixSocket, ghosts: &mut Ghosts) -> Result<(), RestoreError> {
     if s.name.is_empty() {
         return Ok(());
+    }
+    if is_path(&s.name) && s.name_unlinked {
+        return bind_ghost(fd, id, s, ghosts);
     }
     from_dir(&s.cwd, &s.name, || fdio::bind_unix(fd, &s.name))
         .step(|| format!("cannot bind socket:[{id}]"))?;
     if !is_path(&s.name) {
         return Ok(());
     }
-    if s.name_unlinked {
-        unlink.push(abs_path(&s.cwd, &s.name));
-        return Ok(());
-    }
     use std::os::unix::ffi::OsStrExt;
-    let sys = |what: String| {
-        move |e: std::io::Error| cr_sys::SysError::Syscall {
-            what,
-            source: cr_sys::Errno(e.raw_os_error().unwrap_or(libc::EIO)),
-        }
-    };
     let mut file = std::path::PathBuf::from(abs_path(&s.cwd, &s.name));
     if !s.moved_to.is_empty() {
         // Where the program had moved the file after its bind.
@@ -138,13 +250,14 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
     let mut orphans: HashMap<u64, OwnedFd> = HashMap::new();
     let mut ids: Vec<u64> = socks.keys().copied().collect();
     ids.sort();
-    let mut unlink = Vec::new();
+    let mut ghosts = Ghosts::default();
+    let live = live_socket_files();
     for s in socks.values() {
         if is_path(&s.name) {
-            unlink_socket_file(abs_path(&s.cwd, &s.name).as_bytes());
+            unlink_socket_file(abs_path(&s.cwd, &s.name).as_bytes(), live.as_ref());
         }
         if is_path(&s.moved_to) {
-            unlink_socket_file(&s.moved_to);
+            unlink_socket_file(&s.moved_to, live.as_ref());
         }
     }
     let ty = |s: &UnixSocket| s.sock_type as i32;
@@ -153,7 +266,8 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
         let sa = socks[&a];
         let b = sa.peer;
         let Some(&sb) = socks.get(&b) else { continue };
-        if sb.peer != a || b < a {
+        // b == a: connected to itself (step 4, once bound).
+        if sb.peer != a || b <= a {
             continue;
         }
         let what = format!("cannot connect socket:[{a}] and socket:[{b}] again");
@@ -167,16 +281,23 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
                 (b, a, sb, sa)
             };
             let l = fdio::unix_socket(ty(s_srv)).step(|| what.clone())?;
-            from_dir(&s_srv.cwd, &s_srv.name, || fdio::bind_unix(&l, &s_srv.name))
-                .step(|| what.clone())?;
+            if is_path(&s_srv.name) && s_srv.name_unlinked {
+                bind_ghost(&l, srv, s_srv, &mut ghosts)?;
+            } else {
+                from_dir(&s_srv.cwd, &s_srv.name, || fdio::bind_unix(&l, &s_srv.name))
+                    .step(|| what.clone())?;
+            }
             fdio::listen(&l, 1).step(|| what.clone())?;
             let c = fdio::unix_socket(ty(s_cli)).step(|| what.clone())?;
-            bind(&c, cli, s_cli, &mut unlink)?;
-            connect(&c, &s_srv.cwd, &s_srv.name).step(|| what.clone())?;
+            bind(&c, cli, s_cli, &mut ghosts)?;
+            let (tcwd, target) = ghosts.target(srv, s_srv);
+            connect(&c, tcwd, target).step(|| what.clone())?;
             let s = fdio::accept(&l).step(|| what.clone())?;
             drop(l);
-            if is_path(&s_srv.name) {
-                unlink_socket_file(abs_path(&s_srv.cwd, &s_srv.name).as_bytes());
+            if let Some(p) = ghosts.at.remove(&srv) {
+                let _ = std::fs::remove_file(p);
+            } else if is_path(&s_srv.name) {
+                let _ = std::fs::remove_file(abs_path(&s_srv.cwd, &s_srv.name));
             }
             if srv == a {
                 (s, c)
@@ -185,8 +306,8 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
             }
         } else {
             let (x, y) = fdio::unix_socketpair(ty(sa)).step(|| what.clone())?;
-            bind(&x, a, sa, &mut unlink)?;
-            bind(&y, b, sb, &mut unlink)?;
+            bind(&x, a, sa, &mut ghosts)?;
+            bind(&y, b, sb, &mut ghosts)?;
             (x, y)
         };
         out.insert(a, fa);
@@ -209,7 +330,7 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
                 continue; // data from a peer now gone: step 5
             }
             let fd = fdio::unix_socket(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
-            bind(&fd, id, s, &mut unlink)?;
+            bind(&fd, id, s, &mut ghosts)?;
             if listening {
                 fdio::listen(&fd, s.backlog as i32)
                     .step(|| format!("cannot listen on socket:[{id}]"))?;
@@ -223,12 +344,16 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
         if out.contains_key(&id) {
             continue;
         }
+        let of_image = |t: u64| {
+            socks.get(&t).filter(|o| !o.name.is_empty()).map(|o| {
+                let (cwd, name) = ghosts.target(t, o);
+                (name.to_vec(), cwd.to_string())
+            })
+        };
         let target = if s.listener != 0 {
-            socks
-                .get(&s.listener)
-                .map(|l| (l.name.clone(), l.cwd.clone()))
+            of_image(s.listener)
         } else if s.peer != 0 {
-            socks.get(&s.peer).map(|p| (p.name.clone(), p.cwd.clone()))
+            of_image(s.peer)
         } else if !s.peer_name.is_empty() {
             Some((s.peer_name.clone(), s.cwd.clone()))
         } else {
@@ -240,7 +365,7 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
             ))
         })?;
         let fd = fdio::unix_socket(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
-        bind(&fd, id, s, &mut unlink)?;
+        bind(&fd, id, s, &mut ghosts)?;
         connect(&fd, &tcwd, &target).step(|| {
             format!(
                 "cannot connect socket:[{id}] to {} again",
@@ -257,7 +382,7 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
         }
         let (x, y) =
             fdio::unix_socketpair(ty(s)).step(|| format!("cannot create socket:[{id}]"))?;
-        bind(&x, id, s, &mut unlink)?;
+        bind(&x, id, s, &mut ghosts)?;
         out.insert(id, x);
         orphans.insert(id, y);
     }
@@ -284,12 +409,10 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
             }
             continue;
         }
-        write_queue(id, &socks, &out, &orphans, &HashMap::new())?;
+        write_queue(id, &socks, &out, &orphans, &HashMap::new(), &ghosts)?;
     }
     drop(orphans);
-    for p in unlink {
-        let _ = std::fs::remove_file(p);
-    }
+    ghosts.clear();
     for &id in &ids {
         let s = socks[&id];
         let Some(fd) = out.get(&id) else { continue };
@@ -324,9 +447,11 @@ fn write_queue(
     out: &HashMap<u64, OwnedFd>,
     orphans: &HashMap<u64, OwnedFd>,
     files: &HashMap<u32, Vec<OwnedFd>>,
+    ghosts: &Ghosts,
 ) -> Result<(), RestoreError> {
     let ty = |s: &UnixSocket| s.sock_type as i32;
     let s = socks[&id];
+    let (tcwd, tname) = ghosts.target(id, s);
     if s.queue.iter().all(|m| m.is_empty()) && ty(s) != libc::SOCK_DGRAM {
         return Ok(());
     }
@@ -365,12 +490,21 @@ fn write_queue(
         // A datagram from a named socket of the image is sent again by
         // that socket, so recvfrom() names the same sender.
         let from = s.queue_from.get(i).filter(|f| !f.is_empty());
-        let named_sender = from.and_then(|f| {
+        let of_image = from.and_then(|f| {
             socks
                 .iter()
                 .find(|(_, o)| &o.name == f)
                 .and_then(|(oid, _)| out.get(oid))
         });
+        // A sender closed since: a socket bound at its name for the while
+        // of the send, where the name is free.
+        let gone = match (of_image, from) {
+            (None, Some(f)) if ty(s) == libc::SOCK_DGRAM && !s.name.is_empty() => {
+                stand_in(f, &s.cwd)
+            }
+            _ => None,
+        };
+        let named_sender = of_image.or(gone.as_ref().map(|(fd, _)| fd));
         let carried: Vec<BorrowedFd<'_>> = files
             .get(&(i as u32))
             .map(|v| v.iter().map(|f| f.as_fd()).collect())
@@ -386,14 +520,33 @@ fn write_queue(
             send(sender, None).step(|| what.clone())?;
         } else if let (Some(snd), false) = (named_sender, s.name.is_empty()) {
             let _ = fdio::setsockopt_int(snd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 1 << 20);
-            from_dir(&s.cwd, &s.name, || send(snd, Some(&s.name))).step(|| what.clone())?;
+            from_dir(tcwd, tname, || send(snd, Some(tname))).step(|| what.clone())?;
         } else if by_name {
-            from_dir(&s.cwd, &s.name, || send(sender, Some(&s.name))).step(|| what.clone())?;
+            from_dir(tcwd, tname, || send(sender, Some(tname))).step(|| what.clone())?;
         } else {
             send(sender, None).step(|| what.clone())?;
         }
+        if let Some((_, Some(file))) = gone {
+            let _ = std::fs::remove_file(file);
+        }
     }
     Ok(())
+}
+
+/// A datagram socket bound at `name` (a sender closed since; `cwd` for a
+/// relative path), where the name is free: an abstract name no socket
+/// holds, a path where no file is. With the file it made (a path).
+fn stand_in(name: &[u8], cwd: &str) -> Option<(OwnedFd, Option<String>)> {
+    let file = is_path(name).then(|| abs_path(cwd, name));
+    if file
+        .as_ref()
+        .is_some_and(|f| std::fs::symlink_metadata(f).is_ok())
+    {
+        return None;
+    }
+    let fd = fdio::unix_socket(libc::SOCK_DGRAM).ok()?;
+    from_dir(cwd, name, || fdio::bind_unix(&fd, name)).ok()?;
+    Some((fd, file))
 }
 
 fn shutdown(fd: &OwnedFd, s: &UnixSocket) {
@@ -431,6 +584,7 @@ pub fn finish(
             out,
             &later.orphans,
             files.get(&id).unwrap_or(&none),
+            &Ghosts::default(),
         )?;
     }
     drop(later.orphans);
