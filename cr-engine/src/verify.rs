@@ -237,6 +237,7 @@ mod tests {
             shm_owner: None,
             object: None,
             aio: None,
+            guards: Vec::new(),
         }
     }
 

@@ -167,6 +167,10 @@ pub struct Vma {
     pub object: Option<u64>,
     /// An AIO ring: the state of its context.
     pub aio: Option<AioRing>,
+    /// Guard regions (MADV_GUARD_INSTALL): sorted, disjoint `[start, end)`
+    /// ranges within the mapping, where any access faults.
+    #[serde(serialize_with = "ser::hex_ranges")]
+    pub guards: Vec<(u64, u64)>,
 }
 
 /// Size of struct io_event, and of the header of struct aio_ring.
@@ -261,6 +265,20 @@ impl Vma {
             (_, Some(_)) => return Err("AIO ring state on another mapping".into()),
             (_, None) => None,
         };
+        if v.guards.len() % 2 != 0 {
+            return Err("guard regions without their end".into());
+        }
+        let guards: Vec<(u64, u64)> = v.guards.chunks_exact(2).map(|g| (g[0], g[1])).collect();
+        let mut at = v.start;
+        for &(a, b) in &guards {
+            if a < at || b <= a || b > v.end || !a.is_multiple_of(PAGE) || !b.is_multiple_of(PAGE) {
+                return Err(format!(
+                    "guard region {a:#x}-{b:#x} out of order or outside {:#x}-{:#x}",
+                    v.start, v.end
+                ));
+            }
+            at = b;
+        }
         Ok(Vma {
             start: v.start,
             end: v.end,
@@ -280,6 +298,7 @@ impl Vma {
             }),
             object: Some(v.object).filter(|&o| o != 0),
             aio,
+            guards,
         })
     }
 
@@ -308,6 +327,7 @@ impl Vma {
                 tail: a.tail,
                 events: a.events.clone(),
             }),
+            guards: self.guards.iter().flat_map(|&(a, b)| [a, b]).collect(),
         }
     }
 }

@@ -23,7 +23,8 @@ use cr_image::model::{MemStats, Memory, PageAt, Vma, VmaKind};
 use cr_image::store::{is_zero, page_hash, Loc, OpenBlock, StoreWriter};
 use cr_sys::mem::{read_vm, FileWindow, ProcMem};
 use cr_sys::pagemap::{
-    is_pte_marker, Pagemap, PFN_MASK, PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SOFT_DIRTY, PM_SWAP,
+    is_pte_marker, Pagemap, PFN_MASK, PM_EXCLUSIVE, PM_FILE, PM_GUARD_REGION, PM_PRESENT,
+    PM_SOFT_DIRTY, PM_SWAP,
 };
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
@@ -116,6 +117,7 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         shm_owner: None,
         object: None,
         aio: None,
+        guards: Vec::new(),
     })
 }
 
@@ -356,8 +358,9 @@ pub fn plan(
             let entries = &mut buf[..n as usize];
             pagemap.read(addr, entries).map_err(sys)?;
             for (i, &pm) in entries.iter().enumerate() {
-                // The tracker's mark on an empty page: nothing to keep.
-                if !stored(v.kind, pm) || is_pte_marker(pm) {
+                // The tracker's mark on an empty page, or a guard region
+                // (no page; reading it faults): nothing to keep.
+                if !stored(v.kind, pm) || is_pte_marker(pm) || pm & PM_GUARD_REGION != 0 {
                     continue;
                 }
                 let page = addr + i as u64 * PAGE_SIZE;

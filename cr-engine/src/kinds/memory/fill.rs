@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 const PR_SET_VMA: u64 = 0x53564d41;
 const PR_SET_VMA_ANON_NAME: u64 = 0;
+/// madvise: make the range a guard region (Linux 6.13).
+const MADV_GUARD_INSTALL: u64 = 102;
 
 /// The page stores of an image chain, opened once for all processes.
 pub struct Pages<'a> {
@@ -255,8 +257,12 @@ pub fn map_all(
             prot |= libc::PROT_READ as u64 | libc::PROT_WRITE as u64;
         }
         let mut flags = libc::MAP_FIXED_NOREPLACE as u64;
+        // Droppable memory (`dp`, Linux 6.12) is a sharing type of its
+        // own: private, its pages freed under memory pressure.
         flags |= if v.shared {
             libc::MAP_SHARED
+        } else if v.has_flag("dp") {
+            libc::MAP_DROPPABLE
         } else {
             libc::MAP_PRIVATE
         } as u64;
@@ -513,6 +519,15 @@ pub fn finish(
                     format!("cannot madvise({flag}) {:#x}-{:#x}", v.start, v.end),
                 )?;
             }
+        }
+        // Before the lock: the kernel refuses guards in a locked mapping.
+        for &(a, b) in &v.guards {
+            stub.later(
+                "madvise",
+                libc::SYS_madvise,
+                [a, b - a, MADV_GUARD_INSTALL, 0, 0, 0],
+                format!("cannot install the guard region {a:#x}-{b:#x}"),
+            )?;
         }
         if v.has_flag("lo") {
             stub.later(

@@ -161,6 +161,14 @@ fn mappings(
     for v in vmas.iter_mut().filter(|v| v.kind == VmaKind::Aio) {
         v.aio = Some(crate::kinds::aio::capture(pid, v)?);
     }
+    // Guard regions are pte markers, seen in pagemap only; `gu` marks the
+    // mappings that ever had one (Linux 6.18).
+    if vmas.iter().any(|v| v.has_flag("gu")) {
+        let pagemap = cr_sys::pagemap::Pagemap::open(pid).map_err(sys)?;
+        for v in vmas.iter_mut().filter(|v| v.has_flag("gu")) {
+            v.guards = pagemap.guards(v.start, v.end).map_err(sys)?;
+        }
+    }
     if !live {
         for v in vmas.iter_mut().filter(|v| v.kind.is_file()) {
             v.object = files::mapping_object(cx, v)?;
@@ -534,8 +542,10 @@ pub fn set_mm(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreEr
 /// VmFlags that say how the kernel holds a mapping now rather than what
 /// the program asked for: accountable (`ac`), soft-dirty (`sd`), userfaultfd
 /// write-protect (`uw`, a tracker of ours), userfaultfd missing (`um`: a
-/// post-copy restore still putting pages in).
-const VM_FLAGS_NOT_COMPARED: &[&str] = &["ac", "sd", "uw", "um"];
+/// post-copy restore still putting pages in), may have guard regions
+/// (`gu`: set by the first MADV_GUARD_INSTALL, kept once they are removed;
+/// the guard regions themselves are compared).
+const VM_FLAGS_NOT_COMPARED: &[&str] = &["ac", "sd", "uw", "um", "gu"];
 
 /// The VmFlags of `v` that say what the program asked for.
 fn compared_flags(v: &Vma) -> Vec<&str> {
@@ -570,6 +580,12 @@ fn merged(vmas: &[Vma]) -> Vec<Vma> {
                 && (!v.kind.is_file() || prev.pgoff + prev.len() == v.pgoff);
             if follows {
                 prev.end = v.end;
+                for &(a, b) in &v.guards {
+                    match prev.guards.last_mut() {
+                        Some(g) if g.1 == a => g.1 = b,
+                        _ => prev.guards.push((a, b)),
+                    }
+                }
                 continue;
             }
         }
@@ -627,5 +643,6 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         let (ox, oy) = (owner(&x.shm_owner, false), owner(&y.shm_owner, true));
         c.same(&what, "shared with", &ox, &oy);
         c.same(&what, "AIO ring", &x.aio, &y.aio);
+        c.same(&what, "guard regions", &x.guards, &y.guards);
     }
 }
