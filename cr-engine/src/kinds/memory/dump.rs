@@ -13,8 +13,10 @@
 //! object: other processes mapping it refer to its first ("owner")
 //! mapping. Not stored: untouched pages, file pages of private file
 //! mappings (the file has them), shared file mappings (the file is the
-//! memory), and the kernel's special mappings ([vdso], [vvar],
-//! [vsyscall]), which restore takes from the new kernel.
+//! memory), droppable memory (the kernel may free it at any time), guard
+//! regions (no page; reading one faults), and the kernel's special
+//! mappings ([vdso], [vvar], [vsyscall]), which restore takes from the new
+//! kernel.
 
 use super::pool;
 use crate::{fault, CheckpointError};
@@ -339,6 +341,12 @@ pub fn plan(
             continue;
         }
         if !v.kind.is_anon_private() && v.kind != VmaKind::FilePrivate {
+            continue;
+        }
+        // Droppable memory (MAP_DROPPABLE) is what the kernel may free at
+        // any time, as under memory pressure: not saved, it comes back
+        // empty (as CRIU does; zdtm maps11 expects it).
+        if v.has_flag("dp") {
             continue;
         }
         let src = if v.prot & libc::PROT_READ as u32 == 0 {

@@ -1,7 +1,7 @@
 //! Round trip of kind "memory": anonymous memory with a pattern, a
 //! read-only region, a private file mapping written to, madvise advice
-//! (fork, read-ahead),
-//! and the mm fields.
+//! (fork, read-ahead), a guard region, droppable memory, and the mm
+//! fields.
 
 use crate::kinds::testkit::round_trip;
 
@@ -28,6 +28,21 @@ big.madvise(mmap.MADV_DONTFORK, 0, 1 << 20)
 start = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(big))
 seq = mmap.mmap(-1, 8192); seq.madvise(mmap.MADV_SEQUENTIAL)
 rnd = mmap.mmap(-1, 8192); rnd.madvise(mmap.MADV_RANDOM)
+guarded = mmap.mmap(-1, 4 * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+guarded[:] = b"g" * (4 * 4096)
+gaddr = ctypes.addressof(ctypes.c_char.from_buffer(guarded))
+if libc.madvise(ctypes.c_void_p(gaddr + 4096), 8192, 102) != 0:   # MADV_GUARD_INSTALL
+    raise OSError(ctypes.get_errno(), "MADV_GUARD_INSTALL")
+drop = mmap.mmap(-1, 8192, flags=0x08 | mmap.MAP_ANONYMOUS)     # MAP_DROPPABLE
+drop[0:4] = b"drop"
+def faults(addr):
+    # write(2) into a pipe from a guard page: EFAULT (as any access).
+    r, w = os.pipe()
+    n = libc.write(w, ctypes.c_void_p(addr), 1)
+    e = ctypes.get_errno()
+    os.close(r)
+    os.close(w)
+    return n < 0 and e == errno.EFAULT
 def vmflags(m):
     at = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(m))
     rest = open("/proc/self/smaps").read().split(at, 1)[1]
@@ -42,6 +57,10 @@ smaps = open("/proc/self/smaps").read().split(start, 1)[1]
 flags = [l for l in smaps.splitlines() if l.startswith("VmFlags:")][0]
 expect(" dc" in flags, "the madvise flag: " + flags)
 expect("sr" in vmflags(seq) and "rr" in vmflags(rnd), "the read-ahead advice: %r %r" % (vmflags(seq), vmflags(rnd)))
+expect([faults(gaddr + i * 4096) for i in range(4)] == [False, True, True, False], "the guard region")
+expect(guarded[0:1] == b"g" and guarded[3 * 4096:3 * 4096 + 1] == b"g", "the pages around the guard region")
+expect("dp" in vmflags(drop), "the droppable mapping: %r" % vmflags(drop))
+expect(drop[0:4] == bytes(4), "the droppable memory, not saved, comes back empty")
 expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for l in maps.splitlines()), "the protection")
 "#,
     );
@@ -53,7 +72,10 @@ expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for 
         super::merged(&p.vmas)
             .iter()
             .filter(|v| !v.kind.is_special())
-            .map(|v| (v.start, v.end, v.prot, v.kind, v.vm_flags.clone()))
+            .map(|v| {
+                let g = v.guards.clone();
+                (v.start, v.end, v.prot, v.kind, v.vm_flags.clone(), g)
+            })
             .collect::<Vec<_>>()
     };
     let (sa, sb) = (shape(a), shape(b));
@@ -65,4 +87,52 @@ expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for 
     );
     assert_eq!(a.mm, b.mm, "the mm fields changed");
     assert!(a.memory.stats.pages_stored >= (32 << 20) / 4096);
+    let guarded: Vec<_> = a.vmas.iter().filter(|v| !v.guards.is_empty()).collect();
+    assert!(
+        guarded.len() == 1 && guarded[0].guards.len() == 1,
+        "one guard region saved: {guarded:x?}"
+    );
+    assert!(a.vmas.iter().any(|v| v.has_flag("dp")), "droppable saved");
+}
+
+/// A process that unmapped its [vdso], [vvar] and [vvar_vclock] (as on a
+/// kernel booted with vdso=0) comes back without them, and runs on.
+#[test]
+fn unmapped_vdso_round_trip() {
+    let rt = round_trip(
+        "memory-no-vdso",
+        r#"
+SPECIAL = ("[vdso]", "[vvar]", "[vvar_vclock]")
+def specials(pid):
+    return [l.split()[-1] for l in open("/proc/%d/maps" % pid) if l.split()[-1] in SPECIAL]
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    # No vDSO call from here on: only plain system calls.
+    for l in open("/proc/self/maps").read().splitlines():
+        if l.split()[-1] in SPECIAL:
+            a, b = (int(x, 16) for x in l.split()[0].split("-"))
+            libc.munmap(ctypes.c_void_p(a), ctypes.c_size_t(b - a))
+    os.write(w, b"x")
+    while True:
+        libc.pause()
+os.read(r, 1)
+expect(specials(child) == [], "the child unmapped them: %r" % specials(child))
+"#,
+        r#"
+expect(specials(child) == [], "the child is restored without them: %r" % specials(child))
+expect(os.waitpid(child, os.WNOHANG) == (0, 0), "the child runs on")
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
+expect(len(specials(os.getpid())) >= 2, "the parent keeps its own: %r" % specials(os.getpid()))
+"#,
+    );
+    let child = &rt.after.processes[1];
+    assert!(
+        child
+            .vmas
+            .iter()
+            .all(|v| !v.kind.is_special() || v.kind == cr_image::model::VmaKind::Vsyscall),
+        "the restored child has no vDSO"
+    );
 }
