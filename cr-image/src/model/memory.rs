@@ -142,6 +142,9 @@ impl VmaKind {
     }
 }
 
+/// How /proc shows a shared anonymous memory object mapped from a file.
+pub const SHMEM_PATH: &str = "/dev/zero (deleted)";
+
 /// One mapping of a process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Vma {
@@ -231,6 +234,17 @@ impl Vma {
 
     pub fn has_flag(&self, f: &str) -> bool {
         self.vm_flags.iter().any(|x| x == f)
+    }
+
+    /// Whether this maps a shared anonymous memory object: shared
+    /// (`AnonShared`), or private (copy-on-write) over one opened through
+    /// /proc/PID/map_files. The first such mapping of an object in the
+    /// image stands for it; the others name it in `shm_owner`.
+    pub fn is_shmem(&self) -> bool {
+        self.kind == VmaKind::AnonShared
+            || (self.kind == VmaKind::FilePrivate
+                && self.object.is_none()
+                && self.path == SHMEM_PATH)
     }
 
     pub(crate) fn from_pb(v: pb::Vma) -> Result<Vma, Bad> {
@@ -840,13 +854,17 @@ pub(crate) fn validate(
     }
     for v in &p.vmas {
         if let Some(o) = v.shm_owner {
-            let owner = pids.get(&o.pid).filter(|&&j| j < i).map(|&j| &procs[j]);
+            // An earlier process, or an earlier mapping of this one.
+            let owner = pids
+                .get(&o.pid)
+                .filter(|&&j| j < i || (j == i && o.start < v.start))
+                .map(|&j| if j == i { p } else { &procs[j] });
             let found = owner.is_some_and(|q| {
-                q.vmas
-                    .iter()
-                    .any(|w| w.start == o.start && w.end == o.end && w.kind == VmaKind::AnonShared)
+                q.vmas.iter().any(|w| {
+                    w.start == o.start && w.end == o.end && w.is_shmem() && w.shm_owner.is_none()
+                })
             });
-            if v.kind != VmaKind::AnonShared || !found {
+            if !v.is_shmem() || !found {
                 return Err(format!(
                     "mapping at {:#x} shares memory of process {} at {:#x}, which is not in the image",
                     v.start, o.pid, o.start

@@ -299,11 +299,17 @@ fn parent_page(p: &mut Plan, page: u64, h: u64) {
     }
 }
 
+/// The ranges of its object (byte offsets) each shared anonymous mapping
+/// stores, by the mapping's start.
+pub type ShmReads = std::collections::HashMap<u64, Vec<(u64, u64)>>;
+
 /// Decide what to do with every page of `vmas` of `pid`: read it, or take
-/// it from the parent.
+/// it from the parent. `shm`: what of its object each shared anonymous
+/// mapping stores.
 pub fn plan(
     pid: i32,
     vmas: &[Vma],
+    shm: &ShmReads,
     parent: Option<&MemIndex<'_>>,
     dirty: &Dirty,
 ) -> Result<Plan, CheckpointError> {
@@ -322,19 +328,23 @@ pub fn plan(
     let mut cursor = parent.map(|ix| ix.cursor());
     for v in vmas {
         if v.kind == VmaKind::AnonShared {
-            if v.shm_owner.is_some() {
-                continue; // an earlier process holds these pages
-            }
             // Read the object itself: it may hold pages this process never
-            // touched (written by another process sharing it).
+            // touched (written by another process sharing it). Only what
+            // no earlier mapping of it stores.
+            let ranges = shm.get(&v.start).map_or(&[][..], Vec::as_slice);
+            if ranges.is_empty() {
+                continue;
+            }
             let path = format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end);
             let f =
                 File::open(&path).map_err(|source| sys(cr_sys::SysError::Io { path, source }))?;
             let fi = p.files.len();
-            for (a, b) in cr_sys::mem::data_ranges(&f, v.pgoff, v.pgoff + v.len()).map_err(sys)? {
-                let a = a & !(PAGE_SIZE - 1);
-                for off in (a..b).step_by(PAGE_SIZE as usize) {
-                    read_page(&mut p, v.start, v.start + off - v.pgoff, Src::Shm(fi), off);
+            for &(ra, rb) in ranges {
+                for (a, b) in cr_sys::mem::data_ranges(&f, ra, rb).map_err(sys)? {
+                    let a = a & !(PAGE_SIZE - 1);
+                    for off in (a..b).step_by(PAGE_SIZE as usize) {
+                        read_page(&mut p, v.start, v.start + off - v.pgoff, Src::Shm(fi), off);
+                    }
                 }
             }
             p.files.push(f);

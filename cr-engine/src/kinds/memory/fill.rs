@@ -273,6 +273,20 @@ pub fn map_all(
             flags |= libc::MAP_NORESERVE as u64;
         }
         let (fd, off) = match v.kind {
+            // Shared anonymous memory (and private mappings of it): the
+            // object as the first mapping of it in the image made it.
+            _ if v.is_shmem() && (v.shm_owner.is_some() || !plain_shmem(cx.r.ck, p.pid, v)) => {
+                let path = shmem_object(cx, p.pid, v)?;
+                let fd =
+                    open_restorer_path(cx, &path, libc::O_RDWR | libc::O_CLOEXEC).step(|| {
+                        format!(
+                            "cannot open the shared memory of {:#x}-{:#x}",
+                            v.start, v.end
+                        )
+                    })?;
+                shm_fds.push(fd);
+                (fd, v.pgoff)
+            }
             VmaKind::FilePrivate | VmaKind::FileShared => {
                 // A shared mapping that may become writable needs a writable fd.
                 let rw = v.kind == VmaKind::FileShared && v.has_flag("mw");
@@ -299,30 +313,14 @@ pub fn map_all(
                 };
                 (fd, v.pgoff)
             }
-            // Shared memory of an earlier process: map that very object.
-            VmaKind::AnonShared if v.shm_owner.is_some() => {
-                let o = v.shm_owner.expect("checked above");
-                let path = format!(
-                    "/proc/{}/map_files/{:x}-{:x}",
-                    cx.r.ids.outer(o.pid),
-                    o.start,
-                    o.end
-                );
-                let fd =
-                    open_restorer_path(cx, &path, libc::O_RDWR | libc::O_CLOEXEC).step(|| {
-                        format!(
-                            "cannot open the shared memory of process {} ({path})",
-                            o.pid
-                        )
-                    })?;
-                shm_fds.push(fd);
-                (fd, v.pgoff)
-            }
             _ => {
                 flags |= libc::MAP_ANONYMOUS as u64;
                 (u64::MAX, 0)
             }
         };
+        // The object a plain shared anonymous mapping makes, for the
+        // mappings of it that follow.
+        let made = v.is_shmem() && v.shm_owner.is_none() && fd == u64::MAX;
         // Queued: MAP_FIXED_NOREPLACE maps exactly there or fails
         // (EEXIST), so the address it returns need not be looked at.
         cx.stub.later(
@@ -331,6 +329,24 @@ pub fn map_all(
             [v.start, v.len(), prot, flags, fd, off],
             format!("cannot map {:#x}-{:#x} {}", v.start, v.end, v.path),
         )?;
+        if made {
+            cx.stub.flush()?;
+            let path = format!(
+                "/proc/{}/map_files/{:x}-{:x}",
+                cx.stub.pid(),
+                v.start,
+                v.end
+            );
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|source| cr_sys::SysError::Io { path, source })?;
+            cx.r.stash
+                .get::<ShmObjects>()
+                .0
+                .insert((p.pid, v.start), f.into());
+        }
     }
     for fd in files.into_values().chain(shm_fds) {
         cx.stub.later(
@@ -342,6 +358,60 @@ pub fn map_all(
     }
     cx.stub.flush()?;
     Ok(fill)
+}
+
+/// The shared anonymous memory objects made so far in this restore, by
+/// the image's first mapping of each (pid, start): held open until the
+/// restore ends, so that every later mapping maps that very object.
+#[derive(Default)]
+pub struct ShmObjects(HashMap<(u32, u64), std::os::fd::OwnedFd>);
+
+/// The first mapping of a shared anonymous object in the image (pid,
+/// start) that `v` (of process `pid`) maps, and the bytes the object
+/// needs: up to the furthest end of any mapping of it.
+fn shmem_extent(ck: &cr_image::model::Checkpoint, pid: u32, v: &Vma) -> ((u32, u64), u64) {
+    let key = v.shm_owner.map_or((pid, v.start), |o| (o.pid, o.start));
+    let size = ck
+        .processes
+        .iter()
+        .flat_map(|q| q.vmas.iter().map(move |w| (q.pid, w)))
+        .filter(|(q, w)| {
+            w.is_shmem() && w.shm_owner.map_or((*q, w.start), |o| (o.pid, o.start)) == key
+        })
+        .map(|(_, w)| w.pgoff + w.len())
+        .max()
+        .unwrap_or(v.pgoff + v.len());
+    (key, size)
+}
+
+/// Whether `v`, the first mapping of its object, makes it as a plain
+/// mmap(MAP_SHARED | MAP_ANONYMOUS) would (shared, from offset 0, no other
+/// mapping of it reaching further): then it keeps the kernel's own
+/// anonymous shared mapping (which can be named).
+fn plain_shmem(ck: &cr_image::model::Checkpoint, pid: u32, v: &Vma) -> bool {
+    v.kind == VmaKind::AnonShared
+        && v.shared
+        && v.pgoff == 0
+        && shmem_extent(ck, pid, v).1 <= v.len()
+}
+
+/// The path (in the restorer's /proc) of the shared anonymous object `v`
+/// maps, made now for the first mapping of it.
+fn shmem_object(cx: &mut Rebuild<'_, '_, '_>, pid: u32, v: &Vma) -> Result<String, RestoreError> {
+    let (key, size) = shmem_extent(cx.r.ck, pid, v);
+    let objects = &mut cx.r.stash.get::<ShmObjects>().0;
+    if !objects.contains_key(&key) {
+        if v.shm_owner.is_some() {
+            return Err(RestoreError::Unsupported(format!(
+                "mapping at {:#x} shares memory of process {} at {:#x}, not restored before it",
+                v.start, key.0, key.1
+            )));
+        }
+        let fd = cr_sys::mem::shmem_object(size)?;
+        objects.insert(key, fd);
+    }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&objects[&key]);
+    Ok(format!("/proc/{}/fd/{fd}", std::process::id()))
 }
 
 /// Move the memory filled in slot `s` to its saved address (the pages

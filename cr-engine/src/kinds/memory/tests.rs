@@ -136,3 +136,48 @@ expect(len(specials(os.getpid())) >= 2, "the parent keeps its own: %r" % special
         "the restored child has no vDSO"
     );
 }
+
+/// One shared anonymous object mapped three times in one process: two
+/// shared windows at different offsets and a private (copy-on-write)
+/// mapping of it, part of the first mapping unmapped. After the restore
+/// the three map one object again: its pages, the private copy, and the
+/// sharing both ways.
+#[test]
+fn shared_anonymous_windows_round_trip() {
+    let rt = round_trip(
+        "memory-shm-windows",
+        r#"
+import mmap
+P = 4096
+shm = mmap.mmap(-1, 8 * P)    # MAP_SHARED | MAP_ANONYMOUS
+for i in range(8):
+    shm[i * P:i * P + 4] = b"obj%d" % i
+a = ctypes.addressof(ctypes.c_char.from_buffer(shm))
+fd = os.open("/proc/self/map_files/%x-%x" % (a, a + 8 * P), os.O_RDWR)
+win = mmap.mmap(fd, 4 * P, flags=mmap.MAP_SHARED, offset=4 * P)
+priv = mmap.mmap(fd, 4 * P, flags=mmap.MAP_PRIVATE, offset=0)
+os.close(fd)
+priv[P:P + 4] = b"mine"
+# Pages 6 and 7 of the object: now only in the second window.
+if libc.munmap(ctypes.c_void_p(a + 6 * P), ctypes.c_size_t(2 * P)) != 0:
+    raise OSError(ctypes.get_errno(), "munmap")
+"#,
+        r#"
+expect([shm[i * P:i * P + 4] for i in range(6)] == [b"obj%d" % i for i in range(6)], "the first mapping's pages")
+expect([win[i * P:i * P + 4] for i in range(4)] == [b"obj%d" % i for i in range(4, 8)], "the second window's pages")
+expect(priv[0:4] == b"obj0" and priv[P:P + 4] == b"mine", "the private mapping: %r %r" % (priv[0:4], priv[P:P + 4]))
+win[0:4] = b"new4"
+expect(shm[4 * P:4 * P + 4] == b"new4", "the windows share one object")
+shm[2 * P:2 * P + 4] = b"late"
+expect(priv[2 * P:2 * P + 4] == b"late", "the private mapping still reads the object where it has no copy")
+"#,
+    );
+    let (a, _) = rt.roots();
+    let shmem: Vec<_> = a.vmas.iter().filter(|v| v.is_shmem()).collect();
+    assert_eq!(shmem.len(), 3, "three mappings of the object: {shmem:x?}");
+    assert_eq!(
+        shmem.iter().filter(|v| v.shm_owner.is_none()).count(),
+        1,
+        "one stands for the object"
+    );
+}
