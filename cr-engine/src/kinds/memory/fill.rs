@@ -292,12 +292,14 @@ pub fn map_all(
                 let rw = v.kind == VmaKind::FileShared && v.has_flag("mw");
                 // memfds and deleted files: the restorer's copy.
                 let path = match v.object {
-                    Some(id) => crate::kinds::files::map_path(cx.r, id).ok_or_else(|| {
-                        RestoreError::Unsupported(format!(
-                            "mapping at {:#x} refers to object {id} missing from the image",
-                            v.start
-                        ))
-                    })?,
+                    Some(id) => {
+                        crate::kinds::files::map_path(cx.r, id, &v.path).ok_or_else(|| {
+                            RestoreError::Unsupported(format!(
+                                "mapping at {:#x} refers to object {id} missing from the image",
+                                v.start
+                            ))
+                        })?
+                    }
                     None => v.path.clone(),
                 };
                 let fd = match files.get(&(path.clone(), rw)) {
