@@ -181,3 +181,35 @@ expect(priv[2 * P:2 * P + 4] == b"late", "the private mapping still reads the ob
         "one stands for the object"
     );
 }
+
+/// A deleted file mapped through two of its names (linked under the
+/// second before both went): each mapping shows its own name again.
+#[test]
+fn deleted_file_mapped_under_two_names_round_trip() {
+    round_trip(
+        "memory-two-names",
+        r#"
+import mmap
+first = os.path.join(DIR, "first")
+with open(first, "wb") as f: f.write(b"a" * 4096)
+fd = os.open(first, os.O_RDONLY)
+ma = mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+os.close(fd)
+os.link(first, first + ".lnk")
+os.unlink(first)
+fd = os.open(first + ".lnk", os.O_RDONLY)
+mb = mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+os.close(fd)
+os.unlink(first + ".lnk")
+def shown(m):
+    at = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(m))
+    return [l.split(None, 5)[5].strip() for l in open("/proc/self/maps") if l.startswith(at)][0]
+names = (shown(ma), shown(mb))
+expect(names == (first + " (deleted)", first + ".lnk (deleted)"), "the names before: %r" % (names,))
+"#,
+        r#"
+expect((shown(ma), shown(mb)) == names, "the names: %r" % ((shown(ma), shown(mb)),))
+expect(ma[0:1] == b"a" and mb[4095:4096] == b"a", "the content")
+"#,
+    );
+}
