@@ -279,7 +279,7 @@ impl Vma {
             (_, Some(_)) => return Err("AIO ring state on another mapping".into()),
             (_, None) => None,
         };
-        if v.guards.len() % 2 != 0 {
+        if !v.guards.len().is_multiple_of(2) {
             return Err("guard regions without their end".into());
         }
         let guards: Vec<(u64, u64)> = v.guards.chunks_exact(2).map(|g| (g[0], g[1])).collect();

@@ -402,17 +402,18 @@ fn plain_shmem(ck: &cr_image::model::Checkpoint, pid: u32, v: &Vma) -> bool {
 fn shmem_object(cx: &mut Rebuild<'_, '_, '_>, pid: u32, v: &Vma) -> Result<String, RestoreError> {
     let (key, size) = shmem_extent(cx.r.ck, pid, v);
     let objects = &mut cx.r.stash.get::<ShmObjects>().0;
-    if !objects.contains_key(&key) {
-        if v.shm_owner.is_some() {
-            return Err(RestoreError::Unsupported(format!(
-                "mapping at {:#x} shares memory of process {} at {:#x}, not restored before it",
-                v.start, key.0, key.1
-            )));
+    let fd = match objects.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => std::os::fd::AsRawFd::as_raw_fd(e.get()),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            if v.shm_owner.is_some() {
+                return Err(RestoreError::Unsupported(format!(
+                    "mapping at {:#x} shares memory of process {} at {:#x}, not restored before it",
+                    v.start, key.0, key.1
+                )));
+            }
+            std::os::fd::AsRawFd::as_raw_fd(e.insert(cr_sys::mem::shmem_object(size)?))
         }
-        let fd = cr_sys::mem::shmem_object(size)?;
-        objects.insert(key, fd);
-    }
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&objects[&key]);
+    };
     Ok(format!("/proc/{}/fd/{fd}", std::process::id()))
 }
 

@@ -74,7 +74,10 @@ pub fn take_trackers(stash: &mut Stash) -> Trackers {
 /// -> the first mapping of the object (its pid and VMA), and the object's
 /// ranges (byte offsets, sorted) whose pages some shared mapping stores.
 #[derive(Default)]
-struct ShmOwners(HashMap<(u64, u64), (ShmOwner, Vec<(u64, u64)>)>);
+struct ShmOwners(HashMap<(u64, u64), (ShmOwner, Ranges)>);
+
+/// Sorted, disjoint `[start, end)` ranges.
+type Ranges = Vec<(u64, u64)>;
 
 /// What of `[a, b)` the sorted, disjoint `covered` leaves out; `covered`
 /// then includes `[a, b)`.
