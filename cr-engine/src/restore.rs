@@ -699,6 +699,7 @@ pub fn rebuild_end(
     };
     stub.call("munmap", libc::SYS_munmap, [scratch, len, 0, 0, 0, 0])
         .step(|| "cannot unmap the restorer's scratch memory".into())?;
+    memory::vdso::unmap_parked(&mut stub, &p.vmas)?;
     kinds::seccomp::restore_main(&mut stub.inj, p)?;
     let t_regs = Instant::now();
     stub.inj.finish_with_mask_then(p.threads[0].sigmask, |t| {

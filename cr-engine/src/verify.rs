@@ -242,6 +242,7 @@ mod tests {
             shm_owner: None,
             object: None,
             aio: None,
+            guards: Vec::new(),
         }
     }
 

@@ -372,3 +372,39 @@ pub fn write_vm_many(pid: i32, pieces: &[(u64, &[u8])]) -> Result<()> {
     }
     Ok(())
 }
+
+/// A new shared anonymous memory object of `size` bytes (what
+/// mmap(MAP_SHARED | MAP_ANONYMOUS) makes: shown as "/dev/zero (deleted)"
+/// where it is mapped), as an fd open read-write: mapped here, opened
+/// through /proc/self/map_files, unmapped.
+pub fn shmem_object(size: u64) -> Result<std::os::fd::OwnedFd> {
+    let what = || format!("mmap(MAP_SHARED | MAP_ANONYMOUS, {size} bytes)");
+    // SAFETY: a new mapping at an address the kernel picks; no Rust
+    // reference points into it, and it is unmapped below.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_NONE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(SysError::Io {
+            path: what(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let start = at as u64;
+    let path = format!("/proc/self/map_files/{start:x}-{:x}", start + size);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path));
+    // SAFETY: the mapping made above, of that size, not used by anything.
+    unsafe { libc::munmap(at, size as usize) };
+    Ok(file?.into())
+}

@@ -5,7 +5,7 @@
 //! `NotFound`, so callers can tell "exited" from "refused".
 
 use crate::error::{io_err, Result, SysError};
-use procfs::process::{MMapPath, Process, VmFlags};
+use procfs::process::{MMapPath, Process};
 use std::path::PathBuf;
 
 pub use procfs::process::{FDTarget, Stat, Status};
@@ -86,42 +86,6 @@ impl MapEntry {
     }
 }
 
-/// The mnemonics of smaps' VmFlags that `procfs` knows, by bit.
-const VM_FLAG_NAMES: &[(VmFlags, &str)] = &[
-    (VmFlags::RD, "rd"),
-    (VmFlags::WR, "wr"),
-    (VmFlags::EX, "ex"),
-    (VmFlags::SH, "sh"),
-    (VmFlags::MR, "mr"),
-    (VmFlags::MW, "mw"),
-    (VmFlags::ME, "me"),
-    (VmFlags::MS, "ms"),
-    (VmFlags::GD, "gd"),
-    (VmFlags::PF, "pf"),
-    (VmFlags::DW, "dw"),
-    (VmFlags::LO, "lo"),
-    (VmFlags::IO, "io"),
-    (VmFlags::SR, "sr"),
-    (VmFlags::RR, "rr"),
-    (VmFlags::DC, "dc"),
-    (VmFlags::DE, "de"),
-    (VmFlags::AC, "ac"),
-    (VmFlags::NR, "nr"),
-    (VmFlags::HT, "ht"),
-    (VmFlags::SF, "sf"),
-    (VmFlags::NL, "nl"),
-    (VmFlags::AR, "ar"),
-    (VmFlags::WF, "wf"),
-    (VmFlags::DD, "dd"),
-    (VmFlags::SD, "sd"),
-    (VmFlags::MM, "mm"),
-    (VmFlags::HG, "hg"),
-    (VmFlags::NH, "nh"),
-    (VmFlags::MG, "mg"),
-    (VmFlags::UM, "um"),
-    (VmFlags::UW, "uw"),
-];
-
 fn map_entry(m: &procfs::process::MemoryMap) -> MapEntry {
     use procfs::process::MMPermissions as P;
     let mut prot = 0;
@@ -147,13 +111,6 @@ fn map_entry(m: &procfs::process::MemoryMap) -> MapEntry {
         MMapPath::Vsys(key) => format!("/SYSV{:08x} (deleted)", *key as u32),
         MMapPath::Other(s) => format!("[{s}]"),
     };
-    let vm_flags = m
-        .extension
-        .vm_flags
-        .iter()
-        .filter_map(|f| VM_FLAG_NAMES.iter().find(|(b, _)| *b == f))
-        .map(|(_, n)| n.to_string())
-        .collect();
     MapEntry {
         start: m.address.0,
         end: m.address.1,
@@ -164,7 +121,7 @@ fn map_entry(m: &procfs::process::MemoryMap) -> MapEntry {
         dev_minor: m.dev.1 as u32,
         inode: m.inode,
         path,
-        vm_flags,
+        vm_flags: Vec::new(),
     }
 }
 
@@ -178,10 +135,38 @@ pub fn maps(pid: i32) -> Result<Vec<MapEntry>> {
 
 /// The mappings of a process with their VmFlags (/proc/PID/smaps).
 pub fn smaps(pid: i32) -> Result<Vec<MapEntry>> {
-    let m = process(pid)?
-        .smaps()
-        .map_err(proc_err(format!("/proc/{pid}/smaps")))?;
-    Ok(m.iter().map(map_entry).collect())
+    let path = format!("/proc/{pid}/smaps");
+    let text = std::fs::read(&path).map_err(io_err(&path))?;
+    parse_smaps(&text).map_err(|why| SysError::Io {
+        path,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+    })
+}
+
+/// The entries of an smaps text with their VmFlags as the kernel spells
+/// them: `procfs` keeps only the mnemonics it knows, and a newer kernel
+/// has more that a restore needs (`dp`, MAP_DROPPABLE, Linux 6.12).
+pub fn parse_smaps(text: &[u8]) -> std::result::Result<Vec<MapEntry>, String> {
+    use procfs::FromBufRead;
+    let maps = procfs::process::MemoryMaps::from_buf_read(text).map_err(|e| e.to_string())?;
+    let mut out: Vec<MapEntry> = maps.iter().map(map_entry).collect();
+    let text = String::from_utf8_lossy(text);
+    // One VmFlags line per entry, after its header line.
+    let mut i = None;
+    for line in text.lines() {
+        if line.starts_with(|c: char| c.is_ascii_uppercase()) {
+            if let (Some(i), Some(f)) = (i, line.strip_prefix("VmFlags:")) {
+                let e: &mut MapEntry = out.get_mut(i).ok_or("more entries than parsed")?;
+                e.vm_flags = f.split_whitespace().map(str::to_string).collect();
+            }
+        } else if !line.is_empty() {
+            i = Some(i.map_or(0, |i| i + 1));
+        }
+    }
+    if i.map_or(0, |i| i + 1) != out.len() {
+        return Err(format!("{} entries parsed, {:?} headers", out.len(), i));
+    }
+    Ok(out)
 }
 
 /// The mappings of a process from /proc/PID/maps, each with the VmFlags

@@ -359,7 +359,17 @@ impl Drop for Injector<'_> {
 /// Find the address of a `syscall` instruction (bytes 0f 05) in the
 /// executable mappings of `pid`, preferring the vDSO.
 pub fn find_syscall_insn(pid: i32) -> Result<u64> {
+    find_syscall_insn_outside(pid, 0, 0)
+}
+
+/// [`find_syscall_insn`] in a mapping other than the one at `[start, end)`
+/// (about to go).
+pub fn find_syscall_insn_outside(pid: i32, start: u64, end: u64) -> Result<u64> {
     let maps = crate::proc::maps(pid)?;
+    let maps: Vec<_> = maps
+        .into_iter()
+        .filter(|m| (m.start, m.end) != (start, end))
+        .collect();
     let mem_path = format!("/proc/{pid}/mem");
     let mem = std::fs::File::open(&mem_path).map_err(crate::error::io_err(&mem_path))?;
     let mut candidates: Vec<&crate::proc::MapEntry> =

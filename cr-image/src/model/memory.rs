@@ -142,6 +142,9 @@ impl VmaKind {
     }
 }
 
+/// How /proc shows a shared anonymous memory object mapped from a file.
+pub const SHMEM_PATH: &str = "/dev/zero (deleted)";
+
 /// One mapping of a process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Vma {
@@ -167,6 +170,10 @@ pub struct Vma {
     pub object: Option<u64>,
     /// An AIO ring: the state of its context.
     pub aio: Option<AioRing>,
+    /// Guard regions (MADV_GUARD_INSTALL): sorted, disjoint `[start, end)`
+    /// ranges within the mapping, where any access faults.
+    #[serde(serialize_with = "ser::hex_ranges")]
+    pub guards: Vec<(u64, u64)>,
 }
 
 /// Size of struct io_event, and of the header of struct aio_ring.
@@ -229,6 +236,17 @@ impl Vma {
         self.vm_flags.iter().any(|x| x == f)
     }
 
+    /// Whether this maps a shared anonymous memory object: shared
+    /// (`AnonShared`), or private (copy-on-write) over one opened through
+    /// /proc/PID/map_files. The first such mapping of an object in the
+    /// image stands for it; the others name it in `shm_owner`.
+    pub fn is_shmem(&self) -> bool {
+        self.kind == VmaKind::AnonShared
+            || (self.kind == VmaKind::FilePrivate
+                && self.object.is_none()
+                && self.path == SHMEM_PATH)
+    }
+
     pub(crate) fn from_pb(v: pb::Vma) -> Result<Vma, Bad> {
         let kind = VmaKind::from_pb(known(v.kind, "its kind")?)?;
         if v.start >= v.end || !v.start.is_multiple_of(PAGE) || !v.end.is_multiple_of(PAGE) {
@@ -261,6 +279,20 @@ impl Vma {
             (_, Some(_)) => return Err("AIO ring state on another mapping".into()),
             (_, None) => None,
         };
+        if !v.guards.len().is_multiple_of(2) {
+            return Err("guard regions without their end".into());
+        }
+        let guards: Vec<(u64, u64)> = v.guards.chunks_exact(2).map(|g| (g[0], g[1])).collect();
+        let mut at = v.start;
+        for &(a, b) in &guards {
+            if a < at || b <= a || b > v.end || !a.is_multiple_of(PAGE) || !b.is_multiple_of(PAGE) {
+                return Err(format!(
+                    "guard region {a:#x}-{b:#x} out of order or outside {:#x}-{:#x}",
+                    v.start, v.end
+                ));
+            }
+            at = b;
+        }
         Ok(Vma {
             start: v.start,
             end: v.end,
@@ -280,6 +312,7 @@ impl Vma {
             }),
             object: Some(v.object).filter(|&o| o != 0),
             aio,
+            guards,
         })
     }
 
@@ -308,6 +341,7 @@ impl Vma {
                 tail: a.tail,
                 events: a.events.clone(),
             }),
+            guards: self.guards.iter().flat_map(|&(a, b)| [a, b]).collect(),
         }
     }
 }
@@ -820,13 +854,17 @@ pub(crate) fn validate(
     }
     for v in &p.vmas {
         if let Some(o) = v.shm_owner {
-            let owner = pids.get(&o.pid).filter(|&&j| j < i).map(|&j| &procs[j]);
+            // An earlier process, or an earlier mapping of this one.
+            let owner = pids
+                .get(&o.pid)
+                .filter(|&&j| j < i || (j == i && o.start < v.start))
+                .map(|&j| if j == i { p } else { &procs[j] });
             let found = owner.is_some_and(|q| {
-                q.vmas
-                    .iter()
-                    .any(|w| w.start == o.start && w.end == o.end && w.kind == VmaKind::AnonShared)
+                q.vmas.iter().any(|w| {
+                    w.start == o.start && w.end == o.end && w.is_shmem() && w.shm_owner.is_none()
+                })
             });
-            if v.kind != VmaKind::AnonShared || !found {
+            if !v.is_shmem() || !found {
                 return Err(format!(
                     "mapping at {:#x} shares memory of process {} at {:#x}, which is not in the image",
                     v.start, o.pid, o.start

@@ -32,3 +32,8 @@ pub fn text<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
 pub fn octal<S: Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format!("{v:#o}"))
 }
+
+/// Address ranges as "0x...-0x..." strings.
+pub fn hex_ranges<S: Serializer>(v: &[(u64, u64)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")))
+}

@@ -83,6 +83,7 @@ fn vma(start: u64, end: u64, kind: VmaKind) -> Vma {
         shm_owner: None,
         object: None,
         aio: None,
+        guards: Vec::new(),
     }
 }
 

@@ -586,7 +586,7 @@ fn inotify(
         let (path, mask) = match w.deleted_file {
             // The magic link is followed to the copy.
             Some(id) => (
-                crate::kinds::files::map_path(r, id).ok_or_else(|| {
+                crate::kinds::files::map_path(r, id, "").ok_or_else(|| {
                     RestoreError::Unsupported(format!(
                         "{}: its file (object {id}) is missing from the image",
                         what()

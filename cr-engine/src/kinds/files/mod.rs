@@ -127,8 +127,28 @@ impl FileKind for Files {
                 ObjectKind::DeletedFile(c) => (c, false),
                 _ => continue,
             };
-            let f = file_object(r, c, memfd)?;
-            r.stash.get::<Held>().files.insert((o.kind.tag(), o.id), f);
+            // The other names its mappings show.
+            let mut names: Vec<String> = ck
+                .processes
+                .iter()
+                .flat_map(|p| &p.vmas)
+                .filter(|v| v.object == Some(o.id) && !memfd)
+                .map(|v| {
+                    v.path
+                        .strip_suffix(" (deleted)")
+                        .unwrap_or(&v.path)
+                        .to_string()
+                })
+                .filter(|n| *n != c.name)
+                .collect();
+            names.sort();
+            names.dedup();
+            let (f, aliases) = file_object(r, c, memfd, &names)?;
+            let held = r.stash.get::<Held>();
+            held.files.insert((o.kind.tag(), o.id), f);
+            for (name, fd) in aliases {
+                held.aliases.insert((o.id, name), fd);
+            }
         }
         Ok(())
     }
@@ -208,6 +228,11 @@ fn removed_symlink(f: &OpenFd<'_>, md: &std::fs::Metadata) -> Described {
 #[derive(Default)]
 struct Held {
     files: HashMap<(ObjectTag, u64), OwnedFd>,
+    /// A deleted file that mappings showed under other names too (linked
+    /// under them before it was deleted): its descriptions through each
+    /// (object id, name), as /proc shows the name a mapping's file was
+    /// opened by.
+    aliases: HashMap<(u64, String), OwnedFd>,
     /// Content objects whose own description (made with O_TMPFILE, or by
     /// memfd_create) was handed out already.
     own_taken: HashSet<u64>,
@@ -368,7 +393,16 @@ pub fn mapping_object(cx: &mut Proc<'_, '_>, v: &Vma) -> Result<Option<u64>, Che
 
 /// A memfd, or an unnamed file in the directory of a deleted one, holding
 /// the saved content.
-fn file_object(r: &Restorer<'_>, obj: &FileContent, memfd: bool) -> Result<OwnedFd, RestoreError> {
+/// `aliases`: other names of a deleted file, linked to it before it is
+/// deleted again, and opened through each (those that could be).
+#[allow(clippy::type_complexity)]
+fn file_object(
+    r: &Restorer<'_>,
+    obj: &FileContent,
+    memfd: bool,
+    aliases: &[String],
+) -> Result<(OwnedFd, Vec<(String, OwnedFd)>), RestoreError> {
+    let mut opened = Vec::new();
     let fd = if memfd {
         fdio::memfd_create(&obj.name, libc::MFD_ALLOW_SEALING)
             .step(|| format!("cannot create memfd {}", obj.name))?
@@ -390,6 +424,14 @@ fn file_object(r: &Restorer<'_>, obj: &FileContent, memfd: bool) -> Result<Owned
             .flatten();
         match named {
             Some(fd) => {
+                for a in aliases {
+                    if std::fs::hard_link(&obj.name, a).is_ok() {
+                        if let Ok(afd) = fdio::open(a, libc::O_RDWR) {
+                            opened.push((a.clone(), afd));
+                        }
+                        let _ = std::fs::remove_file(a);
+                    }
+                }
                 let _ = std::fs::remove_file(&obj.name);
                 fd
             }
@@ -431,7 +473,7 @@ fn file_object(r: &Restorer<'_>, obj: &FileContent, memfd: bool) -> Result<Owned
     if memfd && obj.seals != 0 {
         fdio::add_seals(&fd, obj.seals).step(|| format!("cannot seal memfd {}", obj.name))?;
     }
-    Ok(fd)
+    Ok((fd, opened))
 }
 
 /// __O_TMPFILE (O_TMPFILE without O_DIRECTORY).
@@ -499,12 +541,16 @@ fn ghost_device(
     Ok(OwnedFd::from(file))
 }
 
-/// Path through which a process maps the content object `id`.
-pub fn map_path(r: &mut Restorer<'_>, id: u64) -> Option<String> {
+/// Path through which a process maps the content object `id`, shown to it
+/// as `shown` ("NAME (deleted)"; through that name when the deleted file
+/// had several).
+pub fn map_path(r: &mut Restorer<'_>, id: u64, shown: &str) -> Option<String> {
     let held = r.stash.get::<Held>();
+    let name = shown.strip_suffix(" (deleted)").unwrap_or(shown);
     let f = held
-        .files
-        .get(&(ObjectTag::Memfd, id))
+        .aliases
+        .get(&(id, name.to_string()))
+        .or_else(|| held.files.get(&(ObjectTag::Memfd, id)))
         .or_else(|| held.files.get(&(ObjectTag::DeletedFile, id)))?;
     Some(format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()))
 }

@@ -86,6 +86,7 @@ fn shareable(v: &Vma) -> bool {
         && !v.has_flag("gd")
         && !v.has_flag("dc")
         && !v.has_flag("wf")
+        && !v.has_flag("dp")
 }
 
 /// Whether `a` and `b` are the same mapping as a fork leaves it.

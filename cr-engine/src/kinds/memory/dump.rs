@@ -13,8 +13,10 @@
 //! object: other processes mapping it refer to its first ("owner")
 //! mapping. Not stored: untouched pages, file pages of private file
 //! mappings (the file has them), shared file mappings (the file is the
-//! memory), and the kernel's special mappings ([vdso], [vvar],
-//! [vsyscall]), which restore takes from the new kernel.
+//! memory), droppable memory (the kernel may free it at any time), guard
+//! regions (no page; reading one faults), and the kernel's special
+//! mappings ([vdso], [vvar], [vsyscall]), which restore takes from the new
+//! kernel.
 
 use super::pool;
 use crate::{fault, CheckpointError};
@@ -23,7 +25,8 @@ use cr_image::model::{MemStats, Memory, PageAt, Vma, VmaKind};
 use cr_image::store::{is_zero, page_hash, Loc, OpenBlock, StoreWriter};
 use cr_sys::mem::{read_vm, FileWindow, ProcMem};
 use cr_sys::pagemap::{
-    is_pte_marker, Pagemap, PFN_MASK, PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SOFT_DIRTY, PM_SWAP,
+    is_pte_marker, Pagemap, PFN_MASK, PM_EXCLUSIVE, PM_FILE, PM_GUARD_REGION, PM_PRESENT,
+    PM_SOFT_DIRTY, PM_SWAP,
 };
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
@@ -116,6 +119,7 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         shm_owner: None,
         object: None,
         aio: None,
+        guards: Vec::new(),
     })
 }
 
@@ -295,11 +299,17 @@ fn parent_page(p: &mut Plan, page: u64, h: u64) {
     }
 }
 
+/// The ranges of its object (byte offsets) each shared anonymous mapping
+/// stores, by the mapping's start.
+pub type ShmReads = std::collections::HashMap<u64, Vec<(u64, u64)>>;
+
 /// Decide what to do with every page of `vmas` of `pid`: read it, or take
-/// it from the parent.
+/// it from the parent. `shm`: what of its object each shared anonymous
+/// mapping stores.
 pub fn plan(
     pid: i32,
     vmas: &[Vma],
+    shm: &ShmReads,
     parent: Option<&MemIndex<'_>>,
     dirty: &Dirty,
 ) -> Result<Plan, CheckpointError> {
@@ -318,25 +328,35 @@ pub fn plan(
     let mut cursor = parent.map(|ix| ix.cursor());
     for v in vmas {
         if v.kind == VmaKind::AnonShared {
-            if v.shm_owner.is_some() {
-                continue; // an earlier process holds these pages
-            }
             // Read the object itself: it may hold pages this process never
-            // touched (written by another process sharing it).
+            // touched (written by another process sharing it). Only what
+            // no earlier mapping of it stores.
+            let ranges = shm.get(&v.start).map_or(&[][..], Vec::as_slice);
+            if ranges.is_empty() {
+                continue;
+            }
             let path = format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end);
             let f =
                 File::open(&path).map_err(|source| sys(cr_sys::SysError::Io { path, source }))?;
             let fi = p.files.len();
-            for (a, b) in cr_sys::mem::data_ranges(&f, v.pgoff, v.pgoff + v.len()).map_err(sys)? {
-                let a = a & !(PAGE_SIZE - 1);
-                for off in (a..b).step_by(PAGE_SIZE as usize) {
-                    read_page(&mut p, v.start, v.start + off - v.pgoff, Src::Shm(fi), off);
+            for &(ra, rb) in ranges {
+                for (a, b) in cr_sys::mem::data_ranges(&f, ra, rb).map_err(sys)? {
+                    let a = a & !(PAGE_SIZE - 1);
+                    for off in (a..b).step_by(PAGE_SIZE as usize) {
+                        read_page(&mut p, v.start, v.start + off - v.pgoff, Src::Shm(fi), off);
+                    }
                 }
             }
             p.files.push(f);
             continue;
         }
         if !v.kind.is_anon_private() && v.kind != VmaKind::FilePrivate {
+            continue;
+        }
+        // Droppable memory (MAP_DROPPABLE) is what the kernel may free at
+        // any time, as under memory pressure: not saved, it comes back
+        // empty (as CRIU does; zdtm maps11 expects it).
+        if v.has_flag("dp") {
             continue;
         }
         let src = if v.prot & libc::PROT_READ as u32 == 0 {
@@ -356,8 +376,9 @@ pub fn plan(
             let entries = &mut buf[..n as usize];
             pagemap.read(addr, entries).map_err(sys)?;
             for (i, &pm) in entries.iter().enumerate() {
-                // The tracker's mark on an empty page: nothing to keep.
-                if !stored(v.kind, pm) || is_pte_marker(pm) {
+                // The tracker's mark on an empty page, or a guard region
+                // (no page; reading it faults): nothing to keep.
+                if !stored(v.kind, pm) || is_pte_marker(pm) || pm & PM_GUARD_REGION != 0 {
                     continue;
                 }
                 let page = addr + i as u64 * PAGE_SIZE;

@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 const PR_SET_VMA: u64 = 0x53564d41;
 const PR_SET_VMA_ANON_NAME: u64 = 0;
+/// madvise: make the range a guard region (Linux 6.13).
+const MADV_GUARD_INSTALL: u64 = 102;
 
 /// The page stores of an image chain, opened once for all processes.
 pub struct Pages<'a> {
@@ -255,8 +257,12 @@ pub fn map_all(
             prot |= libc::PROT_READ as u64 | libc::PROT_WRITE as u64;
         }
         let mut flags = libc::MAP_FIXED_NOREPLACE as u64;
+        // Droppable memory (`dp`, Linux 6.12) is a sharing type of its
+        // own: private, its pages freed under memory pressure.
         flags |= if v.shared {
             libc::MAP_SHARED
+        } else if v.has_flag("dp") {
+            libc::MAP_DROPPABLE
         } else {
             libc::MAP_PRIVATE
         } as u64;
@@ -267,17 +273,33 @@ pub fn map_all(
             flags |= libc::MAP_NORESERVE as u64;
         }
         let (fd, off) = match v.kind {
+            // Shared anonymous memory (and private mappings of it): the
+            // object as the first mapping of it in the image made it.
+            _ if v.is_shmem() && (v.shm_owner.is_some() || !plain_shmem(cx.r.ck, p.pid, v)) => {
+                let path = shmem_object(cx, p.pid, v)?;
+                let fd =
+                    open_restorer_path(cx, &path, libc::O_RDWR | libc::O_CLOEXEC).step(|| {
+                        format!(
+                            "cannot open the shared memory of {:#x}-{:#x}",
+                            v.start, v.end
+                        )
+                    })?;
+                shm_fds.push(fd);
+                (fd, v.pgoff)
+            }
             VmaKind::FilePrivate | VmaKind::FileShared => {
                 // A shared mapping that may become writable needs a writable fd.
                 let rw = v.kind == VmaKind::FileShared && v.has_flag("mw");
                 // memfds and deleted files: the restorer's copy.
                 let path = match v.object {
-                    Some(id) => crate::kinds::files::map_path(cx.r, id).ok_or_else(|| {
-                        RestoreError::Unsupported(format!(
-                            "mapping at {:#x} refers to object {id} missing from the image",
-                            v.start
-                        ))
-                    })?,
+                    Some(id) => {
+                        crate::kinds::files::map_path(cx.r, id, &v.path).ok_or_else(|| {
+                            RestoreError::Unsupported(format!(
+                                "mapping at {:#x} refers to object {id} missing from the image",
+                                v.start
+                            ))
+                        })?
+                    }
                     None => v.path.clone(),
                 };
                 let fd = match files.get(&(path.clone(), rw)) {
@@ -293,30 +315,14 @@ pub fn map_all(
                 };
                 (fd, v.pgoff)
             }
-            // Shared memory of an earlier process: map that very object.
-            VmaKind::AnonShared if v.shm_owner.is_some() => {
-                let o = v.shm_owner.expect("checked above");
-                let path = format!(
-                    "/proc/{}/map_files/{:x}-{:x}",
-                    cx.r.ids.outer(o.pid),
-                    o.start,
-                    o.end
-                );
-                let fd =
-                    open_restorer_path(cx, &path, libc::O_RDWR | libc::O_CLOEXEC).step(|| {
-                        format!(
-                            "cannot open the shared memory of process {} ({path})",
-                            o.pid
-                        )
-                    })?;
-                shm_fds.push(fd);
-                (fd, v.pgoff)
-            }
             _ => {
                 flags |= libc::MAP_ANONYMOUS as u64;
                 (u64::MAX, 0)
             }
         };
+        // The object a plain shared anonymous mapping makes, for the
+        // mappings of it that follow.
+        let made = v.is_shmem() && v.shm_owner.is_none() && fd == u64::MAX;
         // Queued: MAP_FIXED_NOREPLACE maps exactly there or fails
         // (EEXIST), so the address it returns need not be looked at.
         cx.stub.later(
@@ -325,6 +331,24 @@ pub fn map_all(
             [v.start, v.len(), prot, flags, fd, off],
             format!("cannot map {:#x}-{:#x} {}", v.start, v.end, v.path),
         )?;
+        if made {
+            cx.stub.flush()?;
+            let path = format!(
+                "/proc/{}/map_files/{:x}-{:x}",
+                cx.stub.pid(),
+                v.start,
+                v.end
+            );
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|source| cr_sys::SysError::Io { path, source })?;
+            cx.r.stash
+                .get::<ShmObjects>()
+                .0
+                .insert((p.pid, v.start), f.into());
+        }
     }
     for fd in files.into_values().chain(shm_fds) {
         cx.stub.later(
@@ -336,6 +360,61 @@ pub fn map_all(
     }
     cx.stub.flush()?;
     Ok(fill)
+}
+
+/// The shared anonymous memory objects made so far in this restore, by
+/// the image's first mapping of each (pid, start): held open until the
+/// restore ends, so that every later mapping maps that very object.
+#[derive(Default)]
+pub struct ShmObjects(HashMap<(u32, u64), std::os::fd::OwnedFd>);
+
+/// The first mapping of a shared anonymous object in the image (pid,
+/// start) that `v` (of process `pid`) maps, and the bytes the object
+/// needs: up to the furthest end of any mapping of it.
+fn shmem_extent(ck: &cr_image::model::Checkpoint, pid: u32, v: &Vma) -> ((u32, u64), u64) {
+    let key = v.shm_owner.map_or((pid, v.start), |o| (o.pid, o.start));
+    let size = ck
+        .processes
+        .iter()
+        .flat_map(|q| q.vmas.iter().map(move |w| (q.pid, w)))
+        .filter(|(q, w)| {
+            w.is_shmem() && w.shm_owner.map_or((*q, w.start), |o| (o.pid, o.start)) == key
+        })
+        .map(|(_, w)| w.pgoff + w.len())
+        .max()
+        .unwrap_or(v.pgoff + v.len());
+    (key, size)
+}
+
+/// Whether `v`, the first mapping of its object, makes it as a plain
+/// mmap(MAP_SHARED | MAP_ANONYMOUS) would (shared, from offset 0, no other
+/// mapping of it reaching further): then it keeps the kernel's own
+/// anonymous shared mapping (which can be named).
+fn plain_shmem(ck: &cr_image::model::Checkpoint, pid: u32, v: &Vma) -> bool {
+    v.kind == VmaKind::AnonShared
+        && v.shared
+        && v.pgoff == 0
+        && shmem_extent(ck, pid, v).1 <= v.len()
+}
+
+/// The path (in the restorer's /proc) of the shared anonymous object `v`
+/// maps, made now for the first mapping of it.
+fn shmem_object(cx: &mut Rebuild<'_, '_, '_>, pid: u32, v: &Vma) -> Result<String, RestoreError> {
+    let (key, size) = shmem_extent(cx.r.ck, pid, v);
+    let objects = &mut cx.r.stash.get::<ShmObjects>().0;
+    let fd = match objects.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => std::os::fd::AsRawFd::as_raw_fd(e.get()),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            if v.shm_owner.is_some() {
+                return Err(RestoreError::Unsupported(format!(
+                    "mapping at {:#x} shares memory of process {} at {:#x}, not restored before it",
+                    v.start, key.0, key.1
+                )));
+            }
+            std::os::fd::AsRawFd::as_raw_fd(e.insert(cr_sys::mem::shmem_object(size)?))
+        }
+    };
+    Ok(format!("/proc/{}/fd/{fd}", std::process::id()))
 }
 
 /// Move the memory filled in slot `s` to its saved address (the pages
@@ -513,6 +592,15 @@ pub fn finish(
                     format!("cannot madvise({flag}) {:#x}-{:#x}", v.start, v.end),
                 )?;
             }
+        }
+        // Before the lock: the kernel refuses guards in a locked mapping.
+        for &(a, b) in &v.guards {
+            stub.later(
+                "madvise",
+                libc::SYS_madvise,
+                [a, b - a, MADV_GUARD_INSTALL, 0, 0, 0],
+                format!("cannot install the guard region {a:#x}-{b:#x}"),
+            )?;
         }
         if v.has_flag("lo") {
             stub.later(

@@ -96,7 +96,8 @@ pub fn read_frozen(
 
 /// The flags a restore needs right: a child must not inherit (`dc`) or
 /// must get zeroes (`wf`), locked in memory (`lo`), left out of core
-/// dumps (`dd`). The rest the check lets pass: advice (huge pages, KSM,
+/// dumps (`dd`), may hold guard regions (`gu`: only those mappings have
+/// their pagemap read for them). The rest the check lets pass: advice (huge pages, KSM,
 /// read-ahead) costs performance when stale, never correctness, and a
 /// program may change it at any time (Go's runtime toggles huge-page
 /// advice on its heap); `nr` (no swap reserved) only decides whether the
@@ -104,7 +105,7 @@ pub fn read_frozen(
 /// memory (seen in CI). A mapping that gained `nr` is the exception: the
 /// image, without it, would have the restore reserve what may be far more
 /// than the machine has.
-const CHECKED: &[&str] = &["dc", "wf", "lo", "dd"];
+const CHECKED: &[&str] = &["dc", "wf", "lo", "dd", "gu"];
 
 /// What of `now` differs from `before` on the flags a restore needs
 /// (see [`CHECKED`]), as (before, after) lists for the error message.

@@ -70,10 +70,44 @@ pub fn take_trackers(stash: &mut Stash) -> Trackers {
     stash.take().unwrap_or_default()
 }
 
-/// Shared anonymous memory seen in an earlier process: (dev, inode) ->
-/// the owner's pid and VMA.
+/// Shared anonymous memory objects seen so far in the tree: (dev, inode)
+/// -> the first mapping of the object (its pid and VMA), and the object's
+/// ranges (byte offsets, sorted) whose pages some shared mapping stores.
 #[derive(Default)]
-struct ShmOwners(HashMap<(u64, u64), ShmOwner>);
+struct ShmOwners(HashMap<(u64, u64), (ShmOwner, Ranges)>);
+
+/// Sorted, disjoint `[start, end)` ranges.
+type Ranges = Vec<(u64, u64)>;
+
+/// What of `[a, b)` the sorted, disjoint `covered` leaves out; `covered`
+/// then includes `[a, b)`.
+fn uncover(covered: &mut Vec<(u64, u64)>, a: u64, b: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = a;
+    for &(s, e) in covered.iter() {
+        if e <= at || s >= b {
+            continue;
+        }
+        if s > at {
+            out.push((at, s));
+        }
+        at = at.max(e);
+    }
+    if at < b {
+        out.push((at, b));
+    }
+    covered.push((a, b));
+    covered.sort();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(covered.len());
+    for &(s, e) in covered.iter() {
+        match merged.last_mut() {
+            Some(m) if s <= m.1 => m.1 = m.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    *covered = merged;
+    out
+}
 
 /// What a dump of one process will do, decided while it is frozen.
 pub struct ProcessPlan {
@@ -98,7 +132,7 @@ pub fn plan_process(
 ) -> Result<ProcessPlan, CheckpointError> {
     let pid = cx.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
-    let (maps, vmas) = mappings(cx, live)?;
+    let (maps, vmas, shm_reads) = mappings(cx, live)?;
     // A mapping registered in missing mode has pages that exist only in
     // whoever serves its userfaultfd (a post-copy restore not finished):
     // the pagemap shows them absent, as if zero.
@@ -122,7 +156,7 @@ pub fn plan_process(
         keep,
     )?;
     let index = parent.and_then(|l| l.memory(pid as u32)).map(MemIndex::new);
-    let plan = dump::plan(pid, &vmas, index.as_ref(), &begun.dirty)?;
+    let plan = dump::plan(pid, &vmas, &shm_reads, index.as_ref(), &begun.dirty)?;
     if begun.clear_soft_dirty {
         cr_sys::dirty::clear_soft_dirty(pid).map_err(sys)?;
     }
@@ -142,11 +176,14 @@ pub fn plan_process(
 
 /// The mappings of the frozen process `cx` as /proc shows them and as the
 /// image holds them (memfds and deleted files as objects unless `live`,
-/// shared anonymous memory with its first owner in the tree).
+/// shared anonymous memory with its first mapping in the tree), and the
+/// object ranges each shared anonymous mapping stores (by its start: what
+/// no earlier mapping of the object covers).
+#[allow(clippy::type_complexity)]
 fn mappings(
     cx: &mut Proc<'_, '_>,
     live: bool,
-) -> Result<(Vec<MapEntry>, Vec<Vma>), CheckpointError> {
+) -> Result<(Vec<MapEntry>, Vec<Vma>, dump::ShmReads), CheckpointError> {
     let pid = cx.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
     // Our scratch page is not the process's memory.
@@ -161,28 +198,45 @@ fn mappings(
     for v in vmas.iter_mut().filter(|v| v.kind == VmaKind::Aio) {
         v.aio = Some(crate::kinds::aio::capture(pid, v)?);
     }
+    // Guard regions are pte markers, seen in pagemap only; `gu` marks the
+    // mappings that ever had one (Linux 6.18).
+    if vmas.iter().any(|v| v.has_flag("gu")) {
+        let pagemap = cr_sys::pagemap::Pagemap::open(pid).map_err(sys)?;
+        for v in vmas.iter_mut().filter(|v| v.has_flag("gu")) {
+            v.guards = pagemap.guards(v.start, v.end).map_err(sys)?;
+        }
+    }
     if !live {
-        for v in vmas.iter_mut().filter(|v| v.kind.is_file()) {
+        // (A private mapping of shared anonymous memory is of that object.)
+        for v in vmas
+            .iter_mut()
+            .filter(|v| v.kind.is_file() && !v.is_shmem())
+        {
             v.object = files::mapping_object(cx, v)?;
         }
     }
     let owners = cx.d.stash.get::<ShmOwners>();
-    for v in vmas.iter_mut().filter(|v| v.kind == VmaKind::AnonShared) {
-        match owners.0.get(&(v.dev, v.inode)) {
-            Some(&o) => v.shm_owner = Some(o),
-            None => {
-                owners.0.insert(
-                    (v.dev, v.inode),
-                    ShmOwner {
-                        pid: pid as u32,
-                        start: v.start,
-                        end: v.end,
-                    },
-                );
-            }
+    let mut reads = dump::ShmReads::new();
+    for v in vmas.iter_mut().filter(|v| v.is_shmem()) {
+        let me = ShmOwner {
+            pid: pid as u32,
+            start: v.start,
+            end: v.end,
+        };
+        let (first, covered) = owners
+            .0
+            .entry((v.dev, v.inode))
+            .or_insert_with(|| (me, Vec::new()));
+        if *first != me {
+            v.shm_owner = Some(*first);
+        }
+        // The object's pages go with the shared mappings (a private one
+        // holds its own copies there).
+        if v.shared {
+            reads.insert(v.start, uncover(covered, v.pgoff, v.pgoff + v.len()));
         }
     }
-    Ok((maps, vmas))
+    Ok((maps, vmas, reads))
 }
 
 /// Copy the pages `plan` says into the store: fills `p.memory`.
@@ -534,8 +588,10 @@ pub fn set_mm(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreEr
 /// VmFlags that say how the kernel holds a mapping now rather than what
 /// the program asked for: accountable (`ac`), soft-dirty (`sd`), userfaultfd
 /// write-protect (`uw`, a tracker of ours), userfaultfd missing (`um`: a
-/// post-copy restore still putting pages in).
-const VM_FLAGS_NOT_COMPARED: &[&str] = &["ac", "sd", "uw", "um"];
+/// post-copy restore still putting pages in), may have guard regions
+/// (`gu`: set by the first MADV_GUARD_INSTALL, kept once they are removed;
+/// the guard regions themselves are compared).
+const VM_FLAGS_NOT_COMPARED: &[&str] = &["ac", "sd", "uw", "um", "gu"];
 
 /// The VmFlags of `v` that say what the program asked for.
 fn compared_flags(v: &Vma) -> Vec<&str> {
@@ -570,6 +626,12 @@ fn merged(vmas: &[Vma]) -> Vec<Vma> {
                 && (!v.kind.is_file() || prev.pgoff + prev.len() == v.pgoff);
             if follows {
                 prev.end = v.end;
+                for &(a, b) in &v.guards {
+                    match prev.guards.last_mut() {
+                        Some(g) if g.1 == a => g.1 = b,
+                        _ => prev.guards.push((a, b)),
+                    }
+                }
                 continue;
             }
         }
@@ -627,5 +689,6 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         let (ox, oy) = (owner(&x.shm_owner, false), owner(&y.shm_owner, true));
         c.same(&what, "shared with", &ox, &oy);
         c.same(&what, "AIO ring", &x.aio, &y.aio);
+        c.same(&what, "guard regions", &x.guards, &y.guards);
     }
 }

@@ -1,7 +1,7 @@
 //! Round trip of kind "memory": anonymous memory with a pattern, a
 //! read-only region, a private file mapping written to, madvise advice
-//! (fork, read-ahead),
-//! and the mm fields.
+//! (fork, read-ahead), a guard region, droppable memory, and the mm
+//! fields.
 
 use crate::kinds::testkit::round_trip;
 
@@ -28,6 +28,21 @@ big.madvise(mmap.MADV_DONTFORK, 0, 1 << 20)
 start = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(big))
 seq = mmap.mmap(-1, 8192); seq.madvise(mmap.MADV_SEQUENTIAL)
 rnd = mmap.mmap(-1, 8192); rnd.madvise(mmap.MADV_RANDOM)
+guarded = mmap.mmap(-1, 4 * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+guarded[:] = b"g" * (4 * 4096)
+gaddr = ctypes.addressof(ctypes.c_char.from_buffer(guarded))
+if libc.madvise(ctypes.c_void_p(gaddr + 4096), 8192, 102) != 0:   # MADV_GUARD_INSTALL
+    raise OSError(ctypes.get_errno(), "MADV_GUARD_INSTALL")
+drop = mmap.mmap(-1, 8192, flags=0x08 | mmap.MAP_ANONYMOUS)     # MAP_DROPPABLE
+drop[0:4] = b"drop"
+def faults(addr):
+    # write(2) into a pipe from a guard page: EFAULT (as any access).
+    r, w = os.pipe()
+    n = libc.write(w, ctypes.c_void_p(addr), 1)
+    e = ctypes.get_errno()
+    os.close(r)
+    os.close(w)
+    return n < 0 and e == errno.EFAULT
 def vmflags(m):
     at = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(m))
     rest = open("/proc/self/smaps").read().split(at, 1)[1]
@@ -42,6 +57,10 @@ smaps = open("/proc/self/smaps").read().split(start, 1)[1]
 flags = [l for l in smaps.splitlines() if l.startswith("VmFlags:")][0]
 expect(" dc" in flags, "the madvise flag: " + flags)
 expect("sr" in vmflags(seq) and "rr" in vmflags(rnd), "the read-ahead advice: %r %r" % (vmflags(seq), vmflags(rnd)))
+expect([faults(gaddr + i * 4096) for i in range(4)] == [False, True, True, False], "the guard region")
+expect(guarded[0:1] == b"g" and guarded[3 * 4096:3 * 4096 + 1] == b"g", "the pages around the guard region")
+expect("dp" in vmflags(drop), "the droppable mapping: %r" % vmflags(drop))
+expect(drop[0:4] == bytes(4), "the droppable memory, not saved, comes back empty")
 expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for l in maps.splitlines()), "the protection")
 "#,
     );
@@ -53,7 +72,10 @@ expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for 
         super::merged(&p.vmas)
             .iter()
             .filter(|v| !v.kind.is_special())
-            .map(|v| (v.start, v.end, v.prot, v.kind, v.vm_flags.clone()))
+            .map(|v| {
+                let g = v.guards.clone();
+                (v.start, v.end, v.prot, v.kind, v.vm_flags.clone(), g)
+            })
             .collect::<Vec<_>>()
     };
     let (sa, sb) = (shape(a), shape(b));
@@ -65,4 +87,129 @@ expect(any(l.split()[1].startswith("r--") and ("%x" % addr) in l.split()[0] for 
     );
     assert_eq!(a.mm, b.mm, "the mm fields changed");
     assert!(a.memory.stats.pages_stored >= (32 << 20) / 4096);
+    let guarded: Vec<_> = a.vmas.iter().filter(|v| !v.guards.is_empty()).collect();
+    assert!(
+        guarded.len() == 1 && guarded[0].guards.len() == 1,
+        "one guard region saved: {guarded:x?}"
+    );
+    assert!(a.vmas.iter().any(|v| v.has_flag("dp")), "droppable saved");
+}
+
+/// A process that unmapped its [vdso], [vvar] and [vvar_vclock] (as on a
+/// kernel booted with vdso=0) comes back without them, and runs on.
+#[test]
+fn unmapped_vdso_round_trip() {
+    let rt = round_trip(
+        "memory-no-vdso",
+        r#"
+SPECIAL = ("[vdso]", "[vvar]", "[vvar_vclock]")
+def specials(pid):
+    return [l.split()[-1] for l in open("/proc/%d/maps" % pid) if l.split()[-1] in SPECIAL]
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    # No vDSO call from here on: only plain system calls.
+    for l in open("/proc/self/maps").read().splitlines():
+        if l.split()[-1] in SPECIAL:
+            a, b = (int(x, 16) for x in l.split()[0].split("-"))
+            libc.munmap(ctypes.c_void_p(a), ctypes.c_size_t(b - a))
+    os.write(w, b"x")
+    while True:
+        libc.pause()
+os.read(r, 1)
+expect(specials(child) == [], "the child unmapped them: %r" % specials(child))
+"#,
+        r#"
+expect(specials(child) == [], "the child is restored without them: %r" % specials(child))
+expect(os.waitpid(child, os.WNOHANG) == (0, 0), "the child runs on")
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
+expect(len(specials(os.getpid())) >= 2, "the parent keeps its own: %r" % specials(os.getpid()))
+"#,
+    );
+    let child = &rt.after.processes[1];
+    assert!(
+        child
+            .vmas
+            .iter()
+            .all(|v| !v.kind.is_special() || v.kind == cr_image::model::VmaKind::Vsyscall),
+        "the restored child has no vDSO"
+    );
+}
+
+/// One shared anonymous object mapped three times in one process: two
+/// shared windows at different offsets and a private (copy-on-write)
+/// mapping of it, part of the first mapping unmapped. After the restore
+/// the three map one object again: its pages, the private copy, and the
+/// sharing both ways.
+#[test]
+fn shared_anonymous_windows_round_trip() {
+    let rt = round_trip(
+        "memory-shm-windows",
+        r#"
+import mmap
+P = 4096
+shm = mmap.mmap(-1, 8 * P)    # MAP_SHARED | MAP_ANONYMOUS
+for i in range(8):
+    shm[i * P:i * P + 4] = b"obj%d" % i
+a = ctypes.addressof(ctypes.c_char.from_buffer(shm))
+fd = os.open("/proc/self/map_files/%x-%x" % (a, a + 8 * P), os.O_RDWR)
+win = mmap.mmap(fd, 4 * P, flags=mmap.MAP_SHARED, offset=4 * P)
+priv = mmap.mmap(fd, 4 * P, flags=mmap.MAP_PRIVATE, offset=0)
+os.close(fd)
+priv[P:P + 4] = b"mine"
+# Pages 6 and 7 of the object: now only in the second window.
+if libc.munmap(ctypes.c_void_p(a + 6 * P), ctypes.c_size_t(2 * P)) != 0:
+    raise OSError(ctypes.get_errno(), "munmap")
+"#,
+        r#"
+expect([shm[i * P:i * P + 4] for i in range(6)] == [b"obj%d" % i for i in range(6)], "the first mapping's pages")
+expect([win[i * P:i * P + 4] for i in range(4)] == [b"obj%d" % i for i in range(4, 8)], "the second window's pages")
+expect(priv[0:4] == b"obj0" and priv[P:P + 4] == b"mine", "the private mapping: %r %r" % (priv[0:4], priv[P:P + 4]))
+win[0:4] = b"new4"
+expect(shm[4 * P:4 * P + 4] == b"new4", "the windows share one object")
+shm[2 * P:2 * P + 4] = b"late"
+expect(priv[2 * P:2 * P + 4] == b"late", "the private mapping still reads the object where it has no copy")
+"#,
+    );
+    let (a, _) = rt.roots();
+    let shmem: Vec<_> = a.vmas.iter().filter(|v| v.is_shmem()).collect();
+    assert_eq!(shmem.len(), 3, "three mappings of the object: {shmem:x?}");
+    assert_eq!(
+        shmem.iter().filter(|v| v.shm_owner.is_none()).count(),
+        1,
+        "one stands for the object"
+    );
+}
+
+/// A deleted file mapped through two of its names (linked under the
+/// second before both went): each mapping shows its own name again.
+#[test]
+fn deleted_file_mapped_under_two_names_round_trip() {
+    round_trip(
+        "memory-two-names",
+        r#"
+import mmap
+first = os.path.join(DIR, "first")
+with open(first, "wb") as f: f.write(b"a" * 4096)
+fd = os.open(first, os.O_RDONLY)
+ma = mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+os.close(fd)
+os.link(first, first + ".lnk")
+os.unlink(first)
+fd = os.open(first + ".lnk", os.O_RDONLY)
+mb = mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+os.close(fd)
+os.unlink(first + ".lnk")
+def shown(m):
+    at = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(m))
+    return [l.split(None, 5)[5].strip() for l in open("/proc/self/maps") if l.startswith(at)][0]
+names = (shown(ma), shown(mb))
+expect(names == (first + " (deleted)", first + ".lnk (deleted)"), "the names before: %r" % (names,))
+"#,
+        r#"
+expect((shown(ma), shown(mb)) == names, "the names: %r" % ((shown(ma), shown(mb)),))
+expect(ma[0:1] == b"a" and mb[4095:4096] == b"a", "the content")
+"#,
+    );
 }

@@ -37,7 +37,9 @@ pub fn check(ck: &Checkpoint) -> Result<(), RestoreError> {
 
 /// Move the stub's [vvar], [vvar_vclock] and [vdso] (as `maps` lists
 /// them) to where the image had them, through the free `park` range;
-/// `ip` is the stub's `syscall` instruction, in its vDSO.
+/// `ip` is the stub's `syscall` instruction, in its vDSO. Those the
+/// program had unmapped go: a [vvar] at once, the [vdso] (whose `syscall`
+/// instruction the stub runs) stays parked until [`unmap_parked`].
 pub fn move_to_saved(
     stub: &mut Stub<'_>,
     maps: &[MapEntry],
@@ -53,7 +55,12 @@ pub fn move_to_saved(
         match (here, there) {
             (None, None) => {}
             (Some(h), Some(t)) if h.len() == t.len() => {
-                moves.push((name, h.start, t.start, h.len()))
+                moves.push((name, h.start, Some(t.start), h.len()))
+            }
+            (Some(h), None) if kind == VmaKind::Vdso => moves.push((name, h.start, None, h.len())),
+            (Some(h), None) => {
+                stub.call("munmap", libc::SYS_munmap, [h.start, h.len(), 0, 0, 0, 0])
+                    .step(|| format!("cannot unmap {name}, which the image lacks"))?;
             }
             (h, t) => {
                 return Err(RestoreError::VdsoLayout(format!(
@@ -70,7 +77,7 @@ pub fn move_to_saved(
     let mut parked = Vec::new();
     let mut at = park;
     for &(name, from, to, len) in &moves {
-        if from == to {
+        if Some(from) == to {
             continue;
         }
         stub.call("mremap", libc::SYS_mremap, [from, len, len, flags, at, 0])
@@ -78,7 +85,9 @@ pub fn move_to_saved(
         if name == "[vdso]" {
             stub.inj.set_syscall_ip(ip - from + at);
         }
-        parked.push((name, at, to, len));
+        if let Some(to) = to {
+            parked.push((name, at, to, len));
+        }
         at += len;
     }
     for (name, from, to, len) in parked {
@@ -88,5 +97,24 @@ pub fn move_to_saved(
             stub.inj.set_syscall_ip(ip - vdso_here + to);
         }
     }
+    Ok(())
+}
+
+/// For a process that had unmapped its [vdso] (kept parked by
+/// [`move_to_saved`] while the stub ran its calls there): unmap it, and
+/// run the calls left from a `syscall` instruction of the restored
+/// program's own code.
+pub fn unmap_parked(stub: &mut Stub<'_>, saved: &[Vma]) -> Result<(), RestoreError> {
+    if saved.iter().any(|v| v.kind == VmaKind::Vdso) {
+        return Ok(());
+    }
+    let pid = stub.pid();
+    let Some(v) = proc::maps(pid)?.into_iter().find(|m| m.path == "[vdso]") else {
+        return Ok(());
+    };
+    let ip = cr_sys::remote::find_syscall_insn_outside(pid, v.start, v.end)?;
+    stub.call("munmap", libc::SYS_munmap, [v.start, v.len(), 0, 0, 0, 0])
+        .step(|| "cannot unmap the [vdso], which the image lacks".into())?;
+    stub.inj.set_syscall_ip(ip);
     Ok(())
 }
