@@ -58,7 +58,11 @@ fn spawn(pid: Option<i32>, flags: u64) -> Result<i32, CloneError> {
     let args = CloneArgs {
         flags,
         exit_signal: libc::SIGCHLD as u64,
-        set_tid: if pid.is_some() { tids.as_ptr() as u64 } else { 0 },
+        set_tid: if pid.is_some() {
+            tids.as_ptr() as u64
+        } else {
+            0
+        },
         set_tid_size: pid.is_some() as u64,
         ..Default::default()
     };

@@ -35,7 +35,7 @@ use crate::kinds::fds::{FdScan, OpenFd};
 use crate::kinds::{Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::fds::{EpollItem, InotifyWatch, TimerFd};
-use cr_image::model::{Fd, FdKind, Process};
+use cr_image::model::{Checkpoint, Fd, FdKind, Process};
 use cr_sys::fdio;
 use cr_sys::proc::{FDTarget, FdInfo, WatchedHandle};
 use std::os::fd::OwnedFd;
@@ -47,6 +47,18 @@ pub struct EventFds;
 impl FileKind for EventFds {
     fn name(&self) -> &'static str {
         "eventfds"
+    }
+
+    /// Count the pidfds of each process that had exited ([`Dead`]): the
+    /// fds opened again (not those sharing an earlier one's description).
+    fn prepare(&self, r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
+        let dead_ones = &mut r.stash.get::<Dead>().0;
+        for f in ck.processes.iter().flat_map(|p| &p.fds) {
+            if let (FdKind::Pidfd { pid: 0, dead }, None) = (&f.kind, &f.shared) {
+                dead_ones.entry(*dead).or_insert((0, None)).0 += 1;
+            }
+        }
+        Ok(())
     }
 
     fn describe(&self, cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
@@ -175,8 +187,8 @@ impl FileKind for EventFds {
         for (fd, t) in r.stash.get::<Timers>().0.drain(..) {
             arm(&fd, &t)?;
         }
-        for (_, child) in r.stash.get::<Dead>().0.drain() {
-            child.end();
+        for (_, (_, child)) in r.stash.get::<Dead>().0.drain() {
+            drop(child);
         }
         Ok(())
     }
@@ -195,7 +207,9 @@ fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
         .ok_or("a pidfd whose process cannot be read")?;
     if pid <= 0 {
         // Which dead process: pidfs gives each process one inode.
-        let dead = f.md.as_ref().map_or(0, |m| m.ino());
+        let dead = f.md.as_ref().map(|m| m.ino()).unwrap_or_else(|| {
+            std::fs::metadata(format!("/proc/{}/fd/{}", f.pid, f.fd)).map_or(0, |m| m.ino())
+        });
         return Ok(FdKind::Pidfd { pid: 0, dead });
     }
     if f.info.flags & libc::O_EXCL as u32 != 0 || !cx.tree.in_tree(pid) {
@@ -225,16 +239,31 @@ fn open_pidfd(
     if pid == 0 {
         // Of a process that had exited: of a child of ours, one per dead
         // process, which ends at the release ([`Dead`]).
-        let what = || format!("cannot make fd {}, a pidfd of a process that has exited", f.fd);
+        let what = || {
+            format!(
+                "cannot make fd {}, a pidfd of a process that has exited",
+                f.fd
+            )
+        };
         let dead_ones = &mut cx.r.stash.get::<Dead>().0;
-        let child = match dead_ones.entry(dead) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(
+        let (left, child) = dead_ones.entry(dead).or_insert((1, None));
+        let made = match child {
+            Some(c) => c,
+            None => child.insert(
                 cr_sys::clone::Doomed::spawn()
                     .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())))?,
             ),
-        };
-        return Ok(Opened::Ours(child.pidfd(f.flags & PIDFD_FLAGS).step(what)?));
+        }
+        .pidfd(f.flags & PIDFD_FLAGS)
+        .step(what)?;
+        // Its last pidfd made: it ends (before `--verify` looks).
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            if let Some(c) = child.take() {
+                c.end();
+            }
+        }
+        return Ok(Opened::Ours(made));
     }
     let ck = cx.r.ck;
     let target = ck
@@ -268,9 +297,11 @@ fn open_pidfd(
 struct Timers(Vec<(OwnedFd, TimerFd)>);
 
 /// The children whose pidfds stand for the processes that had exited, by
-/// the image's name of each (`dead`), ended at the release.
+/// the image's name of each (`dead`), with how many pidfds of each are
+/// still to make (counted at `prepare`): each ends once its last pidfd is
+/// made (at the latest at the release).
 #[derive(Default)]
-struct Dead(std::collections::HashMap<u64, cr_sys::clone::Doomed>);
+struct Dead(std::collections::HashMap<u64, (usize, Option<cr_sys::clone::Doomed>)>);
 
 fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, kind: &str) -> Result<FdKind, String> {
     let info = &f.info;
