@@ -370,13 +370,9 @@ fn leaderless_groups(procs: &[Process], ids: &Ids) -> Vec<(u32, usize)> {
     let root_pgid = procs.first().map(|r| ids.sid_pgid(r).1);
     let mut out: Vec<(u32, usize)> = Vec::new();
     for (i, p) in procs.iter().enumerate() {
-        let (sid, pgid) = ids.sid_pgid(p);
+        let pgid = ids.sid_pgid(p).1;
         if pgid == 0 || in_tree(pgid) || Some(pgid) == root_pgid || out.iter().any(|o| o.0 == pgid)
         {
-            continue;
-        }
-        // A group of a session outside the image could not be made here.
-        if !in_tree(sid) {
             continue;
         }
         out.push((pgid, i));
