@@ -13,6 +13,7 @@ use cr_sys::proc::Status;
 use crate::kinds::threads::PR_GET_TID_ADDRESS;
 const PR_GET_CHILD_SUBREAPER: u64 = 37;
 const PR_GET_THP_DISABLE: u64 = 42;
+const MEMBARRIER_CMD_GET_REGISTRATIONS: u64 = 1 << 9;
 
 /// Where each answer lands in the scratch page.
 const ACTIONS: u64 = 0; // NSIG x struct sigaction (32 bytes)
@@ -41,6 +42,10 @@ pub struct MainAnswers {
     pub brk: u64,
     /// prctl(PR_GET_TIMERSLACK) (0 for a real-time thread).
     pub timer_slack_ns: u64,
+    /// membarrier(MEMBARRIER_CMD_GET_REGISTRATIONS): the REGISTER_*
+    /// commands of the process's memory (0: none, or a kernel before 6.3,
+    /// which answers EINVAL).
+    pub membarrier: u32,
 }
 
 /// Signal `sig`'s bit in a signal set of /proc/PID/status.
@@ -125,8 +130,16 @@ pub fn main_thread(probe: &mut Probe<'_>, status: &Status) -> Result<MainAnswers
             libc::SYS_prctl,
             [libc::PR_GET_TIMERSLACK as u64, 0, 0, 0, 0, 0],
         ),
+        // Last: the one whose failure (an older kernel) is no error.
+        (
+            "membarrier(MEMBARRIER_CMD_GET_REGISTRATIONS)",
+            libc::SYS_membarrier,
+            [MEMBARRIER_CMD_GET_REGISTRATIONS, 0, 0, 0, 0, 0],
+        ),
     ]);
-    let got = probe.calls(0, &calls)?;
+    let mut got = probe.calls_raw(0, &calls)?;
+    let membarrier = got.pop().filter(|&r| r > 0).unwrap_or(0) as u32;
+    let got = probe.checked(0, &calls[..got.len()], got)?;
     let r = &got[first..];
     let mut raw = vec![0u8; END as usize];
     probe.read(0, &mut raw)?;
@@ -151,5 +164,6 @@ pub fn main_thread(probe: &mut Probe<'_>, status: &Status) -> Result<MainAnswers
         thp_disable: r[9] != 0,
         brk: r[10],
         timer_slack_ns: r[11],
+        membarrier,
     })
 }

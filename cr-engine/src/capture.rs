@@ -26,7 +26,7 @@ use crate::probe::Probe;
 use crate::{fault, interrupt};
 use cr_image::chain::{self, Chain, Link};
 use cr_image::dir::data_files;
-use cr_image::model::{Checkpoint, DirtyMethod, Meta, ParentRef, Process};
+use cr_image::model::{Checkpoint, DirtyMethod, Meta, ParentRef, ProcState, Process};
 use cr_image::store::StoreWriter;
 use cr_image::ImageDir;
 use cr_sys::proc::{self, Stat, Status};
@@ -255,8 +255,15 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     laps.lap("fds");
     kinds::memory::Memory::capture(&mut cx, &mut p)?;
     laps.lap("memory");
+    // A SIGSTOP that came while we injected (taken, see
+    // `Tracee::take_stop`): the process would have stopped, so the image
+    // says stopped.
+    let taken = cx.probe.tracees().iter().find_map(|t| t.taken_stop());
     cx.probe.close().map_err(sys)?;
     laps.lap("close");
+    if let (ProcState::Running, Some(signal)) = (p.state, taken) {
+        p.state = ProcState::Stopped { signal };
+    }
     // Stops: of its threads, waited for by injected calls.
     let stops = cr_sys::remote::stops() - stops;
     debug!(pid, laps = %laps, stops, "process captured (µs per kind)");

@@ -92,6 +92,17 @@ impl<'a> Probe<'a> {
     /// stops as batches allow (see the module docs).
     pub fn calls(&mut self, i: usize, calls: &[(&'static str, i64, [u64; 6])]) -> Result<Vec<u64>> {
         let raw = self.calls_raw(i, calls)?;
+        self.checked(i, calls, raw)
+    }
+
+    /// The raw results `raw` of `calls` made in thread `i`, each `-errno`
+    /// an error naming its call (as [`Probe::calls`] answers).
+    pub fn checked(
+        &self,
+        i: usize,
+        calls: &[(&'static str, i64, [u64; 6])],
+        raw: Vec<i64>,
+    ) -> Result<Vec<u64>> {
         let pid = self.tracees[i].tid();
         calls
             .iter()

@@ -43,16 +43,17 @@ pub enum CloneError {
 /// and then waits in pause(); the caller is expected to seize it and
 /// rebuild it.
 pub fn spawn_stub(pid: i32, ns: u64) -> Result<i32, CloneError> {
-    spawn(pid, ns)
+    spawn(Some(pid), ns)
 }
 
 /// Like [`spawn_stub`], but the child is PID 1 of a new PID namespace;
 /// returns its PID in ours.
 pub fn spawn_stub_in_new_pidns(ns: u64) -> Result<i32, CloneError> {
-    spawn(1, libc::CLONE_NEWPID as u64 | ns)
+    spawn(Some(1), libc::CLONE_NEWPID as u64 | ns)
 }
 
-fn spawn(pid: i32, flags: u64) -> Result<i32, CloneError> {
+/// Fork a child that waits in pause(), with PID `pid` (None: any).
+fn spawn(pid: Option<i32>, flags: u64) -> Result<i32, CloneError> {
     // A process just reaped is gone from /proc a moment before its number
     // is free again (the kernel releases the numbers after it unhashes the
     // task; with thousands of mappings to tear down, tens of milliseconds
@@ -61,8 +62,8 @@ fn spawn(pid: i32, flags: u64) -> Result<i32, CloneError> {
     let deadline = std::time::Instant::now() + RELEASE_WAIT;
     loop {
         match spawn_once(pid, flags) {
-            Err(CloneError::PidInUse(_))
-                if pid != 1 && !pid_exists(pid) && std::time::Instant::now() < deadline =>
+            Err(CloneError::PidInUse(n))
+                if n > 1 && !pid_exists(n) && std::time::Instant::now() < deadline =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
@@ -74,15 +75,20 @@ fn spawn(pid: i32, flags: u64) -> Result<i32, CloneError> {
 /// How long [`spawn`] waits for a number being released.
 const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-fn spawn_once(pid: i32, flags: u64) -> Result<i32, CloneError> {
-    let tids = [pid];
+fn spawn_once(pid: Option<i32>, flags: u64) -> Result<i32, CloneError> {
+    let tids = [pid.unwrap_or(0)];
     let args = CloneArgs {
         flags,
         exit_signal: libc::SIGCHLD as u64,
-        set_tid: tids.as_ptr() as u64,
-        set_tid_size: 1,
+        set_tid: if pid.is_some() {
+            tids.as_ptr() as u64
+        } else {
+            0
+        },
+        set_tid_size: pid.is_some() as u64,
         ..Default::default()
     };
+    let pid = pid.unwrap_or(0);
     // Raw: nix has no clone3 (set_tid).
     // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of our
     // address space. The child only calls prctl and pause (system calls
@@ -138,5 +144,38 @@ pub fn kill_with_parent(cmd: &mut std::process::Command, sig: i32) {
             }
             Ok(())
         });
+    }
+}
+
+/// A child of ours that waits until it is ended ([`Doomed::end`], or the
+/// drop): the pidfds opened of it meanwhile are, once it is ended and
+/// reaped, pidfds of a process that has exited (pidfd_send_signal answers
+/// ESRCH, poll reports them readable), all of the same process.
+#[derive(Debug)]
+pub struct Doomed {
+    pid: i32,
+}
+
+impl Doomed {
+    /// Fork the child (it dies with us too: PR_SET_PDEATHSIG).
+    pub fn spawn() -> Result<Doomed, CloneError> {
+        Ok(Doomed {
+            pid: spawn(None, 0)?,
+        })
+    }
+
+    /// A new pidfd of the child, with `flags` (PIDFD_NONBLOCK, PIDFD_THREAD).
+    pub fn pidfd(&self, flags: u32) -> Result<std::os::fd::OwnedFd> {
+        crate::fdio::pidfd_open_flags(self.pid, flags)
+    }
+
+    /// Kill the child and reap it.
+    pub fn end(self) {}
+}
+
+impl Drop for Doomed {
+    fn drop(&mut self) {
+        let _ = crate::ptrace::kill(self.pid, libc::SIGKILL);
+        let _ = crate::ptrace::wait_timed(self.pid, 0, crate::ptrace::KILL_REAP_TIMEOUT);
     }
 }

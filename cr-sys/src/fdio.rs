@@ -39,8 +39,13 @@ pub(crate) fn own(r: i64, what: impl FnOnce() -> String) -> Result<OwnedFd> {
 
 /// A pidfd for process `pid`.
 pub fn pidfd_open(pid: i32) -> Result<OwnedFd> {
+    pidfd_open_flags(pid, 0)
+}
+
+/// A pidfd for process `pid` with `flags` (PIDFD_NONBLOCK, PIDFD_THREAD).
+pub fn pidfd_open_flags(pid: i32, flags: u32) -> Result<OwnedFd> {
     // SAFETY: plain syscall with integer arguments.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
     own(r, || format!("pidfd_open of process {pid}"))
 }
 

@@ -87,6 +87,11 @@ pub struct Tracee {
     /// The signal of the PTRACE_EVENT_STOP that ended the last
     /// [`Tracee::interrupt`] (0: none yet).
     event_sig: i32,
+    /// A job-control stop signal (SIGSTOP: the one no mask holds back)
+    /// that the thread dequeued while we injected into it, taken from it
+    /// so that the injection goes on ([`Tracee::take_stop`]); sent again
+    /// when the thread is let go (0: none).
+    taken_stop: i32,
 }
 
 /// The ptrace requests nix lacks (PTRACE_GETREGSET with NT_X86_XSTATE,
@@ -312,6 +317,7 @@ impl Tracee {
             attached: true,
             on_drop,
             event_sig: 0,
+            taken_stop: 0,
         };
         t.interrupt()?;
         Ok(t)
@@ -326,6 +332,7 @@ impl Tracee {
             attached: true,
             on_drop,
             event_sig: 0,
+            taken_stop: 0,
         };
         loop {
             match t.wait_stop()? {
@@ -354,6 +361,21 @@ impl Tracee {
 
     fn pid(&self) -> Pid {
         Pid::from_raw(self.tid)
+    }
+
+    /// Note that the thread dequeued job-control stop signal `sig` (at a
+    /// signal-delivery stop during an injection) and that the tracer
+    /// suppressed it: the stop is kept for [`Tracee::taken_stop`] and is
+    /// sent again when the thread is detached.
+    pub fn take_stop(&mut self, sig: i32) {
+        debug!(tid = self.tid, sig, "stop signal taken during an injection");
+        self.taken_stop = sig;
+    }
+
+    /// The stop signal taken from the thread during an injection (see
+    /// [`Tracee::take_stop`]), if any.
+    pub fn taken_stop(&self) -> Option<i32> {
+        (self.taken_stop != 0).then_some(self.taken_stop)
     }
 
     fn failed(&self, op: &'static str, source: Errno) -> SysError {
@@ -628,6 +650,15 @@ impl Tracee {
             .map_err(|source| self.failed("detach", source));
         self.attached = false;
         self.stopped = false;
+        if r.is_ok() && self.taken_stop != 0 {
+            // The stop the thread dequeued while we injected: sent again,
+            // to the process (a group stop), now that it runs untraced.
+            let sig = std::mem::take(&mut self.taken_stop);
+            let tgid = crate::proc::status(self.tid).map_or(self.tid, |s| s.tgid);
+            if let Err(e) = kill(tgid, sig) {
+                warn!(tid = self.tid, sig, error = %e, "could not send the taken stop signal again");
+            }
+        }
         r.map(|_| ())
     }
 

@@ -199,6 +199,14 @@ impl<'a> Injector<'a> {
                         group_stops += 1;
                         self.t.resume(req, 0)?;
                     }
+                    // SIGSTOP, which no mask holds back, sent while we
+                    // inject (or pending from before: a stopped process
+                    // sent SIGSTOP again): taken, kept and sent again at
+                    // the detach, so the injection goes on.
+                    Stop::Signal(sig) if is_stop_signal(sig) => {
+                        self.t.take_stop(sig);
+                        self.t.resume(req, 0)?;
+                    }
                     other => return Err(unexpected(self.t.tid(), other, phase)),
                 }
             }
@@ -294,6 +302,11 @@ impl<'a> Injector<'a> {
                     if event == PTRACE_EVENT_STOP && is_stop_signal(sig) && group_stops < 4 =>
                 {
                     group_stops += 1;
+                    self.t.resume(libc::PTRACE_CONT, 0)?;
+                }
+                // As in `syscall_raw`: a SIGSTOP taken, sent again at the detach.
+                Stop::Signal(sig) if is_stop_signal(sig) => {
+                    self.t.take_stop(sig);
                     self.t.resume(libc::PTRACE_CONT, 0)?;
                 }
                 other => return Err(unexpected(self.t.tid(), other, "batch")),

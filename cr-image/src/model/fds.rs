@@ -152,9 +152,12 @@ pub enum FdKind {
         uid: u32,
         gid: u32,
     },
-    /// A pidfd of process `pid` of the image.
+    /// A pidfd of process `pid` of the image (0: of a process that had
+    /// exited, which `dead` names: the pidfds of one such process share
+    /// it, its pidfs inode number).
     Pidfd {
         pid: u32,
+        dead: u64,
     },
     // kind "tty"
     Pty {
@@ -408,7 +411,10 @@ impl Fd {
                     })
                     .collect::<Result<_, _>>()?,
             },
-            Some(K::Pidfd(p)) => FdKind::Pidfd { pid: p.pid },
+            Some(K::Pidfd(p)) => FdKind::Pidfd {
+                pid: p.pid,
+                dead: p.dead,
+            },
             Some(K::PathOnly(_)) => FdKind::PathOnly,
             Some(K::RemovedSymlink(s)) => FdKind::RemovedSymlink {
                 target: s.target,
@@ -574,7 +580,10 @@ impl Fd {
                     })
                     .collect(),
             }),
-            FdKind::Pidfd { pid } => K::Pidfd(pb::Pidfd { pid: *pid }),
+            FdKind::Pidfd { pid, dead } => K::Pidfd(pb::Pidfd {
+                pid: *pid,
+                dead: *dead,
+            }),
             FdKind::PathOnly => K::PathOnly(pb::Empty {}),
             FdKind::RemovedSymlink { target, uid, gid } => K::RemovedSymlink(pb::RemovedSymlink {
                 target: target.clone(),
@@ -673,8 +682,8 @@ pub(crate) fn validate(
                 return bad(format!("watches fd {}, which is not open", it.tfd));
             }
         }
-        if let FdKind::Pidfd { pid } = f.kind {
-            if !pids.contains_key(&pid) {
+        if let FdKind::Pidfd { pid, .. } = f.kind {
+            if pid != 0 && !pids.contains_key(&pid) {
                 return bad(format!("is a pidfd of process {pid}, not in the image"));
             }
         }

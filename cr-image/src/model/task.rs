@@ -40,6 +40,9 @@ pub struct Task {
     pub timer_slack_ns: u64,
     /// ioprio_get() of the main thread (class << 13 | level; 0: never set).
     pub ioprio: u32,
+    /// The membarrier REGISTER_* commands the process's memory is
+    /// registered for (MEMBARRIER_CMD_GET_REGISTRATIONS; 0: none).
+    pub membarrier: u32,
 }
 
 /// An I/O priority as ioprio_get answers it: classes none, real-time,
@@ -147,6 +150,7 @@ impl Task {
             root: t.root,
             timer_slack_ns: t.timer_slack_ns,
             ioprio: t.ioprio,
+            membarrier: t.membarrier,
         })
     }
 
@@ -168,6 +172,7 @@ impl Task {
             root: self.root.clone(),
             timer_slack_ns: self.timer_slack_ns,
             ioprio: self.ioprio,
+            membarrier: self.membarrier,
         }
     }
 }

@@ -164,6 +164,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             root: "/".into(),
             timer_slack_ns: 60_000,
             ioprio: 2 << 13 | 6,
+            membarrier: 1 << 4,
         },
         mm: Mm {
             auxv: vec![0; 64],

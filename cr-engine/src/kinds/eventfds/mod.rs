@@ -4,16 +4,19 @@
 //! interest list with events and data), inotify (the watches, found by
 //! their file handles, with their watch numbers), fanotify (the group's
 //! flags and marks: see [`fanotify`]) and pidfds of processes
-//! of the tree (which process; a pidfd of a process outside the tree, or
-//! of one that has exited, is refused: a restore cannot give it that
-//! process again).
+//! of the tree (which process; a pidfd of a process outside the tree is
+//! refused: a restore cannot give it that process again), or of one that
+//! has exited.
 //!
 //! Restore: each is made in the restorer and taken by the process; epoll
 //! interest lists are registered inside the process once all its fds are
 //! back (each item carries the process's own fd number); timerfds are
 //! armed at the release, when the tree starts running; a pidfd is opened
 //! inside the process (pidfd_open of the restored process, by its PID as
-//! the process sees it).
+//! the process sees it); a pidfd of a process that had exited is one of a
+//! child of the restorer (one per dead process, so that the pidfds of one
+//! share their inode), which is ended and reaped at the release
+//! (`cr_sys::clone::Doomed`).
 //!
 //! Events queued in an inotify instance or a fanotify group and not read
 //! yet cannot be queued again in the one the restore makes: a dump whose
@@ -32,7 +35,7 @@ use crate::kinds::fds::{FdScan, OpenFd};
 use crate::kinds::{Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::fds::{EpollItem, InotifyWatch, TimerFd};
-use cr_image::model::{Fd, FdKind, Process};
+use cr_image::model::{Checkpoint, Fd, FdKind, Process};
 use cr_sys::fdio;
 use cr_sys::proc::{FDTarget, FdInfo, WatchedHandle};
 use std::os::fd::OwnedFd;
@@ -44,6 +47,18 @@ pub struct EventFds;
 impl FileKind for EventFds {
     fn name(&self) -> &'static str {
         "eventfds"
+    }
+
+    /// Count the pidfds of each process that had exited ([`Dead`]): the
+    /// fds opened again (not those sharing an earlier one's description).
+    fn prepare(&self, r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
+        let dead_ones = &mut r.stash.get::<Dead>().0;
+        for f in ck.processes.iter().flat_map(|p| &p.fds) {
+            if let (FdKind::Pidfd { pid: 0, dead }, None) = (&f.kind, &f.shared) {
+                dead_ones.entry(*dead).or_insert((0, None)).0 += 1;
+            }
+        }
+        Ok(())
     }
 
     fn describe(&self, cx: &mut FdScan<'_>, f: &OpenFd<'_>) -> Option<Described> {
@@ -84,7 +99,7 @@ impl FileKind for EventFds {
                 event_flags,
                 marks,
             } => fanotify::group(f, *flags, *event_flags, marks),
-            FdKind::Pidfd { pid } => return Some(open_pidfd(cx, f, *pid)),
+            FdKind::Pidfd { pid, dead } => return Some(open_pidfd(cx, f, *pid, *dead)),
             _ => return None,
         };
         Some(made.map(Opened::Ours))
@@ -116,10 +131,15 @@ impl FileKind for EventFds {
         Ok(())
     }
 
-    /// Arm the timerfds with the time they had left, now that the tree runs.
+    /// Arm the timerfds with the time they had left, now that the tree
+    /// runs; end the children whose pidfds stand for processes that had
+    /// exited.
     fn release(&self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
         for (fd, t) in r.stash.get::<Timers>().0.drain(..) {
             arm(&fd, &t)?;
+        }
+        for (_, (_, child)) in r.stash.get::<Dead>().0.drain() {
+            drop(child);
         }
         Ok(())
     }
@@ -206,7 +226,7 @@ pub fn watch(cx: &mut Rebuild<'_, '_, '_>, p: &Process, f: &Fd) -> Result<(), Re
 const PIDFD_FLAGS: u32 = (libc::O_NONBLOCK | libc::O_EXCL) as u32;
 
 /// A pidfd: of which process of the tree ("Pid:" of fdinfo, as we see it;
-/// -1 once it has exited).
+/// -1 once it has exited: pid 0 in the image).
 fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
     let pid: i32 = f
         .info
@@ -214,7 +234,11 @@ fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
         .and_then(|v| v.trim().parse().ok())
         .ok_or("a pidfd whose process cannot be read")?;
     if pid <= 0 {
-        return Err("a pidfd of a process that has exited (a restore cannot make one)".into());
+        // Which dead process: pidfs gives each process one inode.
+        let dead = f.md.as_ref().map(|m| m.ino()).unwrap_or_else(|| {
+            std::fs::metadata(format!("/proc/{}/fd/{}", f.pid, f.fd)).map_or(0, |m| m.ino())
+        });
+        return Ok(FdKind::Pidfd { pid: 0, dead });
     }
     if f.info.flags & libc::O_EXCL as u32 != 0 || !cx.tree.in_tree(pid) {
         return Err(format!(
@@ -226,12 +250,49 @@ fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
             }
         ));
     }
-    Ok(FdKind::Pidfd { pid: pid as u32 })
+    Ok(FdKind::Pidfd {
+        pid: pid as u32,
+        dead: 0,
+    })
 }
 
 /// pidfd_open, inside the process, of the restored process `pid` of the
 /// image (by the PID the process sees it with), at the fd's number.
-fn open_pidfd(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, pid: u32) -> Result<Opened, RestoreError> {
+fn open_pidfd(
+    cx: &mut Rebuild<'_, '_, '_>,
+    f: &Fd,
+    pid: u32,
+    dead: u64,
+) -> Result<Opened, RestoreError> {
+    if pid == 0 {
+        // Of a process that had exited: of a child of ours, one per dead
+        // process, which ends at the release ([`Dead`]).
+        let what = || {
+            format!(
+                "cannot make fd {}, a pidfd of a process that has exited",
+                f.fd
+            )
+        };
+        let dead_ones = &mut cx.r.stash.get::<Dead>().0;
+        let (left, child) = dead_ones.entry(dead).or_insert((1, None));
+        let made = match child {
+            Some(c) => c,
+            None => child.insert(
+                cr_sys::clone::Doomed::spawn()
+                    .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())))?,
+            ),
+        }
+        .pidfd(f.flags & PIDFD_FLAGS)
+        .step(what)?;
+        // Its last pidfd made: it ends (before `--verify` looks).
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            if let Some(c) = child.take() {
+                c.end();
+            }
+        }
+        return Ok(Opened::Ours(made));
+    }
     let ck = cx.r.ck;
     let target = ck
         .processes
@@ -262,6 +323,13 @@ fn open_pidfd(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, pid: u32) -> Result<Opened, 
 /// Timerfds to arm at the release.
 #[derive(Default)]
 struct Timers(Vec<(OwnedFd, TimerFd)>);
+
+/// The children whose pidfds stand for the processes that had exited, by
+/// the image's name of each (`dead`), with how many pidfds of each are
+/// still to make (counted at `prepare`): each ends once its last pidfd is
+/// made (at the latest at the release).
+#[derive(Default)]
+struct Dead(std::collections::HashMap<u64, (usize, Option<cr_sys::clone::Doomed>)>);
 
 fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, kind: &str) -> Result<FdKind, String> {
     let info = &f.info;

@@ -147,12 +147,72 @@ expect(os.waitpid(child, 0)[0] == child, "child killed through its pidfd")
         p.fds
             .iter()
             .filter_map(|f| match f.kind {
-                cr_image::model::FdKind::Pidfd { pid } => Some((f.fd, pid)),
+                cr_image::model::FdKind::Pidfd { pid, .. } => Some((f.fd, pid)),
                 _ => None,
             })
             .collect::<Vec<_>>()
     };
     assert_eq!(pidfds(a).len(), 2, "{:?}", a.fds);
+    assert_eq!(pidfds(a), pidfds(b));
+}
+
+/// pidfds of processes that have exited and been reaped (two of one
+/// process, one blocking and one non-blocking, and one of another): after
+/// the restore each still names a dead process ("Pid: -1"),
+/// pidfd_send_signal answers ESRCH, poll reports them readable, the
+/// non-blocking one keeps PIDFD_NONBLOCK, and (pidfs) the two of one
+/// process share their inode, which the other's differs from.
+#[test]
+fn pidfds_of_dead_processes_round_trip() {
+    let rt = round_trip(
+        "pidfds-dead",
+        r#"
+import select
+def dead(*flags):
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    fds = [os.pidfd_open(child, f) for f in flags]
+    os.waitpid(child, 0)
+    return fds
+blocking, nonblocking = dead(0, os.O_NONBLOCK)
+other, = dead(0)
+ino = lambda fd: os.fstat(fd).st_ino
+expect(ino(blocking) == ino(nonblocking) != ino(other), "setup: the inodes")
+def target(fd):
+    for line in open("/proc/self/fdinfo/%d" % fd):
+        if line.startswith("Pid:"):
+            return int(line.split()[1])
+"#,
+        r#"
+expect(ino(blocking) == ino(nonblocking), "the pidfds of one process: two inodes")
+expect(ino(blocking) != ino(other), "the pidfds of two processes: one inode")
+for fd in (blocking, nonblocking, other):
+    expect(target(fd) == -1, "pidfd %d names %r" % (fd, target(fd)))
+    try:
+        signal.pidfd_send_signal(fd, 0)
+        expect(False, "pidfd %d: a signal sent to a dead process" % fd)
+    except ProcessLookupError:
+        pass
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    expect(p.poll(0) != [], "pidfd %d not readable" % fd)
+expect(fcntl.fcntl(nonblocking, fcntl.F_GETFL) & os.O_NONBLOCK, "PIDFD_NONBLOCK")
+expect(not fcntl.fcntl(blocking, fcntl.F_GETFL) & os.O_NONBLOCK, "the blocking one")
+"#,
+    );
+    let (a, b) = rt.roots();
+    let pidfds = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .filter_map(|f| match f.kind {
+                cr_image::model::FdKind::Pidfd { pid, .. } => Some((f.fd, pid)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pidfds(a).len(), 3, "{:?}", a.fds);
+    assert!(pidfds(a).iter().all(|&(_, pid)| pid == 0));
     assert_eq!(pidfds(a), pidfds(b));
 }
 

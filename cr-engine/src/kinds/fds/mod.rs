@@ -755,7 +755,7 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             (FdKind::Pty { master: x, .. }, FdKind::Pty { master: y, .. }) => {
                 c.same(&what, "pty end (master)", x, y);
             }
-            (FdKind::Pidfd { pid: x }, FdKind::Pidfd { pid: y }) => {
+            (FdKind::Pidfd { pid: x, .. }, FdKind::Pidfd { pid: y, .. }) => {
                 let y = c.image_pid(*y);
                 c.same(&what, "pidfd of process", x, &y);
             }

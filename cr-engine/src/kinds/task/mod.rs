@@ -2,8 +2,8 @@
 //! (comm), executable (path and GNU build id), working directory, umask,
 //! personality, command line, scheduling (policy with
 //! SCHED_RESET_ON_FORK, real-time priority, nice), I/O priority, timer
-//! slack, OOM score adjustment, and the prctl switches child-subreaper and
-//! THP-disable.
+//! slack, OOM score adjustment, the prctl switches child-subreaper and
+//! THP-disable, and the membarrier registrations of its memory.
 //!
 //! Capture reads /proc (stat, status, personality, cwd and exe links,
 //! cmdline, oom_score_adj, timerslack_ns), the executable's build id
@@ -97,6 +97,7 @@ impl Kind for Task {
         // Asked with the rest of the main thread's state (`crate::asked`).
         t.child_subreaper = cx.main.child_subreaper;
         t.thp_disable = cx.main.thp_disable;
+        t.membarrier = cx.main.membarrier;
         Ok(())
     }
 
@@ -161,6 +162,16 @@ impl Kind for Task {
                 "cannot disable transparent huge pages".into(),
             )?;
         }
+        // The membarrier registrations of the memory, each REGISTER_*
+        // command again (the memory the restore fills is this one).
+        for bit in (0..32).map(|b| 1u32 << b).filter(|b| t.membarrier & b != 0) {
+            stub.later(
+                "membarrier",
+                libc::SYS_membarrier,
+                [bit as u64, 0, 0, 0, 0, 0],
+                format!("cannot register the memory for membarrier command {bit:#x}"),
+            )?;
+        }
         stub.flush()?;
         let write = |file: &str, value: String| {
             let path = format!("/proc/{}/{file}", stub.pid());
@@ -223,6 +234,12 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         &b.child_subreaper,
     );
     c.same("task", "THP disabled", &a.thp_disable, &b.thp_disable);
+    c.same(
+        "task",
+        "membarrier registrations",
+        &a.membarrier,
+        &b.membarrier,
+    );
 }
 
 /// The process's root directory (chroot), once everything it opens by

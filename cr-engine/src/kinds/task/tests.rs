@@ -110,3 +110,33 @@ expect(os.getcwd() == "/inside", "cwd " + os.getcwd())
     assert!(a.task.root.ends_with("/jail"), "root {}", a.task.root);
     assert_eq!(a.task, b.task);
 }
+
+/// membarrier registrations of the memory (private expedited, its
+/// sync-core flavour, global expedited): without them after a restore,
+/// MEMBARRIER_CMD_PRIVATE_EXPEDITED fails with EPERM (a JIT or an RCU
+/// library would abort).
+#[test]
+fn membarrier_registrations_round_trip() {
+    let rt = round_trip(
+        "task-membarrier",
+        r#"
+libc.syscall.restype = ctypes.c_long
+def mb(cmd):
+    return libc.syscall(324, cmd, 0, 0)            # membarrier(cmd, 0, 0)
+REG_GLOBAL_EXP, PRIV_EXP, REG_PRIV_EXP, PRIV_SYNC, REG_PRIV_SYNC, GET_REG = 4, 8, 16, 32, 64, 512
+expect(mb(PRIV_EXP) == -1 and ctypes.get_errno() == errno.EPERM, "expedited before registering")
+for cmd in (REG_GLOBAL_EXP, REG_PRIV_EXP, REG_PRIV_SYNC):
+    expect(mb(cmd) == 0, "register %d: errno %d" % (cmd, ctypes.get_errno()))
+expect(mb(GET_REG) == REG_GLOBAL_EXP | REG_PRIV_EXP | REG_PRIV_SYNC, "registrations %d" % mb(GET_REG))
+"#,
+        r#"
+reg = mb(GET_REG)
+expect(reg == REG_GLOBAL_EXP | REG_PRIV_EXP | REG_PRIV_SYNC, "registrations after restore %d" % reg)
+expect(mb(PRIV_EXP) == 0, "private expedited: errno %d" % ctypes.get_errno())
+expect(mb(PRIV_SYNC) == 0, "private expedited sync-core: errno %d" % ctypes.get_errno())
+"#,
+    );
+    let (a, b) = rt.roots();
+    assert_eq!(a.task.membarrier, 4 | 16 | 64);
+    assert_eq!(a.task, b.task);
+}

@@ -294,7 +294,10 @@ fn fork_stub(t: &mut Tracee, pid: i32, exit_signal: i32) -> Result<Tracee, Resto
 }
 
 /// Process groups: leaders first, then members (a group must exist before
-/// it is joined). Session leaders already lead their group.
+/// it is joined). Session leaders already lead their group. A group whose
+/// leader is gone (it made the group, then exited and was reaped; its
+/// members, a zombie among them, live on) gets a helper as its leader for
+/// the time the members join it ([`leaderless_groups`]).
 fn set_process_groups(
     procs: &[Process],
     stubs: &mut [Tracee],
@@ -305,13 +308,26 @@ fn set_process_groups(
     // again: the group lives on while its zombie leader or any member does.
     let in_tree = |pgid: u32| pgid != 0 && procs.iter().any(|p| ids.inner(p.pid) == pgid);
     let i_am_root = |p: &Process| procs.first().is_some_and(|r| r.pid == p.pid);
+    let mut helpers = Vec::new();
+    for (pgid, host) in leaderless_groups(procs, ids) {
+        let mut h = fork_stub(&mut stubs[host], pgid as i32, 0)?;
+        inject_once(&mut h, "setpgid", libc::SYS_setpgid, [0; 6])?;
+        debug!(
+            pgid,
+            host = stubs[host].tid(),
+            "helper leads a group whose leader is gone"
+        );
+        helpers.push((pgid, host, h));
+    }
+    let helped = |pgid: u32| helpers.iter().any(|h| h.0 == pgid);
     for leaders in [true, false] {
         for (p, t) in procs.iter().zip(stubs.iter_mut()) {
             let (sid, pgid) = ids.sid_pgid(p);
             let me = ids.inner(p.pid);
             // A shell job's root led its own group in the shell's session.
             let own_group = shell_job && leaders && i_am_root(p) && !in_tree(sid) && sid != me;
-            if !own_group && (sid == me || (pgid == me) != leaders || !in_tree(pgid)) {
+            let joins = (pgid == me) == leaders && (in_tree(pgid) || helped(pgid));
+            if !own_group && (sid == me || !joins) {
                 continue;
             }
             let pgid = if own_group { 0 } else { pgid };
@@ -323,7 +339,45 @@ fn set_process_groups(
             )?;
         }
     }
+    for (pgid, host, mut h) in helpers {
+        // It exits (no exit signal: its parent is not told) and its
+        // parent reaps it; the group lives on with its members.
+        let ip = find_syscall_insn(h.tid())?;
+        let mut inj = Injector::new(&mut h, ip)?;
+        match inj.syscall_raw(libc::SYS_exit_group, [0; 6]) {
+            Err(cr_sys::SysError::Exited { .. }) => {}
+            Err(e) => return Err(e.into()),
+            Ok(_) => return Err(RestoreError::Unsupported("exit_group returned".into())),
+        }
+        inject_once(
+            &mut stubs[host],
+            "wait4",
+            libc::SYS_wait4,
+            [pgid as u64, 0, libc::__WALL as u64, 0, 0, 0],
+        )?;
+    }
     Ok(())
+}
+
+/// The process groups whose leader is not in the image (it made the
+/// group, then exited and was reaped) but live members are, or zombies:
+/// each with the index of the member whose stub forks the group's
+/// helper (the first, which is in the group's session). Not the root's
+/// group: a root led by a process outside (the shell's or the starter's
+/// group) stays in the restorer's.
+fn leaderless_groups(procs: &[Process], ids: &Ids) -> Vec<(u32, usize)> {
+    let in_tree = |id: u32| procs.iter().any(|p| ids.inner(p.pid) == id);
+    let root_pgid = procs.first().map(|r| ids.sid_pgid(r).1);
+    let mut out: Vec<(u32, usize)> = Vec::new();
+    for (i, p) in procs.iter().enumerate() {
+        let pgid = ids.sid_pgid(p).1;
+        if pgid == 0 || in_tree(pgid) || Some(pgid) == root_pgid || out.iter().any(|o| o.0 == pgid)
+        {
+            continue;
+        }
+        out.push((pgid, i));
+    }
+    out
 }
 
 /// Let the tree run: zombies die first (with their saved status), then the
@@ -396,19 +450,32 @@ fn wait_stopped(pids: &[i32]) {
 
 /// Whether job-control signal `signal` (SIGTSTP, SIGTTIN, SIGTTOU) stops
 /// `p` again: its action is the default, it is not blocked, and its group
-/// is not orphaned (the kernel drops those signals then), which its parent
-/// in another group of its session guarantees. Otherwise SIGSTOP stops it
-/// (its parent's waitpid(WUNTRACED) then reports SIGSTOP).
+/// is not orphaned (the kernel drops those signals then): some live member
+/// of the group has its parent in another group of the same session (the
+/// stopped process's own parent, or the parent of its group's leader when
+/// it shares its parent's group). Otherwise SIGSTOP stops it (its
+/// parent's waitpid(WUNTRACED) then reports SIGSTOP).
 fn stop_signal(procs: &[Process], p: &Process, signal: i32) -> bool {
     let default = !p.signals.actions.iter().any(|a| a.signo == signal as u32);
     let blocked = p
         .threads
         .first()
         .is_some_and(|t| t.sigmask & (1u64 << (signal - 1)) != 0);
-    let anchored = procs
+    default && !blocked && !orphaned_group(procs, p)
+}
+
+/// Whether the process group of `p` is orphaned as far as the image
+/// tells: no live member has a parent (in the image) in another group of
+/// the same session.
+fn orphaned_group(procs: &[Process], p: &Process) -> bool {
+    !procs
         .iter()
-        .any(|q| q.pid == p.ppid && q.pgid != p.pgid && q.sid == p.sid);
-    default && !blocked && anchored
+        .filter(|m| m.pgid == p.pgid && m.sid == p.sid && !m.is_zombie())
+        .any(|m| {
+            procs
+                .iter()
+                .any(|q| q.pid == m.ppid && q.pgid != p.pgid && q.sid == p.sid)
+        })
 }
 
 /// Turn a stub into a zombie with the saved wait status.

@@ -150,3 +150,131 @@ expect(os.readlink("/proc/self/fd/%d" % fd).endswith("from-child"), "the child's
     );
     assert!(err.contains("not supported"), "{err}");
 }
+
+/// A child stopped by SIGSTOP that was sent SIGSTOP again while stopped
+/// (pending: SIGSTOP cannot be blocked, so the checkpoint's injected calls
+/// meet it), and a grandchild stopped by SIGTSTP in the group its parent
+/// leads (not orphaned: that parent's parent is in another group of the
+/// session). Both stop again with their signal after the restore, which
+/// their parents' waits report; SIGCONT lets them finish.
+#[test]
+fn pending_sigstop_and_tstp_in_parents_group_round_trip() {
+    let rt = round_trip(
+        "tree-pending-stop",
+        r#"
+r, w = os.pipe()
+stopped = os.fork()
+if stopped == 0:
+    os.close(w)
+    os._exit(0 if os.read(r, 1) == b"x" else 1)
+os.close(r)
+os.kill(stopped, signal.SIGSTOP)
+os.waitid(os.P_PID, stopped, os.WSTOPPED | os.WNOWAIT)
+os.kill(stopped, signal.SIGSTOP)                   # pending while stopped
+os.write(w, b"x")
+# A group leader whose child stops by SIGTSTP; it reports what it sees
+# through a pipe.
+rr, rw = os.pipe()
+leader = os.fork()
+if leader == 0:
+    os.setpgid(0, 0)
+    kid = os.fork()
+    if kid == 0:
+        os.kill(os.getpid(), signal.SIGTSTP)
+        os._exit(0)
+    os.waitid(os.P_PID, kid, os.WSTOPPED | os.WNOWAIT)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    os.write(rw, b"s")
+    signal.sigwait({signal.SIGUSR2})
+    st = os.waitid(os.P_PID, kid, os.WSTOPPED | os.WNOWAIT)
+    os.write(rw, bytes([st.si_status]))
+    os.kill(kid, signal.SIGCONT)
+    os.waitpid(kid, 0)
+    os._exit(0)
+expect(os.read(rr, 1) == b"s", "the grandchild did not stop")
+def state(pid):
+    return open("/proc/%d/stat" % pid).read().split(") ")[1][0]
+expect(state(stopped) == "T", "the child did not stop")
+"#,
+        r#"
+expect(state(stopped) == "T", "the stopped child runs: %s" % state(stopped))
+pid, status = os.waitpid(stopped, os.WUNTRACED)
+expect(os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGSTOP, "the child's status %r" % (status,))
+os.kill(stopped, signal.SIGCONT)
+pid, status = os.waitpid(stopped, 0)
+expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child after SIGCONT %r" % (status,))
+os.kill(leader, signal.SIGUSR2)
+sig = os.read(rr, 1)
+expect(sig == bytes([signal.SIGTSTP]), "the grandchild's stop signal %r" % (sig,))
+os.waitpid(leader, 0)
+"#,
+    );
+    let stops = |c: &cr_image::model::Checkpoint| {
+        c.processes
+            .iter()
+            .filter_map(|p| match p.state {
+                ProcState::Stopped { signal } => Some(signal),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(stops(&rt.before), vec![libc::SIGSTOP, libc::SIGTSTP]);
+    assert_eq!(stops(&rt.before), stops(&rt.after));
+}
+
+/// A process group whose leader is gone: a child made it (setpgid), forked
+/// two processes as its siblings (CLONE_PARENT: the root's children), one
+/// of which exits (a zombie), and exited itself (reaped). Both stay in the
+/// group, which a helper leads for the time they join it at the restore.
+#[test]
+fn group_whose_leader_is_gone_round_trip() {
+    let rt = round_trip(
+        "tree-leaderless-group",
+        r#"
+libc.syscall.restype = ctypes.c_long
+r, w = os.pipe()
+leader = os.fork()
+if leader == 0:
+    os.setpgid(0, 0)
+    z = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)   # clone(CLONE_PARENT | SIGCHLD)
+    if z == 0:
+        libc._exit(3)
+    live = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)
+    if live == 0:
+        libc.prctl(1, 9, 0, 0, 0)                   # PR_SET_PDEATHSIG: SIGKILL
+        while True:
+            libc.pause()
+    os.write(w, struct.pack("ii", z, live))
+    libc._exit(0)
+z, live = struct.unpack("ii", os.read(r, 8))
+os.waitpid(leader, 0)
+os.waitid(os.P_PID, z, os.WEXITED | os.WNOWAIT)
+expect(os.getpgid(z) == leader and os.getpgid(live) == leader, "setup: the groups")
+"#,
+        r#"
+expect(os.getpgid(live) == leader, "the live one's group %d, was %d" % (os.getpgid(live), leader))
+expect(os.getpgid(z) == leader, "the zombie's group %d, was %d" % (os.getpgid(z), leader))
+pid, status = os.waitpid(z, 0)
+expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3, "the zombie's status %r" % (status,))
+try:
+    os.waitpid(leader, os.WNOHANG)
+    expect(False, "the helper is our child")
+except ChildProcessError:
+    pass
+os.kill(live, signal.SIGKILL)
+os.waitpid(live, 0)
+"#,
+    );
+    let groups = |c: &cr_image::model::Checkpoint| {
+        c.processes
+            .iter()
+            .map(|p| (p.pid, p.pgid, p.state))
+            .collect::<Vec<_>>()
+    };
+    let before = groups(&rt.before);
+    assert_eq!(before.len(), 3);
+    assert!(before[1..]
+        .iter()
+        .all(|&(pid, pgid, _)| pgid != pid && pgid != before[0].1));
+    assert_eq!(before, groups(&rt.after));
+}

@@ -492,8 +492,10 @@ fn pty_end(
 }
 
 /// A session leader whose controlling terminal was a pty of the image takes
-/// it again (TIOCSCTTY on one of its slave fds) and gives it its foreground
-/// process group.
+/// it again (TIOCSCTTY on one of its slave fds, or, when it kept none (it
+/// closed the slave once the terminal was its), on a slave opened for it
+/// from the restorer's master and closed after) and gives it its
+/// foreground process group.
 pub fn controlling_tty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let Some(index) = p.ctty_pty else {
         return Ok(());
@@ -501,30 +503,71 @@ pub fn controlling_tty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), 
     if cx.r.ids.sid_pgid(p).0 != cx.r.ids.inner(p.pid) {
         return Ok(());
     }
-    let Some(slave) = p
+    let slave = p
         .fds
         .iter()
-        .find(|f| matches!(f.kind, FdKind::Pty { object, master: false } if object == index))
-    else {
-        warn!(
-            pid = p.pid,
-            pty = index,
-            "no slave fd left to make the controlling terminal again"
-        );
-        return Ok(());
-    };
-    cx.stub
-        .call(
-            "ioctl(TIOCSCTTY)",
-            libc::SYS_ioctl,
-            [slave.fd as u64, libc::TIOCSCTTY, 0, 0, 0, 0],
+        .find(|f| matches!(f.kind, FdKind::Pty { object, master: false } if object == index));
+    let what = || {
+        format!(
+            "cannot make /dev/pts/{index} the controlling terminal of process {}",
+            p.pid
         )
-        .step(|| {
-            format!(
-                "cannot make /dev/pts/{index} the controlling terminal of process {}",
-                p.pid
-            )
-        })?;
+    };
+    let (fd, temporary) = match slave {
+        Some(s) => (s.fd as u64, false),
+        None => {
+            let m = cx.r.stash.get::<Held>().0.get(&index).ok_or_else(|| {
+                RestoreError::Unsupported(format!(
+                    "the controlling terminal of process {} is pseudo-terminal {index}, missing from the image",
+                    p.pid
+                ))
+            })?;
+            let ours = fdio::pty_peer(m, libc::O_RDWR).step(what)?;
+            let Some(pidfd) = cx.stub.grab_pidfd else {
+                return Err(RestoreError::Unsupported(format!(
+                    "{}: the restorer's pidfd is gone",
+                    what()
+                )));
+            };
+            let got = cx
+                .stub
+                .call(
+                    "pidfd_getfd",
+                    libc::SYS_pidfd_getfd,
+                    [
+                        pidfd,
+                        std::os::fd::AsRawFd::as_raw_fd(&ours) as u64,
+                        0,
+                        0,
+                        0,
+                        0,
+                    ],
+                )
+                .step(what)?;
+            (got, true)
+        }
+    };
+    let made = set_ctty(cx, p, index, fd).step(what);
+    if temporary {
+        cx.stub
+            .call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
+    }
+    made
+}
+
+/// TIOCSCTTY on the stub's slave fd `fd` of pty object `index`, then its
+/// foreground group (TIOCSPGRP; a failure there is only warned about).
+fn set_ctty(
+    cx: &mut Rebuild<'_, '_, '_>,
+    p: &Process,
+    index: u64,
+    fd: u64,
+) -> cr_sys::error::Result<()> {
+    cx.stub.call(
+        "ioctl(TIOCSCTTY)",
+        libc::SYS_ioctl,
+        [fd, libc::TIOCSCTTY, 0, 0, 0, 0],
+    )?;
     let fg =
         cx.r.ck
             .objects
@@ -540,7 +583,7 @@ pub fn controlling_tty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), 
         if let Err(e) = cx.stub.call(
             "ioctl(TIOCSPGRP)",
             libc::SYS_ioctl,
-            [slave.fd as u64, libc::TIOCSPGRP, addr, 0, 0, 0],
+            [fd, libc::TIOCSPGRP, addr, 0, 0, 0],
         ) {
             warn!(pid = p.pid, pgrp = pg, error = %cr_sys::error::one_line(&e), "foreground group of the terminal not restored");
         }
