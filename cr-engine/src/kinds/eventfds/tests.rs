@@ -143,17 +143,19 @@ expect(os.waitpid(child, 0)[0] == child, "child killed through its pidfd")
 "#,
     );
     let (a, b) = rt.roots();
-    let pidfds = |p: &cr_image::model::Process| {
-        p.fds
-            .iter()
-            .filter_map(|f| match f.kind {
-                cr_image::model::FdKind::Pidfd { pid, .. } => Some((f.fd, pid)),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-    };
     assert_eq!(pidfds(a).len(), 2, "{:?}", a.fds);
     assert_eq!(pidfds(a), pidfds(b));
+}
+
+/// The pidfds of `p`: (fd, the image's PID they name).
+fn pidfds(p: &cr_image::model::Process) -> Vec<(i32, u32)> {
+    p.fds
+        .iter()
+        .filter_map(|f| match f.kind {
+            cr_image::model::FdKind::Pidfd { pid, .. } => Some((f.fd, pid)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// pidfds of processes that have exited and been reaped (two of one
@@ -202,15 +204,6 @@ expect(not fcntl.fcntl(blocking, fcntl.F_GETFL) & os.O_NONBLOCK, "the blocking o
 "#,
     );
     let (a, b) = rt.roots();
-    let pidfds = |p: &cr_image::model::Process| {
-        p.fds
-            .iter()
-            .filter_map(|f| match f.kind {
-                cr_image::model::FdKind::Pidfd { pid, .. } => Some((f.fd, pid)),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-    };
     assert_eq!(pidfds(a).len(), 3, "{:?}", a.fds);
     assert!(pidfds(a).iter().all(|&(_, pid)| pid == 0));
     assert_eq!(pidfds(a), pidfds(b));
