@@ -540,7 +540,8 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, ck: &Checkpoint, image: &Proce
         let Ok(sock) = fdio::steal_fd(pid, f.fd) else {
             continue; // the fd itself is compared by kind "fds"
         };
-        if s.protocol as i32 != libc::IPPROTO_TCP {
+        // A raw socket may carry protocol 6 too.
+        if s.protocol as i32 != libc::IPPROTO_TCP || s.sock_type as i32 != libc::SOCK_STREAM {
             verify_datagram(c, s, f.fd, pid, &sock);
             continue;
         }

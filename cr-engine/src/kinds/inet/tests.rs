@@ -200,8 +200,9 @@ c.setblocking(True); c.settimeout(5); expect(c.recv(100) == b"after", "the conne
 }
 
 /// UDP-Lite sockets (bound, connected, shut, with their checksum coverage
-/// and a datagram queued, given back as UDP-Lite) and a raw socket of a
-/// protocol above 255 (the kernel takes up to IPPROTO_MAX, 262) come back.
+/// and a datagram queued, given back as UDP-Lite), a raw socket of a
+/// protocol above 255 (the kernel takes up to IPPROTO_MAX, 262) and one of
+/// protocol TCP (not a TCP socket: `--verify` tells them apart) come back.
 #[test]
 fn udplite_and_high_protocol_raw_round_trip() {
     round_trip(
@@ -215,6 +216,7 @@ b.setsockopt(UDPLITE, SEND_CSCOV, 20); a.setsockopt(UDPLITE, RECV_CSCOV, 12)
 b.send(b"queued lite")
 c = lite(("0.0.0.0", 0)); c.connect(a.getsockname()); c.shutdown(socket.SHUT_WR)
 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, 256)
+r6 = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
 t = time.time() + 10
 while time.time() < t:
     try:
@@ -234,6 +236,7 @@ try:
 except BrokenPipeError:
     pass
 expect(r.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == 256, "raw protocol 256")
+expect(r6.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_RAW, "raw socket of protocol TCP")
 "#,
     );
 }
