@@ -332,7 +332,12 @@ fn open_parent(
 }
 
 /// Refuse unsupported resources before anything is touched.
-fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> {
+/// What the pre-flight found that the frozen dump can use: the pipes held
+/// outside the tree (see `kinds::pipes::Outside`).
+fn preflight(
+    pid: i32,
+    opts: &CheckpointOptions,
+) -> Result<Option<kinds::pipes::Outside>, CheckpointError> {
     kinds::outside::listed(&opts.save_file).map_err(CheckpointError::Invalid)?;
     let pids = tree::walk(pid)?;
     let mut fds = TreeFds::new(&pids);
@@ -350,7 +355,7 @@ fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> 
             _ => {}
         }
     }
-    Ok(())
+    Ok(kinds::pipes::Outside::take_early(&mut fds))
 }
 
 /// A child process that shares its fd table or its fs information (cwd,
@@ -428,7 +433,7 @@ pub fn freeze(
     if opts.action() != Action::Continue && !opts.skip_queued_events {
         kinds::eventfds::wait_for_reads(&tree::walk(pid)?, kinds::drain::WAIT);
     }
-    preflight(pid, opts)?;
+    let outside_pipes = preflight(pid, opts)?;
     let dir = ImageDir::create(&path)?;
     let mut held = Held {
         coop: Some(coop),
@@ -446,6 +451,7 @@ pub fn freeze(
         let_go: false,
         arena: None,
         thawed_after: None,
+        outside_pipes,
         // Not with --verify: it reads smaps while frozen anyway, and
         // compares every flag.
         early: if memory::early_wanted() && !opts.verify {
@@ -492,6 +498,8 @@ pub struct Held {
     thawed_after: Option<Duration>,
     /// The mappings read before the freeze, for their VmFlags.
     early: memory::EarlyMaps,
+    /// The pipes held outside the tree, found before the freeze.
+    outside_pipes: Option<kinds::pipes::Outside>,
 }
 
 /// What a written image leaves to do when the processes are let go.
@@ -605,6 +613,9 @@ impl Held {
         fds.lock_network = opts.action() != Action::Continue;
         fds.skip_in_flight = opts.tcp_skip_in_flight;
         fds.skip_queued_events = opts.skip_queued_events;
+        if let Some(o) = self.outside_pipes.take() {
+            o.seed(&mut fds);
+        }
         let mut d = Dump {
             opts,
             dir: &self.dir,

@@ -424,6 +424,38 @@ pub fn fds(pid: i32) -> Result<Vec<(i32, FDTarget)>> {
     Ok(out)
 }
 
+/// The pipes a process holds open: (fd, pipe inode), from the links of
+/// /proc/PID/fd alone (one readlink per fd, no stat: what a search of
+/// every process on the host for a pipe's other end can afford).
+pub fn pipe_fds(pid: i32) -> Vec<(i32, u64)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            Some((fd, pipe_ino(&std::fs::read_link(e.path()).ok()?)?))
+        })
+        .collect()
+}
+
+/// Whether fd `fd` of `pid` is still open on pipe `ino`.
+pub fn holds_pipe(pid: i32, fd: i32, ino: u64) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+        .ok()
+        .and_then(|l| pipe_ino(&l))
+        == Some(ino)
+}
+
+/// The inode of a "pipe:[N]" fd link.
+fn pipe_ino(link: &std::path::Path) -> Option<u64> {
+    link.to_str()?
+        .strip_prefix("pipe:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
 /// The text of /proc/PID/fd/N an fd target stands for ("pipe:[12]", "/x").
 pub fn target_text(t: &FDTarget) -> String {
     match t {
@@ -635,6 +667,28 @@ pub fn is_dev(dev: u64, major: u64, minor: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pipes_held_are_found_by_link_and_let_go() {
+        use std::os::fd::AsRawFd;
+        let (r, w) = nix::unistd::pipe().expect("pipe");
+        let me = std::process::id() as i32;
+        let ino = std::fs::metadata(format!("/proc/self/fd/{}", r.as_raw_fd()))
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .expect("stat the pipe");
+        let mut found: Vec<i32> = pipe_fds(me)
+            .into_iter()
+            .filter(|&(_, i)| i == ino)
+            .map(|(fd, _)| fd)
+            .collect();
+        found.sort();
+        assert_eq!(found, vec![r.as_raw_fd(), w.as_raw_fd()]);
+        assert!(holds_pipe(me, w.as_raw_fd(), ino));
+        assert!(!holds_pipe(me, w.as_raw_fd(), ino + 1));
+        let fd = w.as_raw_fd();
+        drop(w);
+        assert!(!holds_pipe(me, fd, ino), "a closed fd still holds the pipe");
+    }
 
     #[test]
     fn fanotify_fdinfo_is_read() {

@@ -13,49 +13,80 @@
 mod tests;
 
 use crate::error::{RestoreError, StepContext};
-use crate::kinds::fds::{self, FdScan, OpenFd};
+use crate::kinds::fds::{self, FdScan, OpenFd, TreeFds};
 use crate::kinds::{external, files, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
 use cr_image::model::objects::{Fifo, Pipe};
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process};
 use cr_sys::{fdio, proc};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 pub struct Pipes;
 
-/// Pipe inode -> a process outside the tree holding it: every pipe held
-/// outside the tree, gathered in one pass over the other processes the
-/// first time a pipe with an end missing in the tree is looked at (None:
-/// not yet).
+/// The pipes held by processes outside the tree, found by one search of
+/// every other process on the host the first time a pipe with an end
+/// missing in the tree is looked at. That search reads every fd on the
+/// host (190,000 on a busy one take a second): the pre-flight makes it
+/// before the freeze, and the frozen dump only confirms what it found.
 #[derive(Default)]
-struct Outside(Option<HashMap<u64, i32>>);
+pub struct Outside {
+    /// Pipe inode -> (a process outside the tree holding it, its fd);
+    /// None: not searched yet.
+    held: Option<HashMap<u64, (i32, i32)>>,
+    /// Found before the freeze (see [`Outside::take_early`]).
+    early: bool,
+    /// The pipes the tree held at that search.
+    known: HashSet<u64>,
+}
+
+impl Outside {
+    /// What the pre-flight's scan `tree` found, if it searched at all: the
+    /// frozen dump's scan takes it with [`Outside::seed`].
+    pub fn take_early(tree: &mut TreeFds) -> Option<Outside> {
+        let mut o = tree.stash.take::<Outside>()?;
+        o.held.as_ref()?;
+        o.early = true;
+        o.known = tree.pipe_ends.keys().copied().collect();
+        Some(o)
+    }
+
+    pub fn seed(self, tree: &mut TreeFds) {
+        *tree.stash.get::<Outside>() = self;
+    }
+}
 
 /// A process outside the tree holding pipe `ino`, if any.
 fn pipe_outside(cx: &mut FdScan<'_>, ino: u64) -> Option<i32> {
-    if cx.tree.stash.get::<Outside>().0.is_none() {
+    let o = cx.tree.stash.get::<Outside>();
+    if o.early {
+        match o.held.as_ref().and_then(|h| h.get(&ino)).copied() {
+            Some((p, fd)) if proc::holds_pipe(p, fd, ino) => return Some(p),
+            // The tree held it before the freeze and nobody outside did.
+            // (A process outside could have taken it since only through
+            // /proc/PID/fd or a unix socket, in the moment before the
+            // freeze: not searched for.)
+            None if o.known.contains(&ino) => return None,
+            // Its holder let it go, or a pipe made since: search again.
+            _ => *o = Outside::default(),
+        }
+    }
+    if o.held.is_none() {
         let me = std::process::id() as i32;
         let mut held = HashMap::new();
         for p in proc::all_pids() {
             if cx.tree.in_tree(p) || p == me {
                 continue;
             }
-            for (_, t) in proc::fds(p).unwrap_or_default() {
-                if let proc::FDTarget::Pipe(i) = t {
-                    held.entry(i).or_insert(p);
-                }
+            for (fd, i) in proc::pipe_fds(p) {
+                held.entry(i).or_insert((p, fd));
             }
         }
-        cx.tree.stash.get::<Outside>().0 = Some(held);
+        cx.tree.stash.get::<Outside>().held = Some(held);
     }
-    cx.tree
-        .stash
-        .get::<Outside>()
-        .0
-        .as_ref()?
-        .get(&ino)
-        .copied()
+    let o = cx.tree.stash.get::<Outside>();
+    o.held.as_ref()?.get(&ino).map(|&(p, _)| p)
 }
 
 impl FileKind for Pipes {
