@@ -323,6 +323,30 @@ impl Tracee {
         Ok(t)
     }
 
+    /// [`Tracee::seize`] with PTRACE_O_SUSPEND_SECCOMP added while
+    /// `*suspend` holds: the tracee's seccomp filters then do not judge the
+    /// system calls injected into it. The kernel allows that only to a
+    /// tracer with CAP_SYS_ADMIN and no filter of its own; where it refuses
+    /// (EPERM), the seize is made without, and `*suspend` turns false so
+    /// that later seizes do not try again.
+    pub fn seize_past_seccomp(
+        tid: i32,
+        options: u64,
+        on_drop: OnDrop,
+        suspend: &mut bool,
+    ) -> Result<Self> {
+        if *suspend {
+            match Tracee::seize(tid, options | PTRACE_O_SUSPEND_SECCOMP, on_drop) {
+                Err(SysError::Ptrace { source, .. }) if source.0 == libc::EPERM => {
+                    debug!(tid, "seccomp filters cannot be suspended here (no CAP_SYS_ADMIN, or a filter of our own)");
+                    *suspend = false;
+                }
+                r => return r,
+            }
+        }
+        Tracee::seize(tid, options, on_drop)
+    }
+
     /// Take over a thread that was attached automatically (PTRACE_O_TRACECLONE)
     /// and wait for its first stop.
     pub fn attach_new(tid: i32, on_drop: OnDrop) -> Result<Self> {

@@ -56,7 +56,6 @@ pub struct Threads;
 
 pub(crate) const PR_GET_TID_ADDRESS: u64 = 40;
 const RSEQ_FLAG_UNREGISTER: u64 = 1;
-use cr_sys::ptrace::PTRACE_O_SUSPEND_SECCOMP;
 
 /// Seize and stop every thread of `pid`; the main thread comes first.
 ///
@@ -71,7 +70,8 @@ use cr_sys::ptrace::PTRACE_O_SUSPEND_SECCOMP;
 /// its choice) or kills on it would fail the checkpoint or the program.
 /// The filters act again once the threads are let go.
 pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
-    let mut options = libc::PTRACE_O_TRACESYSGOOD as u64 | PTRACE_O_SUSPEND_SECCOMP;
+    let options = libc::PTRACE_O_TRACESYSGOOD as u64;
+    let mut suspend = true;
     let mut tracees: Vec<Tracee> = Vec::new();
     let mut seen = BTreeSet::new();
     loop {
@@ -82,18 +82,7 @@ pub fn seize_all(pid: i32) -> Result<Vec<Tracee>, CheckpointError> {
                 continue;
             }
             new = true;
-            let mut seized = Tracee::seize(tid, options, OnDrop::Detach);
-            if let Err(SysError::Ptrace { source, .. }) = &seized {
-                if source.0 == libc::EPERM && options & PTRACE_O_SUSPEND_SECCOMP != 0 {
-                    tracing::debug!(
-                        pid,
-                        "seccomp filters cannot be suspended here (no CAP_SYS_ADMIN, or a filter of our own)"
-                    );
-                    options &= !PTRACE_O_SUSPEND_SECCOMP;
-                    seized = Tracee::seize(tid, options, OnDrop::Detach);
-                }
-            }
-            match seized {
+            match Tracee::seize_past_seccomp(tid, options, OnDrop::Detach, &mut suspend) {
                 Ok(t) => {
                     hide_our_stop(&t).map_err(|e| CheckpointError::from_sys(pid, e))?;
                     tracees.push(t)

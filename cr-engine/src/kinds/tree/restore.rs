@@ -21,11 +21,6 @@ const STUB_OPTIONS: u64 = (libc::PTRACE_O_TRACESYSGOOD
     | libc::PTRACE_O_EXITKILL
     | libc::PTRACE_O_TRACECLONE
     | libc::PTRACE_O_TRACEFORK) as u64;
-/// With PTRACE_O_SUSPEND_SECCOMP, the filters a process gets back
-/// (installed by the restore as its last calls) do not judge what is
-/// injected after them: the release, and `--verify`'s capture of the
-/// restored tree.
-const SUSPEND_SECCOMP: u64 = cr_sys::ptrace::PTRACE_O_SUSPEND_SECCOMP;
 
 /// PIDs of the image's processes at restore time. Images taken from a job
 /// in its own PID namespace (cr_run) are restored into a new namespace:
@@ -154,14 +149,12 @@ pub fn spawn(
     let mut guard = StubGuard(root_pid);
     let mut stubs: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
     // Its children inherit the options (PTRACE_O_TRACEFORK).
-    let mut root_stub = match Tracee::seize(root_pid, STUB_OPTIONS | SUSPEND_SECCOMP, OnDrop::Kill)
-    {
-        Err(cr_sys::SysError::Ptrace { source, .. }) if source.0 == libc::EPERM => {
-            debug!("seccomp filters cannot be suspended here (no CAP_SYS_ADMIN, or a filter of our own)");
-            Tracee::seize(root_pid, STUB_OPTIONS, OnDrop::Kill)?
-        }
-        r => r?,
-    };
+    // With PTRACE_O_SUSPEND_SECCOMP, the filters a process gets back
+    // (installed by the restore as its last calls) do not judge what is
+    // injected after them: the release, and `--verify`'s capture of the
+    // restored tree.
+    let mut root_stub =
+        Tracee::seize_past_seccomp(root_pid, STUB_OPTIONS, OnDrop::Kill, &mut true)?;
     guard.0 = 0;
     // Before it forks: its children are born in the namespace.
     crate::kinds::cgroups::enter_ns(ck, &mut root_stub)?;

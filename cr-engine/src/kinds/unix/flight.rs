@@ -97,12 +97,9 @@ fn open_one(
         Opened::Ours(fd) if matches!(f.kind, FdKind::Epoll { .. }) => watch(cx, p, f, fd, spare),
         Opened::Ours(fd) => Ok(fd),
         Opened::InStub => {
-            let pid = cx.stub.pid();
-            let fd = fdio::steal_fd(pid, spare)
-                .step(|| format!("cannot take {} in flight over socket:[{sock}]", f.path))?;
-            cx.stub
-                .call("close", libc::SYS_close, [spare as u64, 0, 0, 0, 0, 0])?;
-            Ok(fd)
+            take_back(cx, spare, || {
+                format!("cannot take {} in flight over socket:[{sock}]", f.path)
+            })
         }
         Opened::Later => Err(RestoreError::Unsupported(format!(
             "{} in flight over socket:[{sock}] (a file opened only once the terminal is back; not supported)",
@@ -145,7 +142,16 @@ fn watch(
     let mut here = f.clone();
     here.fd = at;
     crate::kinds::eventfds::watch(cx, p, &here)?;
-    let back = fdio::steal_fd(cx.stub.pid(), at).step(what)?;
+    take_back(cx, at, what)
+}
+
+/// Fd `at` of the stub, taken into the restorer and closed in the stub.
+fn take_back(
+    cx: &mut Rebuild<'_, '_, '_>,
+    at: i32,
+    what: impl Fn() -> String,
+) -> Result<OwnedFd, RestoreError> {
+    let back = fdio::steal_fd(cx.stub.pid(), at).step(&what)?;
     cx.stub
         .call("close", libc::SYS_close, [at as u64, 0, 0, 0, 0, 0])
         .step(what)?;
