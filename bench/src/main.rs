@@ -21,6 +21,7 @@ mod coord;
 mod coordinator;
 mod fds;
 mod freeze;
+mod hostfds;
 mod incr;
 mod json;
 mod migrate;
@@ -116,6 +117,8 @@ enum Bench {
     Mpi(mpi::Opts),
     /// Restore of one process tree against single-process restores in a row.
     Tree(tree::Opts),
+    /// Frozen time of a checkpoint against the fds other processes hold.
+    HostFds(hostfds::Opts),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
@@ -1622,6 +1625,7 @@ fn main() {
         Some(Bench::Protocols(o)) => protocols::run(o),
         Some(Bench::Mpi(o)) => mpi::run(o),
         Some(Bench::Tree(o)) => tree::run(o),
+        Some(Bench::HostFds(o)) => hostfds::run(o),
         None => real_main(cli.opts),
     };
     let code = match res {
