@@ -336,21 +336,12 @@ fn hung_up(cx: &mut FdScan<'_>, f: &OpenFd<'_>, index: u32) -> Option<Described>
             objs.insert(Object {
                 id,
                 kind: ObjectKind::Pty(Pty {
-                    index,
-                    fg_pgrp: 0,
-                    termios: Vec::new(),
-                    winsize: Vec::new(),
                     locked: false,
-                    devpts: String::new(),
-                    input_lines: Vec::new(),
-                    input: Vec::new(),
-                    output: Vec::new(),
-                    packet: false,
-                    packet_status: 0,
                     slave_mode: md.mode() & 0o7777,
                     slave_uid: md.uid(),
                     slave_gid: md.gid(),
                     hung_up: true,
+                    ..blank(index)
                 }),
             });
         }
@@ -390,23 +381,7 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
         )
     };
     let m = fdio::steal_fd(at.0, at.1).map_err(err)?;
-    let mut p = Pty {
-        index,
-        fg_pgrp: 0,
-        termios: Vec::new(),
-        winsize: Vec::new(),
-        locked: true,
-        devpts: String::new(),
-        input_lines: Vec::new(),
-        input: Vec::new(),
-        output: Vec::new(),
-        packet: false,
-        packet_status: 0,
-        slave_mode: 0,
-        slave_uid: 0,
-        slave_gid: 0,
-        hung_up: false,
-    };
+    let mut p = blank(index);
     if fdio::pty_locked(&m).map_err(err)? {
         return Ok(p);
     }
@@ -453,6 +428,28 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
     p.input = q.input;
     p.output = q.output;
     Ok(p)
+}
+
+/// Pty `index` of /dev/pts as far as nothing is known of it: locked, no
+/// settings, nothing queued.
+fn blank(index: u32) -> Pty {
+    Pty {
+        index,
+        fg_pgrp: 0,
+        termios: Vec::new(),
+        winsize: Vec::new(),
+        locked: true,
+        devpts: String::new(),
+        input_lines: Vec::new(),
+        input: Vec::new(),
+        output: Vec::new(),
+        packet: false,
+        packet_status: 0,
+        slave_mode: 0,
+        slave_uid: 0,
+        slave_gid: 0,
+        hung_up: false,
+    }
 }
 
 /// Make packet-mode status byte `status` of pty `index` pending again
