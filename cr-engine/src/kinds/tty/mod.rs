@@ -10,7 +10,9 @@
 //! once it has. The bytes queued in a pair (input the slave has not read,
 //! output the master has not) are taken out while the tree is frozen and
 //! put back at once, and again at the restore, past the line discipline
-//! (see `cr_sys::ptyq`). A terminal outside the tree (the one a job was started
+//! (see `cr_sys::ptyq`). A slave whose master every process closed (hung
+//! up, its node removed) is made again with a pair whose master the
+//! restorer closes once the fds are open ([`hang_up`]). A terminal outside the tree (the one a job was started
 //! from) leads outside: kind [`external`](crate::kinds::external).
 
 #[cfg(test)]
