@@ -377,6 +377,7 @@ fn prepare_chain(
         &mut phases,
     )?;
     let rebuilt = t_rebuild.elapsed();
+    kinds::tty::hang_up(&mut r);
     steps.mark("processes");
     // Of "processes".
     let kinds = r.stash.take::<RebuildTimes>().unwrap_or_default();

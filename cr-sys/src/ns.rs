@@ -18,8 +18,20 @@ pub fn id(pid: i32, kind: &str) -> Result<String> {
 /// thread (a thread may have joined another network, IPC or UTS
 /// namespace than its process's main thread).
 pub fn differs(pid: i32, kind: &str) -> Result<bool> {
-    let ours = crate::proc::read_link(&format!("/proc/thread-self/ns/{kind}"))?;
-    Ok(id(pid, kind)? != ours)
+    Ok(id(pid, kind)? != own_id(kind)?)
+}
+
+/// The namespace `kind` of the calling thread, as its link reads.
+pub fn own_id(kind: &str) -> Result<String> {
+    crate::proc::read_link(&format!("/proc/thread-self/ns/{kind}"))
+}
+
+/// An fd of the calling thread's namespace `kind`.
+pub fn open_own(kind: &str) -> Result<OwnedFd> {
+    let path = format!("/proc/thread-self/ns/{kind}");
+    std::fs::File::open(&path)
+        .map(OwnedFd::from)
+        .map_err(io_err(&path))
 }
 
 /// An fd of the namespace `kind` of process `pid` (keeps it alive).

@@ -10,7 +10,7 @@
 //!   of the threads' restore, as the very last system calls of each thread. The drivers (`capture::capture_process`
 //!   and `restore::rebuild`) call them in a fixed order, one line each.
 //! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, netlink, packet, eventfds, mqueue,
-//!   tty, external: what leads outside the tree). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
+//!   tty, external: what leads outside the tree; nsfds: fds of namespace files). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
 //!   turn whether an fd is of its kind, and later which one opens it again.
 //!
 //! [`locks`] (file locks, read with the fds that hold them), [`netlock`]
@@ -42,6 +42,7 @@ pub mod mqueue;
 pub mod netlink;
 pub mod netlock;
 pub mod netns;
+pub mod nsfds;
 pub mod outside;
 pub mod packet;
 pub mod pipes;
@@ -124,6 +125,7 @@ pub static FILE_KINDS: &[&dyn FileKind] = &[
     &sockets::RemadeKind::<packet::Packet>::new(),
     &eventfds::EventFds,
     &mqueue::Mqueues,
+    &nsfds::NsFds,
     &tty::Tty,
     &external::External,
     &files::Files,

@@ -159,6 +159,14 @@ pub enum FdKind {
         pid: u32,
         dead: u64,
     },
+    /// An fd of a namespace file (/proc/PID/ns/KIND; its path
+    /// "KIND:[INODE]"): the namespace of kind `ns` ("net", "pid"...)
+    /// the process is in, or (`host`) the checkpointer's, which it was not
+    /// in. Opened again on the restored process's, or the restorer's.
+    NsFile {
+        ns: String,
+        host: bool,
+    },
     // kind "tty"
     Pty {
         object: u64,
@@ -176,6 +184,10 @@ pub enum FdKind {
         outside: String,
     },
 }
+
+/// The kinds of namespaces an [`FdKind::NsFile`] may be of (the names of
+/// their files in /proc/PID/ns, and of their links' text).
+pub const NS_KINDS: &[&str] = &["cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts"];
 
 impl FdKind {
     /// The object this fd opens, if any.
@@ -220,6 +232,7 @@ impl FdKind {
             FdKind::Pidfd { .. } => "pidfd",
             FdKind::PathOnly => "path_only",
             FdKind::RemovedSymlink { .. } => "removed_symlink",
+            FdKind::NsFile { .. } => "ns_file",
             FdKind::Pty { .. } => "pty",
             FdKind::Inherited { .. } => "inherited",
         }
@@ -421,6 +434,15 @@ impl Fd {
                 uid: s.uid,
                 gid: s.gid,
             },
+            Some(K::NsFile(n)) => {
+                if !NS_KINDS.contains(&n.ns.as_str()) {
+                    return Err(format!("a namespace fd of unknown kind {:?}", n.ns));
+                }
+                FdKind::NsFile {
+                    ns: n.ns,
+                    host: n.host,
+                }
+            }
             Some(K::Pty(p)) => FdKind::Pty {
                 object: p.id,
                 master: p.master,
@@ -589,6 +611,10 @@ impl Fd {
                 target: target.clone(),
                 uid: *uid,
                 gid: *gid,
+            }),
+            FdKind::NsFile { ns, host } => K::NsFile(pb::NsFile {
+                ns: ns.clone(),
+                host: *host,
             }),
             FdKind::Pty { object, master } => K::Pty(pb::PtyEnd {
                 id: *object,

@@ -175,6 +175,9 @@ pub struct Pty {
     pub slave_mode: u32,
     pub slave_uid: u32,
     pub slave_gid: u32,
+    /// Its master was closed by every process that had it: the slave
+    /// side is hung up and its node removed.
+    pub hung_up: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -571,6 +574,7 @@ impl Object {
                     slave_mode: p.slave_mode & 0o7777,
                     slave_uid: p.slave_uid,
                     slave_gid: p.slave_gid,
+                    hung_up: p.hung_up,
                 })
             }
         };
@@ -684,6 +688,7 @@ impl Object {
                 slave_mode: p.slave_mode,
                 slave_uid: p.slave_uid,
                 slave_gid: p.slave_gid,
+                hung_up: p.hung_up,
             }),
         };
         pb::Object {

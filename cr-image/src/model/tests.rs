@@ -537,6 +537,7 @@ fn objects() -> Vec<Object> {
                 slave_mode: 0o620,
                 slave_uid: 1000,
                 slave_gid: 5,
+                hung_up: false,
             }),
         ),
     ]

@@ -536,10 +536,11 @@ fn epoll_item(pid: i32, epid: i32, epfd: i32, v: &str, toff: u32) -> Result<Epol
 /// of it would have: the restore makes it again and watches that.
 fn inotify_watch(cx: &mut FdScan<'_>, v: &str) -> Result<InotifyWatch, String> {
     let bad = || format!("an inotify watch that cannot be read ({v})");
-    let wd: i32 = v
+    // In hex, as every number of the line ("a" is watch 10).
+    let wd = v
         .split_whitespace()
         .next()
-        .and_then(|w| w.parse().ok())
+        .and_then(|w| i32::from_str_radix(w, 16).ok())
         .ok_or_else(bad)?;
     let mask = v
         .split_whitespace()

@@ -246,6 +246,23 @@ expect(os.read(kept, 1) == b"x", "the pipe")
     assert_eq!(before, items(&rt.after));
 }
 
+/// The inotify helper of the programs: the events queued in inotify fd
+/// `fd` (non-blocking), as (wd, mask, name).
+const INOTIFY_PY: &str = r#"
+def inotify_events(fd):
+    out = []
+    while True:
+        try:
+            b = os.read(fd, 4096)
+        except BlockingIOError:
+            return out
+        i = 0
+        while i < len(b):
+            wd, mask, _, n = struct.unpack_from("iIII", b, i)
+            out.append((wd, mask, b[i + 16:i + 16 + n].rstrip(b"\0").decode()))
+            i += 16 + n
+"#;
+
 /// inotify watching a file removed while the program keeps it open: the
 /// watch comes back on the file made again, at its number (after a watch
 /// of the directory, one removed and one more, so the numbers have gaps);
@@ -254,7 +271,9 @@ expect(os.read(kept, 1) == b"x", "the pipe")
 fn inotify_on_a_removed_file_round_trip() {
     let rt = round_trip(
         "inotify-deleted",
-        r#"
+        &format!(
+            "{INOTIFY_PY}{}",
+            r#"
 IN_MODIFY, IN_ATTRIB, IN_CREATE = 0x2, 0x4, 0x100
 ino = libc.inotify_init1(os.O_NONBLOCK)
 def watch(path, mask):
@@ -270,19 +289,10 @@ libc.inotify_rm_watch(ino, gone)
 wfile = watch(p, IN_MODIFY | IN_ATTRIB)
 os.unlink(p)
 def events():
-    out = []
-    while True:
-        try:
-            b = os.read(ino, 4096)
-        except BlockingIOError:
-            return out
-        i = 0
-        while i < len(b):
-            wd, mask, _, n = struct.unpack_from("iIII", b, i)
-            out.append((wd, mask))
-            i += 16 + n
+    return [(wd, mask) for wd, mask, _ in inotify_events(ino)]
 events()   # the unlink's IN_ATTRIB, the removed watch's IN_IGNORED
-"#,
+"#
+        ),
         r#"
 f.write(b" after"); f.flush()
 f.seek(0); expect(f.read() == b"before after", "the removed file's content")
@@ -312,6 +322,56 @@ expect(os.readlink("/proc/self/fd/%d" % f.fileno()) == p + " (deleted)", "the fd
     let (a, b) = rt.roots();
     assert_eq!(watches(a), vec![vec![(1, 0x100, false), (3, 0x6, true)]]);
     assert_eq!(watches(a), watches(b));
+}
+
+/// inotify with more watches than one hex digit numbers (fdinfo shows the
+/// watch numbers in hex: "a" is 10, "10" is 16): 20 directories watched,
+/// each comes back at its number and reports its own events.
+#[test]
+fn inotify_many_watches_round_trip() {
+    let rt = round_trip(
+        "inotify-many",
+        &format!(
+            "{INOTIFY_PY}{}",
+            r#"
+IN_CREATE = 0x100
+ino = libc.inotify_init1(os.O_NONBLOCK)
+dirs = {}
+for i in range(20):
+    d = os.path.join(DIR, "d.%02d" % i); os.mkdir(d)
+    wd = libc.inotify_add_watch(ino, d.encode(), IN_CREATE)
+    assert wd > 0
+    dirs[wd] = d
+def events():
+    return inotify_events(ino)
+"#
+        ),
+        r#"
+for wd, d in dirs.items():
+    open(os.path.join(d, "f%d" % wd), "w").close()
+got = sorted(events())
+want = sorted((wd, IN_CREATE, "f%d" % wd) for wd in dirs)
+expect(got == want, "events %r, want %r" % (got, want))
+n = sum(1 for l in open("/proc/self/fdinfo/%d" % ino) if l.startswith("inotify "))
+expect(n == 20, "%d watches" % n)
+"#,
+    );
+    let wds = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .filter_map(|f| match &f.kind {
+                cr_image::model::FdKind::Inotify { watches } => {
+                    let mut v: Vec<_> = watches.iter().map(|w| w.wd).collect();
+                    v.sort();
+                    Some(v)
+                }
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = rt.roots();
+    assert_eq!(wds(a), vec![(1..=20).collect::<Vec<_>>()]);
+    assert_eq!(wds(a), wds(b));
 }
 
 /// The fanotify helpers of the programs: the calls through ctypes, and

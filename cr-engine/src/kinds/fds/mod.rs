@@ -752,6 +752,10 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
                     |t: &cr_image::model::fds::TimerFd| (t.clockid, t.settime_flags, t.interval_ns);
                 c.same(&what, "(clock, flags, interval)", &t(x), &t(y));
             }
+            // Its path names the namespace, made again (another inode).
+            (FdKind::NsFile { .. }, _) => {
+                c.same(&what, "namespace", &a.kind, &b.kind);
+            }
             (FdKind::Pty { master: x, .. }, FdKind::Pty { master: y, .. }) => {
                 c.same(&what, "pty end (master)", x, y);
             }

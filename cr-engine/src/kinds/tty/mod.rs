@@ -10,7 +10,9 @@
 //! once it has. The bytes queued in a pair (input the slave has not read,
 //! output the master has not) are taken out while the tree is frozen and
 //! put back at once, and again at the restore, past the line discipline
-//! (see `cr_sys::ptyq`). A terminal outside the tree (the one a job was started
+//! (see `cr_sys::ptyq`). A slave whose master every process closed (hung
+//! up, its node removed) is made again with a pair whose master the
+//! restorer closes once the fds are open ([`hang_up`]). A terminal outside the tree (the one a job was started
 //! from) leads outside: kind [`external`](crate::kinds::external).
 
 #[cfg(test)]
@@ -223,6 +225,11 @@ impl FileKind for Tty {
             }
             return Some(Ok(Some(FdKind::Pty { object: id, master })));
         }
+        if !master {
+            if let Some(hung) = index.and_then(|i| hung_up(cx, f, i)) {
+                return Some(hung);
+            }
+        }
         if master {
             return Some(Err(format!(
                 "the master of pseudo-terminal {} (not supported)",
@@ -307,6 +314,59 @@ pub fn make_ptys(r: &mut Restorer<'_>, ptmx: &std::path::Path) -> Result<(), Res
     Ok(())
 }
 
+/// Slave fd `f` of pty `index` of a pair whose master every process
+/// closed: the kernel hung the slave up (reads end, writes fail; it is
+/// nobody's controlling terminal any more) and removed its node
+/// ("/dev/pts/N (deleted)"), so nothing outside the tree holds the master
+/// either. Saved as a pty of the instance at /dev/pts (its object id its
+/// index), with its node's mode and owner; None for another instance
+/// (led outside, as before) or a slave whose node is still there.
+fn hung_up(cx: &mut FdScan<'_>, f: &OpenFd<'_>, index: u32) -> Option<Described> {
+    if !f.link.ends_with(" (deleted)") {
+        return None;
+    }
+    let md = f.md.as_ref()?;
+    let at_dev_pts = proc::mount_points_of(f.pid, md.dev())
+        .iter()
+        .any(|m| m.as_os_str() == cr_sys::ns::DEV_PTS);
+    if !at_dev_pts {
+        return None;
+    }
+    let id = index as u64;
+    if let Some(objs) = cx.objects.as_deref_mut() {
+        if !objs.contains(cr_image::model::ObjectTag::Pty, id) {
+            objs.insert(Object {
+                id,
+                kind: ObjectKind::Pty(Pty {
+                    locked: false,
+                    slave_mode: md.mode() & 0o7777,
+                    slave_uid: md.uid(),
+                    slave_gid: md.gid(),
+                    hung_up: true,
+                    ..blank(index)
+                }),
+            });
+        }
+    }
+    Some(Ok(Some(FdKind::Pty {
+        object: id,
+        master: false,
+    })))
+}
+
+/// Once every process's fds are open: the restorer closes the masters of
+/// the pty pairs whose master every process had closed, so the kernel
+/// hangs their slaves up and removes their nodes, as they were.
+pub fn hang_up(r: &mut Restorer<'_>) {
+    let ck = r.ck;
+    let held = &mut r.stash.get::<Held>().0;
+    for o in &ck.objects {
+        if matches!(&o.kind, ObjectKind::Pty(p) if p.hung_up) {
+            held.remove(&o.id);
+        }
+    }
+}
+
 /// The restorer's pty masters, by index.
 #[derive(Default)]
 struct Held(HashMap<u64, OwnedFd>);
@@ -323,22 +383,7 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
         )
     };
     let m = fdio::steal_fd(at.0, at.1).map_err(err)?;
-    let mut p = Pty {
-        index,
-        fg_pgrp: 0,
-        termios: Vec::new(),
-        winsize: Vec::new(),
-        locked: true,
-        devpts: String::new(),
-        input_lines: Vec::new(),
-        input: Vec::new(),
-        output: Vec::new(),
-        packet: false,
-        packet_status: 0,
-        slave_mode: 0,
-        slave_uid: 0,
-        slave_gid: 0,
-    };
+    let mut p = blank(index);
     if fdio::pty_locked(&m).map_err(err)? {
         return Ok(p);
     }
@@ -385,6 +430,28 @@ fn pty_state(at: FdOf, index: u32) -> Result<Pty, String> {
     p.input = q.input;
     p.output = q.output;
     Ok(p)
+}
+
+/// Pty `index` of /dev/pts as far as nothing is known of it: locked, no
+/// settings, nothing queued.
+fn blank(index: u32) -> Pty {
+    Pty {
+        index,
+        fg_pgrp: 0,
+        termios: Vec::new(),
+        winsize: Vec::new(),
+        locked: true,
+        devpts: String::new(),
+        input_lines: Vec::new(),
+        input: Vec::new(),
+        output: Vec::new(),
+        packet: false,
+        packet_status: 0,
+        slave_mode: 0,
+        slave_uid: 0,
+        slave_gid: 0,
+        hung_up: false,
+    }
 }
 
 /// Make packet-mode status byte `status` of pty `index` pending again

@@ -462,3 +462,43 @@ expect(status(m2) == bytes([START]), "pair 2 started")
     assert_eq!(st(&rt.before), vec![(true, 0x11), (true, 0x04)]);
     assert_eq!(st(&rt.before), st(&rt.after));
 }
+
+/// A pty pair whose master the program closed, keeping two fds of its
+/// slave (zdtm pty04): the kernel hung the slave up and removed its node.
+/// After the restore both fds are of one slave, hung up again (a read
+/// ends at once, a write fails with EIO), its node removed, with the mode
+/// it had.
+#[test]
+fn hung_up_pty_slave_round_trip() {
+    let rt = round_trip(
+        "tty-hung-up",
+        r#"
+m, s1 = os.openpty()
+name = os.ttyname(s1)
+s2 = os.open(name, os.O_RDWR | os.O_NOCTTY)
+os.chmod(name, 0o600)
+os.close(m)
+def hung(fd):
+    try:
+        os.write(fd, b"x")
+        return False
+    except OSError as e:
+        return e.errno == errno.EIO and os.read(fd, 10) == b""
+assert hung(s1) and hung(s2)
+link = os.readlink("/proc/self/fd/%d" % s1)
+assert link.startswith("/dev/pts/") and link.endswith(" (deleted)"), link
+"#,
+        r#"
+for fd in (s1, s2):
+    now = os.readlink("/proc/self/fd/%d" % fd)
+    expect(now.startswith("/dev/pts/") and now.endswith(" (deleted)"), "fd %d is %s" % (fd, now))
+    expect(hung(fd), "fd %d is not hung up" % fd)
+    expect(os.fstat(fd).st_mode & 0o7777 == 0o600, "mode %o" % os.fstat(fd).st_mode)
+expect(os.fstat(s1).st_rdev == os.fstat(s2).st_rdev, "one slave")
+expect(os.fstat(s1).st_ino == os.fstat(s2).st_ino, "one node")
+"#,
+    );
+    let hung = |c: &Checkpoint| of_ptys(c, |p| (p.hung_up, p.slave_mode));
+    assert_eq!(hung(&rt.before), vec![(true, 0o600)]);
+    assert_eq!(hung(&rt.before), hung(&rt.after));
+}
