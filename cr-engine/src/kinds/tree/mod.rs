@@ -53,9 +53,50 @@ pub fn validate(pid: i32) -> Result<(), CheckpointError> {
         });
     }
     if stat.state == 'Z' || stat.state == 'X' {
+        dead_leader(pid)?;
         return Err(CheckpointError::Zombie(pid));
     }
     Ok(())
+}
+
+/// A process shown as a zombie ('Z') whose other threads still run: its
+/// main thread exited alone (pthread_exit in main), and the process lives
+/// on. Refused by name: it cannot be stopped through its main thread, and
+/// a restore would have to end that thread again once the others run.
+pub fn dead_leader(pid: i32) -> Result<(), CheckpointError> {
+    if proc::tasks(pid).is_ok_and(|t| t.len() > 1) {
+        return Err(CheckpointError::unsupported(
+            pid,
+            "a process whose main thread has exited (pthread_exit) while its other threads run",
+        ));
+    }
+    Ok(())
+}
+
+/// A process of the tree (`stat` its /proc stat; its parent in the tree
+/// too) in a session other than its parent's, not its own: the process
+/// that made the session forked it, then exited or moved to a session of
+/// its own (setsid), or the process was reparented. A restore forks each
+/// process from its parent's stub, after the parent made its own session:
+/// it would be in the parent's session. Refused by name.
+pub fn session_from_parent(pid: i32, stat: &Stat) -> Result<(), CheckpointError> {
+    if stat.session == pid {
+        return Ok(());
+    }
+    let parent = match proc::stat(stat.ppid) {
+        Ok(p) => p,
+        Err(_) => return Ok(()), // exited meanwhile: the freeze sees what is left
+    };
+    if parent.session == stat.session {
+        return Ok(());
+    }
+    Err(CheckpointError::unsupported(
+        pid,
+        format!(
+            "a process in session {}, other than its parent {}'s ({}), that it could not get from its parent at a restore",
+            stat.session, stat.ppid, parent.session
+        ),
+    ))
 }
 
 /// `root` and its descendants as they are now (not frozen), root first.
@@ -87,6 +128,7 @@ pub fn freeze(root: i32) -> Result<Vec<Frozen>, CheckpointError> {
             Err(_) => return Err(CheckpointError::NoSuchProcess(pid)),
         };
         if stat.state == 'Z' && pid != root {
+            dead_leader(pid)?;
             out.push(zombie(pid, &stat));
             continue;
         }

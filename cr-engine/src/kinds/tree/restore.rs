@@ -33,6 +33,11 @@ const SUSPEND_SECCOMP: u64 = cr_sys::ptrace::PTRACE_O_SUSPEND_SECCOMP;
 /// traces them under new ones ("outer"). Otherwise both are the saved PIDs.
 pub struct Ids {
     pub pidns: bool,
+    /// The stubs are traced with PTRACE_O_SUSPEND_SECCOMP (the restorer
+    /// has CAP_SYS_ADMIN and no filter of its own): the filters a thread
+    /// gets back judge none of the calls injected after them (see
+    /// `kinds::seccomp`).
+    pub seccomp_suspended: bool,
     outer: HashMap<u32, i32>,
     inner: HashMap<u32, u32>,
 }
@@ -41,6 +46,7 @@ impl Ids {
     pub fn new(ck: &Checkpoint) -> Ids {
         Ids {
             pidns: ck.pidns,
+            seccomp_suspended: false,
             outer: HashMap::new(),
             inner: ck
                 .processes
@@ -160,7 +166,10 @@ pub fn spawn(
             debug!("seccomp filters cannot be suspended here (no CAP_SYS_ADMIN, or a filter of our own)");
             Tracee::seize(root_pid, STUB_OPTIONS, OnDrop::Kill)?
         }
-        r => r?,
+        r => {
+            ids.seccomp_suspended = true;
+            r?
+        }
     };
     guard.0 = 0;
     // Before it forks: its children are born in the namespace.
