@@ -111,3 +111,75 @@ expect(seen == [1234, 1234], "the thread's filter still refuses prctl: %r" % see
 "#,
     );
 }
+
+/// Filters installed as root without no_new_privs (with CAP_SYS_ADMIN),
+/// one by the main thread, one by another thread alone, then root
+/// dropped (setuid to nobody: no capability left), as zdtm
+/// seccomp_filter does: a thread cannot install them with its saved
+/// credentials, so the restore installs them before those (the stubs'
+/// filters suspended meanwhile). The restored program is nobody, without
+/// capabilities nor no_new_privs, and each thread's filters answer as
+/// before.
+#[test]
+fn filters_installed_as_root_before_setuid_round_trip() {
+    let setup = format!(
+        r#"
+class sock_filter(ctypes.Structure): _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class sock_fprog(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(sock_filter))]
+def install(prog):
+    arr = (sock_filter * len(prog))(*[sock_filter(*i) for i in prog])
+    fp = sock_fprog(len(prog), arr)
+    assert libc.syscall(317, 1, 0, ctypes.byref(fp)) == 0, ctypes.get_errno()   # seccomp(SET_MODE_FILTER)
+def uname_errno():
+    libc.syscall(63, ctypes.create_string_buffer(400)); return ctypes.get_errno()
+def status(key):
+    return [l.split(":", 1)[1].strip() for l in open("/proc/thread-self/status") if l.startswith(key + ":")][0]
+os.chmod(DIR, 0o777)                        # the verdict is written as nobody
+def first():{}
+    install(prog)
+first()
+import threading
+seen = []
+installed = threading.Event()
+again = threading.Event()
+def second():{}
+    install(prog)
+    installed.set()
+    again.wait()
+    seen.append((uname_errno(), status("Seccomp"), status("CapEff")))
+    while True: time.sleep(1)
+threading.Thread(target=second, daemon=True).start()
+installed.wait()
+os.setuid(65534)                            # every thread: root dropped
+expect(status("NoNewPrivs") == "0" and status("CapEff") == "0000000000000000", "setup: the credentials")
+"#,
+        filter_uname(13),
+        filter_uname(22)
+    );
+    let rt = round_trip(
+        "seccomp-as-root",
+        &setup,
+        r#"
+expect(os.getuid() == 65534 and os.geteuid() == 65534, "uid %d euid %d" % (os.getuid(), os.geteuid()))
+expect(status("CapEff") == "0000000000000000", "capabilities %s" % status("CapEff"))
+expect(status("NoNewPrivs") == "0", "no_new_privs set")
+expect(status("Seccomp") == "2", "the main thread's mode %s" % status("Seccomp"))
+expect(uname_errno() == 13, "the main thread's filter (EACCES): %d" % uname_errno())
+again.set()
+while not seen: time.sleep(0.01)
+expect(seen == [(22, "2", "0000000000000000")], "the thread's own filter is the newest (EINVAL): %r" % seen)
+"#,
+    );
+    let (a, b) = rt.roots();
+    assert_eq!(a.identity.creds.cap_eff, 0);
+    assert!(!a.identity.creds.no_new_privs);
+    assert_eq!(a.seccomp_filters, b.seccomp_filters);
+    let chains = |p: &cr_image::model::Process| {
+        p.threads
+            .iter()
+            .map(|t| t.seccomp.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(chains(a), chains(b));
+    assert_eq!(a.seccomp_filters.len(), 2);
+}
