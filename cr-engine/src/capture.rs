@@ -342,6 +342,7 @@ fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> 
     for &p in &pids {
         match proc::stat(p) {
             Ok(s) if s.state != 'Z' => {
+                tree::vfork_wait(p)?;
                 if p != pid && pids.contains(&s.ppid) {
                     shared_with_parent(p, s.ppid)?;
                     tree::session_from_parent(p, &s)?;
@@ -360,20 +361,8 @@ fn preflight(pid: i32, opts: &CheckpointOptions) -> Result<(), CheckpointError> 
 /// not CLONE_VM): refused by name. A restore would give each its own
 /// copy, and what one then opened, closed or changed the other would no
 /// longer see.
-///
-/// A child sharing its parent's memory (CLONE_VM: vfork before the
-/// child's exec or exit) is refused too, at once: the parent waits for it
-/// in the kernel where nothing but a fatal signal wakes it (so it cannot
-/// be stopped and its registers are out of reach), and the two could not
-/// get one memory again.
 fn shared_with_parent(pid: i32, parent: i32) -> Result<(), CheckpointError> {
     use cr_sys::mem::{shares, Shared};
-    if shares(pid, parent, Shared::Vm).unwrap_or(false) {
-        return Err(CheckpointError::unsupported(
-            parent,
-            format!("a process waiting in vfork() for its child {pid}, which shares its memory until it calls exec or exits (the parent cannot be stopped there)"),
-        ));
-    }
     for (what, name) in [
         (Shared::FdTable, "file descriptor table (CLONE_FILES)"),
         (

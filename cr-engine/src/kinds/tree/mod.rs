@@ -59,6 +59,25 @@ pub fn validate(pid: i32) -> Result<(), CheckpointError> {
     Ok(())
 }
 
+/// A process waiting in vfork() for its child, which shares its memory
+/// (CLONE_VM) until it calls exec or exits: refused by name, at once. The
+/// kernel wakes the parent there for nothing but a fatal signal (a freeze
+/// would wait for its stop in vain, and its registers are out of reach),
+/// and the two could not get one memory again. Asked before anything is
+/// stopped, and again right before the process is seized.
+pub fn vfork_wait(pid: i32) -> Result<(), CheckpointError> {
+    use cr_sys::mem::{shares, Shared};
+    for c in proc::children(pid).unwrap_or_default() {
+        if shares(c, pid, Shared::Vm).unwrap_or(false) {
+            return Err(CheckpointError::unsupported(
+                pid,
+                format!("a process waiting in vfork() for its child {c}, which shares its memory until it calls exec or exits (the parent cannot be stopped there)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A process shown as a zombie ('Z') whose other threads still run: its
 /// main thread exited alone (pthread_exit in main), and the process lives
 /// on. Refused by name: it cannot be stopped through its main thread, and
@@ -132,6 +151,7 @@ pub fn freeze(root: i32) -> Result<Vec<Frozen>, CheckpointError> {
             out.push(zombie(pid, &stat));
             continue;
         }
+        vfork_wait(pid)?;
         let tracees = match threads::seize_all(pid) {
             Ok(t) => t,
             Err(e) if pid != root => match proc::stat(pid) {
