@@ -347,12 +347,15 @@ fn preflight(
     for &p in &pids {
         match proc::stat(p) {
             Ok(s) if s.state != 'Z' => {
+                tree::vfork_wait(p)?;
                 if p != pid && pids.contains(&s.ppid) {
                     shared_with_parent(p, s.ppid)?;
+                    tree::session_from_parent(p, &s)?;
                 }
                 kinds::fds::preflight(p, &mut fds)?
             }
-            _ => {}
+            Ok(_) => tree::dead_leader(p)?,
+            Err(_) => {}
         }
     }
     Ok(kinds::pipes::Outside::take_early(&mut fds))

@@ -16,6 +16,7 @@
 
 use crate::error::{RestoreError, StepContext};
 use crate::kinds::memory::{self, Pages};
+use crate::kinds::seccomp::When;
 use crate::kinds::tree::restore::Ids;
 use crate::kinds::tree::Frozen;
 use crate::kinds::{self, Kind, Stash, FILE_KINDS};
@@ -379,6 +380,9 @@ fn prepare_chain(
     let rebuilt = t_rebuild.elapsed();
     kinds::tty::hang_up(&mut r);
     steps.mark("processes");
+    // Every process took what it holds in /proc/PID of a process that had
+    // exited: those directories are gone again before `--verify` looks.
+    kinds::files::ghost::end_holders(&mut r);
     // Of "processes".
     let kinds = r.stash.take::<RebuildTimes>().unwrap_or_default();
     if opts.verify {
@@ -686,6 +690,17 @@ pub fn rebuild_end(
     kinds::timers::Timers::restore(&mut cx, p)?;
     kinds::sysv::restore_process(&mut cx, p)?;
     kinds::task::chroot(&mut cx, p)?;
+    let suspended = cx.r.ids.seccomp_suspended;
+    let room = (cx.stub.scratch, crate::stub::SCRATCH);
+    let main = &p.threads[0];
+    kinds::seccomp::restore_thread(
+        &mut cx.stub.inj,
+        p,
+        main,
+        room,
+        When::BeforeCreds,
+        suspended,
+    )?;
     kinds::identity::Identity::restore(&mut cx, p)?;
     kinds::threads::set_pdeathsig(&mut cx.stub.inj, &p.threads[0], cx.is_root)?;
     let Rebuild {
@@ -701,7 +716,7 @@ pub fn rebuild_end(
     stub.call("munmap", libc::SYS_munmap, [scratch, len, 0, 0, 0, 0])
         .step(|| "cannot unmap the restorer's scratch memory".into())?;
     memory::vdso::unmap_parked(&mut stub, &p.vmas)?;
-    kinds::seccomp::restore_main(&mut stub.inj, p)?;
+    kinds::seccomp::restore_main(&mut stub.inj, p, suspended)?;
     let t_regs = Instant::now();
     stub.inj.finish_with_mask_then(p.threads[0].sigmask, |t| {
         kinds::threads::set_registers(t, &p.threads[0])

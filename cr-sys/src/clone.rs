@@ -164,6 +164,15 @@ impl Doomed {
         })
     }
 
+    /// Fork the child with PID `pid` (clone3 `set_tid`; the number must
+    /// be free): its /proc/PID directory, opened meanwhile, is that of a
+    /// process that has exited once it is ended.
+    pub fn spawn_as(pid: i32) -> Result<Doomed, CloneError> {
+        Ok(Doomed {
+            pid: spawn(Some(pid), 0)?,
+        })
+    }
+
     /// A new pidfd of the child, with `flags` (PIDFD_NONBLOCK, PIDFD_THREAD).
     pub fn pidfd(&self, flags: u32) -> Result<std::os::fd::OwnedFd> {
         crate::fdio::pidfd_open_flags(self.pid, flags)

@@ -217,18 +217,19 @@ pub fn is_epoll_target(
     Ok(r == 0)
 }
 
-/// What two processes may share since a clone without CLONE_VM (kcmp
-/// types).
+/// What two processes may share since a clone (kcmp types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shared {
+    /// The memory (CLONE_VM: a vfork child before its exec or exit).
+    Vm = 1,
     /// The file descriptor table (CLONE_FILES).
     FdTable = 2,
     /// The working directory, root and umask (CLONE_FS).
     FsInfo = 3,
 }
 
-/// Whether processes `pid1` and `pid2` share `what` (kcmp KCMP_FILES,
-/// KCMP_FS).
+/// Whether processes `pid1` and `pid2` share `what` (kcmp KCMP_VM,
+/// KCMP_FILES, KCMP_FS).
 pub fn shares(pid1: i32, pid2: i32, what: Shared) -> Result<bool> {
     // SAFETY: kcmp takes only integers.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, what as i64, 0i64, 0i64) };

@@ -8,9 +8,18 @@
 //!
 //! A path taken since by another file cannot be used: refused by name
 //! (the name of a removed file is the one it had when it was removed).
+//!
+//! The directory /proc/PID of a process that has exited (a working
+//! directory or fd kept in it after the process was reaped) cannot be
+//! made with mkdir: a child of the restorer with that PID (clone3
+//! `set_tid`) holds it while the processes take it (their working
+//! directories and fds: /proc refuses a dead process's directory), and is
+//! killed and reaped once every process is rebuilt ([`dead_proc_dir`],
+//! [`end_holders`]); they then hold a /proc/PID that is gone, as before.
 
 use crate::error::{RestoreError, StepContext};
 use crate::restore::Restorer;
+use cr_sys::clone::Doomed;
 use cr_sys::fdio;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -31,10 +40,49 @@ pub fn removed(shown: &str) -> Option<&str> {
 
 /// The restorer's fd of the removed directory shown as `shown`, made again.
 pub fn dir(r: &mut Restorer<'_>, shown: &str) -> Result<RawFd, RestoreError> {
+    if let Some(pid) = proc_pid_dir(shown) {
+        return dead_proc_dir(r, shown, pid);
+    }
     make(r, shown, |p| {
         std::fs::create_dir(p).map_err(|e| io(e, "mkdir", p))?;
         fdio::open(p, libc::O_RDONLY | libc::O_DIRECTORY)
     })
+}
+
+/// The PID of a removed directory shown as "/proc/PID (deleted)".
+fn proc_pid_dir(shown: &str) -> Option<i32> {
+    let n = shown.strip_suffix(SUFFIX)?.strip_prefix("/proc/")?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| n.parse().ok())
+        .flatten()
+}
+
+/// The restorer's fd of /proc/`pid` of a process that has exited (see the
+/// module's documentation); the PID must be free.
+fn dead_proc_dir(r: &mut Restorer<'_>, shown: &str, pid: i32) -> Result<RawFd, RestoreError> {
+    if let Some(fd) = r.stash.get::<Ghosts>().0.get(shown) {
+        return Ok(fd.as_raw_fd());
+    }
+    let holder = Doomed::spawn_as(pid)?;
+    let fd = fdio::open(&format!("/proc/{pid}"), libc::O_RDONLY | libc::O_DIRECTORY)
+        .step(|| format!("cannot open /proc/{pid} of a process that has exited again"))?;
+    r.stash.get::<Holders>().0.push(holder);
+    let raw = fd.as_raw_fd();
+    r.stash.get::<Ghosts>().0.insert(shown.to_string(), fd);
+    Ok(raw)
+}
+
+/// The children that hold /proc/PID directories of processes that had
+/// exited ([`dead_proc_dir`]).
+#[derive(Default)]
+struct Holders(Vec<Doomed>);
+
+/// Kill and reap the holders of /proc/PID directories, once every
+/// process took what it holds there (before `--verify` looks).
+pub fn end_holders(r: &mut Restorer<'_>) {
+    for h in r.stash.get::<Holders>().0.drain(..) {
+        h.end();
+    }
 }
 
 /// The restorer's fd (read and write, non-blocking: it never waits for a

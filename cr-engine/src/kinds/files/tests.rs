@@ -131,6 +131,49 @@ expect(not os.path.exists(fifo), "the FIFO left behind")
     );
 }
 
+/// The directory /proc/PID of a child that has exited and was reaped,
+/// kept as the working directory and as an open fd (zdtm unhashed_proc):
+/// the restored program has both again, gone (getcwd says ENOENT, the
+/// fd lists nothing), with the same path, and the PID is free again.
+#[test]
+fn dead_proc_pid_dir_round_trip() {
+    round_trip(
+        "files-dead-proc-dir",
+        r#"
+kid = os.fork()
+if kid == 0:
+    while True:
+        signal.pause()
+piddir = "/proc/%d" % kid
+os.chdir(piddir)
+pfd = os.open(piddir, os.O_RDONLY | os.O_DIRECTORY)
+os.kill(kid, signal.SIGKILL)
+os.waitpid(kid, 0)
+def cwd_errno():
+    try:
+        os.getcwd()
+        return 0
+    except OSError as e:
+        return e.errno
+def listing(fd):
+    try:
+        return sorted(os.listdir(fd))
+    except OSError as e:
+        return e.errno
+before = listing(pfd)
+expect(cwd_errno() == errno.ENOENT, "setup: getcwd in the dead process's directory")
+expect(before in ([], errno.ENOENT), "setup: the dead process's directory lists %r" % (before,))
+"#,
+        r#"
+expect(cwd_errno() == errno.ENOENT, "getcwd: errno %d" % cwd_errno())
+expect(os.readlink("/proc/self/cwd") == piddir + " (deleted)", "cwd %r" % os.readlink("/proc/self/cwd"))
+expect(os.readlink("/proc/self/fd/%d" % pfd) == piddir + " (deleted)", "the fd %r" % os.readlink("/proc/self/fd/%d" % pfd))
+expect(listing(pfd) == before, "listing it: %r, was %r" % (listing(pfd), before))
+expect(not os.path.exists(piddir), "process %d lives" % kid)
+"#,
+    );
+}
+
 /// Memfds' modes: one made with MFD_NOEXEC_SEAL (0666 and F_SEAL_EXEC:
 /// never executable), one whose mode the program changed.
 #[test]

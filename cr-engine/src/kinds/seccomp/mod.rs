@@ -7,7 +7,13 @@
 //! calls a restore makes, and installing one needs no_new_privs or
 //! CAP_SYS_ADMIN, which the thread then has if it had them when it
 //! installed them. A thread that dropped CAP_SYS_ADMIN after installing
-//! filters without no_new_privs cannot get them back: refused by name.
+//! filters without no_new_privs (installed as root, then setuid to a
+//! user) gets them before its credentials instead, while it still has the
+//! capability ([`When::BeforeCreds`]): possible because the stubs are
+//! traced with PTRACE_O_SUSPEND_SECCOMP, so the filters judge none of the
+//! calls injected after them. Where the restorer cannot suspend filters
+//! (it lacks CAP_SYS_ADMIN, or has a filter of its own), such a thread is
+//! refused by name.
 //! The main thread installs them after the restorer's scratch memory is
 //! gone, with the program written for a moment below its stack pointer
 //! (the bytes there are put back before it runs).
@@ -85,15 +91,37 @@ pub fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointE
     Ok(())
 }
 
-/// Whether the thread of `p` can install its filters once it has its
-/// credentials back (the kernel asks for no_new_privs or CAP_SYS_ADMIN).
-fn can_install(p: &Process, th: &Thread) -> Result<(), RestoreError> {
+/// When in a thread's restore its seccomp state is installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// Before its credentials, while it still has CAP_SYS_ADMIN: the
+    /// filters of a thread that could not install them with its own
+    /// credentials (see [`before_creds`]).
+    BeforeCreds,
+    /// As its very last system calls: every other thread.
+    Last,
+}
+
+/// Whether the thread of `p` could install its filters with its saved
+/// credentials (the kernel asks for no_new_privs or CAP_SYS_ADMIN).
+fn installs_with_own_creds(p: &Process) -> bool {
     let c = &p.identity.creds;
-    if th.seccomp.mode != SeccompMode::Filter || c.no_new_privs || c.cap_eff & CAP_SYS_ADMIN != 0 {
-        return Ok(());
+    c.no_new_privs || c.cap_eff & CAP_SYS_ADMIN != 0
+}
+
+/// Whether thread `th`'s filters go on before its credentials: it cannot
+/// install them with its own; `suspended`: the restorer traces the stubs
+/// with PTRACE_O_SUSPEND_SECCOMP, so the filters judge none of the calls
+/// the restore injects after them. Refused by name when they are not.
+pub fn before_creds(p: &Process, th: &Thread, suspended: bool) -> Result<bool, RestoreError> {
+    if th.seccomp.mode != SeccompMode::Filter || installs_with_own_creds(p) {
+        return Ok(false);
+    }
+    if suspended {
+        return Ok(true);
     }
     Err(RestoreError::Unsupported(format!(
-        "thread {} has seccomp filters but neither no_new_privs nor CAP_SYS_ADMIN, which installing them again needs",
+        "thread {} has seccomp filters but neither no_new_privs nor CAP_SYS_ADMIN, and the restorer cannot suspend filters (PTRACE_O_SUSPEND_SECCOMP needs CAP_SYS_ADMIN and no filter of its own) to install them before the credentials",
         th.tid
     )))
 }
@@ -122,7 +150,6 @@ fn install(
             Ok(())
         }
         SeccompMode::Filter => {
-            can_install(p, th)?;
             let mut saved = vec![0u8; len as usize];
             mem::read_vm(pid, buf, &mut saved)?;
             let r = (|| {
@@ -158,15 +185,20 @@ fn need(p: &Process, th: &Thread) -> u64 {
         .unwrap_or(0)
 }
 
-/// A thread other than the main one, while the restorer's scratch memory
-/// (at `args`, `room` bytes) is still mapped.
+/// A thread (the main one only [`When::BeforeCreds`]) while the
+/// restorer's scratch memory (at `args`, `room` bytes) is still mapped:
+/// its seccomp state if it goes on `when`.
 pub fn restore_thread(
     inj: &mut Injector<'_>,
     p: &Process,
     th: &Thread,
-    args: u64,
-    room: u64,
+    (args, room): (u64, u64),
+    when: When,
+    suspended: bool,
 ) -> Result<(), RestoreError> {
+    if (when == When::BeforeCreds) != before_creds(p, th, suspended)? {
+        return Ok(());
+    }
     let len = need(p, th);
     if len > room {
         return Err(RestoreError::Unsupported(format!(
@@ -178,10 +210,15 @@ pub fn restore_thread(
 }
 
 /// The main thread, after the restorer's scratch memory is gone: the
-/// programs go below its stack pointer, in its own stack mapping.
-pub fn restore_main(inj: &mut Injector<'_>, p: &Process) -> Result<(), RestoreError> {
+/// programs go below its stack pointer, in its own stack mapping (unless
+/// they went on before its credentials, [`When::BeforeCreds`]).
+pub fn restore_main(
+    inj: &mut Injector<'_>,
+    p: &Process,
+    suspended: bool,
+) -> Result<(), RestoreError> {
     let th = &p.threads[0];
-    if th.seccomp.mode == SeccompMode::None {
+    if th.seccomp.mode == SeccompMode::None || before_creds(p, th, suspended)? {
         return Ok(());
     }
     let len = need(p, th);

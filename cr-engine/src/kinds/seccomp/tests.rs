@@ -18,9 +18,10 @@ fn filter_uname(e: u32) -> String {
     )
 }
 
-#[test]
-fn seccomp_filters_round_trip() {
-    let install = r#"
+/// Python: `install(prog)` puts filter `prog` (a list of BPF
+/// instructions) on the calling thread; `uname_errno()` is the errno
+/// uname answers it.
+const INSTALL_PY: &str = r#"
 class sock_filter(ctypes.Structure): _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
 class sock_fprog(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(sock_filter))]
 def install(prog):
@@ -30,6 +31,15 @@ def install(prog):
 def uname_errno():
     libc.syscall(63, ctypes.create_string_buffer(400)); return ctypes.get_errno()
 "#;
+
+/// The seccomp state of each thread of `p`.
+fn chains(p: &cr_image::model::Process) -> Vec<cr_image::model::ThreadSeccomp> {
+    p.threads.iter().map(|t| t.seccomp.clone()).collect()
+}
+
+#[test]
+fn seccomp_filters_round_trip() {
+    let install = INSTALL_PY;
     let setup = format!(
         "{install}libc.prctl(38, 1, 0, 0, 0)   # no_new_privs\ndef first():{}\n    install(prog)\nfirst()\nimport threading\nseen = []\nagain = threading.Event()\ndef second():{}\n    install(prog)\n    seen.append(uname_errno())\n    again.wait()\n    seen.append(uname_errno())\n    while True: time.sleep(1)\nthreading.Thread(target=second, daemon=True).start()\nwhile not seen: time.sleep(0.01)\n",
         filter_uname(13), filter_uname(22)
@@ -47,12 +57,6 @@ expect(open("/proc/self/status").read().count("Seccomp:\t2") == 1, "filter mode"
     );
     let (a, b) = rt.roots();
     assert_eq!(a.seccomp_filters, b.seccomp_filters);
-    let chains = |p: &cr_image::model::Process| {
-        p.threads
-            .iter()
-            .map(|t| t.seccomp.clone())
-            .collect::<Vec<_>>()
-    };
     assert_eq!(chains(a), chains(b));
     assert_eq!(
         a.seccomp_filters.len(),
@@ -110,4 +114,62 @@ while len(seen) < 2: time.sleep(0.01)
 expect(seen == [1234, 1234], "the thread's filter still refuses prctl: %r" % seen)
 "#,
     );
+}
+
+/// Filters installed as root without no_new_privs (with CAP_SYS_ADMIN),
+/// one by the main thread, one by another thread alone, then root
+/// dropped (setuid to nobody: no capability left), as zdtm
+/// seccomp_filter does: a thread cannot install them with its saved
+/// credentials, so the restore installs them before those (the stubs'
+/// filters suspended meanwhile). The restored program is nobody, without
+/// capabilities nor no_new_privs, and each thread's filters answer as
+/// before.
+#[test]
+fn filters_installed_as_root_before_setuid_round_trip() {
+    let setup = format!(
+        r#"{INSTALL_PY}
+def status(key):
+    return [l.split(":", 1)[1].strip() for l in open("/proc/thread-self/status") if l.startswith(key + ":")][0]
+os.chmod(DIR, 0o777)                        # the verdict is written as nobody
+def first():{}
+    install(prog)
+first()
+import threading
+seen = []
+installed = threading.Event()
+again = threading.Event()
+def second():{}
+    install(prog)
+    installed.set()
+    again.wait()
+    seen.append((uname_errno(), status("Seccomp"), status("CapEff")))
+    while True: time.sleep(1)
+threading.Thread(target=second, daemon=True).start()
+installed.wait()
+os.setuid(65534)                            # every thread: root dropped
+expect(status("NoNewPrivs") == "0" and status("CapEff") == "0000000000000000", "setup: the credentials")
+"#,
+        filter_uname(13),
+        filter_uname(22)
+    );
+    let rt = round_trip(
+        "seccomp-as-root",
+        &setup,
+        r#"
+expect(os.getuid() == 65534 and os.geteuid() == 65534, "uid %d euid %d" % (os.getuid(), os.geteuid()))
+expect(status("CapEff") == "0000000000000000", "capabilities %s" % status("CapEff"))
+expect(status("NoNewPrivs") == "0", "no_new_privs set")
+expect(status("Seccomp") == "2", "the main thread's mode %s" % status("Seccomp"))
+expect(uname_errno() == 13, "the main thread's filter (EACCES): %d" % uname_errno())
+again.set()
+while not seen: time.sleep(0.01)
+expect(seen == [(22, "2", "0000000000000000")], "the thread's own filter is the newest (EINVAL): %r" % seen)
+"#,
+    );
+    let (a, b) = rt.roots();
+    assert_eq!(a.identity.creds.cap_eff, 0);
+    assert!(!a.identity.creds.no_new_privs);
+    assert_eq!(a.seccomp_filters, b.seccomp_filters);
+    assert_eq!(chains(a), chains(b));
+    assert_eq!(a.seccomp_filters.len(), 2);
 }

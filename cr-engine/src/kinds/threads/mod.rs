@@ -42,6 +42,7 @@ pub use regs::{fix_syscall_restart, from_model, hide_stop_eintr, to_model};
 
 use crate::capture::Proc;
 use crate::error::{CheckpointError, RestoreError, StepContext};
+use crate::kinds::seccomp::When;
 use crate::kinds::{identity, seccomp, signals, Kind};
 use crate::restore::Rebuild;
 use crate::stub::Stub;
@@ -232,6 +233,7 @@ impl Kind for Threads {
         let args = cx.stub.thread_args();
         let scratch = cx.stub.scratch;
         let is_root = cx.is_root;
+        let suspended = cx.r.ids.seccomp_suspended;
         let mut done = Vec::with_capacity(others.len());
         for (mut t, th) in others.into_iter().zip(&p.threads[1..]) {
             // A thread is made with its creator's name.
@@ -252,10 +254,12 @@ impl Kind for Threads {
             signals::restore_thread(&mut inj, pid, args, th)?;
             let ids = (cx.r.ids.inner(p.pid), cx.r.ids.inner_tid(th));
             signals::queue_thread_pending(&mut inj, pid, ids, args, th)?;
+            let room = (scratch, crate::stub::SCRATCH);
+            seccomp::restore_thread(&mut inj, p, th, room, When::BeforeCreds, suspended)?;
             identity::set_creds(&mut inj, args, th.tid, &p.identity.creds)?;
             // After the credentials: changing them clears it.
             set_pdeathsig(&mut inj, th, is_root)?;
-            seccomp::restore_thread(&mut inj, p, th, scratch, crate::stub::SCRATCH)?;
+            seccomp::restore_thread(&mut inj, p, th, room, When::Last, suspended)?;
             inj.finish_with_mask(th.sigmask)?;
             set_registers(&t, th)?;
             set_scheduling(t.tid(), th)?;

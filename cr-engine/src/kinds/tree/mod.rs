@@ -53,9 +53,69 @@ pub fn validate(pid: i32) -> Result<(), CheckpointError> {
         });
     }
     if stat.state == 'Z' || stat.state == 'X' {
+        dead_leader(pid)?;
         return Err(CheckpointError::Zombie(pid));
     }
     Ok(())
+}
+
+/// A process waiting in vfork() for its child, which shares its memory
+/// (CLONE_VM) until it calls exec or exits: refused by name, at once. The
+/// kernel wakes the parent there for nothing but a fatal signal (a freeze
+/// would wait for its stop in vain, and its registers are out of reach),
+/// and the two could not get one memory again. Asked before anything is
+/// stopped, and again right before the process is seized.
+pub fn vfork_wait(pid: i32) -> Result<(), CheckpointError> {
+    use cr_sys::mem::{shares, Shared};
+    for c in proc::children(pid).unwrap_or_default() {
+        if shares(c, pid, Shared::Vm).unwrap_or(false) {
+            return Err(CheckpointError::unsupported(
+                pid,
+                format!("a process waiting in vfork() for its child {c}, which shares its memory until it calls exec or exits (the parent cannot be stopped there)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A process shown as a zombie ('Z') whose other threads still run: its
+/// main thread exited alone (pthread_exit in main), and the process lives
+/// on. Refused by name: it cannot be stopped through its main thread, and
+/// a restore would have to end that thread again once the others run.
+pub fn dead_leader(pid: i32) -> Result<(), CheckpointError> {
+    if proc::tasks(pid).is_ok_and(|t| t.len() > 1) {
+        return Err(CheckpointError::unsupported(
+            pid,
+            "a process whose main thread has exited (pthread_exit) while its other threads run",
+        ));
+    }
+    Ok(())
+}
+
+/// A process of the tree (`stat` its /proc stat; its parent in the tree
+/// too) in a session other than its parent's, not its own: the process
+/// that made the session forked it, then exited or moved to a session of
+/// its own (setsid), or the process was reparented. A restore forks each
+/// process from its parent's stub, after the parent made its own session:
+/// it would be in the parent's session. Refused by name.
+pub fn session_from_parent(pid: i32, stat: &Stat) -> Result<(), CheckpointError> {
+    if stat.session == pid {
+        return Ok(());
+    }
+    let parent = match proc::stat(stat.ppid) {
+        Ok(p) => p,
+        Err(_) => return Ok(()), // exited meanwhile: the freeze sees what is left
+    };
+    if parent.session == stat.session {
+        return Ok(());
+    }
+    Err(CheckpointError::unsupported(
+        pid,
+        format!(
+            "a process in session {}, other than its parent {}'s ({}), that it could not get from its parent at a restore",
+            stat.session, stat.ppid, parent.session
+        ),
+    ))
 }
 
 /// `root` and its descendants as they are now (not frozen), root first.
@@ -87,9 +147,11 @@ pub fn freeze(root: i32) -> Result<Vec<Frozen>, CheckpointError> {
             Err(_) => return Err(CheckpointError::NoSuchProcess(pid)),
         };
         if stat.state == 'Z' && pid != root {
+            dead_leader(pid)?;
             out.push(zombie(pid, &stat));
             continue;
         }
+        vfork_wait(pid)?;
         let tracees = match threads::seize_all(pid) {
             Ok(t) => t,
             Err(e) if pid != root => match proc::stat(pid) {

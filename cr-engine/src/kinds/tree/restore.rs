@@ -28,6 +28,11 @@ const STUB_OPTIONS: u64 = (libc::PTRACE_O_TRACESYSGOOD
 /// traces them under new ones ("outer"). Otherwise both are the saved PIDs.
 pub struct Ids {
     pub pidns: bool,
+    /// The stubs are traced with PTRACE_O_SUSPEND_SECCOMP (the restorer
+    /// has CAP_SYS_ADMIN and no filter of its own): the filters a thread
+    /// gets back judge none of the calls injected after them (see
+    /// `kinds::seccomp`).
+    pub seccomp_suspended: bool,
     outer: HashMap<u32, i32>,
     inner: HashMap<u32, u32>,
 }
@@ -36,6 +41,7 @@ impl Ids {
     pub fn new(ck: &Checkpoint) -> Ids {
         Ids {
             pidns: ck.pidns,
+            seccomp_suspended: false,
             outer: HashMap::new(),
             inner: ck
                 .processes
@@ -153,8 +159,10 @@ pub fn spawn(
     // (installed by the restore as its last calls) do not judge what is
     // injected after them: the release, and `--verify`'s capture of the
     // restored tree.
+    let mut suspended = true;
     let mut root_stub =
-        Tracee::seize_past_seccomp(root_pid, STUB_OPTIONS, OnDrop::Kill, &mut true)?;
+        Tracee::seize_past_seccomp(root_pid, STUB_OPTIONS, OnDrop::Kill, &mut suspended)?;
+    ids.seccomp_suspended = suspended;
     guard.0 = 0;
     // Before it forks: its children are born in the namespace.
     crate::kinds::cgroups::enter_ns(ck, &mut root_stub)?;

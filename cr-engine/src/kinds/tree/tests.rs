@@ -278,3 +278,113 @@ os.waitpid(live, 0)
         .all(|&(pid, pgid, _)| pgid != pid && pgid != before[0].1));
     assert_eq!(before, groups(&rt.after));
 }
+
+/// A child waiting in vfork() for its own child (which shares its memory
+/// until it calls exec or exits) is refused at once, by name, before
+/// anything is stopped (the kernel's vfork wait is woken by nothing but a
+/// fatal signal: a freeze would wait for the stop in vain); the three run
+/// on untraced, the vfork still pending.
+#[test]
+fn vfork_parent_is_refused_at_once() {
+    crate::kinds::testkit::refused(
+        "tree-vfork",
+        r#"
+libc.syscall.restype = ctypes.c_long
+waiter = os.fork()
+if waiter == 0:
+    libc.prctl(1, 9, 0, 0, 0)                      # PR_SET_PDEATHSIG: SIGKILL
+    if libc.syscall(58) == 0:                      # vfork: the child runs on our memory
+        while True:
+            libc.pause()
+    libc._exit(0)
+def children(pid):
+    return open("/proc/%d/task/%d/children" % (pid, pid)).read().split()
+while not children(waiter):
+    time.sleep(0.01)
+kid = int(children(waiter)[0])
+def traced(pid):
+    return "TracerPid:\t0\n" not in open("/proc/%d/status" % pid).read()
+"#,
+        r#"
+expect(children(waiter) == [str(kid)], "the vfork child %r" % children(waiter))
+expect(not traced(waiter) and not traced(kid), "left traced")
+expect(open("/proc/%d/stat" % waiter).read().split(") ")[1][0] == "D", "the parent no longer waits in vfork")
+os.kill(waiter, signal.SIGKILL)
+os.waitpid(waiter, 0)
+os.kill(kid, signal.SIGKILL)
+"#,
+        "waiting in vfork() for its child",
+    );
+}
+
+/// A child whose main thread exited alone (the exit system call, as
+/// pthread_exit in main does) while its other thread runs (zdtm pthread02)
+/// is refused by name, before anything is stopped — not taken for a
+/// zombie; the child runs on untraced, its thread alive.
+#[test]
+fn process_whose_main_thread_exited_is_refused() {
+    crate::kinds::testkit::refused(
+        "tree-dead-leader",
+        r#"
+import threading
+kid = os.fork()
+if kid == 0:
+    libc.prctl(1, 9, 0, 0, 0)                      # PR_SET_PDEATHSIG: SIGKILL
+    threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()
+    libc.syscall(60, 0)                            # exit: this thread only
+def task_states(pid):
+    out = []
+    for t in os.listdir("/proc/%d/task" % pid):
+        s = open("/proc/%d/task/%s/stat" % (pid, t)).read().split(") ")[1][0]
+        out.append((int(t) == pid, s))
+    return sorted(out, reverse=True)               # the main thread first
+while len(task_states(kid)) != 2 or task_states(kid)[0] != (True, "Z"):
+    time.sleep(0.01)
+"#,
+        r#"
+states = task_states(kid)
+expect(len(states) == 2 and (True, "Z") in states and any(not m and s != "Z" for m, s in states),
+       "the child's threads %r" % states)
+other = [t for t in os.listdir("/proc/%d/task" % kid) if int(t) != kid][0]
+expect("TracerPid:\t0\n" in open("/proc/%d/task/%s/status" % (kid, other)).read(), "left traced")
+os.kill(kid, signal.SIGKILL)
+os.waitpid(kid, 0)
+"#,
+        "main thread has exited (pthread_exit) while its other threads run",
+    );
+}
+
+/// A child in a session its parent is not in (zdtm session02): a process
+/// made a session (setsid), forked a sibling into it (CLONE_PARENT: the
+/// root's child), and exited. A restore forks each process from its
+/// parent's stub: refused by name before anything is stopped, and the
+/// two run on in their sessions.
+#[test]
+fn child_in_a_session_other_than_its_parents_is_refused() {
+    crate::kinds::testkit::refused(
+        "tree-foreign-session",
+        r#"
+libc.syscall.restype = ctypes.c_long
+r, w = os.pipe()
+maker = os.fork()
+if maker == 0:
+    os.setsid()
+    kid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)   # clone(CLONE_PARENT | SIGCHLD)
+    if kid == 0:
+        libc.prctl(1, 9, 0, 0, 0)                   # PR_SET_PDEATHSIG: SIGKILL
+        while True:
+            libc.pause()
+    os.write(w, struct.pack("i", kid))
+    libc._exit(0)
+kid = struct.unpack("i", os.read(r, 4))[0]
+os.waitpid(maker, 0)
+expect(os.getsid(kid) == maker and os.getsid(0) != maker, "setup: the sessions")
+"#,
+        r#"
+expect(os.getsid(kid) == maker, "the child's session %d, was %d" % (os.getsid(kid), maker))
+os.kill(kid, signal.SIGKILL)
+os.waitpid(kid, 0)
+"#,
+        "other than its parent",
+    );
+}
