@@ -130,6 +130,8 @@ pub fn tree(
         .collect();
     let live: Vec<i32> = procs.iter().map(|f| f.pid).collect();
     let opts = CheckpointOptions::default();
+    let mut fds = TreeFds::new(&live);
+    fds.verifying = true;
     let mut d = Dump {
         opts: &opts,
         dir,
@@ -137,7 +139,7 @@ pub fn tree(
         parent: None,
         method: DirtyMethod::Full,
         image_id: &ck.meta.image_id,
-        fds: TreeFds::new(&live),
+        fds,
         objects: Objects::new(None, &ck.meta.image_id, false),
         stash: Stash::default(),
         read: 0,

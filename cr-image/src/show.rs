@@ -162,7 +162,17 @@ pub fn object_summary(o: &Object) -> String {
                 u.peer,
                 u.queue.len(),
                 u.queue.iter().map(Vec::len).sum::<usize>()
-            )
+            ) + &u
+                .pending
+                .iter()
+                .map(|p| {
+                    format!(
+                        ", not yet accepted: client {} sent {} bytes",
+                        p.client,
+                        p.data.iter().map(Vec::len).sum::<usize>()
+                    )
+                })
+                .collect::<String>()
         }
         ObjectKind::InetSocket(s) => inet_summary(o.id, s),
         ObjectKind::NetlinkSocket(n) => format!(

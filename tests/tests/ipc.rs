@@ -5,7 +5,7 @@
 //! process running consumes nothing); the workloads check themselves from
 //! the inside and print `PART OK` lines and a final `OK`. What the engine
 //! cannot save (netlink and packet sockets, TCP connections half closed, fds in flight, data of a connection
-//! not yet accepted) is refused by name, by `--check` too, and the process is
+//! not yet accepted when the process runs on) is refused by name, by `--check` too, and the process is
 //! left unharmed; a restore whose lock another process took meanwhile fails
 //! cleanly.
 
@@ -434,11 +434,13 @@ fn unix_sockets_checkpoint_without_kill_consumes_nothing() {
 }
 
 /// A connection not accepted yet whose client had already sent data: that
-/// data cannot be read without accepting, so the checkpoint is refused by
-/// name (`--check` too), and the process is left unharmed: its accept()
-/// later returns the connection with the data.
+/// data waits where only accept() reads it. A checkpoint that lets the
+/// process run on cannot take it off the queue, so it is refused by name
+/// (`--check` too), and the process is left unharmed; `--kill` takes it
+/// (the processes end), and after the restore accept() returns the
+/// connection with the data.
 #[test]
-fn unix_queued_connection_with_early_data_refused_by_name() {
+fn unix_queued_connection_with_early_data() {
     let h = Harness::new("ipc-queued-data");
     let mut wl = spawn_parts(&h, "py_ipc_unix.py", &["queued_data"]);
     let pid = wl.pid();
@@ -450,9 +452,9 @@ fn unix_queued_connection_with_early_data_refused_by_name() {
         &kws,
     );
     assert_running_untraced(pid, "after --check");
-    let out = h.checkpoint(&h.image_dir("img"), &["--kill"], pid);
+    let out = h.checkpoint(&h.image_dir("img-cont"), &[], pid);
     let line = out.assert_error(
-        "checkpoint of an unaccepted connection with data",
+        "checkpoint (continue) of an unaccepted connection with data",
         CK_ERR,
         &kws,
     );
@@ -461,7 +463,7 @@ fn unix_queued_connection_with_early_data_refused_by_name() {
         "the error names the process: {line:?}"
     );
     assert_running_untraced(pid, "after a refused checkpoint");
-    wl.go_and_expect_ok();
+    kill_restore_ok(&h, &mut wl, "unaccepted connection with data");
     assert_parts_ok(&wl, &["queued_data"]);
 }
 

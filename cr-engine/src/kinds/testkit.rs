@@ -227,6 +227,31 @@ pub fn round_trip_restoring(
     rt
 }
 
+/// [`round_trip`] without the checkpoint of the restored program (which
+/// lets it run on): for a state only a dump whose processes end can save
+/// (connections not yet accepted that carry data). The image is returned.
+pub fn round_trip_killed(name: &str, setup: &str, check: &str) -> Checkpoint {
+    let (dir, log, child) = start(name, setup, check);
+    let pid = child.id() as i32;
+    let img = dir.join("img");
+    if let Err(e) = checkpoint_kill(pid, &img) {
+        reap(pid);
+        panic!("checkpoint of {name}: {e}");
+    }
+    drop(child);
+    let verify = RestoreOptions {
+        verify: true,
+        ..Default::default()
+    };
+    let restored = crate::restore(&img, &verify)
+        .unwrap_or_else(|e| panic!("restore of {name}: {}", cr_sys::error::one_line(&e)));
+    assert_eq!(restored, pid, "restored with its PID");
+    verdict(pid, &dir, &log, &format!("{name}: the restored program"));
+    let ck = read(&img);
+    let _ = std::fs::remove_dir_all(&dir);
+    ck
+}
+
 /// Checkpoint `pid` (`who`) into `img` with --verify, the processes
 /// continuing; a failure ends the program and the test.
 fn checkpoint_continue(pid: i32, img: &Path, who: &str) {

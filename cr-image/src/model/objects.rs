@@ -228,6 +228,20 @@ pub struct UnixSocket {
     pub opts: Vec<SockOpt>,
     /// Files in flight (SCM_RIGHTS) with queued messages.
     pub in_flight: Vec<InFlight>,
+    /// LISTEN: the connections not yet accepted, in their order, taken off
+    /// the queue by a dump whose processes end (to read what their clients
+    /// sent). Empty: those whose `listener` names this socket.
+    pub pending: Vec<PendingConnection>,
+}
+
+/// A connection queued on a unix listener and not yet accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PendingConnection {
+    /// The client socket (an object id); 0: the client had closed.
+    pub client: u64,
+    /// What the client had sent: one entry for a stream, one per message.
+    #[serde(rename = "sent_bytes", serialize_with = "ser::total_len")]
+    pub data: Vec<Vec<u8>>,
 }
 
 /// The files one queued unix message carries (SCM_RIGHTS), in their order.
@@ -497,6 +511,14 @@ impl Object {
                             })
                         })
                         .collect::<Result<_, Bad>>()?,
+                    pending: u
+                        .pending
+                        .into_iter()
+                        .map(|p| PendingConnection {
+                            client: p.client,
+                            data: p.data,
+                        })
+                        .collect(),
                 })
             }
             Some(K::InetSocket(s)) => ObjectKind::InetSocket(inet_from_pb(s)?),
@@ -626,6 +648,14 @@ impl Object {
                         fds: m.fds.iter().map(Fd::to_pb).collect(),
                     })
                     .collect(),
+                pending: u
+                    .pending
+                    .iter()
+                    .map(|p| pb::PendingConnection {
+                        client: p.client,
+                        data: p.data.clone(),
+                    })
+                    .collect(),
             }),
             ObjectKind::InetSocket(s) => K::InetSocket(inet_to_pb(s)),
             ObjectKind::NetlinkSocket(s) => K::NetlinkSocket(pb::NetlinkSocket {
@@ -701,7 +731,11 @@ impl Object {
     pub(crate) fn validate(&self, ck: &Checkpoint) -> Result<(), Bad> {
         match &self.kind {
             ObjectKind::UnixSocket(u) => {
-                for (what, id) in [("peer", u.peer), ("listener", u.listener)] {
+                let clients = u.pending.iter().map(|p| ("pending client", p.client));
+                for (what, id) in [("peer", u.peer), ("listener", u.listener)]
+                    .into_iter()
+                    .chain(clients)
+                {
                     if id != 0 && ck.object(ObjectTag::UnixSocket, id).is_none() {
                         return Err(format!(
                             "its {what} socket:[{id}] is missing from the image"

@@ -55,6 +55,10 @@ pub struct TreeFds {
     /// Drop inotify and fanotify events queued and not read yet instead of
     /// refusing the dump (`--skip-queued-events`).
     pub skip_queued_events: bool,
+    /// The scan of a restored tree by `--verify`, not a dump: nothing is
+    /// taken off a queue, and what only a dump whose processes end can
+    /// save is not refused.
+    pub verifying: bool,
     /// What the file kinds keep during the scan.
     pub stash: Stash,
 }

@@ -28,7 +28,7 @@ use crate::kinds::fds::{FdScan, OpenFd};
 use crate::kinds::sockopts::{options, shape, Fresh};
 use crate::kinds::{external, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
-use cr_image::model::objects::{InFlight, UnixSocket};
+use cr_image::model::objects::{InFlight, PendingConnection, UnixSocket};
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process, SharedFd};
 use cr_sys::fdio;
 use cr_sys::proc::FDTarget;
@@ -239,9 +239,12 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
     if relative(&s.name) || relative(&s.peer_name) {
         s.cwd = cr_sys::proc::read_link(&format!("/proc/{pid}/cwd")).unwrap_or_default();
     }
-    if s.listener != 0 && u.wqlen > 0 {
+    // What it sent waits on the listener's side, where only an accept()
+    // reads it: a dump whose processes end takes the connection off the
+    // queue for that (see `take_pending`); one that lets them run cannot.
+    if s.listener != 0 && u.wqlen > 0 && !cx.tree.lock_network && !cx.tree.verifying {
         return Err(format!(
-            "a unix {kind} socket not yet accepted by socket:[{}] that already sent data (the data waits where it cannot be read; not supported)",
+            "a unix {kind} socket not yet accepted by socket:[{}] that already sent data (the data waits where only an accept() reads it; not supported when the processes run on: use --kill or --stop)",
             s.listener
         ));
     }
@@ -352,6 +355,11 @@ fn describe_data(
         }
         s.queue = q.into_iter().map(|m| m.data).collect();
     }
+    if u.state == TCP_LISTEN && cx.tree.lock_network && must_take(cx, u)? {
+        s.pending = take_pending(cx, &sock, u).map_err(|e| {
+            format!("a unix {kind} socket listening with connections not yet accepted: {e}")
+        })?;
+    }
     let fresh = cx.tree.stash.get::<Fresh>();
     s.sndbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF).unwrap_or(0);
     s.rcvbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF).unwrap_or(0);
@@ -365,6 +373,67 @@ fn describe_data(
     });
     Ok(Some(FdKind::UnixSocket { object: ino }))
 }
+
+/// Whether the connections queued on listener `u` must be taken off its
+/// queue to be saved: one whose client had closed (it may have sent data
+/// before), or one whose client in the tree had sent data (sock_diag
+/// counts it in the client's write queue). Those whose client is outside
+/// the tree are dropped, as before.
+fn must_take(cx: &mut FdScan<'_>, u: &UnixSock) -> Result<bool, String> {
+    let in_tree: Vec<u64> = u
+        .icons
+        .iter()
+        .copied()
+        .filter(|&c| c != 0 && cx.tree.socket_in_tree(c))
+        .collect();
+    let all = diag(cx)?;
+    Ok(u.icons.contains(&0)
+        || in_tree
+            .iter()
+            .any(|c| all.get(c).is_some_and(|c| c.wqlen > 0)))
+}
+
+/// The connections not yet accepted by a listening socket, whose
+/// processes end with the dump: accepted here (the only way to read what
+/// their clients sent), in the order the program would have had them,
+/// with what each client sent. The accepted ends are kept until the scan
+/// ends. Those whose client is outside the tree are left out (dropped, as
+/// their listener ends).
+fn take_pending(
+    cx: &mut FdScan<'_>,
+    sock: &OwnedFd,
+    u: &UnixSock,
+) -> Result<Vec<PendingConnection>, String> {
+    let stream = u.sock_type as i32 == libc::SOCK_STREAM;
+    let one = |e: cr_sys::SysError| cr_sys::error::one_line(&e);
+    let mut out = Vec::new();
+    for _ in 0..u.icons.len() {
+        let a = fdio::accept(sock).map_err(one)?;
+        let peer = fdio::inode(&a)
+            .and_then(cr_sys::unix_diag::by_inode)
+            .map_err(one)?
+            .map_or(0, |d| d.peer);
+        // The accepted end reads 0 at the end of what a closed client sent.
+        let q = fdio::peek_queue(&a, stream, true).map_err(one)?;
+        if q.iter().any(|m| !m.fds.is_empty()) {
+            return Err("one carries files in flight (not supported)".into());
+        }
+        cx.tree.stash.get::<Accepted>().0.push(a);
+        if peer != 0 && !cx.tree.socket_in_tree(peer) {
+            continue;
+        }
+        out.push(PendingConnection {
+            client: peer,
+            data: q.into_iter().map(|m| m.data).collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// Connections taken off a listener's queue by the dump (see
+/// [`take_pending`]), held until the scan ends.
+#[derive(Default)]
+struct Accepted(Vec<OwnedFd>);
 
 /// Whether the socket can hold a receive queue: a datagram socket always;
 /// a stream or seqpacket one only once connected (the kernel refuses to

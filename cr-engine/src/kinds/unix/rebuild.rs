@@ -261,6 +261,13 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
         }
     }
     let ty = |s: &UnixSocket| s.sock_type as i32;
+    // Clients of connections saved with their listener's queue (step 4;
+    // one that is not there had closed).
+    let pending: HashSet<u64> = socks
+        .values()
+        .flat_map(|s| s.pending.iter().map(|p| p.client))
+        .filter(|&c| c != 0)
+        .collect();
     // 2. Pairs.
     for &a in &ids {
         let sa = socks[&a];
@@ -338,10 +345,17 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
             out.insert(id, fd);
         }
     }
-    // 4. One-way connections.
+    // 4. One-way connections; first those queued on a listener whose
+    // queue was saved in order (with what each client had sent).
     for &id in &ids {
         let s = socks[&id];
-        if out.contains_key(&id) {
+        if !s.pending.is_empty() {
+            queue_pending(id, s, &socks, &mut out, &mut ghosts)?;
+        }
+    }
+    for &id in &ids {
+        let s = socks[&id];
+        if out.contains_key(&id) || pending.contains(&id) {
             continue;
         }
         let of_image = |t: u64| {
@@ -435,6 +449,60 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
             .step(|| format!("cannot set the options of socket:[{id}]"))?;
     }
     Ok((out, later))
+}
+
+/// The connections not yet accepted by listener `id` (bound and
+/// listening), in their order: each client connected again, and what it
+/// had sent written; a client that had closed is closed again after that.
+fn queue_pending(
+    id: u64,
+    s: &UnixSocket,
+    socks: &HashMap<u64, &UnixSocket>,
+    out: &mut HashMap<u64, OwnedFd>,
+    ghosts: &mut Ghosts,
+) -> Result<(), RestoreError> {
+    let ty = s.sock_type as i32;
+    let (tcwd, target) = ghosts.target(id, s);
+    let (tcwd, target) = (tcwd.to_string(), target.to_vec());
+    if target.is_empty() {
+        return Err(RestoreError::Unsupported(format!(
+            "connections were queued on socket:[{id}], a listener without a name, which cannot be reached again"
+        )));
+    }
+    for (i, p) in s.pending.iter().enumerate() {
+        let what = || format!("cannot queue connection {i} on socket:[{id}] again");
+        let fd = fdio::unix_socket(ty).step(what)?;
+        if p.client != 0 {
+            let c = socks.get(&p.client).ok_or_else(|| {
+                RestoreError::Unsupported(format!(
+                    "socket:[{}], queued on socket:[{id}], is missing from the image",
+                    p.client
+                ))
+            })?;
+            bind(&fd, p.client, c, ghosts)?;
+        }
+        connect(&fd, &tcwd, &target).step(what)?;
+        let total: usize = p.data.iter().map(Vec::len).sum();
+        if total > 0 {
+            let _ = fdio::setsockopt_int(
+                &fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUFFORCE,
+                (total as i32).saturating_mul(4).max(1 << 20),
+            );
+        }
+        for m in &p.data {
+            if ty == libc::SOCK_STREAM {
+                fdio::write_all(&fd, m).step(what)?;
+            } else {
+                fdio::send(&fd, m).step(what)?;
+            }
+        }
+        if p.client != 0 {
+            out.insert(p.client, fd);
+        }
+    }
+    Ok(())
 }
 
 /// Queue the saved messages of socket `id` again, written by its peer
