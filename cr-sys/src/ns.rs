@@ -28,18 +28,18 @@ pub fn own_id(kind: &str) -> Result<String> {
 
 /// An fd of the calling thread's namespace `kind`.
 pub fn open_own(kind: &str) -> Result<OwnedFd> {
-    let path = format!("/proc/thread-self/ns/{kind}");
-    std::fs::File::open(&path)
-        .map(OwnedFd::from)
-        .map_err(io_err(&path))
+    open_path(&format!("/proc/thread-self/ns/{kind}"))
 }
 
 /// An fd of the namespace `kind` of process `pid` (keeps it alive).
 pub fn open(pid: i32, kind: &str) -> Result<OwnedFd> {
-    let path = format!("/proc/{pid}/ns/{kind}");
-    std::fs::File::open(&path)
+    open_path(&format!("/proc/{pid}/ns/{kind}"))
+}
+
+fn open_path(path: &str) -> Result<OwnedFd> {
+    std::fs::File::open(path)
         .map(OwnedFd::from)
-        .map_err(io_err(&path))
+        .map_err(io_err(path))
 }
 
 /// Run `f` on a thread of its own in the IPC namespace `ns` (None: ours),
