@@ -188,6 +188,10 @@ pub struct Process {
     pub fds: Vec<Fd>,
     /// kind "tty": the pty object that is the controlling terminal.
     pub ctty_pty: Option<u64>,
+    /// kind "tty": the controlling terminal is this console, virtual or
+    /// serial terminal (its device number), which the process, a session
+    /// leader, holds open (0: none, a pty, or one outside the tree).
+    pub ctty_device: u64,
     /// kind "seccomp": the filters the threads' chains name.
     pub seccomp_filters: Vec<SeccompFilter>,
     /// kind "cgroups": one per hierarchy, sorted by controllers.
@@ -486,6 +490,7 @@ impl Process {
                 })
                 .collect::<Result<_, _>>()?,
             ctty_pty: p.ctty_pty.checked_sub(1),
+            ctty_device: p.ctty_device,
             seccomp_filters: p
                 .seccomp_filters
                 .into_iter()
@@ -520,6 +525,7 @@ impl Process {
             identity: Some(self.identity.to_pb()),
             fds: self.fds.iter().map(Fd::to_pb).collect(),
             ctty_pty: self.ctty_pty.map_or(0, |i| i + 1),
+            ctty_device: self.ctty_device,
             seccomp_filters: self
                 .seccomp_filters
                 .iter()

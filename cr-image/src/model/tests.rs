@@ -391,6 +391,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             ),
         ],
         ctty_pty: Some(3),
+        ctty_device: 0x405,
         seccomp_filters: vec![
             SeccompFilter {
                 program: vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f],

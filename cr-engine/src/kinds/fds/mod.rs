@@ -296,6 +296,7 @@ impl Kind for Fds {
         signal_owners(cx, &mut fds)?;
         p.fds = fds;
         p.ctty_pty = cx.d.fds.pty_masters.ctty(cx.stat.tty_nr as u64, &p.fds);
+        p.ctty_device = tty::ctty_device(cx.stat.tty_nr as u64, cx.stat.session, &p.fds, p.pid);
         Ok(())
     }
 

@@ -236,6 +236,25 @@ impl FileKind for Tty {
                 f.info.get("tty-index").unwrap_or("?")
             )));
         }
+        // A console, virtual or serial terminal (not a pty) opened by path:
+        // the device stays on the host, opened again by that path, when it
+        // is not what the job was started from (a process's standard fds
+        // or controlling terminal, of a session led outside the tree),
+        // which leads outside instead.
+        if index.is_none() && !is_dev_tty(r) {
+            let (ctty, session) = proc::stat(f.pid)
+                .map(|s| (s.tty_nr as u64, s.session))
+                .unwrap_or((0, 0));
+            let started_from = ctty == r || f.fd <= 2;
+            if !started_from || cx.tree.in_tree(session) {
+                return Some(Ok(Some(FdKind::CharDevice {
+                    rdev: r,
+                    mode: md.mode() & 0o7777,
+                    uid: md.uid(),
+                    gid: md.gid(),
+                })));
+            }
+        }
         Some(external::record(f, format!("the terminal {}", f.link)))
     }
 
@@ -257,6 +276,10 @@ impl FileKind for Tty {
         Some(match &f.kind {
             // /dev/tty waits until the controlling terminal is back.
             FdKind::CharDevice { rdev, .. } if is_dev_tty(*rdev) => Ok(Opened::Later),
+            // Never made the controlling terminal of the process by the open.
+            FdKind::CharDevice { rdev, .. } if is_tty_dev(*rdev) => {
+                files::reopen(cx, f, libc::O_NOCTTY).map(|()| Opened::InStub)
+            }
             FdKind::Pty { object, master } => pty_end(cx.r, f, *object, *master).map(Opened::Ours),
             _ => return None,
         })
@@ -558,12 +581,35 @@ fn pty_end(
     }
 }
 
+/// The controlling terminal `tty_nr` of process `pid` when it leads its
+/// session (`session`) and the terminal is a console, virtual or serial
+/// one it holds open (an fd of the device, opened again by path): what it
+/// takes again at the restore ([`controlling_tty`]); else 0.
+pub fn ctty_device(tty_nr: u64, session: i32, fds: &[Fd], pid: u32) -> u64 {
+    let terminal = tty_nr != 0
+        && is_tty_dev(tty_nr)
+        && !is_dev_tty(tty_nr)
+        && !proc::is_dev(tty_nr, 5, 2)
+        && proc::pty_slave_index(tty_nr).is_none();
+    let held = fds
+        .iter()
+        .any(|f| matches!(f.kind, FdKind::CharDevice { rdev, .. } if rdev == tty_nr));
+    if terminal && session == pid as i32 && held {
+        tty_nr
+    } else {
+        0
+    }
+}
+
 /// A session leader whose controlling terminal was a pty of the image takes
 /// it again (TIOCSCTTY on one of its slave fds, or, when it kept none (it
 /// closed the slave once the terminal was its), on a slave opened for it
 /// from the restorer's master and closed after) and gives it its
 /// foreground process group.
 pub fn controlling_tty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
+    if p.ctty_device != 0 {
+        return device_ctty(cx, p);
+    }
     let Some(index) = p.ctty_pty else {
         return Ok(());
     };
@@ -620,6 +666,39 @@ pub fn controlling_tty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), 
             .call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
     }
     made
+}
+
+/// A session leader whose controlling terminal was a console, virtual or
+/// serial terminal it holds (`Process::ctty_device`) takes it again:
+/// TIOCSCTTY on its fd of that device, opened again by path.
+fn device_ctty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
+    let dev = p.ctty_device;
+    let what = || {
+        format!(
+            "cannot make the terminal {}:{} the controlling terminal of process {}",
+            major(dev),
+            proc::dev_minor(dev),
+            p.pid
+        )
+    };
+    if cx.r.ids.sid_pgid(p).0 != cx.r.ids.inner(p.pid) {
+        return Ok(());
+    }
+    let fd = p
+        .fds
+        .iter()
+        .find(|f| matches!(f.kind, FdKind::CharDevice { rdev, .. } if rdev == dev))
+        .ok_or_else(|| {
+            RestoreError::Unsupported(format!("{}: no fd of it in the image", what()))
+        })?;
+    cx.stub
+        .call(
+            "ioctl(TIOCSCTTY)",
+            libc::SYS_ioctl,
+            [fd.fd as u64, libc::TIOCSCTTY, 0, 0, 0, 0],
+        )
+        .step(what)?;
+    Ok(())
 }
 
 /// TIOCSCTTY on the stub's slave fd `fd` of pty object `index`, then its
