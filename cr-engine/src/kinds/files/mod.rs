@@ -408,14 +408,20 @@ fn file_object(
             .step(|| format!("cannot create memfd {}", obj.name))?
     } else {
         let path = std::path::Path::new(&obj.name);
+        let was_tmpfile = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('#'));
+        // Its directory may have been removed after it (a program's own
+        // scratch directory): made again for the while.
+        let _made = match path.parent() {
+            Some(d) if !was_tmpfile && path.is_absolute() => MadeDirs::make(d),
+            _ => MadeDirs(Vec::new()),
+        };
         let dir = path
             .parent()
             .filter(|d| d.is_dir())
             .map(|d| d.to_string_lossy().into_owned())
             .unwrap_or_else(|| "/tmp".into());
-        let was_tmpfile = path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with('#'));
         // Made again at its old path and unlinked at once, so /proc shows
         // the same "PATH (deleted)"; an O_TMPFILE file (or a path taken
         // meanwhile) becomes an unnamed file of the same directory.
@@ -474,6 +480,35 @@ fn file_object(
         fdio::add_seals(&fd, obj.seals).step(|| format!("cannot seal memfd {}", obj.name))?;
     }
     Ok((fd, opened))
+}
+
+/// The directories of a path missing on this host, made (mode 0700) so
+/// that a deleted file can be made again at its old path and unlinked;
+/// removed again, deepest first, when dropped: /proc then shows the
+/// mapping or fd as "PATH (deleted)", as before the checkpoint.
+struct MadeDirs(Vec<std::path::PathBuf>);
+
+impl MadeDirs {
+    fn make(dir: &std::path::Path) -> MadeDirs {
+        use std::os::unix::fs::DirBuilderExt;
+        let missing: Vec<&std::path::Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
+        let mut made = MadeDirs(Vec::new());
+        for d in missing.into_iter().rev() {
+            if std::fs::DirBuilder::new().mode(0o700).create(d).is_err() {
+                break;
+            }
+            made.0.push(d.to_path_buf());
+        }
+        made
+    }
+}
+
+impl Drop for MadeDirs {
+    fn drop(&mut self) {
+        for d in self.0.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
 }
 
 /// __O_TMPFILE (O_TMPFILE without O_DIRECTORY).

@@ -436,3 +436,38 @@ expect(not os.path.lexists(link), "nothing left at its path")
     assert_eq!(kinds(a).len(), 2, "{:?}", a.fds);
     assert_eq!(kinds(a), kinds(b));
 }
+
+/// A file removed with the directories it was in (a program's scratch
+/// directory, as DMTCP's shared-memory2 test makes), held open and mapped
+/// shared: the restored program has the same contents, writes through
+/// the mapping reach the fd, /proc shows the old path "(deleted)" for
+/// both, and the directories made for the while are gone again.
+#[test]
+fn file_of_removed_directories_round_trip() {
+    round_trip(
+        "files-removed-dirs",
+        r#"
+import mmap
+top = os.path.join(DIR, "scratch")
+d = os.path.join(top, "inner"); os.makedirs(d)
+name = os.path.join(d, "data")
+fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+os.write(fd, b"a" * 8192)
+m = mmap.mmap(fd, 8192, mmap.MAP_SHARED)
+m[0:5] = b"hello"
+os.unlink(name); os.rmdir(d); os.rmdir(top)
+def mapped_as():
+    for line in open("/proc/self/maps"):
+        if "/scratch/inner/data" in line:
+            return line.split(None, 5)[5].strip()
+"#,
+        r#"
+expect(m[0:5] == b"hello", "the mapping's contents")
+m[5:10] = b"world"
+expect(os.pread(fd, 10, 0) == b"helloworld", "the mapping and the fd are one file")
+expect(os.readlink("/proc/self/fd/%d" % fd) == name + " (deleted)", "the fd %r" % os.readlink("/proc/self/fd/%d" % fd))
+expect(mapped_as() == name + " (deleted)", "the mapping %r" % mapped_as())
+expect(not os.path.exists(top), "the directories left behind")
+"#,
+    );
+}
