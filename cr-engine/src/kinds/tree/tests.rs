@@ -167,6 +167,9 @@ def serve(cmd_r, ans_w):
             elif op == "spawn":
                 c = spawn(int(arg))
                 r = "%d %d %d" % c
+            elif op == "chroot":
+                os.chroot(arg)
+                r = "ok"
             elif op == "unshare":
                 r = str(libc.unshare(int(arg)))
             else:
@@ -290,6 +293,44 @@ fn shared_fd_table_and_fs_continue() {
     let setup = format!("{SERVING}{SHARING_SETUP}");
     let ck = crate::kinds::testkit::continued("shared-tables-cont", &setup, SHARING_CHECK);
     assert_sharing(&ck);
+}
+
+/// A child sharing the root's working directory and root (CLONE_FS) that
+/// changed root (chroot) into the program's directory: after the restore
+/// both are in the chroot, in the same directory, and a chdir of one
+/// moves the other.
+#[test]
+fn shared_fs_in_a_chroot_round_trip() {
+    let rt = round_trip(
+        "shared-fs-chroot",
+        &format!(
+            "{SERVING}{}",
+            r#"
+B = spawn(0x200)                  # CLONE_FS
+os.mkdir(os.path.join(D, "sub"))
+expect(ask(B, "chdir " + os.path.join(D, "sub")) == "ok", "the fs child's chdir")
+expect(ask(B, "chroot " + D) == "ok", "the fs child's chroot")
+expect(os.getcwd() == "/sub", "not in the fs child's chroot: " + os.getcwd())
+"#
+        ),
+        r#"
+expect(os.getcwd() == "/sub", "working directory " + os.getcwd())
+expect(os.path.exists("/program.py"), "not in the chroot")
+expect(ask(B, "cwd") == "/sub", "the fs child is in " + ask(B, "cwd"))
+os.chdir("/")
+expect(ask(B, "cwd") == "/", "the fs child did not follow our chdir: " + ask(B, "cwd"))
+"#,
+    );
+    for c in [&rt.before, &rt.after] {
+        let (root, child) = (&c.processes[0], &c.processes[1]);
+        assert_eq!(child.fs_of, Some(root.pid));
+        assert_eq!(child.task.root, root.task.root);
+        assert!(
+            root.task.root.contains("shared-fs-chroot"),
+            "{}",
+            root.task.root
+        );
+    }
 }
 
 /// A grandchild sharing the root's fd table that its parent no longer
