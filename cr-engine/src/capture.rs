@@ -235,6 +235,7 @@ pub fn capture_process(f: &mut Frozen, d: &mut Dump<'_>) -> Result<Process, Chec
     let mut laps = Laps::new();
     let stops = cr_sys::remote::stops();
     let mut cx = Proc::open(f, d, &mut p, true)?;
+    tree::shared(&mut cx.d.stash, pid, cx.stat.ppid, &mut p)?;
     laps.lap("open");
     kinds::threads::Threads::capture(&mut cx, &mut p)?;
     laps.lap("threads");
@@ -344,12 +345,13 @@ fn preflight(
     fds.lock_network = opts.action() != Action::Continue;
     fds.skip_in_flight = opts.tcp_skip_in_flight;
     fds.skip_queued_events = opts.skip_queued_events;
+    let mut tables = tree::Tables::default();
     for &p in &pids {
         match proc::stat(p) {
             Ok(s) if s.state != 'Z' => {
                 tree::vfork_wait(p)?;
+                tables.add(p, s.ppid)?;
                 if p != pid && pids.contains(&s.ppid) {
-                    shared_with_parent(p, s.ppid)?;
                     tree::session_from_parent(p, &s)?;
                 }
                 kinds::fds::preflight(p, &mut fds)?
@@ -359,30 +361,6 @@ fn preflight(
         }
     }
     Ok(kinds::pipes::Outside::take_early(&mut fds))
-}
-
-/// A child process that shares its fd table or its fs information (cwd,
-/// root, umask) with its parent (clone with CLONE_FILES or CLONE_FS but
-/// not CLONE_VM): refused by name. A restore would give each its own
-/// copy, and what one then opened, closed or changed the other would no
-/// longer see.
-fn shared_with_parent(pid: i32, parent: i32) -> Result<(), CheckpointError> {
-    use cr_sys::mem::{shares, Shared};
-    for (what, name) in [
-        (Shared::FdTable, "file descriptor table (CLONE_FILES)"),
-        (
-            Shared::FsInfo,
-            "working directory, root and umask (CLONE_FS)",
-        ),
-    ] {
-        if shares(pid, parent, what).unwrap_or(false) {
-            return Err(CheckpointError::unsupported(
-                pid,
-                format!("a process sharing its {name} with its parent {parent} (not supported: a restore would give each its own)"),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Run the libcr checkpoint callbacks of every process of the tree of

@@ -24,6 +24,7 @@ pub fn check(pid: i32) -> Result<Vec<CheckItem>, CheckpointError> {
     let mut tree_fds = fds::TreeFds::new(&pids);
     tree_fds.deep = true;
     let mut out = Vec::new();
+    let mut tables = tree::Tables::default();
     for &p in &pids {
         let Ok(stat) = proc::stat(p) else {
             continue;
@@ -39,13 +40,21 @@ pub fn check(pid: i32) -> Result<Vec<CheckItem>, CheckpointError> {
             continue;
         }
         let threads = proc::tasks(p).map(|t| t.len()).unwrap_or(0);
+        let (shared, refused) = match tables.add(p, stat.ppid) {
+            Ok([files, fs]) => {
+                let of = |o: Option<i32>, what: &str| o.map(|o| format!(", the {what} of {o}"));
+                let shared = [of(files, "fd table"), of(fs, "working directory and umask")];
+                (shared.into_iter().flatten().collect::<String>(), None)
+            }
+            Err(e) => (String::new(), Some(e.to_string())),
+        };
         out.push(item(
             "process",
             format!(
-                "{} ({threads} threads, credentials, signals, timers, seccomp)",
+                "{} ({threads} threads, credentials, signals, timers, seccomp{shared})",
                 stat.comm
             ),
-            None,
+            refused,
         ));
         let maps = proc::maps(p).map_err(|e| CheckpointError::from_sys(p, e))?;
         let bad: Vec<String> = maps

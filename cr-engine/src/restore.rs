@@ -641,7 +641,8 @@ pub fn rebuild_start<'t>(
     let mut stub = Stub::new(Injector::new(tracee, ip)?);
     kinds::threads::drop_stub_rseq(&mut stub, &own_rseq)?;
     let park = memory::map_scratch(&mut stub, &p.vmas, &stub_maps)?;
-    kinds::fds::keep_only_grab_fd(&mut stub, p, r.grab_pidfd)?;
+    let owner = kinds::fds::table_owner(r.ck, p);
+    kinds::fds::keep_only_grab_fd(&mut stub, p, owner, r.grab_pidfd)?;
     let kept = r.stash.get::<memory::cow::Placed>().ranges(p.pid);
     memory::unmap_stub(&mut stub, &stub_maps, &kept)?;
     memory::vdso::move_to_saved(&mut stub, &stub_maps, &p.vmas, park, ip)?;

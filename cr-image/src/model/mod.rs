@@ -196,6 +196,12 @@ pub struct Process {
     pub seccomp_filters: Vec<SeccompFilter>,
     /// kind "cgroups": one per hierarchy, sorted by controllers.
     pub cgroups: Vec<Cgroup>,
+    /// kind "tree": the process (listed before it) whose fd table this
+    /// one shares (CLONE_FILES); its own `fds` are then empty.
+    pub fd_table_of: Option<u32>,
+    /// kind "tree": the process (listed before it) whose working
+    /// directory, root and umask this one shares (CLONE_FS).
+    pub fs_of: Option<u32>,
 }
 
 impl Process {
@@ -497,6 +503,8 @@ impl Process {
                 .map(SeccompFilter::from_pb)
                 .collect::<Result<_, _>>()?,
             cgroups: cgroups::from_pb(p.cgroups)?,
+            fd_table_of: Some(p.fd_table_of).filter(|&o| o != 0),
+            fs_of: Some(p.fs_of).filter(|&o| o != 0),
         })
     }
 
@@ -532,6 +540,8 @@ impl Process {
                 .map(SeccompFilter::to_pb)
                 .collect(),
             cgroups: self.cgroups.iter().map(Cgroup::to_pb).collect(),
+            fd_table_of: self.fd_table_of.unwrap_or(0),
+            fs_of: self.fs_of.unwrap_or(0),
         }
     }
 }

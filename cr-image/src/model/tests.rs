@@ -137,6 +137,8 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
         ns_sid: 0,
         state: ProcState::Running,
         exit_signal: 17,
+        fd_table_of: None,
+        fs_of: None,
         cgroups: vec![
             Cgroup {
                 controllers: String::new(),
@@ -553,6 +555,7 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
     });
     child.fds[15].shared = Some(SharedFd { pid: 100, fd: 2 });
     child.ctty_pty = None;
+    child.fs_of = Some(100);
     Checkpoint {
         meta: Meta {
             image_id: id.into(),
@@ -852,6 +855,16 @@ fn crafted_images_are_refused() {
             }
         }),
         ("exit signal 99", |c| c.processes[1].exit_signal = 99),
+        ("shares the fd table of 100 and lists fds of its own", |c| {
+            c.processes[1].fd_table_of = Some(100)
+        }),
+        (
+            "shares the working directory and umask of 105, not a live",
+            |c| c.processes[1].fs_of = Some(105),
+        ),
+        ("shares the fd table of 102, not a live", |c| {
+            c.processes[0].fd_table_of = Some(102)
+        }),
         ("bad cgroup path", |c| {
             c.processes[1].cgroups[0].path = "/job/../escape".into()
         }),

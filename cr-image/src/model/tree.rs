@@ -108,12 +108,43 @@ pub(crate) fn validate(ck: &Checkpoint) -> Result<(), Bad> {
             }
         }
     }
+    shared_tables(procs)?;
     // A thread id is never also the id of another process.
     for p in procs {
         if let Some(t) = p.threads.iter().skip(1).find(|t| pids.contains(&t.tid)) {
             return Err(format!(
                 "process {}: thread {} is also a process",
                 p.pid, t.tid
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What a process shares with another (`fd_table_of`, `fs_of`) names a
+/// live process listed before it that holds its own; a process sharing
+/// another's fd table lists no fd of its own.
+fn shared_tables(procs: &[super::Process]) -> Result<(), Bad> {
+    for (i, p) in procs.iter().enumerate() {
+        let owner_of = |of: &dyn Fn(&super::Process) -> Option<u32>, what: &str| {
+            let Some(o) = of(p) else {
+                return Ok(());
+            };
+            match procs[..i].iter().find(|q| q.pid == o) {
+                Some(q) if !q.is_zombie() && !p.is_zombie() && of(q).is_none() => Ok(()),
+                _ => Err(format!(
+                    "process {}: shares the {what} of {o}, not a live process listed before it with its own",
+                    p.pid
+                )),
+            }
+        };
+        owner_of(&|q| q.fd_table_of, "fd table")?;
+        owner_of(&|q| q.fs_of, "working directory and umask")?;
+        if p.fd_table_of.is_some() && !p.fds.is_empty() {
+            return Err(format!(
+                "process {}: shares the fd table of {} and lists fds of its own",
+                p.pid,
+                p.fd_table_of.unwrap_or(0)
             ));
         }
     }

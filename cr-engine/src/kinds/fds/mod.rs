@@ -24,7 +24,7 @@ use crate::error::{CheckpointError, RestoreError, StepContext};
 use crate::kinds::{locks, tty, HeldState, Kind, Opened, Stash, FILE_KINDS};
 use crate::restore::Rebuild;
 use crate::stub::Stub;
-use cr_image::model::{Fd, FdKind, FdOwner, Object, ObjectTag, Process, SharedFd};
+use cr_image::model::{Checkpoint, Fd, FdKind, FdOwner, Object, ObjectTag, Process, SharedFd};
 use cr_image::ImageDir;
 use cr_sys::proc::{self, FDTarget, FdInfo};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -270,6 +270,12 @@ impl Kind for Fds {
 
     fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
         let pid = cx.pid;
+        if p.fd_table_of.is_some() {
+            // Its fds are its table's owner's (kind "tree"), saved there.
+            p.fds.clear();
+            p.ctty_pty = cx.d.fds.pty_masters.ctty(cx.stat.tty_nr as u64, &[]);
+            return Ok(());
+        }
         let d = &mut *cx.d;
         // A capture for --verify reads no queued data (as a pre-flight).
         let objects = (!d.verifying()).then_some(&mut d.objects);
@@ -339,8 +345,12 @@ impl Kind for Fds {
         tty::controlling_tty(cx, p)?;
         tty::reopen_dev_tty(cx, p)?;
         cx.stub.flush()?;
-        if let Some(h) = cx.stub.grab_pidfd.take() {
-            cx.stub.call("close", libc::SYS_close, [h, 0, 0, 0, 0, 0])?;
+        // A table shared with processes rebuilt after this one keeps the
+        // pidfd for them; the last closes it.
+        if crate::kinds::tree::restore::last_sharing(cx.r.ck, p, |q| q.fd_table_of) {
+            if let Some(h) = cx.stub.grab_pidfd.take() {
+                cx.stub.call("close", libc::SYS_close, [h, 0, 0, 0, 0, 0])?;
+            }
         }
         Ok(())
     }
@@ -589,10 +599,29 @@ pub fn needed(p: &Process, n: i32) -> bool {
         })
 }
 
+/// The owner (`p` itself, or the process whose table it shares) of the fd
+/// table of image process `p` (kind "tree": CLONE_FILES).
+pub fn table_owner<'a>(ck: &'a Checkpoint, p: &'a Process) -> &'a Process {
+    p.fd_table_of.and_then(|o| ck.process(o)).unwrap_or(p)
+}
+
 /// Close every fd the stub inherited except our pidfd, which moves to a
 /// number the image does not use; raise its fd limit so high fd numbers can
-/// be restored (the saved limits come back at the end).
-pub fn keep_only_grab_fd(stub: &mut Stub<'_>, p: &Process, ours: i32) -> Result<(), RestoreError> {
+/// be restored (the saved limits come back at the end). A stub made with
+/// the fd table of a process rebuilt before it (`owner`, see
+/// [`table_owner`]) closes nothing: that process emptied the table (and
+/// may have filled it already); the pidfd is where it put it.
+pub fn keep_only_grab_fd(
+    stub: &mut Stub<'_>,
+    p: &Process,
+    owner: &Process,
+    ours: i32,
+) -> Result<(), RestoreError> {
+    if owner.pid != p.pid {
+        raise_fd_limit(stub)?;
+        stub.grab_pidfd = Some(grab_fd_number(owner));
+        return Ok(());
+    }
     let ours = ours as u64;
     if ours > 0 {
         stub.call(
@@ -606,11 +635,8 @@ pub fn keep_only_grab_fd(stub: &mut Stub<'_>, p: &Process, ours: i32) -> Result<
         libc::SYS_close_range,
         [ours + 1, u32::MAX as u64, 0, 0, 0, 0],
     )?;
-    if let Some(&(_, hard)) = cr_sys::limits::get_all(stub.pid())?.get(libc::RLIMIT_NOFILE as usize)
-    {
-        cr_sys::limits::set(stub.pid(), libc::RLIMIT_NOFILE, hard, hard)?;
-    }
-    let free = (0..).find(|&n| !needed(p, n)).unwrap_or(0) as u64;
+    raise_fd_limit(stub)?;
+    let free = grab_fd_number(p);
     if free != ours {
         stub.call(
             "dup3",
@@ -621,6 +647,21 @@ pub fn keep_only_grab_fd(stub: &mut Stub<'_>, p: &Process, ours: i32) -> Result<
         stub.call("close", libc::SYS_close, [ours, 0, 0, 0, 0, 0])?;
     }
     stub.grab_pidfd = Some(free);
+    Ok(())
+}
+
+/// Where the restorer's pidfd goes in the table of `p`: the first number
+/// its restore does not need.
+fn grab_fd_number(p: &Process) -> u64 {
+    (0..).find(|&n| !needed(p, n)).unwrap_or(0) as u64
+}
+
+/// The stub's soft fd limit raised to its hard one.
+fn raise_fd_limit(stub: &mut Stub<'_>) -> Result<(), RestoreError> {
+    if let Some(&(_, hard)) = cr_sys::limits::get_all(stub.pid())?.get(libc::RLIMIT_NOFILE as usize)
+    {
+        cr_sys::limits::set(stub.pid(), libc::RLIMIT_NOFILE, hard, hard)?;
+    }
     Ok(())
 }
 

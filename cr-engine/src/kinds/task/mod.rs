@@ -249,6 +249,11 @@ pub fn chroot(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreEr
     if root.is_empty() || root == "/" {
         return Ok(());
     }
+    // A root shared (CLONE_FS) with processes rebuilt after this one: the
+    // last of them changes it, once their paths are opened.
+    if !crate::kinds::tree::restore::last_sharing(cx.r.ck, p, |q| q.fs_of) {
+        return Ok(());
+    }
     let stub = &mut cx.stub;
     let path = stub.put_str(root)?;
     stub.call("chroot", libc::SYS_chroot, [path, 0, 0, 0, 0, 0])

@@ -19,7 +19,7 @@ use crate::options::Action;
 use cr_image::model::{ProcState, Process};
 use cr_sys::proc::{self, Stat, Status};
 use cr_sys::ptrace::Tracee;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 /// A process of the tree, frozen (or a zombie, which needs no freezing).
 pub struct Frozen {
@@ -116,6 +116,75 @@ pub fn session_from_parent(pid: i32, stat: &Stat) -> Result<(), CheckpointError>
             stat.session, stat.ppid, parent.session
         ),
     ))
+}
+
+/// The fd tables and the fs information (working directory, root, umask)
+/// of the tree's processes met so far, in tree order (parents first): the
+/// first process of each is its owner, which holds it in the image; the
+/// others share it (clone with CLONE_FILES or CLONE_FS, not CLONE_VM) and
+/// name their owner (`Process::fd_table_of`, `Process::fs_of`). A restore
+/// shares a table again by creating the process with CLONE_FILES (or
+/// CLONE_FS) from its parent: a process sharing a table its parent does
+/// not share is refused by name.
+#[derive(Default)]
+pub struct Tables {
+    owners: [Vec<i32>; 2],
+    /// Process -> owner of its fd table and of its fs information.
+    of: HashMap<i32, [i32; 2]>,
+}
+
+impl Tables {
+    /// Process `pid`, child of `ppid`, next in tree order: the owners of
+    /// its fd table and of its fs information when it shares them with a
+    /// process met before it.
+    pub fn add(&mut self, pid: i32, ppid: i32) -> Result<[Option<i32>; 2], CheckpointError> {
+        use cr_sys::mem::{shares, Shared};
+        let mut out = [None; 2];
+        let mut mine = [pid; 2];
+        for (k, (what, name)) in [
+            (Shared::FdTable, "file descriptor table (CLONE_FILES)"),
+            (
+                Shared::FsInfo,
+                "working directory, root and umask (CLONE_FS)",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let owner = self.owners[k]
+                .iter()
+                .copied()
+                .find(|&o| shares(pid, o, what).unwrap_or(false));
+            let Some(owner) = owner else {
+                self.owners[k].push(pid);
+                continue;
+            };
+            if self.of.get(&ppid).map(|o| o[k]) != Some(owner) {
+                return Err(CheckpointError::unsupported(
+                    pid,
+                    format!("a process sharing the {name} of process {owner}, which its parent {ppid} does not share (a restore shares it only with the parent that creates the process)"),
+                ));
+            }
+            out[k] = Some(owner);
+            mine[k] = owner;
+        }
+        self.of.insert(pid, mine);
+        Ok(out)
+    }
+}
+
+/// Kind "tree" of the frozen process `pid` (its parent `ppid`), next in
+/// tree order: whose fd table and fs information it shares (see [`Tables`]).
+pub fn shared(
+    stash: &mut crate::kinds::Stash,
+    pid: i32,
+    ppid: i32,
+    p: &mut Process,
+) -> Result<(), CheckpointError> {
+    let [files, fs] = stash.get::<Tables>().add(pid, ppid)?;
+    p.fd_table_of = files.map(|o| o as u32);
+    p.fs_of = fs.map(|o| o as u32);
+    Ok(())
 }
 
 /// `root` and its descendants as they are now (not frozen), root first.
@@ -367,6 +436,15 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         c.same("ids", "process group", &image.pgid, &now.pgid);
         c.same("ids", "session", &image.sid, &now.sid);
     }
+    let owner = |o: Option<u32>| o.map(|o| c.image_pid(o));
+    let (files, fs) = (owner(now.fd_table_of), owner(now.fs_of));
+    c.same("ids", "fd table shared with", &image.fd_table_of, &files);
+    c.same(
+        "ids",
+        "working directory and umask shared with",
+        &image.fs_of,
+        &fs,
+    );
     // The root's parent is whoever restored it.
     if c.pids.contains_key(&now.ppid) {
         c.same("ids", "parent", &image.ppid, &c.image_pid(now.ppid));

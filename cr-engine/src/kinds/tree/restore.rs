@@ -183,7 +183,8 @@ pub fn spawn(
         }
         for (j, c) in procs.iter().enumerate().skip(1) {
             if c.ppid == p.pid {
-                let child = fork_stub(&mut t, ids.inner(c.pid) as i32, c.exit_signal)?;
+                let flags = sharing_flags(p, c)?;
+                let child = fork_stub(&mut t, ids.inner(c.pid) as i32, flags, c.exit_signal)?;
                 debug!(
                     parent = t.tid(),
                     child = child.tid(),
@@ -226,6 +227,46 @@ fn namespaces(ck: &Checkpoint) -> u64 {
     flags
 }
 
+/// Whether no process after `p` in the image shares what `of` tells
+/// (`Process::fd_table_of`, `Process::fs_of`: the owner of its table):
+/// the last to be rebuilt with it, which finishes it.
+pub fn last_sharing(ck: &Checkpoint, p: &Process, of: impl Fn(&Process) -> Option<u32>) -> bool {
+    let key = |q: &Process| of(q).unwrap_or(q.pid);
+    let at = ck.processes.iter().position(|q| q.pid == p.pid);
+    at.is_none_or(|i| ck.processes[i + 1..].iter().all(|q| key(q) != key(p)))
+}
+
+/// The clone flags that make child `c` of `p` share its parent's fd table
+/// (CLONE_FILES) and fs information (CLONE_FS) as the image says; a
+/// process sharing a table its parent does not is refused by name.
+fn sharing_flags(p: &Process, c: &Process) -> Result<u64, RestoreError> {
+    let mut flags = 0;
+    for (of, flag, what) in [
+        (
+            (|q: &Process| q.fd_table_of) as fn(&Process) -> Option<u32>,
+            libc::CLONE_FILES,
+            "fd table",
+        ),
+        (
+            |q: &Process| q.fs_of,
+            libc::CLONE_FS,
+            "working directory and umask",
+        ),
+    ] {
+        let Some(owner) = of(c) else {
+            continue;
+        };
+        if of(p).unwrap_or(p.pid) != owner {
+            return Err(RestoreError::Unsupported(format!(
+                "process {} shares the {what} of process {owner}, which its parent {} does not share",
+                c.pid, p.pid
+            )));
+        }
+        flags |= flag as u64;
+    }
+    Ok(flags)
+}
+
 /// Run one syscall in a stub that has no scratch memory yet.
 pub fn inject_once(
     t: &mut Tracee,
@@ -258,12 +299,17 @@ pub fn inject_with_page<R>(
     result
 }
 
-/// Fork a child stub with PID `pid` from stub `t` (clone3 with set_tid),
-/// which will send `exit_signal` to its parent when it exits (SIGCHLD for
+/// Fork a child stub with PID `pid` from stub `t` (clone3 with set_tid and
+/// `flags`: CLONE_FILES, CLONE_FS), which will send `exit_signal` to its parent when it exits (SIGCHLD for
 /// almost every process; a "clone" child that sends another, or none, is
 /// seen only by a waitpid with __WCLONE or __WALL); it arrives stopped and
 /// traced (PTRACE_O_TRACEFORK).
-fn fork_stub(t: &mut Tracee, pid: i32, exit_signal: i32) -> Result<Tracee, RestoreError> {
+fn fork_stub(
+    t: &mut Tracee,
+    pid: i32,
+    flags: u64,
+    exit_signal: i32,
+) -> Result<Tracee, RestoreError> {
     let parent = t.tid();
     let ip = find_syscall_insn(parent)?;
     let mut inj = Injector::new(t, ip)?;
@@ -271,7 +317,7 @@ fn fork_stub(t: &mut Tracee, pid: i32, exit_signal: i32) -> Result<Tracee, Resto
     let mut bytes = (pid as u32 as u64).to_le_bytes().to_vec();
     // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
     // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
-    let fields = [0, 0, 0, 0, exit_signal as u64, 0, 0, 0, page, 1, 0];
+    let fields = [flags, 0, 0, 0, exit_signal as u64, 0, 0, 0, page, 1, 0];
     bytes.extend(fields.iter().flat_map(|v| v.to_le_bytes()));
     mem::write_vm(parent, page, &bytes)?;
     let r = inj
@@ -311,7 +357,7 @@ fn set_process_groups(
     let i_am_root = |p: &Process| procs.first().is_some_and(|r| r.pid == p.pid);
     let mut helpers = Vec::new();
     for (pgid, host) in leaderless_groups(procs, ids) {
-        let mut h = fork_stub(&mut stubs[host], pgid as i32, 0)?;
+        let mut h = fork_stub(&mut stubs[host], pgid as i32, 0, 0)?;
         inject_once(&mut h, "setpgid", libc::SYS_setpgid, [0; 6])?;
         debug!(
             pgid,

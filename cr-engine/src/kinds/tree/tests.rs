@@ -124,31 +124,239 @@ expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child after SI
     assert_eq!(states(&rt.before), states(&rt.after));
 }
 
-/// A child cloned with CLONE_FILES (no CLONE_VM) shares its parent's fd
-/// table: refused by name (a restore would give each its own table), and
-/// the two run on sharing it. Before, the restore gave them two tables
-/// and what one opened the other no longer saw.
-#[test]
-fn child_sharing_the_fd_table_is_refused() {
-    let err = crate::kinds::testkit::refused(
-        "shared-fdtable",
-        r#"
-r, w = os.pipe()
-child = libc.syscall(56, 0x400 | 17, 0, 0, 0, 0)   # clone(CLONE_FILES | SIGCHLD)
-if child == 0:
+/// Children made with raw clone() (no CLONE_VM) that serve commands of
+/// the parent over pipes: `spawn(flags)` returns (command fd, answer fd,
+/// pid); `ask(child, line)` its answer. A child ends when its parent is
+/// gone.
+const SERVING: &str = r#"
+import select
+libc.syscall.restype = ctypes.c_long
+D = os.path.realpath(DIR)
+def serve(cmd_r, ans_w):
     libc.prctl(1, 9, 0, 0, 0)   # PR_SET_PDEATHSIG: SIGKILL
-    fd = os.open(os.path.join(DIR, "from-child"), os.O_CREAT | os.O_WRONLY)
-    os.write(w, struct.pack("i", fd))
-    while True: time.sleep(1)
-expect(child > 0, "clone: %d" % ctypes.get_errno())
-fd = struct.unpack("i", os.read(r, 4))[0]
-"#,
-        r#"
-expect(os.readlink("/proc/self/fd/%d" % fd).endswith("from-child"), "the child's fd in our table")
-"#,
-        "sharing its file descriptor table (CLONE_FILES) with its parent",
+    parent = os.getppid()
+    while True:
+        if not select.select([cmd_r], [], [], 0.5)[0]:
+            if os.getppid() != parent:
+                os._exit(0)
+            continue
+        line = b""
+        while not line.endswith(b"\n"):
+            line += os.read(cmd_r, 1)
+        op, _, arg = line.decode().strip().partition(" ")
+        try:
+            if op == "link":
+                r = os.readlink("/proc/self/fd/" + arg)
+            elif op == "open":
+                r = str(os.open(os.path.join(D, arg), os.O_CREAT | os.O_RDWR, 0o644))
+            elif op == "read":
+                fd, n = arg.split()
+                r = os.read(int(fd), int(n)).decode()
+            elif op == "cwd":
+                r = os.getcwd()
+            elif op == "umask":
+                m = os.umask(0)
+                os.umask(m)
+                r = oct(m)
+            elif op == "chdir":
+                os.chdir(arg)
+                r = "ok"
+            elif op == "setumask":
+                os.umask(int(arg, 8))
+                r = "ok"
+            elif op == "spawn":
+                c = spawn(int(arg))
+                r = "%d %d %d" % c
+            elif op == "chroot":
+                os.chroot(arg)
+                r = "ok"
+            elif op == "unshare":
+                r = str(libc.unshare(int(arg)))
+            else:
+                r = "error: no such command " + op
+        except Exception as e:
+            r = "error " + repr(e)
+        os.write(ans_w, (r + "\n").encode())
+def spawn(flags):
+    cmd = os.pipe()
+    ans = os.pipe()
+    pid = libc.syscall(56, flags | 17, 0, 0, 0, 0)   # clone(flags | SIGCHLD)
+    if pid == 0:
+        serve(cmd[0], ans[1])
+    expect(pid > 0, "clone: %d" % ctypes.get_errno())
+    return (cmd[1], ans[0], pid)
+def ask(c, line):
+    os.write(c[0], (line + "\n").encode())
+    out = b""
+    while not out.endswith(b"\n"):
+        out += os.read(c[1], 1)
+    return out.decode().strip()
+def umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m
+"#;
+
+/// A child sharing the parent's fd table (CLONE_FILES), a grandchild it
+/// made with CLONE_FILES too (the same table), and a child sharing the
+/// parent's working directory and umask (CLONE_FS), each set up before
+/// the checkpoint.
+const SHARING_SETUP: &str = r#"
+A = spawn(0x400)                  # CLONE_FILES
+B = spawn(0x200)                  # CLONE_FS
+G = tuple(int(x) for x in ask(A, "spawn %d" % 0x400).split())
+ua = ask(A, "umask")
+fa = int(ask(A, "open from-child"))
+os.write(fa, b"0123456789")
+os.lseek(fa, 2, os.SEEK_SET)
+expect(ask(A, "read %d 3" % fa) == "234", "the child does not read at the shared offset")
+os.mkdir(os.path.join(D, "sub"))
+os.mkdir(os.path.join(D, "sub2"))
+expect(ask(B, "chdir " + os.path.join(D, "sub")) == "ok", "the fs child's chdir")
+expect(ask(B, "setumask 027") == "ok", "the fs child's umask")
+expect(os.getcwd() == os.path.join(D, "sub"), "not in the fs child's directory: " + os.getcwd())
+expect(umask() == 0o027, "not the fs child's umask")
+"#;
+
+/// After the restore: what one opens, closes, reads, the other sees; the
+/// working directory and umask go on being shared with the fs child only.
+const SHARING_CHECK: &str = r#"
+expect(os.readlink("/proc/self/fd/%d" % fa).endswith("from-child"), "the child's fd in our table")
+expect(os.lseek(fa, 0, os.SEEK_CUR) == 5, "offset %d, not the child's 5" % os.lseek(fa, 0, os.SEEK_CUR))
+expect(ask(G, "read %d 2" % fa) == "56", "the grandchild does not read at the shared offset")
+expect(os.lseek(fa, 0, os.SEEK_CUR) == 7, "the grandchild's read did not move our offset")
+fp = os.open(os.path.join(D, "from-parent"), os.O_CREAT | os.O_RDWR, 0o644)
+expect(ask(A, "link %d" % fp).endswith("from-parent"), "the child does not see our new fd")
+expect(ask(G, "link %d" % fp).endswith("from-parent"), "the grandchild does not see our new fd")
+expect(not ask(B, "link %d" % fp).endswith("from-parent"), "the fs child (a table of its own) sees our new fd")
+fc = int(ask(G, "open from-grandchild"))
+expect(os.readlink("/proc/self/fd/%d" % fc).endswith("from-grandchild"), "we do not see the grandchild's new fd")
+os.close(fc)
+expect(ask(A, "link %d" % fc).startswith("error"), "the child still sees the fd we closed")
+expect(os.getcwd() == os.path.join(D, "sub"), "working directory " + os.getcwd())
+expect(umask() == 0o027, "umask %o" % umask())
+os.chdir(os.path.join(D, "sub2"))
+os.umask(0o077)
+expect(ask(B, "cwd") == os.path.join(D, "sub2"), "the fs child is not where we went: " + ask(B, "cwd"))
+expect(ask(B, "umask") == oct(0o077), "the fs child's umask is not ours: " + ask(B, "umask"))
+expect(ask(B, "chdir " + D) == "ok", "the fs child's chdir")
+expect(os.getcwd() == D, "the fs child's chdir did not move us: " + os.getcwd())
+expect(ask(A, "cwd") == D, "the fd child (its own fs) moved: " + ask(A, "cwd"))
+expect(ask(A, "umask") == ua, "the fd child (its own fs) has umask " + ask(A, "umask"))
+"#;
+
+/// The sharing of `c` (root, fd child, fs child, grandchild): who shares
+/// whose fd table and fs information, and who lists fds.
+fn sharing(c: &cr_image::model::Checkpoint) -> Vec<(Option<u32>, Option<u32>, bool)> {
+    let pids: Vec<u32> = c.processes.iter().map(|p| p.pid).collect();
+    let at = |o: Option<u32>| o.and_then(|o| pids.iter().position(|&p| p == o).map(|i| i as u32));
+    c.processes
+        .iter()
+        .map(|p| (at(p.fd_table_of), at(p.fs_of), !p.fds.is_empty()))
+        .collect()
+}
+
+/// The image of the sharing tree: the root owns both, the fd child and
+/// the grandchild share its fd table (and list no fd), the fs child its
+/// working directory and umask.
+fn assert_sharing(c: &cr_image::model::Checkpoint) {
+    assert_eq!(
+        sharing(c),
+        vec![
+            (None, None, true),
+            (Some(0), None, false),
+            (None, Some(0), true),
+            (Some(0), None, false),
+        ]
     );
-    assert!(err.contains("not supported"), "{err}");
+}
+
+/// A child sharing its parent's fd table (CLONE_FILES, no CLONE_VM), a
+/// grandchild made by it with CLONE_FILES, and a child sharing the
+/// parent's working directory and umask (CLONE_FS): checkpointed with
+/// --kill and restored, they share them again — what one opens or
+/// closes the other sees, the offsets are shared, a chdir or umask in one
+/// is the other's — and the second checkpoint (of the restored tree, with
+/// --verify) finds the same sharing. Before, they were refused.
+#[test]
+fn shared_fd_table_and_fs_round_trip() {
+    let setup = format!("{SERVING}{SHARING_SETUP}");
+    let rt = round_trip("shared-tables", &setup, SHARING_CHECK);
+    assert_sharing(&rt.before);
+    assert_sharing(&rt.after);
+}
+
+/// The same tree checkpointed and left running (with --verify): it goes on
+/// sharing its tables.
+#[test]
+fn shared_fd_table_and_fs_continue() {
+    let setup = format!("{SERVING}{SHARING_SETUP}");
+    let ck = crate::kinds::testkit::continued("shared-tables-cont", &setup, SHARING_CHECK);
+    assert_sharing(&ck);
+}
+
+/// A child sharing the root's working directory and root (CLONE_FS) that
+/// changed root (chroot) into the program's directory: after the restore
+/// both are in the chroot, in the same directory, and a chdir of one
+/// moves the other.
+#[test]
+fn shared_fs_in_a_chroot_round_trip() {
+    let rt = round_trip(
+        "shared-fs-chroot",
+        &format!(
+            "{SERVING}{}",
+            r#"
+B = spawn(0x200)                  # CLONE_FS
+os.mkdir(os.path.join(D, "sub"))
+expect(ask(B, "chdir " + os.path.join(D, "sub")) == "ok", "the fs child's chdir")
+expect(ask(B, "chroot " + D) == "ok", "the fs child's chroot")
+expect(os.getcwd() == "/sub", "not in the fs child's chroot: " + os.getcwd())
+"#
+        ),
+        r#"
+expect(os.getcwd() == "/sub", "working directory " + os.getcwd())
+expect(os.path.exists("/program.py"), "not in the chroot")
+expect(ask(B, "cwd") == "/sub", "the fs child is in " + ask(B, "cwd"))
+os.chdir("/")
+expect(ask(B, "cwd") == "/", "the fs child did not follow our chdir: " + ask(B, "cwd"))
+"#,
+    );
+    for c in [&rt.before, &rt.after] {
+        let (root, child) = (&c.processes[0], &c.processes[1]);
+        assert_eq!(child.fs_of, Some(root.pid));
+        assert_eq!(child.task.root, root.task.root);
+        assert!(
+            root.task.root.contains("shared-fs-chroot"),
+            "{}",
+            root.task.root
+        );
+    }
+}
+
+/// A grandchild sharing the root's fd table that its parent no longer
+/// shares (the parent made it with CLONE_FILES, then unshare(CLONE_FILES)):
+/// a restore could not create it with that table; refused by name, and
+/// the tree runs on sharing it.
+#[test]
+fn table_shared_past_the_parent_is_refused() {
+    let err = crate::kinds::testkit::refused(
+        "shared-past-parent",
+        &format!(
+            "{SERVING}{}",
+            r#"
+A = spawn(0x400)
+G = tuple(int(x) for x in ask(A, "spawn %d" % 0x400).split())
+expect(ask(A, "unshare %d" % 0x400) == "0", "unshare")
+"#
+        ),
+        r#"
+fp = os.open(os.path.join(D, "late"), os.O_CREAT | os.O_RDWR, 0o644)
+expect(ask(G, "link %d" % fp).endswith("late"), "the grandchild does not see our fd")
+expect(not ask(A, "link %d" % fp).endswith("late"), "the child (its own table now) sees our fd")
+"#,
+        "which its parent",
+    );
+    assert!(err.contains("file descriptor table (CLONE_FILES)"), "{err}");
 }
 
 /// A child stopped by SIGSTOP that was sent SIGSTOP again while stopped
