@@ -95,6 +95,26 @@ fn describe(what: &str, local: SocketAddr, remote: SocketAddr) -> String {
 
 /// The TCP socket of the connection `local` -> `remote`, if there is one.
 pub fn lookup(local: SocketAddr, remote: SocketAddr) -> Result<Option<TcpSock>> {
+    exact(local, remote, |p| {
+        let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
+        Ok(Some(TcpSock {
+            state: *p.get(MSG_STATE).ok_or_else(bad)?,
+            inode: u32_at(p, MSG_INODE).ok_or_else(bad)?,
+            cookie: [
+                u32_at(p, MSG_COOKIE).ok_or_else(bad)?,
+                u32_at(p, MSG_COOKIE + 4).ok_or_else(bad)?,
+            ],
+        }))
+    })
+}
+
+/// The exact lookup of the TCP connection `local` -> `remote`: what `read`
+/// makes of the kernel's answer (None: no such socket).
+fn exact<T>(
+    local: SocketAddr,
+    remote: SocketAddr,
+    mut read: impl FnMut(&[u8]) -> std::result::Result<Option<T>, QueryError>,
+) -> Result<Option<T>> {
     let seq = next_seq();
     let req = message(
         SOCK_DIAG_BY_FAMILY,
@@ -104,15 +124,7 @@ pub fn lookup(local: SocketAddr, remote: SocketAddr) -> Result<Option<TcpSock>> 
     );
     let mut found = None;
     let r = exchange(&req, seq, &mut |_, p| {
-        let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
-        found = Some(TcpSock {
-            state: *p.get(MSG_STATE).ok_or_else(bad)?,
-            inode: u32_at(p, MSG_INODE).ok_or_else(bad)?,
-            cookie: [
-                u32_at(p, MSG_COOKIE).ok_or_else(bad)?,
-                u32_at(p, MSG_COOKIE + 4).ok_or_else(bad)?,
-            ],
-        });
+        found = read(p)?;
         Ok(())
     });
     match r {
@@ -180,23 +192,7 @@ pub fn tcp_by_addresses(
     remote: SocketAddr,
     inode: u64,
 ) -> Result<Option<Found>> {
-    let seq = next_seq();
-    let req = message(
-        SOCK_DIAG_BY_FAMILY,
-        NLM_F_REQUEST,
-        seq,
-        &request(local, remote, [NOCOOKIE; 2]),
-    );
-    let mut found = None;
-    let r = exchange(&req, seq, &mut |_, p| {
-        found = found_of(p, local.is_ipv4(), inode)?;
-        Ok(())
-    });
-    match r {
-        Ok(()) => Ok(found),
-        Err(QueryError::Kernel(Errno(libc::ENOENT))) => Ok(None),
-        Err(e) => Err(e.into_sys_error(describe("lookup", local, remote))),
-    }
+    exact(local, remote, |p| found_of(p, local.is_ipv4(), inode))
 }
 
 /// What the `inet_diag_msg` `p` (of family IPv4 or not) tells, if it is
