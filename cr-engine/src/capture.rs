@@ -442,10 +442,18 @@ pub fn freeze(
         },
     };
     fault::hold("before-freeze")?;
+    let checked = t0.elapsed();
     before_freeze();
+    let waited = t0.elapsed() - checked;
     held.procs = tree::freeze(pid)?;
     held.frozen_at = Instant::now();
-    debug!(root = pid, processes = held.procs.len(), "tree frozen");
+    debug!(
+        root = pid,
+        processes = held.procs.len(),
+        checks_ms = checked.as_millis() as u64,
+        waited_ms = waited.as_millis() as u64,
+        "tree frozen (checks: before the freeze; waited: for the others' checks)"
+    );
     fault::check("after-seize")?;
     if lock_network {
         let pids = held.pids();
@@ -552,17 +560,22 @@ impl Held {
     /// tree has an [`Held::arena`]: then they run on as soon as their
     /// memory is copied into it, and the image is written meanwhile.
     pub fn dump(&mut self) -> Result<Summary, CheckpointError> {
-        self.dump_with(|| {})
+        self.dump_with(|| || {})
     }
 
     /// [`Held::dump`], where `before_run_on` runs once the whole state of
     /// the tree is read (its memory copied into the arena) and before its
-    /// processes run on; it is not called when they stay frozen (no arena,
-    /// or the dump failed first). A coordinated checkpoint waits there for
-    /// the other members of its node. The network lock, if any, holds
+    /// processes run on, and what it returns runs once they run, before
+    /// their memory is stored; neither is called when they stay frozen (no
+    /// arena, or the dump failed first). A coordinated checkpoint waits
+    /// there for the other members of its node, and takes its turn to
+    /// store once its processes run. The network lock, if any, holds
     /// until [`Held::finish`] or the drop: a tree that runs on before its
     /// image is committed cannot move its TCP connections meanwhile.
-    pub fn dump_with(&mut self, before_run_on: impl FnOnce()) -> Result<Summary, CheckpointError> {
+    pub fn dump_with<R: FnOnce()>(
+        &mut self,
+        before_run_on: impl FnOnce() -> R,
+    ) -> Result<Summary, CheckpointError> {
         if let Some(d) = &self.dumped {
             return Ok(d.summary.clone());
         }
@@ -584,7 +597,10 @@ impl Held {
         }
     }
 
-    fn dump_frozen(&mut self, before_run_on: impl FnOnce()) -> Result<Dumped, CheckpointError> {
+    fn dump_frozen<R: FnOnce()>(
+        &mut self,
+        before_run_on: impl FnOnce() -> R,
+    ) -> Result<Dumped, CheckpointError> {
         let t_dump = Instant::now();
         let opts = &self.opts;
         let store = StoreWriter::create(&self.dir, &self.image_id[..16], opts.compress)?;
@@ -628,7 +644,7 @@ impl Held {
         if memory::has_snapshots(&mut d) {
             fault::check("after-snapshot")?;
             let t_wait = Instant::now();
-            before_run_on();
+            let ran_on = before_run_on();
             let waited = t_wait.elapsed();
             // Everything is read: the processes run on while the copies of
             // their memory are stored (a dump that continues them holds no
@@ -643,6 +659,7 @@ impl Held {
                 waited_ms = waited.as_millis() as u64,
                 "tree runs again; storing its memory (capture: its state read; waited: for the others)"
             );
+            ran_on();
             memory::store_snapshots(&mut d, &mut images)?;
         }
         let stored = t_dump.elapsed();

@@ -95,6 +95,26 @@ fn describe(what: &str, local: SocketAddr, remote: SocketAddr) -> String {
 
 /// The TCP socket of the connection `local` -> `remote`, if there is one.
 pub fn lookup(local: SocketAddr, remote: SocketAddr) -> Result<Option<TcpSock>> {
+    exact(local, remote, |p| {
+        let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
+        Ok(Some(TcpSock {
+            state: *p.get(MSG_STATE).ok_or_else(bad)?,
+            inode: u32_at(p, MSG_INODE).ok_or_else(bad)?,
+            cookie: [
+                u32_at(p, MSG_COOKIE).ok_or_else(bad)?,
+                u32_at(p, MSG_COOKIE + 4).ok_or_else(bad)?,
+            ],
+        }))
+    })
+}
+
+/// The exact lookup of the TCP connection `local` -> `remote`: what `read`
+/// makes of the kernel's answer (None: no such socket).
+fn exact<T>(
+    local: SocketAddr,
+    remote: SocketAddr,
+    mut read: impl FnMut(&[u8]) -> std::result::Result<Option<T>, QueryError>,
+) -> Result<Option<T>> {
     let seq = next_seq();
     let req = message(
         SOCK_DIAG_BY_FAMILY,
@@ -104,15 +124,7 @@ pub fn lookup(local: SocketAddr, remote: SocketAddr) -> Result<Option<TcpSock>> 
     );
     let mut found = None;
     let r = exchange(&req, seq, &mut |_, p| {
-        let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
-        found = Some(TcpSock {
-            state: *p.get(MSG_STATE).ok_or_else(bad)?,
-            inode: u32_at(p, MSG_INODE).ok_or_else(bad)?,
-            cookie: [
-                u32_at(p, MSG_COOKIE).ok_or_else(bad)?,
-                u32_at(p, MSG_COOKIE + 4).ok_or_else(bad)?,
-            ],
-        });
+        found = read(p)?;
         Ok(())
     });
     match r {
@@ -161,24 +173,45 @@ pub fn by_inode(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<Found>> 
     let (seq, req) = dump_request(protocol, ipv4);
     let mut found = None;
     let r = exchange(&req, seq, &mut |_, p| {
-        let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
-        if u64::from(u32_at(p, MSG_INODE).ok_or_else(bad)?) != inode || p.len() < MSG_LEN {
-            return Ok(());
+        if let Some(f) = found_of(p, ipv4, inode)? {
+            found = Some(f);
         }
-        let attrs = attributes(&p[MSG_LEN..]).map_err(|_| bad())?;
-        let remote = addr_at(p, MSG_DST, MSG_DPORT, ipv4).ok_or_else(bad)?;
-        found = Some(Found {
-            shutdown: attrs
-                .iter()
-                .find(|(t, _)| *t == INET_DIAG_SHUTDOWN)
-                .and_then(|(_, d)| d.first().copied())
-                .unwrap_or(0),
-            remote: (remote.port() != 0).then_some(remote),
-        });
         Ok(())
     });
     r.map_err(|e| e.into_sys_error(format!("sock_diag dump of sockets of protocol {protocol}")))?;
     Ok(found)
+}
+
+/// [`by_inode`] for the TCP connection `local` -> `remote` (as getsockname
+/// and getpeername give them): one exact lookup, whose cost does not grow
+/// with the sockets of the namespace (a dump per socket made a node's
+/// checkpoint quadratic in its connections). None when no socket of
+/// those addresses has inode `inode`.
+pub fn tcp_by_addresses(
+    local: SocketAddr,
+    remote: SocketAddr,
+    inode: u64,
+) -> Result<Option<Found>> {
+    exact(local, remote, |p| found_of(p, local.is_ipv4(), inode))
+}
+
+/// What the `inet_diag_msg` `p` (of family IPv4 or not) tells, if it is
+/// the socket of inode `inode`.
+fn found_of(p: &[u8], ipv4: bool, inode: u64) -> std::result::Result<Option<Found>, QueryError> {
+    let bad = || QueryError::Malformed(format!("inet_diag_msg of {} bytes", p.len()));
+    if u64::from(u32_at(p, MSG_INODE).ok_or_else(bad)?) != inode || p.len() < MSG_LEN {
+        return Ok(None);
+    }
+    let attrs = attributes(&p[MSG_LEN..]).map_err(|_| bad())?;
+    let remote = addr_at(p, MSG_DST, MSG_DPORT, ipv4).ok_or_else(bad)?;
+    Ok(Some(Found {
+        shutdown: attrs
+            .iter()
+            .find(|(t, _)| *t == INET_DIAG_SHUTDOWN)
+            .and_then(|(_, d)| d.first().copied())
+            .unwrap_or(0),
+        remote: (remote.port() != 0).then_some(remote),
+    }))
 }
 
 /// The shutdown(2) bits of a socket found as [`by_inode`] finds it.
@@ -286,6 +319,34 @@ mod tests {
         assert_ne!(s.inode, 0);
         assert_eq!(destroy_orphan(local, remote).unwrap(), None);
         assert!(lookup(local, remote).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_connection_is_found_by_its_addresses_as_by_its_inode() {
+        let lis = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(lis.local_addr().unwrap()).unwrap();
+        let (_srv, _) = lis.accept().unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let (local, remote) = (c.local_addr().unwrap(), c.peer_addr().unwrap());
+        let fd: std::os::fd::OwnedFd = c.try_clone().unwrap().into();
+        let ino = crate::fdio::inode(&fd).unwrap();
+        let exact = tcp_by_addresses(local, remote, ino)
+            .unwrap()
+            .expect("found");
+        let dumped = by_inode(libc::IPPROTO_TCP, true, ino)
+            .unwrap()
+            .expect("found");
+        assert_eq!(exact.remote, Some(remote));
+        assert_eq!(
+            (exact.remote, exact.shutdown),
+            (dumped.remote, dumped.shutdown)
+        );
+        assert_eq!(exact.shutdown & 2, 2, "the send side was shut");
+        // Another inode at those addresses, or no socket there: None.
+        assert!(tcp_by_addresses(local, remote, ino + 1).unwrap().is_none());
+        assert!(tcp_by_addresses(remote, local, ino).unwrap().is_none());
+        let nowhere = SocketAddr::from(([127, 0, 0, 1], 1));
+        assert!(tcp_by_addresses(local, nowhere, ino).unwrap().is_none());
     }
 
     #[test]

@@ -910,16 +910,21 @@ fn checkpoint_session(
             Err(_) => return "no FREEZE from the coordinator: its processes run on".into(),
         }
     }
+    // Where the time of PREPARE goes (the members frozen from "freeze").
+    let mut laps = Laps::new();
     if after == pb::After::Continue {
         reserve_arenas(&mut targets);
     }
+    laps.lap("arenas");
     // Recorded before anything is locked or written.
     record.write(&locks, &dirs);
+    laps.lap("record");
     // Blocking: the network locks go in before the freeze (nft takes
     // tens of ms), checked once the members are frozen.
     let early = (!req.non_blocking)
         .then(|| EarlyLock::install(shared, &req.session, &targets, deadline + LEASE_MARGIN))
         .flatten();
+    laps.lap("early_lock");
     // Non-blocking: nothing is frozen before DUMP (`dump_in_turn`).
     let mut in_turn = Vec::new();
     let (held, gone) = if req.non_blocking {
@@ -934,8 +939,7 @@ fn checkpoint_session(
             Err(msg) => return fail(Vec::new(), msg, ready),
         }
     };
-    // Where the time of PREPARE goes (the members frozen from `frozen`).
-    let mut laps = Laps::new();
+    // The members' checks, then all stopped at once.
     laps.lap("freeze");
     let prepared = match plan_all(&held, &req.session) {
         Ok(p) => p,
@@ -1209,11 +1213,14 @@ fn dump_all(shared: &Shared, session: &str, f: &mut Frozen) -> Result<pb::DumpRe
             let (gate, node, pid) = (gate.clone(), shared.config.node.clone(), m.pid);
             m.tracer.run(move |h| {
                 let mut pass = Some(gate.enter());
-                dump_member(h, &node, pid, || {
+                let (pass, gate) = (&mut pass, &gate);
+                dump_member(h, &node, pid, move || {
                     // Others may need the gate to reach the rendezvous.
                     drop(pass.take());
                     arrival.wait();
-                    pass = Some(gate.enter());
+                    // Every member of the node runs on at once (letting
+                    // go takes no place); their stores take turns.
+                    move || *pass = Some(gate.enter())
                 })
             })
         })
@@ -1341,11 +1348,11 @@ fn dump_in_turn(
 
 /// Dump one member's tree (on its tracer thread) and describe its image;
 /// `before_run_on`: see `Held::dump_with`.
-fn dump_member(
+fn dump_member<R: FnOnce()>(
     h: &mut Held,
     node: &str,
     pid: i32,
-    before_run_on: impl FnOnce(),
+    before_run_on: impl FnOnce() -> R,
 ) -> Result<pb::ImageInfo, String> {
     let s = h.dump_with(before_run_on).map_err(|e| one_line(&e))?;
     let dir = h.dir().to_path_buf();

@@ -232,8 +232,20 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
     if udp || connected {
         // A shut TCP connection is in another state but for its receive
         // side (which a FIN from the peer shuts too).
-        let found = cr_sys::inet_diag::by_inode(sh.protocol, sh.family == libc::AF_INET, ino)
-            .unwrap_or_else(|e| {
+        // A connection's addresses name it: one exact lookup, not a dump
+        // of every socket of the namespace (the dump when it is not found
+        // so).
+        let exact = match (tcp, s.local, s.remote) {
+            (true, Some(l), Some(r)) => cr_sys::inet_diag::tcp_by_addresses(l, r, ino)
+                .ok()
+                .flatten(),
+            _ => None,
+        };
+        let found = match exact {
+            Some(f) => Ok(Some(f)),
+            None => cr_sys::inet_diag::by_inode(sh.protocol, sh.family == libc::AF_INET, ino),
+        }
+        .unwrap_or_else(|e| {
                 tracing::warn!(pid, fd, error = %cr_sys::error::one_line(&e), "cannot tell whether the socket was shut; taken for open");
                 None
             });
