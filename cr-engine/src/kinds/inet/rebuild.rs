@@ -260,7 +260,9 @@ fn create(
     if let Some(l) = local {
         // Let the old port's TIME-WAIT remnants not stand in the way.
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).step(what)?;
-        bind_over_remnants(&sock, l).step(what)?;
+        bind_over_remnants(&sock, l)
+            .or_else(|e| bind_freely(&sock, l, s, e))
+            .step(what)?;
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, reuse)
             .step(what)?;
     }
@@ -344,6 +346,26 @@ fn bind_over_remnants(sock: &OwnedFd, local: SocketAddr) -> Result<(), SysError>
     let states: Vec<&str> = states.iter().map(|&s| sys::tcp_state_name(s)).collect();
     tracing::info!(%local, ?states, "destroyed lingering sockets of this port");
     sys::bind(sock, &local)
+}
+
+/// A bind to an address this host lacks (`e` is EADDRNOTAVAIL): the
+/// program bound with IP_FREEBIND and may have cleared it since (the
+/// kernel checks it only at bind). Bound again with the option on, then
+/// given its saved value (IPv6 sockets share the flag with IPV6_FREEBIND).
+fn bind_freely(
+    sock: &OwnedFd,
+    local: SocketAddr,
+    s: &InetSocket,
+    e: SysError,
+) -> Result<(), SysError> {
+    if e.errno() != Some(libc::EADDRNOTAVAIL) {
+        return Err(e);
+    }
+    let saved = s.int_opt(libc::IPPROTO_IP, libc::IP_FREEBIND).unwrap_or(0);
+    cr_sys::fdio::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_FREEBIND, 1)?;
+    bind_over_remnants(sock, local)?;
+    debug!(%local, "bound with IP_FREEBIND (the address is not on this host)");
+    cr_sys::fdio::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_FREEBIND, saved)
 }
 
 /// Build an established connection in repair mode; returns the bytes
