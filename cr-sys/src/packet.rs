@@ -100,6 +100,67 @@ pub fn bound(fd: &OwnedFd) -> Result<Bound> {
     })
 }
 
+/// SOCK_PACKET, the obsolete type of packet socket: bound by interface
+/// name (struct sockaddr_pkt), its protocol fixed when it is made.
+/// (linux/net.h; libc marks its constant deprecated.)
+pub const SOCK_PACKET: i32 = 10;
+
+/// Where a SOCK_PACKET socket is bound: getsockname gives only the
+/// interface's name (empty: every interface); the protocol is the one it
+/// was made with (SO_PROTOCOL, network order).
+pub fn bound_spkt(fd: &OwnedFd) -> Result<Bound> {
+    // SAFETY: an all-zero sockaddr is a valid value.
+    let mut sa: libc::sockaddr = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `sa`.
+    let r = unsafe { libc::getsockname(fd.as_raw_fd(), &mut sa, &mut len) };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: "getsockname of a SOCK_PACKET socket".into(),
+            source: Errno::last(),
+        });
+    }
+    let name: Vec<u8> = sa
+        .sa_data
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    let ifname = String::from_utf8_lossy(&name).into_owned();
+    let protocol = crate::fdio::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)? as u16;
+    Ok(Bound {
+        ifindex: 0,
+        ifname,
+        protocol,
+    })
+}
+
+/// Bind a SOCK_PACKET socket to the interface named `ifname`.
+pub fn bind_spkt(fd: &OwnedFd, ifname: &str) -> Result<()> {
+    // SAFETY: an all-zero sockaddr is a valid value.
+    let mut sa: libc::sockaddr = unsafe { std::mem::zeroed() };
+    sa.sa_family = libc::AF_PACKET as u16;
+    // The kernel reads at most 14 bytes of name and ends it itself.
+    for (d, &b) in sa.sa_data.iter_mut().zip(ifname.as_bytes()) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: the kernel reads size_of::<sockaddr>() bytes from `sa`.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &sa,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: format!("bind SOCK_PACKET socket to interface {ifname:?}"),
+            source: Errno::last(),
+        });
+    }
+    Ok(())
+}
+
 /// The name of interface `index` in the network namespace of socket `fd`
 /// (SIOCGIFNAME on the socket itself).
 pub fn ifname(fd: &OwnedFd, index: i32) -> Result<String> {

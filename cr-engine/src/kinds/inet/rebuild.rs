@@ -248,7 +248,7 @@ fn create(
         } else {
             pending.unsent = repair(&sock, s, c, l, r).step(what)?;
             pending.peer_fin = replay_fins(&sock, state, c, l, r).step(what)?;
-            set_window(&sock, c).step(what)?;
+            set_window(&sock, c, pending.peer_fin.is_some()).step(what)?;
             debug!(id, local = %l, remote = %r, state = sys::tcp_state_name(state), "TCP connection rebuilt in repair mode");
         }
         return Ok((sock, Some(pending)));
@@ -260,7 +260,9 @@ fn create(
     if let Some(l) = local {
         // Let the old port's TIME-WAIT remnants not stand in the way.
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).step(what)?;
-        bind_over_remnants(&sock, l).step(what)?;
+        bind_over_remnants(&sock, l)
+            .or_else(|e| bind_freely(&sock, l, s, e))
+            .step(what)?;
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, reuse)
             .step(what)?;
     }
@@ -346,6 +348,26 @@ fn bind_over_remnants(sock: &OwnedFd, local: SocketAddr) -> Result<(), SysError>
     sys::bind(sock, &local)
 }
 
+/// A bind to an address this host lacks (`e` is EADDRNOTAVAIL): the
+/// program bound with IP_FREEBIND and may have cleared it since (the
+/// kernel checks it only at bind). Bound again with the option on, then
+/// given its saved value (IPv6 sockets share the flag with IPV6_FREEBIND).
+fn bind_freely(
+    sock: &OwnedFd,
+    local: SocketAddr,
+    s: &InetSocket,
+    e: SysError,
+) -> Result<(), SysError> {
+    if e.errno() != Some(libc::EADDRNOTAVAIL) {
+        return Err(e);
+    }
+    let saved = s.int_opt(libc::IPPROTO_IP, libc::IP_FREEBIND).unwrap_or(0);
+    cr_sys::fdio::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_FREEBIND, 1)?;
+    bind_over_remnants(sock, local)?;
+    debug!(%local, "bound with IP_FREEBIND (the address is not on this host)");
+    cr_sys::fdio::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_FREEBIND, saved)
+}
+
 /// Build an established connection in repair mode; returns the bytes
 /// never sent, queued normally at the release.
 fn repair(
@@ -418,19 +440,30 @@ fn repair(
 
 /// The windows as saved (TCP_REPAIR_WINDOW), once the FINs are back: the
 /// saved rcv_wup may count the peer's FIN, and the kernel takes none past
-/// rcv_nxt.
-fn set_window(sock: &OwnedFd, c: &TcpConnection) -> Result<(), SysError> {
+/// rcv_nxt. When the peer's FIN comes only at the release (CLOSING with our
+/// FIN not sent yet: `peer_fin_later`), the connection's rcv_nxt is still
+/// before it, and so go rcv_wup and snd_wl1 until then.
+fn set_window(sock: &OwnedFd, c: &TcpConnection, peer_fin_later: bool) -> Result<(), SysError> {
     if c.max_window == 0 {
         return Ok(());
     }
+    let before_fin = |seq: u32| {
+        // seq after rcv_nxt, in sequence-number order.
+        let after = (seq.wrapping_sub(c.rcv_nxt) as i32) > 0;
+        if peer_fin_later && after {
+            c.rcv_nxt
+        } else {
+            seq
+        }
+    };
     sys::set_repair_window(
         sock,
         &sys::RepairWindow {
-            snd_wl1: c.snd_wl1,
+            snd_wl1: before_fin(c.snd_wl1),
             snd_wnd: c.snd_wnd,
             max_window: c.max_window,
             rcv_wnd: c.rcv_wnd,
-            rcv_wup: c.rcv_wup,
+            rcv_wup: before_fin(c.rcv_wup),
         },
     )
 }
@@ -624,25 +657,9 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
             unsent.push((sock, p.id, p.unsent, p.fin, p.peer_fin));
         }
     }
-    // The unsent bytes fit in the send buffer they came from; a slow peer
-    // may take a moment to open its window.
     let deadline = Instant::now() + Duration::from_secs(30);
     for (sock, id, data, fin, peer_fin) in unsent {
-        let mut rest = &data[..];
-        while !rest.is_empty() {
-            let n = cr_sys::fdio::send_some(sock, rest)
-                .step(|| format!("cannot queue the unsent bytes of socket:[{id}]"))?;
-            rest = &rest[n..];
-            if n == 0 {
-                if Instant::now() > deadline {
-                    return Err(RestoreError::Unsupported(format!(
-                        "socket:[{id}]: {} unsent bytes could not be queued again (the peer does not read)",
-                        rest.len()
-                    )));
-                }
-                sys::wait_writable(sock, 100).step(|| format!("waiting to write socket:[{id}]"))?;
-            }
-        }
+        queue_unsent(sock, id, &data, deadline)?;
         // The program's FIN waited behind those bytes.
         if fin {
             cr_sys::fdio::shutdown(sock, libc::SHUT_WR)
@@ -652,6 +669,57 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
             let what = || format!("cannot give socket:[{id}] its peer's FIN");
             cr_sys::forged::send(&seg).step(what)?;
             wait_state(sock, sys::TCP_CLOSING).step(what)?;
+        }
+    }
+    Ok(())
+}
+
+/// Queue the bytes of socket `id` that had never been sent. They fitted in
+/// the send buffer they came from, but a rebuilt socket packs them in other
+/// segments (a buffer counts their overhead too): when a peer that does not
+/// read leaves no room, the buffer grows for them (up to their size twice
+/// over), then gets its size and its locks back (a buffer holding more than
+/// its size is simply not writable until it drains, as the original was).
+/// Past that growth, a slow peer may take until `deadline` to open its
+/// window.
+fn queue_unsent(
+    sock: &OwnedFd,
+    id: u64,
+    data: &[u8],
+    deadline: Instant,
+) -> Result<(), RestoreError> {
+    let what = || format!("cannot queue the unsent bytes of socket:[{id}]");
+    let get = |name| cr_sys::fdio::getsockopt_int(sock, libc::SOL_SOCKET, name);
+    let size = get(libc::SO_SNDBUF).step(what)?.max(0) as usize;
+    // (Linux before 5.14 has no SO_BUF_LOCK: the grown size stays locked.)
+    let locks = get(sys::SO_BUF_LOCK).ok();
+    let most = size + 2 * data.len();
+    let mut grown = size;
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = cr_sys::fdio::send_some(sock, rest).step(what)?;
+        rest = &rest[n..];
+        if n > 0 {
+            continue;
+        }
+        if grown < most {
+            grown = (grown.max(64 << 10) * 2).min(most);
+            set_buffer(sock, libc::SO_SNDBUF, grown).step(what)?;
+            continue;
+        }
+        if Instant::now() > deadline {
+            return Err(RestoreError::Unsupported(format!(
+                "socket:[{id}]: {} unsent bytes could not be queued again (the peer does not read)",
+                rest.len()
+            )));
+        }
+        sys::wait_writable(sock, 100).step(|| format!("waiting to write socket:[{id}]"))?;
+    }
+    if grown != size {
+        debug!(id, size, grown, "send buffer grown for the unsent bytes");
+        set_buffer(sock, libc::SO_SNDBUF, size).step(what)?;
+        if let Some(l) = locks {
+            cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, sys::SO_BUF_LOCK, l).step(what)?;
         }
     }
     Ok(())

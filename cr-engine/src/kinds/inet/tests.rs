@@ -715,6 +715,120 @@ expect(a.recv(10) == b"", "a sees the end")
     );
 }
 
+/// The part of the setups below that fills `a`'s send buffer (its size
+/// left to autotuning) while `b` reads nothing, until bytes wait unsent
+/// behind the closed window and no more fit.
+const FILL_UNREAD: &str = r#"
+SIOCOUTQNSD = 0x894B
+a, b = pair()
+a.setblocking(False)
+data = bytes(i % 251 for i in range(64 << 20))
+sent = 0
+full_since = None
+deadline = time.time() + 30
+while time.time() < deadline:
+    try:
+        sent += a.send(data[sent:sent + 65536])
+        full_since = None
+    except BlockingIOError:
+        # Full for a while: the window stays closed and the buffer stops growing.
+        full_since = full_since or time.time()
+        if ioctl_int(a, SIOCOUTQNSD) > 0 and time.time() - full_since > 0.5:
+            break
+        time.sleep(0.01)
+a.setblocking(True)
+unsent = ioctl_int(a, SIOCOUTQNSD)
+expect(unsent > 0, "nothing unsent")
+"#;
+
+/// FIN-WAIT-1 with megabytes unsent: `b` does not read and `a`'s send
+/// buffer, grown by autotuning, is full of bytes never sent, its FIN
+/// behind them. A rebuilt socket packs those bytes in other segments, so
+/// they may not fit its buffer of the same size: after the restore they
+/// are all queued (and the FIN), and `b` reads every byte then the end.
+#[test]
+fn tcp_fin_behind_a_full_autotuned_buffer_round_trip() {
+    let setup = format!(
+        "{FILL_UNREAD}{}",
+        r#"
+a.shutdown(socket.SHUT_WR)
+expect(state(a) == FIN_WAIT1, "not set up: %s" % NAMES.get(state(a)))
+"#
+    );
+    tcp_states_round_trip(
+        "tcp-fin-full-buffer",
+        &setup,
+        r#"
+is_(a, FIN_WAIT1, "a")
+got = read_to_eof(b)
+expect(got == data[:sent], "b read %d bytes of %d before the end" % (len(got), sent))
+ends(a, FIN_WAIT2, "a")
+"#,
+        &[1, 4],
+    );
+}
+
+/// CLOSING with the program's FIN never sent: `a`'s FIN waits behind
+/// bytes `b` does not read, and `b` shut its side, so `a` got `b`'s FIN
+/// (CLOSING) and `b` is in FIN-WAIT-2. The peer's FIN comes back only
+/// after `a`'s bytes are queued again at the release (so do the windows
+/// it counted in). Then `b` reads every byte and the end, `a` the end,
+/// and both close.
+#[test]
+fn tcp_closing_with_fin_unsent_round_trip() {
+    let setup = format!(
+        "{FILL_UNREAD}{}",
+        r#"
+a.shutdown(socket.SHUT_WR)
+b.shutdown(socket.SHUT_WR)
+expect(wait_state(a, CLOSING) and wait_state(b, FIN_WAIT2), "not set up: %s %s" % (NAMES.get(state(a)), NAMES.get(state(b))))
+"#
+    );
+    tcp_states_round_trip(
+        "tcp-closing-fin-unsent",
+        &setup,
+        r#"
+is_(a, CLOSING, "a"); is_(b, FIN_WAIT2, "b")
+got = read_to_eof(b)
+expect(got == data[:sent], "b read %d bytes of %d before the end" % (len(got), sent))
+expect(read_to_eof(a) == b"", "a reads the end")
+ends(a, CLOSE, "a"); ends(b, CLOSE, "b")
+"#,
+        &[5, 11],
+    );
+}
+
+/// Sockets bound to addresses this host lacks, with IP_FREEBIND on at
+/// their bind and off since (UDP over IPv6, a TCP listener over IPv4):
+/// bound there again, the option still off.
+#[test]
+fn freebind_cleared_after_bind_round_trip() {
+    let rt = in_new_netns(|| {
+        round_trip(
+            "inet-freebind",
+            r#"
+IP_FREEBIND = 15
+u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+u.setsockopt(socket.SOL_IP, IP_FREEBIND, 1)
+u.bind(("2001:db8::ff00:42:8329", 56789))
+u.setsockopt(socket.SOL_IP, IP_FREEBIND, 0)
+t = socket.socket()
+t.setsockopt(socket.SOL_IP, IP_FREEBIND, 1)
+t.bind(("192.0.2.7", 8080)); t.listen(1)
+t.setsockopt(socket.SOL_IP, IP_FREEBIND, 0)
+"#,
+            r#"
+expect(u.getsockname()[:2] == ("2001:db8::ff00:42:8329", 56789), "u bound to %r" % (u.getsockname(),))
+expect(t.getsockname() == ("192.0.2.7", 8080), "t bound to %r" % (t.getsockname(),))
+for s, who in ((u, "u"), (t, "t")):
+    expect(s.getsockopt(socket.SOL_IP, IP_FREEBIND) == 0, who + ": IP_FREEBIND on")
+expect(t.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1, "t listens")
+"#,
+        )
+    });
+    assert_eq!(rt.before.objects.len(), rt.after.objects.len());
+}
+
 /// SYN-SENT: non-blocking connects whose SYNs are dropped: to a listener,
 /// to a port where a listener comes only after the restore, and to a port
 /// where none ever comes. Once packets flow again the first two complete

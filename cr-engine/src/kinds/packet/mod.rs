@@ -12,6 +12,9 @@
 //! frames live in memory the kernel shares with the program) and fanout
 //! groups (shared with sockets outside the tree).
 //!
+//! SOCK_PACKET sockets (the obsolete type bound by interface name) are
+//! saved and made again the same way, bound by name.
+//!
 //! Restore: made in the restorer with its original protocol, stopped
 //! receiving at once (bound to protocol 0) while its options and
 //! memberships are set and anything that slipped in is drained, then bound
@@ -68,8 +71,12 @@ pub(crate) fn describe(
     sh: &Shape,
 ) -> Described {
     let line = |e: cr_sys::SysError| cr_sys::error::one_line(&e);
-    let bound = sys::bound(&sock)
-        .map_err(|e| format!("a packet socket that cannot be read: {}", line(e)))?;
+    let bound = if sh.ty == sys::SOCK_PACKET {
+        sys::bound_spkt(&sock)
+    } else {
+        sys::bound(&sock)
+    }
+    .map_err(|e| format!("a packet socket that cannot be read: {}", line(e)))?;
     let what = format!(
         "a packet socket (protocol {:#06x} on {})",
         u16::from_be(bound.protocol),
@@ -134,6 +141,9 @@ fn create(id: u64, s: &PacketSocket) -> Result<OwnedFd, RestoreError> {
             on(&s.ifname)
         )
     };
+    if s.sock_type as i32 == sys::SOCK_PACKET {
+        return create_spkt(s, protocol).step(what);
+    }
     let sock = sys::socket(s.sock_type as i32, protocol).step(what)?;
     // Protocol 0: no more frames from here on.
     sys::bind(&sock, 0, 0).step(what)?;
@@ -152,5 +162,24 @@ fn create(id: u64, s: &PacketSocket) -> Result<OwnedFd, RestoreError> {
         sys::ifindex(&s.ifname).step(what)?
     };
     sys::bind(&sock, index, protocol).step(what)?;
+    Ok(sock)
+}
+
+/// A SOCK_PACKET socket: its protocol is fixed when it is made (a bind
+/// names only the interface), so it receives from the start; what came
+/// before the bind is drained (as much as was queued then: frames keep
+/// coming on a busy interface).
+fn create_spkt(s: &PacketSocket, protocol: u16) -> Result<OwnedFd, cr_sys::SysError> {
+    let sock = sys::socket(sys::SOCK_PACKET, protocol)?;
+    set_options(&sock, &s.opts)?;
+    if !s.ifname.is_empty() {
+        sys::bind_spkt(&sock, &s.ifname)?;
+    }
+    let queued = cr_sys::fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF)?;
+    for _ in 0..queued.max(0) / 64 {
+        if !cr_sys::fdio::recv_discard(&sock)? {
+            break;
+        }
+    }
     Ok(sock)
 }
