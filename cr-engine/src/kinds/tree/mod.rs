@@ -138,6 +138,21 @@ impl Tables {
     /// its fd table and of its fs information when it shares them with a
     /// process met before it.
     pub fn add(&mut self, pid: i32, ppid: i32) -> Result<[Option<i32>; 2], CheckpointError> {
+        self.add_among(pid, ppid, false)
+    }
+
+    /// [`Tables::add`], comparing `pid` with every owner met so far, or
+    /// (`parent_only`) with its parent's owners alone: what the capture of
+    /// a frozen tree does, once the pre-flight compared every pair (a
+    /// process cannot start sharing another's table since: only a clone
+    /// shares one, with the parent) — one kcmp per process and kind while
+    /// frozen, not one per pair.
+    fn add_among(
+        &mut self,
+        pid: i32,
+        ppid: i32,
+        parent_only: bool,
+    ) -> Result<[Option<i32>; 2], CheckpointError> {
         use cr_sys::mem::{shares, Shared};
         let mut out = [None; 2];
         let mut mine = [pid; 2];
@@ -151,7 +166,13 @@ impl Tables {
         .into_iter()
         .enumerate()
         {
-            let owner = self.owners[k]
+            let parents = self.of.get(&ppid).map(|o| o[k]);
+            let candidates: &[i32] = match &parents {
+                Some(o) if parent_only => std::slice::from_ref(o),
+                _ if parent_only => &[],
+                _ => &self.owners[k],
+            };
+            let owner = candidates
                 .iter()
                 .copied()
                 .find(|&o| shares(pid, o, what).unwrap_or(false));
@@ -181,7 +202,7 @@ pub fn shared(
     ppid: i32,
     p: &mut Process,
 ) -> Result<(), CheckpointError> {
-    let [files, fs] = stash.get::<Tables>().add(pid, ppid)?;
+    let [files, fs] = stash.get::<Tables>().add_among(pid, ppid, true)?;
     p.fd_table_of = files.map(|o| o as u32);
     p.fs_of = fs.map(|o| o as u32);
     Ok(())
