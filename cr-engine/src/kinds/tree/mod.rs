@@ -360,6 +360,19 @@ pub fn pidns_root(root: i32) -> Result<bool, CheckpointError> {
 /// when this returns, but for the root, which its own parent reaps.
 pub fn let_go(procs: Vec<Frozen>, action: Action) -> Result<(), CheckpointError> {
     let pids: Vec<i32> = procs.iter().map(|f| f.pid).collect();
+    // A process that was stopped goes first and is seen stopped again
+    // before the others run (see `wait_stopped`).
+    let (stopped, procs): (Vec<_>, Vec<_>) = procs
+        .into_iter()
+        .partition(|f| action == Action::Continue && f.stopped.is_some());
+    let stopping: Vec<i32> = stopped.iter().map(|f| f.pid).collect();
+    for f in stopped.into_iter().rev() {
+        let pid = f.pid;
+        for t in f.tracees {
+            t.detach(0).map_err(|e| CheckpointError::from_sys(pid, e))?;
+        }
+    }
+    wait_stopped(&stopping);
     for f in procs.into_iter().rev() {
         let pid = f.pid;
         let sys = |e| CheckpointError::from_sys(pid, e);
@@ -409,6 +422,32 @@ pub fn let_go(procs: Vec<Frozen>, action: Action) -> Result<(), CheckpointError>
         );
     }
     Ok(())
+}
+
+/// Wait until each of `pids` is in its group stop again. A process let go
+/// stopped (by a restore, or by a checkpoint that continues) takes its
+/// stop only once it is scheduled, after the detach: the kernel wakes a
+/// group-stopped tracee at PTRACE_DETACH and it stops again on its own.
+/// Without this wait, its parent, let go meanwhile, could see it running
+/// (state R, nothing for waitpid(WUNTRACED)), and a checkpoint right after
+/// a restore a running process with a stop signal pending.
+pub(crate) fn wait_stopped(pids: &[i32]) {
+    for &pid in pids {
+        let stopped = cr_sys::deadline::poll(
+            std::time::Duration::from_secs(5),
+            std::time::Duration::from_millis(1),
+            || {
+                Ok::<_, cr_sys::SysError>(match proc::stat(pid) {
+                    Ok(st) => (st.state == 'T').then_some(()),
+                    // Gone (killed meanwhile): nothing to wait for.
+                    Err(_) => Some(()),
+                })
+            },
+        );
+        if !matches!(stopped, Ok(Some(()))) {
+            tracing::warn!(pid, "restored process not stopped again within 5 s");
+        }
+    }
 }
 
 /// How long a kill waits for the killed processes to be reaped.

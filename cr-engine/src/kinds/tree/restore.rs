@@ -427,10 +427,11 @@ fn leaderless_groups(procs: &[Process], ids: &Ids) -> Vec<(u32, usize)> {
     out
 }
 
-/// Let the tree run: zombies die first (with their saved status), then the
-/// others run, children before parents; a process that was stopped by job
-/// control is released stopped, by the signal that stopped it when that
-/// signal would stop it again ([`stop_signal`]), else by SIGSTOP.
+/// Let the tree run: zombies die first (with their saved status); then a
+/// process that was stopped by job control is released stopped, by the
+/// signal that stopped it when that signal would stop it again
+/// ([`stop_signal`]), else by SIGSTOP, and seen stopped; then the others
+/// run, children before parents.
 pub fn release(
     procs: &[Process],
     stubs: Vec<Tracee>,
@@ -443,56 +444,45 @@ pub fn release(
             _ => live.push((p, t, th)),
         }
     }
+    // The stopped processes go first, and are seen stopped before any
+    // other runs: a detached process takes its stop signal only once it is
+    // scheduled, and a parent let go at the same time could see it running
+    // (its state R, a waitpid(WUNTRACED) with nothing to report).
+    let (stopped, running): (Vec<_>, Vec<_>) = live
+        .into_iter()
+        .partition(|(p, _, _)| matches!(p.state, ProcState::Stopped { .. }));
     let mut stopping = Vec::new();
-    for (p, t, th) in live.into_iter().rev() {
-        let mut sig = 0;
-        if let ProcState::Stopped { signal } = p.state {
-            stopping.push(t.tid());
-            sig = libc::SIGSTOP;
-            if signal != libc::SIGSTOP && stop_signal(procs, p, signal) {
-                // Queued while every thread is held: delivered, as a
-                // stop with its own signal, once they run.
-                cr_sys::ptrace::kill(t.tid(), signal).map_err(|source| RestoreError::Step {
-                    what: format!("cannot stop process {} again", p.pid),
-                    source: cr_sys::SysError::Syscall {
-                        what: format!("kill({}, {signal})", t.tid()),
-                        source,
-                    },
-                })?;
-                sig = 0;
-            }
+    for (p, t, th) in stopped.into_iter().rev() {
+        let ProcState::Stopped { signal } = p.state else {
+            continue;
+        };
+        stopping.push(t.tid());
+        let mut sig = libc::SIGSTOP;
+        if signal != libc::SIGSTOP && stop_signal(procs, p, signal) {
+            // Queued while every thread is held: delivered, as a stop with
+            // its own signal, once they run.
+            cr_sys::ptrace::kill(t.tid(), signal).map_err(|source| RestoreError::Step {
+                what: format!("cannot stop process {} again", p.pid),
+                source: cr_sys::SysError::Syscall {
+                    what: format!("kill({}, {signal})", t.tid()),
+                    source,
+                },
+            })?;
+            sig = 0;
         }
         for t in th {
             t.detach(0)?;
         }
         t.detach(sig)?;
     }
-    wait_stopped(&stopping);
-    Ok(())
-}
-
-/// Wait until each of `pids` is in its group stop again. The stop signal
-/// queued at the release is taken only once the process runs, after the
-/// detach: without this wait, a restore could return (and a checkpoint
-/// right after it see a running process with a stop signal pending)
-/// before `ps` shows the process stopped.
-fn wait_stopped(pids: &[i32]) {
-    for &pid in pids {
-        let stopped = cr_sys::deadline::poll(
-            std::time::Duration::from_secs(5),
-            std::time::Duration::from_millis(1),
-            || {
-                Ok::<_, cr_sys::SysError>(match proc::stat(pid) {
-                    Ok(st) => matches!(st.state, 'T' | 't').then_some(()),
-                    // Gone (killed meanwhile): nothing to wait for.
-                    Err(_) => Some(()),
-                })
-            },
-        );
-        if !matches!(stopped, Ok(Some(()))) {
-            tracing::warn!(pid, "restored process not stopped again within 5 s");
+    super::wait_stopped(&stopping);
+    for (_, t, th) in running.into_iter().rev() {
+        for t in th {
+            t.detach(0)?;
         }
+        t.detach(0)?;
     }
+    Ok(())
 }
 
 /// Whether job-control signal `signal` (SIGTSTP, SIGTTIN, SIGTTOU) stops
