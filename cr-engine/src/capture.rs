@@ -416,14 +416,20 @@ pub fn freeze(
     }
     let outside_pipes = preflight(pid, opts)?;
     let dir = ImageDir::create(&path)?;
+    let image_id = cr_image::new_image_id();
+    // The page store's file is made now: a file created while frozen
+    // waits for the filesystem's inode allocation, shared by every
+    // member of a node dumping at once (ext4: `find_inode_bit`).
+    let store = StoreWriter::create(&dir, &image_id[..16], opts.compress)?;
     let mut held = Held {
         coop: Some(coop),
         root: pid,
         opts: opts.clone(),
         parent,
-        image_id: cr_image::new_image_id(),
+        image_id,
         method,
         dir,
+        store: Some(store),
         procs: Vec::new(),
         lock: None,
         frozen_at: Instant::now(),
@@ -473,6 +479,9 @@ pub struct Held {
     image_id: String,
     method: DirtyMethod,
     dir: ImageDir,
+    /// The page store, made before the freeze; taken by the dump (a dump
+    /// tried again after a failure makes its own).
+    store: Option<StoreWriter>,
     procs: Vec<Frozen>,
     lock: Option<NetLock>,
     frozen_at: Instant,
@@ -603,7 +612,10 @@ impl Held {
     ) -> Result<Dumped, CheckpointError> {
         let t_dump = Instant::now();
         let opts = &self.opts;
-        let store = StoreWriter::create(&self.dir, &self.image_id[..16], opts.compress)?;
+        let store = match self.store.take() {
+            Some(s) => s,
+            None => StoreWriter::create(&self.dir, &self.image_id[..16], opts.compress)?,
+        };
         let pids = self.pids();
         // Scanned again now that nothing moves: sockets and pipes as they are.
         let mut fds = TreeFds::new(&pids);
