@@ -197,6 +197,14 @@ pub fn stat(pid: i32) -> Result<Stat> {
         .map_err(proc_err(format!("/proc/{pid}/stat")))
 }
 
+/// When process `pid` started, in seconds since the epoch (to about a
+/// second: the kernel's boot time is whole seconds).
+pub fn started_secs(pid: i32) -> Result<i64> {
+    let st = stat(pid)?;
+    let boot = procfs::boot_time_secs().map_err(proc_err("/proc/stat".into()))?;
+    Ok((boot + st.starttime / procfs::ticks_per_second()) as i64)
+}
+
 /// /proc/PID/status.
 pub fn status(pid: i32) -> Result<Status> {
     process(pid)?

@@ -269,7 +269,14 @@ fn read_all(
         let Some(st) = unless_foreign(ks::msg_stat(id), tree.own).map_err(sys)? else {
             continue;
         };
-        let used = [st.lspid, st.lrpid].iter().any(|p| tree.pids.contains(p));
+        // A pid of the tree that last sent or received, unless the
+        // process now holding that pid started after the operation: a
+        // queue left by an earlier program whose pid was reused.
+        let made = |pid: i32, at: i64| {
+            tree.pids.contains(&pid)
+                && !(at != 0 && proc::started_secs(pid).is_ok_and(|s| s > at + 2))
+        };
+        let used = made(st.lspid, st.stime) || made(st.lrpid, st.rtime);
         if tree.own || used || tree.named(Kind::Msg, id, &st.perm) {
             out.msg.push(MsgQueue {
                 id,
