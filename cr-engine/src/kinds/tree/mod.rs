@@ -445,7 +445,10 @@ pub(crate) fn wait_stopped(pids: &[i32]) {
             },
         );
         if !matches!(stopped, Ok(Some(()))) {
-            tracing::warn!(pid, "process let go stopped is not stopped again within 5 s");
+            tracing::warn!(
+                pid,
+                "process let go stopped is not stopped again within 5 s"
+            );
         }
     }
 }
