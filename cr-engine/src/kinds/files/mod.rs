@@ -143,11 +143,24 @@ impl FileKind for Files {
                 .collect();
             names.sort();
             names.dedup();
-            let (f, aliases) = file_object(r, c, memfd, &names)?;
+            // The access modes of its fds opened with O_NOFOLLOW (shm_open
+            // does): a flag only open(2) sets, and not through /proc.
+            let nofollow: Vec<i32> = ck
+                .processes
+                .iter()
+                .flat_map(|p| &p.fds)
+                .filter(|f| f.kind == FdKind::DeletedFile { object: o.id })
+                .filter(|f| f.flags as i32 & libc::O_NOFOLLOW != 0)
+                .map(|f| f.flags as i32 & libc::O_ACCMODE)
+                .collect();
+            let made = file_object(r, c, memfd, &names, &nofollow)?;
             let held = r.stash.get::<Held>();
-            held.files.insert((o.kind.tag(), o.id), f);
-            for (name, fd) in aliases {
+            held.files.insert((o.kind.tag(), o.id), made.fd);
+            for (name, fd) in made.aliases {
                 held.aliases.insert((o.id, name), fd);
+            }
+            if !made.nofollow.is_empty() {
+                held.nofollow.insert(o.id, made.nofollow);
             }
         }
         Ok(())
@@ -236,6 +249,9 @@ struct Held {
     /// Content objects whose own description (made with O_TMPFILE, or by
     /// memfd_create) was handed out already.
     own_taken: HashSet<u64>,
+    /// Descriptions of a deleted file opened with O_NOFOLLOW by its old
+    /// path before it was deleted again, by object: (access mode, fd).
+    nofollow: HashMap<u64, Vec<(i32, OwnedFd)>>,
 }
 
 /// The content of a memfd or deleted file reachable at `open_path` (a /proc
@@ -391,18 +407,31 @@ pub fn mapping_object(cx: &mut Proc<'_, '_>, v: &Vma) -> Result<Option<u64>, Che
     Ok(Some(v.inode))
 }
 
+/// A content object made again by [`file_object`].
+struct MadeFile {
+    fd: OwnedFd,
+    /// Its descriptions through other names (`aliases`).
+    aliases: Vec<(String, OwnedFd)>,
+    /// Descriptions opened by its old path with O_NOFOLLOW, one per
+    /// access mode asked for (none when it could not be made there).
+    nofollow: Vec<(i32, OwnedFd)>,
+}
+
 /// A memfd, or an unnamed file in the directory of a deleted one, holding
 /// the saved content.
 /// `aliases`: other names of a deleted file, linked to it before it is
 /// deleted again, and opened through each (those that could be).
-#[allow(clippy::type_complexity)]
+/// `nofollow`: access modes of descriptions to open with O_NOFOLLOW by its
+/// path before it is deleted again (the flag cannot be had through /proc).
 fn file_object(
     r: &Restorer<'_>,
     obj: &FileContent,
     memfd: bool,
     aliases: &[String],
-) -> Result<(OwnedFd, Vec<(String, OwnedFd)>), RestoreError> {
+    nofollow: &[i32],
+) -> Result<MadeFile, RestoreError> {
     let mut opened = Vec::new();
+    let mut opened_nofollow = Vec::new();
     let fd = if memfd {
         fdio::memfd_create(&obj.name, libc::MFD_ALLOW_SEALING)
             .step(|| format!("cannot create memfd {}", obj.name))?
@@ -436,6 +465,12 @@ fn file_object(
                             opened.push((a.clone(), afd));
                         }
                         let _ = std::fs::remove_file(a);
+                    }
+                }
+                for &mode in nofollow {
+                    let flags = mode | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+                    if let Ok(nfd) = fdio::open(&obj.name, flags) {
+                        opened_nofollow.push((mode, nfd));
                     }
                 }
                 let _ = std::fs::remove_file(&obj.name);
@@ -479,7 +514,11 @@ fn file_object(
     if memfd && obj.seals != 0 {
         fdio::add_seals(&fd, obj.seals).step(|| format!("cannot seal memfd {}", obj.name))?;
     }
-    Ok((fd, opened))
+    Ok(MadeFile {
+        fd,
+        aliases: opened,
+        nofollow: opened_nofollow,
+    })
 }
 
 /// The directories of a path missing on this host, made (mode 0700) so
@@ -542,6 +581,13 @@ fn description(
             .try_clone()
             .map_err(|e| RestoreError::Unsupported(format!("{}: {e}", what())));
     }
+    if f.flags as i32 & libc::O_NOFOLLOW != 0 {
+        let pool = held.nofollow.entry(id).or_default();
+        if let Some(i) = pool.iter().position(|(mode, _)| *mode == accmode) {
+            return Ok(pool.swap_remove(i).1);
+        }
+    }
+    let file = held.files.get(&(tag, id)).expect("looked up above");
     fdio::reopen(file, accmode).step(what)
 }
 

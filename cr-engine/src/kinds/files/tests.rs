@@ -471,3 +471,35 @@ expect(not os.path.exists(top), "the directories left behind")
 "#,
     );
 }
+
+/// Deleted files opened with O_NOFOLLOW, as shm_open opens them (Open
+/// MPI's /dev/shm segment, unlinked once mapped): the flag, which only
+/// open(2) sets, is kept for a read-write and a read-only description.
+/// Before the fix the restore's --verify refused the fd ("flags is ...").
+#[test]
+fn deleted_file_nofollow_flag_round_trip() {
+    round_trip(
+        "files-deleted-nofollow",
+        r#"
+import fcntl
+p = os.path.join(DIR, "segment")
+rw = os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+os.write(rw, b"shared " * 100)
+ro = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+plain = os.open(p, os.O_RDONLY)
+os.unlink(p)
+"#,
+        r#"
+import fcntl
+for fd, nf in ((rw, True), (ro, True), (plain, False)):
+    fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+    expect(bool(fl & os.O_NOFOLLOW) == nf, "fd %d flags %o" % (fd, fl))
+    expect(os.readlink("/proc/self/fd/%d" % fd) == p + " (deleted)", "fd %d path" % fd)
+expect(fcntl.fcntl(rw, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR, "read-write")
+expect(fcntl.fcntl(ro, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY, "read-only")
+os.pwrite(rw, b"SHARED", 0)
+expect(os.pread(ro, 13, 0) == b"SHARED shared", "one file for all fds")
+expect(os.fstat(rw).st_nlink == 0, "still deleted")
+"#,
+    );
+}
