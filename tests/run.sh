@@ -20,7 +20,7 @@ fi
 # namespaces and nft(8), which cr_checkpoint uses to hold TCP connections
 # still while they are saved.
 need=()
-for pair in cc:gcc tmux:tmux sqlite3:sqlite3 bc:bc less:less ip:iproute2 nft:nftables nsenter:util-linux \
+for pair in cc:gcc lmp:lammps tmux:tmux sqlite3:sqlite3 bc:bc less:less ip:iproute2 nft:nftables nsenter:util-linux \
             setpriv:util-linux redis-server:redis-server redis-cli:redis-tools \
             memcached:memcached nginx:nginx go:golang-go node:nodejs \
             javac:default-jdk-headless jcmd:default-jdk-headless; do

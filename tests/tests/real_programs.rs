@@ -16,9 +16,13 @@
 //!   sqlite3 shell in a transaction, `cat | tr`, a nested `sh -i`), restored
 //!   into the same pane with `cr_restart --shell-job`: they own the
 //!   terminal again, with their terminal settings, and answer with their
-//!   state; and a whole tmux server with its pane's shell.
+//!   state; and a whole tmux server with its pane's shell;
+//! * LAMMPS (Debian's lammps, an MPI application) as 2 Open MPI ranks under
+//!   `cr_run`: restored with `--verify`, its thermo table is the one of a
+//!   run without checkpoints.
 //!
-//! Needs tmux, sqlite3, bc (tests/run.sh installs them); nothing is skipped.
+//! Needs tmux, sqlite3, bc, lammps, openmpi-bin (tests/run.sh installs
+//! them); nothing is skipped.
 
 use cr_tests::*;
 use std::ffi::OsStr;
@@ -2413,4 +2417,149 @@ fn tmux_nested_interactive_shell_restored_with_shell_job() {
     t.wait_line("RESTART-EXIT-5", |l| l.ends_with("RESTART-EXIT-5"), &|| {
         t.diag()
     });
+}
+
+// ---------------------------------------------------------------------------
+// LAMMPS under Open MPI (Debian's lammps package)
+// ---------------------------------------------------------------------------
+
+/// A Lennard-Jones melt for LAMMPS (its classic `bench/in.lj`, smaller):
+/// deterministic for a given number of ranks, a thermo line every 1000
+/// steps.
+const LAMMPS_LJ: &str = "units lj
+atom_style atomic
+lattice fcc 0.8442
+region box block 0 5 0 5 0 5
+create_box 1 box
+create_atoms 1 box
+mass 1 1.0
+velocity all create 3.0 87287 loop geom
+pair_style lj/cut 2.5
+pair_coeff 1 1 1.0 1.0 2.5
+neighbor 0.3 bin
+neigh_modify every 20 delay 0 check no
+fix 1 all nve
+thermo 1000
+run 20000
+";
+
+/// The thermo table of a LAMMPS run: every line of numbers between its
+/// `Step ...` header and `Loop time`.
+fn lammps_thermo(out: &str) -> Vec<String> {
+    out.lines()
+        .skip_while(|l| !l.trim_start().starts_with("Step "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("Loop time"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// mpirun of 2 LAMMPS ranks on `input`, Open MPI's session directory under
+/// `tmp` (a directory of this test alone).
+fn lammps_cmd(input: &Path, tmp: &Path) -> String {
+    format!(
+        "exec mpirun.openmpi --allow-run-as-root -np 2 --mca orte_tmpdir_base {} \
+         lmp -in {} -log none",
+        tmp.display(),
+        input.display()
+    )
+}
+
+/// An unmodified MPI application from a Debian package: LAMMPS, 2 ranks
+/// under Open MPI's mpirun (shared memory between the ranks, a deleted
+/// /dev/shm segment opened by shm_open, the runtime's pipes and sockets),
+/// run first without checkpoints, then under `cr_run`, checkpointed with
+/// `--kill` a quarter of the way through (step 5000 of 20000) and restored with `--verify`: it
+/// prints the same thermo table (temperature, energies, pressure to 8
+/// digits at every 1000 steps) as the run without checkpoints. Before the
+/// fix the restore's --verify refused the shm segment's fd (O_NOFOLLOW
+/// lost).
+#[test]
+fn lammps_under_open_mpi_killed_and_restored_prints_the_same_thermo() {
+    let _sweep = Sweep;
+    let h = Harness::new("real-lammps");
+    need_program("lmp");
+    need_program("mpirun.openmpi");
+    let input = h.dir.join("in.lj");
+    std::fs::write(&input, LAMMPS_LJ).expect("write in.lj");
+
+    let ref_tmp = h.dir.join("ompi-ref");
+    std::fs::create_dir_all(&ref_tmp).expect("mkdir");
+    let (st, out, err) = run_cmd(
+        &h,
+        Path::new(SH),
+        &[OsStr::new("-c"), OsStr::new(&lammps_cmd(&input, &ref_tmp))],
+        Duration::from_secs(300),
+    );
+    assert!(
+        st.success(),
+        "LAMMPS without checkpoints: {st}\n{out}\n{err}"
+    );
+    let reference = lammps_thermo(&out);
+    assert_eq!(reference.len(), 21, "thermo of the reference run:\n{out}");
+
+    let tmp = h.dir.join("ompi-ck");
+    std::fs::create_dir_all(&tmp).expect("mkdir");
+    let pid_file = h.dir.join("job.pid");
+    let script = lammps_cmd(&input, &tmp);
+    let mut wl = h.spawn_program(
+        "cr_run",
+        &tool_path("cr_run"),
+        &[
+            OsStr::new("--no-pidns"),
+            OsStr::new("--pid-file"),
+            pid_file.as_os_str(),
+            OsStr::new("--"),
+            OsStr::new(SH),
+            OsStr::new("-c"),
+            OsStr::new(&script),
+        ],
+        &[],
+    );
+    let past = |l: &str| {
+        l.split_whitespace()
+            .next()
+            .and_then(|s| s.parse::<u64>().ok())
+            .is_some_and(|s| s >= 5_000)
+    };
+    wl.wait_line("LAMMPS at step 5000", past);
+    let job: i32 = read_text(&pid_file)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("cr_run --pid-file: {:?}", read_text(&pid_file)));
+    let pids = tree_pids(job);
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &["--kill"], wl.pid())
+        .assert_success("cr_checkpoint --kill of the LAMMPS job");
+    let (o, e) = (wl.stdout.clone(), wl.stderr.clone());
+    let st = wl
+        .proc
+        .wait_exit(Duration::from_secs(20), || files_diag(&o, &e))
+        .expect("cr_run is our child");
+    assert_eq!(st.code(), Some(128 + libc::SIGKILL), "cr_run's status");
+    reap_descendants(&pids);
+    let at = lammps_thermo(&wl.output()).len();
+    assert!(
+        at < reference.len(),
+        "LAMMPS finished before the checkpoint"
+    );
+    eprintln!(
+        "checkpointed after {at} thermo lines of {}",
+        reference.len()
+    );
+
+    let mut r = h.restore_bg(&img, job);
+    let res = r.wait(Duration::from_secs(300), &wl);
+    assert!(
+        res.status.success(),
+        "restored LAMMPS job should finish with exit 0\n{}\n{}",
+        res.show(),
+        wl.diag()
+    );
+    assert_eq!(
+        lammps_thermo(&wl.output()),
+        reference,
+        "the thermo table after a checkpoint at line {at}\n{}",
+        wl.diag()
+    );
 }
