@@ -22,6 +22,10 @@
 //!   (libcr/examples/mpi_selfckpt.py) that asks for a checkpoint of its
 //!   whole job every N iterations through libcr, killed and restarted from
 //!   one of its own checkpoints.
+//! * `lammps_on_3_nodes_moved_prints_the_same_thermo`: LAMMPS (Debian's
+//!   lammps, unmodified) as 6 Open MPI ranks on 3 nodes, killed by a
+//!   checkpoint and restarted on other nodes: its thermo table equals a
+//!   run without checkpoints.
 
 use cr_tests::cluster::{jlist, jstr, node_name, Cluster, Spawned, POLL_PERIOD};
 use cr_tests::{bin_dir, mpi, read_text, script_path, tail, wait_until, Harness};
@@ -448,6 +452,116 @@ fn mpi4py_checkpoints_itself_through_libcr() {
     assert!(
         line.ends_with("self_checkpoints=2 restarts=1"),
         "{line}\n{}",
+        j.diag()
+    );
+}
+
+/// A Lennard-Jones melt for LAMMPS (its `bench/in.lj`, smaller), a thermo
+/// line every 500 steps; deterministic for a given number of ranks.
+const LAMMPS_LJ: &str = "units lj
+atom_style atomic
+lattice fcc 0.8442
+region box block 0 6 0 6 0 6
+create_box 1 box
+create_atoms 1 box
+mass 1 1.0
+velocity all create 3.0 87287 loop geom
+pair_style lj/cut 2.5
+pair_coeff 1 1 1.0 1.0 2.5
+neighbor 0.3 bin
+neigh_modify every 20 delay 0 check no
+fix 1 all nve
+thermo 500
+run 8000
+";
+
+/// The thermo table of a LAMMPS run: every line between its `Step ...`
+/// header and `Loop time`, blanks squeezed.
+fn lammps_thermo(out: &str) -> Vec<String> {
+    out.lines()
+        .skip_while(|l| !l.trim_start().starts_with("Step "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("Loop time"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// The last step of a thermo table.
+fn lammps_step(table: &[String]) -> u64 {
+    table
+        .last()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An unmodified MPI application from a Debian package: LAMMPS as 6 Open
+/// MPI ranks on 3 nodes (its remote daemons started by cr_rsh), killed by
+/// a checkpoint a quarter of the way through and restarted on other nodes
+/// (n1, n2, n3 to n2, n3, n1): its thermo table (temperature, energies,
+/// pressure every 500 steps, to 8 digits) equals the one of the same 6
+/// ranks run on one host without checkpoints.
+#[test]
+fn lammps_on_3_nodes_moved_prints_the_same_thermo() {
+    let h = Harness::new("ompi-lammps");
+    let input = h.dir.join("in.lj");
+    std::fs::write(&input, LAMMPS_LJ).expect("write in.lj");
+    let inp = input.to_string_lossy().into_owned();
+    let lammps = ["lmp", "-in", inp.as_str(), "-log", "none"];
+    let yield_idle = [("mpi_yield_when_idle", "1")];
+
+    let ref_tmp = h.dir.join("tmp-ref");
+    std::fs::create_dir_all(&ref_tmp).expect("mkdir");
+    let out = std::process::Command::new("mpirun.openmpi")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "6"])
+        .args(["--mca", "mpi_yield_when_idle", "1"])
+        .args(["--mca", "orte_tmpdir_base"])
+        .arg(&ref_tmp)
+        .args(lammps)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run mpirun.openmpi (tests/run.sh installs openmpi-bin and lammps)");
+    let ref_out = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "LAMMPS without checkpoints: {}\n{ref_out}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference = lammps_thermo(&ref_out);
+    assert_eq!(
+        reference.len(),
+        17,
+        "the reference run's thermo:\n{ref_out}"
+    );
+
+    let c = cluster(&h);
+    let argv = mpi::open_mpi(&h.dir.join("tmp-lammps"), NP, HOSTS, &yield_idle, &lammps);
+    let a: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut j = Job::start(&c, "lammps", &a, &[]);
+    wait_until(
+        "LAMMPS to reach step 2000 on 3 nodes",
+        RUN_TIMEOUT,
+        || lammps_step(&lammps_thermo(&j.output())) >= 2000,
+        || j.diag(),
+    );
+    j.checkpoint_kill();
+    let at = lammps_step(&lammps_thermo(&j.output()));
+    assert!(
+        at < 8000,
+        "LAMMPS finished before the checkpoint\n{}",
+        j.diag()
+    );
+    j.restart(&MOVED);
+    wait_until(
+        "the restarted LAMMPS to finish",
+        MOVED_TIMEOUT,
+        || j.output().contains("Total wall time"),
+        || j.diag(),
+    );
+    assert_eq!(
+        lammps_thermo(&j.output()),
+        reference,
+        "the thermo table after a checkpoint at step {at}, restarted on other nodes\n{}",
         j.diag()
     );
 }
