@@ -165,6 +165,10 @@ rp, r = leased("read", os.O_RDONLY, fcntl.F_RDLCK, os.O_WRONLY)
 wp, w = leased("write", os.O_WRONLY, fcntl.F_WRLCK, os.O_RDONLY)
 up, u = leased("write-unlock", os.O_RDWR, fcntl.F_WRLCK, os.O_WRONLY)
 op, o = leased("write-on-read-only", os.O_RDONLY, fcntl.F_WRLCK, os.O_WRONLY)
+# The handler runs between bytecodes, a little after the signal came.
+deadline = time.monotonic() + 60
+while len(got) < 4 and time.monotonic() < deadline:
+    time.sleep(0.01)
 expect(len(got) == 4, "SIGIO at the breaks: %d" % len(got))
 signals = len(got)
 "#,
@@ -188,13 +192,14 @@ def opens(tries):
 # Held as taken (these opens start no new break).
 got_opens = opens(((rp, os.O_RDONLY), (rp, os.O_WRONLY), (wp, os.O_RDONLY), (up, os.O_RDONLY), (op, os.O_RDONLY)))
 expect(got_opens == 0b00001, "opens granted while broken: %s, not 0b00001" % bin(got_opens))
-# Given up as asked, the opens are granted.
-for fd in (r, u, o):
+# Given up, the opens are granted (the write lease's holder cannot
+# downgrade it itself: it has the file open for writing).
+for fd in (r, w, u, o):
     fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
-fcntl.fcntl(w, F_SETLEASE, fcntl.F_RDLCK)
-expect(fcntl.fcntl(w, F_GETLEASE) == fcntl.F_RDLCK, "write lease not downgraded")
 got_opens = opens(((rp, os.O_WRONLY), (wp, os.O_RDONLY), (up, os.O_WRONLY), (op, os.O_RDWR)))
 expect(got_opens == 0b1111, "opens granted once given up: %s, not 0b1111" % bin(got_opens))
+# A SIGIO of the restore's breaks would have come when the program ran
+# again, its handler run at the next bytecode: long before this.
 expect(len(got) == signals, "SIGIO after the restore: %d" % (len(got) - signals))
 "#,
     );
