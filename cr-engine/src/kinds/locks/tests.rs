@@ -140,7 +140,7 @@ expect(os.WEXITSTATUS(st) == 0, "another process took a lock we hold (%d)" % os.
 /// its holder got SIGIO then. After the restore F_GETLEASE gives the type
 /// each is broken to, no second SIGIO came, each is still held as it was
 /// taken (a write lease on a read-only description refuses a reader, a
-/// read lease does not), and giving them up as asked lets the openers in.
+/// read lease does not), and giving them up lets the openers in.
 #[test]
 fn breaking_leases_round_trip() {
     let rt = crate::kinds::testkit::round_trip(
