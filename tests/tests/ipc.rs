@@ -849,6 +849,81 @@ fn flock_posix_ofd_locks_kill_restore() {
     );
 }
 
+/// A read lease being broken by a child of the tree, blocked opening the
+/// file for writing: after --kill and the restore the lease is still being
+/// broken (no second SIGIO), the child waits for it again (its open
+/// restarted), and gets the file once the workload gives the lease up.
+#[test]
+fn lease_broken_by_a_child_kill_restore() {
+    let h = Harness::new("ipc-lease-tree");
+    let mut wl = h.spawn_python("py_ipc_leases.py", &["tree"]);
+    wl.wait_ready();
+    kill_restore_ok(&h, &mut wl, "lease being broken by a child");
+}
+
+/// The pids /proc/locks shows blocked on a lease (any file).
+fn lease_waiters() -> Vec<i32> {
+    read_text(Path::new("/proc/locks"))
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() > 5 && w[1..4] == ["->", "LEASE", "BREAKER"])
+                .then(|| w[5].parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// A lease being broken by a process outside the tree, blocked opening the
+/// file: it would get the file once the holder is killed, not wait for the
+/// restored lease, so --check and --kill refuse, naming that process; the
+/// workload runs on, gives the lease up, and the opener gets the file.
+#[test]
+fn lease_awaited_outside_the_tree_refused() {
+    let h = Harness::new("ipc-lease-outside");
+    let mut wl = h.spawn_python("py_ipc_leases.py", &["outside"]);
+    wl.wait_line("LEASED", |l| l == "LEASED");
+    let file = wl.workdir.join("leased.dat");
+    let mut opener = std::process::Command::new(python3())
+        .args([
+            "-c",
+            "import os, sys; os.close(os.open(sys.argv[1], os.O_WRONLY))",
+        ])
+        .arg(&file)
+        .spawn()
+        .expect("start the opener");
+    let who = opener.id() as i32;
+    wl.wait_ready();
+    let t0 = std::time::Instant::now();
+    while !lease_waiters().contains(&who) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the opener {who} is not blocked on the lease\n{}",
+            wl.diag()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = wl.pid();
+    let opener_kw = format!("process {who}");
+    let kws = ["outside the tree", opener_kw.as_str(), "lease"];
+    check_tool(&h, pid).assert_error("--check of a lease awaited outside", CK_ERR, &kws);
+    assert_running_untraced(pid, "after --check");
+    let out = h.checkpoint(&h.image_dir("img"), &["--kill"], pid);
+    let line = out.assert_error("checkpoint --kill of a lease awaited outside", CK_ERR, &kws);
+    assert!(
+        line.contains(&format!("process {pid}:")),
+        "the error names the process: {line:?}"
+    );
+    assert_running_untraced(pid, "after a refused checkpoint");
+    assert!(
+        lease_waiters().contains(&who),
+        "the opener stopped waiting for the lease"
+    );
+    wl.go_and_expect_ok();
+    let st = opener.wait().expect("wait for the opener");
+    assert!(st.success(), "the opener: {st}");
+}
+
 /// A lock the image holds was taken by another process between checkpoint
 /// and restore: the restore fails with one error line naming the lock and
 /// leaves no process behind; once the lock is free, the same image restores.

@@ -317,10 +317,24 @@ impl LockKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct FileLock {
     pub kind: LockKind,
+    /// Of a lease: the type it was taken with (a write lease stays one
+    /// while it is broken).
     pub write: bool,
     pub start: u64,
     /// 0: to the end of the file and beyond.
     pub len: u64,
+    /// A lease being broken: the type its holder must give it up to.
+    pub breaking: Option<LeaseBreak>,
+}
+
+/// What a lease being broken must become (F_GETLEASE gives it meanwhile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseBreak {
+    /// A write lease downgraded to a read lease (a reader opened the file).
+    ToRead,
+    /// Given up (a writer opened the file, or a reader a write-leased one).
+    ToUnlock,
 }
 
 /// Clocks a timerfd may use.
@@ -474,11 +488,23 @@ impl Fd {
                 if l.start > i64::MAX as u64 || l.len > i64::MAX as u64 {
                     return Err(format!("a lock on bytes {}+{}", l.start, l.len));
                 }
+                let breaking = match known(l.breaking, "a lease break")? {
+                    pb::LeaseBreak::LeaseNotBreaking => None,
+                    pb::LeaseBreak::LeaseBreakingToRead => Some(LeaseBreak::ToRead),
+                    pb::LeaseBreak::LeaseBreakingToUnlock => Some(LeaseBreak::ToUnlock),
+                };
+                if breaking.is_some() && kind != LockKind::Lease {
+                    return Err(format!("a {} lock being broken", kind.name()));
+                }
+                if breaking == Some(LeaseBreak::ToRead) && !l.write {
+                    return Err("a read lease being broken to a read lease".into());
+                }
                 Ok(FileLock {
                     kind,
                     write: l.write,
                     start: l.start,
                     len: l.len,
+                    breaking,
                 })
             })
             .collect::<Result<_, Bad>>()?;
@@ -657,6 +683,11 @@ impl Fd {
                     write: l.write,
                     start: l.start,
                     len: l.len,
+                    breaking: (match l.breaking {
+                        None => pb::LeaseBreak::LeaseNotBreaking,
+                        Some(LeaseBreak::ToRead) => pb::LeaseBreak::LeaseBreakingToRead,
+                        Some(LeaseBreak::ToUnlock) => pb::LeaseBreak::LeaseBreakingToUnlock,
+                    }) as i32,
                 })
                 .collect(),
             kind: Some(kind),

@@ -33,7 +33,7 @@ pub mod tree;
 pub mod uts;
 
 pub use cgroups::Cgroup;
-pub use fds::{Fd, FdKind, FdOwner, FileLock, LockKind, SharedFd};
+pub use fds::{Fd, FdKind, FdOwner, FileLock, LeaseBreak, LockKind, SharedFd};
 pub use identity::{Creds, Identity, RLimit};
 pub use memory::{
     AioRing, Compression, DirtyMethod, MemStats, Memory, Mm, PageAt, PageExtent, PageFile, PageRun,

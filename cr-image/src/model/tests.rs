@@ -341,12 +341,21 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                         write: true,
                         start: 0,
                         len: 0,
+                        breaking: None,
                     },
                     FileLock {
                         kind: LockKind::Lease,
                         write: false,
                         start: 0,
                         len: 0,
+                        breaking: None,
+                    },
+                    FileLock {
+                        kind: LockKind::Lease,
+                        write: true,
+                        start: 0,
+                        len: 0,
+                        breaking: Some(LeaseBreak::ToRead),
                     },
                 ],
                 owner: Some(FdOwner {

@@ -24,7 +24,9 @@ use crate::error::{CheckpointError, RestoreError, StepContext};
 use crate::kinds::{locks, tty, HeldState, Kind, Opened, Stash, FILE_KINDS};
 use crate::restore::Rebuild;
 use crate::stub::Stub;
-use cr_image::model::{Checkpoint, Fd, FdKind, FdOwner, Object, ObjectTag, Process, SharedFd};
+use cr_image::model::{
+    Checkpoint, Fd, FdKind, FdOwner, LockKind, Object, ObjectTag, Process, SharedFd,
+};
 use cr_image::ImageDir;
 use cr_sys::proc::{self, FDTarget, FdInfo};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -257,7 +259,7 @@ pub fn describe(
                 pos: open.info.pos,
                 path: open.link.clone(),
                 shared: None,
-                locks: locks::of_fd(&open)?,
+                locks: locks::of_fd(&open, scan.tree)?,
                 kind,
             }));
         }
@@ -357,12 +359,14 @@ impl Kind for Fds {
 }
 
 /// Whether an fd may have an I/O signal owner worth asking for: what
-/// delivers SIGIO or SIGURG (sockets, pipes, terminals), or any fd in
-/// O_ASYNC mode.
+/// delivers SIGIO or SIGURG (sockets, pipes, terminals), any fd in
+/// O_ASYNC mode, and one holding a file lease (a break signals the owner,
+/// which F_SETLEASE made the process that took it).
 fn may_signal(f: &Fd) -> bool {
     f.flags as i32 & libc::O_ASYNC != 0
         || closes_quietly(f)
         || matches!(f.kind, FdKind::Inherited { .. })
+        || f.locks.iter().any(|l| l.kind == LockKind::Lease)
 }
 
 /// Whether closing a copy of the fd has no effect beyond dropping a
