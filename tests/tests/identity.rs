@@ -139,6 +139,53 @@ print('OK', flush=True)
 }
 
 #[test]
+fn seccomp_filter_shared_by_threads_takes_a_tsync_filter_after_restore() {
+    // A filter (getppid -> EPERM) goes on before a second thread is made,
+    // so both threads share it. After restore the main thread installs a
+    // second filter (getpgrp -> ENOENT) with SECCOMP_FILTER_FLAG_TSYNC: the
+    // kernel accepts that only if the threads still share the first one,
+    // and then the other thread must see both filters act.
+    let script = "import ctypes, os, sys, time, threading
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0
+class Fprog(ctypes.Structure):
+    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]
+keep = []
+def fprog(nr, errno):
+    # ld [nr]; jeq nr ? 0 : 1; ret ERRNO|errno; ret ALLOW
+    ins = [(0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, 0x00050000 | errno), (0x06, 0, 0, 0x7fff0000)]
+    prog = (ctypes.c_uint64 * len(ins))(*[c | (jt << 16) | (jf << 24) | (k << 32) for c, jt, jf, k in ins])
+    fp = Fprog(len(ins), ctypes.addressof(prog))
+    keep.append((prog, fp))
+    return ctypes.byref(fp)
+assert libc.syscall(317, 1, 0, fprog(110, 1)) == 0, ctypes.get_errno()
+go = threading.Event()
+seen = {}
+def denied(nr):
+    r = libc.syscall(nr)
+    return ctypes.get_errno() if r == -1 else 0
+def other():
+    go.wait()
+    seen['getppid'] = denied(110)
+    seen['getpgrp'] = denied(111)
+t = threading.Thread(target=other)
+t.start()
+print('READY', flush=True)
+while not os.path.exists(os.path.join(sys.argv[1], 'go')):
+    time.sleep(0.02)
+r = libc.syscall(317, 1, 1, fprog(111, 2))
+if r != 0:
+    print('FAIL TSYNC seccomp returned', r, ctypes.get_errno(), flush=True); sys.exit(1)
+go.set()
+t.join()
+if seen != {'getppid': 1, 'getpgrp': 2}:
+    print('FAIL other thread sees', seen, flush=True); sys.exit(1)
+print('OK', flush=True)
+";
+    survives("seccomp-tsync", script);
+}
+
+#[test]
 fn posix_timer_survives() {
     // An armed interval timer keeps its id and delivers its signal after
     // restore.

@@ -17,6 +17,14 @@
 //! The main thread installs them after the restorer's scratch memory is
 //! gone, with the program written for a moment below its stack pointer
 //! (the bytes there are put back before it runs).
+//!
+//! Threads that share their filters (made after the filters went on, or
+//! synchronised with SECCOMP_FILTER_FLAG_TSYNC) must share them again: the
+//! kernel lets a later TSYNC succeed only when every other thread's filters
+//! are an ancestor of the caller's. When every other thread has the same
+//! chain and the main thread's chain begins with it ([`shared_prefix`]),
+//! the main thread installs that prefix with TSYNC — the others, done by
+//! then, install nothing of their own.
 
 #[cfg(test)]
 mod tests;
@@ -37,6 +45,8 @@ const INSTALL_ONLY_FLAGS: u64 = 1 | 8 | 16;
 /// SECCOMP_FILTER_FLAG_NEW_LISTENER: a user-space supervisor gets the calls.
 const NEW_LISTENER: u64 = 8;
 const CAP_SYS_ADMIN: u64 = 1 << 21;
+/// SECCOMP_FILTER_FLAG_TSYNC: the filter goes on every thread of the process.
+const TSYNC: u64 = 1;
 
 /// Read the seccomp state of every thread of `cx` into `p`.
 pub fn capture(cx: &mut Proc<'_, '_>, p: &mut Process) -> Result<(), CheckpointError> {
@@ -126,15 +136,40 @@ pub fn before_creds(p: &Process, th: &Thread, suspended: bool) -> Result<bool, R
     )))
 }
 
+/// The length of the chain the threads of `p` share, installed once by the
+/// main thread with TSYNC: every other thread has this same chain (and no
+/// filter of its own on top) and the main thread's begins with it. `None`
+/// when there is one thread or the chains do not fit that shape (each
+/// thread then installs its own copy).
+pub fn shared_prefix(p: &Process) -> Option<usize> {
+    let (main, others) = p.threads.split_first()?;
+    let first = others.first()?;
+    let all_filter = p
+        .threads
+        .iter()
+        .all(|t| t.seccomp.mode == SeccompMode::Filter);
+    let chain = &first.seccomp.chain;
+    let same = others.iter().all(|t| t.seccomp.chain == *chain);
+    (all_filter && same && !chain.is_empty() && main.seccomp.chain.starts_with(chain))
+        .then_some(chain.len())
+}
+
+/// Whether `th`'s filters come to it from the main thread's TSYNC.
+fn synced_from_main(p: &Process, th: &Thread) -> bool {
+    th.tid != p.threads[0].tid && shared_prefix(p).is_some()
+}
+
 /// Put thread `th`'s seccomp state on the thread of `inj`: its last
 /// system calls. `buf` is writable memory of the process for the programs
-/// (`len` bytes); what was there is put back.
+/// (`len` bytes); what was there is put back. The first `tsync` filters of
+/// the chain go on every thread of the process (the other threads have
+/// no filter yet).
 fn install(
     inj: &mut Injector<'_>,
     p: &Process,
     th: &Thread,
-    buf: u64,
-    len: u64,
+    (buf, len): (u64, u64),
+    tsync: usize,
 ) -> Result<(), RestoreError> {
     let pid = inj.pid();
     let what = || format!("cannot install the seccomp filters of thread {}", th.tid);
@@ -153,24 +188,35 @@ fn install(
             let mut saved = vec![0u8; len as usize];
             mem::read_vm(pid, buf, &mut saved)?;
             let r = (|| {
-                for &i in &th.seccomp.chain {
+                for (n, &i) in th.seccomp.chain.iter().enumerate() {
                     let f = &p.seccomp_filters[i as usize];
+                    let flags = if n < tsync { f.flags | TSYNC } else { f.flags };
                     // struct sock_fprog { u16 len; (pad) struct sock_filter *filter; }
                     let mut fprog = Vec::with_capacity(16 + f.program.len());
                     fprog.extend_from_slice(&((f.program.len() / 8) as u64).to_le_bytes());
                     fprog.extend_from_slice(&(buf + 16).to_le_bytes());
                     fprog.extend_from_slice(&f.program);
                     mem::write_vm(pid, buf, &fprog)?;
-                    inj.call(
+                    let r = inj.call(
                         "seccomp",
                         libc::SYS_seccomp,
-                        [SECCOMP_SET_MODE_FILTER, f.flags, buf, 0, 0, 0],
+                        [SECCOMP_SET_MODE_FILTER, flags, buf, 0, 0, 0],
                     )?;
+                    if r != 0 {
+                        // TSYNC: the thread that could not take the filter.
+                        return Ok(r);
+                    }
                 }
-                Ok(())
+                Ok(0)
             })();
             mem::write_vm(pid, buf, &saved)?;
-            r.step(what)
+            match r.step(what)? {
+                0 => Ok(()),
+                tid => Err(RestoreError::Unsupported(format!(
+                    "thread {tid} cannot take the seccomp filters it shares with thread {}",
+                    th.tid
+                ))),
+            }
         }
     }
 }
@@ -196,7 +242,7 @@ pub fn restore_thread(
     when: When,
     suspended: bool,
 ) -> Result<(), RestoreError> {
-    if (when == When::BeforeCreds) != before_creds(p, th, suspended)? {
+    if (when == When::BeforeCreds) != before_creds(p, th, suspended)? || synced_from_main(p, th) {
         return Ok(());
     }
     let len = need(p, th);
@@ -206,7 +252,17 @@ pub fn restore_thread(
             th.tid
         )));
     }
-    install(inj, p, th, args, len)
+    install(inj, p, th, (args, len), main_tsync(p, th))
+}
+
+/// How many of `th`'s filters it installs with TSYNC: the shared prefix
+/// if it is the main thread.
+fn main_tsync(p: &Process, th: &Thread) -> usize {
+    if th.tid == p.threads[0].tid {
+        shared_prefix(p).unwrap_or(0)
+    } else {
+        0
+    }
 }
 
 /// The main thread, after the restorer's scratch memory is gone: the
@@ -234,5 +290,5 @@ pub fn restore_main(
             th.tid
         )));
     }
-    install(inj, p, th, buf, len)
+    install(inj, p, th, (buf, len), main_tsync(p, th))
 }
