@@ -110,3 +110,38 @@ pub fn mpich(np: usize, hosts: &str, prog: &[&str]) -> Vec<String> {
     v.extend(prog.iter().map(|s| s.to_string()));
     v
 }
+
+/// Input of a Lennard-Jones melt for LAMMPS (its `bench/in.lj`, smaller):
+/// a box of `cells`³ fcc cells (4 atoms each), `steps` steps, a thermo
+/// line every `thermo`; deterministic for a given number of ranks.
+pub fn lammps_lj(cells: u32, steps: u32, thermo: u32) -> String {
+    format!(
+        "units lj
+atom_style atomic
+lattice fcc 0.8442
+region box block 0 {cells} 0 {cells} 0 {cells}
+create_box 1 box
+create_atoms 1 box
+mass 1 1.0
+velocity all create 3.0 87287 loop geom
+pair_style lj/cut 2.5
+pair_coeff 1 1 1.0 1.0 2.5
+neighbor 0.3 bin
+neigh_modify every 20 delay 0 check no
+fix 1 all nve
+thermo {thermo}
+run {steps}
+"
+    )
+}
+
+/// The thermo table of a LAMMPS run's output: every line between its
+/// `Step ...` header and `Loop time`, blanks squeezed.
+pub fn lammps_thermo(out: &str) -> Vec<String> {
+    out.lines()
+        .skip_while(|l| !l.trim_start().starts_with("Step "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("Loop time"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}

@@ -456,36 +456,6 @@ fn mpi4py_checkpoints_itself_through_libcr() {
     );
 }
 
-/// A Lennard-Jones melt for LAMMPS (its `bench/in.lj`, smaller), a thermo
-/// line every 500 steps; deterministic for a given number of ranks.
-const LAMMPS_LJ: &str = "units lj
-atom_style atomic
-lattice fcc 0.8442
-region box block 0 6 0 6 0 6
-create_box 1 box
-create_atoms 1 box
-mass 1 1.0
-velocity all create 3.0 87287 loop geom
-pair_style lj/cut 2.5
-pair_coeff 1 1 1.0 1.0 2.5
-neighbor 0.3 bin
-neigh_modify every 20 delay 0 check no
-fix 1 all nve
-thermo 500
-run 8000
-";
-
-/// The thermo table of a LAMMPS run: every line between its `Step ...`
-/// header and `Loop time`, blanks squeezed.
-fn lammps_thermo(out: &str) -> Vec<String> {
-    out.lines()
-        .skip_while(|l| !l.trim_start().starts_with("Step "))
-        .skip(1)
-        .take_while(|l| !l.starts_with("Loop time"))
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect()
-}
-
 /// The last step of a thermo table.
 fn lammps_step(table: &[String]) -> u64 {
     table
@@ -504,7 +474,7 @@ fn lammps_step(table: &[String]) -> u64 {
 fn lammps_on_3_nodes_moved_prints_the_same_thermo() {
     let h = Harness::new("ompi-lammps");
     let input = h.dir.join("in.lj");
-    std::fs::write(&input, LAMMPS_LJ).expect("write in.lj");
+    std::fs::write(&input, cr_tests::mpi::lammps_lj(6, 8000, 500)).expect("write in.lj");
     let inp = input.to_string_lossy().into_owned();
     let lammps = ["lmp", "-in", inp.as_str(), "-log", "none"];
     let yield_idle = [("mpi_yield_when_idle", "1")];
@@ -527,7 +497,7 @@ fn lammps_on_3_nodes_moved_prints_the_same_thermo() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let reference = lammps_thermo(&ref_out);
+    let reference = cr_tests::mpi::lammps_thermo(&ref_out);
     assert_eq!(
         reference.len(),
         17,
@@ -541,11 +511,11 @@ fn lammps_on_3_nodes_moved_prints_the_same_thermo() {
     wait_until(
         "LAMMPS to reach step 2000 on 3 nodes",
         RUN_TIMEOUT,
-        || lammps_step(&lammps_thermo(&j.output())) >= 2000,
+        || lammps_step(&cr_tests::mpi::lammps_thermo(&j.output())) >= 2000,
         || j.diag(),
     );
     j.checkpoint_kill();
-    let at = lammps_step(&lammps_thermo(&j.output()));
+    let at = lammps_step(&cr_tests::mpi::lammps_thermo(&j.output()));
     assert!(
         at < 8000,
         "LAMMPS finished before the checkpoint\n{}",
@@ -559,7 +529,7 @@ fn lammps_on_3_nodes_moved_prints_the_same_thermo() {
         || j.diag(),
     );
     assert_eq!(
-        lammps_thermo(&j.output()),
+        cr_tests::mpi::lammps_thermo(&j.output()),
         reference,
         "the thermo table after a checkpoint at step {at}, restarted on other nodes\n{}",
         j.diag()

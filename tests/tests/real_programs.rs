@@ -2423,37 +2423,6 @@ fn tmux_nested_interactive_shell_restored_with_shell_job() {
 // LAMMPS under Open MPI (Debian's lammps package)
 // ---------------------------------------------------------------------------
 
-/// A Lennard-Jones melt for LAMMPS (its classic `bench/in.lj`, smaller):
-/// deterministic for a given number of ranks, a thermo line every 1000
-/// steps.
-const LAMMPS_LJ: &str = "units lj
-atom_style atomic
-lattice fcc 0.8442
-region box block 0 5 0 5 0 5
-create_box 1 box
-create_atoms 1 box
-mass 1 1.0
-velocity all create 3.0 87287 loop geom
-pair_style lj/cut 2.5
-pair_coeff 1 1 1.0 1.0 2.5
-neighbor 0.3 bin
-neigh_modify every 20 delay 0 check no
-fix 1 all nve
-thermo 1000
-run 20000
-";
-
-/// The thermo table of a LAMMPS run: every line of numbers between its
-/// `Step ...` header and `Loop time`.
-fn lammps_thermo(out: &str) -> Vec<String> {
-    out.lines()
-        .skip_while(|l| !l.trim_start().starts_with("Step "))
-        .skip(1)
-        .take_while(|l| !l.starts_with("Loop time"))
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect()
-}
-
 /// mpirun of 2 LAMMPS ranks on `input`, Open MPI's session directory under
 /// `tmp` (a directory of this test alone).
 fn lammps_cmd(input: &Path, tmp: &Path) -> String {
@@ -2481,7 +2450,7 @@ fn lammps_under_open_mpi_killed_and_restored_prints_the_same_thermo() {
     need_program("lmp");
     need_program("mpirun.openmpi");
     let input = h.dir.join("in.lj");
-    std::fs::write(&input, LAMMPS_LJ).expect("write in.lj");
+    std::fs::write(&input, cr_tests::mpi::lammps_lj(5, 20000, 1000)).expect("write in.lj");
 
     let ref_tmp = h.dir.join("ompi-ref");
     std::fs::create_dir_all(&ref_tmp).expect("mkdir");
@@ -2495,7 +2464,7 @@ fn lammps_under_open_mpi_killed_and_restored_prints_the_same_thermo() {
         st.success(),
         "LAMMPS without checkpoints: {st}\n{out}\n{err}"
     );
-    let reference = lammps_thermo(&out);
+    let reference = cr_tests::mpi::lammps_thermo(&out);
     assert_eq!(reference.len(), 21, "thermo of the reference run:\n{out}");
 
     let tmp = h.dir.join("ompi-ck");
@@ -2538,7 +2507,7 @@ fn lammps_under_open_mpi_killed_and_restored_prints_the_same_thermo() {
         .expect("cr_run is our child");
     assert_eq!(st.code(), Some(128 + libc::SIGKILL), "cr_run's status");
     reap_descendants(&pids);
-    let at = lammps_thermo(&wl.output()).len();
+    let at = cr_tests::mpi::lammps_thermo(&wl.output()).len();
     assert!(
         at < reference.len(),
         "LAMMPS finished before the checkpoint"
@@ -2557,7 +2526,7 @@ fn lammps_under_open_mpi_killed_and_restored_prints_the_same_thermo() {
         wl.diag()
     );
     assert_eq!(
-        lammps_thermo(&wl.output()),
+        cr_tests::mpi::lammps_thermo(&wl.output()),
         reference,
         "the thermo table after a checkpoint at line {at}\n{}",
         wl.diag()
