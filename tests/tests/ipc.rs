@@ -894,15 +894,12 @@ fn lease_awaited_outside_the_tree_refused() {
         .expect("start the opener");
     let who = opener.id() as i32;
     wl.wait_ready();
-    let t0 = std::time::Instant::now();
-    while !lease_waiters().contains(&who) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the opener {who} is not blocked on the lease\n{}",
-            wl.diag()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(
+        &format!("the opener {who} to be blocked on the lease"),
+        Duration::from_secs(60),
+        || lease_waiters().contains(&who),
+        || wl.diag(),
+    );
     let pid = wl.pid();
     let opener_kw = format!("process {who}");
     let kws = ["outside the tree", opener_kw.as_str(), "lease"];

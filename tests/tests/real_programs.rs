@@ -83,6 +83,21 @@ fn reap_descendants(pids: &[i32]) {
     }
 }
 
+/// `cr_checkpoint --kill` of the `cr_run --no-pidns` workload `wl` into
+/// `img` (`what` names it if it fails): cr_run returns its job's SIGKILL,
+/// and the job's processes `pids`, reparented to us, are reaped.
+fn kill_cr_run_job(h: &Harness, wl: &mut Workload, img: &Path, pids: &[i32], what: &str) {
+    h.checkpoint(img, &["--kill"], wl.pid())
+        .assert_success(what);
+    let (o, e) = (wl.stdout.clone(), wl.stderr.clone());
+    let st = wl
+        .proc
+        .wait_exit(Duration::from_secs(20), || files_diag(&o, &e))
+        .expect("cr_run is our child");
+    assert_eq!(st.code(), Some(128 + libc::SIGKILL), "cr_run's status");
+    reap_descendants(pids);
+}
+
 /// Declared first in every test, so dropped last: if the test fails, kills
 /// and reaps whatever is left of the processes it started (e.g. the
 /// descendants of a restored job, like a `tail -f` that would never end),
@@ -671,15 +686,13 @@ fn sort_job(merging: bool) {
     let spilled = temp_files();
     let open = fds_under(sort, &tmp);
     let img = h.image_dir("img");
-    let out = h.checkpoint(&img, &["--kill"], wl.pid());
-    out.assert_success("cr_checkpoint --kill <cr_run pid>");
-    let (o, e) = (wl.stdout.clone(), wl.stderr.clone());
-    let st = wl
-        .proc
-        .wait_exit(Duration::from_secs(20), || files_diag(&o, &e))
-        .expect("cr_run is our child");
-    assert_eq!(st.code(), Some(128 + libc::SIGKILL), "cr_run's status");
-    reap_descendants(&pids);
+    kill_cr_run_job(
+        &h,
+        &mut wl,
+        &img,
+        &pids,
+        "cr_checkpoint --kill <cr_run pid>",
+    );
     let at = file_len(&sorted);
     assert!(
         at < n * 7,
@@ -2498,15 +2511,13 @@ fn lammps_under_open_mpi_killed_and_restored_prints_the_same_thermo() {
         .unwrap_or_else(|_| panic!("cr_run --pid-file: {:?}", read_text(&pid_file)));
     let pids = tree_pids(job);
     let img = h.image_dir("img");
-    h.checkpoint(&img, &["--kill"], wl.pid())
-        .assert_success("cr_checkpoint --kill of the LAMMPS job");
-    let (o, e) = (wl.stdout.clone(), wl.stderr.clone());
-    let st = wl
-        .proc
-        .wait_exit(Duration::from_secs(20), || files_diag(&o, &e))
-        .expect("cr_run is our child");
-    assert_eq!(st.code(), Some(128 + libc::SIGKILL), "cr_run's status");
-    reap_descendants(&pids);
+    kill_cr_run_job(
+        &h,
+        &mut wl,
+        &img,
+        &pids,
+        "cr_checkpoint --kill of the LAMMPS job",
+    );
     let at = cr_tests::mpi::lammps_thermo(&wl.output()).len();
     assert!(
         at < reference.len(),

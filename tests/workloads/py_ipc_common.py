@@ -40,15 +40,21 @@ class Ctx:
         return os.path.join(self.workdir, name)
 
 
+def wait_for(what, cond, started=None):
+    """Polls cond() every 10 ms until it holds; FAIL (and exit) once
+    SELF_TIMEOUT has passed since `started` (default: now)."""
+    started = started if started is not None else time.monotonic()
+    while not cond():
+        if time.monotonic() - started > SELF_TIMEOUT:
+            out("FAIL: timed out waiting for %s" % what)
+            os._exit(1)
+        time.sleep(0.01)
+
+
 def wait_go(workdir, started=None):
     """Polls for WORKDIR/go every 10 ms."""
     go = os.path.join(workdir, "go")
-    started = started if started is not None else time.monotonic()
-    while not os.path.exists(go):
-        if time.monotonic() - started > SELF_TIMEOUT:
-            out("FAIL: timed out waiting for go")
-            os._exit(1)
-        time.sleep(0.01)
+    wait_for("go", lambda: os.path.exists(go), started)
 
 
 def fd_table():

@@ -22,9 +22,8 @@ import fcntl
 import os
 import signal
 import sys
-import time
 
-from py_ipc_common import SELF_TIMEOUT, child_status_problems, out, wait_go
+from py_ipc_common import child_status_problems, out, wait_for, wait_go
 
 F_SETLEASE, F_GETLEASE = 1024, 1025
 
@@ -42,15 +41,6 @@ def waiting_openers(path):
             elif len(w) > 5 and w[1:4] == ["->", "LEASE", "BREAKER"] and w[0] in entries:
                 pids.append(int(w[5]))
     return pids
-
-
-def wait_for(what, cond):
-    deadline = time.monotonic() + SELF_TIMEOUT
-    while not cond():
-        if time.monotonic() > deadline:
-            out("FAIL: timed out waiting for %s" % what)
-            os._exit(1)
-        time.sleep(0.01)
 
 
 def main():
