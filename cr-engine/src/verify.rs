@@ -245,6 +245,7 @@ mod tests {
             object: None,
             aio: None,
             guards: Vec::new(),
+            huge_page_size: 0,
         }
     }
 

@@ -1030,6 +1030,27 @@ pub fn fs_magic_at(path: &std::path::Path) -> Result<i64> {
         .or_sys(|| format!("statfs({})", path.display()))
 }
 
+/// The statfs magic of hugetlbfs.
+pub const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+
+/// The page size of the file at `path` when it is on hugetlbfs (its
+/// statfs block size: the size of its huge pages), None on any other file
+/// system. For a mapping, `path` is its /proc/PID/map_files link.
+pub fn huge_page_size_at(path: &std::path::Path) -> Result<Option<u64>> {
+    let s = nix::sys::statfs::statfs(path).or_sys(|| format!("statfs({})", path.display()))?;
+    Ok(huge_page_size_of(&s))
+}
+
+/// [`huge_page_size_at`] of an open file.
+pub fn huge_page_size(file: &std::fs::File) -> Result<Option<u64>> {
+    let s = nix::sys::statfs::fstatfs(file).or_sys(|| "fstatfs".into())?;
+    Ok(huge_page_size_of(&s))
+}
+
+fn huge_page_size_of(s: &nix::sys::statfs::Statfs) -> Option<u64> {
+    (s.filesystem_type().0 == HUGETLBFS_MAGIC).then_some(s.block_size() as u64)
+}
+
 /// Set the access and modification times of `path` (a link itself, not
 /// what it points to) to `ns` nanoseconds since the epoch.
 pub fn set_times_nofollow(path: &std::path::Path, ns: i64) -> Result<()> {

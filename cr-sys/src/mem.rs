@@ -374,12 +374,36 @@ pub fn write_vm_many(pid: i32, pieces: &[(u64, &[u8])]) -> Result<()> {
     Ok(())
 }
 
+/// The mmap flags asking anonymous memory for huge pages of `page_size`
+/// bytes (MAP_HUGETLB and the size's log2 in the MAP_HUGE_SHIFT bits);
+/// 0 for base pages (`page_size` 0).
+pub fn huge_mmap_flags(page_size: u64) -> i32 {
+    if page_size == 0 {
+        0
+    } else {
+        libc::MAP_HUGETLB | ((page_size.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT)
+    }
+}
+
+/// The memfd_create flags asking for huge pages of `page_size` bytes
+/// (MFD_HUGETLB, the size as for mmap); 0 for base pages.
+pub fn huge_memfd_flags(page_size: u64) -> libc::c_uint {
+    if page_size == 0 {
+        0
+    } else {
+        libc::MFD_HUGETLB | (page_size.trailing_zeros() << libc::MFD_HUGE_SHIFT)
+    }
+}
+
 /// A new shared anonymous memory object of `size` bytes (what
 /// mmap(MAP_SHARED | MAP_ANONYMOUS) makes: shown as "/dev/zero (deleted)"
-/// where it is mapped), as an fd open read-write: mapped here, opened
+/// where it is mapped, or "/anon_hugepage (deleted)" with huge pages of
+/// `huge_page_size` bytes), as an fd open read-write: mapped here, opened
 /// through /proc/self/map_files, unmapped.
-pub fn shmem_object(size: u64) -> Result<std::os::fd::OwnedFd> {
-    let what = || format!("mmap(MAP_SHARED | MAP_ANONYMOUS, {size} bytes)");
+pub fn shmem_object(size: u64, huge_page_size: u64) -> Result<std::os::fd::OwnedFd> {
+    let what = || {
+        format!("mmap(MAP_SHARED | MAP_ANONYMOUS, {size} bytes, huge pages of {huge_page_size})")
+    };
     // SAFETY: a new mapping at an address the kernel picks; no Rust
     // reference points into it, and it is unmapped below.
     let at = unsafe {
@@ -387,7 +411,7 @@ pub fn shmem_object(size: u64) -> Result<std::os::fd::OwnedFd> {
             std::ptr::null_mut(),
             size as usize,
             libc::PROT_NONE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | huge_mmap_flags(huge_page_size),
             -1,
             0,
         )

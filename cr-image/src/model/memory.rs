@@ -174,6 +174,9 @@ pub struct Vma {
     /// ranges within the mapping, where any access faults.
     #[serde(serialize_with = "ser::hex_ranges")]
     pub guards: Vec<(u64, u64)>,
+    /// A hugetlb mapping (VmFlag `ht`): the size of its pages in bytes;
+    /// 0 for base pages.
+    pub huge_page_size: u64,
 }
 
 /// Size of struct io_event, and of the header of struct aio_ring.
@@ -293,6 +296,18 @@ impl Vma {
             }
             at = b;
         }
+        let huge = v.huge_page_size;
+        if huge != 0
+            && (!huge.is_power_of_two()
+                || huge <= PAGE
+                || !v.start.is_multiple_of(huge)
+                || !v.end.is_multiple_of(huge))
+        {
+            return Err(format!(
+                "huge pages of {huge} bytes for {:#x}-{:#x}",
+                v.start, v.end
+            ));
+        }
         Ok(Vma {
             start: v.start,
             end: v.end,
@@ -313,6 +328,7 @@ impl Vma {
             object: Some(v.object).filter(|&o| o != 0),
             aio,
             guards,
+            huge_page_size: huge,
         })
     }
 
@@ -342,6 +358,7 @@ impl Vma {
                 events: a.events.clone(),
             }),
             guards: self.guards.iter().flat_map(|&(a, b)| [a, b]).collect(),
+            huge_page_size: self.huge_page_size,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! message queues with their messages ("mqueue").
 
 use super::fds::{Fd, FdKind, TERMIOS_LEN, WINSIZE_LEN};
-use super::memory::PageFile;
+use super::memory::{PageFile, PAGE};
 use super::{pb, ser, Bad, Checkpoint};
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -135,6 +135,9 @@ pub struct FileContent {
     pub mtime_ns: i64,
     /// Owner and group to give back (a deleted file), None: the restorer's.
     pub owner: Option<(u32, u32)>,
+    /// A file of hugetlbfs (memfd_create with MFD_HUGETLB): the size of its
+    /// pages; 0 for any other file system.
+    pub huge_page_size: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -819,6 +822,13 @@ fn content_from_pb(f: pb::FileContent) -> Result<FileContent, Bad> {
             return Err(format!("content of {} lies beyond its size", f.name));
         }
     }
+    let huge = f.huge_page_size;
+    if huge != 0 && (!huge.is_power_of_two() || huge <= PAGE || !f.size.is_multiple_of(huge)) {
+        return Err(format!(
+            "{} of {} bytes in huge pages of {huge} bytes",
+            f.name, f.size
+        ));
+    }
     Ok(FileContent {
         name: f.name,
         size: f.size,
@@ -828,6 +838,7 @@ fn content_from_pb(f: pb::FileContent) -> Result<FileContent, Bad> {
         atime_ns: f.atime_ns,
         mtime_ns: f.mtime_ns,
         owner: f.uid.zip(f.gid),
+        huge_page_size: huge,
     })
 }
 
@@ -842,6 +853,7 @@ fn content_to_pb(f: &FileContent) -> pb::FileContent {
         mtime_ns: f.mtime_ns,
         uid: f.owner.map(|o| o.0),
         gid: f.owner.map(|o| o.1),
+        huge_page_size: f.huge_page_size,
     }
 }
 

@@ -84,6 +84,7 @@ fn vma(start: u64, end: u64, kind: VmaKind) -> Vma {
         object: None,
         aio: None,
         guards: Vec::new(),
+        huge_page_size: 0,
     }
 }
 
@@ -184,6 +185,11 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
             Vma {
                 aio: Some(aio_ring()),
                 ..vma(0x5000_0000, 0x5000_2000, VmaKind::Aio)
+            },
+            Vma {
+                huge_page_size: 2 << 20,
+                vm_flags: vec!["rd".into(), "wr".into(), "ht".into()],
+                ..vma(0x6000_0000, 0x6040_0000, VmaKind::AnonPrivate)
             },
             vma(0x7fff_0000_0000, 0x7fff_0000_2000, VmaKind::Vdso),
         ],
@@ -436,6 +442,7 @@ fn objects() -> Vec<Object> {
                 atime_ns: 1_700_000_000_123_456_789,
                 mtime_ns: 1_600_000_000_000_000_001,
                 owner: Some((1000, 100)),
+                huge_page_size: 0,
                 content: Some(PageFile {
                     name: "file-21.img".into(),
                     size: 8192,

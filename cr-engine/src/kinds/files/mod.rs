@@ -284,6 +284,9 @@ pub fn content_object(
         .or_else(|_| File::open(open_path))
         .map_err(|e| err(e.to_string()))?;
     let md = file.metadata().map_err(|e| err(e.to_string()))?;
+    let huge_page_size = fdio::huge_page_size(&file)
+        .map_err(|e| err(e.to_string()))?
+        .unwrap_or(0);
     let name = link.strip_suffix(" (deleted)").unwrap_or(link);
     let (name, seals) = if memfd {
         let owned = OwnedFd::from(file.try_clone().map_err(|e| err(e.to_string()))?);
@@ -312,6 +315,7 @@ pub fn content_object(
         atime_ns: md.atime() * 1_000_000_000 + md.atime_nsec(),
         mtime_ns: md.mtime() * 1_000_000_000 + md.mtime_nsec(),
         owner: (!memfd).then(|| (md.uid(), md.gid())),
+        huge_page_size,
     };
     objects.insert(Object {
         id: ino,
@@ -369,7 +373,9 @@ pub fn save_content(
 }
 
 /// Write the saved content `pf` of a file of `size` bytes back into
-/// `file` (its first `size` bytes; each run's checksum verified).
+/// `file` (its first `size` bytes; each run's checksum verified). A file
+/// of hugetlbfs, which takes no write(2), is sized to `size` and filled
+/// through a shared map of it.
 pub fn refill(
     img: &cr_image::ImageDir,
     pf: &PageFile,
@@ -379,12 +385,27 @@ pub fn refill(
 ) -> Result<(), RestoreError> {
     let err = |e: std::io::Error| RestoreError::Unsupported(format!("cannot refill {what}: {e}"));
     let reader = PageReader::open(img, pf)?;
+    let huge = fdio::huge_page_size(file).is_ok_and(|h| h.is_some());
+    let mut map = match huge && size > 0 {
+        true => {
+            file.set_len(size).map_err(err)?;
+            Some(
+                cr_sys::mem::FileWindow::map(file, 0, size as usize, what)
+                    .step(|| format!("cannot refill {what}"))?,
+            )
+        }
+        false => None,
+    };
     let mut buf = Vec::new();
     for ext in &pf.extents {
         reader.read_extent(ext, &mut buf)?;
         let end = (ext.file_offset + buf.len() as u64).min(size);
         let n = end.saturating_sub(ext.file_offset) as usize;
-        file.write_all_at(&buf[..n], ext.file_offset).map_err(err)?;
+        let at = ext.file_offset;
+        match &mut map {
+            Some(m) => m.bytes_mut()[at as usize..at as usize + n].copy_from_slice(&buf[..n]),
+            None => file.write_all_at(&buf[..n], at).map_err(err)?,
+        }
     }
     Ok(())
 }
@@ -433,8 +454,21 @@ fn file_object(
     let mut opened = Vec::new();
     let mut opened_nofollow = Vec::new();
     let fd = if memfd {
-        fdio::memfd_create(&obj.name, libc::MFD_ALLOW_SEALING)
-            .step(|| format!("cannot create memfd {}", obj.name))?
+        let huge = cr_sys::mem::huge_memfd_flags(obj.huge_page_size);
+        fdio::memfd_create(&obj.name, libc::MFD_ALLOW_SEALING | huge).step(|| {
+            format!(
+                "cannot create memfd {}{}",
+                obj.name,
+                if huge != 0 {
+                    format!(
+                        " with huge pages of {} bytes (are any free? /proc/sys/vm/nr_hugepages)",
+                        obj.huge_page_size
+                    )
+                } else {
+                    String::new()
+                }
+            )
+        })?
     } else {
         let path = std::path::Path::new(&obj.name);
         let was_tmpfile = path

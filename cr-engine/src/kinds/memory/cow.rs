@@ -87,6 +87,8 @@ fn shareable(v: &Vma) -> bool {
         && !v.has_flag("dc")
         && !v.has_flag("wf")
         && !v.has_flag("dp")
+        // hugetlb memory (kept out: its slot would need huge pages too).
+        && v.huge_page_size == 0
 }
 
 /// Whether `a` and `b` are the same mapping as a fork leaves it.

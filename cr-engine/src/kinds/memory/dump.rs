@@ -78,6 +78,10 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
             VmaKind::AnonShared
         }
         "/dev/zero (deleted)" if m.shared => VmaKind::AnonShared,
+        // mmap(MAP_ANONYMOUS | MAP_HUGETLB): a file of the kernel's own
+        // hugetlbfs mount, anonymous memory to the program.
+        HUGE_ANON if m.shared => VmaKind::AnonShared,
+        HUGE_ANON => VmaKind::AnonPrivate,
         // io_setup's completion ring: kind "aio" reads it.
         "/[aio] (deleted)" | "/[aio]" => VmaKind::Aio,
         // An attach of a System V segment; its inode is the segment's id.
@@ -100,6 +104,19 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
             )))
         }
     };
+    let huge_page_size = if m.has_flag("ht") {
+        let link = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+        cr_sys::fdio::huge_page_size_at(std::path::Path::new(&link))
+            .map_err(|e| CheckpointError::from_sys(pid, e))?
+            .ok_or_else(|| {
+                unsupported(format!(
+                    "hugetlb mapping {:#x}-{:#x} {path} not on hugetlbfs",
+                    m.start, m.end
+                ))
+            })?
+    } else {
+        0
+    };
     Ok(Vma {
         start: m.start,
         end: m.end,
@@ -120,8 +137,13 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         object: None,
         aio: None,
         guards: Vec::new(),
+        huge_page_size,
     })
 }
+
+/// How /proc shows anonymous hugetlb memory (MAP_HUGETLB), private or
+/// shared.
+const HUGE_ANON: &str = "/anon_hugepage (deleted)";
 
 /// Whether the page with pagemap entry `pm` of a VMA of `kind` is stored.
 fn stored(kind: VmaKind, pm: u64) -> bool {

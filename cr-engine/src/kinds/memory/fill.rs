@@ -316,7 +316,8 @@ pub fn map_all(
                 (fd, v.pgoff)
             }
             _ => {
-                flags |= libc::MAP_ANONYMOUS as u64;
+                flags |=
+                    (libc::MAP_ANONYMOUS | cr_sys::mem::huge_mmap_flags(v.huge_page_size)) as u64;
                 (u64::MAX, 0)
             }
         };
@@ -329,7 +330,20 @@ pub fn map_all(
             "mmap",
             libc::SYS_mmap,
             [v.start, v.len(), prot, flags, fd, off],
-            format!("cannot map {:#x}-{:#x} {}", v.start, v.end, v.path),
+            format!(
+                "cannot map {:#x}-{:#x} {}{}",
+                v.start,
+                v.end,
+                v.path,
+                if v.huge_page_size != 0 {
+                    format!(
+                        " (hugetlb memory in pages of {} kB: are enough free? /proc/sys/vm/nr_hugepages)",
+                        v.huge_page_size >> 10
+                    )
+                } else {
+                    String::new()
+                }
+            ),
         )?;
         if made {
             cx.stub.flush()?;
@@ -411,7 +425,9 @@ fn shmem_object(cx: &mut Rebuild<'_, '_, '_>, pid: u32, v: &Vma) -> Result<Strin
                     v.start, key.0, key.1
                 )));
             }
-            std::os::fd::AsRawFd::as_raw_fd(e.insert(cr_sys::mem::shmem_object(size)?))
+            std::os::fd::AsRawFd::as_raw_fd(
+                e.insert(cr_sys::mem::shmem_object(size, v.huge_page_size)?),
+            )
         }
     };
     Ok(format!("/proc/{}/fd/{fd}", std::process::id()))

@@ -213,3 +213,87 @@ expect(ma[0:1] == b"a" and mb[4095:4096] == b"a", "the content")
 "#,
     );
 }
+
+/// Huge pages this machine has free for a test, raised for its length
+/// (`/proc/sys/vm/nr_hugepages`, put back when dropped).
+struct HugePages(Option<String>);
+
+impl HugePages {
+    const NR: &'static str = "/proc/sys/vm/nr_hugepages";
+    const FREE: &'static str = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
+
+    fn at_least(free: u64) -> HugePages {
+        let read = |p: &str| -> u64 {
+            std::fs::read_to_string(p)
+                .unwrap_or_else(|e| panic!("{p}: {e}"))
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        let (nr, have) = (read(Self::NR), read(Self::FREE));
+        if have >= free {
+            return HugePages(None);
+        }
+        std::fs::write(Self::NR, (nr + free - have).to_string()).unwrap();
+        assert!(
+            read(Self::FREE) >= free,
+            "{free} free huge pages of 2 MiB (memory too fragmented?)"
+        );
+        HugePages(Some(nr.to_string()))
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        if let Some(nr) = &self.0 {
+            let _ = std::fs::write(Self::NR, nr);
+        }
+    }
+}
+
+/// hugetlb memory of 2 MiB pages: private and shared anonymous mappings
+/// (MAP_HUGETLB) and a memfd made with MFD_HUGETLB, mapped shared. After
+/// the restore each holds its bytes and is hugetlb memory again (smaps'
+/// KernelPageSize), the shared ones still shared with their objects.
+#[test]
+fn hugetlb_mappings_round_trip() {
+    let _pages = HugePages::at_least(6);
+    let rt = round_trip(
+        "memory-hugetlb",
+        r#"
+import mmap
+H = 2 << 20
+MAP_HUGETLB = 0x40000
+priv = mmap.mmap(-1, H, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+shared = mmap.mmap(-1, H, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+mfd = os.memfd_create("cr-huge", os.MFD_HUGETLB)
+os.ftruncate(mfd, 2 * H)
+mem = mmap.mmap(mfd, 2 * H, flags=mmap.MAP_SHARED)
+for m, tag in ((priv, b"priv"), (shared, b"shrd"), (mem, b"mfd_")):
+    for off in range(0, len(m), 64 << 10):
+        m[off:off + 8] = tag + struct.pack("<I", off)
+def page_size(m):
+    a = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    inside = False
+    for line in open("/proc/self/smaps"):
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            inside = lo <= a < hi
+        elif inside and line.startswith("KernelPageSize:"):
+            return int(line.split()[1])
+"#,
+        r#"
+for m, tag in ((priv, b"priv"), (shared, b"shrd"), (mem, b"mfd_")):
+    bad = [off for off in range(0, len(m), 64 << 10) if m[off:off + 8] != tag + struct.pack("<I", off)]
+    expect(not bad, "%r: %d places lost their bytes, first at %s" % (tag, len(bad), bad[:1]))
+    expect(page_size(m) == 2048, "%r: pages of %s kB, not 2048" % (tag, page_size(m)))
+mem[H:H + 4] = b"late"
+expect(os.pread(mfd, 4, H) == b"late", "the memfd's mapping writes its file")
+expect(os.fstat(mfd).st_size == 2 * H, "the memfd's size")
+"#,
+    );
+    let (a, _) = rt.roots();
+    let huge: Vec<_> = a.vmas.iter().filter(|v| v.huge_page_size != 0).collect();
+    assert_eq!(huge.len(), 3, "three hugetlb mappings saved: {huge:x?}");
+    assert!(huge.iter().all(|v| v.huge_page_size == 2 << 20));
+}

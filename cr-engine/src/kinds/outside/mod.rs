@@ -273,6 +273,7 @@ fn save(
             atime_ns: 0,
             mtime_ns: 0,
             owner: None,
+            huge_page_size: 0,
         }),
     });
     Ok(id)

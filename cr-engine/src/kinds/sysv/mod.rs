@@ -60,8 +60,6 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use tracing::{debug, info};
 
-/// The statfs magic of hugetlbfs.
-const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
 /// Alignment of a temporary attach of a huge page segment.
 const HUGE_ALIGN: u64 = 2 << 20;
 
@@ -339,7 +337,7 @@ fn segment(
         Some(f) => f,
         None => ks::shm_file(id, st.size, false).map_err(|e| cr_sys::error::one_line(&e))?,
     };
-    let hugetlb = cr_sys::fdio::fs_magic(&file).is_ok_and(|m| m == HUGETLBFS_MAGIC);
+    let hugetlb = cr_sys::fdio::fs_magic(&file).is_ok_and(|m| m == cr_sys::fdio::HUGETLBFS_MAGIC);
     let content = files::save_content(dir, image_id, &format!("sysv-shm-{id}"), &file, fsync)?;
     Ok(ShmSegment {
         id,
