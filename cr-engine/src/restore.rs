@@ -347,6 +347,7 @@ fn prepare_chain(
     let mut phases = Phases::default();
     let t_stubs = Instant::now();
     let mut cow = memory::cow::Cow::new(&ck, &pages, &pieces, opts.workers(), opts.lazy_pages);
+    cow.open_files(&mut r)?;
     let mut stubs = kinds::tree::restore::spawn(
         &ck,
         &mut r.ids,

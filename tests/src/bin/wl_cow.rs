@@ -21,11 +21,17 @@
 //! which the root must not see; after `alldone` everyone checks its whole
 //! content again. The root prints OK or FAIL: reason.
 //!
-//! Usage: wl_cow WORKDIR [MIB] [N]
+//! With `file`, the memory is a private mapping of a file (`WORKDIR/cow.data`,
+//! every page of version 7) and the root leaves the pages `k % 16 == 14`
+//! as they are (nobody writes them): those must stay the file's pages
+//! (pagemap "file page" bit, content), the written ones anonymous.
+//!
+//! Usage: wl_cow WORKDIR [MIB] [N] [file]
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 const PAGE: usize = 4096;
@@ -33,6 +39,15 @@ const WORDS: usize = PAGE / 8;
 /// Page rewritten by the root in the isolation phase, then by the others.
 const ROOT_WRITES: usize = 4;
 const OTHERS_WRITE: usize = 12;
+/// The content of the file's pages (`file`).
+const FILE_VERSION: u64 = 7;
+/// Whether the memory maps a file (`file`).
+static FILE: AtomicBool = AtomicBool::new(false);
+
+/// Whether page `k` is never written (the file's own, `file` only).
+fn never_written(k: usize) -> bool {
+    FILE.load(Ordering::Relaxed) && k % 16 == 14
+}
 
 fn say(s: &str) {
     use std::io::Write;
@@ -56,6 +71,9 @@ enum Role {
 impl Role {
     /// The version of page `k` this process wrote last before the checkpoint.
     fn version(self, k: usize) -> u64 {
+        if never_written(k) {
+            return FILE_VERSION;
+        }
         match self {
             Role::Root if k % 16 == 15 => 1,
             Role::Child(c) if k % 8 == c => 10 + c as u64,
@@ -130,9 +148,12 @@ impl Mem {
     }
 }
 
-/// The PFN (0: not present or not readable) of every page of the region
-/// at `addr` in process `pid`.
-fn pfns(pid: i32, addr: u64, pages: usize) -> Result<Vec<u64>, String> {
+/// pagemap: the page is present; is a file page (or shared anonymous).
+const PM_PRESENT: u64 = 1 << 63;
+const PM_FILE: u64 = 1 << 61;
+
+/// The pagemap entry of every page of the region at `addr` in process `pid`.
+fn pagemap(pid: i32, addr: u64, pages: usize) -> Result<Vec<u64>, String> {
     let path = format!("/proc/{pid}/pagemap");
     let f = File::open(&path).map_err(|e| format!("{path}: {e}"))?;
     let mut buf = vec![0u8; pages * 8];
@@ -140,9 +161,17 @@ fn pfns(pid: i32, addr: u64, pages: usize) -> Result<Vec<u64>, String> {
         .map_err(|e| format!("{path}: {e}"))?;
     Ok(buf
         .chunks_exact(8)
-        .map(|c| {
-            let e = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            if e >> 63 == 1 {
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// The PFN (0: not present or not readable) of every page of the region
+/// at `addr` in process `pid`.
+fn pfns(pid: i32, addr: u64, pages: usize) -> Result<Vec<u64>, String> {
+    Ok(pagemap(pid, addr, pages)?
+        .into_iter()
+        .map(|e| {
+            if e & PM_PRESENT != 0 {
                 e & ((1 << 55) - 1)
             } else {
                 0
@@ -151,18 +180,69 @@ fn pfns(pid: i32, addr: u64, pages: usize) -> Result<Vec<u64>, String> {
         .collect())
 }
 
+/// With `file`: the pages never written hold the file's content and are
+/// its pages (read first, so present), the written ones are anonymous.
+fn check_file_pages(mem: &Mem) -> Vec<String> {
+    if !FILE.load(Ordering::Relaxed) {
+        return Vec::new();
+    }
+    let unread: Vec<usize> = (0..mem.pages)
+        .filter(|&k| never_written(k) && !mem.holds(k, FILE_VERSION))
+        .collect();
+    let entries = match pagemap(std::process::id() as i32, mem.addr(), mem.pages) {
+        Ok(e) => e,
+        Err(e) => return vec![e],
+    };
+    let (mut anon, mut file) = (Vec::new(), Vec::new());
+    for (k, e) in entries.iter().enumerate() {
+        let is_file = e & PM_PRESENT != 0 && e & PM_FILE != 0;
+        if never_written(k) && !is_file {
+            anon.push(k);
+        }
+        if !never_written(k) && is_file {
+            file.push(k);
+        }
+    }
+    let mut f = Vec::new();
+    if let Some(k) = unread.first() {
+        f.push(format!(
+            "{} pages never written do not hold the file's content, first {k}",
+            unread.len()
+        ));
+    }
+    if let Some(k) = anon.first() {
+        f.push(format!(
+            "{} pages never written are not the file's pages, first {k} (pagemap {:#x})",
+            anon.len(),
+            entries[*k]
+        ));
+    }
+    if let Some(k) = file.first() {
+        f.push(format!(
+            "{} written pages are file pages, first {k} (pagemap {:#x})",
+            file.len(),
+            entries[*k]
+        ));
+    }
+    f
+}
+
 /// Pages of the same version as the parent's must be its very pages,
-/// the others not.
+/// the others not (pages never written: see [`check_file_pages`]).
 fn check_sharing(mem: &Mem, me: Role, parent: i32) -> Vec<String> {
+    let mut f = check_file_pages(mem);
     let (mine, theirs) = match (
         pfns(std::process::id() as i32, mem.addr(), mem.pages),
         pfns(parent, mem.addr(), mem.pages),
     ) {
         (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return vec![e],
+        (Err(e), _) | (_, Err(e)) => {
+            f.push(e);
+            return f;
+        }
     };
     let (mut apart, mut together, mut shared) = (Vec::new(), Vec::new(), 0);
-    for k in 0..mem.pages {
+    for k in (0..mem.pages).filter(|&k| !never_written(k)) {
         let expect = me.version(k) == me.parent().version(k);
         let same = mine[k] != 0 && mine[k] == theirs[k];
         match (expect, same) {
@@ -172,7 +252,6 @@ fn check_sharing(mem: &Mem, me: Role, parent: i32) -> Vec<String> {
             _ => {}
         }
     }
-    let mut f = Vec::new();
     if let Some(k) = apart.first() {
         f.push(format!(
             "{} unchanged pages are not shared with the parent, first {k} (pfn {:#x} vs {:#x})",
@@ -280,29 +359,45 @@ fn descendant(dir: &Path, mem: &mut Mem, me: Role, n: usize) -> Vec<String> {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(args.next().expect("usage: wl_cow WORKDIR [MIB] [N]"));
+    let dir = PathBuf::from(args.next().expect("usage: wl_cow WORKDIR [MIB] [N] [file]"));
     let mib: usize = args.next().map_or(64, |v| v.parse().expect("MIB"));
     let n: usize = args.next().map_or(4, |v| v.parse().expect("N"));
+    FILE.store(args.next().as_deref() == Some("file"), Ordering::Relaxed);
     // Children rewrite pages `k % 8 < N`: pages 4 and 12 stay shared by all.
     assert!((1..=4).contains(&n), "N from 1 to 4");
     let pages = mib * 256;
-    // SAFETY: a fresh private anonymous mapping, used only through `Mem`.
+    let file = FILE.load(Ordering::Relaxed).then(|| {
+        let path = dir.join("cow.data");
+        let bytes: Vec<u8> = (0..pages)
+            .flat_map(|k| (0..WORDS).map(move |w| word(k, w, FILE_VERSION)))
+            .flat_map(u64::to_ne_bytes)
+            .collect();
+        std::fs::write(&path, bytes).expect("write the mapped file");
+        File::open(&path).expect("open the mapped file")
+    });
+    let (flags, fd) = match &file {
+        Some(f) => (libc::MAP_PRIVATE, std::os::fd::AsRawFd::as_raw_fd(f)),
+        None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+    };
+    // SAFETY: a fresh private mapping, used only through `Mem`.
     let base = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             pages * PAGE,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
+            flags,
+            fd,
             0,
         )
     };
     assert_ne!(base, libc::MAP_FAILED);
+    // The mapping holds the file.
+    drop(file);
     let mut mem = Mem {
         base: base as *mut u64,
         pages,
     };
-    for k in 0..pages {
+    for k in (0..pages).filter(|&k| !never_written(k)) {
         mem.write(k, 0);
     }
     let mut kids = Vec::new();
@@ -365,6 +460,7 @@ fn main() {
         let (pss, rss) = tree_usage(root);
         say(&format!("pss_after_kb {pss} rss_after_kb {rss}"));
         fails.extend(mem.check(|k| me.version(k)));
+        fails.extend(check_file_pages(&mem));
         for id in ids.clone() {
             if !wait_file(&dir.join(format!("checked.{id}"))) {
                 fails.push(format!("process {id} never checked"));

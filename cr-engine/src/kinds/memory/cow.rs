@@ -1,8 +1,9 @@
-//! Private anonymous memory a parent and its child share copy-on-write,
-//! shared again by the restore.
+//! Private memory a parent and its child share copy-on-write, shared again
+//! by the restore.
 //!
-//! A process that filled private anonymous memory and then forked shares
-//! those pages with its child until either writes one. Restored one process
+//! A process that filled private memory (anonymous, or a private mapping
+//! of a file: the pages it wrote are its anonymous copies) and then forked
+//! shares those pages with its child until either writes one. Restored one process
 //! at a time, every page would be written in each process: the memory
 //! doubles and a program comparing physical frames (pagemap) sees them
 //! apart. So, while the stubs are forked (`kinds::tree::restore::spawn`),
@@ -10,8 +11,9 @@
 //! shares with its parent or a child, before it forks its children:
 //!
 //! - a mapping a process has exactly as its parent has it (same bounds,
-//!   protection, kind, flags and name; private anonymous or heap, not the
-//!   stack, not `MADV_DONTFORK`/`MADV_WIPEONFORK`), and at least half of
+//!   protection, kind, flags and name, and file and offset; private
+//!   anonymous, heap or a private mapping of a file, not the stack, not
+//!   `MADV_DONTFORK`/`MADV_WIPEONFORK`), and at least half of
 //!   whose saved pages are the parent's, is kept as inherited at the fork
 //!   (a child that mapped memory after the fork where its parent did too
 //!   has the same mapping and none of the pages: it is mapped afresh by
@@ -19,10 +21,16 @@
 //!   parent's page at that address are written (the image's store holds
 //!   each content once, so "same place in the store" is "same content"),
 //!   and the pages the parent had and it had not are dropped
-//!   (`MADV_DONTNEED`: they read as zero, as before);
+//!   (`MADV_DONTNEED`: they read as zero, or as the file, as before);
 //! - a mapping it shares with a child, not inherited, is mapped afresh in
-//!   its slot and filled whole;
+//!   its slot (a file mapping from its file, at its offset: the pages
+//!   never written stay the file's) and filled whole;
 //! - inherited slots it does not keep are unmapped.
+//!
+//! The files are opened by the restorer before it forks the root's stub
+//! ([`Cow::open_files`]): every stub has them at the same numbers. Not
+//! when the tree has a mount namespace of its own (kind "mounts"): its
+//! paths name files of mounts made after the stubs are forked.
 //!
 //! Its rebuild then moves each slot to the mapping's saved address
 //! (`mremap`, which moves the page tables: the pages stay shared) instead
@@ -37,12 +45,14 @@
 use super::fill::{self, Pages};
 use super::{compared_flags, free_range};
 use crate::error::{RestoreError, StepContext};
+use crate::restore::Restorer;
 use cr_image::chain::{Piece, Source};
 use cr_image::model::{Checkpoint, Process, Vma, VmaKind};
 use cr_image::store::{Loc, PAGE};
 use cr_sys::ptrace::Tracee;
 use cr_sys::remote::{find_syscall_insn, Injector};
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use tracing::{debug, info};
 
 /// Slots start at the same offset in a 2 MiB frame as their mapping (a
@@ -77,12 +87,16 @@ impl Placed {
     }
 }
 
-/// Whether `v` may be shared with a relative: private anonymous memory
-/// (heap included) that a fork copies; not the stack (it grows down, and
-/// is written at once anyway).
-fn shareable(v: &Vma) -> bool {
-    matches!(v.kind, VmaKind::AnonPrivate | VmaKind::Heap)
-        && !v.shared
+/// Whether `v` may be shared with a relative: private memory that a fork
+/// copies, anonymous (heap included; not the stack: it grows down, and is
+/// written at once anyway) or, with `files`, a private mapping of a file.
+fn shareable(v: &Vma, files: bool) -> bool {
+    let kind = match v.kind {
+        VmaKind::AnonPrivate | VmaKind::Heap => true,
+        VmaKind::FilePrivate => files && !v.is_shmem(),
+        _ => false,
+    };
+    kind && !v.shared
         && !v.has_flag("gd")
         && !v.has_flag("dc")
         && !v.has_flag("wf")
@@ -99,6 +113,12 @@ fn same(a: &Vma, b: &Vma) -> bool {
         && a.kind == b.kind
         && a.anon_name == b.anon_name
         && compared_flags(a) == compared_flags(b)
+        && (!a.kind.is_file()
+            || (a.path == b.path
+                && a.dev == b.dev
+                && a.inode == b.inode
+                && a.pgoff == b.pgoff
+                && a.object == b.object))
 }
 
 /// What the stubs of one restore share, decided from the image.
@@ -116,6 +136,10 @@ pub struct Cow<'a> {
     held: Vec<Vec<usize>>,
     /// Slot address of every held (start, end), once laid out.
     slots: HashMap<(u64, u64), u64>,
+    /// The files of the held file mappings, opened by the restorer (by
+    /// the path it opened), and that path of each (process, VMA index).
+    opened: HashMap<String, OwnedFd>,
+    path_of: HashMap<(usize, usize), String>,
     laid_out: bool,
     placed: Placed,
 }
@@ -130,6 +154,8 @@ impl<'a> Cow<'a> {
         lazy: bool,
     ) -> Cow<'a> {
         let procs = &ck.processes[..];
+        // See the module docs.
+        let files = ck.mounts.is_none();
         let live = |p: &Process| !p.is_zombie();
         let parent: Vec<Option<usize>> = procs
             .iter()
@@ -162,8 +188,8 @@ impl<'a> Cow<'a> {
                     .iter()
                     .enumerate()
                     .filter(|(_, v)| {
-                        shareable(v)
-                            && q.vmas.iter().any(|w| shareable(w) && same(w, v))
+                        shareable(v, files)
+                            && q.vmas.iter().any(|w| shareable(w, files) && same(w, v))
                             && mostly_inherited(pieces_of(p), pieces_of(q), v.start, v.end)
                     })
                     .map(|(k, _)| k)
@@ -198,9 +224,38 @@ impl<'a> Cow<'a> {
             kept,
             held,
             slots: HashMap::new(),
+            opened: HashMap::new(),
+            path_of: HashMap::new(),
             laid_out: false,
             placed: Placed::default(),
         }
+    }
+
+    /// Open the file of every held file mapping, in the restorer: before
+    /// it forks the root's stub, so that every stub has them at the same
+    /// numbers to map them ([`Cow::before_fork`]). The restorer's are
+    /// closed with [`Cow::into_placed`], the stubs' as they are rebuilt.
+    pub fn open_files(&mut self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
+        for (i, held) in self.held.iter().enumerate() {
+            for &k in held {
+                let v = &self.procs[i].vmas[k];
+                if !v.kind.is_file() {
+                    continue;
+                }
+                let path = fill::file_path(r, v)?;
+                if !self.opened.contains_key(&path) {
+                    let f = std::fs::File::open(&path)
+                        .map_err(|source| cr_sys::SysError::Io {
+                            path: path.clone(),
+                            source,
+                        })
+                        .step(|| format!("cannot open {} to map it at {:#x}", v.path, v.start))?;
+                    self.opened.insert(path.clone(), f.into());
+                }
+                self.path_of.insert((i, k), path);
+            }
+        }
+        Ok(())
     }
 
     /// The slots every process holds, for the rebuilds.
@@ -269,7 +324,7 @@ impl<'a> Cow<'a> {
         let inherited: Vec<&Vma> = self.parent[i].map_or_else(Vec::new, |j| {
             self.held[j].iter().map(|&k| &procs[j].vmas[k]).collect()
         });
-        let held: Vec<&Vma> = self.held[i].iter().map(|&k| &p.vmas[k]).collect();
+        let held: Vec<(usize, &Vma)> = self.held[i].iter().map(|&k| (k, &p.vmas[k])).collect();
         let keeps: Vec<&Vma> = self.kept[i].iter().map(|&k| &p.vmas[k]).collect();
         if inherited.is_empty() && held.is_empty() {
             return Ok(());
@@ -292,7 +347,7 @@ impl<'a> Cow<'a> {
         }
         let mut writes = Vec::new();
         let (mut kept, mut dropped) = (0u64, 0u64);
-        for v in &held {
+        for &(k, v) in &held {
             let at = self.slot(v);
             let shift = |x: u64| x - v.start + at;
             let own = inside(mine, v.start, v.end);
@@ -314,16 +369,25 @@ impl<'a> Cow<'a> {
                 }));
                 continue;
             }
-            let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+            let mut flags = libc::MAP_PRIVATE | libc::MAP_FIXED_NOREPLACE;
             if v.has_flag("nr") {
                 flags |= libc::MAP_NORESERVE;
             }
+            // A file mapping from its file (opened by `open_files`, the
+            // stub has it), the others anonymous.
+            let (fd, off) = match self.path_of.get(&(i, k)) {
+                Some(path) => (self.opened[path].as_raw_fd() as u64, v.pgoff),
+                None => {
+                    flags |= libc::MAP_ANONYMOUS;
+                    (u64::MAX, 0)
+                }
+            };
             let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
             let got = inj
                 .call(
                     "mmap",
                     libc::SYS_mmap,
-                    [at, v.len(), prot, flags as u64, u64::MAX, 0],
+                    [at, v.len(), prot, flags as u64, fd, off],
                 )
                 .step(|| format!("cannot map {:#x}-{:#x} at {at:#x}", v.start, v.end))?;
             if got != at {
@@ -351,7 +415,7 @@ impl<'a> Cow<'a> {
         );
         let slots = held
             .iter()
-            .map(|v| Slot {
+            .map(|&(_, v)| Slot {
                 start: v.start,
                 end: v.end,
                 at: self.slot(v),

@@ -8,7 +8,7 @@ use super::cow::Slot;
 use super::pool;
 use super::remote::RemoteStores;
 use crate::error::{RestoreError, StepContext};
-use crate::restore::Rebuild;
+use crate::restore::{Rebuild, Restorer};
 use cr_image::chain::{Chain, Piece, Source};
 use cr_image::model::{Process, Vma, VmaKind};
 use cr_image::store::{StoreReader, PAGE};
@@ -290,18 +290,7 @@ pub fn map_all(
             VmaKind::FilePrivate | VmaKind::FileShared => {
                 // A shared mapping that may become writable needs a writable fd.
                 let rw = v.kind == VmaKind::FileShared && v.has_flag("mw");
-                // memfds and deleted files: the restorer's copy.
-                let path = match v.object {
-                    Some(id) => {
-                        crate::kinds::files::map_path(cx.r, id, &v.path).ok_or_else(|| {
-                            RestoreError::Unsupported(format!(
-                                "mapping at {:#x} refers to object {id} missing from the image",
-                                v.start
-                            ))
-                        })?
-                    }
-                    None => v.path.clone(),
-                };
+                let path = file_path(cx.r, v)?;
                 let fd = match files.get(&(path.clone(), rw)) {
                     Some(fd) => *fd,
                     None => {
@@ -374,6 +363,20 @@ pub fn map_all(
     }
     cx.stub.flush()?;
     Ok(fill)
+}
+
+/// The path through which the file that `v` maps privately or shared is
+/// opened: the restorer's copy of a memfd or deleted file, else its own.
+pub fn file_path(r: &mut Restorer<'_>, v: &Vma) -> Result<String, RestoreError> {
+    match v.object {
+        Some(id) => crate::kinds::files::map_path(r, id, &v.path).ok_or_else(|| {
+            RestoreError::Unsupported(format!(
+                "mapping at {:#x} refers to object {id} missing from the image",
+                v.start
+            ))
+        }),
+        None => Ok(v.path.clone()),
+    }
 }
 
 /// The shared anonymous memory objects made so far in this restore, by
