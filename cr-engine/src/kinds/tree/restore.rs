@@ -181,19 +181,26 @@ pub fn spawn(
         if !p.is_zombie() {
             before_fork(i, &mut t)?;
         }
+        // Its children, all forked through one injector and one page.
+        let mut kids = Vec::new();
         for (j, c) in procs.iter().enumerate().skip(1) {
             if c.ppid == p.pid {
-                let flags = sharing_flags(p, c)?;
-                let child = fork_stub(&mut t, ids.inner(c.pid) as i32, flags, c.exit_signal)?;
-                debug!(
-                    parent = t.tid(),
-                    child = child.tid(),
-                    inner = ids.inner(c.pid),
-                    "stub forked"
-                );
-                ids.outer.insert(c.pid, child.tid());
-                stubs[j] = Some(child);
+                kids.push((j, c));
             }
+        }
+        let wanted = kids
+            .iter()
+            .map(|(_, c)| Ok((ids.inner(c.pid) as i32, sharing_flags(p, c)?, c.exit_signal)))
+            .collect::<Result<Vec<_>, RestoreError>>()?;
+        for ((j, c), child) in kids.into_iter().zip(fork_stubs(&mut t, &wanted)?) {
+            debug!(
+                parent = t.tid(),
+                child = child.tid(),
+                inner = ids.inner(c.pid),
+                "stub forked"
+            );
+            ids.outer.insert(c.pid, child.tid());
+            stubs[j] = Some(child);
         }
         stubs[i] = Some(t);
     }
@@ -299,45 +306,79 @@ pub fn inject_with_page<R>(
     result
 }
 
-/// Fork a child stub with PID `pid` from stub `t` (clone3 with set_tid and
-/// `flags`: CLONE_FILES, CLONE_FS), which will send `exit_signal` to its parent when it exits (SIGCHLD for
-/// almost every process; a "clone" child that sends another, or none, is
-/// seen only by a waitpid with __WCLONE or __WALL); it arrives stopped and
-/// traced (PTRACE_O_TRACEFORK).
+/// Fork a child stub with PID `pid` from stub `t` (see [`fork_stubs`]).
 fn fork_stub(
     t: &mut Tracee,
     pid: i32,
     flags: u64,
     exit_signal: i32,
 ) -> Result<Tracee, RestoreError> {
+    let mut one = fork_stubs(t, &[(pid, flags, exit_signal)])?;
+    one.pop()
+        .ok_or_else(|| RestoreError::Unsupported(format!("process {pid} was not forked")))
+}
+
+/// Fork a child stub from stub `t` for each `(pid, flags, exit_signal)`,
+/// in order (clone3 with set_tid and `flags`: CLONE_FILES, CLONE_FS; the
+/// child sends `exit_signal` to its parent when it exits: SIGCHLD for
+/// almost every process; a "clone" child that sends another, or none, is
+/// seen only by a waitpid with __WCLONE or __WALL); each arrives stopped
+/// and traced (PTRACE_O_TRACEFORK). One injector and one page of clone
+/// arguments serve every child (a parent of 31 children: 4 ptrace stops
+/// and one read of its maps each fewer). On a failure the children
+/// already forked are killed (their [`Tracee`]s dropped).
+fn fork_stubs(t: &mut Tracee, wanted: &[(i32, u64, i32)]) -> Result<Vec<Tracee>, RestoreError> {
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
     let parent = t.tid();
     let ip = find_syscall_insn(parent)?;
     let mut inj = Injector::new(t, ip)?;
     let page = inj.mmap_anon(0, PAGE_SIZE)?;
-    let mut bytes = (pid as u32 as u64).to_le_bytes().to_vec();
-    // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
-    // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
-    let fields = [flags, 0, 0, 0, exit_signal as u64, 0, 0, 0, page, 1, 0];
-    bytes.extend(fields.iter().flat_map(|v| v.to_le_bytes()));
-    mem::write_vm(parent, page, &bytes)?;
-    let r = inj
-        .call(
-            "clone3",
-            libc::SYS_clone3,
-            [page + 8, (bytes.len() - 8) as u64, 0, 0, 0, 0],
-        )
-        .step(|| format!("cannot create process {pid} as a child of {parent}"));
-    let new_task = inj.take_new_task();
+    let mut forked = Vec::with_capacity(wanted.len());
+    let mut failed = None;
+    for &(pid, flags, exit_signal) in wanted {
+        let mut bytes = (pid as u32 as u64).to_le_bytes().to_vec();
+        // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
+        // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
+        let fields = [flags, 0, 0, 0, exit_signal as u64, 0, 0, 0, page, 1, 0];
+        bytes.extend(fields.iter().flat_map(|v| v.to_le_bytes()));
+        let one = mem::write_vm(parent, page, &bytes)
+            .map_err(RestoreError::from)
+            .and_then(|()| {
+                let r = inj
+                    .call(
+                        "clone3",
+                        libc::SYS_clone3,
+                        [page + 8, (bytes.len() - 8) as u64, 0, 0, 0, 0],
+                    )
+                    .step(|| format!("cannot create process {pid} as a child of {parent}"));
+                let new_task = inj.take_new_task();
+                let got = r?;
+                debug!(parent, inner = got, outer = ?new_task, "clone3 done");
+                // Inside a new PID namespace clone3 answers the inner PID; ptrace
+                // told us ours (never use the inner one here: it names another process).
+                let outer = new_task.ok_or_else(|| {
+                    RestoreError::Unsupported(format!(
+                        "no fork event for process {pid} from {parent}"
+                    ))
+                })?;
+                Ok(Tracee::attach_new(outer, OnDrop::Kill)?)
+            });
+        match one {
+            Ok(child) => forked.push(child),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
     inj.call("munmap", libc::SYS_munmap, [page, PAGE_SIZE, 0, 0, 0, 0])?;
     inj.finish()?;
-    let got = r?;
-    debug!(parent, inner = got, outer = ?new_task, "clone3 done");
-    // Inside a new PID namespace clone3 answers the inner PID; ptrace told us
-    // ours (never use the inner one here: it names another process).
-    let outer = new_task.ok_or_else(|| {
-        RestoreError::Unsupported(format!("no fork event for process {pid} from {parent}"))
-    })?;
-    Ok(Tracee::attach_new(outer, OnDrop::Kill)?)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(forked),
+    }
 }
 
 /// Process groups: leaders first, then members (a group must exist before
