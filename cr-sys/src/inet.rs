@@ -525,6 +525,28 @@ pub fn wait_writable(fd: &OwnedFd, timeout_ms: i32) -> Result<bool> {
         .or_sys(|| "poll".into())
 }
 
+/// Whether the receive side of `fd` is shut (poll reports POLLRDHUP): the
+/// only way to learn it for a TCP socket in state CLOSE, which sock_diag
+/// does not list. A connection that ended (both FINs, or a reset) leaves
+/// its socket so: reads then return 0, not ENOTCONN.
+pub fn read_shut(fd: &OwnedFd) -> Result<bool> {
+    // Plain poll(2): nix knows no POLLRDHUP, and drops revents holding it.
+    let mut p = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours, of an fd we hold, no timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: "poll".into(),
+            source: NixErrno::last().into(),
+        });
+    }
+    Ok(p.revents & libc::POLLRDHUP != 0)
+}
+
 /// Enter the network namespace of the file `path` (/proc/PID/ns/net,
 /// /run/netns/NAME) for the calling thread; threads and processes it
 /// creates later start there.

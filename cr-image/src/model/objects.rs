@@ -276,8 +276,9 @@ pub struct InetSocket {
     /// Options that differ from a fresh socket's, in order.
     #[serde(rename = "options")]
     pub opts: Vec<SockOpt>,
-    /// shutdown(2) bits (1 receive side, 2 send side): of a UDP socket, or
-    /// the receive side of an established TCP connection.
+    /// shutdown(2) bits (1 receive side, 2 send side): of a UDP socket, of
+    /// a TCP socket in state CLOSE (3 where a connection ended), or the
+    /// receive side of an established TCP connection.
     pub shutdown: u32,
     /// UDP: the datagrams received and not read yet, oldest first.
     pub received: Vec<Datagram>,

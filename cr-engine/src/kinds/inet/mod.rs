@@ -189,6 +189,11 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
             // when the socket is done (it takes off a FIN), so a reset
             // socket holding a single byte is not seen.
             sys::TCP_CLOSE => {
+                // The end of a connection leaves both sides shut; a fresh
+                // socket has neither (its reads fail with ENOTCONN).
+                if sys::read_shut(&sock).map_err(err(&what))? {
+                    s.shutdown = 3;
+                }
                 let unread = fdio::bytes_queued(&sock).unwrap_or(0);
                 if unread > 0 {
                     return Err(format!(

@@ -276,7 +276,8 @@ fn create(
     } else if let (Some(r), true) = (remote, s.sock_type as i32 != libc::SOCK_STREAM) {
         sys::connect(&sock, &r).step(what)?;
     }
-    if matches!(s.protocol as i32, libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE) {
+    let tcp_closed = s.protocol as i32 == libc::IPPROTO_TCP && s.state == sys::TCP_CLOSE as u32;
+    if tcp_closed || matches!(s.protocol as i32, libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE) {
         shutdown(&sock, s.shutdown).step(what)?;
     }
     Ok((sock, None))

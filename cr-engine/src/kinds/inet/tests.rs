@@ -1119,3 +1119,46 @@ s.send(b"late"); c.settimeout(5); expect(c.recv(10) == b"late", "the reply")
         "{err}"
     );
 }
+
+both_families!(
+    tcp_ended_connection_round_trip,
+    tcp_ended_connection_round_trip_ipv6,
+    tcp_ended_connection,
+    "tcp-ended"
+);
+
+/// Sockets in state CLOSE: both ends of a connection closed both ways
+/// (each shut its side, both FINs acknowledged), and a socket never
+/// connected. After the restore the ended ones read the end of the stream
+/// (not ENOTCONN) and cannot write; the fresh one still says ENOTCONN.
+fn tcp_ended_connection(family: Family, name: &str) {
+    tcp_states_round_trip_in(
+        family,
+        name,
+        r#"
+a, b = pair()
+a.shutdown(socket.SHUT_WR)
+expect(wait_state(b, CLOSE_WAIT), "b is %s" % NAMES.get(state(b)))
+b.shutdown(socket.SHUT_WR)
+expect(wait_state(a, CLOSE) and wait_state(b, CLOSE), "not ended: %s %s" % (NAMES.get(state(a)), NAMES.get(state(b))))
+fresh = socket.socket(FAMILY, socket.SOCK_STREAM)
+"#,
+        r#"
+for s, who in ((a, "a"), (b, "b")):
+    is_(s, CLOSE, who)
+    expect(s.recv(10) == b"", "%s: the end of the stream" % who)
+    try:
+        s.send(b"x")
+        expect(False, "%s wrote after the end" % who)
+    except BrokenPipeError:
+        pass
+is_(fresh, CLOSE, "fresh")
+try:
+    fresh.recv(1)
+    expect(False, "the fresh socket read")
+except OSError as e:
+    expect(e.errno == errno.ENOTCONN, "the fresh socket: %s" % e)
+"#,
+        &[7, 7, 7],
+    );
+}
