@@ -240,15 +240,26 @@ fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
         });
         return Ok(FdKind::Pidfd { pid: 0, dead });
     }
-    if f.info.flags & libc::O_EXCL as u32 != 0 || !cx.tree.in_tree(pid) {
-        return Err(format!(
-            "a pidfd of {} {pid}, outside the tree (a restore cannot give it that process again)",
-            if f.info.flags & libc::O_EXCL as u32 != 0 {
-                "thread"
-            } else {
-                "process"
-            }
-        ));
+    // PIDFD_THREAD (O_EXCL): of one thread. A main thread's id is its
+    // process's, restored with it; pidfd_open takes the flag again.
+    let thread = f.info.flags & libc::O_EXCL as u32 != 0;
+    if !cx.tree.in_tree(pid) {
+        let of_tree = thread
+            && cx
+                .tree
+                .pids()
+                .iter()
+                .any(|p| std::path::Path::new(&format!("/proc/{p}/task/{pid}")).exists());
+        return Err(if of_tree {
+            format!(
+                "a pidfd of thread {pid} (PIDFD_THREAD), not a main thread (not supported: a restore opens fds before it makes the threads)"
+            )
+        } else {
+            format!(
+                "a pidfd of {} {pid}, outside the tree (a restore cannot give it that process again)",
+                if thread { "thread" } else { "process" }
+            )
+        });
     }
     Ok(FdKind::Pidfd {
         pid: pid as u32,

@@ -110,9 +110,10 @@ expect(ep.poll(0) == [(r3, select.EPOLLIN)], "the next edge")
 }
 
 /// pidfds of processes of the tree (its own, its child's, one
-/// non-blocking): each comes back naming the same restored process; the
-/// child (which dies with its parent: PR_SET_PDEATHSIG) is ended through
-/// its pidfd.
+/// non-blocking, and one of its main thread: PIDFD_THREAD): each comes
+/// back naming the same restored process (the thread's signals that
+/// thread); the child (which dies with its parent: PR_SET_PDEATHSIG) is
+/// ended through its pidfd.
 #[test]
 fn pidfds_of_the_tree_round_trip() {
     let rt = round_trip(
@@ -128,6 +129,10 @@ if child == 0:
 os.read(r, 1)
 me = os.pidfd_open(os.getpid())
 kid = os.pidfd_open(child, os.O_NONBLOCK)
+main = os.pidfd_open(os.getpid(), os.O_EXCL)      # PIDFD_THREAD
+got = []
+signal.signal(signal.SIGUSR2, lambda *a: got.append(threading.get_ident()))
+import threading
 def target(fd):
     for line in open("/proc/self/fdinfo/%d" % fd):
         if line.startswith("Pid:"):
@@ -138,12 +143,16 @@ expect(target(me) == os.getpid(), "own pidfd names %r" % target(me))
 expect(target(kid) == child, "child pidfd names %r, child is %d" % (target(kid), child))
 expect(fcntl.fcntl(kid, fcntl.F_GETFL) & os.O_NONBLOCK, "PIDFD_NONBLOCK")
 expect(fcntl.fcntl(me, fcntl.F_GETFD) & fcntl.FD_CLOEXEC, "close-on-exec")
+expect(target(main) == os.getpid(), "main thread's pidfd names %r" % target(main))
+expect(fcntl.fcntl(main, fcntl.F_GETFL) & os.O_EXCL, "PIDFD_THREAD")
+signal.pidfd_send_signal(main, signal.SIGUSR2, None, 1)   # PIDFD_SIGNAL_THREAD
+expect(got == [threading.main_thread().ident], "the main thread took the signal: %r" % got)
 signal.pidfd_send_signal(kid, signal.SIGKILL)
 expect(os.waitpid(child, 0)[0] == child, "child killed through its pidfd")
 "#,
     );
     let (a, b) = rt.roots();
-    assert_eq!(pidfds(a).len(), 2, "{:?}", a.fds);
+    assert_eq!(pidfds(a).len(), 3, "{:?}", a.fds);
     assert_eq!(pidfds(a), pidfds(b));
 }
 
