@@ -346,20 +346,26 @@ fn preflight(
     fds.skip_in_flight = opts.tcp_skip_in_flight;
     fds.skip_queued_events = opts.skip_queued_events;
     let mut tables = tree::Tables::default();
+    let mut sessions = Vec::with_capacity(pids.len());
     for &p in &pids {
         match proc::stat(p) {
             Ok(s) if s.state != 'Z' => {
                 tree::vfork_wait(p)?;
                 tables.add(p, s.ppid)?;
-                if p != pid && pids.contains(&s.ppid) {
-                    tree::session_from_parent(p, &s)?;
-                }
+                sessions.push(tree::InSession {
+                    pid: p as u32,
+                    ppid: s.ppid as u32,
+                    sid: s.session as u32,
+                    zombie: false,
+                });
                 kinds::fds::preflight(p, &mut fds)?
             }
             Ok(_) => tree::dead_leader(p)?,
             Err(_) => {}
         }
     }
+    tree::early_children(&sessions)
+        .map_err(|(p, why)| CheckpointError::unsupported(p as i32, why))?;
     Ok(kinds::pipes::Outside::take_early(&mut fds))
 }
 

@@ -23,6 +23,12 @@ struct CloneArgs {
 pub enum CloneError {
     #[error("pid {0} is already in use")]
     PidInUse(i32),
+    #[error("pid {pid} is still the {what} of process {holder} (outside the image): the kernel keeps the number while a group or session has it")]
+    GroupId {
+        pid: i32,
+        holder: i32,
+        what: &'static str,
+    },
     #[error("creating a process with pid {pid} is not permitted (needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN)")]
     NotPermitted {
         pid: i32,
@@ -65,6 +71,13 @@ fn spawn(pid: Option<i32>, flags: u64) -> Result<i32, CloneError> {
             Err(CloneError::PidInUse(n))
                 if n > 1 && !pid_exists(n) && std::time::Instant::now() < deadline =>
             {
+                if let Some((holder, what)) = crate::proc::group_or_session_of(n) {
+                    return Err(CloneError::GroupId {
+                        pid: n,
+                        holder,
+                        what,
+                    });
+                }
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             r => return r,

@@ -866,6 +866,29 @@ pub fn pid_holder(pid: i32) -> Option<PidHolder> {
     })
 }
 
+/// A live process (not exiting, not a zombie) whose process group or
+/// session is named `id` while no process has that PID: the kernel keeps
+/// the number taken as long as a group or session has it, so no process
+/// can be created with it (clone3 `set_tid` answers EEXIST). Answers its
+/// PID and "process group" or "session".
+pub fn group_or_session_of(id: i32) -> Option<(i32, &'static str)> {
+    /// include/linux/sched.h
+    const PF_EXITING: u32 = 0x4;
+    all_pids().into_iter().find_map(|p| {
+        let st = stat(p).ok()?;
+        if matches!(st.state, 'Z' | 'X') || st.flags & PF_EXITING != 0 {
+            return None;
+        }
+        if st.pgrp == id {
+            Some((p, "process group"))
+        } else if st.session == id {
+            Some((p, "session"))
+        } else {
+            None
+        }
+    })
+}
+
 /// MemAvailable of /proc/meminfo, in bytes.
 pub fn mem_available() -> Result<u64> {
     <procfs::Meminfo as procfs::Current>::current()

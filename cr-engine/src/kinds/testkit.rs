@@ -231,14 +231,7 @@ pub fn round_trip_restoring(
 /// lets it run on): for a state only a dump whose processes end can save
 /// (connections not yet accepted that carry data). The image is returned.
 pub fn round_trip_killed(name: &str, setup: &str, check: &str) -> Checkpoint {
-    let (dir, log, child) = start(name, setup, check);
-    let pid = child.id() as i32;
-    let img = dir.join("img");
-    if let Err(e) = checkpoint_kill(pid, &img) {
-        reap(pid);
-        panic!("checkpoint of {name}: {e}");
-    }
-    drop(child);
+    let (dir, log, pid, img) = start_and_kill(name, setup, check);
     let verify = RestoreOptions {
         verify: true,
         ..Default::default()
@@ -320,6 +313,21 @@ fn start(name: &str, setup: &str, check: &str) -> (PathBuf, PathBuf, std::proces
     (dir, log, child)
 }
 
+/// The program made of `setup` and `check` started, then checkpointed
+/// into DIR/img and killed: its directory, output, PID and image.
+fn start_and_kill(name: &str, setup: &str, check: &str) -> (PathBuf, PathBuf, i32, PathBuf) {
+    let (dir, log, child) = start(name, setup, check);
+    let pid = child.id() as i32;
+    let img = dir.join("img");
+    if let Err(e) = checkpoint_kill(pid, &img) {
+        reap(pid);
+        panic!("checkpoint of {name}: {e}");
+    }
+    // Killed and reaped by the checkpoint (we are its tracer and parent).
+    drop(child);
+    (dir, log, pid, img)
+}
+
 /// The refusal of the program made of `setup` and `check` (see
 /// [`round_trip`]): its checkpoint fails with an error that contains
 /// `says`, and the program runs on, untraced, and finds its resources as
@@ -348,6 +356,33 @@ pub fn refused(name: &str, setup: &str, check: &str, says: &str) -> String {
         &format!("{name}: the program after the refused checkpoint"),
     );
     drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+    err
+}
+
+/// The program made of `setup` (see [`round_trip`]; `check` is never
+/// run) checkpointed and killed, then its restore refused with an error
+/// that contains `says`, nothing of it left running. `after(dir)` runs
+/// once the restore failed (to end what the program left outside its
+/// tree). The error is returned.
+pub fn restore_refused(name: &str, setup: &str, says: &str, after: impl FnOnce(&Path)) -> String {
+    let (dir, _log, pid, img) = start_and_kill(name, setup, "pass");
+    let err = crate::restore(&img, &RestoreOptions::default())
+        .inspect(|&p| reap(p))
+        .map_err(|e| cr_sys::error::one_line(&e));
+    after(&dir);
+    let err = match err {
+        Ok(_) => panic!("{name}: restored, but should have been refused ({says})"),
+        Err(e) => e,
+    };
+    assert!(
+        err.contains(says),
+        "{name}: refused with {err:?} (want {says:?})"
+    );
+    assert!(
+        !cr_sys::clone::pid_exists(pid),
+        "{name}: process {pid} left after the refused restore"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     err
 }

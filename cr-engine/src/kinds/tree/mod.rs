@@ -92,30 +92,107 @@ pub fn dead_leader(pid: i32) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// A process of the tree (`stat` its /proc stat; its parent in the tree
-/// too) in a session other than its parent's, not its own: the process
-/// that made the session forked it, then exited or moved to a session of
-/// its own (setsid), or the process was reparented. A restore forks each
-/// process from its parent's stub, after the parent made its own session:
-/// it would be in the parent's session. Refused by name.
-pub fn session_from_parent(pid: i32, stat: &Stat) -> Result<(), CheckpointError> {
-    if stat.session == pid {
-        return Ok(());
+/// A process of the tree for [`early_children`]: its PID, its parent's,
+/// its session id, and whether it is a zombie (which makes no session and
+/// forks nothing at a restore).
+#[derive(Debug, Clone, Copy)]
+pub struct InSession {
+    pub pid: u32,
+    pub ppid: u32,
+    pub sid: u32,
+    pub zombie: bool,
+}
+
+/// How a restore gives every process its session back, or why it cannot.
+///
+/// A session is inherited at fork and made only by setsid(2), which makes
+/// the caller the leader of a new one named by its own PID. A restore
+/// forks each process from its parent's stub ([`restore::spawn`]), and a
+/// session leader's stub calls setsid before it forks its children, who
+/// are then in its session. A process in a session other than its
+/// parent's, not its own, was forked before its parent made its own
+/// session (`fork(); setsid()` in the parent: zdtm's `session00`), or
+/// descends from such a child. Such a process is forked *before* its
+/// parent's setsid, in the session the parent was born in; that parent
+/// must itself be born in that session, and so on up to the leader that
+/// made it.
+///
+/// `procs` are the tree's processes, parents before children (the root
+/// first). Answers the PIDs of the processes to fork before their
+/// parent's setsid; refused with the process and why: a child in a
+/// session its parent was never in (the parent is no session leader, or
+/// the session's leader is not an ancestor: it exited, or the process was
+/// reparented), or children of one leader in two sessions other than its
+/// own.
+pub fn early_children(procs: &[InSession]) -> Result<BTreeSet<u32>, (u32, String)> {
+    let by_pid: HashMap<u32, &InSession> = procs.iter().map(|p| (p.pid, p)).collect();
+    let leader = |p: &InSession| p.sid == p.pid && !p.zombie;
+    // The session each process must be born in (None: any), children first.
+    let mut born_in: HashMap<u32, Option<u32>> = HashMap::new();
+    for p in procs.iter().rev() {
+        let need = if p.zombie {
+            None
+        } else if !leader(p) {
+            Some(p.sid)
+        } else {
+            let mut need = None;
+            for c in procs.iter().filter(|c| c.ppid == p.pid && c.pid != p.pid) {
+                let Some(s) = born_in.get(&c.pid).copied().flatten() else {
+                    continue;
+                };
+                match need {
+                    _ if s == p.pid => {}
+                    None => need = Some(s),
+                    Some(other) if other == s => {}
+                    Some(other) => {
+                        return Err((
+                            p.pid,
+                            format!(
+                                "a session leader whose children are in two sessions other than its own ({other} and {s}; one of them could not be had from it at a restore)"
+                            ),
+                        ))
+                    }
+                }
+            }
+            need
+        };
+        born_in.insert(p.pid, need);
     }
-    let parent = match proc::stat(stat.ppid) {
-        Ok(p) => p,
-        Err(_) => return Ok(()), // exited meanwhile: the freeze sees what is left
-    };
-    if parent.session == stat.session {
-        return Ok(());
+    let mut early = BTreeSet::new();
+    for (i, p) in procs.iter().enumerate() {
+        let Some(s) = born_in[&p.pid] else {
+            continue;
+        };
+        let parent = by_pid.get(&p.ppid).filter(|_| i > 0);
+        let Some(q) = parent else {
+            // The root: forked by the restorer, in its session, unless it
+            // makes its own (what `restore::spawn` is given handles the rest).
+            if leader(p) {
+                return Err((
+                    p.pid,
+                    format!(
+                        "the root of the tree, a session leader whose children were forked in session {s}, which it left (it is outside the tree)"
+                    ),
+                ));
+            }
+            continue;
+        };
+        if s == q.sid {
+            continue;
+        }
+        if leader(q) && born_in[&q.pid] == Some(s) {
+            early.insert(p.pid);
+            continue;
+        }
+        return Err((
+            p.pid,
+            format!(
+                "a process in session {s}, other than its parent {}'s ({}), that it could not get from its parent at a restore (the session's leader exited, or the process was reparented)",
+                q.pid, q.sid
+            ),
+        ));
     }
-    Err(CheckpointError::unsupported(
-        pid,
-        format!(
-            "a process in session {}, other than its parent {}'s ({}), that it could not get from its parent at a restore",
-            stat.session, stat.ppid, parent.session
-        ),
-    ))
+    Ok(early)
 }
 
 /// The fd tables and the fs information (working directory, root, umask)

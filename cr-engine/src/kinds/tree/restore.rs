@@ -169,39 +169,33 @@ pub fn spawn(
     stubs[0] = Some(root_stub);
     ids.outer.insert(root.pid, root_pid);
     debug!(root_pid, pidns = ids.pidns, "root stub seized");
+    // Children forked before their parent's setsid (see `super::early_children`).
+    let early = super::early_children(&in_sessions(procs))
+        .map_err(|(p, why)| RestoreError::Unsupported(format!("process {p}: {why}")))?;
     for i in 0..procs.len() {
         let p = &procs[i];
         let mut t = stubs[i].take().ok_or_else(|| {
             RestoreError::Unsupported(format!("process {} has no parent in the image", p.pid))
         })?;
-        // A session leader creates its session before forking: children inherit it.
-        if ids.sid_pgid(p).0 == ids.inner(p.pid) && !p.is_zombie() {
-            inject_once(&mut t, "setsid", libc::SYS_setsid, [0; 6])?;
-        }
         if !p.is_zombie() {
             before_fork(i, &mut t)?;
         }
-        // Its children, all forked through one injector and one page.
-        let mut kids = Vec::new();
-        for (j, c) in procs.iter().enumerate().skip(1) {
-            if c.ppid == p.pid {
-                kids.push((j, c));
-            }
-        }
-        let wanted = kids
+        let kids: Vec<(usize, &Process)> = procs
             .iter()
-            .map(|(_, c)| Ok((ids.inner(c.pid) as i32, sharing_flags(p, c)?, c.exit_signal)))
-            .collect::<Result<Vec<_>, RestoreError>>()?;
-        for ((j, c), child) in kids.into_iter().zip(fork_stubs(&mut t, &wanted)?) {
-            debug!(
-                parent = t.tid(),
-                child = child.tid(),
-                inner = ids.inner(c.pid),
-                "stub forked"
-            );
-            ids.outer.insert(c.pid, child.tid());
-            stubs[j] = Some(child);
+            .enumerate()
+            .skip(1)
+            .filter(|(_, c)| c.ppid == p.pid)
+            .collect();
+        let (first, then): (Vec<_>, Vec<_>) =
+            kids.into_iter().partition(|(_, c)| early.contains(&c.pid));
+        // Those born in the session it was born in, then its own session:
+        // a session leader creates it before forking the others, who
+        // inherit it.
+        fork_children(p, &mut t, first, ids, &mut stubs)?;
+        if ids.sid_pgid(p).0 == ids.inner(p.pid) && !p.is_zombie() {
+            inject_once(&mut t, "setsid", libc::SYS_setsid, [0; 6])?;
         }
+        fork_children(p, &mut t, then, ids, &mut stubs)?;
         stubs[i] = Some(t);
     }
     let mut stubs: Vec<Tracee> = stubs
@@ -214,6 +208,46 @@ pub fn spawn(
         .collect::<Result<_, _>>()?;
     set_process_groups(procs, &mut stubs, ids, shell_job)?;
     Ok(stubs)
+}
+
+/// The processes of the image as [`super::early_children`] takes them.
+fn in_sessions(procs: &[Process]) -> Vec<super::InSession> {
+    procs
+        .iter()
+        .map(|p| super::InSession {
+            pid: p.pid,
+            ppid: p.ppid,
+            sid: p.sid,
+            zombie: p.is_zombie(),
+        })
+        .collect()
+}
+
+/// Fork the stubs of `kids` (index in the image, process), children of
+/// `p` whose stub is `t`, all through one injector and one page; each
+/// goes to its place in `stubs`.
+fn fork_children(
+    p: &Process,
+    t: &mut Tracee,
+    kids: Vec<(usize, &Process)>,
+    ids: &mut Ids,
+    stubs: &mut [Option<Tracee>],
+) -> Result<(), RestoreError> {
+    let wanted = kids
+        .iter()
+        .map(|(_, c)| Ok((ids.inner(c.pid) as i32, sharing_flags(p, c)?, c.exit_signal)))
+        .collect::<Result<Vec<_>, RestoreError>>()?;
+    for ((j, c), child) in kids.into_iter().zip(fork_stubs(t, &wanted)?) {
+        debug!(
+            parent = t.tid(),
+            child = child.tid(),
+            inner = ids.inner(c.pid),
+            "stub forked"
+        );
+        ids.outer.insert(c.pid, child.tid());
+        stubs[j] = Some(child);
+    }
+    Ok(())
 }
 
 /// The namespaces the tree had of its own besides its PID namespace (a
@@ -354,7 +388,7 @@ fn fork_stubs(t: &mut Tracee, wanted: &[(i32, u64, i32)]) -> Result<Vec<Tracee>,
                     )
                     .step(|| format!("cannot create process {pid} as a child of {parent}"));
                 let new_task = inj.take_new_task();
-                let got = r?;
+                let got = r.map_err(|e| taken(pid).unwrap_or(e))?;
                 debug!(parent, inner = got, outer = ?new_task, "clone3 done");
                 // Inside a new PID namespace clone3 answers the inner PID; ptrace
                 // told us ours (never use the inner one here: it names another process).
@@ -379,6 +413,23 @@ fn fork_stubs(t: &mut Tracee, wanted: &[(i32, u64, i32)]) -> Result<Vec<Tracee>,
         Some(e) => Err(e),
         None => Ok(forked),
     }
+}
+
+/// Why a clone3 with `set_tid` `pid` failed, when the number is taken: by
+/// a process, or as the group or session id of one (processes of the
+/// tree's group or session that left the tree: daemons that forked and
+/// exited, now children of init; the kernel keeps a number while a group
+/// or session has it).
+fn taken(pid: i32) -> Option<RestoreError> {
+    let by = match proc::pid_holder(pid) {
+        Some(h) => h.describe(),
+        None => {
+            let (holder, what) = proc::group_or_session_of(pid)?;
+            let comm = proc::stat(holder).map(|s| s.comm).unwrap_or_default();
+            format!("the {what} of process {holder} (`{comm}`), outside the image: the kernel keeps the number while a group or session has it")
+        }
+    };
+    Some(RestoreError::PidTaken { pid, by })
 }
 
 /// Process groups: leaders first, then members (a group must exist before

@@ -596,3 +596,161 @@ os.waitpid(kid, 0)
         "other than its parent",
     );
 }
+
+/// Children forked before their parent made its own session (zdtm
+/// session00's CHANGESID and DOUBLE_CHANGESID): `a` forks `g`, then calls
+/// setsid; `b` forks `b2`, which forks `g2` and calls setsid, then `b`
+/// calls setsid too. `g` and `g2` stay in the root's session, under
+/// parents that lead sessions of their own. The restore forks them before
+/// their parents' setsid (and `b2` before `b`'s): every process has its
+/// parent and session back.
+#[test]
+fn children_forked_before_their_parents_setsid_round_trip() {
+    let rt = round_trip(
+        "tree-sessions-after-fork",
+        r#"
+r, w = os.pipe()
+def hold():
+    while True:
+        libc.pause()
+a = os.fork()
+if a == 0:
+    g = os.fork()
+    if g == 0:
+        hold()
+    os.setsid()
+    os.write(w, struct.pack("i", g))
+    hold()
+b = os.fork()
+if b == 0:
+    b2 = os.fork()
+    if b2 == 0:
+        g2 = os.fork()
+        if g2 == 0:
+            hold()
+        os.setsid()
+        os.write(w, struct.pack("ii", os.getpid(), g2))
+        hold()
+    os.setsid()
+    hold()
+g = struct.unpack("i", os.read(r, 4))[0]
+b2, g2 = struct.unpack("ii", os.read(r, 8))
+while os.getsid(b) != b:
+    time.sleep(0.01)
+mine = os.getsid(0)
+expect(os.getsid(a) == a and os.getsid(b2) == b2, "setup: the new sessions")
+expect(os.getsid(g) == mine and os.getsid(g2) == mine, "setup: the old session kept")
+"#,
+        r#"
+def parent(p):
+    return int(open("/proc/%d/stat" % p).read().split(") ")[1].split()[1])
+expect(os.getsid(0) == mine, "the root's session %d, was %d" % (os.getsid(0), mine))
+for p, s in ((a, a), (b, b), (b2, b2), (g, mine), (g2, mine)):
+    expect(os.getsid(p) == s, "process %d's session %d, was %d" % (p, os.getsid(p), s))
+for p, q in ((a, os.getpid()), (b, os.getpid()), (g, a), (b2, b), (g2, b2)):
+    expect(parent(p) == q, "process %d's parent %d, was %d" % (p, parent(p), q))
+for p in (g, g2, b2, a, b):
+    os.kill(p, signal.SIGKILL)
+os.waitpid(a, 0)
+os.waitpid(b, 0)
+"#,
+    );
+    let ids = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<_> = c
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.ppid, p.pgid, p.sid))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(rt.before.processes.len(), 6);
+    assert_eq!(ids(&rt.before), ids(&rt.after));
+}
+
+/// [`super::early_children`] on shapes no workload makes easily: two
+/// foreign sessions under one leader, a root leader whose child kept the
+/// session it left, and a leader two levels up.
+#[test]
+fn early_children_plan() {
+    use super::{early_children, InSession};
+    let p = |pid, ppid, sid| InSession {
+        pid,
+        ppid,
+        sid,
+        zombie: false,
+    };
+    // 10 (session 1) forks 11 and 12; 11 forks 13 in session 1, then
+    // makes session 11; 12 is in session 1.
+    let ok = [p(10, 1, 1), p(11, 10, 11), p(12, 10, 1), p(13, 11, 1)];
+    assert_eq!(
+        early_children(&ok).unwrap().into_iter().collect::<Vec<_>>(),
+        [13]
+    );
+    // 20 leads session 20; 21 (session 20) forked 22 and 23; 22 kept
+    // session 20 under a leader 21 ... whose other child 23 is in session 5.
+    let two = [p(20, 1, 20), p(21, 20, 21), p(22, 21, 20), p(23, 21, 5)];
+    let (pid, why) = early_children(&two).unwrap_err();
+    assert_eq!(pid, 21, "{why}");
+    assert!(why.contains("two sessions"), "{why}");
+    // The root made its own session after forking a child that kept the old one.
+    let root = [p(30, 1, 30), p(31, 30, 7)];
+    assert_eq!(early_children(&root).unwrap_err().0, 30);
+    // A chain: 40 forks 41, 41 forks 42 (session 1), 41 then 40 make their own.
+    let chain = [p(40, 1, 40), p(41, 40, 41), p(42, 41, 1)];
+    assert_eq!(early_children(&chain).unwrap_err().0, 40);
+    let chain = [p(39, 1, 1), p(40, 39, 40), p(41, 40, 41), p(42, 41, 1)];
+    assert_eq!(
+        early_children(&chain)
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [41, 42]
+    );
+    // A non-leader parent cannot give a session it is not in.
+    let (pid, why) = early_children(&[p(50, 1, 1), p(51, 50, 1), p(52, 51, 9)]).unwrap_err();
+    assert_eq!(pid, 52);
+    assert!(why.contains("other than its parent"), "{why}");
+}
+
+/// A tree whose root leads its process group, of which a process outside
+/// the tree is still a member (a daemon the root's child forked before it
+/// exited, now a child of init): the kernel keeps the root's number taken
+/// while that group lives, so no process can be made with it. The restore
+/// is refused with one line naming that process, not "pid in use" by
+/// nobody, and leaves nothing running.
+#[test]
+fn pid_kept_by_a_group_outside_the_tree_is_named() {
+    let daemon = std::cell::Cell::new(0);
+    let err = crate::kinds::testkit::restore_refused(
+        "tree-group-kept-outside",
+        r#"
+os.setpgid(0, 0)
+r, w = os.pipe()
+c = os.fork()
+if c == 0:
+    d = os.fork()
+    if d == 0:
+        libc.prctl(1, 0, 0, 0, 0)
+        while True:
+            libc.pause()
+    os.write(w, struct.pack("i", d))
+    os._exit(0)
+d = struct.unpack("i", os.read(r, 4))[0]
+os.waitpid(c, 0)
+write_in_dir("daemon", str(d))
+expect(os.getpgid(d) == os.getpid(), "setup: the daemon in our group")
+"#,
+        "process group of process",
+        |dir| {
+            let d: i32 = std::fs::read_to_string(dir.join("daemon"))
+                .expect("the daemon's pid")
+                .trim()
+                .parse()
+                .expect("a pid");
+            daemon.set(d);
+            let _ = cr_sys::ptrace::kill(d, libc::SIGKILL);
+        },
+    );
+    assert!(err.contains(&format!("process {}", daemon.get())), "{err}");
+}
