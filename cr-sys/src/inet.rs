@@ -149,17 +149,66 @@ fn from_storage(ss: &SockaddrStorage) -> Option<SocketAddr> {
 }
 
 fn name_of(fd: &OwnedFd, peer: bool) -> Result<Option<SocketAddr>> {
-    let raw = fd.as_raw_fd();
-    let r = if peer {
-        sock::getpeername::<SockaddrStorage>(raw)
-    } else {
-        sock::getsockname::<SockaddrStorage>(raw)
-    };
-    match r {
+    if peer {
+        return peer_name(fd);
+    }
+    match sock::getsockname::<SockaddrStorage>(fd.as_raw_fd()) {
         Err(NixErrno::ENOTCONN) => Ok(None),
         r => r
             .map(|ss| from_storage(&ss))
-            .or_sys(|| if peer { "getpeername" } else { "getsockname" }.into()),
+            .or_sys(|| "getsockname".into()),
+    }
+}
+
+/// The peer's address by SO_PEERNAME rather than getpeername(2): the
+/// kernel answers getpeername with ENOTCONN for a TCP socket in CLOSE or
+/// SYN-SENT, though it still has the peer (a connection that ended, one
+/// being made); SO_PEERNAME tells it whenever the socket has one.
+fn peer_name(fd: &OwnedFd) -> Result<Option<SocketAddr>> {
+    // The kernel answers EINVAL to a buffer longer than the address: the
+    // length of the socket's own family.
+    let v6 = matches!(local_addr(fd), Ok(Some(SocketAddr::V6(_))));
+    let mut buf = [0u8; std::mem::size_of::<libc::sockaddr_in6>()];
+    let size = if v6 {
+        buf.len()
+    } else {
+        std::mem::size_of::<libc::sockaddr_in>()
+    };
+    match crate::fdio::getsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_PEERNAME, &mut buf[..size]) {
+        Err(Errno(libc::ENOTCONN)) => Ok(None),
+        Ok(len) => Ok(sockaddr_from_bytes(&buf[..len.min(size)])),
+        // Anything else (a socket that answers SO_PEERNAME otherwise):
+        // getpeername tells what there is.
+        Err(_) => match sock::getpeername::<SockaddrStorage>(fd.as_raw_fd()) {
+            Err(NixErrno::ENOTCONN) => Ok(None),
+            r => r
+                .map(|ss| from_storage(&ss))
+                .or_sys(|| "getpeername".into()),
+        },
+    }
+}
+
+/// An IPv4 or IPv6 `struct sockaddr` as the kernel wrote it.
+fn sockaddr_from_bytes(b: &[u8]) -> Option<SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes(b.get(0..2)?.try_into().ok()?));
+    let port = u16::from_be_bytes(b.get(2..4)?.try_into().ok()?);
+    match family {
+        libc::AF_INET => {
+            let ip: [u8; 4] = b.get(4..8)?.try_into().ok()?;
+            Some(SocketAddr::V4(SocketAddrV4::new(ip.into(), port)))
+        }
+        libc::AF_INET6 => {
+            let flow = u32::from_be_bytes(b.get(4..8)?.try_into().ok()?);
+            let ip: [u8; 16] = b.get(8..24)?.try_into().ok()?;
+            let scope = u32::from_ne_bytes(b.get(24..28)?.try_into().ok()?);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip.into(),
+                port,
+                flow,
+                scope,
+            )))
+        }
+        _ => None,
     }
 }
 

@@ -222,10 +222,25 @@ pub fn shutdown_of(protocol: i32, ipv4: bool, inode: u64) -> Result<Option<u8>> 
 /// Destroy the socket of `local` -> `remote` when no process holds it (see
 /// the module documentation); returns its state if one was destroyed.
 pub fn destroy_orphan(local: SocketAddr, remote: SocketAddr) -> Result<Option<u8>> {
+    destroy_held_by(local, remote, 0)
+}
+
+/// Abort the socket of `local` -> `remote` whose inode is `inode` (a
+/// socket of ours: `tcp_abort`, as `ss -K` does): it goes to CLOSE at
+/// once, shut both ways, keeping its addresses, with ECONNABORTED pending
+/// (SO_ERROR clears it). A connection in ESTABLISHED sends a reset to the
+/// peer. Returns its state before, None if there was no such socket.
+pub fn abort(local: SocketAddr, remote: SocketAddr, inode: u64) -> Result<Option<u8>> {
+    destroy_held_by(local, remote, inode)
+}
+
+/// Destroy the socket of `local` -> `remote` if its inode is `inode` (0:
+/// no process holds it).
+fn destroy_held_by(local: SocketAddr, remote: SocketAddr, inode: u64) -> Result<Option<u8>> {
     let Some(s) = lookup(local, remote)? else {
         return Ok(None);
     };
-    if s.inode != 0 {
+    if u64::from(s.inode) != inode {
         return Ok(None);
     }
     let seq = next_seq();

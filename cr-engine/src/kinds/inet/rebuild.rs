@@ -253,6 +253,14 @@ fn create(
         }
         return Ok((sock, Some(pending)));
     }
+    let ended_connection = s.protocol as i32 == libc::IPPROTO_TCP
+        && s.state == sys::TCP_CLOSE as u32
+        && s.shutdown == 3;
+    if let (true, Some(l), Some(r)) = (ended_connection, local, remote) {
+        ended(&sock, s, l, r).step(what)?;
+        debug!(id, local = %l, remote = %r, "ended TCP connection restored closed, with its addresses");
+        return Ok((sock, None));
+    }
     set_options(&sock, &s.opts).step(what)?;
     if shared_port {
         cr_sys::fdio::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1).step(what)?;
@@ -281,6 +289,43 @@ fn create(
         shutdown(&sock, s.shutdown).step(what)?;
     }
     Ok((sock, None))
+}
+
+/// A TCP connection that ended (in CLOSE, shut both ways: closed both
+/// ways or reset) made again with its addresses, which the program may
+/// still ask for (SO_PEERNAME, getsockname): in repair mode `sock` is
+/// bound to `local` and connected to `remote` (no packet: it is
+/// ESTABLISHED at once), then aborted through sock_diag (`tcp_abort`),
+/// which leaves it in CLOSE, shut both ways, its addresses kept; its
+/// pending ECONNABORTED is cleared, so reads end and writes get EPIPE as
+/// before. The abort sends one reset from the old connection's addresses,
+/// with a sequence number the peer does not expect (a peer still in
+/// TIME-WAIT, and any RFC 5961 stack, ignores it).
+fn ended(
+    sock: &OwnedFd,
+    s: &InetSocket,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Result<(), SysError> {
+    sys::set_repair(sock, sys::REPAIR_ON)?;
+    set_options(sock, &s.opts)?;
+    let inode = cr_sys::fdio::inode(sock)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    sys::set_repair_queue(sock, TcpQueue::Send)?;
+    sys::set_queue_seq(sock, nanos ^ (inode as u32).rotate_left(16))?;
+    sys::bind(sock, &local)?;
+    sys::connect(sock, &remote)?;
+    if cr_sys::inet_diag::abort(local, remote, inode)?.is_none() {
+        return Err(SysError::Command {
+            what: format!("closing the TCP socket {local} -> {remote} just made"),
+            detail: "sock_diag does not find it".into(),
+        });
+    }
+    // ECONNABORTED, pending since the abort.
+    let _ = cr_sys::fdio::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_ERROR);
+    sys::set_repair(sock, sys::REPAIR_OFF)
 }
 
 /// Give the rebuilt UDP socket `sock` (bound to `local`) the datagrams

@@ -1142,10 +1142,17 @@ expect(wait_state(b, CLOSE_WAIT), "b is %s" % NAMES.get(state(b)))
 b.shutdown(socket.SHUT_WR)
 expect(wait_state(a, CLOSE) and wait_state(b, CLOSE), "not ended: %s %s" % (NAMES.get(state(a)), NAMES.get(state(b))))
 fresh = socket.socket(FAMILY, socket.SOCK_STREAM)
+SO_PEERNAME = 28
+NAMELEN = 16 if FAMILY == socket.AF_INET else 28
+names = {s: (s.getsockname(), s.getsockopt(socket.SOL_SOCKET, SO_PEERNAME, NAMELEN)) for s in (a, b)}
+expect(names[a][1] != names[b][1], "setup: the peers' names")
 "#,
         r#"
 for s, who in ((a, "a"), (b, "b")):
     is_(s, CLOSE, who)
+    # An ended connection keeps both addresses (SO_PEERNAME tells the peer's).
+    now = (s.getsockname(), s.getsockopt(socket.SOL_SOCKET, SO_PEERNAME, NAMELEN))
+    expect(now == names[s], "%s: addresses %r, were %r" % (who, now, names[s]))
     expect(s.recv(10) == b"", "%s: the end of the stream" % who)
     try:
         s.send(b"x")
