@@ -1044,7 +1044,7 @@ fn packet_from_pb(s: pb::PacketSocket) -> Result<PacketSocket, String> {
             // fit them, at most 4 GiB mapped in all.
             let per_block = ring.block_size.checked_div(ring.frame_size).unwrap_or(0);
             if ring.block_size == 0
-                || ring.block_size % 4096 != 0
+                || !ring.block_size.is_multiple_of(4096)
                 || ring.block_nr == 0
                 || per_block == 0
                 || ring.frame_nr == 0
