@@ -13,9 +13,19 @@ pub const SOL_PACKET: i32 = 263;
 const PACKET_ADD_MEMBERSHIP: i32 = 1;
 /// SOL_PACKET options getsockopt reads and setsockopt sets again:
 /// AUXDATA 8, ORIGDEV 9, VERSION 10, RESERVE 12, LOSS 14, VNET_HDR 15,
-/// TIMESTAMP 17, QDISC_BYPASS 20, IGNORE_OUTGOING 23. VERSION comes before
-/// RESERVE (the kernel takes either only before a ring exists, and none is).
-pub const OPTIONS: &[i32] = &[10, 8, 9, 12, 14, 15, 17, 20, 23];
+/// TIMESTAMP 17, TX_HAS_OFF 19, QDISC_BYPASS 20, IGNORE_OUTGOING 23.
+/// VERSION comes first; VERSION, RESERVE, LOSS, VNET_HDR and TX_HAS_OFF
+/// are taken only while the socket has no ring, so they are set before
+/// its rings are made again ([`set_ring`]).
+pub const OPTIONS: &[i32] = &[10, 8, 9, 12, 14, 15, 17, 19, 20, 23];
+pub const PACKET_VERSION: i32 = 10;
+/// Fanout types whose steering is a BPF program (PACKET_FANOUT_CBPF,
+/// PACKET_FANOUT_EBPF).
+pub const FANOUT_CBPF: u32 = 6;
+pub const FANOUT_EBPF: u32 = 7;
+const PACKET_RX_RING: i32 = 5;
+const PACKET_TX_RING: i32 = 13;
+const PACKET_FANOUT: i32 = 18;
 
 // linux/packet_diag.h
 const PACKET_SHOW_INFO: u32 = 0x1;
@@ -50,13 +60,145 @@ pub struct Membership {
     pub count: u32,
 }
 
+/// The geometry of a mapped ring: struct packet_diag_ring, the fields
+/// of struct tpacket_req3 in its order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ring {
+    pub block_size: u32,
+    pub block_nr: u32,
+    pub frame_size: u32,
+    pub frame_nr: u32,
+    pub retire_tmo: u32,
+    pub sizeof_priv: u32,
+    pub features: u32,
+}
+
+impl Ring {
+    /// Bytes it takes mapped.
+    pub fn len(&self) -> usize {
+        self.block_size as usize * self.block_nr as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// struct tpacket_req3 (a V1/V2 socket reads the first four fields).
+    fn req3(&self) -> [u8; 28] {
+        let mut b = [0u8; 28];
+        let f = [
+            self.block_size,
+            self.block_nr,
+            self.frame_size,
+            self.frame_nr,
+            self.retire_tmo,
+            self.sizeof_priv,
+            self.features,
+        ];
+        for (c, v) in b.chunks_exact_mut(4).zip(f) {
+            c.copy_from_slice(&v.to_ne_bytes());
+        }
+        b
+    }
+
+    /// Byte offset of frame `i` in the ring (frames fill each block from
+    /// its start, as many as fit).
+    fn frame_at(&self, i: u32) -> usize {
+        let per_block = (self.block_size / self.frame_size.max(1)).max(1);
+        (i / per_block) as usize * self.block_size as usize
+            + (i % per_block) as usize * self.frame_size as usize
+    }
+}
+
 /// What packet_diag tells of one socket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Diag {
     pub memberships: Vec<Membership>,
-    pub rx_ring: bool,
-    pub tx_ring: bool,
-    pub fanout: bool,
+    pub rx_ring: Option<Ring>,
+    pub tx_ring: Option<Ring>,
+    /// PACKET_DIAG_FANOUT: as getsockopt(PACKET_FANOUT) reads it.
+    pub fanout: Option<u32>,
+}
+
+/// PACKET_RX_RING (or PACKET_TX_RING with `tx`) of geometry `r`: the
+/// socket's PACKET_VERSION must already be set.
+pub fn set_ring(fd: &OwnedFd, tx: bool, r: &Ring) -> Result<()> {
+    let (opt, which) = if tx {
+        (PACKET_TX_RING, "PACKET_TX_RING")
+    } else {
+        (PACKET_RX_RING, "PACKET_RX_RING")
+    };
+    setsockopt_raw(fd, SOL_PACKET, opt, &r.req3()).map_err(|source| SysError::Syscall {
+        what: format!(
+            "{which} of {} blocks of {} bytes, {} frames of {}",
+            r.block_nr, r.block_size, r.frame_nr, r.frame_size
+        ),
+        source,
+    })
+}
+
+/// Join fanout group `value` (id | type << 16 | flags << 24, as
+/// getsockopt(PACKET_FANOUT) reads it).
+pub fn set_fanout(fd: &OwnedFd, value: u32) -> Result<()> {
+    setsockopt_raw(fd, SOL_PACKET, PACKET_FANOUT, &value.to_ne_bytes()).map_err(|source| {
+        SysError::Syscall {
+            what: format!(
+                "PACKET_FANOUT group {} of type {}",
+                value & 0xffff,
+                (value >> 16) & 0xff
+            ),
+            source,
+        }
+    })
+}
+
+/// TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING (linux/if_packet.h).
+const TX_PENDING: u32 = 0x1 | 0x2;
+
+/// How many frames of the transmit ring `tx` of socket `fd` (after its
+/// receive ring `rx`, of version `version`: 0 TPACKET_V1, 1 V2, 2 V3) the
+/// program handed to the kernel and it has not sent yet (status
+/// SEND_REQUEST or SENDING). Read through a mapping of our own, read-only.
+pub fn tx_pending(fd: &OwnedFd, rx: Option<&Ring>, tx: &Ring, version: u32) -> Result<u32> {
+    let rx_len = rx.map_or(0, Ring::len);
+    let len = rx_len + tx.len();
+    // SAFETY: a new read-only shared mapping of the socket's rings, at an
+    // address the kernel picks; unmapped below before returning.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(SysError::Syscall {
+            what: format!("mmap of the {len} bytes of a packet socket's rings"),
+            source: Errno::last(),
+        });
+    }
+    // tp_status: at the start of struct tpacket_hdr (V1) and tpacket2_hdr
+    // (V2), after five u32 in tpacket3_hdr (V3).
+    let status_at = if version == 2 { 20 } else { 0 };
+    let mut pending = 0;
+    for i in 0..tx.frame_nr {
+        let off = rx_len + tx.frame_at(i) + status_at;
+        if off + 4 > len {
+            break;
+        }
+        // SAFETY: `off + 4 <= len` lies in the mapping made above; the
+        // kernel may write the word at any time, hence a volatile read.
+        let status = unsafe { std::ptr::read_volatile(at.cast::<u8>().add(off).cast::<u32>()) };
+        if status & TX_PENDING != 0 {
+            pending += 1;
+        }
+    }
+    // SAFETY: the mapping made above, no longer used.
+    unsafe { libc::munmap(at, len) };
+    Ok(pending)
 }
 
 /// socket(AF_PACKET, `ty` | SOCK_CLOEXEC, `protocol`).
@@ -282,6 +424,24 @@ pub fn diag(fd: &OwnedFd, ino: u64) -> Result<Option<Diag>> {
     })
 }
 
+/// struct packet_diag_ring: seven u32.
+fn ring(data: &[u8]) -> std::result::Result<Ring, QueryError> {
+    let f = |i: usize| {
+        u32_at(data, i * 4).ok_or_else(|| {
+            QueryError::Malformed(format!("packet_diag_ring of {} bytes", data.len()))
+        })
+    };
+    Ok(Ring {
+        block_size: f(0)?,
+        block_nr: f(1)?,
+        frame_size: f(2)?,
+        frame_nr: f(3)?,
+        retire_tmo: f(4)?,
+        sizeof_priv: f(5)?,
+        features: f(6)?,
+    })
+}
+
 fn parse(payload: &[u8]) -> std::result::Result<Diag, QueryError> {
     let attrs = attributes(payload.get(DIAG_MSG_LEN..).unwrap_or_default())
         .map_err(|len| QueryError::Malformed(format!("attribute of length {len}")))?;
@@ -299,9 +459,13 @@ fn parse(payload: &[u8]) -> std::result::Result<Diag, QueryError> {
                     });
                 }
             }
-            PACKET_DIAG_RX_RING => d.rx_ring = true,
-            PACKET_DIAG_TX_RING => d.tx_ring = true,
-            PACKET_DIAG_FANOUT => d.fanout = true,
+            PACKET_DIAG_RX_RING => d.rx_ring = Some(ring(data)?),
+            PACKET_DIAG_TX_RING => d.tx_ring = Some(ring(data)?),
+            PACKET_DIAG_FANOUT => {
+                d.fanout = Some(u32_at(data, 0).ok_or_else(|| {
+                    QueryError::Malformed("PACKET_DIAG_FANOUT shorter than 4 bytes".into())
+                })?)
+            }
             _ => {}
         }
     }
@@ -337,6 +501,6 @@ mod tests {
             ),
             (lo, 2, 1)
         );
-        assert!(!d.rx_ring && !d.tx_ring && !d.fanout);
+        assert!(d.rx_ring.is_none() && d.tx_ring.is_none() && d.fanout.is_none());
     }
 }

@@ -21,6 +21,10 @@ pub trait Remade: Sync + 'static {
     fn make(o: &Object) -> Option<Result<OwnedFd, RestoreError>>;
     /// The object an fd of this kind refers to (None: not of this kind).
     fn object(k: &FdKind) -> Option<u64>;
+    /// After every fd of `p` is open (see [`FileKind::after_fds`]).
+    fn after_fds(_cx: &mut Rebuild<'_, '_, '_>, _p: &Process) -> Result<(), RestoreError> {
+        Ok(())
+    }
 }
 
 /// The [`FileKind`] of a [`Remade`] kind. Its fds are described by the inet
@@ -75,6 +79,10 @@ impl<T: Remade> FileKind for RemadeKind<T> {
     ) -> Option<Result<Opened, RestoreError>> {
         let object = T::object(&f.kind)?;
         Some(hand_over(cx.r.stash.get::<Made<T>>().0.get(&object), object).map(Opened::Ours))
+    }
+
+    fn after_fds(&self, cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
+        T::after_fds(cx, p)
     }
 }
 

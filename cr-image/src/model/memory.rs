@@ -73,6 +73,9 @@ pub enum VmaKind {
     SysvShm,
     /// The completion ring of an AIO context (`aio`: its state).
     Aio,
+    /// The rings of a packet socket mapped from it (`inode`: the socket's,
+    /// its object in the image); mapped again from the restored socket.
+    PacketRing,
 }
 
 impl VmaKind {
@@ -120,6 +123,7 @@ impl VmaKind {
             P::Vsyscall => VmaKind::Vsyscall,
             P::SysvShm => VmaKind::SysvShm,
             P::Aio => VmaKind::Aio,
+            P::PacketRing => VmaKind::PacketRing,
         })
     }
 
@@ -138,6 +142,7 @@ impl VmaKind {
             VmaKind::Vsyscall => P::Vsyscall,
             VmaKind::SysvShm => P::SysvShm,
             VmaKind::Aio => P::Aio,
+            VmaKind::PacketRing => P::PacketRing,
         }
     }
 }
@@ -850,6 +855,33 @@ impl PageFile {
     }
 }
 
+/// A mapping of a packet socket's rings: of a packet socket the process
+/// holds open in its fd table (`table`'s: it is mapped again from that
+/// fd), within its rings.
+fn packet_ring_ok(v: &Vma, table: &Process, ck: &Checkpoint) -> Result<(), Bad> {
+    use super::{FdKind, ObjectKind};
+    let held = table
+        .fds
+        .iter()
+        .any(|f| matches!(f.kind, FdKind::PacketSocket { object } if object == v.inode));
+    let ring = ck.object(ObjectTag::PacketSocket, v.inode);
+    let Some(ObjectKind::PacketSocket(s)) = ring.map(|o| &o.kind).filter(|_| held) else {
+        let ino = v.inode;
+        return Err(format!(
+            "mapping at {:#x} of the rings of packet socket:[{ino}], which the process does not hold",
+            v.start
+        ));
+    };
+    let len = s.rings_len();
+    if v.pgoff + (v.end - v.start) > len {
+        return Err(format!(
+            "mapping at {:#x} reaches beyond the {len} bytes of the rings of socket:[{}]",
+            v.start, v.inode
+        ));
+    }
+    Ok(())
+}
+
 /// The mappings of process `p` (number `i`) and where its pages are:
 /// sorted, not overlapping, every saved page inside a mapping, every
 /// reference to another process's memory or to an object resolvable.
@@ -888,6 +920,13 @@ pub(crate) fn validate(
                 ));
             }
         }
+        if v.kind == VmaKind::PacketRing {
+            let table = p
+                .fd_table_of
+                .and_then(|o| pids.get(&o))
+                .map_or(p, |&j| &procs[j]);
+            packet_ring_ok(v, table, ck)?;
+        }
         if let Some(id) = v.object {
             let ok = ck.object(ObjectTag::Memfd, id).is_some()
                 || ck.object(ObjectTag::DeletedFile, id).is_some();
@@ -913,7 +952,10 @@ pub(crate) fn validate(
                 Some(v)
                     if v.start <= at
                         && !v.kind.is_special()
-                        && !matches!(v.kind, VmaKind::SysvShm | VmaKind::Aio) =>
+                        && !matches!(
+                            v.kind,
+                            VmaKind::SysvShm | VmaKind::Aio | VmaKind::PacketRing
+                        ) =>
                 {
                     at = v.end
                 }

@@ -358,7 +358,8 @@ pub struct NetlinkSocket {
     pub opts: Vec<SockOpt>,
 }
 
-/// An AF_PACKET socket (kind "packet"), without rings or fanout.
+/// An AF_PACKET socket (kind "packet"), with the geometry of its rings
+/// and its fanout group.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct PacketSocket {
     #[serde(rename = "type")]
@@ -370,6 +371,49 @@ pub struct PacketSocket {
     #[serde(rename = "options")]
     pub opts: Vec<SockOpt>,
     pub memberships: Vec<PacketMembership>,
+    /// PACKET_RX_RING / PACKET_TX_RING; None: no such ring.
+    pub rx_ring: Option<PacketRing>,
+    pub tx_ring: Option<PacketRing>,
+    /// PACKET_FANOUT as getsockopt reads it; 0: in no group.
+    pub fanout: u32,
+}
+
+impl PacketSocket {
+    /// Bytes its rings take mapped (the receive ring, then the transmit
+    /// one): what an mmap of the socket must cover.
+    pub fn rings_len(&self) -> u64 {
+        [&self.rx_ring, &self.tx_ring]
+            .into_iter()
+            .flatten()
+            .map(PacketRing::len)
+            .sum()
+    }
+}
+
+/// The geometry of a packet ring (struct tpacket_req3; a V1/V2 ring
+/// uses the first four fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct PacketRing {
+    pub block_size: u32,
+    pub block_nr: u32,
+    pub frame_size: u32,
+    pub frame_nr: u32,
+    pub retire_tmo: u32,
+    pub sizeof_priv: u32,
+    pub features: u32,
+}
+
+impl PacketRing {
+    /// Bytes it takes mapped.
+    pub fn len(&self) -> u64 {
+        u64::from(self.block_size) * u64::from(self.block_nr)
+    }
+
+    /// Whether its blocks hold no byte (never the case of a ring the
+    /// kernel made).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// One PACKET_ADD_MEMBERSHIP entry, added `count` times.
@@ -703,6 +747,9 @@ impl Object {
                         count: m.count,
                     })
                     .collect(),
+                rx_ring: s.rx_ring.map(ring_to_pb),
+                tx_ring: s.tx_ring.map(ring_to_pb),
+                fanout: s.fanout,
             }),
             ObjectKind::Memfd(f) => K::Memfd(content_to_pb(f)),
             ObjectKind::DeletedFile(f) => K::DeletedFile(content_to_pb(f)),
@@ -982,13 +1029,59 @@ fn packet_from_pb(s: pb::PacketSocket) -> Result<PacketSocket, String> {
             })
         })
         .collect::<Result<_, String>>()?;
+    let ring = |r: Option<pb::PacketRing>, which: &str| {
+        r.map(|r| {
+            let ring = PacketRing {
+                block_size: r.block_size,
+                block_nr: r.block_nr,
+                frame_size: r.frame_size,
+                frame_nr: r.frame_nr,
+                retire_tmo: r.retire_tmo,
+                sizeof_priv: r.sizeof_priv,
+                features: r.features,
+            };
+            // The kernel's own bounds: blocks of whole pages, frames that
+            // fit them, at most 4 GiB mapped in all.
+            let per_block = ring.block_size.checked_div(ring.frame_size).unwrap_or(0);
+            if ring.block_size == 0
+                || !ring.block_size.is_multiple_of(4096)
+                || ring.block_nr == 0
+                || per_block == 0
+                || ring.frame_nr == 0
+                || u64::from(ring.frame_nr) > u64::from(per_block) * u64::from(ring.block_nr)
+                || ring.len() > u64::from(u32::MAX)
+            {
+                return Err(format!(
+                    "packet socket with a damaged {which} ring ({} blocks of {} bytes, {} frames of {})",
+                    ring.block_nr, ring.block_size, ring.frame_nr, ring.frame_size
+                ));
+            }
+            Ok(ring)
+        })
+        .transpose()
+    };
     Ok(PacketSocket {
         sock_type: s.sock_type,
         protocol: s.protocol,
         ifname: s.ifname,
         opts: opts_from_pb(s.opts)?,
         memberships,
+        rx_ring: ring(s.rx_ring, "receive")?,
+        tx_ring: ring(s.tx_ring, "transmit")?,
+        fanout: s.fanout,
     })
+}
+
+fn ring_to_pb(r: PacketRing) -> pb::PacketRing {
+    pb::PacketRing {
+        block_size: r.block_size,
+        block_nr: r.block_nr,
+        frame_size: r.frame_size,
+        frame_nr: r.frame_nr,
+        retire_tmo: r.retire_tmo,
+        sizeof_priv: r.sizeof_priv,
+        features: r.features,
+    }
 }
 
 fn opts_to_pb(opts: &[SockOpt]) -> Vec<pb::SockOpt> {

@@ -187,6 +187,12 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 ..vma(0x5000_0000, 0x5000_2000, VmaKind::Aio)
             },
             Vma {
+                inode: 44,
+                path: "socket:[44]".into(),
+                shared: true,
+                ..vma(0x5100_0000, 0x5100_2000, VmaKind::PacketRing)
+            },
+            Vma {
                 huge_page_size: 2 << 20,
                 vm_flags: vec!["rd".into(), "wr".into(), "ht".into()],
                 ..vma(0x6000_0000, 0x6040_0000, VmaKind::AnonPrivate)
@@ -537,6 +543,21 @@ fn objects() -> Vec<Object> {
                     address: vec![],
                     count: 2,
                 }],
+                rx_ring: Some(objects::PacketRing {
+                    block_size: 4096,
+                    block_nr: 1,
+                    frame_size: 2048,
+                    frame_nr: 2,
+                    ..Default::default()
+                }),
+                tx_ring: Some(objects::PacketRing {
+                    block_size: 4096,
+                    block_nr: 1,
+                    frame_size: 2048,
+                    frame_nr: 2,
+                    ..Default::default()
+                }),
+                fanout: 4242,
             }),
         ),
         obj(
@@ -893,6 +914,20 @@ fn crafted_images_are_refused() {
         }),
         ("a CPU affinity not ascending", |c| {
             c.processes[0].threads[0].affinity = vec![3, 1]
+        }),
+        (
+            "rings of packet socket:[99], which the process does not hold",
+            |c| c.processes[0].vmas[5].inode = 99,
+        ),
+        ("beyond the 8192 bytes of the rings", |c| {
+            c.processes[0].vmas[5].pgoff = 4096
+        }),
+        ("damaged transmit ring", |c| {
+            for o in &mut c.objects {
+                if let ObjectKind::PacketSocket(p) = &mut o.kind {
+                    p.tx_ring.as_mut().unwrap().frame_nr = 3;
+                }
+            }
         }),
         ("bad host name", |c| {
             c.uts.as_mut().unwrap().hostname = "x".repeat(65)

@@ -84,6 +84,9 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         HUGE_ANON => VmaKind::AnonPrivate,
         // io_setup's completion ring: kind "aio" reads it.
         "/[aio] (deleted)" | "/[aio]" => VmaKind::Aio,
+        // A socket's rings mapped from it (only a packet socket's can be
+        // mapped and restored; the memory kind checks it holds one).
+        p if p.starts_with("socket:[") => VmaKind::PacketRing,
         // An attach of a System V segment; its inode is the segment's id.
         p if p.starts_with("/SYSV") && m.shared => VmaKind::SysvShm,
         // memfds and deleted files: their content becomes an object of the
@@ -124,7 +127,9 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         shared: m.shared,
         kind,
         pgoff: m.offset,
-        path: if kind.is_file() || matches!(kind, VmaKind::SysvShm | VmaKind::Aio) {
+        path: if kind.is_file()
+            || matches!(kind, VmaKind::SysvShm | VmaKind::Aio | VmaKind::PacketRing)
+        {
             path
         } else {
             String::new()

@@ -248,8 +248,10 @@ pub fn map_all(
             sysv.attach(&mut cx.stub, cx.r, i)?;
             continue;
         }
-        // Made by io_setup (kind "aio"), once every other mapping is in.
-        if v.kind == VmaKind::Aio {
+        // Made by io_setup (kind "aio"), once every other mapping is in;
+        // a packet ring by mmap of its socket, once the fds are (kind
+        // "packet").
+        if matches!(v.kind, VmaKind::Aio | VmaKind::PacketRing) {
             continue;
         }
         let mut prot = v.prot as u64;
@@ -590,7 +592,7 @@ pub fn finish(
     ];
     let stub = &mut cx.stub;
     for (v, &filled) in p.vmas.iter().zip(filled) {
-        if v.kind.is_special() || v.kind == VmaKind::Aio {
+        if v.kind.is_special() || matches!(v.kind, VmaKind::Aio | VmaKind::PacketRing) {
             continue;
         }
         let len = v.len();

@@ -145,6 +145,9 @@ pub fn plan_process(
             ),
         });
     }
+    if !live && p.fd_table_of.is_none() {
+        packet_rings_held(pid, &vmas, p)?;
+    }
     let keep = live || (cx.d.opts.track() && cx.d.opts.action() != crate::Action::Kill);
     let parent = cx.d.parent.filter(|l| l.memory(pid as u32).is_some());
     let begun = tracking::begin(
@@ -172,6 +175,26 @@ pub fn plan_process(
         plan,
         dirty: begun.dirty,
     })
+}
+
+/// A mapping of a socket is mapped again from the restored socket: only a
+/// packet socket's rings are, from an fd of the process (kind "packet").
+fn packet_rings_held(pid: i32, vmas: &[Vma], p: &Process) -> Result<(), CheckpointError> {
+    for v in vmas.iter().filter(|v| v.kind == VmaKind::PacketRing) {
+        let held = p.fds.iter().any(|f| {
+            matches!(f.kind, cr_image::model::FdKind::PacketSocket { object } if object == v.inode)
+        });
+        if !held {
+            return Err(CheckpointError::unsupported(
+                pid,
+                format!(
+                    "mapping {:#x}-{:#x} of {}, not a packet socket the process holds open (only a packet socket's rings are mapped again, from its fd)",
+                    v.start, v.end, v.path
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The mappings of the frozen process `cx` as /proc shows them and as the
@@ -639,7 +662,9 @@ fn merged(vmas: &[Vma]) -> Vec<Vma> {
         // A System V attach is named after the segment's key, which a
         // restore sets only once the segment is attached; its id (the
         // inode) names it.
-        if v.kind == VmaKind::SysvShm {
+        // A packet ring maps a socket made again, under a new inode
+        // ("socket:[N]"); the kind says what it is.
+        if matches!(v.kind, VmaKind::SysvShm | VmaKind::PacketRing) {
             v.path.clear();
         }
         out.push(v);
