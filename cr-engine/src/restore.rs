@@ -31,6 +31,8 @@ use cr_sys::remote::{find_syscall_insn, Injector};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
 
@@ -397,6 +399,10 @@ fn prepare_chain(
         stubs_ms = ms(phases.stubs),
         rebuild_ms = ms(rebuilt),
         start_ms = ms(phases.start),
+        handed = phases.handed,
+        hand_over_ms = ms(phases.hand_over),
+        clean_ms = ms(phases.clean),
+        clean_wait_ms = ms(phases.clean_wait),
         fill_ms = ms(phases.fill),
         fill_wait_ms = ms(phases.fill_wait),
         fds_ms = ms(phases.fds),
@@ -430,14 +436,25 @@ fn prepare_chain(
 
 /// Rebuild every process of the tree in the image's order. Our thread,
 /// the tracer of every stub (ptrace ties a tracee to the thread that
-/// seized it), makes every injected call; the pages of a process are
-/// written by the worker pool (`process_vm_writev` needs no ptrace) while
-/// this thread goes on with the next processes, at most `workers`
-/// processes ahead. The rest of a process's rebuild waits for its own
-/// pages: nothing after its mappings touches them, and no later process
-/// needs anything of its rest (their mappings only need the files and
-/// shared memory objects already made). A failure returns once every
-/// fill started has ended; the caller then kills every stub.
+/// seized it), makes the injected calls of every step that needs the
+/// restorer's shared state or an order between processes; the pages of a
+/// process are written by the worker pool (`process_vm_writev` needs no
+/// ptrace) while this thread goes on with the next processes, at most
+/// `workers` processes ahead. The rest of a process's rebuild waits for
+/// its own pages: nothing after its mappings touches them, and no later
+/// process needs anything of its rest (their mappings only need the
+/// files and shared memory objects already made).
+///
+/// The first step of a process, its stub emptied ([`clean`]: about a
+/// third of the injected calls, mostly waits for the stub to run and stop
+/// again), needs neither: the stubs but the first, whose fd table no
+/// other process shares, are handed over ([`Stub::park`]) to a few
+/// cleaner threads that empty them at the same time, each tracing its
+/// own, and hand them back. A failure returns once every fill started
+/// has ended and the cleaners are done; the caller then kills every
+/// stub, whichever thread held it last (a parked stub is killed by its
+/// `Tracee`'s drop, and a stub parked when we die gets the parent-death
+/// signal SIGKILL set before it is handed over).
 #[allow(clippy::too_many_arguments)]
 fn rebuild_all(
     ck: &Checkpoint,
@@ -456,66 +473,183 @@ fn rebuild_all(
     let ahead = workers.clamp(1, 8);
     let progress = opts.progress;
     let pieces_of = |p: &Process| pieces.get(&p.pid).map_or(&[][..], |v| v.as_slice());
+    let first_live = ck.processes.iter().position(|p| !p.is_zombie());
+    let cleaners = if defer { CLEANERS } else { 0 };
+    let handed: Vec<bool> = ck
+        .processes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            cleaners > 0
+                && Some(i) != first_live
+                && !p.is_zombie()
+                && p.fd_table_of.is_none()
+                && !ck.processes.iter().any(|q| q.fd_table_of == Some(p.pid))
+        })
+        .collect();
+    let options = kinds::tree::restore::stub_options(&r.ids);
+    let grab_pidfd = r.grab_pidfd;
+    let kept: Vec<Vec<(u64, u64)>> = ck
+        .processes
+        .iter()
+        .map(|p| r.stash.get::<memory::cow::Placed>().ranges(p.pid))
+        .collect();
+    let mut slots: Vec<Option<&mut Tracee>> = stubs.iter_mut().map(Some).collect();
+    let (job_tx, job_rx) = mpsc::channel::<(usize, Begun<'_>)>();
+    let job_rx = Mutex::new(job_rx);
+    let (done_tx, done_rx) = mpsc::channel::<(usize, Duration, Result<Begun<'_>, RestoreError>)>();
+    let abort = AtomicBool::new(false);
     type Filled = (memory::Deferred, Duration, Result<u64, RestoreError>);
     std::thread::scope(|s| {
-        let mut flight = VecDeque::new();
-        let mut end_one = |flight: &mut VecDeque<(
-            usize,
-            Started<'_>,
-            Option<std::thread::ScopedJoinHandle<'_, Filled>>,
-        )>,
-                           r: &mut Restorer<'_>,
-                           phases: &mut Phases|
-         -> Result<(), RestoreError> {
-            let Some((i, mut started, job)) = flight.pop_front() else {
-                return Ok(());
-            };
-            let p = &ck.processes[i];
-            if let Some(job) = job {
+        for _ in 0..cleaners {
+            let done_tx = done_tx.clone();
+            let (job_rx, abort, kept) = (&job_rx, &abort, &kept);
+            s.spawn(move || loop {
+                let job = job_rx
+                    .lock()
+                    .map_err(|_| ())
+                    .and_then(|rx| rx.recv().map_err(|_| ()));
+                let Ok((i, mut b)) = job else {
+                    return;
+                };
+                if abort.load(Ordering::Relaxed) {
+                    // Dropped parked: killed with the others.
+                    continue;
+                }
                 let t = Instant::now();
-                let (d, took, res) = job
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                phases.fill_wait += t.elapsed();
-                phases.fill += took;
-                res?;
-                started.fill = Some(d);
-            }
-            debug!(pid = p.pid, "rebuilding the rest");
-            threads[i] = rebuild_end(started, r, p, pages, pieces_of(p), phases)?;
-            Ok(())
-        };
-        for (i, (p, t)) in ck.processes.iter().zip(stubs.iter_mut()).enumerate() {
-            interrupt_check()?;
-            if p.is_zombie() {
-                continue;
-            }
-            debug!(pid = t.tid(), "rebuilding");
-            let t0 = Instant::now();
-            let mut started = rebuild_start(t, r, p, pages, pieces_of(p), defer)?;
-            phases.start += t0.elapsed();
-            let job = started.fill.take().map(|d| {
-                s.spawn(move || {
-                    let t = Instant::now();
-                    let res = d.fill(pages, workers, &progress);
-                    (d, t.elapsed(), res)
-                })
+                let res = b
+                    .stub
+                    .unpark(options)
+                    .map_err(RestoreError::from)
+                    .and_then(|()| clean(&mut b, ck, &ck.processes[i], grab_pidfd, &kept[i]))
+                    .and_then(|()| Ok(b.stub.park()?));
+                let _ = done_tx.send((i, t.elapsed(), res.map(|()| b)));
             });
-            flight.push_back((i, started, job));
-            if flight.len() > 1 {
-                // Tests: a failure with fills in flight and processes left.
-                crate::fault::check_restore("restore-mid-tree")?;
+        }
+        drop(done_tx);
+        let job_tx = job_tx;
+        let res = (|| -> Result<(), RestoreError> {
+            // Handed over first: the cleaners start at once, while this
+            // thread rebuilds the first process.
+            let t = Instant::now();
+            for (i, slot) in slots.iter_mut().enumerate() {
+                if !handed[i] {
+                    continue;
+                }
+                interrupt_check()?;
+                let Some(t) = slot.take() else { continue };
+                let mut b = begin(t, ck)?;
+                // Should we die while no thread of ours traces it.
+                b.stub
+                    .call(
+                        "prctl(PR_SET_PDEATHSIG)",
+                        libc::SYS_prctl,
+                        [
+                            libc::PR_SET_PDEATHSIG as u64,
+                            libc::SIGKILL as u64,
+                            0,
+                            0,
+                            0,
+                            0,
+                        ],
+                    )
+                    .step(|| {
+                        format!("cannot set the parent-death signal of stub {}", b.stub.pid)
+                    })?;
+                b.stub.park()?;
+                let _ = job_tx.send((i, b));
+                phases.handed += 1;
             }
-            while flight.len() > ahead {
+            phases.hand_over += t.elapsed();
+            let mut cleaned: HashMap<usize, Result<Begun<'_>, RestoreError>> = HashMap::new();
+            let mut flight = VecDeque::new();
+            let mut end_one = |flight: &mut VecDeque<(
+                usize,
+                Started<'_>,
+                Option<std::thread::ScopedJoinHandle<'_, Filled>>,
+            )>,
+                               r: &mut Restorer<'_>,
+                               phases: &mut Phases|
+             -> Result<(), RestoreError> {
+                let Some((i, mut started, job)) = flight.pop_front() else {
+                    return Ok(());
+                };
+                let p = &ck.processes[i];
+                if let Some(job) = job {
+                    let t = Instant::now();
+                    let (d, took, res) = job
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    phases.fill_wait += t.elapsed();
+                    phases.fill += took;
+                    res?;
+                    started.fill = Some(d);
+                }
+                debug!(pid = p.pid, "rebuilding the rest");
+                threads[i] = rebuild_end(started, r, p, pages, pieces_of(p), phases)?;
+                Ok(())
+            };
+            for (i, p) in ck.processes.iter().enumerate() {
+                interrupt_check()?;
+                if p.is_zombie() {
+                    continue;
+                }
+                let t0 = Instant::now();
+                let mut started = if handed[i] {
+                    let mut b = loop {
+                        if let Some(b) = cleaned.remove(&i) {
+                            break b?;
+                        }
+                        let (j, took, b) = done_rx.recv().map_err(|_| {
+                            RestoreError::Unsupported(format!(
+                                "the stub of process {} was not handed back",
+                                p.pid
+                            ))
+                        })?;
+                        phases.clean += took;
+                        cleaned.insert(j, b);
+                    };
+                    phases.clean_wait += t0.elapsed();
+                    b.stub.unpark(options)?;
+                    debug!(pid = b.stub.pid, "rebuilding (stub emptied by a cleaner)");
+                    rebuild_maps(b.stub, r, p, pages, pieces_of(p), defer)?
+                } else {
+                    let Some(t) = slots[i].take() else { continue };
+                    debug!(pid = t.tid(), "rebuilding");
+                    rebuild_start(t, r, p, pages, pieces_of(p), defer)?
+                };
+                phases.start += t0.elapsed();
+                let job = started.fill.take().map(|d| {
+                    s.spawn(move || {
+                        let t = Instant::now();
+                        let res = d.fill(pages, workers, &progress);
+                        (d, t.elapsed(), res)
+                    })
+                });
+                flight.push_back((i, started, job));
+                if flight.len() > 1 {
+                    // Tests: a failure with fills in flight and processes left.
+                    crate::fault::check_restore("restore-mid-tree")?;
+                }
+                while flight.len() > ahead {
+                    end_one(&mut flight, r, phases)?;
+                }
+            }
+            while !flight.is_empty() {
                 end_one(&mut flight, r, phases)?;
             }
-        }
-        while !flight.is_empty() {
-            end_one(&mut flight, r, phases)?;
-        }
-        Ok(())
+            Ok(())
+        })();
+        // The cleaners end (those with stubs left drop them parked: killed).
+        abort.store(res.is_err(), Ordering::Relaxed);
+        drop(job_tx);
+        res
     })
 }
+
+/// Threads that empty stubs beside the main tracer ([`rebuild_all`]): each
+/// mostly waits for its stub to run and stop again.
+const CLEANERS: usize = 3;
 
 /// `--verify` (see [`crate::verify`]): the rebuilt tree, captured again
 /// before anything of it runs, is its image.
@@ -607,8 +741,16 @@ pub struct Started<'t> {
 pub struct Phases {
     /// Stubs forked, sessions and groups, memory shared copy-on-write.
     pub stubs: Duration,
-    /// Stub cleanup, mappings (injected calls, one thread).
+    /// Stub cleanup, mappings (injected calls, this thread), with the
+    /// waits for stubs emptied by the cleaners.
     pub start: Duration,
+    /// Stubs handed over to the cleaner threads, and the time it took.
+    pub handed: usize,
+    pub hand_over: Duration,
+    /// Stubs emptied by the cleaners (summed over them; overlaps the
+    /// rest), and waited for by this thread.
+    pub clean: Duration,
+    pub clean_wait: Duration,
     /// Pages written (workers; overlaps the others when deferred).
     pub fill: Duration,
     /// Waited for a deferred fill to end.
@@ -634,19 +776,59 @@ pub fn rebuild_start<'t>(
     pieces: &[Piece],
     defer_fill: bool,
 ) -> Result<Started<'t>, RestoreError> {
-    let pid = tracee.tid();
-    kinds::threads::check_cpu(r.ck, tracee)?;
-    let own_rseq = tracee.get_rseq()?;
-    let stub_maps = proc::maps(pid)?;
-    let ip = find_syscall_insn(pid)?;
-    let mut stub = Stub::new(Injector::new(tracee, ip)?);
-    kinds::threads::drop_stub_rseq(&mut stub, &own_rseq)?;
-    let park = memory::map_scratch(&mut stub, &p.vmas, &stub_maps)?;
-    let owner = kinds::fds::table_owner(r.ck, p);
-    kinds::fds::keep_only_grab_fd(&mut stub, p, owner, r.grab_pidfd)?;
+    let mut b = begin(tracee, r.ck)?;
     let kept = r.stash.get::<memory::cow::Placed>().ranges(p.pid);
-    memory::unmap_stub(&mut stub, &stub_maps, &kept)?;
-    memory::vdso::move_to_saved(&mut stub, &stub_maps, &p.vmas, park, ip)?;
+    clean(&mut b, r.ck, p, r.grab_pidfd, &kept)?;
+    rebuild_maps(b.stub, r, p, pages, pieces, defer_fill)
+}
+
+/// A stub with an injector, nothing of its process in it yet.
+pub struct Begun<'t> {
+    stub: Stub<'t>,
+    own_rseq: cr_sys::ptrace::RseqConfig,
+    ip: u64,
+}
+
+fn begin<'t>(tracee: &'t mut Tracee, ck: &Checkpoint) -> Result<Begun<'t>, RestoreError> {
+    kinds::threads::check_cpu(ck, tracee)?;
+    let own_rseq = tracee.get_rseq()?;
+    let ip = find_syscall_insn(tracee.tid())?;
+    let stub = Stub::new(Injector::new(tracee, ip)?);
+    Ok(Begun { stub, own_rseq, ip })
+}
+
+/// Empty a stub of what it inherited (its rseq area, its fds but the
+/// pidfd it grabs through, its memory but the `kept` ranges shared
+/// copy-on-write), with scratch memory mapped and the vDSO where the
+/// image has it. Nothing of the restorer's shared state is touched: any
+/// thread that traces the stub may do it ([`rebuild_all`]).
+fn clean(
+    b: &mut Begun<'_>,
+    ck: &Checkpoint,
+    p: &Process,
+    grab_pidfd: i32,
+    kept: &[(u64, u64)],
+) -> Result<(), RestoreError> {
+    let stub_maps = proc::maps(b.stub.pid)?;
+    kinds::threads::drop_stub_rseq(&mut b.stub, &b.own_rseq)?;
+    let park = memory::map_scratch(&mut b.stub, &p.vmas, &stub_maps)?;
+    let owner = kinds::fds::table_owner(ck, p);
+    kinds::fds::keep_only_grab_fd(&mut b.stub, p, owner, grab_pidfd)?;
+    memory::unmap_stub(&mut b.stub, &stub_maps, kept)?;
+    memory::vdso::move_to_saved(&mut b.stub, &stub_maps, &p.vmas, park, b.ip)?;
+    Ok(())
+}
+
+/// [`rebuild_start`] of a stub already emptied ([`clean`]): its control
+/// group, its mappings.
+fn rebuild_maps<'t>(
+    stub: Stub<'t>,
+    r: &mut Restorer<'_>,
+    p: &Process,
+    pages: &Pages<'_>,
+    pieces: &[Piece],
+    defer_fill: bool,
+) -> Result<Started<'t>, RestoreError> {
     let mut cx = Rebuild::new(stub, r, pages, pieces, p, defer_fill);
     // Before the memory, which is then charged to the process's group.
     kinds::cgroups::Cgroups::restore(&mut cx, p)?;
