@@ -23,7 +23,7 @@ use crate::kinds::{self, Kind, Stash, FILE_KINDS};
 use crate::options::RestoreOptions;
 use crate::stub::Stub;
 use cr_image::chain::{Chain, Piece};
-use cr_image::model::{Checkpoint, ProcState, Process};
+use cr_image::model::{Checkpoint, ProcState, Process, SeccompMode};
 use cr_image::ImageDir;
 use cr_sys::proc;
 use cr_sys::ptrace::{wait_raw, Tracee};
@@ -403,6 +403,8 @@ fn prepare_chain(
         hand_over_ms = ms(phases.hand_over),
         clean_ms = ms(phases.clean),
         clean_wait_ms = ms(phases.clean_wait),
+        tail_ms = ms(phases.tail),
+        tail_wait_ms = ms(phases.tail_wait),
         fill_ms = ms(phases.fill),
         fill_wait_ms = ms(phases.fill_wait),
         fds_ms = ms(phases.fds),
@@ -487,43 +489,94 @@ fn rebuild_all(
                 && !ck.processes.iter().any(|q| q.fd_table_of == Some(p.pid))
         })
         .collect();
+    // Its last steps too when they need no order: no fs information
+    // shared, and the `pause` a parked stub sleeps in not judged by a
+    // seccomp filter of its own.
+    let tail: Vec<bool> = ck
+        .processes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            handed[i]
+                && p.fs_of.is_none()
+                && !ck.processes.iter().any(|q| q.fs_of == Some(p.pid))
+                && (r.ids.seccomp_suspended
+                    || p.threads
+                        .iter()
+                        .all(|t| t.seccomp.mode == SeccompMode::None))
+        })
+        .collect();
     let options = kinds::tree::restore::stub_options(&r.ids);
     let grab_pidfd = r.grab_pidfd;
+    let (ck_r, opts_r, img_r) = (r.ck, r.opts, r.img);
+    let ids_r = &r.ids;
     let kept: Vec<Vec<(u64, u64)>> = ck
         .processes
         .iter()
         .map(|p| r.stash.get::<memory::cow::Placed>().ranges(p.pid))
         .collect();
     let mut slots: Vec<Option<&mut Tracee>> = stubs.iter_mut().map(Some).collect();
-    let (job_tx, job_rx) = mpsc::channel::<(usize, Begun<'_>)>();
+    let (job_tx, job_rx) = mpsc::channel::<Job<'_>>();
     let job_rx = Mutex::new(job_rx);
-    let (done_tx, done_rx) = mpsc::channel::<(usize, Duration, Result<Begun<'_>, RestoreError>)>();
+    let (done_tx, done_rx) = mpsc::channel::<Done<'_>>();
     let abort = AtomicBool::new(false);
     type Filled = (memory::Deferred, Duration, Result<u64, RestoreError>);
+    let ids_copy: Vec<Ids> = (0..cleaners).map(|_| ids_r.clone()).collect();
     std::thread::scope(|s| {
-        for _ in 0..cleaners {
+        for ids in ids_copy {
             let done_tx = done_tx.clone();
             let (job_rx, abort, kept) = (&job_rx, &abort, &kept);
-            s.spawn(move || loop {
-                let job = job_rx
-                    .lock()
-                    .map_err(|_| ())
-                    .and_then(|rx| rx.recv().map_err(|_| ()));
-                let Ok((i, mut b)) = job else {
-                    return;
+            s.spawn(move || {
+                // The restorer as the last steps see it: the image and
+                // the ids (they use nothing of its stash).
+                let mut lr = Restorer {
+                    ck: ck_r,
+                    opts: opts_r,
+                    img: img_r,
+                    ids,
+                    stash: Stash::default(),
+                    grab_pidfd,
                 };
-                if abort.load(Ordering::Relaxed) {
-                    // Dropped parked: killed with the others.
-                    continue;
+                loop {
+                    let job = job_rx
+                        .lock()
+                        .map_err(|_| ())
+                        .and_then(|rx| rx.recv().map_err(|_| ()));
+                    let Ok(job) = job else {
+                        return;
+                    };
+                    if abort.load(Ordering::Relaxed) {
+                        // Dropped parked: killed with the others.
+                        continue;
+                    }
+                    let t = Instant::now();
+                    let done = match job {
+                        Job::Clean(i, mut b) => {
+                            let res = b
+                                .stub
+                                .unpark(options)
+                                .map_err(RestoreError::from)
+                                .and_then(|()| {
+                                    clean(&mut b, ck, &ck.processes[i], grab_pidfd, &kept[i])
+                                })
+                                .and_then(|()| Ok(b.stub.park()?));
+                            Done::Cleaned(i, t.elapsed(), res.map(|()| b))
+                        }
+                        Job::Tail(i, mut stub) => {
+                            let p = &ck.processes[i];
+                            let res = stub.unpark(options).map_err(RestoreError::from);
+                            let res = res.and_then(|()| {
+                                let mut cx =
+                                    Rebuild::new(stub, &mut lr, pages, pieces_of(p), p, false);
+                                rebuild_tail(&mut cx, p)?;
+                                cx.stub.park()?;
+                                Ok(cx.stub)
+                            });
+                            Done::Tailed(i, t.elapsed(), res)
+                        }
+                    };
+                    let _ = done_tx.send(done);
                 }
-                let t = Instant::now();
-                let res = b
-                    .stub
-                    .unpark(options)
-                    .map_err(RestoreError::from)
-                    .and_then(|()| clean(&mut b, ck, &ck.processes[i], grab_pidfd, &kept[i]))
-                    .and_then(|()| Ok(b.stub.park()?));
-                let _ = done_tx.send((i, t.elapsed(), res.map(|()| b)));
             });
         }
         drop(done_tx);
@@ -557,27 +610,86 @@ fn rebuild_all(
                         format!("cannot set the parent-death signal of stub {}", b.stub.pid)
                     })?;
                 b.stub.park()?;
-                let _ = job_tx.send((i, b));
+                let _ = job_tx.send(Job::Clean(i, b));
                 phases.handed += 1;
             }
             phases.hand_over += t.elapsed();
             let mut cleaned: HashMap<usize, Result<Begun<'_>, RestoreError>> = HashMap::new();
-            let mut flight = VecDeque::new();
-            let mut end_one = |flight: &mut VecDeque<(
-                usize,
-                Started<'_>,
-                Option<std::thread::ScopedJoinHandle<'_, Filled>>,
-            )>,
-                               r: &mut Restorer<'_>,
-                               phases: &mut Phases|
+            let mut tails_out = 0usize;
+            let mut tailed: Vec<(usize, Result<Stub<'_>, RestoreError>)> = Vec::new();
+            let take_done = |phases: &mut Phases,
+                             cleaned: &mut HashMap<_, _>,
+                             tailed: &mut Vec<_>|
              -> Result<(), RestoreError> {
+                match done_rx.recv() {
+                    Ok(Done::Cleaned(j, took, b)) => {
+                        phases.clean += took;
+                        cleaned.insert(j, b);
+                    }
+                    Ok(Done::Tailed(j, took, b)) => {
+                        phases.tail += took;
+                        tailed.push((j, b));
+                    }
+                    Err(_) => {
+                        return Err(RestoreError::Unsupported(
+                            "a stub handed over was not handed back".into(),
+                        ))
+                    }
+                }
+                Ok(())
+            };
+            let mut flight = VecDeque::new();
+            let mut next = 0;
+            loop {
+                // A process begun while no more than `ahead` wait for their
+                // fills, else the oldest one ended.
+                if next < ck.processes.len() && flight.len() <= ahead {
+                    let i = next;
+                    next += 1;
+                    let p = &ck.processes[i];
+                    interrupt_check()?;
+                    if p.is_zombie() {
+                        continue;
+                    }
+                    let t0 = Instant::now();
+                    let mut started = if handed[i] {
+                        let mut b = loop {
+                            if let Some(b) = cleaned.remove(&i) {
+                                break b?;
+                            }
+                            take_done(phases, &mut cleaned, &mut tailed)?;
+                        };
+                        phases.clean_wait += t0.elapsed();
+                        b.stub.unpark(options)?;
+                        debug!(pid = b.stub.pid, "rebuilding (stub emptied by a cleaner)");
+                        rebuild_maps(b.stub, r, p, pages, pieces_of(p), defer)?
+                    } else {
+                        let Some(t) = slots[i].take() else { continue };
+                        debug!(pid = t.tid(), "rebuilding");
+                        rebuild_start(t, r, p, pages, pieces_of(p), defer)?
+                    };
+                    phases.start += t0.elapsed();
+                    let job = started.fill.take().map(|d| {
+                        s.spawn(move || {
+                            let t = Instant::now();
+                            let res = d.fill(pages, workers, &progress);
+                            (d, t.elapsed(), res)
+                        })
+                    });
+                    flight.push_back((i, started, job));
+                    if flight.len() > 1 {
+                        // Tests: a failure with fills in flight and processes left.
+                        crate::fault::check_restore("restore-mid-tree")?;
+                    }
+                    continue;
+                }
                 let Some((i, mut started, job)) = flight.pop_front() else {
-                    return Ok(());
+                    break;
                 };
                 let p = &ck.processes[i];
                 if let Some(job) = job {
                     let t = Instant::now();
-                    let (d, took, res) = job
+                    let (d, took, res): Filled = job
                         .join()
                         .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                     phases.fill_wait += t.elapsed();
@@ -586,57 +698,32 @@ fn rebuild_all(
                     started.fill = Some(d);
                 }
                 debug!(pid = p.pid, "rebuilding the rest");
-                threads[i] = rebuild_end(started, r, p, pages, pieces_of(p), phases)?;
-                Ok(())
-            };
-            for (i, p) in ck.processes.iter().enumerate() {
-                interrupt_check()?;
-                if p.is_zombie() {
-                    continue;
-                }
-                let t0 = Instant::now();
-                let mut started = if handed[i] {
-                    let mut b = loop {
-                        if let Some(b) = cleaned.remove(&i) {
-                            break b?;
-                        }
-                        let (j, took, b) = done_rx.recv().map_err(|_| {
-                            RestoreError::Unsupported(format!(
-                                "the stub of process {} was not handed back",
-                                p.pid
-                            ))
-                        })?;
-                        phases.clean += took;
-                        cleaned.insert(j, b);
-                    };
-                    phases.clean_wait += t0.elapsed();
-                    b.stub.unpark(options)?;
-                    debug!(pid = b.stub.pid, "rebuilding (stub emptied by a cleaner)");
-                    rebuild_maps(b.stub, r, p, pages, pieces_of(p), defer)?
+                if tail[i] {
+                    let t = Instant::now();
+                    let (fds0, threads0) = (phases.fds, phases.threads);
+                    let (mut stub, others) =
+                        rebuild_mid(started, r, p, pages, pieces_of(p), phases)?;
+                    threads[i] = others;
+                    stub.park()?;
+                    let _ = job_tx.send(Job::Tail(i, stub));
+                    tails_out += 1;
+                    let own = (phases.fds - fds0) + (phases.threads - threads0);
+                    phases.other += t.elapsed().saturating_sub(own);
                 } else {
-                    let Some(t) = slots[i].take() else { continue };
-                    debug!(pid = t.tid(), "rebuilding");
-                    rebuild_start(t, r, p, pages, pieces_of(p), defer)?
-                };
-                phases.start += t0.elapsed();
-                let job = started.fill.take().map(|d| {
-                    s.spawn(move || {
-                        let t = Instant::now();
-                        let res = d.fill(pages, workers, &progress);
-                        (d, t.elapsed(), res)
-                    })
-                });
-                flight.push_back((i, started, job));
-                if flight.len() > 1 {
-                    // Tests: a failure with fills in flight and processes left.
-                    crate::fault::check_restore("restore-mid-tree")?;
-                }
-                while flight.len() > ahead {
-                    end_one(&mut flight, r, phases)?;
+                    threads[i] = rebuild_end(started, r, p, pages, pieces_of(p), phases)?;
                 }
             }
-            while !flight.is_empty() {
-                end_one(&mut flight, r, phases)?;
+            // The last steps done by the cleaners: each stub back here,
+            // its registers set.
+            let t = Instant::now();
+            while tailed.len() < tails_out {
+                take_done(phases, &mut cleaned, &mut tailed)?;
+            }
+            phases.tail_wait += t.elapsed();
+            for (i, stub) in tailed {
+                let mut stub = stub?;
+                stub.unpark(options)?;
+                rebuild_finish(stub, &ck.processes[i], phases)?;
             }
             Ok(())
         })();
@@ -645,6 +732,19 @@ fn rebuild_all(
         drop(job_tx);
         res
     })
+}
+
+/// A stub handed over to a cleaner thread ([`rebuild_all`]): to empty, or
+/// for its last steps.
+enum Job<'t> {
+    Clean(usize, Begun<'t>),
+    Tail(usize, Stub<'t>),
+}
+
+/// A stub a cleaner hands back, parked, with the time it took.
+enum Done<'t> {
+    Cleaned(usize, Duration, Result<Begun<'t>, RestoreError>),
+    Tailed(usize, Duration, Result<Stub<'t>, RestoreError>),
 }
 
 /// Threads that empty stubs beside the main tracer ([`rebuild_all`]): each
@@ -751,6 +851,10 @@ pub struct Phases {
     /// rest), and waited for by this thread.
     pub clean: Duration,
     pub clean_wait: Duration,
+    /// Last steps of processes run by the cleaners (summed), and the
+    /// wait for the last of them.
+    pub tail: Duration,
+    pub tail_wait: Duration,
     /// Pages written (workers; overlaps the others when deferred).
     pub fill: Duration,
     /// Waited for a deferred fill to end.
@@ -851,10 +955,29 @@ pub fn rebuild_end(
     pieces: &[Piece],
     phases: &mut Phases,
 ) -> Result<Vec<Tracee>, RestoreError> {
-    let Started { stub, fill } = started;
-    let mut cx = Rebuild::new(stub, r, pages, pieces, p, false);
     let t = Instant::now();
     let (fds0, threads0) = (phases.fds, phases.threads);
+    let (stub, threads) = rebuild_mid(started, r, p, pages, pieces, phases)?;
+    let mut cx = Rebuild::new(stub, r, pages, pieces, p, false);
+    rebuild_tail(&mut cx, p)?;
+    rebuild_finish(cx.stub, p, phases)?;
+    let own = (phases.fds - fds0) + (phases.threads - threads0);
+    phases.other += t.elapsed().saturating_sub(own);
+    Ok(threads)
+}
+
+/// [`rebuild_end`] up to the process's other threads, made (they are
+/// traced by this thread); its stub and those threads.
+fn rebuild_mid<'t>(
+    started: Started<'t>,
+    r: &mut Restorer<'_>,
+    p: &Process,
+    pages: &Pages<'_>,
+    pieces: &[Piece],
+    phases: &mut Phases,
+) -> Result<(Stub<'t>, Vec<Tracee>), RestoreError> {
+    let Started { stub, fill } = started;
+    let mut cx = Rebuild::new(stub, r, pages, pieces, p, false);
     if let Some(d) = fill {
         memory::finish_deferred(&mut cx, p, d)?;
     }
@@ -870,10 +993,17 @@ pub fn rebuild_end(
     let t_threads = Instant::now();
     kinds::threads::Threads::restore(&mut cx, p)?;
     phases.threads += t_threads.elapsed();
-    kinds::signals::queue_pending(&mut cx, p)?;
-    kinds::timers::Timers::restore(&mut cx, p)?;
-    kinds::sysv::restore_process(&mut cx, p)?;
-    kinds::task::chroot(&mut cx, p)?;
+    Ok((cx.stub, cx.threads))
+}
+
+/// The last steps of a process's main thread before its registers: they
+/// read the image and the ids only (no shared state of the restorer), so
+/// any thread tracing the stub may run them ([`rebuild_all`]).
+fn rebuild_tail(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
+    kinds::signals::queue_pending(cx, p)?;
+    kinds::timers::Timers::restore(cx, p)?;
+    kinds::sysv::restore_process(cx, p)?;
+    kinds::task::chroot(cx, p)?;
     let suspended = cx.r.ids.seccomp_suspended;
     let room = (cx.stub.scratch, crate::stub::SCRATCH);
     let main = &p.threads[0];
@@ -885,11 +1015,9 @@ pub fn rebuild_end(
         When::BeforeCreds,
         suspended,
     )?;
-    kinds::identity::Identity::restore(&mut cx, p)?;
+    kinds::identity::Identity::restore(cx, p)?;
     kinds::threads::set_pdeathsig(&mut cx.stub.inj, &p.threads[0], cx.is_root)?;
-    let Rebuild {
-        mut stub, threads, ..
-    } = cx;
+    let stub = &mut cx.stub;
     let scratch = stub.scratch;
     // With the batches' code page, its range (the parking room between
     // is empty: nothing of the image is there, see `memory::map_scratch`).
@@ -899,16 +1027,19 @@ pub fn rebuild_end(
     };
     stub.call("munmap", libc::SYS_munmap, [scratch, len, 0, 0, 0, 0])
         .step(|| "cannot unmap the restorer's scratch memory".into())?;
-    memory::vdso::unmap_parked(&mut stub, &p.vmas)?;
+    memory::vdso::unmap_parked(stub, &p.vmas)?;
     kinds::seccomp::restore_main(&mut stub.inj, p, suspended)?;
+    Ok(())
+}
+
+/// The main thread's own mask and registers: the stub is done.
+fn rebuild_finish(stub: Stub<'_>, p: &Process, phases: &mut Phases) -> Result<(), RestoreError> {
     let t_regs = Instant::now();
     stub.inj.finish_with_mask_then(p.threads[0].sigmask, |t| {
         kinds::threads::set_registers(t, &p.threads[0])
     })??;
     phases.threads += t_regs.elapsed();
-    let own = (phases.fds - fds0) + (phases.threads - threads0);
-    phases.other += t.elapsed().saturating_sub(own);
-    Ok(threads)
+    Ok(())
 }
 
 /// Wait for a restored child to end; returns a shell-style exit code.

@@ -37,6 +37,7 @@ pub fn stub_options(ids: &Ids) -> u64 {
 /// in its own PID namespace (cr_run) are restored into a new namespace:
 /// there the processes see their saved ids ("inner"), while the restorer
 /// traces them under new ones ("outer"). Otherwise both are the saved PIDs.
+#[derive(Clone)]
 pub struct Ids {
     pub pidns: bool,
     /// The stubs are traced with PTRACE_O_SUSPEND_SECCOMP (the restorer
