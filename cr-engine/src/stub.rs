@@ -160,6 +160,20 @@ impl<'a> Stub<'a> {
         Ok(())
     }
 
+    /// Hand the stub over to another thread of ours (its queued calls run
+    /// first): see `Injector::park`. Until [`Stub::unpark`] by the thread
+    /// that goes on with it, nothing may be injected.
+    pub fn park(&mut self) -> Result<()> {
+        self.flush()?;
+        self.inj.park()
+    }
+
+    /// Take a stub parked by another thread, traced by this one with
+    /// `options` (`kinds::tree::restore::stub_options`).
+    pub fn unpark(&mut self, options: u64) -> Result<()> {
+        self.inj.unpark(options)
+    }
+
     /// Run the queue (not empty); the raw result of its last call, whose
     /// failure is left to the caller when it is `call`'s.
     fn run_queue(&mut self, last_is_call: bool) -> Result<i64> {

@@ -92,6 +92,10 @@ pub struct Tracee {
     /// so that the injection goes on ([`Tracee::take_stop`]); sent again
     /// when the thread is let go (0: none).
     taken_stop: i32,
+    /// Handed over to another tracer thread ([`Tracee::park`]): no
+    /// thread traces it until [`Tracee::unpark`]; dropped so, a stub
+    /// (`OnDrop::Kill`) is killed all the same.
+    parked: bool,
 }
 
 /// The ptrace requests nix lacks (PTRACE_GETREGSET with NT_X86_XSTATE,
@@ -318,6 +322,7 @@ impl Tracee {
             on_drop,
             event_sig: 0,
             taken_stop: 0,
+            parked: false,
         };
         t.interrupt()?;
         Ok(t)
@@ -357,6 +362,7 @@ impl Tracee {
             on_drop,
             event_sig: 0,
             taken_stop: 0,
+            parked: false,
         };
         loop {
             match t.wait_stop()? {
@@ -657,6 +663,46 @@ impl Tracee {
         }
     }
 
+    /// Let the thread go at the syscall-entry stop it is in (its call,
+    /// one that sleeps until a signal comes or ptrace interrupts it, such
+    /// as `pause` with every signal blocked, then runs untraced) so that
+    /// another thread of ours can trace it ([`Tracee::unpark`]): ptrace ties
+    /// a tracee to the one thread that seized it. No group stop is used
+    /// (a SIGSTOP given at the detach would leave the process stopped for
+    /// good at its release). Until the unpark nothing kills it if we die
+    /// (no PTRACE_O_EXITKILL): callers keep that window short.
+    pub fn park(&mut self) -> Result<()> {
+        if !self.attached || !self.stopped {
+            return Err(self.failed("park", Errno(libc::ESRCH)));
+        }
+        ptrace_raw(libc::PTRACE_DETACH, self.tid, 0, 0)
+            .map_err(|source| self.failed("detach to hand over", source))?;
+        self.attached = false;
+        self.stopped = false;
+        self.parked = true;
+        Ok(())
+    }
+
+    /// Trace a thread [`Tracee::park`]ed by another thread of ours, from
+    /// this one: PTRACE_SEIZE with `options` (they are the tracer's, not
+    /// the thread's: PTRACE_O_EXITKILL and the others are given again),
+    /// then PTRACE_INTERRUPT, which ends its sleeping call, and its stop.
+    /// Its registers are those of the interrupted call (an injector
+    /// writes every one it needs).
+    pub fn unpark(&mut self, options: u64) -> Result<()> {
+        if !self.parked {
+            return Err(self.failed("unpark", Errno(libc::ESRCH)));
+        }
+        let opts = ptrace::Options::from_bits_retain(options as libc::c_int);
+        ptrace::seize(self.pid(), opts).map_err(|e| self.failed("seize", e.into()))?;
+        self.parked = false;
+        self.attached = true;
+        let event_sig = self.event_sig;
+        let r = self.interrupt();
+        self.event_sig = event_sig;
+        r
+    }
+
     /// Detach, delivering `sig` (0 for none). The thread runs on.
     pub fn detach(mut self, sig: i32) -> Result<()> {
         self.detach_inner(sig)
@@ -741,6 +787,11 @@ impl Tracee {
 
 impl Drop for Tracee {
     fn drop(&mut self) {
+        if self.parked && self.on_drop == OnDrop::Kill {
+            // Traced by none of our threads: killed; its parent reaps it.
+            let _ = kill(self.tid, libc::SIGKILL);
+            return;
+        }
         if !self.attached {
             return;
         }

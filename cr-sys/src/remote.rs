@@ -330,6 +330,41 @@ impl<'a> Injector<'a> {
         )
     }
 
+    /// Hand the tracee over to another thread of ours (see
+    /// [`Tracee::park`]): it is left in `pause` (every signal blocked,
+    /// so only ptrace's interrupt ends it), entered at the syscall-entry
+    /// stop where it is detached. [`Injector::unpark`] on the other
+    /// thread takes it, and the injector goes on there (it is `Send`).
+    pub fn park(&mut self) -> Result<()> {
+        let mut regs = self.saved;
+        regs.rip = self.ip;
+        regs.rax = libc::SYS_pause as u64;
+        regs.orig_rax = u64::MAX;
+        self.t.set_regs(&regs)?;
+        self.t.resume(libc::PTRACE_SYSCALL, 0)?;
+        loop {
+            let stop = self.t.wait_stop()?;
+            count_stop();
+            match stop {
+                Stop::Syscall => break,
+                Stop::Signal(sig) if is_stop_signal(sig) => {
+                    self.t.take_stop(sig);
+                    self.t.resume(libc::PTRACE_SYSCALL, 0)?;
+                }
+                other => return Err(unexpected(self.t.tid(), other, "park")),
+            }
+        }
+        self.t.park()
+    }
+
+    /// Take a tracee [`Injector::park`]ed by another thread, traced from
+    /// now on by this one with `options` (PTRACE_O_*).
+    pub fn unpark(&mut self, options: u64) -> Result<()> {
+        self.t.unpark(options)?;
+        count_stop();
+        Ok(())
+    }
+
     /// Put the registers and signal mask back as they were.
     pub fn finish(mut self) -> Result<()> {
         self.restore()

@@ -22,10 +22,22 @@ const STUB_OPTIONS: u64 = (libc::PTRACE_O_TRACESYSGOOD
     | libc::PTRACE_O_TRACECLONE
     | libc::PTRACE_O_TRACEFORK) as u64;
 
+/// The options a stub is traced with by whichever of our threads holds
+/// it (ptrace options belong to the tracer: a stub handed over to
+/// another thread, `Stub::unpark`, is seized with them again).
+pub fn stub_options(ids: &Ids) -> u64 {
+    if ids.seccomp_suspended {
+        STUB_OPTIONS | cr_sys::ptrace::PTRACE_O_SUSPEND_SECCOMP
+    } else {
+        STUB_OPTIONS
+    }
+}
+
 /// PIDs of the image's processes at restore time. Images taken from a job
 /// in its own PID namespace (cr_run) are restored into a new namespace:
 /// there the processes see their saved ids ("inner"), while the restorer
 /// traces them under new ones ("outer"). Otherwise both are the saved PIDs.
+#[derive(Clone)]
 pub struct Ids {
     pub pidns: bool,
     /// The stubs are traced with PTRACE_O_SUSPEND_SECCOMP (the restorer
