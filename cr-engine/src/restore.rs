@@ -491,6 +491,14 @@ fn rebuild_all(
                 && !p.is_zombie()
                 && p.fd_table_of.is_none()
                 && !ck.processes.iter().any(|q| q.fd_table_of == Some(p.pid))
+                // A process that had unmapped its [vdso]: its calls move
+                // from the parked vDSO to its own code
+                // (`memory::vdso::unmap_parked`), where a `pause` to park
+                // it in faulted. Kept on this thread.
+                && p
+                    .vmas
+                    .iter()
+                    .any(|v| v.kind == cr_image::model::VmaKind::Vdso)
         })
         .collect();
     // Its last steps too when they need no order: no fs information

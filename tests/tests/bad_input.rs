@@ -338,7 +338,10 @@ fn checkpoint_refuses_io_uring() {
 
 #[test]
 fn checkpoint_refuses_packet_socket_with_a_ring() {
-    unsupported_fd("packet_ring", Some("receive ring"));
+    unsupported_fd(
+        "packet_ring",
+        Some("queued in its transmit ring and not sent"),
+    );
 }
 
 /// `cr_checkpoint --check` names the refused fd in one line, exits 1, and

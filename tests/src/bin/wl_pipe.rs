@@ -4,7 +4,8 @@
 //! pipe (some data in it); `socket`: a unix socketpair (data queued);
 //! `eventfd`: an eventfd (read and written as a counter) — all three are
 //! saved and restored. `io_uring`: an io_uring instance and `packet_ring`:
-//! a packet socket with a receive ring — both refused by the checkpointer,
+//! a packet socket with a frame queued in its transmit ring and not sent —
+//! both refused by the checkpointer,
 //! which must name them and leave the process unharmed. Prints `READY fds A B`, waits
 //! for `go`, then checks that the fds still work and prints OK or FAIL.
 
@@ -58,12 +59,27 @@ fn main() {
                 unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
             // struct tpacket_req: block size, block count, frame size, frame count.
             let req: [u32; 4] = [4096, 1, 2048, 2];
-            // SAFETY: req is the 16-byte struct tpacket_req PACKET_RX_RING reads.
-            let r = unsafe { libc::setsockopt(fd, 263, 5, req.as_ptr().cast(), 16) };
+            // SAFETY: req is the 16-byte struct tpacket_req PACKET_TX_RING reads.
+            let r = unsafe { libc::setsockopt(fd, 263, 13, req.as_ptr().cast(), 16) };
             fds = [fd, fd];
-            if fd < 0 || r != 0 {
+            // Its first frame handed to the kernel (TP_STATUS_SEND_REQUEST)
+            // and never sent (no send(2)): what a checkpoint cannot keep.
+            // SAFETY: maps the 4096-byte ring of our own socket, nothing else.
+            let ring = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            };
+            if fd < 0 || r != 0 || ring == libc::MAP_FAILED {
                 -1
             } else {
+                // SAFETY: tp_status, the first word of the first frame header.
+                unsafe { std::ptr::write_volatile(ring.cast::<libc::c_ulong>(), 1) };
                 0
             }
         }
