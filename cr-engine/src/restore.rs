@@ -386,6 +386,7 @@ fn prepare_chain(
     // Every process took what it holds in /proc/PID of a process that had
     // exited: those directories are gone again before `--verify` looks.
     kinds::files::ghost::end_holders(&mut r);
+    kinds::files::relink::end_names(&mut r);
     // Of "processes".
     let kinds = r.stash.take::<RebuildTimes>().unwrap_or_default();
     if opts.verify {

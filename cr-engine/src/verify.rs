@@ -246,6 +246,7 @@ mod tests {
             aio: None,
             guards: Vec::new(),
             huge_page_size: 0,
+            relink: None,
         }
     }
 
@@ -265,7 +266,10 @@ mod tests {
             locks: Vec::new(),
             owner: None,
             signal: 0,
-            kind: FdKind::Regular { size: 9 },
+            kind: FdKind::Regular {
+                size: 9,
+                relink: None,
+            },
         }];
         p
     }

@@ -920,6 +920,21 @@ pub fn reopen(fd: &OwnedFd, accmode: i32) -> Result<OwnedFd> {
     open(&path, accmode | libc::O_NONBLOCK)
 }
 
+/// A new hard link `to` of the file that `from` names, following a last
+/// symbolic link of `from`: through /proc/PID/fd/N, the very file a
+/// process holds (linkat(2) with AT_SYMLINK_FOLLOW; the file must still
+/// have a name, the kernel refuses ENOENT for one whose last link is gone).
+pub fn link_following(from: &str, to: &str) -> Result<()> {
+    nix::unistd::linkat(
+        nix::fcntl::AT_FDCWD,
+        from,
+        nix::fcntl::AT_FDCWD,
+        to,
+        nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+    )
+    .or_sys(|| format!("link of {from} as {to}"))
+}
+
 /// open(2) with raw flags (close-on-exec added).
 pub fn open(path: &str, flags: i32) -> Result<OwnedFd> {
     if path.contains('\0') {

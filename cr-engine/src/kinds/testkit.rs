@@ -366,7 +366,20 @@ pub fn refused(name: &str, setup: &str, check: &str, says: &str) -> String {
 /// once the restore failed (to end what the program left outside its
 /// tree). The error is returned.
 pub fn restore_refused(name: &str, setup: &str, says: &str, after: impl FnOnce(&Path)) -> String {
+    restore_refused_with(name, setup, says, |_| {}, after)
+}
+
+/// [`restore_refused`], `before(dir)` run between the checkpoint and the
+/// restore (what changes while the program is away).
+pub fn restore_refused_with(
+    name: &str,
+    setup: &str,
+    says: &str,
+    before: impl FnOnce(&Path),
+    after: impl FnOnce(&Path),
+) -> String {
     let (dir, _log, pid, img) = start_and_kill(name, setup, "pass");
+    before(&dir);
     let err = crate::restore(&img, &RestoreOptions::default())
         .inspect(|&p| reap(p))
         .map_err(|e| cr_sys::error::one_line(&e));

@@ -66,6 +66,11 @@ pub enum FdKind {
     // kind "files"
     Regular {
         size: u64,
+        /// A hard link the checkpoint made to a file whose opened name
+        /// was removed while it kept other names (see
+        /// `cr_engine::kinds::files::relink`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        relink: Option<String>,
     },
     Directory,
     /// A device node: `mode` its permission bits, `uid` and `gid` its
@@ -349,7 +354,10 @@ impl Fd {
         let obj = |r: pb::ObjectRef| r.id;
         let kind = match f.kind {
             None => return Err("of a kind this build does not know".into()),
-            Some(K::Regular(r)) => FdKind::Regular { size: r.size },
+            Some(K::Regular(r)) => FdKind::Regular {
+                size: r.size,
+                relink: (!r.relink.is_empty()).then_some(r.relink),
+            },
             Some(K::Directory(_)) => FdKind::Directory,
             Some(K::CharDevice(c)) => FdKind::CharDevice {
                 rdev: c.rdev,
@@ -539,7 +547,10 @@ impl Fd {
         use pb::fd::Kind as K;
         let r = |id: u64| pb::ObjectRef { id };
         let kind = match &self.kind {
-            FdKind::Regular { size } => K::Regular(pb::RegularFile { size: *size }),
+            FdKind::Regular { size, relink } => K::Regular(pb::RegularFile {
+                size: *size,
+                relink: relink.clone().unwrap_or_default(),
+            }),
             FdKind::Directory => K::Directory(pb::Empty {}),
             FdKind::CharDevice {
                 rdev,

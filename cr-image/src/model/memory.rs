@@ -182,6 +182,10 @@ pub struct Vma {
     /// A hugetlb mapping (VmFlag `ht`): the size of its pages in bytes;
     /// 0 for base pages.
     pub huge_page_size: u64,
+    /// A file mapped by a name removed while it kept others: the
+    /// checkpoint's link to it (see `FdKind::Regular`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relink: Option<String>,
 }
 
 /// Size of struct io_event, and of the header of struct aio_ring.
@@ -334,6 +338,7 @@ impl Vma {
             aio,
             guards,
             huge_page_size: huge,
+            relink: (!v.relink.is_empty()).then_some(v.relink),
         })
     }
 
@@ -364,6 +369,7 @@ impl Vma {
             }),
             guards: self.guards.iter().flat_map(|&(a, b)| [a, b]).collect(),
             huge_page_size: self.huge_page_size,
+            relink: self.relink.clone().unwrap_or_default(),
         }
     }
 }

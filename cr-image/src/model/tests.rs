@@ -85,6 +85,7 @@ fn vma(start: u64, end: u64, kind: VmaKind) -> Vma {
         aio: None,
         guards: Vec::new(),
         huge_page_size: 0,
+        relink: None,
     }
 }
 
@@ -175,7 +176,11 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
         },
         vmas: vec![
             vma(0x1000_0000, 0x1001_0000, VmaKind::AnonPrivate),
-            vma(0x2000_0000, 0x2000_1000, VmaKind::FilePrivate),
+            Vma {
+                path: "/d/sub/f (deleted)".into(),
+                relink: Some("/d/.cr-relink.fd00.12".into()),
+                ..vma(0x2000_0000, 0x2000_1000, VmaKind::FilePrivate)
+            },
             vma(0x3000_0000, 0x3000_2000, VmaKind::AnonShared),
             Vma {
                 inode: 5,
@@ -275,7 +280,13 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                 },
             ),
             fd(1, FdKind::Pipe { object: 11 }),
-            fd(2, FdKind::Regular { size: 10 }),
+            fd(
+                2,
+                FdKind::Regular {
+                    size: 10,
+                    relink: Some("/d/.cr-relink-1-2".into()),
+                },
+            ),
             fd(3, FdKind::Directory),
             fd(
                 4,
@@ -375,7 +386,13 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
                     pid: pid as i32,
                 }),
                 signal: 10,
-                ..fd(15, FdKind::Regular { size: 10 })
+                ..fd(
+                    15,
+                    FdKind::Regular {
+                        size: 10,
+                        relink: None,
+                    },
+                )
             },
             fd(16, FdKind::InetSocket { object: 42 }),
             fd(17, FdKind::NetlinkSocket { object: 43 }),

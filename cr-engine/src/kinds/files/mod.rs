@@ -11,6 +11,7 @@
 //! deleted since is refused (O_PATH cannot be made on an unnamed file).
 
 pub mod ghost;
+pub mod relink;
 #[cfg(test)]
 mod tests;
 
@@ -71,7 +72,7 @@ impl FileKind for Files {
                     f.link
                 ))
             } else if ft.is_file() {
-                Ok(Some(FdKind::Regular { size: md.len() }))
+                regular(cx, f, md)
             } else if ft.is_dir() {
                 Ok(Some(FdKind::Directory))
             } else {
@@ -83,7 +84,7 @@ impl FileKind for Files {
         } else if ft.is_file() && md.nlink() == 0 {
             content(false, cx)
         } else if ft.is_file() {
-            Ok(Some(FdKind::Regular { size: md.len() }))
+            regular(cx, f, md)
         } else if ft.is_dir() {
             Ok(Some(FdKind::Directory))
         } else if ft.is_char_device() {
@@ -118,6 +119,11 @@ impl FileKind for Files {
                 f.link
             ))
         })
+    }
+
+    fn release(&self, r: &mut Restorer<'_>) -> Result<(), RestoreError> {
+        relink::release(r);
+        Ok(())
     }
 
     fn prepare(&self, r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError> {
@@ -216,6 +222,22 @@ impl FileKind for Files {
             _ => return None,
         })
     }
+}
+
+/// A regular file that has a name: by that name, or through a link the
+/// checkpoint makes when its name was removed and it kept others (see
+/// [`relink`]; not at a pre-flight or a `--verify`, which write nothing).
+fn regular(cx: &mut FdScan<'_>, f: &OpenFd<'_>, md: &std::fs::Metadata) -> Described {
+    let relink = if relink::wanted(&f.link, md) && cx.objects.is_some() && !cx.tree.verifying {
+        let open = format!("/proc/{}/fd/{}", f.pid, f.fd);
+        Some(relink::make(&open, &f.link, md)?)
+    } else {
+        None
+    };
+    Ok(Some(FdKind::Regular {
+        size: md.len(),
+        relink,
+    }))
 }
 
 /// An O_PATH fd of a symbolic link removed since: its target (read through
@@ -426,6 +448,23 @@ pub fn mapping_object(cx: &mut Proc<'_, '_>, v: &Vma) -> Result<Option<u64>, Che
         CheckpointError::unsupported(cx.pid, format!("mapping at {:#x} of {what}", v.start))
     })?;
     Ok(Some(v.inode))
+}
+
+/// A file mapping `v` of the frozen process `pid` by a name removed while
+/// the file kept others: the checkpoint's link to it (see [`relink`]).
+pub fn mapping_relink(pid: i32, v: &Vma) -> Result<Option<String>, CheckpointError> {
+    if !v.path.ends_with(" (deleted)") || v.path.starts_with("/memfd:") {
+        return Ok(None);
+    }
+    let link = format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end);
+    match std::fs::metadata(&link) {
+        Ok(md) if relink::wanted(&v.path, &md) => {
+            relink::make(&link, &v.path, &md).map(Some).map_err(|what| {
+                CheckpointError::unsupported(pid, format!("mapping at {:#x} of {what}", v.start))
+            })
+        }
+        _ => Ok(None),
+    }
 }
 
 /// A content object made again by [`file_object`].
@@ -692,10 +731,19 @@ pub fn reopen(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, extra: i32) -> Result<(), Re
         Some(_) if f.kind == FdKind::Directory => Some(ghost::dir(cx.r, &f.path)?),
         _ => None,
     };
+    // A file removed under its name that kept others: by its name made
+    // again for the while.
+    let relinked = match &f.kind {
+        FdKind::Regular {
+            relink: Some(link), ..
+        } => Some(relink::open_path(cx.r, &f.path, link)?),
+        _ => None,
+    };
     let stub = &mut cx.stub;
-    let got = match ghost {
-        Some(d) => stub.open_at_ours(d, ".", flags),
-        None => stub.open(&f.path, flags),
+    let got = match (ghost, &relinked) {
+        (Some(d), _) => stub.open_at_ours(d, ".", flags),
+        (None, Some(path)) => stub.open(path, flags),
+        (None, None) => stub.open(&f.path, flags),
     }
     .step(|| format!("cannot reopen {} as fd {}", f.path, f.fd))?;
     if got != f.fd as u64 {

@@ -503,3 +503,102 @@ expect(os.fstat(rw).st_nlink == 0, "still deleted")
 "#,
     );
 }
+
+/// A file open by a name removed while it kept another (linked under it
+/// before; zdtm unlink_regular00's shape: the removed name's directory is
+/// gone too), plus an O_PATH fd of it. It comes back as the same file as
+/// its other name (what the program writes shows there), at its offset,
+/// shown as before ("NAME (deleted)"), the directory made for a while
+/// gone again; a shared mapping of it too.
+#[test]
+fn file_removed_under_one_of_its_names_round_trip() {
+    let rt = round_trip(
+        "files-relink",
+        r#"
+sub = os.path.join(DIR, "sub")
+os.mkdir(sub)
+name = os.path.join(sub, "data")
+f = open(name, "w+b"); f.write(b"relinked " * 100); f.flush(); f.seek(7)
+po = os.open(name, 0o10000000)   # O_PATH
+import mmap
+m = mmap.mmap(f.fileno(), 900)
+other = os.path.join(DIR, "other")
+os.link(name, other)
+os.unlink(name); os.rmdir(sub)
+shown = os.readlink("/proc/self/fd/%d" % f.fileno())
+"#,
+        r#"
+expect(shown == name + " (deleted)", "shown before %r" % shown)
+now = os.readlink("/proc/self/fd/%d" % f.fileno())
+expect(now == shown, "shown after %r" % now)
+expect(f.tell() == 7, "offset %d" % f.tell())
+st = os.fstat(f.fileno())
+expect((st.st_dev, st.st_ino) == (os.stat(other).st_dev, os.stat(other).st_ino), "not the file of its other name")
+ps = os.stat("/proc/self/fd/%d" % po)
+expect(ps.st_ino == st.st_ino, "the O_PATH fd leads elsewhere")
+f.write(b"X"); f.flush()
+expect(open(other, "rb").read()[:9] == b"relinkeX ", "a write does not show under its other name")
+expect(not os.path.exists(sub), "the directory made for a while is left")
+m[0:1] = b"M"
+expect(open(other, "rb").read()[:2] == b"Me", "the mapping is not of the file of its other name")
+maps = [l.split(None, 5)[-1].strip() for l in open("/proc/self/maps") if "data" in l]
+expect(maps == [name + " (deleted)"], "the mapping is shown as %r" % maps)
+"#,
+    );
+    let links = |c: &cr_image::model::Checkpoint| {
+        c.processes[0]
+            .fds
+            .iter()
+            .filter_map(|f| match &f.kind {
+                cr_image::model::FdKind::Regular {
+                    relink: Some(l), ..
+                } => Some(l.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = links(&rt.before);
+    // The fd, the O_PATH fd and Python's copy of the fd for the mapping.
+    assert_eq!(
+        before.len(),
+        3,
+        "fds linked: {:?}",
+        rt.before.processes[0].fds
+    );
+    assert!(before.iter().all(|l| *l == before[0]), "one link per file");
+    let mapped = rt.before.processes[0]
+        .vmas
+        .iter()
+        .filter_map(|v| v.relink.clone())
+        .collect::<Vec<_>>();
+    assert_eq!(mapped, vec![before[0].clone()], "the mapping linked");
+    assert!(before[0].contains("/.cr-relink."), "{before:?}");
+    // The restored program's checkpoint linked it again, under the same name.
+    assert_eq!(links(&rt.after), before);
+}
+
+/// The link the checkpoint made for such a file is gone at the restore
+/// (the image was restored already): refused by name, nothing left.
+#[test]
+fn file_removed_under_one_of_its_names_without_its_link_is_named() {
+    crate::kinds::testkit::restore_refused_with(
+        "files-relink-gone",
+        r#"
+name = os.path.join(DIR, "data")
+f = open(name, "w+b"); f.write(b"x" * 10)
+os.link(name, os.path.join(DIR, "other"))
+os.unlink(name)
+"#,
+        "the link the checkpoint made to",
+        |dir| {
+            let links: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(".cr-relink."))
+                .collect();
+            assert_eq!(links.len(), 1, "the checkpoint's link");
+            std::fs::remove_file(links[0].path()).unwrap();
+        },
+        |_| {},
+    );
+}

@@ -143,6 +143,7 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         aio: None,
         guards: Vec::new(),
         huge_page_size,
+        relink: None,
     })
 }
 

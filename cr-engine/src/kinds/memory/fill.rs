@@ -377,7 +377,10 @@ pub fn file_path(r: &mut Restorer<'_>, v: &Vma) -> Result<String, RestoreError> 
                 v.start
             ))
         }),
-        None => Ok(v.path.clone()),
+        None => match &v.relink {
+            Some(link) => crate::kinds::files::relink::open_path(r, &v.path, link),
+            None => Ok(v.path.clone()),
+        },
     }
 }
 

@@ -236,6 +236,7 @@ fn mappings(
             .filter(|v| v.kind.is_file() && !v.is_shmem())
         {
             v.object = files::mapping_object(cx, v)?;
+            v.relink = files::mapping_relink(cx.pid, v)?;
         }
     }
     let owners = cx.d.stash.get::<ShmOwners>();
