@@ -1009,6 +1009,7 @@ fn rebuild_mid<'t>(
     let t_threads = Instant::now();
     kinds::threads::Threads::restore(&mut cx, p)?;
     phases.threads += t_threads.elapsed();
+    kinds::eventfds::open_thread_pidfds(&mut cx, p)?;
     Ok((cx.stub, cx.threads))
 }
 

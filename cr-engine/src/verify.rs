@@ -100,6 +100,11 @@ impl Compare<'_> {
         self.pids.get(&now).copied().unwrap_or(now)
     }
 
+    /// Whether `pid` is the PID of a process of the image.
+    pub fn is_image_pid(&self, pid: u32) -> bool {
+        self.pids.values().any(|&p| p == pid)
+    }
+
     pub fn found(&self) -> bool {
         self.first.is_some()
     }

@@ -751,8 +751,12 @@ pub(crate) fn validate(
             }
         }
         if let FdKind::Pidfd { pid, .. } = f.kind {
-            if pid != 0 && !pids.contains_key(&pid) {
-                return bad(format!("is a pidfd of process {pid}, not in the image"));
+            // (Or of a thread, PIDFD_THREAD: its id.)
+            let thread = || procs.iter().any(|q| q.threads.iter().any(|t| t.tid == pid));
+            if pid != 0 && !pids.contains_key(&pid) && !thread() {
+                return bad(format!(
+                    "is a pidfd of process or thread {pid}, not in the image"
+                ));
             }
         }
     }

@@ -241,7 +241,9 @@ fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
         return Ok(FdKind::Pidfd { pid: 0, dead });
     }
     // PIDFD_THREAD (O_EXCL): of one thread. A main thread's id is its
-    // process's, restored with it; pidfd_open takes the flag again.
+    // process's, restored with it; pidfd_open takes the flag again. One
+    // of another thread of the tree keeps that thread's id, and is opened
+    // once the threads exist ([`open_thread_pidfds`]).
     let thread = f.info.flags & libc::O_EXCL as u32 != 0;
     if !cx.tree.in_tree(pid) {
         let of_tree = thread
@@ -250,16 +252,16 @@ fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
                 .pids()
                 .iter()
                 .any(|p| std::path::Path::new(&format!("/proc/{p}/task/{pid}")).exists());
-        return Err(if of_tree {
-            format!(
-                "a pidfd of thread {pid} (PIDFD_THREAD), not a main thread (not supported: a restore opens fds before it makes the threads)"
-            )
-        } else {
-            format!(
-                "a pidfd of {} {pid}, outside the tree (a restore cannot give it that process again)",
-                if thread { "thread" } else { "process" }
-            )
-        });
+        if of_tree {
+            return Ok(FdKind::Pidfd {
+                pid: pid as u32,
+                dead: 0,
+            });
+        }
+        return Err(format!(
+            "a pidfd of {} {pid}, outside the tree (a restore cannot give it that process again)",
+            if thread { "thread" } else { "process" }
+        ));
     }
     Ok(FdKind::Pidfd {
         pid: pid as u32,
@@ -267,8 +269,81 @@ fn pidfd(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
     })
 }
 
+/// The process of the image and thread of it (not its main thread) whose
+/// id is `tid`.
+fn thread_of(ck: &Checkpoint, tid: u32) -> Option<(&Process, &cr_image::model::Thread)> {
+    ck.processes.iter().find_map(|q| {
+        q.threads
+            .iter()
+            .skip(1)
+            .find(|t| t.tid == tid)
+            .map(|t| (q, t))
+    })
+}
+
+/// Whether fd `fd` of `p` is a pidfd of a thread that is not a main
+/// thread (PIDFD_THREAD), opened once the threads exist
+/// ([`open_thread_pidfds`]).
+pub fn thread_pidfd(ck: &Checkpoint, p: &Process, fd: i32) -> bool {
+    p.fd(fd).is_some_and(|f| {
+        f.shared.is_none()
+            && matches!(f.kind, FdKind::Pidfd { pid, .. } if pid != 0 && thread_of(ck, pid).is_some())
+    })
+}
+
+/// The pidfds of threads (not main threads) that `p` holds, opened now
+/// that its threads, and those of the processes rebuilt before it, exist
+/// (and the fds of `p` that share them). A thread of a process rebuilt
+/// after it has no id yet: refused by name.
+pub fn open_thread_pidfds(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
+    let ck = cx.r.ck;
+    let mine = ck.processes.iter().position(|q| q.pid == p.pid);
+    for f in p.fds.iter().filter(|f| thread_pidfd(ck, p, f.fd)) {
+        let FdKind::Pidfd { pid: tid, .. } = f.kind else {
+            continue;
+        };
+        let Some((q, t)) = thread_of(ck, tid) else {
+            continue;
+        };
+        if ck.processes.iter().position(|x| x.pid == q.pid) > mine {
+            return Err(RestoreError::Unsupported(format!(
+                "fd {} of process {} is a pidfd of thread {tid} of process {}, which is rebuilt after it (not supported)",
+                f.fd, p.pid, q.pid
+            )));
+        }
+        let target = if ck.pidns { t.ns_tid } else { t.tid };
+        let what = || format!("cannot open a pidfd of thread {tid} as fd {}", f.fd);
+        let got = cx
+            .stub
+            .call(
+                "pidfd_open",
+                libc::SYS_pidfd_open,
+                [target as u64, (f.flags & PIDFD_FLAGS) as u64, 0, 0, 0, 0],
+            )
+            .step(what)?;
+        let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
+        cx.stub.place(got, f.fd, cloexec).step(what)?;
+        for d in p
+            .fds
+            .iter()
+            .filter(|d| d.shared.is_some_and(|s| s.pid == p.pid && s.fd == f.fd))
+        {
+            let cloexec = ((d.flags as i32) & libc::O_CLOEXEC) as u64;
+            cx.stub
+                .call(
+                    "dup3",
+                    libc::SYS_dup3,
+                    [f.fd as u64, d.fd as u64, cloexec, 0, 0, 0],
+                )
+                .step(|| format!("cannot share the pidfd of thread {tid} as fd {}", d.fd))?;
+        }
+    }
+    Ok(())
+}
+
 /// pidfd_open, inside the process, of the restored process `pid` of the
-/// image (by the PID the process sees it with), at the fd's number.
+/// image (by the PID the process sees it with), at the fd's number; a
+/// pidfd of a thread later ([`open_thread_pidfds`]).
 fn open_pidfd(
     cx: &mut Rebuild<'_, '_, '_>,
     f: &Fd,
@@ -305,6 +380,9 @@ fn open_pidfd(
         return Ok(Opened::Ours(made));
     }
     let ck = cx.r.ck;
+    if thread_of(ck, pid).is_some() && !ck.processes.iter().any(|q| q.pid == pid) {
+        return Ok(Opened::Later);
+    }
     let target = ck
         .processes
         .iter()

@@ -156,6 +156,69 @@ expect(os.waitpid(child, 0)[0] == child, "child killed through its pidfd")
     assert_eq!(pidfds(a), pidfds(b));
 }
 
+/// pidfds of threads that are not main threads (PIDFD_THREAD; zdtm
+/// pidfd_of_thread's shape): one of a thread of the process, non-blocking,
+/// with a copy (dup) sharing its description, both inherited by a child,
+/// which opens one more of its parent's thread (a process rebuilt after
+/// the thread's). Each names the same thread after the restore, and a
+/// signal sent through it with PIDFD_SIGNAL_THREAD reaches that thread.
+#[test]
+fn pidfds_of_threads_round_trip() {
+    let rt = round_trip(
+        "pidfds-threads",
+        r#"
+import threading
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])   # in every thread
+tids = []
+ready = threading.Event()
+def worker():
+    tids.append(threading.get_native_id())
+    ready.set()
+    while True:
+        time.sleep(60)
+threading.Thread(target=worker, daemon=True).start()
+ready.wait()
+tfd = os.pidfd_open(tids[0], os.O_EXCL | os.O_NONBLOCK)   # PIDFD_THREAD
+copy = os.dup(tfd)
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG
+    parents = os.pidfd_open(tids[0], os.O_EXCL)
+    os.write(w, b"x")
+    while True:
+        time.sleep(60)
+os.read(r, 1)
+def target(fd):
+    for line in open("/proc/self/fdinfo/%d" % fd):
+        if line.startswith("Pid:"):
+            return int(line.split()[1])
+def pending(tid):
+    for line in open("/proc/self/task/%d/status" % tid):
+        if line.startswith("SigPnd:"):
+            return int(line.split()[1], 16)
+"#,
+        r#"
+expect(target(tfd) == tids[0], "the thread's pidfd names %r, the thread is %d" % (target(tfd), tids[0]))
+expect(target(copy) == tids[0], "its copy names %r" % target(copy))
+fl = fcntl.fcntl(tfd, fcntl.F_GETFL)
+expect(fl & os.O_EXCL and fl & os.O_NONBLOCK, "PIDFD_THREAD | PIDFD_NONBLOCK: %o" % fl)
+expect(os.fstat(tfd).st_ino == os.fstat(copy).st_ino, "the same thread")
+signal.pidfd_send_signal(tfd, signal.SIGUSR2, None, 1)   # PIDFD_SIGNAL_THREAD
+bit = 1 << (signal.SIGUSR2 - 1)
+expect(pending(tids[0]) & bit, "the signal is not pending for the thread: %x" % pending(tids[0]))
+expect(not pending(os.getpid()) & bit, "the signal went to the main thread")
+os.kill(child, signal.SIGKILL)
+expect(os.waitpid(child, 0)[0] == child, "child ended")
+"#,
+    );
+    let (a, b) = rt.roots();
+    assert_eq!(pidfds(a).len(), 2, "{:?}", a.fds);
+    assert_eq!(pidfds(a), pidfds(b));
+    let child = &rt.before.processes[1];
+    assert_eq!(pidfds(child).len(), 3, "{:?}", child.fds);
+}
+
 /// The pidfds of `p`: (fd, the image's PID they name).
 fn pidfds(p: &cr_image::model::Process) -> Vec<(i32, u32)> {
     p.fds

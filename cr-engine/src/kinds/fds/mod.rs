@@ -312,8 +312,11 @@ impl Kind for Fds {
         for f in &p.fds {
             let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
             if let Some(s) = f.shared {
-                if s.pid == p.pid && tty::deferred(p, s.fd) {
-                    continue; // dup'ed after /dev/tty is opened again
+                if s.pid == p.pid
+                    && (tty::deferred(p, s.fd)
+                        || crate::kinds::eventfds::thread_pidfd(cx.r.ck, p, s.fd))
+                {
+                    continue; // dup'ed after /dev/tty or the thread is made again
                 }
                 share(cx, p, f, s, cloexec)?;
                 cx.stub.flush()?;
@@ -811,7 +814,11 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
             }
             (FdKind::Pidfd { pid: x, .. }, FdKind::Pidfd { pid: y, .. }) => {
                 let y = c.image_pid(*y);
-                c.same(&what, "pidfd of process", x, &y);
+                // A thread's (PIDFD_THREAD) keeps its id, as seen from
+                // here unless the image has a PID namespace of its own.
+                if x == &y || !c.pidns || c.is_image_pid(*x) {
+                    c.same(&what, "pidfd of process", x, &y);
+                }
             }
             // The kernel lists an interest list in its own order.
             (FdKind::Epoll { items: x }, FdKind::Epoll { items: y }) => {
