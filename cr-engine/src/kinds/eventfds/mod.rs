@@ -312,32 +312,31 @@ pub fn open_thread_pidfds(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(
             )));
         }
         let target = if ck.pidns { t.ns_tid } else { t.tid };
-        let what = || format!("cannot open a pidfd of thread {tid} as fd {}", f.fd);
-        let got = cx
-            .stub
-            .call(
-                "pidfd_open",
-                libc::SYS_pidfd_open,
-                [target as u64, (f.flags & PIDFD_FLAGS) as u64, 0, 0, 0, 0],
-            )
-            .step(what)?;
-        let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
-        cx.stub.place(got, f.fd, cloexec).step(what)?;
-        for d in p
-            .fds
-            .iter()
-            .filter(|d| d.shared.is_some_and(|s| s.pid == p.pid && s.fd == f.fd))
-        {
-            let cloexec = ((d.flags as i32) & libc::O_CLOEXEC) as u64;
-            cx.stub
-                .call(
-                    "dup3",
-                    libc::SYS_dup3,
-                    [f.fd as u64, d.fd as u64, cloexec, 0, 0, 0],
-                )
-                .step(|| format!("cannot share the pidfd of thread {tid} as fd {}", d.fd))?;
-        }
+        pidfd_at(cx, f, target, &format!("thread {tid}"))?;
+        crate::kinds::fds::share_within(cx, p, f.fd)?;
     }
+    Ok(())
+}
+
+/// pidfd_open, inside the process, of `target` (as the process sees it:
+/// `who`), with the fd's flags, at the fd's number.
+fn pidfd_at(
+    cx: &mut Rebuild<'_, '_, '_>,
+    f: &Fd,
+    target: u32,
+    who: &str,
+) -> Result<(), RestoreError> {
+    let what = || format!("cannot open a pidfd of {who} as fd {}", f.fd);
+    let got = cx
+        .stub
+        .call(
+            "pidfd_open",
+            libc::SYS_pidfd_open,
+            [target as u64, (f.flags & PIDFD_FLAGS) as u64, 0, 0, 0, 0],
+        )
+        .step(what)?;
+    let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
+    cx.stub.place(got, f.fd, cloexec).step(what)?;
     Ok(())
 }
 
@@ -394,18 +393,7 @@ fn open_pidfd(
                 f.fd
             ))
         })?;
-    let got = cx
-        .stub
-        .call(
-            "pidfd_open",
-            libc::SYS_pidfd_open,
-            [target as u64, (f.flags & PIDFD_FLAGS) as u64, 0, 0, 0, 0],
-        )
-        .step(|| format!("cannot open a pidfd of process {pid} as fd {}", f.fd))?;
-    let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
-    cx.stub
-        .place(got, f.fd, cloexec)
-        .step(|| format!("cannot move the pidfd to fd {}", f.fd))?;
+    pidfd_at(cx, f, target, &format!("process {pid}"))?;
     Ok(Opened::InStub)
 }
 

@@ -361,6 +361,30 @@ impl Kind for Fds {
     }
 }
 
+/// The fds of `p` that share the description of its fd `fd`, opened late
+/// (a /dev/tty, a thread's pidfd), made its copies now.
+pub fn share_within(
+    cx: &mut Rebuild<'_, '_, '_>,
+    p: &Process,
+    fd: i32,
+) -> Result<(), RestoreError> {
+    for d in p
+        .fds
+        .iter()
+        .filter(|d| d.shared.is_some_and(|s| s.pid == p.pid && s.fd == fd))
+    {
+        let cloexec = ((d.flags as i32) & libc::O_CLOEXEC) as u64;
+        cx.stub
+            .call(
+                "dup3",
+                libc::SYS_dup3,
+                [fd as u64, d.fd as u64, cloexec, 0, 0, 0],
+            )
+            .step(|| format!("cannot make fd {} a copy of fd {fd}", d.fd))?;
+    }
+    Ok(())
+}
+
 /// Whether an fd may have an I/O signal owner worth asking for: what
 /// delivers SIGIO or SIGURG (sockets, pipes, terminals), any fd in
 /// O_ASYNC mode, and one holding a file lease (a break signals the owner,

@@ -749,20 +749,7 @@ pub fn deferred(p: &Process, fd: i32) -> bool {
 pub fn reopen_dev_tty(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     for f in p.fds.iter().filter(|f| deferred(p, f.fd)) {
         files::reopen(cx, f, libc::O_NOCTTY)?;
-        for d in p
-            .fds
-            .iter()
-            .filter(|d| d.shared.is_some_and(|s| s.pid == p.pid && s.fd == f.fd))
-        {
-            let cloexec = ((d.flags as i32) & libc::O_CLOEXEC) as u64;
-            cx.stub
-                .call(
-                    "dup3",
-                    libc::SYS_dup3,
-                    [f.fd as u64, d.fd as u64, cloexec, 0, 0, 0],
-                )
-                .step(|| format!("cannot share /dev/tty as fd {}", d.fd))?;
-        }
+        crate::kinds::fds::share_within(cx, p, f.fd)?;
     }
     Ok(())
 }
