@@ -380,6 +380,7 @@ fn prepare_chain(
         opts,
         &mut phases,
     )?;
+    open_deferred(&ck, &mut r, &mut stubs, &pages, &pieces)?;
     let rebuilt = t_rebuild.elapsed();
     kinds::tty::hang_up(&mut r);
     steps.mark("processes");
@@ -745,6 +746,57 @@ fn rebuild_all(
         drop(job_tx);
         res
     })
+}
+
+/// What is opened once every process of the tree is rebuilt: the pidfds
+/// of threads of processes rebuilt after the process holding them, with
+/// their copies and the epoll items watching them
+/// (`kinds::eventfds::open_deferred`). Injected into each such process's
+/// main thread, stopped where its rebuild left it (its registers, mask
+/// and memory as they are once the calls are done), with scratch memory
+/// for the while.
+fn open_deferred(
+    ck: &Checkpoint,
+    r: &mut Restorer<'_>,
+    stubs: &mut [Tracee],
+    pages: &Pages<'_>,
+    pieces: &HashMap<u32, Vec<Piece>>,
+) -> Result<(), RestoreError> {
+    for (p, t) in ck.processes.iter().zip(stubs.iter_mut()) {
+        if p.is_zombie() || !kinds::eventfds::has_deferred(ck, p) {
+            continue;
+        }
+        let filtered = p
+            .threads
+            .iter()
+            .any(|t| t.seccomp.mode != SeccompMode::None);
+        if filtered && !r.ids.seccomp_suspended {
+            return Err(RestoreError::Unsupported(format!(
+                "process {} holds pidfds of threads of processes rebuilt after it, and has a seccomp filter, which would judge the calls that open them (not supported)",
+                p.pid
+            )));
+        }
+        debug!(pid = p.pid, "opening the fds left for the end");
+        let ip = find_syscall_insn(t.tid())?;
+        let mut stub = Stub::new(Injector::new(t, ip)?);
+        let scratch = stub
+            .inj
+            .mmap_anon(0, crate::stub::SCRATCH)
+            .step(|| format!("cannot map scratch memory in process {}", p.pid))?;
+        stub.scratch = scratch;
+        let pieces = pieces.get(&p.pid).map_or(&[][..], |v| v.as_slice());
+        let mut cx = Rebuild::new(stub, r, pages, pieces, p, false);
+        kinds::eventfds::open_deferred(&mut cx, p)?;
+        let mut stub = cx.stub;
+        stub.call(
+            "munmap",
+            libc::SYS_munmap,
+            [scratch, crate::stub::SCRATCH, 0, 0, 0, 0],
+        )
+        .step(|| "cannot unmap the restorer's scratch memory".into())?;
+        stub.inj.finish()?;
+    }
+    Ok(())
 }
 
 /// A stub handed over to a cleaner thread ([`rebuild_all`]): to empty, or

@@ -13,7 +13,11 @@
 //! back (each item carries the process's own fd number); timerfds are
 //! armed at the release, when the tree starts running; a pidfd is opened
 //! inside the process (pidfd_open of the restored process, by its PID as
-//! the process sees it); a pidfd of a process that had exited is one of a
+//! the process sees it), one of a thread that is not a main thread
+//! (PIDFD_THREAD) by the thread's id once the threads exist (those of a
+//! process rebuilt after the one holding it: once the whole tree is
+//! rebuilt, [`open_deferred`]), the epoll items watching it registered
+//! then; a pidfd of a process that had exited is one of a
 //! child of the restorer (one per dead process, so that the pidfds of one
 //! share their inode), which is ended and reaped at the release
 //! (`cr_sys::clone::Doomed`).
@@ -124,11 +128,11 @@ impl FileKind for EventFds {
     /// An edge-triggered program reads until EAGAIN on each report, and the
     /// kernel repeats edges itself (every write to a readable pipe), so a
     /// repeated edge is harmless where a lost one would hang it.
+    ///
+    /// An item whose file is a thread's pidfd, opened once the threads
+    /// exist ([`open_thread_pidfds`], [`open_deferred`]), is added then.
     fn after_fds(&self, cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
-        for f in p.fds.iter().filter(|f| f.shared.is_none()) {
-            watch(cx, p, f)?;
-        }
-        Ok(())
+        watch_opened(cx, p, Opening::WithFds)
     }
 
     /// Arm the timerfds with the time they had left, now that the tree
@@ -145,16 +149,48 @@ impl FileKind for EventFds {
     }
 }
 
-/// Register the interest list of epoll `f` of `p` (every fd of `p` open):
-/// see [`EventFds::after_fds`].
-pub fn watch(cx: &mut Rebuild<'_, '_, '_>, p: &Process, f: &Fd) -> Result<(), RestoreError> {
+/// Register, in every epoll of `p` (the first fd of its description), the
+/// items whose files are opened at `when`.
+fn watch_opened(
+    cx: &mut Rebuild<'_, '_, '_>,
+    p: &Process,
+    when: Opening,
+) -> Result<(), RestoreError> {
+    for f in p.fds.iter().filter(|f| f.shared.is_none()) {
+        watch(cx, p, f, Some(when))?;
+    }
+    Ok(())
+}
+
+/// Register the items of the interest list of epoll `f` of `p` whose files
+/// are opened at `when` (every fd of `p` open by then), or all of them
+/// (None): see [`EventFds::after_fds`].
+pub fn watch(
+    cx: &mut Rebuild<'_, '_, '_>,
+    p: &Process,
+    f: &Fd,
+    when: Option<Opening>,
+) -> Result<(), RestoreError> {
     let FdKind::Epoll { items } = &f.kind else {
         return Ok(());
     };
-    let mut order: Vec<&EpollItem> = items.iter().collect();
+    let ck = cx.r.ck;
+    let mut order: Vec<&EpollItem> = items
+        .iter()
+        .filter(|it| when.is_none_or(|w| opening(ck, p, it.open_as.unwrap_or(it.tfd)) == w))
+        .collect();
     order.sort_by_key(|it| !disarmed(it.events));
     for it in order {
         let rearm = disarmed(it.events);
+        if rearm && when.is_some_and(|w| w != Opening::WithFds) {
+            // Made to fire once, it would need a set holding nothing
+            // else (see `after_fds`); added as it is, it would report the
+            // thread's end, which the program no longer waits for.
+            return Err(RestoreError::Unsupported(format!(
+                "epoll fd {} of process {}: a one-shot item that fired, watching fd {}, a pidfd of a thread (not supported)",
+                f.fd, p.pid, it.tfd
+            )));
+        }
         let events = match rearm {
             true => it.events | EPOLL_ALL,
             false => it.events,
@@ -283,7 +319,7 @@ fn thread_of(ck: &Checkpoint, tid: u32) -> Option<(&Process, &cr_image::model::T
 
 /// Whether fd `fd` of `p` is a pidfd of a thread that is not a main
 /// thread (PIDFD_THREAD), opened once the threads exist
-/// ([`open_thread_pidfds`]).
+/// ([`open_thread_pidfds`], [`open_deferred`]).
 pub fn thread_pidfd(ck: &Checkpoint, p: &Process, fd: i32) -> bool {
     p.fd(fd).is_some_and(|f| {
         f.shared.is_none()
@@ -291,30 +327,130 @@ pub fn thread_pidfd(ck: &Checkpoint, p: &Process, fd: i32) -> bool {
     })
 }
 
+/// When an fd of a process is opened at restore.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Opening {
+    /// With the process's fds (kind "fds").
+    WithFds,
+    /// Once its threads exist, and those of the processes rebuilt before
+    /// it ([`open_thread_pidfds`]): a pidfd of one of those threads, and
+    /// its copies in the process.
+    AfterThreads,
+    /// Once every process of the tree is rebuilt ([`open_deferred`]): a
+    /// pidfd of a thread of a process rebuilt after it, and its copies
+    /// (in it, or in processes rebuilt after it).
+    AfterTree,
+}
+
+/// When fd `fd` of `p` is opened at restore.
+pub fn opening(ck: &Checkpoint, p: &Process, fd: i32) -> Opening {
+    let Some(f) = p.fd(fd) else {
+        return Opening::WithFds;
+    };
+    if let Some(s) = f.shared {
+        if s.pid == p.pid {
+            return opening(ck, p, s.fd);
+        }
+        let from = ck.processes.iter().find(|q| q.pid == s.pid);
+        return match from.map(|q| opening(ck, q, s.fd)) {
+            Some(Opening::AfterTree) => Opening::AfterTree,
+            // Copied from an fd opened before this process's fds.
+            _ => Opening::WithFds,
+        };
+    }
+    let FdKind::Pidfd { pid: tid, .. } = f.kind else {
+        return Opening::WithFds;
+    };
+    let Some((q, _)) = thread_of(ck, tid).filter(|_| tid != 0) else {
+        return Opening::WithFds;
+    };
+    let at = |pid: u32| ck.processes.iter().position(|x| x.pid == pid);
+    if at(q.pid) > at(p.pid) {
+        Opening::AfterTree
+    } else {
+        Opening::AfterThreads
+    }
+}
+
+/// Whether fd `fd` of `p` is a copy of an fd of another process that is
+/// opened once the whole tree is rebuilt ([`open_deferred`]).
+pub fn copy_of_deferred(ck: &Checkpoint, p: &Process, fd: i32) -> bool {
+    p.fd(fd).is_some_and(|f| {
+        f.shared.is_some_and(|s| s.pid != p.pid) && opening(ck, p, fd) == Opening::AfterTree
+    })
+}
+
 /// The pidfds of threads (not main threads) that `p` holds, opened now
 /// that its threads, and those of the processes rebuilt before it, exist
-/// (and the fds of `p` that share them). A thread of a process rebuilt
-/// after it has no id yet: refused by name.
+/// (and the fds of `p` that share them), with the epoll items watching
+/// them. A thread of a process rebuilt after it has no id yet: its pidfd
+/// waits for the whole tree ([`open_deferred`]).
 pub fn open_thread_pidfds(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let ck = cx.r.ck;
-    let mine = ck.processes.iter().position(|q| q.pid == p.pid);
+    let mut any = false;
     for f in p.fds.iter().filter(|f| thread_pidfd(ck, p, f.fd)) {
-        let FdKind::Pidfd { pid: tid, .. } = f.kind else {
+        if opening(ck, p, f.fd) != Opening::AfterThreads {
             continue;
-        };
-        let Some((q, t)) = thread_of(ck, tid) else {
-            continue;
-        };
-        if ck.processes.iter().position(|x| x.pid == q.pid) > mine {
-            return Err(RestoreError::Unsupported(format!(
-                "fd {} of process {} is a pidfd of thread {tid} of process {}, which is rebuilt after it (not supported)",
-                f.fd, p.pid, q.pid
-            )));
         }
-        let target = if ck.pidns { t.ns_tid } else { t.tid };
-        pidfd_at(cx, f, target, &format!("thread {tid}"))?;
-        crate::kinds::fds::share_within(cx, p, f.fd)?;
+        open_thread_pidfd(cx, p, f)?;
+        any = true;
     }
+    if any {
+        watch_opened(cx, p, Opening::AfterThreads)?;
+    }
+    Ok(())
+}
+
+/// Whether `p` has fds opened once the whole tree is rebuilt
+/// ([`open_deferred`]).
+pub fn has_deferred(ck: &Checkpoint, p: &Process) -> bool {
+    p.fds
+        .iter()
+        .any(|f| opening(ck, p, f.fd) == Opening::AfterTree)
+}
+
+/// Once every process of the tree is rebuilt (`p`'s stub ready again,
+/// the processes before it done): the pidfds `p` holds of threads of
+/// processes rebuilt after it, with their copies in `p`, its copies of
+/// such pidfds of processes rebuilt before it, and the epoll items
+/// watching them.
+pub fn open_deferred(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
+    let ck = cx.r.ck;
+    for f in &p.fds {
+        if opening(ck, p, f.fd) != Opening::AfterTree {
+            continue;
+        }
+        match f.shared {
+            None => open_thread_pidfd(cx, p, f)?,
+            Some(s) if s.pid != p.pid => {
+                let cloexec = f.flags as i32 & libc::O_CLOEXEC != 0;
+                crate::kinds::fds::share(cx, p, f, s, cloexec)?;
+            }
+            // Made by `share_within`.
+            Some(_) => {}
+        }
+    }
+    cx.stub.flush()?;
+    watch_opened(cx, p, Opening::AfterTree)
+}
+
+/// Thread pidfd `f` of `p` opened, with its copies in `p`.
+fn open_thread_pidfd(
+    cx: &mut Rebuild<'_, '_, '_>,
+    p: &Process,
+    f: &Fd,
+) -> Result<(), RestoreError> {
+    let ck = cx.r.ck;
+    let FdKind::Pidfd { pid: tid, .. } = f.kind else {
+        return Ok(());
+    };
+    let Some((_, t)) = thread_of(ck, tid) else {
+        return Ok(());
+    };
+    let target = if ck.pidns { t.ns_tid } else { t.tid };
+    pidfd_at(cx, f, target, &format!("thread {tid}"))?;
+    crate::kinds::fds::share_within(cx, p, f.fd)?;
+    cx.stub.flush()?;
     Ok(())
 }
 

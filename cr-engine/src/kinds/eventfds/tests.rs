@@ -219,6 +219,127 @@ expect(os.waitpid(child, 0)[0] == child, "child ended")
     assert_eq!(pidfds(child).len(), 3, "{:?}", child.fds);
 }
 
+/// An epoll watching a pidfd (PIDFD_THREAD) of a thread of the process
+/// that is not its main thread, opened only once the threads exist: after
+/// the restore the epoll reports nothing while the thread runs, and the
+/// pidfd readable once it has exited.
+#[test]
+fn epoll_of_a_thread_pidfd_round_trip() {
+    let rt = round_trip(
+        "epoll-thread-pidfd",
+        r#"
+import select, threading
+tids = []
+ready = threading.Event()
+r, w = os.pipe()
+def worker():
+    tids.append(threading.get_native_id())
+    ready.set()
+    os.read(r, 1)
+threading.Thread(target=worker, daemon=True).start()
+ready.wait()
+tfd = os.pidfd_open(tids[0], os.O_EXCL)   # PIDFD_THREAD
+ep = select.epoll()
+ep.register(tfd, select.EPOLLIN)
+expect(ep.poll(0) == [], "setup: the epoll reports the running thread")
+"#,
+        r#"
+expect(ep.poll(0) == [], "the epoll reports the thread before it exits: %r" % ep.poll(0))
+os.write(w, b"x")
+got = ep.poll(10)
+# EPOLLIN once it exited, EPOLLHUP once reaped (at once: not a main thread).
+expect(len(got) == 1 and got[0][0] == tfd and got[0][1] & select.EPOLLIN,
+       "once the thread exited, the epoll reports %r" % got)
+"#,
+    );
+    let (a, b) = rt.roots();
+    assert_eq!(pidfds(a).len(), 1, "{:?}", a.fds);
+    assert_eq!(pidfds(a), pidfds(b));
+}
+
+/// A process holding a pidfd (PIDFD_THREAD) of a thread of its child that
+/// is not the child's main thread (the child is rebuilt after it), with a
+/// copy, an epoll watching it, and another child that inherited it: after
+/// the restore the pidfd (and the other child's) names that thread, a
+/// signal sent through it (PIDFD_SIGNAL_THREAD) is pending for that
+/// thread and not the child's main thread, the epoll reports nothing
+/// until the thread exits, then the pidfd readable.
+#[test]
+fn pidfd_of_a_childs_thread_round_trip() {
+    let rt = round_trip(
+        "pidfd-child-thread",
+        r#"
+import select
+r, w = os.pipe()
+go_r, go_w = os.pipe()
+child = os.fork()
+if child == 0:
+    import threading
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])   # in every thread
+    def worker():
+        os.write(w, struct.pack("i", threading.get_native_id()))
+        os.read(go_r, 1)
+    threading.Thread(target=worker, daemon=True).start()
+    while True:
+        time.sleep(60)
+tid, = struct.unpack("i", os.read(r, 4))
+tfd = os.pidfd_open(tid, os.O_EXCL | os.O_NONBLOCK)   # PIDFD_THREAD
+copy = os.dup(tfd)
+ep = select.epoll()
+ep.register(tfd, select.EPOLLIN)
+other = os.fork()        # rebuilt after the child: inherits the pidfd
+if other == 0:
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    while True:
+        time.sleep(60)
+def target(fd, pid="self"):
+    for line in open("/proc/%s/fdinfo/%d" % (pid, fd)):
+        if line.startswith("Pid:"):
+            return int(line.split()[1])
+def pending(t):
+    for line in open("/proc/%d/task/%d/status" % (child, t)):
+        if line.startswith("SigPnd:"):
+            return int(line.split()[1], 16)
+"#,
+        r#"
+expect(target(tfd) == tid, "the pidfd names %r, the child's thread is %d" % (target(tfd), tid))
+expect(target(copy) == tid, "its copy names %r" % target(copy))
+expect(target(tfd, other) == tid, "the other child's names %r" % target(tfd, other))
+expect(os.fstat(tfd).st_ino == os.fstat(copy).st_ino, "the copy names another thread")
+fl = fcntl.fcntl(tfd, fcntl.F_GETFL)
+expect(fl & os.O_EXCL and fl & os.O_NONBLOCK, "PIDFD_THREAD | PIDFD_NONBLOCK: %o" % fl)
+signal.pidfd_send_signal(tfd, signal.SIGUSR2, None, 1)   # PIDFD_SIGNAL_THREAD
+bit = 1 << (signal.SIGUSR2 - 1)
+expect(pending(tid) & bit, "the signal is not pending for the thread: %x" % pending(tid))
+expect(not pending(child) & bit, "the signal went to the child's main thread")
+expect(ep.poll(0) == [], "the epoll reports the thread before it exits: %r" % ep.poll(0))
+os.write(go_w, b"x")
+got = ep.poll(10)
+# EPOLLIN once it exited, EPOLLHUP once reaped (at once: not a main thread).
+expect(len(got) == 1 and got[0][0] == tfd and got[0][1] & select.EPOLLIN,
+       "once the thread exited, the epoll reports %r" % got)
+for c in (child, other):
+    os.kill(c, signal.SIGKILL)
+    expect(os.waitpid(c, 0)[0] == c, "child ended")
+"#,
+    );
+    let (a, b) = rt.roots();
+    assert_eq!(pidfds(a).len(), 2, "{:?}", a.fds);
+    let other = &rt.before.processes[2];
+    assert!(
+        other
+            .fds
+            .iter()
+            .any(|f| f.shared.is_some_and(|s| s.pid == a.pid)),
+        "{:?}",
+        other.fds
+    );
+    assert_eq!(pidfds(a), pidfds(b));
+    let tid = rt.before.processes[1].threads[1].tid;
+    assert!(pidfds(a).iter().all(|&(_, pid)| pid == tid), "{:?}", a.fds);
+}
+
 /// The pidfds of `p`: (fd, the image's PID they name).
 fn pidfds(p: &cr_image::model::Process) -> Vec<(i32, u32)> {
     p.fds

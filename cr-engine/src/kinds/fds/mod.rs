@@ -318,6 +318,9 @@ impl Kind for Fds {
                 {
                     continue; // dup'ed after /dev/tty or the thread is made again
                 }
+                if crate::kinds::eventfds::copy_of_deferred(cx.r.ck, p, f.fd) {
+                    continue; // taken once the whole tree is rebuilt
+                }
                 share(cx, p, f, s, cloexec)?;
                 cx.stub.flush()?;
                 continue;
@@ -576,7 +579,7 @@ pub fn seek(stub: &mut Stub<'_>, f: &Fd) -> Result<(), RestoreError> {
 /// An fd sharing its open file description with an fd restored before it:
 /// dup'ed in the same process, or taken from the other process with
 /// pidfd_getfd (the same description, so the offset stays shared).
-fn share(
+pub(crate) fn share(
     cx: &mut Rebuild<'_, '_, '_>,
     p: &Process,
     f: &Fd,

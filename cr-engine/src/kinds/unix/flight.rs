@@ -141,7 +141,7 @@ fn watch(
     drop(fd);
     let mut here = f.clone();
     here.fd = at;
-    crate::kinds::eventfds::watch(cx, p, &here)?;
+    crate::kinds::eventfds::watch(cx, p, &here, None)?;
     take_back(cx, at, what)
 }
 
