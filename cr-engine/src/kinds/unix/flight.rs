@@ -102,7 +102,7 @@ fn open_one(
             })
         }
         Opened::Later => Err(RestoreError::Unsupported(format!(
-            "{} in flight over socket:[{sock}] (a file opened only once the terminal is back; not supported)",
+            "{} in flight over socket:[{sock}] (a file opened only once the terminal is back, or a pidfd of a thread, opened once the threads exist; not supported)",
             f.path
         ))),
     }
