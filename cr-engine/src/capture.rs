@@ -357,6 +357,7 @@ fn preflight(
                     ppid: s.ppid as u32,
                     sid: s.session as u32,
                     zombie: false,
+                    exit_signal: s.exit_signal.unwrap_or(libc::SIGCHLD),
                 });
                 kinds::fds::preflight(p, &mut fds)?
             }
@@ -364,8 +365,9 @@ fn preflight(
             Err(_) => {}
         }
     }
-    tree::early_children(&sessions)
+    let plan = tree::early_children(&sessions)
         .map_err(|(p, why)| CheckpointError::unsupported(p as i32, why))?;
+    tree::helpers_possible(&plan)?;
     Ok(kinds::pipes::Outside::take_early(&mut fds))
 }
 

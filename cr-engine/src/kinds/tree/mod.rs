@@ -93,14 +93,40 @@ pub fn dead_leader(pid: i32) -> Result<(), CheckpointError> {
 }
 
 /// A process of the tree for [`early_children`]: its PID, its parent's,
-/// its session id, and whether it is a zombie (which makes no session and
-/// forks nothing at a restore).
+/// its session id, whether it is a zombie (which makes no session and
+/// forks nothing at a restore), and the signal it sends its parent when
+/// it exits.
 #[derive(Debug, Clone, Copy)]
 pub struct InSession {
     pub pid: u32,
     pub ppid: u32,
     pub sid: u32,
     pub zombie: bool,
+    pub exit_signal: i32,
+}
+
+/// What [`early_children`] plans for a restore.
+#[derive(Debug, Default)]
+pub struct SessionPlan {
+    /// The processes to fork before their parent's setsid.
+    pub early: BTreeSet<u32>,
+    /// Sessions whose leader is gone, each had from a helper.
+    pub helpers: Vec<SessionHelper>,
+}
+
+/// A session whose leader is gone (it made the session, forked, and
+/// exited: zdtm `session02`, a daemon's double fork under a subreaper).
+/// At a restore the stub of `parent` forks a helper with the session's
+/// id as its PID (the kernel never reuses a number a session still has,
+/// so it is free where the image's processes were), which calls setsid
+/// and forks `children` (children of `parent` in the session) with
+/// CLONE_PARENT, then exits and is reaped. Their descendants inherit the
+/// session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionHelper {
+    pub sid: u32,
+    pub parent: u32,
+    pub children: Vec<u32>,
 }
 
 /// How a restore gives every process its session back, or why it cannot.
@@ -112,21 +138,44 @@ pub struct InSession {
 /// are then in its session. A process in a session other than its
 /// parent's, not its own, was forked before its parent made its own
 /// session (`fork(); setsid()` in the parent: zdtm's `session00`), or
-/// descends from such a child. Such a process is forked *before* its
-/// parent's setsid, in the session the parent was born in; that parent
-/// must itself be born in that session, and so on up to the leader that
-/// made it.
+/// descends from such a child, or is in a session whose leader is gone
+/// (no process of the tree has its number: [`SessionHelper`]). A process
+/// of the first kind is forked *before* its parent's setsid, in the
+/// session the parent was born in; that parent must itself be born in
+/// that session, and so on up to the leader that made it.
 ///
 /// `procs` are the tree's processes, parents before children (the root
 /// first). Answers the PIDs of the processes to fork before their
-/// parent's setsid; refused with the process and why: a child in a
-/// session its parent was never in (the parent is no session leader, or
-/// the session's leader is not an ancestor: it exited, or the process was
-/// reparented), or children of one leader in two sessions other than its
-/// own.
-pub fn early_children(procs: &[InSession]) -> Result<BTreeSet<u32>, (u32, String)> {
+/// parent's setsid and the helpers; refused with the process and why: a
+/// child in a session its parent was never in whose leader is in the tree
+/// but no ancestor (reparented) or a zombie, children of one leader in
+/// two sessions other than its own, children of two parents in one
+/// session whose leader is gone, or children of one parent in such a
+/// session with exit signals other than SIGCHLD.
+pub fn early_children(procs: &[InSession]) -> Result<SessionPlan, (u32, String)> {
     let by_pid: HashMap<u32, &InSession> = procs.iter().map(|p| (p.pid, p)).collect();
     let leader = |p: &InSession| p.sid == p.pid && !p.zombie;
+    // In a session whose leader is not in the tree, which none of its
+    // ancestors is in (the root's session, or one inherited from an
+    // ancestor, is had through the ancestors): had from a helper.
+    let root = procs.first().map(|r| r.pid);
+    let from_helper = |c: &InSession| {
+        if c.zombie || Some(c.pid) == root || by_pid.contains_key(&c.sid) {
+            return false;
+        }
+        let mut up = by_pid.get(&c.ppid);
+        for _ in 0..procs.len() {
+            let Some(q) = up else { break };
+            if q.sid == c.sid {
+                return false;
+            }
+            if Some(q.pid) == root {
+                break;
+            }
+            up = by_pid.get(&q.ppid);
+        }
+        true
+    };
     // The session each process must be born in (None: any), children first.
     let mut born_in: HashMap<u32, Option<u32>> = HashMap::new();
     for p in procs.iter().rev() {
@@ -136,7 +185,10 @@ pub fn early_children(procs: &[InSession]) -> Result<BTreeSet<u32>, (u32, String
             Some(p.sid)
         } else {
             let mut need = None;
-            for c in procs.iter().filter(|c| c.ppid == p.pid && c.pid != p.pid) {
+            for c in procs
+                .iter()
+                .filter(|c| c.ppid == p.pid && c.pid != p.pid && !from_helper(c))
+            {
                 let Some(s) = born_in.get(&c.pid).copied().flatten() else {
                     continue;
                 };
@@ -158,7 +210,7 @@ pub fn early_children(procs: &[InSession]) -> Result<BTreeSet<u32>, (u32, String
         };
         born_in.insert(p.pid, need);
     }
-    let mut early = BTreeSet::new();
+    let mut plan = SessionPlan::default();
     for (i, p) in procs.iter().enumerate() {
         let Some(s) = born_in[&p.pid] else {
             continue;
@@ -181,18 +233,75 @@ pub fn early_children(procs: &[InSession]) -> Result<BTreeSet<u32>, (u32, String
             continue;
         }
         if leader(q) && born_in[&q.pid] == Some(s) {
-            early.insert(p.pid);
+            plan.early.insert(p.pid);
             continue;
         }
+        if from_helper(p) {
+            if p.exit_signal != libc::SIGCHLD {
+                return Err((
+                    p.pid,
+                    format!(
+                        "a process in session {s}, whose leader is gone, with exit signal {} (the helper that gives it the session at a restore forks it with CLONE_PARENT: SIGCHLD only)",
+                        p.exit_signal
+                    ),
+                ));
+            }
+            match plan.helpers.iter_mut().find(|h| h.sid == s) {
+                None => plan.helpers.push(SessionHelper {
+                    sid: s,
+                    parent: q.pid,
+                    children: vec![p.pid],
+                }),
+                Some(h) if h.parent == q.pid => h.children.push(p.pid),
+                Some(h) => {
+                    return Err((
+                        p.pid,
+                        format!(
+                            "a process in session {s}, whose leader is gone, as are children of another parent ({}, and its parent {}): a restore makes that session once, for the children of one parent",
+                            h.parent, q.pid
+                        ),
+                    ))
+                }
+            }
+            continue;
+        }
+        let why = match by_pid.get(&s) {
+            Some(l) if l.zombie => format!("its leader {s} is a zombie of the tree"),
+            Some(_) => {
+                format!("its leader {s} is in the tree but no ancestor: the process was reparented")
+            }
+            None => "the session's leader exited".into(),
+        };
         return Err((
             p.pid,
             format!(
-                "a process in session {s}, other than its parent {}'s ({}), that it could not get from its parent at a restore (the session's leader exited, or the process was reparented)",
+                "a process in session {s}, other than its parent {}'s ({}), that it could not get from its parent at a restore ({why})",
                 q.pid, q.sid
             ),
         ));
     }
-    Ok(early)
+    Ok(plan)
+}
+
+/// The sessions `plan` has made again by a helper are those whose leader
+/// is gone: one whose leader is alive outside the tree (a child that kept
+/// the shell's session when the root made its own) is refused by name,
+/// since a restore could not have the leader's PID for its helper.
+pub fn helpers_possible(plan: &SessionPlan) -> Result<(), CheckpointError> {
+    for h in &plan.helpers {
+        let Some(leader) = proc::pid_holder(h.sid as i32).filter(|l| !l.zombie && !l.exiting)
+        else {
+            continue;
+        };
+        return Err(CheckpointError::unsupported(
+            h.children.first().copied().unwrap_or(h.parent) as i32,
+            format!(
+                "a process in session {}, other than its parent {}'s, whose leader is alive outside the tree (`{}`): a restore could not make that session again",
+                h.sid, h.parent, leader.comm
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The fd tables and the fs information (working directory, root, umask)

@@ -101,10 +101,18 @@ impl Ids {
             return Ok(());
         }
         let deadline = std::time::Instant::now() + DYING_HOLDER_WAIT;
+        // The helpers of sessions whose leader is gone take the session's id.
+        let helpers: Vec<u32> = plan(&ck.processes)?.helpers.iter().map(|h| h.sid).collect();
+        for &sid in &helpers {
+            if let Some(e) = taken(sid as i32).filter(|_| !pid_exists(sid as i32)) {
+                return Err(e);
+            }
+        }
         for id in ck
             .processes
             .iter()
             .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
+            .chain(helpers.iter().copied())
         {
             let id = id as i32;
             let mut logged = false;
@@ -182,8 +190,7 @@ pub fn spawn(
     ids.outer.insert(root.pid, root_pid);
     debug!(root_pid, pidns = ids.pidns, "root stub seized");
     // Children forked before their parent's setsid (see `super::early_children`).
-    let early = super::early_children(&in_sessions(procs))
-        .map_err(|(p, why)| RestoreError::Unsupported(format!("process {p}: {why}")))?;
+    let plan = plan(procs)?;
     for i in 0..procs.len() {
         let p = &procs[i];
         let mut t = stubs[i].take().ok_or_else(|| {
@@ -198,8 +205,14 @@ pub fn spawn(
             .skip(1)
             .filter(|(_, c)| c.ppid == p.pid)
             .collect();
-        let (first, then): (Vec<_>, Vec<_>) =
-            kids.into_iter().partition(|(_, c)| early.contains(&c.pid));
+        let helpers: Vec<&super::SessionHelper> =
+            plan.helpers.iter().filter(|h| h.parent == p.pid).collect();
+        let (helped, kids): (Vec<_>, Vec<_>) = kids
+            .into_iter()
+            .partition(|(_, c)| helpers.iter().any(|h| h.children.contains(&c.pid)));
+        let (first, then): (Vec<_>, Vec<_>) = kids
+            .into_iter()
+            .partition(|(_, c)| plan.early.contains(&c.pid));
         // Those born in the session it was born in, then its own session:
         // a session leader creates it before forking the others, who
         // inherit it.
@@ -208,6 +221,14 @@ pub fn spawn(
             inject_once(&mut t, "setsid", libc::SYS_setsid, [0; 6])?;
         }
         fork_children(p, &mut t, then, ids, &mut stubs)?;
+        for h in helpers {
+            let kids = helped
+                .iter()
+                .filter(|(_, c)| h.children.contains(&c.pid))
+                .copied()
+                .collect();
+            fork_in_helper_session(p, &mut t, h, kids, ids, &mut stubs)?;
+        }
         stubs[i] = Some(t);
     }
     let mut stubs: Vec<Tracee> = stubs
@@ -218,8 +239,115 @@ pub fn spawn(
             })
         })
         .collect::<Result<_, _>>()?;
-    set_process_groups(procs, &mut stubs, ids, shell_job)?;
+    let sids: Vec<u32> = plan
+        .helpers
+        .iter()
+        .map(|h| helper_sid(procs, h, ids))
+        .collect();
+    set_process_groups(procs, &mut stubs, ids, shell_job, &sids)?;
     Ok(stubs)
+}
+
+/// The sessions of the image's processes as [`super::early_children`]
+/// plans them; its refusal names the process.
+fn plan(procs: &[Process]) -> Result<super::SessionPlan, RestoreError> {
+    super::early_children(&in_sessions(procs))
+        .map_err(|(p, why)| RestoreError::Unsupported(format!("process {p}: {why}")))
+}
+
+/// The id of helper `h`'s session as the restored processes see it (its
+/// PID): the session id of its first child (0 when outside the image's
+/// PID namespace).
+fn helper_sid(procs: &[Process], h: &super::SessionHelper, ids: &Ids) -> u32 {
+    procs
+        .iter()
+        .find(|c| h.children.first() == Some(&c.pid))
+        .map_or(0, |c| ids.sid_pgid(c).0)
+}
+
+/// Give `kids`, children of `p` (stub `t`) in the session of helper `h`
+/// whose leader is gone, that session (see [`super::SessionHelper`]): `t`
+/// forks a helper stub whose PID is the session's id, sharing `p`'s fd
+/// table and fs information (so that what the children share or copy is
+/// `p`'s), which calls setsid and forks the children with CLONE_PARENT
+/// (their parent is `p`; their exit signal, SIGCHLD, is the helper's).
+/// The helper then exits and is reaped by us, its tracer, while `p`
+/// ignores SIGCHLD: the kernel then reaps it for `p` at once and sends
+/// `p` no signal (its own action is put back right after).
+fn fork_in_helper_session(
+    p: &Process,
+    t: &mut Tracee,
+    h: &super::SessionHelper,
+    kids: Vec<(usize, &Process)>,
+    ids: &mut Ids,
+    stubs: &mut [Option<Tracee>],
+) -> Result<(), RestoreError> {
+    let sid = kids.first().map_or(0, |(_, c)| ids.sid_pgid(c).0);
+    if sid == 0 {
+        return Err(RestoreError::Unsupported(format!(
+            "process {}: a session whose leader is gone ({}), outside the image's PID namespace",
+            h.children.first().copied().unwrap_or(0),
+            h.sid
+        )));
+    }
+    let share = (libc::CLONE_FILES | libc::CLONE_FS) as u64;
+    let mut helper = fork_stub(t, sid as i32, share, libc::SIGCHLD)?;
+    inject_once(&mut helper, "setsid", libc::SYS_setsid, [0; 6])?;
+    debug!(
+        sid,
+        parent = t.tid(),
+        "helper leads a session whose leader is gone"
+    );
+    let wanted = kids
+        .iter()
+        .map(|(_, c)| {
+            let flags = sharing_flags(p, c)? | libc::CLONE_PARENT as u64;
+            Ok((ids.inner(c.pid) as i32, flags, 0))
+        })
+        .collect::<Result<Vec<_>, RestoreError>>()?;
+    for ((j, c), child) in kids.into_iter().zip(fork_stubs(&mut helper, &wanted)?) {
+        debug!(
+            parent = t.tid(),
+            child = child.tid(),
+            inner = ids.inner(c.pid),
+            "stub forked in a helper's session"
+        );
+        ids.outer.insert(c.pid, child.tid());
+        stubs[j] = Some(child);
+    }
+    inject_with_page(t, |inj, page| {
+        // struct sigaction (kernel): handler, flags, restorer, mask; the old one after it.
+        let ignore: Vec<u8> = [libc::SIG_IGN as u64, 0, 0, 0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        mem::write_vm(inj.pid(), page, &ignore)?;
+        let old = page + 64;
+        let sigchld = libc::SIGCHLD as u64;
+        inj.call(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            [sigchld, page, old, 8, 0, 0],
+        )?;
+        let exited = exit_helper(&mut helper);
+        inj.call(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            [sigchld, old, 0, 8, 0, 0],
+        )?;
+        exited
+    })
+}
+
+/// Make helper stub `h` exit (its tracer, the caller, reaps it).
+fn exit_helper(h: &mut Tracee) -> Result<(), RestoreError> {
+    let ip = find_syscall_insn(h.tid())?;
+    let mut inj = Injector::new(h, ip)?;
+    match inj.syscall_raw(libc::SYS_exit_group, [0; 6]) {
+        Err(cr_sys::SysError::Exited { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+        Ok(_) => Err(RestoreError::Unsupported("exit_group returned".into())),
+    }
 }
 
 /// The processes of the image as [`super::early_children`] takes them.
@@ -231,6 +359,7 @@ fn in_sessions(procs: &[Process]) -> Vec<super::InSession> {
             ppid: p.ppid,
             sid: p.sid,
             zombie: p.is_zombie(),
+            exit_signal: p.exit_signal,
         })
         .collect()
 }
@@ -454,13 +583,18 @@ fn set_process_groups(
     stubs: &mut [Tracee],
     ids: &Ids,
     shell_job: bool,
+    helper_sids: &[u32],
 ) -> Result<(), RestoreError> {
     // A zombie that led a group (it did setpgid, then exited) leads it
     // again: the group lives on while its zombie leader or any member does.
     let in_tree = |pgid: u32| pgid != 0 && procs.iter().any(|p| ids.inner(p.pid) == pgid);
     let i_am_root = |p: &Process| procs.first().is_some_and(|r| r.pid == p.pid);
     let mut helpers = Vec::new();
-    for (pgid, host) in leaderless_groups(procs, ids) {
+    // A group named after a helper's session is the helper's, inherited.
+    let groups = leaderless_groups(procs, ids)
+        .into_iter()
+        .filter(|(pgid, _)| !helper_sids.contains(pgid));
+    for (pgid, host) in groups {
         let mut h = fork_stub(&mut stubs[host], pgid as i32, 0, 0)?;
         inject_once(&mut h, "setpgid", libc::SYS_setpgid, [0; 6])?;
         debug!(
@@ -493,13 +627,7 @@ fn set_process_groups(
     for (pgid, host, mut h) in helpers {
         // It exits (no exit signal: its parent is not told) and its
         // parent reaps it; the group lives on with its members.
-        let ip = find_syscall_insn(h.tid())?;
-        let mut inj = Injector::new(&mut h, ip)?;
-        match inj.syscall_raw(libc::SYS_exit_group, [0; 6]) {
-            Err(cr_sys::SysError::Exited { .. }) => {}
-            Err(e) => return Err(e.into()),
-            Ok(_) => return Err(RestoreError::Unsupported("exit_group returned".into())),
-        }
+        exit_helper(&mut h)?;
         inject_once(
             &mut stubs[host],
             "wait4",

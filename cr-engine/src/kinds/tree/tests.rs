@@ -562,14 +562,15 @@ os.waitpid(kid, 0)
     );
 }
 
-/// A child in a session its parent is not in (zdtm session02): a process
+/// A child in a session whose leader is gone (zdtm session02): a process
 /// made a session (setsid), forked a sibling into it (CLONE_PARENT: the
-/// root's child), and exited. A restore forks each process from its
-/// parent's stub: refused by name before anything is stopped, and the
-/// two run on in their sessions.
+/// root's child), and exited. The restore has the session made again by a
+/// helper with the leader's PID, which forks the child with CLONE_PARENT
+/// and exits: the child is back in the session and its group, under the
+/// root, and the root has no zombie left and got no SIGCHLD.
 #[test]
-fn child_in_a_session_other_than_its_parents_is_refused() {
-    crate::kinds::testkit::refused(
+fn child_in_a_session_whose_leader_exited_round_trip() {
+    let rt = round_trip(
         "tree-foreign-session",
         r#"
 libc.syscall.restype = ctypes.c_long
@@ -586,14 +587,143 @@ if maker == 0:
     libc._exit(0)
 kid = struct.unpack("i", os.read(r, 4))[0]
 os.waitpid(maker, 0)
+chld = [0]
+def on_chld(sig, frame):
+    chld[0] += 1
+signal.signal(signal.SIGCHLD, on_chld)
 expect(os.getsid(kid) == maker and os.getsid(0) != maker, "setup: the sessions")
+expect(os.getpgid(kid) == maker, "setup: the group")
 "#,
         r#"
+WALL = 0x40000000
+def parent(p):
+    return int(open("/proc/%d/stat" % p).read().split(") ")[1].split()[1])
 expect(os.getsid(kid) == maker, "the child's session %d, was %d" % (os.getsid(kid), maker))
+expect(os.getpgid(kid) == maker, "the child's group %d, was %d" % (os.getpgid(kid), maker))
+expect(parent(kid) == os.getpid(), "the child's parent %d" % parent(kid))
+kids = open("/proc/%d/task/%d/children" % (os.getpid(), os.getpid())).read().split()
+expect(kids == [str(kid)], "the root's children %r" % kids)
+expect(os.waitpid(-1, os.WNOHANG | WALL) == (0, 0), "a child of the root to reap")
+expect(chld[0] == 0, "the root got %d SIGCHLD" % chld[0])
 os.kill(kid, signal.SIGKILL)
 os.waitpid(kid, 0)
 "#,
-        "other than its parent",
+    );
+    let ids = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<_> = c
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.ppid, p.pgid, p.sid, p.exit_signal))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(rt.before.processes.len(), 2);
+    assert_eq!(ids(&rt.before), ids(&rt.after));
+}
+
+/// A daemon's double fork under a subreaper: the root (a child
+/// subreaper) forks `b`, which makes a session, forks `c` (which forks
+/// `d`, the leader of a group of its own) and `e` (which makes a group,
+/// forks `f` into it and exits), then exits: `c` and `f` are the root's
+/// children in session `b`, `f` in group `e` whose leader is gone. After
+/// the restore (with --verify) all are in session `b` with their groups
+/// and parents, and the root has no zombie left.
+#[test]
+fn daemon_session_under_a_subreaper_round_trip() {
+    let rt = round_trip(
+        "tree-daemon-session",
+        r#"
+libc.prctl(36, 1, 0, 0, 0)                          # PR_SET_CHILD_SUBREAPER
+r, w = os.pipe()
+def hold():
+    while True:
+        libc.pause()
+b = os.fork()
+if b == 0:
+    os.setsid()
+    c = os.fork()
+    if c == 0:
+        d = os.fork()
+        if d == 0:
+            os.setpgid(0, 0)
+            hold()
+        os.write(w, struct.pack("iii", 0, os.getpid(), d))
+        hold()
+    e = os.fork()
+    if e == 0:
+        os.setpgid(0, 0)
+        f = os.fork()
+        if f == 0:
+            hold()
+        os.write(w, struct.pack("iii", 1, os.getpid(), f))
+        os._exit(0)
+    os.waitpid(e, 0)
+    os._exit(0)
+got = dict((t, (x, y)) for t, x, y in (struct.unpack("iii", os.read(r, 12)) for _ in range(2)))
+(c, d), (e, f) = got[0], got[1]
+os.waitpid(b, 0)
+def parent(p):
+    return int(open("/proc/%d/stat" % p).read().split(") ")[1].split()[1])
+while parent(c) != os.getpid() or parent(f) != os.getpid() or os.getpgid(d) != d:
+    time.sleep(0.01)
+expect(os.getsid(c) == b and os.getsid(d) == b and os.getsid(f) == b, "setup: the session")
+"#,
+        r#"
+WALL = 0x40000000
+def parent(p):
+    return int(open("/proc/%d/stat" % p).read().split(") ")[1].split()[1])
+me = os.getpid()
+for p, s, g, q in ((c, b, b, me), (d, b, d, c), (f, b, e, me)):
+    expect(os.getsid(p) == s, "process %d's session %d, was %d" % (p, os.getsid(p), s))
+    expect(os.getpgid(p) == g, "process %d's group %d, was %d" % (p, os.getpgid(p), g))
+    expect(parent(p) == q, "process %d's parent %d, was %d" % (p, parent(p), q))
+kids = sorted(open("/proc/%d/task/%d/children" % (me, me)).read().split())
+expect(kids == sorted([str(c), str(f)]), "the root's children %r" % kids)
+expect(os.waitpid(-1, os.WNOHANG | WALL) == (0, 0), "a child of the root to reap")
+for p in (d, c, f):
+    os.kill(p, signal.SIGKILL)
+os.waitpid(c, 0)
+os.waitpid(f, 0)
+"#,
+    );
+    let ids = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<_> = c
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.ppid, p.pgid, p.sid))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(rt.before.processes.len(), 4);
+    assert_eq!(ids(&rt.before), ids(&rt.after));
+}
+
+/// A child that kept the session its parent, the root, left (the root
+/// forked it, then made its own session): the session's leader is alive
+/// outside the tree, so no helper could have its PID at a restore.
+/// Refused by name before anything is stopped; both run on.
+#[test]
+fn child_in_a_live_session_outside_the_tree_is_refused() {
+    crate::kinds::testkit::refused(
+        "tree-outside-session",
+        r#"
+outside = os.getsid(0)
+kid = os.fork()
+if kid == 0:
+    libc.prctl(1, 9, 0, 0, 0)                       # PR_SET_PDEATHSIG: SIGKILL
+    while True:
+        libc.pause()
+os.setsid()
+expect(os.getsid(kid) == outside and os.getsid(0) == os.getpid(), "setup: the sessions")
+"#,
+        r#"
+expect(os.getsid(kid) == outside, "the child's session %d, was %d" % (os.getsid(kid), outside))
+os.kill(kid, signal.SIGKILL)
+os.waitpid(kid, 0)
+"#,
+        "whose leader is alive outside the tree",
     );
 }
 
@@ -679,38 +809,115 @@ fn early_children_plan() {
         ppid,
         sid,
         zombie: false,
+        exit_signal: libc::SIGCHLD,
     };
     // 10 (session 1) forks 11 and 12; 11 forks 13 in session 1, then
     // makes session 11; 12 is in session 1.
     let ok = [p(10, 1, 1), p(11, 10, 11), p(12, 10, 1), p(13, 11, 1)];
     assert_eq!(
-        early_children(&ok).unwrap().into_iter().collect::<Vec<_>>(),
+        early_children(&ok)
+            .unwrap()
+            .early
+            .into_iter()
+            .collect::<Vec<_>>(),
         [13]
     );
     // 20 leads session 20; 21 (session 20) forked 22 and 23; 22 kept
-    // session 20 under a leader 21 ... whose other child 23 is in session 5.
+    // session 20 under a leader 21 ... whose other child 23 is in session
+    // 5, whose leader is gone: had from a helper.
     let two = [p(20, 1, 20), p(21, 20, 21), p(22, 21, 20), p(23, 21, 5)];
+    let plan = early_children(&two).unwrap();
+    assert_eq!(plan.early.into_iter().collect::<Vec<_>>(), [22]);
+    assert_eq!(plan.helpers.len(), 1);
+    // ... in the root's session 1 instead: 21 cannot be born in both.
+    let two = [
+        p(19, 1, 1),
+        p(20, 19, 20),
+        p(21, 20, 21),
+        p(22, 21, 20),
+        p(23, 21, 1),
+    ];
     let (pid, why) = early_children(&two).unwrap_err();
     assert_eq!(pid, 21, "{why}");
     assert!(why.contains("two sessions"), "{why}");
-    // The root made its own session after forking a child that kept the old one.
+    // The root made its own session after forking a child that kept the
+    // old one, outside the tree: a helper's (whether that session's
+    // leader is gone is the checkpoint's question, `capture`).
     let root = [p(30, 1, 30), p(31, 30, 7)];
-    assert_eq!(early_children(&root).unwrap_err().0, 30);
+    let helper = |sid, parent, children| super::SessionHelper {
+        sid,
+        parent,
+        children,
+    };
+    assert_eq!(
+        early_children(&root).unwrap().helpers,
+        [helper(7, 30, vec![31])]
+    );
     // A chain: 40 forks 41, 41 forks 42 (session 1), 41 then 40 make their own.
     let chain = [p(40, 1, 40), p(41, 40, 41), p(42, 41, 1)];
-    assert_eq!(early_children(&chain).unwrap_err().0, 40);
+    assert_eq!(
+        early_children(&chain).unwrap().helpers,
+        [helper(1, 41, vec![42])]
+    );
+    // The root leads its session; its child is in the session of its
+    // sibling, who leads it: refused at the root.
+    let root = [p(30, 1, 30), p(31, 30, 32), p(32, 30, 32)];
+    assert_eq!(early_children(&root).unwrap_err().0, 30);
     let chain = [p(39, 1, 1), p(40, 39, 40), p(41, 40, 41), p(42, 41, 1)];
     assert_eq!(
         early_children(&chain)
             .unwrap()
+            .early
             .into_iter()
             .collect::<Vec<_>>(),
         [41, 42]
     );
-    // A non-leader parent cannot give a session it is not in.
-    let (pid, why) = early_children(&[p(50, 1, 1), p(51, 50, 1), p(52, 51, 9)]).unwrap_err();
+    // A session whose leader (9) is gone: a helper forks 52 and 53 for 51.
+    let gone = [
+        p(50, 1, 1),
+        p(51, 50, 1),
+        p(52, 51, 9),
+        p(53, 51, 9),
+        p(54, 52, 9),
+    ];
+    let plan = early_children(&gone).unwrap();
+    assert!(plan.early.is_empty());
+    assert_eq!(
+        plan.helpers,
+        [super::SessionHelper {
+            sid: 9,
+            parent: 51,
+            children: vec![52, 53]
+        }]
+    );
+    // ... a process under one of them, forked before its parent made its
+    // own session, is forked before that parent's setsid.
+    let under = [
+        p(50, 1, 1),
+        p(51, 50, 1),
+        p(52, 51, 9),
+        p(53, 52, 53),
+        p(54, 53, 9),
+    ];
+    let plan = early_children(&under).unwrap();
+    assert_eq!(plan.early.into_iter().collect::<Vec<_>>(), [54]);
+    assert_eq!(plan.helpers.len(), 1);
+    // ... once only: children of two parents in it are refused.
+    let two = [p(50, 1, 1), p(51, 50, 1), p(52, 51, 9), p(53, 50, 9)];
+    let (pid, why) = early_children(&two).unwrap_err();
+    assert_eq!(pid, 53);
+    assert!(why.contains("another parent"), "{why}");
+    // ... and a child with another exit signal than SIGCHLD.
+    let mut odd = p(52, 51, 9);
+    odd.exit_signal = libc::SIGUSR2;
+    let (pid, why) = early_children(&[p(50, 1, 1), p(51, 50, 1), odd]).unwrap_err();
+    assert_eq!(pid, 52);
+    assert!(why.contains("exit signal"), "{why}");
+    // A session whose leader is in the tree but no ancestor: refused.
+    let (pid, why) = early_children(&[p(50, 1, 1), p(51, 50, 51), p(52, 50, 51)]).unwrap_err();
     assert_eq!(pid, 52);
     assert!(why.contains("other than its parent"), "{why}");
+    assert!(why.contains("no ancestor"), "{why}");
 }
 
 /// A tree whose root leads its process group, of which a process outside
