@@ -305,16 +305,8 @@ fn fork_in_helper_session(
             Ok((ids.inner(c.pid) as i32, flags, 0))
         })
         .collect::<Result<Vec<_>, RestoreError>>()?;
-    for ((j, c), child) in kids.into_iter().zip(fork_stubs(&mut helper, &wanted)?) {
-        debug!(
-            parent = t.tid(),
-            child = child.tid(),
-            inner = ids.inner(c.pid),
-            "stub forked in a helper's session"
-        );
-        ids.outer.insert(c.pid, child.tid());
-        stubs[j] = Some(child);
-    }
+    let forked = fork_stubs(&mut helper, &wanted)?;
+    place(kids, forked, t.tid(), ids, stubs);
     inject_with_page(t, |inj, page| {
         // struct sigaction (kernel): handler, flags, restorer, mask; the old one after it.
         let ignore: Vec<u8> = [libc::SIG_IGN as u64, 0, 0, 0]
@@ -378,9 +370,23 @@ fn fork_children(
         .iter()
         .map(|(_, c)| Ok((ids.inner(c.pid) as i32, sharing_flags(p, c)?, c.exit_signal)))
         .collect::<Result<Vec<_>, RestoreError>>()?;
-    for ((j, c), child) in kids.into_iter().zip(fork_stubs(t, &wanted)?) {
+    let forked = fork_stubs(t, &wanted)?;
+    place(kids, forked, t.tid(), ids, stubs);
+    Ok(())
+}
+
+/// The stubs `forked` for `kids` (index in the image, process), children
+/// of the stub `parent`, each noted and put in its place in `stubs`.
+fn place(
+    kids: Vec<(usize, &Process)>,
+    forked: Vec<Tracee>,
+    parent: i32,
+    ids: &mut Ids,
+    stubs: &mut [Option<Tracee>],
+) {
+    for ((j, c), child) in kids.into_iter().zip(forked) {
         debug!(
-            parent = t.tid(),
+            parent,
             child = child.tid(),
             inner = ids.inner(c.pid),
             "stub forked"
@@ -388,7 +394,6 @@ fn fork_children(
         ids.outer.insert(c.pid, child.tid());
         stubs[j] = Some(child);
     }
-    Ok(())
 }
 
 /// The namespaces the tree had of its own besides its PID namespace (a

@@ -609,17 +609,8 @@ os.kill(kid, signal.SIGKILL)
 os.waitpid(kid, 0)
 "#,
     );
-    let ids = |c: &cr_image::model::Checkpoint| {
-        let mut v: Vec<_> = c
-            .processes
-            .iter()
-            .map(|p| (p.pid, p.ppid, p.pgid, p.sid, p.exit_signal))
-            .collect();
-        v.sort();
-        v
-    };
     assert_eq!(rt.before.processes.len(), 2);
-    assert_eq!(ids(&rt.before), ids(&rt.after));
+    assert_eq!(tree_ids(&rt.before), tree_ids(&rt.after));
 }
 
 /// A daemon's double fork under a subreaper: the root (a child
@@ -687,17 +678,8 @@ os.waitpid(c, 0)
 os.waitpid(f, 0)
 "#,
     );
-    let ids = |c: &cr_image::model::Checkpoint| {
-        let mut v: Vec<_> = c
-            .processes
-            .iter()
-            .map(|p| (p.pid, p.ppid, p.pgid, p.sid))
-            .collect();
-        v.sort();
-        v
-    };
     assert_eq!(rt.before.processes.len(), 4);
-    assert_eq!(ids(&rt.before), ids(&rt.after));
+    assert_eq!(tree_ids(&rt.before), tree_ids(&rt.after));
 }
 
 /// A child that kept the session its parent, the root, left (the root
@@ -785,17 +767,8 @@ os.waitpid(a, 0)
 os.waitpid(b, 0)
 "#,
     );
-    let ids = |c: &cr_image::model::Checkpoint| {
-        let mut v: Vec<_> = c
-            .processes
-            .iter()
-            .map(|p| (p.pid, p.ppid, p.pgid, p.sid))
-            .collect();
-        v.sort();
-        v
-    };
     assert_eq!(rt.before.processes.len(), 6);
-    assert_eq!(ids(&rt.before), ids(&rt.after));
+    assert_eq!(tree_ids(&rt.before), tree_ids(&rt.after));
 }
 
 /// [`super::early_children`] on shapes no workload makes easily: two
@@ -960,4 +933,16 @@ expect(os.getpgid(d) == os.getpid(), "setup: the daemon in our group")
         },
     );
     assert!(err.contains(&format!("process {}", daemon.get())), "{err}");
+}
+
+/// Each process's PID, parent, group, session and exit signal, sorted by
+/// PID.
+fn tree_ids(c: &cr_image::model::Checkpoint) -> Vec<(u32, u32, u32, u32, i32)> {
+    let mut v: Vec<_> = c
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.ppid, p.pgid, p.sid, p.exit_signal))
+        .collect();
+    v.sort();
+    v
 }
