@@ -40,7 +40,7 @@ signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 "#;
 
 const MIDDLE: &str = r#"
-write_in_dir("ready", "")
+write_in_dir("ready", str(os.getpid()))
 signal.sigwait({signal.SIGUSR1})
 try:
 "#;
@@ -332,9 +332,18 @@ fn start_and_kill(name: &str, setup: &str, check: &str) -> (PathBuf, PathBuf, i3
 /// [`round_trip`]): its checkpoint fails with an error that contains
 /// `says`, and the program runs on, untraced, and finds its resources as
 /// they were. The error is returned.
+///
+/// The program checkpointed is the one that wrote `ready` (its PID is in
+/// it): a setup may fork and leave its first process outside the tree,
+/// waiting for the rest (the leader of a session the tree's processes
+/// are in, say); that first process is reaped at the end.
 pub fn refused(name: &str, setup: &str, check: &str, says: &str) -> String {
     let (dir, log, child) = start(name, setup, check);
-    let pid = child.id() as i32;
+    let first = child.id() as i32;
+    let pid = std::fs::read_to_string(dir.join("ready"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(first);
     let err = match checkpoint_kill(pid, &dir.join("img")) {
         Ok(()) => {
             drop(child);
@@ -355,6 +364,9 @@ pub fn refused(name: &str, setup: &str, check: &str, says: &str) -> String {
         &log,
         &format!("{name}: the program after the refused checkpoint"),
     );
+    if pid != first {
+        reap(first);
+    }
     drop(child);
     let _ = std::fs::remove_dir_all(&dir);
     err

@@ -289,6 +289,17 @@ pub fn early_children(procs: &[InSession]) -> Result<SessionPlan, (u32, String)>
 /// since a restore could not have the leader's PID for its helper.
 pub fn helpers_possible(plan: &SessionPlan) -> Result<(), CheckpointError> {
     for h in &plan.helpers {
+        if h.sid == 0 {
+            // getsid() and /proc's stat say 0 for a session whose leader
+            // is in an ancestor PID namespace: no PID here to give a helper.
+            return Err(CheckpointError::unsupported(
+                h.children.first().copied().unwrap_or(h.parent) as i32,
+                format!(
+                    "a process in a session other than its parent {}'s, whose leader is outside the PID namespace (session 0): a restore could not make that session again",
+                    h.parent
+                ),
+            ));
+        }
         let Some(leader) = proc::pid_holder(h.sid as i32).filter(|l| !l.zombie && !l.exiting)
         else {
             continue;

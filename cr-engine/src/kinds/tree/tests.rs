@@ -685,13 +685,22 @@ os.waitpid(f, 0)
 /// A child that kept the session its parent, the root, left (the root
 /// forked it, then made its own session): the session's leader is alive
 /// outside the tree, so no helper could have its PID at a restore.
-/// Refused by name before anything is stopped; both run on.
+/// Refused by name before anything is stopped; both run on. The session
+/// left is one the program makes (its first process leads it and waits
+/// outside the tree): the test runner's own session may have no live
+/// leader (CI), or one outside this PID namespace.
 #[test]
 fn child_in_a_live_session_outside_the_tree_is_refused() {
     crate::kinds::testkit::refused(
         "tree-outside-session",
         r#"
+os.setsid()
+root = os.fork()
+if root != 0:
+    os.waitpid(root, 0)
+    os._exit(0)
 outside = os.getsid(0)
+expect(outside == os.getppid(), "setup: the outside session's leader is the parent")
 kid = os.fork()
 if kid == 0:
     libc.prctl(1, 9, 0, 0, 0)                       # PR_SET_PDEATHSIG: SIGKILL
