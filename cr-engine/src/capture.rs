@@ -695,6 +695,7 @@ impl Held {
             Some(l) if opts.action() != Action::Continue => l.image_name(),
             _ => None,
         };
+        let cgroup_dirs = kinds::cgroups::dirs::capture(&images, &pids);
         let ck = Checkpoint {
             meta: meta(root, &self.image_id, &images),
             root_pid: root as u32,
@@ -712,6 +713,7 @@ impl Held {
             cgroupns,
             netns,
             outside_files,
+            cgroup_dirs,
         };
         fault::check("before-commit")?;
         self.dir.commit(&ck, opts.fsync())?;
@@ -992,6 +994,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             cgroupns: None,
             netns: None,
             outside_files: Vec::new(),
+            cgroup_dirs: Vec::new(),
         };
         fault::check("before-commit")?;
         dir.commit(&ck, opts.fsync())?;

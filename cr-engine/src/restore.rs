@@ -324,9 +324,11 @@ fn prepare_chain(
     kinds::sysv::check(&ck)?;
     kinds::memory::vdso::check(&ck)?;
     kinds::threads::check_affinity(&ck.processes, &cr_sys::sched::online_cpus()?)?;
+    // The groups first: a process may hold files in one the restore makes.
+    kinds::cgroups::place(&mut ck, opts.cgroups)?;
+    kinds::cgroups::dirs::make(&ck)?;
     kinds::outside::check(&ck, &img, opts)?;
     kinds::inet::warn_other_netns(&ck);
-    kinds::cgroups::place(&mut ck, opts.cgroups)?;
     raise_fd_limit();
     interrupt_check()?;
     let me = cr_sys::fdio::pidfd_open(std::process::id() as i32)?;

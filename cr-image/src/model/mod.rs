@@ -32,7 +32,7 @@ pub mod timers;
 pub mod tree;
 pub mod uts;
 
-pub use cgroups::Cgroup;
+pub use cgroups::{Cgroup, CgroupDir};
 pub use fds::{Fd, FdKind, FdOwner, FileLock, LeaseBreak, LockKind, SharedFd};
 pub use identity::{Creds, Identity, RLimit};
 pub use memory::{
@@ -121,6 +121,9 @@ pub struct Checkpoint {
     pub netns: Option<NetNs>,
     /// Files outside the image it relies on, as they were.
     pub outside_files: Vec<OutsideFile>,
+    /// kind "cgroups": the groups the tree relies on, parents first, with
+    /// their settings (see [`CgroupDir`]).
+    pub cgroup_dirs: Vec<CgroupDir>,
 }
 
 /// Where and by what the image was taken.
@@ -314,6 +317,11 @@ impl Checkpoint {
                 .into_iter()
                 .map(OutsideFile::from_pb)
                 .collect::<Result<_, _>>()?,
+            cgroup_dirs: p
+                .cgroup_dirs
+                .into_iter()
+                .map(CgroupDir::from_pb)
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -351,6 +359,7 @@ impl Checkpoint {
             }),
             netns: self.netns.as_ref().map(NetNs::to_pb),
             outside_files: self.outside_files.iter().map(OutsideFile::to_pb).collect(),
+            cgroup_dirs: self.cgroup_dirs.iter().map(CgroupDir::to_pb).collect(),
         }
     }
 

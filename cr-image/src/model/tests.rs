@@ -691,6 +691,15 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
             write_only: false,
             listed: false,
         }],
+        cgroup_dirs: vec![CgroupDir {
+            controllers: "name=work".into(),
+            path: "/job/empty".into(),
+            uid: 1000,
+            gid: 1000,
+            mode: 0o755,
+            settings: vec![("notify_on_release".into(), "1".into())],
+            files: vec![("cgroup.procs".into(), 1000, 1000, 0o644)],
+        }],
     }
 }
 

@@ -10,11 +10,14 @@
 //!
 //! - `auto` (the default): the tree's root goes back into its own group
 //!   when that group exists here (the same machine, or one set up the same
-//!   way); when it does not (the job's group died with its old run, as
-//!   under a batch system), the root stays in the restorer's group. Groups
-//!   below the root's are made again below wherever the root went; a
-//!   process in a group outside the root's subtree goes back to it if it
-//!   exists, else with the root.
+//!   way), or when it is missing but below the restorer's own group (or
+//!   the restorer is at the hierarchy's root): the restore makes it again,
+//!   as the restorer could have. When it is missing elsewhere (the job's
+//!   group died with its old run, as under a batch system), the root stays
+//!   in the restorer's group. Groups below the root's are made again below
+//!   wherever the root went; a process in a group outside the root's
+//!   subtree goes back to it if it exists or could be made, else with the
+//!   root.
 //! - `here`: the root stays in the restorer's group (a resumed batch job
 //!   belongs to its new allocation), the groups below it are made again
 //!   under it.
@@ -29,6 +32,14 @@
 //! A v1 cpuset group made by the restore gets its parent's CPUs and memory
 //! nodes (a new cpuset is empty and takes no process).
 //!
+//! Besides each process's membership the image holds the groups the tree
+//! relies on ([`dirs`]): the processes' groups and the groups below them
+//! that no process outside the tree is in, empty ones too, with their
+//! owner, mode, control files given to other owners and settings (limits,
+//! weights, cpusets...). A restore makes those that are missing, where
+//! `--cgroups` places them, and writes their settings and owners back
+//! into the groups it made (a group that exists keeps its own).
+//!
 //! A tree in a cgroup namespace of its own (`unshare -C`) sees its groups
 //! relative to the namespace's root, the groups its creator was in when it
 //! unshared. Capture reads /proc/PID/cgroup once more from a thread that
@@ -37,6 +48,7 @@
 //! stub there and has it unshare a new namespace before it forks the others
 //! ([`enter_ns`]); then each process goes into its own group as usual.
 
+pub mod dirs;
 #[cfg(test)]
 mod tests;
 
@@ -316,9 +328,19 @@ pub fn target(
     own: &str,
     exists: impl Fn(&str) -> bool,
 ) -> String {
+    // A missing group below the restorer's own (or any, when the restorer
+    // is at the hierarchy's root) is one the restorer could have made
+    // itself: made again where it was. One elsewhere died with the tree's
+    // old run (a batch job's group).
+    let again = |g: &str| {
+        exists(g)
+            || own == "/"
+            || g == own
+            || g.strip_prefix(own).is_some_and(|r| r.starts_with('/'))
+    };
     let base = match mode {
         CgroupMode::Off => return own.to_string(),
-        CgroupMode::Auto if exists(root) => root,
+        CgroupMode::Auto if again(root) => root,
         _ => own,
     };
     let below = if root == "/" {
@@ -332,7 +354,7 @@ pub fn target(
         Some("") => base.to_string(),
         Some(rel) if base == "/" => format!("/{rel}"),
         Some(rel) => format!("{base}/{rel}"),
-        None if mode == CgroupMode::Auto && exists(saved) => saved.to_string(),
+        None if mode == CgroupMode::Auto && again(saved) => saved.to_string(),
         None => base.to_string(),
     }
 }
@@ -365,6 +387,33 @@ pub fn place(ck: &mut Checkpoint, mode: CgroupMode) -> Result<(), RestoreError> 
     // The namespace's roots go where their groups go.
     if let Some(roots) = ck.cgroupns.take() {
         ck.cgroupns = Some(placed(&here, mode, &root_groups, &roots));
+    }
+    // The groups the tree relies on go where the processes' groups go;
+    // one outside the root's subtree that cannot go back is not made.
+    let mut seen = std::collections::HashSet::new();
+    for mut d in std::mem::take(&mut ck.cgroup_dirs) {
+        let (Some(own), Some(m), Some(root)) = (
+            here.own(&d.controllers),
+            here.mount(&d.controllers),
+            root_groups.iter().find(|c| c.controllers == d.controllers),
+        ) else {
+            continue;
+        };
+        if mode == CgroupMode::Off {
+            continue;
+        }
+        let to = target(mode, &root.path, &d.path, own, |g| {
+            dir_of(m, g).is_some_and(|d| d.is_dir())
+        });
+        let under_root = root.path == "/"
+            || d.path == root.path
+            || d.path
+                .strip_prefix(root.path.as_str())
+                .is_some_and(|r| r.starts_with('/'));
+        if (under_root || to == d.path) && seen.insert((d.controllers.clone(), to.clone())) {
+            d.path = to;
+            ck.cgroup_dirs.push(d);
+        }
     }
     Ok(())
 }

@@ -248,3 +248,76 @@ expect(ns != outer_ns, "back in the outer cgroup namespace %s" % ns)
         "namespace roots changed"
     );
 }
+
+/// A process in a group of its own, in every hierarchy mounted here, with
+/// an empty group below it and one below that, settings changed (pids,
+/// CPU shares, memory limit, notify_on_release: those each hierarchy has)
+/// and its `cgroup.procs` and the empty group given to another owner.
+/// While it is away every one of those groups is removed: the restore
+/// makes them all again, with their settings, owners and modes, and puts
+/// the process back (zdtm cgroup00, cgroup01, cgroup03).
+#[test]
+fn groups_empty_ones_settings_and_owners_come_back() {
+    let made = Groups::default();
+    let rt = round_trip_with(
+        "cgroup-dirs",
+        &[
+            GROUP_HELPERS,
+            r#"
+me = os.getpid()
+tops, subs = enter_groups("crdirs")
+deeper = [s + "/deeper" for s in subs]
+for d in deeper:
+    make(d)
+write_in_dir("groups", "\n".join(deeper + subs + tops))
+settings = {}
+for t in tops:
+    for f, v in (("pids.max", "77"), ("notify_on_release", "1"), ("cpu.shares", "512"),
+                 ("memory.limit_in_bytes", str(512 << 20)), ("memory.max", str(512 << 20))):
+        p = t + "/" + f
+        if os.path.exists(p):
+            open(p, "w").write(v)
+            settings[p] = open(p).read().strip()
+    os.chown(t + "/cgroup.procs", 1000, 1001)
+    os.chown(t + "/sub", 1000, 1001)
+    os.chmod(t + "/sub", 0o750)
+before = open("/proc/self/cgroup").read()
+expect(len(tops) > 0, "no cgroup hierarchy mounted with its root")
+expect(len(settings) > 0, "no setting to change in any hierarchy")
+"#,
+        ]
+        .concat(),
+        r#"
+now = open("/proc/self/cgroup").read()
+expect(now == before, "cgroups %r, were %r" % (now, before))
+for d in deeper:
+    expect(os.path.isdir(d), "empty group %s not made again" % d)
+for p, v in settings.items():
+    got = open(p).read().strip() if os.path.exists(p) else None
+    expect(got == v, "%s: %r, was %r" % (p, got, v))
+for t in tops:
+    st = os.stat(t + "/cgroup.procs")
+    expect((st.st_uid, st.st_gid) == (1000, 1001), "%s/cgroup.procs owned by %d:%d" % (t, st.st_uid, st.st_gid))
+    st = os.stat(t + "/sub")
+    expect((st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1000, 1001, 0o750),
+           "%s/sub: %d:%d %o" % (t, st.st_uid, st.st_gid, st.st_mode & 0o7777))
+"#,
+        |dir: &Path| {
+            let list = std::fs::read_to_string(dir.join("groups")).expect("the program's groups");
+            let dirs: Vec<PathBuf> = list.lines().map(PathBuf::from).collect();
+            remove_groups(&dirs);
+            for d in &dirs {
+                assert!(!d.exists(), "{} still there", d.display());
+            }
+            *made.0.borrow_mut() = dirs;
+        },
+    );
+    drop(made);
+    let (a, b) = rt.roots();
+    assert_eq!(a.cgroups, b.cgroups, "the root's groups changed");
+    let saved = &rt.before.cgroup_dirs;
+    assert!(
+        saved.iter().any(|d| d.path.ends_with("/sub/deeper")),
+        "the empty groups are not in the image: {saved:?}"
+    );
+}
