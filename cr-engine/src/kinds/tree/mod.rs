@@ -610,7 +610,13 @@ pub fn let_go(procs: Vec<Frozen>, action: Action) -> Result<(), CheckpointError>
             exited,
             "the killed root has not finished exiting",
         );
-        let gone = |p: i32| !cr_sys::clone::pid_exists(p);
+        // A zombie reparented to a subreaper (not init) is reaped when
+        // that subreaper chooses: often only once we return (a test
+        // harness waiting for us), so it is not waited for.
+        let gone = |p: i32| match proc::pid_holder(p) {
+            None => !cr_sys::clone::pid_exists(p),
+            Some(h) => h.zombie && h.ppid != 1 && !pids.contains(&h.ppid),
+        };
         wait_for(
             &pids[1..],
             KILLED_GONE_TIMEOUT,
