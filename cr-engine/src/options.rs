@@ -82,11 +82,11 @@ pub struct CheckpointOptions {
     /// of refusing the checkpoint. Their clients will see a reset.
     #[arg(long)]
     pub tcp_skip_in_flight: bool,
-    /// With --kill or --stop, drop fanotify events queued and not read yet
-    /// (the kernel cannot queue them again) instead of refusing the
-    /// checkpoint when the program has not read them within a short wait
-    /// (inotify events are dropped then anyway, with a warning). The
-    /// restored program will not see them; its marks still work.
+    /// With --kill or --stop, drop inotify and fanotify events queued and
+    /// not read yet at once, without first giving the program a short
+    /// while to read them (the kernel cannot queue them again: what is
+    /// left after that wait is dropped anyway, with a warning). The
+    /// restored program will not see them; its watches and marks work.
     #[arg(long)]
     pub skip_queued_events: bool,
     /// Incremental checkpoint: store only the pages written since this

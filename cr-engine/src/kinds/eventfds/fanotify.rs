@@ -10,13 +10,12 @@
 //! mark of a kind this build does not know (a newer kernel's), a mark
 //! asking for permission events (every open of a marked file, the
 //! checkpoint's and the restore's own included, would wait for an answer
-//! from a program that is stopped), and, in a dump whose processes end, a
-//! group with events queued and not yet read after the program was given
-//! a short while to read them (see [`super::refuse_queued`]): the kernel
-//! has no way to queue them again, and dropping them would make the
-//! program miss what happened. Events read but not answered yet
-//! (permission events waiting for the program's verdict) are not seen and
-//! not saved.
+//! from a program that is stopped). In a dump whose processes end, events
+//! queued and still not read after the program was given a short while to
+//! read them are dropped with a warning, as inotify's are (see
+//! [`super::refuse_queued`]): the kernel has no way to queue them again,
+//! only notifications can be queued (permission marks are refused), and a
+//! group marking a whole mount also gets the checkpoint's own opens.
 
 use crate::error::{RestoreError, StepContext};
 use crate::kinds::fds::{FdScan, OpenFd};
@@ -38,7 +37,7 @@ pub fn describe(cx: &FdScan<'_>, f: &OpenFd<'_>) -> Result<FdKind, String> {
         .info
         .fanotify()
         .ok_or("a fanotify group whose fdinfo cannot be read")?;
-    super::refuse_queued(cx, f, "a fanotify group", true)?;
+    super::refuse_queued(cx, f, "a fanotify group", false)?;
     let marks = g
         .marks
         .iter()

@@ -26,8 +26,7 @@
 //! yet cannot be queued again in the one the restore makes: a dump whose
 //! processes end (`--kill`, `--stop`) first gives the running program a
 //! short while to read them ([`wait_for_reads`], see `kinds::drain`); what
-//! is still queued is then dropped with a warning (inotify) or refused by
-//! name (fanotify, unless `--skip-queued-events`), see [`refuse_queued`]. A dump that
+//! is still queued is then dropped with a warning, see [`refuse_queued`]. A dump that
 //! continues the processes leaves them their instances, queues and all.
 
 pub mod fanotify;
@@ -909,13 +908,15 @@ fn bytes_queued(pid: i32, fd: i32) -> cr_sys::error::Result<usize> {
 /// Events queued in `f` (`what`: "an inotify instance", "a fanotify
 /// group") and not read yet, in a dump whose processes end (the restore
 /// makes a new instance, and the kernel has no way to queue them in it
-/// again). A fanotify group's are refused by name (a supervisor may be
-/// owed an answer), unless `--skip-queued-events`. An inotify instance's
-/// (`strict` false) are dropped with a warning, as with that option: inotify
-/// already lets events go (its queue overflows), programs watching files
-/// re-scan what they watch, and CRIU drops them too, so refusing would
-/// fail checkpoints users expect to work. A dump that continues the
-/// processes leaves them their queue.
+/// again). With `strict` they are refused by name, unless
+/// `--skip-queued-events`; otherwise (inotify instances, fanotify groups:
+/// notifications only, permission marks being refused) they are dropped
+/// with a warning, as with that option: inotify already lets events go
+/// (its queue overflows), programs watching files re-scan what they
+/// watch, a group marking a mount also gets the checkpoint's own opens,
+/// and CRIU drops them too, so refusing would fail checkpoints users
+/// expect to work. A dump that continues the processes leaves them their
+/// queue.
 pub(crate) fn refuse_queued(
     cx: &FdScan<'_>,
     f: &OpenFd<'_>,
