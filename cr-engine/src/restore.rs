@@ -506,8 +506,12 @@ fn rebuild_all(
         })
         .collect();
     // Its last steps too when they need no order: no fs information
-    // shared, and the `pause` a parked stub sleeps in not judged by a
-    // seccomp filter of its own.
+    // shared, and no seccomp state, which the last steps install before
+    // the stub is parked again in `pause`. The kernel judges a system call
+    // by seccomp after the tracer's syscall-entry stop, where a parked
+    // stub is let go; suspending seccomp (PTRACE_O_SUSPEND_SECCOMP) ends
+    // with the detach, so strict mode, or a filter refusing `pause`, kills
+    // the stub (zdtm seccomp_strict).
     let tail: Vec<bool> = ck
         .processes
         .iter()
@@ -516,10 +520,9 @@ fn rebuild_all(
             handed[i]
                 && p.fs_of.is_none()
                 && !ck.processes.iter().any(|q| q.fs_of == Some(p.pid))
-                && (r.ids.seccomp_suspended
-                    || p.threads
-                        .iter()
-                        .all(|t| t.seccomp.mode == SeccompMode::None))
+                && p.threads
+                    .iter()
+                    .all(|t| t.seccomp.mode == SeccompMode::None)
         })
         .collect();
     let options = kinds::tree::restore::stub_options(&r.ids);

@@ -173,3 +173,51 @@ expect(seen == [(22, "2", "0000000000000000")], "the thread's own filter is the 
     assert_eq!(chains(a), chains(b));
     assert_eq!(a.seccomp_filters.len(), 2);
 }
+
+/// A child (not the root: its last steps may run on another tracer
+/// thread) under a filter that kills the process at `pause`: restored,
+/// it still answers its parent through a pipe, in filter mode. Before the
+/// fix its stub was parked in `pause` after its filter went on, and the
+/// filter killed it once let go (as strict mode did: zdtm seccomp_strict).
+#[test]
+fn child_under_a_filter_killing_pause_round_trip() {
+    let setup = format!(
+        "{INSTALL_PY}{}",
+        r#"
+r1, w1 = os.pipe(); r2, w2 = os.pipe()
+child = os.fork()
+if child == 0:
+    libc.prctl(1, 9, 0, 0, 0)                        # PR_SET_PDEATHSIG: SIGKILL
+    libc.prctl(38, 1, 0, 0, 0)                       # no_new_privs
+    install([
+        (0x20, 0, 0, 0),                             # ld [0] (nr)
+        (0x15, 0, 1, 34),                            # jeq #pause
+        (0x06, 0, 0, 0x80000000),                    # ret KILL_PROCESS
+        (0x06, 0, 0, 0x7fff0000),                    # ret ALLOW
+    ])
+    while True:
+        b = os.read(r1, 1)
+        os.write(w2, b"k" if b == b"?" else b"x")
+os.write(w1, b"?")
+expect(os.read(r2, 1) == b"k", "setup: the child answers")
+"#
+    );
+    let rt = round_trip(
+        "seccomp-pause",
+        &setup,
+        r#"
+import select
+expect(os.waitpid(child, os.WNOHANG) == (0, 0), "the child died")
+os.write(w1, b"?")
+ready = select.select([r2], [], [], 10)[0]
+expect(bool(ready) and os.read(r2, 1) == b"k", "the child under its filter does not answer")
+expect("Seccomp:\t2" in open("/proc/%d/status" % child).read(), "the child's filter mode")
+"#,
+    );
+    assert_eq!(rt.before.processes.len(), 2);
+    let child = &rt.after.processes[1];
+    assert!(child
+        .threads
+        .iter()
+        .all(|t| t.seccomp.mode == SeccompMode::Filter));
+}
