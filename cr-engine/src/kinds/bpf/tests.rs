@@ -62,7 +62,7 @@ def cpus():
 /// An array map (BPF_F_NUMA_NODE, some entries, frozen) with a second,
 /// read-only description of it; a hash map (BPF_F_NO_PREALLOC, an
 /// entry deleted) dup'ed; a per-CPU hash map with a value per CPU; an
-/// LRU hash map. After the restore: every entry, the attributes (obj
+/// LRU hash map; an LPM trie. After the restore: every entry, the attributes (obj
 /// info and fdinfo but the id) as they were, the frozen array refuses an
 /// update (EPERM), the read-only fd too and names the array's id, the
 /// dup'ed fds name one map, and the hash map takes updates.
@@ -90,7 +90,10 @@ for i in range(3):
 lru = map_create(9, 4, 4, 64, 0, b"")
 for i in range(5):
     assert update(lru, struct.pack("I", i), struct.pack("I", ~i & 0xffffffff))[0] == 0
-maps = [(arr, 4, 8), (h, 8, 16), (pc, 4, VLEN), (lru, 4, 4)]
+lpm = map_create(11, 8, 4, 16, 1, b"cr_lpm")
+for plen, ip, v in [(8, "10.0.0.0", 1), (16, "10.1.0.0", 2), (24, "10.1.2.0", 3), (32, "10.1.2.3", 4)]:
+    assert update(lpm, struct.pack("=I", plen) + socket.inet_aton(ip), struct.pack("I", v))[0] == 0
+maps = [(arr, 4, 8), (h, 8, 16), (pc, 4, VLEN), (lru, 4, 4), (lpm, 8, 4)]
 before = [(info(fd), fdinfo(fd), dump(fd, ks, vl)) for fd, ks, vl in maps]
 assert len(before[0][2]) == 16 and len(before[1][2]) == 19 and len(before[2][2]) == 3
 "#
@@ -114,6 +117,7 @@ r, e = update(h, struct.pack("Q", 999), b"z" * 16)
 expect(r == 0, "update of the hash map: " + os.strerror(e))
 expect(lookup(h2, struct.pack("Q", 999), 16) == b"z" * 16, "the update seen through the dup'ed fd")
 expect(fdinfo(h)["frozen"] == "0", "hash map not frozen")
+expect(lookup(lpm, struct.pack("=I", 32) + socket.inet_aton("10.1.2.77"), 4) == struct.pack("I", 3), "longest prefix match")
 "#;
     let rt = round_trip("bpf-maps", &setup, check);
     let maps = |ck: &cr_image::model::Checkpoint| {
@@ -133,6 +137,7 @@ expect(fdinfo(h)["frozen"] == "0", "hash map not frozen")
             ("".into(), 9, false, 5),
             ("cr_arr".into(), 2, true, 10),
             ("cr_hash".into(), 1, false, 19),
+            ("cr_lpm".into(), 11, false, 4),
             ("cr_percpu".into(), 5, false, 3),
         ]
     );
@@ -142,7 +147,7 @@ expect(fdinfo(h)["frozen"] == "0", "hash map not frozen")
         .iter()
         .filter(|f| matches!(f.kind, FdKind::BpfMap { .. }))
         .count();
-    assert_eq!(fds, 6, "six fds of four maps");
+    assert_eq!(fds, 7, "seven fds of five maps");
 }
 
 /// A ring buffer map is refused by its type; the program runs on with
