@@ -132,6 +132,17 @@ pub fn object_summary(o: &Object) -> String {
             q.maxmsg,
             q.msgsize
         ),
+        ObjectKind::BpfMap(m) => format!(
+            "BPF map {:?} type {} key {} value {} bytes, {} of {} entries saved, flags {:#x}{}",
+            m.name,
+            m.map_type,
+            m.key_size,
+            m.value_size,
+            m.entries.len(),
+            m.max_entries,
+            m.map_flags,
+            if m.frozen { ", frozen" } else { "" }
+        ),
         ObjectKind::Memfd(f) => {
             format!("memfd:{} {} bytes, seals {:#x}", f.name, f.size, f.seals)
         }

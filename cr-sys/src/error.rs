@@ -116,6 +116,13 @@ pub enum SysError {
         #[source]
         source: Errno,
     },
+    #[error("bpf({op}) on {map} failed")]
+    Bpf {
+        op: &'static str,
+        map: String,
+        #[source]
+        source: Errno,
+    },
     #[error("{what}: {detail}")]
     Command { what: String, detail: String },
     #[error("no syscall instruction found in the executable mappings of process {pid}")]
@@ -132,7 +139,8 @@ impl SysError {
             | SysError::Wait { source, .. }
             | SysError::Remote { source, .. }
             | SysError::Memory { source, .. }
-            | SysError::Syscall { source, .. } => Some(source.0),
+            | SysError::Syscall { source, .. }
+            | SysError::Bpf { source, .. } => Some(source.0),
             SysError::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }

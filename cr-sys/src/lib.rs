@@ -23,8 +23,10 @@
 //! - [`mqueue`]: POSIX message queues another process holds.
 //! - [`uffd`]: userfaultfd in missing mode for post-copy restore.
 //! - [`ns`]: namespaces: another process's, its IPC namespace from a thread, a job's mounts.
+//! - [`bpf`]: BPF maps: their attributes and entries, made again (bpf(2)).
 //! - [`spank`]: Slurm's SPANK plugin interface (for the cr-spank plugin).
 
+pub mod bpf;
 pub mod capacity;
 pub mod clone;
 pub mod coop;

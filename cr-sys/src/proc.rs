@@ -401,6 +401,45 @@ impl FdInfo {
     }
 }
 
+/// A BPF map as its fdinfo shows it ("map_type:\t2", "key_size:\t4",
+/// "value_size:\t4", "max_entries:\t8", "map_flags:\t0x4",
+/// "map_extra:\t0x0", "memlock:\t...", "map_id:\t12", "frozen:\t1").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BpfMapFdInfo {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+    pub map_extra: u64,
+    pub memlock: u64,
+    pub map_id: u32,
+    /// Frozen (BPF_MAP_FREEZE): no more writes from system calls.
+    pub frozen: bool,
+}
+
+impl FdInfo {
+    /// The BPF map of this fdinfo (None: not one, or unreadable).
+    pub fn bpf_map(&self) -> Option<BpfMapFdInfo> {
+        let dec = |k: &str| self.get(k)?.parse::<u64>().ok();
+        let hex = |k: &str| {
+            let v = self.get(k)?;
+            u64::from_str_radix(v.trim_start_matches("0x"), 16).ok()
+        };
+        Some(BpfMapFdInfo {
+            map_type: dec("map_type")? as u32,
+            key_size: dec("key_size")? as u32,
+            value_size: dec("value_size")? as u32,
+            max_entries: dec("max_entries")? as u32,
+            map_flags: hex("map_flags")? as u32,
+            map_extra: hex("map_extra").unwrap_or(0),
+            memlock: dec("memlock").unwrap_or(0),
+            map_id: dec("map_id")? as u32,
+            frozen: dec("frozen").unwrap_or(0) != 0,
+        })
+    }
+}
+
 /// The mount point of the mount whose id (mountinfo's first field) is
 /// `mnt_id`, as our mount namespace sees it.
 pub fn mount_point_by_id(mnt_id: u64) -> Option<PathBuf> {
@@ -801,6 +840,23 @@ mod tests {
             matches!(&e, SysError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn bpf_map_fdinfo() {
+        let fi = FdInfo::parse(
+            "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nmap_type:\t2\nkey_size:\t4\nvalue_size:\t8\nmax_entries:\t10\nmap_flags:\t0x4\nmap_extra:\t0x0\nmemlock:\t328\nmap_id:\t77\nfrozen:\t1\n",
+        );
+        let m = fi.bpf_map().unwrap();
+        assert_eq!(
+            (m.map_type, m.key_size, m.value_size, m.max_entries),
+            (2, 4, 8, 10)
+        );
+        assert_eq!(
+            (m.map_flags, m.map_id, m.frozen, m.memlock),
+            (4, 77, true, 328)
+        );
+        assert!(FdInfo::parse("pos:\t0\nflags:\t02\n").bpf_map().is_none());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //!   signals, timers, identity, fds, cgroups). [`seccomp`] hooks in at fixed points
 //!   of the threads' restore, as the very last system calls of each thread. The drivers (`capture::capture_process`
 //!   and `restore::rebuild`) call them in a fixed order, one line each.
-//! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, netlink, packet, eventfds, mqueue,
+//! - [`FileKind`]: a kind of open file (files, pipes, unix, inet, netlink, packet, bpf (BPF maps), eventfds, mqueue,
 //!   tty, external: what leads outside the tree; nsfds: fds of namespace files). [`FILE_KINDS`] lists them; the fd table ([`fds`]) asks each in
 //!   turn whether an fd is of its kind, and later which one opens it again.
 //!
@@ -27,6 +27,7 @@
 //! `proto/image.proto`), and one line in a driver or in [`FILE_KINDS`].
 
 pub mod aio;
+pub mod bpf;
 pub mod cgroups;
 pub mod drain;
 pub mod eventfds;
@@ -123,6 +124,7 @@ pub static FILE_KINDS: &[&dyn FileKind] = &[
     &inet::Inet,
     &sockets::RemadeKind::<netlink::Netlink>::new(),
     &sockets::RemadeKind::<packet::Packet>::new(),
+    &bpf::Bpf,
     &eventfds::EventFds,
     &mqueue::Mqueues,
     &nsfds::NsFds,

@@ -125,6 +125,10 @@ pub enum FdKind {
     Mqueue {
         object: u64,
     },
+    // kind "bpf": a BPF map (its access mode is the fd's O_ACCMODE)
+    BpfMap {
+        object: u64,
+    },
     // kind "eventfds"
     Eventfd {
         count: u64,
@@ -207,6 +211,7 @@ impl FdKind {
             FdKind::NetlinkSocket { object } => (ObjectTag::NetlinkSocket, object),
             FdKind::PacketSocket { object } => (ObjectTag::PacketSocket, object),
             FdKind::Mqueue { object } => (ObjectTag::Mqueue, object),
+            FdKind::BpfMap { object } => (ObjectTag::BpfMap, object),
             FdKind::Pty { object, .. } => (ObjectTag::Pty, object),
             _ => return None,
         })
@@ -228,6 +233,7 @@ impl FdKind {
             FdKind::NetlinkSocket { .. } => "netlink_socket",
             FdKind::PacketSocket { .. } => "packet_socket",
             FdKind::Mqueue { .. } => "mqueue",
+            FdKind::BpfMap { .. } => "bpf_map",
             FdKind::Eventfd { .. } => "eventfd",
             FdKind::Signalfd { .. } => "signalfd",
             FdKind::Timerfd(_) => "timerfd",
@@ -380,6 +386,7 @@ impl Fd {
             Some(K::NetlinkSocket(r)) => FdKind::NetlinkSocket { object: obj(r) },
             Some(K::PacketSocket(r)) => FdKind::PacketSocket { object: obj(r) },
             Some(K::Mqueue(r)) => FdKind::Mqueue { object: obj(r) },
+            Some(K::BpfMap(r)) => FdKind::BpfMap { object: obj(r) },
             Some(K::Eventfd(e)) => FdKind::Eventfd {
                 count: e.count,
                 semaphore: e.semaphore,
@@ -583,6 +590,7 @@ impl Fd {
             FdKind::NetlinkSocket { object } => K::NetlinkSocket(r(*object)),
             FdKind::PacketSocket { object } => K::PacketSocket(r(*object)),
             FdKind::Mqueue { object } => K::Mqueue(r(*object)),
+            FdKind::BpfMap { object } => K::BpfMap(r(*object)),
             FdKind::Eventfd { count, semaphore } => K::Eventfd(pb::Eventfd {
                 count: *count,
                 semaphore: *semaphore,

@@ -2,7 +2,8 @@
 //! per image: pipes and FIFOs with their buffered bytes (kind "pipes"),
 //! unix sockets ("unix"), TCP/UDP sockets ("inet"), the content of memfds
 //! and deleted files ("files"), pseudo-terminal pairs ("tty"), POSIX
-//! message queues with their messages ("mqueue").
+//! message queues with their messages ("mqueue"), BPF maps with their
+//! entries ("bpf").
 
 use super::fds::{Fd, FdKind, TERMIOS_LEN, WINSIZE_LEN};
 use super::memory::{PageFile, PAGE};
@@ -32,6 +33,7 @@ pub enum ObjectTag {
     NetlinkSocket,
     PacketSocket,
     Mqueue,
+    BpfMap,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -49,6 +51,7 @@ pub enum ObjectKind {
     NetlinkSocket(NetlinkSocket),
     PacketSocket(PacketSocket),
     Mqueue(Mqueue),
+    BpfMap(BpfMap),
 }
 
 impl ObjectKind {
@@ -65,6 +68,7 @@ impl ObjectKind {
             ObjectKind::NetlinkSocket(_) => ObjectTag::NetlinkSocket,
             ObjectKind::PacketSocket(_) => ObjectTag::PacketSocket,
             ObjectKind::Mqueue(_) => ObjectTag::Mqueue,
+            ObjectKind::BpfMap(_) => ObjectTag::BpfMap,
         }
     }
 }
@@ -76,6 +80,50 @@ pub struct Pipe {
     pub data: Vec<u8>,
     /// F_GETPIPE_SZ.
     pub capacity: u32,
+}
+
+/// A BPF map (kind "bpf"): the attributes it is made again with, and
+/// its entries. The entries are stored inline, in the image's metadata,
+/// bounded by [`BPF_MAP_MAX_BYTES`] (a bigger map is refused by name at
+/// checkpoint); an array's all-zero values are left out (a new array is
+/// zero-filled).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BpfMap {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    /// BPF_F_* the map keeps (BPF_F_NUMA_NODE is made again on node 0).
+    pub map_flags: u32,
+    pub name: String,
+    pub map_extra: u64,
+    /// BPF_MAP_FREEZE'd: frozen again once filled.
+    pub frozen: bool,
+    /// A per-CPU map: the number of possible CPUs at checkpoint time
+    /// (each value holds one slot of `value_size` rounded up to 8 bytes
+    /// per CPU); 0: not per-CPU.
+    pub cpus: u32,
+    /// (key, value) bytes.
+    #[serde(serialize_with = "bpf_entries")]
+    pub entries: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Largest content of a BPF map saved (keys and values), stored inline.
+pub const BPF_MAP_MAX_BYTES: usize = 64 << 20;
+
+impl BpfMap {
+    /// The length of one value as a lookup gives it (every CPU's slot for
+    /// a per-CPU map).
+    pub fn value_len(&self) -> usize {
+        match self.cpus {
+            0 => self.value_size as usize,
+            n => (self.value_size as usize).div_ceil(8) * 8 * n as usize,
+        }
+    }
+}
+
+fn bpf_entries<S: serde::Serializer>(v: &[(Vec<u8>, Vec<u8>)], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(v.len() as u64)
 }
 
 /// A POSIX message queue (kind "mqueue").
@@ -613,6 +661,7 @@ impl Object {
                         .collect(),
                 })
             }
+            Some(K::BpfMap(m)) => ObjectKind::BpfMap(bpf_from_pb(o.id, m)?),
             Some(K::Memfd(f)) => ObjectKind::Memfd(content_from_pb(f)?),
             Some(K::DeletedFile(f)) => ObjectKind::DeletedFile(content_from_pb(f)?),
             Some(K::SavedFile(f)) => ObjectKind::SavedFile(content_from_pb(f)?),
@@ -714,6 +763,25 @@ impl Object {
                 dst_portid: s.dst_portid,
                 dst_groups: s.dst_groups,
                 opts: opts_to_pb(&s.opts),
+            }),
+            ObjectKind::BpfMap(m) => K::BpfMap(pb::BpfMap {
+                map_type: m.map_type,
+                key_size: m.key_size,
+                value_size: m.value_size,
+                max_entries: m.max_entries,
+                map_flags: m.map_flags,
+                name: m.name.clone(),
+                map_extra: m.map_extra,
+                frozen: m.frozen,
+                cpus: m.cpus,
+                entries: m
+                    .entries
+                    .iter()
+                    .map(|(key, value)| pb::BpfMapEntry {
+                        key: key.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
             }),
             ObjectKind::Mqueue(q) => K::Mqueue(pb::Mqueue {
                 name: q.name.clone(),
@@ -1134,4 +1202,47 @@ fn inet_to_pb(s: &InetSocket) -> pb::InetSocket {
             })
             .collect(),
     }
+}
+
+/// A BPF map of the image, checked: names fit, every key and value has
+/// the map's sizes, no more entries than the map holds, within
+/// [`BPF_MAP_MAX_BYTES`].
+fn bpf_from_pb(id: u64, m: pb::BpfMap) -> Result<BpfMap, Bad> {
+    let map = BpfMap {
+        map_type: m.map_type,
+        key_size: m.key_size,
+        value_size: m.value_size,
+        max_entries: m.max_entries,
+        map_flags: m.map_flags,
+        name: m.name,
+        map_extra: m.map_extra,
+        frozen: m.frozen,
+        cpus: m.cpus,
+        entries: m.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+    };
+    let vlen = map.value_len();
+    let bytes: usize = map.entries.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let bad_entry = map
+        .entries
+        .iter()
+        .any(|(k, v)| k.len() != map.key_size as usize || v.len() != vlen);
+    if map.name.len() >= 16
+        || map.name.contains('\0')
+        || map.entries.len() > map.max_entries as usize
+        || bad_entry
+        || bytes > BPF_MAP_MAX_BYTES
+        || map.cpus > 1 << 16
+    {
+        return Err(format!(
+            "BPF map {id} ({:?}): {} entries of {} / {} bytes (key / value) in a map of {} x {} / {}",
+            map.name,
+            map.entries.len(),
+            map.entries.first().map_or(0, |e| e.0.len()),
+            map.entries.first().map_or(0, |e| e.1.len()),
+            map.max_entries,
+            map.key_size,
+            vlen
+        ));
+    }
+    Ok(map)
 }

@@ -578,6 +578,21 @@ fn objects() -> Vec<Object> {
             }),
         ),
         obj(
+            77,
+            ObjectKind::BpfMap(objects::BpfMap {
+                map_type: 6,
+                key_size: 4,
+                value_size: 5,
+                max_entries: 8,
+                map_flags: 4,
+                name: "counts".into(),
+                map_extra: 0,
+                frozen: true,
+                cpus: 2,
+                entries: vec![(vec![1, 0, 0, 0], vec![7; 16])],
+            }),
+        ),
+        obj(
             3,
             ObjectKind::Pty(Pty {
                 index: 3,
@@ -952,6 +967,13 @@ fn crafted_images_are_refused() {
             for o in &mut c.objects {
                 if let ObjectKind::PacketSocket(p) = &mut o.kind {
                     p.tx_ring.as_mut().unwrap().frame_nr = 3;
+                }
+            }
+        }),
+        ("BPF map 77", |c| {
+            for o in &mut c.objects {
+                if let ObjectKind::BpfMap(m) = &mut o.kind {
+                    m.cpus = 3;
                 }
             }
         }),
