@@ -353,6 +353,7 @@ mod tests {
             timer_slack_ns: 0,
             ioprio: None,
             sched: None,
+            cgroups: Vec::new(),
         }];
         let mut now = image.clone();
         now.threads[0].pdeathsig = 9;

@@ -567,6 +567,21 @@ pub fn cgroups(pid: i32) -> Result<Vec<(String, String)>> {
         .collect())
 }
 
+/// The control groups of thread `tid` of process `pid`
+/// (/proc/PID/task/TID/cgroup), as [`cgroups`] gives a process's: a v1
+/// hierarchy moves threads one by one, and v2 has threaded groups.
+pub fn task_cgroups(pid: i32, tid: i32) -> Result<Vec<(String, String)>> {
+    let path = format!("/proc/{pid}/task/{tid}/cgroup");
+    Ok(read_string(&path)?
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, group) = (f.next()?, f.next()?, f.next()?);
+            Some((controllers.to_string(), group.to_string()))
+        })
+        .collect())
+}
+
 /// Where a cgroup hierarchy is mounted in our mount namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupMount {

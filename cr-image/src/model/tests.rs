@@ -46,6 +46,10 @@ fn thread(tid: u32) -> Thread {
             priority: 0,
             nice: 7,
         }),
+        cgroups: vec![Cgroup {
+            controllers: "name=work".into(),
+            path: "/job/thread".into(),
+        }],
         seccomp: ThreadSeccomp {
             mode: SeccompMode::Filter,
             chain: vec![0, 1, 0],

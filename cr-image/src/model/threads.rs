@@ -58,6 +58,10 @@ pub struct Thread {
     /// Its own scheduling (policy, real-time priority, nice; None: not in
     /// the image, the thread keeps the main thread's).
     pub sched: Option<Sched>,
+    /// kind "cgroups": the groups this thread is in that differ from its
+    /// process's (cgroup v1 moves threads one by one; v2 threaded groups).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<super::Cgroup>,
 }
 
 /// struct user_regs_struct (x86_64).
@@ -144,6 +148,7 @@ impl Thread {
             timer_slack_ns: t.timer_slack_ns,
             ioprio: t.ioprio,
             sched: t.sched.map(Sched::from_pb).transpose()?,
+            cgroups: super::cgroups::from_pb(t.cgroups)?,
         })
     }
 
@@ -172,6 +177,7 @@ impl Thread {
             timer_slack_ns: self.timer_slack_ns,
             ioprio: self.ioprio,
             sched: self.sched.map(Sched::to_pb),
+            cgroups: self.cgroups.iter().map(super::Cgroup::to_pb).collect(),
         }
     }
 }

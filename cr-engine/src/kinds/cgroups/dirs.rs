@@ -117,7 +117,11 @@ pub fn capture(images: &[Process], pids: &[i32]) -> Vec<CgroupDir> {
     let groups: BTreeSet<(&str, &str)> = images
         .iter()
         .filter(|p| !p.is_zombie())
-        .flat_map(|p| &p.cgroups)
+        .flat_map(|p| {
+            p.cgroups
+                .iter()
+                .chain(p.threads.iter().flat_map(|t| &t.cgroups))
+        })
         .filter(|c| c.path != "/")
         .map(|c| (c.controllers.as_str(), c.path.as_str()))
         .collect();

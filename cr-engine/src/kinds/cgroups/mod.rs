@@ -26,8 +26,9 @@
 //! The image's section is rewritten to where the processes went before
 //! anything is restored ([`place`]), so `--verify` compares with that.
 //! A hierarchy the restorer is not in, or that is not mounted here, is
-//! left as it is. Threads of one process in different v1 groups come back
-//! in the process's group (the main thread's).
+//! left as it is. A thread in other groups than its process's (v1 moves
+//! threads one by one; v2 threaded groups) has them in the image, and is
+//! moved back into them once made ([`put_thread`]).
 //!
 //! A v1 cpuset group made by the restore gets its parent's CPUs and memory
 //! nodes (a new cpuset is empty and takes no process).
@@ -90,6 +91,17 @@ impl Kind for Cgroups {
             .map(|(controllers, path)| Cgroup { controllers, path })
             .collect();
         p.cgroups.sort();
+        // Threads in groups of their own (the threads kind ran before).
+        for th in p.threads.iter_mut().skip(1) {
+            let list = proc::task_cgroups(pid, th.tid as i32)
+                .map_err(|e| CheckpointError::from_sys(pid, e))?;
+            th.cgroups = list
+                .into_iter()
+                .map(|(controllers, path)| Cgroup { controllers, path })
+                .filter(|c| !p.cgroups.contains(c))
+                .collect();
+            th.cgroups.sort();
+        }
         Ok(())
     }
 
@@ -107,6 +119,43 @@ impl Kind for Cgroups {
         }
         Ok(())
     }
+}
+
+/// Put thread `tid`, made for thread `th` of the image, into the groups
+/// it had apart from its process (placed already, see [`place`]): its TID
+/// into the v1 group's `tasks`, or the v2 threaded group's
+/// `cgroup.threads`.
+pub fn put_thread(
+    cx: &mut Rebuild<'_, '_, '_>,
+    tid: i32,
+    th: &cr_image::model::Thread,
+) -> Result<(), RestoreError> {
+    if th.cgroups.is_empty() {
+        return Ok(());
+    }
+    let here = cx.r.stash.get::<Here>();
+    here.load()?;
+    for c in &th.cgroups {
+        let Some(m) = here.mount(&c.controllers) else {
+            continue;
+        };
+        let Some(dir) = dir_of(m, &c.path) else {
+            continue;
+        };
+        make(&dir, m).step(|| format!("cannot create cgroup {}:{}", c.controllers, c.path))?;
+        let file = if c.controllers.is_empty() {
+            "cgroup.threads"
+        } else {
+            "tasks"
+        };
+        proc::write_string(&dir.join(file).display().to_string(), &tid.to_string()).step(|| {
+            format!(
+                "cannot move thread {} into cgroup {}:{}",
+                th.tid, c.controllers, c.path
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Put stub `pid` (process `saved` of the image) into group `c`, made if
@@ -383,6 +432,18 @@ pub fn place(ck: &mut Checkpoint, mode: CgroupMode) -> Result<(), RestoreError> 
             }
         }
         p.cgroups = placed(&here, mode, &root_groups, &p.cgroups);
+        // A thread's own groups: where they go, unless that is where its
+        // process goes (or nowhere: a hierarchy not mounted here).
+        for th in p.threads.iter_mut().skip(1) {
+            let own = placed(&here, mode, &root_groups, &th.cgroups);
+            th.cgroups = own
+                .into_iter()
+                .filter(|c| {
+                    th.cgroups.iter().any(|s| s.controllers == c.controllers)
+                        && !p.cgroups.contains(c)
+                })
+                .collect();
+        }
     }
     // The namespace's roots go where their groups go.
     if let Some(roots) = ck.cgroupns.take() {
@@ -440,7 +501,10 @@ fn placed(here: &Here, mode: CgroupMode, root_groups: &[Cgroup], saved: &[Cgroup
     out
 }
 
-/// `--verify`: the group in every hierarchy.
+/// `--verify`: the group in every hierarchy, and each thread's own.
 pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process) {
     c.same_list("cgroups", "group", &image.cgroups, &now.cgroups);
+    for (a, b) in image.threads.iter().zip(&now.threads).skip(1) {
+        c.same_list("cgroups", "thread's own group", &a.cgroups, &b.cgroups);
+    }
 }

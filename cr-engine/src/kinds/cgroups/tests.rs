@@ -321,3 +321,65 @@ for t in tops:
         "the empty groups are not in the image: {saved:?}"
     );
 }
+
+/// A process in a group of its own whose second thread moved itself into
+/// a group below it, in every v1 hierarchy mounted here (v1 moves threads
+/// one by one). The thread's groups are removed while the process is
+/// away: the restore makes them again and moves the thread back, the
+/// process staying in its own (zdtm cgroup_threads).
+#[test]
+fn a_thread_in_groups_of_its_own_round_trip() {
+    let made = Groups::default();
+    let rt = round_trip_with(
+        "cgroup-thread",
+        &[
+            GROUP_HELPERS,
+            r#"
+import threading
+tops, subs = enter_groups("crthr")
+ready = threading.Event()
+info = {}
+def worker():
+    t = threading.get_native_id()
+    info["moved"] = [s for s in subs if os.path.exists(s + "/tasks")]
+    for s in info["moved"]:
+        open(s + "/tasks", "w").write(str(t))
+    info["tid"] = t
+    info["before"] = open("/proc/self/task/%d/cgroup" % t).read()
+    ready.set()
+    while True:
+        time.sleep(1)
+threading.Thread(target=worker, daemon=True).start()
+ready.wait()
+before = open("/proc/self/cgroup").read()
+expect(len(info["moved"]) > 0, "no cgroup v1 hierarchy mounted to move a thread in")
+expect(info["before"] != before, "setup: the thread is in its process's groups")
+"#,
+        ]
+        .concat(),
+        r#"
+now = open("/proc/self/cgroup").read()
+expect(now == before, "process: cgroups %r, were %r" % (now, before))
+got = open("/proc/self/task/%d/cgroup" % info["tid"]).read()
+expect(got == info["before"], "thread: cgroups %r, were %r" % (got, info["before"]))
+"#,
+        |dir: &Path| {
+            let list = std::fs::read_to_string(dir.join("groups")).expect("the program's groups");
+            let dirs: Vec<PathBuf> = list.lines().map(PathBuf::from).collect();
+            let subs: Vec<PathBuf> = dirs
+                .iter()
+                .filter(|d| d.ends_with("sub"))
+                .cloned()
+                .collect();
+            remove_groups(&subs);
+            *made.0.borrow_mut() = dirs;
+        },
+    );
+    drop(made);
+    let (a, b) = rt.roots();
+    assert!(
+        !a.threads[1].cgroups.is_empty(),
+        "the thread's own groups are not in the image"
+    );
+    assert_eq!(a.threads[1].cgroups.len(), b.threads[1].cgroups.len());
+}

@@ -159,6 +159,8 @@ impl Kind for Threads {
                 timer_slack_ns: 0,
                 ioprio: Some(cr_sys::sched::io_priority(t.tid()).map_err(sys)?),
                 sched: Some(sched(t.tid()).map_err(sys)?),
+                // Read by kind "cgroups".
+                cgroups: Vec::new(),
             });
         }
         let scratch = cx.probe.scratch().map_err(sys)?;
@@ -227,6 +229,7 @@ impl Kind for Threads {
         for (t, th) in others.iter().zip(&p.threads[1..]) {
             set_affinity(t.tid(), th)?;
             set_io_priority(t.tid(), th)?;
+            crate::kinds::cgroups::put_thread(cx, t.tid(), th)?;
         }
         let ip = cx.stub.inj.syscall_ip();
         let pid = cx.stub.pid();

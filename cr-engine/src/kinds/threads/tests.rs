@@ -166,6 +166,7 @@ fn affinity_to_an_absent_cpu_is_refused() {
         timer_slack_ns: 0,
         ioprio: None,
         sched: None,
+        cgroups: Vec::new(),
     };
     let procs = [Process {
         pid: 40,
