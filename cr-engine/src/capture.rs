@@ -695,7 +695,13 @@ impl Held {
             Some(l) if opts.action() != Action::Continue => l.image_name(),
             _ => None,
         };
+        let t_cg = Instant::now();
         let cgroup_dirs = kinds::cgroups::dirs::capture(&images, &pids);
+        debug!(
+            groups = cgroup_dirs.len(),
+            us = t_cg.elapsed().as_micros() as u64,
+            "control groups the tree relies on read"
+        );
         let ck = Checkpoint {
             meta: meta(root, &self.image_id, &images),
             root_pid: root as u32,
