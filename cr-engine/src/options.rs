@@ -69,7 +69,7 @@ pub struct CheckpointOptions {
     #[arg(long, conflicts_with = "stop")]
     pub kill: bool,
     /// Leave the processes stopped (SIGSTOP) after a successful checkpoint.
-    #[arg(long)]
+    #[arg(long, alias = "leave-stopped")]
     pub stop: bool,
     /// Do not fsync the image (faster, not crash-safe).
     #[arg(long)]
@@ -80,7 +80,7 @@ pub struct CheckpointOptions {
     /// With --kill or --stop, drop TCP connections that a listening socket
     /// has not accepted yet (they cannot be put back in its queue) instead
     /// of refusing the checkpoint. Their clients will see a reset.
-    #[arg(long)]
+    #[arg(long, alias = "skip-in-flight")]
     pub tcp_skip_in_flight: bool,
     /// With --kill or --stop, drop inotify and fanotify events queued and
     /// not read yet at once, without first giving the program a short

@@ -20,6 +20,10 @@ struct Cli {
     /// outside the tree is always allowed (use `cr_restart --shell-job`).
     #[arg(long)]
     shell_job: bool,
+    /// Accepted for compatibility with CRIU: established TCP connections
+    /// are always saved (and held by the network lock until the restore).
+    #[arg(long)]
+    tcp_established: bool,
     /// Work without the node's agent even when it runs (otherwise the
     /// checkpoint goes through it, on behalf of the caller).
     #[arg(long)]

@@ -17,7 +17,7 @@ struct Cli {
     opts: RestoreOptions,
     /// Print the restored PID and return at once; the process runs on
     /// (with --lazy-pages: once its last page is in).
-    #[arg(long)]
+    #[arg(long, alias = "restore-detached")]
     detach: bool,
     /// Restore into this network namespace (a name under /run/netns, or a
     /// path such as /proc/PID/ns/net).

@@ -126,6 +126,23 @@ fn remove_groups(dirs: &[PathBuf]) {
     }
 }
 
+/// The `between` of a round trip: removes the groups named "sub" the
+/// program listed in its file "groups" (the others stay), and has `made`
+/// remove them all when the test ends.
+fn remove_subs(made: &Groups) -> impl FnOnce(&Path) + '_ {
+    move |dir: &Path| {
+        let list = std::fs::read_to_string(dir.join("groups")).expect("the program's groups");
+        let dirs: Vec<PathBuf> = list.lines().map(PathBuf::from).collect();
+        let subs: Vec<PathBuf> = dirs
+            .iter()
+            .filter(|d| d.ends_with("sub"))
+            .cloned()
+            .collect();
+        remove_groups(&subs);
+        *made.0.borrow_mut() = dirs;
+    }
+}
+
 /// A parent in a group of its own and its child in a group below it, in
 /// every hierarchy mounted here. While they are away the child's groups
 /// are removed: the restore makes them again and puts each process back.
@@ -162,18 +179,7 @@ child_now = open("/proc/%d/cgroup" % child).read()
 expect(child_now == child_before, "child: cgroups %r, were %r" % (child_now, child_before))
 expect("crtest-%d/sub" % me in child_now, "child not in its own group: %r" % child_now)
 "#,
-        |dir: &Path| {
-            let list = std::fs::read_to_string(dir.join("groups")).expect("the program's groups");
-            let dirs: Vec<PathBuf> = list.lines().map(PathBuf::from).collect();
-            // The child's groups only: its parent's stay.
-            let subs: Vec<PathBuf> = dirs
-                .iter()
-                .filter(|d| d.ends_with("sub"))
-                .cloned()
-                .collect();
-            remove_groups(&subs);
-            *made.0.borrow_mut() = dirs;
-        },
+        remove_subs(&made),
     );
     drop(made);
     let (a, b) = rt.roots();
@@ -375,17 +381,7 @@ expect(now == before, "process: cgroups %r, were %r" % (now, before))
 got = open("/proc/self/task/%d/cgroup" % info["tid"]).read()
 expect(got == info["before"], "thread: cgroups %r, were %r" % (got, info["before"]))
 "#,
-        |dir: &Path| {
-            let list = std::fs::read_to_string(dir.join("groups")).expect("the program's groups");
-            let dirs: Vec<PathBuf> = list.lines().map(PathBuf::from).collect();
-            let subs: Vec<PathBuf> = dirs
-                .iter()
-                .filter(|d| d.ends_with("sub"))
-                .cloned()
-                .collect();
-            remove_groups(&subs);
-            *made.0.borrow_mut() = dirs;
-        },
+        remove_subs(&made),
     );
     drop(made);
     let (a, b) = rt.roots();
