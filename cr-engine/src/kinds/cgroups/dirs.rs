@@ -5,9 +5,7 @@
 //! owner and mode, the control files given to another owner (a group
 //! delegated to a user), and their settings.
 //!
-//! Capture reads them once the tree is captured ([`capture`]): the
-//! control files' owners only in a group whose directory was given to
-//! another owner (delegation chowns the directory with its files); a walk
+//! Capture reads them once the tree is captured ([`capture`]); a walk
 //! below a group stops at a group holding a process outside the tree (it
 //! is someone else's) and at [`MAX_DIRS`] groups. The hierarchy's root
 //! group is never walked: everything on the machine is below it.
@@ -193,9 +191,6 @@ impl Walk {
         };
         let mut subs = Vec::new();
         let mut names = HashSet::new();
-        // A group given to a user has its directory given too: the files
-        // of a root-owned one are not looked at one by one.
-        let delegated = d.uid != 0 || d.gid != 0;
         for e in &entries {
             let Some(name) = e.file_name().to_str().map(str::to_string) else {
                 continue;
@@ -209,12 +204,10 @@ impl Walk {
                 }
                 continue;
             }
-            if delegated {
-                if let Ok(md) = e.metadata() {
-                    if md.uid() != 0 || md.gid() != 0 {
-                        d.files
-                            .push((name.clone(), md.uid(), md.gid(), md.mode() & 0o7777));
-                    }
+            if let Ok(md) = e.metadata() {
+                if md.uid() != 0 || md.gid() != 0 {
+                    d.files
+                        .push((name.clone(), md.uid(), md.gid(), md.mode() & 0o7777));
                 }
             }
             names.insert(name);
