@@ -447,6 +447,9 @@ pub fn freeze(
         arena: None,
         thawed_after: None,
         outside_pipes,
+        // Before the freeze: groups are made and set up by whoever
+        // manages them, not by the processes from one moment to the next.
+        cgroup_dirs: kinds::cgroups::dirs::capture(&tree::walk(pid)?),
         // Not with --verify: it reads smaps while frozen anyway, and
         // compares every flag.
         early: if memory::early_wanted() && !opts.verify {
@@ -506,6 +509,8 @@ pub struct Held {
     early: memory::EarlyMaps,
     /// The pipes held outside the tree, found before the freeze.
     outside_pipes: Option<kinds::pipes::Outside>,
+    /// The control groups the tree relies on, read before the freeze.
+    cgroup_dirs: Vec<cr_image::model::CgroupDir>,
 }
 
 /// What a written image leaves to do when the processes are let go.
@@ -695,13 +700,7 @@ impl Held {
             Some(l) if opts.action() != Action::Continue => l.image_name(),
             _ => None,
         };
-        let t_cg = Instant::now();
-        let cgroup_dirs = kinds::cgroups::dirs::capture(&images, &pids);
-        debug!(
-            groups = cgroup_dirs.len(),
-            us = t_cg.elapsed().as_micros() as u64,
-            "control groups the tree relies on read"
-        );
+        let cgroup_dirs = self.cgroup_dirs.clone();
         let ck = Checkpoint {
             meta: meta(root, &self.image_id, &images),
             root_pid: root as u32,

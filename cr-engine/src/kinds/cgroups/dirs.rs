@@ -5,7 +5,9 @@
 //! owner and mode, the control files given to another owner (a group
 //! delegated to a user), and their settings.
 //!
-//! Capture reads them once the tree is captured ([`capture`]); a walk
+//! Capture reads them before the tree is frozen ([`capture`]): groups are
+//! made and set up by whoever manages them, and the freeze stays short; a
+//! walk
 //! below a group stops at a group holding a process outside the tree (it
 //! is someone else's) and at [`MAX_DIRS`] groups. The hierarchy's root
 //! group is never walked: everything on the machine is below it.
@@ -23,7 +25,7 @@
 
 use super::{dir_of, CgroupMount, Here};
 use crate::error::{RestoreError, StepContext};
-use cr_image::model::{CgroupDir, Checkpoint, Process};
+use cr_image::model::{CgroupDir, Checkpoint};
 use cr_sys::proc;
 use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -103,10 +105,13 @@ const SETTINGS: &[(&str, Write, bool)] = &[
     ("cgroup.subtree_control", Write::Subtree, true),
 ];
 
-/// The groups tree `images` (its processes `pids` as we see them) relies
-/// on, parents first. Best effort: a group that cannot be read is left
+/// The groups the tree of processes `pids` (as we see them) relies on,
+/// parents first, from the groups its processes and threads are in now:
+/// read before the freeze (0.3 ms for one memory group on the machine
+/// this was written on). Best effort: a group that cannot be read is left
 /// out with a warning (the processes' membership is saved apart).
-pub fn capture(images: &[Process], pids: &[i32]) -> Vec<CgroupDir> {
+pub fn capture(pids: &[i32]) -> Vec<CgroupDir> {
+    let t0 = std::time::Instant::now();
     let mounts = match proc::cgroup_mounts() {
         Ok(m) => m,
         Err(e) => {
@@ -114,25 +119,26 @@ pub fn capture(images: &[Process], pids: &[i32]) -> Vec<CgroupDir> {
             return Vec::new();
         }
     };
-    let groups: BTreeSet<(&str, &str)> = images
-        .iter()
-        .filter(|p| !p.is_zombie())
-        .flat_map(|p| {
-            p.cgroups
-                .iter()
-                .chain(p.threads.iter().flat_map(|t| &t.cgroups))
-        })
-        .filter(|c| c.path != "/")
-        .map(|c| (c.controllers.as_str(), c.path.as_str()))
-        .collect();
+    let mut groups: BTreeSet<(String, String)> = BTreeSet::new();
+    for &pid in pids {
+        let tids = proc::tasks(pid).unwrap_or_else(|_| vec![pid]);
+        for tid in tids {
+            // Gone meanwhile, or a zombie: nothing of its own to keep.
+            for g in proc::task_cgroups(pid, tid).unwrap_or_default() {
+                if g.1 != "/" {
+                    groups.insert(g);
+                }
+            }
+        }
+    }
     let mut walk = Walk {
         tree: pids.iter().copied().collect(),
         seen: HashSet::new(),
         out: Vec::new(),
         full: false,
     };
-    for (controllers, path) in groups {
-        let Some(m) = mounts.iter().find(|m| m.controllers == controllers) else {
+    for (controllers, path) in &groups {
+        let Some(m) = mounts.iter().find(|m| &m.controllers == controllers) else {
             continue;
         };
         walk.group(m, path);
@@ -140,6 +146,11 @@ pub fn capture(images: &[Process], pids: &[i32]) -> Vec<CgroupDir> {
     let mut out = walk.out;
     // A parent's path is a prefix of its children's: sorted, it comes first.
     out.sort_by(|a, b| (&a.controllers, &a.path).cmp(&(&b.controllers, &b.path)));
+    debug!(
+        groups = out.len(),
+        us = t0.elapsed().as_micros() as u64,
+        "control groups the tree relies on read"
+    );
     out
 }
 
