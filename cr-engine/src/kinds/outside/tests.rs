@@ -126,3 +126,45 @@ fn times_read_as_rfc3339() {
         "2023-11-14T22:13:20.123456789Z"
     );
 }
+
+/// A program caught writing the temporary file of an atomic update (open
+/// write-only, part of it written, not renamed yet): while it is away the
+/// file is renamed over the real one, as the program itself would have
+/// done, and another takes the temporary name. The restore puts back the
+/// small output file as it was at the checkpoint, so the program writes
+/// the rest and renames it: the real file ends up whole.
+#[test]
+fn temporary_file_of_an_atomic_update_round_trip() {
+    let rt = crate::kinds::testkit::round_trip_with(
+        "outside-tmp",
+        r#"
+real = os.path.join(DIR, "status")
+tmp = real + ".tmp"
+open(real, "w").write("old\n")
+fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"new: first half, ")
+"#,
+        r#"
+os.write(fd, b"second half\n")
+os.close(fd)
+os.rename(tmp, real)
+got = open(real).read()
+expect(got == "new: first half, second half\n", "the updated file %r" % got)
+"#,
+        |dir: &std::path::Path| {
+            let real = dir.join("status");
+            std::fs::rename(dir.join("status.tmp"), &real).expect("rename");
+            std::fs::write(dir.join("status.tmp"), "someone else's\n").expect("another tmp");
+        },
+    );
+    let saved = rt
+        .before
+        .outside_files
+        .iter()
+        .find(|f| f.path.ends_with("status.tmp"))
+        .expect("the temporary file is an outside file");
+    assert!(
+        saved.saved.is_some(),
+        "the output file is not saved: {saved:?}"
+    );
+}
