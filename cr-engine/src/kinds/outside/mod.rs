@@ -11,10 +11,7 @@
 //! `map_files` link, `exe`, `cwd`), so it sees the very file the process
 //! uses, also inside a job's own mount namespace. Pseudo files (/proc,
 //! /sys, /dev) and files whose content is in the image anyway (memfds,
-//! deleted files, a job's own /dev/shm) are left out. An output file
-//! held open of up to [`OUTPUT_SAVED`] bytes is saved always: the
-//! temporary file of an atomic update (written, then renamed over the
-//! real one) lives under its name only for a moment.
+//! deleted files, a job's own /dev/shm) are left out.
 //!
 //! Restore ([`check`]) runs before anything of the image is made: a saved
 //! file that differs is put back from the image; any other change refuses
@@ -66,13 +63,6 @@ struct Use {
     /// Its build id is known already (the executable's, kind "task").
     build_id: Option<Vec<u8>>,
 }
-
-/// A regular file held open for writing only, up to this size, is saved
-/// even without `--save-files`: a program writing a file it then renames
-/// over another (an atomic update) has it under its temporary name only
-/// for a moment, and a restore from that moment finds it gone (or the
-/// next one in its place). A bigger one (a log) is left where it is.
-pub const OUTPUT_SAVED: u64 = 64 << 10;
 
 /// The outside files of the captured `images` (`procs[i]` is the host pid
 /// of `images[i]`), with contents saved as asked. `own_dev_shm`: the job
@@ -130,9 +120,7 @@ pub fn capture(
     for (path, (mut f, link, open)) in found {
         let regular = f.mode & libc::S_IFMT == libc::S_IFREG;
         f.listed = listed.iter().any(|(p, _)| *p == path);
-        let wanted = f.listed
-            || (open && d.opts.save_files.is_some_and(|limit| f.size <= limit))
-            || (open && f.write_only && f.size <= OUTPUT_SAVED);
+        let wanted = f.listed || (open && d.opts.save_files.is_some_and(|limit| f.size <= limit));
         if regular && wanted {
             f.saved = Some(save(d, root, &f, &link, next_id)?);
             next_id += 1;
