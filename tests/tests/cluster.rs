@@ -999,7 +999,9 @@ fn uncoordinated_restart_from_the_recovery_line() {
     let mut ring = c.start_ring_env(JOB, &placement, &env);
     ring.wait_advanced(MARGIN, "before the member checkpoints");
     // Incremental: each member checkpoint on that member's previous one;
-    // the garbage behind the line is folded into what depends on it.
+    // the garbage behind the line is folded into what depends on it. A
+    // member caught between writing its STATUS.tmp and renaming it has the
+    // file saved (it is gone, renamed, by the restart otherwise).
     c.crctl(&[
         "job",
         JOB,
@@ -1009,8 +1011,12 @@ fn uncoordinated_restart_from_the_recovery_line() {
         "1",
         "--incremental",
         "on",
+        "--save-files",
+        "64K",
     ])
-    .assert_success("crctl job --mode uncoordinated --interval 1 --incremental on");
+    .assert_success(
+        "crctl job --mode uncoordinated --interval 1 --incremental on --save-files 64K",
+    );
     let line = || c.crctl_json(&["recovery-line", JOB]);
     let all = || c.crctl_json(&["checkpoints", JOB, "--all"]);
     let garbage = |v: &Value| {
