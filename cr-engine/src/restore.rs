@@ -179,6 +179,9 @@ pub struct Ready {
     threads: Vec<Vec<Tracee>>,
     /// The restorer's pidfd the stubs took their fds through.
     me: OwnedFd,
+    /// The groups the restore made, removed if it fails: last, so that
+    /// a `Ready` dropped unreleased kills its stubs first.
+    cgroups_made: kinds::cgroups::Leftovers,
 }
 
 impl Ready {
@@ -228,7 +231,6 @@ impl Ready {
 
     /// Let every process run, all at once; the root's PID.
     pub fn release(self) -> Result<i32, RestoreError> {
-        let t0 = Instant::now();
         let Ready {
             ck,
             opts,
@@ -239,43 +241,67 @@ impl Ready {
             stubs,
             threads,
             me,
+            mut cgroups_made,
         } = self;
-        let mut r = Restorer {
-            ck: &ck,
-            opts: &opts,
-            img: &img,
-            ids,
-            stash,
-            grab_pidfd: me.as_raw_fd(),
-        };
-        // Every thread of every process is ready and nothing of the tree
-        // has run yet. The image's network lock (same host, same namespace)
-        // goes now that every connection exists again; then the file kinds
-        // finish (connections leave repair mode, timers start).
-        kinds::netlock::remove(ck.netlock.as_deref());
-        for k in FILE_KINDS {
-            k.release(&mut r)?;
+        let released = release_tree(ck, opts, img, root_pid, ids, stash, stubs, threads, me);
+        if released.is_ok() {
+            cgroups_made.keep();
         }
-        kinds::sysv::release(&mut r, root_pid)?;
-        if opts.shell_job {
-            kinds::tty::take_terminal(root_pid);
-        }
-        kinds::tree::restore::release(&ck.processes, stubs, threads)?;
-        if let Some(d) = &ck.job_dir {
-            crate::capture::record_job(root_pid, Path::new(d));
-        }
-        if !opts.restart_callbacks_later {
-            crate::coop::restarted(root_pid, img.path());
-        }
-        info!(
-            root = root_pid,
-            processes = ck.processes.len(),
-            pidns = r.ids.pidns,
-            ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
-            "restored tree released"
-        );
-        Ok(root_pid)
+        // Dropped now, on a failure after every stub is gone.
+        drop(cgroups_made);
+        released
     }
+}
+
+/// [`Ready::release`] but for the groups.
+#[allow(clippy::too_many_arguments)]
+fn release_tree(
+    ck: Checkpoint,
+    opts: RestoreOptions,
+    img: ImageDir,
+    root_pid: i32,
+    ids: Ids,
+    stash: Stash,
+    stubs: Vec<Tracee>,
+    threads: Vec<Vec<Tracee>>,
+    me: OwnedFd,
+) -> Result<i32, RestoreError> {
+    let t0 = Instant::now();
+    let mut r = Restorer {
+        ck: &ck,
+        opts: &opts,
+        img: &img,
+        ids,
+        stash,
+        grab_pidfd: me.as_raw_fd(),
+    };
+    // Every thread of every process is ready and nothing of the tree
+    // has run yet. The image's network lock (same host, same namespace)
+    // goes now that every connection exists again; then the file kinds
+    // finish (connections leave repair mode, timers start).
+    kinds::netlock::remove(ck.netlock.as_deref());
+    for k in FILE_KINDS {
+        k.release(&mut r)?;
+    }
+    kinds::sysv::release(&mut r, root_pid)?;
+    if opts.shell_job {
+        kinds::tty::take_terminal(root_pid);
+    }
+    kinds::tree::restore::release(&ck.processes, stubs, threads)?;
+    if let Some(d) = &ck.job_dir {
+        crate::capture::record_job(root_pid, Path::new(d));
+    }
+    if !opts.restart_callbacks_later {
+        crate::coop::restarted(root_pid, img.path());
+    }
+    info!(
+        root = root_pid,
+        processes = ck.processes.len(),
+        pidns = r.ids.pidns,
+        ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
+        "restored tree released"
+    );
+    Ok(root_pid)
 }
 
 /// Rebuild the tree of the image in `dir`, every process frozen (see [`Ready`]).
@@ -326,6 +352,9 @@ fn prepare_chain(
     kinds::threads::check_affinity(&ck.processes, &cr_sys::sched::online_cpus()?)?;
     // The groups first: a process may hold files in one the restore makes.
     kinds::cgroups::place(&mut ck, opts.cgroups)?;
+    // Declared before the stubs: dropped after them when the restore
+    // fails, it removes the groups the restore made.
+    let mut cgroups_made = kinds::cgroups::Leftovers::before(&ck)?;
     kinds::cgroups::dirs::make(&ck)?;
     kinds::outside::check(&ck, &img, opts)?;
     kinds::inet::warn_other_netns(&ck);
@@ -437,6 +466,7 @@ fn prepare_chain(
         threads,
         me,
         ck,
+        cgroups_made: std::mem::take(&mut cgroups_made),
     })
 }
 

@@ -39,7 +39,8 @@
 //! owner, mode, control files given to other owners and settings (limits,
 //! weights, cpusets...). A restore makes those that are missing, where
 //! `--cgroups` places them, and writes their settings and owners back
-//! into the groups it made (a group that exists keeps its own).
+//! into the groups it made (a group that exists keeps its own). A restore
+//! that fails removes the groups it made ([`Leftovers`]).
 //!
 //! A tree in a cgroup namespace of its own (`unshare -C`) sees its groups
 //! relative to the namespace's root, the groups its creator was in when it
@@ -50,8 +51,11 @@
 //! ([`enter_ns`]); then each process goes into its own group as usual.
 
 pub mod dirs;
+mod leftovers;
 #[cfg(test)]
 mod tests;
+
+pub use leftovers::Leftovers;
 
 use crate::capture::Proc;
 use crate::error::{CheckpointError, RestoreError, StepContext};

@@ -1,9 +1,10 @@
 //! Kind "cgroups": where a restore puts each group ([`target`]), and a
 //! round trip of a parent and child in groups of their own in every
-//! hierarchy mounted here, the child's removed while they are away.
+//! hierarchy mounted here, the child's removed while they are away; the
+//! groups a failed restore made are removed again.
 
 use super::{ns_root, target, CgroupMode};
-use crate::kinds::testkit::round_trip_with;
+use crate::kinds::testkit::{restore_refused_with, round_trip_with};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -390,4 +391,44 @@ expect(got == info["before"], "thread: cgroups %r, were %r" % (got, info["before
         "the thread's own groups are not in the image"
     );
     assert_eq!(a.threads[1].cgroups.len(), b.threads[1].cgroups.len());
+}
+
+/// A process in a group of its own with an empty group below it, in every
+/// hierarchy mounted here; all of them removed while it is away. The
+/// restore makes them again, puts the process in, then fails late (a
+/// fault injected once every process is rebuilt): nothing of the tree is
+/// left, and neither is any group it made.
+#[test]
+fn a_failed_restore_removes_the_groups_it_made() {
+    let made = Groups::default();
+    let setup = [
+        GROUP_HELPERS,
+        r#"
+tops, subs = enter_groups("crfail")
+expect(len(tops) > 0, "no cgroup hierarchy mounted with its root")
+"#,
+    ]
+    .concat();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    restore_refused_with(
+        "cgroup-failed",
+        &setup,
+        "fault injected at stage restore-rebuilt",
+        |dir: &Path| {
+            let list = std::fs::read_to_string(dir.join("groups")).expect("the program's groups");
+            dirs = list.lines().map(PathBuf::from).collect();
+            remove_groups(&dirs);
+            for d in &dirs {
+                assert!(!d.exists(), "{} still there", d.display());
+            }
+            *made.0.borrow_mut() = dirs.clone();
+            std::env::set_var(crate::fault::ENV, "restore-rebuilt");
+        },
+        |_| std::env::remove_var(crate::fault::ENV),
+    );
+    let left: Vec<_> = dirs.iter().filter(|d| d.exists()).collect();
+    assert!(
+        left.is_empty(),
+        "groups left by the failed restore: {left:?}"
+    );
 }
