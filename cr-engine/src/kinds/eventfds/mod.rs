@@ -762,9 +762,21 @@ fn inotify_watch(cx: &mut FdScan<'_>, v: &str) -> Result<InotifyWatch, String> {
     let handle = WatchedHandle::parse(v).ok_or_else(bad)?;
     let (file, path) = watched_file(&handle, "an inotify watch")?;
     let open = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+    // A watch on a symbolic link itself was added with IN_DONT_FOLLOW,
+    // which the kernel does not keep in the mask: the restore needs it
+    // again, or it would watch what the link points to.
+    let on_link = file
+        .try_clone()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .is_ok_and(|m| m.file_type().is_symlink());
     let mut w = InotifyWatch {
         wd,
-        mask,
+        mask: if on_link {
+            mask | libc::IN_DONT_FOLLOW
+        } else {
+            mask
+        },
         path,
         deleted_file: None,
     };

@@ -517,6 +517,53 @@ expect(os.readlink("/proc/self/fd/%d" % f.fileno()) == p + " (deleted)", "the fd
     assert_eq!(watches(a), watches(b));
 }
 
+/// inotify watching a symbolic link itself (IN_DONT_FOLLOW, which the
+/// kernel does not keep in the watch's mask) to a directory: the watch
+/// comes back on the link, not on the directory it points to.
+#[test]
+fn inotify_on_a_symlink_itself_round_trip() {
+    let rt = round_trip(
+        "inotify-symlink",
+        &format!(
+            "{INOTIFY_PY}{}",
+            r#"
+IN_ATTRIB, IN_CREATE, IN_DONT_FOLLOW = 0x4, 0x100, 0x02000000
+ino = libc.inotify_init1(os.O_NONBLOCK)
+T = os.path.join(DIR, "target-dir"); os.mkdir(T)
+L = os.path.join(DIR, "link"); os.symlink(T, L)
+wl = libc.inotify_add_watch(ino, L.encode(), IN_ATTRIB | IN_CREATE | IN_DONT_FOLLOW)
+expect(wl > 0, "watch of the link")
+def watched_inodes():
+    return [int(w.split("ino:")[1].split()[0], 16)
+            for w in open("/proc/self/fdinfo/%d" % ino) if w.startswith("inotify ")]
+expect(watched_inodes() == [os.lstat(L).st_ino], "the link's inode watched")
+"#
+        ),
+        r#"
+expect(watched_inodes() == [os.lstat(L).st_ino],
+       "watched %r, the link is %d, its directory %d" % (watched_inodes(), os.lstat(L).st_ino, os.stat(T).st_ino))
+open(os.path.join(T, "new"), "w").close()
+os.utime(L, (1, 1), follow_symlinks=False)
+got = [(wd, mask) for wd, mask, _ in inotify_events(ino)]
+expect(got == [(wl, IN_ATTRIB)], "events %r, want only the link's IN_ATTRIB on watch %d" % (got, wl))
+"#,
+    );
+    let masks = |p: &cr_image::model::Process| {
+        p.fds
+            .iter()
+            .filter_map(|f| match &f.kind {
+                cr_image::model::FdKind::Inotify { watches } => {
+                    Some(watches.iter().map(|w| w.mask).collect::<Vec<_>>())
+                }
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = rt.roots();
+    assert_eq!(masks(a), vec![vec![0x104 | libc::IN_DONT_FOLLOW]]);
+    assert_eq!(masks(a), masks(b));
+}
+
 /// inotify with more watches than one hex digit numbers (fdinfo shows the
 /// watch numbers in hex: "a" is 10, "10" is 16): 20 directories watched,
 /// each comes back at its number and reports its own events.
