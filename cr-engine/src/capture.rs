@@ -662,6 +662,10 @@ impl Held {
         tree::refuse_foreign_namespaces(&images)?;
         let uts = kinds::uts::capture(&images)?;
         let cgroupns = kinds::cgroups::capture_ns(&images)?;
+        let cgroup_frames = match images.first() {
+            Some(root) => kinds::cgroups::frames::capture(&opts.cgroup_root, root)?,
+            None => Vec::new(),
+        };
         let netns = kinds::netns::capture(&images)?;
         let own_shm = mounts.as_ref().is_some_and(|m| m.dev_shm.is_some());
         let outside_files = kinds::outside::capture(&mut d, &pids, &images, own_shm)?;
@@ -719,6 +723,7 @@ impl Held {
             netns,
             outside_files,
             cgroup_dirs,
+            cgroup_frames,
         };
         fault::check("before-commit")?;
         self.dir.commit(&ck, opts.fsync())?;
@@ -1000,6 +1005,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             netns: None,
             outside_files: Vec::new(),
             cgroup_dirs: Vec::new(),
+            cgroup_frames: Vec::new(),
         };
         fault::check("before-commit")?;
         dir.commit(&ck, opts.fsync())?;

@@ -135,6 +135,13 @@ pub struct CheckpointOptions {
     /// whether the processes hold it open or not.
     #[arg(long = "save-file", value_name = "PATH")]
     pub save_file: Vec<PathBuf>,
+    /// The job's frame in a control group hierarchy: a group at or above
+    /// the root process's own, whose subtree is the job's (CONTROLLERS:
+    /// "memory", "cpu", "name=systemd"...; none: every hierarchy not named
+    /// by another; repeatable). `cr_restart --cgroup-root` replaces it
+    /// [default: the root process's own group].
+    #[arg(long = "cgroup-root", value_name = "[CONTROLLERS:]PATH")]
+    pub cgroup_root: Vec<crate::kinds::cgroups::frames::CgroupRoot>,
     /// After the dump, before the processes run on, capture them again and
     /// compare with the image just written, attribute by attribute; any
     /// difference fails the checkpoint (the image is removed, the
@@ -370,8 +377,22 @@ pub struct RestoreOptions {
     /// own; `here`, the root in cr_restart's groups and the groups below
     /// it made again under them (a job resumed in a new allocation);
     /// `off`, every process in cr_restart's groups.
-    #[arg(long, value_enum, value_name = "MODE", default_value_t)]
+    #[arg(
+        long,
+        alias = "manage-cgroups",
+        value_enum,
+        value_name = "MODE",
+        default_value_t
+    )]
     pub cgroups: crate::kinds::cgroups::CgroupMode,
+    /// Put the job's groups under this group instead (CONTROLLERS:
+    /// "memory", "cpu", "name=systemd"...; none: every hierarchy not named
+    /// by another; repeatable): the job's frame (`cr_checkpoint
+    /// --cgroup-root`, else the root process's group) is replaced by PATH,
+    /// made if missing, the groups below it keep their paths below it.
+    /// Ignored with `--cgroups off`.
+    #[arg(long = "cgroup-root", value_name = "[CONTROLLERS:]PATH")]
+    pub cgroup_root: Vec<crate::kinds::cgroups::frames::CgroupRoot>,
     /// Page stores still arriving from another node (set by the agent for
     /// a post-copy migration): their blocks are asked for before they are
     /// read ([`crate::kinds::memory::remote`]).
@@ -402,6 +423,7 @@ impl Default for RestoreOptions {
             verify: false,
             lazy_pages: false,
             cgroups: Default::default(),
+            cgroup_root: Vec::new(),
             remote_pages: None,
             restart_callbacks_later: false,
             progress: Progress::Off,

@@ -351,7 +351,7 @@ fn prepare_chain(
     kinds::memory::vdso::check(&ck)?;
     kinds::threads::check_affinity(&ck.processes, &cr_sys::sched::online_cpus()?)?;
     // The groups first: a process may hold files in one the restore makes.
-    kinds::cgroups::place(&mut ck, opts.cgroups)?;
+    kinds::cgroups::place(&mut ck, opts.cgroups, &opts.cgroup_root)?;
     // Declared before the stubs: dropped after them when the restore
     // fails, it removes the groups the restore made.
     let mut cgroups_made = kinds::cgroups::Leftovers::before(&ck)?;

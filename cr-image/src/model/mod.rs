@@ -124,6 +124,10 @@ pub struct Checkpoint {
     /// kind "cgroups": the groups the tree relies on, parents first, with
     /// their settings (see [`CgroupDir`]).
     pub cgroup_dirs: Vec<CgroupDir>,
+    /// kind "cgroups": the job's frame in the hierarchies named by
+    /// `cr_checkpoint --cgroup-root` (the root process's group or one above
+    /// it; a hierarchy not listed: the root process's group).
+    pub cgroup_frames: Vec<Cgroup>,
 }
 
 /// Where and by what the image was taken.
@@ -322,6 +326,9 @@ impl Checkpoint {
                 .into_iter()
                 .map(CgroupDir::from_pb)
                 .collect::<Result<_, _>>()?,
+            cgroup_frames: at(cgroups::from_pb(p.cgroup_frames), || {
+                "its cgroup frames".into()
+            })?,
         })
     }
 
@@ -360,6 +367,7 @@ impl Checkpoint {
             netns: self.netns.as_ref().map(NetNs::to_pb),
             outside_files: self.outside_files.iter().map(OutsideFile::to_pb).collect(),
             cgroup_dirs: self.cgroup_dirs.iter().map(CgroupDir::to_pb).collect(),
+            cgroup_frames: self.cgroup_frames.iter().map(Cgroup::to_pb).collect(),
         }
     }
 

@@ -719,6 +719,10 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
             settings: vec![("notify_on_release".into(), "1".into())],
             files: vec![("cgroup.procs".into(), 1000, 1000, 0o644)],
         }],
+        cgroup_frames: vec![Cgroup {
+            controllers: "name=work".into(),
+            path: "/job".into(),
+        }],
     }
 }
 

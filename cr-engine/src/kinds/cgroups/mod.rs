@@ -51,6 +51,7 @@
 //! ([`enter_ns`]); then each process goes into its own group as usual.
 
 pub mod dirs;
+pub mod frames;
 mod leftovers;
 #[cfg(test)]
 mod tests;
@@ -72,13 +73,22 @@ use tracing::{debug, warn};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum CgroupMode {
     /// Back into the saved groups when the root's group exists here, else
-    /// under the restorer's.
+    /// under the restorer's. (CRIU's `--manage-cgroups` modes that restore
+    /// membership are accepted for it.)
     #[default]
+    #[value(
+        alias = "soft",
+        alias = "full",
+        alias = "strict",
+        alias = "props",
+        alias = "none"
+    )]
     Auto,
     /// The root in the restorer's groups, the groups below it made again
     /// under them.
     Here,
-    /// Every process in the restorer's groups.
+    /// Every process in the restorer's groups (CRIU's "ignore").
+    #[value(alias = "ignore")]
     Off,
 }
 
@@ -379,6 +389,7 @@ pub fn target(
     root: &str,
     saved: &str,
     own: &str,
+    to: Option<&str>,
     exists: impl Fn(&str) -> bool,
 ) -> String {
     // A missing group below the restorer's own (or any, when the restorer
@@ -391,9 +402,10 @@ pub fn target(
             || g == own
             || g.strip_prefix(own).is_some_and(|r| r.starts_with('/'))
     };
-    let base = match mode {
-        CgroupMode::Off => return own.to_string(),
-        CgroupMode::Auto if again(root) => root,
+    let base = match (mode, to) {
+        (CgroupMode::Off, _) => return own.to_string(),
+        (_, Some(to)) => to,
+        (CgroupMode::Auto, None) if again(root) => root,
         _ => own,
     };
     let below = if root == "/" {
@@ -407,7 +419,7 @@ pub fn target(
         Some("") => base.to_string(),
         Some(rel) if base == "/" => format!("/{rel}"),
         Some(rel) => format!("{base}/{rel}"),
-        None if mode == CgroupMode::Auto && again(saved) => saved.to_string(),
+        None if to.is_some() || (mode == CgroupMode::Auto && again(saved)) => saved.to_string(),
         None => base.to_string(),
     }
 }
@@ -415,15 +427,34 @@ pub fn target(
 /// Rewrite the cgroups section of every process of `ck` to where this
 /// restore puts it (see the module's docs): one entry per hierarchy the
 /// restorer is in.
-pub fn place(ck: &mut Checkpoint, mode: CgroupMode) -> Result<(), RestoreError> {
+pub fn place(
+    ck: &mut Checkpoint,
+    mode: CgroupMode,
+    roots: &[frames::CgroupRoot],
+) -> Result<(), RestoreError> {
     let mut here = Here::default();
     here.load()?;
-    let root_groups = ck
+    // The job's frame in each hierarchy: the root's group, or the one
+    // `cr_checkpoint --cgroup-root` named.
+    let mut root_groups = ck
         .processes
         .iter()
         .find(|p| p.pid == ck.root_pid)
         .map(|p| p.cgroups.clone())
         .unwrap_or_default();
+    for g in root_groups.iter_mut() {
+        if let Some(f) = ck
+            .cgroup_frames
+            .iter()
+            .find(|f| f.controllers == g.controllers)
+        {
+            g.path = f.path.clone();
+        }
+    }
+    let root_groups = Frames {
+        of: root_groups,
+        roots,
+    };
     for p in ck.processes.iter_mut().filter(|p| !p.is_zombie()) {
         for c in &p.cgroups {
             if !here.own.iter().any(|(h, _)| h == &c.controllers) {
@@ -460,16 +491,24 @@ pub fn place(ck: &mut Checkpoint, mode: CgroupMode) -> Result<(), RestoreError> 
         let (Some(own), Some(m), Some(root)) = (
             here.own(&d.controllers),
             here.mount(&d.controllers),
-            root_groups.iter().find(|c| c.controllers == d.controllers),
+            root_groups
+                .of
+                .iter()
+                .find(|c| c.controllers == d.controllers),
         ) else {
             continue;
         };
         if mode == CgroupMode::Off {
             continue;
         }
-        let to = target(mode, &root.path, &d.path, own, |g| {
-            dir_of(m, g).is_some_and(|d| d.is_dir())
-        });
+        let to = target(
+            mode,
+            &root.path,
+            &d.path,
+            own,
+            root_groups.to(&d.controllers),
+            |g| dir_of(m, g).is_some_and(|d| d.is_dir()),
+        );
         let under_root = root.path == "/"
             || d.path == root.path
             || d.path
@@ -483,17 +522,36 @@ pub fn place(ck: &mut Checkpoint, mode: CgroupMode) -> Result<(), RestoreError> 
     Ok(())
 }
 
-/// Where groups `saved` (one per hierarchy) go, given the root's saved
-/// groups: one entry per hierarchy the restorer is in, sorted.
-fn placed(here: &Here, mode: CgroupMode, root_groups: &[Cgroup], saved: &[Cgroup]) -> Vec<Cgroup> {
+/// The job's frame in each hierarchy (see [`frames`]) and the restore's
+/// `--cgroup-root` arguments.
+struct Frames<'a> {
+    of: Vec<Cgroup>,
+    roots: &'a [frames::CgroupRoot],
+}
+
+impl Frames<'_> {
+    /// The group that replaces the frame of hierarchy `controllers`.
+    fn to(&self, controllers: &str) -> Option<&str> {
+        frames::for_hierarchy(self.roots, controllers).map(|r| r.path.as_str())
+    }
+}
+
+/// Where groups `saved` (one per hierarchy) go, given the job's frames:
+/// one entry per hierarchy the restorer is in, sorted.
+fn placed(here: &Here, mode: CgroupMode, frames: &Frames<'_>, saved: &[Cgroup]) -> Vec<Cgroup> {
     let mut out = Vec::with_capacity(here.own.len());
     for (controllers, own) in &here.own {
         let saved = saved.iter().find(|c| &c.controllers == controllers);
-        let root = root_groups.iter().find(|c| &c.controllers == controllers);
+        let root = frames.of.iter().find(|c| &c.controllers == controllers);
         let path = match (here.mount(controllers), saved, root) {
-            (Some(m), Some(saved), Some(root)) => target(mode, &root.path, &saved.path, own, |g| {
-                dir_of(m, g).is_some_and(|d| d.is_dir())
-            }),
+            (Some(m), Some(saved), Some(root)) => target(
+                mode,
+                &root.path,
+                &saved.path,
+                own,
+                frames.to(controllers),
+                |g| dir_of(m, g).is_some_and(|d| d.is_dir()),
+            ),
             _ => own.clone(),
         };
         out.push(Cgroup {

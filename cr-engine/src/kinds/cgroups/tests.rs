@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 #[test]
 fn auto_goes_back_when_the_roots_group_exists() {
     let exists = |g: &str| g == "/job" || g.starts_with("/job/");
-    let t = |saved| target(CgroupMode::Auto, "/job", saved, "/restorer", exists);
+    let t = |saved| target(CgroupMode::Auto, "/job", saved, "/restorer", None, exists);
     assert_eq!(t("/job"), "/job");
     assert_eq!(t("/job/rank1"), "/job/rank1");
     // Outside the root's subtree: back if it exists, else with the root.
     assert_eq!(t("/jobless"), "/job");
     assert_eq!(
-        target(CgroupMode::Auto, "/job", "/other", "/r", |g| g == "/job"
+        target(CgroupMode::Auto, "/job", "/other", "/r", None, |g| g
+            == "/job"
             || g == "/other"),
         "/other"
     );
@@ -32,6 +33,7 @@ fn auto_follows_the_restorer_when_the_roots_group_is_gone() {
             "/slurm/job_5",
             saved,
             "/slurm/job_9",
+            None,
             none,
         )
     };
@@ -43,10 +45,38 @@ fn auto_follows_the_restorer_when_the_roots_group_is_gone() {
 #[test]
 fn here_and_off_ignore_the_saved_root_group() {
     let all = |_: &str| true;
-    assert_eq!(target(CgroupMode::Here, "/a", "/a/b", "/r", all), "/r/b");
-    assert_eq!(target(CgroupMode::Here, "/", "/b", "/", all), "/b");
-    assert_eq!(target(CgroupMode::Here, "/", "/b/c", "/r", all), "/r/b/c");
-    assert_eq!(target(CgroupMode::Off, "/a", "/a/b", "/r", all), "/r");
+    assert_eq!(
+        target(CgroupMode::Here, "/a", "/a/b", "/r", None, all),
+        "/r/b"
+    );
+    assert_eq!(target(CgroupMode::Here, "/", "/b", "/", None, all), "/b");
+    assert_eq!(
+        target(CgroupMode::Here, "/", "/b/c", "/r", None, all),
+        "/r/b/c"
+    );
+    assert_eq!(target(CgroupMode::Off, "/a", "/a/b", "/r", None, all), "/r");
+}
+
+#[test]
+fn cgroup_root_replaces_the_jobs_frame() {
+    let none = |_: &str| false;
+    // The frame (the root's group, or the checkpoint's --cgroup-root) is
+    // replaced, whatever the mode but off; below it the paths stay.
+    for mode in [CgroupMode::Auto, CgroupMode::Here] {
+        let t = |saved| target(mode, "/prefix", saved, "/r", Some("/newroot"), none);
+        assert_eq!(t("/prefix"), "/newroot");
+        assert_eq!(t("/prefix/oldroot"), "/newroot/oldroot");
+        // Outside the frame: where it was.
+        assert_eq!(t("/other"), "/other");
+    }
+    assert_eq!(
+        target(CgroupMode::Auto, "/", "/a", "/r", Some("/n"), none),
+        "/n/a"
+    );
+    assert_eq!(
+        target(CgroupMode::Off, "/p", "/p/a", "/r", Some("/n"), none),
+        "/r"
+    );
 }
 
 #[test]
@@ -430,5 +460,97 @@ expect(len(tops) > 0, "no cgroup hierarchy mounted with its root")
     assert!(
         left.is_empty(),
         "groups left by the failed restore: {left:?}"
+    );
+}
+
+/// `--cgroup-root`: a process in group TAG/sub below the test's own group
+/// in every hierarchy, checkpointed with TAG as the job's frame, the
+/// groups removed, restored with TAG-new replacing the frame: it comes
+/// back in TAG-new/sub, and TAG is not made again (zdtm cgroup02).
+#[test]
+fn cgroup_root_moves_the_job_to_a_new_frame() {
+    let tag = format!("crframe-{}", std::process::id());
+    let made = Groups::default();
+    // The argument naming TAG (with `suffix`) in every hierarchy the
+    // program made it in: read once the program is ready.
+    let roots = |suffix: &str| -> Vec<super::frames::CgroupRoot> {
+        let mounts = cr_sys::proc::cgroup_mounts().expect("cgroup mounts");
+        let mine = cr_sys::proc::cgroups(std::process::id() as i32).expect("my groups");
+        let mut out = Vec::new();
+        for (controllers, own) in mine {
+            let Some(m) = mounts.iter().find(|m| m.controllers == controllers) else {
+                continue;
+            };
+            let frame = format!("{}/{tag}", own.trim_end_matches('/'));
+            let Some(dir) = super::dir_of(m, &frame) else {
+                continue;
+            };
+            if !dir.is_dir() && suffix.is_empty() {
+                continue;
+            }
+            let spec = if controllers.is_empty() {
+                format!("{frame}{suffix}")
+            } else {
+                format!("{controllers}:{frame}{suffix}")
+            };
+            out.push(spec.parse().expect("a --cgroup-root"));
+        }
+        out
+    };
+    let frames = std::cell::RefCell::new(Vec::new());
+    let rt = crate::kinds::testkit::round_trip_restoring(
+        "cgroup-frame",
+        &[
+            GROUP_HELPERS,
+            &format!(
+                r#"
+TAG = "{tag}"
+tops, subs = [], []
+for m, path in list(mine()):
+    top = m + path + "/" + TAG
+    make(top); make(top + "/sub")
+    tops.append(top); subs.append(top + "/sub")
+    open(top + "/sub/cgroup.procs", "w").write(str(os.getpid()))
+new = [t + "-new" for t in tops]
+write_in_dir("groups", "\n".join([n + "/sub" for n in new] + new + subs + tops))
+before = open("/proc/self/cgroup").read()
+expect(len(tops) > 0, "no cgroup hierarchy mounted with its root")
+"#
+            ),
+        ]
+        .concat(),
+        r#"
+now = open("/proc/self/cgroup").read()
+want = before.replace("/" + TAG + "/sub", "/" + TAG + "-new/sub")
+expect(now == want, "cgroups %r, want %r" % (now, want))
+for t in tops:
+    expect(not os.path.exists(t), "the old frame %s made again" % t)
+"#,
+        |o| {
+            let r = roots("");
+            assert!(!r.is_empty(), "no hierarchy with the program's groups");
+            *frames.borrow_mut() = r.clone();
+            o.cgroup_root = r;
+        },
+        |dir: &Path| {
+            let list = std::fs::read_to_string(dir.join("groups")).expect("the program's groups");
+            let dirs: Vec<PathBuf> = list.lines().map(PathBuf::from).collect();
+            let old: Vec<PathBuf> = dirs
+                .iter()
+                .filter(|d| !d.to_string_lossy().contains("-new"))
+                .cloned()
+                .collect();
+            remove_groups(&old);
+            *made.0.borrow_mut() = dirs;
+        },
+        |o| o.cgroup_root = roots("-new"),
+    );
+    drop(made);
+    let frames = frames.into_inner();
+    assert_eq!(
+        rt.before.cgroup_frames.len(),
+        frames.len(),
+        "frames saved: {:?}",
+        rt.before.cgroup_frames
     );
 }
