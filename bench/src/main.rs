@@ -927,6 +927,9 @@ struct Sample {
     dump_rss_kib: Option<u64>,
     restore_s: Option<f64>,
     restore_rss_kib: Option<u64>,
+    /// The same restore with `cr_restart --verify` (the tree captured
+    /// again and compared with the image before it runs).
+    restore_verify_s: Option<f64>,
     image_bytes: Option<u64>,
     /// Some(true): restored memory hashes equal to the dumped memory.
     verified: Option<bool>,
@@ -1088,6 +1091,16 @@ fn run_one(
     if let Some(g) = restored.as_mut() {
         g.finish()?;
     }
+    reap_strays();
+
+    // --- restore with --verify: its cost next to the plain one ---
+    check_interrupted()?;
+    prewarm(opts, len)?;
+    let mut cmd = Command::new(&bins.restart);
+    cmd.arg("--detach").arg("--verify").arg(&img);
+    let (t, mut guard, _) = restore_detached(cmd, &run_dir, pid, "bench_mem")?;
+    s.restore_verify_s = Some(t.secs);
+    guard.finish()?;
     reap_strays();
     Ok(())
 }
@@ -1314,9 +1327,9 @@ fn markdown(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
     let _ = writeln!(
         o,
         "| size | fs | memcpy GB/s | process_vm_readv→fresh GB/s | dump s | restore s \
-         | image MiB | same pid | memory verified |"
+         | restore --verify s | image MiB | same pid | memory verified |"
     );
-    let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---|---|");
+    let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---:|---|---|");
     for r in rows {
         let secs = |f: fn(&Sample) -> Option<f64>| min_secs(r, f);
         let img = r.samples.iter().filter_map(|s| s.image_bytes).max();
@@ -1332,13 +1345,14 @@ fn markdown(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
         };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             size_label(r.size_mib),
             r.fs.name(),
             fmt_opt(agg_rate(r, aggs[0].0, |s| s.memcpy_s), 2),
             fmt_opt(agg_rate(r, aggs[0].0, |s| s.pvm_fresh_s), 2),
             fmt_opt(secs(|s| s.dump_s), 3),
             fmt_opt(secs(|s| s.restore_s), 3),
+            fmt_opt(secs(|s| s.restore_verify_s), 3),
             fmt_opt(img.map(|b| b as f64 / MIB as f64), 1),
             all(|s| s.same_pid),
             all(|s| s.verified),
@@ -1420,6 +1434,7 @@ fn json(rows: &[Row], opts: &Opts, targets: &[Target]) -> String {
                         "dump_maxrss_kib": s.dump_rss_kib,
                         "restore_s": s.restore_s,
                         "restore_maxrss_kib": s.restore_rss_kib,
+                        "restore_verify_s": s.restore_verify_s,
                         "image_bytes": s.image_bytes,
                         "same_pid": s.same_pid,
                         "verified": s.verified,
