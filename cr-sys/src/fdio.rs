@@ -338,6 +338,28 @@ pub fn getsockopt_int(fd: &OwnedFd, level: i32, opt: i32) -> Result<i32> {
     Ok(i32::from_ne_bytes(v))
 }
 
+/// SO_PEERCRED of a unix socket: (pid, uid, gid) the kernel recorded for
+/// its peer; None when it has none (never connected: pid 0).
+pub fn peer_cred(fd: &OwnedFd) -> Result<Option<(i32, u32, u32)>> {
+    // struct ucred: pid, uid, gid.
+    let mut v = [0u8; 12];
+    getsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut v).map_err(|source| {
+        SysError::Syscall {
+            what: "getsockopt(SO_PEERCRED)".into(),
+            source,
+        }
+    })?;
+    let word = |i: usize| [v[i], v[i + 1], v[i + 2], v[i + 3]];
+    let pid = i32::from_ne_bytes(word(0));
+    Ok((pid > 0).then(|| {
+        (
+            pid,
+            u32::from_ne_bytes(word(4)),
+            u32::from_ne_bytes(word(8)),
+        )
+    }))
+}
+
 pub fn setsockopt_int(fd: &OwnedFd, level: i32, opt: i32, v: i32) -> Result<()> {
     setsockopt_raw(fd, level, opt, &v.to_ne_bytes()).map_err(|source| SysError::Syscall {
         what: format!("setsockopt({level}, {opt}, {v})"),

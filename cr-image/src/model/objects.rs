@@ -283,6 +283,18 @@ pub struct UnixSocket {
     /// the queue by a dump whose processes end (to read what their clients
     /// sent). Empty: those whose `listener` names this socket.
     pub pending: Vec<PendingConnection>,
+    /// SO_PEERCRED (None: none).
+    pub peer_cred: Option<PeerCred>,
+}
+
+/// A connected unix socket's SO_PEERCRED: the PID (in the tree's PID
+/// namespace; that process may be gone), effective user and group the
+/// kernel recorded for its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PeerCred {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// A connection queued on a unix listener and not yet accepted.
@@ -591,6 +603,11 @@ impl Object {
                     rcvbuf: u.rcvbuf,
                     passcred: u.passcred,
                     peek_off: u.peek_off,
+                    peer_cred: u.peer_cred.map(|c| PeerCred {
+                        pid: c.pid,
+                        uid: c.uid,
+                        gid: c.gid,
+                    }),
                     cwd: u.cwd,
                     opts: opts_from_pb(u.opts)?,
                     in_flight: u
@@ -735,6 +752,11 @@ impl Object {
                 rcvbuf: u.rcvbuf,
                 passcred: u.passcred,
                 peek_off: u.peek_off,
+                peer_cred: u.peer_cred.map(|c| pb::PeerCred {
+                    pid: c.pid,
+                    uid: c.uid,
+                    gid: c.gid,
+                }),
                 cwd: u.cwd.clone(),
                 opts: opts_to_pb(&u.opts),
                 in_flight: u

@@ -142,7 +142,7 @@ impl Ids {
 const DYING_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Kills and reaps a freshly cloned stub until it is seized.
-struct StubGuard(i32);
+pub(crate) struct StubGuard(pub(crate) i32);
 
 impl Drop for StubGuard {
     fn drop(&mut self) {

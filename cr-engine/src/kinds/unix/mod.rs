@@ -16,6 +16,7 @@
 //! fds of their own kind and sent again with their message: see [`flight`].
 
 mod flight;
+mod peercred;
 mod rebuild;
 #[cfg(test)]
 mod tests;
@@ -28,7 +29,7 @@ use crate::kinds::fds::{FdScan, OpenFd};
 use crate::kinds::sockopts::{options, shape, Fresh};
 use crate::kinds::{external, Described, FileKind, Opened};
 use crate::restore::{Rebuild, Restorer};
-use cr_image::model::objects::{InFlight, PendingConnection, UnixSocket};
+use cr_image::model::objects::{InFlight, PeerCred, PendingConnection, UnixSocket};
 use cr_image::model::{Checkpoint, Fd, FdKind, Object, ObjectKind, ObjectTag, Process, SharedFd};
 use cr_sys::fdio;
 use cr_sys::proc::FDTarget;
@@ -365,6 +366,10 @@ fn describe_data(
     s.rcvbuf = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUF).unwrap_or(0);
     s.passcred = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PASSCRED).unwrap_or(0) != 0;
     s.peek_off = fdio::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_PEEK_OFF).unwrap_or(-1);
+    s.peer_cred = fdio::peer_cred(&sock)
+        .ok()
+        .flatten()
+        .map(|(pid, uid, gid)| PeerCred { pid, uid, gid });
     s.opts = options(&sock, &shape(&sock), fresh);
     let objs = cx.objects.as_deref_mut().expect("checked above");
     objs.insert(Object {

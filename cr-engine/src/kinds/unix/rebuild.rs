@@ -268,6 +268,7 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
         .flat_map(|s| s.pending.iter().map(|p| p.client))
         .filter(|&c| c != 0)
         .collect();
+    let own_pidns = ck.pidns;
     // 2. Pairs.
     for &a in &ids {
         let sa = socks[&a];
@@ -312,7 +313,18 @@ pub fn all(ck: &Checkpoint) -> Result<(HashMap<u64, OwnedFd>, Later), RestoreErr
                 (c, s)
             }
         } else {
-            let (x, y) = fdio::unix_socketpair(ty(sa)).step(|| what.clone())?;
+            // Made by a process with its maker's credentials, as far as
+            // possible (`peercred`).
+            let by_maker = match (&sa.peer_cred, own_pidns) {
+                (Some(c), false) if sa.peer_cred == sb.peer_cred => {
+                    super::peercred::pair(ty(sa), c)?
+                }
+                _ => None,
+            };
+            let (x, y) = match by_maker {
+                Some(p) => p,
+                None => fdio::unix_socketpair(ty(sa)).step(|| what.clone())?,
+            };
             bind(&x, a, sa, &mut ghosts)?;
             bind(&y, b, sb, &mut ghosts)?;
             (x, y)

@@ -396,3 +396,59 @@ for ty, l in lis.items():
     let want: Vec<Vec<u8>> = vec![b"firstmore".to_vec(), b"gone".to_vec(), vec![], vec![]];
     assert_eq!(pending(&before), vec![want.clone(), want]);
 }
+
+/// SO_PEERCRED of socket pairs: one made by the program (its own PID,
+/// root), one made by a child as another user and group that then exited
+/// (the pair names a process gone, as zdtm sock_peercred). Both pairs
+/// name the same peer after the restore.
+#[test]
+fn socketpair_peer_credentials_round_trip() {
+    let rt = round_trip(
+        "unix-peercred",
+        r#"
+import array
+def cred(s):
+    return struct.unpack("iII", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+mine_a, mine_b = socket.socketpair()
+carrier_a, carrier_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+child = os.fork()
+if child == 0:
+    os.setgid(4242); os.setuid(4343)
+    x, y = socket.socketpair()
+    carrier_b.sendmsg([b"p"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [x.fileno(), y.fileno()]))])
+    os._exit(0)
+msg, anc, _, _ = carrier_a.recvmsg(1, socket.CMSG_LEN(8))
+fds = array.array("i"); fds.frombytes(anc[0][2][:8])
+theirs_a = socket.socket(fileno=fds[0]); theirs_b = socket.socket(fileno=fds[1])
+os.waitpid(child, 0)
+mine = (os.getpid(), 0, 0)
+theirs = (child, 4343, 4242)
+expect(cred(mine_a) == mine and cred(mine_b) == mine, "setup: my pair %r" % (cred(mine_a),))
+expect(cred(theirs_a) == theirs and cred(theirs_b) == theirs, "setup: the child's pair %r" % (cred(theirs_a),))
+"#,
+        r#"
+for s, want in ((mine_a, mine), (mine_b, mine), (theirs_a, theirs), (theirs_b, theirs)):
+    expect(cred(s) == want, "SO_PEERCRED %r, was %r" % (cred(s), want))
+mine_a.send(b"x"); expect(mine_b.recv(1) == b"x", "my pair carries data")
+theirs_a.send(b"y"); expect(theirs_b.recv(1) == b"y", "the child's pair carries data")
+"#,
+    );
+    let creds = |c: &cr_image::model::Checkpoint| {
+        let mut v: Vec<_> = c
+            .objects
+            .iter()
+            .filter_map(|o| match &o.kind {
+                cr_image::model::ObjectKind::UnixSocket(u) => u.peer_cred.map(|p| (p.uid, p.gid)),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(
+        creds(&rt.before).contains(&(4343, 4242)),
+        "{:?}",
+        creds(&rt.before)
+    );
+    assert_eq!(creds(&rt.before), creds(&rt.after));
+}
