@@ -22,7 +22,7 @@
 use crate::error::{io_err, Errno, Result, SysError};
 use crate::PAGE_SIZE;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::OnceLock;
 
 /// userfaultfd(2) flags: user-mode faults only (allowed without
@@ -39,6 +39,8 @@ pub const UFFDIO_API: u64 = 0xc018_aa3f;
 /// `_IOWR(0xAA, 0x00, struct uffdio_register)` (32 bytes).
 pub const UFFDIO_REGISTER: u64 = 0xc020_aa00;
 pub const UFFDIO_REGISTER_MODE_WP: u64 = 2;
+/// `_IOR(0xAA, 0x01, struct uffdio_range)` (16 bytes).
+const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
 
 /// `_IOWR('f', 16, struct pm_scan_arg)` (96 bytes).
 const PAGEMAP_SCAN: u64 = 0xc060_6610;
@@ -232,6 +234,28 @@ fn scan(
             break;
         }
         at = next;
+    }
+    Ok(())
+}
+
+/// Remove the registration of `[start, end)` with the userfaultfd `uffd`,
+/// which may be a copy of one held by another process (the kernel acts on
+/// the memory of the process that created it). The kernel removes the
+/// write protection from every page of the range meanwhile, holding that
+/// process's mmap lock: a range of a few tens of MiB at a time keeps its
+/// page faults from waiting long. A range registered with another
+/// userfaultfd is refused (EINVAL, Linux 6.15+), as one that holds a
+/// mapping that cannot be registered.
+pub fn unregister(uffd: BorrowedFd<'_>, start: u64, end: u64) -> Result<()> {
+    let mut range = [start, end - start];
+    // Raw: nix has no userfaultfd ioctls.
+    // SAFETY: `range` is a struct uffdio_range (two u64s) the kernel reads.
+    let r = unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_UNREGISTER as _, range.as_mut_ptr()) };
+    if r < 0 {
+        return Err(SysError::Syscall {
+            what: format!("UFFDIO_UNREGISTER of {start:#x}-{end:#x}"),
+            source: Errno::last(),
+        });
     }
     Ok(())
 }
