@@ -521,7 +521,7 @@ struct Dumped {
     /// Trackers left running: (pid, method, fd).
     kept: Vec<(i32, DirtyMethod, i32)>,
     /// Trackers no longer wanted: released only after the processes run on.
-    released: Vec<std::os::fd::OwnedFd>,
+    released: Vec<tracking::Released>,
     /// Mappings whose VmFlags came from the read before the freeze:
     /// checked again when the processes are let go.
     borrowed: memory::Borrowed,

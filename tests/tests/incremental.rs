@@ -672,6 +672,56 @@ fn pre_dump_then_checkpoint() {
     );
 }
 
+/// A pre-dump, then a checkpoint on it that lets the process run on (its
+/// memory planned while frozen from the tracker's scan and a scan for the
+/// pages emptied since, the parent's hashes copied once it runs), then
+/// one on that which kills it. Between them the workload writes, maps,
+/// unmaps, moves and empties pages (MADV_DONTNEED, which must read zero
+/// and not the pre-dump's content); both images restore and verify.
+#[test]
+fn pre_dump_then_checkpoint_that_continues() {
+    let h = Harness::new("incr-predump-cont");
+    let mut wl = spawn_chain(&h, 2);
+    let pid = wl.pid();
+    wait_ready(&mut wl, 0);
+    let pre = h.image_dir("predump");
+    h.checkpoint(&pre, &["--pre-dump"], pid)
+        .assert_success("cr_checkpoint --pre-dump");
+    next_round(&wl, 1);
+    wait_ready(&mut wl, 1);
+    let img1 = h.image_dir("img1");
+    h.checkpoint(&img1, &["--parent", s(&pre)], pid)
+        .assert_success("cr_checkpoint --parent PREDUMP (the process runs on)");
+    let printed1 = wl.output();
+    for p in tree_pids(pid) {
+        assert_running_untraced(p, "after the checkpoint on the pre-dump");
+    }
+    let v = stats(&h, &img1);
+    assert_parent(&h, &v, &pre);
+    let p = proc_stats(&v, pid);
+    assert!(num(p, "pages_parent") > 0, "{v}");
+    assert_eq!(p["dirty"], "uffd-wp", "{v}");
+
+    next_round(&wl, 2);
+    wait_ready(&mut wl, 2);
+    let img2 = h.image_dir("img2");
+    let tree = tree_pids(pid);
+    h.checkpoint(&img2, &["--parent", s(&img1), "--kill"], pid)
+        .assert_success("cr_checkpoint --parent IMG1 --kill");
+    let printed2 = wl.output();
+    wl.reap_killed();
+    wait_gone(&tree, "after --kill");
+
+    restore_verify(
+        &h,
+        &wl,
+        &img1,
+        &printed1,
+        "restore of the checkpoint on a pre-dump that continued",
+    );
+    restore_verify(&h, &wl, &img2, &printed2, "restore of the checkpoint on it");
+}
+
 fn compressed_chain(method: &str) {
     let h = Harness::new(&format!("incr-{method}"));
     let mut wl = spawn_chain(&h, 1);

@@ -204,10 +204,12 @@ pub enum Dirty {
     /// a parent).
     Unknown,
     /// userfaultfd-wp: pages of `tracked` (sorted address ranges) outside
-    /// `written` are unchanged.
+    /// `written` are unchanged. `written` also holds the pages that map
+    /// the shared zero page (written or not), each range with its
+    /// `PAGE_IS_*` categories (`cr_sys::dirty::scan_written_and_reset`).
     Uffd {
         tracked: Vec<(u64, u64)>,
-        written: Vec<(u64, u64)>,
+        written: Vec<(u64, u64, u64)>,
     },
     /// Soft-dirty: a page whose pagemap entry lacks bit 55 is unchanged.
     SoftDirty,
@@ -217,6 +219,12 @@ pub enum Dirty {
 fn in_ranges(ranges: &[(u64, u64)], addr: u64) -> bool {
     let i = ranges.partition_point(|r| r.1 <= addr);
     ranges.get(i).is_some_and(|r| r.0 <= addr)
+}
+
+/// Whether `addr` is in one of the sorted, disjoint `written` ranges.
+fn in_written(written: &[(u64, u64, u64)], addr: u64) -> bool {
+    let i = written.partition_point(|r| r.1 <= addr);
+    written.get(i).is_some_and(|r| r.0 <= addr)
 }
 
 impl Dirty {
@@ -234,7 +242,7 @@ impl Dirty {
         match self {
             Dirty::Unknown => false,
             Dirty::Uffd { tracked, written } => {
-                in_ranges(tracked, addr) && !in_ranges(written, addr)
+                in_ranges(tracked, addr) && !in_written(written, addr)
             }
             Dirty::SoftDirty => pm & PM_SOFT_DIRTY == 0,
         }
@@ -243,8 +251,11 @@ impl Dirty {
 
 /// One step of a process's memory, in address order.
 enum Item {
-    /// Pages known unchanged since the parent, with their hashes.
-    Parent { vaddr: u64, hashes: Vec<u64> },
+    /// Pages known unchanged since the parent: their hashes are the
+    /// parent's, copied from it only when the image is assembled (in
+    /// [`copy`], once a checkpoint that continues has let the process run:
+    /// 8 bytes a page, 8 MB at 4 GiB, not copied while it is frozen).
+    Parent { vaddr: u64, pages: u64 },
     /// A run to read (index into the runs).
     Read(usize),
 }
@@ -297,32 +308,14 @@ fn read_page(p: &mut Plan, vma_start: u64, vaddr: u64, src: Src, src_off: u64) {
     p.bytes += PAGE_SIZE;
 }
 
-/// Append page `page`, unchanged since the parent (hash `h`), to the plan.
-/// The pages from `page` on are the parent's, with these `hashes`.
-fn parent_pages(p: &mut Plan, page: u64, hashes: &[u64]) {
+/// Append the `n` pages from `page` on, unchanged since the parent (which
+/// holds each of them), to the plan.
+fn parent_pages(p: &mut Plan, page: u64, n: u64) {
     match p.items.last_mut() {
-        Some(Item::Parent { vaddr, hashes: hs })
-            if *vaddr + hs.len() as u64 * PAGE_SIZE == page =>
-        {
-            hs.extend_from_slice(hashes)
-        }
+        Some(Item::Parent { vaddr, pages }) if *vaddr + *pages * PAGE_SIZE == page => *pages += n,
         _ => p.items.push(Item::Parent {
             vaddr: page,
-            hashes: hashes.to_vec(),
-        }),
-    }
-}
-
-fn parent_page(p: &mut Plan, page: u64, h: u64) {
-    match p.items.last_mut() {
-        Some(Item::Parent { vaddr, hashes })
-            if *vaddr + hashes.len() as u64 * PAGE_SIZE == page =>
-        {
-            hashes.push(h)
-        }
-        _ => p.items.push(Item::Parent {
-            vaddr: page,
-            hashes: vec![h],
+            pages: n,
         }),
     }
 }
@@ -416,12 +409,13 @@ pub fn plan(
                     continue; // the shared zero page: nothing to keep
                 }
                 let known = match &mut cursor {
-                    Some(c) if dirty.clean(page, pm, zero_pfn) => c.hash_of(page),
-                    _ => None,
+                    Some(c) if dirty.clean(page, pm, zero_pfn) => c.hash_of(page).is_some(),
+                    _ => false,
                 };
-                match known {
-                    Some(h) => parent_page(&mut p, page, h),
-                    None => read_page(&mut p, v.start, page, page_src(src, pm), page),
+                if known {
+                    parent_pages(&mut p, page, 1);
+                } else {
+                    read_page(&mut p, v.start, page, page_src(src, pm), page);
                 }
             }
             addr += n * PAGE_SIZE;
@@ -437,13 +431,22 @@ fn within(ranges: &[(u64, u64)], start: u64, end: u64) -> bool {
 }
 
 /// [`plan`] of anonymous VMA `v`, tracked as a whole by uffd-wp since the
-/// parent image: the pages it holds are found by one PAGEMAP_SCAN (ranges)
-/// instead of its pagemap entries page by page, so that a freeze costs
-/// what changed, not the size of the memory. A page written since the
-/// parent (`written`) is read; an unwritten one is the parent's (its hash
-/// from `cursor`) or, when the parent holds nothing for it, was empty
-/// then and still is: a swapped one (or a userfaultfd marker, which shows
-/// as swapped) is left out, a present one is read (as [`plan`] would).
+/// parent image, stretch by stretch instead of page by page, so that a
+/// freeze costs what changed, not the size of the memory:
+///
+/// - a page written since the parent (`written`, from the tracker's own
+///   scan, with its categories) is read, or left out if it maps the shared
+///   zero page;
+/// - a hole (no page, no swap entry: found by one PAGEMAP_SCAN that
+///   returns only those, as after MADV_DONTNEED) is left out: it reads
+///   zero;
+/// - any other page is unchanged: the parent's (its hash taken from the
+///   parent when the image is assembled) or, where the parent holds
+///   nothing, empty then and still: those stretches alone have their
+///   categories scanned, and a present page is read (as [`plan`] would), a
+///   swapped one (or a userfaultfd marker, which shows as swapped) left
+///   out.
+///
 /// Only the pages read have their pagemap entries read (for [`page_src`]).
 fn plan_tracked(
     p: &mut Plan,
@@ -452,54 +455,122 @@ fn plan_tracked(
     v: &Vma,
     src: Src,
     cursor: &mut cr_image::chain::MemCursor<'_, '_>,
-    written: &[(u64, u64)],
+    written: &[(u64, u64, u64)],
 ) -> Result<(), CheckpointError> {
     use cr_sys::dirty::{PAGE_IS_PFNZERO, PAGE_IS_PRESENT};
+    let sys = |e| CheckpointError::from_sys(pid, e);
+    let mut holes = Vec::new();
+    cr_sys::dirty::scan_holes(pagemap.file(), pid, v.start, v.end, &mut holes).map_err(sys)?;
+    let steps = tracked_steps(v, written, &holes, cursor);
+    // The categories of the stretches the parent lacks, a scan per group
+    // of them (those less than 2 MiB apart scanned as one).
     let mut held = Vec::new();
-    cr_sys::dirty::scan_categories(pagemap.file(), pid, v.start, v.end, &mut held)
-        .map_err(|e| CheckpointError::from_sys(pid, e))?;
-    // Stretch by stretch, not page by page: the pages written since the
-    // parent are read; the others take the parent's hashes, a run of the
-    // parent at a time (one copy of its slice of hashes); those the parent
-    // lacks are read if present.
-    for (a, b, cat) in held {
-        if cat & PAGE_IS_PFNZERO != 0 {
-            p.zero_pfn_pages += (b - a) / PAGE_SIZE;
-            continue; // the shared zero page: nothing to keep
-        }
-        let present = cat & PAGE_IS_PRESENT != 0;
-        let mut at = a;
-        while at < b {
-            let wi = written.partition_point(|w| w.1 <= at);
-            let (end, is_written) = match written.get(wi) {
-                Some(&(ws, we)) if ws <= at => (we.min(b), true),
-                Some(&(ws, _)) => (ws.min(b), false),
-                None => (b, false),
-            };
-            if is_written {
-                read_stretch(p, pid, pagemap, v, src, at, end)?;
-                at = end;
-                continue;
+    let mut group: Option<(u64, u64)> = None;
+    for &(a, b, _) in steps.iter().filter(|s| s.2 == Step::Gap) {
+        match &mut group {
+            Some(g) if a < g.1 + GAP_JOIN => g.1 = b,
+            _ => {
+                if let Some((ga, gb)) = group.replace((a, b)) {
+                    cr_sys::dirty::scan_categories(pagemap.file(), pid, ga, gb, &mut held)
+                        .map_err(sys)?;
+                }
             }
-            while at < end {
-                match cursor.hashes_from(at) {
-                    Ok(hashes) => {
-                        let n = hashes.len().min(((end - at) / PAGE_SIZE) as usize);
-                        parent_pages(p, at, &hashes[..n]);
-                        at += n as u64 * PAGE_SIZE;
-                    }
-                    Err(next) => {
-                        let stop = next.min(end);
-                        if present {
-                            read_stretch(p, pid, pagemap, v, src, at, stop)?;
-                        }
-                        at = stop;
+        }
+    }
+    if let Some((ga, gb)) = group {
+        cr_sys::dirty::scan_categories(pagemap.file(), pid, ga, gb, &mut held).map_err(sys)?;
+    }
+    for (a, b, step) in steps {
+        match step {
+            Step::Written(cat) if cat & PAGE_IS_PFNZERO != 0 => {
+                p.zero_pfn_pages += (b - a) / PAGE_SIZE; // nothing to keep
+            }
+            Step::Written(_) => read_stretch(p, pid, pagemap, v, src, a, b)?,
+            Step::Parent => parent_pages(p, a, (b - a) / PAGE_SIZE),
+            Step::Gap => {
+                let first = held.partition_point(|h: &(u64, u64, u64)| h.1 <= a);
+                for &(ha, hb, cat) in held[first..].iter().take_while(|h| h.0 < b) {
+                    let (s, e) = (ha.max(a), hb.min(b));
+                    if cat & PAGE_IS_PFNZERO != 0 {
+                        p.zero_pfn_pages += (e - s) / PAGE_SIZE;
+                    } else if cat & PAGE_IS_PRESENT != 0 {
+                        read_stretch(p, pid, pagemap, v, src, s, e)?;
                     }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Stretches the parent lacks closer than this are scanned as one.
+const GAP_JOIN: u64 = 2 << 20;
+
+/// What [`plan_tracked`] does with a stretch of pages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Written since the parent (with its categories).
+    Written(u64),
+    /// Unchanged, and the parent holds every page of it.
+    Parent,
+    /// Unchanged or empty, and the parent holds none of it.
+    Gap,
+}
+
+/// The stretches of tracked VMA `v`, in address order, with what to do
+/// with each: the pages of `written` and those the parent holds, the rest
+/// but the `holes` (left out: they are empty) as gaps.
+fn tracked_steps(
+    v: &Vma,
+    written: &[(u64, u64, u64)],
+    holes: &[(u64, u64)],
+    cursor: &mut cr_image::chain::MemCursor<'_, '_>,
+) -> Vec<(u64, u64, Step)> {
+    let mut steps = Vec::new();
+    let mut at = v.start;
+    let mut wi = written.partition_point(|w| w.1 <= at);
+    let mut hi = 0;
+    while at < v.end {
+        while written.get(wi).is_some_and(|w| w.1 <= at) {
+            wi += 1;
+        }
+        while holes.get(hi).is_some_and(|h| h.1 <= at) {
+            hi += 1;
+        }
+        if let Some(&(ws, we, cat)) = written.get(wi) {
+            if ws <= at {
+                let end = we.min(v.end);
+                steps.push((at, end, Step::Written(cat)));
+                at = end;
+                continue;
+            }
+        }
+        if let Some(&(hs, he)) = holes.get(hi) {
+            if hs <= at {
+                at = he.min(v.end);
+                continue;
+            }
+        }
+        let stop = v
+            .end
+            .min(written.get(wi).map_or(u64::MAX, |w| w.0))
+            .min(holes.get(hi).map_or(u64::MAX, |h| h.0));
+        while at < stop {
+            match cursor.hashes_from(at) {
+                Ok(hashes) => {
+                    let n = (hashes.len() as u64).min((stop - at) / PAGE_SIZE);
+                    steps.push((at, at + n * PAGE_SIZE, Step::Parent));
+                    at += n * PAGE_SIZE;
+                }
+                Err(next) => {
+                    let end = next.min(stop);
+                    steps.push((at, end, Step::Gap));
+                    at = end;
+                }
+            }
+        }
+    }
+    steps
 }
 
 /// Read the pages `[start, end)` of `v` (where from depends on their
@@ -906,12 +977,39 @@ pub fn copy(
         ..Default::default()
     };
     let (runs, hashes, stats) = (&mut mem.runs, &mut mem.hashes, &mut mem.stats);
+    hashes.reserve(
+        plan.items
+            .iter()
+            .map(|i| match i {
+                Item::Parent { pages, .. } => *pages,
+                Item::Read(r) => plan.runs[*r].pages,
+            })
+            .sum::<u64>() as usize,
+    );
+    let mut cursor = a.parent.map(|ix| ix.cursor());
     for item in &plan.items {
         match item {
-            Item::Parent { vaddr, hashes: hs } => {
-                push_run(runs, *vaddr, hs.len() as u32, PageAt::Parent);
-                hashes.extend_from_slice(hs);
-                stats.pages_parent += hs.len() as u64;
+            &Item::Parent { vaddr, pages } => {
+                // The plan found every one of these pages in the parent.
+                let lost = |at: u64| {
+                    CheckpointError::Invalid(format!(
+                        "the parent image holds no page at {at:#x} of process {pid} any more"
+                    ))
+                };
+                let c = cursor.as_mut().ok_or_else(|| lost(vaddr))?;
+                let end = vaddr + pages * PAGE_SIZE;
+                let mut at = vaddr;
+                while at < end {
+                    let hs = c.hashes_from(at).map_err(|_| lost(at))?;
+                    let n = (hs.len() as u64).min((end - at) / PAGE_SIZE);
+                    if n == 0 {
+                        return Err(lost(at));
+                    }
+                    hashes.extend_from_slice(&hs[..n as usize]);
+                    at += n * PAGE_SIZE;
+                }
+                push_run(runs, vaddr, pages as u32, PageAt::Parent);
+                stats.pages_parent += pages;
             }
             Item::Read(i) => {
                 let r = &plan.runs[*i];

@@ -44,7 +44,6 @@ use cr_image::model::{DirtyMethod, Mm, Process, ShmOwner, Vma, VmaKind};
 use cr_sys::proc::{self, MapEntry};
 use cr_sys::PAGE_SIZE;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 
 pub struct Memory;
 
@@ -62,7 +61,7 @@ pub struct Trackers {
     /// No longer wanted: released only after the processes run on (the
     /// kernel removes the write protection from every page when the last
     /// reference goes, which must not lengthen the freeze).
-    pub released: Vec<OwnedFd>,
+    pub released: Vec<tracking::Released>,
 }
 
 /// The trackers of a dump, for its end.

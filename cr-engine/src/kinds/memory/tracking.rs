@@ -132,7 +132,48 @@ pub struct Begun {
     /// here: drop it once the process runs again (the kernel removes the
     /// write protection from every page when the last reference goes,
     /// which takes ~100 ms per 4 GiB and must not lengthen the freeze).
-    pub released: Option<std::os::fd::OwnedFd>,
+    pub released: Option<Released>,
+}
+
+/// A tracker no longer wanted (our copy of its fd), and the ranges it had
+/// registered. Dropped once the process runs again: the registration is
+/// removed [`RELEASE_CHUNK`] bytes at a time from here, then the fd closed.
+/// The kernel removes the write protection from every page it leaves
+/// (~40 ms per GiB) holding the process's mmap lock: all at once, as the
+/// last close does it, the process's page faults would wait for all of it.
+pub struct Released {
+    pub fd: std::os::fd::OwnedFd,
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// Bytes of a tracker's registration removed at a time (~2.5 ms here).
+const RELEASE_CHUNK: u64 = 64 << 20;
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        use std::os::fd::AsFd;
+        let t = std::time::Instant::now();
+        let mut chunks = 0;
+        'ranges: for &(a, e) in &self.ranges {
+            let mut at = a;
+            while at < e {
+                let next = e.min(at + RELEASE_CHUNK);
+                if let Err(err) = kd::unregister(self.fd.as_fd(), at, next) {
+                    // The process changed its mappings since, or is gone:
+                    // the close removes what is left.
+                    debug!(error = %cr_sys::error::one_line(&err), "tracker released by its close");
+                    break 'ranges;
+                }
+                chunks += 1;
+                at = next;
+            }
+        }
+        debug!(
+            chunks,
+            us = t.elapsed().as_micros() as u64,
+            "tracker's registration removed"
+        );
+    }
 }
 
 /// For the frozen process of `probe`: the pages written since the image
@@ -224,7 +265,10 @@ pub fn begin(
     if !keep {
         if let Some(fd) = live_fd {
             // Nobody will read it: stop paying for write faults.
-            b.released = cr_sys::fdio::steal_fd(pid, fd).ok();
+            b.released = cr_sys::fdio::steal_fd(pid, fd).ok().map(|fd| Released {
+                fd,
+                ranges: ranges(maps, |_, m| registered(m)),
+            });
             probe
                 .call("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])
                 .map_err(sys)?;
