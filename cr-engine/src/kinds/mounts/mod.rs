@@ -295,6 +295,61 @@ fn bind_source(
     Ok(src)
 }
 
+/// `--verify`: each other mount of the image is in the namespace of the
+/// live root `root` (the same number of times at its mount point), of the
+/// same kind (a bind mount shows a file system of ours, the others their
+/// type) with the same per-mount flags; the first difference in words.
+pub fn verify(ck: &cr_image::model::Checkpoint, root: i32) -> Option<String> {
+    let m = ck.mounts.as_ref()?;
+    if m.others.is_empty() {
+        return None;
+    }
+    let now = match cr_sys::proc::mountinfo(root) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("mounts: cannot read them: {e}")),
+    };
+    // The image's mounts at a mount point are the last ones there (those
+    // before come with the namespace copied from the restorer's).
+    let mut nth: std::collections::HashMap<&str, usize> = Default::default();
+    for o in &m.others {
+        let n = nth.entry(o.mount_point.as_str()).or_default();
+        let at: Vec<&MountEntry> = now
+            .iter()
+            .filter(|e| e.mount_point == o.mount_point)
+            .collect();
+        let total = m
+            .others
+            .iter()
+            .filter(|x| x.mount_point == o.mount_point)
+            .count();
+        let Some(e) = (at.len() + *n).checked_sub(total).and_then(|i| at.get(i)) else {
+            return Some(format!("mounts: {} is not mounted", o.mount_point));
+        };
+        *n += 1;
+        let kind_ok = match &o.kind {
+            MountKind::Bind(_) => true,
+            MountKind::Tmpfs(_) => e.fs_type == "tmpfs",
+            MountKind::Fs(f) => e.fs_type == *f,
+        };
+        if !kind_ok {
+            return Some(format!(
+                "mounts: {} is a {} mount, the image has another kind",
+                o.mount_point, e.fs_type
+            ));
+        }
+        let flags = mount_flags(&e.options);
+        if flags != o.flags {
+            return Some(format!(
+                "mounts: the flags of {} are {flags:#x} ({}), the image has {:#x}",
+                o.mount_point,
+                e.options.join(","),
+                o.flags
+            ));
+        }
+    }
+    None
+}
+
 /// Mount points of the tree's namespace that ours lacks, but those made
 /// again at restore.
 fn warn_other_mounts(root: i32) {

@@ -10,6 +10,7 @@ use cr_image::model::{MountKind, Propagation};
 
 /// Python: a mount namespace of its own, private, and `mount()`.
 const NEW_NS: &str = r#"
+MS_NOEXEC_ = 8
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 def mount(src, tgt, fs, flags, data):
     if libc.mount(src.encode(), tgt.encode(), fs.encode() if fs else None,
@@ -35,6 +36,12 @@ mount("tmpfs", T, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=750")
 os.mkdir(T + "/sub")
 with open(T + "/sub/f", "w") as f:
     f.write("tmpfs content 0123456789")
+os.mkdir(T + "/in")
+mount("tmpfs", T + "/in", "tmpfs", 0, "size=1m")
+with open(T + "/in/g", "w") as f:
+    f.write("inner")
+os.mkdir(DIR + "/mq")
+mount("mqueue", DIR + "/mq", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC_, None)
 mount(H, B, None, MS_BIND, None)
 mount("none", B, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
 ft = os.open(T + "/sub/f", os.O_RDWR)
@@ -55,6 +62,7 @@ expect(os.lseek(fb, 0, os.SEEK_CUR) == 5, "bind fd offset")
 expect(os.read(fb, 4) == b"data", "bind file content")
 expect(os.getcwd() == T + "/sub", "cwd " + os.getcwd())
 expect(open("f").read() == "tmpfs content 0123456789", "cwd in the tmpfs")
+expect(open(T + "/in/g").read() == "inner", "the tmpfs inside the tmpfs")
 expect(os.stat(T).st_mode & 0o7777 == 0o750, "tmpfs root mode")
 st = os.statvfs(T)
 expect(st.f_blocks * st.f_frsize == 4 << 20, "tmpfs size")
@@ -67,6 +75,9 @@ mi = [l.split() for l in open("/proc/self/mountinfo")]
 tm = [l for l in mi if l[4] == T]
 expect(len(tm) == 1 and tm[0][tm[0].index("-") + 1] == "tmpfs" and "nosuid" in tm[0][5].split(",")
        and "nodev" in tm[0][5].split(","), "tmpfs in mountinfo: %r" % tm)
+mq = [l for l in mi if l[4] == DIR + "/mq"]
+expect(len(mq) == 1 and mq[0][mq[0].index("-") + 1] == "mqueue" and "noexec" in mq[0][5].split(","),
+       "mqueue in mountinfo: %r" % mq)
 bm = [l for l in mi if l[4] == B]
 expect(len(bm) == 1 and "ro" in bm[0][5].split(","), "ro bind in mountinfo: %r" % bm)
 "#,
@@ -84,13 +95,18 @@ expect(len(bm) == 1 and "ro" in bm[0][5].split(","), "ro bind in mountinfo: %r" 
                 MountKind::Fs(f) => format!("{f} on {}", o.mount_point),
             })
             .collect();
-        assert_eq!(kinds.len(), 2, "{kinds:?}");
-        assert!(kinds[0].starts_with("tmpfs 2 on /"), "{kinds:?}");
+        assert_eq!(kinds.len(), 4, "{kinds:?}");
+        assert!(kinds[0].starts_with("tmpfs 3 on /"), "{kinds:?}");
         assert!(
-            kinds[1].starts_with("bind /") && kinds[1].contains("/host on /"),
+            kinds[1].starts_with("tmpfs 1 on /") && kinds[1].ends_with("/t/in"),
             "{kinds:?}"
         );
-        assert!(m.others[1].flags & libc::MS_RDONLY != 0);
+        assert!(kinds[2].starts_with("mqueue on /"), "{kinds:?}");
+        assert!(
+            kinds[3].starts_with("bind /") && kinds[3].contains("/host on /"),
+            "{kinds:?}"
+        );
+        assert!(m.others[3].flags & libc::MS_RDONLY != 0);
         assert!(m
             .others
             .iter()
