@@ -10,7 +10,8 @@
 //! tmpfs (contents saved like /dev/shm's), proc, sysfs, mqueue and devpts
 //! instances. Any other (a block device's file system, overlay, fuse,
 //! nfs..., a bind of a mount made inside the namespace, a mount hidden under
-//! another, one whose mount point is gone) is refused by name. A tree whose
+//! another, one whose mount point is gone) is refused by name; a bind of a
+//! namespace file (nsfs) is left out with a warning. A tree whose
 //! root directory is not ours (a container that pivoted its root) keeps the
 //! old behaviour: its other mounts are only warned about.
 //!
@@ -177,6 +178,13 @@ fn capture_others(d: &Dump<'_>, root: i32, top: &Path) -> Result<Vec<Mount>, Che
                 ),
             )
         };
+        if m.fs_type == "nsfs" {
+            // A copy of a namespace file bound on the host (`ip netns`'s
+            // /run/netns entries, copied when the namespace was made, then
+            // gone from ours): not made again.
+            warn!(root, mount_point = %m.mount_point, "a bind mount of a namespace file inside the tree's mount namespace is not saved");
+            continue;
+        }
         if m.mount_point.ends_with("//deleted") {
             return Err(refuse("its mount point is gone".into()));
         }
