@@ -668,7 +668,11 @@ impl Held {
         };
         let netns = kinds::netns::capture(&images)?;
         let own_shm = mounts.as_ref().is_some_and(|m| m.dev_shm.is_some());
-        let outside_files = kinds::outside::capture(&mut d, &pids, &images, own_shm)?;
+        let made: Vec<String> = mounts
+            .iter()
+            .flat_map(|m| m.others.iter().map(|o| o.mount_point.clone()))
+            .collect();
+        let outside_files = kinds::outside::capture(&mut d, &pids, &images, own_shm, &made)?;
         let captured = t_dump.elapsed();
         if memory::has_snapshots(&mut d) {
             fault::check("after-snapshot")?;

@@ -177,7 +177,8 @@ pub fn tree(
     if difference.is_none() {
         if let Some(root) = procs.first() {
             difference = kinds::cgroups::verify_ns(ck, root.pid)
-                .or_else(|| kinds::netns::verify(ck, root.pid));
+                .or_else(|| kinds::netns::verify(ck, root.pid))
+                .or_else(|| kinds::mounts::verify(ck, root.pid));
         }
     }
     let elapsed = t0.elapsed();

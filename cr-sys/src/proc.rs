@@ -966,3 +966,68 @@ pub fn mem_available() -> Result<u64> {
         .map_err(proc_err("/proc/meminfo".to_string()))
         .map(|m| m.mem_available.unwrap_or(m.mem_free))
 }
+
+/// A line of /proc/PID/mountinfo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    pub mnt_id: i32,
+    pub parent_id: i32,
+    /// "major:minor" of its file system.
+    pub majmin: String,
+    /// The directory of its file system it shows.
+    pub root: String,
+    /// Where it is, as the process sees it.
+    pub mount_point: String,
+    pub fs_type: String,
+    pub source: String,
+    /// Per-mount options (ro, nosuid, relatime...), sorted.
+    pub options: Vec<String>,
+    /// Super-block options ("key" or "key=value"), sorted.
+    pub super_options: Vec<String>,
+    /// The peer group it is shared in.
+    pub shared: Option<u32>,
+    /// The peer group it receives events from (a slave).
+    pub master: Option<u32>,
+}
+
+/// The mounts process `pid` sees, in the order of its mountinfo.
+pub fn mountinfo(pid: i32) -> Result<Vec<MountEntry>> {
+    let path = format!("/proc/{pid}/mountinfo");
+    let infos = Process::new(pid)
+        .and_then(|p| p.mountinfo())
+        .map_err(proc_err(path))?;
+    let opts = |m: &std::collections::HashMap<String, Option<String>>| {
+        let mut v: Vec<String> = m
+            .iter()
+            .map(|(k, v)| match v {
+                Some(v) => format!("{k}={v}"),
+                None => k.clone(),
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    use procfs::process::MountOptFields as F;
+    Ok(infos
+        .iter()
+        .map(|m| MountEntry {
+            mnt_id: m.mnt_id,
+            parent_id: m.pid,
+            majmin: m.majmin.clone(),
+            root: m.root.clone(),
+            mount_point: m.mount_point.to_string_lossy().into_owned(),
+            fs_type: m.fs_type.clone(),
+            source: m.mount_source.clone().unwrap_or_default(),
+            options: opts(&m.mount_options),
+            super_options: opts(&m.super_options),
+            shared: m.opt_fields.iter().find_map(|f| match f {
+                F::Shared(g) => Some(*g),
+                _ => None,
+            }),
+            master: m.opt_fields.iter().find_map(|f| match f {
+                F::Master(g) => Some(*g),
+                _ => None,
+            }),
+        })
+        .collect())
+}

@@ -39,7 +39,9 @@ pub use memory::{
     AioRing, Compression, DirtyMethod, MemStats, Memory, Mm, PageAt, PageExtent, PageFile, PageRun,
     PageStore, ShmOwner, StoreBlock, Vma, VmaKind, AIO_EVENT,
 };
-pub use mounts::{MountNs, Tmpfs, TmpfsEntry, TmpfsKind};
+pub use mounts::{
+    Mount, MountKind, MountNs, Propagation, Tmpfs, TmpfsEntry, TmpfsKind, NEW_FS_TYPES,
+};
 pub use netns::{NetDevice, NetNs};
 pub use objects::{inet_proto_name, Object, ObjectKind, ObjectTag};
 pub use outside::OutsideFile;

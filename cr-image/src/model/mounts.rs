@@ -21,6 +21,108 @@ pub struct MountNs {
     /// A devpts instance of its own on /dev/pts (and /dev/ptmx), where its
     /// ptys are made again.
     pub devpts: bool,
+    /// The other mounts made inside the namespace, in the order to make
+    /// them.
+    pub others: Vec<Mount>,
+}
+
+/// A mount made again inside the tree's new mount namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    /// Where, absolute, as the tree sees it.
+    pub mount_point: String,
+    pub kind: MountKind,
+    /// MS_* flags of the mount (ro, nosuid, nodev, noexec, atime flags).
+    pub flags: u64,
+    /// The file system's options given at mount.
+    pub data: String,
+    pub propagation: Propagation,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MountKind {
+    /// A bind mount of this path of the restorer's mount namespace.
+    Bind(String),
+    /// A new tmpfs, with its contents.
+    Tmpfs(Tmpfs),
+    /// A new instance of proc, sysfs, mqueue or devpts.
+    Fs(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Propagation {
+    Private,
+    Slave,
+    Shared,
+}
+
+/// The file system types made again as new instances.
+pub const NEW_FS_TYPES: [&str; 4] = ["proc", "sysfs", "mqueue", "devpts"];
+
+impl Mount {
+    fn from_pb(m: pb::Mount) -> Result<Mount, Bad> {
+        let ok = m.mount_point.starts_with('/')
+            && m.mount_point.len() <= MAX_PATH
+            && !m.mount_point.contains('\0');
+        if !ok {
+            return Err(format!("bad mount point {:?}", m.mount_point));
+        }
+        use pb::mount::Kind as K;
+        let kind = match known_case(m.kind, &m.mount_point)? {
+            K::Bind(s) => {
+                if !s.starts_with('/') || s.len() > MAX_PATH || s.contains('\0') {
+                    return Err(format!("{}: bad bind source {s:?}", m.mount_point));
+                }
+                MountKind::Bind(s)
+            }
+            K::Tmpfs(t) => {
+                MountKind::Tmpfs(super::at(Tmpfs::from_pb(t), || m.mount_point.clone())?)
+            }
+            K::Fstype(f) => {
+                if !NEW_FS_TYPES.contains(&f.as_str()) {
+                    return Err(format!("{}: unknown file system type {f:?}", m.mount_point));
+                }
+                MountKind::Fs(f)
+            }
+        };
+        let propagation = match m.propagation {
+            0 => Propagation::Private,
+            1 => Propagation::Slave,
+            2 => Propagation::Shared,
+            n => return Err(format!("{}: bad propagation {n}", m.mount_point)),
+        };
+        if m.data.contains('\0') || m.data.len() > MAX_PATH {
+            return Err(format!("{}: bad options", m.mount_point));
+        }
+        Ok(Mount {
+            mount_point: m.mount_point,
+            kind,
+            flags: m.flags,
+            data: m.data,
+            propagation,
+        })
+    }
+
+    fn to_pb(&self) -> pb::Mount {
+        use pb::mount::Kind as K;
+        pb::Mount {
+            mount_point: self.mount_point.clone(),
+            kind: Some(match &self.kind {
+                MountKind::Bind(s) => K::Bind(s.clone()),
+                MountKind::Tmpfs(t) => K::Tmpfs(t.to_pb()),
+                MountKind::Fs(f) => K::Fstype(f.clone()),
+            }),
+            flags: self.flags,
+            data: self.data.clone(),
+            propagation: match self.propagation {
+                Propagation::Private => 0,
+                Propagation::Slave => 1,
+                Propagation::Shared => 2,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -63,6 +165,10 @@ impl MountNs {
     pub fn content_files(&self) -> impl Iterator<Item = &PageFile> {
         self.dev_shm
             .iter()
+            .chain(self.others.iter().filter_map(|m| match &m.kind {
+                MountKind::Tmpfs(t) => Some(t),
+                _ => None,
+            }))
             .flat_map(|t| t.entries.iter())
             .filter_map(|e| match &e.kind {
                 TmpfsKind::File { content, .. } => content.as_ref(),
@@ -78,6 +184,11 @@ impl MountNs {
                 .map(|t| super::at(Tmpfs::from_pb(t), || "its /dev/shm".into()))
                 .transpose()?,
             devpts: m.devpts,
+            others: m
+                .others
+                .into_iter()
+                .map(Mount::from_pb)
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -86,6 +197,7 @@ impl MountNs {
             proc: self.proc,
             dev_shm: self.dev_shm.as_ref().map(Tmpfs::to_pb),
             devpts: self.devpts,
+            others: self.others.iter().map(Mount::to_pb).collect(),
         }
     }
 }

@@ -681,6 +681,32 @@ fn checkpoint(id: &str, parent: Option<&str>, store: PageStore) -> Checkpoint {
                 ],
             }),
             devpts: true,
+            others: vec![
+                Mount {
+                    mount_point: "/mnt/b".into(),
+                    kind: MountKind::Bind("/srv/data".into()),
+                    flags: 1 | 2,
+                    data: String::new(),
+                    propagation: Propagation::Slave,
+                },
+                Mount {
+                    mount_point: "/mnt/t".into(),
+                    kind: MountKind::Tmpfs(Tmpfs {
+                        mode: 0o755,
+                        entries: vec![tmpfs_entry("x", TmpfsKind::Dir)],
+                    }),
+                    flags: 0,
+                    data: "size=1m".into(),
+                    propagation: Propagation::Private,
+                },
+                Mount {
+                    mount_point: "/mnt/t/x".into(),
+                    kind: MountKind::Fs("mqueue".into()),
+                    flags: 8,
+                    data: String::new(),
+                    propagation: Propagation::Shared,
+                },
+            ],
         }),
         job_dir: Some("/var/tmp/job".into()),
         uts: Some(UtsNs {

@@ -66,13 +66,21 @@ struct Use {
 
 /// The outside files of the captured `images` (`procs[i]` is the host pid
 /// of `images[i]`), with contents saved as asked. `own_dev_shm`: the job
-/// has its own /dev/shm, saved by kind "mounts".
+/// has its own /dev/shm, saved by kind "mounts"; `made`: the mount points
+/// kind "mounts" makes again (what is under them is not an outside file:
+/// a tmpfs's contents are in the image, a bind mount shows the restorer's
+/// files).
 pub fn capture(
     d: &mut Dump<'_>,
     pids: &[i32],
     images: &[Process],
     own_dev_shm: bool,
+    made: &[String],
 ) -> Result<Vec<OutsideFile>, CheckpointError> {
+    let under_made = |path: &str| {
+        made.iter()
+            .any(|m| path == m || path.starts_with(&format!("{}/", m.trim_end_matches('/'))))
+    };
     let root = pids.first().copied().unwrap_or(0);
     let mut found: BTreeMap<String, (OutsideFile, String, bool)> = BTreeMap::new();
     for (&hp, p) in pids.iter().zip(images) {
@@ -80,7 +88,7 @@ pub fn capture(
             continue;
         }
         for u in uses(hp, p) {
-            if skipped(&u.path, own_dev_shm) {
+            if skipped(&u.path, own_dev_shm) || under_made(&u.path) {
                 continue;
             }
             if let Some((f, _, open)) = found.get_mut(&u.path) {
