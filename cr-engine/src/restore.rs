@@ -230,7 +230,19 @@ impl Ready {
     }
 
     /// Let every process run, all at once; the root's PID.
-    pub fn release(self) -> Result<i32, RestoreError> {
+    pub fn release(mut self) -> Result<i32, RestoreError> {
+        let mut cgroups_made = std::mem::take(&mut self.cgroups_made);
+        let released = self.release_tree();
+        if released.is_ok() {
+            cgroups_made.keep();
+        }
+        // Dropped now, on a failure after every stub is gone.
+        drop(cgroups_made);
+        released
+    }
+
+    /// [`Ready::release`] but for the groups.
+    fn release_tree(self) -> Result<i32, RestoreError> {
         let Ready {
             ck,
             opts,
@@ -241,67 +253,45 @@ impl Ready {
             stubs,
             threads,
             me,
-            mut cgroups_made,
+            cgroups_made: _,
         } = self;
-        let released = release_tree(ck, opts, img, root_pid, ids, stash, stubs, threads, me);
-        if released.is_ok() {
-            cgroups_made.keep();
+        let t0 = Instant::now();
+        let mut r = Restorer {
+            ck: &ck,
+            opts: &opts,
+            img: &img,
+            ids,
+            stash,
+            grab_pidfd: me.as_raw_fd(),
+        };
+        // Every thread of every process is ready and nothing of the tree
+        // has run yet. The image's network lock (same host, same namespace)
+        // goes now that every connection exists again; then the file kinds
+        // finish (connections leave repair mode, timers start).
+        kinds::netlock::remove(ck.netlock.as_deref());
+        for k in FILE_KINDS {
+            k.release(&mut r)?;
         }
-        // Dropped now, on a failure after every stub is gone.
-        drop(cgroups_made);
-        released
+        kinds::sysv::release(&mut r, root_pid)?;
+        if opts.shell_job {
+            kinds::tty::take_terminal(root_pid);
+        }
+        kinds::tree::restore::release(&ck.processes, stubs, threads)?;
+        if let Some(d) = &ck.job_dir {
+            crate::capture::record_job(root_pid, Path::new(d));
+        }
+        if !opts.restart_callbacks_later {
+            crate::coop::restarted(root_pid, img.path());
+        }
+        info!(
+            root = root_pid,
+            processes = ck.processes.len(),
+            pidns = r.ids.pidns,
+            ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
+            "restored tree released"
+        );
+        Ok(root_pid)
     }
-}
-
-/// [`Ready::release`] but for the groups.
-#[allow(clippy::too_many_arguments)]
-fn release_tree(
-    ck: Checkpoint,
-    opts: RestoreOptions,
-    img: ImageDir,
-    root_pid: i32,
-    ids: Ids,
-    stash: Stash,
-    stubs: Vec<Tracee>,
-    threads: Vec<Vec<Tracee>>,
-    me: OwnedFd,
-) -> Result<i32, RestoreError> {
-    let t0 = Instant::now();
-    let mut r = Restorer {
-        ck: &ck,
-        opts: &opts,
-        img: &img,
-        ids,
-        stash,
-        grab_pidfd: me.as_raw_fd(),
-    };
-    // Every thread of every process is ready and nothing of the tree
-    // has run yet. The image's network lock (same host, same namespace)
-    // goes now that every connection exists again; then the file kinds
-    // finish (connections leave repair mode, timers start).
-    kinds::netlock::remove(ck.netlock.as_deref());
-    for k in FILE_KINDS {
-        k.release(&mut r)?;
-    }
-    kinds::sysv::release(&mut r, root_pid)?;
-    if opts.shell_job {
-        kinds::tty::take_terminal(root_pid);
-    }
-    kinds::tree::restore::release(&ck.processes, stubs, threads)?;
-    if let Some(d) = &ck.job_dir {
-        crate::capture::record_job(root_pid, Path::new(d));
-    }
-    if !opts.restart_callbacks_later {
-        crate::coop::restarted(root_pid, img.path());
-    }
-    info!(
-        root = root_pid,
-        processes = ck.processes.len(),
-        pidns = r.ids.pidns,
-        ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
-        "restored tree released"
-    );
-    Ok(root_pid)
 }
 
 /// Rebuild the tree of the image in `dir`, every process frozen (see [`Ready`]).

@@ -286,36 +286,42 @@ impl Map {
 
     /// The key after `key` (the first with None); None at the end.
     pub fn next_key(&self, key: Option<&[u8]>, key_size: usize) -> Result<Option<Vec<u8>>> {
-        let mut next = vec![0u8; key_size];
-        let mut attr = ElemAttr {
-            map_fd: self.fd.as_raw_fd() as u32,
-            _pad: 0,
-            key: key.map_or(0, |k| k.as_ptr() as u64),
-            value: next.as_mut_ptr() as u64,
-            flags: 0,
-        };
-        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
-            Ok(_) => Ok(Some(next)),
-            Err(Errno(libc::ENOENT)) => Ok(None),
-            Err(e) => Err(self.err("MAP_GET_NEXT_KEY", e)),
-        }
+        let key = key.map_or(0, |k| k.as_ptr() as u64);
+        self.elem_out(BPF_MAP_GET_NEXT_KEY, "MAP_GET_NEXT_KEY", key, key_size)
     }
 
     /// The value of `key` in a buffer of `value_len` bytes (None: no such
     /// key, deleted meanwhile).
     pub fn lookup(&self, key: &[u8], value_len: usize) -> Result<Option<Vec<u8>>> {
-        let mut value = vec![0u8; value_len];
+        self.elem_out(
+            BPF_MAP_LOOKUP_ELEM,
+            "MAP_LOOKUP_ELEM",
+            key.as_ptr() as u64,
+            value_len,
+        )
+    }
+
+    /// An element command `cmd` on the key at `key` (0: none) that answers
+    /// in a buffer of `len` bytes; None when the kernel says ENOENT.
+    fn elem_out(
+        &self,
+        cmd: i64,
+        name: &'static str,
+        key: u64,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut out = vec![0u8; len];
         let mut attr = ElemAttr {
             map_fd: self.fd.as_raw_fd() as u32,
             _pad: 0,
-            key: key.as_ptr() as u64,
-            value: value.as_mut_ptr() as u64,
+            key,
+            value: out.as_mut_ptr() as u64,
             flags: 0,
         };
-        match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
-            Ok(_) => Ok(Some(value)),
+        match bpf(cmd, &mut attr) {
+            Ok(_) => Ok(Some(out)),
             Err(Errno(libc::ENOENT)) => Ok(None),
-            Err(e) => Err(self.err("MAP_LOOKUP_ELEM", e)),
+            Err(e) => Err(self.err(name, e)),
         }
     }
 
