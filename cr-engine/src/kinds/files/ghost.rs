@@ -16,6 +16,9 @@
 //! directories and fds: /proc refuses a dead process's directory), and is
 //! killed and reaped once every process is rebuilt ([`dead_proc_dir`],
 //! [`end_holders`]); they then hold a /proc/PID that is gone, as before.
+//! Files under such a directory (an fd of /proc/PID/mountinfo kept after
+//! the process was reaped) are opened through the same holder
+//! ([`dead_proc_entry`]).
 
 use crate::error::{RestoreError, StepContext};
 use crate::restore::Restorer;
@@ -51,10 +54,38 @@ pub fn dir(r: &mut Restorer<'_>, shown: &str) -> Result<RawFd, RestoreError> {
 
 /// The PID of a removed directory shown as "/proc/PID (deleted)".
 fn proc_pid_dir(shown: &str) -> Option<i32> {
-    let n = shown.strip_suffix(SUFFIX)?.strip_prefix("/proc/")?;
+    pid_named(shown.strip_suffix(SUFFIX)?.strip_prefix("/proc/")?)
+}
+
+/// The PID a /proc entry's name `n` is, if it is one.
+fn pid_named(n: &str) -> Option<i32> {
     (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         .then(|| n.parse().ok())
         .flatten()
+}
+
+/// A file or directory inside /proc/PID of a process that has exited
+/// (`shown` as "/proc/PID/status": /proc names such an fd without
+/// " (deleted)"), and no process has that PID now: the restorer's fd of
+/// /proc/PID held again ([`dead_proc_dir`]) and the path under it. None
+/// for any other path, or while a process has the PID (a process of the
+/// tree, already made again).
+pub fn dead_proc_entry(
+    r: &mut Restorer<'_>,
+    shown: &str,
+) -> Result<Option<(RawFd, String)>, RestoreError> {
+    let name = shown.strip_suffix(SUFFIX).unwrap_or(shown);
+    let Some((n, rest)) = name.strip_prefix("/proc/").and_then(|p| p.split_once('/')) else {
+        return Ok(None);
+    };
+    let Some(pid) = pid_named(n) else {
+        return Ok(None);
+    };
+    if rest.is_empty() || Path::new(&format!("/proc/{pid}")).exists() {
+        return Ok(None);
+    }
+    let dir = dead_proc_dir(r, &format!("/proc/{pid}{SUFFIX}"), pid)?;
+    Ok(Some((dir, rest.to_string())))
 }
 
 /// The restorer's fd of /proc/`pid` of a process that has exited (see the

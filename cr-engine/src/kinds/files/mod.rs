@@ -739,9 +739,15 @@ pub fn reopen(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, extra: i32) -> Result<(), Re
         } => Some(relink::open_path(cx.r, &f.path, link)?),
         _ => None,
     };
+    // A file in /proc/PID of a process that has exited: through a holder
+    // of that PID.
+    let ghost = match ghost {
+        Some(d) => Some((d, ".".to_string())),
+        None => ghost::dead_proc_entry(cx.r, &f.path)?,
+    };
     let stub = &mut cx.stub;
-    let got = match (ghost, &relinked) {
-        (Some(d), _) => stub.open_at_ours(d, ".", flags),
+    let got = match (&ghost, &relinked) {
+        (Some((d, rel)), _) => stub.open_at_ours(*d, rel, flags),
         (None, Some(path)) => stub.open(path, flags),
         (None, None) => stub.open(&f.path, flags),
     }

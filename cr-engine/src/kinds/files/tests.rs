@@ -174,6 +174,47 @@ expect(not os.path.exists(piddir), "process %d lives" % kid)
     );
 }
 
+/// Files and a directory inside /proc/PID of a child that has exited and
+/// was reaped, kept open (zdtm remap_dead_pid): /proc names them without
+/// " (deleted)". The restored program has each fd again, at the same path
+/// and reading as before (mountinfo still reads; status fails with ESRCH),
+/// and the PID is free again.
+#[test]
+fn files_of_a_dead_proc_pid_dir_round_trip() {
+    round_trip(
+        "files-dead-proc-files",
+        r#"
+kid = os.fork()
+if kid == 0:
+    while True:
+        signal.pause()
+piddir = "/proc/%d" % kid
+fds = {}
+for n, fl in (("mountinfo", os.O_RDONLY), ("status", os.O_RDONLY), ("task", os.O_RDONLY | os.O_DIRECTORY)):
+    fds[n] = os.open(piddir + "/" + n, fl)
+os.kill(kid, signal.SIGKILL)
+os.waitpid(kid, 0)
+def reads(fd):
+    try:
+        return len(os.pread(fd, 64, 0)) > 0
+    except OSError as e:
+        return e.errno
+before = {n: reads(fd) for n, fd in fds.items() if n != "task"}
+fdflags = {n: fcntl.fcntl(fd, fcntl.F_GETFD) for n, fd in fds.items()}
+expect(before == {"mountinfo": True, "status": errno.ESRCH}, "setup: reads %r" % (before,))
+"#,
+        r#"
+for n, fd in fds.items():
+    link = os.readlink("/proc/self/fd/%d" % fd)
+    expect(link in (piddir + "/" + n, piddir + "/" + n + " (deleted)"), "fd %d is %r" % (fd, link))
+    expect(fcntl.fcntl(fd, fcntl.F_GETFD) == fdflags[n], "fd %d flags" % fd)
+after = {n: reads(fd) for n, fd in fds.items() if n != "task"}
+expect(after == before, "reads %r, was %r" % (after, before))
+expect(not os.path.exists(piddir), "process %d lives" % kid)
+"#,
+    );
+}
+
 /// Memfds' modes: one made with MFD_NOEXEC_SEAL (0666 and F_SEAL_EXEC:
 /// never executable), one whose mode the program changed.
 #[test]
