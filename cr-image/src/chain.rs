@@ -292,6 +292,30 @@ impl<'a> MemIndex<'a> {
     }
 }
 
+impl MemIndex<'_> {
+    /// The hash of the page at `vaddr` and its place in the store, if this
+    /// image stored it (not in its parent image, not zero).
+    pub fn stored_at(&self, vaddr: u64) -> Option<(u64, crate::store::Loc)> {
+        let i = self.mem.runs.partition_point(|r| r.end() <= vaddr);
+        let r = self.mem.runs.get(i)?;
+        let PageAt::Store { block, page } = r.at else {
+            return None;
+        };
+        if r.vaddr > vaddr {
+            return None;
+        }
+        let k = (vaddr - r.vaddr) / PAGE as u64;
+        let h = *self.mem.hashes.get(self.hash_at[i] + k as usize)?;
+        Some((
+            h,
+            crate::store::Loc {
+                block,
+                page: page + k as u32,
+            },
+        ))
+    }
+}
+
 /// [`MemIndex::hash_of`] for addresses asked in increasing order: walks the
 /// runs instead of searching them.
 pub struct MemCursor<'a, 'b> {

@@ -250,6 +250,16 @@ fn memory_shared_copy_on_write_stays_shared_after_restore() {
     restore_cow_tree("cow", &["64", "4"]);
 }
 
+/// The same tree with 640 MiB (163,840 pages), more than the page store's
+/// dedup cache remembers (2^17 pages): the children's unchanged pages are
+/// found as their parent's by address, not by that cache, so they are
+/// stored once and shared again after the restore (pagemap PFNs, checked
+/// by the processes; the tree's Pss).
+#[test]
+fn memory_shared_copy_on_write_beyond_the_dedup_cache_stays_shared() {
+    restore_cow_tree("cowbig", &["640", "4"]);
+}
+
 /// The same tree over a private mapping of a file (16 MiB): the pages the
 /// parent wrote before the fork are shared with its children again after
 /// checkpoint --kill and restore (pagemap PFNs), those a child wrote are

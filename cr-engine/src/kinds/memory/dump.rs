@@ -21,8 +21,8 @@
 use super::pool;
 use crate::{fault, CheckpointError};
 use cr_image::chain::{push_run, MemIndex};
-use cr_image::model::{MemStats, Memory, PageAt, Vma, VmaKind};
-use cr_image::store::{is_zero, page_hash, Loc, OpenBlock, StoreWriter};
+use cr_image::model::{MemStats, Memory, PageAt, PageRun, Vma, VmaKind};
+use cr_image::store::{is_zero, page_hash, OpenBlock, StoreWriter};
 use cr_sys::mem::{read_vm, FileWindow, ProcMem};
 use cr_sys::pagemap::{
     is_pte_marker, Pagemap, PFN_MASK, PM_EXCLUSIVE, PM_FILE, PM_GUARD_REGION, PM_PRESENT,
@@ -260,15 +260,21 @@ enum Item {
     Read(usize),
 }
 
-/// What became of one page that was read.
-#[derive(Clone, Copy)]
-enum Outcome {
-    /// Not in the image: all zero in anonymous memory, or unreadable in a
-    /// pre-dump (the process changed it meanwhile).
-    Skip,
-    Zero,
-    Parent(u64),
-    Store(Loc, u64),
+/// What became of the pages of one run that was read.
+#[derive(Default)]
+struct RunOut {
+    /// The image's runs of these pages, merged as [`push_run`] merges them
+    /// (consecutive pages stored one after the other in a block are one
+    /// run): a few per run read, where one entry per page cost 24 bytes of
+    /// every page dumped.
+    runs: Vec<PageRun>,
+    /// XXH3-64 of each page in the store or the parent, in order.
+    hashes: Vec<u64>,
+    /// Pages left out (all zero, or unreadable in a pre-dump) or all zero
+    /// over a file page.
+    zero: u64,
+    parent: u64,
+    stored: u64,
 }
 
 /// What a dump of one process reads, decided while it is frozen.
@@ -608,6 +614,12 @@ pub struct Copy<'a> {
     /// The process's memory in the parent image.
     pub parent: Option<&'a MemIndex<'a>>,
     pub store: &'a StoreWriter,
+    /// The memory of the process's parent in the tree, stored before it in
+    /// this image: a page with the same content at the same address is
+    /// the page they share copy-on-write, and takes the parent's place in
+    /// the store (what the restore shares again, `cow`), found whatever the
+    /// store's bounded dedup cache remembers.
+    pub kin: Option<&'a MemIndex<'a>>,
     pub workers: usize,
     /// The process runs meanwhile (pre-dump): pages that cannot be read
     /// any more are left out instead of failing the dump.
@@ -862,8 +874,11 @@ pub fn copy(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Memory, CheckpointError> {
     let pid = a.pid;
-    let outcomes: Vec<Mutex<Vec<Outcome>>> =
-        plan.runs.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let outcomes: Vec<Mutex<RunOut>> = plan
+        .runs
+        .iter()
+        .map(|_| Mutex::new(RunOut::default()))
+        .collect();
     let next = AtomicUsize::new(0);
     let copied = AtomicU64::new(0);
     let dups = AtomicU64::new(0);
@@ -927,30 +942,46 @@ pub fn copy(
                             b
                         }
                     };
-                    let mut out = Vec::with_capacity(r.pages as usize);
+                    let mut out = RunOut {
+                        hashes: Vec::with_capacity(r.pages as usize),
+                        ..RunOut::default()
+                    };
                     for (k, page) in b.chunks_exact(PAGE_SIZE as usize).enumerate() {
                         let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
-                        out.push(if !ok[k] {
-                            Outcome::Skip
+                        if !ok[k] {
+                            out.zero += 1;
                         } else if is_zero(page) {
+                            out.zero += 1;
                             if file_private(vaddr) {
-                                Outcome::Zero
-                            } else {
-                                Outcome::Skip
+                                push_run(&mut out.runs, vaddr, 1, PageAt::Zero);
                             }
                         } else {
                             let h = page_hash(page);
                             let h64 = h as u64;
+                            out.hashes.push(h64);
                             if a.parent.and_then(|ix| ix.hash_of(vaddr)) == Some(h64) {
-                                Outcome::Parent(h64)
+                                out.parent += 1;
+                                push_run(&mut out.runs, vaddr, 1, PageAt::Parent);
                             } else {
-                                let (loc, dup) = a.store.add(&mut block, h, page)?;
+                                let kin = a
+                                    .kin
+                                    .and_then(|ix| ix.stored_at(vaddr))
+                                    .and_then(|(hk, loc)| (hk == h64).then_some(loc));
+                                let (loc, dup) = match kin {
+                                    Some(loc) => (loc, true),
+                                    None => a.store.add(&mut block, h, page)?,
+                                };
                                 if dup {
                                     dups.fetch_add(1, Ordering::Relaxed);
                                 }
-                                Outcome::Store(loc, h64)
+                                out.stored += 1;
+                                let at = PageAt::Store {
+                                    block: loc.block,
+                                    page: loc.page,
+                                };
+                                push_run(&mut out.runs, vaddr, 1, at);
                             }
-                        });
+                        }
                     }
                     *outcomes[i].lock().unwrap_or_else(|p| p.into_inner()) = out;
                     let done = copied.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
@@ -1012,35 +1043,15 @@ pub fn copy(
                 stats.pages_parent += pages;
             }
             Item::Read(i) => {
-                let r = &plan.runs[*i];
-                let out = outcomes[*i].lock().unwrap_or_else(|p| p.into_inner());
-                for (k, o) in out.iter().enumerate() {
-                    let vaddr = r.vaddr + k as u64 * PAGE_SIZE;
-                    match *o {
-                        Outcome::Skip => stats.pages_zero += 1,
-                        Outcome::Zero => {
-                            stats.pages_zero += 1;
-                            push_run(runs, vaddr, 1, PageAt::Zero);
-                        }
-                        Outcome::Parent(h) => {
-                            stats.pages_parent += 1;
-                            hashes.push(h);
-                            push_run(runs, vaddr, 1, PageAt::Parent);
-                        }
-                        Outcome::Store(loc, h) => {
-                            stats.pages_stored += 1;
-                            hashes.push(h);
-                            push_run(
-                                runs,
-                                vaddr,
-                                1,
-                                PageAt::Store {
-                                    block: loc.block,
-                                    page: loc.page,
-                                },
-                            );
-                        }
-                    }
+                // Taken: each run's description is freed once copied.
+                let out =
+                    std::mem::take(&mut *outcomes[*i].lock().unwrap_or_else(|p| p.into_inner()));
+                stats.pages_zero += out.zero;
+                stats.pages_parent += out.parent;
+                stats.pages_stored += out.stored;
+                hashes.extend_from_slice(&out.hashes);
+                for pr in out.runs {
+                    push_run(runs, pr.vaddr, pr.pages, pr.at);
                 }
             }
         }

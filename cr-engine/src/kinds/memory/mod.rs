@@ -284,6 +284,8 @@ fn store_process(
     let pid = p.pid as i32;
     drop(plan.dirty);
     let index = d.parent.and_then(|l| l.memory(p.pid)).map(MemIndex::new);
+    let kin_mem = d.stash.get::<Kin>().0.remove(&p.ppid);
+    let kin = kin_mem.as_ref().map(MemIndex::new);
     let bytes = plan.plan.bytes;
     let what = if snap.is_some() {
         "writing memory"
@@ -298,6 +300,7 @@ fn store_process(
             pid,
             vmas: &p.vmas,
             parent: index.as_ref(),
+            kin: kin.as_ref(),
             store: d.store.ok_or_else(|| {
                 CheckpointError::Invalid("a capture for --verify stores no page".into())
             })?,
@@ -313,8 +316,23 @@ fn store_process(
     p.memory = mem;
     p.memory.dirty = dirty;
     p.memory.tracking = tracking;
+    drop(kin);
+    let kin = &mut d.stash.get::<Kin>().0;
+    if let Some(m) = kin_mem {
+        kin.insert(p.ppid, m);
+    }
+    // Kept for its children, if it has any (a copy of its runs and
+    // hashes: 8 bytes a page, for parents only).
+    if proc::children(pid).is_ok_and(|c| !c.is_empty()) {
+        kin.insert(p.pid, p.memory.clone());
+    }
     Ok(())
 }
+
+/// The stored memory of the processes that have children in the tree, by
+/// PID, for their children's dumps ([`dump::Copy::kin`]).
+#[derive(Default)]
+struct Kin(HashMap<u32, cr_image::model::Memory>);
 
 /// Processes whose memory was copied out while frozen, to store later.
 #[derive(Default)]
