@@ -285,10 +285,16 @@ fn describe(cx: &mut FdScan<'_>, f: &OpenFd<'_>, ino: u64) -> Described {
     }
     let deep = cx.tree.deep;
     // A socket whose queue carries itself (or a socket that carries it):
-    // its files in flight would be described forever.
+    // the description under way saves it once. The restore takes a socket
+    // in flight that the tree holds from the process that holds it; one
+    // that only queues hold (a garbage cycle the kernel has not collected
+    // yet) would have to be made from a description not saved yet.
     if !cx.tree.stash.get::<Describing>().0.insert(ino) {
+        if cx.tree.socket_in_tree(ino) {
+            return Ok(Some(FdKind::UnixSocket { object: ino }));
+        }
         return Err(format!(
-            "a unix {kind} socket in flight in its own queue (a cycle of sockets passed over each other; not supported)"
+            "a unix {kind} socket in flight in its own queue that no process holds (a cycle of sockets passed over each other; not supported)"
         ));
     }
     let out = describe_data(cx, f, ino, &u, s, deep, zero_ends);

@@ -187,6 +187,37 @@ fn abs_path(cwd: &str, name: &[u8]) -> String {
     }
 }
 
+/// How long a bind to an abstract name waits for the kernel to free it.
+const ABSTRACT_FREED_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `bind`, again while an abstract `name` is taken: sockets of a killed
+/// original that were in flight in their own queues (a cycle, zdtm scm06)
+/// outlive their processes until the kernel's unix garbage collector
+/// frees them and their names; it runs when some unix socket is released,
+/// so one is made and closed before each new try. A name still taken after [`ABSTRACT_FREED_WITHIN`] is the
+/// error it was.
+fn bind_when_free(
+    bind: impl Fn() -> Result<(), cr_sys::SysError>,
+    name: &[u8],
+) -> Result<(), cr_sys::SysError> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match bind() {
+            Err(e)
+                if !is_path(name)
+                    && e.errno() == Some(libc::EADDRINUSE)
+                    && t0.elapsed() < ABSTRACT_FREED_WITHIN =>
+            {
+                // The collector runs when a unix socket is released while
+                // sockets are in flight: a failed bind releases none.
+                drop(fdio::socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Bind a socket to its saved name; one bound at a name that no longer
 /// named it waits in `ghosts` until every connection is made.
 fn bind(fd: &OwnedFd, id: u64, s: &UnixSocket, ghosts: &mut Ghosts) -> Result<(), RestoreError> {
@@ -196,8 +227,11 @@ fn bind(fd: &OwnedFd, id: u64, s: &UnixSocket, ghosts: &mut Ghosts) -> Result<()
     if is_path(&s.name) && s.name_unlinked {
         return bind_ghost(fd, id, s, ghosts);
     }
-    from_dir(&s.cwd, &s.name, || fdio::bind_unix(fd, &s.name))
-        .step(|| format!("cannot bind socket:[{id}]"))?;
+    bind_when_free(
+        || from_dir(&s.cwd, &s.name, || fdio::bind_unix(fd, &s.name)),
+        &s.name,
+    )
+    .step(|| format!("cannot bind socket:[{id}]"))?;
     if !is_path(&s.name) {
         return Ok(());
     }

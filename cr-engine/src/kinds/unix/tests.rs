@@ -209,6 +209,37 @@ expect(db.recv(100) == b"dgram-two", "the datagram after")
     );
 }
 
+/// Sockets in flight in their own queues (zdtm scm06): a datagram pair,
+/// each end bound to an abstract name, each end's fd sent over each end,
+/// so that both queues carry both sockets. The program holds both ends, so
+/// the restore takes them from it and queues them again; each socket
+/// received is the one sent (its name), read from in turn (as zdtm does).
+#[test]
+fn sockets_in_flight_in_their_own_queues_round_trip() {
+    round_trip(
+        "unix-flight-cycle",
+        r#"
+ska = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+for i, s in enumerate(ska):
+    s.bind(b"\0cr-cycle-%d-%d" % (os.getpid(), i))
+for i in range(2):
+    for j in range(2):
+        socket.send_fds(ska[i], [b"%d%d" % (i, j)], [ska[j].fileno()])
+names = [s.getsockname() for s in ska]
+"#,
+        r#"
+sk = ska[0]
+for k in range(3):
+    msg, fds, _, _ = socket.recv_fds(sk, 10, 2)
+    expect(len(fds) == 1, "message %d %r carries %d files" % (k, msg, len(fds)))
+    if len(fds) != 1:
+        break
+    sk = socket.socket(fileno=fds[0])
+    expect(sk.getsockname() == names[k % 2], "message %d %r carried %r, not %r" % (k, msg, sk.getsockname(), names[k % 2]))
+"#,
+    );
+}
+
 /// Bound sockets whose names the program reused or removed, restored over
 /// the killed original's stale socket files: two listeners bound at one
 /// path (the first one's file renamed away and back, so the path is the
