@@ -22,6 +22,12 @@
  *                   (cr_poll_checkpoint): > 0 in the original, -1 with
  *                   CR_ERESTARTED in a copy restarted from that image; its
  *                   callback (req_cb) sees 0, resp. > 0.
+ *   forked          forks a child that does not exec (it holds the libcr
+ *                   socket it inherited, which only the parent serves) and
+ *                   counts; forked_cb prints "forked callback=RC" at each
+ *                   checkpoint (0: continued, 1: restarted); after go the
+ *                   child exits 0 and the parent checks it, and that its
+ *                   callback saw the last checkpoint (a restart: > 0).
  *   responder PORT  (without libcr) serves connections on PORT, one after
  *                   the other: answers "ping N" with "pong N" (N must go
  *                   1, 2, 3... across connections), "flush K" with
@@ -68,6 +74,7 @@
 #include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -282,6 +289,15 @@ static void *try_thread(void *arg)
         printf("idle %d\n", rounds);
     }
     return NULL;
+}
+
+static volatile int forked_cb_rc = -999;
+static int forked_cb(void *arg)
+{
+    (void)arg;
+    forked_cb_rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    printf("forked callback=%d\n", forked_cb_rc);
+    return 0;
 }
 
 static volatile int req_cb_rc = -999;
@@ -597,6 +613,27 @@ int main(int argc, char **argv)
             fail("callbacks did not run when the critical sections allowed");
         if (last_thread_rc != 0)
             fail("the checkpoints did not continue");
+    } else if (!strcmp(mode, "forked")) {
+        int status = -1;
+        pid_t kid;
+        cr_register_callback(forked_cb, NULL, CR_THREAD_CONTEXT);
+        kid = fork();
+        if (kid == 0) {
+            while (!exists("go")) {
+                counter++;
+                nap();
+            }
+            _exit(counter > 1 ? 0 : 3);
+        }
+        if (kid < 0)
+            fail("fork");
+        printf("READY\n");
+        wait_file("go");
+        if (kid > 0 && (waitpid(kid, &status, 0) != kid || !WIFEXITED(status) ||
+                        WEXITSTATUS(status) != 0))
+            fail("the child did not run on and exit 0");
+        if (forked_cb_rc <= 0)
+            fail("the callback did not see the restart");
     } else if (!strcmp(mode, "request")) {
         cr_checkpoint_args_t args;
         cr_checkpoint_handle_t handle;
