@@ -408,6 +408,30 @@ fn forked_child_without_exec_is_not_asked() {
     assert_restored_ok(&out, &wl, "restart of a libcr program with a forked child");
 }
 
+/// A signal queued to the process (sigqueue) while its main thread blocks
+/// it stays pending for that thread, before and after a checkpoint and a
+/// restart, and its handler runs there once unblocked, with its value
+/// (BLCR's sigpending "sigqueue"). Before the fix libcr's own thread,
+/// which blocked nothing, took it at once and ran the program's handler.
+#[test]
+fn process_signal_is_not_taken_by_the_libcr_thread() {
+    let h = Harness::new("libcr-sigqueue");
+    let exe = check_program(&h);
+    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["sigqueue"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &["--kill"], pid)
+        .assert_success("cr_checkpoint --kill");
+    wl.reap_killed();
+    let mut r = h.restore_bg(&img, pid);
+    // Back in its read of inotify (wait_file), as it was frozen.
+    r.wait_blocked_in(&wl, &[0], Duration::from_secs(30));
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "restart of a program with a queued signal");
+}
+
 /// A coordinated checkpoint runs every member's callbacks, on every node,
 /// before it freezes any member: the callback of a member on n1 flushes
 /// its connection to a member on n2 (sends "flush K" and needs the answer

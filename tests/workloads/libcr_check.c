@@ -28,6 +28,11 @@
  *                   checkpoint (0: continued, 1: restarted); after go the
  *                   child exits 0 and the parent checks it, and that its
  *                   callback saw the last checkpoint (a restart: > 0).
+ *   sigqueue        the main thread blocks SIGUSR2 and queues it to the
+ *                   process with a value (sigqueue): it stays pending
+ *                   (libcr's thread must not take it) through the
+ *                   checkpoint and restart; after go it is unblocked and
+ *                   its handler runs once, in the main thread, with it.
  *   responder PORT  (without libcr) serves connections on PORT, one after
  *                   the other: answers "ping N" with "pong N" (N must go
  *                   1, 2, 3... across connections), "flush K" with
@@ -74,6 +79,7 @@
 #include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -289,6 +295,16 @@ static void *try_thread(void *arg)
         printf("idle %d\n", rounds);
     }
     return NULL;
+}
+
+static volatile int queued_runs, queued_value, queued_tid, main_tid;
+static void on_queued(int sig, siginfo_t *si, void *ctx)
+{
+    (void)sig;
+    (void)ctx;
+    queued_runs++;
+    queued_value = si->si_value.sival_int;
+    queued_tid = (int)syscall(SYS_gettid);
 }
 
 static volatile int forked_cb_rc = -999;
@@ -613,6 +629,31 @@ int main(int argc, char **argv)
             fail("callbacks did not run when the critical sections allowed");
         if (last_thread_rc != 0)
             fail("the checkpoints did not continue");
+    } else if (!strcmp(mode, "sigqueue")) {
+        struct sigaction sa;
+        sigset_t set, pending;
+        union sigval v;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_queued;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGUSR2, &sa, NULL);
+        sigemptyset(&set);
+        sigaddset(&set, SIGUSR2);
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+        main_tid = (int)syscall(SYS_gettid);
+        v.sival_int = 4242;
+        if (sigqueue(getpid(), SIGUSR2, v) != 0)
+            fail("sigqueue");
+        printf("READY\n");
+        wait_file("go");
+        if (queued_runs != 0)
+            fail("the handler ran while the main thread blocked the signal");
+        sigpending(&pending);
+        if (!sigismember(&pending, SIGUSR2))
+            fail("the queued signal is not pending");
+        pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+        if (queued_runs != 1 || queued_value != 4242 || queued_tid != main_tid)
+            fail("the handler did not run once in the main thread with the value");
     } else if (!strcmp(mode, "forked")) {
         int status = -1;
         pid_t kid;
