@@ -178,7 +178,12 @@ fn serve() {
         let line = read_line(&stream).unwrap_or_default();
         if let Some(p) = Prepare::parse(&line) {
             prepare(p, stream);
-        } else if let Some(d) = Done::parse(&line) {
+            continue;
+        }
+        // Closed before the requester is woken: once cr_poll_checkpoint
+        // returns, the program holds no fd of ours it did not have.
+        drop(stream);
+        if let Some(d) = Done::parse(&line) {
             request::done(d);
         } else {
             // An outcome nobody waits for (the checkpoint was given up).

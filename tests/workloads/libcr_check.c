@@ -21,7 +21,9 @@
  *                   DIR (cr_request_checkpoint) and waits for it
  *                   (cr_poll_checkpoint): > 0 in the original, -1 with
  *                   CR_ERESTARTED in a copy restarted from that image; its
- *                   callback (req_cb) sees 0, resp. > 0.
+ *                   callback (req_cb) sees 0, resp. > 0. In the original the
+ *                   process holds the same number of fds before the request
+ *                   and after the poll.
  *   forked          forks a child that does not exec (it holds the libcr
  *                   socket it inherited, which only the parent serves) and
  *                   counts; forked_cb prints "forked callback=RC" at each
@@ -70,6 +72,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -295,6 +298,18 @@ static void *try_thread(void *arg)
         printf("idle %d\n", rounds);
     }
     return NULL;
+}
+
+/* How many fds the process has open (BLCR's dup_spurious: a checkpoint
+ * leaves none behind). */
+static int fds_before = -1;
+static int count_fds(void)
+{
+    int n = 0, fd;
+    for (fd = 0; fd < 1024; fd++)
+        if (fcntl(fd, F_GETFD) >= 0)
+            n++;
+    return n;
 }
 
 static volatile int queued_runs, queued_value, queued_tid, main_tid;
@@ -685,6 +700,7 @@ int main(int argc, char **argv)
         cr_register_callback(req_cb, NULL, CR_THREAD_CONTEXT);
         printf("READY\n");
         wait_file("ask");
+        fds_before = count_fds();
         if (cr_initialize_checkpoint_args_t(&args) != 0)
             fail("cr_initialize_checkpoint_args_t");
         args.cr_scope = CR_SCOPE_TREE;
@@ -695,9 +711,12 @@ int main(int argc, char **argv)
         rc = cr_poll_checkpoint(&handle, NULL);
         err = errno;
         if (rc > 0) {
+            int fds_after = count_fds();
             printf("request continued callback=%d\n", req_cb_rc);
             if (req_cb_rc != 0)
                 fail("the callback did not see the checkpoint continue");
+            if (fds_after != fds_before)
+                fail("cr_poll_checkpoint returned with another set of open fds");
         } else if (rc < 0 && err == CR_ERESTARTED) {
             printf("request restarted callback=%d\n", req_cb_rc);
             if (req_cb_rc <= 0)
