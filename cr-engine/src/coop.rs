@@ -80,7 +80,17 @@ impl Finder {
             .by_netns
             .entry(netns)
             .or_insert_with(|| listening_libcr_sockets(pid));
-        let own = inodes.iter().find_map(|i| socks.get(i))?;
+        // A child forked by a libcr program holds its parent's socket too
+        // (no exec closed it), but nothing of it answers there: only the
+        // socket its own cr_init made (named after its PID) counts.
+        let ns_pid = cr_sys::proc::status(pid)
+            .ok()
+            .and_then(|s| cr_sys::proc::ns_last(&s.nspid))
+            .map_or(pid, |p| p as i32);
+        let own = inodes
+            .iter()
+            .filter_map(|i| socks.get(i))
+            .find(|path| wire::socket_pid(path) == Some(ns_pid))?;
         let own = Path::new(own);
         let through_root =
             Path::new(&format!("/proc/{pid}/root")).join(own.strip_prefix("/").unwrap_or(own));

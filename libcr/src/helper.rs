@@ -102,10 +102,26 @@ fn start() -> Result<Shared, String> {
     let signal = cr_sys::coop::callback_signal();
     cr_sys::coop::install_rt_handler(signal, on_signal)
         .map_err(|e| format!("cannot install the callback signal handler: {e}"))?;
-    std::thread::Builder::new()
+    // The thread blocks every signal from its first instruction (it
+    // inherits the mask it is made with): a signal sent to the process
+    // (kill, sigqueue, a timer) must go to one of the program's threads,
+    // as it would without libcr, not run the program's handler here.
+    let mut before = nix::sys::signal::SigSet::empty();
+    nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::all()),
+        Some(&mut before),
+    )
+    .map_err(|e| format!("cannot block signals for the libcr thread: {e}"))?;
+    let spawned = std::thread::Builder::new()
         .name("libcr".into())
-        .spawn(serve)
-        .map_err(|e| format!("cannot start the libcr thread: {e}"))?;
+        .spawn(serve);
+    let _ = nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&before),
+        None,
+    );
+    spawned.map_err(|e| format!("cannot start the libcr thread: {e}"))?;
     if let Err(e) = cr_sys::coop::at_exit(remove_socket) {
         // The agent sweeps it once the process is gone.
         debug!(error = %e, "libcr: the socket file will stay after the exit");
@@ -162,7 +178,12 @@ fn serve() {
         let line = read_line(&stream).unwrap_or_default();
         if let Some(p) = Prepare::parse(&line) {
             prepare(p, stream);
-        } else if let Some(d) = Done::parse(&line) {
+            continue;
+        }
+        // Closed before the requester is woken: once cr_poll_checkpoint
+        // returns, the program holds no fd of ours it did not have.
+        drop(stream);
+        if let Some(d) = Done::parse(&line) {
             request::done(d);
         } else {
             // An outcome nobody waits for (the checkpoint was given up).

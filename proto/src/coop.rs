@@ -50,6 +50,14 @@ pub fn is_socket_path(path: &str) -> bool {
         .is_some_and(|n| n.starts_with("libcr-") && n.ends_with(".sock"))
 }
 
+/// The PID (in its own PID namespace) of the process that made the libcr
+/// socket bound to `path` ([`socket_path`]); None for another name.
+pub fn socket_pid(path: &str) -> Option<i32> {
+    let name = Path::new(path).file_name()?.to_str()?;
+    let rest = name.strip_prefix("libcr-")?.strip_suffix(".sock")?;
+    rest.rsplit_once('-')?.1.parse().ok()
+}
+
 /// The agent's socket for libcr, next to its gRPC socket `agent_socket`:
 /// `<agent_socket>.libcr`.
 pub fn agent_libcr_socket(agent_socket: &Path) -> PathBuf {
@@ -349,5 +357,11 @@ mod tests {
         let p = socket_path(Path::new(DEFAULT_DIR), 4026531836, 1);
         assert!(is_socket_path(&p.display().to_string()));
         assert!(!is_socket_path("/run/other.sock"));
+        assert_eq!(socket_pid(&p.display().to_string()), Some(1));
+        assert_eq!(
+            socket_pid("/proc/9/root/run/cr/coop/libcr-7-1234.sock"),
+            Some(1234)
+        );
+        assert_eq!(socket_pid("/run/other.sock"), None);
     }
 }

@@ -376,6 +376,62 @@ fn self_requested_checkpoint_without_an_agent() {
     assert_restored_ok(&out, &wl, "restart from the image the program asked for");
 }
 
+/// A libcr program that forked a child without exec (the child holds the
+/// parent's libcr socket, which only the parent serves; BLCR's "child" and
+/// "mmaps" tests): a checkpoint that continues and one with --kill go
+/// through (only the parent is asked; before the fix the checkpointer also
+/// asked the child through the parent's socket and timed out: "libcr did
+/// not answer"), and after the restart the parent's callback sees it and
+/// its child runs on and exits 0.
+#[test]
+fn forked_child_without_exec_is_not_asked() {
+    let h = Harness::new("libcr-forked");
+    let exe = check_program(&h);
+    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["forked"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let limits = ["--callback-timeout", "3s", "--cs-wait", "1s"];
+    h.checkpoint(&h.image_dir("continued"), &limits, pid)
+        .assert_success("cr_checkpoint of a libcr program with a forked child");
+    wl.wait_line("the continue callback", |l| l == "forked callback=0");
+    assert_running_untraced(pid, "after the checkpoint");
+    let img = h.image_dir("img");
+    let mut args = limits.to_vec();
+    args.push("--kill");
+    h.checkpoint(&img, &args, pid)
+        .assert_success("cr_checkpoint --kill");
+    wl.reap_killed();
+    let mut r = h.restore_bg(&img, pid);
+    r.wait_line(&wl, "the restart callback", |l| l == "forked callback=1");
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "restart of a libcr program with a forked child");
+}
+
+/// A signal queued to the process (sigqueue) while its main thread blocks
+/// it stays pending for that thread, before and after a checkpoint and a
+/// restart, and its handler runs there once unblocked, with its value
+/// (BLCR's sigpending "sigqueue"). Before the fix libcr's own thread,
+/// which blocked nothing, took it at once and ran the program's handler.
+#[test]
+fn process_signal_is_not_taken_by_the_libcr_thread() {
+    let h = Harness::new("libcr-sigqueue");
+    let exe = check_program(&h);
+    let mut wl = h.spawn_program("libcr_check", &exe, &[], &["sigqueue"]);
+    wl.wait_ready();
+    let pid = wl.pid();
+    let img = h.image_dir("img");
+    h.checkpoint(&img, &["--kill"], pid)
+        .assert_success("cr_checkpoint --kill");
+    wl.reap_killed();
+    let mut r = h.restore_bg(&img, pid);
+    // Back in its read of inotify (wait_file), as it was frozen.
+    r.wait_blocked_in(&wl, &[0], Duration::from_secs(30));
+    wl.go();
+    let out = r.wait(EXIT_TIMEOUT, &wl);
+    assert_restored_ok(&out, &wl, "restart of a program with a queued signal");
+}
+
 /// A coordinated checkpoint runs every member's callbacks, on every node,
 /// before it freezes any member: the callback of a member on n1 flushes
 /// its connection to a member on n2 (sends "flush K" and needs the answer

@@ -21,7 +21,20 @@
  *                   DIR (cr_request_checkpoint) and waits for it
  *                   (cr_poll_checkpoint): > 0 in the original, -1 with
  *                   CR_ERESTARTED in a copy restarted from that image; its
- *                   callback (req_cb) sees 0, resp. > 0.
+ *                   callback (req_cb) sees 0, resp. > 0. In the original the
+ *                   process holds the same number of fds before the request
+ *                   and after the poll.
+ *   forked          forks a child that does not exec (it holds the libcr
+ *                   socket it inherited, which only the parent serves) and
+ *                   counts; forked_cb prints "forked callback=RC" at each
+ *                   checkpoint (0: continued, 1: restarted); after go the
+ *                   child exits 0 and the parent checks it, and that its
+ *                   callback saw the last checkpoint (a restart: > 0).
+ *   sigqueue        the main thread blocks SIGUSR2 and queues it to the
+ *                   process with a value (sigqueue): it stays pending
+ *                   (libcr's thread must not take it) through the
+ *                   checkpoint and restart; after go it is unblocked and
+ *                   its handler runs once, in the main thread, with it.
  *   responder PORT  (without libcr) serves connections on PORT, one after
  *                   the other: answers "ping N" with "pong N" (N must go
  *                   1, 2, 3... across connections), "flush K" with
@@ -59,6 +72,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -68,6 +82,8 @@
 #include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -282,6 +298,37 @@ static void *try_thread(void *arg)
         printf("idle %d\n", rounds);
     }
     return NULL;
+}
+
+/* How many fds the process has open (BLCR's dup_spurious: a checkpoint
+ * leaves none behind). */
+static int fds_before = -1;
+static int count_fds(void)
+{
+    int n = 0, fd;
+    for (fd = 0; fd < 1024; fd++)
+        if (fcntl(fd, F_GETFD) >= 0)
+            n++;
+    return n;
+}
+
+static volatile int queued_runs, queued_value, queued_tid, main_tid;
+static void on_queued(int sig, siginfo_t *si, void *ctx)
+{
+    (void)sig;
+    (void)ctx;
+    queued_runs++;
+    queued_value = si->si_value.sival_int;
+    queued_tid = (int)syscall(SYS_gettid);
+}
+
+static volatile int forked_cb_rc = -999;
+static int forked_cb(void *arg)
+{
+    (void)arg;
+    forked_cb_rc = cr_checkpoint(CR_CHECKPOINT_READY);
+    printf("forked callback=%d\n", forked_cb_rc);
+    return 0;
 }
 
 static volatile int req_cb_rc = -999;
@@ -597,6 +644,52 @@ int main(int argc, char **argv)
             fail("callbacks did not run when the critical sections allowed");
         if (last_thread_rc != 0)
             fail("the checkpoints did not continue");
+    } else if (!strcmp(mode, "sigqueue")) {
+        struct sigaction sa;
+        sigset_t set, pending;
+        union sigval v;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_queued;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGUSR2, &sa, NULL);
+        sigemptyset(&set);
+        sigaddset(&set, SIGUSR2);
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+        main_tid = (int)syscall(SYS_gettid);
+        v.sival_int = 4242;
+        if (sigqueue(getpid(), SIGUSR2, v) != 0)
+            fail("sigqueue");
+        printf("READY\n");
+        wait_file("go");
+        if (queued_runs != 0)
+            fail("the handler ran while the main thread blocked the signal");
+        sigpending(&pending);
+        if (!sigismember(&pending, SIGUSR2))
+            fail("the queued signal is not pending");
+        pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+        if (queued_runs != 1 || queued_value != 4242 || queued_tid != main_tid)
+            fail("the handler did not run once in the main thread with the value");
+    } else if (!strcmp(mode, "forked")) {
+        int status = -1;
+        pid_t kid;
+        cr_register_callback(forked_cb, NULL, CR_THREAD_CONTEXT);
+        kid = fork();
+        if (kid == 0) {
+            while (!exists("go")) {
+                counter++;
+                nap();
+            }
+            _exit(counter > 1 ? 0 : 3);
+        }
+        if (kid < 0)
+            fail("fork");
+        printf("READY\n");
+        wait_file("go");
+        if (kid > 0 && (waitpid(kid, &status, 0) != kid || !WIFEXITED(status) ||
+                        WEXITSTATUS(status) != 0))
+            fail("the child did not run on and exit 0");
+        if (forked_cb_rc <= 0)
+            fail("the callback did not see the restart");
     } else if (!strcmp(mode, "request")) {
         cr_checkpoint_args_t args;
         cr_checkpoint_handle_t handle;
@@ -607,6 +700,7 @@ int main(int argc, char **argv)
         cr_register_callback(req_cb, NULL, CR_THREAD_CONTEXT);
         printf("READY\n");
         wait_file("ask");
+        fds_before = count_fds();
         if (cr_initialize_checkpoint_args_t(&args) != 0)
             fail("cr_initialize_checkpoint_args_t");
         args.cr_scope = CR_SCOPE_TREE;
@@ -617,9 +711,12 @@ int main(int argc, char **argv)
         rc = cr_poll_checkpoint(&handle, NULL);
         err = errno;
         if (rc > 0) {
+            int fds_after = count_fds();
             printf("request continued callback=%d\n", req_cb_rc);
             if (req_cb_rc != 0)
                 fail("the callback did not see the checkpoint continue");
+            if (fds_after != fds_before)
+                fail("cr_poll_checkpoint returned with another set of open fds");
         } else if (rc < 0 && err == CR_ERESTARTED) {
             printf("request restarted callback=%d\n", req_cb_rc);
             if (req_cb_rc <= 0)

@@ -197,7 +197,30 @@ pub fn round_trip_restoring(
     between: impl FnOnce(&Path),
     restoring: impl FnOnce(&mut RestoreOptions),
 ) -> RoundTrip {
-    let (dir, log, child) = start(name, setup, check);
+    round_trip_spawning(name, setup, check, |_| {}, tweak, between, restoring)
+}
+
+/// [`round_trip`], the program started with the `python3` command that
+/// `spawning` changes (its process group...).
+pub fn round_trip_spawned(
+    name: &str,
+    setup: &str,
+    check: &str,
+    spawning: impl FnOnce(&mut Command),
+) -> RoundTrip {
+    round_trip_spawning(name, setup, check, spawning, |_| {}, |_| {}, |_| {})
+}
+
+fn round_trip_spawning(
+    name: &str,
+    setup: &str,
+    check: &str,
+    spawning: impl FnOnce(&mut Command),
+    tweak: impl FnOnce(&mut CheckpointOptions),
+    between: impl FnOnce(&Path),
+    restoring: impl FnOnce(&mut RestoreOptions),
+) -> RoundTrip {
+    let (dir, log, child) = start_with(name, setup, check, spawning);
     let pid = child.id() as i32;
     let img = dir.join("img");
     if let Err(e) = checkpoint_kill_with(pid, &img, tweak) {
@@ -284,6 +307,16 @@ fn verdict(pid: i32, dir: &Path, log: &Path, who: &str) {
 /// a directory of its own, and wait until it is ready: its directory, its
 /// output file, the child.
 fn start(name: &str, setup: &str, check: &str) -> (PathBuf, PathBuf, std::process::Child) {
+    start_with(name, setup, check, |_| {})
+}
+
+/// [`start`], the command changed by `spawning` first.
+fn start_with(
+    name: &str,
+    setup: &str,
+    check: &str,
+    spawning: impl FnOnce(&mut Command),
+) -> (PathBuf, PathBuf, std::process::Child) {
     let dir = std::env::temp_dir()
         .join("cr-engine-tests")
         .join(format!("{name}-{}", std::process::id()));
@@ -294,15 +327,15 @@ fn start(name: &str, setup: &str, check: &str) -> (PathBuf, PathBuf, std::proces
     std::fs::write(&script_path, script).expect("write the program");
     let log = dir.join("output");
     let out = std::fs::File::create(&log).expect("output file");
-    let child = Command::new("python3")
-        .arg(&script_path)
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script_path)
         .arg(&dir)
         .current_dir(&dir)
         .stdin(Stdio::null())
         .stdout(out.try_clone().expect("dup"))
-        .stderr(out)
-        .spawn()
-        .expect("python3 (the round-trip tests need it)");
+        .stderr(out);
+    spawning(&mut cmd);
+    let child = cmd.spawn().expect("python3 (the round-trip tests need it)");
     wait_for(
         "the program to be ready",
         child.id() as i32,

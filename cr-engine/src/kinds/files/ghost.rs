@@ -174,7 +174,7 @@ pub fn symlink(
 
 /// Chown `p` to `node`'s owner, then give it `node`'s permission bits
 /// (again: chown may clear set-user-ID and set-group-ID).
-fn set_owner_and_mode(p: &str, node: Node) -> cr_sys::error::Result<()> {
+pub(crate) fn set_owner_and_mode(p: &str, node: Node) -> cr_sys::error::Result<()> {
     let (uid, gid) = node.owner;
     std::os::unix::fs::lchown(p, Some(uid), Some(gid))
         .map_err(|e| io(e, &format!("chown {uid}:{gid}"), p))?;

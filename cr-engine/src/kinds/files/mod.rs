@@ -661,8 +661,14 @@ fn description(
         }
     }
     let file = held.files.get(&(tag, id)).expect("looked up above");
-    fdio::reopen(file, accmode).step(what)
+    // O_SYNC and O_DSYNC are set only by open(2) (F_SETFL ignores them).
+    let sync = f.flags as i32 & OPEN_TIME_STATUS;
+    fdio::reopen(file, accmode | sync).step(what)
 }
+
+/// Status flags that only open(2) sets: a new description is opened with
+/// them (fcntl F_SETFL leaves them as they are).
+pub const OPEN_TIME_STATUS: i32 = libc::O_SYNC | libc::O_DSYNC;
 
 /// A new description, with the flags and offset of `f`, of the device
 /// node removed while open that `f` shows (made again as a ghost).

@@ -545,6 +545,39 @@ expect(os.fstat(rw).st_nlink == 0, "still deleted")
     );
 }
 
+/// A deleted file open several times with O_SYNC, O_DSYNC, O_APPEND and
+/// O_NONBLOCK (BLCR's filedescriptors fd_flags_unlinked): each fd keeps
+/// its own description with its flags, O_SYNC and O_DSYNC too, which only
+/// open(2) sets. Before the fix the restore's --verify refused the O_SYNC
+/// fd ("flags is ...").
+#[test]
+fn deleted_file_sync_flags_round_trip() {
+    round_trip(
+        "files-deleted-sync",
+        r#"
+import fcntl
+p = os.path.join(DIR, "data")
+plain = os.open(p, os.O_RDWR | os.O_CREAT, 0o600)
+os.write(plain, b"x" * 8192)
+fds = {fl: os.open(p, os.O_RDWR | fl) for fl in (os.O_SYNC, os.O_DSYNC, os.O_APPEND, os.O_NONBLOCK)}
+os.lseek(fds[os.O_DSYNC], 100, os.SEEK_SET)
+os.unlink(p)
+"#,
+        r#"
+import fcntl
+for fl, fd in fds.items():
+    got = fcntl.fcntl(fd, fcntl.F_GETFL)
+    expect(got & (os.O_SYNC | os.O_DSYNC | os.O_APPEND | os.O_NONBLOCK) == fl, "fd %d flags %o, wants %o" % (fd, got, fl))
+expect(fcntl.fcntl(plain, fcntl.F_GETFL) & (os.O_SYNC | os.O_DSYNC) == 0, "the plain fd is not synchronous")
+expect(os.lseek(fds[os.O_DSYNC], 0, os.SEEK_CUR) == 100, "the O_DSYNC fd's offset")
+expect(os.lseek(fds[os.O_SYNC], 0, os.SEEK_CUR) == 0, "the O_SYNC fd's offset")
+os.write(fds[os.O_APPEND], b"tail")
+expect(os.fstat(plain).st_size == 8196, "appended at the end")
+expect(os.pread(plain, 4, 8192) == b"tail", "one file for all fds")
+"#,
+    );
+}
+
 /// A file open by a name removed while it kept another (linked under it
 /// before; zdtm unlink_regular00's shape: the removed name's directory is
 /// gone too), plus an O_PATH fd of it. It comes back as the same file as

@@ -174,6 +174,10 @@ impl FileKind for Pipes {
                                 libc::O_RDWR | libc::O_NONBLOCK,
                             )
                         }
+                        // Removed since the checkpoint: a FIFO holds no
+                        // data of its own (what was in the pipe is in the
+                        // image), so it is made again at its path.
+                        None if std::fs::symlink_metadata(&f.path).is_err() => fifo_made_again(f),
                         None => fdio::open(&f.path, libc::O_RDWR | libc::O_NONBLOCK),
                     }
                     .step(|| format!("cannot open the FIFO {}", f.path))?;
@@ -218,6 +222,28 @@ impl FileKind for Pipes {
                 .map(Opened::Ours),
         )
     }
+}
+
+/// FIFO `f`, removed since the checkpoint, made again at its path with
+/// its mode and owner (0600 and ours for an older image): our read-write
+/// fd of it.
+fn fifo_made_again(f: &Fifo) -> cr_sys::error::Result<OwnedFd> {
+    fdio::mkfifo(&f.path, 0o600)?;
+    // Opened before its mode is set: a FIFO of mode 0 opens for root only.
+    let fd = fdio::open(&f.path, libc::O_RDWR | libc::O_NONBLOCK)?;
+    if f.mode != 0 {
+        let node = files::ghost::Node {
+            mode: libc::S_IFIFO | f.mode,
+            rdev: 0,
+            owner: (f.uid, f.gid),
+        };
+        files::ghost::set_owner_and_mode(&f.path, node)?;
+    }
+    tracing::warn!(
+        path = f.path,
+        "FIFO removed since the checkpoint: made again"
+    );
+    Ok(fd)
 }
 
 /// The capacity of the pipe behind `f` and its buffered bytes, read

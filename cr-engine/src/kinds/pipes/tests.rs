@@ -74,3 +74,31 @@ expect(os.readlink("/proc/self/fd/%d" % fr) == fifo + " (deleted)", "still remov
     assert_eq!(owners(&rt.before), vec![(0o2640, 1234, 5678)]);
     assert_eq!(owners(&rt.before), owners(&rt.after));
 }
+
+/// A FIFO removed after the checkpoint, before the restore (BLCR's
+/// named_fifo_*_unlink): it is made again at its path with its mode and
+/// owner, holds the bytes it had, and the program can remove it again.
+/// Before the fix the restore failed ("cannot open the FIFO").
+#[test]
+fn fifo_removed_after_the_checkpoint_is_made_again() {
+    crate::kinds::testkit::round_trip_with(
+        "pipes-fifo-removed-after",
+        r#"
+fifo = os.path.join(DIR, "later-gone"); os.mkfifo(fifo)
+os.chown(fifo, 1234, 5678); os.chmod(fifo, 0o640)
+fr = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK); fw = os.open(fifo, os.O_WRONLY)
+os.write(fw, b"kept")
+"#,
+        r#"
+st = os.stat(fifo)
+expect(st.st_mode & 0o7777 == 0o640, "mode %o" % (st.st_mode & 0o7777))
+expect((st.st_uid, st.st_gid) == (1234, 5678), "owner %d:%d" % (st.st_uid, st.st_gid))
+expect(os.path.samestat(os.fstat(fr), st), "the fd is the FIFO at its path")
+expect(os.read(fr, 100) == b"kept", "the FIFO's bytes")
+os.write(fw, b"more")
+expect(os.read(fr, 100) == b"more", "the FIFO still works")
+os.unlink(fifo)
+"#,
+        |dir| std::fs::remove_file(dir.join("later-gone")).expect("remove the FIFO"),
+    );
+}

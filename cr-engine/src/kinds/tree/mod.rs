@@ -699,8 +699,25 @@ pub fn verify(c: &mut crate::verify::Compare<'_>, image: &Process, now: &Process
         );
     } else {
         c.same("ids", "pid", &image.pid, &now.pid);
-        c.same("ids", "process group", &image.pgid, &now.pgid);
-        c.same("ids", "session", &image.sid, &now.sid);
+        // A group or session led by a process outside the image (the
+        // shell's, a starter's) is not made again: the restored processes
+        // stay in the restorer's (restore::set_process_groups), wherever
+        // the restore runs from.
+        let ours = if c.restored {
+            proc::stat(std::process::id() as i32)
+                .ok()
+                .map(|s| (s.pgrp as u32, s.session as u32))
+        } else {
+            None
+        };
+        let group_ours = !c.is_image_pid(image.pgid) && Some(now.pgid) == ours.map(|o| o.0);
+        let session_ours = !c.is_image_pid(image.sid) && Some(now.sid) == ours.map(|o| o.1);
+        if !group_ours {
+            c.same("ids", "process group", &image.pgid, &now.pgid);
+        }
+        if !session_ours {
+            c.same("ids", "session", &image.sid, &now.sid);
+        }
     }
     let owner = |o: Option<u32>| o.map(|o| c.image_pid(o));
     let (files, fs) = (owner(now.fd_table_of), owner(now.fs_of));

@@ -955,3 +955,47 @@ fn tree_ids(c: &cr_image::model::Checkpoint) -> Vec<(u32, u32, u32, u32, i32)> {
     v.sort();
     v
 }
+
+/// A program started in the group of a process outside the tree (a
+/// script's, a shell's), with a child in that group too, restored from
+/// another group (a terminal, `timeout`, the agent): both come back in the
+/// restorer's group and session, which `--verify` accepts, and run on.
+#[test]
+fn group_led_outside_restored_from_another_group_round_trip() {
+    use std::os::unix::process::CommandExt;
+    let mut leader = std::process::Command::new("sleep")
+        .arg("600")
+        .process_group(0)
+        .spawn()
+        .expect("sleep");
+    let group = leader.id() as i32;
+    let rt = crate::kinds::testkit::round_trip_spawned(
+        "tree-group-led-outside",
+        r#"
+first_group = os.getpgid(0)
+kid = os.fork()
+if kid == 0:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    while True:
+        time.sleep(1)
+expect(os.getpgid(kid) == first_group, "setup: the child in our group")
+"#,
+        r#"
+g = os.getpgid(0)
+expect(g == os.getpgid(os.getppid()), "not in the restorer's group: %d" % g)
+expect(os.getsid(0) == os.getsid(os.getppid()), "not in the restorer's session")
+expect(os.getpgid(kid) == g, "the child's group %d, ours %d" % (os.getpgid(kid), g))
+expect(int(open("/proc/%d/stat" % kid).read().split(") ")[1].split()[1]) == os.getpid(), "the child's parent")
+os.kill(kid, signal.SIGKILL)
+os.waitpid(kid, 0)
+"#,
+        |cmd| {
+            cmd.process_group(group);
+        },
+    );
+    let _ = leader.kill();
+    let _ = leader.wait();
+    assert_eq!(rt.before.processes[0].pgid, group as u32);
+    assert_eq!(rt.before.processes.len(), 2);
+    assert_eq!(rt.after.processes.len(), 2);
+}
