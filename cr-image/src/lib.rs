@@ -86,7 +86,7 @@ pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) ->
 
 /// XXH3-64 of a byte slice (the checksum used throughout the format).
 pub fn checksum(data: &[u8]) -> u64 {
-    twox_hash::XxHash3_64::oneshot(data)
+    xxhash_rust::xxh3::xxh3_64(data)
 }
 
 /// A fresh random image id (32 hex digits).
