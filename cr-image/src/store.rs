@@ -5,9 +5,9 @@
 //! - A page identical to one stored shortly before in this image (same
 //!   XXH3-128) is stored once: dedup works within and across the processes
 //!   of a tree. What the writer remembers for that is bounded ([`Dedup`]:
-//!   3 MiB, the last ~128k distinct pages), so that the dumper's memory does
-//!   not grow with the image; a page seen longer ago may be stored again
-//!   (the image is larger, never wrong). The pages a child shares
+//!   at most 2^17 pages, about 6 MiB), so that the dumper's memory does not
+//!   grow with the image; a page seen longer ago may be stored again (the
+//!   image is larger, never wrong). The pages a child shares
 //!   copy-on-write with its parent are found by address by the memory kind,
 //!   whatever this remembers.
 //! - All-zero pages never reach the store (the dumper drops them).
@@ -27,7 +27,9 @@
 use crate::dir::{ImageDir, TMP_SUFFIX};
 use crate::model::{Compression, PageStore, StoreBlock};
 use crate::{checksum, io_err, ImageError, Result};
+use std::collections::HashMap;
 use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -112,40 +114,52 @@ struct Writes {
 /// Blocks queued before a thread that fills one waits for the writer.
 const MAX_QUEUED: usize = 16;
 
-/// Sets of the dedup cache of each shard, two entries a set: with
-/// [`SHARDS`] shards, 2^17 entries of 32 bytes in all (4 MiB, allocated
-/// zeroed: untouched sets cost nothing).
-const DEDUP_SETS: usize = 1024;
+/// Pages each shard's dedup map remembers at most: 2^17 in all over the
+/// [`SHARDS`] shards (about 6 MiB once full, with the map's own room).
+const DEDUP_PER_SHARD: usize = (1 << 17) / SHARDS;
 
-/// The pages a store was given lately, by XXH3-128, bounded: a
-/// two-way set-associative cache (the newest entry of a set first). Key 0
-/// marks an empty entry (a page whose hash is 0 is just not remembered).
-struct Dedup(Vec<(u128, Loc)>);
+/// The pages a store was given lately, by XXH3-128, bounded: a map that
+/// starts empty (a small dump's costs what its pages need) and is emptied
+/// when it holds [`DEDUP_PER_SHARD`] pages, keeping its room. A page seen
+/// before the last emptying may be stored again (a larger image, never a
+/// wrong page).
+///
+/// (A fixed table of 2^17 entries, 3-4 MiB allocated at every dump, made
+/// the agent's RSS grow by megabytes per dump: the allocator kept the
+/// freed tables in its per-thread arenas.)
+#[derive(Default)]
+struct Dedup(HashMap<u128, Loc, BuildHasherDefault<KeyHasher>>);
 
 impl Dedup {
-    fn new() -> Self {
-        Dedup(vec![(0, Loc { block: 0, page: 0 }); 2 * DEDUP_SETS])
-    }
-
-    /// The entries of `hash`'s set (the shard took its low bits).
-    fn set(&mut self, hash: u128) -> &mut [(u128, Loc)] {
-        let i = ((hash >> 6) as usize) % DEDUP_SETS;
-        &mut self.0[2 * i..2 * i + 2]
-    }
-
-    fn get(&mut self, hash: u128) -> Option<Loc> {
-        if hash == 0 {
-            return None;
-        }
-        self.set(hash).iter().find(|e| e.0 == hash).map(|e| e.1)
+    fn get(&self, hash: u128) -> Option<Loc> {
+        self.0.get(&hash).copied()
     }
 
     fn insert(&mut self, hash: u128, loc: Loc) {
-        if hash != 0 {
-            let set = self.set(hash);
-            set[1] = set[0];
-            set[0] = (hash, loc);
+        if self.0.len() >= DEDUP_PER_SHARD {
+            self.0.clear();
         }
+        self.0.insert(hash, loc);
+    }
+}
+
+/// Hasher of the dedup maps: their keys are XXH3-128 hashes already, so
+/// its two halves folded are hash enough (the default SipHash of every
+/// key was pure cost).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = (v as u64) ^ ((v >> 64) as u64).rotate_left(32);
     }
 }
 
@@ -163,7 +177,7 @@ impl StoreWriter {
             next_block: AtomicU32::new(0),
             end: AtomicU64::new(0),
             blocks: Mutex::new(Vec::new()),
-            dedup: (0..SHARDS).map(|_| Mutex::new(Dedup::new())).collect(),
+            dedup: (0..SHARDS).map(|_| Mutex::new(Dedup::default())).collect(),
             writes: Writes::default(),
         })
     }
@@ -502,30 +516,33 @@ impl StoreReader {
 mod tests {
     use super::*;
 
-    /// The dedup cache keeps the two newest pages of a set, finds them,
-    /// and never more than its fixed entries: an older third is forgotten
-    /// (stored again: a larger image, never a wrong page), a hash of 0 is
-    /// not remembered.
+    /// The dedup map finds what it was given, never holds more than its
+    /// bound (it is emptied then: older pages are stored again, never
+    /// wrongly found), and keeps its room.
     #[test]
-    fn dedup_cache_is_bounded_and_finds_recent_pages() {
-        let mut d = Dedup::new();
-        let loc = |n| Loc { block: n, page: 0 };
-        // Same set (bits 6.. equal modulo the sets), different hashes.
-        let key = |n: u128| (n * DEDUP_SETS as u128 + 5) << 6;
-        d.insert(key(1), loc(1));
-        d.insert(key(2), loc(2));
-        assert_eq!(d.get(key(1)), Some(loc(1)));
-        assert_eq!(d.get(key(2)), Some(loc(2)));
-        d.insert(key(3), loc(3));
-        assert_eq!(d.get(key(1)), None, "the oldest of the set is forgotten");
-        assert_eq!(d.get(key(2)), Some(loc(2)));
-        assert_eq!(d.get(key(3)), Some(loc(3)));
-        d.insert(0, loc(9));
-        assert_eq!(d.get(0), None);
-        for n in 0..100_000u128 {
-            d.insert(n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1, loc(n as u32));
+    fn dedup_map_is_bounded_and_finds_recent_pages() {
+        let mut d = Dedup::default();
+        let loc = |n: u128| Loc {
+            block: n as u32,
+            page: 0,
+        };
+        for n in 1..=DEDUP_PER_SHARD as u128 {
+            d.insert(n, loc(n));
         }
-        assert_eq!(d.0.len(), 2 * DEDUP_SETS, "the cache never grows");
+        assert_eq!(d.get(1), Some(loc(1)));
+        assert_eq!(
+            d.get(DEDUP_PER_SHARD as u128),
+            Some(loc(DEDUP_PER_SHARD as u128))
+        );
+        let room = d.0.capacity();
+        d.insert(u128::MAX, loc(7));
+        assert_eq!(d.get(1), None, "emptied at the bound");
+        assert_eq!(d.get(u128::MAX), Some(loc(7)));
+        for n in 0..10 * DEDUP_PER_SHARD as u128 {
+            d.insert(n << 64 | 3, loc(n));
+            assert!(d.0.len() <= DEDUP_PER_SHARD);
+        }
+        assert_eq!(d.0.capacity(), room, "the map keeps its room, never grows");
     }
 
     /// A store of `n` distinct pages (two blocks when `n` > 64) written
