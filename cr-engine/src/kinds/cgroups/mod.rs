@@ -156,18 +156,12 @@ pub fn put_thread(
         let Some(dir) = dir_of(m, &c.path) else {
             continue;
         };
-        make(&dir, m).step(|| format!("cannot create cgroup {}:{}", c.controllers, c.path))?;
         let file = if c.controllers.is_empty() {
             "cgroup.threads"
         } else {
             "tasks"
         };
-        proc::write_string(&dir.join(file).display().to_string(), &tid.to_string()).step(|| {
-            format!(
-                "cannot move thread {} into cgroup {}:{}",
-                th.tid, c.controllers, c.path
-            )
-        })?;
+        enter(m, &dir, c, file, tid, &format!("thread {}", th.tid))?;
     }
     Ok(())
 }
@@ -186,19 +180,25 @@ fn put(here: &Here, pid: i32, saved: u32, c: &Cgroup) -> Result<(), RestoreError
             m.mount_point.display()
         ))
     })?;
-    make(&dir, m).step(|| format!("cannot create cgroup {}:{}", c.controllers, c.path))?;
-    proc::write_string(
-        &dir.join("cgroup.procs").display().to_string(),
-        &pid.to_string(),
-    )
-    .step(|| {
-        format!(
-            "cannot move process {saved} into cgroup {}:{}",
-            c.controllers, c.path
-        )
-    })?;
+    enter(m, &dir, c, "cgroup.procs", pid, &format!("process {saved}"))?;
     debug!(pid, hierarchy = %c.controllers, path = %c.path, "process put into its cgroup");
     Ok(())
+}
+
+/// Make group `c` at `dir` (of mount `m`) if it is missing, and move `id`
+/// (named `who` in an error) into it by writing it to its `file`
+/// (`cgroup.procs`, or `tasks`/`cgroup.threads` for a thread).
+fn enter(
+    m: &CgroupMount,
+    dir: &Path,
+    c: &Cgroup,
+    file: &str,
+    id: i32,
+    who: &str,
+) -> Result<(), RestoreError> {
+    make(dir, m).step(|| format!("cannot create cgroup {}:{}", c.controllers, c.path))?;
+    proc::write_string(&dir.join(file).display().to_string(), &id.to_string())
+        .step(|| format!("cannot move {who} into cgroup {}:{}", c.controllers, c.path))
 }
 
 /// The root of the cgroup namespace of the tree `images` (root first) in
