@@ -709,7 +709,7 @@ impl Held {
             _ => None,
         };
         let cgroup_dirs = self.cgroup_dirs.clone();
-        let ck = Checkpoint {
+        let mut ck = Checkpoint {
             meta: meta(root, &self.image_id, &images),
             root_pid: root as u32,
             pidns: tree::pidns_root(root)?,
@@ -730,7 +730,7 @@ impl Held {
             cgroup_frames,
         };
         fault::check("before-commit")?;
-        self.dir.commit(&ck, opts.fsync())?;
+        self.dir.commit(&mut ck, opts.fsync())?;
         debug!(
             root,
             capture_ms = captured.as_millis() as u64,
@@ -991,7 +991,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
         let read = d.read;
         let trackers = memory::take_trackers(&mut d.stash);
         let store = store.finish(opts.fsync())?;
-        let ck = Checkpoint {
+        let mut ck = Checkpoint {
             meta: meta(root, &image_id, &[]),
             root_pid: root as u32,
             pidns: false,
@@ -1012,7 +1012,7 @@ pub fn pre_dump(root: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpoi
             cgroup_frames: Vec::new(),
         };
         fault::check("before-commit")?;
-        dir.commit(&ck, opts.fsync())?;
+        dir.commit(&mut ck, opts.fsync())?;
         dir.settle(&data_files(&ck));
         after_commit(&dir, &image_id, parent.as_ref(), &trackers.kept);
         drop(trackers.released);

@@ -582,13 +582,13 @@ pub fn compact(
                 });
             }
             let od = ImageDir::create(out)?;
-            let ck = flatten(&chain, usize::MAX, &od, compression, fsync)?;
+            let mut ck = flatten(&chain, usize::MAX, &od, compression, fsync)?;
             for pf in crate::model::objects::content_files(&top.ck) {
                 let from = top.dir.file(&pf.name);
                 let to = od.file(&format!("{}{}", pf.name, crate::dir::TMP_SUFFIX));
                 std::fs::copy(&from, &to).map_err(io_err(&from))?;
             }
-            od.commit(&ck, fsync)?;
+            od.commit(&mut ck, fsync)?;
             od.settle(&crate::dir::data_files(&ck));
             Ok(ck)
         }
@@ -605,8 +605,8 @@ fn rewrite_in_place(
 ) -> Result<Checkpoint> {
     let merge = merge.min(chain.links.len() - 1);
     let top = chain.top();
-    let ck = flatten(chain, merge, &top.dir, compression, fsync)?;
-    top.dir.publish(&ck, fsync)?;
+    let mut ck = flatten(chain, merge, &top.dir, compression, fsync)?;
+    top.dir.publish(&mut ck, fsync)?;
     if let Some(old) = &top.ck.store {
         if ck.store.as_ref().is_none_or(|s| s.name != old.name) {
             let _ = std::fs::remove_file(top.dir.file(&old.name));

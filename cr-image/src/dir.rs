@@ -118,7 +118,7 @@ impl ImageDir {
     ///
     /// [`settle`]: ImageDir::settle
     /// [`undo`]: ImageDir::undo
-    pub fn commit(&self, ck: &Checkpoint, fsync: bool) -> Result<()> {
+    pub fn commit(&self, ck: &mut Checkpoint, fsync: bool) -> Result<()> {
         let meta = self.file(CHECKPOINT_FILE);
         let prev = self.file(PREVIOUS_FILE);
         let _ = std::fs::remove_file(&prev);
@@ -172,7 +172,7 @@ impl ImageDir {
     /// Rename the checkpoint's `.tmp` files into place and replace
     /// `checkpoint.img` atomically (the old metadata stays valid until the
     /// rename: used when the new files have names of their own).
-    pub fn publish(&self, ck: &Checkpoint, fsync: bool) -> Result<()> {
+    pub fn publish(&self, ck: &mut Checkpoint, fsync: bool) -> Result<()> {
         let meta = self.file(CHECKPOINT_FILE);
         for name in data_files(ck) {
             let fin = self.file(&name);
@@ -182,9 +182,12 @@ impl ImageDir {
             }
         }
         let tmp = self.file(&format!("{CHECKPOINT_FILE}{TMP_SUFFIX}"));
-        let framed = header::encode(header::KIND_CHECKPOINT, &ck.encode());
+        let payload = ck.encode_lending();
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&framed).map_err(io_err(&tmp))?;
+        f.write_all(&header::frame(header::KIND_CHECKPOINT, &payload))
+            .and_then(|()| f.write_all(&payload))
+            .map_err(io_err(&tmp))?;
+        drop(payload);
         if fsync {
             f.sync_all().map_err(io_err(&tmp))?;
         }

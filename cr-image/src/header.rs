@@ -16,15 +16,23 @@ pub const MAGIC: &[u8; 8] = b"CRIMAGE\0";
 pub const HEADER_LEN: usize = 32;
 pub const KIND_CHECKPOINT: u32 = 1;
 
+/// The header of `payload`, to be written just before it (a large
+/// payload is not copied to be framed).
+pub fn frame(kind: u32, payload: &[u8]) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..8].copy_from_slice(MAGIC);
+    h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
+    h[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+    h[12..16].copy_from_slice(&kind.to_le_bytes());
+    h[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    h[24..32].copy_from_slice(&checksum(payload).to_le_bytes());
+    h
+}
+
 /// Frame a payload with the header.
 pub fn encode(kind: u32, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
-    out.extend_from_slice(&FORMAT_MINOR.to_le_bytes());
-    out.extend_from_slice(&kind.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&checksum(payload).to_le_bytes());
+    out.extend_from_slice(&frame(kind, payload));
     out.extend_from_slice(payload);
     out
 }

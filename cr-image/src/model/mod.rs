@@ -241,6 +241,33 @@ impl Checkpoint {
         self.to_pb().encode_to_vec()
     }
 
+    /// [`encode`](Checkpoint::encode) that lends the page hashes to the
+    /// encoder instead of copying them: they are 8 bytes a page, most of
+    /// a large image's metadata, and a copy of them next to the encoded
+    /// payload was the largest part of a dump's peak memory (8 MiB per GiB
+    /// of memory with the copy; 4 without). They are back in place on
+    /// return.
+    pub fn encode_lending(&mut self) -> Vec<u8> {
+        let lent: Vec<Vec<u64>> = self
+            .processes
+            .iter_mut()
+            .map(|p| std::mem::take(&mut p.memory.hashes))
+            .collect();
+        let mut p = self.to_pb();
+        for (pp, h) in p.processes.iter_mut().zip(lent) {
+            if let Some(m) = pp.memory.as_mut() {
+                m.hashes = h;
+            }
+        }
+        let payload = p.encode_to_vec();
+        for (proc_, pp) in self.processes.iter_mut().zip(p.processes) {
+            if let Some(m) = pp.memory {
+                proc_.memory.hashes = m.hashes;
+            }
+        }
+        payload
+    }
+
     /// The process with image pid `pid`.
     pub fn process(&self, pid: u32) -> Option<&Process> {
         self.processes.iter().find(|p| p.pid == pid)

@@ -844,12 +844,12 @@ fn write_files(dir: &ImageDir, tag: &str) -> PageStore {
 fn images(root: &Path) -> (Checkpoint, std::path::PathBuf) {
     let pdir = ImageDir::create(&root.join("parent")).unwrap();
     let store = write_files(&pdir, "p");
-    pdir.commit(&checkpoint(PARENT_ID, None, store), false)
+    pdir.commit(&mut checkpoint(PARENT_ID, None, store), false)
         .unwrap();
     let cdir = ImageDir::create(&root.join("child")).unwrap();
     let store = write_files(&cdir, "c");
-    let ck = checkpoint(CHILD_ID, Some(PARENT_ID), store);
-    cdir.commit(&ck, false).unwrap();
+    let mut ck = checkpoint(CHILD_ID, Some(PARENT_ID), store);
+    cdir.commit(&mut ck, false).unwrap();
     (ck, cdir.path().to_path_buf())
 }
 
@@ -874,6 +874,19 @@ fn every_section_round_trips() {
         json["objects"][0]["summary"],
         "pipe:[11] 5 bytes buffered, capacity 65536"
     );
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+/// The encoder borrows the page hashes: the same bytes as a copy gives,
+/// and the hashes are back in place after.
+#[test]
+fn encode_lending_is_encode_and_gives_the_hashes_back() {
+    let root = tmp("lending");
+    let (mut ck, _) = images(&root);
+    let before = ck.clone();
+    assert!(before.processes.iter().any(|p| !p.memory.hashes.is_empty()));
+    assert_eq!(ck.encode_lending(), before.encode());
+    assert_eq!(ck, before);
     std::fs::remove_dir_all(root).unwrap();
 }
 
