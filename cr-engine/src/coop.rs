@@ -64,11 +64,21 @@ fn listening_libcr_sockets(pid: i32) -> HashMap<u64, String> {
 impl Finder {
     /// The libcr socket of process `pid`, if it listens on one.
     pub fn socket_of(&mut self, pid: i32) -> Option<PathBuf> {
+        // Its unix sockets only: /proc/PID/net/unix lists every unix
+        // socket of the namespace, and the members of a node, in one
+        // namespace, each read it (their launchers and the agent hold
+        // ~4 unix sockets per member: O(members²) before the freeze) when
+        // all they hold is TCP sockets.
         let inodes: Vec<u64> = cr_sys::proc::fds(pid)
             .ok()?
             .into_iter()
-            .filter_map(|(_, t)| match t {
-                cr_sys::proc::FDTarget::Socket(ino) => Some(ino),
+            .filter_map(|(fd, t)| match t {
+                cr_sys::proc::FDTarget::Socket(ino)
+                    if cr_sys::fdio::socket_family(pid, fd)
+                        .map_or(true, |family| family == libc::AF_UNIX) =>
+                {
+                    Some(ino)
+                }
                 _ => None,
             })
             .collect();

@@ -81,6 +81,14 @@ pub fn steal_fd(pid: i32, fd: i32) -> Result<OwnedFd> {
     pidfd_getfd(std::os::fd::AsFd::as_fd(&pidfd), pid, fd)
 }
 
+/// The family (SO_DOMAIN: `AF_UNIX`, `AF_INET`, ...) of socket fd `fd` of
+/// process `pid`, read on a copy of the fd: a few system calls, where
+/// telling a unix socket by sock_diag or /proc/PID/net/unix means reading
+/// every unix socket of the namespace.
+pub fn socket_family(pid: i32, fd: i32) -> Result<i32> {
+    getsockopt_int(&steal_fd(pid, fd)?, libc::SOL_SOCKET, libc::SO_DOMAIN)
+}
+
 /// A close-on-exec duplicate of our own fd `fd` (fails if it is not open).
 pub fn dup_own(fd: RawFd) -> Result<OwnedFd> {
     // Raw: `fd` is a number that may name no open file, so it cannot be

@@ -62,6 +62,17 @@ pub fn is_unix(cx: &mut FdScan<'_>, ino: u64) -> Result<bool, String> {
     Ok(diag(cx)?.contains_key(&ino))
 }
 
+/// Whether the socket `f` may be a unix socket: false only when its
+/// family (SO_DOMAIN of a copy of the fd) is another one. A tree's first
+/// socket used to load the dump of every unix socket of the namespace
+/// ([`diag`]) even when it was a TCP one: on a node whose members are in
+/// one namespace that dump grows with the members (each one's launcher
+/// and agent connection hold unix sockets: ~260 for 64 members), and each
+/// member read it while frozen, O(members²) in all.
+fn may_be_unix(f: &OpenFd<'_>) -> bool {
+    fdio::socket_family(f.pid, f.fd).map_or(true, |family| family == libc::AF_UNIX)
+}
+
 impl FileKind for Unix {
     fn name(&self) -> &'static str {
         "unix"
@@ -71,6 +82,9 @@ impl FileKind for Unix {
         let FDTarget::Socket(ino) = *f.target else {
             return None;
         };
+        if !may_be_unix(f) {
+            return None;
+        }
         match is_unix(cx, ino) {
             Ok(true) => Some(describe(cx, f, ino)),
             Ok(false) => None,
