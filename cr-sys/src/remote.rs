@@ -132,7 +132,7 @@ fn batch_code(calls: &[(i64, [Arg; 6])], results: u64) -> Vec<u8> {
 /// runs from).
 pub fn trap_free(pid: i32, tid: i32) -> bool {
     let trap = 1u64 << (libc::SIGTRAP - 1);
-    crate::proc::task_status(pid, tid).is_ok_and(|st| {
+    crate::proc::task_sig_state(pid, tid).is_ok_and(|st| {
         (st.sigign | st.sigpnd | st.shdpnd) & trap == 0 && st.seccomp.unwrap_or(1) == 0
     })
 }
