@@ -610,7 +610,13 @@ pub(crate) fn share(
     // fd of ours (`Stub::grab`: one stop for the fd). A child shares most
     // of its fds with its parent (inherited): inside the stub, pidfd_open,
     // pidfd_getfd and close were three calls waited for (six stops) per fd.
-    if let Ok(ours) = cr_sys::fdio::steal_fd(cx.r.ids.outer(s.pid), s.fd) {
+    // Not once the stub has let the restorer's pidfd go (fds opened at
+    // the end, `restore::open_deferred`).
+    let ours = match cx.stub.grab_pidfd {
+        Some(_) => cr_sys::fdio::steal_fd(cx.r.ids.outer(s.pid), s.fd).ok(),
+        None => None,
+    };
+    if let Some(ours) = ours {
         cx.stub.grab(ours.as_raw_fd(), f.fd, cloexec).step(what)?;
         cx.stub.flush().step(what)?;
         return Ok(());

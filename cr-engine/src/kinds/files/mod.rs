@@ -762,8 +762,8 @@ pub fn reopen(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, extra: i32) -> Result<(), Re
                 stub.call("close", libc::SYS_close, [got, 0, 0, 0, 0, 0])?;
             }
         }
-        // Opened and moved to its number in one batch with what is queued
-        // after it (its offset), run by the caller's flush: one stop
+        // Opened and moved to its number in one batch with its offset
+        // (flushed below): one stop
         // where the open, then the move and the offset, took two to six.
         (None, path) => {
             let path = stub.put_str(path.as_deref().unwrap_or(&f.path))?;
@@ -786,5 +786,8 @@ pub fn reopen(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, extra: i32) -> Result<(), Re
     if seekable {
         fds::seek(stub, f)?;
     }
+    // The fd is there when this returns (callers take it back at once,
+    // e.g. files in flight).
+    stub.flush()?;
     Ok(())
 }

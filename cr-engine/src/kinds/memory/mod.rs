@@ -593,11 +593,6 @@ pub fn unmap_stub(
 }
 
 /// PR_SET_MM_MAP: code/data/brk/stack/arg/env bounds, auxv and the exe link.
-///
-/// One batch (one stop): the executable is opened at a number the image
-/// does not use (`Stub::later_at`), so the map can name it before the open
-/// has run; openat, prctl and close were three calls waited for (six
-/// stops) on the main tracer thread for every process.
 pub fn set_mm(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreError> {
     let stub = &mut cx.stub;
     let m = &p.mm;
@@ -606,29 +601,10 @@ pub fn set_mm(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreEr
     let exe_fd = if exe.ends_with(" (deleted)") {
         None
     } else {
-        let grab = stub.grab_pidfd;
-        let n = (0..)
-            .find(|&n| !crate::kinds::fds::needed(p, n) && grab != Some(n as u64))
-            .unwrap_or(0);
-        let path = stub.put_str(exe)?;
-        stub.later_at(
-            (
-                "openat",
-                libc::SYS_openat,
-                [
-                    libc::AT_FDCWD as u64,
-                    path,
-                    (libc::O_RDONLY | libc::O_CLOEXEC) as u64,
-                    0,
-                    0,
-                    0,
-                ],
-            ),
-            n,
-            true,
-            format!("cannot open the executable {exe}"),
-        )?;
-        Some(n as u64)
+        Some(
+            stub.open(exe, libc::O_RDONLY | libc::O_CLOEXEC)
+                .step(|| format!("cannot open the executable {exe}"))?,
+        )
     };
     let mut map = Vec::with_capacity(104);
     for v in m.bounds().into_iter().chain([auxv]) {
@@ -637,22 +613,17 @@ pub fn set_mm(cx: &mut Rebuild<'_, '_, '_>, p: &Process) -> Result<(), RestoreEr
     map.extend_from_slice(&(m.auxv.len() as u32).to_le_bytes());
     map.extend_from_slice(&exe_fd.map_or(u32::MAX, |fd| fd as u32).to_le_bytes());
     let addr = stub.put(&map)?;
-    stub.later(
-        "prctl(PR_SET_MM_MAP)",
-        libc::SYS_prctl,
-        [PR_SET_MM, PR_SET_MM_MAP, addr, map.len() as u64, 0, 0],
-        format!("cannot set the mm fields (brk {:#x}, exe {exe})", m.brk),
-    )?;
+    let r = stub
+        .call(
+            "prctl(PR_SET_MM_MAP)",
+            libc::SYS_prctl,
+            [PR_SET_MM, PR_SET_MM_MAP, addr, map.len() as u64, 0, 0],
+        )
+        .step(|| format!("cannot set the mm fields (brk {:#x}, exe {exe})", m.brk));
     if let Some(fd) = exe_fd {
-        stub.later(
-            "close",
-            libc::SYS_close,
-            [fd, 0, 0, 0, 0, 0],
-            "cannot close the executable".into(),
-        )?;
+        stub.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0])?;
     }
-    stub.flush()?;
-    Ok(())
+    r.map(|_| ())
 }
 
 /// VmFlags that say how the kernel holds a mapping now rather than what
