@@ -9,7 +9,7 @@
 
 use cr_sys::error::{Errno, Result, SysError};
 use cr_sys::mem;
-use cr_sys::remote::{trap_free, Injector, BATCH_MAX};
+use cr_sys::remote::{trap_free, Arg, Injector, BATCH_LINKS_MAX, BATCH_MAX};
 
 /// Scratch memory for syscall arguments inside the stub.
 pub const SCRATCH: u64 = 64 * 1024;
@@ -30,6 +30,8 @@ pub struct Stub<'a> {
     pub code: Option<u64>,
     /// Calls queued by [`Stub::later`], not run yet.
     queue: Vec<Queued>,
+    /// Of their arguments, how many are results of queued calls.
+    links: usize,
     /// The lowest offset in the scratch area a queued call's argument
     /// points to (what [`Stub::put`] must not overwrite before the queue
     /// is run).
@@ -68,7 +70,7 @@ fn batchable(nr: i64, args: [u64; 6]) -> bool {
 struct Queued {
     name: &'static str,
     nr: i64,
-    args: [u64; 6],
+    args: [Arg; 6],
     /// What a failure means, for its error.
     what: String,
 }
@@ -83,6 +85,7 @@ impl<'a> Stub<'a> {
             grab_pidfd: None,
             code: None,
             queue: Vec::new(),
+            links: 0,
             queued_lo: None,
         }
     }
@@ -101,7 +104,7 @@ impl<'a> Stub<'a> {
         self.queue.push(Queued {
             name,
             nr,
-            args,
+            args: args.map(Arg::Val),
             what: String::new(),
         });
         let r = self.run_queue(true)?;
@@ -129,20 +132,55 @@ impl<'a> Stub<'a> {
         args: [u64; 6],
         what: String,
     ) -> Result<()> {
-        let area = self.scratch..self.scratch + SCRATCH - THREAD_ARGS;
-        for a in args
+        self.later_linked(&[(name, nr, args.map(Arg::Val))], what)
+    }
+
+    /// Queue calls as [`Stub::later`] does, in one batch (the queue is
+    /// run first when they would not fit in it): an argument
+    /// [`Arg::ResultOf`]`(k)` is the result of call `k` of `calls`, e.g.
+    /// the fd an earlier one returned. At most [`BATCH_LINKS_MAX`] such
+    /// arguments.
+    pub fn later_linked(
+        &mut self,
+        calls: &[(&'static str, i64, [Arg; 6])],
+        what: String,
+    ) -> Result<()> {
+        let links = calls
             .iter()
-            .filter(|a| self.scratch != 0 && area.contains(a))
-        {
-            let off = a - self.scratch;
-            self.queued_lo = Some(self.queued_lo.map_or(off, |lo| lo.min(off)));
+            .flat_map(|(_, _, a)| a.iter())
+            .filter(|a| matches!(a, Arg::ResultOf(_)))
+            .count();
+        assert!(
+            calls.len() <= BATCH_MAX && links <= BATCH_LINKS_MAX,
+            "a group of {} calls with {links} links",
+            calls.len()
+        );
+        if self.queue.len() + calls.len() > BATCH_MAX || self.links + links > BATCH_LINKS_MAX {
+            self.flush()?;
         }
-        self.queue.push(Queued {
-            name,
-            nr,
-            args,
-            what,
-        });
+        let base = self.queue.len();
+        let area = self.scratch..self.scratch + SCRATCH - THREAD_ARGS;
+        for &(name, nr, args) in calls {
+            for a in args.iter() {
+                if let Arg::Val(a) = *a {
+                    if self.scratch != 0 && area.contains(&a) {
+                        let off = a - self.scratch;
+                        self.queued_lo = Some(self.queued_lo.map_or(off, |lo| lo.min(off)));
+                    }
+                }
+            }
+            let args = args.map(|a| match a {
+                Arg::ResultOf(k) => Arg::ResultOf(base + k),
+                v => v,
+            });
+            self.queue.push(Queued {
+                name,
+                nr,
+                args,
+                what: what.clone(),
+            });
+        }
+        self.links += links;
         if self.queue.len() == BATCH_MAX {
             self.flush()?;
         }
@@ -178,23 +216,29 @@ impl<'a> Stub<'a> {
     /// failure is left to the caller when it is `call`'s.
     fn run_queue(&mut self, last_is_call: bool) -> Result<i64> {
         self.queued_lo = None;
+        self.links = 0;
         let queue = std::mem::take(&mut self.queue);
         let code = self
             .code
             .filter(|_| queue.len() > 1 && trap_free(self.pid, self.pid));
-        let raw = match code {
+        let mut raw = match code {
             Some(code) => {
-                let calls: Vec<(i64, [u64; 6])> = queue.iter().map(|c| (c.nr, c.args)).collect();
-                self.inj.batch(code, &calls)?
+                let calls: Vec<(i64, [Arg; 6])> = queue.iter().map(|c| (c.nr, c.args)).collect();
+                self.inj.batch_linked(code, &calls)?
             }
-            None => Vec::new(),
+            None => Vec::with_capacity(queue.len()),
         };
         let last = queue.len() - 1;
         let mut r = 0;
         for (i, c) in queue.into_iter().enumerate() {
             r = match raw.get(i) {
                 Some(r) => *r,
-                None => self.inj.syscall_raw(c.nr, c.args)?,
+                None => {
+                    let args = c.args.map(|a| a.value(&raw));
+                    let r = self.inj.syscall_raw(c.nr, args)?;
+                    raw.push(r);
+                    r
+                }
             };
             if (-4095..0).contains(&r) && !(last_is_call && i == last) {
                 // As `SysError::Remote` says it, after what it was for.
@@ -278,7 +322,8 @@ impl<'a> Stub<'a> {
 
     /// Take the restorer's fd `ours` into the stub as fd `want` (the same
     /// open file description, through pidfd_getfd on the restorer's pidfd
-    /// the stub inherited).
+    /// the stub inherited): queued ([`Stub::later_at`]), so `ours` must
+    /// stay open until the caller flushes.
     pub fn grab(&mut self, ours: i32, want: i32, cloexec: bool) -> Result<()> {
         let Some(pidfd) = self.grab_pidfd else {
             return Err(cr_sys::SysError::Syscall {
@@ -286,12 +331,61 @@ impl<'a> Stub<'a> {
                 source: cr_sys::Errno(libc::EBADF),
             });
         };
-        let got = self.call(
-            "pidfd_getfd",
-            libc::SYS_pidfd_getfd,
-            [pidfd, ours as u64, 0, 0, 0, 0],
-        )?;
-        self.place(got, want, cloexec)
+        self.later_at(
+            (
+                "pidfd_getfd",
+                libc::SYS_pidfd_getfd,
+                [pidfd, ours as u64, 0, 0, 0, 0],
+            ),
+            want,
+            cloexec,
+            format!("cannot take the restorer's fd {ours} as fd {want}"),
+        )
+    }
+
+    /// Queue `call`, which makes a new fd (openat, pidfd_getfd...), and
+    /// the calls that move that fd to number `want` (close-on-exec or
+    /// not), in one batch: one stop, where running `call` and waiting for
+    /// its result, then moving the fd, took three or more. The new fd is
+    /// the lowest free one, which may be `want` itself (where a `dup3`
+    /// onto itself fails): it is copied above `want` first
+    /// (F_DUPFD_CLOEXEC), closed, and the copy moved to `want`.
+    pub fn later_at(
+        &mut self,
+        call: (&'static str, i64, [u64; 6]),
+        want: i32,
+        cloexec: bool,
+        what: String,
+    ) -> Result<()> {
+        let flag = if cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+        let (v, got, above) = (Arg::Val, Arg::ResultOf(0), Arg::ResultOf(1));
+        let z = v(0);
+        let (name, nr, args) = call;
+        self.later_linked(
+            &[
+                (name, nr, args.map(Arg::Val)),
+                (
+                    "fcntl(F_DUPFD_CLOEXEC)",
+                    libc::SYS_fcntl,
+                    [
+                        got,
+                        v(libc::F_DUPFD_CLOEXEC as u64),
+                        v(want as u64 + 1),
+                        z,
+                        z,
+                        z,
+                    ],
+                ),
+                ("close", libc::SYS_close, [got, z, z, z, z, z]),
+                (
+                    "dup3",
+                    libc::SYS_dup3,
+                    [above, v(want as u64), v(flag), z, z, z],
+                ),
+                ("close", libc::SYS_close, [above, z, z, z, z, z]),
+            ],
+            what,
+        )
     }
 
     /// Move the new fd `got` (close-on-exec, as pidfd_getfd makes it) to

@@ -222,6 +222,65 @@ pub fn task_status(pid: i32, tid: i32) -> Result<Status> {
         .map_err(proc_err(path))
 }
 
+/// What a thread's signals and seccomp say (lines SigPnd, ShdPnd, SigIgn
+/// and Seccomp of /proc/PID/task/TID/status), read without parsing the
+/// rest: asked before every batch of injected calls
+/// (`remote::trap_free`), where [`task_status`]'s full parse cost as much
+/// as a few ptrace stops.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SigState {
+    pub sigpnd: u64,
+    pub shdpnd: u64,
+    pub sigign: u64,
+    /// None when the kernel has no seccomp line.
+    pub seccomp: Option<u32>,
+}
+
+pub fn task_sig_state(pid: i32, tid: i32) -> Result<SigState> {
+    let path = format!("/proc/{pid}/task/{tid}/status");
+    let text = std::fs::read(&path).map_err(io_err(&path))?;
+    Ok(parse_sig_state(&text))
+}
+
+fn parse_sig_state(text: &[u8]) -> SigState {
+    let mut st = SigState::default();
+    for line in text.split(|&b| b == b'\n') {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let value = std::str::from_utf8(&line[colon + 1..]).unwrap_or("").trim();
+        let hex = || u64::from_str_radix(value, 16).unwrap_or(0);
+        match &line[..colon] {
+            b"SigPnd" => st.sigpnd = hex(),
+            b"ShdPnd" => st.shdpnd = hex(),
+            b"SigIgn" => st.sigign = hex(),
+            b"Seccomp" => st.seccomp = value.parse().ok(),
+            _ => {}
+        }
+    }
+    st
+}
+
+#[cfg(test)]
+#[test]
+fn sig_state_of_a_status_file() {
+    let text = b"Name:\tcat\nSigQ:\t0/63\nSigPnd:\t0000000000000100\nShdPnd:\t0000000000000000\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000004\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+    assert_eq!(
+        parse_sig_state(text),
+        SigState {
+            sigpnd: 0x100,
+            shdpnd: 0,
+            sigign: 4,
+            seccomp: Some(2)
+        }
+    );
+    // A kernel without the line: None (taken for a filter by `trap_free`).
+    assert_eq!(
+        parse_sig_state(b"SigIgn:\t0000000000000001\n").seccomp,
+        None
+    );
+}
+
 /// The innermost id of a per-namespace list of status (NSpid, NSpgid,
 /// NSsid): the id as the process's own PID namespace sees it.
 pub fn ns_last(ids: &Option<Vec<i32>>) -> Option<u32> {

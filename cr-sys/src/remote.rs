@@ -46,34 +46,79 @@ fn count_stop() {
 /// The most system calls one [`Injector::batch`] runs: its code and
 /// results fill one page.
 pub const BATCH_MAX: usize = 45;
+/// The most arguments of one batch that are results of earlier calls of
+/// it ([`Arg::ResultOf`]): each takes 3 bytes more code.
+pub const BATCH_LINKS_MAX: usize = 14;
 /// Bytes of code per call of a batch (7 x `mov r64, imm64`, `syscall`,
 /// `mov [abs64], rax`).
 const CALL_CODE: u64 = 82;
+/// Bytes of code an argument taken from an earlier result adds
+/// (`mov rax, [abs64]` and `mov r64, rax` instead of `mov r64, imm64`).
+const LINK_CODE: u64 = 3;
 /// Where a batch's results are, from the start of its code page.
 const RESULTS_AT: u64 = crate::PAGE_SIZE - 8 * BATCH_MAX as u64;
 // The code of a full batch and its int3 fit before the results.
-const _: () = assert!(BATCH_MAX as u64 * CALL_CODE < RESULTS_AT);
+const _: () =
+    assert!(BATCH_MAX as u64 * CALL_CODE + BATCH_LINKS_MAX as u64 * LINK_CODE < RESULTS_AT);
 /// si_code of a signal the kernel sends (an `int3`'s SIGTRAP).
 const SI_KERNEL: i32 = 0x80;
 
-/// The machine code (x86-64) of a batch: each call's number and arguments
-/// into its registers, `syscall`, its result stored at `results + 8 * i`;
-/// then `int3`.
-fn batch_code(calls: &[(i64, [u64; 6])], results: u64) -> Vec<u8> {
-    /// `rex opcode imm64`: `mov r64, imm64` or `mov [abs64], rax`.
+/// An argument of a call in a batch ([`Injector::batch_linked`]): a
+/// value, or the raw result of an earlier call of the same batch (its
+/// index), e.g. the fd a `pidfd_getfd` returned, moved by the next call.
+/// A failed call's result is `-errno`: the calls using it fail too (an fd
+/// of -9 is EBADF), and the first failure is the one to report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    Val(u64),
+    ResultOf(usize),
+}
+
+impl Arg {
+    /// The argument's value, given the raw results of the calls before it
+    /// (for calls made one by one instead of in a batch).
+    pub fn value(self, results: &[i64]) -> u64 {
+        match self {
+            Arg::Val(v) => v,
+            Arg::ResultOf(k) => results.get(k).copied().unwrap_or(-libc::EBADF as i64) as u64,
+        }
+    }
+}
+
+/// The machine code (x86-64) of a batch: each call's arguments into their
+/// registers (a value, or an earlier call's stored result), its number,
+/// `syscall`, its result stored at `results + 8 * i`; then `int3`.
+fn batch_code(calls: &[(i64, [Arg; 6])], results: u64) -> Vec<u8> {
+    /// `rex opcode imm64`: `mov r64, imm64`, `mov [abs64], rax` or
+    /// `mov rax, [abs64]`.
     fn imm(c: &mut Vec<u8>, rex: u8, opcode: u8, v: u64) {
         c.extend_from_slice(&[rex, opcode]);
         c.extend_from_slice(&v.to_le_bytes());
     }
+    // Per argument register (rdi, rsi, rdx, r10, r8, r9): the REX prefix
+    // and opcode of `mov r64, imm64`, and the REX prefix and ModRM byte of
+    // `mov r64, rax` (89 /r).
+    const REGS: [(u8, u8, u8, u8); 6] = [
+        (0x48, 0xbf, 0x48, 0xc7),
+        (0x48, 0xbe, 0x48, 0xc6),
+        (0x48, 0xba, 0x48, 0xc2),
+        (0x49, 0xba, 0x49, 0xc2),
+        (0x49, 0xb8, 0x49, 0xc0),
+        (0x49, 0xb9, 0x49, 0xc1),
+    ];
     let mut c = Vec::with_capacity(calls.len() * CALL_CODE as usize + 1);
     for (i, (nr, a)) in calls.iter().enumerate() {
+        for (arg, &(rex, op, rex_rax, modrm)) in a.iter().zip(REGS.iter()) {
+            match *arg {
+                Arg::Val(v) => imm(&mut c, rex, op, v),
+                Arg::ResultOf(k) => {
+                    assert!(k < i, "call {i} of a batch uses the result of call {k}");
+                    imm(&mut c, 0x48, 0xa1, results + 8 * k as u64); // mov rax, [results + 8k]
+                    c.extend_from_slice(&[rex_rax, 0x89, modrm]); // mov r64, rax
+                }
+            }
+        }
         imm(&mut c, 0x48, 0xb8, *nr as u64); // mov rax, nr
-        imm(&mut c, 0x48, 0xbf, a[0]); // mov rdi
-        imm(&mut c, 0x48, 0xbe, a[1]); // mov rsi
-        imm(&mut c, 0x48, 0xba, a[2]); // mov rdx
-        imm(&mut c, 0x49, 0xba, a[3]); // mov r10
-        imm(&mut c, 0x49, 0xb8, a[4]); // mov r8
-        imm(&mut c, 0x49, 0xb9, a[5]); // mov r9
         c.extend_from_slice(&[0x0f, 0x05]); // syscall
         imm(&mut c, 0x48, 0xa3, results + 8 * i as u64); // mov [results + 8i], rax
     }
@@ -87,7 +132,7 @@ fn batch_code(calls: &[(i64, [u64; 6])], results: u64) -> Vec<u8> {
 /// runs from).
 pub fn trap_free(pid: i32, tid: i32) -> bool {
     let trap = 1u64 << (libc::SIGTRAP - 1);
-    crate::proc::task_status(pid, tid).is_ok_and(|st| {
+    crate::proc::task_sig_state(pid, tid).is_ok_and(|st| {
         (st.sigign | st.sigpnd | st.shdpnd) & trap == 0 && st.seccomp.unwrap_or(1) == 0
     })
 }
@@ -234,7 +279,25 @@ impl<'a> Injector<'a> {
     /// results go there); at most [`BATCH_MAX`] calls. Only for a thread
     /// that is [`trap_free`] (see the module docs).
     pub fn batch(&mut self, code: u64, calls: &[(i64, [u64; 6])]) -> Result<Vec<i64>> {
+        let calls: Vec<(i64, [Arg; 6])> =
+            calls.iter().map(|&(nr, a)| (nr, a.map(Arg::Val))).collect();
+        self.batch_linked(code, &calls)
+    }
+
+    /// [`Injector::batch`] of calls whose arguments may be results of
+    /// earlier calls of the batch ([`Arg::ResultOf`], at most
+    /// [`BATCH_LINKS_MAX`] of them).
+    pub fn batch_linked(&mut self, code: u64, calls: &[(i64, [Arg; 6])]) -> Result<Vec<i64>> {
         assert!(calls.len() <= BATCH_MAX, "batch of {} calls", calls.len());
+        let links = calls
+            .iter()
+            .flat_map(|(_, a)| a.iter())
+            .filter(|a| matches!(a, Arg::ResultOf(_)))
+            .count();
+        assert!(
+            links <= BATCH_LINKS_MAX,
+            "batch with {links} linked arguments"
+        );
         let tid = self.t.tid();
         let bytes = batch_code(calls, code + RESULTS_AT);
         crate::mem::write_vm(tid, code, &bytes)?;

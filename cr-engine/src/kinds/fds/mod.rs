@@ -559,6 +559,9 @@ fn give(
     if matches!(f.kind, FdKind::Memfd { .. } | FdKind::DeletedFile { .. }) && f.pos != 0 {
         seek(stub, f)?;
     }
+    // The grab, its flags and offset in one stop; `ours` is read by it.
+    stub.flush()
+        .step(|| format!("cannot hand {} to process {} as fd {}", f.path, p.pid, f.fd))?;
     // The process holds it now; ours would only cost an fd.
     drop(ours);
     Ok(())
@@ -603,7 +606,24 @@ pub(crate) fn share(
             .step(what)?;
         return Ok(());
     }
-    // pidfd_open runs inside the stub: the owner's PID as the stub sees it.
+    // Taken from the owner's stub by the restorer, then handed over as an
+    // fd of ours (`Stub::grab`: one stop for the fd). A child shares most
+    // of its fds with its parent (inherited): inside the stub, pidfd_open,
+    // pidfd_getfd and close were three calls waited for (six stops) per fd.
+    // Not once the stub has let the restorer's pidfd go (fds opened at
+    // the end, `restore::open_deferred`).
+    let ours = match cx.stub.grab_pidfd {
+        Some(_) => cr_sys::fdio::steal_fd(cx.r.ids.outer(s.pid), s.fd).ok(),
+        None => None,
+    };
+    if let Some(ours) = ours {
+        cx.stub.grab(ours.as_raw_fd(), f.fd, cloexec).step(what)?;
+        cx.stub.flush().step(what)?;
+        return Ok(());
+    }
+    // Not ours to take (the owner's stub is beyond our ptrace rights, e.g.
+    // made undumpable): as the stub sees it, by pidfd_open inside the stub
+    // (the owner's PID in the stub's namespace).
     let owner = cx.r.ids.inner(s.pid) as u64;
     let stub = &mut cx.stub;
     let pidfd = stub

@@ -752,16 +752,32 @@ pub fn reopen(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, extra: i32) -> Result<(), Re
         None => ghost::dead_proc_entry(cx.r, &f.path)?,
     };
     let stub = &mut cx.stub;
-    let got = match (&ghost, &relinked) {
-        (Some((d, rel)), _) => stub.open_at_ours(*d, rel, flags),
-        (None, Some(path)) => stub.open(path, flags),
-        (None, None) => stub.open(&f.path, flags),
-    }
-    .step(|| format!("cannot reopen {} as fd {}", f.path, f.fd))?;
-    if got != f.fd as u64 {
-        stub.call("dup3", libc::SYS_dup3, [got, f.fd as u64, cloexec, 0, 0, 0])
-            .step(|| format!("cannot move {} to fd {}", f.path, f.fd))?;
-        stub.call("close", libc::SYS_close, [got, 0, 0, 0, 0, 0])?;
+    let what = || format!("cannot reopen {} as fd {}", f.path, f.fd);
+    match (&ghost, &relinked) {
+        (Some((d, rel)), _) => {
+            let got = stub.open_at_ours(*d, rel, flags).step(what)?;
+            if got != f.fd as u64 {
+                stub.call("dup3", libc::SYS_dup3, [got, f.fd as u64, cloexec, 0, 0, 0])
+                    .step(|| format!("cannot move {} to fd {}", f.path, f.fd))?;
+                stub.call("close", libc::SYS_close, [got, 0, 0, 0, 0, 0])?;
+            }
+        }
+        // Opened and moved to its number in one batch with its offset
+        // (flushed below): one stop
+        // where the open, then the move and the offset, took two to six.
+        (None, path) => {
+            let path = stub.put_str(path.as_deref().unwrap_or(&f.path))?;
+            stub.later_at(
+                (
+                    "openat",
+                    libc::SYS_openat,
+                    [libc::AT_FDCWD as u64, path, flags as u64, 0, 0, 0],
+                ),
+                f.fd,
+                cloexec != 0,
+                what(),
+            )?;
+        }
     }
     // An O_PATH fd has no offset (lseek fails with EBADF).
     let seekable = !fds::is_path_only(f.flags)
@@ -770,5 +786,8 @@ pub fn reopen(cx: &mut Rebuild<'_, '_, '_>, f: &Fd, extra: i32) -> Result<(), Re
     if seekable {
         fds::seek(stub, f)?;
     }
+    // The fd is there when this returns (callers take it back at once,
+    // e.g. files in flight).
+    stub.flush()?;
     Ok(())
 }

@@ -40,26 +40,26 @@ const PR_SET_CHILD_SUBREAPER: u64 = 36;
 const PR_SET_THP_DISABLE: u64 = 41;
 
 /// The scheduling policy (with SCHED_RESET_ON_FORK) and real-time priority,
-/// then the nice value (which a real-time policy keeps for later).
+/// then the nice value (which a real-time policy keeps for later): queued
+/// with the task's other calls (the caller flushes), not a stop of their
+/// own.
 fn sched(stub: &mut crate::stub::Stub<'_>, t: &cr_image::model::Task) -> Result<(), RestoreError> {
     let param = stub.put(&(t.sched_priority as i32).to_le_bytes())?;
-    stub.call(
+    stub.later(
         "sched_setscheduler",
         libc::SYS_sched_setscheduler,
         [0, t.sched_policy as u64, param, 0, 0, 0],
-    )
-    .step(|| {
         format!(
             "cannot set scheduling policy {:#x} priority {}",
             t.sched_policy, t.sched_priority
-        )
-    })?;
-    stub.call(
+        ),
+    )?;
+    stub.later(
         "setpriority",
         libc::SYS_setpriority,
         [libc::PRIO_PROCESS as u64, 0, t.nice as i64 as u64, 0, 0, 0],
-    )
-    .step(|| format!("cannot set nice value {}", t.nice))?;
+        format!("cannot set nice value {}", t.nice),
+    )?;
     Ok(())
 }
 

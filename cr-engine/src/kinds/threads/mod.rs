@@ -270,7 +270,7 @@ impl Kind for Threads {
         }
         cx.threads = done;
         let main = &p.threads[0];
-        thread_state(&mut cx.stub.inj, main)?;
+        main_thread_state(&mut cx.stub, main)?;
         signals::restore_thread(&mut cx.stub.inj, pid, args, main)
     }
 }
@@ -521,6 +521,41 @@ fn thread_state(inj: &mut Injector<'_>, th: &Thread) -> Result<(), RestoreError>
         )
         .step(|| format!("cannot register rseq at {:#x} for thread {tid}", r.addr))?;
     }
+    Ok(())
+}
+
+/// [`thread_state`] of the main thread, whose stub runs batches: queued
+/// and run in one stop (three calls, six stops, on the main tracer
+/// thread for every process before).
+fn main_thread_state(stub: &mut crate::stub::Stub<'_>, th: &Thread) -> Result<(), RestoreError> {
+    let tid = th.tid;
+    stub.later(
+        "set_tid_address",
+        libc::SYS_set_tid_address,
+        [th.clear_child_tid, 0, 0, 0, 0, 0],
+        format!("cannot set the clear-child-tid address of thread {tid}"),
+    )?;
+    // Always set, as in `thread_state`.
+    let len = if th.robust_list_len == 0 {
+        ROBUST_LIST_HEAD
+    } else {
+        th.robust_list_len
+    };
+    stub.later(
+        "set_robust_list",
+        libc::SYS_set_robust_list,
+        [th.robust_list, len, 0, 0, 0, 0],
+        format!("cannot set the robust futex list of thread {tid}"),
+    )?;
+    if let Some(r) = &th.rseq {
+        stub.later(
+            "rseq",
+            libc::SYS_rseq,
+            [r.addr, r.len as u64, 0, r.signature as u64, 0, 0],
+            format!("cannot register rseq at {:#x} for thread {tid}", r.addr),
+        )?;
+    }
+    stub.flush()?;
     Ok(())
 }
 
