@@ -239,26 +239,40 @@ pub struct SigState {
 pub fn task_sig_state(pid: i32, tid: i32) -> Result<SigState> {
     let path = format!("/proc/{pid}/task/{tid}/status");
     let text = std::fs::read(&path).map_err(io_err(&path))?;
-    Ok(parse_sig_state(&text))
+    parse_sig_state(&text).map_err(|why| SysError::Io {
+        path,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+    })
 }
 
-fn parse_sig_state(text: &[u8]) -> SigState {
-    let mut st = SigState::default();
+/// A signal line missing or not hex is an error, never "nothing pending"
+/// (`trap_free` then says no: a batch is not run blind).
+fn parse_sig_state(text: &[u8]) -> std::result::Result<SigState, String> {
+    let (mut pnd, mut shd, mut ign) = (None, None, None);
+    let mut seccomp = None;
     for line in text.split(|&b| b == b'\n') {
         let Some(colon) = line.iter().position(|&b| b == b':') else {
             continue;
         };
         let value = std::str::from_utf8(&line[colon + 1..]).unwrap_or("").trim();
-        let hex = || u64::from_str_radix(value, 16).unwrap_or(0);
+        let hex = || u64::from_str_radix(value, 16).ok();
         match &line[..colon] {
-            b"SigPnd" => st.sigpnd = hex(),
-            b"ShdPnd" => st.shdpnd = hex(),
-            b"SigIgn" => st.sigign = hex(),
-            b"Seccomp" => st.seccomp = value.parse().ok(),
+            b"SigPnd" => pnd = hex(),
+            b"ShdPnd" => shd = hex(),
+            b"SigIgn" => ign = hex(),
+            b"Seccomp" => seccomp = value.parse().ok(),
             _ => {}
         }
     }
-    st
+    match (pnd, shd, ign) {
+        (Some(sigpnd), Some(shdpnd), Some(sigign)) => Ok(SigState {
+            sigpnd,
+            shdpnd,
+            sigign,
+            seccomp,
+        }),
+        _ => Err("no readable SigPnd, ShdPnd and SigIgn lines".into()),
+    }
 }
 
 #[cfg(test)]
@@ -266,7 +280,7 @@ fn parse_sig_state(text: &[u8]) -> SigState {
 fn sig_state_of_a_status_file() {
     let text = b"Name:\tcat\nSigQ:\t0/63\nSigPnd:\t0000000000000100\nShdPnd:\t0000000000000000\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000004\nSeccomp:\t2\nSeccomp_filters:\t1\n";
     assert_eq!(
-        parse_sig_state(text),
+        parse_sig_state(text).unwrap(),
         SigState {
             sigpnd: 0x100,
             shdpnd: 0,
@@ -275,10 +289,11 @@ fn sig_state_of_a_status_file() {
         }
     );
     // A kernel without the line: None (taken for a filter by `trap_free`).
-    assert_eq!(
-        parse_sig_state(b"SigIgn:\t0000000000000001\n").seccomp,
-        None
-    );
+    let no_seccomp = b"SigPnd:\t0\nShdPnd:\t0\nSigIgn:\t0000000000000001\n";
+    assert_eq!(parse_sig_state(no_seccomp).unwrap().seccomp, None);
+    // A signal line missing or garbled: an error, not "nothing pending".
+    assert!(parse_sig_state(b"SigIgn:\t0000000000000001\nSeccomp:\t0\n").is_err());
+    assert!(parse_sig_state(b"SigPnd:\tzz\nShdPnd:\t0\nSigIgn:\t0\n").is_err());
 }
 
 /// The innermost id of a per-namespace list of status (NSpid, NSpgid,
