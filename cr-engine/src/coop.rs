@@ -73,10 +73,7 @@ impl Finder {
             .ok()?
             .into_iter()
             .filter_map(|(fd, t)| match t {
-                cr_sys::proc::FDTarget::Socket(ino)
-                    if cr_sys::fdio::socket_family(pid, fd)
-                        .map_or(true, |family| family == libc::AF_UNIX) =>
-                {
+                cr_sys::proc::FDTarget::Socket(ino) if cr_sys::fdio::may_be_unix(pid, fd) => {
                     Some(ino)
                 }
                 _ => None,

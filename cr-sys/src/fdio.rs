@@ -89,6 +89,13 @@ pub fn socket_family(pid: i32, fd: i32) -> Result<i32> {
     getsockopt_int(&steal_fd(pid, fd)?, libc::SOL_SOCKET, libc::SO_DOMAIN)
 }
 
+/// Whether socket fd `fd` of process `pid` may be a unix socket: false
+/// only when its family ([`socket_family`]) is known to be another, so a
+/// caller can skip the listing of every unix socket of the namespace.
+pub fn may_be_unix(pid: i32, fd: i32) -> bool {
+    socket_family(pid, fd).map_or(true, |family| family == libc::AF_UNIX)
+}
+
 /// A close-on-exec duplicate of our own fd `fd` (fails if it is not open).
 pub fn dup_own(fd: RawFd) -> Result<OwnedFd> {
     // Raw: `fd` is a number that may name no open file, so it cannot be

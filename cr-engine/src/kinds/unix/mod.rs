@@ -70,7 +70,7 @@ pub fn is_unix(cx: &mut FdScan<'_>, ino: u64) -> Result<bool, String> {
 /// and agent connection hold unix sockets: ~260 for 64 members), and each
 /// member read it while frozen, O(members²) in all.
 fn may_be_unix(f: &OpenFd<'_>) -> bool {
-    fdio::socket_family(f.pid, f.fd).map_or(true, |family| family == libc::AF_UNIX)
+    fdio::may_be_unix(f.pid, f.fd)
 }
 
 impl FileKind for Unix {
