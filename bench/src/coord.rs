@@ -271,6 +271,7 @@ async fn bench(o: &Opts, db: &Path) -> Res<Vec<Round>> {
         node_timeout: Duration::from_secs(3600),
         timeout: Duration::from_secs(600),
         freeze_timeout: Duration::from_secs(600),
+        ..Default::default()
     };
     let coord = Arc::new(Coordinator::new(catalog, ring.clone(), settings));
     eprintln!("cr-bench coord: registering {} agents ...", o.agents);

@@ -388,10 +388,13 @@ struct Beats {
     again: AtomicU64,
     /// Slowest reply, µs.
     slowest_us: AtomicU64,
+    /// Longest period the coordinator told, ms.
+    period_ms: AtomicU64,
 }
 
 /// Agent `i` heartbeats every `hb` (its first after `offset`) until the end
-/// of the process's runtime, registering again when asked.
+/// of the process's runtime, registering again when asked; like a real
+/// agent, it takes the period the coordinator's replies give.
 async fn heartbeat(
     i: usize,
     mut c: pb::coordinator_client::CoordinatorClient<Channel>,
@@ -401,10 +404,11 @@ async fn heartbeat(
     beats: Arc<Beats>,
 ) {
     tokio::time::sleep(offset).await;
-    let mut tick = tokio::time::interval(hb);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut period = hb;
+    let mut next = tokio::time::Instant::now();
     loop {
-        tick.tick().await;
+        tokio::time::sleep_until(next).await;
+        next += period;
         let t = Instant::now();
         let r = c
             .heartbeat(pb::HeartbeatRequest {
@@ -423,7 +427,18 @@ async fn heartbeat(
                 beats.again.fetch_add(1, Ordering::Relaxed);
                 let _ = c.register(register_req(i, port, 1)).await;
             }
-            Ok(_) => {}
+            Ok(r) => {
+                let told = Duration::from_millis(u64::from(r.get_ref().heartbeat_ms));
+                beats
+                    .period_ms
+                    .fetch_max(told.as_millis() as u64, Ordering::Relaxed);
+                if !told.is_zero() && told != period {
+                    // Spread over the new period as they were over the old.
+                    next += (told.saturating_sub(period))
+                        .mul_f64(offset.as_secs_f64() / hb.as_secs_f64().max(1e-9));
+                    period = told;
+                }
+            }
             Err(_) => {
                 beats.failed.fetch_add(1, Ordering::Relaxed);
             }
@@ -764,12 +779,13 @@ pub fn run(o: Opts) -> Res<()> {
         );
     }
     println!(
-        "\nHeartbeats: {} sent, {} failed, {} answered \"register again\", slowest {:.0} ms; \
-         idle CPU over {:.0} s. Limit runs (s): {:?}.",
+        "\nHeartbeats: {} sent, {} failed, {} answered \"register again\", slowest {:.0} ms, \
+         period told up to {} ms; idle CPU over {:.0} s. Limit runs (s): {:?}.",
         f.beats.sent.load(Ordering::Relaxed),
         f.beats.failed.load(Ordering::Relaxed),
         f.beats.again.load(Ordering::Relaxed),
         f.beats.slowest_us.load(Ordering::Relaxed) as f64 / 1e3,
+        f.beats.period_ms.load(Ordering::Relaxed),
         f.idle_s,
         limit_s
     );

@@ -72,6 +72,7 @@ pub struct FileConfig {
     pub db: PathBuf,
     pub heartbeat_ms: u32,
     pub node_timeout_ms: u64,
+    pub max_heartbeats_per_s: u32,
     pub timeout_secs: u32,
     pub freeze_timeout_ms: u64,
     pub ca: Option<PathBuf>,
@@ -87,6 +88,7 @@ impl Default for FileConfig {
             db: PathBuf::from(DEFAULT_DB),
             heartbeat_ms: 1000,
             node_timeout_ms: 5000,
+            max_heartbeats_per_s: crate::coordinator::DEFAULT_MAX_HEARTBEATS_PER_S,
             timeout_secs: 120,
             freeze_timeout_ms: crate::coordinator::DEFAULT_FREEZE_TIMEOUT.as_millis() as u64,
             ca: None,
@@ -106,6 +108,8 @@ pub struct Config {
     pub heartbeat_ms: u32,
     /// No heartbeat this long: the node is down.
     pub node_timeout: Duration,
+    /// Heartbeats a second taken at most (the period grows with the nodes).
+    pub max_heartbeats_per_s: u32,
     /// Default deadline of a checkpoint or a restart.
     pub timeout: Duration,
     /// Least freeze bound of a checkpoint.
@@ -144,6 +148,13 @@ impl Config {
                 "must be longer than heartbeat_ms",
             ));
         }
+        if file.max_heartbeats_per_s == 0 {
+            return Err(invalid(
+                "max_heartbeats_per_s",
+                "0".into(),
+                "must be positive",
+            ));
+        }
         if file.timeout_secs == 0 {
             return Err(invalid("timeout_secs", "0".into(), "must be positive"));
         }
@@ -172,6 +183,7 @@ impl Config {
             db: args.db.clone().unwrap_or(file.db),
             heartbeat_ms: file.heartbeat_ms,
             node_timeout: Duration::from_millis(file.node_timeout_ms),
+            max_heartbeats_per_s: file.max_heartbeats_per_s,
             timeout: Duration::from_secs(u64::from(file.timeout_secs)),
             freeze_timeout: Duration::from_millis(freeze_ms),
             tls,
@@ -208,5 +220,10 @@ mod tests {
         let f = cr_rpc::config::load::<FileConfig>(&p, true).unwrap();
         assert_eq!(f.timeout_secs, 7);
         assert_eq!(f.heartbeat_ms, 1000);
+        assert_eq!(f.max_heartbeats_per_s, 1000);
+        std::fs::write(&p, "max_heartbeats_per_s = 0\n").unwrap();
+        let f = cr_rpc::config::load::<FileConfig>(&p, true).unwrap();
+        let e = Config::merge(f, &Args::default()).unwrap_err();
+        assert!(e.to_string().contains("max_heartbeats_per_s"), "{e}");
     }
 }

@@ -18,16 +18,26 @@ use tokio::sync::watch;
 /// What the coordinator is told by its configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Heartbeat period told to agents.
+    /// Heartbeat period told to agents (the least: see
+    /// `max_heartbeats_per_s`).
     pub heartbeat_ms: u32,
-    /// No heartbeat this long: the node is down.
+    /// No heartbeat this long: the node is down (with the period told,
+    /// scaled the same way).
     pub node_timeout: Duration,
+    /// Heartbeats a second the coordinator takes at most: with more nodes
+    /// than `heartbeat_ms` allows at this rate, the period told to agents
+    /// grows with their number (and `node_timeout` with it).
+    pub max_heartbeats_per_s: u32,
     /// Default deadline of a checkpoint or restart.
     pub timeout: Duration,
     /// Least default freeze bound of a checkpoint (see
     /// `protocol::default_freeze_bound`).
     pub freeze_timeout: Duration,
 }
+
+/// Default of `max_heartbeats_per_s`: at the default period of 1 s, up to
+/// 1,000 nodes heartbeat every second; 10,000 every 10 s.
+pub const DEFAULT_MAX_HEARTBEATS_PER_S: u32 = 1000;
 
 /// Default of `freeze_timeout_ms`.
 pub const DEFAULT_FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,6 +47,7 @@ impl Default for Settings {
         Settings {
             heartbeat_ms: 1000,
             node_timeout: Duration::from_millis(5000),
+            max_heartbeats_per_s: DEFAULT_MAX_HEARTBEATS_PER_S,
             timeout: Duration::from_secs(120),
             freeze_timeout: DEFAULT_FREEZE_TIMEOUT,
         }
@@ -291,7 +302,7 @@ impl Coordinator {
 
     /// Which nodes are up, now.
     pub(crate) fn liveness(&self) -> Liveness {
-        self.registry.snapshot(self.settings.node_timeout)
+        self.registry.snapshot()
     }
 
     // ------------------------------------------------------------ views

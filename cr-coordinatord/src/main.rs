@@ -72,6 +72,7 @@ async fn serve(cfg: Config) -> Result<(), MainError> {
     let settings = Settings {
         heartbeat_ms: cfg.heartbeat_ms,
         node_timeout: cfg.node_timeout,
+        max_heartbeats_per_s: cfg.max_heartbeats_per_s,
         timeout: cfg.timeout,
         freeze_timeout: cfg.freeze_timeout,
     };

@@ -33,6 +33,23 @@ struct Live {
     capacity: Option<pb::NodeCapacity>,
     /// Resident bytes of each member (by PID) at the last report.
     rss: HashMap<i32, u64>,
+    /// No heartbeat this long: down (from the period it was told last,
+    /// see [`pace`]).
+    timeout: Duration,
+}
+
+/// The heartbeat period to tell an agent when `nodes` are registered, and
+/// the time without a heartbeat after which its node is down: the
+/// configured ones, both stretched alike once `nodes` heartbeats a period
+/// would be more than `max_heartbeats_per_s` (10,000 agents heartbeating
+/// every second took half of the coordinator's CPU and doubled its rounds).
+pub(crate) fn pace(settings: &crate::coordinator::Settings, nodes: usize) -> (u32, Duration) {
+    let least = u64::from(settings.heartbeat_ms.max(1));
+    let rate = u64::from(settings.max_heartbeats_per_s.max(1));
+    let needed = (nodes as u64).saturating_mul(1000).div_ceil(rate);
+    let period = least.max(needed).min(u64::from(u32::MAX));
+    let timeout = settings.node_timeout.as_millis() as u64 * period / least;
+    (period as u32, Duration::from_millis(timeout))
 }
 
 /// Members' resident bytes by PID, from a report.
@@ -50,8 +67,9 @@ pub(crate) struct Registry {
 /// A snapshot of which nodes are up.
 #[derive(Debug, Clone)]
 pub(crate) struct Liveness {
-    nodes: HashMap<String, (Duration, u64)>,
-    timeout: Duration,
+    /// Per node: time since its last heartbeat, that heartbeat's wall
+    /// time, its timeout.
+    nodes: HashMap<String, (Duration, u64, Duration)>,
     capacity: HashMap<String, pb::NodeCapacity>,
     rss: HashMap<String, HashMap<i32, u64>>,
 }
@@ -60,11 +78,11 @@ impl Liveness {
     pub(crate) fn is_up(&self, node: &str) -> bool {
         self.nodes
             .get(node)
-            .is_some_and(|(age, _)| *age <= self.timeout)
+            .is_some_and(|(age, _, timeout)| age <= timeout)
     }
 
     pub(crate) fn last_seen_unix_ms(&self, node: &str) -> Option<u64> {
-        self.nodes.get(node).map(|(_, t)| *t)
+        self.nodes.get(node).map(|(_, t, _)| *t)
     }
 
     /// `node`'s last reported capacity.
@@ -85,19 +103,22 @@ impl Liveness {
     /// Why `node` is down.
     pub(crate) fn down_reason(&self, node: &str) -> String {
         match self.nodes.get(node) {
-            Some((age, _)) => format!("no heartbeat for {} s", age.as_secs()),
+            Some((age, _, _)) => format!("no heartbeat for {} s", age.as_secs()),
             None => "its agent has not registered since the coordinator started".into(),
         }
     }
 }
 
 impl Registry {
-    pub(crate) fn snapshot(&self, timeout: Duration) -> Liveness {
+    pub(crate) fn snapshot(&self) -> Liveness {
         let now = Instant::now();
         let reg = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         let nodes = reg
             .iter()
-            .map(|(n, l)| (n.clone(), (now - l.last_seen, l.last_seen_unix_ms)))
+            .map(|(n, l)| {
+                let age = now - l.last_seen;
+                (n.clone(), (age, l.last_seen_unix_ms, l.timeout))
+            })
             .collect();
         let capacity = reg
             .iter()
@@ -109,7 +130,6 @@ impl Registry {
             .collect();
         Liveness {
             nodes,
-            timeout,
             capacity,
             rss,
         }
@@ -128,7 +148,7 @@ impl Registry {
     }
 
     /// Nodes that went down since the last call (each reported once per outage).
-    pub(crate) fn newly_down(&self, timeout: Duration) -> Vec<String> {
+    pub(crate) fn newly_down(&self) -> Vec<String> {
         let mut out = Vec::new();
         for (n, l) in self
             .nodes
@@ -136,7 +156,7 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner())
             .iter_mut()
         {
-            if !l.down_logged && l.last_seen.elapsed() > timeout {
+            if !l.down_logged && l.last_seen.elapsed() > l.timeout {
                 l.down_logged = true;
                 out.push(n.clone());
             }
@@ -371,7 +391,7 @@ impl Coordinator {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&req.node)
-            .is_some_and(|l| l.last_seen.elapsed() <= self.settings.node_timeout);
+            .is_some_and(|l| l.last_seen.elapsed() <= l.timeout);
         let rx = self.queue_report(
             &req.node,
             Some(Registration {
@@ -383,11 +403,15 @@ impl Coordinator {
             req.members.clone(),
         );
         self.written(rx).await?;
-        self.registry
-            .nodes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
+        let heartbeat_ms = {
+            let mut reg = self
+                .registry
+                .nodes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let known = reg.len() + usize::from(!reg.contains_key(&req.node));
+            let (period, timeout) = pace(&self.settings, known);
+            reg.insert(
                 req.node.clone(),
                 Live {
                     last_seen: Instant::now(),
@@ -396,8 +420,11 @@ impl Coordinator {
                     down_logged: false,
                     capacity: req.capacity.clone(),
                     rss: rss_of(&req.members),
+                    timeout,
                 },
             );
+            period
+        };
         self.agents.reset(&req.node);
         tracing::info!(
             node = %req.node,
@@ -413,7 +440,7 @@ impl Coordinator {
         self.resend_finish(&req.node);
         self.resend_abort(&req.node);
         Ok(pb::RegisterReply {
-            heartbeat_ms: self.settings.heartbeat_ms,
+            heartbeat_ms,
             drained: self.is_drained(&req.node),
         })
     }
@@ -425,20 +452,27 @@ impl Coordinator {
     ) -> Result<pb::HeartbeatReply, Error> {
         let came_back;
         let queued;
+        let heartbeat_ms;
         {
             let mut reg = self
                 .registry
                 .nodes
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
+            let known = reg.len();
             let Some(live) = reg.get_mut(&req.node) else {
                 tracing::debug!(node = %req.node, "heartbeat from an unregistered node");
                 return Ok(pb::HeartbeatReply {
                     register_again: true,
-                    drained: false,
+                    ..Default::default()
                 });
             };
-            came_back = live.last_seen.elapsed() > self.settings.node_timeout;
+            came_back = live.last_seen.elapsed() > live.timeout;
+            // The period grows as nodes join: told on every heartbeat, and
+            // this node's timeout follows what it was told.
+            let (period, timeout) = pace(&self.settings, known);
+            heartbeat_ms = period;
+            live.timeout = timeout;
             live.last_seen = Instant::now();
             live.last_seen_unix_ms = now_unix_ms();
             live.down_logged = false;
@@ -474,6 +508,7 @@ impl Coordinator {
         Ok(pb::HeartbeatReply {
             register_again: false,
             drained: self.is_drained(&req.node),
+            heartbeat_ms,
         })
     }
 

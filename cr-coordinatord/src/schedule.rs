@@ -121,7 +121,7 @@ async fn run(coord: Arc<Coordinator>) {
             _ = tick.tick() => {}
             _ = coord.stopped() => return,
         }
-        for n in coord.registry.newly_down(coord.settings.node_timeout) {
+        for n in coord.registry.newly_down() {
             tracing::warn!(node = %n, "node is down (no heartbeat)");
             let why = coord.liveness().down_reason(&n);
             coord.events.node(&n, "down", &why);

@@ -235,6 +235,7 @@ impl Env {
             node_timeout: Duration::from_secs(30),
             timeout: Duration::from_secs(10),
             freeze_timeout: Duration::from_secs(10),
+            ..Default::default()
         };
         let coord = Arc::new(Coordinator::new(cat, fake.clone(), settings));
         let env = Env {
@@ -1480,4 +1481,69 @@ async fn migrate_and_restart_without_a_target_use_placement() {
         .collect();
     on.sort();
     assert_eq!(on, ["n1", "n1", "n2"], "{r:?}");
+}
+
+#[test]
+fn heartbeat_period_stretches_past_the_rate() {
+    let s = Settings {
+        heartbeat_ms: 1000,
+        node_timeout: Duration::from_secs(5),
+        max_heartbeats_per_s: 1000,
+        ..Default::default()
+    };
+    let pace = crate::registry::pace;
+    assert_eq!(pace(&s, 1), (1000, Duration::from_secs(5)));
+    assert_eq!(pace(&s, 1000), (1000, Duration::from_secs(5)));
+    assert_eq!(pace(&s, 1500), (1500, Duration::from_millis(7500)));
+    assert_eq!(pace(&s, 10_000), (10_000, Duration::from_secs(50)));
+}
+
+#[tokio::test]
+async fn agents_are_told_the_stretched_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = Arc::new(Catalog::open(&dir.path().join("cat.redb")).unwrap());
+    let settings = Settings {
+        heartbeat_ms: 100,
+        node_timeout: Duration::from_secs(2),
+        max_heartbeats_per_s: 10,
+        ..Default::default()
+    };
+    let coord = Arc::new(Coordinator::new(cat, Arc::new(Fake::default()), settings));
+    let mut told = Vec::new();
+    for i in 1..=3 {
+        let r = coord
+            .register(pb::RegisterRequest {
+                node: format!("n{i}"),
+                agent_addr: format!("10.0.0.{i}:7171"),
+                version: "test".into(),
+                generation: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        told.push(r.heartbeat_ms);
+    }
+    // 10 a second at most: 1, 2, 3 nodes every 100, 200, 300 ms.
+    assert_eq!(told, [100, 200, 300]);
+    let r = coord
+        .heartbeat(pb::HeartbeatRequest {
+            node: "n1".into(),
+            generation: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.heartbeat_ms, 300);
+    // Each node's timeout grew with the period it was told (2 s at 100
+    // ms): n2's to 4 s, n1's to 6 s (told 300 ms by its heartbeat).
+    let t0 = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let live = coord.liveness();
+    assert!(live.is_up("n1") && live.is_up("n2"), "both up past 2 s");
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed())).await;
+    let live = coord.liveness();
+    assert!(!live.is_up("n2"), "n2 down past 4 s");
+    if t0.elapsed() < Duration::from_millis(5900) {
+        assert!(live.is_up("n1"), "n1 up until 6 s");
+    }
 }

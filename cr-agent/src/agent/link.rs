@@ -64,6 +64,14 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
             client.heartbeat(req).await.map(|r| {
                 let r = r.into_inner();
                 set_drained(&shared, r.drained);
+                // The coordinator stretches the period as nodes join.
+                if r.heartbeat_ms > 0 && u64::from(r.heartbeat_ms) != period.as_millis() as u64 {
+                    period = Duration::from_millis(u64::from(r.heartbeat_ms));
+                    info!(
+                        ms = r.heartbeat_ms,
+                        "heartbeat period changed by the coordinator"
+                    );
+                }
                 if r.register_again {
                     info!("the coordinator does not know this node: registering again");
                     registered = false;
@@ -132,10 +140,20 @@ pub async fn run(shared: Arc<Shared>, sec: Security) {
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(period) => {}
+            _ = tokio::time::sleep(jittered(period, &cfg.node)) => {}
             _ = shared.wake.notified() => {}
         }
     }
+}
+
+/// `period` give or take 10 %: agents started together (a cluster booted
+/// at once) do not heartbeat in step, as one burst per period.
+fn jittered(period: Duration, node: &str) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let r = xxhash_rust::xxh3::xxh3_64_with_seed(node.as_bytes(), now);
+    period.mul_f64(0.9 + 0.2 * (r as f64 / u64::MAX as f64))
 }
 
 /// What the node can take now (None, logged, if it cannot be read).
