@@ -213,9 +213,6 @@ impl AgentApi for Ring {
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
         Ok(Ring::dump(self, index(node), &req.session))
     }
-    async fn commit(&self, _: &str, _: pb::SessionRequest) -> AgentResult<pb::Empty> {
-        Ok(pb::Empty {})
-    }
     async fn abort(&self, _: &str, _: pb::SessionRequest) -> AgentResult<pb::Empty> {
         Ok(pb::Empty {})
     }

@@ -14,8 +14,9 @@
 //! channels to every agent) and the next ones, the coordinator's CPU time
 //! per round and while the agents only heartbeat, its peak and current RSS,
 //! threads and fds. The same-run limit is the plainest fan-out: this
-//! process calling Commit on every agent at once over connections already
-//! open, five times in a row (a round's five fan-outs).
+//! process calling Abort (of no session: a no-op) on every agent at once
+//! over connections already open, four times in a row (a round's four
+//! fan-outs: PREPARE, FREEZE, DUMP, FINISH).
 
 use crate::coord::{member, node_name, Ring, JOB};
 use crate::{bin_dir, int_in, mkdtemp, require_bins, DirGuard, Res};
@@ -132,10 +133,6 @@ impl Agent for Sim {
     ) -> Result<Response<pb::DumpReply>, Status> {
         let i = self.agent(&r)?;
         Ok(Response::new(self.ring.dump(i, &r.get_ref().session)))
-    }
-    async fn commit(&self, r: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
-        self.agent(&r)?;
-        Ok(Response::new(pb::Empty {}))
     }
     async fn abort(&self, r: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
         self.agent(&r)?;
@@ -492,8 +489,13 @@ async fn one_round(
     Ok((ms, info))
 }
 
-/// The same-run limit: five fan-outs of Commit to every agent at once over
-/// open connections (one warm-up fan-out opens them), three times; seconds.
+/// A checkpoint round's calls to every agent: PREPARE, FREEZE, DUMP,
+/// FINISH.
+const ROUND_FAN_OUTS: usize = 4;
+
+/// The same-run limit: [`ROUND_FAN_OUTS`] fan-outs of Abort to every agent
+/// at once over open connections (one warm-up fan-out opens them), three
+/// times; seconds.
 async fn limit(n: usize, port: u16) -> Res<Vec<f64>> {
     let clients: Vec<_> = (0..n)
         .map(|i| lazy(&format!("{}:{port}", agent_ip(i))).map(pb::agent_client::AgentClient::new))
@@ -502,7 +504,7 @@ async fn limit(n: usize, port: u16) -> Res<Vec<f64>> {
         let all = join_all(clients.iter().map(|c| {
             let mut c = c.clone();
             async move {
-                c.commit(pb::SessionRequest {
+                c.abort(pb::SessionRequest {
                     session: "limit".into(),
                 })
                 .await
@@ -518,7 +520,7 @@ async fn limit(n: usize, port: u16) -> Res<Vec<f64>> {
     let mut out = Vec::new();
     for _ in 0..3 {
         let t = Instant::now();
-        for _ in 0..5 {
+        for _ in 0..ROUND_FAN_OUTS {
             fan_out().await?;
         }
         out.push(t.elapsed().as_secs_f64());
@@ -706,7 +708,9 @@ pub fn run(o: Opts) -> Res<()> {
         .as_ref()
         .ok()
         .map(|_| {
-            eprintln!("cr-bench coordinator: the limit (5 fan-outs from one client) ...");
+            eprintln!(
+                "cr-bench coordinator: the limit ({ROUND_FAN_OUTS} fan-outs from one client) ..."
+            );
             rt.block_on(limit(o.agents, agents.port))
         })
         .transpose();
@@ -745,7 +749,7 @@ pub fn run(o: Opts) -> Res<()> {
     let limit = median(limit_s.clone()) * 1e3;
     let round = median(f.rounds.iter().map(|r| r.0).collect());
     println!(
-        "| agents | register all s | first round ms | round ms (median) | limit ms (5 fan-outs, median) | round ÷ limit | coordinator CPU ms/round | idle CPU % (heartbeats) | peak RSS MiB | RSS MiB | threads | fds |"
+        "| agents | register all s | first round ms | round ms (median) | limit ms (4 fan-outs, median) | round ÷ limit | coordinator CPU ms/round | idle CPU % (heartbeats) | peak RSS MiB | RSS MiB | threads | fds |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(

@@ -27,7 +27,6 @@ pub trait AgentApi: Send + Sync {
     /// After a PREPARE with `callbacks_first`: freeze the members.
     async fn freeze(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::PrepareReply>;
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply>;
-    async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty>;
     async fn abort(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty>;
     async fn finish(&self, node: &str, req: pb::FinishRequest) -> AgentResult<pb::FinishReply>;
     async fn restore(&self, node: &str, req: pb::RestoreRequest) -> AgentResult<pb::RestoreReply>;
@@ -161,9 +160,6 @@ impl AgentApi for GrpcAgents {
     }
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
         call!(self, node, dump, req)
-    }
-    async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
-        call!(self, node, commit, req)
     }
     async fn abort(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
         call!(self, node, abort, req)

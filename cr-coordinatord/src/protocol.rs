@@ -3,9 +3,10 @@
 //!
 //! Checkpoint: PREPARE (parallel) → CHECK (consistent cut, external
 //! connections) → DUMP (parallel, cut checked again on the images) →
-//! COMMIT (one catalog transaction) → Commit + FINISH (parallel) →
-//! retention. Any failure, timeout or stop before COMMIT aborts every
-//! agent that was sent PREPARE and records `aborted` with the reason.
+//! COMMIT (one catalog transaction) → FINISH (parallel; it carries the
+//! decision: an agent commits its images on it) → retention. Any failure,
+//! timeout or stop before COMMIT aborts every agent that was sent PREPARE
+//! and records `aborted` with the reason.
 //!
 //! Restart: RESTORE (parallel, frozen, addresses of moved nodes rewritten)
 //! → RELEASE (parallel) → the job's members are the restored processes →
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 /// Added to the remaining deadline in the session timeout told to agents,
 /// so that they never give up before the coordinator does.
 const SESSION_MARGIN: Duration = Duration::from_secs(5);
-/// Bound of each best-effort call (Abort, Commit, Remove, Unlock) and the
+/// Bound of each best-effort call (Abort, Remove, Unlock) and the
 /// least time FINISH and RELEASE get after the deadline.
 const BEST_EFFORT: Duration = Duration::from_secs(10);
 /// How long a reply waits for the ABORTs it sent.
@@ -253,26 +254,6 @@ impl Coordinator {
         tokio::select! {
             r = fut => Ok(r),
             _ = self.stopped() => Err("the coordinator is stopping".into()),
-        }
-    }
-
-    /// Best effort: send `call` to every node, log failures.
-    async fn to_all<T, F, Fut>(&self, what: &str, id: &str, nodes: &[String], call: F)
-    where
-        F: Fn(String) -> Fut,
-        Fut: Future<Output = AgentResult<T>>,
-    {
-        let deadline = Instant::now() + BEST_EFFORT;
-        let res = join_all(
-            nodes
-                .iter()
-                .map(|n| timed(deadline, what, n, call(n.clone()))),
-        )
-        .await;
-        for (n, r) in res {
-            if let Err(e) = r {
-                tracing::warn!(id, node = %n, "{e}");
-            }
         }
     }
 
@@ -810,8 +791,11 @@ impl Coordinator {
         Ok(())
     }
 
-    /// After the commit: Commit and FINISH to every agent; record who
-    /// acknowledged (and, for KILL, that the members are gone).
+    /// After the commit: FINISH to every agent; record who acknowledged
+    /// (and, for KILL, that the members are gone). FINISH is the commit's
+    /// message too: an agent keeps its images as committed on it (no round
+    /// of its own, which cost a fan-out to every agent while the members
+    /// were still held).
     async fn finish_checkpoint(
         &self,
         busy: &Busy<'_>,
@@ -825,15 +809,6 @@ impl Coordinator {
         let job = rec.info().job.clone();
         let nodes = hosts.names();
         busy.phase("finishing");
-        let t = Instant::now();
-        self.to_all("COMMIT", &id, &nodes, |n| {
-            let req = pb::SessionRequest {
-                session: id.clone(),
-            };
-            async move { self.agents.commit(&n, req).await }
-        })
-        .await;
-        rec.info_mut().commit_ms += ms(t.elapsed());
         fault::point("finish").await;
 
         let t = Instant::now();

@@ -139,10 +139,6 @@ impl AgentApi for Fake {
             gone: vec![],
         })
     }
-    async fn commit(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
-        self.enter(node, "commit", &req.session).await?;
-        Ok(pb::Empty {})
-    }
     async fn abort(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
         self.enter(node, "abort", &req.session).await?;
         Ok(pb::Empty {})
@@ -315,7 +311,7 @@ async fn checkpoint_commits_and_ids_increment() {
     let rec = env.stored("J-1");
     assert!(rec.finished);
     assert_eq!(rec.state(), "committed");
-    for m in ["prepare", "dump", "commit", "finish"] {
+    for m in ["prepare", "dump", "finish"] {
         assert_eq!(env.fake.nodes_called(m), ["n1", "n2"], "{m}");
     }
     assert!(env.fake.nodes_called("abort").is_empty());

@@ -97,9 +97,6 @@ impl pb::agent_server::Agent for FakeAgent {
             gone: vec![],
         }))
     }
-    async fn commit(&self, _: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
-        Ok(Response::new(pb::Empty {}))
-    }
     async fn abort(&self, _: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
         Ok(Response::new(pb::Empty {}))
     }

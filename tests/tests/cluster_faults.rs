@@ -388,8 +388,9 @@ fn agent_killed_at_each_step() {
     agent_dies_in_checkpoint(&c, &f, &mut ring, "dump", After::Kill);
     assert_no_leftover_locks(&c, &ring, &[]);
 
-    // Killed after COMMIT was recorded on n2: committed; n1 and n3 killed,
-    // n2's member still running (never killed without FINISH).
+    // Killed at FINISH once the commit is recorded on n2, before anything
+    // is let go: committed; n1 and n3 killed, n2's member still running
+    // (never killed but by a FINISH carried out).
     let ck = agent_dies_in_checkpoint(&c, &f, &mut ring, "commit", After::Kill);
     let others: Vec<usize> = (0..ring.len()).filter(|&i| i != VICTIM).collect();
     wait_until(
@@ -543,7 +544,8 @@ fn coordinator_killed_at_each_step() {
     assert_no_leftover_locks(&c, &ring, &[]);
 }
 
-/// (3) n2's link cut at each step (its agent held at the step meanwhile):
+/// (3) n2's link cut at each step (its agent held at the step meanwhile;
+/// at COMMIT, the coordinator, once the commit is recorded):
 /// the healthy nodes thaw within seconds (the call to n2 fails on its
 /// keepalive), n2 lets go on its own once it has lost the coordinator; the
 /// ring flows again once the link is back.
@@ -562,8 +564,14 @@ fn link_cut_at_each_step() {
         let what = format!("n2's link cut at {step} ({after:?})");
         eprintln!("=== scenario: {what}");
         ring.wait_advanced(MARGIN, &format!("before: {what}"));
-        std::fs::write(&f.agent_ctl, step).unwrap();
-        let mut ck = run_to_fault(&c, &ring, &after.args(), &f.agent_reached);
+        // COMMIT is the coordinator's alone (FINISH carries it to the
+        // agents): held there, before FINISH is sent.
+        let (ctl, hold, reached) = match step {
+            "commit" => (&f.coord_ctl, "finish", &f.coord_reached),
+            _ => (&f.agent_ctl, step, &f.agent_reached),
+        };
+        std::fs::write(ctl, hold).unwrap();
+        let mut ck = run_to_fault(&c, &ring, &after.args(), reached);
         c.cut_link(VICTIM_NODE);
         let t_cut = Instant::now();
         f.clear(); // n2's agent goes on, cut off

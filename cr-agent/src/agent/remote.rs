@@ -214,19 +214,6 @@ impl pb::agent_server::Agent for AgentService {
         ok(self.shared.sessions.dump(&req.into_inner().session).await)
     }
 
-    async fn commit(
-        &self,
-        req: Request<pb::SessionRequest>,
-    ) -> Result<Response<pb::Empty>, Status> {
-        from_coordinator(&self.shared, &req)?;
-        ok(self
-            .shared
-            .sessions
-            .commit(&req.into_inner().session)
-            .await
-            .map(|_| pb::Empty {}))
-    }
-
     async fn abort(&self, req: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
         from_coordinator(&self.shared, &req)?;
         let id = req.into_inner().session;

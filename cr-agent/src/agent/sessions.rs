@@ -51,7 +51,6 @@ enum Cmd {
     /// After a PREPARE that only ran the callbacks (`callbacks_first`).
     Freeze(Reply<pb::PrepareReply>),
     Dump(Reply<pb::DumpReply>),
-    Commit(Reply<()>),
     /// ABORT: `true` when the coordinator decided it (the images go),
     /// `false` when the agent ends it alone (at a stop, or having lost the
     /// coordinator: images already written stay until the coordinator
@@ -67,7 +66,6 @@ impl Cmd {
         match self {
             Cmd::Freeze(_) => "FREEZE",
             Cmd::Dump(_) => "DUMP",
-            Cmd::Commit(_) => "COMMIT",
             Cmd::Abort(..) => "ABORT",
             Cmd::Finish(..) => "FINISH",
             Cmd::Release(_) => "RELEASE",
@@ -157,9 +155,6 @@ impl Sessions {
     }
     pub async fn dump(&self, id: &str) -> Result<pb::DumpReply, String> {
         self.send(id, Cmd::Dump).await
-    }
-    pub async fn commit(&self, id: &str) -> Result<(), String> {
-        self.send(id, Cmd::Commit).await
     }
     /// The coordinator's ABORT; a session that no longer exists is already
     /// undone.
@@ -1023,7 +1018,6 @@ fn checkpoint_session(
         record.clear();
         return "the coordinator went away during PREPARE: its processes run on".into();
     }
-    let mut committed = false;
     let mut dumped = false;
     loop {
         let now = Instant::now();
@@ -1038,12 +1032,9 @@ fn checkpoint_session(
                 };
                 warn!(
                     session = req.session,
-                    committed, "{why}: ending the session on my own (the processes run on)"
+                    dumped, "{why}: ending the session on my own (the processes run on)"
                 );
-                if committed {
-                    let _ = finish_all(frozen, Action::Continue);
-                    record.clear();
-                } else if dumped {
+                if dumped {
                     let _ = finish_all(frozen, Action::Continue);
                     record.write_in_doubt(&[], &dirs);
                 } else {
@@ -1053,8 +1044,7 @@ fn checkpoint_session(
                 return format!("it ended on its own ({why}): its processes run on");
             }
         };
-        if !committed && Instant::now() >= deadline && matches!(cmd, Cmd::Dump(_) | Cmd::Commit(_))
-        {
+        if Instant::now() >= deadline && matches!(cmd, Cmd::Dump(_)) {
             let name = cmd.name();
             let msg = format!(
                 "{name} came after the freeze bound ({} ms): the checkpoint is aborted on this node, its processes run on",
@@ -1094,36 +1084,18 @@ fn checkpoint_session(
                 }
                 let _ = r.send(res);
             }
-            Cmd::Commit(r) => {
-                if !dumped {
-                    let _ = r.send(Err("COMMIT before DUMP".into()));
-                } else if !frozen.leases_held() {
-                    let _ = r.send(Err("the network lock's lease lapsed before COMMIT".into()));
-                } else {
-                    committed = true;
-                    // The images are final: a later sweep keeps them (but
-                    // still removes the locks: the processes of an agent
-                    // that dies now run on).
-                    record.write(&locks, &[]);
-                    fault::point("commit", shared);
-                    let _ = r.send(Ok(()));
-                }
-            }
             Cmd::Finish(after, exit_later, r) => {
-                if !committed && dumped {
-                    // Only a committed checkpoint is ever finished: the
-                    // coordinator committed, and its COMMIT was lost (it
-                    // restarted, or the call failed).
-                    info!(
-                        session = req.session,
-                        "FINISH without COMMIT: committed by the coordinator"
-                    );
-                    committed = true;
-                }
-                if !committed {
+                if !dumped {
                     let _ = r.send(Err("FINISH before DUMP".into()));
                     continue;
                 }
+                // Only a committed checkpoint is ever finished: FINISH is
+                // the coordinator's word that it committed. The images
+                // are final: a later sweep keeps them (but still removes
+                // the locks: the processes of an agent that dies now run
+                // on).
+                record.write(&locks, &[]);
+                fault::point("commit", shared);
                 fault::point("finish", shared);
                 let later = (after == pb::After::Kill).then_some(&exit_later[..]);
                 let res = match later.filter(|l| !l.is_empty()) {
@@ -1139,11 +1111,7 @@ fn checkpoint_session(
                 return how;
             }
             Cmd::Abort(decided, r) => {
-                if committed {
-                    // Too late to undo: the images are the committed ones.
-                    finish_all(frozen, Action::Continue).ok();
-                    record.clear();
-                } else if dumped && !decided {
+                if dumped && !decided {
                     // Ended here alone: the coordinator may commit them.
                     finish_all(frozen, Action::Continue).ok();
                     record.write_in_doubt(&[], &dirs);
@@ -1712,7 +1680,7 @@ fn reply_err(cmd: Cmd, msg: String) {
     match cmd {
         Cmd::Freeze(r) => drop(r.send(Err(msg))),
         Cmd::Dump(r) => drop(r.send(Err(msg))),
-        Cmd::Commit(r) | Cmd::Abort(_, r) => drop(r.send(Err(msg))),
+        Cmd::Abort(_, r) => drop(r.send(Err(msg))),
         Cmd::Finish(_, _, r) => drop(r.send(Err(msg))),
         Cmd::Release(r) => drop(r.send(Err(msg))),
     }
