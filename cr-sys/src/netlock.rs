@@ -374,9 +374,25 @@ pub fn unlock(pid: Option<i32>, name: &str) -> Result<bool> {
 /// ours) in one nft transaction. Each table deletion waits for an RCU grace
 /// period (about 25 ms here); one transaction waits once, however many
 /// tables go. Absent ones are no error.
+///
+/// In our own namespace the tables are deleted over netlink by this
+/// process ([`delete_tables`]): no `nft` to fork, and the close of the
+/// netlink socket, which waits for the kernel to free what the transaction
+/// removed (an RCU grace period, 10-30 ms here), is left to a thread of its
+/// own. The locks are lifted once the kernel acknowledged the transaction.
 pub fn unlock_many(pid: Option<i32>, names: &[String]) -> Result<()> {
     if names.is_empty() {
         return Ok(());
+    }
+    if pid.is_none_or(same_netns) {
+        match delete_tables(names) {
+            Ok(()) => return Ok(()),
+            // nft below says what is wrong, or does it its way.
+            Err(e) => tracing::debug!(
+                error = %e.into_sys_error(format!("removing {} network locks over netlink", names.len())),
+                "network locks: netlink failed, trying nft"
+            ),
+        }
     }
     let script: String = names
         .iter()
@@ -472,6 +488,134 @@ fn table_exists(pid: Option<i32>, name: &str) -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false)
+}
+
+// linux/netfilter/nfnetlink.h, linux/netfilter/nf_tables.h
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFTA_TABLE_NAME: u16 = 1;
+const NFPROTO_INET: u8 = 1;
+/// How long the kernel's acknowledgements are waited for.
+const NETLINK_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `struct nfgenmsg` and a table's name attribute: the payload of a table
+/// message (`family`, `res_id`, `name`: no attribute when empty).
+fn nf_payload(family: u8, res_id: u16, name: &str) -> Vec<u8> {
+    let mut p = vec![family, 0];
+    p.extend_from_slice(&res_id.to_be_bytes());
+    if !name.is_empty() {
+        let len = 4 + name.len() + 1;
+        p.extend_from_slice(&(len as u16).to_ne_bytes());
+        p.extend_from_slice(&NFTA_TABLE_NAME.to_ne_bytes());
+        p.extend_from_slice(name.as_bytes());
+        p.push(0);
+        p.resize(4 + crate::sock_diag::align4(len), 0);
+    }
+    p
+}
+
+/// The nfnetlink batch that deletes the inet tables `names`, each made
+/// first if absent ("add table" then "delete table", as [`unlock_many`]'s
+/// nft script): the batch, and how many of its messages ask for an
+/// acknowledgement (sequence numbers 1..=that).
+fn delete_batch(names: &[String]) -> (Vec<u8>, u32) {
+    use crate::sock_diag::{message, NLM_F_ACK, NLM_F_REQUEST};
+    let mut out = message(
+        NFNL_MSG_BATCH_BEGIN,
+        NLM_F_REQUEST,
+        0,
+        &nf_payload(0, NFNL_SUBSYS_NFTABLES, ""),
+    );
+    let mut seq = 0;
+    for n in names {
+        for ty in [NFT_MSG_NEWTABLE, NFT_MSG_DELTABLE] {
+            seq += 1;
+            out.extend(message(
+                (NFNL_SUBSYS_NFTABLES << 8) | ty,
+                NLM_F_REQUEST | NLM_F_ACK,
+                seq,
+                &nf_payload(NFPROTO_INET, 0, n),
+            ));
+        }
+    }
+    out.extend(message(
+        NFNL_MSG_BATCH_END,
+        NLM_F_REQUEST,
+        seq + 1,
+        &nf_payload(0, NFNL_SUBSYS_NFTABLES, ""),
+    ));
+    (out, seq)
+}
+
+/// Delete the inet tables `names` of our network namespace in one
+/// nf_tables transaction over a netlink socket of our own; absent ones are
+/// no error. Returns once the kernel acknowledged every message (the
+/// transaction is committed: the tables' hooks no longer see a packet);
+/// the socket is closed on a thread of its own, since its close waits for
+/// the kernel's release of the deleted objects.
+fn delete_tables(names: &[String]) -> crate::sock_diag::QResult<()> {
+    use crate::error::Errno;
+    use crate::sock_diag::{
+        i32_at, recv_from_kernel, send, NlMsgHdr, QueryError, NLMSG_ERROR, NLMSG_HDRLEN, RECV_BUF,
+    };
+    use nix::sys::socket::{
+        self as sock, sockopt, AddressFamily, SockFlag, SockProtocol, SockType,
+    };
+    if let Some(n) = names.iter().find(|n| n.is_empty() || n.len() > 255) {
+        return Err(QueryError::Malformed(format!("table name {n:?}")));
+    }
+    let fd = sock::socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkNetFilter,
+    )
+    .map_err(|e| QueryError::Syscall("socket(AF_NETLINK, NETLINK_NETFILTER)", e.into()))?;
+    let timeout = nix::sys::time::TimeVal::new(NETLINK_ACK_TIMEOUT.as_secs() as i64, 0);
+    sock::setsockopt(&fd, sockopt::ReceiveTimeout, &timeout)
+        .map_err(|e| QueryError::Syscall("setsockopt(SO_RCVTIMEO)", e.into()))?;
+    let (batch, acks) = delete_batch(names);
+    let res = (|| {
+        send(&fd, &batch)?;
+        let mut buf = vec![0u8; RECV_BUF];
+        let mut acked = 0;
+        while acked < acks {
+            let n = recv_from_kernel(&fd, &mut buf)?;
+            let mut b = &buf[..n];
+            while b.len() >= NLMSG_HDRLEN {
+                let hdr = NlMsgHdr::parse(b)
+                    .ok_or_else(|| QueryError::Malformed("short header".into()))?;
+                let len = hdr.nlmsg_len as usize;
+                if len < NLMSG_HDRLEN || len > b.len() {
+                    return Err(QueryError::Malformed(format!(
+                        "message length {len} with {} bytes left",
+                        b.len()
+                    )));
+                }
+                if hdr.nlmsg_type == NLMSG_ERROR {
+                    let err = i32_at(&b[NLMSG_HDRLEN..len], 0)
+                        .ok_or_else(|| QueryError::Malformed("short NLMSG_ERROR".into()))?;
+                    if err < 0 {
+                        return Err(QueryError::Kernel(Errno(-err)));
+                    }
+                    if (1..=acks).contains(&hdr.nlmsg_seq) {
+                        acked += 1;
+                    }
+                }
+                b = &b[crate::sock_diag::align4(len).min(b.len())..];
+            }
+        }
+        Ok(())
+    })();
+    let closing = std::thread::Builder::new()
+        .name("nft-close".into())
+        .spawn(move || drop(fd));
+    // Without a thread the close is waited for here.
+    drop(closing);
+    res
 }
 
 #[cfg(test)]
@@ -578,5 +722,32 @@ mod tests {
         );
         assert!(s.contains("set lany { type inet_service; elements = { 5000 } }"));
         assert!(s.contains("set l6 { type ipv6_addr . inet_service; elements = { ::1 . 6000 } }"));
+    }
+
+    /// The netlink removal (no nft): the batch's layout, and on a root
+    /// host a real lock of ours removed with an absent one, no error.
+    #[test]
+    fn unlock_many_removes_tables_over_netlink() {
+        let (b, acks) = delete_batch(&["t1".into(), "t22".into()]);
+        assert_eq!(acks, 4);
+        // begin, 4 table messages (header 16, nfgenmsg 4, name 8), end.
+        assert_eq!(b.len(), 20 + 4 * 28 + 20);
+        if !nix::unistd::geteuid().is_root() || Command::new("nft").arg("-v").output().is_err() {
+            return;
+        }
+        let name = format!("cr_test_unlock_{}", std::process::id());
+        let set = LockSet {
+            conns: vec![(
+                "10.0.0.1:5000".parse().unwrap(),
+                "10.0.0.2:40000".parse().unwrap(),
+            )],
+            listeners: vec![],
+        };
+        lock(std::process::id() as i32, &name, &set).expect("lock");
+        assert!(table_exists(None, &name));
+        let absent = format!("{name}_absent");
+        delete_tables(&[name.clone(), absent])
+            .unwrap_or_else(|e| panic!("{}", e.into_sys_error("delete".into())));
+        assert!(!table_exists(None, &name), "{name} still there");
     }
 }

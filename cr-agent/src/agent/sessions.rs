@@ -533,17 +533,13 @@ struct EarlyLock {
 }
 
 impl EarlyLock {
-    /// The locks of `targets` as they are now (None: none to make, or nft
-    /// failed: the locks are then made after the freeze, as before).
-    fn install(
-        shared: &Shared,
-        session: &str,
-        targets: &[Target],
-        until: Instant,
-    ) -> Option<EarlyLock> {
-        let sets: HashMap<i32, cr_sys::netlock::LockSet> = targets
+    /// The locks of the targets `pids` as they are now (None: none to
+    /// make, or nft failed: the locks are then made after the freeze, as
+    /// before).
+    fn install(shared: &Shared, session: &str, pids: &[i32], until: Instant) -> Option<EarlyLock> {
+        let sets: HashMap<i32, cr_sys::netlock::LockSet> = pids
             .iter()
-            .map(|t| (t.0, capture::lock_set(t.0)))
+            .map(|&pid| (pid, capture::lock_set(pid)))
             .filter(|(_, set)| !(set.conns.is_empty() && set.listeners.is_empty()))
             .collect();
         if sets.is_empty() {
@@ -914,27 +910,58 @@ fn checkpoint_session(
     // Recorded before anything is locked or written.
     record.write(&locks, &dirs);
     laps.lap("record");
-    // Blocking: the network locks go in before the freeze (nft takes
-    // tens of ms), checked once the members are frozen.
-    let early = (!req.non_blocking)
-        .then(|| EarlyLock::install(shared, &req.session, &targets, deadline + LEASE_MARGIN))
-        .flatten();
-    laps.lap("early_lock");
     // Non-blocking: nothing is frozen before DUMP (`dump_in_turn`).
     let mut in_turn = Vec::new();
-    let (held, gone) = if req.non_blocking {
+    let (early, frozen_all) = if req.non_blocking {
         let (alive, gone): (Vec<_>, Vec<_>) = targets
             .into_iter()
             .partition(|(pid, ..)| members::start_time(*pid).is_some());
         in_turn = alive;
-        (Vec::new(), gone.into_iter().map(|(pid, ..)| pid).collect())
+        laps.lap("early_lock");
+        (
+            None,
+            Ok((Vec::new(), gone.into_iter().map(|(pid, ..)| pid).collect())),
+        )
     } else {
-        match freeze_all(targets, &req.session) {
-            Ok(f) => f,
-            Err(msg) => return fail(Vec::new(), msg, ready),
-        }
+        // Blocking: the network locks go in while the members are checked
+        // and frozen (nft takes tens of ms, the checks of a big member as
+        // long; each member's traffic stops at its lock), checked once the
+        // members are frozen. The dump reads no connection before PREPARE's
+        // reply, which waits for both.
+        let pids: Vec<i32> = targets.iter().map(|t| t.0).collect();
+        let until = deadline + LEASE_MARGIN;
+        let session = req.session.as_str();
+        std::thread::scope(|s| {
+            let early = std::thread::Builder::new()
+                .name("early-lock".into())
+                .spawn_scoped(s, || {
+                    let t = Instant::now();
+                    let early = EarlyLock::install(shared, session, &pids, until);
+                    debug!(
+                        session,
+                        us = t.elapsed().as_micros() as u64,
+                        "network locked before the freeze (alongside the checks)"
+                    );
+                    early
+                });
+            let frozen_all = freeze_all(targets, session);
+            let early = match early {
+                Ok(h) => h.join().ok().flatten(),
+                // No thread: locked once frozen, as when nft fails.
+                Err(e) => {
+                    info!(session, error = %e, "cannot start a thread to lock the network before the freeze: locked once frozen");
+                    None
+                }
+            };
+            (early, frozen_all)
+        })
     };
-    // The members' checks, then all stopped at once.
+    let (held, gone) = match frozen_all {
+        Ok(f) => f,
+        Err(msg) => return fail(Vec::new(), msg, ready),
+    };
+    // The members' checks, then all stopped at once (blocking: the early
+    // lock alongside).
     laps.lap("freeze");
     let prepared = match plan_all(&held, &req.session) {
         Ok(p) => p,

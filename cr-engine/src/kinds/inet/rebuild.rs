@@ -87,6 +87,20 @@ pub struct Pending {
 struct Held {
     sockets: HashMap<u64, OwnedFd>,
     pending: Vec<Pending>,
+    /// The reset guard going in ahead of the release (see [`prepare`]):
+    /// when it was in, or why not.
+    guard: Option<std::thread::JoinHandle<(Instant, Result<(), String>)>>,
+}
+
+/// The connections the reset guard covers: (local, remote) of each
+/// rebuilt connection but those being made (a peer that is not there
+/// refuses those at once, as it would have refused the original).
+fn guarded(pending: &[Pending]) -> Vec<(SocketAddr, SocketAddr)> {
+    pending
+        .iter()
+        .filter(|p| !p.connect)
+        .map(|p| (p.local, p.remote))
+        .collect()
 }
 
 /// Create every TCP and UDP socket of the image, listeners first (so that
@@ -101,6 +115,7 @@ pub fn prepare(r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError
         inet.partition(|(_, s)| s.state == sys::TCP_LISTEN as u32);
     let shared = shared_ports(listeners.iter().chain(&others).map(|(_, s)| *s));
     let tcp_close = r.opts.tcp_close;
+    let guard_secs = r.opts.reset_guard;
     let held = r.stash.get::<Held>();
     let mut reuse_later = Vec::new();
     for (id, s) in listeners.into_iter().chain(others) {
@@ -124,6 +139,23 @@ pub fn prepare(r: &mut Restorer<'_>, ck: &Checkpoint) -> Result<(), RestoreError
             cr_sys::fdio::setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_REUSEPORT, reuse)
                 .step(|| format!("cannot set SO_REUSEPORT of socket:[{id}]"))?;
         }
+    }
+    // The reset guard (see [`finish`]) goes in now, on a thread of its
+    // own, while the rest of the tree is rebuilt: its nft run (tens of ms)
+    // is then out of the release, inside a migration's downtime. Nothing
+    // changes for the connections: they stay in repair mode, behind the
+    // image's network lock, until the release; a guard left by a restore
+    // that fails only drops resets for a while (its elements expire).
+    let conns = guarded(&held.pending);
+    if guard_secs > 0 && !conns.is_empty() {
+        held.guard = std::thread::Builder::new()
+            .name("reset-guard".into())
+            .spawn(move || {
+                let res = cr_sys::netlock::guard_resets(&conns, guard_secs)
+                    .map_err(|e| cr_sys::error::one_line(&e));
+                (Instant::now(), res)
+            })
+            .ok();
     }
     Ok(())
 }
@@ -668,14 +700,17 @@ pub fn finish(r: &mut Restorer<'_>) -> Result<(), RestoreError> {
     let held = r.stash.get::<Held>();
     let pending = std::mem::take(&mut held.pending);
     let sockets = &held.sockets;
-    // Not a connection being made: a peer that is not there refuses it at
-    // once, as it would have refused the original.
-    let conns: Vec<_> = pending
-        .iter()
-        .filter(|p| !p.connect)
-        .map(|p| (p.local, p.remote))
-        .collect();
-    if guard_secs > 0 && !conns.is_empty() {
+    let conns = guarded(&pending);
+    // The guard made ahead (see [`prepare`]) does if at least half of its
+    // time is left; else (a long wait for the release, or nft failed) it
+    // goes in again now.
+    let ahead = held.guard.take().and_then(|h| h.join().ok());
+    if let Some((_, Err(e))) = &ahead {
+        debug!(error = %e, "no reset guard ahead of the release: made now");
+    }
+    let fresh = matches!(&ahead, Some((at, Ok(())))
+        if at.elapsed() < Duration::from_secs(u64::from(guard_secs)) / 2);
+    if guard_secs > 0 && !conns.is_empty() && !fresh {
         if let Err(e) = cr_sys::netlock::guard_resets(&conns, guard_secs) {
             warn!(error = %cr_sys::error::one_line(&e), "no reset guard: a peer restored after this process may reset its connection");
         }
