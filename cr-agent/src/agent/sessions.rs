@@ -767,6 +767,14 @@ fn check_all(targets: Vec<Target>, ready: Option<&mut Duration>) -> Checking {
     checking
 }
 
+/// A session that ends without a word (it panicked, say) does not leave
+/// its members' tracer threads waiting: nothing is frozen.
+impl Drop for Checking {
+    fn drop(&mut self) {
+        self.go.give(false);
+    }
+}
+
 /// Longest the node waits for its members' checks before FREEZE.
 const CHECKS_BOUND: Duration = Duration::from_secs(60);
 
@@ -780,14 +788,14 @@ impl Checking {
     }
 
     /// Wait for every member's freeze (see [`freeze_all`]).
-    fn join(self, session: &str) -> Result<(Vec<Member>, Vec<i32>), String> {
-        let mut failed = self.failed;
+    fn join(mut self, session: &str) -> Result<(Vec<Member>, Vec<i32>), String> {
+        let mut failed = self.failed.take();
         if failed.is_some() {
             self.go.give(false);
         }
         let mut held = Vec::new();
         let mut gone = Vec::new();
-        for (pid, dir, s) in self.starting {
+        for (pid, dir, s) in std::mem::take(&mut self.starting) {
             let err = match s.join() {
                 Ok(tracer) => {
                     held.push(Member { pid, dir, tracer });
