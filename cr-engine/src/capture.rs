@@ -70,7 +70,7 @@ pub fn checkpoint(pid: i32, opts: &CheckpointOptions) -> Result<Summary, Checkpo
     let arena = (action == Action::Continue && !opts.verify)
         .then(|| snapshot_arena(pid, opts.parent.is_some(), arena_budget()))
         .flatten();
-    let mut held = freeze(pid, opts, action != Action::Continue, None, || {})?;
+    let mut held = freeze(pid, opts, action != Action::Continue, None, || true)?;
     held.arena = arena;
     let summary = held.dump()?;
     if opts.verify {
@@ -388,13 +388,15 @@ pub fn callbacks(pid: i32, opts: &CheckpointOptions) -> Result<crate::coop::Coop
 /// run here, just before the freeze. `before_freeze` runs once the checks
 /// passed, right before the first thread is stopped (a coordinated
 /// checkpoint waits there until every member of the node is ready, so
-/// that none stays frozen while the others are still checked).
+/// that none stays frozen while the others are still checked, and may
+/// wait for every node's); if it returns false, nothing is frozen and
+/// the checkpoint ends with [`CheckpointError::Interrupted`].
 pub fn freeze(
     pid: i32,
     opts: &CheckpointOptions,
     lock_network: bool,
     called_back: Option<crate::coop::Coop>,
-    before_freeze: impl FnOnce(),
+    before_freeze: impl FnOnce() -> bool,
 ) -> Result<Held, CheckpointError> {
     let t0 = Instant::now();
     tree::validate(pid)?;
@@ -460,7 +462,13 @@ pub fn freeze(
     };
     fault::hold("before-freeze")?;
     let checked = t0.elapsed();
-    before_freeze();
+    if !before_freeze() {
+        // The caller called it off (its checkpoint ended meanwhile):
+        // nothing is frozen; the directory goes with `held`.
+        return Err(CheckpointError::Interrupted(
+            "the end of the checkpoint before the freeze",
+        ));
+    }
     let waited = t0.elapsed() - checked;
     held.procs = tree::freeze(pid)?;
     held.frozen_at = Instant::now();

@@ -16,7 +16,8 @@
 //! (`kinds::memory::pool`, one per CPU); a [`Gate`] bounds how many trees
 //! do the rest of their work (ptrace round trips, /proc reads, image
 //! writes and their fsyncs) at once; a [`Rendezvous`] holds several trees
-//! at one point until each has reached it or given up.
+//! at one point until each has reached it or given up; a [`Go`] holds
+//! them, once ready, until someone else gives the signal.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -257,9 +258,135 @@ impl Drop for Arrival {
     }
 }
 
+/// A start signal for `n` parties that first get ready on their own: each
+/// says it is ready and waits there ([`Ticket::wait`]) until the signal
+/// is given ([`Go::give`]): go on, or give up. Whoever gives it can first
+/// wait until every party is ready or has given up ([`Go::wait_ready`]):
+/// a [`Ticket`] dropped without waiting (its party failed first, its
+/// thread panicked) counts as ready. Used to freeze the members of every
+/// node at once, each node's checks done before the coordinator's FREEZE.
+pub struct Go {
+    state: Mutex<GoState>,
+    cv: Condvar,
+}
+
+struct GoState {
+    /// Parties ready (or gone).
+    ready: usize,
+    /// The signal, once given.
+    go: Option<bool>,
+}
+
+/// One party's place at a [`Go`].
+pub struct Ticket(Option<Arc<Go>>);
+
+impl Go {
+    /// A signal for `n` parties, and their `n` tickets.
+    pub fn new(n: usize) -> (Arc<Go>, Vec<Ticket>) {
+        let g = Arc::new(Go {
+            state: Mutex::new(GoState { ready: 0, go: None }),
+            cv: Condvar::new(),
+        });
+        let tickets = (0..n).map(|_| Ticket(Some(g.clone()))).collect();
+        (g, tickets)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GoState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wait until `n` parties are ready (or gone), at most `timeout`:
+    /// whether they are.
+    pub fn wait_ready(&self, n: usize, timeout: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        let mut st = self.lock();
+        while st.ready < n {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Give the signal: `true` to go on, `false` to give up (a signal
+    /// already given stays).
+    pub fn give(&self, go: bool) {
+        let mut st = self.lock();
+        st.go.get_or_insert(go);
+        self.cv.notify_all();
+    }
+
+    fn arrive(&self) -> std::sync::MutexGuard<'_, GoState> {
+        let mut st = self.lock();
+        st.ready += 1;
+        self.cv.notify_all();
+        st
+    }
+}
+
+impl Ticket {
+    /// A ticket of no signal: [`Ticket::wait`] goes on at once.
+    pub fn free() -> Ticket {
+        Ticket(None)
+    }
+
+    /// Say this party is ready and wait for the signal: whether to go on.
+    /// The giver's own wait is bounded (it gives up when it stops
+    /// waiting), so this wait is too.
+    pub fn wait(mut self) -> bool {
+        let Some(g) = self.0.take() else {
+            return true;
+        };
+        let mut st = g.arrive();
+        loop {
+            if let Some(go) = st.go {
+                return go;
+            }
+            st = g.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(g) = self.0.take() {
+            drop(g.arrive());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Parties wait at a `Go` until it is given; a dropped ticket counts
+    /// as ready; the signal given first stays.
+    #[test]
+    fn go_holds_until_given() {
+        let (go, mut tickets) = Go::new(3);
+        drop(tickets.pop());
+        let waiting: Vec<_> = tickets
+            .into_iter()
+            .map(|t| std::thread::spawn(move || t.wait()))
+            .collect();
+        assert!(go.wait_ready(3, std::time::Duration::from_secs(10)));
+        assert!(!go.wait_ready(4, std::time::Duration::from_millis(10)));
+        go.give(true);
+        go.give(false);
+        for w in waiting {
+            assert!(w.join().unwrap());
+        }
+        let (go, mut tickets) = Go::new(1);
+        go.give(false);
+        assert!(!tickets.pop().unwrap().wait());
+        assert!(Ticket::free().wait());
+    }
 
     /// Values are made, used and dropped on their own thread; many at once.
     #[test]

@@ -54,6 +54,15 @@ const PR_SET_MM: u64 = 35;
 const PR_SET_MM_MAP: u64 = 14;
 
 /// Dirty trackers of one dump.
+/// Where kind "memory"'s time goes in one process's capture (µs per
+/// step, at debug level): the steps lap it as they go.
+#[derive(Default)]
+struct MemLaps(crate::capture::Laps);
+
+fn mem_lap(stash: &mut Stash, name: &'static str) {
+    stash.get::<MemLaps>().0.lap(name);
+}
+
 #[derive(Default)]
 pub struct Trackers {
     /// Left running: (pid, method, fd), recorded once the image is committed.
@@ -132,6 +141,7 @@ pub fn plan_process(
     let pid = cx.pid;
     let sys = |e| CheckpointError::from_sys(pid, e);
     let (maps, vmas, shm_reads) = mappings(cx, live)?;
+    mem_lap(&mut cx.d.stash, "files");
     // A mapping registered in missing mode has pages that exist only in
     // whoever serves its userfaultfd (a post-copy restore not finished):
     // the pagemap shows them absent, as if zero.
@@ -157,8 +167,10 @@ pub fn plan_process(
         cx.d.method,
         keep,
     )?;
+    mem_lap(&mut cx.d.stash, "tracking");
     let index = parent.and_then(|l| l.memory(pid as u32)).map(MemIndex::new);
     let plan = dump::plan(pid, &vmas, &shm_reads, index.as_ref(), &begun.dirty)?;
+    mem_lap(&mut cx.d.stash, "plan");
     if begun.clear_soft_dirty {
         cr_sys::dirty::clear_soft_dirty(pid).map_err(sys)?;
     }
@@ -210,13 +222,16 @@ fn mappings(
     let sys = |e| CheckpointError::from_sys(pid, e);
     // Our scratch page is not the process's memory.
     cx.probe.unmap().map_err(sys)?;
+    mem_lap(&mut cx.d.stash, "unmap");
     // A capture for --verify compares with smaps read now, frozen.
     let early = cx.d.early.filter(|_| !cx.d.verifying());
     let maps = flags::read_frozen(pid, early, cx.d.stash.get::<Borrowed>()).map_err(sys)?;
+    mem_lap(&mut cx.d.stash, "maps");
     let mut vmas = maps
         .iter()
         .map(|m| dump::classify(pid, m))
         .collect::<Result<Vec<_>, _>>()?;
+    mem_lap(&mut cx.d.stash, "classify");
     for v in vmas.iter_mut().filter(|v| v.kind == VmaKind::Aio) {
         v.aio = Some(crate::kinds::aio::capture(pid, v)?);
     }
@@ -383,6 +398,7 @@ impl Kind for Memory {
             p.vmas = mappings(cx, false)?.1;
             return Ok(());
         }
+        *cx.d.stash.get::<MemLaps>() = MemLaps::default();
         let plan = plan_process(cx, p, false)?;
         let bytes = plan.bytes();
         let region =
@@ -406,6 +422,10 @@ impl Kind for Memory {
         progress.finish();
         cx.d.read += bytes;
         cx.d.stash.get::<Snapshots>().0.push((p.pid, plan, snap));
+        mem_lap(&mut cx.d.stash, "snapshot");
+        if let Some(l) = cx.d.stash.take::<MemLaps>() {
+            tracing::debug!(pid, laps = %l.0, bytes, "memory captured (µs per step)");
+        }
         Ok(())
     }
 
