@@ -621,6 +621,24 @@ struct Prepared {
 /// room its memory is copied into while frozen ([`reserve_arenas`]).
 type Target = (i32, PathBuf, CheckpointOptions, Option<Coop>, Option<Arena>);
 
+/// Before anything of a session is checked, locked or written: room for
+/// the memory of members that continue ([`reserve_arenas`]), and the
+/// session's record (the checks make the image directories).
+fn reserve_and_record(
+    after: pb::After,
+    targets: &mut [Target],
+    record: &Record,
+    (locks, dirs): (&[String], &[PathBuf]),
+    laps: &mut Laps,
+) {
+    if after == pb::After::Continue {
+        reserve_arenas(targets);
+    }
+    laps.lap("arenas");
+    record.write(locks, dirs);
+    laps.lap("record");
+}
+
 /// For a checkpoint that continues: room for every target's memory, out
 /// of one budget for the node (`capture::arena_budget`), reserved before
 /// anything is frozen. With it a member runs on as soon as its state is
@@ -956,14 +974,7 @@ fn checkpoint_session(
         let mut checks = Duration::ZERO;
         if !req.non_blocking {
             let mut laps = Laps::new();
-            if after == pb::After::Continue {
-                reserve_arenas(&mut targets);
-            }
-            laps.lap("arenas");
-            // Recorded before anything is written (the checks make the
-            // image directories).
-            record.write(&locks, &dirs);
-            laps.lap("record");
+            reserve_and_record(after, &mut targets, &record, (&locks, &dirs), &mut laps);
             let pids: Vec<i32> = targets.iter().map(|t| t.0).collect();
             checking = Some((
                 check_all(std::mem::take(&mut targets), Some(&mut checks)),
@@ -1037,13 +1048,7 @@ fn checkpoint_session(
             Err(msg) => return fail(Vec::new(), msg, ready),
         }
     } else {
-        if after == pb::After::Continue {
-            reserve_arenas(&mut targets);
-        }
-        laps.lap("arenas");
-        // Recorded before anything is locked or written.
-        record.write(&locks, &dirs);
-        laps.lap("record");
+        reserve_and_record(after, &mut targets, &record, (&locks, &dirs), &mut laps);
         // Blocking: the network locks go in before the freeze (nft takes
         // tens of ms), checked once the members are frozen.
         let pids: Vec<i32> = targets.iter().map(|t| t.0).collect();
