@@ -561,19 +561,14 @@ fn delete_tables(names: &[String]) -> crate::sock_diag::QResult<()> {
     use crate::sock_diag::{
         i32_at, recv_from_kernel, send, NlMsgHdr, QueryError, NLMSG_ERROR, NLMSG_HDRLEN, RECV_BUF,
     };
-    use nix::sys::socket::{
-        self as sock, sockopt, AddressFamily, SockFlag, SockProtocol, SockType,
-    };
+    use nix::sys::socket::{self as sock, sockopt, SockProtocol};
     if let Some(n) = names.iter().find(|n| n.is_empty() || n.len() > 255) {
         return Err(QueryError::Malformed(format!("table name {n:?}")));
     }
-    let fd = sock::socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC,
+    let fd = crate::sock_diag::open(
         SockProtocol::NetlinkNetFilter,
-    )
-    .map_err(|e| QueryError::Syscall("socket(AF_NETLINK, NETLINK_NETFILTER)", e.into()))?;
+        "socket(AF_NETLINK, NETLINK_NETFILTER)",
+    )?;
     let timeout = nix::sys::time::TimeVal::new(NETLINK_ACK_TIMEOUT.as_secs() as i64, 0);
     sock::setsockopt(&fd, sockopt::ReceiveTimeout, &timeout)
         .map_err(|e| QueryError::Syscall("setsockopt(SO_RCVTIMEO)", e.into()))?;

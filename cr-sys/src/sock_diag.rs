@@ -170,13 +170,10 @@ pub(crate) fn exchange(
     seq: u32,
     on_msg: &mut dyn FnMut(u16, &[u8]) -> QResult<()>,
 ) -> QResult<()> {
-    let fd = sock::socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC,
+    let fd = open(
         SockProtocol::NetlinkSockDiag,
-    )
-    .map_err(|e| QueryError::Syscall("socket(AF_NETLINK, NETLINK_SOCK_DIAG)", e.into()))?;
+        "socket(AF_NETLINK, NETLINK_SOCK_DIAG)",
+    )?;
     send(&fd, request)?;
     let mut buf = vec![0u8; RECV_BUF];
     loop {
@@ -185,6 +182,18 @@ pub(crate) fn exchange(
             return Ok(());
         }
     }
+}
+
+/// A netlink socket of `protocol` to talk to the kernel (`what` names the
+/// call in an error).
+pub(crate) fn open(protocol: SockProtocol, what: &'static str) -> QResult<OwnedFd> {
+    sock::socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        protocol,
+    )
+    .map_err(|e| QueryError::Syscall(what, e.into()))
 }
 
 pub(crate) fn send(fd: &OwnedFd, msg: &[u8]) -> QResult<()> {
