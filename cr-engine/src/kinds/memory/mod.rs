@@ -53,7 +53,6 @@ const TASK_TOP: u64 = 0x7fff_ffff_f000;
 const PR_SET_MM: u64 = 35;
 const PR_SET_MM_MAP: u64 = 14;
 
-/// Dirty trackers of one dump.
 /// Where kind "memory"'s time goes in one process's capture (µs per
 /// step, at debug level): the steps lap it as they go.
 #[derive(Default)]
@@ -63,6 +62,7 @@ fn mem_lap(stash: &mut Stash, name: &'static str) {
     stash.get::<MemLaps>().0.lap(name);
 }
 
+/// Dirty trackers of one dump.
 #[derive(Default)]
 pub struct Trackers {
     /// Left running: (pid, method, fd), recorded once the image is committed.
