@@ -198,7 +198,9 @@ fn migrate(c: &Cluster, ring: &mut Ring, to: &str, mode: &str) -> ((u64, u64, u6
     (
         (
             ju64(&r, "downtime_ms"),
-            ju64(&r, "downtime_ms") + ju64(&r, "pre_copy_ms") + after,
+            // The whole migration (pre-copy, callbacks, downtime), then
+            // a post-copy's pages after the release.
+            ju64(&r, "duration_ms") + after,
             ju64(&r, "bytes") + ju64(&r, "pre_copy_bytes") + post_bytes,
             ju64(&r, "copy_ms") + ju64(&r, "pre_copy_ms") + post_ms,
         ),

@@ -701,11 +701,14 @@ impl Coordinator {
         match res {
             Ok(r) => {
                 let _ = self.set_migration(job, None);
-                // From the freeze (the pre-copy ran before it) to the
-                // release of every member (they run from then on).
+                // From the freeze to the release of every member (they
+                // run from then on). Before the freeze, the pre-copy and
+                // PREPARE's round of callbacks and checks: the members run
+                // then, their connections not held yet (the network locks
+                // go in at FREEZE).
                 let duration_ms = t0.elapsed().as_millis() as u64;
                 let released_ms = restart_at.as_millis() as u64 + r.released_ms;
-                let downtime_ms = released_ms.saturating_sub(ck.pre_copy_ms);
+                let downtime_ms = released_ms.saturating_sub(ck.pre_copy_ms + ck.callbacks_ms);
                 let mut moved: Vec<String> = r
                     .placed
                     .iter()
