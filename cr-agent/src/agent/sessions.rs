@@ -722,7 +722,6 @@ fn freeze_all(targets: Vec<Target>, session: &str) -> Result<(Vec<Member>, Vec<i
 /// tracer thread ([`check_all`]); frozen once [`Checking::go`] is given.
 struct Checking {
     go: Arc<Go>,
-    n: usize,
     starting: Vec<(i32, PathBuf, Starting<Held, String>)>,
     /// A tracer thread that could not be started.
     failed: Option<String>,
@@ -766,7 +765,6 @@ fn check_all(targets: Vec<Target>, ready: Option<&mut Duration>) -> Checking {
     }
     let checking = Checking {
         go,
-        n: starting.len(),
         starting,
         failed,
     };
@@ -774,7 +772,9 @@ fn check_all(targets: Vec<Target>, ready: Option<&mut Duration>) -> Checking {
         if checking.failed.is_none() {
             // Each check is bounded (its waits on the tree have
             // deadlines); this one too, in case.
-            checking.go.wait_ready(checking.n, CHECKS_BOUND);
+            checking
+                .go
+                .wait_ready(checking.starting.len(), CHECKS_BOUND);
         }
         *waited = t.elapsed();
     }
