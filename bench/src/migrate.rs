@@ -14,7 +14,13 @@
 //! connections); member 0 is migrated to n3 in each mode, then back to n1
 //! (not measured), `--reps` times. The link limit is one TCP stream from
 //! n1 to n3 (a socket made in each namespace by this process), 1 GiB
-//! sent, measured before the rows.
+//! sent (or 4 s of a shaped link), measured before the rows.
+//!
+//! `--link-mbit N` shapes every node's link to N Mbit/s (`tc` token
+//! bucket): unshaped, the "link" between two namespaces is a memory copy
+//! on the same 2 CPUs that also run both agents, so the copy's share of it
+//! says how much CPU a byte costs; shaped, it says how much of a real
+//! network's bandwidth a migration uses.
 
 use crate::cluster::{median, on_cluster};
 use crate::int_in;
@@ -29,8 +35,10 @@ use std::time::{Duration, Instant};
 
 /// Messages every member must carry between two migrations.
 const ADVANCE: u64 = 2000;
-/// Bytes sent to measure the link.
+/// Bytes sent to measure an unshaped link.
 const LINK_BYTES: u64 = 1 << 30;
+/// Seconds of a shaped link's rate sent to measure it.
+const SHAPED_LINK_SECS: u64 = 4;
 
 /// `cr-bench migrate`.
 #[derive(Args)]
@@ -69,6 +77,9 @@ pub struct Opts {
         value_parser = ["stop-and-copy", "pre-copy", "lazy", "pre-copy+lazy"],
     )]
     modes: Vec<String>,
+    /// Shape every node's link to this many Mbit/s (0: not shaped).
+    #[arg(long, value_name = "MBIT", default_value_t = 0, value_parser = int_in::<u32>(0..=400_000))]
+    link_mbit: u32,
     /// Where cr-agent, cr-coordinatord, crctl, cr_run and wl_ring live
     /// (default: the directory of this executable).
     #[arg(long, value_name = "DIR")]
@@ -83,8 +94,8 @@ struct Row {
     samples: Vec<(u64, u64, u64, u64)>,
 }
 
-/// MiB/s of one TCP stream from n1 to n3.
-fn link_limit(c: &Cluster) -> f64 {
+/// MiB/s of one TCP stream from n1 to n3, `total` bytes sent.
+fn link_limit(c: &Cluster, total: u64) -> f64 {
     let addr: SocketAddr = format!("{}:7999", node_ip(3)).parse().expect("address");
     let l = c
         .ns(3)
@@ -94,7 +105,7 @@ fn link_limit(c: &Cluster) -> f64 {
         let (mut s, _) = l.accept().expect("accept in n3");
         let mut buf = vec![0u8; 1 << 20];
         let mut got = 0u64;
-        while got < LINK_BYTES {
+        while got < total {
             match s.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => got += n as u64,
@@ -109,7 +120,7 @@ fn link_limit(c: &Cluster) -> f64 {
         .expect("connect from n1");
     let buf = vec![0x5au8; 1 << 20];
     let t0 = Instant::now();
-    for _ in 0..LINK_BYTES >> 20 {
+    for _ in 0..total >> 20 {
         s.write_all(&buf).expect("link limit: write");
     }
     drop(s);
@@ -214,8 +225,18 @@ fn measure(o: &Opts) -> (f64, Vec<Row>) {
     c.start_coordinator();
     // Each node's images in its own tmpfs: every migration copies them.
     c.start_agents_local(&[1, 2, 3], &[]);
-    let link = link_limit(&c);
-    eprintln!("cr-bench: link n1 -> n3: {link:.0} MiB/s (one TCP stream)");
+    let total = if o.link_mbit > 0 {
+        c.shape_links(o.link_mbit);
+        (u64::from(o.link_mbit) * 1_000_000 / 8 * SHAPED_LINK_SECS).clamp(64 << 20, LINK_BYTES)
+    } else {
+        LINK_BYTES
+    };
+    let link = link_limit(&c, total & !((1 << 20) - 1));
+    let shaped = match o.link_mbit {
+        0 => String::from("not shaped"),
+        m => format!("shaped to {m} Mbit/s"),
+    };
+    eprintln!("cr-bench: link n1 -> n3: {link:.0} MiB/s (one TCP stream, {shaped})");
     let mut rows = Vec::new();
     for &mib in &o.mib {
         for &dirty in &o.dirty {
@@ -256,12 +277,16 @@ fn measure(o: &Opts) -> (f64, Vec<Row>) {
     (link, rows)
 }
 
-fn table(link: f64, rows: &[Row], reps: usize) -> String {
+fn table(link: f64, mbit: u32, rows: &[Row], reps: usize) -> String {
     let mut o = String::new();
+    let shaped = match mbit {
+        0 => String::from("not shaped"),
+        m => format!("every link shaped to {m} Mbit/s"),
+    };
     let _ = writeln!(
         o,
         "# crctl migrate --member (one of a 2-member ring) n1 -> n3: medians of {reps}\n\n\
-         link n1 -> n3, one TCP stream in the same run: {link:.0} MiB/s\n"
+         link n1 -> n3, one TCP stream in the same run ({shaped}): {link:.0} MiB/s\n"
     );
     let _ = writeln!(
         o,
@@ -292,7 +317,7 @@ fn table(link: f64, rows: &[Row], reps: usize) -> String {
 /// `cr-bench migrate ARGS...`.
 pub fn run(o: Opts) -> Result<(), String> {
     let (link, rows) = on_cluster("migrate", o.bin_dir.as_deref(), || measure(&o))?;
-    print!("{}", table(link, &rows, o.reps));
+    print!("{}", table(link, o.link_mbit, &rows, o.reps));
     Ok(())
 }
 
@@ -306,7 +331,8 @@ mod tests {
         let o = parsed::<Opts>("migrate");
         assert!(o.mib == [256, 1024] && o.dirty == [10, 100] && o.reps == 2);
         let o = parsed::<Opts>("migrate --mib 64 --dirty 0 --reps 1");
-        assert!(o.mib == [64] && o.dirty == [0] && o.reps == 1);
+        assert!(o.mib == [64] && o.dirty == [0] && o.reps == 1 && o.link_mbit == 0);
+        assert_eq!(parsed::<Opts>("migrate --link-mbit 1000").link_mbit, 1000);
         assert_eq!(
             o.modes,
             ["stop-and-copy", "pre-copy", "lazy", "pre-copy+lazy"]

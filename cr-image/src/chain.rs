@@ -123,9 +123,23 @@ impl Chain {
             let (id, parent) = (ck.meta.image_id.clone(), ck.parent.clone());
             Ok((Link { dir, ck }, id, parent))
         })?;
-        Ok(Chain {
-            links: links.into_iter().map(|(_, l)| l).collect(),
-        })
+        let mut links: Vec<Link> = links.into_iter().map(|(_, l)| l).collect();
+        // Images of format 3.1 write only their stored pages' hashes: each
+        // link's parent pages take theirs from the link after it, filled
+        // first (the oldest image has no parent pages).
+        for k in (0..links.len()).rev() {
+            let (head, tail) = links.split_at_mut(k + 1);
+            let (link, parent) = (&mut head[k], tail.first());
+            for p in &mut link.ck.processes {
+                p.memory
+                    .fill_parent_hashes(parent.and_then(|l| l.memory(p.pid)))
+                    .map_err(|what| ImageError::Invalid {
+                        path: link.dir.path().into(),
+                        what: format!("process {}: its parent pages' hashes: {what}", p.pid),
+                    })?;
+            }
+        }
+        Ok(Chain { links })
     }
 
     pub fn top(&self) -> &Link {

@@ -117,7 +117,7 @@ mod tests {
         let e = decode(Path::new("img/checkpoint.img"), KIND_CHECKPOINT, &framed).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "img/checkpoint.img has image format version 2.1; this build reads 3.0 to 3.0"
+            "img/checkpoint.img has image format version 2.1; this build reads 3.0 to 3.1"
         );
     }
 }

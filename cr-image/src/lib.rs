@@ -34,8 +34,10 @@ use std::path::PathBuf;
 
 /// Major version of the image format: a reader refuses any other major.
 pub const FORMAT_MAJOR: u16 = 3;
-/// Minor version: a reader refuses a newer minor than its own.
-pub const FORMAT_MINOR: u16 = 0;
+/// Minor version: a reader refuses a newer minor than its own. 3.1: an
+/// image's parent pages' hashes are left to its parent (see
+/// `Memory::parent_hashes_omitted`).
+pub const FORMAT_MINOR: u16 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {

@@ -714,6 +714,34 @@ impl<'h> Cluster<'h> {
         self.ns(k).ip(&["link", "set", "eth0", "up"]);
     }
 
+    /// Limits what every node sends to `mbit` Mbit/s (a token bucket,
+    /// `tc qdisc ... tbf`, on each node's `eth0`): the cluster's links then
+    /// behave like a real network's, slower than this machine's CPUs copy.
+    pub fn shape_links(&self, mbit: u32) {
+        // The bucket must hold at least one GSO packet (64 KiB) and what
+        // the rate sends in a timer tick (4 ms at HZ=250).
+        let burst = (u64::from(mbit) * 1_000_000 / 8 / 250).max(256 << 10);
+        for k in 1..=self.nodes {
+            let ns = &self.ns(k).name;
+            let (rate, burst) = (format!("{mbit}mbit"), burst.to_string());
+            let args = [
+                "-n", ns, "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", &rate, "burst",
+                &burst, "latency", "50ms",
+            ];
+            let out = Command::new("tc")
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run tc");
+            assert!(
+                out.status.success(),
+                "tc {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
     /// The nft tables of node `k`'s namespace (`inet NAME` lines' names).
     pub fn nft_tables(&self, k: usize) -> Vec<String> {
         let out = Command::new("ip")

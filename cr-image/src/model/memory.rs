@@ -451,9 +451,15 @@ pub struct Memory {
     /// Sorted by address, not overlapping.
     #[serde(rename = "runs", serialize_with = "runs_len")]
     pub runs: Vec<PageRun>,
-    /// XXH3-64 of every page in the store or the parent, in run order.
+    /// XXH3-64 of every page in the store or the parent, in run order;
+    /// with `parent_hashes_omitted`, of the pages in the store only (an
+    /// image read by itself: [`crate::chain::Chain::open`] fills the
+    /// parent's in).
     #[serde(skip)]
     pub hashes: Vec<u64>,
+    /// `hashes` lacks the PARENT pages' hashes (see `hashes`).
+    #[serde(skip)]
+    pub parent_hashes_omitted: bool,
     pub dirty: DirtyMethod,
     /// Dirty tracking left running in the process (None: none).
     #[serde(serialize_with = "tracking_name")]
@@ -506,13 +512,91 @@ pub struct MemStats {
 }
 
 impl Memory {
-    /// Pages with a hash (in the store or the parent).
+    /// Pages with a hash (in the store or the parent; in the store only
+    /// when the parent's are omitted).
     pub fn hashed_pages(&self) -> u64 {
         self.runs
             .iter()
-            .filter(|r| r.at != PageAt::Zero)
+            .filter(|r| match r.at {
+                PageAt::Zero => false,
+                PageAt::Parent => !self.parent_hashes_omitted,
+                PageAt::Store { .. } => true,
+            })
             .map(|r| r.pages as u64)
             .sum()
+    }
+
+    /// Whether some pages are the parent image's.
+    pub fn has_parent_pages(&self) -> bool {
+        self.runs.iter().any(|r| r.at == PageAt::Parent)
+    }
+
+    /// The STORE pages' hashes of complete `hashes`, in run order: what an
+    /// image with parent pages writes.
+    fn store_hashes(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.stats.pages_stored as usize);
+        let mut i = 0;
+        for r in &self.runs {
+            let n = r.pages as usize;
+            match r.at {
+                PageAt::Zero => continue,
+                PageAt::Parent => {}
+                PageAt::Store { .. } => {
+                    // A list too short stays short: its reader refuses it.
+                    let end = (i + n).min(self.hashes.len());
+                    out.extend_from_slice(self.hashes.get(i..end).unwrap_or_default())
+                }
+            }
+            i += n;
+        }
+        out
+    }
+
+    /// Whether writing this memory omits its parent pages' hashes (it has
+    /// some, and `hashes` holds them).
+    pub(crate) fn omits_on_write(&self) -> bool {
+        !self.parent_hashes_omitted && self.has_parent_pages()
+    }
+
+    /// Put back the PARENT pages' hashes omitted in the image, taken from
+    /// `parent` (the same process in the parent image, its own hashes
+    /// complete). Err: what is missing there.
+    pub fn fill_parent_hashes(&mut self, parent: Option<&Memory>) -> Result<(), Bad> {
+        if !self.parent_hashes_omitted {
+            return Ok(());
+        }
+        let mut full = Vec::with_capacity(
+            self.runs
+                .iter()
+                .filter(|r| r.at != PageAt::Zero)
+                .map(|r| r.pages as usize)
+                .sum(),
+        );
+        let ix = parent.map(crate::chain::MemIndex::new);
+        let mut cursor = ix.as_ref().map(|ix| ix.cursor());
+        let mut own = self.hashes.iter().copied();
+        for r in &self.runs {
+            match r.at {
+                PageAt::Zero => {}
+                PageAt::Store { .. } => full.extend(own.by_ref().take(r.pages as usize)),
+                PageAt::Parent => {
+                    let (mut at, end) = (r.vaddr, r.end());
+                    while at < end {
+                        let hs = cursor
+                            .as_mut()
+                            .and_then(|c| c.hashes_from(at).ok())
+                            .filter(|hs| !hs.is_empty())
+                            .ok_or_else(|| format!("the parent image holds no page at {at:#x}"))?;
+                        let n = hs.len().min(((end - at) / PAGE) as usize);
+                        full.extend_from_slice(&hs[..n]);
+                        at += n as u64 * PAGE;
+                    }
+                }
+            }
+        }
+        self.hashes = full;
+        self.parent_hashes_omitted = false;
+        Ok(())
     }
 
     pub(crate) fn from_pb(m: pb::Memory) -> Result<Memory, Bad> {
@@ -560,6 +644,7 @@ impl Memory {
         let mem = Memory {
             runs,
             hashes: m.hashes,
+            parent_hashes_omitted: m.parent_hashes_omitted,
             dirty: DirtyMethod::from_pb(m.dirty, "its dirty method")?.unwrap_or_default(),
             tracking: DirtyMethod::from_pb(m.tracking, "its tracking")?,
             stats: MemStats {
@@ -597,7 +682,12 @@ impl Memory {
                     }),
                 })
                 .collect(),
-            hashes: self.hashes.clone(),
+            hashes: if self.omits_on_write() {
+                self.store_hashes()
+            } else {
+                self.hashes.clone()
+            },
+            parent_hashes_omitted: self.parent_hashes_omitted || self.omits_on_write(),
             dirty: DirtyMethod::to_pb(Some(self.dirty)),
             tracking: DirtyMethod::to_pb(self.tracking),
             stats: Some(pb::MemStats {

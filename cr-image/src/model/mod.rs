@@ -247,21 +247,25 @@ impl Checkpoint {
     /// payload was the largest part of a dump's peak memory (8 MiB per GiB
     /// of memory with the copy; 4 without). They are back in place on
     /// return.
+    ///
+    /// A process with pages in the parent image writes only its stored
+    /// pages' hashes (a new, shorter list: its hashes are not lent).
     pub fn encode_lending(&mut self) -> Vec<u8> {
-        let lent: Vec<Vec<u64>> = self
+        let lent: Vec<Option<Vec<u64>>> = self
             .processes
             .iter_mut()
-            .map(|p| std::mem::take(&mut p.memory.hashes))
+            .map(|p| (!p.memory.omits_on_write()).then(|| std::mem::take(&mut p.memory.hashes)))
             .collect();
         let mut p = self.to_pb();
+        let was_lent: Vec<bool> = lent.iter().map(Option::is_some).collect();
         for (pp, h) in p.processes.iter_mut().zip(lent) {
-            if let Some(m) = pp.memory.as_mut() {
+            if let (Some(m), Some(h)) = (pp.memory.as_mut(), h) {
                 m.hashes = h;
             }
         }
         let payload = p.encode_to_vec();
-        for (proc_, pp) in self.processes.iter_mut().zip(p.processes) {
-            if let Some(m) = pp.memory {
+        for ((proc_, pp), lent) in self.processes.iter_mut().zip(p.processes).zip(was_lent) {
+            if let (Some(m), true) = (pp.memory, lent) {
                 proc_.memory.hashes = m.hashes;
             }
         }

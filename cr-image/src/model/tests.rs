@@ -211,6 +211,7 @@ fn process(pid: u32, ppid: u32, parent: bool) -> Process {
         memory: Memory {
             runs,
             hashes: (0..hashed).collect(),
+            parent_hashes_omitted: false,
             dirty: if parent {
                 DirtyMethod::UffdWp
             } else {
@@ -864,10 +865,21 @@ fn tmp(name: &str) -> std::path::PathBuf {
 fn every_section_round_trips() {
     let root = tmp("roundtrip");
     let (ck, dir) = images(&root);
+    // Read by itself, the child lacks its parent pages' hashes: the
+    // parent's fill them in.
+    let chain = crate::chain::Chain::open(&dir).unwrap();
+    let filled = |mut c: Checkpoint| {
+        for p in &mut c.processes {
+            p.memory
+                .fill_parent_hashes(chain.links[1].memory(p.pid))
+                .unwrap();
+        }
+        c
+    };
     let back = Checkpoint::decode(&ck.encode()).unwrap();
-    assert_eq!(back, ck);
+    assert_eq!(filled(back), ck);
     let read = read_image(&dir, &ck.encode()).unwrap();
-    assert_eq!(read, ck);
+    assert_eq!(filled(read), ck);
     let json = serde_json::to_value(crate::show::view(&ck)).unwrap();
     assert_eq!(json["processes"][0]["fds"][1]["kind"], "pipe");
     assert_eq!(
@@ -890,6 +902,42 @@ fn encode_lending_is_encode_and_gives_the_hashes_back() {
     std::fs::remove_dir_all(root).unwrap();
 }
 
+/// An image with parent pages writes only its stored pages' hashes; read
+/// by itself it says so, and opened as a chain it has them all again,
+/// taken from its parent.
+#[test]
+fn parent_pages_hashes_are_left_to_the_parent() {
+    let root = tmp("omitted");
+    let (ck, dir) = images(&root);
+    let full = &ck.processes[0].memory;
+    assert!(full.has_parent_pages() && !full.parent_hashes_omitted);
+    let alone = Checkpoint::decode(&ck.encode()).unwrap();
+    let mem = &alone.processes[0].memory;
+    assert!(mem.parent_hashes_omitted);
+    assert_eq!(mem.hashes, [0, 1, 2, 3], "the stored pages' hashes only");
+    assert_eq!(mem.hashed_pages(), 4);
+    let chain = crate::chain::Chain::open(&dir).unwrap();
+    assert_eq!(chain.top().ck, ck, "the chain has every hash again");
+    // Without the parent's pages there is nothing to fill them from.
+    let mut lost = mem.clone();
+    let e = lost.fill_parent_hashes(None).unwrap_err();
+    assert!(e.contains("holds no page at 0x10004000"), "{e}");
+    // Images written before format 3.1 hold every hash: read as they are.
+    let mut old = ck.to_pb();
+    for p in &mut old.processes {
+        let m = p.memory.as_mut().unwrap();
+        m.parent_hashes_omitted = false;
+    }
+    let mut old_full = ck.clone();
+    for (p, q) in old.processes.iter_mut().zip(&mut old_full.processes) {
+        p.memory.as_mut().unwrap().hashes = q.memory.hashes.clone();
+        q.memory.parent_hashes_omitted = false;
+    }
+    use prost::Message;
+    assert_eq!(Checkpoint::decode(&old.encode_to_vec()).unwrap(), old_full);
+    std::fs::remove_dir_all(root).unwrap();
+}
+
 /// Each of these is refused by name (and none panics).
 #[test]
 fn crafted_images_are_refused() {
@@ -903,7 +951,8 @@ fn crafted_images_are_refused() {
             c.processes[0].memory.runs[2].vaddr = 0x5000_0000
         }),
         ("page hashes", |c| {
-            c.processes[0].memory.hashes.pop();
+            // One of the stored pages' (the last two are the parent's).
+            c.processes[0].memory.hashes.truncate(3);
         }),
         ("block 7", |c| {
             c.processes[0].memory.runs[0].at = PageAt::Store { block: 7, page: 0 }
