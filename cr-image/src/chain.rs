@@ -386,6 +386,25 @@ impl MemCursor<'_, '_> {
     }
 }
 
+impl MemCursor<'_, '_> {
+    /// Append the parent's hashes of the `pages` pages from `vaddr` on to
+    /// `out`; `Err(at)`: the parent holds no page at `at`.
+    pub fn extend_hashes(&mut self, vaddr: u64, pages: u64, out: &mut Vec<u64>) -> Result<(), u64> {
+        let end = vaddr + pages * PAGE as u64;
+        let mut at = vaddr;
+        while at < end {
+            let hs = self.hashes_from(at).map_err(|_| at)?;
+            let n = (hs.len() as u64).min((end - at) / PAGE as u64);
+            if n == 0 {
+                return Err(at);
+            }
+            out.extend_from_slice(&hs[..n as usize]);
+            at += n * PAGE as u64;
+        }
+        Ok(())
+    }
+}
+
 /// Append `pages` pages at `vaddr` to `runs`, merging with the last run
 /// when it continues it (in the same block, for stored pages).
 pub fn push_run(runs: &mut Vec<PageRun>, vaddr: u64, pages: u32, at: PageAt) {

@@ -579,19 +579,11 @@ impl Memory {
             match r.at {
                 PageAt::Zero => {}
                 PageAt::Store { .. } => full.extend(own.by_ref().take(r.pages as usize)),
-                PageAt::Parent => {
-                    let (mut at, end) = (r.vaddr, r.end());
-                    while at < end {
-                        let hs = cursor
-                            .as_mut()
-                            .and_then(|c| c.hashes_from(at).ok())
-                            .filter(|hs| !hs.is_empty())
-                            .ok_or_else(|| format!("the parent image holds no page at {at:#x}"))?;
-                        let n = hs.len().min(((end - at) / PAGE) as usize);
-                        full.extend_from_slice(&hs[..n]);
-                        at += n as u64 * PAGE;
-                    }
-                }
+                PageAt::Parent => cursor
+                    .as_mut()
+                    .ok_or(r.vaddr)
+                    .and_then(|c| c.extend_hashes(r.vaddr, r.pages as u64, &mut full))
+                    .map_err(|at| format!("the parent image holds no page at {at:#x}"))?,
             }
         }
         self.hashes = full;

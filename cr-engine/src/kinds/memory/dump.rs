@@ -1028,17 +1028,7 @@ pub fn copy(
                     ))
                 };
                 let c = cursor.as_mut().ok_or_else(|| lost(vaddr))?;
-                let end = vaddr + pages * PAGE_SIZE;
-                let mut at = vaddr;
-                while at < end {
-                    let hs = c.hashes_from(at).map_err(|_| lost(at))?;
-                    let n = (hs.len() as u64).min((end - at) / PAGE_SIZE);
-                    if n == 0 {
-                        return Err(lost(at));
-                    }
-                    hashes.extend_from_slice(&hs[..n as usize]);
-                    at += n * PAGE_SIZE;
-                }
+                c.extend_hashes(vaddr, pages, hashes).map_err(lost)?;
                 push_run(runs, vaddr, pages as u32, PageAt::Parent);
                 stats.pages_parent += pages;
             }
