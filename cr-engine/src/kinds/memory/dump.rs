@@ -44,15 +44,22 @@ const PAGEMAP_CHUNK: u64 = 32 * 1024;
 
 /// Classify a mapping, refusing the kinds this build cannot restore.
 pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
+    classify_with(pid, m, None)
+}
+
+/// [`classify`], with the exact path of a file mapping already known
+/// (`link`: its map_files link read before the freeze, for a line of
+/// /proc/PID/maps found unchanged since: see [`super::EarlyMaps::link`]);
+/// None: the link is read now.
+pub fn classify_with(pid: i32, m: &MapEntry, link: Option<&str>) -> Result<Vma, CheckpointError> {
     let unsupported = |what: String| CheckpointError::unsupported(pid, what);
     let mut anon_name = String::new();
     // /proc/PID/maps escapes a newline in a path as "\012"; the map_files
     // link gives the exact path.
-    let path = if m.path.starts_with('/') {
-        proc::read_link(&format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
-            .unwrap_or_else(|_| m.path.replace("\\012", "\n"))
-    } else {
-        m.path.clone()
+    let path = match link {
+        Some(l) if m.path.starts_with('/') => l.to_string(),
+        _ if m.path.starts_with('/') => map_file_path(pid, m),
+        _ => m.path.clone(),
     };
     let kind = match path.as_str() {
         "[vdso]" => VmaKind::Vdso,
@@ -145,6 +152,14 @@ pub fn classify(pid: i32, m: &MapEntry) -> Result<Vma, CheckpointError> {
         huge_page_size,
         relink: None,
     })
+}
+
+/// The exact path of file mapping `m` of `pid`: its map_files link, or
+/// the path /proc/PID/maps shows (newlines unescaped) if the link cannot
+/// be read.
+pub fn map_file_path(pid: i32, m: &MapEntry) -> String {
+    proc::read_link(&format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+        .unwrap_or_else(|_| m.path.replace("\\012", "\n"))
 }
 
 /// How /proc shows anonymous hugetlb memory (MAP_HUGETLB), private or
@@ -823,7 +838,11 @@ pub fn snapshot(
         offsets.push(off);
         off += (r.pages * PAGE_SIZE) as usize;
     }
-    let workers = workers.max(1);
+    let workers = if plan.bytes < pool::ONE_WORKER_BYTES {
+        1
+    } else {
+        workers.max(1)
+    };
     // Consecutive runs, at most a window's bytes together (a run alone may
     // fill one), each group copied through one mapped window.
     let windows = pool::groups(

@@ -51,24 +51,76 @@ use std::collections::HashMap;
 use tracing::debug;
 
 /// The mappings of the processes of a tree, read from smaps before the
-/// freeze (by pid).
+/// freeze (by pid), with the exact paths of their file mappings.
 #[derive(Default)]
-pub struct EarlyMaps(HashMap<i32, Vec<MapEntry>>);
+pub struct EarlyMaps(HashMap<i32, Early>);
+
+/// One process's early read: its mappings and, index for index, the
+/// map_files link of each file mapping.
+struct Early {
+    maps: Vec<MapEntry>,
+    links: Vec<Option<String>>,
+}
 
 impl EarlyMaps {
-    /// smaps of each of `pids`, while they run; a process whose smaps
-    /// cannot be read is left out (read in full once frozen).
+    /// smaps of each of `pids`, while they run, and the map_files link of
+    /// each file mapping (what classifying it reads: ~300 links for a
+    /// process with many libraries, read here instead of while frozen, see
+    /// [`EarlyMaps::link`]); a process whose smaps cannot be read is left
+    /// out (read in full once frozen).
     pub fn read(pids: &[i32]) -> EarlyMaps {
         let mut out = HashMap::new();
         for &pid in pids {
             match proc::smaps(pid) {
-                Ok(m) => {
-                    out.insert(pid, m);
+                Ok(maps) => {
+                    let links = maps
+                        .iter()
+                        .map(|m| {
+                            let link = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+                            m.path
+                                .starts_with('/')
+                                .then(|| proc::read_link(&link).ok())
+                                .flatten()
+                        })
+                        .collect();
+                    out.insert(pid, Early { maps, links });
                 }
                 Err(e) => debug!(pid, error = %e, "smaps not read before the freeze"),
             }
         }
         EarlyMaps(out)
+    }
+
+    /// An early read made of `maps` and `links` (by start address), for tests.
+    #[cfg(test)]
+    pub fn of(pid: i32, maps: Vec<MapEntry>, links: &[(u64, &str)]) -> EarlyMaps {
+        let links = maps
+            .iter()
+            .map(|m| {
+                let l = links.iter().find(|l| l.0 == m.start);
+                l.map(|l| l.1.to_string())
+            })
+            .collect();
+        EarlyMaps(HashMap::from([(pid, Early { maps, links })]))
+    }
+
+    /// The exact path of file mapping `now` of frozen process `pid`, as its
+    /// map_files link read before the freeze gave it, when that still holds:
+    /// the early read has a mapping with the same line (bounds, protection,
+    /// sharing, offset, device, inode and path as /proc/PID/maps shows them
+    /// now), and its link was the shown path itself. The shown path is
+    /// d_path's, as the link's; the two differ only where maps escapes a
+    /// newline ("\012") or the parser trims blanks at the end, so a link
+    /// with a backslash or ending in a blank is never reused. None: read
+    /// the link again (a mapping made, moved or replaced since, or a file
+    /// renamed or deleted: its line changed).
+    pub fn link(&self, pid: i32, now: &MapEntry) -> Option<&str> {
+        let early = self.0.get(&pid)?;
+        let i = early.maps.partition_point(|e| e.start < now.start);
+        let (e, link) = (early.maps.get(i)?, early.links.get(i)?.as_deref()?);
+        let exact =
+            link == now.path && !link.contains('\\') && !link.ends_with(char::is_whitespace);
+        (e.same_line(now) && exact).then_some(link)
     }
 }
 
@@ -85,7 +137,7 @@ pub fn read_frozen(
     borrowed: &mut Borrowed,
 ) -> cr_sys::error::Result<Vec<MapEntry>> {
     if let Some(before) = early.and_then(|e| e.0.get(&pid)) {
-        if let Some(maps) = proc::maps_with_flags(pid, before)? {
+        if let Some(maps) = proc::maps_with_flags(pid, &before.maps)? {
             borrowed.0.push((pid, maps.clone()));
             return Ok(maps);
         }
@@ -180,7 +232,110 @@ impl Borrowed {
 
 #[cfg(test)]
 mod tests {
-    use super::differs;
+    use super::{differs, EarlyMaps};
+    use cr_sys::proc::{self, MapEntry};
+
+    fn entry(start: u64, inode: u64, path: &str) -> MapEntry {
+        MapEntry {
+            start,
+            end: start + 0x1000,
+            prot: libc::PROT_READ as u32,
+            offset: 0,
+            dev_major: 8,
+            dev_minor: 1,
+            inode,
+            path: path.into(),
+            ..Default::default()
+        }
+    }
+
+    /// A link read before the freeze is reused only for the same line and
+    /// a path that maps shows exactly; anything else is read again.
+    #[test]
+    fn early_links_only_for_unchanged_lines() {
+        let before = vec![
+            entry(0x1000, 7, "/lib/a.so"),
+            entry(0x3000, 8, "/tmp/x\\012y"),
+            entry(0x5000, 9, "/tmp/b"),
+            entry(0x7000, 0, ""),
+        ];
+        let early = EarlyMaps::of(
+            42,
+            before.clone(),
+            &[
+                (0x1000, "/lib/a.so"),
+                (0x3000, "/tmp/x\ny"),
+                (0x5000, "/tmp/b "),
+            ],
+        );
+        assert_eq!(early.link(42, &before[0]), Some("/lib/a.so"));
+        // Another process, or no early read of it.
+        assert_eq!(early.link(43, &before[0]), None);
+        // The mapping changed: another file (inode), moved, grown,
+        // reprotected, another offset, renamed or deleted.
+        let mut m = before[0].clone();
+        m.inode = 70;
+        assert_eq!(early.link(42, &m), None);
+        let mut m = before[0].clone();
+        m.end += 0x1000;
+        assert_eq!(early.link(42, &m), None);
+        let mut m = before[0].clone();
+        m.prot |= libc::PROT_WRITE as u32;
+        assert_eq!(early.link(42, &m), None);
+        let mut m = before[0].clone();
+        m.offset = 0x1000;
+        assert_eq!(early.link(42, &m), None);
+        let mut m = before[0].clone();
+        m.path = "/lib/a.so (deleted)".into();
+        assert_eq!(early.link(42, &m), None);
+        let mut m = before[0].clone();
+        m.start = 0x2000;
+        m.end = 0x3000;
+        assert_eq!(early.link(42, &m), None);
+        // The link and the shown path differ (an escaped newline, a blank
+        // trimmed at the end): read again.
+        assert_eq!(early.link(42, &before[1]), None);
+        assert_eq!(early.link(42, &before[2]), None);
+        // No link (anonymous memory).
+        assert_eq!(early.link(42, &before[3]), None);
+    }
+
+    /// Live: a file mapped by this process, read early; the same line gives
+    /// the early link, the file renamed since is read again (the new name).
+    #[test]
+    fn early_links_of_a_live_mapping() {
+        let dir = std::env::temp_dir().join(format!("cr-early-links-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, vec![1u8; 4096]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&a)
+            .unwrap();
+        let w = cr_sys::mem::FileWindow::map(&f, 0, 4096, "test file").unwrap();
+        let at = w.bytes().as_ptr() as u64;
+        let pid = std::process::id() as i32;
+        let early = EarlyMaps::read(&[pid]);
+        let find = || {
+            proc::maps(pid)
+                .unwrap()
+                .into_iter()
+                .find(|m| m.start == at)
+                .expect("the test's mapping")
+        };
+        let now = find();
+        assert_eq!(early.link(pid, &now), Some(a.to_str().unwrap()));
+        let v = crate::kinds::memory::dump::classify_with(pid, &now, early.link(pid, &now));
+        assert_eq!(v.unwrap().path, a.to_str().unwrap());
+        std::fs::rename(&a, &b).unwrap();
+        let now = find();
+        assert_eq!(early.link(pid, &now), None, "renamed: its line changed");
+        let v = crate::kinds::memory::dump::classify_with(pid, &now, early.link(pid, &now));
+        assert_eq!(v.unwrap().path, b.to_str().unwrap());
+        drop(w);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn f(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()

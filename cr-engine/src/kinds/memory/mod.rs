@@ -227,9 +227,10 @@ fn mappings(
     let early = cx.d.early.filter(|_| !cx.d.verifying());
     let maps = flags::read_frozen(pid, early, cx.d.stash.get::<Borrowed>()).map_err(sys)?;
     mem_lap(&mut cx.d.stash, "maps");
+    // The map_files links read before the freeze, for the lines unchanged.
     let mut vmas = maps
         .iter()
-        .map(|m| dump::classify(pid, m))
+        .map(|m| dump::classify_with(pid, m, early.and_then(|e| e.link(pid, m))))
         .collect::<Result<Vec<_>, _>>()?;
     mem_lap(&mut cx.d.stash, "classify");
     for v in vmas.iter_mut().filter(|v| v.kind == VmaKind::Aio) {

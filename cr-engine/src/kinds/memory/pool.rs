@@ -31,6 +31,11 @@ fn pool() -> &'static rayon::ThreadPool {
 /// of a restore): what bounds the tools' resident set at any image size.
 const WINDOWS_BYTES: usize = 16 << 20;
 
+/// Below this many bytes, a snapshot of a frozen process's pages is copied
+/// by the calling thread alone: a few hundred pages take less than handing
+/// them to the pool (see [`run`]).
+pub const ONE_WORKER_BYTES: u64 = 4 << 20;
+
 /// Bytes one of `workers` workers maps at a time: a share of
 /// [`WINDOWS_BYTES`], between 1 MiB (one run of pages) and 4 MiB (past
 /// that, fewer unmaps gain nothing).
@@ -74,8 +79,13 @@ impl Stop {
 
 /// Run `work` as `n` tasks of the pool, each taking pieces of a shared
 /// list until it is empty (or another failed); the first error is returned.
+/// One task runs on the calling thread: no hand-over to the pool and back
+/// (two wake-ups, each waiting for a core on a loaded machine).
 pub fn run<E: Send>(n: usize, work: impl Fn(&Stop) -> Result<(), E> + Sync) -> Result<(), E> {
     let stop = Stop::default();
+    if n <= 1 {
+        return work(&stop);
+    }
     let first: Mutex<Option<E>> = Mutex::new(None);
     pool().scope(|s| {
         for _ in 0..n.clamp(1, 64) {
