@@ -16,7 +16,9 @@
 //! threads and fds. The same-run limit is the plainest fan-out: this
 //! process calling Abort (of no session: a no-op) on every agent at once
 //! over connections already open, four times in a row (a round's four
-//! fan-outs: PREPARE, FREEZE, DUMP, FINISH).
+//! fan-outs: PREPARE, FREEZE, DUMP, FINISH). The stream limit is the same
+//! on one `Commands` stream per agent, as the coordinator sends the round's
+//! calls (`cr_rpc::commands`).
 
 use crate::coord::{member, node_name, Ring, JOB};
 use crate::{bin_dir, int_in, mkdtemp, require_bins, DirGuard, Res};
