@@ -16,7 +16,9 @@
 //! threads and fds. The same-run limit is the plainest fan-out: this
 //! process calling Abort (of no session: a no-op) on every agent at once
 //! over connections already open, four times in a row (a round's four
-//! fan-outs: PREPARE, FREEZE, DUMP, FINISH).
+//! fan-outs: PREPARE, FREEZE, DUMP, FINISH). The stream limit is the same
+//! on one `Commands` stream per agent, as the coordinator sends the round's
+//! calls (`cr_rpc::commands`).
 
 use crate::coord::{member, node_name, Ring, JOB};
 use crate::{bin_dir, int_in, mkdtemp, require_bins, DirGuard, Res};
@@ -112,6 +114,31 @@ impl Agent for Sim {
     type ReadImageFileStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::FileChunk, Status>>;
     type ServePagesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::PageBlock, Status>>;
+    type CommandsStream = cr_rpc::commands::ReplyStream;
+
+    async fn commands(
+        &self,
+        r: Request<tonic::Streaming<pb::Command>>,
+    ) -> Result<Response<Self::CommandsStream>, Status> {
+        // The agent is the one of the address the stream came to.
+        let i = self.agent(&r)?;
+        let ring = self.ring.clone();
+        Ok(Response::new(cr_rpc::commands::serve(
+            r.into_inner(),
+            move |call| {
+                use pb::command::Call;
+                use pb::command_reply::Reply;
+                let reply = match call {
+                    Call::Prepare(_) => Reply::Prepare(pb::PrepareReply::default()),
+                    Call::Freeze(_) => Reply::Freeze(ring.freeze(i)),
+                    Call::Dump(r) => Reply::Dump(ring.dump(i, &r.session)),
+                    Call::Abort(_) => Reply::Abort(pb::Empty {}),
+                    Call::Finish(_) => Reply::Finish(ring.finish()),
+                };
+                std::future::ready(Ok(reply))
+            },
+        )))
+    }
 
     async fn prepare(
         &self,
@@ -528,6 +555,43 @@ async fn limit(n: usize, port: u16) -> Res<Vec<f64>> {
     Ok(out)
 }
 
+/// The same with one command stream per agent (as the coordinator's
+/// [`cr_rpc::commands::Client`]): [`ROUND_FAN_OUTS`] fan-outs of an Abort
+/// command, three times; seconds.
+async fn stream_limit(n: usize, port: u16) -> Res<Vec<f64>> {
+    let streams = join_all((0..n).map(|i| async move {
+        let ch = lazy(&format!("{}:{port}", agent_ip(i)))?;
+        cr_rpc::commands::Client::open(ch)
+            .await
+            .map_err(|s| format!("stream limit: {}", cr_rpc::status_line(&s)))
+    }))
+    .await
+    .into_iter()
+    .collect::<Res<Vec<_>>>()?;
+    let fan_out = || async {
+        let all = join_all(streams.iter().map(|c| {
+            c.call(pb::command::Call::Abort(pb::SessionRequest {
+                session: "limit".into(),
+            }))
+        }))
+        .await;
+        for r in all {
+            r.map_err(|e| format!("stream limit: {e}"))?;
+        }
+        Ok::<_, String>(())
+    };
+    fan_out().await?;
+    let mut out = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        for _ in 0..ROUND_FAN_OUTS {
+            fan_out().await?;
+        }
+        out.push(t.elapsed().as_secs_f64());
+    }
+    Ok(out)
+}
+
 async fn bench(o: &Opts, coord_pid: i32, coord_port: u16, port: u16) -> Res<Figures> {
     let n = o.agents;
     // Every agent registers at once; each group of agents_per_conn shares
@@ -714,6 +778,17 @@ pub fn run(o: Opts) -> Res<()> {
             rt.block_on(limit(o.agents, agents.port))
         })
         .transpose();
+    let stream_limit_s = res
+        .as_ref()
+        .ok()
+        .map(|_| {
+            eprintln!(
+                "cr-bench coordinator: the stream limit ({ROUND_FAN_OUTS} fan-outs on one \
+                 stream per agent) ..."
+            );
+            rt.block_on(stream_limit(o.agents, agents.port))
+        })
+        .transpose();
     rt.shutdown_timeout(Duration::from_secs(1));
     let f = res.map_err(|e| {
         format!(
@@ -722,6 +797,7 @@ pub fn run(o: Opts) -> Res<()> {
         )
     })?;
     let limit_s = limit_s?.unwrap_or_default();
+    let stream_limit_s = stream_limit_s?.unwrap_or_default();
 
     println!("# cr-bench coordinator\n");
     println!(
@@ -747,18 +823,20 @@ pub fn run(o: Opts) -> Res<()> {
             .join(" "),
     );
     let limit = median(limit_s.clone()) * 1e3;
+    let slimit = median(stream_limit_s.clone()) * 1e3;
     let round = median(f.rounds.iter().map(|r| r.0).collect());
     println!(
-        "| agents | register all s | first round ms | round ms (median) | limit ms (4 fan-outs, median) | round ÷ limit | coordinator CPU ms/round | idle CPU % (heartbeats) | peak RSS MiB | RSS MiB | threads | fds |"
+        "| agents | register all s | first round ms | round ms (median) | limit ms (4 fan-outs, median) | stream limit ms (median) | round ÷ limit | coordinator CPU ms/round | idle CPU % (heartbeats) | peak RSS MiB | RSS MiB | threads | fds |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
-        "| {} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
+        "| {} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
         o.agents,
         f.register_s,
         f.first_round_ms,
         round,
         limit,
+        slimit,
         round / limit.max(1e-9),
         median(f.rounds.iter().map(|r| r.2).collect()) * 1e3,
         f.idle_cpu * 100.0,
@@ -784,14 +862,16 @@ pub fn run(o: Opts) -> Res<()> {
     }
     println!(
         "\nHeartbeats: {} sent, {} failed, {} answered \"register again\", slowest {:.0} ms, \
-         period told up to {} ms; idle CPU over {:.0} s. Limit runs (s): {:?}.",
+         period told up to {} ms; idle CPU over {:.0} s. Limit runs (s): {:?}; stream limit \
+         runs (s): {:?}.",
         f.beats.sent.load(Ordering::Relaxed),
         f.beats.failed.load(Ordering::Relaxed),
         f.beats.again.load(Ordering::Relaxed),
         f.beats.slowest_us.load(Ordering::Relaxed) as f64 / 1e3,
         f.beats.period_ms.load(Ordering::Relaxed),
         f.idle_s,
-        limit_s
+        limit_s,
+        stream_limit_s
     );
     Ok(())
 }

@@ -3,9 +3,16 @@
 //! one (a lazily connected channel per node, mutual TLS with the agent's
 //! node name as its TLS name); tests and cr-bench use in-process fakes.
 //!
-//! Errors are one readable line (see [`cr_rpc::status_line`]).
+//! The round's calls (PREPARE, FREEZE, DUMP, ABORT, FINISH) go on one
+//! `Commands` stream per agent ([`cr_rpc::commands`]), opened on the first
+//! of them and again after it fails; an agent without it (Unimplemented)
+//! gets unary calls until it registers again.
+//!
+//! Errors are one readable line (see [`cr_rpc::status_line`]), the same
+//! on the stream as in a unary call.
 
 use crate::catalog::Catalog;
+use cr_rpc::commands;
 use cr_rpc::pb;
 use cr_rpc::pb::agent_client::AgentClient;
 use cr_rpc::tls::Security;
@@ -70,7 +77,33 @@ pub struct GrpcAgents {
     security: Security,
     connect_timeout: Duration,
     call_timeout: Duration,
-    channels: Mutex<HashMap<String, (String, Channel)>>,
+    channels: Mutex<HashMap<String, Link>>,
+}
+
+/// How the round's calls reach an agent.
+enum Via {
+    /// Not tried yet, or the stream failed: open one.
+    Unknown,
+    Stream(Arc<commands::Client>),
+    /// The agent has no Commands stream.
+    Unary,
+}
+
+/// The channel to a node's agent (at its address) and its command stream.
+struct Link {
+    addr: String,
+    channel: Channel,
+    via: Arc<tokio::sync::Mutex<Via>>,
+}
+
+impl Link {
+    fn new(addr: String, channel: Channel) -> Link {
+        Link {
+            addr,
+            channel,
+            via: Arc::new(tokio::sync::Mutex::new(Via::Unknown)),
+        }
+    }
 }
 
 impl GrpcAgents {
@@ -92,25 +125,75 @@ impl GrpcAgents {
     }
 
     fn client(&self, node: &str) -> AgentResult<AgentClient<Channel>> {
+        self.link(node).map(|(ch, _)| AgentClient::new(ch))
+    }
+
+    /// The command stream to `node`'s agent (opened now if there is none,
+    /// or the last one failed), or None: the agent has none (unary calls).
+    async fn stream(&self, node: &str) -> AgentResult<Option<Arc<commands::Client>>> {
+        let (ch, via) = self.link(node)?;
+        let mut via = via.lock().await;
+        match &*via {
+            Via::Unary => return Ok(None),
+            Via::Stream(c) if !c.is_closed() => return Ok(Some(c.clone())),
+            Via::Stream(_) | Via::Unknown => {}
+        }
+        match commands::Client::open(ch).await {
+            Ok(c) => {
+                tracing::debug!(node, "agent command stream");
+                let c = Arc::new(c);
+                *via = Via::Stream(c.clone());
+                Ok(Some(c))
+            }
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
+                tracing::info!(node, "the agent has no command stream: unary calls");
+                *via = Via::Unary;
+                Ok(None)
+            }
+            Err(s) => {
+                *via = Via::Unknown;
+                Err(cr_rpc::status_line(&s))
+            }
+        }
+    }
+
+    /// Calls waiting for their reply on `node`'s command stream (None:
+    /// none open).
+    pub fn in_flight(&self, node: &str) -> Option<usize> {
+        let via = self
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)?
+            .via
+            .clone();
+        let via = via.try_lock().ok()?;
+        match &*via {
+            Via::Stream(c) if !c.is_closed() => Some(c.in_flight()),
+            _ => None,
+        }
+    }
+
+    fn link(&self, node: &str) -> AgentResult<(Channel, Arc<tokio::sync::Mutex<Via>>)> {
         // Reused as long as the node does not register again (which is
         // the only way its address changes: see `reset`); no look into
         // the catalog, whose lock every call would take.
-        if let Some((_, ch)) = self
+        if let Some(l) = self
             .channels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(node)
         {
-            return Ok(AgentClient::new(ch.clone()));
+            return Ok((l.channel.clone(), l.via.clone()));
         }
         let addr = self
             .catalog
             .read(|s| s.nodes.get(node).map(|n| n.agent_addr.clone()))
             .ok_or_else(|| format!("node {node} is not registered"))?;
         let mut chans = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((a, ch)) = chans.get(node) {
-            if *a == addr {
-                return Ok(AgentClient::new(ch.clone()));
+        if let Some(l) = chans.get(node) {
+            if l.addr == addr {
+                return Ok((l.channel.clone(), l.via.clone()));
             }
         }
         // A short keepalive: an agent whose link is cut fails the call in
@@ -124,8 +207,10 @@ impl GrpcAgents {
         )
         .map_err(|e| e.to_string())?;
         tracing::debug!(node, addr = %addr, "agent channel");
-        chans.insert(node.to_string(), (addr, ch.clone()));
-        Ok(AgentClient::new(ch))
+        let l = Link::new(addr, ch);
+        let out = (l.channel.clone(), l.via.clone());
+        chans.insert(node.to_string(), l);
+        Ok(out)
     }
 }
 
@@ -135,6 +220,39 @@ macro_rules! call {
         match tokio::time::timeout($self.call_timeout, c.$method($req)).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(s)) => Err(cr_rpc::status_line(&s)),
+            Err(_) => Err(format!(
+                "no reply within {} ms",
+                $self.call_timeout.as_millis()
+            )),
+        }
+    }};
+}
+
+/// A round's call: on the node's command stream, else unary; bounded by
+/// `call_timeout` either way (a call given up leaves nothing pending).
+macro_rules! round_call {
+    ($self:ident, $node:ident, $variant:ident, $method:ident, $req:ident) => {{
+        let call = async {
+            match $self.stream($node).await? {
+                Some(c) => match c.call(commands::Call::$variant($req)).await? {
+                    commands::Reply::$variant(r) => Ok(r),
+                    _ => Err(format!(
+                        "the agent of {} answered {} with another call's reply",
+                        $node,
+                        stringify!($method)
+                    )),
+                },
+                None => {
+                    let mut c = $self.client($node)?;
+                    c.$method($req)
+                        .await
+                        .map(|r| r.into_inner())
+                        .map_err(|s| cr_rpc::status_line(&s))
+                }
+            }
+        };
+        match tokio::time::timeout($self.call_timeout, call).await {
+            Ok(r) => r,
             Err(_) => Err(format!(
                 "no reply within {} ms",
                 $self.call_timeout.as_millis()
@@ -153,19 +271,19 @@ impl AgentApi for GrpcAgents {
     }
 
     async fn prepare(&self, node: &str, req: pb::PrepareRequest) -> AgentResult<pb::PrepareReply> {
-        call!(self, node, prepare, req)
+        round_call!(self, node, Prepare, prepare, req)
     }
     async fn freeze(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::PrepareReply> {
-        call!(self, node, freeze, req)
+        round_call!(self, node, Freeze, freeze, req)
     }
     async fn dump(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::DumpReply> {
-        call!(self, node, dump, req)
+        round_call!(self, node, Dump, dump, req)
     }
     async fn abort(&self, node: &str, req: pb::SessionRequest) -> AgentResult<pb::Empty> {
-        call!(self, node, abort, req)
+        round_call!(self, node, Abort, abort, req)
     }
     async fn finish(&self, node: &str, req: pb::FinishRequest) -> AgentResult<pb::FinishReply> {
-        call!(self, node, finish, req)
+        round_call!(self, node, Finish, finish, req)
     }
     async fn restore(&self, node: &str, req: pb::RestoreRequest) -> AgentResult<pb::RestoreReply> {
         call!(self, node, restore, req)

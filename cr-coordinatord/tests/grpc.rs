@@ -6,14 +6,32 @@ use cr_coordinatord::service::Service;
 use cr_coordinatord::{pb, Catalog, Coordinator, GrpcAgents, Settings};
 use cr_rpc::tls::{Security, TlsFiles};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
-/// A fake agent: every call succeeds at once.
+/// A fake agent: every call succeeds at once (but DUMP of session
+/// "hang", which never answers).
+#[derive(Clone)]
 struct FakeAgent {
     node: String,
+    /// It serves the Commands stream (else Unimplemented, as an older
+    /// agent).
+    stream: bool,
+    /// Commands received on it.
+    streamed: Arc<AtomicUsize>,
+}
+
+impl FakeAgent {
+    fn new(node: &str, stream: bool) -> FakeAgent {
+        FakeAgent {
+            node: node.into(),
+            stream,
+            streamed: Arc::default(),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -21,6 +39,42 @@ impl pb::agent_server::Agent for FakeAgent {
     type ReadImageFileStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::FileChunk, Status>>;
     type ServePagesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::PageBlock, Status>>;
+    type CommandsStream = cr_rpc::commands::ReplyStream;
+
+    async fn commands(
+        &self,
+        r: Request<tonic::Streaming<pb::Command>>,
+    ) -> Result<Response<Self::CommandsStream>, Status> {
+        if !self.stream {
+            return Err(Status::unimplemented("an older agent"));
+        }
+        let me = self.clone();
+        Ok(Response::new(cr_rpc::commands::serve(
+            r.into_inner(),
+            move |call| {
+                use cr_rpc::commands::{Call, Reply};
+                let me = me.clone();
+                me.streamed.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    Ok(match call {
+                        Call::Prepare(r) => {
+                            Reply::Prepare(me.prepare(Request::new(r)).await?.into_inner())
+                        }
+                        Call::Freeze(r) => {
+                            Reply::Freeze(me.freeze(Request::new(r)).await?.into_inner())
+                        }
+                        Call::Dump(r) => Reply::Dump(me.dump(Request::new(r)).await?.into_inner()),
+                        Call::Abort(r) => {
+                            Reply::Abort(me.abort(Request::new(r)).await?.into_inner())
+                        }
+                        Call::Finish(r) => {
+                            Reply::Finish(me.finish(Request::new(r)).await?.into_inner())
+                        }
+                    })
+                }
+            },
+        )))
+    }
 
     // This fake models shared storage: every image is on every node.
     async fn pre_dump(
@@ -82,6 +136,9 @@ impl pb::agent_server::Agent for FakeAgent {
     ) -> Result<Response<pb::DumpReply>, Status> {
         // The session is JOB-N; pid 100 + node number.
         let session = r.into_inner().session;
+        if session == "hang" {
+            std::future::pending::<()>().await;
+        }
         let pid = 100 + self.node[1..].parse::<i32>().unwrap();
         let job = session.rsplit_once('-').unwrap().0;
         Ok(Response::new(pb::DumpReply {
@@ -180,7 +237,8 @@ async fn checkpoint_and_restart_over_mutual_tls() {
     for node in ["n1", "n2"] {
         let (l, addr) = listener().await;
         let sec = security(&pki, node);
-        let svc = pb::agent_server::AgentServer::new(FakeAgent { node: node.into() });
+        // n2 as an older agent: unary calls only.
+        let svc = pb::agent_server::AgentServer::new(FakeAgent::new(node, node == "n1"));
         tokio::spawn(
             tonic::transport::Server::builder()
                 .tls_config(sec.server().unwrap())
@@ -381,4 +439,115 @@ async fn stop_is_prompt_with_idle_clients_connected() {
         .unwrap()
         .unwrap();
     drop(c);
+}
+
+/// A TCP relay to `to` whose connections [`Relay::cut`] drops (a link cut).
+struct Relay {
+    addr: String,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Relay {
+    async fn start(to: String) -> Relay {
+        let (l, addr) = listener().await;
+        let conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let c = conns.clone();
+        tokio::spawn(async move {
+            while let Ok((mut a, _)) = l.accept().await {
+                let to = to.clone();
+                c.lock().unwrap().push(tokio::spawn(async move {
+                    if let Ok(mut b) = tokio::net::TcpStream::connect(to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                    }
+                }));
+            }
+        });
+        Relay { addr, conns }
+    }
+
+    fn cut(&self) {
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_calls_go_on_a_stream_that_times_out_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, addr) = listener().await;
+    let fake = FakeAgent::new("n1", true);
+    let streamed = fake.streamed.clone();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::agent_server::AgentServer::new(fake))
+            .serve_with_incoming(TcpListenerStream::new(l)),
+    );
+    let relay = Relay::start(addr).await;
+    let catalog = Arc::new(Catalog::open(&dir.path().join("c.redb")).unwrap());
+    let agents = Arc::new(GrpcAgents::new(
+        catalog.clone(),
+        Security::Insecure,
+        Duration::from_secs(5),
+        Duration::from_millis(1500),
+    ));
+    let coord = Arc::new(Coordinator::new(
+        catalog,
+        agents.clone(),
+        Settings::default(),
+    ));
+    coord
+        .register(pb::RegisterRequest {
+            node: "n1".into(),
+            agent_addr: relay.addr.clone(),
+            version: "test".into(),
+            generation: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    use cr_coordinatord::AgentApi;
+    let session = |s: &str| pb::SessionRequest { session: s.into() };
+
+    // On the stream (opened by the first call).
+    assert_eq!(agents.in_flight("n1"), None);
+    agents.abort("n1", session("J-1")).await.unwrap();
+    let r = agents.dump("n1", session("J-1")).await.unwrap();
+    assert_eq!(r.images.len(), 1);
+    assert_eq!(streamed.load(Ordering::SeqCst), 2);
+    assert_eq!(agents.in_flight("n1"), Some(0));
+
+    // A call without a reply times out as a unary one does, and leaves
+    // nothing pending; the stream serves on.
+    let e = agents.dump("n1", session("hang")).await.unwrap_err();
+    assert_eq!(e, "no reply within 1500 ms");
+    assert_eq!(agents.in_flight("n1"), Some(0));
+    agents.abort("n1", session("J-1")).await.unwrap();
+    assert_eq!(streamed.load(Ordering::SeqCst), 4);
+
+    // The link is cut with a call in flight: it fails at once, not at its
+    // timeout; the next call opens another stream.
+    let a = agents.clone();
+    let hung = tokio::spawn(async move { a.dump("n1", session("hang")).await });
+    while agents.in_flight("n1") != Some(1) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t = std::time::Instant::now();
+    relay.cut();
+    let e = hung.await.unwrap().unwrap_err();
+    assert!(e.starts_with("unreachable"), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        t.elapsed()
+    );
+    agents.abort("n1", session("J-1")).await.unwrap();
+    assert_eq!(streamed.load(Ordering::SeqCst), 6);
+    assert_eq!(agents.in_flight("n1"), Some(0));
+
+    // reset (the agent registered again) drops the stream.
+    agents.reset("n1");
+    assert_eq!(agents.in_flight("n1"), None);
+    agents.abort("n1", session("J-1")).await.unwrap();
+    assert_eq!(streamed.load(Ordering::SeqCst), 7);
 }

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod channel;
+pub mod commands;
 pub mod config;
 pub mod error;
 pub mod fault;

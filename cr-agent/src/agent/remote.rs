@@ -50,6 +50,58 @@ fn ok<T>(r: Result<T, String>) -> Result<Response<T>, Status> {
     r.map(Response::new).map_err(failed)
 }
 
+/// The round's calls (PREPARE, FREEZE, DUMP, ABORT, FINISH) once the
+/// caller is known to be the coordinator: unary or on the Commands stream.
+mod round {
+    use super::{failed, sessions, Shared};
+    use cr_rpc::pb;
+    use pb::command::Call;
+    use pb::command_reply::Reply;
+    use std::sync::Arc;
+    use tonic::Status;
+
+    pub async fn prepare(
+        sh: &Arc<Shared>,
+        r: pb::PrepareRequest,
+    ) -> Result<pb::PrepareReply, String> {
+        sessions::prepare(sh.clone(), r).await
+    }
+
+    pub async fn freeze(sh: &Shared, r: pb::SessionRequest) -> Result<pb::PrepareReply, String> {
+        sh.sessions.freeze(&r.session).await
+    }
+
+    pub async fn dump(sh: &Shared, r: pb::SessionRequest) -> Result<pb::DumpReply, String> {
+        sh.sessions.dump(&r.session).await
+    }
+
+    pub async fn abort(sh: &Shared, r: pb::SessionRequest) -> Result<pb::Empty, String> {
+        let res = sh.sessions.abort(&r.session).await;
+        sessions::forget_in_doubt(&sh.config.state_dir, &r.session, true);
+        res.map(|_| pb::Empty {})
+    }
+
+    pub async fn finish(sh: &Shared, r: pb::FinishRequest) -> Result<pb::FinishReply, String> {
+        let after = pb::After::try_from(r.after).unwrap_or(pb::After::Continue);
+        let res = sh.sessions.finish(&r.session, after, r.exit_later).await;
+        // Committed: images kept in doubt by a session that ended alone stay.
+        sessions::forget_in_doubt(&sh.config.state_dir, &r.session, false);
+        res
+    }
+
+    /// One command of the Commands stream: its unary call's reply or status.
+    pub async fn command(sh: Arc<Shared>, call: Call) -> Result<Reply, Status> {
+        let r = match call {
+            Call::Prepare(r) => prepare(&sh, r).await.map(Reply::Prepare),
+            Call::Freeze(r) => freeze(&sh, r).await.map(Reply::Freeze),
+            Call::Dump(r) => dump(&sh, r).await.map(Reply::Dump),
+            Call::Abort(r) => abort(&sh, r).await.map(Reply::Abort),
+            Call::Finish(r) => finish(&sh, r).await.map(Reply::Finish),
+        };
+        r.map_err(failed)
+    }
+}
+
 impl AgentService {
     /// `dir` lies under the agent's image root (the only images it removes).
     /// The image root, as the kernel names it.
@@ -195,7 +247,7 @@ impl pb::agent_server::Agent for AgentService {
         req: Request<pb::PrepareRequest>,
     ) -> Result<Response<pb::PrepareReply>, Status> {
         from_coordinator(&self.shared, &req)?;
-        ok(sessions::prepare(self.shared.clone(), req.into_inner()).await)
+        ok(round::prepare(&self.shared, req.into_inner()).await)
     }
 
     async fn freeze(
@@ -203,7 +255,7 @@ impl pb::agent_server::Agent for AgentService {
         req: Request<pb::SessionRequest>,
     ) -> Result<Response<pb::PrepareReply>, Status> {
         from_coordinator(&self.shared, &req)?;
-        ok(self.shared.sessions.freeze(&req.into_inner().session).await)
+        ok(round::freeze(&self.shared, req.into_inner()).await)
     }
 
     async fn dump(
@@ -211,15 +263,12 @@ impl pb::agent_server::Agent for AgentService {
         req: Request<pb::SessionRequest>,
     ) -> Result<Response<pb::DumpReply>, Status> {
         from_coordinator(&self.shared, &req)?;
-        ok(self.shared.sessions.dump(&req.into_inner().session).await)
+        ok(round::dump(&self.shared, req.into_inner()).await)
     }
 
     async fn abort(&self, req: Request<pb::SessionRequest>) -> Result<Response<pb::Empty>, Status> {
         from_coordinator(&self.shared, &req)?;
-        let id = req.into_inner().session;
-        let r = self.shared.sessions.abort(&id).await;
-        sessions::forget_in_doubt(&self.shared.config.state_dir, &id, true);
-        ok(r.map(|_| pb::Empty {}))
+        ok(round::abort(&self.shared, req.into_inner()).await)
     }
 
     async fn finish(
@@ -227,16 +276,23 @@ impl pb::agent_server::Agent for AgentService {
         req: Request<pb::FinishRequest>,
     ) -> Result<Response<pb::FinishReply>, Status> {
         from_coordinator(&self.shared, &req)?;
-        let r = req.into_inner();
-        let after = pb::After::try_from(r.after).unwrap_or(pb::After::Continue);
-        let res = self
-            .shared
-            .sessions
-            .finish(&r.session, after, r.exit_later)
-            .await;
-        // Committed: images kept in doubt by a session that ended alone stay.
-        sessions::forget_in_doubt(&self.shared.config.state_dir, &r.session, false);
-        ok(res)
+        ok(round::finish(&self.shared, req.into_inner()).await)
+    }
+
+    type CommandsStream = cr_rpc::commands::ReplyStream;
+
+    /// The same five calls on one stream: the caller is checked once, each
+    /// command handled as its unary call.
+    async fn commands(
+        &self,
+        req: Request<tonic::Streaming<pb::Command>>,
+    ) -> Result<Response<Self::CommandsStream>, Status> {
+        from_coordinator(&self.shared, &req)?;
+        let sh = self.shared.clone();
+        Ok(Response::new(cr_rpc::commands::serve(
+            req.into_inner(),
+            move |call| round::command(sh.clone(), call),
+        )))
     }
 
     async fn restore(
