@@ -51,9 +51,54 @@ fn nft_failed(what: String, detail: &str) -> SysError {
     }
 }
 
+/// The network namespace of a process's leased locks, pinned: an open
+/// handle on it when it is not ours, so that the locks can still be
+/// renewed or made permanent once its processes are gone (a member killed
+/// after its commit exits before its lock is made permanent, and
+/// /proc/PID/ns/net goes with it: the lock would lapse and its peers see
+/// a reset).
+pub struct LockNs(Option<std::fs::File>);
+
+impl LockNs {
+    /// The namespace of `pid`, now.
+    pub fn of(pid: i32) -> Result<LockNs> {
+        if same_netns(pid) {
+            return Ok(LockNs(None));
+        }
+        let path = format!("/proc/{pid}/ns/net");
+        std::fs::File::open(&path)
+            .map(|f| LockNs(Some(f)))
+            .map_err(crate::error::io_err(path))
+    }
+
+    /// `nft` run in it.
+    fn nft(&self) -> Command {
+        use std::os::fd::AsRawFd;
+        match &self.0 {
+            None => Command::new("nft"),
+            Some(f) => {
+                // The child cannot inherit the handle (close-on-exec); it
+                // opens the namespace through this process's fd instead.
+                let mut c = Command::new("nsenter");
+                c.arg(format!(
+                    "--net=/proc/{}/fd/{}",
+                    std::process::id(),
+                    f.as_raw_fd()
+                ))
+                .arg("nft");
+                c
+            }
+        }
+    }
+}
+
 /// Run `nft -f -` with `script` in the network namespace of `pid` (None: ours).
 fn run_nft(pid: Option<i32>, script: &str, what: &str) -> Result<()> {
-    let mut cmd = nft_command(pid);
+    run_nft_with(nft_command(pid), script, what)
+}
+
+/// Run `cmd` (an nft) as `nft -f -` with `script`.
+fn run_nft_with(mut cmd: Command, script: &str, what: &str) -> Result<()> {
     cmd.args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -255,7 +300,7 @@ pub fn hold_listeners(pid: i32, name: &str, listeners: &[SocketAddr]) -> Result<
 /// it: if the holder dies, the lock lifts by itself within the lease (the
 /// kernel's set timeouts; the emptied tables are swept by the holder's
 /// next start).
-pub fn lock_many(pid: i32, locks: &[(String, LockSet)], lease: Option<Duration>) -> Result<()> {
+pub fn lock_many(ns: &LockNs, locks: &[(String, LockSet)], lease: Option<Duration>) -> Result<()> {
     let mut all = String::new();
     for (name, set) in locks {
         if !set.listeners.is_empty() {
@@ -268,7 +313,7 @@ pub fn lock_many(pid: i32, locks: &[(String, LockSet)], lease: Option<Duration>)
     if all.is_empty() {
         return Ok(());
     }
-    run_nft(Some(pid), &all, &format!("{} network locks", locks.len()))
+    run_nft_with(ns.nft(), &all, &format!("{} network locks", locks.len()))
 }
 
 /// Renew the lease of locks made by [`lock_many`] (in the network namespace
@@ -277,20 +322,20 @@ pub fn lock_many(pid: i32, locks: &[(String, LockSet)], lease: Option<Duration>)
 /// timeout in place; one transaction, so no packet ever sees the set
 /// without it). Fails, changing nothing, if an element expired meanwhile:
 /// the lease lapsed and the lock lifted.
-pub fn renew_many(pid: i32, locks: &[(String, LockSet)], lease: Duration) -> Result<()> {
-    refill(pid, locks, Some(lease), "delete element")
+pub fn renew_many(ns: &LockNs, locks: &[(String, LockSet)], lease: Duration) -> Result<()> {
+    refill(ns, locks, Some(lease), "delete element")
 }
 
 /// Make locks made by [`lock_many`] permanent (their elements no longer
 /// expire; those that did are back), in one nft transaction.
-pub fn keep_many(pid: i32, locks: &[(String, LockSet)]) -> Result<()> {
-    refill(pid, locks, None, "flush set")
+pub fn keep_many(ns: &LockNs, locks: &[(String, LockSet)]) -> Result<()> {
+    refill(ns, locks, None, "flush set")
 }
 
 /// `first` ("delete element": fails if one is gone; "flush set": empties
 /// the set) then every element added again with `lease`.
 fn refill(
-    pid: i32,
+    ns: &LockNs,
     locks: &[(String, LockSet)],
     lease: Option<Duration>,
     first: &str,
@@ -322,8 +367,8 @@ fn refill(
     if s.is_empty() {
         return Ok(());
     }
-    run_nft(
-        Some(pid),
+    run_nft_with(
+        ns.nft(),
         &s,
         &format!("renewing {} network locks", locks.len()),
     )
@@ -744,5 +789,53 @@ mod tests {
         delete_tables(&[name.clone(), absent])
             .unwrap_or_else(|e| panic!("{}", e.into_sys_error("delete".into())));
         assert!(!table_exists(None, &name), "{name} still there");
+    }
+
+    /// A leased lock in another namespace is renewed and made permanent
+    /// after every process of that namespace exited (a member killed after
+    /// its commit): the namespace is pinned when the lock is made.
+    #[test]
+    fn leased_lock_outlives_the_processes_of_its_namespace() {
+        if !nix::unistd::geteuid().is_root() || Command::new("nft").arg("-v").output().is_err() {
+            return;
+        }
+        let mut child = Command::new("unshare")
+            .args(["-n", "sleep", "60"])
+            .spawn()
+            .expect("unshare -n sleep");
+        let pid = child.id() as i32;
+        // unshare(1) makes its namespace, then runs sleep in it.
+        let t0 = std::time::Instant::now();
+        while same_netns(pid) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "unshare -n never left our namespace"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let ns = LockNs::of(pid).expect("pin the namespace");
+        assert!(ns.0.is_some(), "another namespace than ours");
+        let name = format!("cr_test_lease_{}", std::process::id());
+        let set = LockSet {
+            conns: vec![(
+                "10.0.0.1:5000".parse().unwrap(),
+                "10.0.0.2:40000".parse().unwrap(),
+            )],
+            listeners: vec![],
+        };
+        let locks = vec![(name.clone(), set)];
+        lock_many(&ns, &locks, Some(Duration::from_secs(30))).expect("lock");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+        renew_many(&ns, &locks, Duration::from_secs(30)).expect("renew, the process gone");
+        keep_many(&ns, &locks).expect("made permanent, the process gone");
+        let listed = ns
+            .nft()
+            .args(["list", "table", "inet", &name])
+            .output()
+            .expect("nft list");
+        assert!(listed.status.success(), "{name} is in the pinned namespace");
+        assert!(!table_exists(None, &name), "{name} is not in ours");
     }
 }

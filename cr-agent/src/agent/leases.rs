@@ -14,7 +14,7 @@
 //! an element gone) is reported by [`Lease::held`]: the session refuses to
 //! dump or commit on a lock that lifted.
 
-use cr_sys::netlock::LockSet;
+use cr_sys::netlock::{LockNs, LockSet};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,8 +25,9 @@ use tracing::{debug, warn};
 type Locks = Vec<(String, LockSet)>;
 
 struct Entry {
-    /// A process of the locks' network namespace (where nft runs).
-    pid: i32,
+    /// The locks' network namespace (where nft runs), pinned: it outlives
+    /// the processes (see [`LockNs`]).
+    ns: Arc<LockNs>,
     locks: Vec<(String, LockSet)>,
     /// Renewed until then, never after.
     until: Instant,
@@ -76,12 +77,13 @@ impl Leases {
         locks: Vec<(String, LockSet)>,
         until: Instant,
     ) -> Result<Lease, cr_sys::SysError> {
-        cr_sys::netlock::lock_many(pid, &locks, Some(self.lease))?;
+        let ns = Arc::new(LockNs::of(pid)?);
+        cr_sys::netlock::lock_many(&ns, &locks, Some(self.lease))?;
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(
             id,
             Entry {
-                pid,
+                ns,
                 locks,
                 until,
                 last: Instant::now(),
@@ -98,14 +100,14 @@ impl Leases {
     /// nft transaction, outside the map's lock.
     fn renew_due(&self) {
         let now = Instant::now();
-        let due: Vec<(u64, i32, Locks)> = self
+        let due: Vec<(u64, Arc<LockNs>, Locks)> = self
             .lock()
             .iter()
             .filter(|(_, e)| !e.lapsed && e.until > now && now - e.last >= self.lease / 4)
-            .map(|(id, e)| (*id, e.pid, e.locks.clone()))
+            .map(|(id, e)| (*id, e.ns.clone(), e.locks.clone()))
             .collect();
-        for (id, pid, locks) in due {
-            let r = cr_sys::netlock::renew_many(pid, &locks, self.lease);
+        for (id, ns, locks) in due {
+            let r = cr_sys::netlock::renew_many(&ns, &locks, self.lease);
             let mut m = self.lock();
             let Some(e) = m.get_mut(&id) else { continue };
             match r {
@@ -179,7 +181,7 @@ impl Lease {
         let Some(e) = self.leases.lock().remove(&self.id) else {
             return;
         };
-        if let Err(err) = cr_sys::netlock::keep_many(e.pid, &e.locks) {
+        if let Err(err) = cr_sys::netlock::keep_many(&e.ns, &e.locks) {
             warn!(error = %cr_sys::error::one_line(&err), "cannot keep the network lock of a committed image");
         }
     }
