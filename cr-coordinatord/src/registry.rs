@@ -200,7 +200,7 @@ struct Report {
 /// registering at once, each rewriting its job's list of members).
 #[derive(Default)]
 pub(crate) struct Reports {
-    pending: Mutex<Pending>,
+    pending: Arc<Mutex<Pending>>,
     writer: tokio::sync::Mutex<()>,
 }
 
@@ -401,22 +401,22 @@ impl Coordinator {
                     .into_iter()
                     .map(|r| ((r.node, r.registration, r.members), r.done))
                     .unzip();
-                let nodes: Vec<String> = reports.iter().map(|r| r.0.clone()).collect();
                 let catalog = self.catalog.clone();
-                // A durable write: not on the runtime's threads.
+                let pending = self.registry.reports.pending.clone();
+                // A durable write: not on the runtime's threads. Counted
+                // there, so that it is even if this call is dropped.
                 let res = tokio::task::spawn_blocking(move || {
-                    catalog
+                    let res = catalog
                         .update(|s| Ok::<_, Error>((report_changes(s, &reports), ())))
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| e.to_string());
+                    let mut pending = pending.lock().unwrap_or_else(|p| p.into_inner());
+                    for (node, _, _) in reports {
+                        pending.counts.entry(node).or_default().1 += 1;
+                    }
+                    res
                 })
                 .await
                 .unwrap_or_else(|e| Err(format!("the catalog write failed: {e}")));
-                {
-                    let mut pending = self.registry.reports.pending();
-                    for n in nodes {
-                        pending.counts.entry(n).or_default().1 += 1;
-                    }
-                }
                 for d in done {
                     let _ = d.send(res.clone());
                 }
