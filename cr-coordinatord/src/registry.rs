@@ -7,6 +7,12 @@
 //! first use). Reports older (by `generation`) than the last one seen are
 //! ignored; a Register is always taken (the agent may have restarted).
 //!
+//! A heartbeat whose members are already what the catalog says of its node
+//! (and no report of that node is waiting to be written) writes nothing and
+//! does not wait for the report writer: only its liveness (last seen,
+//! capacity, members' resident bytes) is kept, in memory. Nothing of a
+//! heartbeat but its members is persisted.
+//!
 //! When a node registers (or comes back up), FINISH is sent again for the
 //! committed checkpoints it has not acknowledged.
 
@@ -147,6 +153,12 @@ impl Registry {
         }
     }
 
+    /// How many reports of `node` were queued for the catalog so far.
+    #[cfg(test)]
+    pub(crate) fn reports_queued(&self, node: &str) -> u64 {
+        self.reports.pending().counts.get(node).map_or(0, |c| c.0)
+    }
+
     /// Nodes that went down since the last call (each reported once per outage).
     pub(crate) fn newly_down(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -188,8 +200,55 @@ struct Report {
 /// registering at once, each rewriting its job's list of members).
 #[derive(Default)]
 pub(crate) struct Reports {
-    pending: Mutex<Vec<Report>>,
+    pending: Arc<Mutex<Pending>>,
     writer: tokio::sync::Mutex<()>,
+}
+
+/// The reports waiting for the writer, and per node how many of its
+/// reports were queued and how many of those were written (or failed) so
+/// far: equal, the catalog holds every report of the node.
+#[derive(Default)]
+struct Pending {
+    reports: Vec<Report>,
+    counts: HashMap<String, (u64, u64)>,
+}
+
+impl Reports {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many reports of `node` were queued so far, when every one of
+    /// them is written (the catalog shows the last); `None` while some
+    /// are not.
+    fn settled(&self, node: &str) -> Option<u64> {
+        match self.pending().counts.get(node) {
+            Some(&(queued, written)) => (queued == written).then_some(queued),
+            None => Some(0),
+        }
+    }
+}
+
+/// Whether a report of `node` with members `reported` would change nothing
+/// in the catalog: each member of the node there is alive exactly when it
+/// is reported, and each reported member is there (see [`sync_members`],
+/// whose changes this foresees without making them).
+fn members_unchanged(s: &State, node: &str, reported: &[pb::Member]) -> bool {
+    for (j, ks) in s.on_node(node) {
+        for &k in ks {
+            let m = &j.members[k];
+            let found = reported.iter().any(|r| r.job == j.name && m.is(node, r));
+            if m.alive != found {
+                return false;
+            }
+        }
+    }
+    // A member without a job name is warned of by sync_members.
+    reported.iter().all(|r| {
+        !r.job.is_empty()
+            && s.on_node(node)
+                .any(|(j, ks)| j.name == r.job && ks.iter().any(|&k| j.members[k].is(node, r)))
+    })
 }
 
 /// The jobs a batch of reports changed so far, each with the positions of
@@ -319,17 +378,14 @@ impl Coordinator {
         members: Vec<pb::Member>,
     ) -> oneshot::Receiver<Result<(), String>> {
         let (done, rx) = oneshot::channel();
-        self.registry
-            .reports
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Report {
-                node: node.to_string(),
-                registration,
-                members,
-                done,
-            });
+        let mut pending = self.registry.reports.pending();
+        pending.counts.entry(node.to_string()).or_default().0 += 1;
+        pending.reports.push(Report {
+            node: node.to_string(),
+            registration,
+            members,
+            done,
+        });
         rx
     }
 
@@ -339,25 +395,25 @@ impl Coordinator {
     async fn written(&self, rx: oneshot::Receiver<Result<(), String>>) -> Result<(), Error> {
         {
             let _writer = self.registry.reports.writer.lock().await;
-            let batch = std::mem::take(
-                &mut *self
-                    .registry
-                    .reports
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()),
-            );
+            let batch = std::mem::take(&mut self.registry.reports.pending().reports);
             if !batch.is_empty() {
                 let (reports, done): (Vec<_>, Vec<_>) = batch
                     .into_iter()
                     .map(|r| ((r.node, r.registration, r.members), r.done))
                     .unzip();
                 let catalog = self.catalog.clone();
-                // A durable write: not on the runtime's threads.
+                let pending = self.registry.reports.pending.clone();
+                // A durable write: not on the runtime's threads. Counted
+                // there, so that it is even if this call is dropped.
                 let res = tokio::task::spawn_blocking(move || {
-                    catalog
+                    let res = catalog
                         .update(|s| Ok::<_, Error>((report_changes(s, &reports), ())))
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| e.to_string());
+                    let mut pending = pending.lock().unwrap_or_else(|p| p.into_inner());
+                    for (node, _, _) in reports {
+                        pending.counts.entry(node).or_default().1 += 1;
+                    }
+                    res
                 })
                 .await
                 .unwrap_or_else(|e| Err(format!("the catalog write failed: {e}")));
@@ -453,6 +509,13 @@ impl Coordinator {
         let came_back;
         let queued;
         let heartbeat_ms;
+        // Nothing to write when the catalog already shows these members
+        // and holds every report of the node queued so far (a look at the
+        // catalog in memory, outside the registry's lock).
+        let unchanged = self.registry.reports.settled(&req.node).filter(|_| {
+            self.catalog
+                .read(|s| members_unchanged(s, &req.node, &req.members))
+        });
         {
             let mut reg = self
                 .registry
@@ -490,9 +553,14 @@ impl Coordinator {
             } else {
                 live.generation = req.generation;
                 live.rss = rss_of(&req.members);
-                // Queued under the lock: reports are written in the order
-                // of their generations.
-                queued = Some(self.queue_report(&req.node, None, req.members));
+                if unchanged.is_some() && self.registry.reports.settled(&req.node) == unchanged {
+                    // No report of the node was queued since the look.
+                    queued = None;
+                } else {
+                    // Queued under the lock: reports are written in the
+                    // order of their generations.
+                    queued = Some(self.queue_report(&req.node, None, req.members));
+                }
             }
         }
         if let Some(rx) = queued {

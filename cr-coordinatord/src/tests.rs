@@ -1543,3 +1543,70 @@ async fn agents_are_told_the_stretched_period() {
         assert!(live.is_up("n1"), "n1 up until 6 s");
     }
 }
+
+/// A heartbeat that changes nothing in the catalog is not queued for the
+/// report writer (no transaction, no wait for its lock), yet its liveness,
+/// capacity and members' RSS are taken; a changed one is written, and so is
+/// an unchanged one once the catalog says otherwise of its members.
+#[tokio::test]
+async fn unchanged_heartbeat_writes_nothing() {
+    let env = Env::new(2).await;
+    let c = &env.coord;
+    let queued = || c.registry.reports_queued("n1");
+    let alive = |pid: i32| {
+        c.job("J")
+            .unwrap()
+            .procs
+            .iter()
+            .any(|p| p.node == "n1" && p.pid == pid && p.alive)
+    };
+    assert_eq!(queued(), 1, "the Register");
+    let seen = c.liveness().last_seen_unix_ms("n1").unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The same member (its RSS and the capacity may differ): nothing queued.
+    c.heartbeat(report(1, 700, 5)).await.unwrap();
+    assert_eq!(queued(), 1);
+    let live = c.liveness();
+    assert!(
+        live.last_seen_unix_ms("n1").unwrap() > seen,
+        "liveness advances"
+    );
+    assert!(live.is_up("n1"));
+    assert_eq!(live.rss("n1", 101), 5 << 20);
+    assert_eq!(live.capacity("n1").unwrap().mem_free, 700 << 20);
+    // A new member: written.
+    let mut hb = report(1, 700, 5);
+    hb.members.push(member("J", 201));
+    c.heartbeat(hb.clone()).await.unwrap();
+    assert_eq!(queued(), 2);
+    assert!(alive(101) && alive(201));
+    // The same again: nothing.
+    hb.generation = 3;
+    c.heartbeat(hb.clone()).await.unwrap();
+    assert_eq!(queued(), 2);
+    // A member gone: written.
+    let mut gone = report(1, 700, 5);
+    gone.generation = 4;
+    c.heartbeat(gone.clone()).await.unwrap();
+    assert_eq!(queued(), 3);
+    assert!(alive(101) && !alive(201));
+    c.heartbeat(gone.clone()).await.unwrap();
+    assert_eq!(queued(), 3);
+    // The catalog changed by another way (member 101 marked gone): the
+    // next heartbeat naming it is written again.
+    c.catalog
+        .update(|s| {
+            let mut j = s.jobs["J"].clone();
+            for m in j.members.iter_mut().filter(|m| m.node == "n1") {
+                m.alive = false;
+            }
+            Ok::<_, Error>((vec![Change::Job(j)], ()))
+        })
+        .unwrap();
+    assert!(!alive(101));
+    c.heartbeat(gone).await.unwrap();
+    assert_eq!(queued(), 4);
+    assert!(alive(101));
+    // n2 was not touched by any of it.
+    assert_eq!(c.registry.reports_queued("n2"), 1);
+}
