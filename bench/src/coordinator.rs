@@ -543,6 +543,16 @@ async fn limit(n: usize, port: u16) -> Res<Vec<f64>> {
         }
         Ok::<_, String>(())
     };
+    timed_rounds(fan_out).await
+}
+
+/// One `fan_out` to warm up, then three times [`ROUND_FAN_OUTS`] of them
+/// in a row: seconds each.
+async fn timed_rounds<F, Fut>(fan_out: F) -> Res<Vec<f64>>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Res<()>>,
+{
     fan_out().await?;
     let mut out = Vec::new();
     for _ in 0..3 {
@@ -580,16 +590,7 @@ async fn stream_limit(n: usize, port: u16) -> Res<Vec<f64>> {
         }
         Ok::<_, String>(())
     };
-    fan_out().await?;
-    let mut out = Vec::new();
-    for _ in 0..3 {
-        let t = Instant::now();
-        for _ in 0..ROUND_FAN_OUTS {
-            fan_out().await?;
-        }
-        out.push(t.elapsed().as_secs_f64());
-    }
-    Ok(out)
+    timed_rounds(fan_out).await
 }
 
 async fn bench(o: &Opts, coord_pid: i32, coord_port: u16, port: u16) -> Res<Figures> {
