@@ -285,7 +285,7 @@ impl<'a> MemIndex<'a> {
             .iter()
             .map(|r| {
                 let at = n;
-                if r.at != PageAt::Zero {
+                if mem.has_hashes(r) {
                     n += r.pages as usize;
                 }
                 at
@@ -294,11 +294,13 @@ impl<'a> MemIndex<'a> {
         MemIndex { mem, hash_at }
     }
 
-    /// The hash of the page at `vaddr`, if the image holds data for it.
+    /// The hash of the page at `vaddr`, if the image holds data for it
+    /// (and its hash: an image read by itself, not through its chain, has
+    /// none for its parent pages).
     pub fn hash_of(&self, vaddr: u64) -> Option<u64> {
         let i = self.mem.runs.partition_point(|r| r.end() <= vaddr);
         let r = self.mem.runs.get(i)?;
-        if r.vaddr > vaddr || r.at == PageAt::Zero {
+        if r.vaddr > vaddr || !self.mem.has_hashes(r) {
             return None;
         }
         let idx = self.hash_at[i] + ((vaddr - r.vaddr) / PAGE as u64) as usize;
@@ -350,7 +352,7 @@ impl MemCursor<'_, '_> {
             self.i += 1;
         }
         let r = runs.get(self.i)?;
-        if r.vaddr > vaddr || r.at == PageAt::Zero {
+        if r.vaddr > vaddr || !self.ix.mem.has_hashes(r) {
             return None;
         }
         let idx = self.ix.hash_at[self.i] + ((vaddr - r.vaddr) / PAGE as u64) as usize;
@@ -359,7 +361,8 @@ impl MemCursor<'_, '_> {
 
     /// The hashes of the parent's pages from `vaddr` to the end of the run
     /// that holds it (what [`MemCursor::hash_of`] gives page by page, in
-    /// one slice); `Err(next)` when the parent stores no page at `vaddr`:
+    /// one slice); `Err(next)` when the parent stores no page at `vaddr`
+    /// (or it was read by itself and has no hash for it):
     /// `next` is where that stops being so (the next run, or the end of a
     /// run of zero pages; `u64::MAX`: never).
     pub fn hashes_from(&mut self, vaddr: u64) -> Result<&[u64], u64> {
@@ -373,7 +376,7 @@ impl MemCursor<'_, '_> {
         if r.vaddr > vaddr {
             return Err(r.vaddr);
         }
-        if r.at == PageAt::Zero {
+        if !self.ix.mem.has_hashes(r) {
             return Err(r.end());
         }
         let first = self.ix.hash_at[self.i];

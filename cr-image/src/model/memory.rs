@@ -517,13 +517,19 @@ impl Memory {
     pub fn hashed_pages(&self) -> u64 {
         self.runs
             .iter()
-            .filter(|r| match r.at {
-                PageAt::Zero => false,
-                PageAt::Parent => !self.parent_hashes_omitted,
-                PageAt::Store { .. } => true,
-            })
+            .filter(|r| self.has_hashes(r))
             .map(|r| r.pages as u64)
             .sum()
+    }
+
+    /// Whether `hashes` holds the hashes of run `r`'s pages: a stored run's,
+    /// and a parent run's unless they are omitted.
+    pub fn has_hashes(&self, r: &PageRun) -> bool {
+        match r.at {
+            PageAt::Zero => false,
+            PageAt::Parent => !self.parent_hashes_omitted,
+            PageAt::Store { .. } => true,
+        }
     }
 
     /// Whether some pages are the parent image's.

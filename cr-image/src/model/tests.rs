@@ -916,6 +916,11 @@ fn parent_pages_hashes_are_left_to_the_parent() {
     assert!(mem.parent_hashes_omitted);
     assert_eq!(mem.hashes, [0, 1, 2, 3], "the stored pages' hashes only");
     assert_eq!(mem.hashed_pages(), 4);
+    // An index of it knows no hash of a parent page, and the stored ones'.
+    let ix = crate::chain::MemIndex::new(mem);
+    assert_eq!(ix.hash_of(0x1000_0000 + 3 * 4096), Some(3));
+    assert_eq!(ix.hash_of(0x1000_4000), None);
+    assert_eq!(ix.cursor().hashes_from(0x1000_4000), Err(0x1000_6000));
     let chain = crate::chain::Chain::open(&dir).unwrap();
     assert_eq!(chain.top().ck, ck, "the chain has every hash again");
     // Without the parent's pages there is nothing to fill them from.
