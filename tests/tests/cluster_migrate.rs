@@ -634,6 +634,16 @@ fn mem_free(c: &Cluster, node: &str) -> Option<u64> {
         })
 }
 
+/// When the coordinator last heard from `node` (unix ms).
+fn last_seen_ms(c: &Cluster, node: &str) -> u64 {
+    let v = c.crctl_json(&["nodes"]);
+    jlist(&v, "nodes")
+        .into_iter()
+        .find(|n| jstr(n, "name") == node)
+        .map(|n| ju64(n, "last_seen_unix_ms"))
+        .unwrap_or(0)
+}
+
 /// Targets chosen by free memory and CPU when none is named. n1's agent
 /// reports 256 KiB free (its node cgroup's `memory.max` nearly used up),
 /// less than any member's RSS; n2 and n3 report the host's memory. The
@@ -699,7 +709,23 @@ fn targets_chosen_by_room_when_not_named() {
     ring.assert_no_fail();
     assert_listed(&c, "n3", true);
 
-    // (c) no node with room: refused in one line, nothing moved.
+    // (c) no node with room: refused in one line, nothing moved. The
+    // members' sizes are their resident memory as n2's agent reports it:
+    // wait for a report made after the drain (the second heartbeat seen
+    // since: the first may have been on its way).
+    let mut seen = last_seen_ms(&c, "n2");
+    for _ in 0..2 {
+        let after = seen;
+        wait_until(
+            "a heartbeat of n2 after the drain",
+            Duration::from_secs(30),
+            || {
+                seen = last_seen_ms(&c, "n2");
+                seen > after
+            },
+            || ring.diag(),
+        );
+    }
     let m0 = member_id(&c, &ring, 0);
     let out = c.crctl(&["migrate", "placed", "--member", &m0]);
     ensure(
