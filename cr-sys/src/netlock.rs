@@ -799,20 +799,22 @@ mod tests {
         if !nix::unistd::geteuid().is_root() || Command::new("nft").arg("-v").output().is_err() {
             return;
         }
+        // The child says "ready" from inside its new namespace (unshare
+        // made it before running the shell), then stays there.
         let mut child = Command::new("unshare")
-            .args(["-n", "sleep", "60"])
+            .args(["-n", "sh", "-c", "echo ready; exec sleep 60"])
+            .stdout(Stdio::piped())
             .spawn()
-            .expect("unshare -n sleep");
+            .expect("unshare -n sh");
         let pid = child.id() as i32;
-        // unshare(1) makes its namespace, then runs sleep in it.
-        let t0 = std::time::Instant::now();
-        while same_netns(pid) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "unshare -n never left our namespace"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().expect("its stdout")),
+            &mut line,
+        )
+        .expect("read the child's word");
+        assert_eq!(line.trim(), "ready", "unshare -n did not start");
+        assert!(!same_netns(pid), "the child is in a namespace of its own");
         let ns = LockNs::of(pid).expect("pin the namespace");
         assert!(ns.0.is_some(), "another namespace than ours");
         let name = format!("cr_test_lease_{}", std::process::id());
